@@ -1,0 +1,212 @@
+"""`air`: the command line. Every command has --help with an example; errors are one line, no traceback.
+
+Exit codes: 0 success, 1 the thing checked failed (a test, a drift, a failed rollout), 2 bad usage or input,
+3 infrastructure unavailable (Docker daemon, image).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from air.errors import AirError, DockerUnavailable, ImageError, InfraError, TaskError, UsageError
+
+console = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+app = typer.Typer(
+    name="air",
+    help="Docker-sandboxed research tasks for training LLM agents with RL.\n\n"
+         "Start with `air doctor`, then `air images build`, then `air run`.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+images_app = typer.Typer(help="Build and list task images (offline, from recipes in images/).", no_args_is_help=True)
+containers_app = typer.Typer(help="List and remove air's containers, including those of dead runs.",
+                             no_args_is_help=True)
+app.add_typer(images_app, name="images")
+app.add_typer(containers_app, name="containers")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+# ----- doctor -----------------------------------------------------------------------------------------------------
+@app.command()
+def doctor(as_json: JsonFlag = False) -> None:
+    """Check Docker, images and GPUs, and say how to fix what is missing.
+
+    Example: air doctor --json
+    """
+    from air.sandbox.doctor import run_checks
+
+    checks = run_checks()
+    if as_json:
+        _print_json([c.__dict__ for c in checks])
+    else:
+        table = Table(show_header=True, header_style="bold")
+        for col in ("check", "status", "detail", "fix"):
+            table.add_column(col, overflow="fold")
+        for c in checks:
+            status = "[green]ok[/]" if c.ok else ("[red]missing[/]" if c.required else "[yellow]optional[/]")
+            table.add_row(c.name, status, c.detail, c.fix)
+        out.print(table)
+    if any(not c.ok and c.required for c in checks):
+        raise typer.Exit(3)
+
+
+# ----- images -----------------------------------------------------------------------------------------------------
+@images_app.command("build")
+def images_build(
+    recipes: Annotated[list[str] | None, typer.Argument(help="Recipes to build (default: every CPU recipe).")] = None,
+    gpu: Annotated[bool, typer.Option("--gpu", help="Also build the GPU recipes (CUDA torch); for GPU hosts.")] = False,
+    base: Annotated[str, typer.Option(help="Base image of the root recipe; 'auto' = python:3.11-slim if it can "
+                                           "be had, else a Debian base bootstrapped offline.")] = "auto",
+    pip_arg: Annotated[list[str] | None, typer.Option("--pip-arg", help="Extra argument for `pip download` "
+                                                      "when staging wheels (repeatable).")] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if an image with the same recipe hash exists.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Build task images with the network off, from wheels staged on the host. Idempotent.
+
+    Example: air images build cpu
+    """
+    from air.sandbox.docker_api import connect
+    from air.sandbox.images import ImageBuilder, load_recipes
+
+    all_recipes = load_recipes()
+    names = recipes or [n for n, r in all_recipes.items() if gpu or not r.gpu]
+    client = connect()
+    with console.status("building images") as status:
+        def report(line: str) -> None:
+            if line.startswith("warning"):
+                console.print(f"[yellow]{line}[/]")
+            status.update(line)
+
+        built = ImageBuilder(client, base=base, pip_args=pip_arg or [], report=report).ensure(names, force=force)
+    if as_json:
+        _print_json([b.__dict__ for b in built])
+        return
+    for b in built:
+        verb = "reused" if b.reused else "built"
+        out.print(f"{verb:>6}  {b.tag:<28} {b.id.split(':')[-1][:12]}  {b.size_mb:7.0f} MB")
+
+
+@images_app.command("ls")
+def images_ls(as_json: JsonFlag = False) -> None:
+    """List air's images (every recipe build still on the daemon).
+
+    Example: air images ls --json
+    """
+    from air.sandbox.docker_api import connect
+    from air.sandbox.images import list_images
+
+    rows = list_images(connect())
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table("recipe", "tags", "id", "size MB", "created")
+    for r in rows:
+        table.add_row(r["recipe"], " ".join(r["tags"]) or "<untagged>", r["id"][:12], f"{r['size_mb']:.0f}",
+                      r["created"])
+    out.print(table)
+
+
+# ----- containers -------------------------------------------------------------------------------------------------
+@containers_app.command("ls")
+def containers_ls(
+    run: Annotated[str | None, typer.Option(help="Only this run id.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """List air's containers with their run, task, role and whether the run that made them is still alive.
+
+    Example: air containers ls --json
+    """
+    from air.sandbox.docker_api import connect
+    from air.sandbox.labels import list_air_containers
+
+    rows = list_air_containers(connect(), run=run)
+    if as_json:
+        _print_json([r.__dict__ for r in rows])
+        return
+    table = Table("id", "name", "status", "run", "task", "role", "owner")
+    for r in rows:
+        owner = "[green]alive[/]" if r.alive_owner else "[red]dead[/]"
+        table.add_row(r.id, r.name, r.status, r.run, r.task, r.role, owner)
+    out.print(table)
+
+
+@containers_app.command("clean")
+def containers_clean(
+    all_: Annotated[bool, typer.Option("--all", help="Remove every air container, live runs included.")] = False,
+    run: Annotated[str | None, typer.Option(help="Remove the containers of this run id.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Remove the containers of dead runs (found by label; no state file needed), or --all / --run ID.
+
+    Example: air containers clean
+    """
+    from air.sandbox.docker_api import connect
+    from air.sandbox.labels import list_air_containers, remove_containers
+
+    client = connect()
+    rows = list_air_containers(client, run=run)
+    doomed = [r.id for r in rows if all_ or run or not r.alive_owner]
+    removed = remove_containers(client, doomed)
+    if as_json:
+        _print_json({"removed": removed, "kept": len(rows) - len(removed)})
+    else:
+        out.print(f"removed {len(removed)} container(s); kept {len(rows) - len(removed)} of live runs")
+
+
+# ----- main job ---------------------------------------------------------------------------------------------------
+@app.command()
+def run() -> None:
+    """The main job on an embedded default: check the machine, build the images, run a sandboxed episode.
+
+    Example: air run
+    """
+    doctor_ok = True
+    try:
+        doctor(as_json=False)
+    except typer.Exit:
+        doctor_ok = False
+    images_build(recipes=None, gpu=False, base="auto", pip_arg=None, force=False, as_json=False)
+    if not doctor_ok:
+        doctor(as_json=False)
+
+
+# ----- entry point ------------------------------------------------------------------------------------------------
+def exit_code(exc: AirError) -> int:
+    if isinstance(exc, (DockerUnavailable, ImageError)):
+        return 3
+    if isinstance(exc, (UsageError, TaskError)):
+        return 2
+    if isinstance(exc, InfraError):
+        return 3
+    return 1
+
+
+def main() -> None:
+    try:
+        app()
+    except AirError as exc:
+        console.print(f"[red]air: error:[/] {exc}", soft_wrap=True)
+        sys.exit(exit_code(exc))
+    except KeyboardInterrupt:
+        console.print("air: interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""One agent episode: parsing model replies into actions and turning scores into rewards."""

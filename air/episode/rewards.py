@@ -1,0 +1,174 @@
+"""Per-step rewards from the sequence of validation scores.
+
+Normalisation
+-------------
+A task has a primary metric, a direction (``"higher"`` or ``"lower"`` is
+better) and a baseline score ``b``. A score ``s`` is normalised as::
+
+    n(s) = sign * (s - b) / scale
+    sign  = +1 if higher is better, -1 if lower is better
+    scale = the task's explicit scale if it sets one (must be > 0), else
+            max(|b|, scale_floor)
+
+so the baseline maps to 0 and an improvement of 10% of ``|b|`` maps to +0.1
+whatever the direction and the sign of ``b`` (b = -0.25, s = 0.5,
+higher-is-better: n = 0.75 / 0.25 = 3.0). Rewards are thus comparable across
+tasks whose metrics live on different scales.
+
+``scale_floor`` defaults to 1e-2. Relative improvement means nothing when
+``b`` is 0 and explodes when ``b`` is tiny; the floor caps the blow-up at 100
+reward units per metric unit for the usual O(1) metrics (accuracy, F1, R^2,
+losses) while leaving every baseline of magnitude >= 1% (small error rates and
+losses, where halving really is a big gain) purely relative. A task whose
+metric naturally lives below 1e-2, or that starts at 0 and expects large
+gains, should set an explicit ``scale``; ``clip`` bounds what remains.
+
+Modes
+-----
+``delta``: reward_t = n(s_t) - n(s_{t-1}), with n(s_0) = 0 (the baseline), so
+without clipping or failed validations the return telescopes to n(last score):
+the agent is paid for where it ends up, and each step for its progress.
+
+``best``: reward_t = max(0, n(s_t) - best), best starting at 0, so only new
+bests over the baseline are paid and the return is max(0, n(best score)):
+exploring worse solutions is never punished.
+
+A failed validation pays ``-failed_validation_penalty`` and leaves the score
+history unchanged. ``clip`` bounds every step reward, penalties included, to
+[-clip, clip]; it breaks the telescoping identity, which is its purpose.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Direction = Literal["higher", "lower"]
+
+
+class RewardConfig(BaseModel):
+    # NaN/inf would silently poison every reward, so reject them up front.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    mode: Literal["delta", "best"] = "delta"
+    failed_validation_penalty: float = Field(default=0.1, ge=0)
+    clip: float | None = Field(default=None, gt=0)
+    scale_floor: float = Field(default=1e-2, gt=0)
+
+
+class Normalizer(BaseModel):
+    """Maps raw metric values to baseline-relative, higher-is-better units."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    baseline: float
+    direction: Direction
+    scale: float = Field(gt=0)
+
+    @classmethod
+    def for_task(
+        cls, baseline: float, direction: Direction, scale: float | None, scale_floor: float
+    ) -> Normalizer:
+        if scale is None:
+            scale = max(abs(baseline), scale_floor)
+        return cls(baseline=baseline, direction=direction, scale=scale)
+
+    def __call__(self, score: float) -> float:
+        sign = 1.0 if self.direction == "higher" else -1.0
+        return sign * (score - self.baseline) / self.scale
+
+
+class RewardTracker:
+    """Turns an episode's validation outcomes into step rewards as they happen.
+
+    Invalid arguments (non-finite baseline, scale <= 0, unknown direction)
+    raise ``ValueError`` (pydantic's ``ValidationError`` is one).
+    """
+
+    def __init__(
+        self,
+        config: RewardConfig,
+        baseline: float,
+        direction: Direction,
+        scale: float | None = None,
+    ) -> None:
+        self._config = config
+        self._normalize = Normalizer.for_task(baseline, direction, scale, config.scale_floor)
+        self._history: list[float] = []
+        self._best: float | None = None
+        self._total = 0.0
+
+    def on_validation(self, score: float) -> float:
+        """Record a validated score and return its step reward.
+
+        Raises ``ValueError`` for a non-finite score, which is no score at all:
+        the caller should count it as a failed validation instead.
+        """
+        if not math.isfinite(score):
+            raise ValueError(f"validation score must be finite, got {score!r}")
+        n = self._normalize(score)
+        if self._config.mode == "delta":
+            previous = self.last_normalized
+            reward = n - (0.0 if previous is None else previous)
+        else:
+            best = self.best_normalized
+            reward = max(0.0, n - max(0.0, 0.0 if best is None else best))
+        self._history.append(score)
+        if self._best is None or n > self._normalize(self._best):
+            self._best = score
+        return self._pay(reward)
+
+    def on_failed_validation(self) -> float:
+        """Return the (negative) reward for a validation that produced no score."""
+        return self._pay(-self._config.failed_validation_penalty)
+
+    def _pay(self, reward: float) -> float:
+        clip = self._config.clip
+        if clip is not None:
+            reward = min(clip, max(-clip, reward))
+        self._total += reward
+        return reward
+
+    @property
+    def last_score(self) -> float | None:
+        return self._history[-1] if self._history else None
+
+    @property
+    def best_score(self) -> float | None:
+        return self._best
+
+    @property
+    def last_normalized(self) -> float | None:
+        last = self.last_score
+        return None if last is None else self._normalize(last)
+
+    @property
+    def best_normalized(self) -> float | None:
+        return None if self._best is None else self._normalize(self._best)
+
+    @property
+    def total_reward(self) -> float:
+        return self._total
+
+    @property
+    def history(self) -> tuple[float, ...]:
+        """Raw validated scores in order; failed validations are not scores."""
+        return tuple(self._history)
+
+
+def rescore(
+    scores: list[float | None],
+    config: RewardConfig,
+    baseline: float,
+    direction: Direction,
+    scale: float | None = None,
+) -> list[float]:
+    """Step rewards for a recorded sequence (None = a failed validation).
+
+    Replays the sequence through a RewardTracker so that offline rescoring can
+    never drift from the rewards paid during training.
+    """
+    tracker = RewardTracker(config, baseline, direction, scale)
+    return [tracker.on_failed_validation() if s is None else tracker.on_validation(s) for s in scores]

@@ -1,0 +1,40 @@
+"""One small error taxonomy, so callers can tell whose fault a failure is.
+
+- InfraError: the machinery failed (daemon unreachable, container gone, image missing, pool exhausted).
+  A rollout that hits one is marked failed and excluded from training, never scored 0.
+- TaskError: the task itself is broken (bad spec, evaluation crashed on a valid submission).
+- The agent's own mistakes (format errors, failing commands, timeouts) are not exceptions: they are
+  observations the agent sees, recorded on results (e.g. `CommandResult.timed_out`).
+"""
+
+
+class AirError(Exception):
+    """Base of every error air raises on purpose; `str(err)` is a one-line message for humans."""
+
+
+class InfraError(AirError):
+    """Infrastructure failed; the rollout must be excluded, not scored."""
+
+
+class DockerUnavailable(InfraError):
+    """The Docker daemon cannot be reached."""
+
+
+class ImageError(InfraError):
+    """An image is missing or cannot be built."""
+
+
+class SandboxUnavailable(InfraError):
+    """The sandbox is gone or unusable: container removed, PID 1 killed, daemon error."""
+
+
+class PoolExhausted(InfraError):
+    """No sandbox (or no GPU) became free within the lease timeout."""
+
+
+class TaskError(AirError):
+    """The task definition or its evaluation is broken."""
+
+
+class UsageError(AirError):
+    """The user asked for something that cannot be done as asked (unknown name, bad flag value)."""

@@ -1,0 +1,31 @@
+"""Where air finds its recipes and tasks, and where it caches staged wheels."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _bundled(name: str) -> Path:
+    # A source checkout (editable install) has the folder beside the package; a wheel carries a copy inside it.
+    in_checkout = _PACKAGE.parent / name
+    return in_checkout if in_checkout.is_dir() else _PACKAGE / "_bundled" / name
+
+
+def images_dir() -> Path:
+    return Path(os.environ.get("AIR_IMAGES_DIR") or _bundled("images"))
+
+
+def tasks_dir() -> Path:
+    return Path(os.environ.get("AIR_TASKS_DIR") or _bundled("tasks"))
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("AIR_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "air"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,1 @@
+"""Layer 1: Docker containers, shells and pools. Knows nothing about tasks or RL."""

@@ -1,0 +1,370 @@
+"""Task images, built offline from the recipes in `images/`.
+
+A recipe is a folder `images/<name>/` with a `recipe.toml` (description, parent recipe, Python requirements) and
+optionally its own Dockerfile (else `images/Dockerfile.wheels`). Python packages are downloaded as wheels on the
+host (which may reach an index the containers cannot) and installed inside a build that has no network.
+
+Builds are idempotent: an image is tagged `air/<name>:<hash>` where the hash covers the Dockerfile, the recipe,
+the parent image and the staged wheel list; `air/<name>:latest` points at the newest build. Nothing is rebuilt
+unless one of those changed. Without a registry, the base image is bootstrapped from Debian's packages.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from air import paths
+from air.errors import ImageError, UsageError
+from air.sandbox.labels import make_labels
+
+PYTHON_VERSION = "3.11"
+PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
+DEFAULT_BASE = "python:3.11-slim"
+DEBIAN_BASE = "air/debian-base:bookworm"
+DEBIAN_SUITE = "bookworm"
+REPO = "air"
+
+Report = Callable[[str], None]
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(exclude=True)
+    folder: Path = Field(exclude=True)
+    description: str = ""
+    parent: str | None = None
+    requirements: list[str] = []
+    optional: list[str] = []
+    gpu: bool = False
+
+    @property
+    def dockerfile(self) -> Path:
+        own = self.folder / "Dockerfile"
+        return own if own.exists() else self.folder.parent / "Dockerfile.wheels"
+
+    @property
+    def needs_wheels(self) -> bool:
+        return bool(self.requirements or self.optional)
+
+
+def image_ref(name: str) -> str:
+    """The tag a task names its image by: `cpu` -> `air/cpu:latest`; a full reference is kept as is."""
+    return name if ("/" in name or ":" in name) else f"{REPO}/{name}:latest"
+
+
+def load_recipes(root: Path | None = None) -> dict[str, Recipe]:
+    root = root or paths.images_dir()
+    recipes: dict[str, Recipe] = {}
+    for toml_path in sorted(root.glob("*/recipe.toml")):
+        name = toml_path.parent.name
+        try:
+            data = tomllib.loads(toml_path.read_text())
+            recipes[name] = Recipe(name=name, folder=toml_path.parent, **data)
+        except tomllib.TOMLDecodeError as exc:
+            raise ImageError(f"{toml_path}: TOML syntax error: {exc}") from None
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ImageError(f"{toml_path}: field '{where}': {err['msg']}") from None
+    for recipe in recipes.values():
+        if recipe.parent and recipe.parent not in recipes:
+            raise ImageError(f"{recipe.folder / 'recipe.toml'}: parent recipe '{recipe.parent}' does not exist")
+    return recipes
+
+
+def build_order(recipes: dict[str, Recipe], names: Iterable[str]) -> list[Recipe]:
+    """The recipes asked for, each after its parents."""
+    order: list[Recipe] = []
+
+    def visit(name: str, chain: tuple[str, ...]) -> None:
+        if name not in recipes:
+            raise UsageError(f"unknown image recipe '{name}' (known: {', '.join(sorted(recipes))})")
+        if name in chain:
+            raise ImageError(f"recipe cycle: {' -> '.join((*chain, name))}")
+        recipe = recipes[name]
+        if recipe.parent:
+            visit(recipe.parent, (*chain, name))
+        if recipe not in order:
+            order.append(recipe)
+
+    for name in names:
+        visit(name, ())
+    return order
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    recipe: str
+    tag: str
+    id: str
+    size_mb: float
+    reused: bool
+
+
+class ImageBuilder:
+    """Builds recipes into images; reports progress through `report` (one human-readable line at a time)."""
+
+    def __init__(self, client: docker.DockerClient, base: str = "auto", pip_args: list[str] | None = None,
+                 report: Report | None = None, build_timeout: float = 3600):
+        self.client = client
+        # Builds stream for minutes with silent steps: a client with a long read timeout, separate from the one
+        # the sandbox uses for short calls.
+        self.build_api = docker.from_env(timeout=int(build_timeout)).api
+        self.base = base
+        self.pip_args = pip_args or []
+        self.report = report or (lambda line: None)
+
+    # ----- base image -------------------------------------------------------------------------------------------
+    def _has_image(self, ref: str) -> docker.models.images.Image | None:
+        try:
+            return self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return None
+
+    def resolve_base(self) -> str:
+        """The image the root recipes build FROM, pulled or bootstrapped if needed."""
+        wanted = DEFAULT_BASE if self.base == "auto" else self.base
+        if self._has_image(wanted):
+            return wanted
+        self.report(f"pulling {wanted}")
+        try:
+            self.client.images.pull(wanted)
+            return wanted
+        except docker.errors.APIError as exc:
+            if self.base != "auto":
+                raise ImageError(f"base image '{wanted}' is not present and cannot be pulled "
+                                 f"({exc.explanation or exc}); load it with `docker load` or pick another --base") from None
+            self.report(f"no registry reachable ({(exc.explanation or str(exc)).splitlines()[0][:80]}); "
+                        "bootstrapping a Debian base offline")
+        if self._has_image(DEBIAN_BASE):
+            return DEBIAN_BASE
+        bootstrap_debian(self.client, self.report)
+        return DEBIAN_BASE
+
+    # ----- wheels -----------------------------------------------------------------------------------------------
+    def stage_wheels(self, recipe: Recipe) -> tuple[Path, list[str]]:
+        """Download the recipe's wheels once into the cache; returns (folder, requirement lines installed)."""
+        key = _digest([recipe.requirements, recipe.optional, PYTHON_VERSION, PLATFORMS, self.pip_args])
+        folder = paths.cache_dir() / "wheels" / f"{recipe.name}-{key}"
+        done = folder / "requirements.txt"
+        if done.exists():
+            return folder, done.read_text().split()
+        tmp = folder.with_suffix(".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self._pip_download(recipe, recipe.requirements, tmp, required=True)
+        installed = list(recipe.requirements)
+        for extra in recipe.optional:
+            if self._pip_download(recipe, [extra], tmp, required=False):
+                installed.append(extra)
+            else:
+                self.report(f"warning: optional package '{extra}' of recipe '{recipe.name}' has no wheel here; "
+                            "built without it")
+        (tmp / "requirements.txt").write_text("\n".join(installed) + "\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        return folder, installed
+
+    def _pip_download(self, recipe: Recipe, requirements: list[str], dest: Path, required: bool) -> bool:
+        if not requirements:
+            return True
+        cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--python-version", PYTHON_VERSION,
+               "--implementation", "cp", *(f"--platform={p}" for p in PLATFORMS), "--progress-bar", "off",
+               "--disable-pip-version-check", "-d", str(dest), *self.pip_args, *requirements]
+        self.report(f"[{recipe.name}] staging wheels: {' '.join(requirements)}")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail = (tail + [line])[-30:]
+            if line.startswith(("Collecting", "Saved", "Downloading", "File was already")):
+                self.report(f"[{recipe.name}] {line.strip()[:100]}")
+        if proc.wait() == 0:
+            return True
+        if not required:
+            return False
+        reason = next((l for l in reversed(tail) if "ERROR" in l), tail[-1] if tail else "pip failed")
+        raise ImageError(f"cannot stage wheels for recipe '{recipe.name}': {reason.replace('ERROR: ', '')}; "
+                         f"fix requirements in {recipe.folder / 'recipe.toml'} or make the wheel reachable "
+                         "(e.g. --pip-arg=--find-links=DIR)")
+
+    # ----- build ------------------------------------------------------------------------------------------------
+    def ensure(self, names: Iterable[str], force: bool = False) -> list[BuiltImage]:
+        recipes = load_recipes()
+        order = build_order(recipes, names)
+        built: dict[str, BuiltImage] = {}
+        base_ref: str | None = None
+        for recipe in order:
+            if recipe.parent:
+                parent_ref = built[recipe.parent].tag
+            else:
+                base_ref = base_ref or self.resolve_base()
+                parent_ref = base_ref
+            built[recipe.name] = self.build(recipe, parent_ref, force=force)
+        return [built[r.name] for r in order]
+
+    def build(self, recipe: Recipe, parent_ref: str, force: bool = False) -> BuiltImage:
+        parent = self._has_image(parent_ref)
+        if parent is None:
+            raise ImageError(f"parent image {parent_ref} of recipe '{recipe.name}' is missing")
+        wheels, installed = self.stage_wheels(recipe) if recipe.needs_wheels else (None, [])
+        wheel_names = sorted(p.name for p in wheels.glob("*.whl")) if wheels else []
+        digest = _digest([recipe.dockerfile.read_bytes().hex(), recipe.model_dump_json(), parent.id,
+                          wheel_names, installed])
+        tag = f"{REPO}/{recipe.name}:{digest}"
+        existing = self._has_image(tag)
+        if existing is not None and not force:
+            existing.tag(REPO + "/" + recipe.name, "latest")
+            return BuiltImage(recipe.name, tag, existing.id, existing.attrs["Size"] / 1e6, reused=True)
+        with tempfile.TemporaryDirectory(prefix=f"air-build-{recipe.name}-") as ctx:
+            context = Path(ctx)
+            for item in recipe.folder.iterdir():
+                if item.name not in ("recipe.toml", "Dockerfile"):
+                    _link_or_copy(item, context / item.name)
+            shutil.copyfile(recipe.dockerfile, context / "Dockerfile")
+            if wheels:
+                (context / "wheels").mkdir()
+                for whl in wheels.iterdir():
+                    _link_or_copy(whl, context / "wheels" / whl.name)
+            image_id = self._docker_build(recipe, context, tag, parent_ref)
+        image = self.client.images.get(image_id)
+        image.tag(REPO + "/" + recipe.name, "latest")
+        # The legacy builder keeps each multi-stage intermediate as a dangling image (the wheels' install stage,
+        # GBs for torch): drop them, they are not reused since the final image is tagged by content.
+        self.client.images.prune(filters={"dangling": True, "label": "air.role=image"})
+        return BuiltImage(recipe.name, tag, image.id, image.attrs["Size"] / 1e6, reused=False)
+
+    def _docker_build(self, recipe: Recipe, context: Path, tag: str, parent_ref: str) -> str:
+        self.report(f"[{recipe.name}] building {tag} (network off)")
+        build_args = {"PARENT_IMAGE": parent_ref, "BASE_IMAGE": parent_ref}
+        labels = make_labels("image", recipe=recipe.name)
+        labels.pop("air.owner")  # images outlive the process that built them; only containers are swept
+        image_id = None
+        log: list[str] = []
+        try:
+            for chunk in self.build_api.build(path=str(context), tag=tag, buildargs=build_args, network_mode="none",
+                                              rm=True, forcerm=True, decode=True, labels=labels):
+                if "error" in chunk:
+                    raise ImageError(f"recipe '{recipe.name}' failed to build: {_one_line(chunk['error'])} "
+                                     f"(see {recipe.dockerfile})")
+                line = chunk.get("stream", "").strip()
+                if line:
+                    log = (log + [line])[-20:]
+                    if line.startswith("Step ") or "Successfully" in line:
+                        self.report(f"[{recipe.name}] {line[:110]}")
+                image_id = (chunk.get("aux") or {}).get("ID", image_id)
+        except docker.errors.APIError as exc:
+            raise ImageError(f"recipe '{recipe.name}' failed to build: {_one_line(exc.explanation or str(exc))} "
+                             f"(see {recipe.dockerfile})") from None
+        if not image_id:
+            m = re.search(r"Successfully built ([0-9a-f]+)", "\n".join(log))
+            if not m:
+                raise ImageError(f"recipe '{recipe.name}': the build ended without an image")
+            image_id = m.group(1)
+        return image_id
+
+
+def list_images(client: docker.DockerClient) -> list[dict]:
+    """Every air image: recipe, tags, id, size, creation time."""
+    rows = []
+    for image in client.images.list(filters={"label": "air.recipe", "dangling": False}):
+        rows.append({
+            "recipe": image.labels.get("air.recipe", ""),
+            "tags": sorted(image.tags),
+            "id": image.short_id.split(":")[-1],
+            "size_mb": round(image.attrs["Size"] / 1e6, 1),
+            "created": image.attrs["Created"][:19],
+        })
+    return sorted(rows, key=lambda r: (r["recipe"], r["created"]))
+
+
+# ----- offline Debian base ----------------------------------------------------------------------------------------
+def debian_mirror() -> str:
+    """The Debian mirror this machine's apt already uses (never a hard-coded host)."""
+    for path in sorted(glob.glob("/etc/apt/sources.list.d/*.sources")):
+        text = Path(path).read_text()
+        for stanza in text.split("\n\n"):
+            uris = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
+            suites = re.search(r"^Suites:\s*(.+)$", stanza, re.M)
+            if uris and suites and DEBIAN_SUITE in suites.group(1).split():
+                return uris.group(1)
+    if os.path.exists("/etc/apt/sources.list"):
+        for line in Path("/etc/apt/sources.list").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == "deb" and parts[2] == DEBIAN_SUITE:
+                return parts[1] if not parts[1].startswith("[") else parts[2]
+    raise ImageError(f"no Debian {DEBIAN_SUITE} mirror in this machine's apt sources; pass --base IMAGE "
+                     "with an image that has python3")
+
+
+def bootstrap_debian(client: docker.DockerClient, report: Report) -> None:
+    """debootstrap a minimal bookworm with python3 and import it as DEBIAN_BASE (about 40 s, 290 MB)."""
+    if os.geteuid() != 0:
+        raise ImageError("bootstrapping a Debian base needs root (debootstrap); run as root or pass --base IMAGE")
+    if shutil.which("debootstrap") is None:
+        if shutil.which("apt-get") is None:
+            raise ImageError("debootstrap is missing and apt-get is not available; pass --base IMAGE")
+        report("installing debootstrap")
+        subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=True,
+                       stdout=subprocess.DEVNULL, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    mirror = debian_mirror()
+    with tempfile.TemporaryDirectory(prefix="air-debootstrap-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        cmd = ["debootstrap", "--variant=minbase", "--include=python3,python3-venv,python3-pip,ca-certificates",
+               DEBIAN_SUITE, str(rootfs), mirror]
+        report(f"debootstrap {DEBIAN_SUITE} from the machine's mirror (about a minute)")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        tail: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail = (tail + [line.rstrip()])[-10:]
+            if line.startswith("I: "):
+                report(f"[debootstrap] {line[3:].strip()[:100]}")
+        if proc.wait() != 0:
+            raise ImageError(f"debootstrap failed: {tail[-1] if tail else '?'}")
+        # apt caches and lists only make the image bigger.
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            shutil.rmtree(rootfs / junk, ignore_errors=True)
+        tarball = Path(tmp) / "rootfs.tar"
+        report("importing the root filesystem into Docker")
+        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tarball), "."], check=True)
+        repo, tag = DEBIAN_BASE.split(":")
+        with open(tarball, "rb") as f:
+            client.api.import_image_from_data(f, repository=repo, tag=tag,
+                                              changes=['CMD ["/bin/bash"]', "ENV LANG=C.UTF-8"])
+
+
+# ----- helpers ----------------------------------------------------------------------------------------------------
+def _digest(parts: object) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    if src.is_dir():
+        shutil.copytree(src, dst)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
