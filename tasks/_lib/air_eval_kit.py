@@ -23,6 +23,7 @@ Anything else is a bug or a broken environment and ends the evaluation with exit
 
 from __future__ import annotations
 
+import builtins
 import io
 import json
 import math
@@ -406,7 +407,7 @@ while True:
         try:
             res = fn(*req["args"])
         except BaseException:
-            _send({"ok": False, "kind": "exception", "error": _tb()})
+            _send({"ok": False, "kind": "exception", "etype": type(sys.exc_info()[1]).__name__, "error": _tb()})
             continue
         _send({"ok": True, "result": res})
     elif op == "batch":
@@ -416,7 +417,8 @@ while True:
             try:
                 out.append(fn(*args))
             except BaseException:
-                _send({"ok": False, "kind": "exception", "index": i, "error": _tb()})
+                _send({"ok": False, "kind": "exception", "index": i,
+                       "etype": type(sys.exc_info()[1]).__name__, "error": _tb()})
                 failed = True
                 break
         if not failed:
@@ -480,8 +482,11 @@ class UntrustedModule:
                  call_timeout: float = 5.0, import_timeout: float = 60.0, total_timeout: float = 600.0,
                  seed: int = 0, max_message_bytes: int = 64 * 2**20, memory_mb: int | None = None,
                  max_file_bytes: int = 1 << 30, max_procs: int | None = 512,
-                 max_submission_bytes: int = 1 << 30, python: str | None = None):
+                 max_submission_bytes: int = 1 << 30, python: str | None = None,
+                 call_error_details: bool = True):
         self.module = module
+        self.call_error_details = bool(call_error_details)
+        self._hide_details = False
         self.call_timeout = float(call_timeout)
         self.total_timeout = float(total_timeout)
         self.max_message_bytes = int(max_message_bytes)
@@ -596,7 +601,9 @@ class UntrustedModule:
         return self.total_timeout - (time.monotonic() - self._t0)
 
     def _tail(self) -> str:
-        return self._stderr.text() if hasattr(self, "_stderr") else ""
+        if self._hide_details or not hasattr(self, "_stderr"):
+            return ""
+        return self._stderr.text()
 
     def _mark(self, err: UntrustedCodeError) -> UntrustedCodeError:
         self._dead = err
@@ -637,6 +644,8 @@ class UntrustedModule:
     def _request(self, obj: dict, timeout: float, fn: str) -> dict:
         if self._dead is not None:
             raise self._dead
+        if not self.call_error_details:
+            self._hide_details = True
         try:
             data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
         except (TypeError, ValueError) as exc:
@@ -654,6 +663,14 @@ class UntrustedModule:
             if kind == "protocol":
                 raise self._fatal(UntrustedProtocolError(f"{what}: {err}", self._tail()))
             where = f" (batch item {msg['index']})" if "index" in msg else ""
+            if self._hide_details:
+                etype = str(msg.get("etype", ""))
+                builtin = getattr(builtins, etype, None)
+                if not (isinstance(builtin, type) and issubclass(builtin, BaseException)):
+                    etype = "an exception"  # only builtin names: a custom name could carry data
+                raise self._fatal(UntrustedCrash(
+                    f"{what} raised {etype}{where}. The traceback and output are "
+                    f"not shown for this task because the inputs are hidden; reproduce it locally."))
             raise self._fatal(UntrustedCrash(f"{what} raised an exception{where}:\n{err}", self._tail()))
         return msg
 

@@ -1,0 +1,300 @@
+"""One sandbox = one container: created with limits and labels, driven by stateless exec and tar file copies.
+
+The agent's interactive work goes through `Sandbox.session` (a persistent shell, see session.py); `exec` is for
+the harness and evaluations. Every call is async, bounded by a deadline, and maps a vanished container or a dead
+daemon to SandboxUnavailable so a rollout is failed, never scored.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import tarfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import docker.errors
+import docker.types
+from pydantic import BaseModel, ConfigDict, Field
+
+from air.errors import ImageError, InfraError, SandboxUnavailable
+from air.sandbox.docker_api import Docker
+from air.sandbox.labels import KEY, make_labels
+from air.sandbox.output import CappedBuffer
+
+AGENT_USER = "agent"
+AGENT_HOME = "/home/agent"
+WORKSPACE = f"{AGENT_HOME}/workspace"
+# Root-owned, agent-readable: the pristine copy of the staged workspace that a reset restores.
+PRISTINE = "/srv/air/pristine"
+BASE_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class Resources(BaseModel):
+    """Limits of one sandbox. Defaults are safe: one CPU, 2 GB, 512 processes, no GPU."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: float = Field(1.0, gt=0)
+    memory_mb: int = Field(2048, ge=64)
+    pids: int = Field(512, ge=16)
+    gpus: int = Field(0, ge=0)
+    share_gpus: bool = False
+    """Allow this sandbox's GPUs to be given to other sandboxes too (off: every GPU is exclusive)."""
+    disk_mb: int | None = Field(None, ge=64)
+    """Writable-layer quota; only honoured by storage drivers that support it (overlay2 on xfs with pquota)."""
+
+
+class SandboxSpec(BaseModel):
+    """What a rollout asks the pool for. Sandboxes of equal `key` are interchangeable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str
+    resources: Resources = Resources()
+    network: bool = False
+    """Off by default: `network_mode="none"`. On: Docker's default bridge."""
+    task: str = ""
+    """Label only; part of the key so a warm sandbox keeps its staged files for the next rollout of the task."""
+    env: dict[str, str] = {}
+
+    @property
+    def key(self) -> str:
+        return f"{self.image}|{self.task}|{self.resources.model_dump_json()}|net={self.network}"
+
+
+@dataclass
+class ExecResult:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration: float
+    timed_out: bool = False
+    dropped_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass(eq=False)  # identity semantics: a sandbox is a live resource, kept in sets
+class Sandbox:
+    """A running container owned by air."""
+
+    docker: Docker
+    spec: SandboxSpec
+    container_id: str
+    name: str
+    gpu_ids: tuple[str, ...] = ()
+    created_at: float = field(default_factory=time.monotonic)
+    leases: int = 0
+    broken: str | None = None
+    """Why this sandbox must not be reused (infrastructure error, OOM); None while healthy."""
+    _session: object | None = None
+    _oom_kills: int = 0
+
+    # ----- lifecycle --------------------------------------------------------------------------------------------
+    @classmethod
+    async def create(cls, docker_: Docker, spec: SandboxSpec, *, run: str | None = None, role: str = "agent",
+                     gpu_ids: tuple[str, ...] = (), start_timeout: float = 60) -> Sandbox:
+        kwargs = container_kwargs(spec, run=run, role=role, gpu_ids=gpu_ids)
+        try:
+            container = await docker_.call(docker_.client.containers.run, timeout=start_timeout, **kwargs)
+        except InfraError as exc:
+            if isinstance(exc.__cause__, docker.errors.ImageNotFound):
+                raise ImageError(f"image {spec.image} is not built; run `air images build`") from exc
+            raise
+        return cls(docker_, spec, container.id, kwargs["name"], gpu_ids)
+
+    async def remove(self) -> None:
+        """Force-remove the container; idempotent."""
+        session = self._session
+        if session is not None:
+            await session.close()  # type: ignore[attr-defined]
+        try:
+            await self.docker.call(self.docker.api.remove_container, self.container_id, force=True, v=True,
+                                   timeout=60, idempotent=True)
+        except SandboxUnavailable:
+            pass  # already gone
+
+    @property
+    def short_id(self) -> str:
+        return self.container_id[:12]
+
+    async def status(self) -> dict:
+        """Docker's State of the container (Running, OOMKilled, ExitCode, ...)."""
+        info = await self.docker.call(self.docker.api.inspect_container, self.container_id, timeout=30,
+                                      idempotent=True)
+        return info["State"]
+
+    async def ensure_running(self) -> None:
+        state = await self.status()
+        if not state.get("Running"):
+            detail = "OOM-killed" if state.get("OOMKilled") else f"exit code {state.get('ExitCode')}"
+            self.broken = f"container {self.short_id} is not running ({detail})"
+            raise SandboxUnavailable(self.broken)
+
+    # ----- the agent's shell ------------------------------------------------------------------------------------
+    @property
+    def session(self):  # -> Session; typed lazily to keep the import graph one-way
+        if self._session is None:
+            from air.sandbox.session import Session
+
+            self._session = Session(self)
+        return self._session
+
+    # ----- stateless exec ---------------------------------------------------------------------------------------
+    async def exec(self, argv: list[str], *, user: str = "root", cwd: str | None = None,
+                   env: Mapping[str, str] | None = None, timeout: float = 60, max_output: int = 1 << 20
+                   ) -> ExecResult:
+        """Run argv to completion; the in-container `timeout` kills its process group when the deadline passes.
+
+        The host-side deadline is a backstop a few seconds later: `docker exec` does not forward signals, so
+        only an in-container kill stops the process tree.
+        """
+        wrapped = ["timeout", "-k", "2", f"{max(timeout, 0.1):g}", *argv]
+        started = time.monotonic()
+        out, err = CappedBuffer(max_output), CappedBuffer(max_output)
+        code = await self.docker.call(self._exec_blocking, wrapped, user, cwd, dict(env or {}), out, err,
+                                      timeout=timeout + 10)
+        duration = time.monotonic() - started
+        timed_out = code in (124, 137) and duration >= timeout * 0.98
+        if code is None or (code >= 126 and not timed_out and code != 137):
+            await self._check_alive_after(code)
+        return ExecResult(None if timed_out else code, out.text(), err.text(), duration, timed_out,
+                          out.dropped + err.dropped)
+
+    def _exec_blocking(self, argv: list[str], user: str, cwd: str | None, env: dict[str, str],
+                       out: CappedBuffer, err: CappedBuffer) -> int | None:
+        api = self.docker.api
+        exec_id = api.exec_create(self.container_id, argv, user=user, workdir=cwd, environment=env)["Id"]
+        for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
+            if chunk_out:
+                out.write(chunk_out)
+            if chunk_err:
+                err.write(chunk_err)
+        return api.exec_inspect(exec_id).get("ExitCode")
+
+    async def _check_alive_after(self, code: int | None) -> None:
+        # A signal death with the container gone means the sandbox died, not the command (inspect_ai #4709).
+        try:
+            await self.ensure_running()
+        except SandboxUnavailable:
+            raise
+        if code is None:
+            raise SandboxUnavailable(f"exec in {self.short_id} returned no exit code")
+
+    async def sh(self, script: str, *, user: str = "root", timeout: float = 60, check: bool = True,
+                 **kwargs) -> ExecResult:
+        """Run a shell snippet; with check, a non-zero exit is an InfraError carrying the output's tail."""
+        result = await self.exec(["sh", "-c", script], user=user, timeout=timeout, **kwargs)
+        if check and not result.ok:
+            tail = (result.stderr or result.stdout).strip()[-400:]
+            raise InfraError(f"harness command failed in {self.short_id} (exit {result.exit_code}"
+                             f"{', timed out' if result.timed_out else ''}): {shlex.quote(script)[:120]}: {tail}")
+        return result
+
+    # ----- files ------------------------------------------------------------------------------------------------
+    async def put_archive(self, dest: str, tar_bytes: bytes, timeout: float = 120) -> None:
+        ok = await self.docker.call(self.docker.api.put_archive, self.container_id, dest, tar_bytes,
+                                    timeout=timeout)
+        if not ok:
+            raise InfraError(f"could not copy files into {self.short_id}:{dest}")
+
+    async def put_files(self, dest: str, files: Mapping[str, bytes], *, owner: int = 0, mode: int = 0o644
+                        ) -> None:
+        """Write {relative path: content} under dest (created if missing) in one tar copy."""
+        await self.sh(f"mkdir -p {shlex.quote(dest)}")
+        await self.put_archive(dest, make_tar(files, owner=owner, mode=mode))
+
+    async def get_archive(self, path: str, max_bytes: int = 64 << 20, timeout: float = 120) -> bytes:
+        """A tar of path; InfraError past max_bytes (the stream is cut, memory stays bounded)."""
+        def fetch() -> bytes:
+            stream, _ = self.docker.api.get_archive(self.container_id, path)
+            buf = bytearray()
+            for chunk in stream:
+                buf += chunk
+                if len(buf) > max_bytes:
+                    raise _TooBig()
+            return bytes(buf)
+
+        try:
+            return await self.docker.call(fetch, timeout=timeout)
+        except _TooBig:
+            raise InfraError(f"{path} in {self.short_id} is larger than {max_bytes} bytes") from None
+
+    async def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes:
+        data = await self.get_archive(path, max_bytes=max_bytes + 4096)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.next()
+            if member is None or not member.isfile():
+                raise FileNotFoundError(f"{path} is not a regular file")
+            return tar.extractfile(member).read()  # type: ignore[union-attr]
+
+    # ----- OOM --------------------------------------------------------------------------------------------------
+    async def oom_kills(self) -> int:
+        """How many processes the kernel's OOM killer has killed in this container's memory cgroup."""
+        result = await self.exec(["sh", "-c", "cat /sys/fs/cgroup/memory/memory.oom_control "
+                                  "/sys/fs/cgroup/memory.events 2>/dev/null"], timeout=10)
+        m = re.search(r"^oom_kill (\d+)", result.stdout, re.M)
+        return int(m.group(1)) if m else 0
+
+    async def new_oom_kill(self) -> bool:
+        """True when an OOM kill happened since the last call (the sandbox is then recycled on release)."""
+        count = await self.oom_kills()
+        fresh = count > self._oom_kills
+        self._oom_kills = count
+        if fresh:
+            self.broken = self.broken or "a process was OOM-killed"
+        return fresh
+
+
+def gpu_env(gpu_ids: tuple[str, ...]) -> dict[str, str]:
+    """Host ids for the NVIDIA runtime; inside the container the devices are renumbered from 0."""
+    if not gpu_ids:
+        return {}
+    return {"NVIDIA_VISIBLE_DEVICES": ",".join(gpu_ids),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpu_ids)))}
+
+
+def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: tuple[str, ...]) -> dict:
+    """Arguments of `containers.run` for a sandbox: limits, labels, no network, init, exclusive GPUs."""
+    r = spec.resources
+    name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or role).lower())[:24]}-{uuid.uuid4().hex[:8]}"
+    kwargs: dict = dict(
+        image=spec.image, command=["sleep", "infinity"], name=name, detach=True, init=True,
+        network_mode="bridge" if spec.network else "none",
+        labels=make_labels(role, spec.task, run, **{KEY.removeprefix("air."): _short_key(spec.key)}),
+        environment={"HOME": AGENT_HOME, **spec.env, **gpu_env(gpu_ids)}, working_dir=WORKSPACE,
+        nano_cpus=int(r.cpus * 1e9), mem_limit=f"{r.memory_mb}m", memswap_limit=f"{r.memory_mb}m",
+        pids_limit=r.pids, stop_signal="SIGKILL",
+    )
+    if gpu_ids:
+        kwargs["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=list(gpu_ids),
+                                                                capabilities=[["gpu"]])]
+    if r.disk_mb:
+        kwargs["storage_opt"] = {"size": f"{r.disk_mb}M"}
+    return kwargs
+
+
+class _TooBig(Exception):
+    pass
+
+
+def make_tar(files: Mapping[str, bytes], *, owner: int = 0, mode: int = 0o644) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for rel, content in files.items():
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.uid, info.gid, info.mtime = len(content), mode, owner, owner, time.time()
+            tar.addfile(info, io.BytesIO(content))
+    return buf.getvalue()
+
+
+def _short_key(key: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(key.encode()).hexdigest()[:12]

@@ -1,0 +1,67 @@
+"""Shared fixtures. Real-Docker tests carry `@pytest.mark.docker`: they skip without a daemon on a laptop,
+and fail under CI (CI=true), where a missing daemon is a broken set-up, not a reason to pass."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+from air.errors import DockerUnavailable
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+BASE_IMAGE = "air/base:latest"
+CPU_IMAGE = "air/cpu:latest"
+
+
+def _no_docker(reason: str):
+    if IN_CI:
+        pytest.fail(f"Docker is required under CI: {reason}", pytrace=False)
+    pytest.skip(f"no Docker daemon: {reason}")
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    from air.sandbox.docker_api import connect
+
+    try:
+        client = connect(timeout=30)
+    except DockerUnavailable as exc:
+        _no_docker(str(exc))
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def images(docker_client):
+    """The CPU recipes built (or reused: a no-op when the README's set-up already built them)."""
+    from air.sandbox.images import ImageBuilder
+
+    return {b.recipe: b for b in ImageBuilder(docker_client).ensure(["base", "cpu"])}
+
+
+@pytest.fixture
+def run_id() -> str:
+    return f"test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def pool(images, docker_client, run_id):
+    """A pool for one test; afterwards not one container of its run may remain."""
+    from air.sandbox.labels import list_air_containers
+    from air.sandbox.pool import PoolConfig, SandboxPool
+
+    p = SandboxPool(PoolConfig(run_id=run_id, max_sandboxes=24, gpu_ids=[], lease_timeout=120))
+    await p.start()
+    yield p
+    await p.close()
+    left = list_air_containers(docker_client, run=run_id)
+    assert not left, f"containers leaked by the test: {[c.name for c in left]}"
+
+
+@pytest.fixture
+def base_spec():
+    from air.sandbox.container import Resources, SandboxSpec
+
+    return SandboxSpec(image=BASE_IMAGE, task="conformance", resources=Resources(cpus=1, memory_mb=512, pids=256))

@@ -1,0 +1,266 @@
+"""Conformance of the sandbox runtime against a real Docker daemon: sessions, exec, limits, pool, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import time
+
+import pytest
+
+from air.errors import SandboxUnavailable
+from air.sandbox.container import Resources, SandboxSpec
+
+pytestmark = pytest.mark.docker
+
+LIST_AGENT_PROCS = ("for p in /proc/[0-9]*; do [ \"$(stat -c %u $p)\" = 1000 ] || continue; "
+                    "tr '\\0' ' ' < $p/cmdline; echo; done | grep -v '^$'")
+
+
+async def agent_processes(sandbox) -> list[str]:
+    """Command lines of every agent process in the sandbox except the session shell and this probe."""
+    result = await sandbox.exec(["sh", "-c", LIST_AGENT_PROCS], user="agent")
+    return [line for line in result.stdout.splitlines()
+            if line.strip() and "bash --noprofile --norc" not in line and "/proc/" not in line
+            and not line.startswith(("sh -c", "timeout ", "tr ", "grep "))]
+
+
+# ----- session --------------------------------------------------------------------------------------------------
+async def test_session_keeps_cwd_and_exports_and_separates_streams(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        s = sb.session
+        r = await s.run("echo out; echo err >&2; exit_code_probe() { return 7; }; exit_code_probe")
+        assert (r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n")
+        await s.run("mkdir -p /tmp/deep/er && cd /tmp/deep/er && export MY_VAR='a b'")
+        r = await s.run('pwd; echo "$MY_VAR"')
+        assert r.stdout == "/tmp/deep/er\na b\n" and r.cwd == "/tmp/deep/er"
+        r = await s.run("echo one; echo two >&2; echo three", merge_stderr=True)
+        assert r.stdout == "one\ntwo\nthree\n" and r.stderr == ""
+        r = await s.run("id -un; printf 'no newline'")
+        assert r.stdout == "agent\nno newline"
+
+
+async def test_session_survives_syntax_errors_stdin_readers_heredocs_and_exit(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        s = sb.session
+        r = await s.run("echo 'unbalanced")
+        assert r.exit_code == 2 and "unexpected EOF" in r.stderr
+        r = await s.run("cat")  # would eat the protocol if it could read the shell's stdin
+        assert r.exit_code == 0 and r.stdout == ""
+        r = await s.run("cat > f.txt <<'EOF'\n$HOME 'quoted' \"dq\" \\ back`tick`\nünïcode\nEOF\ncat f.txt")
+        assert r.stdout == "$HOME 'quoted' \"dq\" \\ back`tick`\nünïcode\n"
+        await s.run("cd /tmp")
+        r = await s.run("exit 3")
+        assert r.shell_restarted and r.exit_code is None
+        r = await s.run("pwd")
+        assert r.exit_code == 0 and r.stdout == "/tmp\n", "a restarted shell keeps the last cwd"
+
+
+async def test_timeout_kills_children_background_jobs_and_daemons(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        s = sb.session
+        await s.run("sleep 1000 >/dev/null 2>&1 &")  # a background job of an EARLIER command survives
+        r = await s.run("sleep 301 & (sleep 302 &); setsid sleep 303 & sh -c 'sleep 304' & sleep 305", timeout=1.5)
+        assert r.timed_out and r.exit_code is None and not r.shell_restarted
+        procs = await agent_processes(sb)
+        assert not any(f"sleep 30{i}" in p for p in procs for i in range(1, 6)), procs
+        assert any("sleep 1000" in p for p in procs), procs
+        r = await s.run("echo still usable")
+        assert r.stdout == "still usable\n"
+
+
+async def test_timeout_aborts_a_shell_builtin_loop_and_keeps_the_shell(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        await sb.session.run("cd /tmp; export KEEP=1")
+        r = await sb.session.run("while :; do :; done; echo after-loop", timeout=1)
+        assert r.timed_out and not r.shell_restarted and "after-loop" not in r.stdout
+        r = await sb.session.run('pwd; echo "$KEEP"')
+        assert r.stdout == "/tmp\n1\n"
+
+
+async def test_interrupt_stops_the_running_command(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        running = asyncio.create_task(sb.session.run("sleep 60; echo never", timeout=30))
+        await asyncio.sleep(0.5)
+        await sb.session.interrupt()
+        r = await running
+        assert r.exit_code == 130 and "never" not in r.stdout and not r.timed_out
+
+
+async def test_output_flood_is_capped_and_host_memory_stays_flat(pool, images, docker_client, run_id):
+    from air.sandbox.container import Sandbox
+    from air.sandbox.session import Session
+
+    spec = SandboxSpec(image="air/base:latest", task="flood")
+    async with pool.lease(spec) as sb:
+        session = Session(sb, output_limit=256 << 10)
+        await session.start()
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        r = await session.run("yes", timeout=10)
+        rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        await session.close()
+    assert r.timed_out
+    assert r.dropped_bytes > 50 << 20, "yes should have produced far more than the cap"
+    assert len(r.stdout) < 300 << 10 and "bytes of output dropped" in r.stdout
+    assert rss_after - rss_before < 64 << 10, f"host RSS grew by {(rss_after - rss_before) >> 10} MiB"  # KiB units
+
+
+# ----- limits -----------------------------------------------------------------------------------------------------
+async def test_fork_bomb_is_contained_by_the_pids_limit(pool):
+    spec = SandboxSpec(image="air/base:latest", task="forkbomb", resources=Resources(pids=64, memory_mb=256))
+    async with pool.lease(spec) as sb:
+        r = await sb.session.run("bomb() { bomb | bomb & }; bomb; sleep 3; echo done", timeout=8)
+        assert r.exit_code is not None or r.timed_out
+        await sb.session.reset()
+        assert await agent_processes(sb) == []
+        assert (await sb.session.run("echo ok")).stdout == "ok\n"
+
+
+async def test_memory_hog_is_oom_killed_not_reported_as_timeout(pool):
+    spec = SandboxSpec(image="air/base:latest", task="oom", resources=Resources(memory_mb=128))
+    async with pool.lease(spec) as sb:
+        r = await sb.session.run("python3 -c \"x = bytearray(512 << 20); print('survived')\"", timeout=60)
+        assert r.exit_code == 137 and r.oom_killed and not r.timed_out, r
+        assert sb.broken, "an OOM kill marks the sandbox for recycling"
+    await pool.wait_idle()
+    assert pool.stats.recycled >= 1
+
+
+async def test_no_network_and_non_root(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        r = await sb.session.run("ls /sys/class/net; id -u")
+        assert r.stdout.split() == ["lo", "1000"]
+        r = await sb.session.run(
+            "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)\"", timeout=20)
+        assert r.exit_code != 0 and "unreachable" in r.stderr.lower()
+
+
+# ----- infrastructure failures ---------------------------------------------------------------------------------
+async def test_container_killed_mid_command_is_sandbox_unavailable(pool, base_spec, docker_client):
+    with pytest.raises(SandboxUnavailable):
+        async with pool.lease(base_spec) as sb:
+            running = asyncio.create_task(sb.session.run("sleep 30", timeout=60))
+            await asyncio.sleep(0.5)
+            docker_client.api.kill(sb.container_id)
+            await running
+    await pool.wait_idle()
+    assert pool.stats.recycled >= 1
+    async with pool.lease(base_spec) as sb:  # the pool recovered
+        assert (await sb.session.run("echo back")).stdout == "back\n"
+
+
+async def test_pid1_killed_is_sandbox_unavailable(pool, base_spec):
+    import os
+    import signal
+
+    with pytest.raises(SandboxUnavailable):
+        async with pool.lease(base_spec) as sb:
+            # Init ignores signals from inside its own pid namespace, so kill it from the host, as the OOM
+            # killer or an operator would.
+            os.kill((await sb.status())["Pid"], signal.SIGKILL)
+            await asyncio.sleep(0.5)
+            await sb.session.run("echo hi", timeout=10)
+
+
+# ----- stateless exec and files ---------------------------------------------------------------------------------
+async def test_exec_argv_user_cwd_env_timeout_and_files(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        r = await sb.exec(["sh", "-c", 'echo "$A $(id -un) $(pwd)"'], user="agent", cwd="/tmp", env={"A": "x y"})
+        assert r.stdout == "x y agent /tmp\n" and r.exit_code == 0
+        started = time.monotonic()
+        r = await sb.exec(["sh", "-c", "sleep 30 & sleep 30"], timeout=1)
+        assert r.timed_out and time.monotonic() - started < 8
+        await sb.put_files("/srv/air/x", {"a.txt": b"alpha", "sub/b.bin": bytes(range(256))})
+        assert await sb.read_file("/srv/air/x/sub/b.bin") == bytes(range(256))
+        with pytest.raises(FileNotFoundError):
+            await sb.read_file("/srv/air/x")
+
+
+# ----- pool -------------------------------------------------------------------------------------------------------
+async def test_reset_restores_files_processes_cwd_and_variables(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        await sb.put_files("/srv/air/pristine/workspace", {"starter.py": b"print('hi')\n"})
+        await sb.session.reset()
+        first = sb
+        s = sb.session
+        await s.run("echo changed > starter.py; mkdir junk; touch ~/.bashrc_x /tmp/t; export LEAK=1; "
+                    "nohup sleep 500 >/dev/null 2>&1 & cd junk")
+    await pool.wait_idle()
+    async with pool.lease(base_spec) as sb:
+        assert sb is first, "the warm sandbox is reused"
+        r = await sb.session.run("pwd; cat starter.py; ls -A ~ /tmp; echo \"LEAK=$LEAK\"")
+        assert r.stdout == "/home/agent/workspace\nprint('hi')\n/home/agent:\nworkspace\n\n/tmp:\nLEAK=\n", r.stdout
+        assert await agent_processes(sb) == []
+
+
+async def test_concurrent_leases_are_isolated(pool, base_spec):
+    async def rollout(i: int) -> str:
+        async with pool.lease(base_spec) as sb:
+            await sb.session.run(f"echo {i} > shared.txt; echo {i} > /tmp/shared.txt; sleep 0.2")
+            r = await sb.session.run("cat shared.txt /tmp/shared.txt")
+            return r.stdout
+
+    outputs = await asyncio.gather(*(rollout(i) for i in range(16)))
+    assert outputs == [f"{i}\n{i}\n" for i in range(16)]
+
+
+async def test_recycle_after_max_leases_and_after_infra_error(images, docker_client, run_id, base_spec):
+    from air.sandbox.labels import list_air_containers
+    from air.sandbox.pool import PoolConfig, SandboxPool
+
+    async with SandboxPool(PoolConfig(run_id=run_id, max_leases=2, gpu_ids=[])) as p:
+        seen = []
+        for _ in range(3):
+            async with p.lease(base_spec) as sb:
+                seen.append(sb.container_id)
+            await p.wait_idle()
+        assert seen[0] == seen[1] != seen[2]
+        with pytest.raises(SandboxUnavailable):
+            async with p.lease(base_spec) as sb:
+                raise SandboxUnavailable("simulated")
+        await p.wait_idle()
+        async with p.lease(base_spec) as again:
+            assert again is not sb
+    assert list_air_containers(docker_client, run=run_id) == []
+
+
+async def test_lease_waits_then_fails_clearly_when_the_pool_is_full(images, run_id, base_spec):
+    from air.errors import PoolExhausted
+    from air.sandbox.pool import PoolConfig, SandboxPool
+
+    async with SandboxPool(PoolConfig(run_id=run_id, max_sandboxes=1, lease_timeout=1, gpu_ids=[])) as p:
+        async with p.lease(base_spec):
+            with pytest.raises(PoolExhausted, match="max_sandboxes=1"):
+                async with p.lease(base_spec):
+                    pass
+
+
+async def test_close_during_refill_leaks_nothing(images, docker_client, run_id, base_spec):
+    from air.sandbox.labels import list_air_containers
+    from air.sandbox.pool import PoolConfig, SandboxPool
+
+    p = SandboxPool(PoolConfig(run_id=run_id, warm=3, gpu_ids=[]))
+    await p.start()
+    async with p.lease(base_spec):
+        pass  # the lease spawned refills toward warm=3; close while they are in flight
+    await p.close()
+    assert list_air_containers(docker_client, run=run_id) == []
+
+
+def test_clean_removes_containers_of_dead_runs_only(images, docker_client, run_id):
+    from air.sandbox.labels import OWNER, RUN, list_air_containers, make_labels, sweep_dead_runs
+
+    dead = {**make_labels("agent", "t", run_id), OWNER: "nowhere-host:1:1"}
+    dead[OWNER] = f"{make_labels('x')[OWNER].rsplit(':', 2)[0]}:999999:1"  # this host, a pid that cannot exist
+    live = make_labels("agent", "t", run_id)
+    for labels in (dead, live):
+        docker_client.containers.run("air/base:latest", ["sleep", "infinity"], detach=True, labels=labels,
+                                     network_mode="none", init=True)
+    try:
+        sweep_dead_runs(docker_client)
+        left = list_air_containers(docker_client, run=run_id)
+        assert [c.alive_owner for c in left] == [True]
+        assert all(c.run == run_id for c in left) and RUN
+    finally:
+        for c in docker_client.containers.list(all=True, filters={"label": f"{RUN}={run_id}"}):
+            c.remove(force=True)
