@@ -264,3 +264,31 @@ def test_clean_removes_containers_of_dead_runs_only(images, docker_client, run_i
     finally:
         for c in docker_client.containers.list(all=True, filters={"label": f"{RUN}={run_id}"}):
             c.remove(force=True)
+
+
+TREE = ("(cd /home/agent && find . -mindepth 1 -printf '%p %y %m %U %l\\n' | sort; "
+        "find . -type f -exec md5sum {} + | sort -k2)")
+
+
+async def test_incremental_reset_restores_every_kind_of_change_exactly(pool, base_spec):
+    """Compare the whole home tree (names, types, modes, owners, contents) before and after a hostile rollout."""
+    async with pool.lease(base_spec) as sb:
+        await sb.sh("mkdir -p /srv/air/pristine/workspace/data/deep /srv/air/pristine/workspace/empty && "
+                    "cd /srv/air/pristine/workspace && echo a > a.py && echo b > data/b.csv && "
+                    "echo c > data/deep/c.txt && echo '#!/bin/sh' > run.sh && chmod 755 run.sh && "
+                    "ln -s data/b.csv link && echo rc > /srv/air/pristine/.profile_x")
+        await sb.session.reset(full=True)
+        pristine = (await sb.session.run(TREE)).stdout
+        mutations = [
+            "echo more >> a.py", "rm data/b.csv", "rm -rf data/deep", "chmod 700 data", "chmod 644 run.sh",
+            "mv empty moved", "mkdir -p new/dir && echo x > new/dir/f && chmod 500 new/dir",
+            "rm link && ln -s / link", "echo y > .profile_x", "touch -d 2001-01-01 a.py",
+            "head -c 3000000 /dev/zero > big.bin", "ln a.py hardlink.py", "mkdir ~/.cache && echo z > ~/.cache/t",
+            "rm -rf data && ln -s /etc data",
+        ]
+        for round_ in range(2):  # the second round exercises the incremental path after an incremental reset
+            for m in mutations:
+                r = await sb.session.run(m)
+                assert r.exit_code == 0, (m, r.stderr)
+            await sb.session.reset()
+            assert (await sb.session.run(TREE)).stdout == pristine, f"round {round_}"

@@ -213,10 +213,9 @@ class SandboxPool:
         if sandbox.broken:
             return False
         try:
-            result = await sandbox.session.run("true", timeout=10)
+            return await sandbox.session.ping(timeout=10)
         except InfraError:
             return False
-        return result.exit_code == 0 and not result.shell_restarted
 
     async def _create(self, spec: SandboxSpec) -> Sandbox:
         """Create a sandbox in a slot already reserved by the caller."""

@@ -9,10 +9,12 @@ Why this shape:
 - Completion is a per-session random marker printed on stdout (with exit code and cwd) and on stderr, after the
   command; both streams are demultiplexed from Docker's framing and captured into bounded head+tail buffers.
 - Every process a command starts inherits `AIR_COMMAND_ID`; a timeout kills exactly those processes (children,
-  background jobs, double-forked daemons) from a root exec, which leaves the shell and earlier background jobs
-  alone. A shell-builtin loop cannot be killed that way: then the shell itself is replaced, in the same cwd.
-- A reset (between rollouts) is one round trip through this shell: kill every other agent process, wipe home and
-  temp dirs, restore the pristine workspace, and `exec` a fresh bash with the pristine environment.
+  background jobs, double-forked daemons), which leaves the shell and earlier background jobs alone; a USR1 trap
+  then aborts the rest of the command list, as Ctrl-C would, builtin loops included.
+- A reset (between rollouts) runs in a spare shell started by Docker in the background after the previous
+  reset, which the rollout never had a chance to tamper with (functions shadowing `rm`, lowered limits, a
+  changed umask): it kills every other agent process, the old shell included, restores home and temp dirs
+  incrementally, and becomes the next rollout's shell. One round trip; no new process on the critical path.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 # Grace after killing a timed-out command's processes for the shell to print its marker; past it, the shell
 # itself is stuck (a builtin loop) and is replaced.
 _KILL_GRACE = 2.0
+_CLOCK_TICK = 0.012  # seconds; more than one kernel tick at HZ=100
 # Processes of one command, found by the marker in their environment; a few passes catch forks in flight.
 _KILL_SCRIPT = r"""
 [ -n "$2" ] && kill -USR1 "$2" 2>/dev/null
@@ -43,12 +46,53 @@ for pass in 1 2 3 4; do
   [ -z "$found" ] && exit 0
 done
 """
+# Reset, run in a fresh shell the rollout never touched (see Session.reset); $1 is the time the previous reset
+# finished ("@sec.usec") or empty; prints the time it finished.
+# Incremental: right after a reset the home equals the pristine copy, so whatever changed since has a newer
+# ctime (which no user can set back: writes, renames, chmods and links all move it). Changed and new entries are
+# removed, changed pristine directories get their mode back and their missing children copied, and changed
+# pristine files are copied back, in one `rm` and one `cp`: a rollout that touched three files costs three
+# files, not the workspace. Anything unexpected (an unreadable directory) falls back to the full wipe and copy.
 _RESET_SCRIPT = f"""kill -9 -1 2>/dev/null; cd /
-chmod -R u+rwX {AGENT_HOME} /tmp 2>/dev/null
-rm -rf {AGENT_HOME}/..?* {AGENT_HOME}/.[!.]* {AGENT_HOME}/* /tmp/..?* /tmp/.[!.]* /tmp/* /var/tmp/* /dev/shm/* \
- 2>/dev/null
-if [ -d {PRISTINE} ]; then cp -a {PRISTINE}/. {AGENT_HOME}/ 2>/dev/null; fi
-mkdir -p {WORKSPACE}; cd {WORKSPACE}
+shopt -s dotglob nullglob
+H={AGENT_HOME} P={PRISTINE}
+__air_full() {{
+  chmod -R u+rwX $H 2>/dev/null; rm -rf $H/* 2>/dev/null
+  [ -d $P ] && cp -a $P/. $H/ 2>/dev/null
+}}
+__air_incremental() {{
+  local rel kind mode ref m
+  local -a changed=() gone=() restore=() dirs=()
+  local -A pmode=()
+  mapfile -d '' changed < <(find $H -newerct "$1" -printf '%y\\t%m\\t%P\\0' 2>/dev/null)
+  wait $! || return 1  # find could not read everything (a directory made unreadable)
+  [ ${{#changed[@]}} -eq 0 ] && return 0
+  while IFS=$'\\t' read -r -d '' rel m; do pmode[$rel]=$m; done < <(find $P -mindepth 1 -type d -printf '%P\\t%m\\0')
+  dirs=("")  # the home itself: its direct children may have been deleted
+  for m in "${{changed[@]}}"; do
+    kind=${{m%%$'\\t'*}}; m=${{m#*$'\\t'}}; mode=${{m%%$'\\t'*}}; rel=${{m#*$'\\t'}}  # any byte in names
+    [ -n "$rel" ] || continue  # the home itself: handled through dirs
+    if [ "$kind" = d ] && [ -n "${{pmode[$rel]+x}}" ]; then
+      [ "$mode" = "${{pmode[$rel]}}" ] || chmod "${{pmode[$rel]}}" "$H/$rel" || return 1
+      dirs+=("$rel")
+    else
+      gone+=("$H/$rel"); ref=$P/$rel
+      if [ -e "$ref" ] || [ -L "$ref" ]; then restore+=("$rel"); fi
+    fi
+  done
+  for rel in "${{dirs[@]}}"; do
+    for ref in "$P/${{rel:+$rel/}}"*; do
+      m=${{rel:+$rel/}}${{ref##*/}}
+      [ -e "$H/$m" ] || [ -L "$H/$m" ] || restore+=("$m")
+    done
+  done
+  if [ ${{#gone[@]}} -gt 0 ]; then rm -rf "${{gone[@]}}" || return 1; fi
+  if [ ${{#restore[@]}} -gt 0 ]; then (cd $P && cp -a --parents "${{restore[@]}}" $H/) || return 1; fi
+}}
+if [ -z "$1" ] || ! __air_incremental "$1" 2>/dev/null; then __air_full; fi
+junk=(/tmp/* /var/tmp/* /dev/shm/*); [ ${{#junk[@]}} -eq 0 ] || rm -rf "${{junk[@]}}" 2>/dev/null
+[ -d {WORKSPACE} ] || mkdir -p {WORKSPACE}; cd {WORKSPACE}
+echo "@$EPOCHREALTIME"
 """
 
 
@@ -64,12 +108,16 @@ class CommandResult:
     timed_out: bool = False
     oom_killed: bool = False
     shell_restarted: bool = False
-    """The shell died (`exit`, `set -e`, killed) or was stuck, and a fresh one was started in the same cwd."""
+    """The shell died (`exit`, `set -e`, killed) and a fresh one was started in the same cwd."""
     dropped_bytes: int = 0
 
     @property
     def output(self) -> str:
         return self.stdout + self.stderr
+
+
+class ShellDied(Exception):
+    pass
 
 
 class _Scanner:
@@ -111,16 +159,130 @@ class _Scanner:
 
 
 class _Pending:
+    """The capture of one command on both streams."""
+
     def __init__(self, marker: bytes, limit: int):
         self.out, self.err = CappedBuffer(limit), CappedBuffer(limit)
         self.scanners = {STDOUT: _Scanner(b"\n" + marker, self.out), STDERR: _Scanner(b"\n" + marker, self.err)}
+
+    @property
+    def complete(self) -> bool:
+        return all(s.done.is_set() for s in self.scanners.values())
 
     async def wait(self) -> None:
         await asyncio.gather(*(s.done.wait() for s in self.scanners.values()))
 
 
-class ShellDied(Exception):
-    pass
+class _Shell:
+    """One bash process reached through one attached `docker exec` socket."""
+
+    def __init__(self, sandbox: Sandbox, user: str, output_limit: int):
+        self.sandbox, self.user, self.output_limit = sandbox, user, output_limit
+        self.pid: int | None = None
+        self.dead = asyncio.Event()
+        self.pending: _Pending | None = None
+        self.carry = {STDOUT: b"", STDERR: b""}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._sock_holder: object | None = None
+
+    @classmethod
+    async def open(cls, sandbox: Sandbox, user: str, output_limit: int, env: dict[str, str], cwd: str) -> _Shell:
+        shell = cls(sandbox, user, output_limit)
+        docker = sandbox.docker
+        exec_id = (await docker.call(
+            docker.api.exec_create, sandbox.container_id, ["bash", "--noprofile", "--norc"], stdin=True,
+            stdout=True, stderr=True, tty=False, user=user, workdir=cwd, environment=env, timeout=30,
+        ))["Id"]
+        sock = await docker.call(docker.api.exec_start, exec_id, socket=True, timeout=30)
+        # The SDK hands back a SocketIO wrapper around the raw socket; asyncio needs the socket itself. Nothing
+        # can be buffered ahead in the SDK's HTTP reader: bash prints nothing until it gets a command.
+        raw = getattr(sock, "_sock", sock)
+        raw.setblocking(False)
+        shell._sock_holder = sock
+        reader, shell._writer = await asyncio.open_connection(sock=raw, limit=1 << 20)
+        shell._reader_task = asyncio.create_task(shell._read_loop(reader), name=f"air-shell-{sandbox.name}")
+        return shell
+
+    @property
+    def alive(self) -> bool:
+        return self._writer is not None and not self.dead.is_set()
+
+    async def close(self) -> None:
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+            self._reader_task = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._sock_holder = None
+        self.dead.set()
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                header = await reader.readexactly(8)
+                data = await reader.readexactly(int.from_bytes(header[4:8], "big"))
+                if header[0] not in (STDOUT, STDERR):
+                    continue
+                if self.pending is None:
+                    # Output of a background job between commands: shown with the next command, bounded.
+                    self.carry[header[0]] = (self.carry[header[0]] + data)[-(self.output_limit // 2):]
+                else:
+                    self.pending.scanners[header[0]].feed(data)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            self.dead.set()
+
+    async def send(self, line: str) -> None:
+        if self._writer is None:
+            raise ShellDied("no shell")
+        try:
+            self._writer.write(line.encode("ascii"))
+            await self._writer.drain()
+        except (ConnectionError, OSError) as exc:
+            raise ShellDied(str(exc)) from exc
+
+    async def run(self, command: str, command_id: str, marker: str, timeout: float, merge_stderr: bool,
+                  on_timeout) -> tuple[_Pending, bool]:
+        """Send one command and wait for its markers; returns (capture, timed_out). The capture is incomplete
+        when the shell died under the command."""
+        pending = _Pending(marker.encode(), self.output_limit)
+        for stream, carried in self.carry.items():
+            pending.scanners[stream].sink.write(carried)
+        self.carry = {STDOUT: b"", STDERR: b""}
+        self.pending = pending
+        redirect = " 2>&1" if merge_stderr else ""
+        # The command runs in a function so that the USR1 trap (sent on timeout or interrupt) can `return` from
+        # it: that aborts the rest of the command list, as Ctrl-C would in a terminal, and ends builtin loops.
+        line = (f"printf -v __air_c '%b' '{_encode(command)}'; export AIR_COMMAND_ID={command_id}; "
+                f"__air_run() {{ eval \"$__air_c\"; }}; trap 'trap - USR1; return 130' USR1; "
+                f"__air_run </dev/null{redirect}; __air_rc=$?; trap - USR1; unset __air_c; "
+                f"printf '\\n%s %d %d %s\\n' {marker} \"$__air_rc\" $$ \"$PWD\"; printf '\\n%s\\n' {marker} >&2\n")
+        timed_out = False
+        try:
+            await self.send(line)
+            done = asyncio.ensure_future(pending.wait())
+            died = asyncio.ensure_future(self.dead.wait())
+            try:
+                await asyncio.wait({done, died}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not done.done() and not died.done():
+                    timed_out = True
+                    await on_timeout()
+                    await asyncio.wait({done, died}, timeout=_KILL_GRACE, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                done.cancel()
+                died.cancel()
+        except ShellDied:
+            pass
+        finally:
+            self.pending = None
+        if pending.complete:
+            for stream, scanner in pending.scanners.items():
+                self.carry[stream] = scanner.leftover
+        return pending, timed_out
 
 
 class Session:
@@ -134,152 +296,98 @@ class Session:
         self._nonce = secrets.token_hex(8)
         self._seq = 0
         self._lock = asyncio.Lock()
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task | None = None
-        self._pending: _Pending | None = None
-        self._carry = {STDOUT: b"", STDERR: b""}
-        self._dead = asyncio.Event()
-        self._sock_holder: object | None = None
+        self._shell: _Shell | None = None
+        self._spare: asyncio.Task | None = None  # a fresh shell being opened for the next reset
         self._current_id: str | None = None
-        self._shell_pid: int | None = None
+        self._clean_since: str | None = None  # clock reading after the last reset: home == pristine then
+        self._ready_at = 0.0
 
-    # ----- connection -------------------------------------------------------------------------------------------
+    # ----- lifecycle --------------------------------------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        return self._writer is not None and not self._dead.is_set()
+        return self._shell is not None and self._shell.alive
 
     def pristine_env(self) -> dict[str, str]:
         return {"HOME": AGENT_HOME, "USER": self.user, "LOGNAME": self.user, "SHELL": "/bin/bash",
                 "PATH": BASE_PATH, "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.spec.env,
                 **gpu_env(self.sandbox.gpu_ids)}
 
-    async def start(self, cwd: str | None = None) -> None:
-        await self.close()
-        docker = self.sandbox.docker
-        exec_id = (await docker.call(
-            docker.api.exec_create, self.sandbox.container_id, ["bash", "--noprofile", "--norc"], stdin=True,
-            stdout=True, stderr=True, tty=False, user=self.user, workdir=cwd or self.cwd,
-            environment=self.pristine_env(), timeout=30,
-        ))["Id"]
-        sock = await docker.call(docker.api.exec_start, exec_id, socket=True, timeout=30)
-        # The SDK hands back a SocketIO wrapper around the raw socket; asyncio needs the socket itself. Nothing
-        # can be buffered ahead in the SDK's HTTP reader: bash prints nothing until it gets a command.
-        raw = getattr(sock, "_sock", sock)
-        raw.setblocking(False)
-        self._sock_holder = sock
-        reader, self._writer = await asyncio.open_connection(sock=raw, limit=1 << 20)
-        self._dead = asyncio.Event()
-        self._carry = {STDOUT: b"", STDERR: b""}
-        self._reader_task = asyncio.create_task(self._read_loop(reader), name=f"air-session-{self.sandbox.name}")
-        self.cwd = cwd or self.cwd
-        self._shell_pid = None
-        probe = await self._run_locked("true", 30, merge_stderr=False, recover=False)  # learns the shell's pid
-        if probe.exit_code != 0:
+    async def _open_shell(self, cwd: str) -> _Shell:
+        shell = await _Shell.open(self.sandbox, self.user, self.output_limit, self.pristine_env(), cwd)
+        pending, _ = await shell.run("true", *self._next_ids(), 30, False, _nothing)
+        if not pending.complete:  # learns the shell's pid on the way
+            await shell.close()
             await self.sandbox.ensure_running()
-            raise SandboxUnavailable(f"no shell answers in {self.sandbox.short_id}: {probe.stderr[-200:]}")
+            raise SandboxUnavailable(f"no shell answers in {self.sandbox.short_id}")
+        shell.pid = _parse_trailer(pending)[1]
+        return shell
+
+    async def start(self, cwd: str | None = None) -> None:
+        """(Re)start the shell; a running one is closed first."""
+        await self._close_shell()
+        self.cwd = cwd or self.cwd
+        self._shell = await self._open_shell(self.cwd)
 
     async def close(self) -> None:
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            await asyncio.gather(self._reader_task, return_exceptions=True)
-            self._reader_task = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        self._sock_holder = None
+        await self._close_shell()
+        await self._drop_spare()
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                header = await reader.readexactly(8)
-                data = await reader.readexactly(int.from_bytes(header[4:8], "big"))
-                self._feed(header[0], data)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
-        finally:
-            self._dead.set()
+    async def _close_shell(self) -> None:
+        if self._shell is not None:
+            await self._shell.close()
+            self._shell = None
 
-    def _feed(self, stream: int, data: bytes) -> None:
-        if stream not in (STDOUT, STDERR):
-            return
-        pending = self._pending
-        if pending is None:
-            # Output of a background job between commands: shown with the next command, bounded.
-            self._carry[stream] = (self._carry[stream] + data)[-(self.output_limit // 2):]
-            return
-        scanner = pending.scanners[stream]
-        scanner.feed(data)
+    async def _drop_spare(self) -> None:
+        if self._spare is not None:
+            self._spare.cancel()
+            results = await asyncio.gather(self._spare, return_exceptions=True)
+            if isinstance(results[0], _Shell):
+                await results[0].close()
+            self._spare = None
 
-    async def _send(self, line: str) -> None:
-        if self._writer is None:
-            raise ShellDied("no shell")
-        try:
-            self._writer.write(line.encode("ascii"))
-            await self._writer.drain()
-        except (ConnectionError, OSError) as exc:
-            raise ShellDied(str(exc)) from exc
+    def _next_ids(self) -> tuple[str, str]:
+        self._seq += 1
+        return f"{self._nonce}{self._seq}", f"__AIR_{self._nonce}_{self._seq}__"
 
     # ----- commands ---------------------------------------------------------------------------------------------
     async def run(self, command: str, timeout: float = 60, *, merge_stderr: bool = False) -> CommandResult:
         """Run one command in the shell; cwd and exported variables persist to the next command."""
         async with self._lock:
-            if not self.alive:
-                await self._restart_or_fail()
+            wait = self._ready_at - time.monotonic()
+            if wait > 0:  # only right after a reset, see reset()
+                await asyncio.sleep(wait)
             return await self._run_locked(command, timeout, merge_stderr)
 
-    async def _run_locked(self, command: str, timeout: float, merge_stderr: bool, recover: bool = True
-                          ) -> CommandResult:
-        self._seq += 1
-        command_id = f"{self._nonce}{self._seq}"
-        marker = f"__AIR_{self._nonce}_{self._seq}__"
-        pending = _Pending(marker.encode(), self.output_limit)
-        for stream, carried in self._carry.items():
-            if carried:
-                pending.scanners[stream].sink.write(carried)
-        self._carry = {STDOUT: b"", STDERR: b""}
-        self._pending, self._current_id = pending, command_id
-        redirect = " 2>&1" if merge_stderr else ""
-        # The command runs in a function so that the USR1 trap (sent on timeout or interrupt) can `return` from
-        # it: that aborts the rest of the command list, as Ctrl-C would in a terminal, and ends builtin loops.
-        line = (f"printf -v __air_c '%b' '{_encode(command)}'; export AIR_COMMAND_ID={command_id}; "
-                f"__air_run() {{ eval \"$__air_c\"; }}; trap 'trap - USR1; return 130' USR1; "
-                f"__air_run </dev/null{redirect}; __air_rc=$?; trap - USR1; unset __air_c; "
-                f"printf '\\n%s %d %d %s\\n' {marker} \"$__air_rc\" $$ \"$PWD\"; printf '\\n%s\\n' {marker} >&2\n")
-        started = time.monotonic()
-        timed_out = restarted = False
-        try:
-            await self._send(line)
-            done = asyncio.ensure_future(pending.wait())
-            died = asyncio.ensure_future(self._dead.wait())
-            try:
-                await asyncio.wait({done, died}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                if not done.done() and not died.done():
-                    timed_out = True
-                    await self._kill_command(command_id)
-                    await asyncio.wait({done, died}, timeout=_KILL_GRACE, return_when=asyncio.FIRST_COMPLETED)
-                    if not done.done() and not died.done():
-                        restarted = True  # stuck in the shell itself, e.g. `while :; do :; done`
-            finally:
-                for fut in (done, died):
-                    fut.cancel()
-            if not pending.scanners[STDOUT].done.is_set() or not pending.scanners[STDERR].done.is_set():
-                restarted = True
-        except ShellDied:
-            restarted = True
-        finally:
-            self._pending, self._current_id = None, None
-        duration = time.monotonic() - started
+    async def ping(self, timeout: float = 10) -> bool:
+        """Does the shell answer? (A health check: no settling wait, no restart.)"""
+        async with self._lock:
+            if not self.alive:
+                return False
+            pending, timed_out = await self._shell.run("true", *self._next_ids(), timeout, False, _nothing)
+            return pending.complete and not timed_out
 
+    async def _run_locked(self, command: str, timeout: float, merge_stderr: bool) -> CommandResult:
+        restarted = False
+        if not self.alive:
+            await self._restart()
+        shell = self._shell
+        assert shell is not None
+        command_id, marker = self._next_ids()
+        self._current_id = command_id
+        started = time.monotonic()
+        try:
+            pending, timed_out = await shell.run(command, command_id, marker, timeout, merge_stderr,
+                                                 lambda: self._kill_command(command_id))
+        finally:
+            self._current_id = None
+        duration = time.monotonic() - started
         exit_code: int | None = None
-        if not restarted:
-            rc, pid, cwd = (pending.scanners[STDOUT].trailer or b"").decode(errors="replace").strip().split(" ", 2)
-            exit_code = int(rc) if rc.lstrip("-").isdigit() else None
-            self._shell_pid = int(pid) if pid.isdigit() else None
+        if pending.complete:
+            exit_code, shell.pid, cwd = _parse_trailer(pending)
             self.cwd = cwd or self.cwd
-            for stream, scanner in pending.scanners.items():
-                self._carry[stream] = scanner.leftover
-        elif recover:
-            await self._recover()
+        else:  # the shell died under the command (`exit`, `set -e`, killed) or is wedged beyond a kill
+            restarted = True
+            await self._restart()
         oom = False
         if not timed_out and (restarted or exit_code == 137):
             oom = await self.sandbox.new_oom_kill()
@@ -292,57 +400,74 @@ class Session:
     async def _kill_command(self, command_id: str) -> None:
         # As the agent: reading another user's /proc/PID/environ needs CAP_SYS_PTRACE, which root in a container
         # does not have, while a user may read (and kill) its own processes.
-        await self.sandbox.exec(["sh", "-c", _KILL_SCRIPT, "kill", command_id, str(self._shell_pid or "")],
+        pid = self._shell.pid if self._shell else None
+        await self.sandbox.exec(["sh", "-c", _KILL_SCRIPT, "kill", command_id, str(pid or "")],
                                 user=self.user, timeout=20)
 
     async def interrupt(self) -> None:
-        """Kill every process of the running command (the command then returns with exit code 137)."""
+        """Kill every process of the running command and abort its command list (exit code 130)."""
         if self._current_id is not None:
             await self._kill_command(self._current_id)
 
-    async def _recover(self) -> None:
-        """After the shell died or got stuck: make sure the container lives, then start a fresh shell."""
+    async def _restart(self) -> None:
+        """A fresh shell in the last cwd, after making sure the container itself still runs."""
         await self.sandbox.ensure_running()
-        if self._shell_pid:  # a stuck shell; a dead one is already gone
-            await self.sandbox.exec(["sh", "-c", f"kill -9 {self._shell_pid}"], user=self.user, timeout=20)
+        old = self._shell
+        if old is not None and old.alive and old.pid:  # wedged rather than dead
+            await self.sandbox.exec(["sh", "-c", f"kill -9 {old.pid}"], user=self.user, timeout=20)
         await self.start(cwd=self.cwd)
 
-    async def _restart_or_fail(self) -> None:
-        if self._writer is not None:  # was started once, then died between commands
-            await self._recover()
-        else:
-            await self.start()
-
     # ----- reset ------------------------------------------------------------------------------------------------
-    async def reset(self, timeout: float = 30) -> None:
-        """Pristine state in one round trip: no agent processes, home and temp restored, a fresh shell and env."""
-        async with self._lock:
-            self.cwd = WORKSPACE
-            if self.alive:
-                env = " ".join(shlex.quote(f"{k}={v}") for k, v in self.pristine_env().items())
-                fresh_shell = f"exec env -i {env} bash --noprofile --norc"
-                try:
-                    # The first line replaces the shell; the sync command runs in the new one.
-                    self._seq += 1
-                    await self._send(f"printf -v __air_c '%b' '{_encode(_RESET_SCRIPT)}'; eval \"$__air_c\"; "
-                                     f"{fresh_shell}\n")
-                    result = await self._run_locked("true", timeout, merge_stderr=False)
-                    if result.exit_code == 0 and not result.shell_restarted:
-                        return
-                except ShellDied:
-                    pass
-            await self._slow_reset(timeout)
+    async def reset(self, timeout: float = 30, *, full: bool = False) -> None:
+        """Pristine state: no agent process, home and temp dirs restored, a fresh shell, env, limits and umask.
 
-    async def _slow_reset(self, timeout: float) -> None:
-        """The same reset from a root exec, for a shell that is gone or wedged."""
+        Runs in the spare shell opened after the previous reset (the rollout never touched it), which then
+        becomes the shell. `full` wipes and copies the whole home instead of what changed since the last reset:
+        use it after changing the pristine copy (staging a task).
+        """
+        async with self._lock:
+            since = "" if full else (self._clean_since or "")
+            self._clean_since = None
+            shell = await self._take_spare()
+            script = f"__air_reset() {{\n{_RESET_SCRIPT}\n}}; __air_reset {shlex.quote(since)}"
+            pending, timed_out = await shell.run(script, *self._next_ids(), timeout, False, _nothing)
+            # The script's last line of output is the clock when the home matched the pristine copy.
+            if not pending.complete or timed_out:
+                await shell.close()
+                raise InfraError(f"reset of {self.sandbox.short_id} did not finish within {timeout:g}s")
+            await self._close_shell()
+            self._shell, self.cwd = shell, WORKSPACE
+            _, shell.pid, _ = _parse_trailer(pending)
+            self._clean_since = pending.out.text().strip().splitlines()[-1] if pending.out.total else None
+            # File times come from the kernel's coarse clock, up to a tick behind the clock read above, so a
+            # change is only sure to look newer once a tick has passed: the next command waits for that.
+            self._ready_at = time.monotonic() + _CLOCK_TICK
+            self._spare = asyncio.ensure_future(self._open_shell(WORKSPACE))
+
+    async def _take_spare(self) -> _Shell:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                shell = await spare
+                if shell.alive:
+                    return shell
+                await shell.close()
+            except (InfraError, ShellDied):
+                pass  # killed by the rollout (kill -9 -1), or the daemon hiccupped: open one now
         await self.sandbox.ensure_running()
-        # `kill -9 -1` as the agent kills every agent process but itself; then wipe and restore as root.
-        await self.sandbox.exec(["sh", "-c", "kill -9 -1"], user=self.user, timeout=timeout)
-        script = _RESET_SCRIPT.replace("kill -9 -1 2>/dev/null; ", "") + f"chown -R {self.user}:{self.user} {AGENT_HOME}"
-        result = await self.sandbox.exec(["sh", "-c", script], timeout=timeout)
-        if result.timed_out:
-            raise InfraError(f"reset of {self.sandbox.short_id} timed out")
-        await self.start(cwd=WORKSPACE)
+        return await self._open_shell(WORKSPACE)
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _parse_trailer(pending: _Pending) -> tuple[int | None, int | None, str]:
+    """(exit code, shell pid, cwd) from the stdout marker line."""
+    parts = (pending.scanners[STDOUT].trailer or b"").decode(errors="replace").strip().split(" ", 2)
+    parts += [""] * (3 - len(parts))
+    rc, pid, cwd = parts
+    return (int(rc) if rc.lstrip("-").isdigit() else None), (int(pid) if pid.isdigit() else None), cwd
 
 
 def _encode(text: str) -> str:

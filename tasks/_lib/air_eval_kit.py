@@ -43,7 +43,7 @@ __all__ = [
     "Paths", "paths", "run_evaluation", "write_metrics", "fail",
     "SubmissionError", "UntrustedCodeError", "UntrustedCrash", "UntrustedTimeout",
     "UntrustedProtocolError", "KitError", "UntrustedModule", "stage_submission",
-    "read_submission_bytes", "read_submission_csv", "AGENT_UID", "AGENT_GID",
+    "read_submission_bytes", "read_submission_csv", "give_tree_to_agent", "AGENT_UID", "AGENT_GID",
 ]
 
 AGENT_UID = 1000
@@ -252,28 +252,51 @@ def read_submission_csv(submission_dir: str, relpath: str, required_columns: Seq
 # --------------------------------------------------------------------------- staging
 
 def stage_submission(src: str, dst: str | None = None, max_total_bytes: int = 1 << 30,
-                     max_files: int = 20000) -> str:
+                     max_files: int = 20000, give_to_agent: bool = True) -> str:
     """Copy the submission tree ``src`` into a fresh private directory owned by the agent user.
 
-    Symlinks, devices, sockets and FIFOs are skipped (never followed). Raises SubmissionError when
+    Symlinks, devices, sockets and FIFOs are skipped silently (never followed). Raises SubmissionError when
     the submission exceeds ``max_total_bytes`` or ``max_files``. Returns the directory.
     """
-    if dst is None:
-        dst = tempfile.mkdtemp(prefix="air_untrusted_")
-    total = 0
-    count = 0
-    skipped: list[str] = []
     src = os.path.abspath(src)
     if not os.path.isdir(src) or os.path.islink(src):
         raise KitError(f"submission directory {src} does not exist")
+    created = dst is None
+    if dst is None:
+        dst = tempfile.mkdtemp(prefix="air_untrusted_")
+    try:
+        _copy_regular_tree(src, dst, max_total_bytes, max_files)
+    except BaseException:
+        if created:
+            shutil.rmtree(dst, ignore_errors=True)
+        raise
+    os.chmod(dst, 0o700)
+    if give_to_agent:
+        give_tree_to_agent(dst)
+    return dst
+
+
+def give_tree_to_agent(path: str) -> None:
+    """chown a staged tree to the agent user (only when running as root).
+
+    Done last so that root needs CAP_CHOWN only (not CAP_FOWNER / CAP_DAC_OVERRIDE)."""
+    if os.getuid() != 0:
+        return
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), AGENT_UID, AGENT_GID)
+    os.chown(path, AGENT_UID, AGENT_GID)
+
+
+def _copy_regular_tree(src: str, dst: str, max_total_bytes: int, max_files: int) -> None:
+    total = 0
+    count = 0
     for root, dirs, files in os.walk(src, followlinks=False):
         rel = os.path.relpath(root, src)
         target_root = dst if rel == "." else os.path.join(dst, rel)
         keep_dirs = []
         for d in dirs:
-            if os.path.islink(os.path.join(root, d)):
-                skipped.append(os.path.join(rel, d))
-            else:
+            if not os.path.islink(os.path.join(root, d)):
                 keep_dirs.append(d)
                 os.makedirs(os.path.join(target_root, d), exist_ok=True)
         dirs[:] = keep_dirs
@@ -281,7 +304,6 @@ def stage_submission(src: str, dst: str | None = None, max_total_bytes: int = 1 
             sp = os.path.join(root, f)
             st = os.lstat(sp)
             if not stat.S_ISREG(st.st_mode):
-                skipped.append(os.path.join(rel, f))
                 continue
             count += 1
             total += st.st_size
@@ -292,15 +314,6 @@ def stage_submission(src: str, dst: str | None = None, max_total_bytes: int = 1 
             fd = os.open(sp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
             with os.fdopen(fd, "rb") as fin, open(os.path.join(target_root, f), "wb") as fout:
                 shutil.copyfileobj(fin, fout, 1 << 20)
-    if os.getuid() == 0:
-        for root, dirs, files in os.walk(dst):
-            for name in dirs + files:
-                os.lchown(os.path.join(root, name), AGENT_UID, AGENT_GID)
-        os.chown(dst, AGENT_UID, AGENT_GID)
-    os.chmod(dst, 0o700)
-    if skipped:
-        sys.stderr.write(f"note: skipped non-regular files in the submission: {skipped[:10]}\n")
-    return dst
 
 
 # --------------------------------------------------------------------------- untrusted code runner
@@ -309,6 +322,7 @@ def stage_submission(src: str, dst: str | None = None, max_total_bytes: int = 1 
 _BOOTSTRAP = r'''
 import json, os, sys, traceback
 cfg = json.loads(sys.argv[1])
+os.chdir(cfg["workdir"])  # done here, after the uid switch, not by Popen(cwd=...) as root
 # Talk to the parent over private copies of fd 0/1; route fd 1 and sys.stdout to stderr and
 # fd 0 to /dev/null so prints of the untrusted code cannot corrupt the protocol.
 _pin = os.fdopen(os.dup(0), "rb")
@@ -319,6 +333,11 @@ os.dup2(_null, 0)
 os.close(_null)
 sys.stdout = os.fdopen(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
 sys.stdin = open(os.devnull)
+try:  # if memory runs out, the kernel should kill this process rather than the evaluator
+    with open("/proc/self/oom_score_adj", "w") as _fh:
+        _fh.write("1000")
+except OSError:
+    pass
 try:
     import resource
     for _name, _val in (("RLIMIT_CORE", 0), ("RLIMIT_FSIZE", cfg["max_file_bytes"]),
@@ -494,7 +513,8 @@ class UntrustedModule:
         self._dead: UntrustedCodeError | None = None
         self._proc: subprocess.Popen | None = None
         self._rbuf = bytearray()
-        self._workdir = stage_submission(submission_dir, max_total_bytes=max_submission_bytes)
+        self._workdir = stage_submission(submission_dir, max_total_bytes=max_submission_bytes,
+                                         give_to_agent=False)
         try:
             self._start(module, required, import_timeout, seed, memory_mb, max_file_bytes, max_procs, python)
         except BaseException:
@@ -508,10 +528,10 @@ class UntrustedModule:
                 or os.path.isfile(os.path.join(self._workdir, top, "__init__.py"))):
             raise SubmissionError(
                 f"the submission has no {top}.py (or {top}/__init__.py); note that symbolic links are not followed")
-        tmp = os.path.join(self._workdir, ".tmp")
-        os.makedirs(tmp, exist_ok=True)
+        give_tree_to_agent(self._workdir)
+        tmp = self._workdir  # the child's own directory doubles as HOME and TMPDIR
         py = python or sys.executable
-        cfg = {"module": module, "required": list(required), "seed": int(seed),
+        cfg = {"module": module, "workdir": self._workdir, "required": list(required), "seed": int(seed),
                "max_file_bytes": int(max_file_bytes), "max_procs": max_procs,
                "memory_bytes": int(memory_mb) * 2**20 if memory_mb else None}
         env = {
@@ -523,19 +543,18 @@ class UntrustedModule:
         }
         kwargs: dict[str, Any] = {}
         if os.getuid() == 0:
-            os.chown(tmp, AGENT_UID, AGENT_GID)
             kwargs.update(user=AGENT_UID, group=AGENT_GID, extra_groups=[])
         try:
             self._proc = subprocess.Popen(
                 [py, "-s", "-B", "-c", _BOOTSTRAP, json.dumps(cfg)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=self._workdir, env=env, close_fds=True, start_new_session=True, **kwargs)
+                cwd="/", env=env, close_fds=True, start_new_session=True, **kwargs)
         except OSError as exc:
             raise KitError(f"cannot start the sandboxed interpreter {py}: {exc}") from None
         self._stderr = _TailBuffer(self._proc.stderr)
         os.set_blocking(self._proc.stdout.fileno(), False)
         os.set_blocking(self._proc.stdin.fileno(), False)
-        self._sel = selectors.DefaultSelector()
+        self._budget = float(import_timeout)
         msg = self._receive(min(float(import_timeout), self._remaining()), what=f"the import of {module}")
         if not isinstance(msg, dict) or "ready" not in msg:
             self._kill()
@@ -617,14 +636,15 @@ class UntrustedModule:
         proc = self._proc
         if proc is None:
             return
+        try:  # the whole process group, also when the child itself already exited
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         if proc.poll() is None:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                try:
-                    proc.kill()
-                except ProcessLookupError:
-                    pass
+                proc.kill()
+            except ProcessLookupError:
+                pass
             try:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
@@ -638,8 +658,18 @@ class UntrustedModule:
 
     def _cleanup_dir(self) -> None:
         d = getattr(self, "_workdir", None)
-        if d and os.path.isdir(d):
-            shutil.rmtree(d, ignore_errors=True)
+        if not d:
+            return
+        shutil.rmtree(d, ignore_errors=True)
+        if os.path.lexists(d) and os.getuid() == 0:
+            # root without CAP_DAC_OVERRIDE cannot enter the agent-owned tree: let the agent user remove it
+            try:
+                subprocess.run(["rm", "-rf", "--", d], user=AGENT_UID, group=AGENT_GID, extra_groups=[],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               timeout=60, cwd="/")
+            except (OSError, subprocess.SubprocessError):
+                pass
+        self._workdir = None
 
     def _request(self, obj: dict, timeout: float, fn: str) -> dict:
         if self._dead is not None:
@@ -651,6 +681,7 @@ class UntrustedModule:
         except (TypeError, ValueError) as exc:
             raise KitError(f"evaluation passed non-JSON arguments to {fn}: {exc}") from None
         budget = min(float(timeout), self._remaining())
+        self._budget = float(timeout)
         deadline = time.monotonic() + max(budget, 0.0)
         what = f"{self.module}.{fn}()"
         self._write(data, deadline, what)
@@ -678,7 +709,8 @@ class UntrustedModule:
         if self._remaining() <= 0:
             text = f"{what} did not finish: the total time limit of {self.total_timeout:.0f}s for running your code was exceeded"
         else:
-            text = f"{what} did not finish within its time limit"
+            limit = getattr(self, "_budget", None)
+            text = f"{what} did not finish within its time limit" + (f" of {limit:g}s" if limit else "")
         self._kill()
         return self._mark(UntrustedTimeout(text, self._tail()))
 

@@ -38,7 +38,7 @@ def evaluate(p):
     total_bits, correct, count = 0.0, 0, 0
     with kit.UntrustedModule("model", p.submission, required=["predict"], call_timeout=CALL_TIMEOUT,
                              import_timeout=60.0, total_timeout=TOTAL_TIMEOUT, seed=2024,
-                             call_error_details=False) as child:
+                             call_error_details=False, max_submission_bytes=200 * 2**20) as child:
         for t in range(max(map(len, targets))):
             active = [s for s in targets if len(s) > t]
             res = child.call("predict", [s[:t] for s in active])

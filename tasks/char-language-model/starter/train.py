@@ -6,7 +6,6 @@ Usage: python train.py [--k 0.5]
 """
 import argparse
 import json
-import math
 import os
 
 import numpy as np

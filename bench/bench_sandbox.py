@@ -1,0 +1,167 @@
+"""Sandbox runtime figures, each side by side with its baseline in the same run.
+
+    python bench/bench_sandbox.py [--runs 50] [--json]
+
+1. command round trip: air's session vs plain `docker exec` (CLI) and the SDK's exec_run, same command;
+2. reset of a leased sandbox holding a 20 MB workspace vs a fresh container (create + start + remove);
+3. lease latency from a warm pool (p50, p90);
+4. 32 concurrent lease-run-release cycles: errors, leaked containers, throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+from air.sandbox.container import SandboxSpec
+from air.sandbox.labels import list_air_containers
+from air.sandbox.pool import PoolConfig, SandboxPool
+
+IMAGE = "air/base:latest"
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(int(q * len(values)), len(values) - 1)]
+
+
+async def timed(fn, runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        await fn()
+        out.append((time.perf_counter() - t) * 1000)
+    return out
+
+
+async def main(runs: int) -> dict:
+    results: dict = {}
+    pool = SandboxPool(PoolConfig(max_sandboxes=40, gpu_ids=[]))
+    await pool.start()
+    spec = SandboxSpec(image=IMAGE, task="bench")
+    client = pool.docker.client
+    try:
+        # 1. round trip ------------------------------------------------------------------------------------------
+        async with pool.lease(spec) as sb:
+            cmd = "echo hi"
+            session_ms = await timed(lambda: sb.session.run(cmd), runs)
+            cli_ms = await timed(lambda: asyncio.to_thread(
+                subprocess.run, ["docker", "exec", "-u", "agent", sb.container_id, "sh", "-c", cmd],
+                capture_output=True, check=True), runs)
+            sdk_ms = await timed(lambda: asyncio.to_thread(
+                client.api.exec_start, client.api.exec_create(sb.container_id, ["sh", "-c", cmd], user="agent")),
+                runs)
+        results["round_trip"] = {
+            "session_p50_ms": statistics.median(session_ms), "docker_exec_cli_p50_ms": statistics.median(cli_ms),
+            "sdk_exec_run_p50_ms": statistics.median(sdk_ms),
+            "ratio_vs_cli": statistics.median(cli_ms) / statistics.median(session_ms),
+            "ratio_vs_sdk": statistics.median(sdk_ms) / statistics.median(session_ms),
+        }
+
+        # 2. reset vs fresh container ---------------------------------------------------------------------------
+        await pool.wait_idle()
+        async with pool.lease(spec) as sb:
+            # A pristine 20 MB workspace (200 files of 100 KB) that every reset restores.
+            await sb.sh("mkdir -p /srv/air/pristine/workspace/data && cd /srv/air/pristine/workspace/data && "
+                        "for i in $(seq 1 200); do head -c 102400 /dev/urandom > f$i.bin; done")
+            await sb.session.reset(full=True)
+            # A typical rollout: edits two files, deletes one, writes a 5 MB checkpoint, leaves a process and a
+            # changed cwd and environment behind.
+            rollout = ("echo edit >> data/f1.bin; echo edit >> data/f2.bin; rm data/f3.bin; "
+                       "head -c 5000000 /dev/zero > model.ckpt; sleep 300 & export X=1; cd /tmp")
+            reset_ms, full_ms = [], []
+            for _ in range(max(runs // 2, 10)):
+                await sb.session.run(rollout)
+                # A rollout lasts longer than opening the spare shell a reset runs in (it opens in the
+                # background right after the previous reset); without this pause the loop would time Docker.
+                await asyncio.sleep(0.3)
+                t = time.perf_counter()
+                await sb.session.reset()
+                reset_ms.append((time.perf_counter() - t) * 1000)
+            for _ in range(max(runs // 4, 5)):
+                await sb.session.run(rollout)
+                await asyncio.sleep(0.3)
+                t = time.perf_counter()
+                await sb.session.reset(full=True)
+                full_ms.append((time.perf_counter() - t) * 1000)
+            check = await sb.session.run("du -sb . | cut -f1; ls | wc -l; ls data | wc -l; md5sum data/f1.bin")
+            restored = check.stdout.split()
+
+        def fresh_container() -> None:
+            c = client.containers.run(IMAGE, ["sleep", "infinity"], detach=True, network_mode="none", init=True,
+                                      labels={"air.run": "bench-fresh"})
+            c.remove(force=True)
+
+        fresh_ms = await timed(lambda: asyncio.to_thread(fresh_container), max(runs // 2, 10))
+        results["reset"] = {
+            "reset_20mb_p50_ms": statistics.median(reset_ms), "fresh_container_p50_ms": statistics.median(fresh_ms),
+            "ratio": statistics.median(fresh_ms) / statistics.median(reset_ms),
+            "full_reset_20mb_p50_ms": statistics.median(full_ms),
+            "full_ratio": statistics.median(fresh_ms) / statistics.median(full_ms),
+            "workspace_after_reset": {"bytes": int(restored[0]), "entries": int(restored[1]),
+                                      "data_files": int(restored[2])},
+        }
+
+        # 3. lease latency from a warm pool ---------------------------------------------------------------------
+        await pool.wait_idle()
+        lease_ms = []
+        for _ in range(runs):
+            t = time.perf_counter()
+            sb = await pool.acquire(spec)
+            lease_ms.append((time.perf_counter() - t) * 1000)
+            pool.release(sb)
+            await pool.wait_idle()
+        results["lease"] = {"p50_ms": pct(lease_ms, 0.5), "p90_ms": pct(lease_ms, 0.9)}
+
+        # 4. 32 concurrent cycles -------------------------------------------------------------------------------
+        errors: list[str] = []
+
+        async def cycle(i: int) -> None:
+            try:
+                async with pool.lease(spec) as sb:
+                    r = await sb.session.run(f"echo {i} > out.txt; cat out.txt")
+                    assert r.stdout == f"{i}\n", r.stdout
+            except Exception as exc:  # noqa: BLE001 - counted, reported
+                errors.append(repr(exc))
+
+        for concurrency in (32,):
+            t = time.perf_counter()
+            await asyncio.gather(*(cycle(i) for i in range(concurrency * 4)))
+            await pool.wait_idle()
+            elapsed = time.perf_counter() - t
+            results[f"concurrent_{concurrency}"] = {
+                "cycles": concurrency * 4, "seconds": elapsed, "cycles_per_s": concurrency * 4 / elapsed,
+                "errors": len(errors), "live_sandboxes": pool.live,
+            }
+    finally:
+        await pool.close()
+    results["leaked_containers"] = len(list_air_containers(client, run=pool.run_id))
+    return results
+
+
+def report(r: dict) -> None:
+    rt, rs, le = r["round_trip"], r["reset"], r["lease"]
+    c = r["concurrent_32"]
+    print(f"command round trip  session {rt['session_p50_ms']:.2f} ms | docker exec {rt['docker_exec_cli_p50_ms']:.1f} ms"
+          f" ({rt['ratio_vs_cli']:.0f}x) | SDK exec_run {rt['sdk_exec_run_p50_ms']:.1f} ms ({rt['ratio_vs_sdk']:.0f}x)")
+    print(f"reset 20 MB         reset {rs['reset_20mb_p50_ms']:.1f} ms | fresh container {rs['fresh_container_p50_ms']:.0f} ms"
+          f" ({rs['ratio']:.1f}x)  restored {rs['workspace_after_reset']}")
+    print(f"full reset 20 MB    {rs['full_reset_20mb_p50_ms']:.1f} ms ({rs['full_ratio']:.1f}x vs fresh container)")
+    print(f"lease (warm)        p50 {le['p50_ms']:.2f} ms, p90 {le['p90_ms']:.2f} ms")
+    print(f"32 concurrent       {c['cycles']} cycles in {c['seconds']:.1f} s = {c['cycles_per_s']:.1f}/s, "
+          f"errors {c['errors']}, leaked containers {r['leaked_containers']}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    figures = asyncio.run(main(args.runs))
+    print(json.dumps(figures, indent=2)) if args.json else report(figures)
+    sys.exit(1 if figures["concurrent_32"]["errors"] or figures["leaked_containers"] else 0)

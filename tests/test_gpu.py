@@ -1,0 +1,86 @@
+"""GPU pinning without a GPU: the inventory's exclusivity and waiting, the Docker request built, release on crash."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from air.errors import PoolExhausted
+from air.sandbox.container import Resources, SandboxSpec, container_kwargs
+from air.sandbox.gpu import GpuInventory
+
+
+async def test_exclusive_ids_are_never_given_twice_and_come_back_on_release():
+    inv = GpuInventory(["0", "1", "2", "3"])
+    a = await inv.acquire(2)
+    b = await inv.acquire(2)
+    assert set(a).isdisjoint(b) and set(a) | set(b) == {"0", "1", "2", "3"}
+    assert inv.try_acquire(1) is None
+    await inv.release(a)
+    assert await inv.acquire(1) == (a[0],)
+
+
+async def test_a_lease_waits_for_a_release_and_fails_clearly_after_its_bound():
+    inv = GpuInventory(["0"])
+    held = await inv.acquire(1)
+    waiter = asyncio.create_task(inv.acquire(1, timeout=5))
+    await asyncio.sleep(0.05)
+    assert not waiter.done()
+    await inv.release(held)
+    assert await waiter == ("0",)
+    with pytest.raises(PoolExhausted, match="no 1 free GPU"):
+        await inv.acquire(1, timeout=0.1)
+
+
+async def test_sharing_only_when_asked_and_never_with_an_exclusive_holder():
+    inv = GpuInventory(["0", "1"])
+    exclusive = await inv.acquire(1)
+    s1 = await inv.acquire(1, share=True)
+    s2 = await inv.acquire(1, share=True)
+    assert s1 == s2 and s1[0] != exclusive[0]
+    assert inv.try_acquire(1) is None, "a shared GPU is not free for an exclusive request"
+    await inv.release(s1)
+    await inv.release(s2)
+    assert inv.try_acquire(1) == s1
+
+
+def test_asking_for_more_gpus_than_exist_is_a_clear_error():
+    with pytest.raises(PoolExhausted, match="inventory has 2"):
+        GpuInventory(["0", "1"]).try_acquire(3)
+    with pytest.raises(ValueError, match="duplicate"):
+        GpuInventory(["0", "0"])
+
+
+def test_container_request_pins_exactly_the_assigned_devices():
+    spec = SandboxSpec(image="air/cpu:latest", task="t", resources=Resources(gpus=2))
+    kwargs = container_kwargs(spec, run="r", role="agent", gpu_ids=("5", "7"))
+    (request,) = kwargs["device_requests"]
+    assert request["Driver"] == "nvidia" and request["DeviceIDs"] == ["5", "7"]
+    assert request["Capabilities"] == [["gpu"]]
+    assert kwargs["environment"]["NVIDIA_VISIBLE_DEVICES"] == "5,7"
+    assert kwargs["environment"]["CUDA_VISIBLE_DEVICES"] == "0,1"  # renumbered inside the container
+    assert kwargs["network_mode"] == "none" and kwargs["init"] is True
+    cpu_only = container_kwargs(spec.model_copy(update={"resources": Resources()}), run="r", role="agent",
+                                gpu_ids=())
+    assert "device_requests" not in cpu_only and "CUDA_VISIBLE_DEVICES" not in cpu_only["environment"]
+
+
+async def test_pool_returns_gpus_when_creation_crashes(monkeypatch):
+    """A sandbox that fails to come up (daemon error, bad image) must not keep its GPUs."""
+    from air.sandbox import pool as pool_module
+    from air.sandbox.pool import PoolConfig, SandboxPool
+
+    class Boom(Exception):
+        pass
+
+    async def failing_create(*args, **kwargs):
+        raise Boom("daemon said no")
+
+    monkeypatch.setattr(pool_module.Sandbox, "create", failing_create)
+    p = SandboxPool(PoolConfig(gpu_ids=["0", "1"], sweep_dead_runs=False), docker=object())
+    p._started = True
+    spec = SandboxSpec(image="x", task="t", resources=Resources(gpus=2))
+    with pytest.raises(Boom):
+        await p.acquire(spec)
+    assert p.gpus.free() == ["0", "1"] and p._reserved == 0

@@ -1,0 +1,105 @@
+"""`air images` and `air doctor` from the outside: builds are reused, bad input is one clear line, no traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from air import paths
+
+
+def air(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "air.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("air: error:"), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.fixture
+def recipes_dir(tmp_path: Path) -> Path:
+    """A copy of the real recipes to break on purpose."""
+    root = tmp_path / "images"
+    shutil.copytree(paths.images_dir(), root)
+    return root
+
+
+def test_docker_unavailable_is_a_clear_error():
+    env = {"DOCKER_HOST": "tcp://127.0.0.1:9"}
+    proc = air("images", "ls", env=env)
+    assert_one_line_error(proc, 3, "cannot reach the Docker daemon at tcp://127.0.0.1:9", "ensure-docker.sh")
+    proc = air("doctor", "--json", env=env)
+    assert proc.returncode == 3
+    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    assert checks["docker daemon"]["ok"] is False and "ensure-docker.sh" in checks["docker daemon"]["fix"]
+
+
+@pytest.mark.docker
+def test_unknown_recipe_names_the_known_ones(images):
+    assert_one_line_error(air("images", "build", "nope"), 2, "unknown image recipe 'nope'", "base", "cpu")
+
+
+@pytest.mark.docker
+def test_recipe_with_a_toml_syntax_error(recipes_dir, images):
+    (recipes_dir / "cpu" / "recipe.toml").write_text('description = "x"\nrequirements = ["numpy",\n')
+    proc = air("images", "build", "cpu", env={"AIR_IMAGES_DIR": str(recipes_dir)})
+    assert_one_line_error(proc, 3, "cpu/recipe.toml", "TOML syntax error")
+
+
+@pytest.mark.docker
+def test_recipe_with_an_unknown_field(recipes_dir, images):
+    (recipes_dir / "cpu" / "recipe.toml").write_text('parent = "base"\nrequirement = ["numpy"]\n')
+    proc = air("images", "build", "cpu", env={"AIR_IMAGES_DIR": str(recipes_dir)})
+    assert_one_line_error(proc, 3, "field 'requirement'", "Extra inputs are not permitted")
+
+
+@pytest.mark.docker
+def test_recipe_whose_dockerfile_does_not_parse(recipes_dir, images):
+    bad = recipes_dir / "broken"
+    bad.mkdir()
+    (bad / "recipe.toml").write_text('parent = "base"\n')
+    (bad / "Dockerfile").write_text("ARG PARENT_IMAGE\nFROM ${PARENT_IMAGE}\nFORM nothing\n")
+    proc = air("images", "build", "broken", env={"AIR_IMAGES_DIR": str(recipes_dir)})
+    assert_one_line_error(proc, 3, "recipe 'broken' failed to build", "FORM")
+
+
+@pytest.mark.docker
+def test_missing_wheel_names_the_package(recipes_dir, images, tmp_path):
+    bad = recipes_dir / "nowheel"
+    bad.mkdir()
+    (bad / "recipe.toml").write_text('parent = "base"\nrequirements = ["air-no-such-package-xyz==1.0"]\n')
+    proc = air("images", "build", "nowheel",
+               env={"AIR_IMAGES_DIR": str(recipes_dir), "AIR_CACHE_DIR": str(tmp_path / "cache")})
+    assert_one_line_error(proc, 3, "cannot stage wheels for recipe 'nowheel'", "air-no-such-package-xyz")
+
+
+@pytest.mark.docker
+def test_second_build_reuses_images_and_ls_lists_them(images):
+    proc = air("images", "build", "--json")
+    assert proc.returncode == 0, proc.stderr
+    built = {b["recipe"]: b for b in json.loads(proc.stdout)}
+    assert built["cpu"]["reused"] and built["base"]["reused"]
+    assert built["cpu"]["tag"] == images["cpu"].tag
+    listed = json.loads(air("images", "ls", "--json").stdout)
+    assert any("air/cpu:latest" in row["tags"] for row in listed)
+
+
+@pytest.mark.docker
+def test_cpu_image_has_the_ml_stack_and_runs_as_agent_without_network(images, docker_client):
+    out = docker_client.containers.run(
+        "air/cpu:latest", ["sh", "-c", "id -un; ls /sys/class/net; python -c 'import numpy, pandas, sklearn, "
+                           "gymnasium; print(\"stack ok\")'"],
+        user="agent", network_mode="none", init=True, remove=True)
+    assert out.decode().split() == ["agent", "lo", "stack", "ok"]
