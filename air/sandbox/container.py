@@ -93,6 +93,8 @@ class Sandbox:
     leases: int = 0
     broken: str | None = None
     """Why this sandbox must not be reused (infrastructure error, OOM); None while healthy."""
+    staged: str | None = None
+    """Opaque token of the content a higher layer staged here (the tasks layer: a task's content hash)."""
     _session: object | None = None
     _oom_kills: int = 0
 
@@ -211,9 +213,15 @@ class Sandbox:
         await self.put_archive(dest, make_tar(files, owner=owner, mode=mode))
 
     async def get_archive(self, path: str, max_bytes: int = 64 << 20, timeout: float = 120) -> bytes:
-        """A tar of path; InfraError past max_bytes (the stream is cut, memory stays bounded)."""
+        """A tar of path (a symlink comes as the link itself); FileNotFoundError if path does not exist;
+        ArchiveTooLarge past max_bytes (the stream is cut there, memory stays bounded)."""
         def fetch() -> bytes:
-            stream, _ = self.docker.api.get_archive(self.container_id, path)
+            try:
+                stream, _ = self.docker.api.get_archive(self.container_id, path)
+            except docker.errors.NotFound as exc:
+                if "no such container" in str(exc).lower():
+                    raise
+                raise FileNotFoundError(path) from None
             buf = bytearray()
             for chunk in stream:
                 buf += chunk
@@ -224,7 +232,7 @@ class Sandbox:
         try:
             return await self.docker.call(fetch, timeout=timeout)
         except _TooBig:
-            raise InfraError(f"{path} in {self.short_id} is larger than {max_bytes} bytes") from None
+            raise ArchiveTooLarge(f"{path} is larger than {max_bytes >> 20} MB") from None
 
     async def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes:
         data = await self.get_archive(path, max_bytes=max_bytes + 4096)
@@ -282,6 +290,10 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
 
 class _TooBig(Exception):
     pass
+
+
+class ArchiveTooLarge(Exception):
+    """A file copied out of a sandbox exceeded its size cap (not an infrastructure failure)."""
 
 
 def make_tar(files: Mapping[str, bytes], *, owner: int = 0, mode: int = 0o644) -> bytes:

@@ -1,0 +1,74 @@
+"""air's own task format: `tasks/<id>/task.toml` with `starter/`, `data/`, `secret/`, `baseline/`, `evaluate.py`."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from air.errors import TaskError
+from air.tasks.spec import Baseline, Evaluation, FileEntry, Metric, TaskResources, TaskSpec, Timeouts
+
+KIT = "_lib/air_eval_kit.py"
+
+
+class _TaskToml(BaseModel):
+    """The file as written; folders beside it are found by convention."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    name: str
+    version: int | str = 1
+    image: str = "cpu"
+    description: str
+    evaluation: Evaluation
+    baseline: Baseline = Baseline()
+    metrics: list[Metric]
+    timeouts: Timeouts = Timeouts()
+    resources: TaskResources = TaskResources()
+    reward_scale: float | None = None
+
+
+def _entries(folder: Path, dest_prefix: str = "") -> list[FileEntry]:
+    """Each child of folder as one entry (so a folder's contents land at the destination's top level)."""
+    if not folder.is_dir():
+        return []
+    return [FileEntry(source=child, dest=f"{dest_prefix}{child.name}") for child in sorted(folder.iterdir())
+            if child.name not in ("__pycache__", ".gitignore")]
+
+
+def load_air_task(task_dir: Path) -> TaskSpec:
+    path = task_dir / "task.toml"
+    try:
+        raw = tomllib.loads(path.read_text())
+        parsed = _TaskToml(**raw)
+    except FileNotFoundError:
+        raise TaskError(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise TaskError(f"{path}: TOML syntax error: {exc}") from None
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise TaskError(f"{path}: field '{'.'.join(map(str, err['loc']))}': {err['msg']}") from None
+    if parsed.id != task_dir.name:
+        raise TaskError(f"{path}: id '{parsed.id}' differs from its folder name '{task_dir.name}'")
+    entry = task_dir / parsed.evaluation.entry
+    if not entry.is_file():
+        raise TaskError(f"{path}: evaluation entry {entry.name} does not exist")
+    kit = task_dir.parent / KIT
+    evaluation_files = [FileEntry(source=entry, dest=parsed.evaluation.entry)]
+    if kit.is_file():
+        evaluation_files.append(FileEntry(source=kit, dest=kit.name))
+    try:
+        return TaskSpec(
+            id=parsed.id, name=parsed.name, version=str(parsed.version), description=parsed.description.strip(),
+            image=parsed.image, source="air", starter=_entries(task_dir / "starter"),
+            data=_entries(task_dir / "data"), secret=_entries(task_dir / "secret"),
+            evaluation_files=evaluation_files, baseline_files=_entries(task_dir / "baseline"),
+            evaluation=parsed.evaluation, baseline=parsed.baseline, metrics=parsed.metrics,
+            timeouts=parsed.timeouts, resources=parsed.resources, reward_scale=parsed.reward_scale,
+        )
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise TaskError(f"{path}: {err['msg']}") from None

@@ -1,0 +1,40 @@
+"""Finding tasks by name: air's bundled tasks by id, MLGym tasks as `mlgym:<path under configs/>`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from air import paths
+from air.errors import TaskError, UsageError
+from air.tasks.air_format import load_air_task
+from air.tasks.mlgym import load_mlgym_task
+from air.tasks.spec import TaskSpec
+
+MLGYM_PREFIX = "mlgym:"
+
+
+def bundled_ids(root: Path | None = None) -> list[str]:
+    root = root or paths.tasks_dir()
+    return sorted(d.name for d in root.iterdir() if (d / "task.toml").is_file())
+
+
+def load_task(ref: str, mlgym_root: Path | str | None = None) -> TaskSpec:
+    """`prisoners-dilemma` (bundled) or `mlgym:tasks/titanic.yaml` (needs an MLGym root, or $MLGYM_ROOT)."""
+    if ref.startswith(MLGYM_PREFIX):
+        root = mlgym_root or os.environ.get("MLGYM_ROOT")
+        if not root:
+            raise UsageError(f"{ref}: an MLGym task needs the MLGym checkout (--mlgym-root or $MLGYM_ROOT)")
+        return load_mlgym_task(Path(root), ref.removeprefix(MLGYM_PREFIX))
+    folder = paths.tasks_dir() / ref
+    if not (folder / "task.toml").is_file():
+        raise UsageError(f"unknown task '{ref}' (bundled: {', '.join(bundled_ids())}; MLGym tasks: "
+                         "mlgym:tasks/<name>.yaml)")
+    return load_air_task(folder)
+
+
+def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None) -> list[TaskSpec]:
+    return [load_task(ref, mlgym_root) for ref in (refs or bundled_ids())]
+
+
+__all__ = ["load_task", "load_all", "bundled_ids", "TaskError"]

@@ -1,0 +1,138 @@
+"""One typed description of a research task, whatever format it was written in.
+
+A task is files plus rules: what the agent starts with (starter files, read-only data), what only the scorer
+sees (secret files, evaluation code), what the agent must produce (submission artefacts), how it is scored
+(evaluation entry and contract, metrics with a direction and one primary), what the baseline scores, and the
+time and resource limits. Loaders (air's task.toml, MLGym's YAMLs) build this; nothing downstream cares which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Direction = Literal["higher", "lower"]
+Contract = Literal["air", "mlgym-csv", "mlgym-model", "mlgym-lm", "mlgym-python"]
+
+
+class FileEntry(BaseModel):
+    """A file or directory on the host (`source`) and where it lands (`dest`, relative)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Path
+    dest: str
+
+    @field_validator("dest")
+    @classmethod
+    def _relative(cls, dest: str) -> str:
+        p = PurePosixPath(dest)
+        if p.is_absolute() or ".." in p.parts:
+            raise ValueError(f"destination {dest!r} must be relative and stay inside its root")
+        return str(p)
+
+
+class Metric(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    direction: Direction
+    primary: bool = False
+
+
+class Evaluation(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    contract: Contract = "air"
+    """air: `evaluate.py` writes $AIR_METRICS_FILE; mlgym-*: MLGym's four scoring contracts (stdout JSON)."""
+    entry: str = "evaluate.py"
+    submission: list[str] = []
+    """Artefacts copied out of the workspace for scoring (relative paths; files or directories)."""
+    timeout: float = Field(300, gt=0)
+    max_submission_mb: int = Field(512, gt=0)
+
+
+class Baseline(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str = ""
+    """Run by the agent user in the staged workspace to produce the baseline submission ("" = the starter is)."""
+    scores: dict[str, float] = {}
+    tolerance: float = Field(0.0, ge=0)
+
+
+class Timeouts(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: float = Field(60, gt=0)
+    training: float = Field(1800, gt=0)
+
+
+class TaskResources(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: float = Field(1.0, gt=0)
+    memory_mb: int = Field(2048, ge=128)
+    gpus: int = Field(0, ge=0)
+
+
+class TaskSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    name: str
+    version: str = "1"
+    description: str
+    image: str = "cpu"
+    source: str = "air"
+    """Where it came from: "air" (tasks/<id>/task.toml) or "mlgym:<yaml path>"."""
+    starter: list[FileEntry] = []
+    """Into the agent's workspace, owned by the agent."""
+    data: list[FileEntry] = []
+    """Read-only data, visible to the agent as workspace/data and to the scorer."""
+    secret: list[FileEntry] = []
+    """Scorer only: never in the agent's sandbox."""
+    evaluation_files: list[FileEntry] = []
+    """Scorer only: the pristine evaluation code."""
+    baseline_files: list[FileEntry] = []
+    """Copied over the workspace to build the baseline (air tasks)."""
+    evaluation: Evaluation
+    baseline: Baseline = Baseline()
+    metrics: list[Metric]
+    timeouts: Timeouts = Timeouts()
+    resources: TaskResources = TaskResources()
+    reward_scale: float | None = Field(None, gt=0)
+    """Normalisation scale for rewards when |baseline| is a poor yardstick (see air.episode.rewards)."""
+
+    @model_validator(mode="after")
+    def _one_primary(self) -> TaskSpec:
+        names = [m.name for m in self.metrics]
+        if len(set(names)) != len(names):
+            raise ValueError(f"metric names repeat: {names}")
+        primaries = [m.name for m in self.metrics if m.primary]
+        if len(primaries) != 1:
+            raise ValueError(f"exactly one metric must be primary, found {primaries or 'none'}")
+        return self
+
+    @property
+    def primary(self) -> Metric:
+        return next(m for m in self.metrics if m.primary)
+
+    @property
+    def baseline_score(self) -> float | None:
+        return self.baseline.scores.get(self.primary.name)
+
+    @cached_property
+    def content_hash(self) -> str:
+        """Changes whenever the spec or any file it names changes: replays use it to detect drift."""
+        h = hashlib.sha256(self.model_dump_json().encode())
+        for entry in (*self.starter, *self.data, *self.secret, *self.evaluation_files, *self.baseline_files):
+            for path in sorted(entry.source.rglob("*")) if entry.source.is_dir() else [entry.source]:
+                if path.is_file():
+                    h.update(str(path.relative_to(entry.source.parent)).encode())
+                    h.update(path.read_bytes())
+        return h.hexdigest()[:16]

@@ -1,0 +1,99 @@
+"""Putting a task into a leased sandbox, so that the agent sees exactly what it should and nothing more.
+
+Layout inside the agent's sandbox:
+- /srv/air/pristine/workspace/...  starter files, root-owned copy; every reset restores the workspace from it
+- /srv/air/data/...                read-only data (root, 0555/0444); the workspace has `data -> /srv/air/data`
+- nothing else of the task: secret files and evaluation code only ever go to a scoring sandbox.
+
+Staging happens once per sandbox and task version (the pool keeps sandboxes per task); later leases get the
+workspace back through the pool's reset.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from air.sandbox.container import AGENT_HOME, PRISTINE, WORKSPACE, Sandbox
+from air.tasks.spec import FileEntry, TaskSpec
+
+DATA = "/srv/air/data"
+AGENT_UID = 1000
+_SKIP = {"__pycache__", "_submission", "_output", ".gitignore"}
+
+
+def add_entries(tar: tarfile.TarFile, entries: Iterable[FileEntry], prefix: str = "", *, uid: int = 0,
+                dir_mode: int = 0o755, file_mode: int | None = None) -> None:
+    """Add host files/dirs to a tar under prefix, with chosen owner and modes (executable bits kept)."""
+    now = time.time()
+
+    def add(path: Path, name: str) -> None:
+        info = tarfile.TarInfo(name)
+        info.uid = info.gid = uid
+        info.mtime = now
+        if path.is_dir():
+            info.type, info.mode = tarfile.DIRTYPE, dir_mode
+            tar.addfile(info)
+            for child in sorted(path.iterdir()):
+                if child.name not in _SKIP and not child.name.endswith(".pyc"):
+                    add(child, f"{name}/{child.name}")
+        elif path.is_file():
+            data = path.read_bytes()
+            info.size = len(data)
+            executable = path.stat().st_mode & 0o111
+            info.mode = file_mode if file_mode is not None else (0o755 if executable else 0o644)
+            tar.addfile(info, io.BytesIO(data))
+
+    for entry in entries:
+        add(entry.source, f"{prefix}{entry.dest}")
+
+
+def tar_of(entries: Iterable[FileEntry], prefix: str = "", **kwargs) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        add_entries(tar, entries, prefix, **kwargs)
+    return buf.getvalue()
+
+
+def _symlink(name: str, target: str, uid: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.uid, info.gid, info.mode = tarfile.SYMTYPE, target, uid, uid, 0o777
+    return info
+
+
+def workspace_tar(spec: TaskSpec) -> bytes:
+    """The pristine home: workspace with the starter files (agent-owned once restored) and the data link."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        ws = tarfile.TarInfo("workspace")
+        ws.type, ws.mode, ws.uid, ws.gid = tarfile.DIRTYPE, 0o755, AGENT_UID, AGENT_UID
+        tar.addfile(ws)
+        add_entries(tar, spec.starter, "workspace/", uid=AGENT_UID)
+        if spec.data:
+            tar.addfile(_symlink("workspace/data", DATA, AGENT_UID))
+    return buf.getvalue()
+
+
+async def stage(sandbox: Sandbox, spec: TaskSpec) -> None:
+    """Make `sandbox` hold task `spec` in its pristine state (no-op when it already does)."""
+    if sandbox.staged == spec.content_hash:
+        return
+    await sandbox.sh(f"rm -rf {PRISTINE} {DATA} && mkdir -p {PRISTINE} {DATA}")
+    await sandbox.put_archive(PRISTINE, workspace_tar(spec))
+    if spec.data:
+        await sandbox.put_archive(DATA, tar_of(spec.data, dir_mode=0o555, file_mode=0o444))
+        await sandbox.sh(f"chmod 0555 {DATA}")
+    await sandbox.session.reset(full=True)
+    sandbox.staged = spec.content_hash
+
+
+async def overlay_baseline(sandbox: Sandbox, spec: TaskSpec) -> None:
+    """Copy the baseline's files over the (already staged) workspace, as the agent would have written them."""
+    if spec.baseline_files:
+        await sandbox.put_archive(WORKSPACE, tar_of(spec.baseline_files, uid=AGENT_UID))
+
+
+__all__ = ["stage", "overlay_baseline", "tar_of", "add_entries", "DATA", "AGENT_HOME"]
