@@ -31,10 +31,21 @@ app = typer.Typer(
 images_app = typer.Typer(help="Build and list task images (offline, from recipes in images/).", no_args_is_help=True)
 containers_app = typer.Typer(help="List and remove air's containers, including those of dead runs.",
                              no_args_is_help=True)
+tasks_app = typer.Typer(help="List, inspect and check research tasks (bundled, or MLGym YAMLs).", no_args_is_help=True)
 app.add_typer(images_app, name="images")
 app.add_typer(containers_app, name="containers")
+app.add_typer(tasks_app, name="tasks")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+MlgymRoot = Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROOT",
+                                               help="MLGym checkout, for tasks named mlgym:tasks/<name>.yaml.")]
+
+
+def run_async(coro):
+    """Run a coroutine; Ctrl-C and SIGTERM unwind through its finally blocks (pools close, containers go)."""
+    import asyncio
+
+    return asyncio.run(coro)
 
 
 def _print_json(data: object) -> None:
@@ -167,6 +178,96 @@ def containers_clean(
         _print_json({"removed": removed, "kept": len(rows) - len(removed)})
     else:
         out.print(f"removed {len(removed)} container(s); kept {len(rows) - len(removed)} of live runs")
+
+
+# ----- tasks ------------------------------------------------------------------------------------------------------
+@tasks_app.command("list")
+def tasks_list(mlgym_root: MlgymRoot = None, as_json: JsonFlag = False) -> None:
+    """List the bundled tasks with their metric, direction and baseline.
+
+    Example: air tasks list
+    """
+    from air.tasks.registry import load_all
+
+    specs = load_all()
+    rows = [{"id": t.id, "name": t.name, "metric": t.primary.name, "direction": t.primary.direction,
+             "baseline": t.baseline_score, "submission": t.evaluation.submission, "image": t.image,
+             "gpus": t.resources.gpus} for t in specs]
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table()
+    table.add_column("id", no_wrap=True)
+    for column in ("metric", "baseline", "submission", "name"):
+        table.add_column(column)
+    for r in rows:
+        arrow = "↑" if r["direction"] == "higher" else "↓"
+        table.add_row(r["id"], f"{r['metric']} {arrow}", f"{r['baseline']:.4g}", " ".join(r["submission"]),
+                      r["name"])
+    out.print(table)
+
+
+@tasks_app.command("show")
+def tasks_show(task: str, mlgym_root: MlgymRoot = None, as_json: JsonFlag = False) -> None:
+    """Show a task: what the agent reads, its files, metrics, baseline and limits.
+
+    Example: air tasks show prisoners-dilemma
+    """
+    from air.tasks.registry import load_task
+
+    spec = load_task(task, mlgym_root)
+    if as_json:
+        print(spec.model_dump_json(indent=2))
+        return
+    out.print(f"[bold]{spec.id}[/] — {spec.name} (version {spec.version}, {spec.source}, image {spec.image})")
+    out.print(spec.description, markup=False)
+    out.print(f"\nstarter:  {', '.join(e.dest for e in spec.starter) or '-'}")
+    out.print(f"data:     {', '.join(e.dest for e in spec.data) or '-'} (read-only, workspace/data)")
+    out.print(f"secret:   {len(spec.secret)} file(s), scorer only")
+    out.print(f"submit:   {', '.join(spec.evaluation.submission) or 'the workspace'} "
+              f"({spec.evaluation.contract} contract, {spec.evaluation.timeout:g} s)")
+    metrics = ", ".join(f"{m.name} ({m.direction}{', primary' if m.primary else ''})" for m in spec.metrics)
+    out.print(f"metrics:  {metrics}")
+    out.print(f"baseline: {spec.baseline.scores} ± {spec.baseline.tolerance}  command: {spec.baseline.command or '-'}")
+    out.print(f"limits:   {spec.resources.cpus:g} CPU, {spec.resources.memory_mb} MB, {spec.resources.gpus} GPU; "
+              f"command {spec.timeouts.command:g} s, training {spec.timeouts.training:g} s")
+
+
+@tasks_app.command("check")
+def tasks_check(
+    tasks: Annotated[list[str] | None, typer.Argument(help="Task ids (default: every bundled task).")] = None,
+    mlgym_root: MlgymRoot = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run each task's baseline in a sandbox and compare its score with the recorded one.
+
+    Exit code 1 when any task misses its baseline. Example: air tasks check prisoners-dilemma
+    """
+    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.tasks.environment import TaskEnvironment, check_baseline
+    from air.tasks.registry import load_all
+
+    specs = load_all(tasks, mlgym_root)
+
+    async def check_all():
+        results = []
+        async with SandboxPool(PoolConfig(gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
+            for spec in specs:
+                with console.status(f"checking {spec.id}"):
+                    result = await check_baseline(TaskEnvironment(spec, pool))
+                results.append(result)
+                if not as_json:
+                    mark = "[green]ok[/]  " if result.ok else "[red]FAIL[/]"
+                    got = f"{result.got:.6g}" if result.got is not None else "-"
+                    out.print(f"{mark} {spec.id:<24} {spec.primary.name} {got:>10} (recorded {result.expected:.6g})"
+                              f"  {result.seconds:6.1f} s  {result.message}")
+        return results
+
+    results = run_async(check_all())
+    if as_json:
+        _print_json([r.__dict__ for r in results])
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
 
 
 # ----- main job ---------------------------------------------------------------------------------------------------

@@ -93,6 +93,8 @@ class Sandbox:
     leases: int = 0
     broken: str | None = None
     """Why this sandbox must not be reused (infrastructure error, OOM); None while healthy."""
+    image_id: str = ""
+    """The image's content id (sha256:...), recorded in trajectories so a replay can tell images apart."""
     staged: str | None = None
     """Opaque token of the content a higher layer staged here (the tasks layer: a task's content hash)."""
     _session: object | None = None
@@ -109,7 +111,7 @@ class Sandbox:
             if isinstance(exc.__cause__, docker.errors.ImageNotFound):
                 raise ImageError(f"image {spec.image} is not built; run `air images build`") from exc
             raise
-        return cls(docker_, spec, container.id, kwargs["name"], gpu_ids)
+        return cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""))
 
     async def remove(self) -> None:
         """Force-remove the container; idempotent."""

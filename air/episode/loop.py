@@ -1,0 +1,231 @@
+"""One research episode, turn by turn, independent of any RL framework.
+
+    episode = Episode(task_env, sandbox, EpisodeConfig(), writer)
+    reply = model(episode.prompt)
+    while True:
+        step = await episode.step(reply)
+        if step.done: break
+        reply = model(step.observation)
+
+Each reply becomes exactly one action (a shell command, `validate`, `submit`, or a format error the agent is told
+about). Commands run in the sandbox's persistent shell; `validate` scores the current submission with the task's
+protected evaluation and pays a delta-improvement reward; `submit` scores and ends. Reaching the turn, time or
+format-error limit ends the episode with an automatic final evaluation, as MLGym does. Infrastructure failures
+raise (the rollout must be failed, not scored); everything the agent did wrong is an observation.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from air.episode.parse import FORMAT_RULES, Command, FormatError, Submit, Validate, parse_reply
+from air.episode.rewards import RewardConfig, RewardTracker
+from air.episode.trajectory import TrajectoryWriter
+from air.sandbox.container import Sandbox
+from air.sandbox.output import truncate_text
+from air.tasks.environment import TaskEnvironment
+from air.tasks.scoring import EvalOutcome, validation_text
+
+# MLGym gives commands that train its long timeout; match whole words so `pythonic.txt` is not training.
+_TRAINING = re.compile(r"\b(python3?|torchrun|accelerate|deepspeed)\b")
+
+EndReason = Literal["submitted", "max_turns", "max_seconds", "format_errors"]
+
+
+class EpisodeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_turns: int = Field(30, ge=1)
+    """Model replies at most; on reaching it the current submission is evaluated automatically."""
+    max_seconds: float = Field(3600, gt=0)
+    """Wall-clock budget of the episode (model time included)."""
+    max_format_errors: int = Field(5, ge=1)
+    command_timeout: float | None = Field(None, gt=0)
+    """Cap on every command's timeout (the task's own limits apply below it); None = the task's limits."""
+    observation_chars: int = Field(8000, ge=256)
+    """Budget of one observation; longer output keeps its head and tail and says how much was cut."""
+    reward: RewardConfig = RewardConfig()
+
+
+@dataclass
+class StepResult:
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def system_prompt(task_name: str, task_id: str) -> str:
+    return (
+        f"You are an autonomous ML research agent working on the task \"{task_name}\" (id: {task_id}) inside a "
+        "Linux container "
+        "(no internet). You act by running shell commands in a persistent bash session: the working directory "
+        "and exported variables persist between commands; interactive programs (editors, REPLs) are not "
+        "available, so write files with heredocs or scripts. Each command has a time limit and its output is "
+        "truncated when long.\n\n"
+        "Special commands:\n"
+        "- `validate`: score your current submission with the task's evaluation (as often as you like; it "
+        "does not end the episode).\n"
+        "- `submit`: score your submission and end the episode.\n\n"
+        f"{FORMAT_RULES}"
+    )
+
+
+class Episode:
+    def __init__(self, task_env: TaskEnvironment, sandbox: Sandbox, config: EpisodeConfig | None = None,
+                 writer: TrajectoryWriter | None = None, *, episode_id: str | None = None,
+                 meta: dict[str, Any] | None = None):
+        self.task_env = task_env
+        self.spec = task_env.spec
+        self.sandbox = sandbox
+        self.config = config or EpisodeConfig()
+        self.writer = writer
+        self.id = episode_id or uuid.uuid4().hex[:12]
+        baseline = self.spec.baseline_score
+        self.tracker = RewardTracker(self.config.reward, 0.0 if baseline is None else baseline,
+                                     self.spec.primary.direction, self.spec.reward_scale)
+        self.turns = 0
+        self.format_errors = 0
+        self.validations = 0
+        self.failed_validations = 0
+        self.step_rewards: list[float] = []
+        self.done = False
+        self.ended_by: EndReason | None = None
+        self.started = time.monotonic()
+        self._write({"type": "start", "episode": self.id, "task": self.spec.id, "task_version": self.spec.version,
+                     "task_hash": self.spec.content_hash, "task_source": self.spec.source,
+                     "sandbox": sandbox.short_id, "image": sandbox.spec.image, "image_id": sandbox.image_id,
+                     "baseline": self.spec.baseline.scores, "primary": self.spec.primary.model_dump(),
+                     "config": self.config.model_dump(), "system_prompt": self.system_prompt,
+                     "prompt": self.prompt, **(meta or {})})
+
+    # ----- prompts ----------------------------------------------------------------------------------------------
+    @property
+    def system_prompt(self) -> str:
+        return system_prompt(self.spec.name, self.spec.id)
+
+    @property
+    def prompt(self) -> str:
+        baseline = ", ".join(f"{k} = {v:.6g}" for k, v in self.spec.baseline.scores.items())
+        arrow = "higher" if self.spec.primary.direction == "higher" else "lower"
+        return (f"{self.spec.description}\n\n"
+                f"Primary metric: {self.spec.primary.name} ({arrow} is better); baseline: {baseline}.\n"
+                f"You have {self.config.max_turns} turns. Your workspace is the current directory.")
+
+    # ----- stepping ---------------------------------------------------------------------------------------------
+    async def step(self, reply: str) -> StepResult:
+        """Apply one model reply; returns the observation for the next turn (or the final one)."""
+        if self.done:
+            raise RuntimeError("the episode is over")
+        self.turns += 1
+        action = parse_reply(reply)
+        started = time.monotonic()
+        record: dict[str, Any] = {"type": "step", "turn": self.turns, "reply": reply, "action": action.model_dump()}
+        reward = 0.0
+        if isinstance(action, FormatError):
+            self.format_errors += 1
+            observation = action.message
+        elif isinstance(action, Command):
+            observation, details = await self._run_command(action.text)
+            record.update(details)
+        else:
+            outcome = await self.task_env.evaluate(self.sandbox)
+            reward = self._score(outcome)
+            record.update(self._outcome_record(outcome, reward))
+            observation = validation_text(self.spec, outcome)
+            if isinstance(action, Submit):
+                self._end("submitted")
+        record["seconds"] = round(time.monotonic() - started, 4)
+
+        if not self.done:
+            limit = self._limit_reached()
+            if limit is not None:
+                final, final_reward, final_record = await self._final_evaluation(limit)
+                observation = f"{observation}\n\n{final}"
+                reward += final_reward
+                record["final_evaluation"] = final_record
+        self.step_rewards.append(reward)
+        record.update(observation=observation, reward=reward, done=self.done, total_reward=self.total_reward)
+        self._write(record)
+        if self.done:
+            self._write({"type": "end", "episode": self.id, **self.summary()})
+        return StepResult(observation, reward, self.done, {"action": action.kind})
+
+    async def _run_command(self, text: str) -> tuple[str, dict[str, Any]]:
+        training = bool(_TRAINING.search(text))
+        timeout = self.spec.timeouts.training if training else self.spec.timeouts.command
+        timeout = min(timeout, self.config.command_timeout or timeout)
+        result = await self.sandbox.session.run(text, timeout=timeout, merge_stderr=True)
+        output = truncate_text(result.stdout, self.config.observation_chars)
+        notes = []
+        if result.timed_out:
+            notes.append(f"[command timed out after {timeout:g} s; its processes were killed]")
+        elif result.oom_killed:
+            notes.append(f"[killed: out of memory (limit {self.spec.resources.memory_mb} MB)]")
+        elif result.shell_restarted:
+            notes.append(f"[the shell exited; a new shell was started in {result.cwd}, exported variables "
+                         "are lost]")
+        if result.exit_code is not None:
+            notes.append(f"[exit code {result.exit_code}]")
+        observation = (output.rstrip("\n") + "\n" if output.strip() else "") + " ".join(notes)
+        return observation, {"exit_code": result.exit_code, "timed_out": result.timed_out,
+                             "oom_killed": result.oom_killed, "shell_restarted": result.shell_restarted,
+                             "output_bytes_dropped": result.dropped_bytes, "command_seconds": result.duration,
+                             "cwd": result.cwd}
+
+    def _score(self, outcome: EvalOutcome) -> float:
+        self.validations += 1
+        if outcome.ok:
+            return self.tracker.on_validation(outcome.metrics[self.spec.primary.name])
+        self.failed_validations += 1
+        return self.tracker.on_failed_validation()
+
+    def _outcome_record(self, outcome: EvalOutcome, reward: float) -> dict[str, Any]:
+        return {"eval_status": outcome.status, "metrics": outcome.metrics, "eval_message": outcome.message,
+                "eval_seconds": round(outcome.duration, 4), "score": outcome.metrics.get(self.spec.primary.name),
+                "normalized": self.tracker.last_normalized if outcome.ok else None}
+
+    def _limit_reached(self) -> EndReason | None:
+        if self.format_errors >= self.config.max_format_errors:
+            return "format_errors"
+        if self.turns >= self.config.max_turns:
+            return "max_turns"
+        if time.monotonic() - self.started >= self.config.max_seconds:
+            return "max_seconds"
+        return None
+
+    async def _final_evaluation(self, reason: EndReason) -> tuple[str, float, dict[str, Any]]:
+        """MLGym's autosubmission: the episode ended on a limit, so score what is there."""
+        self._end(reason)
+        outcome = await self.task_env.evaluate(self.sandbox)
+        reward = self._score(outcome)
+        text = f"Episode over ({reason.replace('_', ' ')} reached); your current submission was evaluated:\n" \
+               f"{validation_text(self.spec, outcome)}"
+        return text, reward, self._outcome_record(outcome, reward)
+
+    def _end(self, reason: EndReason) -> None:
+        self.done = True
+        self.ended_by = reason
+
+    # ----- results ----------------------------------------------------------------------------------------------
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.step_rewards))
+
+    def summary(self) -> dict[str, Any]:
+        return {"task": self.spec.id, "ended_by": self.ended_by, "turns": self.turns,
+                "total_reward": self.total_reward, "step_rewards": self.step_rewards,
+                "best_score": self.tracker.best_score, "last_score": self.tracker.last_score,
+                "baseline": self.spec.baseline_score, "validations": self.validations,
+                "failed_validations": self.failed_validations, "format_errors": self.format_errors,
+                "seconds": round(time.monotonic() - self.started, 3)}
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.writer is not None:
+            self.writer.write(record)

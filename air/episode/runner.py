@@ -1,0 +1,38 @@
+"""Drive one episode with a policy outside any RL framework (the CLI's `run`, `eval` and `debug`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from air.episode.loop import Episode, EpisodeConfig, StepResult
+from air.episode.trajectory import TrajectoryWriter
+from air.policies import Message, Policy
+from air.tasks.environment import TaskEnvironment
+
+OnStep = Callable[[Episode, str, StepResult], None]
+
+
+async def run_episode(task_env: TaskEnvironment, policy: Policy, config: EpisodeConfig | None = None,
+                      trajectory: Path | None = None, on_step: OnStep | None = None,
+                      meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Lease a staged sandbox, play the episode to its end, return its summary; the sandbox goes back to the
+    pool (reset) on every path, and an infrastructure error propagates."""
+    writer = TrajectoryWriter(trajectory) if trajectory else None
+    try:
+        async with task_env.lease() as sandbox:
+            episode = Episode(task_env, sandbox, config, writer, meta=meta)
+            messages: list[Message] = [{"role": "system", "content": episode.system_prompt},
+                                       {"role": "user", "content": episode.prompt}]
+            while True:
+                reply = await policy.reply(messages)
+                step = await episode.step(reply)
+                if on_step is not None:
+                    on_step(episode, reply, step)
+                messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": step.observation}]
+                if step.done:
+                    return episode.summary()
+    finally:
+        if writer is not None:
+            writer.close()
