@@ -22,35 +22,22 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from air.episode.parse import FORMAT_RULES, Command, FormatError, Submit, Validate, parse_reply
-from air.episode.rewards import RewardConfig, RewardTracker
+from air.episode.config import EpisodeConfig
+from air.episode.parse import Command, FormatError, Submit, parse_reply
+from air.episode.prompts import system_prompt, task_prompt
+from air.episode.rewards import RewardTracker
 from air.episode.trajectory import TrajectoryWriter
 from air.sandbox.container import Sandbox
 from air.sandbox.output import truncate_text
 from air.tasks.environment import TaskEnvironment
 from air.tasks.scoring import EvalOutcome, validation_text
+from air.tasks.spec import TaskSpec
 
 # MLGym gives commands that train its long timeout; match whole words so `pythonic.txt` is not training.
 _TRAINING = re.compile(r"\b(python3?|torchrun|accelerate|deepspeed)\b")
 
-EndReason = Literal["submitted", "max_turns", "max_seconds", "format_errors"]
-
-
-class EpisodeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_turns: int = Field(30, ge=1)
-    """Model replies at most; on reaching it the current submission is evaluated automatically."""
-    max_seconds: float = Field(3600, gt=0)
-    """Wall-clock budget of the episode (model time included)."""
-    max_format_errors: int = Field(5, ge=1)
-    command_timeout: float | None = Field(None, gt=0)
-    """Cap on every command's timeout (the task's own limits apply below it); None = the task's limits."""
-    observation_chars: int = Field(8000, ge=256)
-    """Budget of one observation; longer output keeps its head and tail and says how much was cut."""
-    reward: RewardConfig = RewardConfig()
+EndReason = Literal["submitted", "max_turns", "max_seconds", "format_errors", "stopped"]
+"""Why an episode ended; "stopped" = the driver ended it (a framework limit), see Episode.finish."""
 
 
 @dataclass
@@ -59,22 +46,6 @@ class StepResult:
     reward: float
     done: bool
     info: dict[str, Any] = field(default_factory=dict)
-
-
-def system_prompt(task_name: str, task_id: str) -> str:
-    return (
-        f"You are an autonomous ML research agent working on the task \"{task_name}\" (id: {task_id}) inside a "
-        "Linux container "
-        "(no internet). You act by running shell commands in a persistent bash session: the working directory "
-        "and exported variables persist between commands; interactive programs (editors, REPLs) are not "
-        "available, so write files with heredocs or scripts. Each command has a time limit and its output is "
-        "truncated when long.\n\n"
-        "Special commands:\n"
-        "- `validate`: score your current submission with the task's evaluation (as often as you like; it "
-        "does not end the episode).\n"
-        "- `submit`: score your submission and end the episode.\n\n"
-        f"{FORMAT_RULES}"
-    )
 
 
 class Episode:
@@ -108,15 +79,11 @@ class Episode:
     # ----- prompts ----------------------------------------------------------------------------------------------
     @property
     def system_prompt(self) -> str:
-        return system_prompt(self.spec.name, self.spec.id)
+        return system_prompt(self.spec)
 
     @property
     def prompt(self) -> str:
-        baseline = ", ".join(f"{k} = {v:.6g}" for k, v in self.spec.baseline.scores.items())
-        arrow = "higher" if self.spec.primary.direction == "higher" else "lower"
-        return (f"{self.spec.description}\n\n"
-                f"Primary metric: {self.spec.primary.name} ({arrow} is better); baseline: {baseline}.\n"
-                f"You have {self.config.max_turns} turns. Your workspace is the current directory.")
+        return task_prompt(self.spec, self.config)
 
     # ----- stepping ---------------------------------------------------------------------------------------------
     async def step(self, reply: str) -> StepResult:
@@ -199,6 +166,18 @@ class Episode:
         if time.monotonic() - self.started >= self.config.max_seconds:
             return "max_seconds"
         return None
+
+    async def finish(self, reason: EndReason = "stopped") -> StepResult:
+        """End an episode its driver stopped early (a framework's turn or token limit): the current submission
+        is evaluated, as on any limit, and recorded as one more step."""
+        if self.done:
+            raise RuntimeError("the episode is over")
+        text, reward, record = await self._final_evaluation(reason)
+        self.step_rewards.append(reward)
+        self._write({"type": "step", "turn": self.turns, "reply": None, "action": None, "observation": text,
+                     "reward": reward, "done": True, "total_reward": self.total_reward, "final_evaluation": record})
+        self._write({"type": "end", "episode": self.id, **self.summary()})
+        return StepResult(text, reward, True, {"action": "final_evaluation"})
 
     async def _final_evaluation(self, reason: EndReason) -> tuple[str, float, dict[str, Any]]:
         """MLGym's autosubmission: the episode ended on a limit, so score what is there."""

@@ -85,6 +85,8 @@ SCRIPTS: dict[str, Script] = {
 }
 
 GENERIC = Script(replies=(_bash("ls -la"), VALIDATE, SUBMIT))
+# For overhead benchmarks: many turns of a trivial command, then submit.
+TRIVIAL = Script(replies=(*([_bash("true")] * 40), SUBMIT))
 
 _TASK_ID = re.compile(r"\(id: ([^)\s]+)\)")
 
@@ -92,10 +94,13 @@ _TASK_ID = re.compile(r"\(id: ([^)\s]+)\)")
 class ScriptedPolicy:
     """Replies from the script of the task named in the system prompt; the turn is the number of replies so far."""
 
-    def __init__(self, scripts: dict[str, Script] | None = None):
+    def __init__(self, scripts: dict[str, Script] | None = None, only: Script | None = None):
         self.scripts = SCRIPTS if scripts is None else scripts
+        self.only = only
 
     def script_for(self, messages: list[Message]) -> Script:
+        if self.only is not None:
+            return self.only
         text = " ".join(m.get("content") or "" for m in messages[:2] if isinstance(m.get("content"), str))
         match = _TASK_ID.search(text)
         return self.scripts.get(match.group(1), GENERIC) if match else GENERIC

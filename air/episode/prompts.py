@@ -1,0 +1,30 @@
+"""What the agent is told: the system prompt (how to act) and the task prompt (what to do)."""
+
+from __future__ import annotations
+
+from air.episode.config import EpisodeConfig
+from air.episode.parse import FORMAT_RULES
+from air.tasks.spec import TaskSpec
+
+
+def system_prompt(spec: TaskSpec) -> str:
+    return (
+        f"You are an autonomous ML research agent working on the task \"{spec.name}\" (id: {spec.id}) inside a "
+        "Linux container "
+        "(no internet). You act by running shell commands in a persistent bash session: the working directory "
+        "and exported variables persist between commands; interactive programs (editors, REPLs) are not "
+        "available, so write files with heredocs or scripts. Each command has a time limit and its output is "
+        "truncated when long.\n\n"
+        "Special commands:\n"
+        "- `validate`: score your current submission with the task's evaluation (as often as you like; it "
+        "does not end the episode).\n"
+        "- `submit`: score your submission and end the episode.\n\n"
+        f"{FORMAT_RULES}"
+    )
+
+
+def task_prompt(spec: TaskSpec, config: EpisodeConfig) -> str:
+    baseline = ", ".join(f"{k} = {v:.6g}" for k, v in spec.baseline.scores.items())
+    return (f"{spec.description}\n\n"
+            f"Primary metric: {spec.primary.name} ({spec.primary.direction} is better); baseline: {baseline}.\n"
+            f"You have {config.max_turns} turns. Your workspace is the current directory.")

@@ -1,0 +1,91 @@
+"""A scripted OpenAI-compatible chat server: a TEST DOUBLE of an LLM endpoint, not a model.
+
+It answers `/v1/chat/completions` (streaming and not) with the scripted policy's next reply for the task named
+in the conversation, so `vf-eval`, prime-rl-style clients and `air eval` can run end to end offline.
+
+    python -m air.policies.scripted_server --port 8765      # or --port 0 --port-file F (picks a free port)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+
+from aiohttp import web
+
+from air.policies.scripted import TRIVIAL, ScriptedPolicy
+
+MODEL = "air-scripted"
+
+
+def make_app(policy: ScriptedPolicy | None = None) -> web.Application:
+    policy = policy or ScriptedPolicy()
+    app = web.Application(client_max_size=64 << 20)
+    app["requests"] = 0
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        request.app["requests"] += 1
+        text = policy.reply_for(body.get("messages") or [])
+        cid, created = f"chatcmpl-{uuid.uuid4().hex[:12]}", int(time.time())
+        model = body.get("model") or MODEL
+        usage = {"prompt_tokens": 1, "completion_tokens": max(len(text) // 4, 1),
+                 "total_tokens": 1 + max(len(text) // 4, 1)}
+        if not body.get("stream"):
+            return web.json_response({
+                "id": cid, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}],
+                "usage": usage,
+            })
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+
+        async def send(chunk: dict) -> None:
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+        base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
+        await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
+                                         "finish_reason": None}]})
+        await send({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            await send({**base, "choices": [], "usage": usage})
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", completions)
+    return app
+
+
+async def serve(port: int, port_file: Path | None = None, trivial: bool = False) -> None:
+    runner = web.AppRunner(make_app(ScriptedPolicy(only=TRIVIAL) if trivial else None))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    if port_file:
+        port_file.write_text(str(bound))
+    print(f"scripted policy server (a test double, not a model) on http://127.0.0.1:{bound}/v1", flush=True)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--port-file", type=Path)
+    parser.add_argument("--trivial", action="store_true", help="answer every task with 40 turns of `true`")
+    args = parser.parse_args()
+    asyncio.run(serve(args.port, args.port_file, args.trivial))
+
+
+if __name__ == "__main__":
+    main()

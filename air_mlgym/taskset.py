@@ -1,0 +1,206 @@
+"""air as a verifiers v1 environment: `vf-eval air-mlgym` and prime-rl's `env.taskset.id = "air-mlgym"`.
+
+- `AirTaskset`: one task per (task, example); its config is everything a run chooses (tasks, limits, rewards,
+  sandbox pool and task GPUs), so one TOML section configures a run.
+- `AirEnv`: drives the episode host-side, turn by turn (the pattern of verifiers' TextArena env), in a sandbox
+  leased from one pool per env process (started and stopped with the env; prime-rl runs one per env-server
+  worker). Rewards, metrics and per-step rewards land on the trace. Infrastructure errors raise SandboxError, so
+  the rollout is failed and excluded from training, never scored 0.
+- `AirHarness` (the default harness): one non-streaming chat completion per turn, in-process, through the
+  interception endpoint and secret, with one pooled HTTP client. No subprocess, no uv, no PyPI at run time.
+
+Imports stay light: prime-rl imports this module to validate configs, where Docker may be absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Literal
+
+import verifiers.v1 as vf
+from pydantic import Field
+from verifiers.v1.errors import MODEL_TRANSPORT_ERROR_EXIT_CODE, SandboxError
+
+from air.episode.config import EpisodeConfig
+from air.episode.prompts import system_prompt, task_prompt
+from air.episode.rewards import RewardConfig
+
+log = logging.getLogger("air_mlgym")
+
+
+class AirTasksetConfig(vf.TasksetConfig):
+    tasks: list[str] = ["prisoners-dilemma", "regression-rmse", "tabular-classification"]
+    """Bundled task ids, or MLGym tasks as `mlgym:tasks/<name>.yaml` (with `mlgym_root`)."""
+    mlgym_root: str | None = None
+    examples_per_task: int = Field(1, ge=1)
+    """Tasks in the taskset per task id (identical episodes; rollouts per example come from the trainer)."""
+    max_turns: int = Field(30, ge=1)
+    max_seconds: float = Field(3600, gt=0)
+    max_format_errors: int = Field(5, ge=1)
+    command_timeout: float | None = Field(None, gt=0)
+    """Cap on each command's timeout below the task's own (None: the task's limits)."""
+    observation_chars: int = Field(8000, ge=256)
+    reward_mode: Literal["delta", "best"] = "delta"
+    failed_validation_penalty: float = Field(0.1, ge=0)
+    reward_clip: float | None = Field(None, gt=0)
+    max_sandboxes: int = Field(32, ge=2)
+    """Live containers per env process (agent and scoring sandboxes together)."""
+    warm_sandboxes: int = Field(0, ge=0)
+    gpu_ids: list[str] | None = []
+    """Host GPUs for task containers, never shared with inference or training; None = detect with nvidia-smi."""
+    trajectory_dir: str | None = None
+    """Also write air's own JSON-lines trajectory of every rollout here."""
+
+    def episode_config(self) -> EpisodeConfig:
+        return EpisodeConfig(
+            max_turns=self.max_turns, max_seconds=self.max_seconds, max_format_errors=self.max_format_errors,
+            command_timeout=self.command_timeout, observation_chars=self.observation_chars,
+            reward=RewardConfig(mode=self.reward_mode, failed_validation_penalty=self.failed_validation_penalty,
+                                clip=self.reward_clip),
+        )
+
+
+class AirData(vf.TaskData):
+    task_ref: str
+    """Which air task this row is (a bundled id or `mlgym:...`)."""
+
+
+class AirTask(vf.Task[AirData, vf.State, vf.TaskConfig]):
+    pass
+
+
+class AirTaskset(vf.Taskset[AirTask, AirTasksetConfig]):
+    def load(self) -> list[AirTask]:
+        from air.tasks.registry import load_task
+
+        config, episode = self.config, self.config.episode_config()
+        tasks = []
+        for ref in config.tasks:
+            spec = load_task(ref, config.mlgym_root)
+            for i in range(config.examples_per_task):
+                data = AirData(id=f"{ref}#{i}", name=spec.name, task_ref=ref, system_prompt=system_prompt(spec),
+                               prompt=task_prompt(spec, episode))
+                tasks.append(AirTask(data, config.task))
+        return tasks
+
+
+class AirEnvConfig(vf.EnvConfig):
+    # The role is named `agent` (so `--env.agent.*` works) and needs no flags: the harness defaults to this
+    # package's in-process harness and the runtime to a host subprocess, which the harness never uses.
+    agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.SubprocessConfig())
+
+
+class AirEnv(vf.Env[AirEnvConfig]):
+    async def start(self) -> None:
+        from air.sandbox.pool import PoolConfig, SandboxPool
+        from air.tasks.registry import load_task
+
+        cfg = self.config.taskset
+        self.specs = {ref: load_task(ref, cfg.mlgym_root) for ref in cfg.tasks}
+        self.episode_config = cfg.episode_config()
+        self.pool = SandboxPool(PoolConfig(max_sandboxes=cfg.max_sandboxes, warm=cfg.warm_sandboxes,
+                                           gpu_ids=cfg.gpu_ids))
+        try:
+            await self.pool.start()  # also sweeps the containers of dead runs
+        except Exception as exc:
+            raise SandboxError(f"air: the sandbox pool did not start: {exc}") from exc
+
+    async def stop(self) -> None:
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            await pool.close()
+
+    async def run(self, task: AirTask, agents) -> None:
+        from air.episode.loop import Episode
+        from air.episode.trajectory import TrajectoryWriter
+        from air.errors import InfraError
+        from air.tasks.environment import TaskEnvironment
+
+        spec = self.specs[task.data.task_ref]
+        task_env = TaskEnvironment(spec, self.pool)
+        cfg = self.config.taskset
+        writer = None
+        try:
+            async with task_env.lease() as sandbox:
+                async with agents.agent.interaction(task) as interaction:
+                    trace = interaction.trace
+                    if cfg.trajectory_dir:
+                        writer = TrajectoryWriter(Path(cfg.trajectory_dir) / spec.id / f"{trace.id}.jsonl")
+                    episode = Episode(task_env, sandbox, self.episode_config, writer,
+                                      meta={"trace": str(trace.id)})
+                    segment = await interaction.turn()
+                    while not segment.terminated:
+                        step = await episode.step(segment.last_reply)
+                        if step.done:
+                            break
+                        segment = await interaction.turn(step.observation)
+                    if not episode.done:  # the framework ended the exchange (its turn or token limit)
+                        await episode.finish("stopped")
+                    _record(trace, episode)
+        except InfraError as exc:
+            raise SandboxError(f"air: {exc}") from exc
+        finally:
+            if writer is not None:
+                writer.close()
+
+
+def _record(trace, episode) -> None:
+    summary = episode.summary()
+    trace.record_reward("improvement", summary["total_reward"], 1.0)
+    metrics = {"best_score": summary["best_score"], "last_score": summary["last_score"],
+               "validations": summary["validations"], "failed_validations": summary["failed_validations"],
+               "format_errors": summary["format_errors"], "turns": summary["turns"]}
+    # No successful validation means no score: leave those metrics out rather than invent a number.
+    trace.record_metrics({k: float(v) for k, v in metrics.items() if v is not None})
+    trace.info.update({"air_episode": episode.id, "task": summary["task"], "ended_by": summary["ended_by"],
+                       "step_rewards": summary["step_rewards"], "baseline": summary["baseline"]})
+
+
+class AirHarnessConfig(vf.HarnessConfig):
+    timeout: float = Field(900, gt=0)
+    """Seconds one model call may take (a long reasoning reply on a busy server)."""
+
+
+class AirHarness(vf.Harness[AirHarnessConfig]):
+    APPENDS_SYSTEM_PROMPT = True
+    SUPPORTS_RESUME = True
+    EXECUTES_CODE = False
+    NEEDS_CONTAINER = False
+
+    def __init__(self, config: AirHarnessConfig) -> None:
+        super().__init__(config)
+        self._clients: dict[asyncio.AbstractEventLoop, object] = {}
+
+    def _client(self):
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        if loop not in self._clients:  # one pooled client per event loop (env-server workers have their own)
+            self._clients[loop] = httpx.AsyncClient(timeout=self.config.timeout)
+        return self._clients[loop]
+
+    async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **_: object):
+        import httpx
+        from verifiers.v1.dialects.chat import message_to_wire
+        from verifiers.v1.runtimes import ProgramResult
+
+        system, prompt = self.resolve_prompt(data)
+        messages = [{"role": "system", "content": system}] if system else []
+        if isinstance(prompt, str):
+            messages.append({"role": "user", "content": prompt})
+        elif prompt:
+            messages += [message_to_wire(m) for m in prompt]
+        try:
+            response = await self._client().post(f"{endpoint.rstrip('/')}/chat/completions",
+                                                  json={"model": ctx.model, "messages": messages},
+                                                  headers={"Authorization": f"Bearer {secret}"})
+        except httpx.TransportError as exc:
+            return ProgramResult(MODEL_TRANSPORT_ERROR_EXIT_CODE, "", f"{type(exc).__name__}: {exc}")
+        if response.status_code == 200 or (response.status_code == 400 and "rollout stopped" in response.text):
+            return ProgramResult(0, "", "")  # a refused turn is a stop (limits, @stop), not a failure
+        return ProgramResult(1, "", f"model call failed: HTTP {response.status_code}: {response.text[:500]}")
+
+
+__all__ = ["AirTaskset", "AirEnv", "AirHarness"]
