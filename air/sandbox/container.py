@@ -166,7 +166,8 @@ class Sandbox:
                                       timeout=timeout + 10)
         duration = time.monotonic() - started
         timed_out = code in (124, 137) and duration >= timeout * 0.98
-        if code is None or (code >= 126 and not timed_out and code != 137):
+        # 137 included: a container killed under the exec reports SIGKILL's 137, like an OOM-killed command.
+        if code is None or (code >= 126 and not timed_out):
             await self._check_alive_after(code)
         return ExecResult(None if timed_out else code, out.text(), err.text(), duration, timed_out,
                           out.dropped + err.dropped)

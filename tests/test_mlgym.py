@@ -1,0 +1,449 @@
+"""MLGym compatibility: task trees written in MLGym's own YAML format, loaded and scored as MLGym scores them.
+
+The fixture writes a small MLGym checkout (`configs/tasks`, `configs/datasets`, `data/<task>`) with one task per
+scoring contract. Its evaluate.py scripts behave like MLGym's: CSV takes `--submission_file` and prints one JSON
+dict; Model takes `--config_fname` and prints its JSON line among other lines; LM prints a JSON line; Python
+imports the agent's strategy.py and a hidden target.py. The expected metrics come from running the same
+evaluate.py in an MLGym-shaped workspace on the host and parsing its output MLGym's way (`mlgym_reference`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from air.errors import TaskError
+from air.tasks.mlgym import load_mlgym_task
+from air.tasks.registry import load_task
+
+# Strings that occur only in scorer-only files: finding one in the agent's sandbox is a leak.
+EVAL_MARK = "MLGYM_FIXTURE_EVALUATOR_d41c"
+TARGET_MARK = "MLGYM_FIXTURE_OPPONENT_7be2"
+TRUTH_MARK = "MLGYM_FIXTURE_TRUTH_93fa"
+HOLDOUT_MARK = "MLGYM_FIXTURE_HOLDOUT_5a0e"
+SECRET_MARKS = (EVAL_MARK, TARGET_MARK, TRUTH_MARK, HOLDOUT_MARK)
+
+CSV_DESCRIPTION = ("Predict the label of every row of test.csv.\n{dataset_docs}\n"
+                   'Write submission.csv with columns id,label. A JSON line such as {"a": 1} is not a submission, '
+                   "and {not_a_field} is literal text.")
+TOY_ROWS_DESCRIPTION = "Toy rows: train.csv has id,x,label and test.csv has id,x."
+
+TASKS = {
+    "csvToy": {
+        "id": "csvToy", "name": "CSV toy", "description": CSV_DESCRIPTION,
+        "task_entrypoint": "CSVSubmissionTasks", "training_timeout": 60, "use_generic_conda": True,
+        "starter_code": ["data/csvToy/evaluate.py", "data/csvToy/train.py"],
+        "dataset_configs": ["datasets/toyRows.yaml"],
+        "baseline_paths": ["train.py"],
+        "baseline_scores": [{"Accuracy": 0.5}],
+        "evaluation_paths": ["evaluate.py"],
+        "sample_submission": "data/csvToy/sample_submission.csv",
+        "evaluation_read_only": True,
+        "secret_files": ["data/csvToy/data/ground_truth.csv"],
+    },
+    "modelToy": {
+        "id": "modelToy", "name": "Model toy", "description": "Train checkpoints; submit config.yaml.",
+        "task_entrypoint": "ModelSubmissionTasks", "training_timeout": 90,
+        "requirements_path": "data/modelToy/requirements.txt", "use_generic_conda": False,
+        "starter_code": ["data/modelToy/src", "data/modelToy/evaluate.py"],
+        "baseline_paths": ["src/train.py"],
+        "baseline_scores": [{"Reward Mean": 6.0, "Reward Std": 1.0}],
+        "evaluation_paths": ["evaluate.py"],
+        "evaluation_read_only": True,
+        "memory_path": "data/modelToy/memory.json",
+    },
+    "lmToy": {
+        "id": "lmToy", "name": "LM toy", "description": "Model characters.\n{dataset_docs}",
+        "task_entrypoint": "LMSubmissionTasks", "training_timeout": 90,
+        "dataset_configs": ["datasets/remoteText.yaml"],
+        "starter_code": ["data/lmToy/model.py", "data/lmToy/evaluate.py", "data/lmToy/holdout.txt"],
+        "baseline_scores": [{"val_loss": 2.0}],
+        "evaluation_paths": ["evaluate.py"],
+        "secret_files": ["data/lmToy/holdout.txt"],
+    },
+    "pythonToy": {
+        "id": "pythonToy", "name": "Python toy", "description": "Write row_strategy(history) in strategy.py.",
+        "task_entrypoint": "PythonSubmissionTasks", "training_timeout": 60, "use_generic_conda": True,
+        "starter_code": ["data/pythonToy/target.py", "data/pythonToy/evaluate.py", "data/pythonToy/strategy.py"],
+        "baseline_paths": ["evaluate.py"],
+        "baseline_scores": [{"Score": 2.0}],
+        "evaluation_paths": ["evaluate.py"],
+        "evaluation_read_only": True,
+        "secret_files": ["data/pythonToy/target.py"],
+    },
+}
+DATASETS = {
+    "toyRows": {"name": "toyRows", "description": TOY_ROWS_DESCRIPTION, "data_path": "data/csvToy/data",
+                "is_local": True},
+    "remoteText": {"name": "remoteText", "description": "Characters from a hub dataset.",
+                   "data_path": "someorg/some-text", "is_local": False},
+}
+
+TRUTH = {f"r{i}": str(i % 2) for i in range(8)}
+FILES = {
+    # --- CSV: --submission_file, one JSON dict on stdout
+    "data/csvToy/evaluate.py": f'''\
+"""{EVAL_MARK}: accuracy of submission.csv against the hidden labels."""
+import argparse, csv, json, os
+here = os.path.dirname(os.path.abspath(__file__))
+parser = argparse.ArgumentParser()
+parser.add_argument("--submission_file", required=True)
+args = parser.parse_args()
+with open(os.path.join(here, "data", "ground_truth.csv")) as f:
+    truth = {{row["id"]: row["label"] for row in csv.DictReader(f)}}
+with open(args.submission_file) as f:
+    pred = {{row["id"]: row["label"].strip() for row in csv.DictReader(f)}}
+print(json.dumps({{"accuracy": sum(pred.get(i) == y for i, y in truth.items()) / len(truth)}}))
+''',
+    "data/csvToy/train.py": "import csv\nrows = list(csv.DictReader(open('data/test.csv')))\n"
+                            "open('submission.csv', 'w').write('id,label\\n' + ''.join(f\"{r['id']},0\\n\" "
+                            "for r in rows))\n",
+    "data/csvToy/sample_submission.csv": "id,label\n" + "".join(f"{i},0\n" for i in TRUTH),
+    "data/csvToy/data/train.csv": "id,x,label\n" + "".join(f"t{i},{i},{i % 2}\n" for i in range(6)),
+    "data/csvToy/data/test.csv": "id,x\n" + "".join(f"{i},{n}\n" for n, i in enumerate(TRUTH)),
+    "data/csvToy/data/ground_truth.csv": "id,label,note\n" + "".join(f"{i},{y},{TRUTH_MARK}\n"
+                                                                     for i, y in TRUTH.items()),
+    # --- Model: --config_fname <yaml>; the JSON line comes among other output
+    "data/modelToy/evaluate.py": f'''\
+"""{EVAL_MARK}: mean and spread of the checkpoints next to the submitted config."""
+import argparse, json, os, statistics
+parser = argparse.ArgumentParser()
+parser.add_argument("--config_fname", required=True)
+args = parser.parse_args()
+print("Loading config from", args.config_fname)
+cfg = dict(line.split(":", 1) for line in open(args.config_fname) if ":" in line)
+scale = float(cfg["scale"])
+folder = os.path.join(os.path.dirname(os.path.abspath(args.config_fname)), "checkpoints")
+rewards = [scale * float(open(os.path.join(folder, n)).read()) for n in sorted(os.listdir(folder))]
+print(f"evaluated {{len(rewards)}} checkpoints")
+print(json.dumps({{"Reward Mean": statistics.mean(rewards), "Reward Std": statistics.pstdev(rewards)}}))
+print("done.")
+''',
+    "data/modelToy/src/train.py": "import os\nos.makedirs('checkpoints', exist_ok=True)\n"
+                                  "for i, w in enumerate([5.0, 6.0, 7.0]):\n"
+                                  "    open(f'checkpoints/ckpt{i}.txt', 'w').write(str(w))\n"
+                                  "open('config.yaml', 'w').write('scale: 1.0\\n')\n",
+    "data/modelToy/src/helpers.py": "def clip(x):\n    return max(0.0, x)\n",
+    "data/modelToy/requirements.txt": "numpy\n",
+    "data/modelToy/memory.json": "{}\n",
+    # --- LM: prints a JSON line (after a log line); reads the agent's model and a hidden holdout text
+    "data/lmToy/evaluate.py": f'''\
+"""{EVAL_MARK}: cross-entropy of the agent's unigram model on hidden text."""
+import json, math, os
+here = os.path.dirname(os.path.abspath(__file__))
+from model import char_probs
+text = open(os.path.join(here, "holdout.txt")).read().split("\\n", 1)[1]
+probs = char_probs()
+print("rank 0: scoring", len(text), "characters")
+print(json.dumps({{"val_loss": -sum(math.log(probs.get(c, 1e-6)) for c in text) / len(text)}}))
+''',
+    "data/lmToy/model.py": "def char_probs():\n    return {c: 1 / 4 for c in 'abcd'}\n",
+    "data/lmToy/holdout.txt": f"# {HOLDOUT_MARK}\naabacad",
+    # --- Python: imports strategy.py (agent) and target.py (hidden), prints one JSON dict
+    "data/pythonToy/evaluate.py": f'''\
+"""{EVAL_MARK}: iterated prisoner's dilemma against the hidden target."""
+import json
+from strategy import row_strategy
+from target import target_column_strategy
+PAYOFF = {{(0, 0): 3, (0, 1): 0, (1, 0): 5, (1, 1): 1}}
+total, history = 0, []
+for _ in range(20):
+    row, col = row_strategy(history), target_column_strategy([(c, r) for r, c in history])
+    total += PAYOFF[(row, col)]
+    history.append((row, col))
+print(json.dumps({{"Score": total / 20}}))
+''',
+    "data/pythonToy/target.py": f'''\
+"""{TARGET_MARK}: tit for tat, but defects every fifth round."""
+def target_column_strategy(history):
+    if len(history) % 5 == 4:
+        return 1
+    return history[-1][1] if history else 0
+''',
+    "data/pythonToy/strategy.py": "def row_strategy(history):\n    return 0\n",
+}
+
+
+def write_tree(root: Path) -> Path:
+    for rel, text in FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    for name, task in TASKS.items():
+        write_yaml(root / "configs" / "tasks" / f"{name}.yaml", task)
+    for name, ds in DATASETS.items():
+        write_yaml(root / "configs" / "datasets" / f"{name}.yaml", ds)
+    return root
+
+
+def write_yaml(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def variant(root: Path, name: str, base: str, **changes) -> str:
+    """A copy of task `base` with fields changed (None deletes); returns its config path."""
+    data = {**TASKS[base], **changes}
+    write_yaml(root / "configs" / "tasks" / f"{name}.yaml", {k: v for k, v in data.items() if v is not None})
+    return f"tasks/{name}.yaml"
+
+
+@pytest.fixture
+def mlgym_root(tmp_path) -> Path:
+    return write_tree(tmp_path / "MLGym")
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ----- MLGym's own scoring, on the host, as the reference ---------------------------------------------------------
+def mlgym_reference(root: Path, name: str, submission: dict[str, str], workdir: Path) -> dict[str, float]:
+    """What MLGym computes: its workspace (starter_code + local datasets in data/), its command per contract,
+    and its parsing per contract (CSV/Python: json.loads of the whole output; Model/LM: first line starting '{')."""
+    task = TASKS[name]
+    ws = workdir / f"ref-{name}"
+    ws.mkdir(parents=True)
+    for ds in task.get("dataset_configs", []):
+        cfg = yaml.safe_load((root / "configs" / ds).read_text())
+        if cfg.get("is_local"):
+            shutil.copytree(root / cfg["data_path"], ws / "data")
+    for rel in task["starter_code"]:
+        src = root / rel
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, ws / src.name)
+    for rel, text in submission.items():
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text(text)
+    entry = str(ws / task["evaluation_paths"][0])
+    contract = task["task_entrypoint"]
+    argv = [sys.executable, entry]
+    if contract == "CSVSubmissionTasks":
+        argv += ["--submission_file", str(ws / "submission.csv")]
+    elif contract == "ModelSubmissionTasks":
+        found = subprocess.run(["find", str(ws), "-type", "f", "-name", "*.yaml"], capture_output=True, text=True)
+        argv += ["--config_fname", found.stdout.split()[0]]
+    out = subprocess.run(argv, cwd=ws, capture_output=True, text=True, check=True).stdout
+    if contract in ("CSVSubmissionTasks", "PythonSubmissionTasks"):
+        return json.loads(out)
+    return json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+
+
+def same_metrics(air_metrics: dict[str, float], mlgym_metrics: dict[str, float]) -> bool:
+    """air names metrics as the YAML's baseline_scores does, MLGym as evaluate.py prints them."""
+    ref = {k.lower(): v for k, v in mlgym_metrics.items()}
+    return bool(air_metrics) and all(math.isclose(v, ref[k.lower()], rel_tol=1e-12) for k, v in air_metrics.items())
+
+
+# ===== loading =====================================================================================================
+def test_each_entrypoint_maps_to_its_contract_and_hides_scorer_files(mlgym_root):
+    """The four task_entrypoints become air's four MLGym contracts; evaluation files and secret_files are never
+    starter files; only the scorer gets them, at the paths MLGym's evaluate.py expects."""
+    specs = {name: load_mlgym_task(mlgym_root, f"tasks/{name}.yaml") for name in TASKS}
+    assert {n: s.evaluation.contract for n, s in specs.items()} == {
+        "csvToy": "mlgym-csv", "modelToy": "mlgym-model", "lmToy": "mlgym-lm", "pythonToy": "mlgym-python"}
+    starters = {n: sorted(e.dest for e in s.starter) for n, s in specs.items()}
+    assert starters == {"csvToy": ["train.py"], "modelToy": ["src"], "lmToy": ["model.py"],
+                        "pythonToy": ["strategy.py"]}
+    assert all([e.dest for e in s.evaluation_files] == ["evaluate.py"] for s in specs.values())
+    assert all(s.evaluation.entry == "evaluate.py" for s in specs.values())
+    assert [e.dest for e in specs["pythonToy"].secret] == ["target.py"]
+    assert [e.dest for e in specs["lmToy"].secret] == ["holdout.txt"]
+    assert specs["csvToy"].evaluation.submission == ["submission.csv"]
+    assert specs["csvToy"].evaluation.timeout == 60 and specs["csvToy"].timeouts.training == 60
+    assert specs["csvToy"].source == "mlgym:tasks/csvToy.yaml"
+    # baseline_paths[0] is run unless it is the evaluation script itself (MLGym's game tasks)
+    assert specs["modelToy"].baseline.command == "python src/train.py"
+    assert specs["pythonToy"].baseline.command == ""
+    # primary = the first baseline_scores key; direction from the metric's name
+    assert [(m.name, m.direction, m.primary) for m in specs["modelToy"].metrics] == [
+        ("Reward Mean", "higher", True), ("Reward Std", "higher", False)]
+    assert [(m.name, m.direction) for m in specs["lmToy"].metrics] == [("val_loss", "lower")]
+
+
+def test_local_dataset_is_read_only_data_and_its_ground_truth_is_secret(mlgym_root):
+    """is_local data_path files become data/ (train/test); the ground truth listed in secret_files is kept out of
+    data/ and given to the scorer at data/ground_truth.csv, where evaluate.py reads it."""
+    spec = load_mlgym_task(mlgym_root, "tasks/csvToy.yaml")
+    assert sorted(e.dest for e in spec.data) == ["test.csv", "train.csv"]
+    assert all(e.source.is_relative_to(mlgym_root.resolve() / "data/csvToy/data") for e in spec.data)
+    assert [(e.dest, e.source.name) for e in spec.secret] == [("data/ground_truth.csv", "ground_truth.csv")]
+    assert spec.baseline.scores == {"Accuracy": 0.5} and spec.primary.name == "Accuracy"
+
+
+def test_dataset_docs_substitution_leaves_other_braces_alone(mlgym_root):
+    """Only {dataset_docs} is replaced (by NAME.upper():\\n<description>, as MLGym does); a JSON example and an
+    unknown {field} survive verbatim instead of breaking like MLGym's str.format."""
+    spec = load_mlgym_task(mlgym_root, "tasks/csvToy.yaml")
+    assert spec.description == CSV_DESCRIPTION.replace("{dataset_docs}", f"TOYROWS:\n{TOY_ROWS_DESCRIPTION}")
+    assert '{"a": 1}' in spec.description and "{not_a_field}" in spec.description
+    assert "{dataset_docs}" not in spec.description
+    lm = load_mlgym_task(mlgym_root, "tasks/lmToy.yaml")
+    assert lm.description == "Model characters.\nREMOTETEXT:\nCharacters from a hub dataset."
+
+
+def test_loading_ignores_the_current_directory_and_writes_nothing(mlgym_root, tmp_path, monkeypatch):
+    """Paths resolve against the MLGym root, not the cwd (MLGym's own gotcha), and loading never writes the YAML
+    (MLGym rewrites it with computed baselines) or anything else in the checkout."""
+    before = snapshot(mlgym_root)
+    elsewhere = tmp_path / "elsewhere" / "deeper"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "data").mkdir()  # a decoy data/ where a cwd-relative loader would look
+    monkeypatch.chdir(elsewhere)
+    specs = [load_mlgym_task(mlgym_root, f"tasks/{name}.yaml") for name in TASKS]
+    monkeypatch.setenv("MLGYM_ROOT", str(mlgym_root))
+    specs.append(load_task("mlgym:tasks/pythonToy.yaml"))
+    specs.append(load_task("mlgym:tasks/csvToy.yaml", mlgym_root=os.path.relpath(mlgym_root, elsewhere)))
+    for spec in specs:
+        for entry in (*spec.starter, *spec.data, *spec.secret, *spec.evaluation_files):
+            assert entry.source.is_absolute() and entry.source.is_relative_to(mlgym_root.resolve()), entry
+            assert entry.source.exists()
+    assert specs[-1].content_hash == specs[0].content_hash
+    assert snapshot(mlgym_root) == before, "loading changed a file of the MLGym checkout"
+    assert list((elsewhere).rglob("*")) == [elsewhere / "data"]
+
+
+# ----- errors ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("changes, expected", [
+    ({"starter_code": ["data/csvToy/evaluate.py", "data/csvToy/nope.py"]}, ["starter_code", "nope.py"]),
+    ({"dataset_configs": ["datasets/missing.yaml"]}, ["missing.yaml", "does not exist"]),
+    ({"reward_shaping": True}, ["reward_shaping", "TaskConfig"]),
+    ({"task_entrypoint": "RLSubmissionTasks"}, ["task_entrypoint", "RLSubmissionTasks"]),
+    ({"secret_files": ["data/csvToy/data/answers.csv"]}, ["secret_files", "answers.csv"]),
+    ({"evaluation_paths": ["score.py"]}, ["evaluation_paths", "score.py"]),
+], ids=["missing-starter", "missing-dataset-yaml", "unknown-task-field", "unknown-entrypoint",
+        "missing-secret", "evaluation-path-not-staged"])
+def test_broken_task_yaml_is_a_task_error_naming_file_and_field(mlgym_root, changes, expected):
+    """Each mistake is a TaskError whose message names the YAML file and the offending field or path."""
+    ref = variant(mlgym_root, "brokenTask", "csvToy", **changes)
+    with pytest.raises(TaskError) as err:
+        load_mlgym_task(mlgym_root, ref)
+    message = str(err.value)
+    assert "brokenTask.yaml" in message or "missing.yaml" in message, message
+    for word in expected:
+        assert word in message, message
+
+
+def test_unknown_field_in_a_dataset_yaml_is_a_task_error(mlgym_root):
+    """A field MLGym's DatasetConfig does not have is an error naming the dataset file and the field."""
+    write_yaml(mlgym_root / "configs/datasets/oddRows.yaml", {**DATASETS["toyRows"], "shuffle_seed": 3})
+    ref = variant(mlgym_root, "oddTask", "csvToy", dataset_configs=["datasets/oddRows.yaml"])
+    with pytest.raises(TaskError, match=r"oddRows\.yaml.*'shuffle_seed'.*DatasetConfig"):
+        load_mlgym_task(mlgym_root, ref)
+
+
+def test_unhonoured_fields_are_logged_by_name(mlgym_root, caplog):
+    """memory_path, requirements_path/use_generic_conda: false and a remote dataset each log a warning naming
+    the field; a task using none of them logs nothing."""
+    with caplog.at_level(logging.WARNING, logger="air.mlgym"):
+        load_mlgym_task(mlgym_root, "tasks/csvToy.yaml")
+        load_mlgym_task(mlgym_root, "tasks/pythonToy.yaml")
+    assert caplog.records == [], [r.getMessage() for r in caplog.records]
+    with caplog.at_level(logging.WARNING, logger="air.mlgym"):
+        load_mlgym_task(mlgym_root, "tasks/modelToy.yaml")
+    model = [r.getMessage() for r in caplog.records]
+    assert any("memory_path" in m for m in model), model
+    assert any("requirements_path" in m and "use_generic_conda" in m for m in model), model
+    assert all(r.levelno == logging.WARNING and "modelToy.yaml" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="air.mlgym"):
+        load_mlgym_task(mlgym_root, "tasks/lmToy.yaml")
+    lm = [r.getMessage() for r in caplog.records]
+    assert any("remoteText" in m and "remote" in m and "someorg/some-text" in m for m in lm), lm
+    assert any("benchmark_name" in m for m in lm) is False  # lmToy names no benchmark
+    caplog.clear()
+    ref = variant(mlgym_root, "condaOnly", "pythonToy", use_generic_conda=False)
+    with caplog.at_level(logging.WARNING, logger="air.mlgym"):
+        load_mlgym_task(mlgym_root, ref)
+    assert any("use_generic_conda" in r.getMessage() for r in caplog.records)
+
+
+def test_the_reference_scorer_agrees_with_hand_computed_values(mlgym_root, tmp_path):
+    """Guards the Docker tests' yardstick: MLGym's way of scoring gives the values worked out by hand."""
+    six_right = "id,label\n" + "".join(f"{i},{y if n < 6 else 1 - int(y)}\n" for n, (i, y) in enumerate(TRUTH.items()))
+    assert mlgym_reference(mlgym_root, "csvToy", {"submission.csv": six_right}, tmp_path) == {"accuracy": 0.75}
+    # always cooperate vs tit-for-tat that defects in rounds 5, 10, 15, 20: 16 x 3 + 4 x 0
+    assert mlgym_reference(mlgym_root, "pythonToy", {}, tmp_path) == {"Score": 2.4}
+    assert mlgym_reference(mlgym_root, "lmToy", {}, tmp_path) == {"val_loss": pytest.approx(math.log(4))}
+
+
+# ===== staging and scoring in Docker ==============================================================================
+SIX_RIGHT = "id,label\n" + "".join(f"{i},{y if n < 6 else 1 - int(y)}\n" for n, (i, y) in enumerate(TRUTH.items()))
+TIT_FOR_TAT = "def row_strategy(history):\n    return history[-1][1] if history else 0\n"
+# The agent's submission per task, and the value worked out by hand (the reference must agree with it).
+SUBMISSIONS = {
+    "csvToy": ({"submission.csv": SIX_RIGHT}, {"accuracy": 0.75}),
+    "modelToy": ({"config.yaml": "scale: 2.0\n", "checkpoints/c0.txt": "1.0", "checkpoints/c1.txt": "2.0",
+                  "checkpoints/c2.txt": "6.0"}, {"Reward Mean": 6.0, "Reward Std": math.sqrt(56 / 3)}),
+    "lmToy": ({"model.py": "def char_probs():\n    return {'a': 0.5, 'b': 0.25, 'c': 0.125, 'd': 0.125}\n"},
+              {"val_loss": -(4 * math.log(0.5) + math.log(0.25) + 2 * math.log(0.125)) / 7}),
+    # tit-for-tat vs the target: 4 rounds of mutual cooperation (12), the target's forced defection starts an
+    # echo 0,5,0,5,0 (10), then its next forced defection locks both into 11 rounds of mutual defection (11)
+    "pythonToy": ({"strategy.py": TIT_FOR_TAT}, {"Score": (12 + 10 + 11) / 20}),
+}
+GREP_SECRETS = ("grep -rlF " + " ".join(f"-e {m}" for m in SECRET_MARKS)
+                + " / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev 2>/dev/null; true")
+FIND_SECRET_NAMES = ("find / -xdev \\( -name evaluate.py -o -name target.py -o -name ground_truth.csv "
+                     "-o -name holdout.txt \\) -not -path '/opt/venv/lib/*' -not -path '/usr/lib/*' 2>/dev/null; true")
+
+
+def heredoc_writes(files: dict[str, str]) -> str:
+    """A shell command writing files as the agent would, with a heredoc each."""
+    parts = []
+    for rel, text in files.items():
+        parts.append(f"mkdir -p \"$(dirname {rel})\" && cat > {rel} <<'AIR_EOF'\n{text}\nAIR_EOF")
+    return "\n".join(parts)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", list(TASKS))
+async def test_staged_task_hides_scorer_files_and_scores_like_mlgym(name, mlgym_root, tmp_path, pool):
+    """In the agent's sandbox: starter files are there and writable, data/ is readable but not writable, and no
+    evaluation file, hidden target or ground truth exists anywhere. The agent's submission then scores exactly
+    what MLGym's evaluate.py, run and parsed MLGym's way, gives for it."""
+    from air.tasks.environment import TaskEnvironment
+
+    spec = load_mlgym_task(mlgym_root, f"tasks/{name}.yaml")
+    files, by_hand = SUBMISSIONS[name]
+    expected = mlgym_reference(mlgym_root, name, files, tmp_path)
+    assert same_metrics(by_hand, expected), (by_hand, expected)
+    env = TaskEnvironment(spec, pool)
+    async with env.lease() as sandbox:
+        run = sandbox.session.run
+        for entry in spec.starter:
+            probe = f"touch {entry.dest}/.probe && rm {entry.dest}/.probe" if entry.source.is_dir() \
+                else f"printf '' >> {entry.dest}"
+            r = await run(f"test -e {entry.dest} && test -w {entry.dest} && {probe}")
+            assert r.exit_code == 0, (entry.dest, r.stderr)
+        # Scorer-only files, by content and by name: as the agent, and as root (which can read everything).
+        await run(f"printf '{TRUTH_MARK}' > /tmp/control")  # proves the search looks where the agent writes
+        found = await run(GREP_SECRETS, timeout=120)
+        assert found.stdout.split() == ["/tmp/control"], found.stdout
+        as_root = await sandbox.exec(["sh", "-c", GREP_SECRETS], user="root", timeout=120)
+        assert as_root.stdout.split() == ["/tmp/control"], as_root.stdout
+        names = await sandbox.exec(["sh", "-c", FIND_SECRET_NAMES], user="root", timeout=60)
+        assert names.stdout.split() == [], names.stdout
+        if spec.data:
+            r = await run("head -n 1 data/train.csv; cat data/test.csv | wc -l")
+            assert r.stdout.split() == ["id,x,label", str(len(TRUTH) + 1)], r.stdout
+            for attempt in ("touch data/new.csv", "printf x >> data/train.csv", "rm -f data/test.csv",
+                            "mkdir data/sub", "chmod u+w data/train.csv", "mv data/train.csv data/t.csv"):
+                r = await run(attempt)
+                assert r.exit_code != 0, f"the agent could {attempt!r}"
+            assert (await run("ls data")).stdout.split() == ["test.csv", "train.csv"]
+        else:
+            assert (await run("test -e data")).exit_code != 0
+        r = await run(heredoc_writes(files))
+        assert r.exit_code == 0, r.stderr
+        outcome = await env.evaluate(sandbox)
+    assert outcome.status == "ok", outcome
+    assert set(outcome.metrics) == {m.name for m in spec.metrics}
+    assert same_metrics(outcome.metrics, expected), (outcome.metrics, expected)

@@ -1,0 +1,95 @@
+"""End to end through verifiers' own `vf-eval` CLI against the scripted test-double server.
+
+vf-eval exits 0 even when every rollout fails, so everything is asserted from the traces it writes: each
+rollout's reward equals the return computed by hand from the scripted scores, and no container is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from air.episode.rewards import RewardConfig, rescore
+from air.policies.scripted import SCRIPTS
+from air.tasks.registry import load_task
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+TASKS = ["prisoners-dilemma", "regression-rmse", "tabular-classification"]
+
+
+@pytest.fixture(scope="module")
+def scripted_server(tmp_path_factory):
+    """The scripted OpenAI-compatible server (a test double of an LLM), in its own process."""
+    port_file = tmp_path_factory.mktemp("srv") / "port"
+    proc = subprocess.Popen([sys.executable, "-m", "air.policies.scripted_server", "--port", "0",
+                             "--port-file", str(port_file)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not port_file.exists() or not port_file.read_text():
+        assert proc.poll() is None, proc.stderr.read().decode()
+        assert time.monotonic() < deadline, "scripted server did not start"
+        time.sleep(0.1)
+    yield f"http://127.0.0.1:{port_file.read_text()}/v1"
+    proc.terminate()
+    proc.wait(10)
+
+
+def hand_computed_return(task_id: str) -> float:
+    """Delta mode: the return telescopes to n(last) - 0, n(s) = sign * (s - b) / max(|b|, floor)."""
+    spec = load_task(task_id)
+    scores = SCRIPTS[task_id].expected_scores
+    by_hand = (scores[-1] - spec.baseline_score) / abs(spec.baseline_score)
+    if spec.primary.direction == "lower":
+        by_hand = -by_hand
+    # The same through air's rescoring, as a cross-check of the arithmetic above.
+    assert sum(rescore(list(scores), RewardConfig(), spec.baseline_score, spec.primary.direction)) == \
+        pytest.approx(by_hand, abs=1e-9)
+    return by_hand
+
+
+def run_vf_eval(base_url: str, out: Path, *extra: str) -> list[dict]:
+    cmd = ["vf-eval", "air-mlgym", "-n", str(len(TASKS)), "-r", "2", "-c", "6", "-m", "air-scripted",
+           "--client.base-url", base_url, "--env.taskset.tasks", json.dumps(TASKS),
+           "--env.taskset.command-timeout", "30", "--no-push", "--no-rich", "-o", str(out), *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "CI": ""})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    traces_files = list(out.rglob("traces.jsonl"))
+    assert len(traces_files) == 1, proc.stderr[-3000:]
+    return [json.loads(line) for line in traces_files[0].read_text().splitlines()]
+
+
+def assert_rewards(episodes: list[dict]) -> None:
+    traces = [t for e in episodes for t in e["traces"]]
+    assert len(traces) == 2 * len(TASKS)
+    for trace in traces:
+        assert trace["ok"], trace.get("errors")
+        task = trace["info"]["task"]
+        assert trace["info"]["ended_by"] == "submitted"
+        reward = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
+        assert reward == pytest.approx(hand_computed_return(task), abs=1e-9), task
+        assert sum(trace["info"]["step_rewards"]) == pytest.approx(reward, abs=1e-12)
+        assert trace["metrics"]["last_score"] == pytest.approx(SCRIPTS[task].expected_scores[-1], rel=1e-12)
+
+
+def air_containers(docker_client) -> set[str]:
+    return {c.id for c in docker_client.containers.list(all=True, filters={"label": "air.run"})}
+
+
+def test_vf_eval_with_airs_harness(scripted_server, tmp_path, images, docker_client):
+    before = air_containers(docker_client)
+    episodes = run_vf_eval(scripted_server, tmp_path / "out")
+    assert_rewards(episodes)
+    assert air_containers(docker_client) == before, "vf-eval left containers behind"
+
+
+def test_vf_eval_with_verifiers_null_harness(scripted_server, tmp_path, images, docker_client):
+    before = air_containers(docker_client)
+    episodes = run_vf_eval(scripted_server, tmp_path / "out", "--env.agent.harness.id", "null")
+    assert_rewards(episodes)
+    assert air_containers(docker_client) == before, "vf-eval left containers behind"
