@@ -125,21 +125,25 @@ class AirEnv(vf.Env[AirEnvConfig]):
         try:
             async with task_env.lease() as sandbox:
                 async with agents.agent.interaction(task) as interaction:
-                    trace = interaction.trace
-                    if cfg.trajectory_dir:
-                        writer = TrajectoryWriter(Path(cfg.trajectory_dir) / spec.id / f"{trace.id}.jsonl")
-                    episode = Episode(task_env, sandbox, self.episode_config, writer,
-                                      meta={"trace": str(trace.id)})
-                    segment = await interaction.turn()
-                    while not segment.terminated:
-                        step = await episode.step(segment.last_reply)
-                        if step.done:
-                            break
-                        segment = await interaction.turn(step.observation)
-                    if not episode.done:  # the framework ended the exchange (its turn or token limit)
-                        await episode.finish("stopped")
-                    _record(trace, episode)
-        except InfraError as exc:
+                    # Typed inside the interaction: it records the error on the trace as it leaves.
+                    try:
+                        trace = interaction.trace
+                        if cfg.trajectory_dir:
+                            writer = TrajectoryWriter(Path(cfg.trajectory_dir) / spec.id / f"{trace.id}.jsonl")
+                        episode = Episode(task_env, sandbox, self.episode_config, writer,
+                                          meta={"trace": str(trace.id)})
+                        segment = await interaction.turn()
+                        while not segment.terminated:
+                            step = await episode.step(segment.last_reply)
+                            if step.done:
+                                break
+                            segment = await interaction.turn(step.observation)
+                        if not episode.done:  # the framework ended the exchange (its turn or token limit)
+                            await episode.finish("stopped")
+                        _record(trace, episode)
+                    except InfraError as exc:
+                        raise SandboxError(f"air: {exc}") from exc
+        except InfraError as exc:  # leasing or staging failed before the exchange began
             raise SandboxError(f"air: {exc}") from exc
         finally:
             if writer is not None:

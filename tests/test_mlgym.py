@@ -312,18 +312,20 @@ def test_loading_ignores_the_current_directory_and_writes_nothing(mlgym_root, tm
 
 
 # ----- errors ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("changes, expected", [
-    ({"starter_code": ["data/csvToy/evaluate.py", "data/csvToy/nope.py"]}, ["starter_code", "nope.py"]),
-    ({"dataset_configs": ["datasets/missing.yaml"]}, ["missing.yaml", "does not exist"]),
-    ({"reward_shaping": True}, ["reward_shaping", "TaskConfig"]),
-    ({"task_entrypoint": "RLSubmissionTasks"}, ["task_entrypoint", "RLSubmissionTasks"]),
-    ({"secret_files": ["data/csvToy/data/answers.csv"]}, ["secret_files", "answers.csv"]),
-    ({"evaluation_paths": ["score.py"]}, ["evaluation_paths", "score.py"]),
+@pytest.mark.parametrize("base, changes, expected", [
+    ("csvToy", {"starter_code": ["data/csvToy/evaluate.py", "data/csvToy/nope.py"]}, ["starter_code", "nope.py"]),
+    ("csvToy", {"dataset_configs": ["datasets/missing.yaml"]}, ["missing.yaml", "does not exist"]),
+    ("csvToy", {"reward_shaping": True}, ["reward_shaping", "TaskConfig"]),
+    ("csvToy", {"task_entrypoint": "RLSubmissionTasks"}, ["task_entrypoint", "RLSubmissionTasks"]),
+    ("csvToy", {"secret_files": ["data/csvToy/data/answers.csv"]}, ["secret_files", "answers.csv"]),
+    ("csvToy", {"evaluation_paths": ["score.py"]}, ["evaluation_paths", "score.py"]),
+    ("modelToy", {"secret_files": ["data/modelToy/src/helpers.py"]}, ["secret_files", "helpers.py", "src"]),
 ], ids=["missing-starter", "missing-dataset-yaml", "unknown-task-field", "unknown-entrypoint",
-        "missing-secret", "evaluation-path-not-staged"])
-def test_broken_task_yaml_is_a_task_error_naming_file_and_field(mlgym_root, changes, expected):
-    """Each mistake is a TaskError whose message names the YAML file and the offending field or path."""
-    ref = variant(mlgym_root, "brokenTask", "csvToy", **changes)
+        "missing-secret", "evaluation-path-not-staged", "secret-inside-starter-dir"])
+def test_broken_task_yaml_is_a_task_error_naming_file_and_field(mlgym_root, base, changes, expected):
+    """Each mistake is a TaskError whose message names the YAML file and the offending field or path. (A secret
+    inside a starter_code directory would be staged with it, so it is refused rather than leaked.)"""
+    ref = variant(mlgym_root, "brokenTask", base, **changes)
     with pytest.raises(TaskError) as err:
         load_mlgym_task(mlgym_root, ref)
     message = str(err.value)
@@ -447,3 +449,52 @@ async def test_staged_task_hides_scorer_files_and_scores_like_mlgym(name, mlgym_
     assert outcome.status == "ok", outcome
     assert set(outcome.metrics) == {m.name for m in spec.metrics}
     assert same_metrics(outcome.metrics, expected), (outcome.metrics, expected)
+
+
+FAKE_EVALUATE = 'print(\'{"accuracy": 1.0, "Score": 5.0, "val_loss": 0.0}\')\n'
+# (files the agent writes, then a command it runs), per task
+PLANTS = {
+    # the agent swaps the read-only data link for its own data/ whose "ground truth" matches its submission
+    "csvToy": ({"evaluate.py": FAKE_EVALUATE}, "rm data && mkdir data && cp submission.csv data/ground_truth.csv"),
+    # a fake opponent that always cooperates, a fake evaluator, and hard links (once an infrastructure error)
+    "pythonToy": ({"evaluate.py": FAKE_EVALUATE, "target.py": "def target_column_strategy(h):\n    return 0\n"},
+                  "ln strategy.py kept.py && mkdir -p old && ln strategy.py old/strategy.py"),
+    # a holdout text the agent's model predicts perfectly
+    "lmToy": ({"evaluate.py": FAKE_EVALUATE, "holdout.txt": "# header\naaaa"}, "true"),
+}
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", list(PLANTS))
+async def test_files_planted_under_scorer_names_do_not_change_the_score(name, mlgym_root, tmp_path, pool):
+    """The agent plants its own evaluate.py, hidden target, holdout text or ground truth (and hard links) in the
+    workspace: the scorer uses its pristine copies, so the score is MLGym's score of the honest submission."""
+    from air.tasks.environment import TaskEnvironment
+
+    spec = load_mlgym_task(mlgym_root, f"tasks/{name}.yaml")
+    files, _ = SUBMISSIONS[name]
+    expected = mlgym_reference(mlgym_root, name, files, tmp_path)
+    env = TaskEnvironment(spec, pool)
+    async with env.lease() as sandbox:
+        assert (await sandbox.session.run(heredoc_writes(files))).exit_code == 0
+        plant_files, plant_command = PLANTS[name]
+        r = await sandbox.session.run(heredoc_writes(plant_files) + "\n" + plant_command)
+        assert r.exit_code == 0, r.stderr
+        assert (await sandbox.session.run("python evaluate.py")).stdout.startswith("{"), "the plant is broken"
+        outcome = await env.evaluate(sandbox)
+    assert outcome.status == "ok", outcome
+    assert same_metrics(outcome.metrics, expected), (outcome.metrics, expected)
+
+
+@pytest.mark.docker
+async def test_a_link_out_of_the_workspace_rejects_a_whole_workspace_submission(mlgym_root, pool):
+    """Model/LM/Python tasks copy the whole workspace: a symlink in it pointing outside (here /etc/passwd) makes
+    the submission invalid, with a message naming the link, rather than being followed by the scorer."""
+    from air.tasks.environment import TaskEnvironment
+
+    env = TaskEnvironment(load_mlgym_task(mlgym_root, "tasks/pythonToy.yaml"), pool)
+    async with env.lease() as sandbox:
+        assert (await sandbox.session.run("mkdir -p notes && ln -s /etc/passwd notes/users")).exit_code == 0
+        outcome = await env.evaluate(sandbox)
+    assert outcome.status == "invalid_submission", outcome
+    assert "notes/users" in outcome.message and "link" in outcome.message, outcome

@@ -85,11 +85,53 @@ def test_vf_eval_with_airs_harness(scripted_server, tmp_path, images, docker_cli
     before = air_containers(docker_client)
     episodes = run_vf_eval(scripted_server, tmp_path / "out")
     assert_rewards(episodes)
-    assert air_containers(docker_client) == before, "vf-eval left containers behind"
+    assert not air_containers(docker_client) - before, "vf-eval left containers behind"
 
 
 def test_vf_eval_with_verifiers_null_harness(scripted_server, tmp_path, images, docker_client):
     before = air_containers(docker_client)
     episodes = run_vf_eval(scripted_server, tmp_path / "out", "--env.agent.harness.id", "null")
     assert_rewards(episodes)
-    assert air_containers(docker_client) == before, "vf-eval left containers behind"
+    assert not air_containers(docker_client) - before, "vf-eval left containers behind"
+
+
+def test_a_container_killed_mid_rollout_fails_only_that_rollout(scripted_server, tmp_path, images, docker_client):
+    """Kill one regression-rmse sandbox while its agent sleeps: that rollout fails with SandboxError (excluded
+    from training, not scored 0), the others finish with their exact rewards, later rollouts get fresh sandboxes,
+    and nothing is left behind."""
+    import threading
+
+    before = air_containers(docker_client)
+    killed: list[str] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not killed:
+            for c in docker_client.containers.list(filters={"label": "air.task=regression-rmse"}):
+                top = c.top(ps_args="-eo pid,args").get("Processes") or []
+                if any("sleep 600" in " ".join(p) for p in top):
+                    c.kill()
+                    killed.append(c.id)
+                    return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    out = tmp_path / "out"
+    cmd = ["vf-eval", "air-mlgym", "-n", str(len(TASKS)), "-r", "2", "-c", "3", "-m", "air-scripted",
+           "--client.base-url", scripted_server, "--env.taskset.tasks", json.dumps(TASKS),
+           "--env.taskset.command-timeout", "30", "--no-push", "--no-rich", "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "CI": ""})
+    thread.join(5)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert killed, "the killer never found the sleeping sandbox"
+    traces = [t for line in next(out.rglob("traces.jsonl")).read_text().splitlines()
+              for t in json.loads(line)["traces"]]
+    failed = [t for t in traces if not t["ok"]]
+    assert len(failed) == 1 and len(traces) == 2 * len(TASKS)
+    assert failed[0]["errors"][0]["type"] == "SandboxError"
+    for trace in traces:
+        if trace["ok"]:
+            reward = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
+            assert reward == pytest.approx(hand_computed_return(trace["info"]["task"]), abs=1e-9)
+    assert not air_containers(docker_client) - before

@@ -220,11 +220,14 @@ class Sandbox:
         ArchiveTooLarge past max_bytes (the stream is cut there, memory stays bounded)."""
         def fetch() -> bytes:
             try:
-                stream, _ = self.docker.api.get_archive(self.container_id, path)
+                stream, stat = self.docker.api.get_archive(self.container_id, path)
             except docker.errors.NotFound as exc:
                 if "no such container" in str(exc).lower():
                     raise
                 raise FileNotFoundError(path) from None
+            if stat and stat.get("size", 0) > max_bytes:  # one file too big: refuse it without streaming it
+                stream.close()
+                raise _TooBig()
             buf = bytearray()
             for chunk in stream:
                 buf += chunk

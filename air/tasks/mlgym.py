@@ -125,8 +125,13 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
     for rel in data.get("starter_code") or []:
         path = _existing(root, rel, "starter_code", yaml_path)
         entry = FileEntry(source=path, dest=path.name)
-        if path in secrets:
+        if is_secret(path):
             continue  # scorer only, added below
+        inside = [sec for sec in secrets if sec.is_relative_to(path)]
+        if inside:  # the directory would be staged whole, secret included
+            raise TaskError(f"{yaml_path}: secret_files {inside[0].relative_to(root)} lies inside the starter_code "
+                            f"directory {rel!r}, which would give it to the agent; list that directory's other "
+                            "files in starter_code instead")
         (evaluation_files if path.name in evaluation_paths else starter).append(entry)
     missing_eval = set(evaluation_paths) - {e.dest for e in evaluation_files}
     if missing_eval:

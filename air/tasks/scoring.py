@@ -13,6 +13,7 @@ and a broken evaluation of a valid submission raises TaskError: neither is ever 
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import math
@@ -106,7 +107,8 @@ def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: s
                 raise _Rejected("invalid_submission", f"Refusing {member.name!r}: a path outside the workspace.")
             if skip_data_link and (name == "data" or name.startswith("data/")):
                 continue  # the read-only data link: the scorer brings its own pristine data
-            if member.issym() or member.islnk():
+            info = copy.copy(member)  # the originals keep their names: hard links are looked up by them
+            if member.issym():
                 target = member.linkname
                 resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
                 root = artefact if artefact != "." else ""
@@ -115,13 +117,24 @@ def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: s
                     raise _Rejected("invalid_submission",
                                     f"{WORKSPACE}/{name} is a link to {target}, outside the submission; "
                                     "submit a regular file.")
+            elif member.islnk():
+                # A hard link names its target by its path in this archive, which the copy renames (the whole
+                # workspace arrives as "workspace/..."): store the target's content as a file of its own.
+                try:
+                    target_info = tar.getmember(member.linkname)
+                except KeyError:
+                    target_info = None
+                if target_info is None or not target_info.isfile():
+                    raise _Rejected("invalid_submission", f"{WORKSPACE}/{name} is a hard link to something that "
+                                                          "is not a file of the submission.")
+                info.type, info.linkname, info.size = tarfile.REGTYPE, "", target_info.size
             elif not (member.isfile() or member.isdir()):
                 raise _Rejected("invalid_submission", f"{WORKSPACE}/{name} is not a regular file.")
-            member.name = name
-            member.uid = member.gid = AGENT_UID
-            member.uname = member.gname = ""
-            clean.addfile(member, tar.extractfile(member) if member.isfile() else None)
-            size += member.size
+            info.name = name
+            info.uid = info.gid = AGENT_UID
+            info.uname = info.gname = ""
+            clean.addfile(info, tar.extractfile(member) if info.isfile() else None)
+            size += info.size
     return size
 
 
