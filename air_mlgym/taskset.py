@@ -159,7 +159,8 @@ def _record(trace, episode) -> None:
     # No successful validation means no score: leave those metrics out rather than invent a number.
     trace.record_metrics({k: float(v) for k, v in metrics.items() if v is not None})
     trace.info.update({"air_episode": episode.id, "task": summary["task"], "ended_by": summary["ended_by"],
-                       "step_rewards": summary["step_rewards"], "baseline": summary["baseline"]})
+                       "step_rewards": summary["step_rewards"], "baseline": summary["baseline"],
+                       "env_seconds": summary["env_seconds"]})
 
 
 class AirHarnessConfig(vf.HarnessConfig):

@@ -69,6 +69,7 @@ TASKS = {
         "baseline_scores": [{"val_loss": 2.0}],
         "evaluation_paths": ["evaluate.py"],
         "secret_files": ["data/lmToy/holdout.txt"],
+        "benchmark_name": "toyBench",
     },
     "pythonToy": {
         "id": "pythonToy", "name": "Python toy", "description": "Write row_strategy(history) in strategy.py.",
@@ -267,6 +268,10 @@ def test_each_entrypoint_maps_to_its_contract_and_hides_scorer_files(mlgym_root)
     assert [(m.name, m.direction, m.primary) for m in specs["modelToy"].metrics] == [
         ("Reward Mean", "higher", True), ("Reward Std", "higher", False)]
     assert [(m.name, m.direction) for m in specs["lmToy"].metrics] == [("val_loss", "lower")]
+    # evaluation_read_only only decides, in MLGym, whether the agent may edit evaluate.py; in air it never sees it
+    writable = load_mlgym_task(mlgym_root, variant(mlgym_root, "evalRw", "csvToy", evaluation_read_only=False))
+    assert [e.dest for e in writable.starter] == ["train.py"]
+    assert writable.evaluation_files == specs["csvToy"].evaluation_files
 
 
 def test_local_dataset_is_read_only_data_and_its_ground_truth_is_secret(mlgym_root):
@@ -343,8 +348,8 @@ def test_unknown_field_in_a_dataset_yaml_is_a_task_error(mlgym_root):
 
 
 def test_unhonoured_fields_are_logged_by_name(mlgym_root, caplog):
-    """memory_path, requirements_path/use_generic_conda: false and a remote dataset each log a warning naming
-    the field; a task using none of them logs nothing."""
+    """memory_path, requirements_path/use_generic_conda: false, a remote dataset and benchmark_name each log a
+    warning naming the field; a task using none of them logs nothing."""
     with caplog.at_level(logging.WARNING, logger="air.mlgym"):
         load_mlgym_task(mlgym_root, "tasks/csvToy.yaml")
         load_mlgym_task(mlgym_root, "tasks/pythonToy.yaml")
@@ -360,7 +365,7 @@ def test_unhonoured_fields_are_logged_by_name(mlgym_root, caplog):
         load_mlgym_task(mlgym_root, "tasks/lmToy.yaml")
     lm = [r.getMessage() for r in caplog.records]
     assert any("remoteText" in m and "remote" in m and "someorg/some-text" in m for m in lm), lm
-    assert any("benchmark_name" in m for m in lm) is False  # lmToy names no benchmark
+    assert any("benchmark_name" in m for m in lm)  # lmToy names a benchmark, which is only metadata
     caplog.clear()
     ref = variant(mlgym_root, "condaOnly", "pythonToy", use_generic_conda=False)
     with caplog.at_level(logging.WARNING, logger="air.mlgym"):
@@ -413,6 +418,7 @@ async def test_staged_task_hides_scorer_files_and_scores_like_mlgym(name, mlgym_
     what MLGym's evaluate.py, run and parsed MLGym's way, gives for it."""
     from air.tasks.environment import TaskEnvironment
 
+    before = snapshot(mlgym_root)
     spec = load_mlgym_task(mlgym_root, f"tasks/{name}.yaml")
     files, by_hand = SUBMISSIONS[name]
     expected = mlgym_reference(mlgym_root, name, files, tmp_path)
@@ -447,8 +453,9 @@ async def test_staged_task_hides_scorer_files_and_scores_like_mlgym(name, mlgym_
         assert r.exit_code == 0, r.stderr
         outcome = await env.evaluate(sandbox)
     assert outcome.status == "ok", outcome
-    assert set(outcome.metrics) == {m.name for m in spec.metrics}
+    assert set(outcome.metrics) == {m.name for m in spec.metrics}  # named as baseline_scores names them
     assert same_metrics(outcome.metrics, expected), (outcome.metrics, expected)
+    assert snapshot(mlgym_root) == before, "staging or scoring wrote into the MLGym checkout"
 
 
 FAKE_EVALUATE = 'print(\'{"accuracy": 1.0, "Score": 5.0, "val_loss": 0.0}\')\n'

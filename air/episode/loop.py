@@ -66,6 +66,7 @@ class Episode:
         self.validations = 0
         self.failed_validations = 0
         self.step_rewards: list[float] = []
+        self.env_seconds = 0.0  # time spent acting (commands, evaluations): the env's share of a rollout
         self.done = False
         self.ended_by: EndReason | None = None
         self.started = time.monotonic()
@@ -108,8 +109,6 @@ class Episode:
             observation = validation_text(self.spec, outcome)
             if isinstance(action, Submit):
                 self._end("submitted")
-        record["seconds"] = round(time.monotonic() - started, 4)
-
         if not self.done:
             limit = self._limit_reached()
             if limit is not None:
@@ -117,6 +116,8 @@ class Episode:
                 observation = f"{observation}\n\n{final}"
                 reward += final_reward
                 record["final_evaluation"] = final_record
+        record["seconds"] = round(time.monotonic() - started, 4)
+        self.env_seconds += time.monotonic() - started
         self.step_rewards.append(reward)
         record.update(observation=observation, reward=reward, done=self.done, total_reward=self.total_reward)
         self._write(record)
@@ -172,7 +173,9 @@ class Episode:
         is evaluated, as on any limit, and recorded as one more step."""
         if self.done:
             raise RuntimeError("the episode is over")
+        started = time.monotonic()
         text, reward, record = await self._final_evaluation(reason)
+        self.env_seconds += time.monotonic() - started
         self.step_rewards.append(reward)
         self._write({"type": "step", "turn": self.turns, "reply": None, "action": None, "observation": text,
                      "reward": reward, "done": True, "total_reward": self.total_reward, "final_evaluation": record})
@@ -203,7 +206,7 @@ class Episode:
                 "best_score": self.tracker.best_score, "last_score": self.tracker.last_score,
                 "baseline": self.spec.baseline_score, "validations": self.validations,
                 "failed_validations": self.failed_validations, "format_errors": self.format_errors,
-                "seconds": round(time.monotonic() - self.started, 3)}
+                "seconds": round(time.monotonic() - self.started, 3), "env_seconds": round(self.env_seconds, 4)}
 
     def _write(self, record: dict[str, Any]) -> None:
         if self.writer is not None:
