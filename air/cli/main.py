@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -271,20 +272,89 @@ def tasks_check(
 
 
 # ----- main job ---------------------------------------------------------------------------------------------------
-@app.command()
-def run() -> None:
-    """The main job on an embedded default: check the machine, build the images, run a sandboxed episode.
+BaseUrl = Annotated[str | None, typer.Option("--base-url", envvar="AIR_BASE_URL",
+                                             help="OpenAI-compatible endpoint (default: the scripted policy).")]
+Model = Annotated[str, typer.Option("--model", envvar="AIR_MODEL", help="Model name at --base-url.")]
 
-    Example: air run
+
+def make_policy(base_url: str | None, model: str):
+    if base_url:
+        from air.policies.openai_compat import OpenAIPolicy
+
+        return OpenAIPolicy(base_url, model)
+    from air.policies.scripted import ScriptedPolicy
+
+    return ScriptedPolicy()
+
+
+@app.command()
+def run(
+    task: Annotated[str, typer.Option(help="Task id (bundled) or mlgym:tasks/<name>.yaml.")] = "prisoners-dilemma",
+    base_url: BaseUrl = None,
+    model: Model = "air-scripted",
+    max_turns: Annotated[int, typer.Option(help="Turn limit of the episode.")] = 30,
+    runs_dir: Annotated[Path, typer.Option("--out", help="Where the trajectory is written.")] = Path("runs"),
+    mlgym_root: MlgymRoot = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The main job on an embedded default: one real episode of a bundled task in a sandbox, played by the
+    scripted policy (or any OpenAI-compatible endpoint), with its score curve and rewards.
+
+    Builds the CPU images first if they are missing. Example: air run --task regression-rmse
     """
-    doctor_ok = True
-    try:
-        doctor(as_json=False)
-    except typer.Exit:
-        doctor_ok = False
-    images_build(recipes=None, gpu=False, base="auto", pip_arg=None, force=False, as_json=False)
-    if not doctor_ok:
-        doctor(as_json=False)
+    import time as _time
+
+    from air.episode.config import EpisodeConfig
+    from air.episode.runner import run_episode
+    from air.sandbox.docker_api import connect
+    from air.sandbox.images import ImageBuilder
+    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.tasks.environment import TaskEnvironment
+    from air.tasks.registry import load_task
+
+    spec = load_task(task, mlgym_root)
+    with console.status("checking images"):
+        ImageBuilder(connect(), report=lambda line: None).ensure([spec.image])
+    policy = make_policy(base_url, model)
+    trajectory = runs_dir / f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}.jsonl"
+    rows: list[dict] = []
+
+    def show(episode, reply, step) -> None:
+        record = {"turn": episode.turns, "action": step.info.get("action"), "reward": step.reward,
+                  "score": episode.tracker.last_score if step.info.get("action") in ("validate", "submit") else None}
+        rows.append(record)
+        if not as_json:
+            lines = step.observation.strip().splitlines() or [""]
+            if record["score"] is not None:
+                detail = f"{spec.primary.name} = {record['score']:.6g}"
+            else:  # a command's exit note, or the first line of a failure or format error
+                detail = lines[-1] if record["action"] == "command" else lines[0]
+            out.print(f"turn {episode.turns:>2}  {record['action']:<12} reward {step.reward:+.4f}  {detail[:80]}",
+                      markup=False, highlight=False, soft_wrap=True)
+
+    async def main():
+        async with SandboxPool(PoolConfig(gpu_ids=None if spec.resources.gpus else [])) as pool:
+            return await run_episode(TaskEnvironment(spec, pool), policy, EpisodeConfig(max_turns=max_turns),
+                                     trajectory=trajectory, on_step=show)
+
+    summary = run_async(main())
+    if as_json:
+        _print_json({"summary": summary, "steps": rows, "trajectory": str(trajectory)})
+        return
+    scores = [r["score"] for r in rows if r["score"] is not None]
+    out.print(f"\n[bold]{spec.id}[/]: {summary['ended_by']} after {summary['turns']} turns; "
+              f"baseline {spec.primary.name} {summary['baseline']:.6g}, best {summary['best_score']}, "
+              f"return {summary['total_reward']:+.4f}", soft_wrap=True)
+    if scores:
+        out.print(f"score curve ({spec.primary.direction} is better): {_sparkline(scores)}  "
+                  + " → ".join(f"{s:.4g}" for s in scores), soft_wrap=True)
+    out.print(f"trajectory: {trajectory}", soft_wrap=True)
+
+
+def _sparkline(values: list[float]) -> str:
+    bars = "▁▂▃▄▅▆▇█"
+    lo, hi = min(values), max(values)
+    return "".join(bars[int((v - lo) / (hi - lo) * (len(bars) - 1)) if hi > lo else 3] for v in values)
 
 
 # ----- entry point ------------------------------------------------------------------------------------------------

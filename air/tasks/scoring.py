@@ -13,7 +13,6 @@ and a broken evaluation of a valid submission raises TaskError: neither is ever 
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 import math
@@ -94,20 +93,24 @@ async def collect_submission(sandbox: Sandbox, spec: TaskSpec) -> bytes:
 
 def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: str, skip_data_link: bool) -> int:
     size = 0
+    files: set[str] = set()  # regular files copied so far: the only valid targets of a hard link
+
+    def rename(raw_name: str) -> str:
+        """A path of the raw tar as a workspace-relative path ("" for the workspace itself)."""
+        if artefact == ".":  # the whole workspace arrives as "workspace/..."
+            raw_name = raw_name.partition("/")[2]
+            return posixpath.normpath(raw_name) if raw_name else ""
+        return posixpath.normpath(posixpath.join(parent, raw_name) if parent else raw_name)
+
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
         for member in tar:
-            if artefact == ".":  # the whole workspace arrives as "workspace/..."
-                name = member.name.partition("/")[2]
-                if not name:
-                    continue
-            else:
-                name = posixpath.join(parent, member.name) if parent else member.name
-            name = posixpath.normpath(name)
+            name = rename(member.name)
+            if not name:
+                continue
             if name.startswith(("/", "..")):
                 raise _Rejected("invalid_submission", f"Refusing {member.name!r}: a path outside the workspace.")
             if skip_data_link and (name == "data" or name.startswith("data/")):
                 continue  # the read-only data link: the scorer brings its own pristine data
-            info = copy.copy(member)  # the originals keep their names: hard links are looked up by them
             if member.issym():
                 target = member.linkname
                 resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
@@ -118,23 +121,23 @@ def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: s
                                     f"{WORKSPACE}/{name} is a link to {target}, outside the submission; "
                                     "submit a regular file.")
             elif member.islnk():
-                # A hard link names its target by its path in this archive, which the copy renames (the whole
-                # workspace arrives as "workspace/..."): store the target's content as a file of its own.
-                try:
-                    target_info = tar.getmember(member.linkname)
-                except KeyError:
-                    target_info = None
-                if target_info is None or not target_info.isfile():
-                    raise _Rejected("invalid_submission", f"{WORKSPACE}/{name} is a hard link to something that "
-                                                          "is not a file of the submission.")
-                info.type, info.linkname, info.size = tarfile.REGTYPE, "", target_info.size
+                # A hard link names its target by its path in the archive, which is renamed like every path; the
+                # target must be a file copied before it (the archive holds the first of the linked names as it).
+                target = rename(member.linkname)
+                if target not in files:
+                    raise _Rejected("invalid_submission",
+                                    f"{WORKSPACE}/{name} is a hard link to {member.linkname}, which is not a file "
+                                    "of the submission; submit a regular file.")
+                member.linkname = target
             elif not (member.isfile() or member.isdir()):
                 raise _Rejected("invalid_submission", f"{WORKSPACE}/{name} is not a regular file.")
-            info.name = name
-            info.uid = info.gid = AGENT_UID
-            info.uname = info.gname = ""
-            clean.addfile(info, tar.extractfile(member) if info.isfile() else None)
-            size += info.size
+            member.name = name
+            member.uid = member.gid = AGENT_UID
+            member.uname = member.gname = ""
+            clean.addfile(member, tar.extractfile(member) if member.isfile() else None)
+            if member.isfile():
+                files.add(name)
+            size += member.size
     return size
 
 
