@@ -266,7 +266,7 @@ def test_clean_removes_containers_of_dead_runs_only(images, docker_client, run_i
             c.remove(force=True)
 
 
-TREE = ("(cd /home/agent && find . -mindepth 1 -printf '%p %y %m %U %l\\n' | sort; "
+TREE = ("(cd /home/agent && find . -mindepth 1 -printf '%p %y %m %U %l %T@\\n' | sort; "
         "find . -type f -exec md5sum {} + | sort -k2)")
 
 

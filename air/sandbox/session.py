@@ -88,6 +88,10 @@ __air_incremental() {{
   done
   if [ ${{#gone[@]}} -gt 0 ]; then rm -rf "${{gone[@]}}" || return 1; fi
   if [ ${{#restore[@]}} -gt 0 ]; then (cd $P && cp -a --parents "${{restore[@]}}" $H/) || return 1; fi
+  # Directory times too (the rm and cp above moved them): `ls -l` then looks the same in every rollout.
+  for ((i = ${{#dirs[@]}} - 1; i >= 0; i--)); do
+    rel=${{dirs[i]}}; [ -n "$rel" ] && touch -h -r "$P/$rel" "$H/$rel"
+  done
 }}
 if [ -z "$1" ] || ! __air_incremental "$1" 2>/dev/null; then __air_full; fi
 junk=(/tmp/* /var/tmp/* /dev/shm/*); [ ${{#junk[@]}} -eq 0 ] || rm -rf "${{junk[@]}}" 2>/dev/null

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import io
 import tarfile
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -22,18 +21,18 @@ from air.tasks.spec import FileEntry, TaskSpec
 
 DATA = "/srv/air/data"
 AGENT_UID = 1000
+# Staged files carry one fixed time, so what the agent sees (`ls -l`) is the same in every rollout and replay.
+STAGED_MTIME = 1704067200  # 2024-01-01T00:00:00Z
 _SKIP = {"__pycache__", "_submission", "_output", ".gitignore"}
 
 
 def add_entries(tar: tarfile.TarFile, entries: Iterable[FileEntry], prefix: str = "", *, uid: int = 0,
                 dir_mode: int = 0o755, file_mode: int | None = None) -> None:
     """Add host files/dirs to a tar under prefix, with chosen owner and modes (executable bits kept)."""
-    now = time.time()
-
     def add(path: Path, name: str) -> None:
         info = tarfile.TarInfo(name)
         info.uid = info.gid = uid
-        info.mtime = now
+        info.mtime = STAGED_MTIME
         if path.is_dir():
             info.type, info.mode = tarfile.DIRTYPE, dir_mode
             tar.addfile(info)
@@ -61,6 +60,7 @@ def tar_of(entries: Iterable[FileEntry], prefix: str = "", **kwargs) -> bytes:
 def _symlink(name: str, target: str, uid: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type, info.linkname, info.uid, info.gid, info.mode = tarfile.SYMTYPE, target, uid, uid, 0o777
+    info.mtime = STAGED_MTIME
     return info
 
 
@@ -70,6 +70,7 @@ def workspace_tar(spec: TaskSpec) -> bytes:
     with tarfile.open(fileobj=buf, mode="w") as tar:
         ws = tarfile.TarInfo("workspace")
         ws.type, ws.mode, ws.uid, ws.gid = tarfile.DIRTYPE, 0o755, AGENT_UID, AGENT_UID
+        ws.mtime = STAGED_MTIME
         tar.addfile(ws)
         add_entries(tar, spec.starter, "workspace/", uid=AGENT_UID)
         if spec.data:
