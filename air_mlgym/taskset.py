@@ -140,7 +140,7 @@ class AirEnv(vf.Env[AirEnvConfig]):
                             segment = await interaction.turn(step.observation)
                         if not episode.done:  # the framework ended the exchange (its turn or token limit)
                             await episode.finish("stopped")
-                        _record(trace, episode)
+                        _record(trace, episode, self.episode_config)
                     except InfraError as exc:
                         raise SandboxError(f"air: {exc}") from exc
         except InfraError as exc:  # leasing or staging failed before the exchange began
@@ -150,7 +150,7 @@ class AirEnv(vf.Env[AirEnvConfig]):
                 writer.close()
 
 
-def _record(trace, episode) -> None:
+def _record(trace, episode, config: EpisodeConfig) -> None:
     summary = episode.summary()
     trace.record_reward("improvement", summary["total_reward"], 1.0)
     metrics = {"best_score": summary["best_score"], "last_score": summary["last_score"],
@@ -160,7 +160,9 @@ def _record(trace, episode) -> None:
     trace.record_metrics({k: float(v) for k, v in metrics.items() if v is not None})
     trace.info.update({"air_episode": episode.id, "task": summary["task"], "ended_by": summary["ended_by"],
                        "step_rewards": summary["step_rewards"], "baseline": summary["baseline"],
-                       "env_seconds": summary["env_seconds"]})
+                       "env_seconds": summary["env_seconds"], "step_scores": summary["step_scores"],
+                       "step_evaluated": summary["step_evaluated"], "task_hash": episode.spec.content_hash,
+                       "episode_config": config.model_dump(), "primary": episode.spec.primary.model_dump()})
 
 
 class AirHarnessConfig(vf.HarnessConfig):

@@ -116,7 +116,7 @@ print(json.dumps({"accuracy": 1.0, "Score": 5.0}))
 FAKE_KIT = "def run_evaluation(fn, here):\n    import json; print(json.dumps({'accuracy': 1.0, 'Score': 5.0}))\n"
 TAMPER = ("find / -name evaluate.py -not -path '/proc/*' 2>/dev/null | while read f; do "
           "echo 'raise SystemExit(0)' >> \"$f\" 2>/dev/null; rm -f \"$f\" 2>/dev/null; done; "
-          "rm -rf /eval /srv/air/eval 2>/dev/null; true")
+          "rm -rf /eval 2>/dev/null; true")
 
 
 async def test_fake_or_edited_evaluation_files_do_not_change_a_csv_score(pool):
@@ -205,6 +205,7 @@ async def test_printed_fake_metrics_and_markers_are_not_scores(pool):
     baseline = (task_dir(PD) / "starter" / "strategy.py").read_text()
     loud = LOUD + baseline.replace("def row_strategy(history):\n",
                                    "def row_strategy(history):\n    _shout() if not history else None\n")
+    assert "_shout() if not history" in loud
     async with env.lease() as sandbox:
         honest = await env.evaluate(sandbox)
         await write(sandbox, "strategy.py", loud)

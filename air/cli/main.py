@@ -6,52 +6,16 @@ Exit codes: 0 success, 1 the thing checked failed (a test, a drift, a failed rol
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from air.cli.app import BaseUrl, JsonFlag, MlgymRoot, Model, print_json, app, console, containers_app, \
+    images_app, make_policy, out, run_async, tasks_app
 from air.errors import AirError, DockerUnavailable, ImageError, InfraError, TaskError, UsageError
-
-console = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
-
-app = typer.Typer(
-    name="air",
-    help="Docker-sandboxed research tasks for training LLM agents with RL.\n\n"
-         "Start with `air doctor`, then `air images build`, then `air run`.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
-images_app = typer.Typer(help="Build and list task images (offline, from recipes in images/).", no_args_is_help=True)
-containers_app = typer.Typer(help="List and remove air's containers, including those of dead runs.",
-                             no_args_is_help=True)
-tasks_app = typer.Typer(help="List, inspect and check research tasks (bundled, or MLGym YAMLs).", no_args_is_help=True)
-app.add_typer(images_app, name="images")
-app.add_typer(containers_app, name="containers")
-app.add_typer(tasks_app, name="tasks")
-
-JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
-MlgymRoot = Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROOT",
-                                               help="MLGym checkout, for tasks named mlgym:tasks/<name>.yaml.")]
-
-
-def run_async(coro):
-    """Run a coroutine; Ctrl-C and SIGTERM unwind through its finally blocks (pools close, containers go)."""
-    import asyncio
-
-    return asyncio.run(coro)
-
-
-def _print_json(data: object) -> None:
-    print(json.dumps(data, indent=2, default=str))
-
 
 # ----- doctor -----------------------------------------------------------------------------------------------------
 @app.command()
@@ -64,7 +28,7 @@ def doctor(as_json: JsonFlag = False) -> None:
 
     checks = run_checks()
     if as_json:
-        _print_json([c.__dict__ for c in checks])
+        print_json([c.__dict__ for c in checks])
     else:
         table = Table(show_header=True, header_style="bold")
         for col in ("check", "status", "detail", "fix"):
@@ -107,7 +71,7 @@ def images_build(
 
         built = ImageBuilder(client, base=base, pip_args=pip_arg or [], report=report).ensure(names, force=force)
     if as_json:
-        _print_json([b.__dict__ for b in built])
+        print_json([b.__dict__ for b in built])
         return
     for b in built:
         verb = "reused" if b.reused else "built"
@@ -125,7 +89,7 @@ def images_ls(as_json: JsonFlag = False) -> None:
 
     rows = list_images(connect())
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
     table = Table("recipe", "tags", "id", "size MB", "created")
     for r in rows:
@@ -149,7 +113,7 @@ def containers_ls(
 
     rows = list_air_containers(connect(), run=run)
     if as_json:
-        _print_json([r.__dict__ for r in rows])
+        print_json([r.__dict__ for r in rows])
         return
     table = Table("id", "name", "status", "run", "task", "role", "owner")
     for r in rows:
@@ -176,7 +140,7 @@ def containers_clean(
     doomed = [r.id for r in rows if all_ or run or not r.alive_owner]
     removed = remove_containers(client, doomed)
     if as_json:
-        _print_json({"removed": removed, "kept": len(rows) - len(removed)})
+        print_json({"removed": removed, "kept": len(rows) - len(removed)})
     else:
         out.print(f"removed {len(removed)} container(s); kept {len(rows) - len(removed)} of live runs")
 
@@ -195,7 +159,7 @@ def tasks_list(mlgym_root: MlgymRoot = None, as_json: JsonFlag = False) -> None:
              "baseline": t.baseline_score, "submission": t.evaluation.submission, "image": t.image,
              "gpus": t.resources.gpus} for t in specs]
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
     table = Table()
     table.add_column("id", no_wrap=True)
@@ -266,27 +230,12 @@ def tasks_check(
 
     results = run_async(check_all())
     if as_json:
-        _print_json([r.__dict__ for r in results])
+        print_json([r.__dict__ for r in results])
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 
 
 # ----- main job ---------------------------------------------------------------------------------------------------
-BaseUrl = Annotated[str | None, typer.Option("--base-url", envvar="AIR_BASE_URL",
-                                             help="OpenAI-compatible endpoint (default: the scripted policy).")]
-Model = Annotated[str, typer.Option("--model", envvar="AIR_MODEL", help="Model name at --base-url.")]
-
-
-def make_policy(base_url: str | None, model: str):
-    if base_url:
-        from air.policies.openai_compat import OpenAIPolicy
-
-        return OpenAIPolicy(base_url, model)
-    from air.policies.scripted import ScriptedPolicy
-
-    return ScriptedPolicy()
-
-
 @app.command()
 def run(
     task: Annotated[str, typer.Option(help="Task id (bundled) or mlgym:tasks/<name>.yaml.")] = "prisoners-dilemma",
@@ -339,7 +288,7 @@ def run(
 
     summary = run_async(main())
     if as_json:
-        _print_json({"summary": summary, "steps": rows, "trajectory": str(trajectory)})
+        print_json({"summary": summary, "steps": rows, "trajectory": str(trajectory)})
         return
     scores = [r["score"] for r in rows if r["score"] is not None]
     out.print(f"\n[bold]{spec.id}[/]: {summary['ended_by']} after {summary['turns']} turns; "
@@ -369,6 +318,9 @@ def exit_code(exc: AirError) -> int:
 
 
 def main() -> None:
+    # Commands defined in other modules register themselves on the shared app when imported.
+    import air.cli.research  # noqa: F401
+
     try:
         app()
     except AirError as exc:

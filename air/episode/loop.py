@@ -67,6 +67,8 @@ class Episode:
         self.failed_validations = 0
         self.step_rewards: list[float] = []
         self.env_seconds = 0.0  # time spent acting (commands, evaluations): the env's share of a rollout
+        self.step_scores: list[float | None] = []  # primary score per step, None where none was computed
+        self.step_evaluated: list[bool] = []  # whether each step ran an evaluation (validate, submit, final)
         self.done = False
         self.ended_by: EndReason | None = None
         self.started = time.monotonic()
@@ -119,6 +121,9 @@ class Episode:
         record["seconds"] = round(time.monotonic() - started, 4)
         self.env_seconds += time.monotonic() - started
         self.step_rewards.append(reward)
+        final = record.get("final_evaluation") or record
+        self.step_evaluated.append("eval_status" in record or "final_evaluation" in record)
+        self.step_scores.append(final.get("score"))
         record.update(observation=observation, reward=reward, done=self.done, total_reward=self.total_reward)
         self._write(record)
         if self.done:
@@ -177,6 +182,8 @@ class Episode:
         text, reward, record = await self._final_evaluation(reason)
         self.env_seconds += time.monotonic() - started
         self.step_rewards.append(reward)
+        self.step_evaluated.append(True)
+        self.step_scores.append(record.get("score"))
         self._write({"type": "step", "turn": self.turns, "reply": None, "action": None, "observation": text,
                      "reward": reward, "done": True, "total_reward": self.total_reward, "final_evaluation": record})
         self._write({"type": "end", "episode": self.id, **self.summary()})
@@ -203,6 +210,7 @@ class Episode:
     def summary(self) -> dict[str, Any]:
         return {"task": self.spec.id, "ended_by": self.ended_by, "turns": self.turns,
                 "total_reward": self.total_reward, "step_rewards": self.step_rewards,
+                "step_scores": self.step_scores, "step_evaluated": self.step_evaluated,
                 "best_score": self.tracker.best_score, "last_score": self.tracker.last_score,
                 "baseline": self.spec.baseline_score, "validations": self.validations,
                 "failed_validations": self.failed_validations, "format_errors": self.format_errors,

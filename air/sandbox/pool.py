@@ -241,13 +241,19 @@ class SandboxPool:
                 self._reserved -= 1
                 self._changed.notify_all()
 
+    def forget(self, sandbox: Sandbox) -> None:
+        """Hand a leased sandbox over to the caller for good (`air debug --keep`): the pool neither resets nor
+        removes it; its labels still let `air containers clean` find it once this process is gone."""
+        self._live.discard(sandbox)
+        sandbox.broken = "kept by its lessee"
+
     def release(self, sandbox: Sandbox) -> None:
         """Give a leased sandbox back; reset or removal happens in the background."""
         self._spawn(self._recycle(sandbox))
 
     async def _recycle(self, sandbox: Sandbox) -> None:
-        if self._closed:
-            return  # close() removes every live sandbox
+        if self._closed or sandbox not in self._live:
+            return  # close() removes every live sandbox; a forgotten one belongs to its lessee
         reason = sandbox.broken or ("max_leases reached" if sandbox.leases >= self.config.max_leases else None)
         if reason is None:
             try:

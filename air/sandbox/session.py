@@ -95,6 +95,7 @@ __air_incremental() {{
 }}
 if [ -z "$1" ] || ! __air_incremental "$1" 2>/dev/null; then __air_full; fi
 junk=(/tmp/* /var/tmp/* /dev/shm/*); [ ${{#junk[@]}} -eq 0 ] || rm -rf "${{junk[@]}}" 2>/dev/null
+[ -d $P ] && touch -r $P $H  # the home's own time, as staged
 [ -d {WORKSPACE} ] || mkdir -p {WORKSPACE}; cd {WORKSPACE}
 echo "@$EPOCHREALTIME"
 """
@@ -318,7 +319,11 @@ class Session:
 
     async def _open_shell(self, cwd: str) -> _Shell:
         shell = await _Shell.open(self.sandbox, self.user, self.output_limit, self.pristine_env(), cwd)
-        pending, _ = await shell.run("true", *self._next_ids(), 30, False, _nothing)
+        try:
+            pending, _ = await shell.run("true", *self._next_ids(), 30, False, _nothing)
+        except BaseException:  # cancelled (a spare dropped at close) or failed: never leave its reader behind
+            await shell.close()
+            raise
         if not pending.complete:  # learns the shell's pid on the way
             await shell.close()
             await self.sandbox.ensure_running()

@@ -87,6 +87,7 @@ async def stage(sandbox: Sandbox, spec: TaskSpec) -> None:
     if spec.data:
         await sandbox.put_archive(DATA, tar_of(spec.data, dir_mode=0o555, file_mode=0o444))
         await sandbox.sh(f"chmod 0555 {DATA}")
+    await sandbox.sh(f"touch -d @{STAGED_MTIME} {PRISTINE} {DATA}")
     await sandbox.session.reset(full=True)
     sandbox.staged = spec.content_hash
 

@@ -1,0 +1,237 @@
+"""The researcher's commands: debug a task container by hand, evaluate a policy, replay and view rollouts."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from air.cli.app import BaseUrl, JsonFlag, MlgymRoot, Model, print_json, app, console, make_policy, out, \
+    run_async
+
+
+def _fence(line: str) -> str:
+    """What the researcher types, as the model would have replied: a fenced block unless given raw."""
+    if line.startswith(":raw "):
+        return line[5:].replace("\\n", "\n")
+    return f"```bash\n{line}\n```"
+
+
+@app.command()
+def debug(
+    task: Annotated[str, typer.Argument(help="Task id or mlgym:tasks/<name>.yaml.")],
+    keep: Annotated[bool, typer.Option(help="Leave the container running on exit and print how to enter it.")]
+    = False,
+    max_turns: Annotated[int, typer.Option(help="Turn limit, as in a rollout.")] = 30,
+    mlgym_root: MlgymRoot = None,
+) -> None:
+    """Step into a task's sandbox as the agent would: type commands, `validate`, `submit`; see the same
+    observations, scores and rewards a rollout gets.
+
+    Each line you type is sent as a model reply holding that command (prefix `:raw ` to send a reply verbatim,
+    `\\n` for newlines). `:quit` or Ctrl-D leaves. Example: air debug prisoners-dilemma --keep
+    """
+    from air.episode.config import EpisodeConfig
+    from air.episode.loop import Episode
+    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.tasks.environment import TaskEnvironment
+    from air.tasks.registry import load_task
+
+    spec = load_task(task, mlgym_root)
+
+    async def session() -> None:
+        pool = SandboxPool(PoolConfig(gpu_ids=None if spec.resources.gpus else []))
+        await pool.start()
+        kept = None
+        try:
+            env = TaskEnvironment(spec, pool)
+            async with env.lease() as sandbox:
+                episode = Episode(env, sandbox, EpisodeConfig(max_turns=max_turns))
+                out.print(f"[bold]{spec.id}[/] in container {sandbox.short_id} ({sandbox.name}); "
+                          f"baseline {spec.baseline.scores}. Type a command, `validate`, `submit`, or `:quit`.",
+                          soft_wrap=True)
+                while not episode.done:
+                    try:
+                        line = await asyncio.to_thread(input, f"[{episode.turns + 1}]$ ")
+                    except EOFError:
+                        break
+                    if line.strip() in (":quit", ":q", "exit"):
+                        break
+                    if not line.strip():
+                        continue
+                    step = await episode.step(_fence(line))
+                    print(step.observation, flush=True)
+                    score = episode.tracker.last_score
+                    print(f"[reward {step.reward:+.4f} · return {episode.total_reward:+.4f} · last score "
+                          f"{score if score is not None else '-'}{' · episode over' if step.done else ''}]",
+                          flush=True)
+                if keep:
+                    kept = sandbox
+                    pool.forget(sandbox)  # neither reset nor removed: it is the researcher's now
+        finally:
+            await pool.close()
+        if kept is not None:
+            out.print(f"kept container {kept.name}; enter it with:\n  docker exec -it -u agent -w "
+                      f"/home/agent/workspace {kept.name} bash\nremove it with: docker rm -f {kept.name} "
+                      "(or `air containers clean`)", soft_wrap=True)
+
+    run_async(session())
+
+
+@app.command("eval")
+def eval_(
+    tasks: Annotated[list[str] | None, typer.Argument(help="Task ids (default: every bundled task).")] = None,
+    rollouts: Annotated[int, typer.Option("-n", "--rollouts", help="Rollouts per task.")] = 1,
+    concurrency: Annotated[int, typer.Option("-c", "--concurrency", help="Rollouts at once.")] = 4,
+    base_url: BaseUrl = None,
+    model: Model = "air-scripted",
+    max_turns: Annotated[int, typer.Option(help="Turn limit per episode.")] = 30,
+    command_timeout: Annotated[float | None, typer.Option(help="Cap on each command's timeout, seconds.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/eval-<time>).")] = None,
+    mlgym_root: MlgymRoot = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run N rollouts of each task against an OpenAI-compatible endpoint (or the scripted policy), with live
+    progress, a results table, and trajectories in a run directory (then: air view RUN_DIR).
+
+    Exit code 1 when a rollout failed. Example: air eval prisoners-dilemma regression-rmse -n 4 -c 4
+    """
+    from air.episode.batch import BatchProgress, run_batch
+    from air.episode.config import EpisodeConfig
+    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.tasks.registry import load_all
+
+    specs = load_all(tasks, mlgym_root)
+    run_dir = out_dir or Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    policy = make_policy(base_url, model)
+    config = EpisodeConfig(max_turns=max_turns, command_timeout=command_timeout)
+
+    def table(p: BatchProgress) -> Table:
+        t = Table(title=f"{run_dir}", show_header=True)
+        for col in ("rollouts", "done", "running", "failed", "best so far"):
+            t.add_column(col)
+        best = ", ".join(f"{k} {v:.4g}" for k, v in sorted(p.best.items())) or "-"
+        t.add_row(str(p.total), str(p.done), str(p.running), str(p.failed), best)
+        return t
+
+    async def main():
+        async with SandboxPool(PoolConfig(max_sandboxes=max(2 * concurrency + 2, 4),
+                                          gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
+            progress = BatchProgress(total=len(specs) * rollouts)
+            if as_json or not console.is_terminal:  # no live display when nobody watches it
+                return await run_batch(specs, policy, pool, run_dir, rollouts, concurrency, config)
+            with Live(table(progress), console=console, transient=True) as live:
+                return await run_batch(specs, policy, pool, run_dir, rollouts, concurrency, config,
+                                       on_progress=lambda p: live.update(table(p)))
+
+    results = run_async(main())
+    if as_json:
+        print_json({"run_dir": str(run_dir), "rollouts": [r.__dict__ for r in results]})
+    else:
+        t = Table("task", "#", "status", "ended by", "turns", "return", "best", "trajectory")
+        for r in results:
+            s = r.summary or {}
+            t.add_row(r.task, str(r.index), "[green]ok[/]" if r.ok else f"[red]failed[/] {r.error or ''}",
+                      str(s.get("ended_by", "-")), str(s.get("turns", "-")),
+                      f"{s['total_reward']:+.4f}" if r.ok else "-", str(s.get("best_score", "-")), r.trajectory)
+        out.print(t)
+        out.print(f"run directory: {run_dir}  (view it: air view {run_dir})", soft_wrap=True)
+    if not all(r.ok for r in results):
+        raise typer.Exit(1)
+
+
+@app.command()
+def replay(
+    source: Annotated[Path, typer.Argument(help="A trajectory file, a vf-eval traces.jsonl, or a run directory.")],
+    rescore: Annotated[str | None, typer.Option("--rescore", help="Recompute rewards from the recorded scores "
+                                                "in this mode (delta|best), without containers.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Re-execute recorded episodes in fresh sandboxes and report, turn by turn, where observations, exit codes
+    or scores drift from the recording.
+
+    Exit code 1 on any drift. Example: air replay runs/eval-20261121-101500 (or --rescore best)
+    """
+    from air.episode.replay import load_recordings, replay as replay_one, rescore_recording
+    from air.sandbox.pool import PoolConfig, SandboxPool
+
+    recordings = load_recordings(source)
+    if not recordings:
+        from air.errors import UsageError
+
+        raise UsageError(f"no air trajectories or vf-eval traces of air found in {source}")
+    if rescore:
+        if rescore not in ("delta", "best"):
+            from air.errors import UsageError
+
+            raise UsageError(f"--rescore takes delta or best, not {rescore!r}")
+        report = {rec.source: rescore_recording(rec, rescore) for rec in recordings}
+        if as_json:
+            print_json({src: [{"turn": t, "recorded": a, "rescored": b} for t, a, b in rows]
+                         for src, rows in report.items()})
+            return
+        for src, rows in report.items():
+            t = Table("turn", "recorded reward", f"{rescore} reward", title=src)
+            for turn, recorded, rescored in rows:
+                t.add_row(str(turn), "-" if recorded is None else f"{recorded:+.5f}", f"{rescored:+.5f}")
+            out.print(t)
+            out.print(f"return: recorded {sum(r or 0 for _, r, _ in rows):+.5f}, "
+                      f"{rescore} {sum(r for _, _, r in rows):+.5f}")
+        return
+
+    async def main():
+        results = []
+        async with SandboxPool(PoolConfig(gpu_ids=[])) as pool:
+            for rec in recordings:
+                drifts, note = await replay_one(rec, pool)
+                results.append((rec, drifts, note))
+        return results
+
+    results = run_async(main())
+    drifted = any(d or n for _, d, n in results)
+    if as_json:
+        print_json([{"source": rec.source, "task": rec.task, "note": note,
+                      "drift": [d.__dict__ for d in drifts]} for rec, drifts, note in results])
+    else:
+        for rec, drifts, note in results:
+            status = "[red]drift[/]" if drifts or note else "[green]no drift[/]"
+            out.print(f"{status}  {rec.source}  ({len(rec.steps)} turns)", soft_wrap=True)
+            if note:
+                out.print(f"  [yellow]{note}[/]", soft_wrap=True)
+            if drifts:
+                t = Table("turn", "what", "recorded", "replayed")
+                for d in drifts:
+                    t.add_row(str(d.turn), d.what, d.recorded, d.replayed)
+                out.print(t)
+    if drifted:
+        raise typer.Exit(1)
+
+
+@app.command()
+def view(
+    sources: Annotated[list[Path], typer.Argument(help="Run directories, trajectory files, vf-eval traces.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path("air-report.html"),
+    title: Annotated[str, typer.Option(help="Page title.")] = "air rollouts",
+) -> None:
+    """Write a self-contained HTML report: score curves against the baseline, rewards per step, transcripts
+    with long observations collapsed and failures highlighted, an overview across rollouts and tasks.
+
+    Example: air view runs/eval-20261121-101500 -o report.html
+    """
+    from air.episode.replay import load_recordings
+    from air.errors import UsageError
+    from air.report import render
+
+    recordings = [rec for src in sources for rec in load_recordings(src)]
+    if not recordings:
+        raise UsageError(f"no air trajectories or vf-eval traces of air found in {', '.join(map(str, sources))}")
+    output.write_text(render(recordings, title))
+    out.print(f"wrote {output} ({len(recordings)} rollouts)", soft_wrap=True)
+    if sys.stdout.isatty():
+        out.print(f"open it: file://{output.resolve()}")
