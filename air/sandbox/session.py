@@ -94,7 +94,7 @@ __air_incremental() {{
   done
 }}
 if [ -z "$1" ] || ! __air_incremental "$1" 2>/dev/null; then __air_full; fi
-junk=(/tmp/* /var/tmp/* /dev/shm/*); [ ${{#junk[@]}} -eq 0 ] || rm -rf "${{junk[@]}}" 2>/dev/null
+junk=(/tmp/* /var/tmp/* /dev/shm/* /run/lock/*); [ ${{#junk[@]}} -eq 0 ] || rm -rf "${{junk[@]}}" 2>/dev/null
 [ -d $P ] && touch -r $P $H  # the home's own time, as staged
 [ -d {WORKSPACE} ] || mkdir -p {WORKSPACE}; cd {WORKSPACE}
 echo "@$EPOCHREALTIME"

@@ -247,11 +247,16 @@ async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalO
     if result.exit_code != 0:
         return EvalOutcome(status="evaluation_error",
                            message=f"exit code {result.exit_code}: {_tail(result.stderr or result.stdout)}")
-    lines = [l for l in result.stdout.splitlines() if l.strip().startswith("{")]
-    if not lines:
+    # MLGym's own reading: CSV and Python tasks print exactly one JSON object (anything else printed, e.g. by
+    # the agent's imported code, makes it unreadable); model and LM tasks print it on the first `{` line.
+    if spec.evaluation.contract in ("mlgym-csv", "mlgym-python"):
+        raw = result.stdout.strip()
+    else:
+        raw = next((l for l in result.stdout.splitlines() if l.strip().startswith("{")), "")
+    if not raw:
         return EvalOutcome(status="malformed_metrics", message=f"The evaluation printed no metrics: "
                                                                f"{_tail(result.stdout)}")
-    return _metrics_outcome(spec, lines[-1])
+    return _metrics_outcome(spec, raw)
 
 
 def _metrics_outcome(spec: TaskSpec, raw: str) -> EvalOutcome:
@@ -260,15 +265,15 @@ def _metrics_outcome(spec: TaskSpec, raw: str) -> EvalOutcome:
         data = json.loads(raw)
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-        metrics = {str(k): float(v) for k, v in data.items()}
+        by_lower = {str(k).lower(): v for k, v in data.items()}
+        # Only the task's metrics must be numbers; other keys (notes, counts as strings) are ignored.
+        named = {m.name: float(by_lower[m.name.lower()]) for m in spec.metrics if m.name.lower() in by_lower}
     except (ValueError, TypeError) as exc:
         return EvalOutcome(status="malformed_metrics", message=f"Unreadable metrics ({exc}): {raw[:200]}")
-    by_lower = {k.lower(): v for k, v in metrics.items()}
-    named = {m.name: by_lower[m.name.lower()] for m in spec.metrics if m.name.lower() in by_lower}
     primary = spec.primary.name
     if primary not in named:
         return EvalOutcome(status="malformed_metrics",
-                           message=f"The evaluation reported {sorted(metrics)} but not the metric {primary!r}.")
+                           message=f"The evaluation reported {sorted(data)} but not the metric {primary!r}.")
     if not all(math.isfinite(v) for v in named.values()):
         return EvalOutcome(status="malformed_metrics", message=f"Non-finite metric values: {named}")
     return EvalOutcome(status="ok", metrics=named)

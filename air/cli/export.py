@@ -1,0 +1,75 @@
+"""`air export ...`: air episodes in other tools' formats. `export_app` is registered on the main app as `export`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+MAX_WARNINGS_SHOWN = 20
+
+export_app = typer.Typer(help="Export air episodes into other tools' formats (an SFT dataset for prime-rl).",
+                         no_args_is_help=True, rich_markup_mode=None)
+
+
+@export_app.callback()
+def _export() -> None:
+    """Export air episodes into other tools' formats (an SFT dataset for prime-rl)."""
+
+
+@export_app.command("sft")
+def sft(
+    inputs: Annotated[list[Path], typer.Argument(
+        help="air trajectory .jsonl files, vf-eval traces.jsonl files, or directories holding them (searched "
+             "for *.jsonl).", show_default=False)],
+    out_file: Annotated[Path, typer.Option(
+        "--out", help="Output .jsonl file; put it in a directory of its own and point prime-rl's data.name at "
+                      "that directory.", show_default=False)],
+    min_improvement: Annotated[float, typer.Option(
+        "--min-improvement", help="Keep episodes whose improvement (the return: normalised, direction-aware "
+                                  "gain over the baseline, +0.1 = 10 % better) is above X. "
+                                  "--min-improvement=-inf keeps every scored episode.")] = 0.0,
+    submitted_only: Annotated[bool, typer.Option(
+        "--submitted-only/--all", help="Keep only episodes ended by `submit` whose final evaluation scored "
+                                       "(--all also keeps those ended by a limit).")] = True,
+    no_dedupe: Annotated[bool, typer.Option(
+        "--no-dedupe", help="Keep repeated identical conversations.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
+) -> None:
+    """Turn episodes into prime-rl's SFT dataset: one {"messages": [...]} line per kept episode.
+
+    A malformed input line is skipped with a warning and counted; every episode read is either kept or counted
+    under the reason it was filtered (incomplete, errored, not_submitted, submission_failed,
+    below_min_improvement, duplicate). Exit code 1 when no episode is kept (nothing is written then).
+
+    Example: air export sft outputs/evals runs/trajectories --out data/air-sft/train.jsonl --min-improvement 0.05
+    """
+    from air.export.sft import ExportOptions, export_sft_files
+
+    options = ExportOptions(min_improvement=min_improvement, submitted_only=submitted_only, dedupe=not no_dedupe)
+    result = export_sft_files(inputs, out_file, options)
+    for warning in result.warnings[:MAX_WARNINGS_SHOWN]:
+        console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+    if len(result.warnings) > MAX_WARNINGS_SHOWN:
+        console.print(f"[yellow]warning:[/] ... and {len(result.warnings) - MAX_WARNINGS_SHOWN} more malformed lines")
+    counts = {**result.counts(), "out": str(out_file) if result.kept else None}
+    if as_json:
+        print(json.dumps(counts, indent=2))
+    else:
+        filtered = ", ".join(f"{k} {v}" for k, v in counts["filtered"].items()) or "none"
+        out.print(f"read {counts['read']} episodes from {counts['files']} files: kept {counts['kept']}, "
+                  f"filtered {filtered}; {counts['malformed']} malformed lines skipped", soft_wrap=True)
+        if result.kept:
+            out.print(f"wrote {out_file} (prime-rl: data.name = \"{out_file.parent}\")", soft_wrap=True)
+    if not result.kept:
+        console.print("air: no episode passed the filters; nothing written", soft_wrap=True)
+        raise typer.Exit(1)
+
+
+__all__ = ["export_app"]
