@@ -1,4 +1,7 @@
-"""`air export ...`: air episodes in other tools' formats. `export_app` is registered on the main app as `export`."""
+"""`air export ...`: air episodes in other tools' formats.
+
+`export_app` is registered on the main app under the name `export`.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +32,8 @@ def sft(
         help="air trajectory .jsonl files, vf-eval traces.jsonl files, or directories holding them (searched "
              "for *.jsonl).", show_default=False)],
     out_file: Annotated[Path, typer.Option(
-        "--out", help="Output .jsonl file; put it in a directory of its own and point prime-rl's data.name at "
-                      "that directory.", show_default=False)],
+        "--out", help="Output .jsonl file; put it in a directory of its own and point prime-rl's data.name "
+                      "at that directory.", show_default=False)],
     min_improvement: Annotated[float, typer.Option(
         "--min-improvement", help="Keep episodes whose improvement (the return: normalised, direction-aware "
                                   "gain over the baseline, +0.1 = 10 % better) is above X. "
@@ -48,16 +51,18 @@ def sft(
     under the reason it was filtered (incomplete, errored, not_submitted, submission_failed,
     below_min_improvement, duplicate). Exit code 1 when no episode is kept (nothing is written then).
 
-    Example: air export sft outputs/evals runs/trajectories --out data/air-sft/train.jsonl --min-improvement 0.05
+    Example: air export sft outputs/evals --out data/air-sft/train.jsonl --min-improvement 0.05
     """
     from air.export.sft import ExportOptions, export_sft_files
 
-    options = ExportOptions(min_improvement=min_improvement, submitted_only=submitted_only, dedupe=not no_dedupe)
+    options = ExportOptions(min_improvement=min_improvement, submitted_only=submitted_only,
+                            dedupe=not no_dedupe)
     result = export_sft_files(inputs, out_file, options)
     for warning in result.warnings[:MAX_WARNINGS_SHOWN]:
         console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
     if len(result.warnings) > MAX_WARNINGS_SHOWN:
-        console.print(f"[yellow]warning:[/] ... and {len(result.warnings) - MAX_WARNINGS_SHOWN} more malformed lines")
+        more = len(result.warnings) - MAX_WARNINGS_SHOWN
+        console.print(f"[yellow]warning:[/] ... and {more} more malformed lines")
     counts = {**result.counts(), "out": str(out_file) if result.kept else None}
     if as_json:
         print(json.dumps(counts, indent=2))

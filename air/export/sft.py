@@ -1,16 +1,16 @@
 """air episodes as a supervised fine-tuning dataset for prime-rl's `sft` trainer (`air export sft`).
 
 Output: JSON lines, one kept episode per line, in the shape prime-rl's SFT data loader reads
-(`src/prime_rl/trainer/sft/data.py`: a `messages` column is one whole-conversation sample, loss on the assistant
-turns by default):
+(`src/prime_rl/trainer/sft/data.py`: a `messages` column is one whole-conversation sample, loss on the
+assistant turns by default):
 
     {"messages": [{"role": "system", "content": ...}, {"role": "user", "content": ...},
                   {"role": "assistant", "content": ...}, {"role": "user", "content": ...}, ...],
      "task": "regression-rmse", "improvement": 0.33, "ended_by": "submitted", "source": "traces.jsonl:3"}
 
-prime-rl loads `data.name` with `datasets.load_dataset(name, split="train")`, so write the file into a directory
-of its own (`--out data/air-sft/train.jsonl`) and point `data.name` at that directory (configs/mlgym/sft.toml).
-The extra columns are provenance; the loader ignores them.
+prime-rl loads `data.name` with `datasets.load_dataset(name, split="train")`, so write the file into a
+directory of its own (`--out data/air-sft/train.jsonl`) and point `data.name` at that directory
+(configs/mlgym/sft.toml). The extra columns are provenance; the loader ignores them.
 
 Inputs, told apart line by line, so a directory may mix them:
 
@@ -25,16 +25,16 @@ sample ends on an assistant turn.
 
 Filters, each counted under its reason (`read == kept + sum(filtered)`):
 
-- `incomplete`: the episode has no `end` record, a turn is missing (e.g. its line was torn), or the trace has no
-  usable conversation or no air episode info;
+- `incomplete`: the episode has no `end` record, a turn is missing (e.g. its line was torn), or the trace has
+  no usable conversation or no air episode info;
 - `errored`: vf-eval marked the rollout failed (an infrastructure error; never trained on);
-- `not_submitted` / `submission_failed` (unless `submitted_only=False`): the agent did not end the episode with
-  `submit`, or the final evaluation produced no score;
+- `not_submitted` / `submission_failed` (unless `submitted_only=False`): the agent did not end the episode
+  with `submit`, or the final evaluation produced no score;
 - `below_min_improvement`: the episode's return (its normalised improvement over the baseline, already
   direction-aware: lower-is-better metrics are sign-flipped; trace `rewards.improvement.score`, air `end`
   `total_reward`) is not above `min_improvement`;
-- `duplicate`: the same conversation was already kept (the same episode found in both formats, or a policy that
-  replays itself).
+- `duplicate`: the same conversation was already kept (the same episode found in both formats, or a policy
+  that replays itself).
 
 A line that is not JSON, or not a record of either format, is skipped with a warning and counted as malformed;
 nothing else is lost.
@@ -61,7 +61,8 @@ AIR_RECORD_TYPES = ("start", "step", "end")
 @dataclass(frozen=True)
 class ExportOptions:
     min_improvement: float | None = 0.0
-    """Keep episodes whose improvement is above this (0: strictly better than the baseline); None: no filter."""
+    """Keep episodes whose improvement is above this (0: strictly better than the baseline); None: no
+    filter."""
     submitted_only: bool = True
     """Keep only episodes the agent ended with `submit` and whose final evaluation produced a score."""
     dedupe: bool = True
@@ -102,10 +103,11 @@ class _Episode:
     """Why it cannot be used at all (`incomplete`, `errored`), whatever the filters."""
 
 
-# ----- the pure part ------------------------------------------------------------------------------------------
+# ----- the pure part ----------------------------------------------------------------------------------------
 def sft_rows(inputs: Iterable[tuple[str, Iterable[str | bytes]]],
              options: ExportOptions | None = None) -> ExportResult:
-    """The SFT rows of every episode in `inputs` (pairs of a source name and its lines) that passes the filters.
+    """The SFT rows of every episode in `inputs` (pairs of a source name and its lines) that passes the
+    filters.
 
     No I/O: the caller reads and writes. Unreadable lines are skipped, counted in `malformed` and described in
     `warnings`; everything else read is either kept or counted under a reason in `filtered`.
@@ -195,11 +197,12 @@ def _episodes(name: str, lines: Iterable[str | bytes], result: ExportResult) -> 
         yield _air_episode(current)
 
 
-# ----- air's own trajectories ---------------------------------------------------------------------------------
+# ----- air's own trajectories -------------------------------------------------------------------------------
 def _air_episode(parts: dict[str, Any]) -> _Episode:
     start, steps, end = parts["start"], parts["steps"], parts["end"]
     episode = _Episode(source=parts["source"], messages=None, task=_str(start.get("task")))
-    replies = [s for s in steps if s.get("reply") is not None]  # a reply of None: the driver ended the episode
+    # A step whose reply is None is the driver ending the episode (Episode.finish), not a turn.
+    replies = [s for s in steps if s.get("reply") is not None]
     complete = (
         end is not None
         and isinstance(start.get("system_prompt"), str) and isinstance(start.get("prompt"), str)
@@ -212,7 +215,8 @@ def _air_episode(parts: dict[str, Any]) -> _Episode:
     if not complete:
         episode.problem = "incomplete"
         return episode
-    messages = [{"role": "system", "content": start["system_prompt"]}, {"role": "user", "content": start["prompt"]}]
+    messages = [{"role": "system", "content": start["system_prompt"]},
+                {"role": "user", "content": start["prompt"]}]
     for i, step in enumerate(replies):
         messages.append({"role": "assistant", "content": step["reply"]})
         if i < len(replies) - 1:
@@ -226,7 +230,7 @@ def _air_episode(parts: dict[str, Any]) -> _Episode:
     return episode
 
 
-# ----- vf-eval traces -----------------------------------------------------------------------------------------
+# ----- vf-eval traces ---------------------------------------------------------------------------------------
 def _trace_episodes(source: str, record: dict[str, Any]) -> Iterator[_Episode]:
     traces = record["traces"]
     for index, trace in enumerate(traces):
@@ -238,13 +242,14 @@ def _trace_episodes(source: str, record: dict[str, Any]) -> Iterator[_Episode]:
         metrics = trace.get("metrics") if isinstance(trace.get("metrics"), dict) else {}
         rewards = trace.get("rewards") if isinstance(trace.get("rewards"), dict) else {}
         improvement = rewards.get("improvement")
-        episode = _Episode(source=where, messages=_trace_messages(trace.get("nodes")), task=_str(info.get("task")),
-                           ended_by=_str(info.get("ended_by")),
-                           improvement=_number(improvement.get("score")) if isinstance(improvement, dict) else None)
-        # The trace does not record the final evaluation's status. A failed one pays a negative step reward (the
-        # failed-validation penalty), so: a score exists, and either no validation failed or the last step
-        # reward is not negative. This errs towards dropping (a scored but worse final submission after an
-        # earlier failed validation is dropped too).
+        episode = _Episode(
+            source=where, messages=_trace_messages(trace.get("nodes")), task=_str(info.get("task")),
+            ended_by=_str(info.get("ended_by")),
+            improvement=_number(improvement.get("score")) if isinstance(improvement, dict) else None)
+        # The trace does not record the final evaluation's status. A failed one pays a negative step reward
+        # (the failed-validation penalty), so: a score exists, and either no validation failed or the last
+        # step reward is not negative. This errs towards dropping (a scored but worse final submission after
+        # an earlier failed validation is dropped too).
         step_rewards = info.get("step_rewards") if isinstance(info.get("step_rewards"), list) else []
         failed = _number(metrics.get("failed_validations")) or 0.0
         last_reward = _number(step_rewards[-1]) if step_rewards else None
@@ -282,7 +287,7 @@ def _trace_messages(nodes: Any) -> list[dict[str, str]] | None:
     return messages if messages else None
 
 
-# ----- helpers ------------------------------------------------------------------------------------------------
+# ----- helpers ----------------------------------------------------------------------------------------------
 def _text(content: Any) -> str | None:
     """Message content as one string (a list of text parts is joined), or None if it holds something else."""
     if isinstance(content, str):
@@ -312,9 +317,10 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-# ----- files --------------------------------------------------------------------------------------------------
+# ----- files ------------------------------------------------------------------------------------------------
 def input_files(paths: Iterable[str | Path], exclude: Path | None = None) -> list[Path]:
-    """Files named, and every `*.jsonl` under directories named (sorted); the output file is never an input."""
+    """Files named, and every `*.jsonl` under directories named (sorted); the output file is never an
+    input."""
     files: list[Path] = []
     for path in map(Path, paths):
         if path.is_dir():
@@ -326,8 +332,8 @@ def input_files(paths: Iterable[str | Path], exclude: Path | None = None) -> lis
     excluded = exclude.resolve() if exclude is not None else None
     unique = list(dict.fromkeys(f for f in files if f.resolve() != excluded))
     if not unique:
-        raise UsageError("no input files (give trajectory .jsonl files, vf-eval traces.jsonl files, or directories "
-                         "holding them)")
+        raise UsageError("no input files (give trajectory .jsonl files, vf-eval traces.jsonl files, or "
+                         "directories holding them)")
     return unique
 
 
@@ -338,12 +344,13 @@ def _lines(path: Path) -> Iterator[bytes]:
 
 def export_sft_files(paths: Iterable[str | Path], out: str | Path,
                      options: ExportOptions | None = None) -> ExportResult:
-    """Read every input, filter, and write the kept rows to `out` as JSON lines (atomically; nothing is written
-    when nothing is kept). `out` must end in .jsonl: prime-rl's loader picks the JSON reader by extension."""
+    """Read every input, filter, and write the kept rows to `out` as JSON lines (atomically; nothing is
+    written when nothing is kept). `out` must end in .jsonl: prime-rl's loader picks the JSON reader by
+    extension."""
     out = Path(out)
     if out.suffix != ".jsonl":
-        raise UsageError(f"{out}: the output must be a .jsonl file (prime-rl loads its directory with HF datasets, "
-                         "which picks the JSON reader by extension)")
+        raise UsageError(f"{out}: the output must be a .jsonl file (prime-rl loads its directory with HF "
+                         "datasets, which picks the JSON reader by extension)")
     files = input_files(paths, exclude=out)
     result = sft_rows(((str(f), _lines(f)) for f in files), options)
     if result.rows:

@@ -26,10 +26,12 @@ from air.sandbox.labels import KEY, make_labels
 from air.sandbox.output import CappedBuffer
 
 AGENT_USER = "agent"
+AIR_DIR = "/srv/air"  # air's own files in a sandbox (pristine copy, data, scoring inputs): root-owned
+ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"]
 AGENT_HOME = "/home/agent"
 WORKSPACE = f"{AGENT_HOME}/workspace"
 # Root-owned, agent-readable: the pristine copy of the staged workspace that a reset restores.
-PRISTINE = "/srv/air/pristine"
+PRISTINE = f"{AIR_DIR}/pristine"
 BASE_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -60,6 +62,10 @@ class SandboxSpec(BaseModel):
     task: str = ""
     """Label only; part of the key so a warm sandbox keeps its staged files for the next rollout of the task."""
     env: dict[str, str] = {}
+    read_only_root: bool = True
+    """Root filesystem read-only; the agent's home, /srv/air (air's own files) and the temp dirs stay writable."""
+    tmp_mb: int = Field(1024, ge=16)
+    """Size of each in-memory temp dir (/tmp, /var/tmp); it counts against the memory limit."""
 
     @property
     def key(self) -> str:
@@ -285,7 +291,17 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
         environment={"HOME": AGENT_HOME, **spec.env, **gpu_env(gpu_ids)}, working_dir=WORKSPACE,
         nano_cpus=int(r.cpus * 1e9), mem_limit=f"{r.memory_mb}m", memswap_limit=f"{r.memory_mb}m",
         pids_limit=r.pids, stop_signal="SIGKILL",
+        # Hardening: the agent is uid 1000 and gets no capability at all; root (only the harness execs as root)
+        # keeps what staging, scoring and the evaluation kit's privilege drop need. No setuid escalation.
+        cap_drop=["ALL"], cap_add=ROOT_CAPABILITIES, security_opt=["no-new-privileges"],
     )
+    if spec.read_only_root:
+        kwargs["read_only"] = True
+        # Anonymous volumes (removed with the container): disk-backed, so a checkpoint does not eat memory.
+        kwargs["mounts"] = [docker.types.Mount(target=path, source=None, type="volume")
+                            for path in (AGENT_HOME, AIR_DIR)]
+        tmp = f"rw,nosuid,nodev,size={spec.tmp_mb}m,mode=1777"
+        kwargs["tmpfs"] = {"/tmp": tmp, "/var/tmp": tmp}
     if gpu_ids:
         kwargs["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=list(gpu_ids),
                                                                 capabilities=[["gpu"]])]

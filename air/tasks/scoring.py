@@ -26,13 +26,14 @@ from typing import Literal
 from pydantic import BaseModel
 
 from air.errors import TaskError
-from air.sandbox.container import WORKSPACE, ArchiveTooLarge, Resources, Sandbox, SandboxSpec
+from air.sandbox.container import AIR_DIR, WORKSPACE, ArchiveTooLarge, Resources, Sandbox, SandboxSpec
 from air.sandbox.images import image_ref
 from air.sandbox.pool import SandboxPool
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import AGENT_UID, add_entries
 
-EVAL, SUBMISSION, OUTPUT = "/eval", "/submission", "/output"
+# Under /srv/air: the only root-writable place of a sandbox whose root filesystem is read-only.
+EVAL, SUBMISSION, OUTPUT = f"{AIR_DIR}/eval", f"{AIR_DIR}/submission", f"{AIR_DIR}/output"
 METRICS_FILE = f"{OUTPUT}/metrics.json"
 # Exit codes of air_eval_kit.run_evaluation: 1 = the submission is bad, 2 = the evaluation itself broke.
 _KIT_BAD_SUBMISSION, _KIT_INTERNAL = 1, 2
@@ -205,7 +206,7 @@ async def _run_air(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalOut
                     f"&& chmod 700 {OUTPUT} {EVAL}")
     await scorer.put_archive(EVAL, _air_eval_tar(spec))
     await scorer.put_archive(SUBMISSION, artefacts)
-    # /eval itself must be traversable for the kit's interpreter and code; secret/ and /output stay root-only.
+    # The eval dir itself must be traversable for the kit's interpreter and code; secret/ and /output stay root-only.
     await scorer.sh(f"chmod 755 {EVAL}")
     env = {"AIR_SUBMISSION_DIR": SUBMISSION, "AIR_SECRET_DIR": f"{EVAL}/secret", "AIR_DATA_DIR": f"{EVAL}/data",
            "AIR_METRICS_FILE": METRICS_FILE}

@@ -16,10 +16,10 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from air.sandbox.container import AGENT_HOME, PRISTINE, WORKSPACE, Sandbox
+from air.sandbox.container import AGENT_HOME, AIR_DIR, PRISTINE, WORKSPACE, Sandbox
 from air.tasks.spec import FileEntry, TaskSpec
 
-DATA = "/srv/air/data"
+DATA = f"{AIR_DIR}/data"
 AGENT_UID = 1000
 # Staged files carry one fixed time, so what the agent sees (`ls -l`) is the same in every rollout and replay.
 STAGED_MTIME = 1704067200  # 2024-01-01T00:00:00Z

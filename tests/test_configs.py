@@ -1,0 +1,295 @@
+"""The shipped training and evaluation configs (configs/**/*.toml) are valid and consistent.
+
+Every env section is validated by verifiers' own resolution (`vf.resolve_env_config`, the code prime-rl and
+vf-eval run), so a renamed or unknown field fails here rather than on a GPU node. prime-rl itself cannot be
+installed here; its own checks that matter most are repeated: the GPU split of its launcher (inference on
+[0, num_infer_gpus), the trainer on the next num_train_gpus) and `batch_size % group_size == 0`. Then air's
+rules: task GPUs never overlap prime-rl's or each other's, every task exists, and a whole episode fits in
+`seq_len`:
+
+    seq_len >= prompt_tokens + max_turns * (max_completion_tokens + ceil(observation_chars / 3) + 10)
+
+with 3 characters per token for text and 10 tokens of chat-template framing per turn (two messages), and
+`env.agent.max_total_tokens + one turn <= seq_len` when the framework limit is set.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import verifiers.v1 as vf
+from pydantic import ValidationError
+
+from air.episode.config import EpisodeConfig
+from air.episode.prompts import system_prompt, task_prompt
+from air.tasks.registry import bundled_ids, load_task
+from air_mlgym.taskset import AirEnvConfig
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CHARS_PER_TOKEN = 3
+FRAMING_TOKENS_PER_TURN = 10
+COMMIT = re.compile(r"prime-rl ([0-9a-f]{40})")
+
+
+def _load(path: Path) -> dict:
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def _kind(data: dict) -> str:
+    if "orchestrator" in data:
+        return "rl"
+    if "data" in data:
+        return "sft"
+    if "env" in data:
+        return "vf-eval"
+    raise AssertionError("neither a prime-rl rl/sft config nor a vf-eval config")
+
+
+ALL = sorted(CONFIGS.rglob("*.toml"))
+BY_KIND = {kind: [p for p in ALL if _kind(_load(p)) == kind] for kind in ("rl", "sft", "vf-eval")}
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(CONFIGS))
+
+
+def _sources(data: dict) -> list[tuple[str, dict]]:
+    """(label, source table) of every env source: prime-rl train/eval sources, SFT online-eval sources."""
+    orchestrator = data.get("orchestrator", {})
+    found = [(f"train[{i}]", s) for i, s in enumerate(orchestrator.get("train", {}).get("source", []))]
+    found += [(f"eval[{i}]", s) for i, s in enumerate((orchestrator.get("eval") or {}).get("source", []))]
+    found += [(f"sft-eval[{i}]", s) for i, s in enumerate((data.get("eval") or {}).get("source", []))]
+    return found
+
+
+def _env_sections(data: dict) -> list[tuple[str, dict]]:
+    if _kind(data) == "vf-eval":
+        return [("env", data["env"])]
+    return [(label, source["env"]) for label, source in _sources(data)]
+
+
+ENV_CASES = [(p, label, env) for p in ALL for label, env in _env_sections(_load(p))]
+
+
+def _per_turn_tokens(max_completion_tokens: int, observation_chars: int) -> int:
+    return max_completion_tokens + math.ceil(observation_chars / CHARS_PER_TOKEN) + FRAMING_TOKENS_PER_TURN
+
+
+def _prompt_tokens(env: AirEnvConfig) -> int:
+    ts = env.taskset
+    episode = EpisodeConfig(max_turns=ts.max_turns, observation_chars=ts.observation_chars)
+    longest = max(len(system_prompt(s)) + len(task_prompt(s, episode))
+                  for s in (load_task(ref, ts.mlgym_root) for ref in ts.tasks))
+    return math.ceil(longest / CHARS_PER_TOKEN)
+
+
+def _seq_len(data: dict) -> int:
+    value = data.get("seq_len") or data.get("orchestrator", {}).get("seq_len")
+    assert value, "set seq_len: the orchestrator truncates to it (default 2048, far too short for an episode)"
+    return value
+
+
+def test_configs_are_shipped():
+    assert BY_KIND["rl"] and BY_KIND["sft"] and BY_KIND["vf-eval"], {k: [_rel(p) for p in v]
+                                                                      for k, v in BY_KIND.items()}
+    assert ENV_CASES
+
+
+# ----- env sections through verifiers' own resolution -------------------------------------------------------
+@pytest.mark.parametrize(("path", "label", "env"), ENV_CASES,
+                         ids=[f"{_rel(p)}:{lab}" for p, lab, _ in ENV_CASES])
+def test_env_section_resolves_through_verifiers(path, label, env):
+    config = vf.resolve_env_config(copy.deepcopy(env))
+    assert isinstance(config, AirEnvConfig), f"{_rel(path)} {label}: resolved to {type(config).__name__}"
+    assert config.taskset.id == "air-mlgym"
+    for ref in config.taskset.tasks:
+        assert ref.startswith("mlgym:") or ref in bundled_ids(), f"{_rel(path)} {label}: unknown task {ref!r}"
+    # Set explicitly in every shipped config: verifiers' own default runtime is remote Prime sandboxes.
+    assert env["agent"]["runtime"]["type"] == "subprocess"
+    # None would mean "every GPU nvidia-smi reports", including the ones vLLM and the trainer use.
+    assert config.taskset.gpu_ids is not None, f"{_rel(path)} {label}: list the task GPUs explicitly"
+
+
+def _a_shipped_env() -> dict:
+    _, _, env = ENV_CASES[0]
+    return copy.deepcopy(env)
+
+
+@pytest.mark.parametrize(("where", "typo"), [
+    (("taskset",), "max_turn"),            # a renamed taskset field
+    (("taskset",), "observation_char"),
+    (("agent",), "max_total_token"),       # a per-agent limit
+    ((), "timeouts"),                      # an env-level knob
+])
+def test_a_typo_in_an_env_section_is_rejected(where, typo):
+    env = _a_shipped_env()
+    table = env
+    for key in where:
+        table = table[key]
+    table[typo] = 16
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        vf.resolve_env_config(env)
+
+
+def test_a_wrongly_typed_value_is_rejected():
+    env = _a_shipped_env()
+    env["taskset"]["max_turns"] = "many"
+    with pytest.raises(ValidationError):
+        vf.resolve_env_config(env)
+
+
+def test_an_unknown_task_is_caught():
+    with pytest.raises(Exception, match="unknown task"):
+        load_task("no-such-task")
+
+
+# ----- prime-rl configs -------------------------------------------------------------------------------------
+def _gpu_layout(data: dict) -> tuple[set[int], set[int], int]:
+    deployment = data.get("deployment", {})
+    assert deployment.get("type", "single_node") == "single_node"
+    gpus_per_node = deployment.get("gpus_per_node", 8)
+    # prime-rl's launcher: inference on [0, num_infer_gpus) when it starts vLLM, the trainer on the next ones.
+    num_infer = deployment.get("num_infer_gpus", 1) if "inference" in data else 0
+    num_train = deployment.get("num_train_gpus", 1)
+    assert num_infer + num_train <= gpus_per_node
+    return set(range(num_infer)), set(range(num_infer, num_infer + num_train)), gpus_per_node
+
+
+@pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)
+def test_gpus_are_split_without_overlap(path):
+    data = _load(path)
+    inference, trainer, gpus_per_node = _gpu_layout(data)
+    assert not inference & trainer
+    taken = inference | trainer
+    for label, source in _sources(data):
+        env = vf.resolve_env_config(copy.deepcopy(source["env"]))
+        ids = [int(g) for g in env.taskset.gpu_ids]
+        assert len(set(ids)) == len(ids), f"{label}: duplicate GPU ids"
+        assert all(0 <= g < gpus_per_node for g in ids), \
+            f"{label}: GPU ids {ids} outside the node's 0..{gpus_per_node - 1}"
+        assert not set(ids) & (inference | trainer), \
+            f"{label}: task GPUs {ids} overlap inference {sorted(inference)} or trainer {sorted(trainer)}"
+        # Each env server (and each of its workers) holds its own GPU inventory: sources may not share GPUs.
+        assert not set(ids) & (taken - inference - trainer), \
+            f"{label}: task GPUs {ids} given to another source too"
+        taken |= set(ids)
+
+
+def _single_worker(source: dict) -> bool:
+    pool = source.get("serve", {}).get("pool", {})
+    if pool.get("type") == "static":
+        return pool.get("num_workers", 4) == 1
+    return pool.get("max_workers") == 1
+
+
+@pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)
+def test_env_servers_are_sized_for_air_pools(path):
+    """air's sandbox pool and GPU inventory live in each env-server worker: one worker per source keeps GPUs
+    exclusive and max_sandboxes meaningful; and an episode needs its sandbox plus a scoring sandbox."""
+    data = _load(path)
+    for label, source in _sources(data):
+        env = vf.resolve_env_config(copy.deepcopy(source["env"]))
+        assert _single_worker(source), f"{label}: set serve.pool to one worker"
+        max_concurrent = source.get("serve", {}).get("max_concurrent")
+        assert max_concurrent is not None and 2 * max_concurrent <= env.taskset.max_sandboxes, \
+            f"{label}: serve.max_concurrent must be at most max_sandboxes / 2"
+
+
+@pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)
+def test_batches_hold_whole_groups(path):
+    orchestrator = _load(path)["orchestrator"]
+    group_size = orchestrator.get("group_size", 1)
+    assert group_size > 1, "group_size 1 gives every rollout zero advantage"
+    assert orchestrator["batch_size"] % group_size == 0
+    for source in orchestrator["train"]["source"]:
+        assert orchestrator["batch_size"] % source.get("group_size", group_size) == 0
+    max_inflight = orchestrator.get("concurrency", {}).get("max_inflight")
+    assert max_inflight is None or max_inflight >= group_size
+
+
+def _budget_cases():
+    cases = []
+    for path in BY_KIND["rl"]:
+        data = _load(path)
+        orchestrator = data["orchestrator"]
+        for label, source in _sources(data):
+            split = "eval" if label.startswith("eval") else "train"
+            shared = (orchestrator.get(split) or {}).get("sampling", {})
+            max_tokens = source.get("sampling", {}).get("max_completion_tokens",
+                                                        shared.get("max_completion_tokens"))
+            cases.append((path, label, source["env"], max_tokens, _seq_len(data)))
+    rl_seq_len = _seq_len(_load(CONFIGS / "mlgym" / "rl.toml"))
+    for path in BY_KIND["vf-eval"]:
+        data = _load(path)  # evaluated against the context the RL run trains with
+        cases.append((path, "env", data["env"], data.get("sampling", {}).get("max_tokens"), rl_seq_len))
+    return cases
+
+
+BUDGET_CASES = _budget_cases()
+
+
+@pytest.mark.parametrize(("path", "label", "env", "max_tokens", "seq_len"), BUDGET_CASES,
+                         ids=[f"{_rel(c[0])}:{c[1]}" for c in BUDGET_CASES])
+def test_a_whole_episode_fits_in_seq_len(path, label, env, max_tokens, seq_len):
+    assert max_tokens, f"{_rel(path)} {label}: set a per-turn token limit, or one reply can fill the context"
+    config = vf.resolve_env_config(copy.deepcopy(env))
+    ts = config.taskset
+    per_turn = _per_turn_tokens(max_tokens, ts.observation_chars)
+    needed = _prompt_tokens(config) + ts.max_turns * per_turn
+    assert needed <= seq_len, (f"{_rel(path)} {label}: {ts.max_turns} turns x {per_turn} tokens + prompt = "
+                               f"{needed} > seq_len {seq_len}")
+    if config.agent.max_total_tokens is not None:
+        assert config.agent.max_total_tokens + per_turn <= seq_len
+
+
+@pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)
+def test_inference_context_covers_seq_len(path):
+    data = _load(path)
+    max_model_len = data.get("inference", {}).get("vllm", {}).get("max_model_len")
+    assert max_model_len is None or max_model_len >= _seq_len(data)
+
+
+@pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)
+def test_renderer_is_explicit(path):
+    """Explicit, so a fine-tuned checkpoint (not in renderers' model map) still validates under prime-rl."""
+    assert _load(path)["orchestrator"]["renderer"]["name"] != "auto"
+
+
+def test_sft_config_trains_what_rl_trains_on_whole_episodes():
+    sft = _load(CONFIGS / "mlgym" / "sft.toml")
+    rl = _load(CONFIGS / "mlgym" / "rl.toml")
+    assert sft["data"].get("type", "sft") == "sft"
+    assert sft["data"]["seq_len"] >= _seq_len(rl)
+    assert sft["data"]["batch_size"] % sft["data"].get("micro_batch_size", 1) == 0
+    assert sft["model"]["name"] == rl["model"]["name"]
+    assert sft["renderer"]["name"] == rl["orchestrator"]["renderer"]["name"]
+    assert sft["data"].get("loss_mask", {}).get("assistant", True) is True
+
+
+def test_vf_eval_config_resolves_whole():
+    from verifiers.v1.configs.cli.eval import EvalConfig
+
+    for path in BY_KIND["vf-eval"]:
+        config = EvalConfig.model_validate(_load(path))
+        assert isinstance(config.env, AirEnvConfig)
+        assert config.push is False, f"{_rel(path)}: keep local results local"
+        assert config.max_concurrent * 2 <= config.env.taskset.max_sandboxes
+
+
+def test_eval_config_covers_the_rl_eval_tasks():
+    rl = _load(CONFIGS / "mlgym" / "rl.toml")
+    evaluation = _load(CONFIGS / "mlgym" / "eval.toml")
+    rl_eval_tasks = {t for s in rl["orchestrator"]["eval"]["source"] for t in s["env"]["taskset"]["tasks"]}
+    assert set(evaluation["env"]["taskset"]["tasks"]) == rl_eval_tasks
+
+
+def test_prime_rl_configs_name_one_checked_commit():
+    commits = {p: set(COMMIT.findall(p.read_text())) for p in BY_KIND["rl"] + BY_KIND["sft"]}
+    assert all(len(found) == 1 for found in commits.values()), {_rel(p): c for p, c in commits.items()}
+    assert len(set.union(*commits.values())) == 1

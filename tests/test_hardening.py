@@ -1,0 +1,71 @@
+"""Proved from inside a sandbox: no root, no capabilities, no privilege escalation, a read-only system, no
+network, no Docker socket, no host paths, and nothing of other sandboxes visible."""
+
+from __future__ import annotations
+
+import pytest
+
+from air.sandbox.container import ROOT_CAPABILITIES
+
+pytestmark = pytest.mark.docker
+
+CAPABILITY_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7}
+SYSTEM_MOUNTS = {"/", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/home/agent", "/srv/air", "/tmp",
+                 "/var/tmp"}
+
+
+def status_field(text: str, name: str) -> str:
+    return next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith(name + ":"))
+
+
+async def test_the_agent_is_not_root_and_has_no_capabilities(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        r = await sb.session.run("id -u; cat /proc/self/status")
+        assert r.stdout.splitlines()[0] == "1000"
+        assert int(status_field(r.stdout, "CapEff"), 16) == 0
+        assert int(status_field(r.stdout, "CapBnd"), 16) == sum(1 << CAPABILITY_BITS[c] for c in ROOT_CAPABILITIES)
+        assert status_field(r.stdout, "NoNewPrivs") == "1"
+        r = await sb.session.run("su -c id root </dev/null; sudo id </dev/null")
+        assert "uid=0" not in r.stdout
+
+
+async def test_root_keeps_only_what_the_harness_needs(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        r = await sb.exec(["cat", "/proc/self/status"])
+        expected = sum(1 << CAPABILITY_BITS[c] for c in ROOT_CAPABILITIES)
+        assert int(status_field(r.stdout, "CapEff"), 16) == expected
+        r = await sb.exec(["sh", "-c", "ping -c1 127.0.0.1 2>&1; mknod /tmp/dev c 1 3 2>&1; echo done"])
+        assert "done" in r.stdout and not r.stdout.startswith("PING")
+
+
+async def test_the_system_is_read_only_and_workspace_and_tmp_are_writable(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        for who in ("agent", "root"):
+            r = await sb.exec(["sh", "-c", "touch /etc/x /usr/x /opt/venv/x 2>&1; echo rc=$?"], user=who)
+            assert "Read-only file system" in r.stdout, (who, r.stdout)
+        r = await sb.session.run("touch ~/workspace/ok /tmp/ok /var/tmp/ok && echo writable")
+        assert r.stdout == "writable\n"
+
+
+async def test_no_docker_socket_no_host_paths_no_network(pool, base_spec):
+    async with pool.lease(base_spec) as sb:
+        r = await sb.exec(["sh", "-c", "test -e /var/run/docker.sock || test -e /run/docker.sock"])
+        assert r.exit_code == 1, "a Docker socket is reachable"
+        r = await sb.exec(["sh", "-c", "find / -xdev -type s 2>/dev/null"])
+        assert r.stdout == "", f"sockets in the sandbox: {r.stdout}"
+        r = await sb.exec(["cat", "/proc/self/mountinfo"])
+        mounts = {line.split()[4] for line in r.stdout.splitlines()}
+        unexpected = {m for m in mounts if m not in SYSTEM_MOUNTS and not m.startswith(("/proc", "/sys", "/dev"))}
+        assert not unexpected, f"mounts from outside the sandbox: {unexpected}"
+        r = await sb.session.run("cat /sys/class/net/*/operstate 2>/dev/null; ls /sys/class/net")
+        assert r.stdout.split()[-1] == "lo"
+
+
+async def test_other_sandboxes_files_and_processes_are_invisible(pool, base_spec):
+    other_spec = base_spec.model_copy(update={"task": "neighbour"})
+    async with pool.lease(base_spec) as a, pool.lease(other_spec) as b:
+        await a.session.run("echo secret-of-a > ~/workspace/marker-a.txt; sleep 1234 &")
+        r = await b.exec(["sh", "-c", "grep -rl secret-of-a / 2>/dev/null; "
+                                      "for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null; echo; done"])
+        assert "marker-a" not in r.stdout and "secret-of-a" not in r.stdout
+        assert "1234" not in r.stdout
