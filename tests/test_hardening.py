@@ -10,8 +10,10 @@ from air.sandbox.container import ROOT_CAPABILITIES
 pytestmark = pytest.mark.docker
 
 CAPABILITY_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7}
+# Docker's own per-container files, air's two volumes and the temp dirs; /sbin/docker-init is Docker's init
+# binary, bind-mounted read-only because sandboxes run with init=True.
 SYSTEM_MOUNTS = {"/", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/home/agent", "/srv/air", "/tmp",
-                 "/var/tmp"}
+                 "/var/tmp", "/sbin/docker-init", "/usr/sbin/docker-init"}
 
 
 def status_field(text: str, name: str) -> str:
