@@ -21,7 +21,12 @@ from typing import Literal
 
 import verifiers.v1 as vf
 from pydantic import Field
-from verifiers.v1.errors import MODEL_TRANSPORT_ERROR_EXIT_CODE, SandboxError
+from verifiers.v1.errors import SandboxError
+
+try:  # verifiers 0.4.0 names the exit code a harness returns when the model connection failed
+    from verifiers.v1.errors import MODEL_TRANSPORT_ERROR_EXIT_CODE
+except ImportError:  # older verifiers (prime-rl's pinned submodule) has no such code: a plain failure then
+    MODEL_TRANSPORT_ERROR_EXIT_CODE = 1
 
 from air.episode.config import EpisodeConfig
 from air.episode.prompts import system_prompt, task_prompt
@@ -162,7 +167,8 @@ def _record(trace, episode, config: EpisodeConfig) -> None:
                        "step_rewards": summary["step_rewards"], "baseline": summary["baseline"],
                        "env_seconds": summary["env_seconds"], "step_scores": summary["step_scores"],
                        "step_evaluated": summary["step_evaluated"], "task_hash": episode.spec.content_hash,
-                       "episode_config": config.model_dump(), "primary": episode.spec.primary.model_dump()})
+                       "episode_config": config.model_dump(), "primary": episode.spec.primary.model_dump(),
+                       "final_status": episode.final_status})
 
 
 class AirHarnessConfig(vf.HarnessConfig):

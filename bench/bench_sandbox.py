@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from air.sandbox.container import SandboxSpec
+from air.sandbox.container import SandboxSpec, container_kwargs
 from air.sandbox.labels import list_air_containers
 from air.sandbox.pool import PoolConfig, SandboxPool
 
@@ -92,15 +92,22 @@ async def main(runs: int) -> dict:
             check = await sb.session.run("du -sb . | cut -f1; ls | wc -l; ls data | wc -l; md5sum data/f1.bin")
             restored = check.stdout.split()
 
-        def fresh_container() -> None:
+        def fresh_plain() -> None:  # what a per-rollout harness does at least: create, start, remove
             c = client.containers.run(IMAGE, ["sleep", "infinity"], detach=True, network_mode="none", init=True,
                                       labels={"air.run": "bench-fresh"})
-            c.remove(force=True)
+            c.remove(force=True, v=True)
 
-        fresh_ms = await timed(lambda: asyncio.to_thread(fresh_container), max(runs // 2, 10))
+        def fresh_sandbox() -> None:  # the same with air's own container settings (volumes, tmpfs, limits)
+            c = client.containers.run(**container_kwargs(spec, run="bench-fresh", role="bench", gpu_ids=()))
+            c.remove(force=True, v=True)
+
+        fresh_ms = await timed(lambda: asyncio.to_thread(fresh_plain), max(runs // 2, 10))
+        fresh_air_ms = await timed(lambda: asyncio.to_thread(fresh_sandbox), max(runs // 2, 10))
         results["reset"] = {
             "reset_20mb_p50_ms": statistics.median(reset_ms), "fresh_container_p50_ms": statistics.median(fresh_ms),
+            "fresh_air_container_p50_ms": statistics.median(fresh_air_ms),
             "ratio": statistics.median(fresh_ms) / statistics.median(reset_ms),
+            "ratio_vs_fresh_air_container": statistics.median(fresh_air_ms) / statistics.median(reset_ms),
             "full_reset_20mb_p50_ms": statistics.median(full_ms),
             "full_ratio": statistics.median(fresh_ms) / statistics.median(full_ms),
             "workspace_after_reset": {"bytes": int(restored[0]), "entries": int(restored[1]),
@@ -150,7 +157,8 @@ def report(r: dict) -> None:
     print(f"command round trip  session {rt['session_p50_ms']:.2f} ms | docker exec {rt['docker_exec_cli_p50_ms']:.1f} ms"
           f" ({rt['ratio_vs_cli']:.0f}x) | SDK exec_run {rt['sdk_exec_run_p50_ms']:.1f} ms ({rt['ratio_vs_sdk']:.0f}x)")
     print(f"reset 20 MB         reset {rs['reset_20mb_p50_ms']:.1f} ms | fresh container {rs['fresh_container_p50_ms']:.0f} ms"
-          f" ({rs['ratio']:.1f}x)  restored {rs['workspace_after_reset']}")
+          f" ({rs['ratio']:.1f}x) | fresh container with air's settings {rs['fresh_air_container_p50_ms']:.0f} ms "
+          f"({rs['ratio_vs_fresh_air_container']:.1f}x)  restored {rs['workspace_after_reset']}")
     print(f"full reset 20 MB    {rs['full_reset_20mb_p50_ms']:.1f} ms ({rs['full_ratio']:.1f}x vs fresh container)")
     print(f"lease (warm)        p50 {le['p50_ms']:.2f} ms, p90 {le['p90_ms']:.2f} ms")
     print(f"32 concurrent       {c['cycles']} cycles in {c['seconds']:.1f} s = {c['cycles_per_s']:.1f}/s, "

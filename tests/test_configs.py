@@ -248,6 +248,19 @@ def test_a_whole_episode_fits_in_seq_len(path, label, env, max_tokens, seq_len):
         assert config.agent.max_total_tokens + per_turn <= seq_len
 
 
+@pytest.mark.parametrize(("path", "label", "env"), ENV_CASES,
+                         ids=[f"{_rel(p)}:{lab}" for p, lab, _ in ENV_CASES])
+def test_the_episode_deadline_is_only_a_backstop(path, label, env):
+    """verifiers drops the whole trace when `env.timeout.episode` expires, so it must outlast air's own limit:
+    max_seconds is checked between turns, and the last command may still run a full training timeout."""
+    config = vf.resolve_env_config(copy.deepcopy(env))
+    ts = config.taskset
+    longest_command = max(min(load_task(ref, ts.mlgym_root).timeouts.training, ts.command_timeout or math.inf)
+                          for ref in ts.tasks)
+    assert config.timeout.episode is not None
+    assert config.timeout.episode >= ts.max_seconds + longest_command, f"{_rel(path)} {label}"
+
+
 @pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)
 def test_inference_context_covers_seq_len(path):
     data = _load(path)

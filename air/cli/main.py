@@ -320,6 +320,9 @@ def exit_code(exc: AirError) -> int:
 def main() -> None:
     # Commands defined in other modules register themselves on the shared app when imported.
     import air.cli.research  # noqa: F401
+    from air.cli.export import export_app
+
+    app.add_typer(export_app, name="export")
 
     try:
         app()

@@ -69,6 +69,7 @@ class Episode:
         self.env_seconds = 0.0  # time spent acting (commands, evaluations): the env's share of a rollout
         self.step_scores: list[float | None] = []  # primary score per step, None where none was computed
         self.step_evaluated: list[bool] = []  # whether each step ran an evaluation (validate, submit, final)
+        self.final_status: str | None = None  # outcome of the evaluation that ended the episode, if one did
         self.done = False
         self.ended_by: EndReason | None = None
         self.started = time.monotonic()
@@ -111,6 +112,7 @@ class Episode:
             observation = validation_text(self.spec, outcome)
             if isinstance(action, Submit):
                 self._end("submitted")
+                self.final_status = outcome.status
         if not self.done:
             limit = self._limit_reached()
             if limit is not None:
@@ -193,6 +195,7 @@ class Episode:
         """MLGym's autosubmission: the episode ended on a limit, so score what is there."""
         self._end(reason)
         outcome = await self.task_env.evaluate(self.sandbox)
+        self.final_status = outcome.status
         reward = self._score(outcome)
         text = f"Episode over ({reason.replace('_', ' ')} reached); your current submission was evaluated:\n" \
                f"{validation_text(self.spec, outcome)}"
@@ -214,6 +217,7 @@ class Episode:
                 "best_score": self.tracker.best_score, "last_score": self.tracker.last_score,
                 "baseline": self.spec.baseline_score, "validations": self.validations,
                 "failed_validations": self.failed_validations, "format_errors": self.format_errors,
+                "final_status": self.final_status,
                 "seconds": round(time.monotonic() - self.started, 3), "env_seconds": round(self.env_seconds, 4)}
 
     def _write(self, record: dict[str, Any]) -> None:

@@ -246,15 +246,17 @@ def _trace_episodes(source: str, record: dict[str, Any]) -> Iterator[_Episode]:
             source=where, messages=_trace_messages(trace.get("nodes")), task=_str(info.get("task")),
             ended_by=_str(info.get("ended_by")),
             improvement=_number(improvement.get("score")) if isinstance(improvement, dict) else None)
-        # The trace does not record the final evaluation's status. A failed one pays a negative step reward
-        # (the failed-validation penalty), so: a score exists, and either no validation failed or the last
-        # step reward is not negative. This errs towards dropping (a scored but worse final submission after
-        # an earlier failed validation is dropped too).
-        step_rewards = info.get("step_rewards") if isinstance(info.get("step_rewards"), list) else []
-        failed = _number(metrics.get("failed_validations")) or 0.0
-        last_reward = _number(step_rewards[-1]) if step_rewards else None
-        episode.final_ok = _number(metrics.get("last_score")) is not None and (
-            failed == 0 or (last_reward is not None and last_reward >= 0))
+        if "final_status" in info:  # recorded by air since it records the final evaluation's outcome
+            episode.final_ok = info["final_status"] == "ok"
+        else:
+            # Older traces lack it. A failed final evaluation pays a negative step reward (the penalty), so: a
+            # score exists, and either no validation failed or the last step reward is not negative. This errs
+            # towards dropping (a scored but worse final submission after a failed validation is dropped too).
+            step_rewards = info.get("step_rewards") if isinstance(info.get("step_rewards"), list) else []
+            failed = _number(metrics.get("failed_validations")) or 0.0
+            last_reward = _number(step_rewards[-1]) if step_rewards else None
+            episode.final_ok = _number(metrics.get("last_score")) is not None and (
+                failed == 0 or (last_reward is not None and last_reward >= 0))
         if trace.get("ok") is False or record.get("ok") is False:
             episode.problem = "errored"
         elif episode.messages is None or "ended_by" not in info:

@@ -66,6 +66,9 @@ class SandboxSpec(BaseModel):
     """Root filesystem read-only; the agent's home, /srv/air (air's own files) and the temp dirs stay writable."""
     tmp_mb: int = Field(1024, ge=16)
     """Size of each in-memory temp dir (/tmp, /var/tmp); it counts against the memory limit."""
+    workspace_mb: int | None = Field(None, ge=16)
+    """A hard quota on the agent's home: then it lives in memory (tmpfs, counted against the memory limit).
+    None: an unbounded disk-backed volume (Docker's local volumes have no quota)."""
 
     @property
     def key(self) -> str:
@@ -117,7 +120,10 @@ class Sandbox:
             if isinstance(exc.__cause__, docker.errors.ImageNotFound):
                 raise ImageError(f"image {spec.image} is not built; run `air images build`") from exc
             raise
-        return cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""))
+        sandbox = cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""))
+        if spec.read_only_root and spec.workspace_mb:  # a fresh tmpfs home is empty: give it its workspace
+            await sandbox.sh(f"mkdir -p {WORKSPACE} && chown -R 1000:1000 {AGENT_HOME}")
+        return sandbox
 
     async def remove(self) -> None:
         """Force-remove the container; idempotent."""
@@ -298,10 +304,12 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
     if spec.read_only_root:
         kwargs["read_only"] = True
         # Anonymous volumes (removed with the container): disk-backed, so a checkpoint does not eat memory.
-        kwargs["mounts"] = [docker.types.Mount(target=path, source=None, type="volume")
-                            for path in (AGENT_HOME, AIR_DIR)]
+        volumes = (AIR_DIR,) if spec.workspace_mb else (AGENT_HOME, AIR_DIR)
+        kwargs["mounts"] = [docker.types.Mount(target=path, source=None, type="volume") for path in volumes]
         tmp = f"rw,nosuid,nodev,size={spec.tmp_mb}m,mode=1777"
         kwargs["tmpfs"] = {"/tmp": tmp, "/var/tmp": tmp}
+        if spec.workspace_mb:
+            kwargs["tmpfs"][AGENT_HOME] = f"rw,nosuid,nodev,size={spec.workspace_mb}m,uid=1000,gid=1000,mode=755"
     if gpu_ids:
         kwargs["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=list(gpu_ids),
                                                                 capabilities=[["gpu"]])]

@@ -35,8 +35,9 @@ from air.tasks.staging import AGENT_UID, add_entries
 # Under /srv/air: the only root-writable place of a sandbox whose root filesystem is read-only.
 EVAL, SUBMISSION, OUTPUT = f"{AIR_DIR}/eval", f"{AIR_DIR}/submission", f"{AIR_DIR}/output"
 METRICS_FILE = f"{OUTPUT}/metrics.json"
-# Exit codes of air_eval_kit.run_evaluation: 1 = the submission is bad, 2 = the evaluation itself broke.
-_KIT_BAD_SUBMISSION, _KIT_INTERNAL = 1, 2
+# Exit code of air_eval_kit for a bad submission. Any other failure (2 = the kit's internal error, 1 = an
+# uncaught Python exception, a signal) means the evaluation itself broke: the task's fault, never a score.
+_KIT_BAD_SUBMISSION = 3
 
 Status = Literal["ok", "no_submission", "invalid_submission", "evaluation_error", "timeout", "malformed_metrics"]
 
@@ -216,12 +217,10 @@ async def _run_air(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalOut
     if result.timed_out:
         return EvalOutcome(status="timeout", message=f"The evaluation did not finish within "
                                                      f"{spec.evaluation.timeout:g} seconds.")
-    if result.exit_code == _KIT_INTERNAL:
-        raise TaskError(f"task {spec.id}: the evaluation itself failed: {tail}")
     if result.exit_code == _KIT_BAD_SUBMISSION:
         return EvalOutcome(status="invalid_submission", message=tail)
     if result.exit_code != 0:
-        return EvalOutcome(status="evaluation_error", message=f"exit code {result.exit_code}: {tail}")
+        raise TaskError(f"task {spec.id}: the evaluation itself failed (exit code {result.exit_code}): {tail}")
     try:
         raw = (await scorer.read_file(METRICS_FILE, max_bytes=1 << 20)).decode()
     except FileNotFoundError:

@@ -1,6 +1,6 @@
 """air_eval_kit: helpers shared by the evaluate.py scripts of the bundled air tasks.
 
-The harness copies this file next to a task's evaluate.py (as /eval/air_eval_kit.py), so it
+The harness copies this file next to a task's evaluate.py (as /srv/air/eval/air_eval_kit.py), so it
 must stay a single self-contained module that depends on the standard library only.
 
 What it offers
@@ -8,7 +8,7 @@ What it offers
 * ``paths(task_dir)``              -> Paths(submission, secret, data, metrics_file) read from the
                                       AIR_* environment variables, with host-friendly defaults.
 * ``run_evaluation(fn, task_dir)`` -> run ``fn(paths) -> dict`` and write the metrics file; turn a
-                                      SubmissionError into a one-paragraph stderr message + exit 1.
+                                      SubmissionError into a one-paragraph stderr message + exit 3.
 * ``UntrustedModule``              -> import and call code from the submission in a separate,
                                       unprivileged subprocess (uid/gid 1000 when we are root) over a
                                       JSON-lines protocol, with per-call and total timeouts and batching.
@@ -125,7 +125,13 @@ def write_metrics(metrics: dict, path: str) -> dict:
     return clean
 
 
-def fail(reason: str, code: int = 1) -> None:
+# Exit codes read by the harness. A bad submission gets its own code: Python exits 1 on any uncaught exception,
+# so 1 would make a crashing evaluation look like the agent's fault.
+EXIT_BAD_SUBMISSION = 3
+EXIT_INTERNAL = 2
+
+
+def fail(reason: str, code: int = EXIT_BAD_SUBMISSION) -> None:
     """Print a one-paragraph reason to stderr and exit with ``code``."""
     sys.stderr.write(reason.rstrip() + "\n")
     sys.stderr.flush()
@@ -135,7 +141,7 @@ def fail(reason: str, code: int = 1) -> None:
 def run_evaluation(evaluate: Callable[[Paths], dict], task_dir: str | None = None) -> None:
     """Entry point helper for evaluate.py: ``run_evaluation(lambda p: {...})``.
 
-    Writes the metrics file and exits 0 on success; exits 1 with the message on SubmissionError;
+    Writes the metrics file and exits 0 on success; exits 3 with the message on SubmissionError;
     exits 2 on any other exception (printing only its type and message, never a traceback, so that
     code from the secret directory is not echoed).
     """
@@ -146,14 +152,14 @@ def run_evaluation(evaluate: Callable[[Paths], dict], task_dir: str | None = Non
             raise KitError("evaluate() must return a non-empty dict of metrics")
         metrics = write_metrics(metrics, p.metrics_file)
     except SubmissionError as exc:
-        fail(f"Invalid submission: {exc}", 1)
+        fail(f"Invalid submission: {exc}", EXIT_BAD_SUBMISSION)
     except KeyboardInterrupt:
-        fail("Evaluation interrupted.", 2)
+        fail("Evaluation interrupted.", EXIT_INTERNAL)
     except Exception as exc:  # noqa: BLE001
         msg = str(exc)
         if len(msg) > 500:
             msg = msg[:500] + "..."
-        fail(f"Internal evaluation error ({type(exc).__name__}): {msg}", 2)
+        fail(f"Internal evaluation error ({type(exc).__name__}): {msg}", EXIT_INTERNAL)
     print(json.dumps(metrics))
 
 

@@ -59,21 +59,21 @@ def row_strategy(history):
 
 GAME_CASES = [
     # (name, files or callable, expected exit, keyword)
-    ("missing file", {"other.py": "x = 1\n"}, 1, "no strategy.py"),
+    ("missing file", {"other.py": "x = 1\n"}, 3, "no strategy.py"),
     ("symlink to secret", "SYMLINK:strategy.py->secret", 1, "symbolic links"),
-    ("bad return value", {"strategy.py": "def row_strategy(h):\n    return 'x'\n"}, 1, "must return"),
-    ("exception", {"strategy.py": "def row_strategy(h):\n    raise ValueError('boom42')\n"}, 1, "boom42"),
-    ("no function", {"strategy.py": "def other(h):\n    return 0\n"}, 1, "row_strategy"),
-    ("syntax error", {"strategy.py": "def row_strategy(h)\n    return 0\n"}, 1, "SyntaxError"),
-    ("process exits", {"strategy.py": "import os\ndef row_strategy(h):\n    os._exit(0)\n"}, 1, "died"),
-    ("huge reply", {"strategy.py": "calls = []\ndef row_strategy(h):\n    calls.append(1)\n    return 'x' * (70 * 2**20) if len(calls) == 1 else 0\n"}, 1, "larger than"),
-    ("non-JSON reply", {"strategy.py": "def row_strategy(h):\n    return object()\n"}, 1, "serialis"),
-    ("NaN", {"strategy.py": "def row_strategy(h):\n    return float('nan')\n"}, 1, "must return"),
+    ("bad return value", {"strategy.py": "def row_strategy(h):\n    return 'x'\n"}, 3, "must return"),
+    ("exception", {"strategy.py": "def row_strategy(h):\n    raise ValueError('boom42')\n"}, 3, "boom42"),
+    ("no function", {"strategy.py": "def other(h):\n    return 0\n"}, 3, "row_strategy"),
+    ("syntax error", {"strategy.py": "def row_strategy(h)\n    return 0\n"}, 3, "SyntaxError"),
+    ("process exits", {"strategy.py": "import os\ndef row_strategy(h):\n    os._exit(0)\n"}, 3, "died"),
+    ("huge reply", {"strategy.py": "calls = []\ndef row_strategy(h):\n    calls.append(1)\n    return 'x' * (70 * 2**20) if len(calls) == 1 else 0\n"}, 3, "larger than"),
+    ("non-JSON reply", {"strategy.py": "def row_strategy(h):\n    return object()\n"}, 3, "serialis"),
+    ("NaN", {"strategy.py": "def row_strategy(h):\n    return float('nan')\n"}, 3, "must return"),
     ("noisy but valid, cannot read secrets", game_ok_noisy, 0, ""),
 ]
 SLOW_GAME_CASES = [
-    ("infinite loop in call", {"strategy.py": "def row_strategy(h):\n    while True:\n        pass\n"}, 1, "did not finish"),
-    ("infinite loop at import", {"strategy.py": "while True:\n    pass\n"}, 1, "did not finish"),
+    ("infinite loop in call", {"strategy.py": "def row_strategy(h):\n    while True:\n        pass\n"}, 3, "did not finish"),
+    ("infinite loop at import", {"strategy.py": "while True:\n    pass\n"}, 3, "did not finish"),
 ]
 
 CSV_CASES = {
@@ -81,10 +81,10 @@ CSV_CASES = {
         ("symlink to labels", "SYMLINK:submission.csv->secret/test_labels.csv", 1, "symbolic link"),
         ("huge file", "HUGE:submission.csv", 1, "limit"),
         ("directory", "DIR:submission.csv", 1, "regular file"),
-        ("wrong columns", {"submission.csv": "id,pred\n1,0\n"}, 1, "columns"),
-        ("missing rows", {"submission.csv": "id,label\n100000,1\n"}, 1, "missing"),
-        ("binary junk", {"submission.csv": b"\x00\xff\xfe" * 1000}, 1, "submission.csv"),
-        ("empty", {"submission.csv": ""}, 1, "empty"),
+        ("wrong columns", {"submission.csv": "id,pred\n1,0\n"}, 3, "columns"),
+        ("missing rows", {"submission.csv": "id,label\n100000,1\n"}, 3, "missing"),
+        ("binary junk", {"submission.csv": b"\x00\xff\xfe" * 1000}, 3, "submission.csv"),
+        ("empty", {"submission.csv": ""}, 3, "empty"),
         ("NaN label", "COPYTEST:id:label:nan", 1, "NaN"),
         ("label 2", "COPYTEST:id:label:2", 1, "0 or 1"),
         ("valid", "COPYTEST:id:label:1", 0, ""),
@@ -104,19 +104,19 @@ CSV_CASES = {
 }
 
 POLICY_CASES = [
-    ("string action", {"policy/__init__.py": "def act(o):\n    return 'left'\n"}, 1, "must return"),
-    ("missing weights", {"policy/__init__.py": "open('nope.json')\ndef act(o):\n    return 0\n"}, 1, "FileNotFoundError"),
+    ("string action", {"policy/__init__.py": "def act(o):\n    return 'left'\n"}, 3, "must return"),
+    ("missing weights", {"policy/__init__.py": "open('nope.json')\ndef act(o):\n    return 0\n"}, 3, "FileNotFoundError"),
     ("policy is a symlink dir", "SYMLINKDIR:policy->/tmp", 1, "no policy.py"),
     ("valid, cannot read secrets", {"policy/__init__.py": PROBE_SECRET + "def act(o):\n    if _leak():\n        raise RuntimeError('SECRET WAS READABLE')\n    return int(o[2] + o[3] > 0)\n"}, 0, ""),
 ]
 
 LM_CASES = [
-    ("wrong shape", {"model/__init__.py": "def predict(c):\n    return [[1.0]] * len(c)\n"}, 1, "shape"),
-    ("not normalised", {"model/__init__.py": "def predict(c):\n    return [[0.5] * 42 for _ in c]\n"}, 1, "sum to 1"),
-    ("negative", {"model/__init__.py": "def predict(c):\n    return [[-1.0] + [2.0 / 41] * 41 for _ in c]\n"}, 1, "negative"),
-    ("exfiltration via error", {"model/__init__.py": "def predict(c):\n    if any(len(x) > 3 for x in c):\n        raise ValueError('LEAK:' + '|'.join(c))\n    return [[1 / 42] * 42 for _ in c]\n"}, 1, "ValueError"),
-    ("exfiltration via custom exception name", {"model/__init__.py": "def predict(c):\n    if any(len(x) > 3 for x in c):\n        raise type('Leak_' + ''.join(ch for ch in c[0] if ch.isalpha()), (Exception,), {})()\n    return [[1 / 42] * 42 for _ in c]\n"}, 1, "an exception"),
-    ("exfiltration via stderr + crash", {"model/__init__.py": "import sys, os\ndef predict(c):\n    if any(len(x) > 3 for x in c):\n        sys.stderr.write('LEAK:' + '|'.join(c)); sys.stderr.flush(); os._exit(1)\n    return [[1 / 42] * 42 for _ in c]\n"}, 1, "died"),
+    ("wrong shape", {"model/__init__.py": "def predict(c):\n    return [[1.0]] * len(c)\n"}, 3, "shape"),
+    ("not normalised", {"model/__init__.py": "def predict(c):\n    return [[0.5] * 42 for _ in c]\n"}, 3, "sum to 1"),
+    ("negative", {"model/__init__.py": "def predict(c):\n    return [[-1.0] + [2.0 / 41] * 41 for _ in c]\n"}, 3, "negative"),
+    ("exfiltration via error", {"model/__init__.py": "def predict(c):\n    if any(len(x) > 3 for x in c):\n        raise ValueError('LEAK:' + '|'.join(c))\n    return [[1 / 42] * 42 for _ in c]\n"}, 3, "ValueError"),
+    ("exfiltration via custom exception name", {"model/__init__.py": "def predict(c):\n    if any(len(x) > 3 for x in c):\n        raise type('Leak_' + ''.join(ch for ch in c[0] if ch.isalpha()), (Exception,), {})()\n    return [[1 / 42] * 42 for _ in c]\n"}, 3, "an exception"),
+    ("exfiltration via stderr + crash", {"model/__init__.py": "import sys, os\ndef predict(c):\n    if any(len(x) > 3 for x in c):\n        sys.stderr.write('LEAK:' + '|'.join(c)); sys.stderr.flush(); os._exit(1)\n    return [[1 / 42] * 42 for _ in c]\n"}, 3, "died"),
     ("uniform is valid", {"model/__init__.py": "def predict(c):\n    return [[1 / 42] * 42 for _ in c]\n"}, 0, ""),
 ]
 

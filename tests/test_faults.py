@@ -1,0 +1,96 @@
+"""Faults injected on purpose: a SIGKILLed air process, a full workspace disk, a crashing evaluation, and
+malformed model replies in bulk. Each ends in a clear outcome; nothing is scored that should not be."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from air.errors import TaskError
+from air.sandbox.container import Resources, SandboxSpec
+
+pytestmark = pytest.mark.docker
+
+
+def test_sigkilled_air_process_leaves_containers_that_clean_removes(images, docker_client, tmp_path):
+    env = {**os.environ, "AIR_RUN_ID": f"sigkill-{os.getpid()}"}
+    proc = subprocess.Popen([sys.executable, "-m", "air.cli.main", "eval", "prisoners-dilemma", "tabular-classification",
+                             "-n", "2", "-c", "4", "--out", str(tmp_path / "run")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    label = {"label": f"air.run={env['AIR_RUN_ID']}"}
+    deadline = time.monotonic() + 120
+    while not docker_client.containers.list(filters=label):
+        assert proc.poll() is None and time.monotonic() < deadline, "the eval never started a container"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    assert docker_client.containers.list(all=True, filters=label), "SIGKILL should leave containers behind"
+    clean = subprocess.run([sys.executable, "-m", "air.cli.main", "containers", "clean"], capture_output=True,
+                           text=True, timeout=120)
+    assert clean.returncode == 0, clean.stderr
+    assert docker_client.containers.list(all=True, filters=label) == []
+
+
+async def test_a_full_workspace_is_the_agents_problem_and_reset_recovers(pool):
+    spec = SandboxSpec(image="air/base:latest", task="fulldisk", workspace_mb=32, tmp_mb=16,
+                       resources=Resources(memory_mb=512))
+    async with pool.lease(spec) as sb:
+        r = await sb.session.run("head -c 100000000 /dev/zero > ~/workspace/fill; echo rc=$?; df -m ~ | tail -1",
+                                 merge_stderr=True)
+        assert "No space left on device" in r.stdout and "rc=1" in r.stdout
+        r = await sb.session.run("head -c 100000000 /dev/zero > /tmp/fill; echo rc=$?", merge_stderr=True)
+        assert "No space left on device" in r.stdout
+        first = sb
+    await pool.wait_idle()
+    async with pool.lease(spec) as sb:
+        assert sb is first
+        r = await sb.session.run("ls -A ~/workspace /tmp; echo free > ~/workspace/ok && cat ~/workspace/ok")
+        assert r.stdout.split() == ["/home/agent/workspace:", "/tmp:", "free"]
+
+
+async def test_a_crashing_evaluation_is_a_task_error_not_a_score(pool, tmp_path, monkeypatch):
+    import shutil
+
+    from air import paths
+    from air.tasks.environment import TaskEnvironment
+    from air.tasks.registry import load_task
+
+    root = tmp_path / "tasks"
+    shutil.copytree(paths.tasks_dir(), root)
+    evaluate = root / "prisoners-dilemma" / "evaluate.py"
+    evaluate.write_text("raise RuntimeError('the evaluation itself is broken')\n")
+    monkeypatch.setenv("AIR_TASKS_DIR", str(root))
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sb:
+        with pytest.raises(TaskError, match="evaluation"):
+            await env.evaluate(sb)
+
+
+async def test_malformed_replies_in_bulk_are_format_errors(pool):
+    import random
+
+    from air.episode.config import EpisodeConfig
+    from air.episode.loop import Episode
+    from air.tasks.environment import TaskEnvironment
+    from air.tasks.registry import load_task
+
+    rng = random.Random(0)
+    replies = ["", "   \n\n", "```", "````bash\nls\n```", "no block at all", "x" * (1 << 20),
+               "```bash\nls\n```\n```bash\npwd\n```", bytes(rng.randrange(256) for _ in range(5000)).decode(
+                   "utf-8", errors="replace"), "<think>" + "a" * 100000, "`" * (1 << 20)]
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sb:
+        episode = Episode(env, sb, EpisodeConfig(max_format_errors=len(replies), max_turns=len(replies) + 5))
+        for i, reply in enumerate(replies):
+            step = await episode.step(reply)
+            assert step.info["action"] == "format_error", (i, reply[:40])
+            assert step.reward == 0.0 or step.done
+        assert episode.done and episode.ended_by == "format_errors"
+        assert episode.format_errors == len(replies)
+        summary = episode.summary()
+        assert summary["last_score"] == pytest.approx(2.61222), "the limit triggers a final evaluation"

@@ -1,0 +1,262 @@
+"""air's SandboxFusion-compatible service, driven by SandboxFusion's official client (`sandbox-fusion` on PyPI)
+against `air serve sandbox-fusion` started as a subprocess on a free loopback port."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+import pytest
+from sandbox_fusion import RunCodeRequest, run_code, run_concurrent
+
+from air.sandbox.labels import list_air_containers, make_labels
+
+pytestmark = pytest.mark.docker
+
+POOL_SIZE = 3
+CONCURRENCY = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_argv() -> list[str]:
+    """`air serve sandbox-fusion` once the `serve` group is registered on `air`; the same app run as a module
+    before that."""
+    probe = subprocess.run(["air", "serve", "sandbox-fusion", "--help"], capture_output=True, text=True)
+    if probe.returncode == 0:
+        return ["air", "serve", "sandbox-fusion"]
+    return [sys.executable, "-m", "air.cli.serve", "sandbox-fusion"]
+
+
+class Server:
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(f"/tmp/air-sf-test-{run_id}.log", "w+")
+        argv = [*_serve_argv(), "--port", str(self.port), "--concurrency", str(CONCURRENCY),
+                "--pool-size", str(POOL_SIZE), "--memory-mb", "512", "--log-level", "info"]
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "AIR_RUN_ID": run_id})
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the server exited with {self.proc.returncode}: {self.output()}")
+            try:
+                if httpx.get(f"{self.url}/v1/ping", timeout=2).json() == "pong":
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        pytest.fail(f"the server did not answer /v1/ping within {timeout}s: {self.output()}")
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-3000:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(images):
+    srv = Server(f"test-sf-{uuid.uuid4().hex[:8]}")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+        srv.log.close()
+
+
+def run(server, code: str, language: str = "python", **fields):
+    """One request through the official client, with its retries off: a failure must surface, not repeat."""
+    return run_code(RunCodeRequest(code=code, language=language, **fields), endpoint=server.url, max_attempts=1)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+# ----- what SandboxFusion users rely on ---------------------------------------------------------------------------
+def test_success(server):
+    response = run(server, "print('hello from air')")
+    assert response.status == "Success" and response.message == ""
+    assert response.compile_result is None
+    result = response.run_result
+    assert (result.status, result.return_code, result.stdout, result.stderr) == \
+        ("Finished", 0, "hello from air\n", "")
+    assert 0 < result.execution_time < 10
+    assert response.executor_pod_name.startswith("air-")
+
+
+def test_bash_and_the_agent_user(server):
+    response = run(server, "echo \"$(id -un) $(id -u)\"; pwd", language="bash")
+    assert response.status == "Success"
+    user, cwd = response.run_result.stdout.splitlines()
+    assert user == "agent 1000" and cwd.startswith("/home/agent/sf/")
+
+
+def test_nonzero_exit_is_failed_not_sandbox_error(server):
+    response = run(server, "import sys\nprint('partial')\nsys.exit(3)")
+    assert response.status == "Failed"
+    assert (response.run_result.status, response.run_result.return_code) == ("Finished", 3)
+    assert response.run_result.stdout == "partial\n"
+    response = run(server, "raise ValueError('boom')")
+    assert response.status == "Failed" and "ValueError: boom" in response.run_result.stderr
+
+
+def test_timeout_kills_the_program_and_its_children(server):
+    started = time.monotonic()
+    response = run(server, "import subprocess, time\nsubprocess.Popen(['sleep', '300'])\nprint('started', "
+                           "flush=True)\ntime.sleep(300)", run_timeout=1)
+    assert time.monotonic() - started < 15
+    assert response.status == "Failed"
+    result = response.run_result
+    assert (result.status, result.return_code) == ("TimeLimitExceeded", None)
+    assert result.stdout == "started\n" and result.stderr == ""  # no shell chatter ("Killed") in stderr
+    assert 1 <= result.execution_time < 10
+
+
+def test_compiled_language_compile_error_or_a_clear_not_available(server, docker_client):
+    # Labelled as this process's: a container of an air image inherits the image's `air.run` label, and without
+    # an owner a pool starting elsewhere would sweep it as a dead run's.
+    has_gpp = docker_client.containers.run("air/cpu:latest", ["sh", "-c", "command -v g++ || true"],
+                                           remove=True, network_mode="none",
+                                           labels=make_labels("probe", run=server.run_id)).strip()
+    response = run(server, "int main( { return 0; }", language="cpp")
+    assert response.status == "Failed"
+    if has_gpp:
+        assert response.compile_result.status == "Finished" and response.compile_result.return_code != 0
+        assert response.run_result is None and "error" in response.compile_result.stderr
+    else:
+        assert response.compile_result is None and response.run_result is None
+        assert "language 'cpp' is not available" in response.message and "g++" in response.message
+        assert "python" in response.message  # says what is available instead
+    response = run(server, "print 'x'", language="junit")
+    assert response.status == "Failed" and "does not run this language" in response.message
+
+
+def test_a_megabyte_of_output_comes_back_whole_and_more_is_cut_with_a_note(server):
+    started = time.monotonic()
+    response = run(server, "import sys\nsys.stdout.write('x' * 1_000_000)\nsys.stderr.write('e' * 1_000_000)")
+    assert response.status == "Success"
+    assert response.run_result.stdout == "x" * 1_000_000 and response.run_result.stderr == "e" * 1_000_000
+    response = run(server, "import sys\nfor _ in range(50): sys.stdout.write('y' * 100_000)\nprint('END')")
+    assert time.monotonic() - started < 30, "large output must not stall"
+    out = response.run_result.stdout
+    assert response.status == "Success" and len(out) < 1_100_000
+    assert f"[... {5_000_004 - (1 << 20)} bytes of output dropped ...]" in out and out.endswith("END\n")
+
+
+def test_files_in_and_out(server):
+    blob = bytes(range(256)) * 5000  # 1.28 MB: goes in by tar copy rather than through the shell
+    code = ("import os, shutil\n"
+            "os.makedirs('out/deep', exist_ok=True)\n"
+            "text = open('data/in.txt').read()\n"
+            "open('out/deep/result.txt', 'w').write(text.upper() + str(len(open('blob.bin', 'rb').read())))\n"
+            "shutil.copy('blob.bin', 'copy.bin')\n"
+            "os.symlink('/etc/passwd', 'leak')\nos.symlink('/etc', 'etc')\n")
+    response = run(server, code, files={"data/in.txt": b64(b"hello files"), "blob.bin": b64(blob)},
+                   fetch_files=["out/deep/result.txt", "copy.bin", "missing.txt", "leak", "etc/passwd"])
+    assert response.status == "Success", response
+    assert base64.b64decode(response.files["out/deep/result.txt"]) == b"HELLO FILES1280000"
+    assert base64.b64decode(response.files["copy.bin"]) == blob
+    assert set(response.files) == {"out/deep/result.txt", "copy.bin"}, "symlinks are never followed"
+    assert "'leak' left out: a symlink" in response.message and "'missing.txt' left out: not found" in response.message
+
+    response = run(server, "print(1)", files={"../escape.txt": b64(b"x")})
+    assert response.status == "Failed" and "stay inside the working directory" in response.message
+
+
+def test_stdin(server):
+    response = run(server, "import sys\nnums = [int(x) for x in sys.stdin.read().split()]\nprint(sum(nums))",
+                   stdin="3\n4\n35\n")
+    assert response.status == "Success" and response.run_result.stdout == "42\n"
+    response = run(server, "read a; read b; echo $((a * b))", language="bash", stdin="6\n7\n")
+    assert response.run_result.stdout == "42\n"
+    response = run(server, "import sys\nprint(repr(sys.stdin.read()))")  # no stdin: empty, never blocks
+    assert response.run_result.stdout == "''\n"
+
+
+def test_64_requests_in_parallel_all_succeed(server):
+    requests = [RunCodeRequest(code=f"print({i} * {i})", language="python") for i in range(64)]
+    started = time.monotonic()
+    responses = run_concurrent(run_code, kwargs=[{"request": r, "endpoint": server.url, "max_attempts": 1}
+                                                 for r in requests], concurrency=64)
+    elapsed = time.monotonic() - started
+    assert [r.status for r in responses] == ["Success"] * 64
+    assert [r.run_result.stdout for r in responses] == [f"{i * i}\n" for i in range(64)]
+    assert elapsed < 60
+
+
+def test_the_network_is_unreachable(server):
+    # A UDP connect sends no packet; it only asks for a route, and a sandbox has none (only `lo`).
+    code = ("import os, socket\nprint(sorted(os.listdir('/sys/class/net')))\n"
+            "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.connect(('192.0.2.1', 9))\nprint('connected')")
+    response = run(server, code)
+    assert response.status == "Failed"
+    assert response.run_result.stdout == "['lo']\n"
+    assert "Network is unreachable" in response.run_result.stderr
+
+
+def test_writes_outside_the_directory_never_reach_a_later_request(server):
+    script = r"""found=
+for f in /tmp/leak /var/tmp/leak /dev/shm/leak ~/leak ~/workspace/leak ~/sf/leak; do
+  [ -e "$f" ] && found="$found $f"
+done
+for p in /proc/[0-9]*/cmdline; do tr '\0' ' ' < "$p" 2>/dev/null; echo; done | grep -q '[s]leep 987' \
+  && found="$found process"
+for f in /tmp/leak /var/tmp/leak /dev/shm/leak ~/leak ~/workspace/leak ~/sf/leak; do echo x > "$f"; done 2>/dev/null
+(setsid nohup sleep 987 >/dev/null 2>&1 &)
+(echo x > /etc/leak) 2>/dev/null && echo "etc: written" || echo "etc: denied"
+(echo x > /opt/venv/leak) 2>/dev/null && echo "venv: written" || echo "venv: denied"
+echo "found:$found"
+"""
+    pods = []
+    for _ in range(POOL_SIZE + 2):  # more requests than sandboxes: some sandbox serves two
+        response = run(server, script, language="bash")
+        assert response.status == "Success", response
+        assert response.run_result.stdout.splitlines() == ["etc: denied", "venv: denied", "found:"], \
+            response.run_result.stdout
+        pods.append(response.executor_pod_name)
+    assert len(set(pods)) < len(pods), f"no sandbox was reused: {pods}"
+
+
+def test_bad_requests_are_rejected_by_the_schema(server):
+    r = httpx.post(f"{server.url}/run_code", json={"code": "print(1)", "language": "cobol"}, timeout=30)
+    assert r.status_code == 422
+    r = httpx.post(f"{server.url}/run_code", json={"code": "print(1)", "language": "python",
+                                                   "memory_limit_MB": 64, "some_future_field": 1}, timeout=30)
+    assert r.status_code == 200 and r.json()["status"] == "Success"  # unknown fields are ignored, as upstream
+    r = httpx.post(f"{server.url}/run_code", json={"code": "x = bytearray(256 << 20)", "language": "python",
+                                                   "memory_limit_MB": 64}, timeout=30)
+    assert r.json()["status"] == "Failed" and "MemoryError" in r.json()["run_result"]["stderr"]
+
+
+def test_no_containers_left_after_the_server_stops(server, docker_client):
+    assert 0 < len(list_air_containers(docker_client, run=server.run_id)) <= POOL_SIZE
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it so that the exit status says so.
+    assert server.stop() in (0, -signal.SIGTERM), server.output()
+    assert "Application shutdown complete" in server.output() and "Traceback" not in server.output()
+    assert list_air_containers(docker_client, run=server.run_id) == []
