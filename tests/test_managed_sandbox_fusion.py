@@ -157,6 +157,19 @@ async def _is(value: bool) -> bool:
 
 
 @pytest.mark.docker
+async def test_stop_during_a_restart_leaves_nothing(stub_endpoint, docker_client, run_id):
+    server = ManagedSandboxFusion(stub_config(run_id))
+    await server.start()
+    try:
+        docker_client.api.remove_container(server.container_id, force=True)
+        await wait_for(lambda: _is(server.restarts >= 1), 20, "the restart to begin")
+    finally:
+        await server.stop()  # while the watcher re-creates the container
+    assert server.container_id is None
+    assert list_air_containers(docker_client, run=run_id) == []
+
+
+@pytest.mark.docker
 async def test_a_server_that_exits_at_start_fails_clearly_and_leaves_nothing(stub_endpoint, docker_client, run_id):
     server = ManagedSandboxFusion(stub_config(run_id, command=["python3", "-c", "print('bad config'); exit(3)"]))
     with pytest.raises(SandboxUnavailable, match=r"exited with code 3.*bad config"):

@@ -40,11 +40,11 @@ def _serve_argv() -> list[str]:
 
 
 class Server:
-    def __init__(self, run_id: str):
+    def __init__(self, run_id: str, log_path):
         self.run_id = run_id
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(f"/tmp/air-sf-test-{run_id}.log", "w+")
+        self.log = open(log_path, "w+")
         argv = [*_serve_argv(), "--port", str(self.port), "--concurrency", str(CONCURRENCY),
                 "--pool-size", str(POOL_SIZE), "--memory-mb", "512", "--log-level", "info"]
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
@@ -79,8 +79,8 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(images):
-    srv = Server(f"test-sf-{uuid.uuid4().hex[:8]}")
+def server(images, tmp_path_factory):
+    srv = Server(f"test-sf-{uuid.uuid4().hex[:8]}", tmp_path_factory.mktemp("sandbox-fusion") / "server.log")
     try:
         srv.wait_ready()
         yield srv
@@ -185,8 +185,15 @@ def test_files_in_and_out(server):
     assert set(response.files) == {"out/deep/result.txt", "copy.bin"}, "symlinks are never followed"
     assert "'leak' left out: a symlink" in response.message and "'missing.txt' left out: not found" in response.message
 
+    response = run(server, "open('locked', 'w').write('x')\nimport os\nos.chmod('locked', 0)",
+                   fetch_files=["locked"])
+    assert response.files == {} and "'locked' left out: not readable" in response.message
+
+    # Bad paths are the caller's mistake: Failed with a message, never SandboxError (which clients retry).
     response = run(server, "print(1)", files={"../escape.txt": b64(b"x")})
     assert response.status == "Failed" and "stay inside the working directory" in response.message
+    response = run(server, "print(1)", files={"n" * 300: b64(b"x")})
+    assert response.status == "Failed" and "too long" in response.message
 
 
 def test_stdin(server):
@@ -200,7 +207,9 @@ def test_stdin(server):
 
 
 def test_64_requests_in_parallel_all_succeed(server):
-    requests = [RunCodeRequest(code=f"print({i} * {i})", language="python") for i in range(64)]
+    # With stdin: SandboxFusion's server failed parallel requests with stdin (its PR #50).
+    requests = [RunCodeRequest(code="import sys\nn = int(sys.stdin.read())\nprint(n * n)", language="python",
+                               stdin=str(i)) for i in range(64)]
     started = time.monotonic()
     responses = run_concurrent(run_code, kwargs=[{"request": r, "endpoint": server.url, "max_attempts": 1}
                                                  for r in requests], concurrency=64)
@@ -241,6 +250,26 @@ echo "found:$found"
             response.run_result.stdout
         pods.append(response.executor_pod_name)
     assert len(set(pods)) < len(pods), f"no sandbox was reused: {pods}"
+
+
+def test_a_sandbox_killed_under_a_request_is_sandbox_error_and_the_pool_recovers(server, docker_client):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def slow():
+        return httpx.post(f"{server.url}/run_code", json={"code": "import time\ntime.sleep(20)",
+                                                          "language": "python", "run_timeout": 30}, timeout=60)
+
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(slow)
+        time.sleep(1.5)
+        for container in list_air_containers(docker_client, run=server.run_id):  # every sandbox of the server
+            docker_client.api.kill(container.id)
+        body = pending.result().json()
+    assert body["status"] == "SandboxError" and body["message"].startswith("sandbox infrastructure error")
+    # The next requests find the dead sandboxes failing their health check and get fresh ones.
+    for _ in range(POOL_SIZE + 1):
+        response = run(server, "print('recovered')")
+        assert response.status == "Success" and response.run_result.stdout == "recovered\n"
 
 
 def test_bad_requests_are_rejected_by_the_schema(server):

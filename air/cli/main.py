@@ -321,8 +321,10 @@ def main() -> None:
     # Commands defined in other modules register themselves on the shared app when imported.
     import air.cli.research  # noqa: F401
     from air.cli.export import export_app
+    from air.cli.serve import serve_app
 
     app.add_typer(export_app, name="export")
+    app.add_typer(serve_app, name="serve")
 
     try:
         app()

@@ -30,7 +30,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air import paths
 from air.errors import ImageError, UsageError
-from air.sandbox.labels import make_labels
 
 PYTHON_VERSION = "3.11"
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
@@ -254,8 +253,8 @@ class ImageBuilder:
     def _docker_build(self, recipe: Recipe, context: Path, tag: str, parent_ref: str) -> str:
         self.report(f"[{recipe.name}] building {tag} (network off)")
         build_args = {"PARENT_IMAGE": parent_ref, "BASE_IMAGE": parent_ref}
-        labels = make_labels("image", recipe=recipe.name)
-        labels.pop("air.owner")  # images outlive the process that built them; only containers are swept
+        # No run or owner: images outlive the process that built them, and containers inherit image labels.
+        labels = {"air.role": "image", "air.recipe": recipe.name}
         image_id = None
         log: list[str] = []
         try:

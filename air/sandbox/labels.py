@@ -80,7 +80,9 @@ class AirContainer:
 
 
 def list_air_containers(client: docker.DockerClient, run: str | None = None) -> list[AirContainer]:
-    filters = {"label": [f"{RUN}={run}"] if run else [RUN]}
+    # Only what air created itself carries an owner: a container someone started from an air image by hand
+    # inherits the image's labels, and must never be swept as an orphan.
+    filters = {"label": [OWNER, f"{RUN}={run}"] if run else [OWNER]}
     return [AirContainer.of(c) for c in client.containers.list(all=True, filters=filters)]
 
 

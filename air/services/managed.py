@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import socket
@@ -99,6 +100,7 @@ class ManagedSandboxFusion:
         self.exit_code: int | None = None
         """The container's exit code when stop() stopped it (0: it shut down cleanly on SIGTERM)."""
         self._watcher: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
         self._lock = asyncio.Lock()
 
     @property
@@ -149,6 +151,7 @@ class ManagedSandboxFusion:
         """Create the container (GPUs first), wait until it answers /v1/ping, then watch it."""
         if self.container_id is not None:
             return
+        self._stopping.clear()
         try:
             await self._ensure_image()
             await self._acquire_gpus()
@@ -157,13 +160,21 @@ class ManagedSandboxFusion:
         except BaseException:
             await self._teardown()
             raise
+        atexit.register(self._atexit_backstop)
         if self.config.restart:
             self._watcher = asyncio.create_task(self._watch(), name=f"air-watch-{self.name}")
 
     async def stop(self) -> None:
         """Stop the container (SIGTERM, SIGKILL after stop_timeout), remove it, give its GPUs back. Idempotent."""
+        self._stopping.set()
         if self._watcher is not None:
-            self._watcher.cancel()
+            # Not cancelled outright: a Docker call it has in flight (a re-creation) finishes in its thread either
+            # way, and must be recorded to be removed below. It wakes at once, and a restart gives up at its next
+            # health check.
+            try:
+                await asyncio.wait_for(asyncio.shield(self._watcher), self.config.stop_timeout + 120)
+            except asyncio.TimeoutError:
+                self._watcher.cancel()
             await asyncio.gather(self._watcher, return_exceptions=True)
             self._watcher = None
         async with self._lock:
@@ -172,6 +183,13 @@ class ManagedSandboxFusion:
                 with contextlib.suppress(SandboxUnavailable):
                     await self.docker.call(lambda: self.docker.api.stop(cid, timeout=grace), timeout=grace + 60)
             await self._teardown()
+        atexit.unregister(self._atexit_backstop)
+
+    def _atexit_backstop(self) -> None:
+        # The process is exiting without stop() (an unhandled exception, SIGTERM): remove the container, sync.
+        if self.container_id is not None:
+            with contextlib.suppress(Exception):  # best effort; `air containers clean` is the fallback
+                self.docker.client.api.remove_container(self.container_id, force=True, v=True)
 
     async def _ensure_image(self) -> None:
         import docker.errors
@@ -267,6 +285,8 @@ class ManagedSandboxFusion:
         while True:
             if await self.ping(timeout=min(5, timeout)):
                 return
+            if self._stopping.is_set() and self._watcher is not None and asyncio.current_task() is self._watcher:
+                raise SandboxUnavailable(f"SandboxFusion container {self.name} is being stopped")
             state = await self.state()
             if state is None or not state.get("Running"):
                 detail = "it was removed" if state is None else f"it exited with code {state.get('ExitCode')}"
@@ -292,7 +312,11 @@ class ManagedSandboxFusion:
     async def _watch(self) -> None:
         """Restart the container when it dies, up to max_restarts; after that, record why in `failed`."""
         while True:
-            await asyncio.sleep(self.config.watch_interval)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), self.config.watch_interval)
+                return
+            except asyncio.TimeoutError:
+                pass
             state = await self.state()
             if state is not None and state.get("Running"):
                 continue
@@ -305,6 +329,8 @@ class ManagedSandboxFusion:
             try:
                 await self.restart()
             except InfraError as exc:
+                if self._stopping.is_set():
+                    return
                 self.failed = f"restart failed: {exc}"
                 log.error("SandboxFusion container %s: %s", self.name, self.failed)
                 return

@@ -44,7 +44,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from air.errors import InfraError
 from air.sandbox.container import AGENT_HOME, AGENT_USER, ArchiveTooLarge, Resources, SandboxSpec
-from air.sandbox.output import CappedBuffer
 
 log = logging.getLogger("air.services.sandbox_fusion")
 
@@ -180,22 +179,27 @@ runners) are answered Failed with a message that says so."""
 _PROBE = """for t in {tools}; do command -v "$t" >/dev/null 2>&1 && echo "$t"; done
 for m in {modules}; do python3 -c "import $m" >/dev/null 2>&1 && echo "py:$m"; done; true"""
 
-# Run in the request's shell before fetching files ($1 request dir, $2 run id, $3 inline byte budget, then the
-# paths). It first kills what the program left running (found by the run id in its environment) so that nothing
-# can swap a checked file for a symlink before it is copied; then, per path, one line: `ok SIZE BASE64` (inline),
-# `big SIZE` (copied out with a tar stream instead), `missing`, `symlink` or `notfile`.
-_FETCH = r"""d=$1; mark="AIR_SF_RUN=$2"; budget=$3; shift 3
-for p in /proc/[0-9]*; do
-  pid=${p#/proc/}; [ "$pid" = "$BASHPID" ] && continue
-  while IFS= read -r -d '' e; do
-    if [ "$e" = "$mark" ]; then kill -9 "$pid" 2>/dev/null; break; fi
-  done 2>/dev/null < "$p/environ"
+# Run in the request's shell before fetching files ($1 a fresh tag, $2 the request's directory, $3 the inline byte
+# budget, then the paths). First it kills every process the program left behind: every agent process but this
+# one whose parent is inside the container (the shells air opens with `docker exec` have parent 0 there, and no
+# process of the program can), so nothing changes a file between its check and its copy. Then one line a path,
+# after the tag (output printed earlier by a background job may precede it): `ok SIZE BASE64` (inline), `big
+# SIZE` (copied out as a tar instead), `missing`, `symlink`, `notfile` or `unreadable`.
+_FETCH = r"""tag=$1; d=$2; budget=$3; shift 3; rp=') '
+for pass in 1 2 3; do
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}; [ "$pid" = "$BASHPID" ] && continue
+    read -r stat 2>/dev/null < "$p/stat" || continue
+    read -ra f <<< "${stat##*"$rp"}"
+    [ "${f[1]}" = 0 ] || kill -9 "$pid" 2>/dev/null
+  done
 done
 for rel; do
-  want="$d/$rel"
+  want="$d/$rel"; printf '%s ' "$tag"
   got=$(realpath -e -- "$want" 2>/dev/null) || { echo missing; continue; }
   if [ "$got" != "$want" ] || [ -L "$want" ]; then echo symlink; continue; fi
   [ -f "$want" ] || { echo notfile; continue; }
+  [ -r "$want" ] || { echo unreadable; continue; }
   size=$(stat -c %s -- "$want")
   if [ "$size" -le "$budget" ]; then
     budget=$((budget - size)); printf 'ok %s ' "$size"; base64 -w0 -- "$want"; echo
@@ -215,7 +219,7 @@ class _Rejected(Exception):
 class _Plan:
     request: RunCodeRequest
     recipe: Recipe
-    run_id: str
+    request_id: str
     files: dict[str, bytes]
     stdin: bytes | None
     fetch: list[tuple[str, str]]
@@ -226,11 +230,11 @@ class _Plan:
 
     @property
     def directory(self) -> str:
-        return f"{AGENT_HOME}/sf/{self.run_id}"
+        return f"{AGENT_HOME}/sf/{self.request_id}"
 
     @property
     def stdin_path(self) -> str:
-        return f"{AGENT_HOME}/sf/{self.run_id}.stdin"
+        return f"{AGENT_HOME}/sf/{self.request_id}.stdin"
 
 
 def _relative(path: str, what: str) -> str:
@@ -240,6 +244,8 @@ def _relative(path: str, what: str) -> str:
     norm = posixpath.normpath(path)
     if path.startswith("/") or norm == "." or norm == ".." or norm.startswith("../"):
         raise _Rejected(f"{what} path {path!r} must be relative and stay inside the working directory")
+    if len(norm.encode()) > 2048 or any(len(part.encode()) > 255 for part in norm.split("/")):
+        raise _Rejected(f"{what} path {path[:80]!r}... is too long (255 bytes a name, 2048 in all)")
     return norm
 
 
@@ -402,7 +408,7 @@ class SandboxFusionService:
                  if plan.request.memory_limit_MB > 0 else "")
         stdin = shlex.quote(plan.stdin_path) if plan.stdin is not None else "/dev/null"
         result = await sandbox.session.run(_quiet(
-            f"cd {directory} && {limit}AIR_SF_RUN={plan.run_id} exec {plan.recipe.run}", stdin),
+            f"cd {directory} && {limit}exec {plan.recipe.run}", stdin),
             timeout=plan.run_timeout)
         run_result = self._command_result(result)
         files = await self._fetch(sandbox, plan) if plan.fetch else {}
@@ -439,30 +445,49 @@ class SandboxFusionService:
         blobs = dict(plan.files)
         if plan.stdin is not None:
             blobs["\0stdin"] = plan.stdin
-        if sum(len(b) for b in blobs.values()) * 4 // 3 <= _INLINE_STAGE:
-            # Through the shell: base64 is plain ASCII, so the command line costs 1 byte per byte, and a round
-            # trip costs well under a millisecond where a tar copy costs tens.
-            steps = [f"mkdir -p {shlex.quote(plan.directory)}", f"cd {shlex.quote(plan.directory)}"]
-            dirs = sorted({posixpath.dirname(rel) for rel in plan.files} - {""})
-            if dirs:
-                steps.append("mkdir -p " + " ".join(map(shlex.quote, dirs)))
-            for rel, content in blobs.items():
-                target = shlex.quote(plan.stdin_path if rel == "\0stdin" else rel)
-                encoded = base64.b64encode(content).decode()
-                steps.append(f"printf %s {encoded} | base64 -d > {target}" if content else f": > {target}")
-            result = await sandbox.session.run("(umask 022 && " + " && ".join(steps) + ")", timeout=60)
+        if sum(len(b) for b in blobs.values()) * 4 // 3 > _INLINE_STAGE:
+            # Large: one tar copy (tens of ms, where the shell takes about half a second a MB).
+            try:
+                await sandbox.put_archive(AGENT_HOME, _request_tar(plan), timeout=120)
+                return
+            except InfraError as exc:
+                if "read-only" not in str(exc):
+                    raise
+                # A home on tmpfs under a read-only root: Docker copies into volumes only. The shell, then.
+        await self._stage_through_shell(sandbox, plan, blobs)
+
+    async def _stage_through_shell(self, sandbox, plan: _Plan, blobs: dict[str, bytes]) -> None:
+        """Base64 is plain ASCII, which the shell's protocol carries as is; a round trip costs a millisecond or
+        two where a tar copy into the container costs tens. Files go in pieces of at most _INLINE_STAGE."""
+        dirs = sorted({posixpath.dirname(rel) for rel in plan.files} - {""})
+        targets = {rel: shlex.quote(plan.stdin_path if rel == "\0stdin" else rel) for rel in blobs}
+        steps = [f"mkdir -p {shlex.quote(plan.directory)}", f"cd {shlex.quote(plan.directory)}"]
+        if dirs:
+            steps.append("mkdir -p " + " ".join(map(shlex.quote, dirs)))
+        steps += [f": > {target}" for target in targets.values()]
+        commands, size = [steps], 0
+        piece = _INLINE_STAGE // 4 * 3  # raw bytes whose base64 fills a piece exactly, so pieces decode alone
+        for rel, content in blobs.items():
+            for i in range(0, len(content), piece):
+                encoded = base64.b64encode(content[i:i + piece]).decode()
+                if size + len(encoded) > _INLINE_STAGE:
+                    commands.append([f"cd {shlex.quote(plan.directory)}"])
+                    size = 0
+                commands[-1].append(f"printf %s {encoded} | base64 -d >> {targets[rel]}")
+                size += len(encoded)
+        for command in commands:
+            result = await sandbox.session.run("(umask 022 && " + " && ".join(command) + ")", timeout=60)
             if result.exit_code != 0:
                 raise InfraError(f"could not write the request's files in {sandbox.short_id}: "
                                  f"{(result.stderr or result.stdout).strip()[-300:]}")
-            return
-        await sandbox.put_archive(AGENT_HOME, _request_tar(plan), timeout=120)
 
     async def _fetch(self, sandbox, plan: _Plan) -> dict[str, str]:
         budget = self.config.max_fetch_bytes
-        args = " ".join(shlex.quote(a) for a in (plan.directory, plan.run_id, str(min(budget, _INLINE_FETCH)),
+        tag = f"AIRFETCH{secrets.token_hex(8)}"
+        args = " ".join(shlex.quote(a) for a in (tag, plan.directory, str(min(budget, _INLINE_FETCH)),
                                                  *(rel for _, rel in plan.fetch)))
         result = await sandbox.session.run(f"(set -- {args}\n{_FETCH}\n)", timeout=60)
-        lines = result.stdout.splitlines()
+        lines = [line[line.index(tag) + len(tag) + 1:] for line in result.stdout.splitlines() if tag in line]
         if result.exit_code != 0 or len(lines) != len(plan.fetch):
             raise InfraError(f"could not list the files to fetch in {sandbox.short_id}: "
                              f"{(result.stderr or result.stdout).strip()[-300:]}")
@@ -479,28 +504,35 @@ class SandboxFusionService:
                     plan.notes.append(f"fetch_files: {asked!r} ({size} bytes) left out: past this server's "
                                       f"{self.config.max_fetch_bytes}-byte budget for fetched files")
                     continue
-                content = await self._copy_out(sandbox, f"{plan.directory}/{rel}", budget)
+                content = await self._copy_out(sandbox, plan.directory, rel, budget)
                 if content is None:
-                    plan.notes.append(f"fetch_files: {asked!r} left out: it changed while being copied")
+                    plan.notes.append(f"fetch_files: {asked!r} left out: it could not be copied as a regular "
+                                      f"file within the {self.config.max_fetch_bytes}-byte budget")
                     continue
                 files[asked] = base64.b64encode(content).decode()
                 budget -= len(content)
             else:
                 reason = {"missing": "not found", "symlink": "a symlink (never followed)",
-                          "notfile": "not a regular file"}.get(kind, kind)
+                          "notfile": "not a regular file", "unreadable": "not readable"}.get(kind, kind)
                 plan.notes.append(f"fetch_files: {asked!r} left out: {reason}")
         return files
 
-    async def _copy_out(self, sandbox, path: str, budget: int) -> bytes | None:
+    async def _copy_out(self, sandbox, directory: str, rel: str, budget: int) -> bytes | None:
+        """The file at rel, out of a tar of its top-level entry under the request's directory: Docker follows
+        symlinks in the middle of a path it is asked to archive, but never inside the tree it archives, so no
+        symlink is followed, whatever the listing above said."""
+        top = rel.split("/", 1)[0]
         try:
-            data = await sandbox.get_archive(path, max_bytes=budget + 4096)
+            data = await sandbox.get_archive(f"{directory}/{top}", max_bytes=budget + (1 << 20))
         except (FileNotFoundError, ArchiveTooLarge):
             return None
         with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            member = tar.next()
-            if member is None or not member.isfile():  # a symlink comes as the link itself: refused
-                return None
-            return tar.extractfile(member).read()  # type: ignore[union-attr]
+            for member in tar:
+                if member.name.rstrip("/") == rel:
+                    if not member.isfile() or member.size > budget:
+                        return None
+                    return tar.extractfile(member).read()  # type: ignore[union-attr]
+        return None
 
 
 def _quiet(command: str, stdin: str = "/dev/null") -> str:
@@ -513,7 +545,7 @@ def _request_tar(plan: _Plan) -> bytes:
     """The request's directory as a tar to extract in the agent's home: every entry owned by the agent."""
     buf = io.BytesIO()
     now = time.time()
-    root = f"sf/{plan.run_id}"
+    root = f"sf/{plan.request_id}"
     with tarfile.open(fileobj=buf, mode="w") as tar:
         def add(name: str, content: bytes | None) -> None:
             info = tarfile.TarInfo(name)
