@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from air.errors import TaskError
 from air.tasks.spec import Baseline, Evaluation, FileEntry, Metric, TaskResources, TaskSpec, Timeouts
 
-KIT = "_lib/air_eval_kit.py"
+SHARED_LIB = "_lib"
+"""Shared evaluation modules (`_lib/air_*.py`: the kit, game engines) go to every scoring sandbox."""
 
 
 class _TaskToml(BaseModel):
@@ -56,10 +57,9 @@ def load_air_task(task_dir: Path) -> TaskSpec:
     entry = task_dir / parsed.evaluation.entry
     if not entry.is_file():
         raise TaskError(f"{path}: evaluation entry {entry.name} does not exist")
-    kit = task_dir.parent / KIT
     evaluation_files = [FileEntry(source=entry, dest=parsed.evaluation.entry)]
-    if kit.is_file():
-        evaluation_files.append(FileEntry(source=kit, dest=kit.name))
+    evaluation_files += [FileEntry(source=lib, dest=lib.name)
+                         for lib in sorted((task_dir.parent / SHARED_LIB).glob("air_*.py"))]
     try:
         return TaskSpec(
             id=parsed.id, name=parsed.name, version=str(parsed.version), description=parsed.description.strip(),
