@@ -292,3 +292,8 @@ async def test_incremental_reset_restores_every_kind_of_change_exactly(pool, bas
                 assert r.exit_code == 0, (m, r.stderr)
             await sb.session.reset()
             assert (await sb.session.run(TREE)).stdout == pristine, f"round {round_}"
+            # The unreadable/unwritable directory of the mutations forces the full path; a plain rollout must not.
+        await sb.session.run("echo more >> a.py; rm data/b.csv; mkdir junk && echo x > junk/y; cd /tmp")
+        await sb.session.reset()
+        assert sb.session.last_reset == "incremental"
+        assert (await sb.session.run(TREE)).stdout == pristine

@@ -61,13 +61,15 @@ __air_full() {{
   [ -d $P ] && cp -a $P/. $H/ 2>/dev/null
 }}
 __air_incremental() {{
-  local rel kind mode ref m
+  local rel kind mode ref m i t
   local -a changed=() gone=() restore=() dirs=()
   local -A pmode=()
   mapfile -d '' changed < <(find $H -newerct "$1" -printf '%y\\t%m\\t%P\\0' 2>/dev/null)
   wait $! || return 1  # find could not read everything (a directory made unreadable)
   [ ${{#changed[@]}} -eq 0 ] && return 0
-  while IFS=$'\\t' read -r -d '' rel m; do pmode[$rel]=$m; done < <(find $P -mindepth 1 -type d -printf '%P\\t%m\\0')
+  local -A ptime=() stamp=()
+  while IFS=$'\\t' read -r -d '' rel m t; do pmode[$rel]=$m; ptime[$rel]=$t; done \
+    < <(find $P -mindepth 1 -type d -printf '%P\\t%m\\t%T@\\0')
   dirs=("")  # the home itself: its direct children may have been deleted
   for m in "${{changed[@]}}"; do
     kind=${{m%%$'\\t'*}}; m=${{m#*$'\\t'}}; mode=${{m%%$'\\t'*}}; rel=${{m#*$'\\t'}}  # any byte in names
@@ -89,15 +91,22 @@ __air_incremental() {{
   if [ ${{#gone[@]}} -gt 0 ]; then rm -rf "${{gone[@]}}" || return 1; fi
   if [ ${{#restore[@]}} -gt 0 ]; then (cd $P && cp -a --parents "${{restore[@]}}" $H/) || return 1; fi
   # Directory times too (the rm and cp above moved them): `ls -l` then looks the same in every rollout.
-  for ((i = ${{#dirs[@]}} - 1; i >= 0; i--)); do
-    rel=${{dirs[i]}}; [ -n "$rel" ] && touch -h -r "$P/$rel" "$H/$rel"
+  # One `touch` per distinct time (staged trees share one), not one per directory.
+  for i in "${{!dirs[@]}}"; do
+    if [ -n "${{dirs[i]}}" ]; then stamp[${{ptime[${{dirs[i]}}]}}]+=" $i"; fi  # indices: any byte in names
   done
+  for t in "${{!stamp[@]}}"; do
+    m=(); for i in ${{stamp[$t]}}; do m+=("$H/${{dirs[i]}}"); done
+    touch -h -d "@$t" "${{m[@]}}" || return 1
+  done
+  return 0
 }}
-if [ -z "$1" ] || ! __air_incremental "$1" 2>/dev/null; then __air_full; fi
+mode=incremental
+if [ -z "$1" ] || ! __air_incremental "$1" 2>/dev/null; then __air_full; mode=full; fi
 junk=(/tmp/* /var/tmp/* /dev/shm/* /run/lock/*); [ ${{#junk[@]}} -eq 0 ] || rm -rf "${{junk[@]}}" 2>/dev/null
 [ -d $P ] && touch -r $P $H  # the home's own time, as staged
 [ -d {WORKSPACE} ] || mkdir -p {WORKSPACE}; cd {WORKSPACE}
-echo "@$EPOCHREALTIME"
+echo "@$EPOCHREALTIME $mode"
 """
 
 
@@ -306,6 +315,7 @@ class Session:
         self._current_id: str | None = None
         self._clean_since: str | None = None  # clock reading after the last reset: home == pristine then
         self._ready_at = 0.0
+        self.last_reset: str | None = None
 
     # ----- lifecycle --------------------------------------------------------------------------------------------
     @property
@@ -447,7 +457,9 @@ class Session:
             await self._close_shell()
             self._shell, self.cwd = shell, WORKSPACE
             _, shell.pid, _ = _parse_trailer(pending)
-            self._clean_since = pending.out.text().strip().splitlines()[-1] if pending.out.total else None
+            last = pending.out.text().strip().splitlines()[-1].split() if pending.out.total else []
+            self._clean_since = last[0] if last else None
+            self.last_reset = last[1] if len(last) > 1 else "unknown"  # "incremental" or "full": for tests, stats
             # File times come from the kernel's coarse clock, up to a tick behind the clock read above, so a
             # change is only sure to look newer once a tick has passed: the next command waits for that.
             self._ready_at = time.monotonic() + _CLOCK_TICK
