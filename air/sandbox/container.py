@@ -20,13 +20,16 @@ import docker.errors
 import docker.types
 from pydantic import BaseModel, ConfigDict, Field
 
-from air.errors import ImageError, InfraError, SandboxUnavailable
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from air.errors import DockerUnavailable, ImageError, InfraError, SandboxUnavailable
 from air.sandbox.docker_api import Docker
 from air.sandbox.labels import KEY, make_labels
 from air.sandbox.output import CappedBuffer
 
 AGENT_USER = "agent"
 AIR_DIR = "/srv/air"  # air's own files in a sandbox (pristine copy, data, scoring inputs): root-owned
+REMOVE_PATIENCE = 90.0  # seconds a removal keeps retrying while the daemon is unreachable
 ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"]
 AGENT_HOME = "/home/agent"
 WORKSPACE = f"{AGENT_HOME}/workspace"
@@ -130,11 +133,16 @@ class Sandbox:
         session = self._session
         if session is not None:
             await session.close()  # type: ignore[attr-defined]
-        try:
-            await self.docker.call(self.docker.api.remove_container, self.container_id, force=True, v=True,
-                                   timeout=60, idempotent=True)
-        except SandboxUnavailable:
-            pass  # already gone
+        # A daemon that is restarting comes back within seconds: keep trying for a while rather than leak.
+        async for attempt in AsyncRetrying(stop=stop_after_delay(REMOVE_PATIENCE), reraise=True,
+                                           wait=wait_exponential(multiplier=0.5, max=5),
+                                           retry=retry_if_exception_type(DockerUnavailable)):
+            with attempt:
+                try:
+                    await self.docker.call(self.docker.api.remove_container, self.container_id, force=True,
+                                           v=True, timeout=60, idempotent=True)
+                except SandboxUnavailable:
+                    pass  # already gone
 
     @property
     def short_id(self) -> str:

@@ -32,7 +32,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from air.errors import InfraError, PoolExhausted, SandboxUnavailable
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable
 from air.sandbox.container import Sandbox, SandboxSpec
 from air.sandbox.docker_api import Docker
 from air.sandbox.gpu import GpuInventory
@@ -60,6 +62,8 @@ class PoolConfig(BaseModel):
     """Label for this pool's containers; default: one id per process."""
     sweep_dead_runs: bool = True
     docker_concurrency: int = Field(32, ge=1)
+    daemon_patience: float = Field(90, ge=0)
+    """How long creating a sandbox waits for an unreachable Docker daemon (a restart) before failing."""
 
 
 @dataclass
@@ -225,7 +229,13 @@ class SandboxPool:
             if spec.resources.gpus:
                 gpu_ids = await self.gpus.acquire(spec.resources.gpus, spec.resources.share_gpus,
                                                   timeout=self.config.lease_timeout)
-            sandbox = await Sandbox.create(self.docker, spec, run=self.run_id, gpu_ids=gpu_ids)
+            # The daemon may be restarting: new sandboxes wait for it (bounded) instead of failing every lease
+            # queued behind the outage. Rollouts already running on the old containers fail, as they must.
+            async for attempt in AsyncRetrying(stop=stop_after_delay(self.config.daemon_patience), reraise=True,
+                                               wait=wait_exponential(multiplier=0.5, max=5),
+                                               retry=retry_if_exception_type(DockerUnavailable)):
+                with attempt:
+                    sandbox = await Sandbox.create(self.docker, spec, run=self.run_id, gpu_ids=gpu_ids)
             self.stats.created += 1
             self._live.add(sandbox)
             await sandbox.session.start()
