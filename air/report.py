@@ -128,7 +128,7 @@ def render(recordings: list[Recording], title: str = "air rollouts") -> str:
         problems = sum(len(s.problems) for s in rec.steps)
         best = [v for _, v in rec.scores if v is not None]
         best_v = (max(best) if rec.direction == "higher" else min(best)) if best else None
-        status = '<span class="good">ok</span>' if rec.ok else f'<span class="bad">failed</span>'
+        status = '<span class="good">ok</span>' if rec.ok else '<span class="bad">failed</span>'
         rows.append(f'<tr><td><a href="#r{i}">{i}</a></td><td>{_esc(rec.task)}</td><td>{status}</td>'
                     f'<td>{_esc(rec.ended_by or "–")}</td><td class="num">{len(rec.steps)}</td>'
                     f'<td class="num">{rec.total_reward:+.4f}</td><td class="num">{_fmt(rec.baseline)}</td>'

@@ -31,7 +31,6 @@ from air.sandbox.container import Sandbox
 from air.sandbox.output import truncate_text
 from air.tasks.environment import TaskEnvironment
 from air.tasks.scoring import EvalOutcome, validation_text
-from air.tasks.spec import TaskSpec
 
 # MLGym gives commands that train its long timeout; match whole words so `pythonic.txt` is not training.
 _TRAINING = re.compile(r"\b(python3?|torchrun|accelerate|deepspeed)\b")

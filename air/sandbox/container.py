@@ -205,10 +205,7 @@ class Sandbox:
 
     async def _check_alive_after(self, code: int | None) -> None:
         # A signal death with the container gone means the sandbox died, not the command (inspect_ai #4709).
-        try:
-            await self.ensure_running()
-        except SandboxUnavailable:
-            raise
+        await self.ensure_running()
         if code is None:
             raise SandboxUnavailable(f"exec in {self.short_id} returned no exit code")
 

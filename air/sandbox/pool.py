@@ -38,7 +38,7 @@ from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnav
 from air.sandbox.container import Sandbox, SandboxSpec
 from air.sandbox.docker_api import Docker
 from air.sandbox.gpu import GpuInventory
-from air.sandbox.labels import OWNER, RUN, list_air_containers, new_run_id, owner_token, remove_containers, \
+from air.sandbox.labels import list_air_containers, new_run_id, owner_token, remove_containers, \
     sweep_dead_runs
 
 log = logging.getLogger("air.pool")
@@ -345,4 +345,4 @@ def _install_sigterm_as_exit() -> None:
         signal.signal(signal.SIGTERM, _exit)
 
 
-__all__ = ["PoolConfig", "PoolStats", "SandboxPool", "RUN", "OWNER"]
+__all__ = ["PoolConfig", "PoolStats", "SandboxPool"]

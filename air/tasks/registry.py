@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from air import paths
-from air.errors import TaskError, UsageError
+from air.errors import UsageError
 from air.tasks.air_format import load_air_task
 from air.tasks.mlgym import load_mlgym_task
 from air.tasks.spec import TaskSpec
@@ -37,4 +37,4 @@ def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None
     return [load_task(ref, mlgym_root) for ref in (refs or bundled_ids())]
 
 
-__all__ = ["load_task", "load_all", "bundled_ids", "TaskError"]
+__all__ = ["load_task", "load_all", "bundled_ids"]

@@ -16,7 +16,7 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from air.sandbox.container import AGENT_HOME, AIR_DIR, PRISTINE, WORKSPACE, Sandbox
+from air.sandbox.container import AIR_DIR, PRISTINE, WORKSPACE, Sandbox
 from air.tasks.spec import FileEntry, TaskSpec
 
 DATA = f"{AIR_DIR}/data"
@@ -98,4 +98,4 @@ async def overlay_baseline(sandbox: Sandbox, spec: TaskSpec) -> None:
         await sandbox.put_archive(WORKSPACE, tar_of(spec.baseline_files, uid=AGENT_UID))
 
 
-__all__ = ["stage", "overlay_baseline", "tar_of", "add_entries", "DATA", "AGENT_HOME"]
+__all__ = ["stage", "overlay_baseline", "tar_of", "add_entries", "DATA"]

@@ -15,13 +15,14 @@ TOTAL_TIMEOUT = 100.0
 BATCH_TIMEOUT = 30.0
 
 
-def load_secret(secret_dir):
+def load_secret(secret_dir, attribute="STRATEGIES"):
+    """The hidden match config and the opponent pool (`attribute` of secret/opponents.py)."""
     with open(os.path.join(secret_dir, "config.json")) as fh:
         cfg = json.load(fh)
     spec = importlib.util.spec_from_file_location("air_hidden_opponents", os.path.join(secret_dir, "opponents.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return cfg, mod.STRATEGIES
+    return cfg, getattr(mod, attribute)
 
 
 def check_move(value, match, rnd, moves_text):

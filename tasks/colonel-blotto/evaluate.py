@@ -11,8 +11,6 @@ are played in lock-step with one batched call per round. A round is worth +1 to 
 wins more battlefields (a battlefield goes to the side with more soldiers on it), -1 to the
 other, 0 on a tie. Metric: Score = mean row payoff per round (higher is better, in [-1, 1]).
 """
-import importlib.util
-import json
 import os
 import random
 import sys
@@ -20,20 +18,12 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "_lib")]
 import air_eval_kit as kit  # noqa: E402
+from air_matrix_game import load_secret  # noqa: E402
 
 FIELDS = 6
 SOLDIERS = 120
 TOTAL_TIMEOUT = 100.0
 BATCH_TIMEOUT = 30.0
-
-
-def load_secret(secret_dir):
-    with open(os.path.join(secret_dir, "config.json")) as fh:
-        cfg = json.load(fh)
-    spec = importlib.util.spec_from_file_location("air_hidden_opponents", os.path.join(secret_dir, "opponents.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return cfg, mod.FACTORIES
 
 
 def check_allocation(value, match, rnd):
@@ -66,7 +56,7 @@ def round_payoff(row, col):
 
 
 def evaluate(p):
-    cfg, factories = load_secret(p.secret)
+    cfg, factories = load_secret(p.secret, "FACTORIES")
     seed, n_matches, rounds = cfg["seed"], cfg["n_matches"], cfg["rounds"]
     names = sorted(cfg["weights"])
     picker = random.Random(seed)
