@@ -117,7 +117,10 @@ async def test_fork_bomb_is_contained_by_the_pids_limit(pool):
 
 
 async def test_memory_hog_is_oom_killed_not_reported_as_timeout(pool):
-    spec = SandboxSpec(image="air/base:latest", task="oom", resources=Resources(memory_mb=128))
+    # The cgroup holds 128 MB for processes plus the in-memory filesystems' sizes (SandboxSpec.memory_limit_mb).
+    spec = SandboxSpec(image="air/base:latest", task="oom", resources=Resources(memory_mb=128), workspace_mb=16,
+                       tmp_mb=16)
+    assert spec.memory_limit_mb < 512
     async with pool.lease(spec) as sb:
         r = await sb.session.run("python3 -c \"x = bytearray(512 << 20); print('survived')\"", timeout=60)
         assert r.exit_code == 137 and r.oom_killed and not r.timed_out, r
@@ -179,7 +182,7 @@ async def test_exec_argv_user_cwd_env_timeout_and_files(pool, base_spec):
 # ----- pool -------------------------------------------------------------------------------------------------------
 async def test_reset_restores_files_processes_cwd_and_variables(pool, base_spec):
     async with pool.lease(base_spec) as sb:
-        await sb.put_files("/srv/air/pristine/workspace", {"starter.py": b"print('hi')\n"})
+        await sb.put_files("/srv/air/pristine/home/workspace", {"starter.py": b"print('hi')\n"})
         await sb.session.reset()
         first = sb
         s = sb.session
@@ -273,10 +276,11 @@ TREE = ("(cd /home/agent && find . -mindepth 1 -printf '%p %y %m %U %l %T@\\n' |
 async def test_incremental_reset_restores_every_kind_of_change_exactly(pool, base_spec):
     """Compare the whole home tree (names, types, modes, owners, contents) before and after a hostile rollout."""
     async with pool.lease(base_spec) as sb:
-        await sb.sh("mkdir -p /srv/air/pristine/workspace/data/deep /srv/air/pristine/workspace/empty && "
-                    "cd /srv/air/pristine/workspace && echo a > a.py && echo b > data/b.csv && "
+        await sb.sh("mkdir -p /srv/air/pristine/home/workspace/data/deep /srv/air/pristine/home/workspace/empty && "
+                    "cd /srv/air/pristine/home/workspace && echo a > a.py && echo b > data/b.csv && "
                     "echo c > data/deep/c.txt && echo '#!/bin/sh' > run.sh && chmod 755 run.sh && "
-                    "ln -s data/b.csv link && echo rc > /srv/air/pristine/.profile_x")
+                    "ln -s data/b.csv link && echo rc > /srv/air/pristine/home/.profile_x && "
+                    "chown -R 1000:1000 /srv/air/pristine/home")
         await sb.session.reset(full=True)
         pristine = (await sb.session.run(TREE)).stdout
         mutations = [

@@ -33,8 +33,13 @@ REMOVE_PATIENCE = 90.0  # seconds a removal keeps retrying while the daemon is u
 ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"]
 AGENT_HOME = "/home/agent"
 WORKSPACE = f"{AGENT_HOME}/workspace"
-# Root-owned, agent-readable: the pristine copy of the staged workspace that a reset restores.
+# Root-only (0700): the pristine copy of the home that a reset restores (PRISTINE_HOME mirrors AGENT_HOME).
 PRISTINE = f"{AIR_DIR}/pristine"
+PRISTINE_HOME = f"{PRISTINE}/home"
+# Writable by the agent besides its home; every reset empties them.
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
+SHM_MB = 64  # Docker's default /dev/shm
+WARDEN_MB = 64  # memory kept free for the warden beyond what processes and in-memory filesystems can take
 BASE_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -67,11 +72,19 @@ class SandboxSpec(BaseModel):
     env: dict[str, str] = {}
     read_only_root: bool = True
     """Root filesystem read-only; the agent's home, /srv/air (air's own files) and the temp dirs stay writable."""
-    tmp_mb: int = Field(1024, ge=16)
-    """Size of each in-memory temp dir (/tmp, /var/tmp); it counts against the memory limit."""
-    workspace_mb: int | None = Field(None, ge=16)
-    """A hard quota on the agent's home: then it lives in memory (tmpfs, counted against the memory limit).
-    None: an unbounded disk-backed volume (Docker's local volumes have no quota)."""
+    tmp_mb: int = Field(512, ge=16)
+    """Size of each in-memory temp dir (/tmp, /var/tmp)."""
+    workspace_mb: int | None = Field(2048, ge=16)
+    """The quota of the agent's home (the agent gets ENOSPC past it). The home then lives in memory (tmpfs), and
+    the container's memory limit grows by the quota: a full disk never takes the processes' memory. None: an
+    unbounded disk-backed volume (Docker's local volumes have no quota; a rollout can fill the host's disk)."""
+
+    @property
+    def memory_limit_mb(self) -> int:
+        """The cgroup's limit: processes' memory plus every in-memory filesystem at its full size plus room for
+        the warden, so that filling the filesystems can never wedge the sandbox (tmpfs pages cannot be freed by
+        killing a process; only a reset frees them)."""
+        return (self.resources.memory_mb + (self.workspace_mb or 0) + 2 * self.tmp_mb + SHM_MB + WARDEN_MB)
 
     @property
     def key(self) -> str:
@@ -124,8 +137,6 @@ class Sandbox:
                 raise ImageError(f"image {spec.image} is not built; run `air images build`") from exc
             raise
         sandbox = cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""))
-        if spec.read_only_root and spec.workspace_mb:  # a fresh tmpfs home is empty: give it its workspace
-            await sandbox.sh(f"mkdir -p {WORKSPACE} && chown -R 1000:1000 {AGENT_HOME}")
         return sandbox
 
     async def remove(self) -> None:
@@ -300,7 +311,8 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
         network_mode="bridge" if spec.network else "none",
         labels=make_labels(role, spec.task, run, **{KEY.removeprefix("air."): _short_key(spec.key)}),
         environment={"HOME": AGENT_HOME, **spec.env, **gpu_env(gpu_ids)}, working_dir=WORKSPACE,
-        nano_cpus=int(r.cpus * 1e9), mem_limit=f"{r.memory_mb}m", memswap_limit=f"{r.memory_mb}m",
+        nano_cpus=int(r.cpus * 1e9), mem_limit=f"{spec.memory_limit_mb}m",
+        memswap_limit=f"{spec.memory_limit_mb}m", shm_size=f"{SHM_MB}m",
         pids_limit=r.pids, stop_signal="SIGKILL",
         # Hardening: the agent is uid 1000 and gets no capability at all; root (only the harness execs as root)
         # keeps what staging, scoring and the evaluation kit's privilege drop need. No setuid escalation.

@@ -1,7 +1,8 @@
 """Putting a task into a leased sandbox, so that the agent sees exactly what it should and nothing more.
 
 Layout inside the agent's sandbox:
-- /srv/air/pristine/workspace/...  starter files, root-owned copy; every reset restores the workspace from it
+- /srv/air/pristine/home/...       the pristine home (workspace with the starter files, owned by the agent's uid
+                                   as in the home) inside a root-only (0700) directory; every reset restores it
 - /srv/air/data/...                read-only data (root, 0555/0444); the workspace has `data -> /srv/air/data`
 - nothing else of the task: secret files and evaluation code only ever go to a scoring sandbox.
 
@@ -16,7 +17,7 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from air.sandbox.container import AIR_DIR, PRISTINE, WORKSPACE, Sandbox
+from air.sandbox.container import AIR_DIR, PRISTINE_HOME, WORKSPACE, Sandbox
 from air.tasks.spec import FileEntry, TaskSpec
 
 DATA = f"{AIR_DIR}/data"
@@ -82,12 +83,13 @@ async def stage(sandbox: Sandbox, spec: TaskSpec) -> None:
     """Make `sandbox` hold task `spec` in its pristine state (no-op when it already does)."""
     if sandbox.staged == spec.content_hash:
         return
-    await sandbox.sh(f"rm -rf {PRISTINE} {DATA} && mkdir -p {PRISTINE} {DATA}")
-    await sandbox.put_archive(PRISTINE, workspace_tar(spec))
+    await sandbox.sh(f"rm -rf {PRISTINE_HOME} {DATA} && mkdir -p {PRISTINE_HOME} {DATA} && "
+                     f"chown {AGENT_UID}:{AGENT_UID} {PRISTINE_HOME}")
+    await sandbox.put_archive(PRISTINE_HOME, workspace_tar(spec))
     if spec.data:
         await sandbox.put_archive(DATA, tar_of(spec.data, dir_mode=0o555, file_mode=0o444))
         await sandbox.sh(f"chmod 0555 {DATA}")
-    await sandbox.sh(f"touch -d @{STAGED_MTIME} {PRISTINE} {DATA}")
+    await sandbox.sh(f"touch -d @{STAGED_MTIME} {PRISTINE_HOME} {DATA}")
     await sandbox.session.reset(full=True)
     sandbox.staged = spec.content_hash
 
