@@ -24,7 +24,8 @@ import asyncio
 import secrets
 from dataclasses import dataclass
 
-from air.sandbox.container import AGENT_HOME, AGENT_USER, BASE_PATH, WORKSPACE, ExecResult, Sandbox, gpu_env
+from air.sandbox.container import (AGENT_HOME, AGENT_USER, BASE_PATH, WORKSPACE, ArchiveTooLarge, ExecResult,
+                                   Sandbox, gpu_env)
 from air.sandbox.warden_link import WardenGone, WardenLink
 
 _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-.,/:=+@#%^&*()[]{}<>|;!?~$\"`")
@@ -49,6 +50,10 @@ class CommandResult:
     @property
     def output(self) -> str:
         return self.stdout + self.stderr
+
+
+class ArchiveUnreadable(Exception):
+    """Files to copy out of a sandbox could not be read (unreadable, changing under the copy, too slow)."""
 
 
 class Session:
@@ -144,6 +149,31 @@ class Session:
                                     user="root" if user == "root" else "agent", limit=self.output_limit, reap=reap)
         return ExecResult(None if reply["timed_out"] else reply["exit_code"], reply["out"], reply["err"],
                           reply["duration"], reply["timed_out"], reply["dropped"])
+
+    # ----- files of the home ------------------------------------------------------------------------------------
+    # Through the warden, not Docker's archive API: that one cannot see an in-memory home (a tmpfs mount).
+    async def pack(self, paths: list[str], *, root: str = WORKSPACE, max_bytes: int = 64 << 20,
+                   timeout: float = 120) -> bytes:
+        """A tar of paths (relative to root; "." for root itself), each under its base name, read with the agent's
+        rights. FileNotFoundError if one is missing; ArchiveTooLarge past max_bytes."""
+        async with self._lock:
+            link = await self._warden()
+            reply = await link.call("pack", wait=timeout + _MARGIN, root=root, paths=paths, max_bytes=max_bytes,
+                                    timeout=timeout)
+        status = reply["status"]
+        if status == "missing":
+            raise FileNotFoundError(", ".join(paths))
+        if status == "too_large":
+            raise ArchiveTooLarge(f"{', '.join(paths)} is larger than {max_bytes >> 20} MB")
+        if status != "ok":
+            raise ArchiveUnreadable(f"{', '.join(paths)} could not be read ({status})")
+        return reply["blob"]
+
+    async def unpack(self, dest: str, tar: bytes, *, user: str = AGENT_USER, timeout: float = 120) -> None:
+        """Extract a tar under dest as the agent (only where it may write) or as root (owners kept)."""
+        async with self._lock:
+            link = await self._warden()
+            await link.call("unpack", wait=timeout, blob=tar, dest=dest, user="root" if user == "root" else "agent")
 
     async def ping(self, timeout: float = 10) -> bool:
         """Do the warden and the shell answer? (A health check: no restart.)"""

@@ -30,8 +30,11 @@ import shutil
 import signal
 import stat
 import struct
-import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # in the container it is already defined (see above)
+    from air.sandbox.output import CappedBuffer
 
 CFG = {}  # set by the host's first frame: uid, home, workspace, air, pristine, keep, scratch
 COARSE = 5  # CLOCK_REALTIME_COARSE: the clock file times come from
@@ -81,6 +84,13 @@ def spawn(argv, *, uid, cwd, env, fds, cwd_fallbacks=(), path=None):
             os.write(2, ("air warden: cannot start %s: %s\n" % (argv[0], exc)).encode())
         finally:
             os._exit(127)
+
+
+def as_agent():
+    uid = CFG["uid"]
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
 
 
 def agent_pids(uid):
@@ -229,10 +239,6 @@ def settle(path, st):
     if not stat.S_ISLNK(st.st_mode):
         os.chmod(path, stat.S_IMODE(st.st_mode))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
-
-
-def same_kind(a, b):
-    return stat.S_IFMT(a.st_mode) == stat.S_IFMT(b.st_mode)
 
 
 def restore_full(home, pristine):
@@ -568,10 +574,12 @@ class Warden:
         self.shell_starts = 0
 
     # ----- host channel -----------------------------------------------------------------------------------------
-    def reply(self, ident, **fields):
+    def reply(self, ident, blob=b"", **fields):
         fields["id"] = ident
+        if blob:
+            fields["blob"] = len(blob)
         body = json.dumps(fields).encode()
-        data = struct.pack(">I", len(body)) + body
+        data = memoryview(struct.pack(">I", len(body)) + body + blob)
         while data:
             n = os.write(1, data)
             data = data[n:]
@@ -581,12 +589,16 @@ class Warden:
         if not data:
             self.shutdown()
         self.inbox += data
-        while len(self.inbox) >= 4:
+        while len(self.inbox) >= 4:  # frames: length, JSON header, then header["blob"] raw bytes if any
             size = struct.unpack(">I", self.inbox[:4])[0]
             if len(self.inbox) < 4 + size:
                 break
             msg = json.loads(bytes(self.inbox[4:4 + size]))
-            del self.inbox[:4 + size]
+            blob = int(msg.get("blob", 0))
+            if len(self.inbox) < 4 + size + blob:
+                break
+            msg["blob"] = bytes(self.inbox[4 + size:4 + size + blob])
+            del self.inbox[:4 + size + blob]
             try:
                 getattr(self, "op_" + msg["op"])(msg)
             except Exception as exc:  # noqa: BLE001 - the host turns it into an infrastructure error
@@ -727,6 +739,73 @@ class Warden:
         remove(CFG["pristine_home"])
         copy(CFG["home"], CFG["pristine_home"])
         self.mark = None
+        self.reply(msg["id"], ok=True)
+
+    def op_pack(self, msg):
+        """A tar of paths under root, read with the agent's rights (symlinks as links, never followed): what the
+        agent could read, nothing more, however it races the copy. Streams are cut at max_bytes."""
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(r)
+                as_agent()
+                import tarfile
+                with os.fdopen(w, "wb") as out, tarfile.open(fileobj=out, mode="w|") as tar:
+                    for rel in msg["paths"]:
+                        path = os.path.join(msg["root"], rel) if rel != "." else msg["root"]
+                        if not os.path.lexists(path):
+                            code = 2
+                            break
+                        tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".")
+            except BaseException:  # noqa: BLE001 - unreadable: the caller reports it
+                code = 3
+            os._exit(code)
+        os.close(w)
+        data, too_large = bytearray(), False
+        deadline = time.monotonic() + float(msg.get("timeout", 120))
+        sel = selectors.DefaultSelector()
+        sel.register(r, selectors.EVENT_READ)
+        try:
+            while time.monotonic() < deadline:
+                if not sel.select(max(0.0, deadline - time.monotonic())):
+                    continue
+                chunk = os.read(r, 1 << 20)
+                if not chunk:
+                    break
+                data += chunk
+                if len(data) > int(msg["max_bytes"]):
+                    too_large = True
+                    break
+        finally:
+            sel.close()
+            os.close(r)
+        if too_large or time.monotonic() >= deadline:
+            os.kill(pid, signal.SIGKILL)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        status = "too_large" if too_large else "timeout" if code == -9 else {0: "ok", 2: "missing"}.get(code, "error")
+        self.reply(msg["id"], blob=bytes(data) if status == "ok" else b"", status=status)
+
+    def op_unpack(self, msg):
+        """Extract a tar (made by the host) under dest, as the agent (only where it may write) or as root."""
+        pid = os.fork()
+        if pid == 0:
+            try:
+                if msg.get("user") != "root":
+                    as_agent()
+                import io
+                import tarfile
+                os.makedirs(msg["dest"], exist_ok=True)
+                with tarfile.open(fileobj=io.BytesIO(msg["blob"])) as tar:
+                    tar.extractall(msg["dest"], numeric_owner=True)
+            except BaseException as exc:  # noqa: BLE001
+                os.write(2, ("air warden: unpack into %s failed: %s\n" % (msg["dest"], exc)).encode())
+                os._exit(1)
+            os._exit(0)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if code:
+            raise RuntimeError("could not unpack files into %s" % msg["dest"])
         self.reply(msg["id"], ok=True)
 
     # ----- shell events -----------------------------------------------------------------------------------------

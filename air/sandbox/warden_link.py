@@ -79,16 +79,17 @@ class WardenLink:
     def alive(self) -> bool:
         return not self.closed.is_set()
 
-    async def call(self, op: str, *, wait: float, **fields) -> dict:
-        """Send one request and wait for its reply; WardenGone when the link breaks or stays silent."""
+    async def call(self, op: str, *, wait: float, blob: bytes = b"", **fields) -> dict:
+        """Send one request (with raw bytes as `blob`) and wait for its reply (its raw bytes, if any, under
+        "blob"); WardenGone when the link breaks or stays silent."""
         if not self.alive or self._writer is None:
             raise WardenGone(f"the warden of {self.sandbox.short_id} is gone")
         ident = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._waiting[ident] = future
-        body = json.dumps({"op": op, "id": ident, **fields}).encode()
+        body = json.dumps({"op": op, "id": ident, **fields, **({"blob": len(blob)} if blob else {})}).encode()
         try:
-            self._writer.write(struct.pack(">I", len(body)) + body)
+            self._writer.write(struct.pack(">I", len(body)) + body + blob)
             await self._writer.drain()
             reply = await asyncio.wait_for(future, wait)
         except asyncio.TimeoutError:
@@ -141,7 +142,11 @@ class WardenLink:
                     if len(buf) < 4 + size:
                         break
                     reply = json.loads(bytes(buf[4:4 + size]))
-                    del buf[:4 + size]
+                    blob = int(reply.get("blob", 0))
+                    if len(buf) < 4 + size + blob:
+                        break
+                    reply["blob"] = bytes(buf[4 + size:4 + size + blob])
+                    del buf[:4 + size + blob]
                     future = self._waiting.get(reply.get("id"))
                     if future is not None and not future.done():
                         future.set_result(reply)

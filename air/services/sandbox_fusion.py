@@ -33,7 +33,6 @@ import logging
 import posixpath
 import re
 import secrets
-import shlex
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from air.errors import InfraError
 from air.sandbox.container import AGENT_HOME, AGENT_USER, ArchiveTooLarge, Resources, SandboxSpec
+from air.sandbox.session import ArchiveUnreadable
 
 log = logging.getLogger("air.services.sandbox_fusion")
 
@@ -179,35 +179,6 @@ runners) are answered Failed with a message that says so."""
 _PROBE = """for t in {tools}; do command -v "$t" >/dev/null 2>&1 && echo "$t"; done
 for m in {modules}; do python3 -c "import $m" >/dev/null 2>&1 && echo "py:$m"; done; true"""
 
-# Run in the request's shell before fetching files ($1 a fresh tag, $2 the request's directory, $3 the inline byte
-# budget, then the paths). First it kills every process the program left behind: every agent process but this
-# one whose parent is inside the container (the shells air opens with `docker exec` have parent 0 there, and no
-# process of the program can), so nothing changes a file between its check and its copy. Then one line a path,
-# after the tag (output printed earlier by a background job may precede it): `ok SIZE BASE64` (inline), `big
-# SIZE` (copied out as a tar instead), `missing`, `symlink`, `notfile` or `unreadable`.
-_FETCH = r"""tag=$1; d=$2; budget=$3; shift 3; rp=') '
-for pass in 1 2 3; do
-  for p in /proc/[0-9]*; do
-    pid=${p#/proc/}; [ "$pid" = "$BASHPID" ] && continue
-    read -r stat 2>/dev/null < "$p/stat" || continue
-    read -ra f <<< "${stat##*"$rp"}"
-    [ "${f[1]}" = 0 ] || kill -9 "$pid" 2>/dev/null
-  done
-done
-for rel; do
-  want="$d/$rel"; printf '%s ' "$tag"
-  got=$(realpath -e -- "$want" 2>/dev/null) || { echo missing; continue; }
-  if [ "$got" != "$want" ] || [ -L "$want" ]; then echo symlink; continue; fi
-  [ -f "$want" ] || { echo notfile; continue; }
-  [ -r "$want" ] || { echo unreadable; continue; }
-  size=$(stat -c %s -- "$want")
-  if [ "$size" -le "$budget" ]; then
-    budget=$((budget - size)); printf 'ok %s ' "$size"; base64 -w0 -- "$want"; echo
-  else echo "big $size"; fi
-done"""
-
-_INLINE_STAGE = 256 << 10  # base64 bytes written through the shell; more goes in as one tar copy
-_INLINE_FETCH = 384 << 10  # file bytes read back through the shell; more comes out as tar copies
 _AGENT_UID = 1000
 
 
@@ -232,9 +203,6 @@ class _Plan:
     def directory(self) -> str:
         return f"{AGENT_HOME}/sf/{self.request_id}"
 
-    @property
-    def stdin_path(self) -> str:
-        return f"{AGENT_HOME}/sf/{self.request_id}.stdin"
 
 
 def _relative(path: str, what: str) -> str:
@@ -395,22 +363,22 @@ class SandboxFusionService:
                      bounded("run_timeout", request.run_timeout), compile_timeout, notes)
 
     async def _execute(self, sandbox, plan: _Plan) -> RunCodeResponse:
-        await self._stage(sandbox, plan)
-        directory = shlex.quote(plan.directory)
+        await sandbox.session.unpack(AGENT_HOME, _request_tar(plan))
         compile_result = None
+        # The program runs as the warden's own child (`exec` replaces the shell): its status is the kernel's, so
+        # nothing it prints or forks can forge a finish or an exit code, and every process it left is reaped.
         if plan.recipe.compile:
-            result = await sandbox.session.run(_quiet(f"cd {directory} && exec {plan.recipe.compile}"),
-                                               timeout=plan.compile_timeout)
-            compile_result = self._command_result(result)
+            result = await sandbox.session.exec(["sh", "-c", f"exec {plan.recipe.compile}"], cwd=plan.directory,
+                                                timeout=plan.compile_timeout)
+            compile_result = await self._command_result(sandbox, result)
             if compile_result.status != CommandRunStatus.Finished or compile_result.return_code != 0:
                 return self._response(sandbox, plan, compile_result, None, {})
         limit = (f"ulimit -d {plan.request.memory_limit_MB * 1024} && "
                  if plan.request.memory_limit_MB > 0 else "")
-        stdin = shlex.quote(plan.stdin_path) if plan.stdin is not None else "/dev/null"
-        result = await sandbox.session.run(_quiet(
-            f"cd {directory} && {limit}exec {plan.recipe.run}", stdin),
-            timeout=plan.run_timeout)
-        run_result = self._command_result(result)
+        stdin = plan.stdin.decode("utf-8", "surrogateescape") if plan.stdin is not None else ""
+        result = await sandbox.session.exec(["sh", "-c", f"{limit}exec {plan.recipe.run}"], cwd=plan.directory,
+                                            stdin=stdin, timeout=plan.run_timeout)
+        run_result = await self._command_result(sandbox, result)
         files = await self._fetch(sandbox, plan) if plan.fetch else {}
         return self._response(sandbox, plan, compile_result, run_result, files)
 
@@ -422,123 +390,48 @@ class SandboxFusionService:
                                compile_result=compile_result, run_result=run_result,
                                executor_pod_name=sandbox.name, files=files)
 
-    def _command_result(self, result) -> CommandRunResult:
+    async def _command_result(self, sandbox, result) -> CommandRunResult:
         limit, captured = self.config.output_limit, self._captured
         stdout, stderr = _cap(result.stdout, limit, captured), _cap(result.stderr, limit, captured)
         if result.timed_out:
             return CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=result.duration,
                                     return_code=None, stdout=stdout, stderr=stderr)
-        code = result.exit_code
-        if result.oom_killed:
+        code = result.exit_code  # negative: killed by that signal, as Python's subprocess (and upstream) reports
+        if code == -9 and await sandbox.new_oom_kill():
             stderr += (f"\n[air: the program was killed for using more than the sandbox's "
                        f"{self.config.memory_mb} MB of memory]\n")
-            code = code if code is not None else 137
-        elif code is None:  # the program killed the shell it ran in (kill -9 -1, kill $PPID)
-            stderr += "\n[air: the program killed the shell that ran it]\n"
-            code = -9
         return CommandRunResult(status=CommandRunStatus.Finished, execution_time=result.duration,
                                 return_code=code, stdout=stdout, stderr=stderr)
 
     # ----- files ------------------------------------------------------------------------------------------------
-    async def _stage(self, sandbox, plan: _Plan) -> None:
-        """Write the code, the files and stdin into a fresh directory owned by the agent."""
-        blobs = dict(plan.files)
-        if plan.stdin is not None:
-            blobs["\0stdin"] = plan.stdin
-        if sum(len(b) for b in blobs.values()) * 4 // 3 > _INLINE_STAGE:
-            # Large: one tar copy (tens of ms, where the shell takes about half a second a MB).
-            try:
-                await sandbox.put_archive(AGENT_HOME, _request_tar(plan), timeout=120)
-                return
-            except InfraError as exc:
-                if "read-only" not in str(exc):
-                    raise
-                # A home on tmpfs under a read-only root: Docker copies into volumes only. The shell, then.
-        await self._stage_through_shell(sandbox, plan, blobs)
-
-    async def _stage_through_shell(self, sandbox, plan: _Plan, blobs: dict[str, bytes]) -> None:
-        """Base64 is plain ASCII, which the shell's protocol carries as is; a round trip costs a millisecond or
-        two where a tar copy into the container costs tens. Files go in pieces of at most _INLINE_STAGE."""
-        dirs = sorted({posixpath.dirname(rel) for rel in plan.files} - {""})
-        targets = {rel: shlex.quote(plan.stdin_path if rel == "\0stdin" else rel) for rel in blobs}
-        steps = [f"mkdir -p {shlex.quote(plan.directory)}", f"cd {shlex.quote(plan.directory)}"]
-        if dirs:
-            steps.append("mkdir -p " + " ".join(map(shlex.quote, dirs)))
-        steps += [f": > {target}" for target in targets.values()]
-        commands, size = [steps], 0
-        piece = _INLINE_STAGE // 4 * 3  # raw bytes whose base64 fills a piece exactly, so pieces decode alone
-        for rel, content in blobs.items():
-            for i in range(0, len(content), piece):
-                encoded = base64.b64encode(content[i:i + piece]).decode()
-                if size + len(encoded) > _INLINE_STAGE:
-                    commands.append([f"cd {shlex.quote(plan.directory)}"])
-                    size = 0
-                commands[-1].append(f"printf %s {encoded} | base64 -d >> {targets[rel]}")
-                size += len(encoded)
-        for command in commands:
-            result = await sandbox.session.run("(umask 022 && " + " && ".join(command) + ")", timeout=60)
-            if result.exit_code != 0:
-                raise InfraError(f"could not write the request's files in {sandbox.short_id}: "
-                                 f"{(result.stderr or result.stdout).strip()[-300:]}")
-
     async def _fetch(self, sandbox, plan: _Plan) -> dict[str, str]:
+        """Each requested file, read with the agent's rights after every process of the program was reaped; a
+        symlink is never followed."""
         budget = self.config.max_fetch_bytes
-        tag = f"AIRFETCH{secrets.token_hex(8)}"
-        args = " ".join(shlex.quote(a) for a in (tag, plan.directory, str(min(budget, _INLINE_FETCH)),
-                                                 *(rel for _, rel in plan.fetch)))
-        result = await sandbox.session.run(f"(set -- {args}\n{_FETCH}\n)", timeout=60)
-        lines = [line[line.index(tag) + len(tag) + 1:] for line in result.stdout.splitlines() if tag in line]
-        if result.exit_code != 0 or len(lines) != len(plan.fetch):
-            raise InfraError(f"could not list the files to fetch in {sandbox.short_id}: "
-                             f"{(result.stderr or result.stdout).strip()[-300:]}")
         files: dict[str, str] = {}
-        for (asked, rel), line in zip(plan.fetch, lines):
-            kind, _, rest = line.partition(" ")
-            if kind == "ok":
-                size, _, encoded = rest.partition(" ")
-                files[asked] = encoded
-                budget -= int(size)
-            elif kind == "big":
-                size = int(rest)
-                if size > budget:
-                    plan.notes.append(f"fetch_files: {asked!r} ({size} bytes) left out: past this server's "
-                                      f"{self.config.max_fetch_bytes}-byte budget for fetched files")
+        for asked, rel in plan.fetch:
+            try:
+                data = await sandbox.session.pack([rel], root=plan.directory, max_bytes=budget + (1 << 20))
+            except FileNotFoundError:
+                plan.notes.append(f"fetch_files: {asked!r} left out: not found")
+                continue
+            except (ArchiveTooLarge, ArchiveUnreadable):
+                plan.notes.append(f"fetch_files: {asked!r} left out: it could not be copied as a readable file "
+                                  f"within this server's {self.config.max_fetch_bytes}-byte budget")
+                continue
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                member = tar.next()
+                problem = ("a symlink (never followed)" if member is not None and member.issym() else
+                           "not a regular file" if member is None or not member.isfile() else
+                           f"past this server's {self.config.max_fetch_bytes}-byte budget for fetched files"
+                           if member.size > budget else "")
+                if problem:
+                    plan.notes.append(f"fetch_files: {asked!r} left out: {problem}")
                     continue
-                content = await self._copy_out(sandbox, plan.directory, rel, budget)
-                if content is None:
-                    plan.notes.append(f"fetch_files: {asked!r} left out: it could not be copied as a regular "
-                                      f"file within the {self.config.max_fetch_bytes}-byte budget")
-                    continue
-                files[asked] = base64.b64encode(content).decode()
-                budget -= len(content)
-            else:
-                reason = {"missing": "not found", "symlink": "a symlink (never followed)",
-                          "notfile": "not a regular file", "unreadable": "not readable"}.get(kind, kind)
-                plan.notes.append(f"fetch_files: {asked!r} left out: {reason}")
+                content = tar.extractfile(member).read()  # type: ignore[union-attr]
+            files[asked] = base64.b64encode(content).decode()
+            budget -= len(content)
         return files
-
-    async def _copy_out(self, sandbox, directory: str, rel: str, budget: int) -> bytes | None:
-        """The file at rel, out of a tar of its top-level entry under the request's directory: Docker follows
-        symlinks in the middle of a path it is asked to archive, but never inside the tree it archives, so no
-        symlink is followed, whatever the listing above said."""
-        top = rel.split("/", 1)[0]
-        try:
-            data = await sandbox.get_archive(f"{directory}/{top}", max_bytes=budget + (1 << 20))
-        except (FileNotFoundError, ArchiveTooLarge):
-            return None
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            for member in tar:
-                if member.name.rstrip("/") == rel:
-                    if not member.isfile() or member.size > budget:
-                        return None
-                    return tar.extractfile(member).read()  # type: ignore[union-attr]
-        return None
-
-
-def _quiet(command: str, stdin: str = "/dev/null") -> str:
-    """`command` in a subshell whose stderr is the program's only: the shell's own notes about the job ("Killed",
-    "Segmentation fault") go to /dev/null, as they never appear when SandboxFusion runs a program."""
-    return f"{{ (exec 2>&3 3>&-; {command}) < {stdin}; }} 3>&2 2>/dev/null"
 
 
 def _request_tar(plan: _Plan) -> bytes:
@@ -569,8 +462,6 @@ def _request_tar(plan: _Plan) -> bytes:
             add(d, None)
         for rel, content in plan.files.items():
             add(f"{root}/{rel}", content)
-        if plan.stdin is not None:
-            add(f"{root}.stdin", plan.stdin)
     return buf.getvalue()
 
 

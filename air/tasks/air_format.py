@@ -58,8 +58,7 @@ def load_air_task(task_dir: Path) -> TaskSpec:
     if not entry.is_file():
         raise TaskError(f"{path}: evaluation entry {entry.name} does not exist")
     evaluation_files = [FileEntry(source=entry, dest=parsed.evaluation.entry)]
-    evaluation_files += [FileEntry(source=lib, dest=lib.name)
-                         for lib in sorted((task_dir.parent / SHARED_LIB).glob("air_*.py"))]
+    evaluation_files += shared_lib_entries(task_dir.parent)
     try:
         return TaskSpec(
             id=parsed.id, name=parsed.name, version=str(parsed.version), description=parsed.description.strip(),
@@ -72,3 +71,11 @@ def load_air_task(task_dir: Path) -> TaskSpec:
     except ValidationError as exc:
         err = exc.errors()[0]
         raise TaskError(f"{path}: {err['msg']}") from None
+
+
+def shared_lib_entries(tasks_root: Path | None = None) -> list[FileEntry]:
+    """The shared evaluation modules (the kit, game engines), for any scoring sandbox that needs them."""
+    from air import paths
+
+    root = tasks_root or paths.tasks_dir()
+    return [FileEntry(source=lib, dest=lib.name) for lib in sorted((root / SHARED_LIB).glob("air_*.py"))]

@@ -39,6 +39,19 @@ KNOWN_PRIMARY = {
     "3SATTime": ("Time", {"Time": "lower"}),
     "languageModelingFineWeb": ("val_loss", {"val_loss": "lower"}),
 }
+# What MLGym's YAMLs do not say about trust, declared here for MLGym's own tasks (MLGym's files stay unmodified):
+# - agent_module: the module of the agent's code that the evaluation imports; air runs it out of the evaluator's
+#   process and uid (otherwise `print(json.dumps({"Score": 5.0})); os._exit(0)` in it is the score);
+# - task_files: workspace files the evaluation imports that belong to the task (the opponent): the scorer uses
+#   the task's own copy, not the agent's;
+# - evaluation_only: dataset files only the evaluation may read (the answers), withheld from the agent.
+_GAME = {"agent_module": "strategy", "agent_functions": ["row_strategy"], "task_files": ["target.py"]}
+TRUST = {
+    "prisonersDilemma": _GAME, "battleOfSexes": _GAME, "blotto": _GAME,
+    "titanicSurvival": {"evaluation_only": ["ground_truth.csv"]},
+    "regressionKaggleHousePrice": {"evaluation_only": ["answer.csv"]},
+    "regressionKaggleHousePriceL1": {"evaluation_only": ["answer.csv"]},
+}
 _LOWER_IS_BETTER = ("loss", "rmse", "mse", "mae", "error", "time", "bpc", "perplexity", "regret")
 DEFAULT_TIMEOUT = 3600
 
@@ -89,6 +102,7 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
             raise TaskError(f"{yaml_path}: required field '{required}' is missing")
     task_id = str(data["id"])
     warn = lambda msg: log.warning("%s: %s", yaml_path.name, msg)  # noqa: E731
+    trust = TRUST.get(task_id, {})
 
     entrypoint = data.get("task_entrypoint", "CSVSubmissionTasks")
     if entrypoint not in CONTRACTS:
@@ -100,6 +114,7 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
     docs: list[str] = []
     data_entries: list[FileEntry] = []
     dataset_folders: list[Path] = []
+    evaluation_only = set(trust.get("evaluation_only", []))
     is_secret = lambda p: any(p == s or p.is_relative_to(s) for s in secrets)  # noqa: E731
     for rel in data.get("dataset_configs") or []:
         ds_path = root / "configs" / rel
@@ -109,8 +124,10 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
         if ds.get("is_local"):
             folder = _existing(root, str(ds["data_path"]), "data_path", ds_path)
             dataset_folders.append(folder)
-            data_entries += [FileEntry(source=p, dest=str(p.relative_to(folder))) for p in sorted(folder.rglob("*"))
-                             if p.is_file() and not is_secret(p)]
+            files = [p for p in sorted(folder.rglob("*")) if p.is_file() and not is_secret(p)]
+            secrets += [p for p in files if str(p.relative_to(folder)) in evaluation_only]
+            data_entries += [FileEntry(source=p, dest=str(p.relative_to(folder))) for p in files
+                             if str(p.relative_to(folder)) not in evaluation_only]
         else:
             warn(f"dataset '{ds.get('name')}' is remote ({ds.get('data_path')}); air runs offline, so the task's "
                  "own code must find it in the image")
@@ -133,6 +150,8 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
                             f"directory {rel!r}, which would give it to the agent; list that directory's other "
                             "files in starter_code instead")
         (evaluation_files if path.name in evaluation_paths else starter).append(entry)
+        if path.name in trust.get("task_files", []):
+            evaluation_files.append(entry)  # the agent keeps its copy to read; the scorer uses this one
     missing_eval = set(evaluation_paths) - {e.dest for e in evaluation_files}
     if missing_eval:
         raise TaskError(f"{yaml_path}: evaluation_paths {sorted(missing_eval)} are not among the starter_code files")
@@ -165,13 +184,18 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
         command = f"python {baseline_paths[0]}"
     training_timeout = float(data.get("training_timeout") or DEFAULT_TIMEOUT)
     contract = CONTRACTS[entrypoint]
+    trusted = contract == "mlgym-csv" or "agent_module" in trust
+    if not trusted:
+        warn(f"task {task_id} runs with MLGym's trust model: its evaluation runs the agent's code in its own "
+             "process, so that code can print any score (air declares this only for MLGym's game tasks)")
     try:
         return TaskSpec(
             id=task_id, name=str(data["name"]), description=description, source=f"mlgym:{task_config}",
             starter=starter, data=data_entries, secret=secret_entries, evaluation_files=evaluation_files,
             evaluation=Evaluation(contract=contract, entry=evaluation_paths[0],
                                   submission=["submission.csv"] if contract == "mlgym-csv" else [],
-                                  timeout=training_timeout),
+                                  timeout=training_timeout, agent_module=trust.get("agent_module"),
+                                  agent_functions=trust.get("agent_functions", []), trusted=trusted),
             baseline=Baseline(command=command, scores=scores, tolerance=0.0),
             metrics=metrics, timeouts=Timeouts(command=60, training=training_timeout),
             resources=TaskResources(),

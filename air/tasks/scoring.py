@@ -20,23 +20,29 @@ import posixpath
 import re
 import shlex
 import tarfile
+import logging
 import time
 from typing import Literal
 
 from pydantic import BaseModel
 
 from air.errors import TaskError
-from air.sandbox.container import AIR_DIR, WORKSPACE, ArchiveTooLarge, Resources, Sandbox, SandboxSpec
+from air.sandbox.container import AIR_DIR, WORKSPACE, ArchiveTooLarge, Resources, Sandbox, SandboxSpec, make_tar
+from air.sandbox.session import ArchiveUnreadable
 from air.sandbox.images import image_ref
 from air.sandbox.pool import SandboxPool
 from air.tasks.spec import TaskSpec
-from air.tasks.staging import AGENT_UID, add_entries
+from air.tasks.staging import AGENT_UID, add_entries, tar_of
+
+log = logging.getLogger("air.scoring")
 
 # Under /srv/air: the only root-writable place of a sandbox whose root filesystem is read-only.
 EVAL, SUBMISSION, OUTPUT = f"{AIR_DIR}/eval", f"{AIR_DIR}/submission", f"{AIR_DIR}/output"
 METRICS_FILE = f"{OUTPUT}/metrics.json"
-# Exit code of air_eval_kit for a bad submission. Any other failure (2 = the kit's internal error, 1 = an
-# uncaught Python exception, a signal) means the evaluation itself broke: the task's fault, never a score.
+# Exit code of air_eval_kit for a bad submission, with the kit's reason in fixed words. Any other failure is an
+# evaluation_error of the submission: the agent's code runs in (or beside) the evaluation and can crash it, so it
+# must never become an infrastructure failure (the rollout would be dropped from training). `air tasks check`
+# runs every baseline, which is where a task whose evaluation is itself broken shows up.
 _KIT_BAD_SUBMISSION = 3
 
 Status = Literal["ok", "no_submission", "invalid_submission", "evaluation_error", "timeout", "malformed_metrics"]
@@ -79,13 +85,15 @@ async def collect_submission(sandbox: Sandbox, spec: TaskSpec) -> bytes:
             if rel.startswith(("/", "..")):
                 raise TaskError(f"task {spec.id}: submission path {rel!r} is not inside the workspace")
             try:
-                raw = await sandbox.get_archive(WORKSPACE if rel == "." else f"{WORKSPACE}/{rel}",
-                                                max_bytes=cap - total + (1 << 20))
+                raw = await sandbox.session.pack([rel], root=WORKSPACE, max_bytes=cap - total + (1 << 20))
             except FileNotFoundError:
                 raise _Rejected("no_submission", f"No submission found: {WORKSPACE}/{rel} does not exist.") from None
             except ArchiveTooLarge:
                 raise _Rejected("invalid_submission",
                                 f"The submission is larger than the {cap >> 20} MB allowed.") from None
+            except ArchiveUnreadable:
+                raise _Rejected("invalid_submission", f"{WORKSPACE}/{rel} could not be read (unreadable files, "
+                                                      "or it kept changing).") from None
             parent = posixpath.dirname(rel) if rel != "." else ""
             total += _copy_sanitised(raw, clean, parent, rel, skip_data_link=rel == ".")
             if total > cap:
@@ -134,8 +142,12 @@ def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: s
             elif not (member.isfile() or member.isdir()):
                 raise _Rejected("invalid_submission", f"{WORKSPACE}/{name} is not a regular file.")
             member.name = name
-            member.uid = member.gid = AGENT_UID
+            # Root-owned and read-only from here on: nothing running in the scorer (the agent's code included)
+            # can change what is being scored.
+            member.uid = member.gid = 0
             member.uname = member.gname = ""
+            if not member.issym():
+                member.mode = 0o555 if member.isdir() or member.mode & 0o111 else 0o444
             clean.addfile(member, tar.extractfile(member) if member.isfile() else None)
             if member.isfile():
                 files.add(name)
@@ -162,13 +174,13 @@ def _air_eval_tar(spec: TaskSpec) -> bytes:
     return buf.getvalue()
 
 
-def _mlgym_eval_tar(spec: TaskSpec) -> bytes:
+def _mlgym_eval_tar(spec: TaskSpec, owner: int) -> bytes:
     """MLGym evaluations expect one workspace: evaluation files, data/ and secrets at their MLGym paths."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        add_entries(tar, spec.evaluation_files, uid=AGENT_UID, file_mode=0o555)
-        add_entries(tar, spec.data, "data/", uid=AGENT_UID, dir_mode=0o555, file_mode=0o444)
-        add_entries(tar, spec.secret, uid=AGENT_UID)
+        add_entries(tar, spec.evaluation_files, uid=owner, file_mode=0o555)
+        add_entries(tar, spec.data, "data/", uid=owner, dir_mode=0o555, file_mode=0o444)
+        add_entries(tar, spec.secret, uid=owner)
     return buf.getvalue()
 
 
@@ -182,6 +194,39 @@ def _mlgym_command(spec: TaskSpec, model_config: str | None) -> str:
     if contract == "mlgym-lm" and spec.resources.gpus:
         return f"torchrun --nproc_per_node={spec.resources.gpus} --standalone {entry}"
     return f"python {entry}"
+
+
+def _proxy_module(spec: TaskSpec) -> bytes:
+    """Stands in for the agent's module inside MLGym's evaluator: each function forwards to the agent's code in
+    an unprivileged process. A failure of that code ends the evaluation with the kit's exit code and fixed words
+    (nothing the code printed while it saw the hidden opponents)."""
+    ev = spec.evaluation
+    functions = "".join(f"\n\ndef {name}(*args):\n    return _call({name!r}, *args)\n" for name in ev.agent_functions)
+    return f"""# air: proxy of the agent's {ev.agent_module}.py, which runs in its own unprivileged process
+import atexit, sys
+sys.path.insert(0, {EVAL!r})
+import air_eval_kit as _kit
+
+_child = None
+
+
+def _call(name, *args):
+    global _child
+    try:
+        if _child is None:
+            _child = _kit.UntrustedModule({ev.agent_module!r}, {SUBMISSION!r}, required={ev.agent_functions!r},
+                                          call_timeout=10.0, total_timeout={max(ev.timeout - 30, 30)!r})
+            atexit.register(_child.close)
+        return _child.call(name, *args)
+    except _kit.SubmissionError as exc:
+        _kit.fail(str(exc))
+{functions}""".encode()
+
+
+def _kit_tar() -> bytes:
+    from air.tasks.air_format import shared_lib_entries
+
+    return tar_of(shared_lib_entries())
 
 
 async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec) -> EvalOutcome:
@@ -202,6 +247,15 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec) ->
     return outcome
 
 
+def _broken(spec: TaskSpec, result) -> EvalOutcome:
+    """The evaluation crashed. The agent's code runs inside it (or beside it), so this is the submission's result;
+    the agent sees fixed words (whatever was printed may carry hidden data), the operator the output's tail."""
+    log.warning("task %s: the evaluation exited with code %s: %s", spec.id, result.exit_code,
+                _tail(result.stderr or result.stdout, 600))
+    return EvalOutcome(status="evaluation_error", message="The evaluation of your submission failed. Its output is "
+                       "not shown because it ran on hidden data; check your submission locally.")
+
+
 async def _run_air(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalOutcome:
     await scorer.sh(f"rm -rf {EVAL} {SUBMISSION} {OUTPUT} && mkdir -p {EVAL} {SUBMISSION} {OUTPUT} "
                     f"&& chmod 700 {OUTPUT} {EVAL}")
@@ -213,14 +267,13 @@ async def _run_air(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalOut
            "AIR_METRICS_FILE": METRICS_FILE}
     result = await scorer.exec(["python", f"{EVAL}/{spec.evaluation.entry}"], cwd=EVAL, env=env,
                                timeout=spec.evaluation.timeout)
-    tail = _tail(result.stderr or result.stdout)
     if result.timed_out:
         return EvalOutcome(status="timeout", message=f"The evaluation did not finish within "
                                                      f"{spec.evaluation.timeout:g} seconds.")
-    if result.exit_code == _KIT_BAD_SUBMISSION:
-        return EvalOutcome(status="invalid_submission", message=tail)
+    if result.exit_code == _KIT_BAD_SUBMISSION:  # the kit's reason: the task's words, never the code's output
+        return EvalOutcome(status="invalid_submission", message=_tail(result.stderr))
     if result.exit_code != 0:
-        raise TaskError(f"task {spec.id}: the evaluation itself failed (exit code {result.exit_code}): {tail}")
+        return _broken(spec, result)
     try:
         raw = (await scorer.read_file(METRICS_FILE, max_bytes=1 << 20)).decode()
     except FileNotFoundError:
@@ -229,34 +282,56 @@ async def _run_air(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalOut
 
 
 async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalOutcome:
-    await scorer.sh(f"rm -rf {WORKSPACE} && mkdir -p {WORKSPACE} && chown {AGENT_UID}:{AGENT_UID} {WORKSPACE}")
-    await scorer.put_archive(WORKSPACE, artefacts)
-    await scorer.put_archive(WORKSPACE, _mlgym_eval_tar(spec))  # pristine evaluation files win
+    ev = spec.evaluation
+    # Trusted (a CSV task, or a declared one whose agent code runs through the proxy): MLGym's evaluator runs as
+    # root on a root-owned, read-only workspace. Otherwise it runs as the agent: MLGym's own trust model.
+    owner, user = (0, "root") if ev.trusted else (AGENT_UID, "agent")
+    await scorer.sh(f"rm -rf {WORKSPACE} {SUBMISSION} {EVAL} && mkdir -p {WORKSPACE} {SUBMISSION} {EVAL} && "
+                    f"chown {owner}:{owner} {WORKSPACE} && chmod 755 {EVAL}")
+    if ev.agent_module:
+        await scorer.put_archive(SUBMISSION, artefacts)
+        await scorer.put_archive(EVAL, _kit_tar())
+        proxy = make_tar({f"{ev.agent_module}.py": _proxy_module(spec)}, mode=0o444)
+        await scorer.session.unpack(WORKSPACE, proxy, user="root")
+    else:
+        await scorer.session.unpack(WORKSPACE, artefacts if ev.trusted else _owned_by_agent(artefacts), user="root")
+    await scorer.session.unpack(WORKSPACE, _mlgym_eval_tar(spec, owner), user="root")  # the task's files win
     model_config = None
-    if spec.evaluation.contract == "mlgym-model":
+    if ev.contract == "mlgym-model":
         found = await scorer.sh(f"find {WORKSPACE} -type f -name '*.yaml' | sort | head -n 1", check=False)
         model_config = found.stdout.strip()
         if not model_config:
             return EvalOutcome(status="no_submission", message="No submission found: no .yaml config file in "
                                                                "the workspace.")
-    result = await scorer.exec(["sh", "-c", _mlgym_command(spec, model_config)], user="agent", cwd=WORKSPACE,
-                               timeout=spec.evaluation.timeout)
+    result = await scorer.exec(["sh", "-c", _mlgym_command(spec, model_config)], user=user, cwd=WORKSPACE,
+                               timeout=ev.timeout)
     if result.timed_out:
-        return EvalOutcome(status="timeout", message=f"The evaluation did not finish within "
-                                                     f"{spec.evaluation.timeout:g} seconds.")
+        return EvalOutcome(status="timeout", message=f"The evaluation did not finish within {ev.timeout:g} seconds.")
+    if ev.agent_module and result.exit_code == _KIT_BAD_SUBMISSION:
+        return EvalOutcome(status="invalid_submission", message=_tail(result.stderr))
     if result.exit_code != 0:
-        return EvalOutcome(status="evaluation_error",
-                           message=f"exit code {result.exit_code}: {_tail(result.stderr or result.stdout)}")
+        return _broken(spec, result)
     # MLGym's own reading: CSV and Python tasks print exactly one JSON object (anything else printed, e.g. by
     # the agent's imported code, makes it unreadable); model and LM tasks print it on the first `{` line.
-    if spec.evaluation.contract in ("mlgym-csv", "mlgym-python"):
+    if ev.contract in ("mlgym-csv", "mlgym-python"):
         raw = result.stdout.strip()
     else:
         raw = next((l for l in result.stdout.splitlines() if l.strip().startswith("{")), "")
     if not raw:
-        return EvalOutcome(status="malformed_metrics", message=f"The evaluation printed no metrics: "
-                                                               f"{_tail(result.stdout)}")
+        return EvalOutcome(status="malformed_metrics", message="The evaluation printed no metrics.")
     return _metrics_outcome(spec, raw)
+
+
+def _owned_by_agent(artefacts: bytes) -> bytes:
+    """The submission as the agent's own files (MLGym's trust model: its evaluation may write beside them)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(artefacts)) as src, tarfile.open(fileobj=out, mode="w") as dst:
+        for member in src:
+            member.uid = member.gid = AGENT_UID
+            if not member.issym():
+                member.mode |= 0o200
+            dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+    return out.getvalue()
 
 
 def _metrics_outcome(spec: TaskSpec, raw: str) -> EvalOutcome:
@@ -269,7 +344,7 @@ def _metrics_outcome(spec: TaskSpec, raw: str) -> EvalOutcome:
         # Only the task's metrics must be numbers; other keys (notes, counts as strings) are ignored.
         named = {m.name: float(by_lower[m.name.lower()]) for m in spec.metrics if m.name.lower() in by_lower}
     except (ValueError, TypeError) as exc:
-        return EvalOutcome(status="malformed_metrics", message=f"Unreadable metrics ({exc}): {raw[:200]}")
+        return EvalOutcome(status="malformed_metrics", message=f"Unreadable metrics ({type(exc).__name__}).")
     primary = spec.primary.name
     if primary not in named:
         return EvalOutcome(status="malformed_metrics",
@@ -279,7 +354,7 @@ def _metrics_outcome(spec: TaskSpec, raw: str) -> EvalOutcome:
     return EvalOutcome(status="ok", metrics=named)
 
 
-def _tail(text: str, limit: int = 1500) -> str:
+def _tail(text: str, limit: int = 1500) -> str:  # noqa: D103 - the last `limit` characters, blank lines folded
     text = re.sub(r"\s+\n", "\n", text.strip())
     return text if len(text) <= limit else "..." + text[-limit:]
 
@@ -287,8 +362,10 @@ def _tail(text: str, limit: int = 1500) -> str:
 def validation_text(spec: TaskSpec, outcome: EvalOutcome) -> str:
     """What `validate` shows the agent, in MLGym's words."""
     if outcome.ok:
+        # Four significant digits: the exact value computed on hidden data is a channel for it.
+        shown = {name: float(f"{value:.4g}") for name, value in outcome.metrics.items()}
         return (f"Your code produced a valid submission artefact at {outcome.submission}.\n"
-                f"Baseline Score: {spec.baseline.scores}\nEvaluation Score: {outcome.metrics}")
+                f"Baseline Score: {spec.baseline.scores}\nEvaluation Score: {shown}")
     titles = {"no_submission": "No valid submission", "invalid_submission": "The submission was rejected",
               "evaluation_error": "The evaluation failed", "timeout": "The evaluation timed out",
               "malformed_metrics": "The evaluation produced no usable metrics"}

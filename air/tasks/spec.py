@@ -54,6 +54,13 @@ class Evaluation(BaseModel):
     """Artefacts copied out of the workspace for scoring (relative paths; files or directories)."""
     timeout: float = Field(300, gt=0)
     max_submission_mb: int = Field(512, gt=0)
+    agent_module: str | None = None
+    """MLGym tasks whose evaluation imports the agent's code (e.g. `strategy`): the evaluator runs as root and that
+    module becomes a proxy to the agent's code in an unprivileged process (air_eval_kit.UntrustedModule)."""
+    agent_functions: list[str] = []
+    trusted: bool = True
+    """False: the evaluation runs the agent's code in its own process (MLGym's trust model, an undeclared MLGym
+    task): it runs as the agent, and its score is only as good as that."""
 
 
 class Baseline(BaseModel):

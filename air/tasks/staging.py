@@ -97,7 +97,7 @@ async def stage(sandbox: Sandbox, spec: TaskSpec) -> None:
 async def overlay_baseline(sandbox: Sandbox, spec: TaskSpec) -> None:
     """Copy the baseline's files over the (already staged) workspace, as the agent would have written them."""
     if spec.baseline_files:
-        await sandbox.put_archive(WORKSPACE, tar_of(spec.baseline_files, uid=AGENT_UID))
+        await sandbox.session.unpack(WORKSPACE, tar_of(spec.baseline_files, uid=AGENT_UID))
 
 
 __all__ = ["stage", "overlay_baseline", "tar_of", "add_entries", "DATA"]

@@ -481,6 +481,26 @@ class _TailBuffer:
         return data.decode("utf-8", errors="replace")
 
 
+def kill_agent_processes() -> None:
+    """SIGKILL every process of the agent's uid, however it detached (setsid, double fork): one kill(-1) from a
+    child at that uid signals them all at once. Only as root (else the code under test is us)."""
+    if os.getuid() != 0:
+        return
+    try:
+        pid = os.fork()
+    except OSError:
+        return
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(AGENT_GID, AGENT_GID, AGENT_GID)
+            os.setresuid(AGENT_UID, AGENT_UID, AGENT_UID)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
 class UntrustedModule:
     """Import ``module`` from a copy of the submission in an unprivileged subprocess and call it.
 
@@ -507,10 +527,10 @@ class UntrustedModule:
                  call_timeout: float = 5.0, import_timeout: float = 60.0, total_timeout: float = 600.0,
                  seed: int = 0, max_message_bytes: int = 64 * 2**20, memory_mb: int | None = None,
                  max_file_bytes: int = 1 << 30, max_procs: int | None = 512,
-                 max_submission_bytes: int = 1 << 30, python: str | None = None,
-                 call_error_details: bool = True):
+                 max_submission_bytes: int = 1 << 30, python: str | None = None):
         self.module = module
-        self.call_error_details = bool(call_error_details)
+        # Once the child has been called it has seen the evaluation's inputs, which may be hidden: from then on
+        # nothing it produced (stderr, exception text, exit codes) is shown, only fixed words.
         self._hide_details = False
         self.call_timeout = float(call_timeout)
         self.total_timeout = float(total_timeout)
@@ -646,6 +666,7 @@ class UntrustedModule:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        kill_agent_processes()  # and whatever it left in other sessions (a setsid daemon)
         if proc.poll() is None:
             try:
                 proc.kill()
@@ -680,8 +701,7 @@ class UntrustedModule:
     def _request(self, obj: dict, timeout: float, fn: str) -> dict:
         if self._dead is not None:
             raise self._dead
-        if not self.call_error_details:
-            self._hide_details = True
+        self._hide_details = True
         try:
             data = json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8") + b"\n"
         except (TypeError, ValueError) as exc:
@@ -699,16 +719,13 @@ class UntrustedModule:
             kind = msg.get("kind")
             if kind == "protocol":
                 raise self._fatal(UntrustedProtocolError(f"{what}: {err}", self._tail()))
-            where = f" (batch item {msg['index']})" if "index" in msg else ""
-            if self._hide_details:
-                etype = str(msg.get("etype", ""))
-                builtin = getattr(builtins, etype, None)
-                if not (isinstance(builtin, type) and issubclass(builtin, BaseException)):
-                    etype = "an exception"  # only builtin names: a custom name could carry data
-                raise self._fatal(UntrustedCrash(
-                    f"{what} raised {etype}{where}. The traceback and output are "
-                    f"not shown for this task because the inputs are hidden; reproduce it locally."))
-            raise self._fatal(UntrustedCrash(f"{what} raised an exception{where}:\n{err}", self._tail()))
+            etype = str(msg.get("etype", ""))
+            builtin = getattr(builtins, etype, None)
+            if not (isinstance(builtin, type) and issubclass(builtin, BaseException)):
+                etype = "an exception"  # only builtin names: a custom name could carry data
+            raise self._fatal(UntrustedCrash(
+                f"{what} raised {etype}. The traceback and output are not shown because the evaluation's "
+                f"inputs are hidden; reproduce it locally."))
         return msg
 
     def _timeout_error(self, what: str) -> UntrustedTimeout:
@@ -772,10 +789,12 @@ class UntrustedModule:
                     continue
                 if not chunk:
                     code = self._proc.wait(5) if self._proc.poll() is None else self._proc.returncode
-                    desc = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                    hint = " (killed: out of memory?)" if code == -signal.SIGKILL else ""
+                    if self._hide_details:  # an exit code is the code's choice: 8 bits of hidden inputs
+                        desc = "it was killed (out of memory?)" if code == -signal.SIGKILL else "it exited"
+                    else:
+                        desc = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
                     raise self._fatal(UntrustedCrash(
-                        f"the process running your code died ({desc}{hint}) while running {what}", self._tail()))
+                        f"the process running your code died ({desc}) while running {what}", self._tail()))
                 self._rbuf += chunk
         finally:
             sel.close()

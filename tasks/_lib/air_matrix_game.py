@@ -29,9 +29,8 @@ def check_move(value, match, rnd, moves_text):
     if isinstance(value, bool):
         value = int(value)
     if not isinstance(value, int) or value not in (0, 1):
-        raise kit.SubmissionError(
-            f"row_strategy must return {moves_text}, but returned {str(value)[:80]!r} "
-            f"(type {type(value).__name__}) in match {match}, round {rnd + 1}")
+        # Fixed words: the value, and where it occurs, are computed from the hidden opponents' moves.
+        raise kit.SubmissionError(f"row_strategy must return {moves_text}; it returned something else")
     return value
 
 

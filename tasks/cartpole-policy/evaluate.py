@@ -29,9 +29,8 @@ def check_action(value, episode, step):
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or value not in (0, 1):
-        raise kit.SubmissionError(
-            f"act must return 0 or 1, but returned {str(value)[:80]!r} (type {type(value).__name__}) "
-            f"in episode {episode + 1}, step {step + 1}")
+        # Fixed words: the value, and where it occurs, are computed from the hidden episodes' states.
+        raise kit.SubmissionError("act must return 0 or 1; it returned something else")
     return value
 
 

@@ -38,25 +38,24 @@ def evaluate(p):
     total_bits, correct, count = 0.0, 0, 0
     with kit.UntrustedModule("model", p.submission, required=["predict"], call_timeout=CALL_TIMEOUT,
                              import_timeout=60.0, total_timeout=TOTAL_TIMEOUT, seed=2024,
-                             call_error_details=False, max_submission_bytes=200 * 2**20) as child:
+                             max_submission_bytes=200 * 2**20) as child:
         for t in range(max(map(len, targets))):
             active = [s for s in targets if len(s) > t]
             res = child.call("predict", [s[:t] for s in active])
-            where = f"in call {t + 1} (contexts of length {t})"
             try:
                 probs = np.asarray(res, dtype=np.float64)
             except (TypeError, ValueError):
-                raise kit.SubmissionError(f"predict must return a list of {len(active)} lists of {V} numbers; "
-                                          f"got a ragged or non-numeric value {where}") from None
+                raise kit.SubmissionError(f"predict must return one list of {V} numbers per context; "
+                                          "it returned a ragged or non-numeric value") from None
             if probs.shape != (len(active), V):
-                raise kit.SubmissionError(f"predict returned shape {probs.shape} for {len(active)} contexts {where}; "
-                                          f"expected ({len(active)}, {V})")
+                raise kit.SubmissionError(f"predict must return one list of {V} numbers per context; "
+                                          "it returned another shape")
             if not np.all(np.isfinite(probs)) or np.any(probs < 0):
-                raise kit.SubmissionError(f"predict returned negative, NaN or infinite probabilities {where}")
+                raise kit.SubmissionError("predict returned negative, NaN or infinite probabilities")
             sums = probs.sum(axis=1)
             if np.any(np.abs(sums - 1.0) > 1e-2):
-                raise kit.SubmissionError(f"each row returned by predict must sum to 1 (within 0.01); a row sums to "
-                                          f"{sums[np.argmax(np.abs(sums - 1.0))]:.4f} {where}")
+                # Fixed words: the values (or where they occur) are computed on the hidden text.
+                raise kit.SubmissionError("each row returned by predict must sum to 1 (within 0.01); one does not")
             probs /= sums[:, None]
             y = np.array([index[s[t]] for s in active])
             picked = probs[np.arange(len(active)), y]
