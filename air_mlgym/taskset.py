@@ -50,6 +50,8 @@ class AirTasksetConfig(vf.TasksetConfig):
     reward_mode: Literal["delta", "best"] = "delta"
     failed_validation_penalty: float = Field(0.1, ge=0)
     reward_clip: float | None = Field(None, gt=0)
+    score_bound: float | None = Field(10.0, gt=0)
+    """Normalised scores are clamped to [-score_bound, score_bound] (see air/episode/rewards.py)."""
     max_sandboxes: int = Field(32, ge=2)
     """Live containers per env process (agent and scoring sandboxes together)."""
     warm_sandboxes: int = Field(0, ge=0)
@@ -63,7 +65,7 @@ class AirTasksetConfig(vf.TasksetConfig):
             max_turns=self.max_turns, max_seconds=self.max_seconds, max_format_errors=self.max_format_errors,
             command_timeout=self.command_timeout, observation_chars=self.observation_chars,
             reward=RewardConfig(mode=self.reward_mode, failed_validation_penalty=self.failed_validation_penalty,
-                                clip=self.reward_clip),
+                                clip=self.reward_clip, score_bound=self.score_bound),
         )
 
 

@@ -21,6 +21,7 @@ from air import paths
 from air.errors import InfraError
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
+from air.tasks.scoring import displayed
 
 pytestmark = pytest.mark.docker
 
@@ -217,7 +218,7 @@ async def test_printed_fake_metrics_and_markers_are_not_scores(pool):
         step = await episode.step("```\nvalidate\n```")
     assert honest.ok and attacked.ok, (honest, attacked)
     assert attacked.metrics == honest.metrics, (attacked, honest)
-    assert episode.validations == 1 and f"Evaluation Score: {honest.metrics}" in step.observation, step
+    assert episode.validations == 1 and f"Evaluation Score: {displayed(honest.metrics)}" in step.observation, step
 
 
 # ----- links and sizes ------------------------------------------------------------------------------------------
@@ -315,7 +316,7 @@ async def test_a_hanging_strategy_times_out_and_the_scorer_stays_usable(pool, do
         assert {c.id for c in scoring_containers(docker_client, run_id, PD)} == scorers, "the scorer was replaced"
         for scorer in scoring_containers(docker_client, run_id, PD):
             procs = scorer.top(ps_args="-eo pid,user,args")["Processes"]
-            assert not [p for p in procs if "python" in " ".join(p)], procs
+            assert not [p for p in procs if "python" in p[2] and "air-warden" not in p[2]], procs
         await write(sandbox, "strategy.py", baseline)
         again = await env.evaluate(sandbox)
     assert again.ok and again.metrics == honest.metrics, (again, honest)

@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from air.errors import TaskError
 from air.sandbox.container import Resources, SandboxSpec
 
 pytestmark = pytest.mark.docker
@@ -53,7 +52,10 @@ async def test_a_full_workspace_is_the_agents_problem_and_reset_recovers(pool):
         assert r.stdout.split() == ["/home/agent/workspace:", "/tmp:", "free"]
 
 
-async def test_a_crashing_evaluation_is_a_task_error_not_a_score(pool, tmp_path, monkeypatch):
+async def test_a_crashing_evaluation_is_the_submissions_failure_not_a_score(pool, tmp_path, monkeypatch, caplog):
+    """The agent's code runs in (or beside) the evaluation and can crash it, so a crash is an evaluation_error of
+    the submission (a failed validation), never an infrastructure failure it could hide behind; the agent reads
+    fixed words, the operator the evaluation's output in the log (`air tasks check` finds broken tasks)."""
     import shutil
 
     from air import paths
@@ -67,8 +69,9 @@ async def test_a_crashing_evaluation_is_a_task_error_not_a_score(pool, tmp_path,
     monkeypatch.setenv("AIR_TASKS_DIR", str(root))
     env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
     async with env.lease() as sb:
-        with pytest.raises(TaskError, match="evaluation"):
-            await env.evaluate(sb)
+        outcome = await env.evaluate(sb)
+    assert outcome.status == "evaluation_error" and not outcome.metrics, outcome
+    assert "RuntimeError" not in outcome.message and "the evaluation itself is broken" in caplog.text
 
 
 async def test_malformed_replies_in_bulk_are_format_errors(pool):

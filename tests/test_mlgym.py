@@ -353,7 +353,9 @@ def test_unhonoured_fields_are_logged_by_name(mlgym_root, caplog):
     with caplog.at_level(logging.WARNING, logger="air.mlgym"):
         load_mlgym_task(mlgym_root, "tasks/csvToy.yaml")
         load_mlgym_task(mlgym_root, "tasks/pythonToy.yaml")
-    assert caplog.records == [], [r.getMessage() for r in caplog.records]
+    # pythonToy's only warning is about trust (it imports the agent's code and is not declared, see below)
+    assert [r.getMessage() for r in caplog.records if "trust model" not in r.getMessage()] == []
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="air.mlgym"):
         load_mlgym_task(mlgym_root, "tasks/modelToy.yaml")
     model = [r.getMessage() for r in caplog.records]
@@ -505,3 +507,50 @@ async def test_a_link_out_of_the_workspace_rejects_a_whole_workspace_submission(
         outcome = await env.evaluate(sandbox)
     assert outcome.status == "invalid_submission", outcome
     assert "notes/users" in outcome.message and "link" in outcome.message, outcome
+
+
+# ===== trust (issue #12.8) ==========================================================================================
+def test_evaluation_only_dataset_files_are_withheld_from_the_agent(mlgym_root, monkeypatch):
+    """A dataset file air declares evaluation-only (titanic's ground_truth.csv, house price's answer.csv) goes to
+    the scorer under data/, never to the agent's data."""
+    from air.tasks import mlgym
+
+    monkeypatch.setitem(mlgym.TRUST, "csvToy", {"evaluation_only": ["train.csv"]})
+    spec = load_mlgym_task(mlgym_root, "tasks/csvToy.yaml")
+    assert "train.csv" not in {e.dest for e in spec.data}
+    assert "data/train.csv" in {e.dest for e in spec.secret}
+    assert mlgym.TRUST["titanicSurvival"]["evaluation_only"] == ["ground_truth.csv"]
+
+
+def test_an_undeclared_task_that_imports_agent_code_warns_of_mlgyms_trust_model(mlgym_root, caplog):
+    with caplog.at_level(logging.WARNING, logger="air.mlgym"):
+        spec = load_mlgym_task(mlgym_root, "tasks/pythonToy.yaml")
+    assert not spec.evaluation.trusted and "MLGym's trust model" in caplog.text
+
+
+@pytest.mark.docker
+async def test_a_declared_game_runs_the_agents_strategy_out_of_the_evaluator(mlgym_root, tmp_path, pool,
+                                                                             monkeypatch):
+    """Declared like MLGym's game tasks, the evaluator imports a proxy of strategy.py that calls the agent's code
+    in an unprivileged process: a strategy printing a score and ending the process cannot score, and the honest
+    one scores exactly what MLGym's evaluation gives it."""
+    from air.tasks import mlgym
+    from air.tasks.environment import TaskEnvironment
+
+    monkeypatch.setitem(mlgym.TRUST, "pythonToy", mlgym._GAME)
+    spec = load_mlgym_task(mlgym_root, "tasks/pythonToy.yaml")
+    assert spec.evaluation.agent_module == "strategy" and spec.evaluation.trusted
+    files, _ = SUBMISSIONS["pythonToy"]
+    expected = mlgym_reference(mlgym_root, "pythonToy", files, tmp_path)
+    hack = ("import json, os\ndef row_strategy(history):\n    print(json.dumps({'Score': 5.0}), flush=True)\n"
+            "    os._exit(0)\n")
+    env = TaskEnvironment(spec, pool)
+    async with env.lease() as sandbox:
+        await sandbox.session.run(heredoc_writes({"strategy.py": hack}))
+        assert (await sandbox.session.run("python -c 'import strategy; strategy.row_strategy([])'")).stdout
+        hacked = await env.evaluate(sandbox)
+        await sandbox.session.run(heredoc_writes(files))
+        honest = await env.evaluate(sandbox)
+    assert hacked.status == "invalid_submission" and not hacked.metrics, hacked
+    assert "5.0" not in hacked.message
+    assert honest.status == "ok" and same_metrics(honest.metrics, expected), (honest, expected)

@@ -276,3 +276,22 @@ def test_rescore_matches_tracker(config: RewardConfig) -> None:
         ]
         tracker = RewardTracker(config, baseline, direction, scale)
         assert rescore(scores, config, baseline, direction, scale) == run(tracker, scores)
+
+
+def test_a_huge_finite_score_cannot_launder_the_return():
+    """Issue #12.6: a price of 4.7e18 then a real one. Unbounded, the steps are -3.6e16 and +3.6e16 and their
+    float sum swallows the real -0.24 and the -0.1 penalty (return 0.0). Bounded by default: the return is
+    exactly n(last) - penalty."""
+    baseline = 30340.11
+    real = baseline * 1.24  # 24 % worse, lower is better
+    steps = rescore([4.7e18, None, real], RewardConfig(), baseline, "lower")
+    assert steps[0] == -10.0  # the default bound
+    assert abs(sum(steps) - (-0.24 - 0.1)) < 1e-9, steps
+    unbounded = rescore([4.7e18, None, real], RewardConfig(score_bound=None), baseline, "lower")
+    assert sum(unbounded) != pytest.approx(-0.34)  # what the bound prevents
+
+
+@pytest.mark.parametrize("score", [1e300, -1e300, 5e-324])
+def test_every_step_reward_is_bounded_by_twice_the_score_bound(score):
+    steps = rescore([score, 1.0, score, None], RewardConfig(), 1.0, "higher")
+    assert all(abs(r) <= 20.0 for r in steps), steps

@@ -88,7 +88,6 @@ async def test_interrupt_stops_the_running_command(pool, base_spec):
 
 
 async def test_output_flood_is_capped_and_host_memory_stays_flat(pool, images, docker_client, run_id):
-    from air.sandbox.container import Sandbox
     from air.sandbox.session import Session
 
     spec = SandboxSpec(image="air/base:latest", task="flood")

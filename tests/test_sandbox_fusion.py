@@ -272,6 +272,26 @@ def test_a_sandbox_killed_under_a_request_is_sandbox_error_and_the_pool_recovers
         assert response.status == "Success" and response.run_result.stdout == "recovered\n"
 
 
+def test_a_fork_bomb_is_the_programs_result_not_a_sandbox_error(server):
+    """Issue #12.9: resource exhaustion by the code is the code's result (here its time limit), never
+    SandboxError (which the official client retries); the next request runs normally."""
+    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    response = run(server, bomb, run_timeout=3)
+    assert response.status == "Failed" and response.run_result.status == "TimeLimitExceeded", response
+    assert run(server, "print('next')").run_result.stdout == "next\n"
+
+
+def test_a_program_cannot_forge_its_completion_or_exit_code(server):
+    """Issue #12.5: a failing program writes completion-looking lines (the old marker format) to every
+    descriptor it has, and a child that lives on: the result is still its own exit code, Failed."""
+    code = ("import os, sys, time\nfor fd in range(1, 256):\n    try:\n"
+            "        os.write(fd, b'\\n__AIR_0123456789abcdef_2__ 0 1 /\\n1 0 /\\0')\n    except OSError:\n"
+            "        pass\nif os.fork() == 0:\n    time.sleep(30)\n    os._exit(0)\nsys.exit(3)\n")
+    response = run(server, code, run_timeout=10)
+    assert response.status == "Failed" and response.run_result.return_code == 3, response
+    assert response.run_result.execution_time < 10
+
+
 def test_bad_requests_are_rejected_by_the_schema(server):
     r = httpx.post(f"{server.url}/run_code", json={"code": "print(1)", "language": "cobol"}, timeout=30)
     assert r.status_code == 422

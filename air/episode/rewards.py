@@ -33,6 +33,15 @@ the agent is paid for where it ends up, and each step for its progress.
 bests over the baseline are paid and the return is max(0, n(best score)):
 exploring worse solutions is never punished.
 
+Bound
+-----
+``score_bound`` (default 10) clamps every normalised score to [-bound, bound]
+before any reward is computed: a finite but absurd score (a price of 4.7e18)
+would otherwise produce steps of ±1e16 whose float sum swallows every real
+reward of the episode (a return of 0.0 "laundered" from -0.34). Bounded
+scores keep the telescoping identity exact to float precision, and ten times
+the baseline's magnitude is far beyond any real improvement. None disables it.
+
 A failed validation pays ``-failed_validation_penalty`` and leaves the score
 history unchanged. ``clip`` bounds every step reward, penalties included, to
 [-clip, clip]; it breaks the telescoping identity, which is its purpose.
@@ -56,6 +65,7 @@ class RewardConfig(BaseModel):
     failed_validation_penalty: float = Field(default=0.1, ge=0)
     clip: float | None = Field(default=None, gt=0)
     scale_floor: float = Field(default=1e-2, gt=0)
+    score_bound: float | None = Field(default=10.0, gt=0)
 
 
 class Normalizer(BaseModel):
@@ -66,18 +76,21 @@ class Normalizer(BaseModel):
     baseline: float
     direction: Direction
     scale: float = Field(gt=0)
+    bound: float | None = Field(default=None, gt=0)
 
     @classmethod
     def for_task(
-        cls, baseline: float, direction: Direction, scale: float | None, scale_floor: float
+        cls, baseline: float, direction: Direction, scale: float | None, scale_floor: float,
+        bound: float | None = None,
     ) -> Normalizer:
         if scale is None:
             scale = max(abs(baseline), scale_floor)
-        return cls(baseline=baseline, direction=direction, scale=scale)
+        return cls(baseline=baseline, direction=direction, scale=scale, bound=bound)
 
     def __call__(self, score: float) -> float:
         sign = 1.0 if self.direction == "higher" else -1.0
-        return sign * (score - self.baseline) / self.scale
+        n = sign * (score - self.baseline) / self.scale
+        return n if self.bound is None else min(self.bound, max(-self.bound, n))
 
 
 class RewardTracker:
@@ -95,7 +108,7 @@ class RewardTracker:
         scale: float | None = None,
     ) -> None:
         self._config = config
-        self._normalize = Normalizer.for_task(baseline, direction, scale, config.scale_floor)
+        self._normalize = Normalizer.for_task(baseline, direction, scale, config.scale_floor, config.score_bound)
         self._history: list[float] = []
         self._best: float | None = None
         self._total = 0.0

@@ -357,8 +357,10 @@ class Shell:
             return
         except OSError:
             data = b""
-        if not data:
+        if not data:  # the shell closed its stdout or stderr (`exec 1>&-`): it is beyond use, replace it
             self.warden.sel.unregister(fd)
+            self.broken = True
+            self.warden.shell_changed()
             return
         self.warden.shell_output(stream, data)
 
@@ -572,6 +574,7 @@ class Warden:
         self.env, self.cwd = {}, "/"
         self.mark = None  # (coarse realtime ns, monotonic ns) when the home last equalled the pristine copy
         self.shell_starts = 0
+        self.dir_times = {}
 
     # ----- host channel -----------------------------------------------------------------------------------------
     def reply(self, ident, blob=b"", **fields):
@@ -618,6 +621,8 @@ class Warden:
             if self.job is not None:
                 timeout = max(0.0, self.next_deadline() - time.monotonic())
             for key, _ in self.sel.select(timeout):
+                if self.sel.get_map().get(key.fd) is not key:
+                    continue  # unregistered by an earlier callback of this batch (its job finished)
                 key.data()
             if self.job is not None and time.monotonic() >= self.next_deadline():
                 self.expire()
@@ -645,6 +650,16 @@ class Warden:
                 os.makedirs(d, exist_ok=True)
                 os.chown(d, CFG["uid"], CFG["uid"])
             copy(CFG["home"], CFG["pristine_home"])
+        # Their own times, as a fresh container has them: emptying a directory moves its mtime.
+        self.dir_times = {}
+        for d in list(CFG["scratch"]) + [air]:
+            try:
+                if os.statvfs(d).f_flag & os.ST_RDONLY:
+                    continue  # on the read-only root: nobody can change it
+                st = os.lstat(d)
+                self.dir_times[d] = (st.st_atime_ns, st.st_mtime_ns)
+            except OSError:
+                pass
         self.reply(msg["id"], pid=os.getpid())
 
     def op_ping(self, msg):
@@ -709,12 +724,15 @@ class Warden:
             self.shell.close()
             self.shell = None
         remove_ipc(uid)
-        for d in CFG["scratch"]:
-            wipe(d)
+        for d in self.dir_times:
+            if d != CFG["air"]:
+                wipe(d)
         air = CFG["air"]
         for name in os.listdir(air):
             if name not in CFG["keep"]:
                 remove(os.path.join(air, name))
+        for d, times in self.dir_times.items():
+            os.utime(d, ns=times, follow_symlinks=False)
         home, pristine = CFG["home"], CFG["pristine_home"]
         mode = "full"
         if not msg.get("full") and self.mark is not None:
@@ -755,7 +773,10 @@ class Warden:
                 with os.fdopen(w, "wb") as out, tarfile.open(fileobj=out, mode="w|") as tar:
                     for rel in msg["paths"]:
                         path = os.path.join(msg["root"], rel) if rel != "." else msg["root"]
-                        if not os.path.lexists(path):
+                        parts = rel.split("/")[:-1]  # a symlinked directory on the way is never followed either
+                        linked = any(os.path.islink(os.path.join(msg["root"], *parts[:i + 1]))
+                                     for i in range(len(parts)))
+                        if linked or not os.path.lexists(path):
                             code = 2
                             break
                         tar.add(path, arcname=os.path.basename(path.rstrip("/")) or ".")

@@ -359,13 +359,17 @@ def _tail(text: str, limit: int = 1500) -> str:  # noqa: D103 - the last `limit`
     return text if len(text) <= limit else "..." + text[-limit:]
 
 
+def displayed(metrics: dict[str, float]) -> dict[str, float]:
+    """Metrics as the agent sees them: five significant digits. Every digit of a value computed on hidden data is
+    a channel for that data (a policy can lose chosen rounds to spell it out); rewards use the exact values."""
+    return {name: float(f"{value:.5g}") for name, value in metrics.items()}
+
+
 def validation_text(spec: TaskSpec, outcome: EvalOutcome) -> str:
     """What `validate` shows the agent, in MLGym's words."""
     if outcome.ok:
-        # Four significant digits: the exact value computed on hidden data is a channel for it.
-        shown = {name: float(f"{value:.4g}") for name, value in outcome.metrics.items()}
         return (f"Your code produced a valid submission artefact at {outcome.submission}.\n"
-                f"Baseline Score: {spec.baseline.scores}\nEvaluation Score: {shown}")
+                f"Baseline Score: {spec.baseline.scores}\nEvaluation Score: {displayed(outcome.metrics)}")
     titles = {"no_submission": "No valid submission", "invalid_submission": "The submission was rejected",
               "evaluation_error": "The evaluation failed", "timeout": "The evaluation timed out",
               "malformed_metrics": "The evaluation produced no usable metrics"}

@@ -1,0 +1,304 @@
+"""Reward integrity (issue #12), attacked from inside as the agent would attack it: ordinary commands in the
+agent's shell and ordinary submissions. Each test names the numbered hole it closes; each failed on the main before
+the warden (the reset ran in an agent-uid spare shell, submissions were agent-owned, IPC survived resets, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from air.sandbox.container import Resources, SandboxSpec
+from air.tasks.environment import TaskEnvironment
+from air.tasks.registry import load_task
+
+pytestmark = pytest.mark.docker
+
+# A state fingerprint of a sandbox as the agent sees it: processes, IPC objects, every file under every writable
+# mount (type, mode, owner, size, mtime, link target, content hash), the shell's environment, limits, umask,
+# scheduling and OOM settings. Run by the agent; the sandbox after a hostile rollout and a reset must give the same.
+FINGERPRINT = r'''python3 - <<'AIR_EOF'
+import hashlib, json, os, resource, stat
+me = {os.getpid(), os.getppid()}
+procs = []
+for p in os.listdir("/proc"):
+    if p.isdigit() and int(p) not in me:
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            uid = os.stat(f"/proc/{p}").st_uid
+        except OSError:
+            continue
+        procs.append((uid, cmd[:80]))
+ipc = {k: open(f"/proc/sysvipc/{k}").read().splitlines()[1:] for k in ("shm", "sem", "msg")}
+writable = []
+for line in open("/proc/self/mountinfo"):
+    f = line.split()
+    point, opts = f[4], f[5]
+    if "rw" in opts.split(",") and not point.startswith(("/proc", "/sys")) and point not in ("/dev", "/dev/pts"):
+        writable.append(point)
+files = []
+for top in sorted(writable):
+    for root, dirs, names in os.walk(top):
+        dirs.sort()
+        for name in [""] + sorted(names) + dirs:
+            path = os.path.join(root, name) if name else root
+            try:
+                st = os.lstat(path)
+            except OSError as exc:
+                files.append((path, "error", exc.errno)); continue
+            digest = ""
+            if stat.S_ISREG(st.st_mode) and os.access(path, os.R_OK) and st.st_size < 1 << 20:
+                digest = hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
+            link = os.readlink(path) if stat.S_ISLNK(st.st_mode) else ""
+            files.append((path, oct(st.st_mode), st.st_uid, st.st_gid, st.st_size if not stat.S_ISDIR(st.st_mode)
+                          else 0, st.st_mtime_ns, link, digest))
+env = {k: v for k, v in os.environ.items() if k not in ("AIR_COMMAND_ID", "_")}
+limits = {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource) if n.startswith("RLIMIT_")}
+mask = os.umask(0); os.umask(mask)
+print(json.dumps({"procs": sorted(procs), "ipc": ipc, "mqueue": sorted(os.listdir("/dev/mqueue")),
+                  "files": files, "env": env, "limits": limits, "umask": mask, "cwd": os.getcwd(),
+                  "nice": os.nice(0), "oom": open("/proc/self/oom_score_adj").read().strip()}))
+AIR_EOF'''
+
+# Everything a rollout can leave behind, tried at once (issue #12.1-4 and the shell's state).
+HOSTILE = r'''
+cd ~/workspace
+echo 'echo planted' >> ~/.bashrc; echo planted > ~/workspace/planted.py; chmod 700 ~/workspace
+mkdir -p ~/.cache/x && echo y > ~/.cache/x/y; ln -s /etc ~/link-out
+echo t > /tmp/t; echo v > /var/tmp/v; echo s > /dev/shm/s
+setsid nohup sleep 4321 >/dev/null 2>&1 & disown
+python3 -c "import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(4321)" &
+ipcmk -M 4096 >/dev/null; ipcmk -S 2 >/dev/null; ipcmk -Q >/dev/null
+python3 -c "import ctypes, os; rt = ctypes.CDLL('librt.so.1'); print(rt.mq_open(b'/airq', os.O_CREAT | os.O_RDWR, 0o600, None))"
+echo pwned > /srv/air/pristine/home/workspace/pristine.py 2>/dev/null || echo pristine-denied
+ls /srv/air/pristine 2>/dev/null || echo pristine-unreadable
+export LEAK=1; ulimit -n 64; umask 077; cd /tmp
+'''
+
+
+def fingerprint(result) -> dict:
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+async def test_a_hostile_rollout_leaves_nothing_the_next_lease_can_see(pool, base_spec):
+    """#1-#4 and the 'Must hold': after a rollout that plants files, daemons (setsid, double fork), SysV and POSIX
+    IPC objects, temp files, shell state and limits, the next lease of the same container has the fingerprint
+    of the fresh one: processes, IPC, every writable path with modes and times, environment and limits."""
+    async with pool.lease(base_spec) as sb:
+        fresh = fingerprint(await sb.session.run(FINGERPRINT, timeout=120))
+        container = sb.container_id
+        r = await sb.session.run(HOSTILE, timeout=60)
+        assert "pristine-denied" in r.stdout and "pristine-unreadable" in r.stdout, r
+        dirty = fingerprint(await sb.session.run(FINGERPRINT, timeout=120))
+        assert dirty != fresh  # the attack did change the state (the fingerprint can fail)
+        assert any("4321" in cmd for _, cmd in dirty["procs"]) and any(dirty["ipc"].values()) and dirty["mqueue"]
+    await pool.wait_idle()  # the reset runs in the background after release
+    async with pool.lease(base_spec) as sb:
+        assert sb.container_id == container  # the warm pool gave the same container back
+        after = fingerprint(await sb.session.run(FINGERPRINT, timeout=120))
+    for key in fresh:
+        assert after[key] == fresh[key], key
+
+
+async def test_the_agent_cannot_reach_the_warden_or_its_shell(pool, base_spec):
+    """#1/#5: the process that resets the sandbox and reports completion is root and out of reach: no signal,
+    no /proc/PID/fd, no environ, no ptrace; the agent's shell is not dumpable, so its own other processes cannot
+    open its fds (where a completion could be forged) either."""
+    probe = r'''
+warden=$(for p in /proc/[0-9]*; do grep -qa air-warden $p/cmdline 2>/dev/null && echo ${p#/proc/}; done | head -1)
+echo "warden=$warden"
+kill -STOP $warden 2>/dev/null && echo signalled-warden
+ls /proc/$warden/fd >/dev/null 2>&1 && echo warden-fds
+cat /proc/$warden/environ >/dev/null 2>&1 && echo warden-environ
+(exec 2>/dev/null; echo x > /proc/$warden/fd/0) && echo wrote-warden-stdin
+shell=$$
+(sh -c "ls /proc/$shell/fd >/dev/null 2>&1 && echo shell-fds; cat /proc/$shell/environ >/dev/null 2>&1 && echo shell-environ")
+python3 -c "import ctypes; libc = ctypes.CDLL(None); print('ptrace', libc.ptrace(16, $warden, 0, 0), libc.ptrace(16, $shell, 0, 0))"
+'''
+    async with pool.lease(base_spec) as sb:
+        r = await sb.session.run(probe)
+        out = r.stdout
+        assert "warden=" in out and out.split("warden=")[1].split()[0].isdigit(), out
+        for leak in ("signalled-warden", "warden-fds", "warden-environ", "wrote-warden-stdin", "shell-fds",
+                     "shell-environ"):
+            assert leak not in out, (leak, out)
+        assert "ptrace -1 -1" in out, out
+        assert (await sb.session.run("echo alive")).stdout == "alive\n"
+
+
+async def test_processes_of_a_command_cannot_forge_its_completion(pool, base_spec):
+    """#5: a command's processes write completion-looking records to every descriptor they have; the command
+    still finishes when it finishes, with its own exit code."""
+    forge = ("python3 -c \"import os\nfor fd in range(3, 256):\n    try: os.write(fd, b'1 0 /\\0' * 4)\n"
+             "    except OSError: pass\"; sleep 1; echo finished; exit 7")
+    async with pool.lease(base_spec) as sb:
+        r = await sb.session.run(forge)
+        assert r.exit_code is None and r.shell_restarted, r  # `exit 7` ends the shell: reported as such
+        assert "finished" in r.stdout and r.duration >= 1, r
+        r = await sb.session.run(forge.replace("exit 7", "false"))
+        assert r.exit_code == 1 and "finished" in r.stdout, r
+
+
+@pytest.mark.parametrize("attack,then", [
+    ("mkdir -p /tmp/g && cd /tmp/g && rmdir /tmp/g", "exit"),  # the issue's reproduction
+    ("cd ~/workspace", "kill -9 $$"),
+    ("cd ~/workspace", "exec 0<&- 1>&- 2>&-"),
+    ("cd ~/workspace", "exec 3>&- 10>&- 255>&-; echo closed"),
+    ("cd ~/workspace", "kill -STOP $$"),
+    ("cd ~/workspace", "trap '' USR1; while :; do :; done"),
+    ("cd ~/workspace", "python3 -c 'import os\nwhile True:\n    try: os.fork()\n    except OSError: pass'"),
+    ("cd ~/workspace", "python3 -c 'import os\nfs=[]\nwhile True:\n    fs.append(os.open(\"/dev/null\", 0))' &"
+                       " sleep 2"),
+])
+async def test_nothing_in_the_sandbox_turns_a_rollout_into_an_infrastructure_failure(pool, attack, then):
+    """#10: every way found to break the shell ends as the agent's own result, and the next command works."""
+    spec = SandboxSpec(image="air/base:latest", task="selfharm", resources=Resources(memory_mb=256, pids=128),
+                       workspace_mb=32, tmp_mb=16)
+    async with pool.lease(spec) as sb:
+        container = sb.container_id
+        await sb.session.run(attack)
+        r = await sb.session.run(then, timeout=5)  # returns: timed out, restarted or finished
+        assert r.timed_out or r.shell_restarted or r.exit_code is not None, r
+        again = await sb.session.run("echo ok; pwd")
+        if again.shell_restarted and not again.stdout:  # the shell broke after reporting: this one found it so
+            again = await sb.session.run("echo ok; pwd")
+        assert again.stdout.startswith("ok\n"), (r, again)
+    await pool.wait_idle()
+    async with pool.lease(spec) as sb:  # and the reset still works: the same container comes back
+        assert sb.container_id == container
+        assert (await sb.session.run("echo clean")).stdout == "clean\n"
+
+
+async def test_filling_memory_and_every_filesystem_is_the_agents_problem(pool):
+    """#10/#11: the home has a quota (ENOSPC), the temp dirs have theirs, and filling all of them while
+    allocating memory kills the agent's processes, never the warden: the sandbox answers and resets."""
+    spec = SandboxSpec(image="air/base:latest", task="fill", resources=Resources(memory_mb=128, pids=128),
+                       workspace_mb=48, tmp_mb=24)
+    async with pool.lease(spec) as sb:
+        r = await sb.session.run("fallocate -l 100M ~/workspace/big; echo rc=$?; head -c 60M /dev/zero > ~/x; "
+                                 "df -m ~ | tail -1")
+        assert "No space left on device" in r.stderr, r
+        r = await sb.session.run("for d in /tmp /var/tmp /dev/shm; do head -c 100M /dev/zero > $d/fill; done; "
+                                 "python3 -c 'x = bytearray(1 << 30)'; echo after", timeout=60)
+        assert "after" in r.stdout, r
+        assert (await sb.session.run("echo alive")).stdout == "alive\n"
+        container = sb.container_id
+    await pool.wait_idle()
+    async with pool.lease(spec) as sb:
+        assert sb.container_id == container
+        r = await sb.session.run("ls -A ~/workspace /tmp /var/tmp /dev/shm; df -m ~ /tmp | tail -2")
+        assert "big" not in r.stdout and "fill" not in r.stdout, r.stdout
+
+
+def test_every_sandbox_has_a_default_disk_quota():
+    """#11: the home is bounded by default, and the memory cgroup holds the filesystems' sizes on top of the
+    processes' memory, so a full disk never starves the processes (or the warden)."""
+    spec = SandboxSpec(image="x")
+    assert spec.workspace_mb == 2048
+    assert spec.memory_limit_mb >= spec.resources.memory_mb + spec.workspace_mb + 2 * spec.tmp_mb
+
+
+# ----- scoring ------------------------------------------------------------------------------------------------------
+DAEMON_STRATEGY = '''
+import os, time
+def _daemon():
+    # A setsid double-forked daemon that outlives the evaluation: it would rewrite later submissions and leave
+    # data in SysV shared memory for a later evaluation (issue #12.2, #12.3).
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            import ctypes
+            libc = ctypes.CDLL(None)
+            libc.shmget(0x5eed, 4096, 0o1666)
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                for d in ("/srv/air/submission", "/home/agent/workspace"):
+                    try:
+                        open(os.path.join(d, "strategy.py"), "w").write("def row_strategy(h):\\n    return 0\\n")
+                    except OSError:
+                        pass
+                time.sleep(0.05)
+        os._exit(0)
+_daemon()
+def row_strategy(history):
+    return 1
+'''
+
+
+async def test_code_under_evaluation_leaves_nothing_for_later_evaluations(pool, docker_client, run_id):
+    """#2/#3: a strategy starts a setsid daemon that rewrites submissions and creates SysV shared memory. The
+    submission it tries to rewrite is root-owned and read-only, the kit kills every agent process when the
+    evaluation ends, and the scorer's reset removes IPC objects: a later honest evaluation scores honestly."""
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sandbox:
+        honest = await env.evaluate(sandbox)
+        r = await sandbox.session.run(f"cat > strategy.py <<'AIR_EOF'\n{DAEMON_STRATEGY}\nAIR_EOF")
+        assert r.exit_code == 0
+        attacked = await env.evaluate(sandbox)
+        assert attacked.ok, attacked
+    await pool.wait_idle()
+    scorers = [c for c in docker_client.containers.list(filters={"label": f"air.run={run_id}"})
+               if c.labels.get("air.task", "").endswith(".scoring")]
+    assert scorers
+    for scorer in scorers:
+        out = scorer.exec_run(["sh", "-c", "ps -eo user:12,args; ipcs -m"]).output.decode()
+        assert "strategy" not in out and "0x00005eed" not in out, out
+    async with env.lease() as sandbox:  # a new rollout, the starter strategy: the same score as before
+        again = await env.evaluate(sandbox)
+    assert again.ok and again.metrics == honest.metrics, (again, honest)
+
+
+LEAKY_STRATEGY = '''
+import sys
+def row_strategy(history):
+    sys.stderr.write("HIDDEN-HISTORY:" + repr(history) + "\\n")
+    print("HIDDEN-STDOUT:" + repr(history))
+    if len(history) > 3:
+        raise ValueError("HIDDEN-EXC:" + repr(history))
+    return 0
+'''
+
+
+async def test_feedback_never_carries_what_the_code_produced_on_hidden_data(pool):
+    """#7: a strategy writes the hidden opponents' moves to stderr, stdout and an exception, then crashes: the
+    agent reads fixed words only."""
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sandbox:
+        await sandbox.session.run(f"cat > strategy.py <<'AIR_EOF'\n{LEAKY_STRATEGY}\nAIR_EOF")
+        outcome = await env.evaluate(sandbox)
+    assert outcome.status == "invalid_submission", outcome
+    assert "HIDDEN" not in outcome.message and "ValueError" in outcome.message, outcome.message
+
+
+async def test_char_lm_does_not_echo_values_computed_on_the_hidden_text(pool):
+    """#7: a model whose rows sum to a number encoding the hidden text: the message gives no number."""
+    model = ("def predict(contexts):\n    return [[(ord(c[-1]) if c else 1) / 42.0] * 42 for c in contexts]\n")
+    env = TaskEnvironment(load_task("char-language-model"), pool)
+    async with env.lease() as sandbox:
+        await sandbox.session.run(f"mkdir -p model && cat > model/__init__.py <<'AIR_EOF'\n{model}\nAIR_EOF")
+        outcome = await env.evaluate(sandbox)
+    assert outcome.status == "invalid_submission", outcome
+    assert "sums to" not in outcome.message and not re.search(r"\d\.\d\d\d", outcome.message), outcome.message
+
+
+async def test_a_crashing_evaluation_is_the_submissions_result_not_an_infrastructure_failure(pool):
+    """#10 in scoring: code that kills the evaluator's process group and exhausts processes still ends as an
+    outcome of the submission (no TaskError, no InfraError)."""
+    bomb = ("import os, signal\ndef row_strategy(history):\n    os.killpg(0, signal.SIGKILL)\n"
+            "    while True:\n        try: os.fork()\n        except OSError: pass\n")
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sandbox:
+        await sandbox.session.run(f"cat > strategy.py <<'AIR_EOF'\n{bomb}\nAIR_EOF")
+        outcome = await env.evaluate(sandbox)
+        assert not outcome.ok and outcome.status in ("invalid_submission", "evaluation_error", "timeout"), outcome
+        await sandbox.session.run("rm strategy.py")
+    await asyncio.sleep(0)
