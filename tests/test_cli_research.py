@@ -34,7 +34,7 @@ def test_debug_in_a_pty_validates_submits_and_leaves_no_container(images, docker
         child.expect(r"exit code 0")
         child.expect(r"\[2\]\$ ")
         child.sendline("validate")
-        child.expect(r"Evaluation Score: \{'Score': 2\.61222\}")
+        child.expect(r"Evaluation Score: \{'Score': 2\.6122\}")
         child.expect(r"reward \+0\.0000")
         child.expect(r"\[3\]\$ ")
         child.sendline("echo 'def row_strategy(history):\\n    return 1' | sed 's/\\\\n/\\n/' > strategy.py")

@@ -250,8 +250,9 @@ async def test_code_under_evaluation_leaves_nothing_for_later_evaluations(pool, 
                if c.labels.get("air.task", "").endswith(".scoring")]
     assert scorers
     for scorer in scorers:
-        out = scorer.exec_run(["sh", "-c", "ps -eo user:12,args; ipcs -m"]).output.decode()
-        assert "strategy" not in out and "0x00005eed" not in out, out
+        out = scorer.exec_run(["sh", "-c", "for p in /proc/[0-9]*; do [ \"$(stat -c %u $p)\" = 1000 ] && "
+                                           "tr '\\0' ' ' < $p/cmdline && echo; done; ipcs -m"]).output.decode()
+        assert "python" not in out and "0x00005eed" not in out, out
     async with env.lease() as sandbox:  # a new rollout, the starter strategy: the same score as before
         again = await env.evaluate(sandbox)
     assert again.ok and again.metrics == honest.metrics, (again, honest)

@@ -206,6 +206,27 @@ def remove_ipc(uid):
                 kinds[kind](ident, IPC_RMID, None)
 
 
+def read_chunk(fd):
+    """What a non-blocking fd holds: bytes; b"" at its end (or on an error); None when nothing is there yet."""
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
+def write_some(fd, buffer):
+    """Write what a non-blocking fd takes of buffer (a bytearray, consumed); True once all of it is gone."""
+    try:
+        del buffer[:os.write(fd, buffer)]
+    except BlockingIOError:
+        pass
+    except OSError:  # the reader is gone (a shell exiting, a program that closed its stdin)
+        buffer.clear()
+    return not buffer
+
+
 # ----- files ------------------------------------------------------------------------------------------------------
 def remove(path):
     try:
@@ -340,23 +361,13 @@ class Shell:
         self.outbox += line
 
     def _flush(self):
-        try:
-            n = os.write(self.stdin, self.outbox)
-            del self.outbox[:n]
-        except BlockingIOError:
-            return
-        except OSError:  # the shell closed its stdin: it is exiting
-            self.outbox.clear()
-        if not self.outbox:
+        if write_some(self.stdin, self.outbox):
             self.warden.sel.unregister(self.stdin)
 
     def _read(self, fd, stream):
-        try:
-            data = os.read(fd, 1 << 16)
-        except BlockingIOError:
+        data = read_chunk(fd)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:  # the shell closed its stdout or stderr (`exec 1>&-`): it is beyond use, replace it
             self.warden.sel.unregister(fd)
             self.broken = True
@@ -376,12 +387,9 @@ class Shell:
                 self.warden.shell_output(stream, data)
 
     def _read_report(self):
-        try:
-            data = os.read(self.rep, 4096)
-        except BlockingIOError:
+        data = read_chunk(self.rep)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if not data:
             self.warden.sel.unregister(self.rep)
             self.broken = True
@@ -481,25 +489,15 @@ class Exec:
             self.stdin = None
 
     def _feed(self):
-        try:
-            n = os.write(self.stdin, self.stdin_data)
-            del self.stdin_data[:n]
-        except BlockingIOError:
-            return
-        except OSError:
-            self.stdin_data.clear()
-        if not self.stdin_data:
+        if write_some(self.stdin, self.stdin_data):
             self.warden.sel.unregister(self.stdin)
             os.close(self.stdin)
             self.stdin = None
 
     def _read(self, fd, capture):
-        try:
-            data = os.read(fd, 1 << 16)
-        except BlockingIOError:
+        data = read_chunk(fd)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if data:
             capture.write(data)
         else:

@@ -415,9 +415,12 @@ class SandboxFusionService:
             except FileNotFoundError:
                 plan.notes.append(f"fetch_files: {asked!r} left out: not found")
                 continue
-            except (ArchiveTooLarge, ArchiveUnreadable):
-                plan.notes.append(f"fetch_files: {asked!r} left out: it could not be copied as a readable file "
-                                  f"within this server's {self.config.max_fetch_bytes}-byte budget")
+            except ArchiveUnreadable:
+                plan.notes.append(f"fetch_files: {asked!r} left out: not readable")
+                continue
+            except ArchiveTooLarge:
+                plan.notes.append(f"fetch_files: {asked!r} left out: past this server's "
+                                  f"{self.config.max_fetch_bytes}-byte budget for fetched files")
                 continue
             with tarfile.open(fileobj=io.BytesIO(data)) as tar:
                 member = tar.next()
