@@ -16,6 +16,7 @@ from typing import Any
 from air.episode.config import EpisodeConfig
 from air.episode.rewards import RewardConfig, rescore
 from air.episode.trajectory import read_trajectory
+from air.errors import UsageError
 
 
 @dataclass
@@ -57,19 +58,39 @@ class Recording:
 
 
 def load_recordings(path: Path) -> list[Recording]:
-    """Every episode in a file or run directory (air .jsonl trajectories and vf-eval traces.jsonl files)."""
+    """Every episode in a file or run directory (air .jsonl trajectories and vf-eval traces.jsonl files).
+
+    A missing path, an unreadable file, a named file that is not JSON lines, or a recording missing its fields
+    raises UsageError naming the file: these are the user's input, so one line, not a traceback. In a directory,
+    .jsonl files that are not recordings (first line not JSON, e.g. torn by a crash) are skipped.
+    """
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or directory")
     files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
     recordings: list[Recording] = []
     for file in files:
-        first = file.open().readline()
+        try:  # undecodable bytes become U+FFFD so that a binary file reads as "not JSON" below
+            with file.open(encoding="utf-8", errors="replace") as f:
+                first = f.readline()
+        except OSError as exc:
+            raise UsageError(f"cannot read {file}: {exc.strerror or exc}") from None
         try:
             head = json.loads(first)
         except json.JSONDecodeError:
+            if path.is_dir():
+                continue
+            raise UsageError(f"{file} is not an air trajectory or vf-eval trace: "
+                             f"{'it is empty' if not first else 'its first line is not JSON'}") from None
+        if not isinstance(head, dict):
             continue
-        if head.get("type") == "start":
-            recordings.append(_from_air(file))
-        elif "traces" in head:
-            recordings.extend(_from_vf_eval(file))
+        try:
+            if head.get("type") == "start":
+                recordings.append(_from_air(file))
+            elif "traces" in head:
+                recordings.extend(_from_vf_eval(file))
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            # A start record without a task, a step without a turn, a binary tail: a damaged recording.
+            raise UsageError(f"{file} is a damaged recording ({type(exc).__name__}: {exc})") from None
     return recordings
 
 
