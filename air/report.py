@@ -8,8 +8,9 @@ inline SVG drawn here: the page needs no network and no script to open.
 from __future__ import annotations
 
 import html
+import math
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from air.episode.replay import Recording
 
@@ -23,8 +24,23 @@ th{background:#f1f3f8} .num{text-align:right;font-variant-numeric:tabular-nums}
 .step.problem{border-left-color:#d33;background:#fff4f3}
 .meta{color:#5a6272;font-size:12px} pre{white-space:pre-wrap;word-break:break-word;margin:.3rem 0;font-size:12.5px}
 .reply pre{background:#eef2fb;padding:.4rem} .obs pre{background:#f3f3f3;padding:.4rem}
-svg{background:#fff;border:1px solid #dde} .charts{display:flex;gap:1rem;flex-wrap:wrap}
+svg{background:#fff;border:1px solid #dde;max-width:100%;height:auto}
+.charts{display:flex;flex-direction:column;gap:.6rem}
+.legend{color:#5a6272;font-size:12.5px;max-width:60rem;margin:.2rem 0 1rem}
 """
+
+
+# What the overview's "step problems" column counts: the labels `load_recordings` puts on each step.
+_PROBLEMS_TIP = ("problems in the rollout's steps: format errors, command timeouts, out of memory, "
+                 "shell restarts, evaluations without a score")
+_PROBLEMS_LEGEND = (
+    '<p class="legend"><b>step problems</b>: how many times a step of the rollout went wrong, of these '
+    "kinds: a <i>format error</i> (the reply held no command, validate or submit the harness could parse), "
+    "a command <i>timeout</i> (its processes were killed), a command killed <i>out of memory</i>, "
+    "a <i>shell restart</i> (the agent's shell exited), and an <i>evaluation</i> (validate, submit or the "
+    "final one at a limit) that returned no score: no submission, an invalid submission, an evaluation "
+    "timeout or error, malformed metrics. Hover a count for its breakdown; the steps are highlighted in red "
+    "in the transcripts below. vf-eval traces do not record these, so their rollouts show 0.</p>")
 
 
 def _esc(text: object) -> str:
@@ -35,72 +51,165 @@ def _fmt(value: float | None, digits: int = 5) -> str:
     return "–" if value is None else f"{value:.{digits}g}"
 
 
-def score_chart(rec: Recording, width: int = 520, height: int = 220) -> str:
+# Chart geometry shared by both charts, so that stacked one above the other turn N of the score curve sits
+# right above turn N's reward bar. 1000 px spans most of the page (max 1100 px) and shrinks with a narrower
+# window (CSS max-width and the viewBox), text included.
+_W, _H = 1000, 300
+_LEFT, _RIGHT, _TOP, _BOTTOM = 78, 20, 38, 50
+
+
+def value_ticks(lo: float, hi: float, most: int = 6) -> list[float]:
+    """Round tick values (steps of 1, 2, 2.5 or 5 times a power of ten) covering [lo, hi]: the finest such
+    step that needs at most `most` ticks, which gives 4 to `most`; the first and last ticks bound the axis."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):  # not expected: scoring refuses non-finite metrics
+        lo, hi = 0.0, 1.0
+    if not hi > lo:  # a single value: a small band around it, so that its ticks still read as numbers
+        pad = abs(lo) * 0.05 or 1.0
+        lo, hi = lo - pad, hi + pad
+    magnitude = 10 ** math.floor(math.log10((hi - lo) / most))
+    # From fine to coarse: the first step within `most` ticks; each step is at most 2.5 times the one before,
+    # which had more than `most` ticks, so this one has at least four.
+    for step in (m * magnitude * 10 ** k for k in range(3) for m in (1, 2, 2.5, 5)):
+        first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+        if last - first + 1 <= most:
+            return [i * step for i in range(first, last + 1)]
+    return [lo, hi]  # unreachable: a step of 500 magnitudes spans the range in two ticks
+
+
+def _tick_label(value: float, ticks: list[float]) -> str:
+    """As many decimals as the tick step needs (0.25 -> 2, 0.2 -> 1, 50 -> 0), never '-0'; very small or large
+    values in exponent form with as many digits as keep neighbouring labels apart."""
+    step = abs(ticks[1] - ticks[0]) if len(ticks) > 1 else 1.0
+    if abs(value) < 1e-12 * step:  # 0 computed as 3 * 0.1 - 0.3
+        value = 0.0
+    decimals = 0
+    while decimals < 10 and abs(round(step, decimals) - step) > step * 1e-6:
+        decimals += 1
+    if decimals > 5 or max(abs(t) for t in ticks) >= 1e6:
+        digits = next(d for d in range(2, 12) if len({f"{t:.{d}g}" for t in ticks}) == len(ticks))
+        return f"{value:.{digits}g}"
+    text = f"{value:.{decimals}f}"
+    return text.lstrip("-") if float(text) == 0 else text
+
+
+def turn_ticks(turns: int, plot_width: float, min_gap: float = 36) -> list[int]:
+    """Integer turns to label: every turn when there is room, else multiples of 2, 5, 10, 20, 50, ... (plus
+    turn 1 when it does not crowd the next label)."""
+    band = plot_width / turns
+    step = next(s for k in range(7) for s in (10 ** k, 2 * 10 ** k, 5 * 10 ** k) if s * band >= min_gap)
+    ticks = list(range(step, turns + 1, step)) if step > 1 else list(range(1, turns + 1))
+    if step > 1 and (step - 1) * band >= min_gap * 0.75:
+        ticks.insert(0, 1)
+    return ticks or [1]
+
+
+class _Frame:
+    """The plot area of one chart: value and turn scales, axes with their ticks and titles."""
+
+    def __init__(self, turns: int, ticks: list[float], width: int, height: int):
+        self.turns, self.ticks, self.width, self.height = turns, ticks, width, height
+        self.lo, self.hi = ticks[0], ticks[-1]
+        self.plot_w = width - _LEFT - _RIGHT
+        self.plot_h = height - _TOP - _BOTTOM
+
+    def x(self, turn: float) -> float:
+        """Turn t is drawn in the middle of its band [t-1, t], as the bars of the reward chart are."""
+        return _LEFT + self.plot_w * (turn - 0.5) / self.turns
+
+    def y(self, value: float) -> float:
+        return _TOP + self.plot_h * (1 - (value - self.lo) / (self.hi - self.lo))
+
+    def axes(self, y_title: str) -> list[str]:
+        right, bottom = self.width - _RIGHT, self.height - _BOTTOM
+        parts = []
+        for value in self.ticks:
+            y = self.y(value)
+            parts.append(f'<line x1="{_LEFT}" x2="{right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e6e8ee"/>'
+                         f'<line x1="{_LEFT - 5}" x2="{_LEFT}" y1="{y:.1f}" y2="{y:.1f}" stroke="#888"/>'
+                         f'<text class="y-tick" x="{_LEFT - 8}" y="{y + 4:.1f}" font-size="12" '
+                         f'text-anchor="end" fill="#333">{_tick_label(value, self.ticks)}</text>')
+        for turn in turn_ticks(self.turns, self.plot_w):
+            x = self.x(turn)
+            parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{bottom}" y2="{bottom + 5}" stroke="#888"/>'
+                         f'<text class="x-tick" x="{x:.1f}" y="{bottom + 18}" font-size="12" '
+                         f'text-anchor="middle" fill="#333">{turn}</text>')
+        parts.append(f'<line x1="{_LEFT}" x2="{_LEFT}" y1="{_TOP}" y2="{bottom}" stroke="#888"/>'
+                     f'<line x1="{_LEFT}" x2="{right}" y1="{bottom}" y2="{bottom}" stroke="#888"/>'
+                     f'<text class="axis-title" x="{_LEFT + self.plot_w / 2:.0f}" y="{self.height - 8}" '
+                     f'font-size="12" text-anchor="middle" fill="#555">turn (of {self.turns})</text>'
+                     f'<text class="axis-title" transform="translate(16 {_TOP + self.plot_h / 2:.0f}) '
+                     f'rotate(-90)" font-size="12" text-anchor="middle" fill="#555">{_esc(y_title)}</text>')
+        return parts
+
+
+def _legend(items: list[str], width: int) -> str:
+    """Legend entries (svg snippets drawn at x=0, each about 130 px wide) right-aligned in the title row."""
+    x = width - _RIGHT - 130 * len(items)
+    return "".join(f'<g transform="translate({x + 130 * i} 18)">{item}</g>' for i, item in enumerate(items))
+
+
+def score_chart(rec: Recording, width: int = _W, height: int = _H) -> str:
     """Scores of every evaluation over turns, the baseline dashed, failed evaluations as red crosses."""
     points = rec.scores
     turns = max([s.turn for s in rec.steps] + [1])
     values = [v for _, v in points if v is not None] + ([rec.baseline] if rec.baseline is not None else [])
-    lo, hi = (min(values), max(values)) if values else (0.0, 1.0)
-    if hi == lo:
-        lo, hi = lo - 1, hi + 1
-    pad = (hi - lo) * 0.1
-    lo, hi = lo - pad, hi + pad
-    left, right, top, bottom = 60, 15, 20, 35
-
-    def x(turn: float) -> float:
-        return left + (width - left - right) * (turn / turns)
-
-    def y(value: float) -> float:
-        return top + (height - top - bottom) * (1 - (value - lo) / (hi - lo))
-
-    parts = [f'<svg class="score-chart" data-rollout="{_esc(rec.source)}" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" role="img" aria-label="score over turns">',
-             f'<text x="{left}" y="14" font-size="12">{_esc(rec.metric)} ({_esc(rec.direction)} is better)</text>']
-    for frac in (0, 0.5, 1):
-        value = lo + (hi - lo) * frac
-        parts.append(f'<text x="4" y="{y(value) + 4:.1f}" font-size="10">{_fmt(value, 4)}</text>'
-                     f'<line x1="{left}" x2="{width - right}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
-                     'stroke="#eee"/>')
-    parts.append(f'<text x="{(left + width) / 2:.0f}" y="{height - 6}" font-size="11">turn (of {turns})</text>')
+    ticks = value_ticks(min(values), max(values)) if values else value_ticks(0.0, 1.0)
+    frame = _Frame(turns, ticks, width, height)
+    x, y = frame.x, frame.y
+    failed = [t for t, v in points if v is None]
+    legend = [('<circle cx="6" cy="-4" r="4" fill="#2b59c3"/>'
+               '<text x="15" y="0" font-size="11">evaluation</text>')]
     if rec.baseline is not None:
-        parts.append(f'<line class="baseline" x1="{left}" x2="{width - right}" y1="{y(rec.baseline):.1f}" '
-                     f'y2="{y(rec.baseline):.1f}" stroke="#888" stroke-dasharray="5,4"/>'
-                     f'<text x="{width - right - 60}" y="{y(rec.baseline) - 4:.1f}" font-size="10" '
-                     'fill="#666">baseline</text>')
+        legend.append('<line x1="0" x2="22" y1="-4" y2="-4" stroke="#888" stroke-dasharray="5,4"/>'
+                      '<text x="27" y="0" font-size="11">baseline</text>')
+    if failed:
+        legend.append('<text x="0" y="1" fill="#d33" font-size="14">✕</text>'
+                      '<text x="15" y="0" font-size="11">failed evaluation</text>')
+    parts = [(f'<svg class="score-chart" data-rollout="{_esc(rec.source)}" width="{width}" height="{height}" '
+              f'viewBox="0 0 {width} {height}" role="img" aria-label="score over turns">'),
+             (f'<text x="{_LEFT}" y="18" font-size="13" font-weight="600">{_esc(rec.metric)} '
+              f'({_esc(rec.direction)} is better)</text>'), _legend(legend, width), *frame.axes(rec.metric)]
+    if rec.baseline is not None:
+        by = y(rec.baseline)
+        parts.append(f'<line class="baseline" x1="{_LEFT}" x2="{width - _RIGHT}" y1="{by:.1f}" y2="{by:.1f}" '
+                     f'stroke="#888" stroke-dasharray="5,4"/>'
+                     f'<text class="baseline-label" x="{width - _RIGHT - 4}" y="{by - 5:.1f}" font-size="11" '
+                     f'text-anchor="end" fill="#555">baseline {_fmt(rec.baseline)}</text>')
     good = [(t, v) for t, v in points if v is not None]
     if good:
         path = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in good)
         parts.append(f'<polyline points="{path}" fill="none" stroke="#2b59c3" stroke-width="2"/>')
         parts += [f'<circle cx="{x(t):.1f}" cy="{y(v):.1f}" r="4" fill="#2b59c3"><title>turn {t}: '
                   f'{_fmt(v)}</title></circle>' for t, v in good]
-    for t, v in points:
-        if v is None:
-            cy = y(rec.baseline) if rec.baseline is not None else y((lo + hi) / 2)
-            parts.append(f'<text x="{x(t) - 5:.1f}" y="{cy + 5:.1f}" fill="#d33" font-size="16">✕'
-                         f'<title>turn {t}: evaluation failed</title></text>')
+    for t in failed:
+        cy = y(rec.baseline) if rec.baseline is not None else y((frame.lo + frame.hi) / 2)
+        parts.append(f'<text x="{x(t):.1f}" y="{cy + 5:.1f}" fill="#d33" font-size="16" '
+                     f'text-anchor="middle">✕<title>turn {t}: evaluation failed</title></text>')
     parts.append("</svg>")
     return "".join(parts)
 
 
-def reward_chart(rec: Recording, width: int = 520, height: int = 220) -> str:
+def reward_chart(rec: Recording, width: int = _W, height: int = _H) -> str:
+    """The reward of every step as a bar from zero (green up, red down), on the score chart's turn scale."""
     rewards = [(s.turn, s.reward or 0.0) for s in rec.steps]
     turns = max([t for t, _ in rewards] + [1])
-    peak = max([abs(r) for _, r in rewards] + [1e-9])
-    left, right, top, bottom = 40, 15, 20, 35
-    mid = top + (height - top - bottom) / 2
-    bar_w = max((width - left - right) / turns * 0.7, 1.5)
-    parts = [f'<svg class="reward-chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-             'role="img" aria-label="reward per step">',
-             f'<text x="{left}" y="14" font-size="12">reward per step (return {sum(r for _, r in rewards):+.4f})'
-             '</text>',
-             f'<line x1="{left}" x2="{width - right}" y1="{mid}" y2="{mid}" stroke="#999"/>']
+    values = [r for _, r in rewards]
+    frame = _Frame(turns, value_ticks(min(values + [0.0]), max(values + [0.0])), width, height)
+    zero = frame.y(0.0)
+    bar_w = max(frame.plot_w / turns * 0.7, 1.5)
+    parts = [(f'<svg class="reward-chart" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+              'role="img" aria-label="reward per step">'),
+             (f'<text x="{_LEFT}" y="18" font-size="13" font-weight="600">reward per step '
+              f'(return {sum(values):+.4f})</text>'), *frame.axes("reward"),
+             f'<line x1="{_LEFT}" x2="{width - _RIGHT}" y1="{zero:.1f}" y2="{zero:.1f}" stroke="#666"/>']
     for turn, reward in rewards:
-        h = (height - top - bottom) / 2 * abs(reward) / peak
-        bx = left + (width - left - right) * ((turn - 0.5) / turns) - bar_w / 2
+        top = frame.y(max(reward, 0.0))
+        h = abs(frame.y(reward) - zero)
         color = "#1e7b34" if reward >= 0 else "#d33"
-        parts.append(f'<rect x="{bx:.1f}" y="{(mid - h if reward >= 0 else mid):.1f}" width="{bar_w:.1f}" '
-                     f'height="{max(h, 0.5):.1f}" fill="{color}"><title>turn {turn}: {reward:+.5f}</title></rect>')
-    parts.append(f'<text x="{(left + width) / 2:.0f}" y="{height - 6}" font-size="11">turn</text></svg>')
+        parts.append(f'<rect x="{frame.x(turn) - bar_w / 2:.1f}" y="{top:.1f}" width="{bar_w:.1f}" '
+                     f'height="{max(h, 0.5):.1f}" fill="{color}">'
+                     f'<title>turn {turn}: {reward:+.5f}</title></rect>')
+    parts.append("</svg>")
     return "".join(parts)
 
 
@@ -125,14 +234,18 @@ def render(recordings: list[Recording], title: str = "air rollouts") -> str:
     rows, by_task = [], defaultdict(list)
     for i, rec in enumerate(recordings):
         by_task[rec.task].append(rec)
-        problems = sum(len(s.problems) for s in rec.steps)
+        kinds = Counter(label for s in rec.steps for label in s.problems)
+        problems = sum(kinds.values())
+        breakdown = ", ".join(f"{label} ×{n}" for label, n in kinds.most_common()) or "none"
         best = [v for _, v in rec.scores if v is not None]
         best_v = (max(best) if rec.direction == "higher" else min(best)) if best else None
         status = '<span class="good">ok</span>' if rec.ok else '<span class="bad">failed</span>'
         rows.append(f'<tr><td><a href="#r{i}">{i}</a></td><td>{_esc(rec.task)}</td><td>{status}</td>'
                     f'<td>{_esc(rec.ended_by or "–")}</td><td class="num">{len(rec.steps)}</td>'
                     f'<td class="num">{rec.total_reward:+.4f}</td><td class="num">{_fmt(rec.baseline)}</td>'
-                    f'<td class="num">{_fmt(best_v)}</td><td class="num">{problems}</td></tr>')
+                    f'<td class="num">{_fmt(best_v)}</td>'
+                    f'<td class="num{" bad" if problems else ""}" title="{_esc(breakdown)}">{problems}</td>'
+                    '</tr>')
     task_rows = []
     for task, recs in sorted(by_task.items()):
         returns = [r.total_reward for r in recs]
@@ -151,5 +264,7 @@ def render(recordings: list[Recording], title: str = "air rollouts") -> str:
             f'<h3>Tasks</h3><table><tr><th>task</th><th>rollouts</th><th>failed</th><th>mean return</th>'
             f'<th>best return</th></tr>{"".join(task_rows)}</table>'
             f'<h3>Rollouts</h3><table><tr><th>#</th><th>task</th><th>status</th><th>ended by</th><th>turns</th>'
-            f'<th>return</th><th>baseline</th><th>best</th><th>problems</th></tr>{"".join(rows)}</table>'
+            f'<th>return</th><th>baseline</th><th>best</th>'
+            f'<th title="{_PROBLEMS_TIP}">step problems</th></tr>'
+            f'{"".join(rows)}</table>{_PROBLEMS_LEGEND}'
             f'{"".join(sections)}</body></html>')

@@ -218,6 +218,7 @@ def view(
     sources: Annotated[list[Path], typer.Argument(help="Run directories, trajectory files, vf-eval traces.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path("air-report.html"),
     title: Annotated[str, typer.Option(help="Page title.")] = "air rollouts",
+    as_json: JsonFlag = False,
 ) -> None:
     """Write a self-contained HTML report: score curves against the baseline, rewards per step, transcripts
     with long observations collapsed and failures highlighted, an overview across rollouts and tasks.
@@ -228,10 +229,42 @@ def view(
     from air.errors import UsageError
     from air.report import render
 
+    # Checked before reading a large run, so that a typo in -o costs nothing.
+    if output.is_dir():
+        raise UsageError(f"-o {output} is a directory; name the HTML file to write, "
+                         f"e.g. {output / 'report.html'}")
+    if not output.parent.is_dir():
+        raise UsageError(f"cannot write {output}: directory {output.parent} does not exist")
     recordings = [rec for src in sources for rec in load_recordings(src)]
     if not recordings:
         raise UsageError(f"no air trajectories or vf-eval traces of air found in {', '.join(map(str, sources))}")
-    output.write_text(render(recordings, title))
+    _write_atomically(output, render(recordings, title))
+    if as_json:
+        print_json({"output": str(output), "rollouts": len(recordings)})
+        return
     out.print(f"wrote {output} ({len(recordings)} rollouts)", soft_wrap=True)
     if sys.stdout.isatty():
         out.print(f"open it: file://{output.resolve()}")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """A temporary file next to `path`, renamed over it: a failed or interrupted write leaves no half report
+    and keeps an older one whole. Created with mode 0o666 so the umask applies, as for a plain open()."""
+    import os
+
+    from air.errors import UsageError
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException as exc:  # Ctrl-C included: the temporary file is ours to remove
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise
