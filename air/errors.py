@@ -32,6 +32,10 @@ class PoolExhausted(InfraError):
     """No sandbox (or no GPU) became free within the lease timeout."""
 
 
+class ModelUnavailable(InfraError):
+    """The model endpoint cannot be reached or answered something that is not a completion."""
+
+
 class TaskError(AirError):
     """The task definition or its evaluation is broken."""
 

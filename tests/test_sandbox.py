@@ -56,6 +56,34 @@ async def test_session_survives_syntax_errors_stdin_readers_heredocs_and_exit(po
         assert r.exit_code == 0 and r.stdout == "/tmp\n", "a restarted shell keeps the last cwd"
 
 
+async def test_output_printed_just_before_the_shell_dies_is_kept(pool, base_spec):
+    """Issue 15: the last ~30 bytes before a shell's death used to be held back for marker matching and lost."""
+    async with pool.lease(base_spec) as sb:
+        s = sb.session
+        r = await s.run("echo last-words; exit 3")
+        assert r.shell_restarted and r.stdout == "last-words\n"
+        r = await s.run("printf 'no newline, then death'; printf ' on stderr' >&2; kill -9 $$")
+        assert r.shell_restarted and r.stdout == "no newline, then death" and r.stderr == " on stderr"
+        r = await s.run("head -c 100000 /dev/zero | tr '\\0' x; exit 1")
+        assert r.shell_restarted and r.stdout == "x" * 100000
+
+
+async def test_corrupt_completion_records_from_the_agent_break_nothing(pool, base_spec):
+    """Issue 15: a 5000-digit exit code (more than int() takes) or a garbled record, written by the agent wherever
+    it can write, is neither a crash of the harness nor a completion: the command's own status is reported."""
+    huge = "9" * 5000
+    async with pool.lease(base_spec) as sb:
+        s = sb.session
+        attack = (f"for fd in 1 2 3 4 5 6 7 8 9; do printf '1 {huge} /tmp\\0%s 12x /\\0' {huge} >&$fd; done "
+                  "2>/dev/null; echo still-here; exit 4")
+        r = await s.run(attack)
+        assert r.shell_restarted and r.exit_code is None and "still-here" in r.stdout
+        r = await s.run(f"(exit {huge}); echo $?")
+        assert r.exit_code == 0 and r.stdout.strip().isdigit()
+        r = await s.run("echo fine; (exit 300)")
+        assert r.exit_code == 300 % 256 and r.stdout == "fine\n"
+
+
 async def test_timeout_kills_children_background_jobs_and_daemons(pool, base_spec):
     async with pool.lease(base_spec) as sb:
         s = sb.session

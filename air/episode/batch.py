@@ -20,6 +20,19 @@ from air.tasks.spec import TaskSpec
 
 
 @dataclass
+class LiveRollout:
+    """A rollout in flight, as the progress display shows it."""
+    task: str
+    index: int
+    started: float = field(default_factory=time.monotonic)
+    turns: int = 0
+    score: float | None = None
+    """Its last validated primary score."""
+    reward: float = 0.0
+    """Its return so far."""
+
+
+@dataclass
 class BatchProgress:
     total: int
     running: int = 0
@@ -27,6 +40,8 @@ class BatchProgress:
     failed: int = 0
     best: dict[str, float] = field(default_factory=dict)
     """Best primary score per task so far (direction-aware)."""
+    live: dict[tuple[str, int], LiveRollout] = field(default_factory=dict)
+    """Rollouts in flight; updated every turn."""
 
 
 @dataclass
@@ -34,7 +49,8 @@ class RolloutResult:
     task: str
     index: int
     ok: bool
-    trajectory: str
+    trajectory: str | None
+    """None when the rollout failed before its first turn (nothing was recorded)."""
     summary: dict[str, Any] | None = None
     error: str | None = None
 
@@ -54,20 +70,31 @@ async def run_batch(specs: list[TaskSpec], policy: Policy, pool: SandboxPool, ru
         trajectory = run_dir / spec.id / f"rollout-{index:03d}.jsonl"
         async with gate:
             progress.running += 1
+            live = progress.live[(spec.id, index)] = LiveRollout(spec.id, index)
             _notify(on_progress, progress)
+
+            def on_step(episode, reply, step) -> None:
+                live.turns, live.score, live.reward = episode.turns, episode.tracker.last_score, episode.total_reward
+                _notify(on_progress, progress)
+
             try:
                 summary = await run_episode(TaskEnvironment(spec, pool), policy, config, trajectory,
-                                            meta={"rollout": index})
+                                            on_step=on_step, meta={"rollout": index})
                 result = RolloutResult(spec.id, index, True, str(trajectory), summary)
                 best = summary.get("best_score")
                 if best is not None and better(spec, best):
                     progress.best[spec.id] = best
-            except AirError as exc:  # infrastructure or task failure: this rollout failed, the batch goes on
-                result = RolloutResult(spec.id, index, False, str(trajectory), error=f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - whatever broke this rollout, its siblings go on
+                # AirError says whose fault it was (infrastructure, task); anything else is a bug of air's, named
+                # as such, and still only this rollout's loss. Cancellation and Ctrl-C are not caught.
+                kind = "" if isinstance(exc, AirError) else "internal error, "
+                result = RolloutResult(spec.id, index, False, str(trajectory) if trajectory.exists() else None,
+                                       error=f"{kind}{type(exc).__name__}: {' '.join(str(exc).split())}")
                 progress.failed += 1
             finally:
                 progress.running -= 1
                 progress.done += 1
+                progress.live.pop((spec.id, index), None)
                 _notify(on_progress, progress)
         return result
 

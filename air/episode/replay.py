@@ -120,8 +120,10 @@ def _from_air(file: Path) -> Recording:
                                       validated=evaluated, action=action, problems=problems))
     end = next((r for r in records if r.get("type") == "end"), None)
     rec.ended_by = end.get("ended_by") if end else None
+    failed = next((r for r in records if r.get("type") == "failed"), None)
     rec.ok = end is not None
-    rec.error = None if end else "no end record: the episode did not finish (crash or infrastructure failure)"
+    rec.error = None if end else f"{failed['kind']} failure: {failed['error']}" if failed else \
+        "no end record: the episode did not finish (crash or infrastructure failure)"
     rec.metric = (start.get("primary") or {}).get("name", "score")
     return rec
 

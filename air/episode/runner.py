@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from air.episode.loop import Episode, EpisodeConfig, StepResult
 from air.episode.trajectory import TrajectoryWriter
+from air.errors import InfraError
 from air.policies import Message, Policy
 from air.tasks.environment import TaskEnvironment
 
@@ -20,6 +22,7 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
     """Lease a staged sandbox, play the episode to its end, return its summary; the sandbox goes back to the
     pool (reset) on every path, and an infrastructure error propagates."""
     writer = TrajectoryWriter(trajectory) if trajectory else None
+    episode: Episode | None = None
     try:
         async with task_env.lease() as sandbox:
             episode = Episode(task_env, sandbox, config, writer, meta=meta)
@@ -33,6 +36,22 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
                 messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": step.observation}]
                 if step.done:
                     return episode.summary()
+    except BaseException as exc:
+        if writer is not None:
+            _record_failure(writer, episode, exc)
+        raise
     finally:
         if writer is not None:
             writer.close()
+
+
+def _record_failure(writer: TrajectoryWriter, episode: Episode | None, exc: BaseException) -> None:
+    """A rollout that failed before its first turn leaves no file (nothing to replay or view); a later failure
+    is recorded, so readers tell an unfinished episode from a crash and say why."""
+    if episode is None or episode.turns == 0:
+        writer.discard()
+        return
+    kind = "interrupted" if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)) else \
+        "infrastructure" if isinstance(exc, InfraError) else "error"
+    writer.write({"type": "failed", "episode": episode.id, "turns": episode.turns, "kind": kind,
+                  "error": f"{type(exc).__name__}: {exc}"})
