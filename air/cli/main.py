@@ -14,6 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from air import display
 from air.cli.app import (
     BaseUrl,
     JsonFlag,
@@ -73,18 +74,30 @@ def images_build(
     Example: air images build cpu
     """
     from air.sandbox.docker_api import connect
-    from air.sandbox.images import ImageBuilder, load_recipes
+    from air.sandbox.images import ImageBuilder, PlainProgress, load_recipes
 
     all_recipes = load_recipes()
     names = recipes or [n for n, r in all_recipes.items() if gpu or not r.gpu]
     client = connect()
-    with console.status("building images") as status:
-        def report(line: str) -> None:
-            if line.startswith("warning"):
-                console.print(f"[yellow]{line}[/]")
-            status.update(line)
+    if console.is_terminal and not console.is_dumb_terminal:
+        with console.status("building images") as status:
+            def report(line: str) -> None:
+                # escape: the lines start with "[recipe]", which rich would take for markup and drop.
+                if line.startswith("warning"):
+                    console.print(f"[yellow]{escape(line)}[/]")
+                status.update(escape(line))
 
-        built = ImageBuilder(client, base=base, pip_args=pip_arg or [], report=report).ensure(names, force=force)
+            builder = ImageBuilder(client, base=base, pip_args=pip_arg or [], report=report)
+            built = builder.ensure(names, force=force)
+    else:
+        # Not a terminal (CI, `| tee`): a spinner prints nothing there for the minutes of a first build; plain
+        # lines instead, the repetitive ones rate-limited so the log stays short.
+        def write(line: str) -> None:
+            print(line, file=sys.stderr, flush=True)
+
+        with PlainProgress(write) as progress:
+            built = ImageBuilder(client, base=base, pip_args=pip_arg or [], report=progress.stage,
+                                 detail=progress.detail).ensure(names, force=force)
     if as_json:
         print_json([b.__dict__ for b in built])
         return
@@ -256,7 +269,7 @@ def run(
     task: Annotated[str, typer.Option(help="Task id (bundled) or mlgym:tasks/<name>.yaml.")] = "prisoners-dilemma",
     base_url: BaseUrl = None,
     model: Model = "air-scripted",
-    max_turns: Annotated[int, typer.Option(help="Turn limit of the episode.")] = 30,
+    max_turns: Annotated[int, typer.Option(min=1, help="Turn limit of the episode.")] = 30,
     runs_dir: Annotated[Path, typer.Option("--out", help="Where the trajectory is written.")] = Path("runs"),
     mlgym_root: MlgymRoot = None,
     as_json: JsonFlag = False,
@@ -290,11 +303,11 @@ def run(
         if not as_json:
             lines = step.observation.strip().splitlines() or [""]
             if record["score"] is not None:
-                detail = f"{spec.primary.name} = {record['score']:.6g}"
+                detail = f"{spec.primary.name} = {display.score(record['score'])}"
             else:  # a command's exit note, or the first line of a failure or format error
                 detail = lines[-1] if record["action"] == "command" else lines[0]
-            out.print(f"turn {episode.turns:>2}  {record['action']:<12} reward {step.reward:+.4f}  {detail[:80]}",
-                      markup=False, highlight=False, soft_wrap=True)
+            out.print(f"turn {episode.turns:>2}  {record['action']:<12} reward {display.reward(step.reward)}  "
+                      f"{detail[:80]}", markup=False, highlight=False, soft_wrap=True)
 
     async def main():
         async with SandboxPool(PoolConfig(gpu_ids=None if spec.resources.gpus else [])) as pool:
@@ -307,8 +320,9 @@ def run(
         return
     scores = [r["score"] for r in rows if r["score"] is not None]
     out.print(f"\n[bold]{spec.id}[/]: {summary['ended_by']} after {summary['turns']} turns; "
-              f"baseline {spec.primary.name} {summary['baseline']:.6g}, best {summary['best_score']}, "
-              f"return {summary['total_reward']:+.4f}", soft_wrap=True)
+              f"baseline {spec.primary.name} {summary['baseline']:.6g}, "
+              f"best {display.score(summary['best_score'])}, "
+              f"return {display.reward(summary['total_reward'])}", soft_wrap=True)
     if scores:
         out.print(f"score curve ({spec.primary.direction} is better): {_sparkline(scores)}  "
                   + " → ".join(f"{s:.4g}" for s in scores), soft_wrap=True)

@@ -9,6 +9,7 @@ rewards of a recording under another reward mode without any container.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ class Recording:
     ended_by: str | None = None
     ok: bool = True
     error: str | None = None
+    sandbox: str | None = None
+    """The id of the sandbox it ran in (it may appear in observations, and differs in a replay)."""
 
     @property
     def total_reward(self) -> float:
@@ -100,7 +103,7 @@ def _from_air(file: Path) -> Recording:
     rec = Recording(source=str(file), task=start["task"], task_hash=start.get("task_hash"),
                     config=start.get("config") or {}, baseline=(start.get("baseline") or {}).get(
                         (start.get("primary") or {}).get("name")),
-                    direction=(start.get("primary") or {}).get("direction", "higher"))
+                    direction=(start.get("primary") or {}).get("direction", "higher"), sandbox=start.get("sandbox"))
     for r in records:
         if r.get("type") != "step" or r.get("reply") is None:
             continue
@@ -180,6 +183,45 @@ class Drift:
     what: str
     recorded: str
     replayed: str
+    line: int | None = None
+    """For an observation: the first line (1-based) that differs once volatile fields are normalised."""
+
+
+# What differs between two honest runs of the same replies, and so is no drift: the time of day, how long things
+# took, process ids, the sandbox's own id. Anything else that differs is reported.
+_MONTH = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+_VOLATILE = (
+    # bash's notice of a job it killed or reaped names the job's pid: `main: line 1:    57 Killed   sleep 600`
+    (re.compile(r"(line \d+:\s+)\d+(?=\s+(?:Killed|Terminated|Aborted|Done|Stopped|Hangup|Quit|Exit \d+|"
+                r"Segmentation fault|Bus error|User defined signal \d))"), r"\1<pid>"),
+    (re.compile(r"^\[\d+\]\+?\s+\d+$", re.MULTILINE), "[job] <pid>"),  # `cmd &` prints `[1] 4242`
+    (re.compile(r"\b(pid|PID)([ =:]+)\d+"), r"\1\2<pid>"),
+    (re.compile(r"\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"), "<time>"),
+    (re.compile(rf"\b{_MONTH} +\d{{1,2}} +\d{{1,2}}:\d{{2}}\b"), "<date>"),  # `ls -l` of a file of this year
+    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b"), "<time>"),
+    (re.compile(r"\b(real|user|sys)\t\d+m[\d.]+s"), r"\1\t<duration>"),  # bash's `time`
+    (re.compile(r"\b\d+(?:\.\d+)?(?:e-?\d+)? ?(?:ns|us|µs|ms|s|sec|secs|seconds?)\b"), "<duration>"),
+)
+
+
+def normalise(text: str, sandbox_ids: tuple[str, ...] = ()) -> str:
+    """The text with its volatile fields replaced by placeholders (and the sandbox's id by `<sandbox>`)."""
+    for sandbox_id in sandbox_ids:
+        if sandbox_id:
+            text = text.replace(sandbox_id, "<sandbox>")
+    for pattern, placeholder in _VOLATILE:
+        text = pattern.sub(placeholder, text)
+    return text
+
+
+def first_difference(recorded: str, replayed: str) -> tuple[int, str, str]:
+    """(1-based line number, recorded line, replayed line) of the first line that differs; '' past an end."""
+    a, b = recorded.splitlines(), replayed.splitlines()
+    for i in range(max(len(a), len(b))):
+        left, right = (a[i] if i < len(a) else ""), (b[i] if i < len(b) else "")
+        if left != right or i >= min(len(a), len(b)):
+            return i + 1, left, right
+    return len(a) + 1, "", ""  # equal lines, different line endings
 
 
 async def replay(recording: Recording, pool, config: EpisodeConfig | None = None) -> tuple[list[Drift], str | None]:
@@ -205,8 +247,12 @@ async def replay(recording: Recording, pool, config: EpisodeConfig | None = None
             result = await episode.step(step.reply)
             record = {"observation": result.observation, "score": episode.tracker.last_score
                       if result.info.get("action") in ("validate", "submit") else None}
-            if step.observation is not None and step.observation != result.observation:
-                drifts.append(Drift(step.turn, "observation", _short(step.observation), _short(result.observation)))
+            if step.observation is not None:
+                recorded = normalise(step.observation, (recording.sandbox or "",))
+                replayed = normalise(result.observation, (sandbox.short_id,))
+                if recorded != replayed:
+                    line, left, right = first_difference(recorded, replayed)
+                    drifts.append(Drift(step.turn, "observation", _short(left), _short(right), line))
             if step.validated and step.score != record["score"]:
                 drifts.append(Drift(step.turn, "score", str(step.score), str(record["score"])))
     return drifts, note
@@ -216,7 +262,7 @@ def rescore_recording(recording: Recording, mode: str) -> list[tuple[int, float 
     """(turn, recorded reward, reward under `mode`) for each evaluated step; no container needed."""
     evaluated = [s for s in recording.steps if s.validated]
     if recording.baseline is None:
-        raise ValueError(f"{recording.source}: the recording has no baseline to normalise against")
+        raise UsageError(f"{recording.source}: the recording has no baseline to normalise against")
     rewards = rescore([s.score for s in evaluated], RewardConfig(mode=mode), recording.baseline,
                       recording.direction)
     return [(s.turn, s.reward, r) for s, r in zip(evaluated, rewards)]

@@ -30,6 +30,7 @@ from air.sandbox.output import CappedBuffer
 
 AGENT_USER = "agent"
 AIR_DIR = "/srv/air"  # air's own files in a sandbox (pristine copy, data, scoring inputs): root-owned
+FIXED_MTIME = 1704067200  # 2024-01-01T00:00:00Z: the time of every staged path, so `ls -l` reads alike everywhere
 REMOVE_PATIENCE = 90.0  # seconds a removal keeps retrying while the daemon is unreachable
 ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"]
 AGENT_HOME = "/home/agent"

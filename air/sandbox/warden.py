@@ -648,6 +648,8 @@ class Warden:
                 os.makedirs(d, exist_ok=True)
                 os.chown(d, CFG["uid"], CFG["uid"])
             copy(CFG["home"], CFG["pristine_home"])
+        # /srv/air's time says when the container was made: fixed, so that no two sandboxes (or a replay) differ.
+        os.utime(air, (CFG["epoch"], CFG["epoch"]))
         # Their own times, as a fresh container has them: emptying a directory moves its mtime.
         self.dir_times = {}
         for d in list(CFG["scratch"]) + [air]:

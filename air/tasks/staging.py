@@ -17,13 +17,13 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from air.sandbox.container import AIR_DIR, PRISTINE_HOME, WORKSPACE, Sandbox
+from air.sandbox.container import AIR_DIR, FIXED_MTIME, PRISTINE_HOME, WORKSPACE, Sandbox
 from air.tasks.spec import FileEntry, TaskSpec
 
 DATA = f"{AIR_DIR}/data"
 AGENT_UID = 1000
 # Staged files carry one fixed time, so what the agent sees (`ls -l`) is the same in every rollout and replay.
-STAGED_MTIME = 1704067200  # 2024-01-01T00:00:00Z
+STAGED_MTIME = FIXED_MTIME
 _SKIP = {"__pycache__", "_submission", "_output", ".gitignore"}
 
 
