@@ -163,7 +163,10 @@ def _record(trace, episode, config: EpisodeConfig) -> None:
     metrics = {"best_score": summary["best_score"], "last_score": summary["last_score"],
                "validations": summary["validations"], "failed_validations": summary["failed_validations"],
                "format_errors": summary["format_errors"], "turns": summary["turns"]}
-    # No successful validation means no score: leave those metrics out rather than invent a number.
+    # No successful validation means no score: leave those metrics out rather than invent a number. verifiers'
+    # summaries read a missing metric as 0, so `scored` says how many rollouts have one: the mean best score over
+    # the rollouts that scored is mean(best_score) / mean(scored).
+    metrics["scored"] = summary["best_score"] is not None
     trace.record_metrics({k: float(v) for k, v in metrics.items() if v is not None})
     trace.info.update({"air_episode": episode.id, "task": summary["task"], "ended_by": summary["ended_by"],
                        "step_rewards": summary["step_rewards"], "baseline": summary["baseline"],
