@@ -7,6 +7,7 @@ import base64
 import os
 import signal
 import socket
+import json
 import subprocess
 import sys
 import time
@@ -46,7 +47,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log_path, "w+")
         argv = [*_serve_argv(), "--port", str(self.port), "--concurrency", str(CONCURRENCY),
-                "--pool-size", str(POOL_SIZE), "--memory-mb", "512", "--log-level", "info"]
+                "--pool-size", str(POOL_SIZE), "--memory-mb", "512", "--log-level", "info", "--json"]
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "AIR_RUN_ID": run_id})
 
@@ -99,6 +100,12 @@ def b64(data: bytes) -> str:
 
 
 # ----- what SandboxFusion users rely on ---------------------------------------------------------------------------
+def test_json_says_where_the_service_answers_once_it_does(server):
+    ready = [json.loads(line) for line in server.output().splitlines() if line.startswith('{"service"')]
+    assert ready == [{"service": "sandbox-fusion", "url": server.url, "image": "air/cpu:latest",
+                      "concurrency": CONCURRENCY, "sandboxes": POOL_SIZE}]
+
+
 def test_success(server):
     response = run(server, "print('hello from air')")
     assert response.status == "Success" and response.message == ""

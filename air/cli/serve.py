@@ -3,6 +3,7 @@ runs on its own: `python -m air.cli.serve sandbox-fusion --port 8080`."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import typer
@@ -37,6 +38,8 @@ def sandbox_fusion(
     queue_timeout: Annotated[float, typer.Option(help="Longest wait for a free sandbox before SandboxError.")
                              ] = 600,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line on stdout once the service "
+                                                          "answers (url, image, concurrency), for scripts.")] = False,
 ) -> None:
     """Serve SandboxFusion's API (GET /v1/ping, POST /run_code) with each request in an air sandbox: no network,
     limits, a non-root user, reset between requests. Ctrl-C or SIGTERM removes every container it started.
@@ -72,7 +75,16 @@ def sandbox_fusion(
     if host not in ("127.0.0.1", "localhost", "::1"):
         console.print(f"[yellow]warning:[/] binding {host}: anyone who reaches this port can run code in air's "
                       "sandboxes")
-    serve(config, log_level=log_level)
+    def ready() -> None:
+        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        if as_json:
+            print(json.dumps({"service": "sandbox-fusion", "url": url, "image": image, "concurrency": concurrency,
+                              "sandboxes": config.sandboxes}), flush=True)
+        else:
+            console.print(f"air: SandboxFusion's API on {url} (POST /run_code), {concurrency} at once, image {image}",
+                          soft_wrap=True)
+
+    serve(config, log_level=log_level, on_ready=ready)
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ import re
 import secrets
 import tarfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
@@ -471,8 +472,10 @@ def _request_tar(plan: _Plan) -> bytes:
 # ----- the HTTP app -------------------------------------------------------------------------------------------------
 
 
-def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusionService | None = None):
-    """The FastAPI app; its lifespan starts the service's sandbox pool and removes every container at shutdown."""
+def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusionService | None = None,
+               on_ready: Callable[[], None] | None = None):
+    """The FastAPI app; its lifespan starts the service's sandbox pool (then calls on_ready) and removes every
+    container at shutdown."""
     from fastapi import FastAPI
 
     service = service or SandboxFusionService(config)
@@ -480,6 +483,8 @@ def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusion
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await service.start()
+        if on_ready is not None:
+            on_ready()
         try:
             yield
         finally:
@@ -504,9 +509,9 @@ def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusion
     return app
 
 
-def serve(config: SandboxFusionConfig, log_level: str = "info") -> None:
+def serve(config: SandboxFusionConfig, log_level: str = "info", on_ready: Callable[[], None] | None = None) -> None:
     """Run the app with uvicorn until SIGINT or SIGTERM (which shut down the pool and its containers)."""
     import uvicorn
 
-    uvicorn.run(create_app(config), host=config.host, port=config.port, log_level=log_level, access_log=False,
+    uvicorn.run(create_app(config, on_ready=on_ready), host=config.host, port=config.port, log_level=log_level, access_log=False,
                 timeout_graceful_shutdown=30)
