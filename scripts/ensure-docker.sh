@@ -6,12 +6,38 @@
 # The daemon is started fully detached (own session, output to a log file, stdin from /dev/null): a background
 # process that keeps the caller's stdout open makes whoever reads that output (CI) wait for it forever.
 # When it starts a daemon, the script prints its pid on fd 3 if fd 3 is open, so a caller can stop it later.
+# apt's output goes to a log (AIR_SETUP_LOG, shared with setup.sh), shown only when an install fails.
 set -euo pipefail
 
 TIMEOUT="${AIR_DOCKERD_TIMEOUT:-60}"
-LOG="${AIR_DOCKERD_LOG:-/var/log/air-dockerd.log}"
+DOCKERD_LOG="${AIR_DOCKERD_LOG:-/var/log/air-dockerd.log}"
 
 say() { echo "ensure-docker: $*" >&2; }
+
+# Called on its own, the log is this script's (rewritten per run); under setup.sh, setup's log, appended to.
+setup_log() {
+  if [ -z "${AIR_SETUP_LOG:-}" ]; then
+    local cache="${AIR_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/air}"
+    AIR_SETUP_LOG="$cache/ensure-docker.log"
+    mkdir -p "$cache" 2>/dev/null && : 2>/dev/null >"$AIR_SETUP_LOG" \
+      || AIR_SETUP_LOG=$(mktemp "${TMPDIR:-/tmp}/air-ensure-docker.XXXXXX.log")
+  fi
+}
+
+# logged WHAT CMD...: run CMD with its output in the log; if it fails, show the log's tail and exit with
+# CMD's code.
+logged() {
+  local what=$1 rc=0
+  shift
+  printf '\n$ %s\n' "$*" >>"$AIR_SETUP_LOG"
+  "$@" >>"$AIR_SETUP_LOG" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    say "$what failed (exit $rc); last lines of $AIR_SETUP_LOG:"
+    tail -n 30 "$AIR_SETUP_LOG" | sed 's/^/  | /' >&2
+    say "full log: $AIR_SETUP_LOG"
+    exit "$rc"
+  fi
+}
 
 if docker info >/dev/null 2>&1; then
   say "Docker engine is up"
@@ -30,17 +56,19 @@ if [ -n "${DOCKER_HOST:-}" ] && [[ "$DOCKER_HOST" != unix://* ]]; then
 fi
 
 if ! command -v dockerd >/dev/null 2>&1; then
-  say "installing Debian's docker.io (about a minute)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  # policy-rc.d may refuse to start the service inside containers: expected, we start dockerd ourselves.
-  apt-get install -y -qq docker.io >/dev/null 2>&1 || apt-get install -y docker.io
+  setup_log
+  say "installing Debian's docker.io (about a minute; log: $AIR_SETUP_LOG)"
+  # Non-interactive apt; needrestart (Ubuntu) is suspended: dockerd is started below, nothing needs a restart.
+  export DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1
+  logged "apt-get update" apt-get update -q
+  # policy-rc.d may refuse to start the service inside containers: expected, dockerd is started below.
+  logged "installing docker.io" apt-get install -y -q docker.io
 fi
 
 if ! pgrep -x dockerd >/dev/null 2>&1; then
-  say "starting dockerd (log: $LOG)"
-  mkdir -p "$(dirname "$LOG")"
-  setsid dockerd >"$LOG" 2>&1 </dev/null &
+  say "starting dockerd (log: $DOCKERD_LOG)"
+  mkdir -p "$(dirname "$DOCKERD_LOG")"
+  setsid dockerd >"$DOCKERD_LOG" 2>&1 </dev/null &
   pid=$!
   { echo "$pid" >&3; } 2>/dev/null || true
 fi
@@ -52,6 +80,6 @@ for _ in $(seq 1 "$TIMEOUT"); do
   fi
   sleep 1
 done
-say "dockerd did not answer within ${TIMEOUT}s; last lines of $LOG:"
-tail -n 20 "$LOG" >&2 || true
+say "dockerd did not answer within ${TIMEOUT}s; last lines of $DOCKERD_LOG:"
+tail -n 20 "$DOCKERD_LOG" >&2 || true
 exit 1

@@ -1,37 +1,81 @@
 #!/usr/bin/env bash
 # One-command set-up of a fresh machine: a Docker engine, air, and the CPU task images.
 #   scripts/setup.sh          what `air run` needs
-#   scripts/setup.sh --test   plus the test tools (pytest plugins, Debian's chromium and docker-compose)
+#   scripts/setup.sh --test   plus the test tools (pytest plugins; chromium, docker-compose, shellcheck)
 # Idempotent: a second run reuses the daemon, the install and the images (seconds).
+# It prints air's own progress (`setup: ...`, `ensure-docker: ...`, `air images build`) and real errors; apt's
+# and pip's output goes to a log file (path below; AIR_SETUP_LOG chooses it) whose last lines are shown when a
+# step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+say() { echo "setup: $*" >&2; }
+
+# The log sits next to air's other cache (wheels), one file rewritten per run; a temporary file if that is not
+# writable (a read-only home in CI).
+cache="${AIR_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/air}"
+if [ -z "${AIR_SETUP_LOG:-}" ]; then
+  AIR_SETUP_LOG="$cache/setup.log"
+  mkdir -p "$cache" 2>/dev/null && : 2>/dev/null >"$AIR_SETUP_LOG" \
+    || AIR_SETUP_LOG=$(mktemp "${TMPDIR:-/tmp}/air-setup.XXXXXX.log")
+fi
+: >"$AIR_SETUP_LOG"
+export AIR_SETUP_LOG  # ensure-docker.sh appends its apt output to the same log
+
+# logged WHAT CMD...: run CMD with its output in the log; if it fails, show the log's tail and exit with
+# CMD's code.
+logged() {
+  local what=$1 rc=0
+  shift
+  printf '\n$ %s\n' "$*" >>"$AIR_SETUP_LOG"
+  "$@" >>"$AIR_SETUP_LOG" 2>&1 || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    say "$what failed (exit $rc); last lines of $AIR_SETUP_LOG:"
+    tail -n 30 "$AIR_SETUP_LOG" | sed 's/^/  | /' >&2
+    say "full log: $AIR_SETUP_LOG"
+    exit "$rc"
+  fi
+}
+
+# apt in a non-interactive mode; needrestart (Ubuntu) is suspended: it only asks about services this set-up
+# does not run, and prints perl warnings when stdin is not a terminal.
+apt_get() { DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get "$@"; }
+
+# fd 3 (if open) passes through: ensure-docker.sh reports the pid of a daemon it started there (see .ci/run).
 scripts/ensure-docker.sh
 
 extra=""
 if [ "${1:-}" = "--test" ]; then
   extra="[test]"
-  # Debian packages the tests use: chromium (the HTML report is tested in a real browser) and docker-compose 1.29
-  # (pytest-docker brings up the stub SandboxFusion server with it).
+  # Debian packages the tests use: chromium (the HTML report is tested in a real browser), docker-compose 1.29
+  # (pytest-docker brings up the stub SandboxFusion server with it) and shellcheck (these scripts are linted).
+  updated=""
   for need in "chromium:chromium:the HTML report is tested in a real browser" \
-              "docker-compose:docker-compose:pytest-docker runs the stub SandboxFusion server with it"; do
+              "docker-compose:docker-compose:pytest-docker runs the stub SandboxFusion server with it" \
+              "shellcheck:shellcheck:the set-up scripts are linted in the tests"; do
     cmd=${need%%:*}; rest=${need#*:}; pkg=${rest%%:*}; why=${rest#*:}
     command -v "$cmd" >/dev/null 2>&1 && continue
     # docker-compose recommends docker.io: the engine is ensure-docker.sh's business, not this package's.
-    opts=(); [ "$pkg" = docker-compose ] && opts=(--no-install-recommends)
+    opts=(-y -q); [ "$pkg" = docker-compose ] && opts+=(--no-install-recommends)
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      echo "setup: installing Debian's $pkg ($why)" >&2
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${opts[@]}" "$pkg" >/dev/null 2>&1 \
-        || { apt-get update -qq >/dev/null \
-             && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${opts[@]}" "$pkg" >/dev/null; }
+      say "installing Debian's $pkg ($why)"
+      # Stale package lists are the usual reason an install fails: refresh them once, then retry.
+      printf '\n$ apt-get install %s %s\n' "${opts[*]}" "$pkg" >>"$AIR_SETUP_LOG"
+      if ! apt_get install "${opts[@]}" "$pkg" >>"$AIR_SETUP_LOG" 2>&1; then
+        [ -n "$updated" ] || logged "apt-get update" apt_get update -q
+        updated=1
+        logged "installing $pkg" apt_get install "${opts[@]}" "$pkg"
+      fi
     else
-      echo "setup: $cmd is missing; install it ($why)" >&2
+      say "$cmd is missing; install it ($why)"
     fi
   done
 fi
 
-echo "setup: installing air (pip install -e '.${extra}')" >&2
-python3 -m pip install --disable-pip-version-check -q -e ".${extra}" 2>&1 | grep -v "Running pip as the 'root' user" >&2 || true
-python3 -c "import air, verifiers.v1" || { echo "setup: the install failed" >&2; exit 1; }
-echo "setup: building the CPU task images (offline; the first time takes a few minutes)" >&2
+say "installing air (pip install -e '.${extra}'; log: $AIR_SETUP_LOG)"
+# PIP_ROOT_USER_ACTION: as root on a throwaway machine, pip's advice to use a venv is noise.
+logged "pip install" env PIP_ROOT_USER_ACTION=ignore \
+  python3 -m pip install --disable-pip-version-check --progress-bar off -e ".${extra}"
+logged "importing air after the install" python3 -c "import air, verifiers.v1"
+say "building the CPU task images (offline; the first time takes a few minutes)"
 air images build

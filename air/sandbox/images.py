@@ -19,10 +19,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import docker
 import docker.errors
@@ -116,11 +119,82 @@ class BuiltImage:
     reused: bool
 
 
+class PlainProgress:
+    """Build progress as plain lines, for output that is not a terminal (CI, `| tee`), where a spinner prints
+    nothing for the minutes of a first build.
+
+    `stage` lines (a recipe's wheels staged, its build started, built or reused) are written as they come.
+    `detail` lines (pip's downloads, each Dockerfile step: dozens per recipe) at most one per `interval`
+    seconds, so that a CI log stays short: one arriving sooner waits, replaced by any later one, and a timer
+    writes it when the interval is up (so the step that then runs for minutes is in the log while it runs),
+    unless a stage line comes first and says more.
+    """
+
+    def __init__(self, write: Callable[[str], None], interval: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.interval = interval
+        self._write = write
+        self._clock = clock
+        self._lock = threading.Lock()  # the timer writes from its own thread
+        self._last_detail = -float("inf")
+        self._pending: str | None = None
+        self._timer: threading.Timer | None = None
+
+    def stage(self, line: str) -> None:
+        with self._lock:
+            self._drop_pending()
+            self._write(line)
+
+    def detail(self, line: str) -> None:
+        with self._lock:
+            now = self._clock()
+            if now - self._last_detail >= self.interval:
+                self._drop_pending()
+                self._last_detail = now
+                self._write(line)
+                return
+            self._pending = line
+            if self._timer is None:
+                self._timer = threading.Timer(self._last_detail + self.interval - now, self._write_pending)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_pending()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write_pending(self) -> None:
+        with self._lock:
+            # A timer cancelled while it waited for the lock is no longer ours: its line was dropped or
+            # replaced.
+            if self._timer is not threading.current_thread():
+                return
+            self._timer = None
+            if self._pending is not None:
+                self._last_detail = self._clock()
+                self._write(self._pending)
+                self._pending = None
+
+    def _drop_pending(self) -> None:
+        self._pending = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class ImageBuilder:
-    """Builds recipes into images; reports progress through `report` (one human-readable line at a time)."""
+    """Builds recipes into images; reports progress one human-readable line at a time: through `report` what
+    it starts and finishes (a few lines per recipe), through `detail` (default: `report`) the repetitive lines
+    in between (each wheel downloaded, each Dockerfile step)."""
 
     def __init__(self, client: docker.DockerClient, base: str = "auto", pip_args: list[str] | None = None,
-                 report: Report | None = None, build_timeout: float = 3600):
+                 report: Report | None = None, build_timeout: float = 3600, detail: Report | None = None):
         self.client = client
         # Builds stream for minutes with silent steps: a client with a long read timeout, separate from the one
         # the sandbox uses for short calls.
@@ -128,6 +202,7 @@ class ImageBuilder:
         self.base = base
         self.pip_args = pip_args or []
         self.report = report or (lambda line: None)
+        self.detail = detail or self.report
 
     # ----- base image -------------------------------------------------------------------------------------------
     def _has_image(self, ref: str) -> docker.models.images.Image | None:
@@ -149,11 +224,14 @@ class ImageBuilder:
             if self.base != "auto":
                 raise ImageError(f"base image '{wanted}' is not present and cannot be pulled "
                                  f"({exc.explanation or exc}); load it with `docker load` or pick another --base") from None
-            self.report(f"no registry reachable ({(exc.explanation or str(exc)).splitlines()[0][:80]}); "
-                        "bootstrapping a Debian base offline")
+            reason = (exc.explanation or str(exc)).splitlines()[0]
+            reason = reason if len(reason) <= 100 else reason[:97] + "..."
+        # Say which of the two happens: "bootstrapping" on every run that reuses the base would be wrong.
         if self._has_image(DEBIAN_BASE):
+            self.report(f"no registry reachable ({reason}); using {DEBIAN_BASE}, bootstrapped offline earlier")
             return DEBIAN_BASE
-        bootstrap_debian(self.client, self.report)
+        self.report(f"no registry reachable ({reason}); bootstrapping a Debian base offline")
+        bootstrap_debian(self.client, self.report, self.detail)
         return DEBIAN_BASE
 
     # ----- wheels -----------------------------------------------------------------------------------------------
@@ -194,7 +272,7 @@ class ImageBuilder:
             line = line.rstrip()
             tail = (tail + [line])[-30:]
             if line.startswith(("Collecting", "Saved", "Downloading", "File was already")):
-                self.report(f"[{recipe.name}] {line.strip()[:100]}")
+                self.detail(f"[{recipe.name}] {line.strip()[:100]}")
         if proc.wait() == 0:
             return True
         if not required:
@@ -220,6 +298,7 @@ class ImageBuilder:
         return [built[r.name] for r in order]
 
     def build(self, recipe: Recipe, parent_ref: str, force: bool = False) -> BuiltImage:
+        started = time.monotonic()
         parent = self._has_image(parent_ref)
         if parent is None:
             raise ImageError(f"parent image {parent_ref} of recipe '{recipe.name}' is missing")
@@ -231,6 +310,7 @@ class ImageBuilder:
         existing = self._has_image(tag)
         if existing is not None and not force:
             existing.tag(REPO + "/" + recipe.name, "latest")
+            self.report(f"[{recipe.name}] reused {tag} (recipe, parent and wheels unchanged)")
             return BuiltImage(recipe.name, tag, existing.id, existing.attrs["Size"] / 1e6, reused=True)
         with tempfile.TemporaryDirectory(prefix=f"air-build-{recipe.name}-") as ctx:
             context = Path(ctx)
@@ -248,6 +328,7 @@ class ImageBuilder:
         # The legacy builder keeps each multi-stage intermediate as a dangling image (the wheels' install stage,
         # GBs for torch): drop them, they are not reused since the final image is tagged by content.
         self.client.images.prune(filters={"dangling": True, "label": "air.role=image"})
+        self.report(f"[{recipe.name}] built {tag} in {time.monotonic() - started:.0f} s")
         return BuiltImage(recipe.name, tag, image.id, image.attrs["Size"] / 1e6, reused=False)
 
     def _docker_build(self, recipe: Recipe, context: Path, tag: str, parent_ref: str) -> str:
@@ -267,7 +348,7 @@ class ImageBuilder:
                 if line:
                     log = (log + [line])[-20:]
                     if line.startswith("Step ") or "Successfully" in line:
-                        self.report(f"[{recipe.name}] {line[:110]}")
+                        self.detail(f"[{recipe.name}] {line[:110]}")
                 image_id = (chunk.get("aux") or {}).get("ID", image_id)
         except docker.errors.APIError as exc:
             raise ImageError(f"recipe '{recipe.name}' failed to build: {_one_line(exc.explanation or str(exc))} "
@@ -313,16 +394,25 @@ def debian_mirror() -> str:
                      "with an image that has python3")
 
 
-def bootstrap_debian(client: docker.DockerClient, report: Report) -> None:
+def bootstrap_debian(client: docker.DockerClient, report: Report, detail: Report | None = None) -> None:
     """debootstrap a minimal bookworm with python3 and import it as DEBIAN_BASE (about 40 s, 290 MB)."""
+    detail = detail or report
     if os.geteuid() != 0:
         raise ImageError("bootstrapping a Debian base needs root (debootstrap); run as root or pass --base IMAGE")
     if shutil.which("debootstrap") is None:
         if shutil.which("apt-get") is None:
             raise ImageError("debootstrap is missing and apt-get is not available; pass --base IMAGE")
         report("installing debootstrap")
-        subprocess.run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=True,
-                       stdout=subprocess.DEVNULL, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        # apt's output (debconf's and needrestart's notes on stderr too) is shown only if the install fails;
+        # needrestart is suspended: installing debootstrap restarts nothing.
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "NEEDRESTART_SUSPEND": "1"}
+        proc = subprocess.run(["apt-get", "install", "-y", "-q", "debootstrap"], capture_output=True,
+                              text=True, check=False, env=env)
+        if proc.returncode != 0:
+            lines = (proc.stdout + proc.stderr).strip().splitlines()
+            reason = next((l for l in reversed(lines) if l.startswith("E:")), lines[-1] if lines else "?")
+            raise ImageError(f"installing debootstrap failed: {_one_line(reason)}; install it "
+                             "(apt-get install debootstrap) or pass --base IMAGE")
     mirror = debian_mirror()
     with tempfile.TemporaryDirectory(prefix="air-debootstrap-") as tmp:
         rootfs = Path(tmp) / "rootfs"
@@ -335,7 +425,7 @@ def bootstrap_debian(client: docker.DockerClient, report: Report) -> None:
         for line in proc.stdout:
             tail = (tail + [line.rstrip()])[-10:]
             if line.startswith("I: "):
-                report(f"[debootstrap] {line[3:].strip()[:100]}")
+                detail(f"[debootstrap] {line[3:].strip()[:100]}")
         if proc.wait() != 0:
             raise ImageError(f"debootstrap failed: {tail[-1] if tail else '?'}")
         # apt caches and lists only make the image bigger.
