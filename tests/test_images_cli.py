@@ -22,10 +22,12 @@ def air(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> 
 def assert_one_line_error(proc: subprocess.CompletedProcess, code: int, *needles: str) -> None:
     assert proc.returncode == code, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
-    lines = [l for l in proc.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith("air: error:"), proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    # Progress lines (plain when stderr is not a terminal) may come first; the error is one line, the last.
+    errors = [line for line in lines if line.startswith("air: error:")]
+    assert len(errors) == 1 and lines[-1] == errors[0], proc.stderr
     for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
+        assert needle in errors[0], (needle, errors[0])
 
 
 @pytest.fixture

@@ -73,37 +73,42 @@ def images_build(
 
     Example: air images build cpu
     """
-    from air.sandbox.docker_api import connect
-    from air.sandbox.images import ImageBuilder, PlainProgress, load_recipes
+    from air.sandbox.images import load_recipes
 
     all_recipes = load_recipes()
     names = recipes or [n for n, r in all_recipes.items() if gpu or not r.gpu]
-    client = connect()
-    if console.is_terminal and not console.is_dumb_terminal:
-        with console.status("building images") as status:
-            def report(line: str) -> None:
-                # escape: the lines start with "[recipe]", which rich would take for markup and drop.
-                if line.startswith("warning"):
-                    console.print(f"[yellow]{escape(line)}[/]")
-                status.update(escape(line))
-
-            builder = ImageBuilder(client, base=base, pip_args=pip_arg or [], report=report)
-            built = builder.ensure(names, force=force)
-    else:
-        # Not a terminal (CI, `| tee`): a spinner prints nothing there for the minutes of a first build; plain
-        # lines instead, the repetitive ones rate-limited so the log stays short.
-        def write(line: str) -> None:
-            print(line, file=sys.stderr, flush=True)
-
-        with PlainProgress(write) as progress:
-            built = ImageBuilder(client, base=base, pip_args=pip_arg or [], report=progress.stage,
-                                 detail=progress.detail).ensure(names, force=force)
+    built = ensure_images(names, base=base, pip_args=pip_arg or [], force=force)
     if as_json:
         print_json([b.__dict__ for b in built])
         return
     for b in built:
         verb = "reused" if b.reused else "built"
         out.print(f"{verb:>6}  {b.tag:<28} {b.id.split(':')[-1][:12]}  {b.size_mb:7.0f} MB")
+
+
+def ensure_images(names: list[str], *, force: bool = False, **options) -> list:
+    """Build or reuse images with progress: a spinner on a terminal, plain lines elsewhere (CI, `| tee`), where a
+    spinner prints nothing for the minutes of a first build; the repetitive lines there are rate-limited."""
+    from air.sandbox.docker_api import connect
+    from air.sandbox.images import ImageBuilder, PlainProgress
+
+    client = connect()
+    if console.is_terminal and not console.is_dumb_terminal:
+        with console.status("checking images") as status:
+            def report(line: str) -> None:
+                # escape: the lines start with "[recipe]", which rich would take for markup and drop.
+                if line.startswith("warning"):
+                    console.print(f"[yellow]{escape(line)}[/]")
+                status.update(escape(line))
+
+            return ImageBuilder(client, report=report, **options).ensure(names, force=force)
+
+    def write(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    with PlainProgress(write) as progress:
+        return ImageBuilder(client, report=progress.stage, detail=progress.detail, **options).ensure(names,
+                                                                                                   force=force)
 
 
 @images_app.command("ls")
@@ -283,15 +288,12 @@ def run(
 
     from air.episode.config import EpisodeConfig
     from air.episode.runner import run_episode
-    from air.sandbox.docker_api import connect
-    from air.sandbox.images import ImageBuilder
     from air.sandbox.pool import PoolConfig, SandboxPool
     from air.tasks.environment import TaskEnvironment
     from air.tasks.registry import load_task
 
     spec = load_task(task, mlgym_root)
-    with console.status("checking images"):
-        ImageBuilder(connect(), report=lambda line: None).ensure([spec.image])
+    ensure_images([spec.image])
     policy = make_policy(base_url, model)
     trajectory = runs_dir / f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}.jsonl"
     rows: list[dict] = []

@@ -216,6 +216,10 @@ class ImageBuilder:
         wanted = DEFAULT_BASE if self.base == "auto" else self.base
         if self._has_image(wanted):
             return wanted
+        if self.base == "auto" and self._has_image(DEBIAN_BASE):
+            # Bootstrapped here before: keep building on it (no network attempt per run, and no rebuild of every
+            # image the day a registry answers).
+            return DEBIAN_BASE
         self.report(f"pulling {wanted}")
         try:
             self.client.images.pull(wanted)
