@@ -2,10 +2,12 @@
 
 Every env section is validated by verifiers' own resolution (`vf.resolve_env_config`, the code prime-rl and
 vf-eval run), so a renamed or unknown field fails here rather than on a GPU node. prime-rl itself cannot be
-installed here; its own checks that matter most are repeated: the GPU split of its launcher (inference on
-[0, num_infer_gpus), the trainer on the next num_train_gpus) and `batch_size % group_size == 0`. Then air's
-rules: task GPUs never overlap prime-rl's or each other's, every task exists, and a whole episode fits in
-`seq_len`:
+installed here; what its launcher derives from a config is repeated (read at prime-rl 559b447): the GPU split
+(inference on [0, num_infer_gpus), the trainer on the next num_train_gpus), the vLLM data parallelism and the
+NCCL weight-broadcast group size, which env servers it starts (none for a source with `serve.address`), and
+`batch_size % group_size == 0`. Then air's rules: task GPUs never overlap prime-rl's or each other's (per
+host, for env servers on other hosts), a remote source and its env-server file agree, every task exists, and
+a whole episode fits in `seq_len`:
 
     seq_len >= prompt_tokens + max_turns * (max_completion_tokens + ceil(observation_chars / 3) + 10)
 
@@ -20,6 +22,7 @@ import math
 import re
 import tomllib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import verifiers.v1 as vf
@@ -46,13 +49,16 @@ def _kind(data: dict) -> str:
         return "rl"
     if "data" in data:
         return "sft"
+    if "serve" in data and "env" in data:  # prime-rl's EnvServerConfig (`env-server @ file`)
+        return "env-server"
     if "env" in data:
         return "vf-eval"
-    raise AssertionError("neither a prime-rl rl/sft config nor a vf-eval config")
+    raise AssertionError("neither a prime-rl rl/sft/env-server config nor a vf-eval config")
 
 
+KINDS = ("rl", "sft", "env-server", "vf-eval")
 ALL = sorted(CONFIGS.rglob("*.toml"))
-BY_KIND = {kind: [p for p in ALL if _kind(_load(p)) == kind] for kind in ("rl", "sft", "vf-eval")}
+BY_KIND = {kind: [p for p in ALL if _kind(_load(p)) == kind] for kind in KINDS}
 
 
 def _rel(path: Path) -> str:
@@ -69,7 +75,7 @@ def _sources(data: dict) -> list[tuple[str, dict]]:
 
 
 def _env_sections(data: dict) -> list[tuple[str, dict]]:
-    if _kind(data) == "vf-eval":
+    if _kind(data) in ("vf-eval", "env-server"):
         return [("env", data["env"])]
     return [(label, source["env"]) for label, source in _sources(data)]
 
@@ -96,8 +102,7 @@ def _seq_len(data: dict) -> int:
 
 
 def test_configs_are_shipped():
-    assert BY_KIND["rl"] and BY_KIND["sft"] and BY_KIND["vf-eval"], {k: [_rel(p) for p in v]
-                                                                      for k, v in BY_KIND.items()}
+    assert all(BY_KIND.values()), {k: [_rel(p) for p in v] for k, v in BY_KIND.items()}
     assert ENV_CASES
 
 
@@ -150,6 +155,13 @@ def test_an_unknown_task_is_caught():
 
 
 # ----- prime-rl configs -------------------------------------------------------------------------------------
+# What prime-rl's launcher derives from an rl config, as read at prime-rl 559b447:
+# packages/prime-rl-configs/src/prime_rl/configs/rl.py (RLConfig, whose after-validators run in the order they
+# are defined: auto_setup_weight_broadcast before auto_setup_deployment) and src/prime_rl/entrypoints/rl.py.
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "*"}
+TCP = re.compile(r"tcp://([^:/\s]+):(\d+)")
+
+
 def _gpu_layout(data: dict) -> tuple[set[int], set[int], int]:
     deployment = data.get("deployment", {})
     assert deployment.get("type", "single_node") == "single_node"
@@ -161,6 +173,81 @@ def _gpu_layout(data: dict) -> tuple[set[int], set[int], int]:
     return set(range(num_infer)), set(range(num_infer, num_infer + num_train)), gpus_per_node
 
 
+def _written_parallelism(data: dict) -> tuple[int, int]:
+    """[inference.vllm] data_parallel_size and tensor_parallel_size as the file sets them (defaults 1)."""
+    vllm = data["inference"].get("vllm", {})
+    return vllm.get("data_parallel_size", 1), vllm.get("tensor_parallel_size", 1)
+
+
+def _vllm_parallelism(data: dict) -> tuple[int, int]:
+    """(data parallel, tensor parallel) that vLLM runs with: RLConfig.auto_setup_deployment (single_node) sets
+    data_parallel_size = num_infer_gpus // tensor_parallel_size whenever dp x tp != num_infer_gpus."""
+    dp, tp = _written_parallelism(data)
+    num_infer = data.get("deployment", {}).get("num_infer_gpus", 1)
+    if dp * tp != num_infer:
+        assert num_infer % tp == 0, "prime-rl asserts num_infer_gpus % tensor_parallel_size == 0"
+        dp = num_infer // tp
+    return dp, tp
+
+
+def _weight_broadcast(data: dict) -> tuple[str, int | None]:
+    """(type, inference world size) as RLConfig.auto_setup_weight_broadcast derives them: the set type, else
+    filesystem with LoRA or without [inference], else NCCL; for NCCL/NIXL the world size is
+    data_parallel_size x tensor_parallel_size as written, since this runs before auto_setup_deployment raises
+    data parallelism. Filesystem broadcast forms no group (None)."""
+    kind = data.get("weight_broadcast", {}).get("type")
+    if kind is None:
+        lora = data.get("trainer", {}).get("model", {}).get("lora")
+        kind = "filesystem" if lora is not None or "inference" not in data else "nccl"
+    if kind == "filesystem":
+        return kind, None
+    dp, tp = _written_parallelism(data) if "inference" in data else (1, 1)
+    return kind, dp * tp
+
+
+WITH_INFERENCE = [p for p in BY_KIND["rl"] if "inference" in _load(p)]
+
+
+@pytest.mark.parametrize("path", WITH_INFERENCE, ids=_rel)
+def test_inference_parallelism_matches_its_gpus_and_the_broadcast_group(path):
+    data = _load(path)
+    num_infer = data.get("deployment", {}).get("num_infer_gpus", 1)
+    dp, tp = _written_parallelism(data)
+    assert dp * tp == num_infer, (f"{_rel(path)}: set [inference.vllm] data_parallel_size = "
+                                  f"num_infer_gpus / tensor_parallel_size ({num_infer} / {tp})")
+    assert _vllm_parallelism(data) == (dp, tp)
+    kind, world_size = _weight_broadcast(data)
+    if kind in ("nccl", "nixl"):
+        assert world_size == dp * tp, f"{_rel(path)}: {kind} group of {world_size} for {dp * tp} vLLM ranks"
+
+
+def test_an_unset_data_parallel_size_would_leave_the_broadcast_group_short():
+    """The failure the explicit setting prevents: 4 vLLM ranks, an NCCL group sized for 1."""
+    data = _load(CONFIGS / "mlgym" / "rl.toml")
+    del data["inference"]["vllm"]["data_parallel_size"]
+    assert _vllm_parallelism(data) == (4, 1)
+    assert _weight_broadcast(data) == ("nccl", 1)
+
+
+def _address(source: dict) -> str | None:
+    return source.get("serve", {}).get("address")
+
+
+def _launcher_env_servers(data: dict) -> list[str]:
+    """Labels of the sources the launcher starts an env server for: entrypoints/rl.py `env_servers` keeps only
+    sources without serve.address (an address marks the server externally managed)."""
+    return [label for label, source in _sources(data) if _address(source) is None]
+
+
+def _env_server_file(path: Path, source: dict) -> Path:
+    """A remote source's env-server config: env_server_<source name>.toml next to the rl config."""
+    return path.parent / f"env_server_{source.get('name') or source['env']['taskset']['id']}.toml"
+
+
+REMOTE_CASES = [(p, label, s) for p in BY_KIND["rl"] for label, s in _sources(_load(p)) if _address(s)]
+MULTI_HOST = sorted({p for p, _, _ in REMOTE_CASES})
+
+
 @pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)
 def test_gpus_are_split_without_overlap(path):
     data = _load(path)
@@ -170,6 +257,8 @@ def test_gpus_are_split_without_overlap(path):
     for label, source in _sources(data):
         env = vf.resolve_env_config(copy.deepcopy(source["env"]))
         ids = [int(g) for g in env.taskset.gpu_ids]
+        if _address(source):  # its containers run on the env host: GPUs in its env-server file, checked below
+            assert ids == [], f"{label}: list the env host's task GPUs in its env-server file only"
         assert len(set(ids)) == len(ids), f"{label}: duplicate GPU ids"
         assert all(0 <= g < gpus_per_node for g in ids), \
             f"{label}: GPU ids {ids} outside the node's 0..{gpus_per_node - 1}"
@@ -181,24 +270,121 @@ def test_gpus_are_split_without_overlap(path):
         taken |= set(ids)
 
 
-def _single_worker(source: dict) -> bool:
-    pool = source.get("serve", {}).get("pool", {})
+def test_a_config_runs_env_servers_on_other_hosts():
+    assert CONFIGS / "mlgym" / "rl_multinode.toml" in MULTI_HOST
+
+
+@pytest.mark.parametrize(("path", "label", "source"), REMOTE_CASES,
+                         ids=[f"{_rel(p)}:{lab}" for p, lab, _ in REMOTE_CASES])
+def test_a_remote_source_matches_its_env_server(path, label, source):
+    where = f"{_rel(path)} {label}"
+    match = TCP.fullmatch(_address(source))
+    assert match, f"{where}: serve.address must be tcp://HOST:PORT (ZMQ)"
+    host, port = match.groups()
+    assert host not in LOCAL_HOSTS, f"{where}: an env server on another host needs that host's address"
+    # The launcher starts nothing for it, and reads serve.pool/max_concurrent only for servers it starts.
+    assert label not in _launcher_env_servers(_load(path))
+    assert set(source["serve"]) == {"address"}, f"{where}: size the server in its env-server file"
+    server_path = _env_server_file(path, source)
+    assert server_path.exists(), f"{where}: no {_rel(server_path)}"
+    server = _load(server_path)
+    bind = TCP.fullmatch(server["serve"].get("address") or "")
+    assert bind and bind.group(2) == port and bind.group(1) in {"0.0.0.0", "*", host}, \
+        f"{_rel(server_path)}: bind tcp://0.0.0.0:{port}"
+    # The orchestrator builds the prompts from its copy, the server runs the episodes from its own: one
+    # config, but for the task GPUs, which are the env host's (the orchestrator's copy lists none).
+    ours, theirs = copy.deepcopy(source["env"]), copy.deepcopy(server["env"])
+    ours["taskset"]["gpu_ids"] = theirs["taskset"]["gpu_ids"] = []
+    assert vf.resolve_env_config(ours).model_dump() == vf.resolve_env_config(theirs).model_dump(), \
+        f"{where}: env differs from {_rel(server_path)}"
+
+
+@pytest.mark.parametrize("path", MULTI_HOST, ids=_rel)
+def test_remote_sources_have_their_own_servers_and_task_gpus(path):
+    addresses = [_address(source) for _, source in _sources(_load(path)) if _address(source)]
+    assert len(set(addresses)) == len(addresses), "two sources on one env server"
+    by_host: dict[str, set[int]] = {}
+    for _, label, source in (case for case in REMOTE_CASES if case[0] == path):
+        host = TCP.fullmatch(_address(source)).group(1)
+        server = _load(_env_server_file(path, source))
+        ids = [int(g) for g in vf.resolve_env_config(copy.deepcopy(server["env"])).taskset.gpu_ids]
+        assert len(set(ids)) == len(ids) and all(g >= 0 for g in ids), f"{label}: GPU ids {ids}"
+        assert not set(ids) & by_host.get(host, set()), f"{label}: {host}'s GPUs {ids} on two servers"
+        by_host.setdefault(host, set()).update(ids)
+
+
+@pytest.mark.parametrize("path", MULTI_HOST, ids=_rel)
+def test_remote_env_servers_reach_the_model(path):
+    """The env server makes the model calls, at the orchestrator's client base_url: not a loopback."""
+    client = _load(path)["orchestrator"].get("model", {}).get("client", {})
+    host = urlsplit(client.get("base_url", "http://localhost:8000/v1")).hostname
+    assert host not in LOCAL_HOSTS, "set [orchestrator.model.client] base_url as the env hosts reach it"
+
+
+@pytest.mark.parametrize("path", BY_KIND["env-server"], ids=_rel)
+def test_env_server_files_are_env_server_configs_of_a_remote_source(path):
+    data = _load(path)
+    # prime-rl's EnvServerConfig (configs/env_server.py) forbids other keys; `serve` is verifiers'.
+    assert set(data) <= {"env", "serve", "log", "output_dir"}
+    assert TCP.fullmatch(vf.ServeConfig.model_validate(data["serve"]).address or "")
+    users = [(p, label) for p, label, source in REMOTE_CASES if _env_server_file(p, source) == path]
+    assert len(users) == 1, f"{_rel(path)}: served to {users}, want exactly one remote source"
+
+
+def _hosted(path: Path) -> list[tuple[str, dict, dict]]:
+    """(label, serve, env) of every env server a config sizes: the launcher-started ones of an rl config (the
+    remote ones are sized in their env-server files), or an env-server file's own."""
+    data = _load(path)
+    if _kind(data) == "env-server":
+        return [("serve", data["serve"], data["env"])]
+    return [(label, source.get("serve", {}), source["env"]) for label, source in _sources(data)
+            if _address(source) is None]
+
+
+def _single_worker(serve: dict) -> bool:
+    pool = serve.get("pool", {})
     if pool.get("type") == "static":
         return pool.get("num_workers", 4) == 1
     return pool.get("max_workers") == 1
 
 
-@pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)
+@pytest.mark.parametrize("path", BY_KIND["rl"] + BY_KIND["env-server"], ids=_rel)
 def test_env_servers_are_sized_for_air_pools(path):
     """air's sandbox pool and GPU inventory live in each env-server worker: one worker per source keeps GPUs
     exclusive and max_sandboxes meaningful; and an episode needs its sandbox plus a scoring sandbox."""
-    data = _load(path)
-    for label, source in _sources(data):
-        env = vf.resolve_env_config(copy.deepcopy(source["env"]))
-        assert _single_worker(source), f"{label}: set serve.pool to one worker"
-        max_concurrent = source.get("serve", {}).get("max_concurrent")
+    for label, serve, env_section in _hosted(path):
+        env = vf.resolve_env_config(copy.deepcopy(env_section))
+        assert _single_worker(serve), f"{label}: set serve.pool to one worker"
+        max_concurrent = serve.get("max_concurrent")
         assert max_concurrent is not None and 2 * max_concurrent <= env.taskset.max_sandboxes, \
             f"{label}: serve.max_concurrent must be at most max_sandboxes / 2"
+
+
+def _commands(text: str) -> list[str]:
+    """Shell commands of a README or a TOML header, continuation lines (also commented ones) joined."""
+    return re.sub(r"\\\n[#\s]*", " ", text).splitlines()
+
+
+DOCS = [CONFIGS / "mlgym" / "rl_debug.toml", CONFIGS / "mlgym" / "README.md", CONFIGS.parent / "README.md"]
+
+
+def test_a_run_without_the_launchers_inference_sends_weight_updates_to_the_engine():
+    """`inference` serves a router on server.port (8000) and vLLM on backend_port = server.port + 100
+    (InferenceConfig.auto_setup_backend_port); admin calls must bypass the router (docs/inference.md), and
+    RLConfig.auto_setup_inference_client points them at the engine only when the launcher starts inference."""
+    runs = [line for doc in DOCS for line in _commands(doc.read_text())
+            if re.search(r"\brl @ ", line) and "--no-inference" in line]
+    assert runs
+    for line in runs:
+        assert "--orchestrator.model.client.admin-base-url http://localhost:8100/v1" in line, line
+
+
+def test_evals_in_prime_rls_environment_use_the_v1_cli():
+    """prime-rl's verifiers (submodule a60a606) installs the v1 eval CLI as `eval`; its `vf-eval` is the old
+    pre-v1 CLI, which cannot read an `@ eval.toml`."""
+    for doc in DOCS + [CONFIGS / "mlgym" / "eval.toml"]:
+        for line in _commands(doc.read_text()):
+            assert not re.search(r"uv run( --no-sync)? vf-eval", line), f"{doc.name}: {line}"
 
 
 @pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)
@@ -303,6 +489,7 @@ def test_eval_config_covers_the_rl_eval_tasks():
 
 
 def test_prime_rl_configs_name_one_checked_commit():
-    commits = {p: set(COMMIT.findall(p.read_text())) for p in BY_KIND["rl"] + BY_KIND["sft"]}
+    prime_rl_configs = BY_KIND["rl"] + BY_KIND["sft"] + BY_KIND["env-server"]
+    commits = {p: set(COMMIT.findall(p.read_text())) for p in prime_rl_configs}
     assert all(len(found) == 1 for found in commits.values()), {_rel(p): c for p, c in commits.items()}
     assert len(set.union(*commits.values())) == 1
