@@ -135,47 +135,64 @@ def images_ls(as_json: JsonFlag = False) -> None:
 @containers_app.command("ls")
 def containers_ls(
     run: Annotated[str | None, typer.Option(help="Only this run id.")] = None,
+    claims: Annotated[bool, typer.Option("--claims", help="Also list the host-wide claims (budget slots, GPUs).")]
+    = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """List air's containers with their run, task, role and whether the run that made them is still alive.
+    """List air's containers with their run, task, role, GPUs and whether the run that made them is still alive.
 
     Example: air containers ls --json
     """
     from air.sandbox.docker_api import connect
-    from air.sandbox.labels import list_air_containers
+    from air.sandbox.labels import GPUS, list_air_containers
 
     rows = list_air_containers(connect(), run=run)
+    shown = [r for r in rows if claims or not r.claim]
     if as_json:
-        print_json([r.__dict__ for r in rows])
+        print_json([{k: v for k, v in r.__dict__.items()} | {"kept": r.kept, "gpus": r.labels.get(GPUS, "")}
+                    for r in shown])
         return
-    table = Table("id", "name", "status", "run", "task", "role", "owner")
-    for r in rows:
-        owner = "[green]alive[/]" if r.alive_owner else "[red]dead[/]"
-        table.add_row(r.id, r.name, r.status, r.run, r.task, r.role, owner)
+    table = Table("id", "name", "status", "run", "task", "role", "gpus", "owner")
+    for r in shown:
+        owner = "[green]alive[/]" if r.alive_owner else ("[yellow]dead, kept[/]" if r.kept else "[red]dead[/]")
+        table.add_row(r.id, r.name, r.status, r.run, r.task, r.role, r.labels.get(GPUS, ""), owner)
     out.print(table)
+    hidden = len(rows) - len(shown)
+    if hidden:
+        out.print(f"{hidden} host-wide claim(s) not shown (--claims lists them)")
 
 
 @containers_app.command("clean")
 def containers_clean(
-    all_: Annotated[bool, typer.Option("--all", help="Remove every air container, live runs included.")] = False,
+    all_: Annotated[bool, typer.Option("--all", help="Remove every air container, live runs and kept ones "
+                                                     "included.")] = False,
     run: Annotated[str | None, typer.Option(help="Remove the containers of this run id.")] = None,
+    kept: Annotated[bool, typer.Option("--kept", help="Also remove containers kept by `air debug --keep`.")]
+    = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Remove the containers of dead runs (found by label; no state file needed), or --all / --run ID.
+    """Remove the containers of dead runs (found by label; no state file needed) and the claims nobody holds,
+    or --all / --run ID; containers kept by `air debug --keep` stay unless --kept.
 
-    Example: air containers clean
+    Example: air containers clean --kept
     """
+    from air.sandbox.claims import sweep_stale_claims
     from air.sandbox.docker_api import connect
     from air.sandbox.labels import list_air_containers, remove_containers
 
     client = connect()
     rows = list_air_containers(client, run=run)
-    doomed = [r.id for r in rows if all_ or run or not r.alive_owner]
+    doomed = [r.id for r in rows if all_ or (not r.claim and (run or (not r.alive_owner and (kept or not r.kept))))]
     removed = remove_containers(client, doomed)
+    if run or all_:  # the claims of what went are stale now, whoever made them
+        removed += remove_containers(client, [r.id for r in rows if r.claim and r.id not in removed])
+    removed += sweep_stale_claims(client)
+    left = [r for r in list_air_containers(client) if not r.claim]
     if as_json:
-        print_json({"removed": removed, "kept": len(rows) - len(removed)})
+        print_json({"removed": removed, "kept": len(left)})
     else:
-        out.print(f"removed {len(removed)} container(s); kept {len(rows) - len(removed)} of live runs")
+        out.print(f"removed {len(removed)} container(s) and claim(s); {len(left)} container(s) left (live runs"
+                  f"{'' if kept or all_ else ', kept ones'})")
 
 
 # ----- tasks ------------------------------------------------------------------------------------------------------

@@ -130,8 +130,10 @@ class Sandbox:
     # ----- lifecycle --------------------------------------------------------------------------------------------
     @classmethod
     async def create(cls, docker_: Docker, spec: SandboxSpec, *, run: str | None = None, role: str = "agent",
-                     gpu_ids: tuple[str, ...] = (), start_timeout: float = 60) -> Sandbox:
-        kwargs = container_kwargs(spec, run=run, role=role, gpu_ids=gpu_ids)
+                     gpu_ids: tuple[str, ...] = (), start_timeout: float = 60, labels: dict[str, str] | None = None,
+                     gpu_devices: bool = True) -> Sandbox:
+        kwargs = container_kwargs(spec, run=run, role=role, gpu_ids=gpu_ids, gpu_devices=gpu_devices)
+        kwargs["labels"].update(labels or {})
         try:
             container = await docker_.call(docker_.client.containers.run, timeout=start_timeout, **kwargs)
         except InfraError as exc:
@@ -140,6 +142,10 @@ class Sandbox:
             raise
         sandbox = cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""))
         return sandbox
+
+    async def rename(self, name: str) -> None:
+        await self.docker.call(self.docker.api.rename, self.container_id, name, timeout=30)
+        self.name = name
 
     async def remove(self) -> None:
         """Force-remove the container; idempotent."""
@@ -304,8 +310,10 @@ def gpu_env(gpu_ids: tuple[str, ...]) -> dict[str, str]:
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpu_ids)))}
 
 
-def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: tuple[str, ...]) -> dict:
-    """Arguments of `containers.run` for a sandbox: limits, labels, no network, init, exclusive GPUs."""
+def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: tuple[str, ...],
+                     gpu_devices: bool = True) -> dict:
+    """Arguments of `containers.run` for a sandbox: limits, labels, no network, init, exclusive GPUs (the
+    device request left out with gpu_devices=False: tests on a machine without the NVIDIA runtime)."""
     r = spec.resources
     name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or role).lower())[:24]}-{uuid.uuid4().hex[:8]}"
     kwargs: dict = dict(
@@ -329,7 +337,7 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
         kwargs["tmpfs"] = {"/tmp": tmp, "/var/tmp": tmp}
         if spec.workspace_mb:
             kwargs["tmpfs"][AGENT_HOME] = f"rw,nosuid,nodev,size={spec.workspace_mb}m,uid=1000,gid=1000,mode=755"
-    if gpu_ids:
+    if gpu_ids and gpu_devices:
         kwargs["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=list(gpu_ids),
                                                                 capabilities=[["gpu"]])]
     if r.disk_mb:

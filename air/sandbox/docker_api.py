@@ -39,14 +39,22 @@ def _root_cause(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def connect(timeout: float = 60.0) -> docker.DockerClient:
-    """A client whose daemon answered a ping, or DockerUnavailable naming the host and the fix."""
+def connect(timeout: float = 60.0, base_url: str | None = None) -> docker.DockerClient:
+    """A client whose daemon answered a ping, or DockerUnavailable naming the host and the fix.
+
+    `base_url` names another daemon (`tcp://host:2376`, `ssh://user@host`, `unix:///path`); TLS settings come
+    from the environment as for the docker CLI (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH). None: DOCKER_HOST or the
+    local socket."""
     try:
-        client = docker.from_env(timeout=int(timeout))
+        if base_url is None:
+            client = docker.from_env(timeout=int(timeout))
+        else:
+            client = docker.from_env(timeout=int(timeout), environment={**os.environ, "DOCKER_HOST": base_url},
+                                     use_ssh_client=base_url.startswith("ssh://"))
         client.ping()
     except Exception as exc:  # the SDK raises DockerException, requests and socket errors alike here
         raise DockerUnavailable(
-            f"cannot reach the Docker daemon at {docker_host()} ({_root_cause(exc)}); {FIX_HINT}"
+            f"cannot reach the Docker daemon at {base_url or docker_host()} ({_root_cause(exc)}); {FIX_HINT}"
         ) from exc
     return client
 
@@ -57,9 +65,12 @@ _TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, 
 class Docker:
     """Async facade over one SDK client: bounded concurrency, deadlines, error mapping."""
 
-    def __init__(self, client: docker.DockerClient | None = None, max_concurrency: int = 32):
-        self.client = client or connect()
+    def __init__(self, client: docker.DockerClient | None = None, max_concurrency: int = 32,
+                 base_url: str | None = None):
+        self.client = client or connect(base_url=base_url)
         self.api = self.client.api
+        self.host = base_url or docker_host()
+        """Which daemon this is, for messages."""
         # Our own pool: the default executor has cpu+4 threads, which would serialise a 32-way pool on 2 cores.
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="air-docker")
 
@@ -96,7 +107,7 @@ class Docker:
             error = (
                 SandboxUnavailable(f"{name}: no answer from the Docker daemon within {timeout:g}s")
                 if isinstance(exc, asyncio.TimeoutError)
-                else DockerUnavailable(f"{name}: lost the Docker daemon at {docker_host()} ({_root_cause(exc)})")
+                else DockerUnavailable(f"{name}: lost the Docker daemon at {self.host} ({_root_cause(exc)})")
             )
             if mark_transient:
                 raise _TransientFailure(error) from exc

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from dataclasses import dataclass
 from functools import cache
@@ -17,6 +18,12 @@ import docker
 
 LABEL_PREFIX = "air."
 RUN, TASK, ROLE, OWNER, KEY = "air.run", "air.task", "air.role", "air.owner", "air.pool-key"
+SANDBOX = "air.sandbox"  # a sandbox's own token, which its host-wide claims name as their holder
+GPUS, SLOT = "air.gpus", "air.slot"  # what a sandbox holds: observable with or without an NVIDIA runtime
+CLAIM, HOLDER = "air.claim", "air.holder"  # on claims (see claims.py): their kind and the sandbox holding them
+KEPT_PREFIX = "air-kept-"
+"""`air debug --keep` renames its container with this prefix (labels cannot change after creation): sweeps leave
+it alone until `air containers clean --kept`."""
 
 
 def _process_start(pid: int) -> str | None:
@@ -67,15 +74,29 @@ class AirContainer:
     owner: str
     alive_owner: bool
     created: str
+    created_ts: float
+    labels: dict[str, str]
+
+    @property
+    def kept(self) -> bool:
+        return self.name.startswith(KEPT_PREFIX)
+
+    @property
+    def claim(self) -> bool:
+        return self.role == "claim"
 
     @classmethod
-    def of(cls, c: docker.models.containers.Container) -> AirContainer:
-        labels = c.labels or {}
+    def of(cls, row: dict) -> AirContainer:
+        """From a row of the daemon's container list (one call for all: no per-container inspect that a
+        container removed meanwhile could fail)."""
+        labels = row.get("Labels") or {}
         owner = labels.get(OWNER, "")
+        created = float(row.get("Created") or 0)
         return cls(
-            id=c.id[:12], name=c.name, status=c.status, run=labels.get(RUN, ""), task=labels.get(TASK, ""),
-            role=labels.get(ROLE, ""), owner=owner, alive_owner=owner_alive(owner),
-            created=c.attrs.get("Created", "")[:19],
+            id=row["Id"][:12], name=((row.get("Names") or ["/?"])[0]).lstrip("/"), status=row.get("State", ""),
+            run=labels.get(RUN, ""), task=labels.get(TASK, ""), role=labels.get(ROLE, ""), owner=owner,
+            alive_owner=owner_alive(owner), created=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)),
+            created_ts=created, labels=labels,
         )
 
 
@@ -83,7 +104,7 @@ def list_air_containers(client: docker.DockerClient, run: str | None = None) -> 
     # Only what air created itself carries an owner: a container someone started from an air image by hand
     # inherits the image's labels, and must never be swept as an orphan.
     filters = {"label": [OWNER, f"{RUN}={run}"] if run else [OWNER]}
-    return [AirContainer.of(c) for c in client.containers.list(all=True, filters=filters)]
+    return [AirContainer.of(row) for row in client.api.containers(all=True, filters=filters)]
 
 
 def remove_containers(client: docker.DockerClient, ids: list[str]) -> list[str]:
@@ -94,10 +115,17 @@ def remove_containers(client: docker.DockerClient, ids: list[str]) -> list[str]:
             client.api.remove_container(cid, force=True, v=True)
         except docker.errors.NotFound:
             pass
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: removal already in progress (another process sweeping): it goes
+                raise
         removed.append(cid)
     return removed
 
 
 def sweep_dead_runs(client: docker.DockerClient) -> list[str]:
-    """Remove the containers of every run whose owner process is dead."""
-    return remove_containers(client, [c.id for c in list_air_containers(client) if not c.alive_owner])
+    """Remove the containers of every run whose owner process is dead (never those kept on purpose), then the
+    claims nobody holds any more. Containers that vanish meanwhile (another process sweeping) are no error."""
+    from air.sandbox.claims import sweep_stale_claims
+
+    doomed = [c.id for c in list_air_containers(client) if not c.alive_owner and not c.kept and not c.claim]
+    return remove_containers(client, doomed) + sweep_stale_claims(client)

@@ -16,6 +16,12 @@
   closed (a prototype leaked containers that way); a late creation sees `closed` and removes its container.
 - Every container is labelled with this run and owner; `start()` sweeps containers of dead runs, and an atexit
   backstop removes this run's containers if the process exits without `close()`.
+- Host-wide limits hold across processes: each sandbox first claims a slot of its Docker host's budget and its
+  GPUs (claims.py: containers whose names are the claims, so the daemon arbitrates), so N env-server workers on
+  one host never overcommit it or pin one GPU twice.
+- Several Docker hosts (`hosts`): a sandbox goes to the least loaded host with a free slot (and GPUs); a host
+  that stops answering is left out for `host_retry` seconds and the pool goes on with the others, while the
+  rollouts on it fail as infrastructure.
 """
 
 from __future__ import annotations
@@ -24,24 +30,39 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import random
 import signal
 import threading
+import uuid
 from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable
+from air.sandbox.claims import Grant, HostClaims
 from air.sandbox.container import Sandbox, SandboxSpec
-from air.sandbox.docker_api import Docker
-from air.sandbox.gpu import GpuInventory
-from air.sandbox.labels import list_air_containers, new_run_id, owner_token, remove_containers, \
-    sweep_dead_runs
+from air.sandbox.docker_api import Docker, docker_host
+from air.sandbox.labels import GPUS, HOLDER, KEPT_PREFIX, SANDBOX, SLOT, list_air_containers, new_run_id, \
+    owner_token, remove_containers, sweep_dead_runs
 
 log = logging.getLogger("air.pool")
+
+
+class DockerHost(BaseModel):
+    """One Docker daemon a pool may place sandboxes on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = None
+    """`tcp://host:2376`, `ssh://user@host`, `unix:///path`; None: DOCKER_HOST or the local socket. TLS as for
+    the docker CLI (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH)."""
+    gpu_ids: list[str] | None = []
+    """That host's GPU ids sandboxes may have; None = detect with nvidia-smi (the local daemon only)."""
+    budget: int | None = Field(None, ge=1)
+    """Containers at most on that host, across every air process; None = the pool's `host_budget`."""
 
 
 class PoolConfig(BaseModel):
@@ -50,20 +71,34 @@ class PoolConfig(BaseModel):
     warm: int = Field(0, ge=0)
     """Idle sandboxes kept ready per key once a key has been used (or pre-warmed at start)."""
     max_sandboxes: int = Field(32, ge=1)
-    """Live containers at most (idle, leased and being reset), across keys."""
+    """Live containers of this pool at most (idle, leased and being reset), across keys and hosts."""
+    host_budget: int | None = Field(128, ge=1)
+    """Containers at most on each Docker host, counted across every air process that uses it (env-server
+    workers, `air eval`, services) by host-wide claims; None = no host-wide cap."""
     max_leases: int = Field(50, ge=1)
     """Recycle a sandbox after this many leases, however healthy it looks."""
     lease_timeout: float = Field(600, gt=0)
     """How long a lease may wait for capacity or GPUs before PoolExhausted."""
     reset_timeout: float = Field(60, gt=0)
     gpu_ids: list[str] | None = None
-    """Host GPU ids this pool may hand out; None = detect with nvidia-smi; [] = none."""
+    """GPU ids of the local Docker host this pool may hand out; None = detect with nvidia-smi; [] = none."""
+    hosts: list[DockerHost] = []
+    """Docker daemons to place sandboxes on, by load and free GPUs; empty = the local one (with `gpu_ids`)."""
+    reuse_gpu_sandboxes: bool = False
+    """Keep released GPU sandboxes warm for this process. Off: they are removed on release, so their GPUs go back
+    to every process on the host at once (a new container costs ~0.3 s, a GPU task minutes), and no worker that
+    keeps being busy can starve the others of a GPU."""
+    request_gpu_devices: bool = True
+    """Ask the NVIDIA runtime for each sandbox's GPUs. False assigns and labels them without a device request:
+    for tests and dry runs on a machine without the runtime, never for real GPU work."""
     run_id: str | None = None
     """Label for this pool's containers; default: one id per process."""
     sweep_dead_runs: bool = True
     docker_concurrency: int = Field(32, ge=1)
     daemon_patience: float = Field(90, ge=0)
-    """How long creating a sandbox waits for an unreachable Docker daemon (a restart) before failing."""
+    """How long creating a sandbox waits for unreachable Docker daemons (a restart) before failing."""
+    host_retry: float = Field(10, gt=0)
+    """Seconds a daemon that failed is left out of placement before it is tried again."""
 
 
 @dataclass
@@ -76,15 +111,36 @@ class PoolStats:
     health_failures: int = 0
 
 
+@dataclass(eq=False)
+class _Host:
+    """A Docker daemon as this pool uses it: its client, its host-wide claims, whether it answers."""
+
+    config: DockerHost
+    docker: Docker | None = None
+    claims: HostClaims | None = None
+    down_until: float = 0.0
+    down_reason: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.docker.host if self.docker is not None else (self.config.url or docker_host())
+
+    def usable(self, now: float) -> bool:
+        return self.docker is not None and now >= self.down_until
+
+
 class SandboxPool:
     def __init__(self, config: PoolConfig | None = None, docker: Docker | None = None):
         self.config = config or PoolConfig()
-        self._docker = docker
         self.run_id = self.config.run_id or new_run_id()
-        self.gpus = GpuInventory.from_config(self.config.gpu_ids)
+        hosts = self.config.hosts or [DockerHost(url=None, gpu_ids=self.config.gpu_ids)]
+        self._hosts = [_Host(h) for h in hosts]
+        if docker is not None:  # a caller's own client for the (first) host
+            self._attach(self._hosts[0], docker)
         self.stats = PoolStats()
         self._idle: OrderedDict[str, deque[Sandbox]] = OrderedDict()
         self._live: set[Sandbox] = set()
+        self._held: dict[Sandbox, tuple[_Host, Grant]] = {}  # each sandbox's host and host-wide claims
         self._reserved = 0  # slots held by creations in flight
         self._warm_target: dict[str, int] = {}
         self._warming: Counter[str] = Counter()
@@ -93,19 +149,67 @@ class SandboxPool:
         self._closed = False
         self._started = False
 
+    def _attach(self, host: _Host, docker: Docker) -> None:
+        ids = host.config.gpu_ids
+        if ids is None:
+            from air.sandbox.doctor import detect_gpus
+
+            ids = detect_gpus()
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate GPU ids in {list(ids)}")
+        budget = host.config.budget or self.config.host_budget
+        host.docker = docker
+        host.claims = HostClaims(docker, budget=budget, gpu_ids=tuple(str(i) for i in ids), run=self.run_id)
+
+    async def _connect(self, host: _Host) -> bool:
+        """Open the host's client if it is not open; False (and the host left out for a while) if it is down."""
+        if host.docker is not None:
+            return True
+        try:
+            docker = await asyncio.to_thread(Docker, max_concurrency=self.config.docker_concurrency,
+                                             base_url=host.config.url)
+        except DockerUnavailable as exc:
+            self._mark_down(host, exc)
+            return False
+        self._attach(host, docker)
+        return True
+
+    def _mark_down(self, host: _Host, exc: BaseException) -> None:
+        loop = asyncio.get_running_loop()
+        host.down_until, host.down_reason = loop.time() + self.config.host_retry, str(exc)
+        log.warning("Docker host %s left out for %gs: %s", host.name, self.config.host_retry, exc)
+
     @property
     def docker(self) -> Docker:
-        if self._docker is None:
-            self._docker = Docker(max_concurrency=self.config.docker_concurrency)
-        return self._docker
+        """The first host's client (the only one, unless `hosts` names several)."""
+        host = self._hosts[0]
+        if host.docker is None:
+            self._attach(host, Docker(max_concurrency=self.config.docker_concurrency, base_url=host.config.url))
+        return host.docker
+
+    @property
+    def gpu_ids(self) -> tuple[str, ...]:
+        """Every GPU id this pool may hand out (on its first host)."""
+        host = self._hosts[0]
+        return host.claims.gpu_ids if host.claims is not None else ()
 
     # ----- lifecycle --------------------------------------------------------------------------------------------
     async def start(self, warm_specs: list[SandboxSpec] = ()) -> None:
-        docker = self.docker
+        """Connect to the hosts (a single host that does not answer is an error; of several, at least one must
+        answer), sweep what dead runs left on them, then warm `warm_specs`."""
+        reachable = [h for h in self._hosts if await self._connect(h)]
+        if not reachable:
+            raise DockerUnavailable("; ".join(h.down_reason for h in self._hosts))
         if self.config.sweep_dead_runs:
-            swept = await docker.call(sweep_dead_runs, docker.client, timeout=120, idempotent=True)
-            if swept:
-                log.warning("removed %d container(s) left by dead runs", len(swept))
+            for host in reachable:
+                try:
+                    swept = await host.docker.call(sweep_dead_runs, host.docker.client, timeout=120,
+                                                   idempotent=True)
+                except InfraError as exc:  # a sweep that fails is no reason not to serve: the next start sweeps
+                    log.warning("sweep of %s failed: %s", host.name, exc)
+                    continue
+                if swept:
+                    log.warning("removed %d container(s) left by dead runs on %s", len(swept), host.name)
         atexit.register(self._atexit_backstop)
         _install_sigterm_as_exit()
         self._started = True
@@ -116,7 +220,7 @@ class SandboxPool:
         await self.wait_idle()
 
     async def close(self) -> None:
-        """Wait for background work, then remove every sandbox and give back every GPU."""
+        """Wait for background work, then remove every sandbox and give back every claim."""
         if self._closed:
             return
         self._closed = True
@@ -142,13 +246,19 @@ class SandboxPool:
             await asyncio.gather(*list(self._background), return_exceptions=True)
 
     def _atexit_backstop(self) -> None:
-        # The process is exiting without close() (an unhandled exception, SIGTERM): remove what we own, sync.
-        try:
-            client = self.docker.client
-            mine = [c.id for c in list_air_containers(client, run=self.run_id) if c.owner == owner_token()]
-            remove_containers(client, mine)
-        except Exception:  # noqa: BLE001 - best effort at exit; `air containers clean` is the fallback
-            pass
+        # The process is exiting without close() (an unhandled exception, SIGTERM): remove what we own (sandboxes
+        # and claims), sync. Kept containers were renamed and hold their claims: they stay.
+        for host in self._hosts:
+            if host.docker is None:
+                continue
+            try:
+                client = host.docker.client
+                mine = [c for c in list_air_containers(client, run=self.run_id) if c.owner == owner_token()]
+                kept = {c.labels.get(SANDBOX) for c in mine if c.kept}
+                remove_containers(client, [c.id for c in mine if not c.kept and not c.claim])
+                remove_containers(client, [c.id for c in mine if c.claim and c.labels.get(HOLDER) not in kept])
+            except Exception:  # noqa: BLE001 - best effort at exit; `air containers clean` is the fallback
+                pass
 
     # ----- leasing ----------------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -222,20 +332,27 @@ class SandboxPool:
             return False
 
     async def _create(self, spec: SandboxSpec) -> Sandbox:
-        """Create a sandbox in a slot already reserved by the caller."""
-        gpu_ids: tuple[str, ...] = ()
+        """Create a sandbox in a slot already reserved by the caller: claim a slot of a host's budget and its GPUs
+        (waiting, bounded, while every host is full), then create it there."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.lease_timeout
         sandbox: Sandbox | None = None
         try:
-            if spec.resources.gpus:
-                gpu_ids = await self.gpus.acquire(spec.resources.gpus, spec.resources.share_gpus,
-                                                  timeout=self.config.lease_timeout)
-            # The daemon may be restarting: new sandboxes wait for it (bounded) instead of failing every lease
-            # queued behind the outage. Rollouts already running on the old containers fail, as they must.
-            async for attempt in AsyncRetrying(stop=stop_after_delay(self.config.daemon_patience), reraise=True,
-                                               wait=wait_exponential(multiplier=0.5, max=5),
-                                               retry=retry_if_exception_type(DockerUnavailable)):
-                with attempt:
-                    sandbox = await Sandbox.create(self.docker, spec, run=self.run_id, gpu_ids=gpu_ids)
+            while True:
+                host, grant = await self._claim(spec, deadline)
+                try:
+                    sandbox = await Sandbox.create(host.docker, spec, run=self.run_id, gpu_ids=grant.gpu_ids,
+                                                   labels=_grant_labels(grant),
+                                                   gpu_devices=self.config.request_gpu_devices)
+                except DockerUnavailable as exc:  # the daemon went away between claim and create: try another
+                    self._mark_down(host, exc)
+                    await self._give_back(host, grant)
+                    continue
+                except BaseException:
+                    await self._give_back(host, grant)
+                    raise
+                self._held[sandbox] = (host, grant)
+                break
             self.stats.created += 1
             self._live.add(sandbox)
             await sandbox.session.start()
@@ -243,19 +360,81 @@ class SandboxPool:
         except BaseException:
             if sandbox is not None:
                 await self._remove(sandbox)
-            elif gpu_ids:
-                await self.gpus.release(gpu_ids)
             raise
         finally:
             async with self._changed:
                 self._reserved -= 1
                 self._changed.notify_all()
 
+    async def _claim(self, spec: SandboxSpec, deadline: float) -> tuple[_Host, Grant]:
+        """A host-wide grant (slot and GPUs) on the least loaded host that has one free."""
+        loop = asyncio.get_running_loop()
+        gpus, share = spec.resources.gpus, spec.resources.share_gpus
+        holder, all_down_since, last_sweep = uuid.uuid4().hex[:16], None, loop.time()
+        while True:
+            if self._closed:
+                raise SandboxUnavailable("the sandbox pool is closed")
+            now = loop.time()
+            for host in self._hosts:
+                if host.docker is None and now >= host.down_until:
+                    await self._connect(host)
+            up = [h for h in self._hosts if h.usable(loop.time())]
+            known = [h for h in self._hosts if h.claims is not None]
+            if known and all(gpus > len(h.claims.gpu_ids) for h in known):
+                inventory = ", ".join(f"{h.name}: {list(h.claims.gpu_ids)}" for h in known)
+                raise PoolExhausted(f"{gpus} GPU(s) asked for, but no Docker host has that many ({inventory}); set "
+                                    "gpu_ids or lower the task's gpus")
+            for host in sorted(up, key=self._load):
+                if gpus > len(host.claims.gpu_ids):
+                    continue
+                try:
+                    grant = await host.claims.try_acquire(holder, spec.image, gpus, share, task=spec.task)
+                except DockerUnavailable as exc:
+                    self._mark_down(host, exc)
+                    continue
+                if grant is not None:
+                    return host, grant
+            if up:
+                all_down_since = None
+            else:  # every daemon is away: wait for one to come back (a restart), within the patience
+                all_down_since = all_down_since or now
+                if now - all_down_since > self.config.daemon_patience:
+                    raise DockerUnavailable("no Docker host answers: " + "; ".join(
+                        f"{h.name}: {h.down_reason}" for h in self._hosts))
+            if now >= deadline:
+                raise PoolExhausted(f"no sandbox slot{' or GPU' if gpus else ''} free on any Docker host within "
+                                    f"{self.config.lease_timeout:g}s (host budget {self.config.host_budget}); "
+                                    "`air containers ls` shows who holds them")
+            if up and now - last_sweep > 5:  # a crashed process elsewhere may hold claims: free the stale ones
+                last_sweep = now
+                for host in up:
+                    with contextlib.suppress(InfraError):
+                        await host.claims.sweep_stale()
+                continue
+            async with self._changed:  # a local release wakes us at once; other processes' after a short poll
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), min(random.uniform(0.2, 1.0),
+                                                                     max(deadline - now, 0.01)))
+
+    def _load(self, host: _Host) -> float:
+        """This pool's share of a host's budget in use: where the next sandbox goes (least loaded first)."""
+        live = sum(1 for h, _ in self._held.values() if h is host)
+        return live / (host.claims.budget or self.config.max_sandboxes)
+
+    async def _give_back(self, host: _Host, grant: Grant) -> None:
+        try:
+            await host.claims.release(grant)
+        except InfraError as exc:  # the host is gone: its claims go with its next sweep (holder missing)
+            log.warning("could not give back claims on %s: %s", host.name, exc)
+
     def forget(self, sandbox: Sandbox) -> None:
         """Hand a leased sandbox over to the caller for good (`air debug --keep`): the pool neither resets nor
-        removes it; its labels still let `air containers clean` find it once this process is gone."""
+        removes it. It is renamed `air-kept-...`, keeps its claims (its GPUs stay its own), and sweeps leave it
+        alone until `air containers clean --kept`."""
         self._live.discard(sandbox)
+        self._held.pop(sandbox, None)
         sandbox.broken = "kept by its lessee"
+        self._spawn(sandbox.rename(KEPT_PREFIX + sandbox.name.removeprefix("air-")))
 
     def release(self, sandbox: Sandbox) -> None:
         """Give a leased sandbox back; reset or removal happens in the background."""
@@ -264,7 +443,8 @@ class SandboxPool:
     async def _recycle(self, sandbox: Sandbox) -> None:
         if self._closed or sandbox not in self._live:
             return  # close() removes every live sandbox; a forgotten one belongs to its lessee
-        reason = sandbox.broken or ("max_leases reached" if sandbox.leases >= self.config.max_leases else None)
+        reason = sandbox.broken or ("max_leases reached" if sandbox.leases >= self.config.max_leases else None) or (
+            "its GPUs go back to the host" if sandbox.gpu_ids and not self.config.reuse_gpu_sandboxes else None)
         if reason is None:
             try:
                 await asyncio.wait_for(sandbox.session.reset(timeout=self.config.reset_timeout),
@@ -276,7 +456,8 @@ class SandboxPool:
             log.info("recycling sandbox %s: %s", sandbox.short_id, reason)
             self.stats.recycled += 1
             await self._remove(sandbox)
-            self._spawn(self._refill(sandbox.spec))
+            if not sandbox.gpu_ids or self.config.reuse_gpu_sandboxes:
+                self._spawn(self._refill(sandbox.spec))
             return
         async with self._changed:
             if self._closed:
@@ -315,7 +496,9 @@ class SandboxPool:
             if sandbox in self._live:
                 self._live.discard(sandbox)
                 self.stats.removed += 1
-                await self.gpus.release(sandbox.gpu_ids)
+            held = self._held.pop(sandbox, None)
+            if held is not None:
+                await self._give_back(*held)
             async with self._changed:
                 self._changed.notify_all()
 
@@ -334,6 +517,14 @@ class SandboxPool:
         return sum(len(q) for q in self._idle.values())
 
 
+def _grant_labels(grant: Grant) -> dict[str, str]:
+    """A sandbox names its claims' holder token and shows what it holds (GPUs readable without the runtime)."""
+    labels = {SANDBOX: grant.holder, GPUS: ",".join(grant.gpu_ids)}
+    if grant.slot is not None:
+        labels[SLOT] = str(grant.slot)
+    return labels
+
+
 def _install_sigterm_as_exit() -> None:
     """Make SIGTERM unwind like Ctrl-C (finally blocks, atexit), unless someone else already handles it."""
     if threading.current_thread() is not threading.main_thread():
@@ -345,4 +536,4 @@ def _install_sigterm_as_exit() -> None:
         signal.signal(signal.SIGTERM, _exit)
 
 
-__all__ = ["PoolConfig", "PoolStats", "SandboxPool"]
+__all__ = ["DockerHost", "PoolConfig", "PoolStats", "SandboxPool"]
