@@ -57,7 +57,7 @@ def test_debug_keep_leaves_the_container_and_says_how_to_enter_it(images, docker
     child.sendline("touch kept-marker")
     child.expect(r"\[2\]\$ ")
     child.sendline(":quit")
-    child.expect(r"docker exec -it -u agent -w /home/agent/workspace (air-prisoners-dilemma-[0-9a-f]+) bash")
+    child.expect(r"docker exec -it -u agent -w /home/agent/workspace (air-kept-prisoners-dilemma-[0-9a-f]+) bash")
     name = child.match.group(1)
     child.expect(pexpect.EOF)
     child.close()
@@ -65,8 +65,10 @@ def test_debug_keep_leaves_the_container_and_says_how_to_enter_it(images, docker
         out = subprocess.run(["docker", "exec", "-u", "agent", "-w", "/home/agent/workspace", name, "ls"],
                              capture_output=True, text=True, timeout=60)
         assert "kept-marker" in out.stdout and "strategy.py" in out.stdout
-        proc = air("containers", "clean", "--json")  # the debug process is gone: its container is an orphan
-        assert name in {c.name for c in docker_client.containers.list(all=True)} or proc.returncode == 0
+        # The debug process is gone, yet its kept container survives any sweep until asked for by --kept.
+        assert air("containers", "clean", "--json").returncode == 0
+        assert name in {c.name for c in docker_client.containers.list(all=True)}
+        assert air("containers", "clean", "--kept", "--json").returncode == 0
         assert name not in {c.name for c in docker_client.containers.list(all=True)}
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
