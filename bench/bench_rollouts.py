@@ -28,8 +28,9 @@ TASKS = ["prisoners-dilemma", "battle-of-sexes", "colonel-blotto"]
 
 async def measure(concurrency: int, mode: str, waves: int) -> dict:
     specs = [load_task(t) for t in TASKS]
+    # No host budget: this measures throughput, not the cap (64 rollouts and their scorers exceed the default).
     pool = SandboxPool(PoolConfig(max_sandboxes=2 * concurrency + 4, gpu_ids=[], lease_timeout=1800,
-                                  max_leases=1 if mode == "fresh" else 50))
+                                  host_budget=None, max_leases=1 if mode == "fresh" else 50))
     await pool.start()
     policy = ScriptedPolicy(only=GENERIC)
     errors: list[str] = []

@@ -35,7 +35,8 @@ def rss_mb() -> float:
 
 async def soak(minutes: float, concurrency: int, command_timeout: float) -> dict:
     specs = [load_task(t) for t in TASKS]
-    pool = SandboxPool(PoolConfig(max_sandboxes=2 * concurrency + 4, gpu_ids=[], lease_timeout=3600))
+    pool = SandboxPool(PoolConfig(max_sandboxes=2 * concurrency + 4, gpu_ids=[], lease_timeout=3600,
+                                  host_budget=None))  # the soak measures leaks and memory, not the host cap
     await pool.start()
     policy = ScriptedPolicy()
     config = EpisodeConfig(command_timeout=command_timeout)
