@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 from pathlib import Path
@@ -16,13 +15,6 @@ from air.cli.app import BaseUrl, JsonFlag, MlgymRoot, Model, print_json, app, co
     run_async
 
 
-def _fence(line: str) -> str:
-    """What the researcher types, as the model would have replied: a fenced block unless given raw."""
-    if line.startswith(":raw "):
-        return line[5:].replace("\\n", "\n")
-    return f"```bash\n{line}\n```"
-
-
 @app.command()
 def debug(
     task: Annotated[str, typer.Argument(help="Task id or mlgym:tasks/<name>.yaml.")],
@@ -30,58 +22,20 @@ def debug(
     = False,
     max_turns: Annotated[int, typer.Option(help="Turn limit, as in a rollout.")] = 30,
     mlgym_root: MlgymRoot = None,
+    as_json: JsonFlag = False,
 ) -> None:
     """Step into a task's sandbox as the agent would: type commands, `validate`, `submit`; see the same
     observations, scores and rewards a rollout gets.
 
     Each line you type is sent as a model reply holding that command (prefix `:raw ` to send a reply verbatim,
-    `\\n` for newlines). `:quit` or Ctrl-D leaves. Example: air debug prisoners-dilemma --keep
+    `\\n` for newlines); `:help` lists what you can type. Up/Down recall earlier lines. Ctrl-C interrupts the
+    running command; `:quit` or Ctrl-D leaves. With --json each step is one JSON line on stdout, for scripts
+    that pipe lines in. Example: air debug prisoners-dilemma --keep
     """
-    from air.episode.config import EpisodeConfig
-    from air.episode.loop import Episode
-    from air.sandbox.pool import PoolConfig, SandboxPool
-    from air.tasks.environment import TaskEnvironment
+    from air.cli.debug_console import run_debug
     from air.tasks.registry import load_task
 
-    spec = load_task(task, mlgym_root)
-
-    async def session() -> None:
-        pool = SandboxPool(PoolConfig(gpu_ids=None if spec.resources.gpus else []))
-        await pool.start()
-        kept = None
-        try:
-            env = TaskEnvironment(spec, pool)
-            async with env.lease() as sandbox:
-                episode = Episode(env, sandbox, EpisodeConfig(max_turns=max_turns))
-                out.print(f"[bold]{spec.id}[/] in container {sandbox.short_id} ({sandbox.name}); "
-                          f"baseline {spec.baseline.scores}. Type a command, `validate`, `submit`, or `:quit`.",
-                          soft_wrap=True)
-                while not episode.done:
-                    try:
-                        line = await asyncio.to_thread(input, f"[{episode.turns + 1}]$ ")
-                    except EOFError:
-                        break
-                    if line.strip() in (":quit", ":q", "exit"):
-                        break
-                    if not line.strip():
-                        continue
-                    step = await episode.step(_fence(line))
-                    print(step.observation, flush=True)
-                    score = episode.tracker.last_score
-                    print(f"[reward {step.reward:+.4f} · return {episode.total_reward:+.4f} · last score "
-                          f"{score if score is not None else '-'}{' · episode over' if step.done else ''}]",
-                          flush=True)
-                if keep:
-                    kept = sandbox
-                    pool.forget(sandbox)  # neither reset nor removed: it is the researcher's now
-        finally:
-            await pool.close()
-        if kept is not None:
-            out.print(f"kept container {kept.name}; enter it with:\n  docker exec -it -u agent -w "
-                      f"/home/agent/workspace {kept.name} bash\nremove it with: docker rm -f {kept.name} "
-                      "(or `air containers clean`)", soft_wrap=True)
-
-    run_async(session())
+    run_debug(load_task(task, mlgym_root), keep=keep, max_turns=max_turns, json_lines=as_json)
 
 
 @app.command("eval")
