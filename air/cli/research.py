@@ -9,8 +9,10 @@ from typing import Annotated
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
+from air import display
 from air.cli.app import BaseUrl, JsonFlag, MlgymRoot, Model, print_json, app, console, make_policy, out, \
     run_async
 
@@ -41,12 +43,12 @@ def debug(
 @app.command("eval")
 def eval_(
     tasks: Annotated[list[str] | None, typer.Argument(help="Task ids (default: every bundled task).")] = None,
-    rollouts: Annotated[int, typer.Option("-n", "--rollouts", help="Rollouts per task.")] = 1,
-    concurrency: Annotated[int, typer.Option("-c", "--concurrency", help="Rollouts at once.")] = 4,
+    rollouts: Annotated[int, typer.Option("-n", "--rollouts", min=1, help="Rollouts per task.")] = 1,
+    concurrency: Annotated[int, typer.Option("-c", "--concurrency", min=1, help="Rollouts at once.")] = 4,
     base_url: BaseUrl = None,
     model: Model = "air-scripted",
-    max_turns: Annotated[int, typer.Option(help="Turn limit per episode.")] = 30,
-    command_timeout: Annotated[float | None, typer.Option(help="Cap on each command's timeout, seconds.")] = None,
+    max_turns: Annotated[int, typer.Option(min=1, help="Turn limit per episode.")] = 30,
+    command_timeout: Annotated[float | None, typer.Option(min=0.1, help="Cap on each command's timeout, seconds.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/eval-<time>).")] = None,
     mlgym_root: MlgymRoot = None,
     as_json: JsonFlag = False,
@@ -56,7 +58,8 @@ def eval_(
 
     Exit code 1 when a rollout failed. Example: air eval prisoners-dilemma regression-rmse -n 4 -c 4
     """
-    from air.episode.batch import BatchProgress, run_batch
+    from air.cli.eval_display import LiveView, failures, results_table
+    from air.episode.batch import run_batch
     from air.episode.config import EpisodeConfig
     from air.sandbox.pool import PoolConfig, SandboxPool
     from air.tasks.registry import load_all
@@ -66,36 +69,24 @@ def eval_(
     policy = make_policy(base_url, model)
     config = EpisodeConfig(max_turns=max_turns, command_timeout=command_timeout)
 
-    def table(p: BatchProgress) -> Table:
-        t = Table(title=f"{run_dir}", show_header=True)
-        for col in ("rollouts", "done", "running", "failed", "best so far"):
-            t.add_column(col)
-        best = ", ".join(f"{k} {v:.4g}" for k, v in sorted(p.best.items())) or "-"
-        t.add_row(str(p.total), str(p.done), str(p.running), str(p.failed), best)
-        return t
-
     async def main():
         async with SandboxPool(PoolConfig(max_sandboxes=max(2 * concurrency + 2, 4),
                                           gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
-            progress = BatchProgress(total=len(specs) * rollouts)
             if as_json or not console.is_terminal:  # no live display when nobody watches it
                 return await run_batch(specs, policy, pool, run_dir, rollouts, concurrency, config)
-            with Live(table(progress), console=console, transient=True) as live:
+            view = LiveView(run_dir, len(specs) * rollouts)
+            with Live(view, console=console, transient=True, refresh_per_second=2):
                 return await run_batch(specs, policy, pool, run_dir, rollouts, concurrency, config,
-                                       on_progress=lambda p: live.update(table(p)))
+                                       on_progress=view.update)
 
     results = run_async(main())
     if as_json:
         print_json({"run_dir": str(run_dir), "rollouts": [r.__dict__ for r in results]})
     else:
-        t = Table("task", "#", "status", "ended by", "turns", "return", "best", "trajectory")
-        for r in results:
-            s = r.summary or {}
-            t.add_row(r.task, str(r.index), "[green]ok[/]" if r.ok else f"[red]failed[/] {r.error or ''}",
-                      str(s.get("ended_by", "-")), str(s.get("turns", "-")),
-                      f"{s['total_reward']:+.4f}" if r.ok else "-", str(s.get("best_score", "-")), r.trajectory)
-        out.print(t)
-        out.print(f"run directory: {run_dir}  (view it: air view {run_dir})", soft_wrap=True)
+        out.print(results_table(results))
+        for line in failures(results):
+            out.print(f"[red]failed[/] {escape(line)}", soft_wrap=True)
+        out.print(f"trajectories: {run_dir}/<task>/rollout-<#>.jsonl; view them: air view {run_dir}", soft_wrap=True)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 
@@ -133,10 +124,10 @@ def replay(
         for src, rows in report.items():
             t = Table("turn", "recorded reward", f"{rescore} reward", title=src)
             for turn, recorded, rescored in rows:
-                t.add_row(str(turn), "-" if recorded is None else f"{recorded:+.5f}", f"{rescored:+.5f}")
+                t.add_row(str(turn), display.reward(recorded, 5), display.reward(rescored, 5))
             out.print(t)
-            out.print(f"return: recorded {sum(r or 0 for _, r, _ in rows):+.5f}, "
-                      f"{rescore} {sum(r for _, _, r in rows):+.5f}")
+            out.print(f"return: recorded {display.reward(sum(r or 0 for _, r, _ in rows), 5)}, "
+                      f"{rescore} {display.reward(sum(r for _, _, r in rows), 5)}")
         return
 
     async def main():
@@ -159,9 +150,11 @@ def replay(
             if note:
                 out.print(f"  [yellow]{note}[/]", soft_wrap=True)
             if drifts:
-                t = Table("turn", "what", "recorded", "replayed")
+                t = Table("turn", "what", "line", "recorded", "replayed", caption="first differing line of each "
+                          "turn; times, durations, pids and the sandbox id are normalised")
                 for d in drifts:
-                    t.add_row(str(d.turn), d.what, d.recorded, d.replayed)
+                    t.add_row(str(d.turn), d.what, "-" if d.line is None else str(d.line), escape(d.recorded),
+                              escape(d.replayed))
                 out.print(t)
     if drifted:
         raise typer.Exit(1)
