@@ -115,6 +115,23 @@ async def test_interrupt_stops_the_running_command(pool, base_spec):
         assert r.exit_code == 130 and "never" not in r.stdout and not r.timed_out
 
 
+async def test_an_interrupt_right_after_the_command_was_sent_never_kills_the_shell(pool, base_spec):
+    """Ctrl-C pressed just after Enter: the interrupt may reach the warden before the shell has even read the
+    command. It waits until the command has started (its trap in place), so it aborts the command, never the
+    shell, and the shell's state (an exported variable) survives."""
+    async with pool.lease(base_spec) as sb:
+        s = sb.session
+        await s.run("export KEEP=me")
+        for _ in range(10):
+            running = asyncio.create_task(s.run("sleep 30; echo not-aborted", timeout=120))
+            while not s._running:
+                await asyncio.sleep(0)
+            await s.interrupt()
+            r = await running
+            assert (r.exit_code, r.shell_restarted, r.stdout) == (130, False, ""), r
+        assert (await s.run("echo $KEEP")).stdout == "me\n"
+
+
 async def test_output_flood_is_capped_and_host_memory_stays_flat(pool, images, docker_client, run_id):
     from air.sandbox.session import Session
 

@@ -115,11 +115,10 @@ class Session:
             link = await self._warden()
             seq, command_id = self._next_ids()
             redirect = " 2>&1" if merge_stderr else ""
-            # The command runs in a function so that the USR1 trap (sent on timeout or interrupt) can `return`
-            # from it: that aborts the rest of the command list, as Ctrl-C would, and ends builtin loops.
+            # __air_run (the warden's shell prelude) installs the USR1 trap that a timeout or interrupt uses to abort
+            # the command list, reports that the command started, and runs it without the report pipe.
             line = (f"builtin printf -v __air_c '%b' '{_encode(command)}'; export AIR_COMMAND_ID={command_id}; "
-                    f"builtin trap 'builtin trap - USR1; return 130' USR1; __air_run </dev/null 3>&-{redirect}; "
-                    f"__air_rc=$?; builtin trap - USR1; builtin unset __air_c; "
+                    f"__air_run {seq} </dev/null{redirect}; __air_rc=$?; builtin trap : USR1; builtin unset __air_c; "
                     f"builtin printf '{seq} %d %s\\0' \"$__air_rc\" \"$PWD\" >&3\n")
             self._running = True
             try:

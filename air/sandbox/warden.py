@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # in the container it is already defined (see above)
 
 CFG = {}  # set by the host's first frame: uid, home, workspace, air, pristine, keep, scratch
 COARSE = 5  # CLOCK_REALTIME_COARSE: the clock file times come from
+REKILL_EVERY = 0.1  # seconds between kills of a command's processes while its shell has not reported
 KILL_GRACE = 2.0  # after killing a timed-out command's processes, seconds for the shell to report
 REPORT_LIMIT = 1 << 16
 # Raising either needs no privilege and lowering them back needs capabilities nobody in a sandbox has: every agent
@@ -321,7 +322,14 @@ def wipe(directory):
 
 
 # ----- the agent's shell ------------------------------------------------------------------------------------------
-SHELL_PRELUDE = (b"__air_run() { builtin eval \"$__air_c\"; }\n")
+# The command runs in a function so that the USR1 trap (sent on timeout or interrupt) can `return` from it: that
+# aborts the rest of the command list, as Ctrl-C would, and ends builtin loops. The function installs that trap,
+# then says "started <seq>" on the report pipe: the warden signals a command only after it started, so an early
+# interrupt never meets a shell without the trap. Between commands USR1 runs a no-op handler (not the default,
+# which would end the shell; not ignored, which programs would inherit). The command itself has no report pipe.
+SHELL_PRELUDE = (b"__air_run() { builtin trap 'builtin trap : USR1; return 130' USR1; "
+                 b"builtin printf 'S%s\\0' \"$1\" >&3; builtin eval \"$__air_c\" 3>&-; }\n"
+                 b"builtin readonly -f __air_run; builtin trap : USR1\n")
 
 
 class Shell:
@@ -448,7 +456,10 @@ class Run:
         self.limit = int(msg.get("limit", 1 << 20))
         self.out, self.err = CappedBuffer(self.limit), CappedBuffer(self.limit)
         self.timed_out = self.interrupted = False
+        self.begun = False  # the shell said it began the command (its USR1 trap is in place)
+        self.kill_pending = False  # an interrupt came before that: it is sent once the command has started
         self.kill_deadline = None
+        self.rekill_at = float("inf")
         self.started = time.monotonic()
 
 
@@ -628,7 +639,7 @@ class Warden:
     def next_deadline(self):
         job = self.job
         if isinstance(job, Run) and job.kill_deadline is not None:
-            return job.kill_deadline
+            return min(job.kill_deadline, job.rekill_at)
         return job.deadline
 
     # ----- ops --------------------------------------------------------------------------------------------------
@@ -700,7 +711,10 @@ class Warden:
     def op_interrupt(self, msg):
         if isinstance(self.job, Run) and self.job.kill_deadline is None:
             self.job.interrupted = True
-            self.kill_run(self.job)
+            if self.job.begun:
+                self.kill_run(self.job)
+            else:
+                self.job.kill_pending = True
         elif isinstance(self.job, Exec):
             self.job.expire()
         self.reply(msg["id"], ok=True)
@@ -839,6 +853,11 @@ class Warden:
 
     def shell_report(self, record):
         run = self.job if isinstance(self.job, Run) else None
+        if run is not None and record == b"S%d" % run.seq:  # the command began: its trap is in place
+            run.begun = True
+            if run.kill_pending and run.kill_deadline is None:
+                self.kill_run(run)
+            return
         parts = record.split(b" ", 2)
         if run is None or len(parts) != 3 or parts[0] != str(run.seq).encode():
             return  # a stale or invented report (from a background subshell): nothing to finish
@@ -859,6 +878,7 @@ class Warden:
             pass
         kill_marked(CFG["uid"], run.marker)
         run.kill_deadline = time.monotonic() + KILL_GRACE
+        run.rekill_at = time.monotonic() + REKILL_EVERY
 
     def expire(self):
         job = self.job
@@ -868,6 +888,11 @@ class Warden:
         if job.kill_deadline is None:
             job.timed_out = True
             self.kill_run(job)
+        elif time.monotonic() < job.kill_deadline:
+            # Kill again: a process forked but not yet exec'd when we looked carried the shell's environment, not
+            # the command's marker; by now it has exec'd (and the shell waits for it before its trap runs).
+            kill_marked(CFG["uid"], job.marker)
+            job.rekill_at = time.monotonic() + REKILL_EVERY
         else:  # the shell itself does not come back (stopped, or wedged in a builtin): replace it
             self.shell.kill()
             self.finish_run(job, None, restarted=True)
