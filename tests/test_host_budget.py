@@ -23,7 +23,8 @@ import pytest
 
 from air.errors import InfraError
 from air.sandbox.container import Resources, SandboxSpec
-from air.sandbox.labels import GPUS, OWNER, list_air_containers, sweep_dead_runs
+from air.sandbox.cleanup import sweep_dead_runs
+from air.sandbox.labels import GPUS, OWNER, list_air_containers
 from air.sandbox.pool import DockerHost, PoolConfig, SandboxPool
 
 pytestmark = pytest.mark.docker

@@ -295,7 +295,8 @@ async def test_close_during_refill_leaks_nothing(images, docker_client, run_id, 
 
 
 def test_clean_removes_containers_of_dead_runs_only(images, docker_client, run_id):
-    from air.sandbox.labels import OWNER, RUN, list_air_containers, make_labels, sweep_dead_runs
+    from air.sandbox.cleanup import sweep_dead_runs
+    from air.sandbox.labels import OWNER, RUN, list_air_containers, make_labels
 
     dead = {**make_labels("agent", "t", run_id), OWNER: "nowhere-host:1:1"}
     dead[OWNER] = f"{make_labels('x')[OWNER].rsplit(':', 2)[0]}:999999:1"  # this host, a pid that cannot exist

@@ -176,7 +176,7 @@ def containers_clean(
 
     Example: air containers clean --kept
     """
-    from air.sandbox.claims import sweep_stale_claims
+    from air.sandbox.cleanup import sweep_stale_claims
     from air.sandbox.docker_api import connect
     from air.sandbox.labels import list_air_containers, remove_containers
 

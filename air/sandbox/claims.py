@@ -24,23 +24,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-import time
 from dataclasses import dataclass, field
 
 import docker.errors
 
 from air.errors import ImageError, SandboxUnavailable
 from air.sandbox.docker_api import Docker
-from air.sandbox.labels import CLAIM, HOLDER, SANDBOX, list_air_containers, make_labels
+from air.sandbox.labels import CLAIM, HOLDER, make_labels
 
 log = logging.getLogger("air.claims")
 
 PREFIX = "air-claim-"
-HOLDER_GRACE = 300.0
-"""Seconds a claim stays valid without its holder: the holder is created right after its claims (waiting for a
-restarting daemon at most `daemon_patience`), and only a crash leaves a claim without one for longer."""
-
-
 @dataclass
 class Grant:
     """What one sandbox holds: its budget slot (None without a budget) and its GPUs."""
@@ -126,6 +120,8 @@ class HostClaims:
 
     async def sweep_stale(self) -> list[str]:
         """Remove claims whose holder is gone (past the grace) or whose owner is provably dead."""
+        from air.sandbox.cleanup import sweep_stale_claims
+
         removed = await self.docker.call(sweep_stale_claims, self.docker.client, timeout=120, idempotent=True)
         if removed:
             log.warning("removed %d stale claim(s) on %s", len(removed), self.docker.host)
@@ -172,26 +168,4 @@ class HostClaims:
         return await self.docker.call(count, timeout=30, idempotent=True)
 
 
-def sweep_stale_claims(client: docker.DockerClient, grace: float = HOLDER_GRACE) -> list[str]:
-    """Remove the claims (on the daemon of `client`) whose holder sandbox is gone or whose owner is dead."""
-    rows = list_air_containers(client)
-    holders = {r.labels.get(SANDBOX) for r in rows if not r.claim}
-    now = time.time()
-    # A claim whose holder exists stays, whatever became of its owner (a kept container keeps its GPUs); without
-    # a holder it goes at once if its owner is dead, else after the grace (the holder may be being created).
-    stale = [r for r in rows if r.claim and r.labels.get(HOLDER) not in holders
-             and (not r.alive_owner or now - r.created_ts > grace)]
-    removed = []
-    for r in stale:
-        try:
-            client.api.remove_container(r.id, force=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:  # one claim that cannot go must not stop the others
-            log.warning("could not remove stale claim %s: %s", r.name, exc)
-            continue
-        removed.append(r.name)
-    return removed
-
-
-__all__ = ["Grant", "HostClaims", "sweep_stale_claims", "PREFIX"]
+__all__ = ["Grant", "HostClaims", "PREFIX"]

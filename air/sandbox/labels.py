@@ -120,12 +120,3 @@ def remove_containers(client: docker.DockerClient, ids: list[str]) -> list[str]:
                 raise
         removed.append(cid)
     return removed
-
-
-def sweep_dead_runs(client: docker.DockerClient) -> list[str]:
-    """Remove the containers of every run whose owner process is dead (never those kept on purpose), then the
-    claims nobody holds any more. Containers that vanish meanwhile (another process sweeping) are no error."""
-    from air.sandbox.claims import sweep_stale_claims
-
-    doomed = [c.id for c in list_air_containers(client) if not c.alive_owner and not c.kept and not c.claim]
-    return remove_containers(client, doomed) + sweep_stale_claims(client)

@@ -43,10 +43,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable
 from air.sandbox.claims import Grant, HostClaims
+from air.sandbox.cleanup import sweep_dead_runs
 from air.sandbox.container import Sandbox, SandboxSpec
 from air.sandbox.docker_api import Docker, docker_host
 from air.sandbox.labels import GPUS, HOLDER, KEPT_PREFIX, SANDBOX, SLOT, list_air_containers, new_run_id, \
-    owner_token, remove_containers, sweep_dead_runs
+    owner_token, remove_containers
 
 log = logging.getLogger("air.pool")
 

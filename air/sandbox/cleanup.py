@@ -1,0 +1,48 @@
+"""Crash-safe cleanup by label: what dead runs left on a Docker daemon (their sandboxes, then the claims nobody
+holds any more), with no state file. Containers that vanish under a sweep (another process sweeping the same
+run) are no error; containers kept on purpose (`air debug --keep`) stay until asked for."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import docker
+import docker.errors
+
+from air.sandbox.labels import HOLDER, SANDBOX, list_air_containers, remove_containers
+
+log = logging.getLogger("air.cleanup")
+
+HOLDER_GRACE = 300.0
+"""Seconds a claim stays valid without its holder: the holder is created right after its claims (waiting for a
+restarting daemon at most `daemon_patience`), and only a crash leaves a claim without one for longer."""
+
+
+def sweep_dead_runs(client: docker.DockerClient) -> list[str]:
+    """Remove the containers of every run whose owner process is dead (never those kept on purpose), then the
+    claims nobody holds any more. Containers that vanish meanwhile (another process sweeping) are no error."""
+    doomed = [c.id for c in list_air_containers(client) if not c.alive_owner and not c.kept and not c.claim]
+    return remove_containers(client, doomed) + sweep_stale_claims(client)
+
+
+def sweep_stale_claims(client: docker.DockerClient, grace: float = HOLDER_GRACE) -> list[str]:
+    """Remove the claims (on the daemon of `client`) whose holder sandbox is gone or whose owner is dead."""
+    rows = list_air_containers(client)
+    holders = {r.labels.get(SANDBOX) for r in rows if not r.claim}
+    now = time.time()
+    # A claim whose holder exists stays, whatever became of its owner (a kept container keeps its GPUs); without
+    # a holder it goes at once if its owner is dead, else after the grace (the holder may be being created).
+    stale = [r for r in rows if r.claim and r.labels.get(HOLDER) not in holders
+             and (not r.alive_owner or now - r.created_ts > grace)]
+    removed = []
+    for r in stale:
+        try:
+            client.api.remove_container(r.id, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:  # one claim that cannot go must not stop the others
+            log.warning("could not remove stale claim %s: %s", r.name, exc)
+            continue
+        removed.append(r.name)
+    return removed
