@@ -347,6 +347,68 @@ def test_unknown_field_in_a_dataset_yaml_is_a_task_error(mlgym_root):
         load_mlgym_task(mlgym_root, ref)
 
 
+@pytest.mark.parametrize("changes, expected", [
+    ({"training_timeout": "an hour"}, ["field 'training_timeout'", "integer", "'an hour'"]),
+    ({"starter_code": "data/csvToy/train.py"}, ["field 'starter_code'", "list"]),  # once iterated letter by letter
+    ({"baseline_scores": [{"Accuracy": "high"}]}, ["field 'baseline_scores[0].Accuracy'", "number", "'high'"]),
+    ({"id": None}, ["field 'id'", "required"]),
+    ({"use_generic_conda": "sometimes"}, ["field 'use_generic_conda'", "boolean", "'sometimes'"]),
+], ids=["timeout-text", "starter-not-a-list", "score-text", "no-id", "conda-not-a-bool"])
+def test_a_field_of_the_wrong_type_is_a_one_line_task_error(mlgym_root, changes, expected):
+    """MLGym's field types are checked as its TaskConfig declares them; the error is one line naming the file,
+    the field (down to the list index and key) and the value written."""
+    with pytest.raises(TaskError) as err:
+        load_mlgym_task(mlgym_root, variant(mlgym_root, "mistyped", "csvToy", **changes))
+    message = str(err.value)
+    assert "\n" not in message and "mistyped.yaml" in message, message
+    for words in expected:
+        assert words in message, message
+
+
+def test_many_mistakes_are_still_one_line(mlgym_root):
+    """Every mistake is reported up to three, the rest counted, all on one line."""
+    ref = variant(mlgym_root, "manyWrong", "csvToy", training_timeout="long", use_generic_conda="maybe",
+                  is_local=True, shuffle=True, evaluation_read_only="never")
+    with pytest.raises(TaskError) as err:
+        load_mlgym_task(mlgym_root, ref)
+    message = str(err.value)
+    assert "\n" not in message and message.count("field '") == 3 and "(and 2 more)" in message, message
+
+
+def test_an_empty_key_is_the_default_but_an_empty_unknown_key_is_an_error(mlgym_root, caplog):
+    """`memory_path:` with no value is YAML's null: the field's default (no memory warning, like no key at all).
+    An unknown field is refused even when empty, as is one nested in a dataset's split."""
+    text = (mlgym_root / "configs/tasks/csvToy.yaml").read_text()
+    (mlgym_root / "configs/tasks/emptyKeys.yaml").write_text(text + "memory_path:\nbaseline_paths:\n")
+    with caplog.at_level(logging.WARNING, logger="air.mlgym"):
+        spec = load_mlgym_task(mlgym_root, "tasks/emptyKeys.yaml")
+    assert spec.baseline.command == "" and caplog.records == []
+    (mlgym_root / "configs/tasks/emptyUnknown.yaml").write_text(text + "reward_shaping:\n")
+    with pytest.raises(TaskError, match=r"emptyUnknown\.yaml: field 'reward_shaping'.*TaskConfig"):
+        load_mlgym_task(mlgym_root, "tasks/emptyUnknown.yaml")
+    write_yaml(mlgym_root / "configs/datasets/splitRows.yaml",
+               {**DATASETS["toyRows"], "train_split": {"name": "train", "file_regex": "train.*", "seed": 1}})
+    ref = variant(mlgym_root, "splitTask", "csvToy", dataset_configs=["datasets/splitRows.yaml"])
+    with pytest.raises(TaskError, match=r"splitRows\.yaml: field 'train_split\.seed'"):
+        load_mlgym_task(mlgym_root, ref)
+
+
+def test_every_field_mlgym_declares_is_accepted(mlgym_root):
+    """A task and a dataset using every field of MLGym's TaskConfig, DatasetConfig and SplitConfig load."""
+    splits = {f"{s}_split": {"name": s, "file_regex": rf"{s}\.csv"} for s in ("train", "valid", "test")}
+    write_yaml(mlgym_root / "configs/datasets/allRows.yaml", {**DATASETS["toyRows"], **splits})
+    ref = variant(mlgym_root, "allFields", "modelToy", dataset_configs=["datasets/allRows.yaml"],
+                  sample_submission="data/csvToy/sample_submission.csv", secret_files=[],
+                  benchmark_name="toyBench")
+    assert set(yaml.safe_load((mlgym_root / "configs" / ref).read_text())) == {
+        "id", "name", "description", "dataset_configs", "task_entrypoint", "training_timeout",
+        "requirements_path", "benchmark_name", "use_generic_conda", "starter_code", "baseline_paths",
+        "baseline_scores", "sample_submission", "evaluation_paths", "evaluation_read_only", "secret_files",
+        "memory_path"}
+    spec = load_mlgym_task(mlgym_root, ref)
+    assert sorted(e.dest for e in spec.data) == ["ground_truth.csv", "test.csv", "train.csv"]
+
+
 def test_unhonoured_fields_are_logged_by_name(mlgym_root, caplog):
     """memory_path, requirements_path/use_generic_conda: false, a remote dataset and benchmark_name each log a
     warning naming the field; a task using none of them logs nothing."""

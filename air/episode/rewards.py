@@ -54,7 +54,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Direction = Literal["higher", "lower"]
+from air.tasks.spec import Direction
 
 
 class RewardConfig(BaseModel):
@@ -108,7 +108,8 @@ class RewardTracker:
         scale: float | None = None,
     ) -> None:
         self._config = config
-        self._normalize = Normalizer.for_task(baseline, direction, scale, config.scale_floor, config.score_bound)
+        self._normalize = Normalizer.for_task(baseline, direction, scale, config.scale_floor,
+                                              config.score_bound)
         self._history: list[float] = []
         self._best: float | None = None
         self._total = 0.0

@@ -1,4 +1,5 @@
-"""air's own task format: `tasks/<id>/task.toml` with `starter/`, `data/`, `secret/`, `baseline/`, `evaluate.py`."""
+"""air's own task format: `tasks/<id>/task.toml` beside `starter/`, `data/`, `secret/`, `baseline/` and
+`evaluate.py`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from air.errors import TaskError
 from air.tasks.spec import Baseline, Evaluation, FileEntry, Metric, TaskResources, TaskSpec, Timeouts
+from air.validation import one_line
 
 SHARED_LIB = "_lib"
 """Shared evaluation modules (`_lib/air_*.py`: the kit, game engines) go to every scoring sandbox."""
@@ -17,7 +19,7 @@ SHARED_LIB = "_lib"
 class _TaskToml(BaseModel):
     """The file as written; folders beside it are found by convention."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", title="air's task.toml")
 
     id: str
     name: str
@@ -50,8 +52,7 @@ def load_air_task(task_dir: Path) -> TaskSpec:
     except tomllib.TOMLDecodeError as exc:
         raise TaskError(f"{path}: TOML syntax error: {exc}") from None
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise TaskError(f"{path}: field '{'.'.join(map(str, err['loc']))}': {err['msg']}") from None
+        raise TaskError(one_line(exc, f"{path}: ")) from None
     if parsed.id != task_dir.name:
         raise TaskError(f"{path}: id '{parsed.id}' differs from its folder name '{task_dir.name}'")
     entry = task_dir / parsed.evaluation.entry
@@ -61,16 +62,16 @@ def load_air_task(task_dir: Path) -> TaskSpec:
     evaluation_files += shared_lib_entries(task_dir.parent)
     try:
         return TaskSpec(
-            id=parsed.id, name=parsed.name, version=str(parsed.version), description=parsed.description.strip(),
-            image=parsed.image, source="air", starter=_entries(task_dir / "starter"),
+            id=parsed.id, name=parsed.name, version=str(parsed.version),
+            description=parsed.description.strip(), image=parsed.image, source="air",
+            starter=_entries(task_dir / "starter"),
             data=_entries(task_dir / "data"), secret=_entries(task_dir / "secret"),
             evaluation_files=evaluation_files, baseline_files=_entries(task_dir / "baseline"),
             evaluation=parsed.evaluation, baseline=parsed.baseline, metrics=parsed.metrics,
             timeouts=parsed.timeouts, resources=parsed.resources, reward_scale=parsed.reward_scale,
         )
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise TaskError(f"{path}: {err['msg']}") from None
+        raise TaskError(one_line(exc, f"{path}: ")) from None
 
 
 def shared_lib_entries(tasks_root: Path | None = None) -> list[FileEntry]:

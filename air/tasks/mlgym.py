@@ -1,9 +1,10 @@
 """MLGym task YAMLs, read unmodified from an MLGym checkout.
 
-`load_mlgym_task(root, "tasks/titanic.yaml")` reads `<root>/configs/tasks/titanic.yaml` and the dataset YAMLs it
-names, resolving every path against the checkout root (never the current directory, unlike MLGym itself), and
-never writes anything back. Every field of MLGym's TaskConfig and DatasetConfig is either mapped, or reported
-(a warning naming the field) when air cannot honour it; a field MLGym does not know is an error.
+`load_mlgym_task(root, "tasks/titanic.yaml")` reads `<root>/configs/tasks/titanic.yaml` and the dataset YAMLs
+it names, resolving every path against the checkout root (never the current directory, unlike MLGym itself),
+and never writes anything back. The YAMLs are parsed by models of MLGym's own TaskConfig and DatasetConfig
+(mlgym/environment/tasks.py): every field is either mapped, or reported (a warning naming the field) when air
+cannot honour it; a field MLGym does not know is an error.
 
 What changes on purpose, in air's favour:
 - evaluation files and `secret_files` never enter the agent's workspace; they are scored from pristine copies;
@@ -15,23 +16,26 @@ What changes on purpose, in air's favour:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from air.errors import TaskError
-from air.tasks.spec import Baseline, Evaluation, FileEntry, Metric, TaskResources, TaskSpec, Timeouts
+from air.tasks.spec import Baseline, Contract, Direction, Evaluation, FileEntry, Metric, TaskSpec, Timeouts
+from air.validation import one_line
 
 log = logging.getLogger("air.mlgym")
 
-TASK_FIELDS = {"id", "name", "description", "dataset_configs", "task_entrypoint", "training_timeout",
-               "requirements_path", "use_generic_conda", "starter_code", "baseline_paths", "baseline_scores",
-               "sample_submission", "evaluation_paths", "evaluation_read_only", "memory_path", "secret_files",
-               "benchmark_name"}
-DATASET_FIELDS = {"name", "description", "data_path", "is_local", "train_split", "valid_split", "test_split"}
-CONTRACTS = {"CSVSubmissionTasks": "mlgym-csv", "ModelSubmissionTasks": "mlgym-model",
-             "LMSubmissionTasks": "mlgym-lm", "PythonSubmissionTasks": "mlgym-python"}
+# MLGym finds the task class by name in its registry; these are the four it has, one scoring contract each.
+Entrypoint = Literal["CSVSubmissionTasks", "ModelSubmissionTasks", "LMSubmissionTasks",
+                     "PythonSubmissionTasks"]
+CONTRACTS: dict[Entrypoint, Contract] = {
+    "CSVSubmissionTasks": "mlgym-csv", "ModelSubmissionTasks": "mlgym-model",
+    "LMSubmissionTasks": "mlgym-lm", "PythonSubmissionTasks": "mlgym-python"}
 # Priority metric and direction of MLGym's own tasks (its mlgym/evaluation/utils.TASKS), keyed by task id.
 KNOWN_PRIMARY = {
     "regressionKaggleHousePrice": ("r2", {"rmse": "lower", "r2": "higher"}),
@@ -39,9 +43,9 @@ KNOWN_PRIMARY = {
     "3SATTime": ("Time", {"Time": "lower"}),
     "languageModelingFineWeb": ("val_loss", {"val_loss": "lower"}),
 }
-# What MLGym's YAMLs do not say about trust, declared here for MLGym's own tasks (MLGym's files stay unmodified):
-# - agent_module: the module of the agent's code that the evaluation imports; air runs it out of the evaluator's
-#   process and uid (otherwise `print(json.dumps({"Score": 5.0})); os._exit(0)` in it is the score);
+# What MLGym's YAMLs do not say about trust, declared here for MLGym's own tasks (its files stay unmodified):
+# - agent_module: the module of the agent's code that the evaluation imports; air runs it out of the
+#   evaluator's process and uid (else `print(json.dumps({"Score": 5.0})); os._exit(0)` in it is the score);
 # - task_files: workspace files the evaluation imports that belong to the task (the opponent): the scorer uses
 #   the task's own copy, not the agent's;
 # - evaluation_only: dataset files only the evaluation may read (the answers), withheld from the agent.
@@ -56,23 +60,103 @@ _LOWER_IS_BETTER = ("loss", "rmse", "mse", "mae", "error", "time", "bpc", "perpl
 DEFAULT_TIMEOUT = 3600
 
 
-def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+class _MLGymConfig(BaseModel):
+    # MLGym's dataclasses take whatever simple_parsing decodes: a number where text is expected (an id, a
+    # metric name) is text, not an error.
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_is_default(cls, data: Any) -> Any:
+        # An empty key (`starter_code:`) is YAML's null: it means the field's default, not a type error. An
+        # unknown key stays, to be refused however empty.
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+
+
+class SplitConfig(_MLGymConfig):
+    """A dataset split; "currently not in use" in MLGym, and in air."""
+
+    name: str
+    file_regex: str
+
+
+class DatasetConfig(_MLGymConfig):
+    """`configs/datasets/*.yaml`."""
+
+    model_config = ConfigDict(title="MLGym's DatasetConfig")
+
+    name: str
+    """Upper-cased, the heading of this dataset's part of `{dataset_docs}`."""
+    description: str
+    data_path: str
+    """is_local: a folder under the MLGym root, the agent's read-only `data/`; else a hub id (a warning)."""
+    is_local: bool = False
+    train_split: SplitConfig | None = None
+    valid_split: SplitConfig | None = None
+    test_split: SplitConfig | None = None
+
+
+class TaskConfig(_MLGymConfig):
+    """`configs/tasks/*.yaml`; each field says what air makes of it."""
+
+    model_config = ConfigDict(title="MLGym's TaskConfig")
+
+    id: str
+    name: str
+    description: str
+    """`{dataset_docs}` becomes the datasets' docs; any other brace is text (MLGym's str.format breaks)."""
+    dataset_configs: list[str] = []
+    """Relative to `configs/`."""
+    task_entrypoint: Entrypoint = "CSVSubmissionTasks"
+    """The scoring contract (CONTRACTS)."""
+    training_timeout: int | None = None
+    """The evaluation's and the training's timeout; unset (or 0) is MLGym's 3600 s."""
+    requirements_path: str | None = None
+    """Warned: air installs nothing at run time."""
+    benchmark_name: str | None = None
+    """Warned: metadata."""
+    use_generic_conda: bool = True
+    """False is warned, like requirements_path."""
+    starter_code: list[str] = []
+    """Files or folders for the workspace; evaluation files and secrets among them go to the scorer only."""
+    baseline_paths: list[str] = []
+    """[0] is the baseline command, unless it is the evaluation script (MLGym's games)."""
+    baseline_scores: list[dict[str, float]] = []
+    """[0] names the metrics and gives the baseline; required: air never runs a baseline to write it back."""
+    sample_submission: str | None = None
+    """Must exist, as in MLGym; not staged (nor is it in MLGym)."""
+    evaluation_paths: list[str] = []
+    """[0] is the evaluation entry, one of the starter_code files."""
+    evaluation_read_only: bool = False
+    """Moot: the agent never sees the evaluation."""
+    secret_files: list[str] = []
+    """Scorer only (not implemented in MLGym)."""
+    memory_path: str | None = None
+    """Warned: MLGym's memory tool is not supported."""
+
+
+Config = TypeVar("Config", bound=_MLGymConfig)
+
+
+def _parse(model: type[Config], path: Path) -> Config:
+    title = model.model_config["title"]
     try:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise TaskError(f"{what} {path} does not exist") from None
+        raise TaskError(f"{path} ({title}) does not exist") from None
     except yaml.YAMLError as exc:
         raise TaskError(f"{path}: YAML error: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
         raise TaskError(f"{path}: expected a mapping of fields, found {type(data).__name__}")
-    return data
-
-
-def _check_fields(data: dict, known: set[str], path: Path, kind: str) -> None:
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise TaskError(f"{path}: field '{unknown[0]}' is not a field of MLGym's {kind} "
-                        f"(known: {', '.join(sorted(known))})")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        message = one_line(exc, f"{path}: ")
+        if any(err["type"] == "extra_forbidden" and len(err["loc"]) == 1 for err in exc.errors()):
+            message += f" (known: {', '.join(model.model_fields)})"  # a typo's right spelling is among them
+        raise TaskError(message) from None
 
 
 def _existing(root: Path, rel: str, field: str, yaml_path: Path) -> Path:
@@ -84,121 +168,125 @@ def _existing(root: Path, rel: str, field: str, yaml_path: Path) -> Path:
     return path
 
 
-def _direction(task_id: str, name: str) -> str:
+def _direction(task_id: str, name: str) -> Direction:
     known = KNOWN_PRIMARY.get(task_id, (None, {}))[1]
     if name in known:
         return known[name]
     return "lower" if any(word in name.lower() for word in _LOWER_IS_BETTER) else "higher"
 
 
+def _inside(path: Path, folders: list[Path]) -> bool:
+    return any(path.is_relative_to(folder) for folder in folders)
+
+
 def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
     """Load `configs/<task_config>` (e.g. "tasks/titanic.yaml") from the MLGym checkout at `root`."""
     root = Path(root).resolve()
     yaml_path = root / "configs" / task_config
-    data = _read_yaml(yaml_path, "MLGym task config")
-    _check_fields(data, TASK_FIELDS, yaml_path, "TaskConfig")
-    for required in ("id", "name", "description"):
-        if required not in data:
-            raise TaskError(f"{yaml_path}: required field '{required}' is missing")
-    task_id = str(data["id"])
-    warn = lambda msg: log.warning("%s: %s", yaml_path.name, msg)  # noqa: E731
-    trust = TRUST.get(task_id, {})
+    cfg = _parse(TaskConfig, yaml_path)
+    warn = partial(log.warning, "%s: %s", yaml_path.name)
+    trust = TRUST.get(cfg.id, {})
 
-    entrypoint = data.get("task_entrypoint", "CSVSubmissionTasks")
-    if entrypoint not in CONTRACTS:
-        raise TaskError(f"{yaml_path}: task_entrypoint '{entrypoint}' is not one of {sorted(CONTRACTS)}")
-
-    secrets = [_existing(root, rel, "secret_files", yaml_path) for rel in data.get("secret_files") or []]
-
-    # Datasets: documentation for {dataset_docs}; local ones become the read-only workspace/data.
-    docs: list[str] = []
-    data_entries: list[FileEntry] = []
-    dataset_folders: list[Path] = []
-    evaluation_only = set(trust.get("evaluation_only", []))
-    is_secret = lambda p: any(p == s or p.is_relative_to(s) for s in secrets)  # noqa: E731
-    for rel in data.get("dataset_configs") or []:
-        ds_path = root / "configs" / rel
-        ds = _read_yaml(ds_path, "MLGym dataset config")
-        _check_fields(ds, DATASET_FIELDS, ds_path, "DatasetConfig")
-        docs.append(f"{str(ds.get('name', '')).upper()}:\n{ds.get('description', '')}")
-        if ds.get("is_local"):
-            folder = _existing(root, str(ds["data_path"]), "data_path", ds_path)
-            dataset_folders.append(folder)
-            files = [p for p in sorted(folder.rglob("*")) if p.is_file() and not is_secret(p)]
-            secrets += [p for p in files if str(p.relative_to(folder)) in evaluation_only]
-            data_entries += [FileEntry(source=p, dest=str(p.relative_to(folder))) for p in files
-                             if str(p.relative_to(folder)) not in evaluation_only]
-        else:
-            warn(f"dataset '{ds.get('name')}' is remote ({ds.get('data_path')}); air runs offline, so the task's "
-                 "own code must find it in the image")
-
+    secrets = [_existing(root, rel, "secret_files", yaml_path) for rel in cfg.secret_files]
+    docs, data, dataset_folders, withheld = _datasets(root, cfg, secrets, trust.get("evaluation_only", []),
+                                                      warn)
+    secrets += withheld
     # {dataset_docs} only: a plain replace, so other braces in the text (code, JSON) are left alone.
-    description = str(data["description"]).replace("{dataset_docs}", "\n\n".join(docs))
-
-    evaluation_paths = [str(PurePosixPath(p)) for p in data.get("evaluation_paths") or []]
-    if not evaluation_paths:
-        raise TaskError(f"{yaml_path}: evaluation_paths is empty; MLGym scores with evaluation_paths[0]")
-    starter, evaluation_files = [], []
-    for rel in data.get("starter_code") or []:
-        path = _existing(root, rel, "starter_code", yaml_path)
-        entry = FileEntry(source=path, dest=path.name)
-        if is_secret(path):
-            continue  # scorer only, added below
-        inside = [sec for sec in secrets if sec.is_relative_to(path)]
-        if inside:  # the directory would be staged whole, secret included
-            raise TaskError(f"{yaml_path}: secret_files {inside[0].relative_to(root)} lies inside the starter_code "
-                            f"directory {rel!r}, which would give it to the agent; list that directory's other "
-                            "files in starter_code instead")
-        (evaluation_files if path.name in evaluation_paths else starter).append(entry)
-        if path.name in trust.get("task_files", []):
-            evaluation_files.append(entry)  # the agent keeps its copy to read; the scorer uses this one
-    missing_eval = set(evaluation_paths) - {e.dest for e in evaluation_files}
-    if missing_eval:
-        raise TaskError(f"{yaml_path}: evaluation_paths {sorted(missing_eval)} are not among the starter_code files")
-    # A secret inside a dataset keeps its place under data/ (for the scorer only); any other sits in the workspace.
-    secret_entries = [FileEntry(source=sec, dest=next(
+    description = cfg.description.replace("{dataset_docs}", "\n\n".join(docs))
+    evaluation_paths = [str(PurePosixPath(p)) for p in cfg.evaluation_paths]
+    starter, evaluation_files = _split_code(root, cfg, yaml_path, evaluation_paths, secrets,
+                                            trust.get("task_files", []))
+    # A secret inside a dataset keeps its place under data/ (for the scorer only); any other sits at the top.
+    secret = [FileEntry(source=sec, dest=next(
         (f"data/{sec.relative_to(f)}" for f in dataset_folders if sec.is_relative_to(f)), sec.name))
         for sec in secrets]
 
-    if data.get("sample_submission"):
-        _existing(root, str(data["sample_submission"]), "sample_submission", yaml_path)
-    if data.get("requirements_path") or data.get("use_generic_conda") is False:
-        warn("requirements_path/use_generic_conda: air installs nothing at run time (no network); the task runs "
-             "in its image, so bake the requirements into an image recipe")
-    if data.get("memory_path"):
+    if cfg.sample_submission:
+        _existing(root, cfg.sample_submission, "sample_submission", yaml_path)
+    if cfg.requirements_path or not cfg.use_generic_conda:
+        warn("requirements_path/use_generic_conda: air installs nothing at run time (no network); the task "
+             "runs in its image, so bake the requirements into an image recipe")
+    if cfg.memory_path:
         warn("memory_path: MLGym's memory tool is not supported; the memory file is not staged")
-    if data.get("benchmark_name"):
-        warn(f"benchmark_name '{data['benchmark_name']}' is metadata; air does not use it")
+    if cfg.benchmark_name:
+        warn(f"benchmark_name '{cfg.benchmark_name}' is metadata; air does not use it")
 
-    scores_list = data.get("baseline_scores") or []
-    scores = {str(k): float(v) for k, v in (scores_list[0] if scores_list else {}).items()}
+    scores = cfg.baseline_scores[0] if cfg.baseline_scores else {}
     if not scores:
         raise TaskError(f"{yaml_path}: baseline_scores is empty; air never runs a baseline to write it back, "
                         "so record it in the YAML")
-    primary = KNOWN_PRIMARY.get(task_id, (next(iter(scores)), {}))[0]
-    metrics = [Metric(name=n, direction=_direction(task_id, n), primary=n == primary) for n in scores]
-
-    baseline_paths = data.get("baseline_paths") or []
-    command = ""
-    if baseline_paths and baseline_paths[0] not in evaluation_paths:
-        command = f"python {baseline_paths[0]}"
-    training_timeout = float(data.get("training_timeout") or DEFAULT_TIMEOUT)
-    contract = CONTRACTS[entrypoint]
+    primary = KNOWN_PRIMARY.get(cfg.id, (next(iter(scores)), {}))[0]
+    metrics = [Metric(name=n, direction=_direction(cfg.id, n), primary=n == primary) for n in scores]
+    baseline = cfg.baseline_paths[0] if cfg.baseline_paths else None
+    command = f"python {baseline}" if baseline and baseline not in evaluation_paths else ""
+    training_timeout = float(cfg.training_timeout or DEFAULT_TIMEOUT)
+    contract = CONTRACTS[cfg.task_entrypoint]
     trusted = contract == "mlgym-csv" or "agent_module" in trust
     if not trusted:
-        warn(f"task {task_id} runs with MLGym's trust model: its evaluation runs the agent's code in its own "
+        warn(f"task {cfg.id} runs with MLGym's trust model: its evaluation runs the agent's code in its own "
              "process, so that code can print any score (air declares this only for MLGym's game tasks)")
     try:
         return TaskSpec(
-            id=task_id, name=str(data["name"]), description=description, source=f"mlgym:{task_config}",
-            starter=starter, data=data_entries, secret=secret_entries, evaluation_files=evaluation_files,
+            id=cfg.id, name=cfg.name, description=description, source=f"mlgym:{task_config}",
+            starter=starter, data=data, secret=secret, evaluation_files=evaluation_files,
             evaluation=Evaluation(contract=contract, entry=evaluation_paths[0],
                                   submission=["submission.csv"] if contract == "mlgym-csv" else [],
                                   timeout=training_timeout, agent_module=trust.get("agent_module"),
                                   agent_functions=trust.get("agent_functions", []), trusted=trusted),
             baseline=Baseline(command=command, scores=scores, tolerance=0.0),
             metrics=metrics, timeouts=Timeouts(command=60, training=training_timeout),
-            resources=TaskResources(),
         )
-    except ValueError as exc:
-        raise TaskError(f"{yaml_path}: {exc}") from None
+    except ValidationError as exc:
+        raise TaskError(one_line(exc, f"{yaml_path}: ")) from None
+
+
+def _datasets(root: Path, cfg: TaskConfig, secrets: list[Path], evaluation_only: list[str],
+              warn: Callable[[str], None]) -> tuple[list[str], list[FileEntry], list[Path], list[Path]]:
+    """The documentation for {dataset_docs}; local datasets' files as the agent's read-only data, their
+    folders, and the files withheld from it because only the evaluation may read them."""
+    docs, data, folders, withheld = [], [], [], []
+    for rel in cfg.dataset_configs:
+        ds_path = root / "configs" / rel
+        ds = _parse(DatasetConfig, ds_path)
+        docs.append(f"{ds.name.upper()}:\n{ds.description}")
+        if not ds.is_local:
+            warn(f"dataset '{ds.name}' is remote ({ds.data_path}); air runs offline, so the task's own code "
+                 "must find it in the image")
+            continue
+        folder = _existing(root, ds.data_path, "data_path", ds_path)
+        folders.append(folder)
+        for path in sorted(folder.rglob("*")):
+            dest = str(path.relative_to(folder))
+            if not path.is_file() or _inside(path, secrets):
+                continue
+            if dest in evaluation_only:
+                withheld.append(path)
+            else:
+                data.append(FileEntry(source=path, dest=dest))
+    return docs, data, folders, withheld
+
+
+def _split_code(root: Path, cfg: TaskConfig, yaml_path: Path, evaluation_paths: list[str],
+                secrets: list[Path], task_files: list[str]) -> tuple[list[FileEntry], list[FileEntry]]:
+    """starter_code between the agent's workspace and the scorer (the evaluation and the task's own files)."""
+    if not evaluation_paths:
+        raise TaskError(f"{yaml_path}: evaluation_paths is empty; MLGym scores with evaluation_paths[0]")
+    starter, evaluation_files = [], []
+    for rel in cfg.starter_code:
+        path = _existing(root, rel, "starter_code", yaml_path)
+        if _inside(path, secrets):
+            continue  # scorer only, with the secrets
+        inside = [sec for sec in secrets if sec.is_relative_to(path)]
+        if inside:  # the directory would be staged whole, secret included
+            raise TaskError(f"{yaml_path}: secret_files {inside[0].relative_to(root)} lies inside the "
+                            f"starter_code directory {rel!r}, which would give it to the agent; list that "
+                            "directory's other files in starter_code instead")
+        entry = FileEntry(source=path, dest=path.name)
+        (evaluation_files if path.name in evaluation_paths else starter).append(entry)
+        if path.name in task_files:
+            evaluation_files.append(entry)  # the agent keeps its copy to read; the scorer uses this one
+    missing = set(evaluation_paths) - {e.dest for e in evaluation_files}
+    if missing:
+        raise TaskError(f"{yaml_path}: evaluation_paths {sorted(missing)} are not among the starter_code "
+                        "files")
+    return starter, evaluation_files
