@@ -18,9 +18,7 @@ import subprocess
 import sys
 import time
 
-from air.sandbox.container import SandboxSpec, container_kwargs
-from air.sandbox.labels import list_air_containers
-from air.sandbox.pool import PoolConfig, SandboxPool
+from air.sandbox import PoolConfig, SandboxPool, SandboxSpec, container_kwargs, list_air_containers
 
 IMAGE = "air/base:latest"
 

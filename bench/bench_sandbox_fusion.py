@@ -116,8 +116,7 @@ async def main(requests: int, levels: list[int], pool_size: int) -> dict:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    from air.sandbox.docker_api import connect
-    from air.sandbox.labels import list_air_containers
+    from air.sandbox import connect, list_air_containers
 
     figures["containers_left"] = len(list_air_containers(connect(), run=run_id))
     return figures

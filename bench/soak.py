@@ -19,8 +19,7 @@ from air.episode.config import EpisodeConfig
 from air.episode.runner import run_episode
 from air.errors import AirError
 from air.policies.scripted import ScriptedPolicy
-from air.sandbox.labels import list_air_containers
-from air.sandbox.pool import PoolConfig, SandboxPool
+from air.sandbox import PoolConfig, SandboxPool, list_air_containers
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 

@@ -23,7 +23,7 @@ def _no_docker(reason: str):
 
 @pytest.fixture(scope="session")
 def docker_client():
-    from air.sandbox.docker_api import connect
+    from air.sandbox import connect
 
     try:
         client = connect(timeout=30)
@@ -36,7 +36,7 @@ def docker_client():
 @pytest.fixture(scope="session")
 def images(docker_client):
     """The CPU recipes built (or reused: a no-op when the README's set-up already built them)."""
-    from air.sandbox.images import ImageBuilder
+    from air.sandbox import ImageBuilder
 
     return {b.recipe: b for b in ImageBuilder(docker_client).ensure(["base", "cpu"])}
 
@@ -49,8 +49,7 @@ def run_id() -> str:
 @pytest.fixture
 async def pool(images, docker_client, run_id):
     """A pool for one test; afterwards not one container of its run may remain."""
-    from air.sandbox.labels import list_air_containers
-    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.sandbox import PoolConfig, SandboxPool, list_air_containers
 
     p = SandboxPool(PoolConfig(run_id=run_id, max_sandboxes=24, gpu_ids=[], lease_timeout=120))
     await p.start()
@@ -62,6 +61,6 @@ async def pool(images, docker_client, run_id):
 
 @pytest.fixture
 def base_spec():
-    from air.sandbox.container import Resources, SandboxSpec
+    from air.sandbox import Resources, SandboxSpec
 
     return SandboxSpec(image=BASE_IMAGE, task="conformance", resources=Resources(cpus=1, memory_mb=512, pids=256))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from air.sandbox.container import Resources, SandboxSpec
+from air.sandbox import Resources, SandboxSpec
 
 pytestmark = pytest.mark.docker
 

@@ -7,8 +7,7 @@ import asyncio
 import pytest
 
 from air.errors import PoolExhausted
-from air.sandbox.container import Resources, SandboxSpec, container_kwargs
-from air.sandbox.gpu import GpuInventory
+from air.sandbox import GpuInventory, Resources, SandboxSpec, container_kwargs
 
 
 async def test_exclusive_ids_are_never_given_twice_and_come_back_on_release():

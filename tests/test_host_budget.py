@@ -22,18 +22,25 @@ import docker
 import pytest
 
 from air.errors import InfraError
-from air.sandbox.container import Resources, SandboxSpec
-from air.sandbox.cleanup import sweep_dead_runs
-from air.sandbox.labels import GPUS, OWNER, list_air_containers
-from air.sandbox.pool import DockerHost, PoolConfig, SandboxPool
+from air.sandbox import (
+    GPUS,
+    DockerHost,
+    PoolConfig,
+    Resources,
+    SandboxPool,
+    SandboxSpec,
+    list_air_containers,
+    sweep_dead_runs,
+)
+from air.sandbox.labels import OWNER
 
 pytestmark = pytest.mark.docker
 BASE = "air/base:latest"
 
 WORKER = textwrap.dedent("""
     import asyncio, json, sys, time
-    from air.sandbox.container import Resources, SandboxSpec
-    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.sandbox import Resources, SandboxSpec
+    from air.sandbox import PoolConfig, SandboxPool
 
     async def main(name, leases, budget, log):
         config = PoolConfig(gpu_ids=["0", "1"], request_gpu_devices=False, host_budget=budget, lease_timeout=600,
@@ -115,8 +122,8 @@ async def test_claims_come_back_when_creation_fails_and_a_crashed_owners_are_swe
     # A process SIGKILLed while holding claims and a sandbox: the next start of any pool frees both.
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import asyncio, sys
-        from air.sandbox.container import Resources, SandboxSpec
-        from air.sandbox.pool import PoolConfig, SandboxPool
+        from air.sandbox import Resources, SandboxSpec
+        from air.sandbox import PoolConfig, SandboxPool
         async def main():
             pool = SandboxPool(PoolConfig(run_id="{run_id}-victim", gpu_ids=["0", "1"], request_gpu_devices=False))
             await pool.start()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from air.sandbox.images import PlainProgress
+from air.sandbox import PlainProgress
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = [ROOT / "scripts" / "setup.sh", ROOT / "scripts" / "ensure-docker.sh"]

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from air.sandbox.container import Resources, SandboxSpec
+from air.sandbox import Resources, SandboxSpec
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 

@@ -19,10 +19,16 @@ import httpx
 import pytest
 
 from air.errors import ImageError, InfraError, PoolExhausted, SandboxUnavailable
-from air.sandbox.gpu import GpuInventory
-from air.sandbox.labels import OWNER, ROLE, RUN, list_air_containers, owner_token
-from air.services.managed import (LOOPBACK, UPSTREAM_IMAGE, ManagedConfig, ManagedSandboxFusion,
-                                  SandboxFusionClient, SandboxFusionHTTPError)
+from air.sandbox import GpuInventory, list_air_containers
+from air.sandbox.labels import OWNER, ROLE, RUN, owner_token
+from air.services.managed import (
+    LOOPBACK,
+    UPSTREAM_IMAGE,
+    ManagedConfig,
+    ManagedSandboxFusion,
+    SandboxFusionClient,
+    SandboxFusionHTTPError,
+)
 
 STUB_DIR = Path(__file__).parent / "sandbox_fusion_stub"
 STUB_IMAGE = "air-test/sandbox-fusion-stub:latest"
@@ -198,7 +204,7 @@ def test_container_request_without_a_gpu():
 
 
 def test_container_request_with_gpus_matches_air_sandboxes():
-    from air.sandbox.container import SandboxSpec, container_kwargs
+    from air.sandbox import SandboxSpec, container_kwargs
 
     server = ManagedSandboxFusion(ManagedConfig(gpus=2), gpus=GpuInventory(["0", "1", "2"]))
     kwargs = server.container_kwargs(("1", "2"), 40002)

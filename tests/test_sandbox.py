@@ -9,7 +9,7 @@ import time
 import pytest
 
 from air.errors import SandboxUnavailable
-from air.sandbox.container import Resources, SandboxSpec
+from air.sandbox import Resources, SandboxSpec
 
 pytestmark = pytest.mark.docker
 
@@ -252,8 +252,7 @@ async def test_concurrent_leases_are_isolated(pool, base_spec):
 
 
 async def test_recycle_after_max_leases_and_after_infra_error(images, docker_client, run_id, base_spec):
-    from air.sandbox.labels import list_air_containers
-    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.sandbox import PoolConfig, SandboxPool, list_air_containers
 
     async with SandboxPool(PoolConfig(run_id=run_id, max_leases=2, gpu_ids=[])) as p:
         seen = []
@@ -273,7 +272,7 @@ async def test_recycle_after_max_leases_and_after_infra_error(images, docker_cli
 
 async def test_lease_waits_then_fails_clearly_when_the_pool_is_full(images, run_id, base_spec):
     from air.errors import PoolExhausted
-    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.sandbox import PoolConfig, SandboxPool
 
     async with SandboxPool(PoolConfig(run_id=run_id, max_sandboxes=1, lease_timeout=1, gpu_ids=[])) as p:
         async with p.lease(base_spec):
@@ -283,8 +282,7 @@ async def test_lease_waits_then_fails_clearly_when_the_pool_is_full(images, run_
 
 
 async def test_close_during_refill_leaks_nothing(images, docker_client, run_id, base_spec):
-    from air.sandbox.labels import list_air_containers
-    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.sandbox import PoolConfig, SandboxPool, list_air_containers
 
     p = SandboxPool(PoolConfig(run_id=run_id, warm=3, gpu_ids=[]))
     await p.start()
@@ -295,8 +293,8 @@ async def test_close_during_refill_leaks_nothing(images, docker_client, run_id, 
 
 
 def test_clean_removes_containers_of_dead_runs_only(images, docker_client, run_id):
-    from air.sandbox.cleanup import sweep_dead_runs
-    from air.sandbox.labels import OWNER, RUN, list_air_containers, make_labels
+    from air.sandbox import list_air_containers, make_labels, sweep_dead_runs
+    from air.sandbox.labels import OWNER, RUN
 
     dead = {**make_labels("agent", "t", run_id), OWNER: "nowhere-host:1:1"}
     dead[OWNER] = f"{make_labels('x')[OWNER].rsplit(':', 2)[0]}:999999:1"  # this host, a pid that cannot exist

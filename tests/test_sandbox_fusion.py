@@ -4,10 +4,10 @@ against `air serve sandbox-fusion` started as a subprocess on a free loopback po
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import socket
-import json
 import subprocess
 import sys
 import time
@@ -17,7 +17,7 @@ import httpx
 import pytest
 from sandbox_fusion import RunCodeRequest, run_code, run_concurrent
 
-from air.sandbox.labels import list_air_containers, make_labels
+from air.sandbox import list_air_containers, make_labels
 
 pytestmark = pytest.mark.docker
 

@@ -8,7 +8,7 @@ Why this shape:
   worker thread, as this command did first) leaves no way to abandon the line readline is editing in that thread,
   and the loop's own SIGINT handling ends the whole session.
 - One SIGINT handler decides by what the main thread is doing: while a step runs, Ctrl-C asks the sandbox's shell
-  to interrupt the command (`Session.interrupt`: its processes are killed, exit code 130) and the session goes on;
+  to interrupt the command (`Shell.interrupt`: its processes are killed, exit code 130) and the session goes on;
   at the prompt, during start-up and on the way out it raises KeyboardInterrupt (clear the line; stop).
 - Local commands (`:help`, `:quit`, an unknown `:word`) never reach the sandbox and cost no turn.
 """
@@ -30,7 +30,7 @@ from air.cli.app import console, out
 
 if TYPE_CHECKING:
     from air.episode.loop import Episode, StepResult
-    from air.sandbox.session import Session
+    from air.sandbox import Shell
     from air.tasks.spec import TaskSpec
 
 T = TypeVar("T")
@@ -174,7 +174,7 @@ class DebugConsole:
         self.interactive = sys.stdin.isatty() and sys.stdout.isatty()
         self.loop = LoopThread()
         self.mode = _STARTING_OR_LEAVING
-        self.session: Session | None = None  # the sandbox's shell, once leased
+        self.session: Shell | None = None  # the sandbox's shell, once leased
         self.evaluating = False  # the running step is validate/submit: Ctrl-C cannot stop it
 
     # ----- signals ----------------------------------------------------------------------------------------------
@@ -250,7 +250,7 @@ class DebugConsole:
     def _session(self) -> None:
         from air.episode.config import EpisodeConfig
         from air.episode.loop import Episode
-        from air.sandbox.pool import PoolConfig, SandboxPool
+        from air.sandbox import PoolConfig, SandboxPool
         from air.tasks.environment import TaskEnvironment
 
         spec = self.spec
@@ -319,7 +319,7 @@ class DebugConsole:
             self.show(episode, step)
 
 
-async def _interrupt(session: Session) -> None:
+async def _interrupt(session: Shell) -> None:
     try:
         await session.interrupt()
     except Exception as exc:  # noqa: BLE001 - the step itself reports a broken sandbox; this is only a note

@@ -40,7 +40,7 @@ def doctor(as_json: JsonFlag = False) -> None:
 
     Example: air doctor --json
     """
-    from air.sandbox.doctor import run_checks
+    from air.sandbox import run_checks
 
     checks = run_checks()
     if as_json:
@@ -73,7 +73,7 @@ def images_build(
 
     Example: air images build cpu
     """
-    from air.sandbox.images import load_recipes
+    from air.sandbox import load_recipes
 
     all_recipes = load_recipes()
     names = recipes or [n for n, r in all_recipes.items() if gpu or not r.gpu]
@@ -86,11 +86,10 @@ def images_build(
         out.print(f"{verb:>6}  {b.tag:<28} {b.id.split(':')[-1][:12]}  {b.size_mb:7.0f} MB")
 
 
-def ensure_images(names: list[str], *, force: bool = False, **options) -> list:
+def ensure_images(names: list[str], *, force: bool = False, quiet_reuse: bool = False, **options) -> list:
     """Build or reuse images with progress: a spinner on a terminal, plain lines elsewhere (CI, `| tee`), where a
     spinner prints nothing for the minutes of a first build; the repetitive lines there are rate-limited."""
-    from air.sandbox.docker_api import connect
-    from air.sandbox.images import ImageBuilder, PlainProgress
+    from air.sandbox import ImageBuilder, PlainProgress, connect
 
     client = connect()
     if console.is_terminal and not console.is_dumb_terminal:
@@ -107,8 +106,11 @@ def ensure_images(names: list[str], *, force: bool = False, **options) -> list:
         print(line, file=sys.stderr, flush=True)
 
     with PlainProgress(write) as progress:
-        return ImageBuilder(client, report=progress.stage, detail=progress.detail, **options).ensure(names,
-                                                                                                   force=force)
+        def stage(line: str) -> None:  # `air run` says nothing about images it merely reuses
+            if not (quiet_reuse and " reused " in line):
+                progress.stage(line)
+
+        return ImageBuilder(client, report=stage, detail=progress.detail, **options).ensure(names, force=force)
 
 
 @images_app.command("ls")
@@ -117,8 +119,7 @@ def images_ls(as_json: JsonFlag = False) -> None:
 
     Example: air images ls --json
     """
-    from air.sandbox.docker_api import connect
-    from air.sandbox.images import list_images
+    from air.sandbox import connect, list_images
 
     rows = list_images(connect())
     if as_json:
@@ -143,8 +144,7 @@ def containers_ls(
 
     Example: air containers ls --json
     """
-    from air.sandbox.docker_api import connect
-    from air.sandbox.labels import GPUS, list_air_containers
+    from air.sandbox import GPUS, connect, list_air_containers
 
     rows = list_air_containers(connect(), run=run)
     shown = [r for r in rows if claims or not r.claim]
@@ -176,9 +176,7 @@ def containers_clean(
 
     Example: air containers clean --kept
     """
-    from air.sandbox.cleanup import sweep_stale_claims
-    from air.sandbox.docker_api import connect
-    from air.sandbox.labels import list_air_containers, remove_containers
+    from air.sandbox import connect, list_air_containers, remove_containers, sweep_stale_claims
 
     client = connect()
     rows = list_air_containers(client, run=run)
@@ -258,7 +256,7 @@ def tasks_check(
 
     Exit code 1 when any task misses its baseline. Example: air tasks check prisoners-dilemma
     """
-    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import TaskEnvironment, check_baseline
     from air.tasks.registry import load_all
 
@@ -305,12 +303,12 @@ def run(
 
     from air.episode.config import EpisodeConfig
     from air.episode.runner import run_episode
-    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import TaskEnvironment
     from air.tasks.registry import load_task
 
     spec = load_task(task, mlgym_root)
-    ensure_images([spec.image])
+    ensure_images([spec.image], quiet_reuse=True)
     policy = make_policy(base_url, model)
     trajectory = runs_dir / f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}.jsonl"
     rows: list[dict] = []

@@ -13,8 +13,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from air import display
-from air.cli.app import BaseUrl, JsonFlag, MlgymRoot, Model, print_json, app, console, make_policy, out, \
-    run_async
+from air.cli.app import (
+    BaseUrl,
+    JsonFlag,
+    MlgymRoot,
+    Model,
+    app,
+    console,
+    make_policy,
+    out,
+    print_json,
+    run_async,
+)
 
 
 @app.command()
@@ -61,7 +71,7 @@ def eval_(
     from air.cli.eval_display import LiveView, failures, results_table
     from air.episode.batch import run_batch
     from air.episode.config import EpisodeConfig
-    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.registry import load_all
 
     specs = load_all(tasks, mlgym_root)
@@ -103,8 +113,9 @@ def replay(
 
     Exit code 1 on any drift. Example: air replay runs/eval-20261121-101500 (or --rescore best)
     """
-    from air.episode.replay import load_recordings, replay as replay_one, rescore_recording
-    from air.sandbox.pool import PoolConfig, SandboxPool
+    from air.episode.replay import load_recordings, rescore_recording
+    from air.episode.replay import replay as replay_one
+    from air.sandbox import PoolConfig, SandboxPool
 
     recordings = load_recordings(source)
     if not recordings:

@@ -14,7 +14,7 @@ from air.episode.config import EpisodeConfig
 from air.episode.runner import run_episode
 from air.errors import AirError
 from air.policies import Policy
-from air.sandbox.pool import SandboxPool
+from air.sandbox import SandboxPool
 from air.tasks.environment import TaskEnvironment
 from air.tasks.spec import TaskSpec
 

@@ -27,8 +27,7 @@ from air.episode.parse import Command, FormatError, Submit, parse_reply
 from air.episode.prompts import system_prompt, task_prompt
 from air.episode.rewards import RewardTracker
 from air.episode.trajectory import TrajectoryWriter
-from air.sandbox.container import Sandbox
-from air.sandbox.output import truncate_text
+from air.sandbox import Sandbox, truncate_text
 from air.tasks.environment import TaskEnvironment
 from air.tasks.scoring import EvalOutcome, validation_text
 

@@ -1,1 +1,90 @@
-"""Layer 1: Docker containers, shells and pools. Knows nothing about tasks or RL."""
+"""Layer 1, the sandbox: Docker containers, the agent's shell, warm pools, host-wide claims. It knows nothing about
+tasks or RL; the layers above import from here, never from its modules.
+
+    pool = SandboxPool(PoolConfig(max_sandboxes=16))        # a warm pool (several Docker hosts: `hosts=`)
+    async with pool, pool.lease(SandboxSpec(image="air/cpu:latest", task="t")) as sandbox:
+        result = await sandbox.session.run("python train.py", timeout=600)   # -> CommandResult
+        await sandbox.session.exec(["python", "eval.py"])      # the warden's child: an unforgeable exit status
+        blob = await sandbox.session.pack(["submission.csv"])   # the agent's files, with the agent's rights
+    # released: reset (nothing of this rollout survives) or removed; a broken one never comes back
+
+The interface: `Sandbox` and `Shell` (protocols, interface.py), `SandboxSpec`/`Resources` (what is asked for),
+`PoolConfig`/`DockerHost`/`SandboxPool`, the results `CommandResult`/`ExecResult`, the errors `ArchiveTooLarge`/
+`ArchiveUnreadable` (plus air.errors: InfraError and its kind for everything that is infrastructure), the layout
+inside every sandbox (layout.py), and the tools of the CLI and services: images, labels and cleanup, Docker.
+Names load on first use, so that importing a config class does not import the Docker SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from air.sandbox.layout import (
+    AGENT_HOME,
+    AGENT_UID,
+    AGENT_USER,
+    AIR_DIR,
+    BASE_PATH,
+    DATA,
+    FIXED_MTIME,
+    PRISTINE_HOME,
+    SCRATCH_DIRS,
+    WORKSPACE,
+)
+
+_LAZY = {
+    # the interface
+    "Sandbox": "interface", "Shell": "interface", "CommandResult": "interface", "ExecResult": "interface",
+    "ArchiveTooLarge": "interface", "ArchiveUnreadable": "interface",
+    "Resources": "spec", "SandboxSpec": "spec",
+    "PoolConfig": "pool", "DockerHost": "pool", "SandboxPool": "pool", "PoolStats": "pool",
+    # helpers of the layers above
+    "make_tar": "container", "gpu_env": "container", "container_kwargs": "container",
+    "image_ref": "images", "ImageBuilder": "images", "PlainProgress": "images", "list_images": "images",
+    "load_recipes": "images",
+    "connect": "docker_api", "Docker": "docker_api",
+    "list_air_containers": "labels", "remove_containers": "labels", "make_labels": "labels", "GPUS": "labels",
+    "sweep_dead_runs": "cleanup", "sweep_stale_claims": "cleanup",
+    "GpuInventory": "gpu", "run_checks": "doctor", "truncate_text": "output",
+}
+
+__all__ = [
+    "AGENT_HOME", "AGENT_UID", "AGENT_USER", "AIR_DIR", "BASE_PATH", "DATA", "FIXED_MTIME", "PRISTINE_HOME",
+    "SCRATCH_DIRS", "WORKSPACE",
+    "Sandbox", "Shell", "CommandResult", "ExecResult", "ArchiveTooLarge", "ArchiveUnreadable", "Resources",
+    "SandboxSpec", "PoolConfig", "DockerHost", "SandboxPool", "PoolStats",
+    "make_tar", "gpu_env", "container_kwargs", "image_ref", "ImageBuilder", "PlainProgress", "list_images",
+    "load_recipes", "connect", "Docker", "list_air_containers", "remove_containers", "make_labels", "GPUS",
+    "sweep_dead_runs", "sweep_stale_claims", "GpuInventory", "run_checks", "truncate_text",
+]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'air.sandbox' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"air.sandbox.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:  # for type checkers and editors: the same names, eagerly
+    from air.sandbox.cleanup import sweep_dead_runs, sweep_stale_claims
+    from air.sandbox.container import container_kwargs, gpu_env, make_tar
+    from air.sandbox.docker_api import Docker, connect
+    from air.sandbox.doctor import run_checks
+    from air.sandbox.gpu import GpuInventory
+    from air.sandbox.images import ImageBuilder, PlainProgress, image_ref, list_images, load_recipes
+    from air.sandbox.interface import (
+        ArchiveTooLarge,
+        ArchiveUnreadable,
+        CommandResult,
+        ExecResult,
+        Sandbox,
+        Shell,
+    )
+    from air.sandbox.labels import GPUS, list_air_containers, make_labels, remove_containers
+    from air.sandbox.output import truncate_text
+    from air.sandbox.pool import DockerHost, PoolConfig, PoolStats, SandboxPool
+    from air.sandbox.spec import Resources, SandboxSpec

@@ -19,92 +19,18 @@ from dataclasses import dataclass, field
 
 import docker.errors
 import docker.types
-from pydantic import BaseModel, ConfigDict, Field
-
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from air.errors import DockerUnavailable, ImageError, InfraError, SandboxUnavailable
 from air.sandbox.docker_api import Docker
+from air.sandbox.interface import ArchiveTooLarge, ExecResult, Shell
 from air.sandbox.labels import KEY, make_labels
+from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, SHM_MB, WORKSPACE
 from air.sandbox.output import CappedBuffer
+from air.sandbox.spec import SandboxSpec
 
-AGENT_USER = "agent"
-AIR_DIR = "/srv/air"  # air's own files in a sandbox (pristine copy, data, scoring inputs): root-owned
-FIXED_MTIME = 1704067200  # 2024-01-01T00:00:00Z: the time of every staged path, so `ls -l` reads alike everywhere
 REMOVE_PATIENCE = 90.0  # seconds a removal keeps retrying while the daemon is unreachable
 ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"]
-AGENT_HOME = "/home/agent"
-WORKSPACE = f"{AGENT_HOME}/workspace"
-# Root-only (0700): the pristine copy of the home that a reset restores (PRISTINE_HOME mirrors AGENT_HOME).
-PRISTINE = f"{AIR_DIR}/pristine"
-PRISTINE_HOME = f"{PRISTINE}/home"
-# Writable by the agent besides its home; every reset empties them.
-SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
-SHM_MB = 64  # Docker's default /dev/shm
-WARDEN_MB = 64  # memory kept free for the warden beyond what processes and in-memory filesystems can take
-BASE_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-class Resources(BaseModel):
-    """Limits of one sandbox. Defaults are safe: one CPU, 2 GB, 512 processes, no GPU."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    cpus: float = Field(1.0, gt=0)
-    memory_mb: int = Field(2048, ge=64)
-    pids: int = Field(512, ge=16)
-    gpus: int = Field(0, ge=0)
-    share_gpus: bool = False
-    """Allow this sandbox's GPUs to be given to other sandboxes too (off: every GPU is exclusive)."""
-    disk_mb: int | None = Field(None, ge=64)
-    """Writable-layer quota; only honoured by storage drivers that support it (overlay2 on xfs with pquota)."""
-
-
-class SandboxSpec(BaseModel):
-    """What a rollout asks the pool for. Sandboxes of equal `key` are interchangeable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    image: str
-    resources: Resources = Resources()
-    network: bool = False
-    """Off by default: `network_mode="none"`. On: Docker's default bridge."""
-    task: str = ""
-    """Label only; part of the key so a warm sandbox keeps its staged files for the next rollout of the task."""
-    env: dict[str, str] = {}
-    read_only_root: bool = True
-    """Root filesystem read-only; the agent's home, /srv/air (air's own files) and the temp dirs stay writable."""
-    tmp_mb: int = Field(512, ge=16)
-    """Size of each in-memory temp dir (/tmp, /var/tmp)."""
-    workspace_mb: int | None = Field(2048, ge=16)
-    """The quota of the agent's home (the agent gets ENOSPC past it). The home then lives in memory (tmpfs), and
-    the container's memory limit grows by the quota: a full disk never takes the processes' memory. None: an
-    unbounded disk-backed volume (Docker's local volumes have no quota; a rollout can fill the host's disk)."""
-
-    @property
-    def memory_limit_mb(self) -> int:
-        """The cgroup's limit: processes' memory plus every in-memory filesystem at its full size plus room for
-        the warden, so that filling the filesystems can never wedge the sandbox (tmpfs pages cannot be freed by
-        killing a process; only a reset frees them)."""
-        return (self.resources.memory_mb + (self.workspace_mb or 0) + 2 * self.tmp_mb + SHM_MB + WARDEN_MB)
-
-    @property
-    def key(self) -> str:
-        return f"{self.image}|{self.task}|{self.resources.model_dump_json()}|net={self.network}"
-
-
-@dataclass
-class ExecResult:
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    duration: float
-    timed_out: bool = False
-    dropped_bytes: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
 
 
 @dataclass(eq=False)  # identity semantics: a sandbox is a live resource, kept in sets
@@ -124,7 +50,7 @@ class Sandbox:
     """The image's content id (sha256:...), recorded in trajectories so a replay can tell images apart."""
     staged: str | None = None
     """Opaque token of the content a higher layer staged here (the tasks layer: a task's content hash)."""
-    _session: object | None = None
+    _session: Shell | None = None
     _oom_kills: int = 0
 
     # ----- lifecycle --------------------------------------------------------------------------------------------
@@ -151,7 +77,7 @@ class Sandbox:
         """Force-remove the container; idempotent."""
         session = self._session
         if session is not None:
-            await session.close()  # type: ignore[attr-defined]
+            await session.close()
         # A daemon that is restarting comes back within seconds: keep trying for a while rather than leak.
         async for attempt in AsyncRetrying(stop=stop_after_delay(REMOVE_PATIENCE), reraise=True,
                                            wait=wait_exponential(multiplier=0.5, max=5),
@@ -182,12 +108,14 @@ class Sandbox:
 
     # ----- the agent's shell ------------------------------------------------------------------------------------
     @property
-    def session(self):  # -> Session; typed lazily to keep the import graph one-way
+    def session(self) -> Shell:
+        """The sandbox's warden and the agent's shell (session.py), attached by whoever created the sandbox."""
         if self._session is None:
-            from air.sandbox.session import Session
-
-            self._session = Session(self)
+            raise RuntimeError(f"sandbox {self.short_id} has no session attached")
         return self._session
+
+    def attach(self, session: Shell) -> None:
+        self._session = session
 
     # ----- stateless exec ---------------------------------------------------------------------------------------
     async def exec(self, argv: list[str], *, user: str = "root", cwd: str | None = None,
@@ -324,7 +252,7 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
         nano_cpus=int(r.cpus * 1e9), mem_limit=f"{spec.memory_limit_mb}m",
         memswap_limit=f"{spec.memory_limit_mb}m", shm_size=f"{SHM_MB}m",
         pids_limit=r.pids, stop_signal="SIGKILL",
-        # Hardening: the agent is uid 1000 and gets no capability at all; root (only the harness execs as root)
+        # Hardening: the agent (AGENT_UID) gets no capability at all; root (only the harness execs as root)
         # keeps what staging, scoring and the evaluation kit's privilege drop need. No setuid escalation.
         cap_drop=["ALL"], cap_add=ROOT_CAPABILITIES, security_opt=["no-new-privileges"],
     )
@@ -336,7 +264,8 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
         tmp = f"rw,nosuid,nodev,size={spec.tmp_mb}m,mode=1777"
         kwargs["tmpfs"] = {"/tmp": tmp, "/var/tmp": tmp}
         if spec.workspace_mb:
-            kwargs["tmpfs"][AGENT_HOME] = f"rw,nosuid,nodev,size={spec.workspace_mb}m,uid=1000,gid=1000,mode=755"
+            kwargs["tmpfs"][AGENT_HOME] = (f"rw,nosuid,nodev,size={spec.workspace_mb}m,uid={AGENT_UID},"
+                                           f"gid={AGENT_UID},mode=755")
     if gpu_ids and gpu_devices:
         kwargs["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=list(gpu_ids),
                                                                 capabilities=[["gpu"]])]
@@ -348,9 +277,6 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
 class _TooBig(Exception):
     pass
 
-
-class ArchiveTooLarge(Exception):
-    """A file copied out of a sandbox exceeded its size cap (not an infrastructure failure)."""
 
 
 def make_tar(files: Mapping[str, bytes], *, owner: int = 0, mode: int = 0o644) -> bytes:

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air import paths
 from air.errors import ImageError, UsageError
+from air.validation import one_line
 
 PYTHON_VERSION = "3.11"
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
@@ -81,9 +82,7 @@ def load_recipes(root: Path | None = None) -> dict[str, Recipe]:
         except tomllib.TOMLDecodeError as exc:
             raise ImageError(f"{toml_path}: TOML syntax error: {exc}") from None
         except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise ImageError(f"{toml_path}: field '{where}': {err['msg']}") from None
+            raise ImageError(one_line(exc, f"{toml_path}: ")) from None
     for recipe in recipes.values():
         if recipe.parent and recipe.parent not in recipes:
             raise ImageError(f"{recipe.folder / 'recipe.toml'}: parent recipe '{recipe.parent}' does not exist")

@@ -40,14 +40,23 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-
 from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable
 from air.sandbox.claims import Grant, HostClaims
 from air.sandbox.cleanup import sweep_dead_runs
 from air.sandbox.container import Sandbox, SandboxSpec
 from air.sandbox.docker_api import Docker, docker_host
-from air.sandbox.labels import GPUS, HOLDER, KEPT_PREFIX, SANDBOX, SLOT, list_air_containers, new_run_id, \
-    owner_token, remove_containers
+from air.sandbox.labels import (
+    GPUS,
+    HOLDER,
+    KEPT_PREFIX,
+    SANDBOX,
+    SLOT,
+    list_air_containers,
+    new_run_id,
+    owner_token,
+    remove_containers,
+)
+from air.sandbox.session import Session
 
 log = logging.getLogger("air.pool")
 
@@ -356,6 +365,7 @@ class SandboxPool:
                 break
             self.stats.created += 1
             self._live.add(sandbox)
+            sandbox.attach(Session(sandbox))
             await sandbox.session.start()
             return sandbox
         except BaseException:

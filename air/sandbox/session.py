@@ -22,38 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import dataclass
 
-from air.sandbox.container import (AGENT_HOME, AGENT_USER, BASE_PATH, WORKSPACE, ArchiveTooLarge, ExecResult,
-                                   Sandbox, gpu_env)
+from air.sandbox.container import Sandbox, gpu_env
+from air.sandbox.interface import ArchiveTooLarge, ArchiveUnreadable, CommandResult, ExecResult
+from air.sandbox.layout import AGENT_HOME, AGENT_USER, BASE_PATH, WORKSPACE
 from air.sandbox.warden_link import WardenGone, WardenLink
 
 _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-.,/:=+@#%^&*()[]{}<>|;!?~$\"`")
 _MARGIN = 30.0  # seconds the host waits beyond the warden's own deadline and kill grace before giving up on it
-
-
-@dataclass
-class CommandResult:
-    command: str
-    exit_code: int | None
-    """None when there is none to report: the command timed out, or the shell died under it."""
-    stdout: str
-    stderr: str
-    duration: float
-    cwd: str
-    timed_out: bool = False
-    oom_killed: bool = False
-    shell_restarted: bool = False
-    """The shell died (`exit`, `set -e`, killed) and a fresh one was started in the same cwd."""
-    dropped_bytes: int = 0
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-
-class ArchiveUnreadable(Exception):
-    """Files to copy out of a sandbox could not be read (unreadable, changing under the copy, too slow)."""
 
 
 class Session:

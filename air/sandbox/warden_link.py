@@ -16,8 +16,17 @@ import struct
 from pathlib import Path
 
 from air.errors import InfraError, SandboxUnavailable
-from air.sandbox.container import (AGENT_HOME, AIR_DIR, FIXED_MTIME, PRISTINE, PRISTINE_HOME, SCRATCH_DIRS,
-                                   WORKSPACE, Sandbox)
+from air.sandbox.container import Sandbox
+from air.sandbox.layout import (
+    AGENT_HOME,
+    AGENT_UID,
+    AIR_DIR,
+    FIXED_MTIME,
+    PRISTINE,
+    PRISTINE_HOME,
+    SCRATCH_DIRS,
+    WORKSPACE,
+)
 
 log = logging.getLogger("air.warden")
 STDOUT, STDERR = 1, 2
@@ -33,7 +42,7 @@ _BOOT = ("import os\n"
          "  b+=c\n"
          " return b\n"
          "exec(compile(r(int(r(10))),'air-warden','exec'),{'__name__':'air_warden'})\n")
-CONFIG = {"uid": 1000, "home": AGENT_HOME, "workspace": WORKSPACE, "air": AIR_DIR, "pristine": PRISTINE,
+CONFIG = {"uid": AGENT_UID, "home": AGENT_HOME, "workspace": WORKSPACE, "air": AIR_DIR, "pristine": PRISTINE,
           "pristine_home": PRISTINE_HOME, "shell": f"{AIR_DIR}/bin/bash", "keep": ["pristine", "data", "bin"],
           "scratch": list(SCRATCH_DIRS), "epoch": FIXED_MTIME}
 

@@ -29,10 +29,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from air.errors import AirError, ImageError, InfraError, SandboxUnavailable
-from air.sandbox.container import SandboxSpec, container_kwargs, gpu_env
-from air.sandbox.docker_api import Docker
-from air.sandbox.gpu import GpuInventory
-from air.sandbox.labels import make_labels
+from air.sandbox import Docker, GpuInventory, SandboxSpec, container_kwargs, gpu_env, make_labels
 from air.services.sandbox_fusion import RunCodeRequest, RunCodeResponse
 
 log = logging.getLogger("air.services.managed")

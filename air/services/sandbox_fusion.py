@@ -43,8 +43,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from air.errors import InfraError
-from air.sandbox.container import AGENT_HOME, AGENT_USER, ArchiveTooLarge, Resources, SandboxSpec
-from air.sandbox.session import ArchiveUnreadable
+from air.sandbox import (
+    AGENT_HOME,
+    AGENT_UID,
+    AGENT_USER,
+    ArchiveTooLarge,
+    ArchiveUnreadable,
+    Resources,
+    SandboxSpec,
+)
 
 log = logging.getLogger("air.services.sandbox_fusion")
 
@@ -180,7 +187,6 @@ runners) are answered Failed with a message that says so."""
 _PROBE = """for t in {tools}; do command -v "$t" >/dev/null 2>&1 && echo "$t"; done
 for m in {modules}; do python3 -c "import $m" >/dev/null 2>&1 && echo "py:$m"; done; true"""
 
-_AGENT_UID = 1000
 
 
 class _Rejected(Exception):
@@ -261,7 +267,7 @@ class SandboxFusionService:
 
     # ----- lifecycle --------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        from air.sandbox.pool import PoolConfig, SandboxPool
+        from air.sandbox import PoolConfig, SandboxPool
 
         if self.pool is None:
             n = self.config.sandboxes
@@ -446,7 +452,7 @@ def _request_tar(plan: _Plan) -> bytes:
     with tarfile.open(fileobj=buf, mode="w") as tar:
         def add(name: str, content: bytes | None) -> None:
             info = tarfile.TarInfo(name)
-            info.uid = info.gid = _AGENT_UID
+            info.uid = info.gid = AGENT_UID
             info.uname = info.gname = AGENT_USER
             info.mtime = now
             if content is None:

@@ -7,9 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from air.sandbox.container import Resources, Sandbox, SandboxSpec
-from air.sandbox.images import image_ref
-from air.sandbox.pool import SandboxPool
+from air.sandbox import Resources, Sandbox, SandboxPool, SandboxSpec, image_ref
 from air.tasks.scoring import EvalOutcome, evaluate
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import overlay_baseline, stage

@@ -15,22 +15,30 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import math
 import posixpath
 import re
 import shlex
 import tarfile
-import logging
 import time
 from typing import Literal
 
 from pydantic import BaseModel
 
 from air.errors import TaskError
-from air.sandbox.container import AIR_DIR, WORKSPACE, ArchiveTooLarge, Resources, Sandbox, SandboxSpec, make_tar
-from air.sandbox.session import ArchiveUnreadable
-from air.sandbox.images import image_ref
-from air.sandbox.pool import SandboxPool
+from air.sandbox import (
+    AIR_DIR,
+    WORKSPACE,
+    ArchiveTooLarge,
+    ArchiveUnreadable,
+    Resources,
+    Sandbox,
+    SandboxPool,
+    SandboxSpec,
+    image_ref,
+    make_tar,
+)
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import AGENT_UID, add_entries, tar_of
 

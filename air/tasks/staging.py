@@ -17,11 +17,9 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from air.sandbox.container import AIR_DIR, FIXED_MTIME, PRISTINE_HOME, WORKSPACE, Sandbox
+from air.sandbox import AGENT_UID, DATA, FIXED_MTIME, PRISTINE_HOME, WORKSPACE, Sandbox
 from air.tasks.spec import FileEntry, TaskSpec
 
-DATA = f"{AIR_DIR}/data"
-AGENT_UID = 1000
 # Staged files carry one fixed time, so what the agent sees (`ls -l`) is the same in every rollout and replay.
 STAGED_MTIME = FIXED_MTIME
 _SKIP = {"__pycache__", "_submission", "_output", ".gitignore"}

@@ -1,0 +1,146 @@
+"""What a sandbox offers the layers above it, on one screen: the shell (`Shell`), the sandbox (`Sandbox`), what
+their calls return and the errors they raise besides air.errors' InfraError family.
+
+`container.Sandbox` with `session.Session` implement these; the tasks, episode and services layers type against
+them (import them from `air.sandbox`), and the conformance suite (tests/test_sandbox.py) runs the same tests
+against every kind of sandbox the pool makes: warm and reused, fresh per lease, and on a Docker host reached
+over TCP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from air.sandbox.layout import AGENT_USER, WORKSPACE
+from air.sandbox.spec import SandboxSpec
+
+
+@dataclass
+class ExecResult:
+    """A program run to its end by the harness (`Sandbox.exec`) or by the warden (`Shell.exec`)."""
+
+    exit_code: int | None
+    """None when it timed out."""
+    stdout: str
+    stderr: str
+    duration: float
+    timed_out: bool = False
+    dropped_bytes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass
+class CommandResult:
+    """One command of the agent's persistent shell."""
+
+    command: str
+    exit_code: int | None
+    """None when there is none to report: the command timed out, or the shell died under it."""
+    stdout: str
+    stderr: str
+    duration: float
+    cwd: str
+    timed_out: bool = False
+    oom_killed: bool = False
+    shell_restarted: bool = False
+    """The shell died (`exit`, `set -e`, killed) and a fresh one was started in the same cwd."""
+    dropped_bytes: int = 0
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+class ArchiveTooLarge(Exception):
+    """A file copied out of a sandbox exceeded its size cap (not an infrastructure failure)."""
+
+
+class ArchiveUnreadable(Exception):
+    """Files to copy out of a sandbox could not be read (unreadable, changing under the copy, too slow)."""
+
+
+class Shell(Protocol):
+    """The agent's persistent shell and the sandbox's reset, both through the sandbox's root warden."""
+
+    cwd: str
+    last_reset: str | None
+    """"incremental" or "full": how the last reset restored the home."""
+
+    async def start(self, cwd: str | None = None) -> None: ...
+
+    async def run(self, command: str, timeout: float = 60, *, merge_stderr: bool = False) -> CommandResult:
+        """One command as the agent; cwd and exported variables persist to the next."""
+        ...
+
+    async def exec(self, argv: list[str], *, stdin: str = "", cwd: str = WORKSPACE,
+                   env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
+                   reap: bool = True) -> ExecResult:
+        """A program as the warden's own child: an exit status no process can forge."""
+        ...
+
+    async def pack(self, paths: list[str], *, root: str = WORKSPACE, max_bytes: int = 64 << 20,
+                   timeout: float = 120) -> bytes:
+        """A tar of paths read with the agent's rights (FileNotFoundError, ArchiveTooLarge, ArchiveUnreadable)."""
+        ...
+
+    async def unpack(self, dest: str, tar: bytes, *, user: str = AGENT_USER, timeout: float = 120) -> None: ...
+
+    async def reset(self, timeout: float = 30, *, full: bool = False) -> None:
+        """Back to the state of a fresh sandbox of the same task (no process, IPC object or temp file left)."""
+        ...
+
+    async def interrupt(self) -> None: ...
+
+    async def ping(self, timeout: float = 10) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class Sandbox(Protocol):
+    """One leased sandbox, as the tasks, episode and services layers use it."""
+
+    spec: SandboxSpec
+    name: str
+    gpu_ids: tuple[str, ...]
+    image_id: str
+    staged: str | None
+    """Opaque token of what a higher layer staged here (the tasks layer: a task's content hash)."""
+    broken: str | None
+    """Why it must not be reused; None while healthy."""
+
+    @property
+    def short_id(self) -> str: ...
+
+    @property
+    def session(self) -> Shell: ...
+
+    async def exec(self, argv: list[str], *, user: str = "root", cwd: str | None = None,
+                   env: Mapping[str, str] | None = None, timeout: float = 60, max_output: int = 1 << 20
+                   ) -> ExecResult:
+        """A stateless harness command (`docker exec`), root by default."""
+        ...
+
+    async def sh(self, script: str, *, user: str = "root", timeout: float = 60, check: bool = True,
+                 **kwargs: object) -> ExecResult: ...
+
+    async def put_archive(self, dest: str, tar_bytes: bytes, timeout: float = 120) -> None: ...
+
+    async def put_files(self, dest: str, files: Mapping[str, bytes], *, owner: int = 0, mode: int = 0o644
+                        ) -> None: ...
+
+    async def get_archive(self, path: str, max_bytes: int = 64 << 20, timeout: float = 120) -> bytes: ...
+
+    async def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes: ...
+
+    async def new_oom_kill(self) -> bool:
+        """Whether the kernel OOM-killed a process here since the last call."""
+        ...
+
+    async def ensure_running(self) -> None:
+        """SandboxUnavailable if the container is gone or stopped."""
+        ...

@@ -1,0 +1,31 @@
+"""Where things are inside every sandbox, and who the agent is: the one place these facts are written.
+
+The image recipes (images/) create the agent user with this uid and this home; everything else reads it here.
+"""
+
+from __future__ import annotations
+
+AGENT_USER = "agent"
+AGENT_UID = 1000
+"""The agent's uid (and gid): no capabilities, never root."""
+AGENT_HOME = "/home/agent"
+WORKSPACE = f"{AGENT_HOME}/workspace"
+"""Where the agent starts and its task's files are."""
+BASE_PATH = "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+AIR_DIR = "/srv/air"
+"""air's own files in a sandbox (pristine copy, data, scoring inputs): root-owned, not the agent's."""
+PRISTINE = f"{AIR_DIR}/pristine"
+PRISTINE_HOME = f"{PRISTINE}/home"
+"""Root-only (0700): the pristine copy of the home that a reset restores (it mirrors AGENT_HOME)."""
+DATA = f"{AIR_DIR}/data"
+"""A task's read-only data; the workspace links `data` here."""
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
+"""Writable by the agent besides its home; every reset empties them."""
+
+FIXED_MTIME = 1704067200
+"""2024-01-01T00:00:00Z: the time of every staged path, so `ls -l` reads alike in every sandbox and replay."""
+SHM_MB = 64
+"""Docker's default /dev/shm."""
+WARDEN_MB = 64
+"""Memory kept free for the warden beyond what processes and in-memory filesystems can take."""
