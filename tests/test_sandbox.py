@@ -1,4 +1,5 @@
-"""Conformance of the sandbox runtime against a real Docker daemon: sessions, exec, limits, pool, cleanup."""
+"""Conformance of the sandbox runtime against a real Docker daemon: sessions, exec, limits, pool, cleanup; the
+session and reset tests run against every kind of sandbox (warm, fresh per lease, on a host reached over TCP)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 import pytest
 
 from air.errors import SandboxUnavailable
-from air.sandbox import Resources, SandboxSpec
+from air.sandbox import DockerHost, PoolConfig, Resources, SandboxPool, SandboxSpec, list_air_containers
 
 pytestmark = pytest.mark.docker
 
@@ -23,6 +24,32 @@ async def agent_processes(sandbox) -> list[str]:
     return [line for line in result.stdout.splitlines()
             if line.strip() and "bash --noprofile --norc" not in line and "/proc/" not in line
             and not line.startswith(("sh -c", "timeout ", "tr ", "grep "))]
+
+
+@pytest.fixture(params=["warm", "fresh", "tcp"])
+async def pool(request, images, docker_client, run_id):
+    """The conformance suite: every test here that takes `pool` runs against each kind of sandbox the pool makes:
+    warm and reused across leases, fresh for every lease, and on a Docker host reached over TCP (as one on another
+    machine is). Afterwards not one container of the test's run may remain."""
+    from docker_proxy import CuttableProxy
+
+    proxy = None
+    config = dict(run_id=run_id, max_sandboxes=24, gpu_ids=[], lease_timeout=120)
+    if request.param == "fresh":
+        config["max_leases"] = 1
+    elif request.param == "tcp":
+        proxy = CuttableProxy("/var/run/docker.sock")
+        config["hosts"] = [DockerHost(url=f"tcp://127.0.0.1:{proxy.port}", gpu_ids=[])]
+    p = SandboxPool(PoolConfig(**config))
+    await p.start()
+    try:
+        yield p
+    finally:
+        await p.close()
+        if proxy is not None:
+            proxy.close()
+    left = list_air_containers(docker_client, run=run_id)
+    assert not left, f"containers leaked by the test: {[c.name for c in left]}"
 
 
 # ----- session --------------------------------------------------------------------------------------------------
@@ -225,19 +252,26 @@ async def test_exec_argv_user_cwd_env_timeout_and_files(pool, base_spec):
 
 # ----- pool -------------------------------------------------------------------------------------------------------
 async def test_reset_restores_files_processes_cwd_and_variables(pool, base_spec):
+    hostile = ("echo changed > starter.py; mkdir junk; touch ~/.bashrc_x /tmp/t; export LEAK=1; "
+               "nohup sleep 500 >/dev/null 2>&1 & cd junk")
+    check = "pwd; cat starter.py; ls -A ~ /tmp; echo \"LEAK=$LEAK\""
+    pristine = "/home/agent/workspace\nprint('hi')\n/home/agent:\nworkspace\n\n/tmp:\nLEAK=\n"
     async with pool.lease(base_spec) as sb:
         await sb.put_files("/srv/air/pristine/home/workspace", {"starter.py": b"print('hi')\n"})
         await sb.session.reset()
         first = sb
-        s = sb.session
-        await s.run("echo changed > starter.py; mkdir junk; touch ~/.bashrc_x /tmp/t; export LEAK=1; "
-                    "nohup sleep 500 >/dev/null 2>&1 & cd junk")
-    await pool.wait_idle()
-    async with pool.lease(base_spec) as sb:
-        assert sb is first, "the warm sandbox is reused"
-        r = await sb.session.run("pwd; cat starter.py; ls -A ~ /tmp; echo \"LEAK=$LEAK\"")
-        assert r.stdout == "/home/agent/workspace\nprint('hi')\n/home/agent:\nworkspace\n\n/tmp:\nLEAK=\n", r.stdout
+        await sb.session.run(hostile)
+        await sb.session.reset()  # the reset itself, whatever kind of sandbox this is
+        assert (await sb.session.run(check)).stdout == pristine
         assert await agent_processes(sb) == []
+        await sb.session.run(hostile)
+    await pool.wait_idle()
+    if pool.config.max_leases > 1:  # a warm pool resets on release and hands the same sandbox back
+        async with pool.lease(base_spec) as sb:
+            assert sb is first, "the warm sandbox is reused"
+            r = await sb.session.run(check)
+            assert r.stdout == pristine, r.stdout
+            assert await agent_processes(sb) == []
 
 
 async def test_concurrent_leases_are_isolated(pool, base_spec):
