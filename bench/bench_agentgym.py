@@ -1,0 +1,179 @@
+"""Steps per second through `air serve agentgym` against the same episodes in-process, measured in one run.
+
+    python bench/bench_agentgym.py [--task prisoners-dilemma] [--turns 40] [--concurrency 1 16] [--waves 2]
+                                   [--submit] [--json]
+
+Every episode is the same scripted one: `--turns` replies of an instant `true` command (so what is measured is
+everything around a step, not the agent's work), then, with `--submit`, a `submit` (one evaluation). Rows,
+each after an untimed warm-up wave at that concurrency (warm sandbox pools on both sides):
+
+- in-process: this process leases a staged sandbox from its own `SandboxPool` (`TaskEnvironment.lease`), plays
+  the replies through air's `Episode.step`, and releases it: the floor;
+- served: `air serve agentgym` in a subprocess (as a trainer would run it), driven from this process over HTTP
+  with AgentGym's wire (create, reset, step until done or the replies run out, close), one pooled HTTP
+  client.
+
+An episode's wall time counts from the lease (reset) to the release (close); steps/s is the steps of a wave
+over its wall time, `--waves` waves of `max(concurrency, 4)` episodes per row. On a shared machine, compare
+rows of one run, not figures across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+import httpx
+
+from air.episode.config import EpisodeConfig
+from air.episode.loop import Episode
+from air.policies.scripted import SUBMIT
+from air.sandbox import PoolConfig, SandboxPool
+from air.tasks.environment import TaskEnvironment
+from air.tasks.registry import load_task
+
+TRUE = "```bash\ntrue\n```"
+
+
+def replies(turns: int, submit: bool) -> list[str]:
+    return [TRUE] * turns + ([SUBMIT] if submit else [])
+
+
+async def wave(play, episodes: int, concurrency: int) -> dict:
+    """Play `episodes` episodes, `concurrency` at a time; steps/s over the wave and step latencies."""
+    latencies: list[float] = []
+    queue = iter(range(episodes))
+
+    async def worker() -> None:
+        for _ in queue:
+            latencies.extend(await play())
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    return {"steps": len(latencies), "seconds": wall, "steps_per_s": len(latencies) / wall,
+            "p50_ms": statistics.median(latencies) * 1000,
+            "p99_ms": sorted(latencies)[min(int(0.99 * len(latencies)), len(latencies) - 1)] * 1000}
+
+
+def in_process(task_env: TaskEnvironment, script: list[str]):
+    config = EpisodeConfig(max_turns=len(script) + 1)  # replies run out before a limit: no final evaluation
+
+    async def play() -> list[float]:
+        times = []
+        async with task_env.lease() as sandbox:
+            episode = Episode(task_env, sandbox, config)
+            for reply in script:
+                t = time.perf_counter()
+                step = await episode.step(reply)
+                times.append(time.perf_counter() - t)
+                if step.done:
+                    break
+        return times
+    return play
+
+
+def served(client: httpx.AsyncClient, script: list[str]):
+    async def play() -> list[float]:
+        times = []
+        env_idx = (await client.post("/create")).raise_for_status().json()
+        try:
+            (await client.post("/reset", json={"env_idx": env_idx, "data_idx": 0})).raise_for_status()
+            for reply in script:
+                t = time.perf_counter()
+                response = (await client.post("/step", json={"env_idx": env_idx, "action": reply}))
+                times.append(time.perf_counter() - t)
+                if response.raise_for_status().json()["done"]:
+                    break
+        finally:
+            (await client.post("/close", json={"env_idx": env_idx})).raise_for_status()
+        return times
+    return play
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def start_server(task: str, port: int, envs: int, run_id: str, turns: int) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "air.cli.serve", "agentgym", "--task", task, "--port", str(port), "--json",
+            "--max-turns", str(turns + 1),
+            "--max-envs", str(envs), "--max-envs-per-client", str(envs), "--max-sandboxes", str(envs * 2),
+            "--log-level", "warning"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={**os.environ, "AIR_RUN_ID": run_id})
+    line = await asyncio.to_thread(proc.stdout.readline)  # the ready line, once the service answers
+    if not line.startswith("{"):
+        proc.wait(30)
+        raise SystemExit(f"the server did not start (exit {proc.returncode})")
+    return proc
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="prisoners-dilemma")
+    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--waves", type=int, default=2)
+    parser.add_argument("--submit", action="store_true", help="end each episode with submit (one evaluation)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    script = replies(args.turns, args.submit)
+    envs = max(args.concurrency)
+    run_id = f"bench-ag-{uuid.uuid4().hex[:8]}"
+    pool = SandboxPool(PoolConfig(max_sandboxes=envs * 2, gpu_ids=[], run_id=f"{run_id}-inproc"))
+    await pool.start()
+    task_env = TaskEnvironment(load_task(args.task), pool)
+    port = free_port()
+    proc = await start_server(args.task, port, envs, f"{run_id}-served", len(script))
+    rows = []
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600,
+                                     limits=httpx.Limits(max_connections=envs)) as client:
+            sides = {"in-process": in_process(task_env, script), "served": served(client, script)}
+            for c in args.concurrency:
+                episodes = max(c, 4)
+                for name, play in sides.items():
+                    await wave(play, c, c)  # warm-up, untimed
+                    results = [await wave(play, episodes, c) for _ in range(args.waves)]
+                    steps = sum(r["steps"] for r in results)
+                    seconds = sum(r["seconds"] for r in results)
+                    rows.append({"side": name, "concurrency": c, "episodes": episodes * args.waves,
+                                 "steps": steps, "steps_per_s": steps / seconds,
+                                 "p50_ms": statistics.median(r["p50_ms"] for r in results),
+                                 "p99_ms": max(r["p99_ms"] for r in results)})
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        await pool.close()
+    ratios = {}
+    for c in args.concurrency:
+        inproc, srv = (next(r for r in rows if r["side"] == s and r["concurrency"] == c)
+                       for s in ("in-process", "served"))
+        ratios[c] = srv["steps_per_s"] / inproc["steps_per_s"]
+    if args.json:
+        print(json.dumps({"task": args.task, "turns": args.turns, "submit": args.submit, "rows": rows,
+                          "served_over_in_process": ratios}))
+        return
+    print(f"task {args.task}, {args.turns} `true` steps per episode{' + submit' if args.submit else ''}, "
+          f"{args.waves} timed waves per row")
+    print(f"{'side':<11} {'conc':>4} {'episodes':>8} {'steps':>6} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    for r in rows:
+        print(f"{r['side']:<11} {r['concurrency']:>4} {r['episodes']:>8} {r['steps']:>6} "
+              f"{r['steps_per_s']:>9.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f}")
+    for c, ratio in ratios.items():
+        print(f"concurrency {c}: served / in-process steps/s = {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
