@@ -59,17 +59,18 @@ def test_bad_input_is_one_line_the_documented_exit_code_and_nothing_left_behind(
 
 
 def test_a_bug_in_air_is_one_line_exit_4_and_the_traceback_on_request(monkeypatch, capsys):
-    from air.cli import main as cli
+    from air.cli import app as cli
+    from air.cli.main import app
 
     def broken(*_a, **_k):
         raise RuntimeError("something air did not expect")
 
     monkeypatch.setattr("air.tasks.registry.load_task", broken)
-    assert cli.run_cli(["tasks", "show", "prisoners-dilemma"]) == cli.INTERNAL == 4
+    assert cli.run_cli(app, ["tasks", "show", "prisoners-dilemma"]) == cli.INTERNAL == 4
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "internal error, RuntimeError: something air did not expect" in err
     monkeypatch.setenv("AIR_TRACEBACK", "1")
-    assert cli.run_cli(["tasks", "show", "prisoners-dilemma"]) == 4
+    assert cli.run_cli(app, ["tasks", "show", "prisoners-dilemma"]) == 4
     assert "Traceback" in capsys.readouterr().err
 
 

@@ -332,7 +332,7 @@ async def test_cli_nothing_kept_exits_1_and_writes_nothing(corpus, tmp_path):
 
 
 def test_cli_bad_input_is_a_usage_error(tmp_path):
-    from air.cli.main import exit_code
+    from air.cli.app import exit_code
 
     result = _cli("sft", str(tmp_path / "missing"), "--out", str(tmp_path / "train.jsonl"))
     assert isinstance(result.exception, UsageError) and exit_code(result.exception) == 2

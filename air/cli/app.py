@@ -1,12 +1,18 @@
-"""The `air` Typer app and what its commands share (consoles, common options, running async work)."""
+"""The `air` Typer app and what its commands share: consoles, common options, running async work, and turning
+every failure into one line on stderr with the documented exit code (0 ok, 1 a check failed, 2 bad input,
+3 infrastructure, 4 a bug of air's, 130 interrupted)."""
 
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+
+from air.errors import AirError, DockerUnavailable, ImageError, InfraError, TaskError, UsageError
 
 console = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -57,3 +63,62 @@ def make_policy(base_url: str | None, model: str):
     from air.policies.scripted import ScriptedPolicy
 
     return ScriptedPolicy()
+
+
+# ----- errors: one line and the documented exit code -------------------------------------------------------
+def exit_code(exc: AirError) -> int:
+    if isinstance(exc, (DockerUnavailable, ImageError)):
+        return 3
+    if isinstance(exc, (UsageError, TaskError)):
+        return 2
+    if isinstance(exc, InfraError):
+        return 3
+    return 1
+
+
+def run_cli(typer_app: typer.Typer, args: list[str] | None = None) -> int:
+    """Run the app and turn whatever goes wrong into one line on stderr and the documented exit code."""
+    errors = _click_errors()
+    try:
+        code = typer_app(args=args, prog_name="air", standalone_mode=False)
+        return code if isinstance(code, int) else 0
+    except errors.NoArgsIsHelpError as exc:  # `air images`: the group's help, as --help would
+        print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
+        return 2
+    except errors.UsageError as exc:  # click's own three lines (usage, hint, error) folded into one
+        command = exc.ctx.command_path if exc.ctx else "air"
+        return _fail(f"{exc.format_message()} (see `{command} --help`)", 2)
+    except errors.ClickException as exc:
+        return _fail(exc.format_message(), exc.exit_code)
+    except AirError as exc:
+        return _fail(str(exc), exit_code(exc))
+    except (KeyboardInterrupt, typer.Abort):
+        console.print("air: interrupted")
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug of air's: one line, and the way to see the rest
+        import os
+        import traceback
+
+        if os.environ.get("AIR_TRACEBACK"):
+            traceback.print_exc()
+        return _fail(f"internal error, {type(exc).__name__}: {exc} (a bug in air; AIR_TRACEBACK=1 shows where)",
+                     INTERNAL)
+
+
+def _click_errors():
+    """The click exceptions typer raises: recent typer vendors its own click as `typer._click`."""
+    try:
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+    return exceptions
+
+
+INTERNAL = 4
+"""Exit code of an unexpected exception: a bug, told apart from a failed check (1) and bad input (2)."""
+
+
+def _fail(message: str, code: int) -> int:
+    first = " ".join(message.split())  # one line, whatever the message held
+    console.print(f"[red]air: error:[/] {escape(first)}", soft_wrap=True)
+    return code

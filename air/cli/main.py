@@ -28,9 +28,9 @@ from air.cli.app import (
     out,
     print_json,
     run_async,
+    run_cli,
     tasks_app,
 )
-from air.errors import AirError, DockerUnavailable, ImageError, InfraError, TaskError, UsageError
 
 
 # ----- doctor -----------------------------------------------------------------------------------------------------
@@ -353,16 +353,6 @@ def _sparkline(values: list[float]) -> str:
 
 
 # ----- entry point ------------------------------------------------------------------------------------------------
-def exit_code(exc: AirError) -> int:
-    if isinstance(exc, (DockerUnavailable, ImageError)):
-        return 3
-    if isinstance(exc, (UsageError, TaskError)):
-        return 2
-    if isinstance(exc, InfraError):
-        return 3
-    return 1
-
-
 def main() -> None:
     # Commands defined in other modules register themselves on the shared app when imported.
     import air.cli.research  # noqa: F401
@@ -371,55 +361,7 @@ def main() -> None:
 
     app.add_typer(export_app, name="export")
     app.add_typer(serve_app, name="serve")
-    sys.exit(run_cli())
-
-
-def run_cli(args: list[str] | None = None) -> int:
-    """Run the app and turn whatever goes wrong into one line on stderr and the documented exit code."""
-    errors = _click_errors()
-    try:
-        code = app(args=args, prog_name="air", standalone_mode=False)
-        return code if isinstance(code, int) else 0
-    except errors.NoArgsIsHelpError as exc:  # `air images`: the group's help, as --help would
-        print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
-        return 2
-    except errors.UsageError as exc:  # click's own three lines (usage, hint, error) folded into one
-        command = exc.ctx.command_path if exc.ctx else "air"
-        return _fail(f"{exc.format_message()} (see `{command} --help`)", 2)
-    except errors.ClickException as exc:
-        return _fail(exc.format_message(), exc.exit_code)
-    except AirError as exc:
-        return _fail(str(exc), exit_code(exc))
-    except (KeyboardInterrupt, typer.Abort):
-        console.print("air: interrupted")
-        return 130
-    except Exception as exc:  # noqa: BLE001 - a bug of air's: one line, and the way to see the rest
-        import os
-        import traceback
-
-        if os.environ.get("AIR_TRACEBACK"):
-            traceback.print_exc()
-        return _fail(f"internal error, {type(exc).__name__}: {exc} (a bug in air; AIR_TRACEBACK=1 shows where)",
-                     INTERNAL)
-
-
-def _click_errors():
-    """The click exceptions typer raises: recent typer vendors its own click as `typer._click`."""
-    try:
-        from typer._click import exceptions
-    except ImportError:
-        from click import exceptions
-    return exceptions
-
-
-INTERNAL = 4
-"""Exit code of an unexpected exception: a bug, told apart from a failed check (1) and bad input (2)."""
-
-
-def _fail(message: str, code: int) -> int:
-    first = " ".join(message.split())  # one line, whatever the message held
-    console.print(f"[red]air: error:[/] {escape(first)}", soft_wrap=True)
-    return code
+    sys.exit(run_cli(app))
 
 
 if __name__ == "__main__":

@@ -183,14 +183,9 @@ def agentgym(
 def main() -> None:
     import sys
 
-    from air.cli.main import exit_code
-    from air.errors import AirError
+    from air.cli.app import run_cli
 
-    try:
-        serve_app()
-    except AirError as exc:
-        console.print(f"[red]air: error:[/] {exc}", soft_wrap=True)
-        sys.exit(exit_code(exc))
+    sys.exit(run_cli(serve_app))
 
 
 if __name__ == "__main__":
