@@ -10,12 +10,12 @@ each after an untimed warm-up wave at that concurrency (warm sandbox pools on bo
 - in-process: this process leases a staged sandbox from its own `SandboxPool` (`TaskEnvironment.lease`), plays
   the replies through air's `Episode.step`, and releases it: the floor;
 - served: `air serve agentgym` in a subprocess (as a trainer would run it), driven from this process over HTTP
-  with AgentGym's wire (create, reset, step until done or the replies run out, close), one pooled HTTP
-  client.
+  with AgentGym's wire (create, reset, step until done or the replies run out, close), through one pooled
+  aiohttp session (a cheaper client than httpx, so the figure is the server's more than the client's).
 
-An episode's wall time counts from the lease (reset) to the release (close); steps/s is the steps of a wave
-over its wall time, `--waves` waves of `max(concurrency, 4)` episodes per row. On a shared machine, compare
-rows of one run, not figures across runs.
+An episode's wall time counts from the lease (reset) to the release (close); steps/s is the steps of a row's
+waves over their wall time, `--waves` waves of `max(concurrency, 4)` episodes per row, the two sides' waves
+alternating. On a shared machine, compare rows of one run, not figures across runs.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 import time
 import uuid
 
-import httpx
+import aiohttp
 
 from air.episode.config import EpisodeConfig
 from air.episode.loop import Episode
@@ -82,20 +82,25 @@ def in_process(task_env: TaskEnvironment, script: list[str]):
     return play
 
 
-def served(client: httpx.AsyncClient, script: list[str]):
+def served(session: aiohttp.ClientSession, url: str, script: list[str]):
+    async def post(path: str, body: dict | None = None):
+        async with session.post(f"{url}/{path}", json=body) as response:
+            response.raise_for_status()
+            return await response.json()
+
     async def play() -> list[float]:
         times = []
-        env_idx = (await client.post("/create")).raise_for_status().json()
+        env_idx = await post("create")
         try:
-            (await client.post("/reset", json={"env_idx": env_idx, "data_idx": 0})).raise_for_status()
+            await post("reset", {"env_idx": env_idx, "data_idx": 0})
             for reply in script:
                 t = time.perf_counter()
-                response = (await client.post("/step", json={"env_idx": env_idx, "action": reply}))
+                out = await post("step", {"env_idx": env_idx, "action": reply})
                 times.append(time.perf_counter() - t)
-                if response.raise_for_status().json()["done"]:
+                if out["done"]:
                     break
         finally:
-            (await client.post("/close", json={"env_idx": env_idx})).raise_for_status()
+            await post("close", {"env_idx": env_idx})
         return times
     return play
 
@@ -138,14 +143,20 @@ async def main() -> None:
     proc = await start_server(args.task, port, envs, f"{run_id}-served", len(script))
     rows = []
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600,
-                                     limits=httpx.Limits(max_connections=envs)) as client:
-            sides = {"in-process": in_process(task_env, script), "served": served(client, script)}
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                         connector=aiohttp.TCPConnector(limit=envs)) as session:
+            sides = {"in-process": in_process(task_env, script),
+                     "served": served(session, f"http://127.0.0.1:{port}", script)}
             for c in args.concurrency:
                 episodes = max(c, 4)
-                for name, play in sides.items():
+                for play in sides.values():
                     await wave(play, c, c)  # warm-up, untimed
-                    results = [await wave(play, episodes, c) for _ in range(args.waves)]
+                # The sides' waves alternate, so a burst of load from elsewhere on the machine hits both.
+                waves: dict[str, list[dict]] = {name: [] for name in sides}
+                for _ in range(args.waves):
+                    for name, play in sides.items():
+                        waves[name].append(await wave(play, episodes, c))
+                for name, results in waves.items():
                     steps = sum(r["steps"] for r in results)
                     seconds = sum(r["seconds"] for r in results)
                     rows.append({"side": name, "concurrency": c, "episodes": episodes * args.waves,

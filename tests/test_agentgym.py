@@ -12,6 +12,7 @@ this one raises `ServerError` with the status and body, so the tests can read wh
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -61,11 +62,13 @@ class ServerError(Exception):
 
 
 class AgentGymEnvClient:
-    def __init__(self, env_server_base: str, data_len: int, timeout: int = 900):
+    def __init__(self, env_server_base: str, data_len: int, timeout: int = 900, headers: dict | None = None):
         self.env_server_base = env_server_base
         self.timeout = timeout
         self.data_len = data_len
-        ok = requests.post(f"{self.env_server_base}/create", json={"id": 0}, timeout=self.timeout)
+        self.headers = headers or {}  # AgentGym's clients send none; a server with --token needs its bearer
+        ok = requests.post(f"{self.env_server_base}/create", json={"id": 0}, timeout=self.timeout,
+                           headers=self.headers)
         if ok.status_code != 200:
             raise ServerError(ok)
         self.env_id = ok.json()
@@ -75,13 +78,15 @@ class AgentGymEnvClient:
 
     def _post(self, path: str, data: dict) -> object:
         data["env_idx"] = self.env_id
-        res = requests.post(f"{self.env_server_base}/{path}", json=data, timeout=self.timeout)
+        res = requests.post(f"{self.env_server_base}/{path}", json=data, timeout=self.timeout,
+                            headers=self.headers)
         if res.status_code != 200:
             raise ServerError(res)
         return res.json()
 
     def _get(self, path: str) -> object:
-        res = requests.get(f"{self.env_server_base}/{path}?env_idx={self.env_id}", timeout=self.timeout)
+        res = requests.get(f"{self.env_server_base}/{path}?env_idx={self.env_id}", timeout=self.timeout,
+                           headers=self.headers)
         if res.status_code != 200:
             raise ServerError(res)
         return res.json()
@@ -437,7 +442,7 @@ def test_server_restart_stale_env_idx_answer_a_clear_error_and_nothing_leaks(ima
     never created it; there an idle env_idx is closed after --idle-timeout and its sandbox goes back."""
     token = uuid.uuid4().hex
     first = Server(f"test-ag-{uuid.uuid4().hex[:8]}", tmp_path / "first.log", "--trajectory-dir",
-                   str(tmp_path / "traj"), env={"AIR_AGENTGYM_TOKEN": token})
+                   str(tmp_path / "traj"), "--reward-report", "return", env={"AIR_AGENTGYM_TOKEN": token})
     second = None
     auth = {"Authorization": f"Bearer {token}"}
     try:
@@ -446,6 +451,14 @@ def test_server_restart_stale_env_idx_answer_a_clear_error_and_nothing_leaks(ima
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             refused = raw(first, "POST", "/create", headers=headers)
             assert refused.status_code == 401 and "token" in refused.json()["detail"]
+        # --reward-report return: each step's reward is the return so far (AgentGym-RL keeps only the last).
+        player = AgentGymEnvClient(first.url, data_len=len(TASKS), headers=auth)
+        replies, outputs = play(player, PD)
+        running = list(itertools.accumulate(expected_step_rewards("prisoners-dilemma", replies)))
+        assert [o.reward for o in outputs] == pytest.approx(running, abs=1e-9)
+        assert [o.info["step_reward"] for o in outputs] == pytest.approx(
+            expected_step_rewards("prisoners-dilemma", replies), abs=1e-9)
+        player.close()
         env_idx = raw(first, "POST", "/create", headers=auth).json()
         reset = raw(first, "POST", "/reset", json={"env_idx": env_idx, "data_idx": PD}, headers=auth)
         assert reset.status_code == 200, reset.text
@@ -457,8 +470,9 @@ def test_server_restart_stale_env_idx_answer_a_clear_error_and_nothing_leaks(ima
         assert first.stop() in (0, -signal.SIGTERM), first.output()
         left = list_air_containers(docker_client, run=first.run_id)
         assert not left, f"containers left by the stopped server: {[c.name for c in left]}"
-        (recorded,) = (tmp_path / "traj").rglob("*.jsonl")
-        assert read_trajectory(recorded)[-1]["kind"] == "interrupted"
+        ends = sorted(read_trajectory(f)[-1].get("kind") or read_trajectory(f)[-1]["ended_by"]
+                      for f in (tmp_path / "traj").rglob("*.jsonl"))
+        assert ends == ["interrupted", "submitted"]
 
         second = Server(f"test-ag-{uuid.uuid4().hex[:8]}", tmp_path / "second.log", "--idle-timeout", "3",
                         port=first.port)

@@ -693,8 +693,9 @@ def create_app(config: AgentGymConfig | None = None, service: AgentGymService | 
         return service.observation(env_idx)
 
     @app.post("/step", response_model=StepResponse)
-    async def step(query: StepQuery) -> StepResponse:
-        return await service.step(query.env_idx, query.action)
+    async def step(query: StepQuery) -> JSONResponse:
+        # Serialised here, not validated again against the response model: the step is the hot path.
+        return JSONResponse((await service.step(query.env_idx, query.action)).model_dump())
 
     @app.post("/close")
     async def close(query: CloseQuery) -> bool:
