@@ -1,8 +1,9 @@
-"""The managed SandboxFusion server and its client.
+"""The managed SandboxFusion server and the SandboxFusion client.
 
 Upstream's image cannot be pulled here, so the lifecycle runs on a stand-in that serves the same API: a stdlib
-HTTP server built FROM air/cpu with the network off (tests/sandbox_fusion_stub), brought up through pytest-docker
-with Debian's docker-compose 1.29. GPU assignment and the client's retry rules are unit-tested without Docker.
+HTTP server built FROM air/cpu with the network off (tests/sandbox_fusion_stub), brought up through
+pytest-docker with Debian's docker-compose 1.29. GPU assignment, the start's retries and the client's retry
+rules are unit-tested without Docker.
 """
 
 from __future__ import annotations
@@ -21,14 +22,8 @@ import pytest
 from air.errors import ImageError, InfraError, PoolExhausted, SandboxUnavailable
 from air.sandbox import GpuInventory, list_air_containers
 from air.sandbox.labels import OWNER, ROLE, RUN, owner_token
-from air.services.managed import (
-    LOOPBACK,
-    UPSTREAM_IMAGE,
-    ManagedConfig,
-    ManagedSandboxFusion,
-    SandboxFusionClient,
-    SandboxFusionHTTPError,
-)
+from air.services.managed import LOOPBACK, UPSTREAM_IMAGE, ManagedConfig, ManagedSandboxFusion
+from air.services.sandbox_fusion import SandboxFusionClient, SandboxFusionHTTPError
 
 STUB_DIR = Path(__file__).parent / "sandbox_fusion_stub"
 STUB_IMAGE = "air-test/sandbox-fusion-stub:latest"
@@ -36,7 +31,7 @@ STUB_SERVICE = "sandbox-fusion-stub"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-# ----- pytest-docker, on Debian's docker-compose 1.29 ------------------------------------------------------------
+# ----- pytest-docker, on Debian's docker-compose 1.29 -------------------------------------------------------
 @pytest.fixture(scope="session")
 def docker_compose_command() -> str:
     if shutil.which("docker-compose") is None:
@@ -95,7 +90,7 @@ async def wait_for(predicate, timeout: float, what: str) -> None:
         await asyncio.sleep(0.1)
 
 
-# ----- the managed lifecycle (real Docker) ------------------------------------------------------------------------
+# ----- the managed lifecycle (real Docker) ------------------------------------------------------------------
 @pytest.mark.docker
 async def test_compose_stub_runs_code_through_the_client(stub_endpoint):
     async with SandboxFusionClient(stub_endpoint) as client:
@@ -191,7 +186,7 @@ async def test_missing_image_is_an_image_error_naming_the_pull(docker_client, ru
     assert list_air_containers(docker_client, run=run_id) == []
 
 
-# ----- GPU assignment (no Docker, no GPU) ------------------------------------------------------------------------
+# ----- GPU assignment (no Docker, no GPU) -------------------------------------------------------------------
 def test_container_request_without_a_gpu():
     server = ManagedSandboxFusion(ManagedConfig(run_id="r1"))
     assert server.config.image == UPSTREAM_IMAGE
@@ -251,7 +246,105 @@ async def test_a_failed_start_gives_its_gpus_back():
     assert inventory.free() == ["0"] and server.gpu_ids == ()
 
 
-# ----- the client: retries only what cannot have run -------------------------------------------------------------
+class StartingDocker:
+    """Enough of air's Docker wrapper for `_create`: `start` fails with the given errors, then succeeds."""
+
+    def __init__(self, *start_errors: str):
+        self.start_errors = list(start_errors)
+        self.created: list[int] = []
+        self.removed: list[str] = []
+        self.client = SimpleNamespace(containers=SimpleNamespace(create=self._create))
+        self.api = SimpleNamespace(start=self._start,
+                                   inspect_container=lambda cid: {"State": {"Running": False}},
+                                   remove_container=lambda cid, **kw: self.removed.append(cid))
+
+    def _create(self, **kwargs):
+        self.created.append(kwargs["ports"]["8080/tcp"][1])
+        return SimpleNamespace(id=f"c{len(self.created)}")
+
+    def _start(self, cid):
+        if self.start_errors:
+            raise InfraError(self.start_errors.pop(0))
+
+    async def call(self, fn, *args, timeout=60, idempotent=False, **kwargs):
+        return fn(*args, **kwargs)
+
+
+async def test_a_port_taken_meanwhile_is_tried_again_on_another():
+    docker = StartingDocker("port is already allocated", "address already in use")
+    server = ManagedSandboxFusion(ManagedConfig(), docker=docker)
+    await server._create()
+    assert len(docker.created) == 3 and docker.removed == ["c1", "c2"]
+    assert server.container_id == "c3" and server.host_port == docker.created[-1]
+
+
+async def test_a_fixed_port_taken_or_another_start_failure_is_not_retried():
+    for config, error in ((ManagedConfig(host_port=40123), "port is already allocated"),
+                          (ManagedConfig(), "no such image")):
+        docker = StartingDocker(error)
+        server = ManagedSandboxFusion(config, docker=docker)
+        with pytest.raises(InfraError, match=error):
+            await server._create()
+        assert len(docker.created) == 1 and docker.removed == ["c1"] and server.container_id is None
+
+
+async def test_a_port_taken_three_times_gives_up():
+    docker = StartingDocker(*["port is already allocated"] * 3)
+    server = ManagedSandboxFusion(ManagedConfig(), docker=docker)
+    with pytest.raises(InfraError, match="port is already allocated"):
+        await server._create()
+    assert len(docker.created) == 3 and server.container_id is None
+
+
+async def test_wait_healthy_polls_until_pong_then_gives_up_at_the_deadline():
+    server = ManagedSandboxFusion(ManagedConfig(host_port=40124))
+    answers = iter([False, False, True])
+    pings = []
+
+    async def ping(timeout=5):
+        pings.append(timeout)
+        return next(answers)
+
+    async def running():
+        return {"Running": True}
+
+    async def no_log():
+        return ""
+
+    server.ping, server.state, server._log_tail = ping, running, no_log
+    await server.wait_healthy(timeout=10)
+    assert len(pings) == 3 and set(pings) == {5}
+
+    async def never(timeout=5):
+        return False
+
+    server.ping = never
+    started = time.monotonic()
+    with pytest.raises(SandboxUnavailable, match=r"did not answer /v1/ping within 0.5s"):
+        await server.wait_healthy(timeout=0.5)
+    assert time.monotonic() - started < 3
+
+
+async def test_wait_healthy_stops_at_once_when_the_container_exits():
+    server = ManagedSandboxFusion(ManagedConfig(host_port=40125))
+
+    async def never(timeout=5):
+        return False
+
+    async def exited():
+        return {"Running": False, "ExitCode": 3}
+
+    async def log_tail():
+        return "; its log ends: bad config"
+
+    server.ping, server.state, server._log_tail = never, exited, log_tail
+    started = time.monotonic()
+    with pytest.raises(SandboxUnavailable, match=r"exited with code 3\); its log ends: bad config"):
+        await server.wait_healthy(timeout=30)
+    assert time.monotonic() - started < 2
+
+
+# ----- the client: retries only what cannot have run --------------------------------------------------------
 def counting_transport(behaviour):
     calls = []
 

@@ -313,6 +313,28 @@ def test_bad_requests_are_rejected_by_the_schema(server):
     assert r.json()["status"] == "Failed" and "MemoryError" in r.json()["run_result"]["stderr"]
 
 
+def test_the_request_directory_is_the_agents_down_to_every_parent():
+    """Extracted as the agent, an entry the agent does not own could not be written: the tar names every
+    directory on the way, agent-owned, before the files in it."""
+    import io
+    import tarfile
+
+    from air.sandbox import AGENT_UID
+    from air.services.sandbox_fusion import RunCodeRequest as AirRequest
+    from air.services.sandbox_fusion import SandboxFusionService
+
+    service = SandboxFusionService()
+    service.available = {"python": ""}
+    plan = service._plan(AirRequest(code="print(1)", language="python", files={"a/b/c.txt": b64(b"x")}))
+    with tarfile.open(fileobj=io.BytesIO(plan.tar())) as tar:
+        members = tar.getmembers()
+    root = f"sf/{plan.request_id}"
+    assert [(m.name, m.isdir(), m.mode) for m in members] == [
+        ("sf", True, 0o755), (root, True, 0o755), (f"{root}/a", True, 0o755), (f"{root}/a/b", True, 0o755),
+        (f"{root}/a/b/c.txt", False, 0o644), (f"{root}/main.py", False, 0o644)]
+    assert {(m.uid, m.gid) for m in members} == {(AGENT_UID, AGENT_UID)}
+
+
 def test_no_containers_left_after_the_server_stops(server, docker_client):
     sandboxes = [c for c in list_air_containers(docker_client, run=server.run_id) if not c.claim]
     assert 0 < len(sandboxes) <= POOL_SIZE

@@ -9,6 +9,7 @@ daemon to SandboxUnavailable so a rollout is failed, never scored.
 from __future__ import annotations
 
 import io
+import posixpath
 import re
 import shlex
 import tarfile
@@ -279,12 +280,26 @@ class _TooBig(Exception):
 
 
 
-def make_tar(files: Mapping[str, bytes], *, owner: int = 0, mode: int = 0o644) -> bytes:
+def make_tar(files: Mapping[str, bytes], *, owner: int = 0, mode: int = 0o644, dir_mode: int = 0o755
+             ) -> bytes:
+    """A tar of {relative path: content}, every entry owned by `owner`. Each parent directory comes first as
+    an entry of its own: extracted, it belongs to `owner` too, not to whoever extracts (root)."""
     buf = io.BytesIO()
+    now = time.time()
+    parents = set()
+    for rel in files:
+        parent = posixpath.dirname(rel)
+        while parent:
+            parents.add(parent)
+            parent = posixpath.dirname(parent)
     with tarfile.open(fileobj=buf, mode="w") as tar:
+        for rel in sorted(parents, key=lambda d: (d.count("/"), d)):
+            info = tarfile.TarInfo(rel)
+            info.type, info.mode, info.uid, info.gid, info.mtime = tarfile.DIRTYPE, dir_mode, owner, owner, now
+            tar.addfile(info)
         for rel, content in files.items():
             info = tarfile.TarInfo(rel)
-            info.size, info.mode, info.uid, info.gid, info.mtime = len(content), mode, owner, owner, time.time()
+            info.size, info.mode, info.uid, info.gid, info.mtime = len(content), mode, owner, owner, now
             tar.addfile(info, io.BytesIO(content))
     return buf.getvalue()
 

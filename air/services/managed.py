@@ -1,12 +1,13 @@
-"""A managed SandboxFusion server container, and a client that never runs a request twice.
+"""A managed SandboxFusion server container (upstream's image, or any that serves the same API).
 
     async with ManagedSandboxFusion(ManagedConfig(gpus=1)) as server:      # upstream's image by default
         async with SandboxFusionClient(server.endpoint) as client:
             response = await client.run_code({"code": "print(1)", "language": "python"})
 
-- The container starts from `image` (upstream's `volcengine/sandbox-fusion:server-20250609` unless overridden;
-  it is never pulled implicitly), labelled like every air container (role `service`), so `air containers clean`
-  finds it after a crash. Its port is published on the host's loopback only, on a free port.
+- The container starts from `image` (upstream's `volcengine/sandbox-fusion:server-20250609` unless
+  overridden; it is never pulled implicitly), labelled like every air container (role `service`), so
+  `air containers clean` finds it after a crash. Its port is published on the host's loopback only, on a free
+  port.
 - GPUs come from air's `GpuInventory` (exclusive unless `share_gpus`), with the same device requests and
   environment as air's sandboxes; they are given back when the server stops, or when its start fails.
 - `start()` waits, bounded, for `GET /v1/ping`; a watcher restarts the container if it dies (up to
@@ -25,12 +26,20 @@ import socket
 import uuid
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception,
+    retry_if_result,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
 
-from air.errors import AirError, ImageError, InfraError, SandboxUnavailable
+from air.errors import ImageError, InfraError, SandboxUnavailable
 from air.sandbox import Docker, GpuInventory, SandboxSpec, container_kwargs, gpu_env, make_labels
-from air.services.sandbox_fusion import RunCodeRequest, RunCodeResponse
+from air.services.sandbox_fusion.client import SandboxFusionClient
 
 log = logging.getLogger("air.services.managed")
 
@@ -77,7 +86,8 @@ def gpu_device_requests(gpu_ids: tuple[str, ...]) -> list:
     """The device requests an air sandbox on these GPUs gets, built by the sandbox code itself."""
     if not gpu_ids:
         return []
-    return container_kwargs(SandboxSpec(image="-"), run=None, role="service", gpu_ids=gpu_ids)["device_requests"]
+    kwargs = container_kwargs(SandboxSpec(image="-"), run=None, role="service", gpu_ids=gpu_ids)
+    return kwargs["device_requests"]
 
 
 class ManagedSandboxFusion:
@@ -112,14 +122,15 @@ class ManagedSandboxFusion:
             raise RuntimeError("the managed SandboxFusion server has not been started")
         return f"http://{LOOPBACK}:{self.host_port}"
 
-    # ----- what the container gets --------------------------------------------------------------------------------
+    # ----- what the container gets --------------------------------------------------------------------------
     def container_kwargs(self, gpu_ids: tuple[str, ...], host_port: int) -> dict[str, Any]:
         c = self.config
         port = f"{c.container_port}/tcp"
         kwargs: dict[str, Any] = dict(
             image=c.image, name=self.name, detach=True, init=True,
             labels=make_labels("service", c.task, c.run_id),
-            # Upstream binds 127.0.0.1 inside the container since its PR #80: a published port needs 0.0.0.0 there.
+            # Upstream binds 127.0.0.1 inside the container since its PR #80: a published port needs 0.0.0.0
+            # there.
             environment={"HOST": "0.0.0.0", "_BYTEFAAS_RUNTIME_PORT": str(c.container_port), **c.env,
                          **gpu_env(gpu_ids)},
             ports={port: (LOOPBACK, host_port)},
@@ -136,7 +147,7 @@ class ManagedSandboxFusion:
             kwargs["pids_limit"] = c.pids
         return kwargs
 
-    # ----- lifecycle --------------------------------------------------------------------------------------------
+    # ----- lifecycle ----------------------------------------------------------------------------------------
     async def __aenter__(self) -> ManagedSandboxFusion:
         await self.start()
         return self
@@ -162,12 +173,13 @@ class ManagedSandboxFusion:
             self._watcher = asyncio.create_task(self._watch(), name=f"air-watch-{self.name}")
 
     async def stop(self) -> None:
-        """Stop the container (SIGTERM, SIGKILL after stop_timeout), remove it, give its GPUs back. Idempotent."""
+        """Stop the container (SIGTERM, SIGKILL after stop_timeout), remove it, give its GPUs back.
+        Idempotent."""
         self._stopping.set()
         if self._watcher is not None:
-            # Not cancelled outright: a Docker call it has in flight (a re-creation) finishes in its thread either
-            # way, and must be recorded to be removed below. It wakes at once, and a restart gives up at its next
-            # health check.
+            # Not cancelled outright: a Docker call it has in flight (a re-creation) finishes in its thread
+            # either way, and must be recorded to be removed below. It wakes at once, and a restart gives up
+            # at its next health check.
             try:
                 await asyncio.wait_for(asyncio.shield(self._watcher), self.config.stop_timeout + 120)
             except asyncio.TimeoutError:
@@ -178,7 +190,8 @@ class ManagedSandboxFusion:
             cid, grace = self.container_id, int(self.config.stop_timeout)
             if cid is not None:
                 with contextlib.suppress(SandboxUnavailable):
-                    await self.docker.call(lambda: self.docker.api.stop(cid, timeout=grace), timeout=grace + 60)
+                    await self.docker.call(lambda: self.docker.api.stop(cid, timeout=grace),
+                                           timeout=grace + 60)
             await self._teardown()
         atexit.unregister(self._atexit_backstop)
 
@@ -216,25 +229,32 @@ class ManagedSandboxFusion:
             await self.gpus.release(ids)
 
     async def _create(self) -> None:
-        """Create and start the container; with no fixed port, a port taken meanwhile is retried on another."""
-        for attempt in range(3):
-            port = self.config.host_port or free_loopback_port()
-            kwargs = self.container_kwargs(self.gpu_ids, port)
-            try:
-                container = await self.docker.call(self.docker.client.containers.create, timeout=120, **kwargs)
-            except InfraError as exc:
-                raise InfraError(f"could not create the SandboxFusion container from {self.config.image}: "
-                                 f"{exc}") from exc
-            self.container_id, self.host_port = container.id, port
-            try:
-                await self.docker.call(self.docker.api.start, container.id, timeout=120)
-                return
-            except InfraError as exc:
-                taken = "port is already allocated" in str(exc) or "address already in use" in str(exc)
-                await self._remove_container()
-                if not taken or self.config.host_port or attempt == 2:
-                    raise
-                log.info("port %d was taken meanwhile; trying another", port)
+        """Create and start the container; with no fixed port, a port taken meanwhile is retried on another"""
+        retrying = AsyncRetrying(stop=stop_after_attempt(3), retry=retry_if_exception(self._port_taken),
+                                 before_sleep=lambda _: log.info("port taken meanwhile; trying another"),
+                                 reraise=True)
+        async for attempt in retrying:
+            with attempt:
+                await self._create_once(self.config.host_port or free_loopback_port())
+
+    def _port_taken(self, exc: BaseException) -> bool:
+        # Only a port we picked ourselves can be swapped for another; a fixed one is the caller's to change.
+        return (isinstance(exc, InfraError) and not self.config.host_port
+                and ("port is already allocated" in str(exc) or "address already in use" in str(exc)))
+
+    async def _create_once(self, port: int) -> None:
+        kwargs = self.container_kwargs(self.gpu_ids, port)
+        try:
+            container = await self.docker.call(self.docker.client.containers.create, timeout=120, **kwargs)
+        except InfraError as exc:
+            raise InfraError(f"could not create the SandboxFusion container from {self.config.image}: "
+                             f"{exc}") from exc
+        self.container_id, self.host_port = container.id, port
+        try:
+            await self.docker.call(self.docker.api.start, container.id, timeout=120)
+        except InfraError:
+            await self._remove_container()
+            raise
 
     async def _remove_container(self) -> None:
         cid, self.container_id = self.container_id, None
@@ -254,7 +274,7 @@ class ManagedSandboxFusion:
         finally:
             await self._release_gpus()
 
-    # ----- health -----------------------------------------------------------------------------------------------
+    # ----- health -------------------------------------------------------------------------------------------
     async def state(self) -> dict | None:
         """Docker's State of the container, or None when it no longer exists."""
         if self.container_id is None:
@@ -267,33 +287,34 @@ class ManagedSandboxFusion:
         return info["State"]
 
     async def ping(self, timeout: float = 5) -> bool:
-        try:
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                response = await client.get(f"{self.endpoint}/v1/ping")
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200 and "pong" in response.text
+        async with SandboxFusionClient(self.endpoint, timeout=timeout, connect_timeout=timeout,
+                                       connect_attempts=1) as client:
+            return await client.ping()
 
     async def wait_healthy(self, timeout: float | None = None) -> None:
-        """Until /v1/ping answers "pong"; InfraError (with the log's tail) if the container exits or time runs out."""
+        """Until /v1/ping answers "pong"; InfraError (with the log's tail) if the container exits or time runs
+        out."""
         timeout = timeout or self.config.health_timeout
-        loop = asyncio.get_running_loop()
-        deadline, pause = loop.time() + timeout, 0.1
-        while True:
-            if await self.ping(timeout=min(5, timeout)):
-                return
-            if self._stopping.is_set() and self._watcher is not None and asyncio.current_task() is self._watcher:
-                raise SandboxUnavailable(f"SandboxFusion container {self.name} is being stopped")
-            state = await self.state()
-            if state is None or not state.get("Running"):
-                detail = "it was removed" if state is None else f"it exited with code {state.get('ExitCode')}"
-                raise SandboxUnavailable(f"SandboxFusion container {self.name} is not running ({detail})"
-                                         f"{await self._log_tail()}")
-            if loop.time() > deadline:
-                raise SandboxUnavailable(f"SandboxFusion container {self.name} did not answer /v1/ping within "
-                                         f"{timeout:g}s{await self._log_tail()}")
-            await asyncio.sleep(pause)
-            pause = min(pause * 1.5, 1.0)
+        polling = AsyncRetrying(stop=stop_after_delay(timeout), retry=retry_if_result(lambda up: not up),
+                                wait=wait_exponential(multiplier=0.1, exp_base=1.5, max=1.0))
+        try:
+            await polling(self._answers, min(5, timeout))
+        except RetryError:
+            raise SandboxUnavailable(f"SandboxFusion container {self.name} did not answer /v1/ping within "
+                                     f"{timeout:g}s{await self._log_tail()}") from None
+
+    async def _answers(self, timeout: float) -> bool:
+        """One health check: True once it answers, False to ask again; SandboxUnavailable if it never will."""
+        if await self.ping(timeout=timeout):
+            return True
+        if self._stopping.is_set() and self._watcher is not None and asyncio.current_task() is self._watcher:
+            raise SandboxUnavailable(f"SandboxFusion container {self.name} is being stopped")
+        state = await self.state()
+        if state is None or not state.get("Running"):
+            detail = "it was removed" if state is None else f"it exited with code {state.get('ExitCode')}"
+            raise SandboxUnavailable(f"SandboxFusion container {self.name} is not running ({detail})"
+                                     f"{await self._log_tail()}")
+        return False
 
     async def _log_tail(self) -> str:
         if self.container_id is None:
@@ -333,12 +354,14 @@ class ManagedSandboxFusion:
                 return
 
     async def restart(self) -> None:
-        """Start the container again (re-created on the same port and GPUs if it was removed); wait for ping."""
+        """Start the container again (re-created on the same port and GPUs if it was removed); wait for
+        /v1/ping."""
         async with self._lock:
             self.restarts += 1
             if await self.state() is not None:
                 cid, grace = self.container_id, int(self.config.stop_timeout)
-                await self.docker.call(lambda: self.docker.api.restart(cid, timeout=grace), timeout=grace + 60)
+                await self.docker.call(lambda: self.docker.api.restart(cid, timeout=grace),
+                                       timeout=grace + 60)
             else:
                 self.container_id = None
                 saved, self.config = self.config, self.config.model_copy(update={"host_port": self.host_port})
@@ -347,73 +370,3 @@ class ManagedSandboxFusion:
                 finally:
                     self.config = saved
             await self.wait_healthy()
-
-
-# ----- the client ---------------------------------------------------------------------------------------------------
-
-
-class SandboxFusionHTTPError(AirError):
-    """The server answered with an HTTP error (422: a request it cannot parse; 500: a crash in the server)."""
-
-
-class SandboxFusionClient:
-    """SandboxFusion's `/run_code` over httpx, retrying only what cannot have run.
-
-    The official client (`sandbox_fusion.run_code`) retries ANY failure up to 5 times (max_attempts=5): a read
-    timeout after the request was sent, an HTTP 500, and a `SandboxError` answer alike, so a request that ran,
-    or is still running, can run up to 5 times. This one retries only a failure to connect (the request was never
-    sent), with a bounded backoff; a timeout after sending, an HTTP error and a `SandboxError` status are returned
-    or raised as they are, and the caller decides.
-    """
-
-    RETRIABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
-    """Raised before any byte of the request left: safe to send again."""
-
-    def __init__(self, endpoint: str, *, timeout: float | None = 600, connect_timeout: float = 5,
-                 connect_attempts: int = 4, backoff: float = 0.25, transport: httpx.AsyncBaseTransport | None = None):
-        self.endpoint = endpoint.rstrip("/")
-        self.connect_attempts = max(connect_attempts, 1)
-        self.backoff = backoff
-        self._client = httpx.AsyncClient(base_url=self.endpoint, transport=transport,
-                                         timeout=httpx.Timeout(timeout, connect=connect_timeout))
-
-    async def __aenter__(self) -> SandboxFusionClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
-
-    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        for attempt in range(1, self.connect_attempts + 1):
-            try:
-                return await self._client.request(method, path, **kwargs)
-            except self.RETRIABLE as exc:
-                if attempt == self.connect_attempts:
-                    raise SandboxUnavailable(f"cannot connect to SandboxFusion at {self.endpoint} after "
-                                             f"{attempt} attempt(s): {exc!r}") from exc
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def ping(self) -> bool:
-        try:
-            response = await self._send("GET", "/v1/ping")
-        except (InfraError, httpx.HTTPError):
-            return False
-        return response.status_code == 200 and "pong" in response.text
-
-    async def run_code(self, request: RunCodeRequest | dict | Any) -> RunCodeResponse:
-        """One request, sent once (connect failures aside). A `SandboxError` status is returned, not raised."""
-        if isinstance(request, BaseModel):
-            body = request.model_dump(mode="json")
-        elif isinstance(request, dict):
-            body = request
-        else:  # the official client's pydantic-v1 model
-            body = request.dict()
-        response = await self._send("POST", "/run_code", json=body)
-        if response.status_code != 200:
-            raise SandboxFusionHTTPError(f"SandboxFusion at {self.endpoint} answered HTTP {response.status_code}: "
-                                         f"{response.text[:500]}")
-        return RunCodeResponse.model_validate(response.json())

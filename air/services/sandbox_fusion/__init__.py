@@ -1,0 +1,51 @@
+"""air's own SandboxFusion-compatible code runner: `GET /v1/ping` and `POST /run_code`, on air's sandbox pool.
+
+    air serve sandbox-fusion --port 8080 --image air/cpu:latest --concurrency 8
+    curl -s localhost:8080/run_code -H 'Content-Type: application/json' \
+         -d '{"code": "print(1)", "language": "python"}'
+
+The request and response use SandboxFusion's field names and statuses, so its official client
+(`sandbox-fusion` on PyPI) and code written against it work unchanged. What differs is underneath:
+
+- Every request runs in a container leased from one `SandboxPool`: no network, CPU, memory and pid limits, a
+  non-root user, and a pool reset between requests (no process, file or temp dir of one request is seen by the
+  next). The program runs in a fresh directory under the agent's home, as the agent, as a child of the
+  sandbox's warden (a round trip costs well under a millisecond, where a `docker exec` costs tens).
+- A timeout kills every process the program started (children, background jobs, double-forked daemons), not
+  just its process group.
+- Output streams are drained while the program runs, so any amount of output finishes (SandboxFusion's
+  server stalls past ~128 KiB); each stream keeps its head and tail within `output_limit` and says how much it
+  dropped.
+- `fetch_files` never follows a symlink: a path is returned only if it is a regular file inside the request's
+  directory with no symlink anywhere on the way.
+- `SandboxError` means an infrastructure fault only (Docker, the pool, a dead container). A program that
+  fails, a language the image lacks, or a bad file path is `Failed` with a message: the official client
+  retries `SandboxError` up to 5 times, and a deterministic failure must not run 5 times.
+- Requests beyond `concurrency` queue (up to `queue_timeout`) instead of piling onto the host.
+
+Modules: schema (the wire models), config, recipes (languages; scripts/ holds their shell probe), service
+(the requests over the pool), app (FastAPI and uvicorn, imported when the app is made), client (one that never
+sends a request twice).
+"""
+
+from __future__ import annotations
+
+from air.services.sandbox_fusion.app import create_app, serve
+from air.services.sandbox_fusion.client import SandboxFusionClient, SandboxFusionHTTPError
+from air.services.sandbox_fusion.config import SandboxFusionConfig
+from air.services.sandbox_fusion.recipes import RECIPES, Recipe
+from air.services.sandbox_fusion.schema import (
+    CommandRunResult,
+    CommandRunStatus,
+    Language,
+    RunCodeRequest,
+    RunCodeResponse,
+    RunStatus,
+)
+from air.services.sandbox_fusion.service import SandboxFusionService
+
+__all__ = [
+    "Language", "RunCodeRequest", "RunCodeResponse", "RunStatus", "CommandRunStatus", "CommandRunResult",
+    "SandboxFusionConfig", "Recipe", "RECIPES", "SandboxFusionService", "create_app", "serve",
+    "SandboxFusionClient", "SandboxFusionHTTPError",
+]

@@ -1,0 +1,56 @@
+"""The HTTP app: `GET /v1/ping` and `POST /run_code` on a `SandboxFusionService`, served by uvicorn."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+from air.services.sandbox_fusion.config import SandboxFusionConfig
+from air.services.sandbox_fusion.schema import RunCodeRequest, RunCodeResponse
+from air.services.sandbox_fusion.service import SandboxFusionService
+
+
+def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusionService | None = None,
+               on_ready: Callable[[], None] | None = None):
+    """The FastAPI app; its lifespan starts the service's sandbox pool (then calls on_ready) and removes every
+    container at shutdown."""
+    from fastapi import FastAPI
+
+    service = service or SandboxFusionService(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await service.start()
+        if on_ready is not None:
+            on_ready()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    options = dict(title="air: SandboxFusion-compatible code runner", lifespan=lifespan,
+                   description="POST /run_code runs code in one of air's Docker sandboxes.")
+    try:  # a body without Content-Type is read as JSON, as older FastAPI (and so upstream) did
+        app = FastAPI(**options, strict_content_type=False)
+    except TypeError:  # FastAPI before the option existed never checked the type
+        app = FastAPI(**options)
+    app.state.service = service
+
+    @app.get("/v1/ping")
+    async def ping() -> str:
+        return "pong"
+
+    @app.post("/run_code", response_model=RunCodeResponse)
+    async def run_code(request: RunCodeRequest) -> RunCodeResponse:
+        return await service.run_code(request)
+
+    return app
+
+
+def serve(config: SandboxFusionConfig, log_level: str = "info",
+          on_ready: Callable[[], None] | None = None) -> None:
+    """Run the app with uvicorn until SIGINT or SIGTERM (which shut down the pool and its containers)."""
+    import uvicorn
+
+    uvicorn.run(create_app(config, on_ready=on_ready), host=config.host, port=config.port,
+                log_level=log_level, access_log=False, timeout_graceful_shutdown=30)

@@ -1,0 +1,39 @@
+"""What `air serve sandbox-fusion` is configured with: where it listens, its image, pool and limits."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SandboxFusionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    image: str = "air/cpu:latest"
+    concurrency: int = Field(8, ge=1)
+    """Requests executing at once; more wait in a queue."""
+    pool_size: int | None = Field(None, ge=1)
+    """Sandbox containers kept (all warm); default: `concurrency`."""
+    queue_timeout: float = Field(600, gt=0)
+    """How long a request may wait for a slot and a sandbox before it is answered SandboxError."""
+    cpus: float = Field(1.0, gt=0)
+    memory_mb: int = Field(1024, ge=64)
+    pids: int = Field(256, ge=16)
+    max_run_timeout: float = Field(300, gt=0)
+    """Upper bound of a request's run_timeout (and compile_timeout)."""
+    output_limit: int = Field(1 << 20, ge=1024, le=1 << 20)
+    """Bytes kept per stream (head and tail, with a note counting what was dropped); at most what the
+    sandbox's shell captures (1 MiB)."""
+    max_input_bytes: int = Field(64 << 20, ge=1024)
+    """Code, stdin and files of one request together, decoded."""
+    max_fetch_bytes: int = Field(16 << 20, ge=1024)
+    """Fetched files of one request together; a file past the budget is left out, and the message says so."""
+    max_leases: int = Field(200, ge=1)
+    """Recycle a sandbox container after this many requests, however healthy it looks."""
+    run_id: str | None = None
+    """Label of the service's containers (default: one id per process, or AIR_RUN_ID)."""
+
+    @property
+    def sandboxes(self) -> int:
+        return self.pool_size or self.concurrency
