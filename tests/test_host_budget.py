@@ -191,15 +191,19 @@ def test_sweeps_spare_other_hosts_live_processes_and_kept_containers(images, doc
 def second_daemon(images, tmp_path_factory):
     """Another dockerd with its own socket, data-root and exec-root (and its own containerd), with air's base
     image loaded, reached through a TCP proxy that the test can cut; stopped and wiped afterwards."""
-    if os.geteuid() != 0 or shutil.which("dockerd") is None:
-        pytest.skip("starting a second Docker daemon needs root and dockerd")
+    if os.geteuid() != 0 or shutil.which("dockerd") is None or shutil.which("ip") is None:
+        pytest.skip("starting a second Docker daemon needs root, dockerd and iproute2")
     root = Path(f"/tmp/air-d2-{os.getpid()}")  # short: the containerd socket path must stay under 108 bytes
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     sock = f"{root}/docker.sock"
     log = open(tmp_path_factory.mktemp("d2") / "dockerd.log", "w")
+    # Its own bridge: with `--bridge none` dockerd deletes the host's docker0 at start (a daemon that has no
+    # default bridge clears a stale one), which breaks the first daemon's bridge networks.
+    bridge = f"aird2br{os.getpid() % 100000}"[:15]
+    subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True, capture_output=True)
     proc = subprocess.Popen(["dockerd", "-H", f"unix://{sock}", "--data-root", f"{root}/data", "--exec-root",
-                             f"{root}/exec", "--pidfile", f"{root}/docker.pid", "--bridge", "none",
+                             f"{root}/exec", "--pidfile", f"{root}/docker.pid", "--bridge", bridge,
                              "--iptables=false", "--ip-masq=false"], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     client, proxy = None, None
@@ -235,10 +239,13 @@ def second_daemon(images, tmp_path_factory):
         for mount in sorted(mounts, reverse=True):
             subprocess.run(["umount", "-l", mount], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
         log.close()
 
 
 async def test_a_pool_spreads_over_two_daemons_and_survives_losing_one(second_daemon, docker_client, run_id):
+    assert subprocess.run(["ip", "link", "show", "docker0"], capture_output=True).returncode == 0, \
+        "the second daemon must leave the first one's bridge alone"
     """Sandboxes spread over both daemons by load; when one goes away, its rollouts fail as infrastructure, the
     others go on and new leases come from the daemon that answers; when it is back, nothing is left on either."""
     spec = SandboxSpec(image=BASE, task="two-hosts", resources=Resources(memory_mb=256))
