@@ -55,6 +55,8 @@ What air adds to the protocol's semantics:
   no other env: 400 malformed JSON or fields, 401 a missing or wrong bearer token, 404 an unknown env_idx, 409
   a step before reset or after done or while another request of that env_idx runs, 413 a body over
   `max_body_bytes`, 429 the live-env cap of the server or of the client's address.
+- A step or reset runs to its end even if its client disconnects (a half-done step would leave the episode
+  inconsistent); a close that arrives meanwhile waits for it, then closes.
 - env_idx start at a random base per server process, so after a restart a stale env_idx is unknown (404 saying
   so), never another client's new episode.
 - Trajectories (`trajectory_dir/<task>/<episode>.jsonl`) are air's usual files, so `air view` and `air replay`
