@@ -9,8 +9,10 @@ from typing import Annotated
 import typer
 
 from air.cli.app import console
+from air.validation import as_flag, one_line
 
-serve_app = typer.Typer(help="Run air's services: a SandboxFusion-compatible code runner on air's sandboxes.",
+serve_app = typer.Typer(help="Run air's services: a SandboxFusion-compatible code runner and an AgentGym-protocol "
+                                 "environment server, on air's sandboxes.",
                         no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                         rich_markup_mode=None)
 
@@ -60,8 +62,7 @@ def sandbox_fusion(
                                      max_run_timeout=max_run_timeout, output_limit=output_limit,
                                      queue_timeout=queue_timeout)
     except ValidationError as exc:
-        raise UsageError("; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}"
-                                   for e in exc.errors())) from None
+        raise UsageError(one_line(exc, where=as_flag)) from None
     import docker.errors
 
     client = connect()
@@ -147,8 +148,7 @@ def agentgym(
             max_sandboxes=max_sandboxes, warm=warm, idle_timeout=idle_timeout, max_body_bytes=max_body_bytes,
             token=token or None, trajectory_dir=trajectory_dir)
     except ValidationError as exc:
-        raise UsageError("; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}"
-                                   for e in exc.errors())) from None
+        raise UsageError(one_line(exc, where=as_flag)) from None
     service = AgentGymService(config)
     service.load_items()  # an unknown task is a usage error now, not a failed reset later
     import docker.errors
