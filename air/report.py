@@ -12,7 +12,7 @@ import math
 import statistics
 from collections import Counter, defaultdict
 
-from air.episode.replay import Recording
+from air.episode.recording import Recording
 
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:2rem;color:#1d2330;max-width:1100px}
@@ -191,7 +191,10 @@ def score_chart(rec: Recording, width: int = _W, height: int = _H) -> str:
 
 def reward_chart(rec: Recording, width: int = _W, height: int = _H) -> str:
     """The reward of every step as a bar from zero (green up, red down), on the score chart's turn scale."""
-    rewards = [(s.turn, s.reward or 0.0) for s in rec.steps]
+    by_turn: defaultdict[int, float] = defaultdict(float)
+    for s in rec.all_steps:  # a driver's final evaluation adds to its turn, as a limit's does inside the step
+        by_turn[s.turn] += s.reward or 0.0
+    rewards = sorted(by_turn.items())
     turns = max([t for t, _ in rewards] + [1])
     values = [r for _, r in rewards]
     frame = _Frame(turns, value_ticks(min(values + [0.0]), max(values + [0.0])), width, height)
@@ -215,18 +218,20 @@ def reward_chart(rec: Recording, width: int = _W, height: int = _H) -> str:
 
 def _transcript(rec: Recording, fold_lines: int = 15) -> str:
     out = []
-    for step in rec.steps:
+    for step in rec.all_steps:
         problem = " problem" if step.problems else ""
         flags = f' <span class="bad">{_esc(", ".join(step.problems))}</span>' if step.problems else ""
-        score = f" · score {_fmt(step.score)}" if step.validated else ""
+        score = f" · score {_fmt(step.score)}" if step.evaluated else ""
         reward = f" · reward {step.reward:+.4f}" if step.reward is not None else ""
         obs = step.observation or ""
         lines = obs.count("\n") + 1
         obs_html = (f"<details><summary>observation ({lines} lines)</summary><pre>{_esc(obs)}</pre></details>"
                     if lines > fold_lines else f"<pre>{_esc(obs)}</pre>")
+        # A driver's final evaluation has no reply: it is the episode's last observation alone.
+        reply = f'<div class="reply"><pre>{_esc(step.reply)}</pre></div>' if step.reply is not None else ""
         out.append(f'<div class="step{problem}"><div class="meta">turn {step.turn}'
                    f'{" · " + _esc(step.action) if step.action else ""}{score}{reward}{flags}</div>'
-                   f'<div class="reply"><pre>{_esc(step.reply)}</pre></div><div class="obs">{obs_html}</div></div>')
+                   f'{reply}<div class="obs">{obs_html}</div></div>')
     return "".join(out)
 
 
@@ -234,7 +239,7 @@ def render(recordings: list[Recording], title: str = "air rollouts") -> str:
     rows, by_task = [], defaultdict(list)
     for i, rec in enumerate(recordings):
         by_task[rec.task].append(rec)
-        kinds = Counter(label for s in rec.steps for label in s.problems)
+        kinds = Counter(label for s in rec.all_steps for label in s.problems)
         problems = sum(kinds.values())
         breakdown = ", ".join(f"{label} ×{n}" for label, n in kinds.most_common()) or "none"
         best = [v for _, v in rec.scores if v is not None]

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from air.episode.config import EpisodeConfig
 from air.episode.parse import Command, FormatError, Submit, parse_reply
 from air.episode.prompts import system_prompt, task_prompt
+from air.episode.records import CommandRun, EndRecord, Evaluation, Record, StartRecord, StepRecord, Summary
 from air.episode.rewards import RewardTracker
 from air.episode.trajectory import TrajectoryWriter
 from air.sandbox import Sandbox, truncate_text
@@ -71,12 +72,13 @@ class Episode:
         self.done = False
         self.ended_by: EndReason | None = None
         self.started = time.monotonic()
-        self._write({"type": "start", "episode": self.id, "task": self.spec.id, "task_version": self.spec.version,
-                     "task_hash": self.spec.content_hash, "task_source": self.spec.source,
-                     "sandbox": sandbox.short_id, "image": sandbox.spec.image, "image_id": sandbox.image_id,
-                     "baseline": self.spec.baseline.scores, "primary": self.spec.primary.model_dump(),
-                     "config": self.config.model_dump(), "system_prompt": self.system_prompt,
-                     "prompt": self.prompt, **(meta or {})})
+        self.start_record = StartRecord(
+            episode=self.id, task=self.spec.id, task_version=self.spec.version,
+            task_hash=self.spec.content_hash, task_source=self.spec.source, sandbox=sandbox.short_id,
+            image=sandbox.spec.image, image_id=sandbox.image_id, baseline=self.spec.baseline.scores,
+            primary=self.spec.primary, config=self.config.model_dump(), system_prompt=self.system_prompt,
+            prompt=self.prompt, **(meta or {}))
+        self._write(self.start_record)
 
     # ----- prompts ----------------------------------------------------------------------------------------------
     @property
@@ -95,18 +97,19 @@ class Episode:
         self.turns += 1
         action = parse_reply(reply)
         started = time.monotonic()
-        record: dict[str, Any] = {"type": "step", "turn": self.turns, "reply": reply, "action": action.model_dump()}
+        # What the action did, for the step record: a command's run or an evaluation (none on a format error).
+        happened: dict[str, Any] = {}
         reward = 0.0
         if isinstance(action, FormatError):
             self.format_errors += 1
             observation = action.message
         elif isinstance(action, Command):
-            observation, details = await self._run_command(action.text)
-            record.update(details)
+            observation, run = await self._run_command(action.text)
+            happened = run.model_dump()
         else:
             outcome = await self.task_env.evaluate(self.sandbox)
             reward = self._score(outcome)
-            record.update(self._outcome_record(outcome, reward))
+            happened = self._evaluation(outcome).model_dump()
             observation = validation_text(self.spec, outcome)
             if isinstance(action, Submit):
                 self._end("submitted")
@@ -114,23 +117,18 @@ class Episode:
         if not self.done:
             limit = self._limit_reached()
             if limit is not None:
-                final, final_reward, final_record = await self._final_evaluation(limit)
+                final, final_reward, happened["final_evaluation"] = await self._final_evaluation(limit)
                 observation = f"{observation}\n\n{final}"
                 reward += final_reward
-                record["final_evaluation"] = final_record
-        record["seconds"] = round(time.monotonic() - started, 4)
-        self.env_seconds += time.monotonic() - started
+        seconds = time.monotonic() - started
+        self.env_seconds += seconds
         self.step_rewards.append(reward)
-        final = record.get("final_evaluation") or record
-        self.step_evaluated.append("eval_status" in record or "final_evaluation" in record)
-        self.step_scores.append(final.get("score"))
-        record.update(observation=observation, reward=reward, done=self.done, total_reward=self.total_reward)
-        self._write(record)
-        if self.done:
-            self._write({"type": "end", "episode": self.id, **self.summary()})
+        self._record_step(StepRecord(turn=self.turns, reply=reply, action=action.model_dump(), **happened,
+                                     seconds=round(seconds, 4), observation=observation, reward=reward,
+                                     done=self.done, total_reward=self.total_reward))
         return StepResult(observation, reward, self.done, {"action": action.kind})
 
-    async def _run_command(self, text: str) -> tuple[str, dict[str, Any]]:
+    async def _run_command(self, text: str) -> tuple[str, CommandRun]:
         training = bool(_TRAINING.search(text))
         timeout = self.spec.timeouts.training if training else self.spec.timeouts.command
         timeout = min(timeout, self.config.command_timeout or timeout)
@@ -147,10 +145,10 @@ class Episode:
         if result.exit_code is not None:
             notes.append(f"[exit code {result.exit_code}]")
         observation = (output.rstrip("\n") + "\n" if output.strip() else "") + " ".join(notes)
-        return observation, {"exit_code": result.exit_code, "timed_out": result.timed_out,
-                             "oom_killed": result.oom_killed, "shell_restarted": result.shell_restarted,
-                             "output_bytes_dropped": result.dropped_bytes, "command_seconds": result.duration,
-                             "cwd": result.cwd}
+        return observation, CommandRun(
+            exit_code=result.exit_code, timed_out=result.timed_out, oom_killed=result.oom_killed,
+            shell_restarted=result.shell_restarted, output_bytes_dropped=result.dropped_bytes,
+            command_seconds=result.duration, cwd=result.cwd)
 
     def _score(self, outcome: EvalOutcome) -> float:
         self.validations += 1
@@ -159,10 +157,11 @@ class Episode:
         self.failed_validations += 1
         return self.tracker.on_failed_validation()
 
-    def _outcome_record(self, outcome: EvalOutcome, reward: float) -> dict[str, Any]:
-        return {"eval_status": outcome.status, "metrics": outcome.metrics, "eval_message": outcome.message,
-                "eval_seconds": round(outcome.duration, 4), "score": outcome.metrics.get(self.spec.primary.name),
-                "normalized": self.tracker.last_normalized if outcome.ok else None}
+    def _evaluation(self, outcome: EvalOutcome) -> Evaluation:
+        return Evaluation(eval_status=outcome.status, metrics=outcome.metrics, eval_message=outcome.message,
+                          eval_seconds=round(outcome.duration, 4),
+                          score=outcome.metrics.get(self.spec.primary.name),
+                          normalized=self.tracker.last_normalized if outcome.ok else None)
 
     def _limit_reached(self) -> EndReason | None:
         if self.format_errors >= self.config.max_format_errors:
@@ -179,17 +178,16 @@ class Episode:
         if self.done:
             raise RuntimeError("the episode is over")
         started = time.monotonic()
-        text, reward, record = await self._final_evaluation(reason)
+        text, reward, evaluation = await self._final_evaluation(reason)
         self.env_seconds += time.monotonic() - started
         self.step_rewards.append(reward)
-        self.step_evaluated.append(True)
-        self.step_scores.append(record.get("score"))
-        self._write({"type": "step", "turn": self.turns, "reply": None, "action": None, "observation": text,
-                     "reward": reward, "done": True, "total_reward": self.total_reward, "final_evaluation": record})
-        self._write({"type": "end", "episode": self.id, **self.summary()})
+        # No reply, so no turn: the step repeats the last turn's number (readers tell it by its null reply).
+        self._record_step(StepRecord(turn=self.turns, reply=None, action=None, observation=text,
+                                     reward=reward, done=True, total_reward=self.total_reward,
+                                     final_evaluation=evaluation))
         return StepResult(text, reward, True, {"action": "final_evaluation"})
 
-    async def _final_evaluation(self, reason: EndReason) -> tuple[str, float, dict[str, Any]]:
+    async def _final_evaluation(self, reason: EndReason) -> tuple[str, float, Evaluation]:
         """MLGym's autosubmission: the episode ended on a limit, so score what is there."""
         self._end(reason)
         outcome = await self.task_env.evaluate(self.sandbox)
@@ -197,7 +195,7 @@ class Episode:
         reward = self._score(outcome)
         text = f"Episode over ({reason.replace('_', ' ')} reached); your current submission was evaluated:\n" \
                f"{validation_text(self.spec, outcome)}"
-        return text, reward, self._outcome_record(outcome, reward)
+        return text, reward, self._evaluation(outcome)
 
     def _end(self, reason: EndReason) -> None:
         self.done = True
@@ -208,16 +206,29 @@ class Episode:
     def total_reward(self) -> float:
         return float(sum(self.step_rewards))
 
-    def summary(self) -> dict[str, Any]:
-        return {"task": self.spec.id, "ended_by": self.ended_by, "turns": self.turns,
-                "total_reward": self.total_reward, "step_rewards": self.step_rewards,
-                "step_scores": self.step_scores, "step_evaluated": self.step_evaluated,
-                "best_score": self.tracker.best_score, "last_score": self.tracker.last_score,
-                "baseline": self.spec.baseline_score, "validations": self.validations,
-                "failed_validations": self.failed_validations, "format_errors": self.format_errors,
-                "final_status": self.final_status,
-                "seconds": round(time.monotonic() - self.started, 3), "env_seconds": round(self.env_seconds, 4)}
+    def summary_record(self) -> Summary:
+        return Summary(task=self.spec.id, ended_by=self.ended_by, turns=self.turns,
+                       total_reward=self.total_reward, step_rewards=self.step_rewards,
+                       step_scores=self.step_scores, step_evaluated=self.step_evaluated,
+                       best_score=self.tracker.best_score, last_score=self.tracker.last_score,
+                       baseline=self.spec.baseline_score, validations=self.validations,
+                       failed_validations=self.failed_validations, format_errors=self.format_errors,
+                       final_status=self.final_status, seconds=round(time.monotonic() - self.started, 3),
+                       env_seconds=round(self.env_seconds, 4))
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def summary(self) -> dict[str, Any]:
+        """summary_record() as a dict, as the CLI, batch results and benches read it."""
+        return self.summary_record().model_dump()
+
+    def _record_step(self, record: StepRecord) -> None:
+        """Note the step's evaluation for the summary, write it, and the end record after the last step."""
+        evaluation = record.last_evaluation
+        self.step_evaluated.append(evaluation is not None)
+        self.step_scores.append(evaluation.score if evaluation is not None else None)
+        self._write(record)
+        if self.done:
+            self._write(EndRecord(episode=self.id, **self.summary()))
+
+    def _write(self, record: Record) -> None:
         if self.writer is not None:
             self.writer.write(record)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from air.episode.loop import Episode, EpisodeConfig, StepResult
+from air.episode.records import FailedRecord
 from air.episode.trajectory import TrajectoryWriter
 from air.errors import InfraError
 from air.policies import Message, Policy
@@ -53,5 +54,5 @@ def _record_failure(writer: TrajectoryWriter, episode: Episode | None, exc: Base
         return
     kind = "interrupted" if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)) else \
         "infrastructure" if isinstance(exc, InfraError) else "error"
-    writer.write({"type": "failed", "episode": episode.id, "turns": episode.turns, "kind": kind,
-                  "error": f"{type(exc).__name__}: {exc}"})
+    writer.write(FailedRecord(episode=episode.id, turns=episode.turns, kind=kind,
+                              error=f"{type(exc).__name__}: {exc}"))

@@ -1,9 +1,8 @@
 """Trajectories as JSON lines, written as they happen: a crash loses nothing already done.
 
-A file holds one episode: a `start` record (task, version, config, prompt, sandbox, image), one `step` record per
-turn (reply, parsed action, observation, exit code, timings, metrics, reward), and an `end` record (return,
-scores, counts, why it ended), or a `failed` record when the rollout broke off (error, whose fault).
-`read_trajectory` reads it back, skipping a torn last line.
+A file holds one episode: a `start` record, one `step` record per turn, and an `end` record, or a `failed`
+record when the rollout broke off (typed in air/episode/records.py). air.episode.recording reads them into
+recordings; `read_trajectory` gives the raw records back, skipping a torn last line.
 """
 
 from __future__ import annotations
@@ -14,32 +13,43 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from air.episode.recording import json_lines
+from air.episode.records import Record
+
+_made: set[Path] = set()
+"""Folders the writers of this process created. Concurrent rollouts of a task share its folder, and the one
+that made it may be discarded first: whichever is discarded last removes it once it is empty."""
+
 
 class TrajectoryWriter:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        # The folders made here, so that a discarded episode leaves nothing behind.
-        self._made = [p for p in reversed(self.path.parents) if not p.exists()]
+        _made.update(p for p in self.path.parents if not p.exists())
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: TextIO | None = open(self.path, "a", encoding="utf-8")
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Record | dict[str, Any]) -> None:
+        """Append one record (a dict is written as given: drivers that build their records by hand)."""
         if self._file is None:
             return
-        record = {"time": round(time.time(), 3), **record}
-        self._file.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
+        line = {"time": round(time.time(), 3), **(record.dump() if isinstance(record, Record) else record)}
+        self._file.write(json.dumps(line, default=str, ensure_ascii=False) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())
 
     def discard(self) -> None:
-        """Close and delete the file: the episode left nothing worth keeping."""
+        """Close and delete the file and the folders writers made for it: the episode left nothing worth
+        keeping."""
         self.close()
         self.path.unlink(missing_ok=True)
-        for folder in reversed(self._made):
+        for folder in self.path.parents:
+            if folder not in _made:
+                break
             try:
                 folder.rmdir()
-            except OSError:  # no longer empty: another rollout's file is in it
+            except OSError:  # not empty: another rollout's file is in it
                 break
+            _made.discard(folder)
 
     def close(self) -> None:
         if self._file is not None:
@@ -55,11 +65,5 @@ class TrajectoryWriter:
 
 def read_trajectory(path: str | Path) -> list[dict[str, Any]]:
     """Every complete record of a trajectory file (a torn final line from a crash is dropped)."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
+    with open(path, "rb") as f:
+        return [value for _, value in json_lines(f, lambda lineno, why: None)]

@@ -12,22 +12,18 @@ prime-rl loads `data.name` with `datasets.load_dataset(name, split="train")`, so
 directory of its own (`--out data/air-sft/train.jsonl`) and point `data.name` at that directory
 (configs/mlgym/sft.toml). The extra columns are provenance; the loader ignores them.
 
-Inputs, told apart line by line, so a directory may mix them:
-
-- air's own trajectory JSON lines (`air run`, or the taskset's `trajectory_dir`): `start`, `step` and `end`
-  records (air/episode/loop.py). A file normally holds one episode; every `start` record begins a new one.
-- vf-eval's `traces.jsonl`: one Episode per line, with `traces[]` (air's env has one agent, so one trace); the
-  conversation is the chain of `nodes[].message` ending at the last node.
-
-The conversation is the system prompt and the task prompt, then per turn the model's reply (assistant) and the
-observation it got back (user). The observation that ended the episode was never shown to the model, so every
-sample ends on an assistant turn.
+Inputs: air's own trajectory JSON lines (`air run`, `air eval`, or the taskset's `trajectory_dir`) and
+vf-eval's `traces.jsonl`, told apart line by line (a directory may mix them), both read by
+air.episode.recording: the conversation is the system prompt and the task prompt, then per turn the model's
+reply (assistant) and the observation it got back (user). The observation that ended the episode was never
+shown to the model, so every sample ends on an assistant turn.
 
 Filters, each counted under its reason (`read == kept + sum(filtered)`):
 
-- `incomplete`: the episode has no `end` record, a turn is missing (e.g. its line was torn), or the trace has
-  no usable conversation or no air episode info;
-- `errored`: vf-eval marked the rollout failed (an infrastructure error; never trained on);
+- `errored`: the rollout failed: vf-eval marked it failed, or air's trajectory ends in a `failed` record (an
+  infrastructure error, a bug, an interruption; never trained on);
+- `incomplete`: the episode did not finish (no `end` record, no air episode info on the trace), has no turn,
+  or is damaged (a turn is missing, e.g. its line was torn; a broken node chain; content that is not text);
 - `not_submitted` / `submission_failed` (unless `submitted_only=False`): the agent did not end the episode
   with `submit`, or the final evaluation produced no score;
 - `below_min_improvement`: the episode's return (its normalised improvement over the baseline, already
@@ -37,25 +33,23 @@ Filters, each counted under its reason (`read == kept + sum(filtered)`):
   that replays itself).
 
 A line that is not JSON, or not a record of either format, is skipped with a warning and counted as malformed;
-nothing else is lost.
+nothing else is lost (a torn last line costs only itself).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from air.episode.recording import Recording, read_lines
 from air.errors import UsageError
-
-ROLES = ("system", "user", "assistant", "tool")
-AIR_RECORD_TYPES = ("start", "step", "end")
 
 
 @dataclass(frozen=True)
@@ -84,23 +78,13 @@ class ExportResult:
     def kept(self) -> int:
         return len(self.rows)
 
+    def skipped(self, name: str, lineno: int, why: str) -> None:
+        self.malformed += 1
+        self.warnings.append(f"{name}:{lineno}: {why}; line skipped")
+
     def counts(self) -> dict[str, Any]:
         return {"files": self.files, "read": self.read, "kept": self.kept,
                 "filtered": dict(sorted(self.filtered.items())), "malformed": self.malformed}
-
-
-@dataclass
-class _Episode:
-    """One trajectory from either format, before filtering."""
-
-    source: str
-    messages: list[dict[str, str]] | None
-    task: str | None = None
-    ended_by: str | None = None
-    improvement: float | None = None
-    final_ok: bool = False
-    problem: str | None = None
-    """Why it cannot be used at all (`incomplete`, `errored`), whatever the filters."""
 
 
 # ----- the pure part ----------------------------------------------------------------------------------------
@@ -117,11 +101,12 @@ def sft_rows(inputs: Iterable[tuple[str, Iterable[str | bytes]]],
     seen: set[str] = set()
     for name, lines in inputs:
         result.files += 1
-        for episode in _episodes(name, lines, result):
+        for rec in read_lines(name, lines, partial(result.skipped, name)):
             result.read += 1
-            reason = _rejection(episode, options)
+            messages = rec.messages()
+            reason = _rejection(rec, messages, options)
             if reason is None and options.dedupe:
-                key = _conversation_key(episode.messages)
+                key = _conversation_key(messages)
                 if key in seen:
                     reason = "duplicate"
                 else:
@@ -129,194 +114,29 @@ def sft_rows(inputs: Iterable[tuple[str, Iterable[str | bytes]]],
             if reason is not None:
                 result.filtered[reason] += 1
                 continue
-            result.rows.append({"messages": episode.messages, "task": episode.task,
-                                "improvement": episode.improvement, "ended_by": episode.ended_by,
-                                "source": episode.source})
+            result.rows.append({"messages": messages, "task": rec.task, "improvement": rec.improvement,
+                                "ended_by": rec.ended_by, "source": rec.location})
     return result
 
 
-def _rejection(episode: _Episode, options: ExportOptions) -> str | None:
-    if episode.problem is not None:
-        return episode.problem
+def _rejection(rec: Recording, messages: list[dict[str, str]] | None, options: ExportOptions) -> str | None:
+    if rec.failure is not None:
+        return "errored"
+    if rec.damage is not None or not rec.finished or messages is None:
+        return "incomplete"
     if options.submitted_only:
-        if episode.ended_by != "submitted":
+        if rec.ended_by != "submitted":
             return "not_submitted"
-        if not episode.final_ok:
+        if not rec.final_ok:
             return "submission_failed"
     if options.min_improvement is not None and (
-            episode.improvement is None or not episode.improvement > options.min_improvement):
+            rec.improvement is None or not rec.improvement > options.min_improvement):
         return "below_min_improvement"
     return None
 
 
 def _conversation_key(messages: list[dict[str, str]] | None) -> str:
     return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
-def _episodes(name: str, lines: Iterable[str | bytes], result: ExportResult) -> Iterator[_Episode]:
-    """Every episode of one input, in order; unreadable lines are counted and warned about."""
-    current: dict[str, Any] | None = None  # the air episode being assembled: start, steps, end
-
-    def malformed(lineno: int, why: str) -> None:
-        result.malformed += 1
-        result.warnings.append(f"{name}:{lineno}: {why}; line skipped")
-
-    for lineno, raw in enumerate(lines, 1):
-        try:
-            line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        except UnicodeDecodeError as exc:
-            malformed(lineno, f"not UTF-8 ({exc.reason})")
-            continue
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            malformed(lineno, f"not JSON ({exc.msg} at column {exc.colno})")
-            continue
-        if isinstance(record, dict) and isinstance(record.get("traces"), list):
-            yield from _trace_episodes(f"{name}:{lineno}", record)
-            continue
-        kind = record.get("type") if isinstance(record, dict) else None
-        if kind not in AIR_RECORD_TYPES:
-            malformed(lineno, "neither an air trajectory record nor a vf-eval episode")
-            continue
-        if kind == "start":
-            if current is not None:
-                yield _air_episode(current)
-            current = {"source": f"{name}:{lineno}", "start": record, "steps": [], "end": None}
-        elif current is None:
-            malformed(lineno, f"a '{kind}' record before any 'start' record")
-        elif current["end"] is not None:
-            malformed(lineno, f"a '{kind}' record after the episode's 'end' record")
-        elif kind == "step":
-            current["steps"].append(record)
-        else:
-            current["end"] = record
-    if current is not None:
-        yield _air_episode(current)
-
-
-# ----- air's own trajectories -------------------------------------------------------------------------------
-def _air_episode(parts: dict[str, Any]) -> _Episode:
-    start, steps, end = parts["start"], parts["steps"], parts["end"]
-    episode = _Episode(source=parts["source"], messages=None, task=_str(start.get("task")))
-    # A step whose reply is None is the driver ending the episode (Episode.finish), not a turn.
-    replies = [s for s in steps if s.get("reply") is not None]
-    complete = (
-        end is not None
-        and isinstance(start.get("system_prompt"), str) and isinstance(start.get("prompt"), str)
-        and [s.get("turn") for s in replies] == list(range(1, len(replies) + 1))
-        and end.get("turns") == len(replies)
-        and all(isinstance(s["reply"], str) for s in replies)
-        and all(isinstance(s.get("observation"), str) for s in replies[:-1])
-        and bool(replies)
-    )
-    if not complete:
-        episode.problem = "incomplete"
-        return episode
-    messages = [{"role": "system", "content": start["system_prompt"]},
-                {"role": "user", "content": start["prompt"]}]
-    for i, step in enumerate(replies):
-        messages.append({"role": "assistant", "content": step["reply"]})
-        if i < len(replies) - 1:
-            messages.append({"role": "user", "content": step["observation"]})
-    last = steps[-1]
-    final = last.get("final_evaluation") if isinstance(last.get("final_evaluation"), dict) else last
-    episode.messages = messages
-    episode.ended_by = _str(end.get("ended_by"))
-    episode.improvement = _number(end.get("total_reward"))
-    episode.final_ok = final.get("eval_status") == "ok"
-    return episode
-
-
-# ----- vf-eval traces ---------------------------------------------------------------------------------------
-def _trace_episodes(source: str, record: dict[str, Any]) -> Iterator[_Episode]:
-    traces = record["traces"]
-    for index, trace in enumerate(traces):
-        where = source if len(traces) == 1 else f"{source}#{index}"
-        if not isinstance(trace, dict):
-            yield _Episode(source=where, messages=None, problem="incomplete")
-            continue
-        info = trace.get("info") if isinstance(trace.get("info"), dict) else {}
-        metrics = trace.get("metrics") if isinstance(trace.get("metrics"), dict) else {}
-        rewards = trace.get("rewards") if isinstance(trace.get("rewards"), dict) else {}
-        improvement = rewards.get("improvement")
-        episode = _Episode(
-            source=where, messages=_trace_messages(trace.get("nodes")), task=_str(info.get("task")),
-            ended_by=_str(info.get("ended_by")),
-            improvement=_number(improvement.get("score")) if isinstance(improvement, dict) else None)
-        if "final_status" in info:  # recorded by air since it records the final evaluation's outcome
-            episode.final_ok = info["final_status"] == "ok"
-        else:
-            # Older traces lack it. A failed final evaluation pays a negative step reward (the penalty), so: a
-            # score exists, and either no validation failed or the last step reward is not negative. This errs
-            # towards dropping (a scored but worse final submission after a failed validation is dropped too).
-            step_rewards = info.get("step_rewards") if isinstance(info.get("step_rewards"), list) else []
-            failed = _number(metrics.get("failed_validations")) or 0.0
-            last_reward = _number(step_rewards[-1]) if step_rewards else None
-            episode.final_ok = _number(metrics.get("last_score")) is not None and (
-                failed == 0 or (last_reward is not None and last_reward >= 0))
-        if trace.get("ok") is False or record.get("ok") is False:
-            episode.problem = "errored"
-        elif episode.messages is None or "ended_by" not in info:
-            episode.problem = "incomplete"
-        yield episode
-
-
-def _trace_messages(nodes: Any) -> list[dict[str, str]] | None:
-    """The conversation of the branch ending at the last node (a linear trace: all of them), or None."""
-    if not isinstance(nodes, list) or not nodes:
-        return None
-    chain, seen, index = [], set(), len(nodes) - 1
-    while index is not None:
-        if not isinstance(index, int) or not 0 <= index < len(nodes) or index in seen:
-            return None
-        seen.add(index)
-        node = nodes[index]
-        if not isinstance(node, dict) or not isinstance(node.get("message"), dict):
-            return None
-        chain.append(node["message"])
-        index = node.get("parent")
-    messages = []
-    for message in reversed(chain):
-        role, content = message.get("role"), _text(message.get("content"))
-        if role not in ROLES or content is None:
-            return None
-        messages.append({"role": role, "content": content})
-    while messages and messages[-1]["role"] != "assistant":
-        messages.pop()
-    return messages if messages else None
-
-
-# ----- helpers ----------------------------------------------------------------------------------------------
-def _text(content: Any) -> str | None:
-    """Message content as one string (a list of text parts is joined), or None if it holds something else."""
-    if isinstance(content, str):
-        return content
-    if content is None:
-        return ""
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, str):
-                parts.append(part)
-            elif isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                return None
-        return "".join(parts)
-    return None
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 # ----- files ------------------------------------------------------------------------------------------------

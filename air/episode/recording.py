@@ -1,0 +1,487 @@
+"""Recorded episodes in one model, from air's trajectory files and vf-eval's traces.jsonl: the one reader
+behind `air replay`, `air view` and `air export sft`.
+
+The two formats are told apart line by line, so a file or a directory may mix them:
+
+- air's trajectory JSON lines (air/episode/records.py): a `start` record begins an episode, `step` records
+  follow, an `end` or `failed` record closes it. A file normally holds one episode; appended ones are told
+  apart.
+- vf-eval's traces.jsonl (verifiers 0.4.0, the air-mlgym env): one Episode per line with `traces[]`. air's env
+  records its results on each trace (records.TraceRecord); the conversation is the trace's `nodes[]`.
+
+How strict, decided once for every reader:
+
+- A line that is not UTF-8, not JSON, not a record of either format, or out of place (a step before any start,
+  anything after an end) is skipped and reported to `warn`. So a torn last line (a crash mid-write) costs
+  nothing else, and an episode that lost its end record reads as unfinished, not damaged.
+- What is read must be whole: a record that does not validate, a turn missing between two others (a line torn
+  in the middle), an end record counting other turns than were read, a trace whose node chain is broken or
+  whose conversation is not air's (text in system, prompt, then reply and observation in turn) make the
+  recording damaged (`Recording.damage`). Export counts it as incomplete and goes on; replay and view refuse
+  it with one line naming the file: replaying or training on a conversation with a hole in it would run or
+  teach something the model never did.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from air.episode.records import (
+    RECORDS,
+    RETURN_REWARD,
+    EndRecord,
+    FailedRecord,
+    Record,
+    StartRecord,
+    StepRecord,
+    TraceInfo,
+    TraceMetrics,
+)
+from air.errors import UsageError
+from air.tasks.spec import Direction
+from air.validation import one_line
+
+Warn = Callable[[int, str], None]
+"""Called with (line number, why) for every line skipped."""
+
+
+class RecordedStep(BaseModel):
+    """One step of a recording: a model reply and what came of it, or (reply None) the final evaluation a
+    driver ran when it ended the episode early."""
+
+    turn: int
+    reply: str | None
+    observation: str | None = None
+    """None where the recording does not hold it (the last turn of a vf-eval trace: it was never shown)."""
+    action: str = ""
+    """command, validate, submit, format_error or final_evaluation; "" where not recorded (vf-eval traces)."""
+    exit_code: int | None = None
+    evaluated: bool = False
+    """The step ran an evaluation (validate, submit or a final one); `score` None then = it produced none."""
+    score: float | None = None
+    """Its last evaluation's score (the final one's at a limit), as in the summary's `step_scores`."""
+    reward: float | None = None
+    problems: list[str] = []
+    """What went wrong in it, for reports: format error, timeout, failed evaluation, ... (air's files)."""
+
+
+class Recording(BaseModel):
+    """One episode, from either format."""
+
+    file: str
+    line: int
+    """The line it begins on: its start record, or the vf-eval episode that holds the trace."""
+    format: Literal["air", "vf-eval"]
+    trace: str | None = None
+    """vf-eval: the trace's id."""
+    trace_index: int | None = None
+    """vf-eval: the trace's index, when its line holds several."""
+    task: str | None = None
+    task_hash: str | None = None
+    config: dict[str, Any] = {}
+    baseline: float | None = None
+    metric: str = "score"
+    direction: Direction = "higher"
+    sandbox: str | None = None
+    """The id of the sandbox it ran in (observations may show it; a replay runs in another)."""
+    system_prompt: str | None = None
+    prompt: str | None = None
+    steps: list[RecordedStep] = []
+    """One per model reply: turn 1, 2, ..."""
+    final: RecordedStep | None = None
+    """The final evaluation a driver ran after the last turn, ending the episode early (Episode.finish)."""
+    ended_by: str | None = None
+    finished: bool = False
+    """air: the end record was read; vf-eval: the trace says how the episode ended."""
+    final_ok: bool = False
+    """The evaluation that ended the episode produced a score."""
+    improvement: float | None = None
+    """The return as recorded: the end record's `total_reward`, or the trace's `improvement` reward."""
+    failure: str | None = None
+    """Why the rollout failed: its `failed` record, or the errors of a trace vf-eval marked failed."""
+    damage: str | None = None
+    """What could not be read whole (see the module's docstring)."""
+
+    @property
+    def source(self) -> str:
+        """Where it came from, for people: the file (with the line when the file holds earlier episodes), or
+        file#trace-id."""
+        if self.format == "vf-eval":
+            return f"{self.file}#{self.trace}"
+        return self.file if self.line == 1 else f"{self.file}:{self.line}"
+
+    @property
+    def location(self) -> str:
+        """file:line, with #index when the line holds several traces: exact provenance for a dataset row."""
+        return f"{self.file}:{self.line}" + ("" if self.trace_index is None else f"#{self.trace_index}")
+
+    @property
+    def ok(self) -> bool:
+        return self.finished and self.failure is None and self.damage is None
+
+    @property
+    def error(self) -> str | None:
+        if self.failure or self.damage or self.finished:
+            return self.failure or self.damage
+        if self.format == "air":
+            return "no end record: the episode did not finish (crash or infrastructure failure)"
+        return "the trace does not say how the episode ended"
+
+    @property
+    def all_steps(self) -> list[RecordedStep]:
+        """The steps, then the driver's final evaluation if there was one."""
+        return self.steps + ([self.final] if self.final is not None else [])
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(s.reward or 0.0 for s in self.all_steps))
+
+    @property
+    def scores(self) -> list[tuple[int, float | None]]:
+        """(turn, score) of every evaluation; None where it produced no score."""
+        return [(s.turn, s.score) for s in self.all_steps if s.evaluated]
+
+    def messages(self) -> list[dict[str, str]] | None:
+        """The conversation the model saw: the system prompt (when recorded), the task prompt, then each reply
+        and the observation that answered it. The observation after the last reply ended the episode and was
+        never shown, so it ends on the last reply. None without a task prompt or a reply."""
+        if self.prompt is None or not self.steps:
+            return None
+        system = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
+        messages = [*system, {"role": "user", "content": self.prompt}]
+        for before, step in zip([None, *self.steps], self.steps):
+            if before is not None:
+                if before.observation is None:
+                    return None
+                messages.append({"role": "user", "content": before.observation})
+            messages.append({"role": "assistant", "content": step.reply or ""})
+        return messages
+
+
+# ----- reading ----------------------------------------------------------------------------------------------
+def read_lines(name: str, lines: Iterable[str | bytes], warn: Warn | None = None) -> Iterator[Recording]:
+    """Every episode in one input's lines (`name` is its file), in order; skipped lines are told to `warn`."""
+    skip: Warn = warn or (lambda lineno, why: None)
+    episode: _AirEpisode | None = None
+    for lineno, value in json_lines(lines, skip):
+        if isinstance(value, dict) and isinstance(value.get("traces"), list):
+            yield from _vf_recordings(name, lineno, value)
+            continue
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind not in RECORDS:
+            skip(lineno, "neither an air trajectory record nor a vf-eval episode")
+        elif kind == "start":
+            if episode is not None:
+                yield episode.recording()
+            episode = _AirEpisode(name, lineno, value)
+        elif episode is None:
+            skip(lineno, f"a '{kind}' record before any 'start' record")
+        elif episode.closed_by is not None:
+            skip(lineno, f"a '{kind}' record after the episode's '{episode.closed_by}' record")
+        else:
+            episode.add(lineno, value)
+    if episode is not None:
+        yield episode.recording()
+
+
+def json_lines(lines: Iterable[str | bytes], skip: Warn) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of every JSON line; blank lines are passed over, bad ones told to `skip`."""
+    for lineno, raw in enumerate(lines, 1):
+        try:
+            line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        except UnicodeDecodeError as exc:
+            skip(lineno, f"not UTF-8 ({exc.reason})")
+            continue
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            skip(lineno, f"not JSON ({exc.msg} at column {exc.colno})")
+            continue
+        yield lineno, value
+
+
+def load_recordings(path: Path) -> list[Recording]:
+    """Every episode in a file or run directory (air .jsonl trajectories and vf-eval traces.jsonl files), for
+    `air replay` and `air view`.
+
+    A missing path, an unreadable file, a named file that is not JSON lines, or a damaged recording raises
+    UsageError naming the file: these are the user's input, so one line, not a traceback. In a directory,
+    .jsonl files that are not recordings (first line not JSON) are skipped, and so are vf-eval traces of other
+    envs.
+    """
+    if not path.exists():
+        raise UsageError(f"{path}: no such file or directory")
+    files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+    recordings: list[Recording] = []
+    for file in files:
+        try:
+            with file.open("rb") as f:
+                first = f.readline()
+                if not _is_json(first):
+                    if path.is_dir():
+                        continue
+                    raise UsageError(f"{file} is not an air trajectory or vf-eval trace: "
+                                     f"{'it is empty' if not first else 'its first line is not JSON'}")
+                f.seek(0)
+                found = list(read_lines(str(file), f))
+        except OSError as exc:
+            raise UsageError(f"cannot read {file}: {exc.strerror or exc}") from None
+        for rec in found:
+            if rec.format == "vf-eval" and rec.task is None:
+                continue  # not air's: no air task on the trace
+            if rec.damage is not None:
+                raise UsageError(f"{rec.source} is a damaged recording ({rec.damage})")
+            recordings.append(rec)
+    return recordings
+
+
+def _is_json(line: bytes) -> bool:
+    try:  # undecodable bytes become U+FFFD, so that a binary file reads as "not JSON"
+        json.loads(line.decode("utf-8", errors="replace"))
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+# ----- air's trajectory files -------------------------------------------------------------------------------
+R = TypeVar("R", bound=Record)
+
+
+class _AirEpisode:
+    """An air episode being read: its start record, its steps, then its end or failed record."""
+
+    def __init__(self, file: str, lineno: int, start: dict[str, Any]):
+        self.file, self.line = file, lineno
+        self.damage: list[str] = []
+        self.start = self._validate(StartRecord, lineno, start)
+        self.steps: list[StepRecord] = []
+        self.end: EndRecord | None = None
+        self.failed: FailedRecord | None = None
+
+    @property
+    def closed_by(self) -> str | None:
+        return "end" if self.end is not None else "failed" if self.failed is not None else None
+
+    def add(self, lineno: int, raw: dict[str, Any]) -> None:
+        record = self._validate(RECORDS[raw["type"]], lineno, raw)
+        if isinstance(record, StepRecord):
+            self.steps.append(record)
+        elif isinstance(record, EndRecord):
+            self.end = record
+        elif isinstance(record, FailedRecord):
+            self.failed = record
+
+    def _validate(self, model: type[R], lineno: int, raw: dict[str, Any]) -> R | None:
+        try:
+            return model.model_validate(raw)
+        except ValidationError as exc:
+            self.damage.append(one_line(exc, f"line {lineno}: {raw['type']} record: "))
+            return None
+
+    def recording(self) -> Recording:
+        rec = Recording(file=self.file, line=self.line, format="air")
+        start, end, damage = self.start, self.end, list(self.damage)
+        if start is not None:
+            rec.task, rec.task_hash, rec.config, rec.sandbox = (start.task, start.task_hash, start.config,
+                                                                start.sandbox)
+            rec.system_prompt, rec.prompt = start.system_prompt, start.prompt
+            rec.baseline = start.baseline_score
+            if start.primary is not None:
+                rec.metric, rec.direction = start.primary.name, start.primary.direction
+        replies = [s for s in self.steps if s.reply is not None]
+        rec.steps = [_air_step(s) for s in replies]
+        missing = next((turn for turn, s in enumerate(replies, 1) if s.turn != turn), None)
+        if missing is not None:
+            damage.append(f"turn {missing} is missing")
+        if any(s.reply is None for s in self.steps[:-1]):
+            damage.append("a final evaluation before the last turn")
+        elif self.steps and self.steps[-1].reply is None:
+            rec.final = _air_step(self.steps[-1])
+        if end is not None:
+            if end.turns is not None and end.turns != len(replies):
+                damage.append(f"the end record counts {end.turns} turns, {len(replies)} were read")
+            rec.finished, rec.ended_by, rec.improvement = True, end.ended_by, end.total_reward
+            if "final_status" in end.model_fields_set:
+                rec.final_ok = end.final_status == "ok"
+            else:  # written before air recorded it: the last step's last evaluation
+                last = self.steps[-1].last_evaluation if self.steps else None
+                rec.final_ok = last is not None and last.eval_status == "ok"
+        if self.failed is not None:
+            rec.failure = f"{self.failed.kind} failure: {self.failed.error}"
+        rec.damage = "; ".join(damage) or None
+        return rec
+
+
+def _air_step(record: StepRecord) -> RecordedStep:
+    action = record.action.kind if record.action is not None else \
+        "final_evaluation" if record.reply is None else ""
+    last = record.last_evaluation
+    problems = [label for flag, label in (
+        (action == "format_error", "format error"), (record.timed_out, "timeout"),
+        (record.oom_killed, "out of memory"), (record.shell_restarted, "shell restarted")) if flag]
+    # Both evaluations of a step that validated and then reached a limit count.
+    problems += [f"evaluation: {e.eval_status}" for e in (record, record.final_evaluation)
+                 if e is not None and e.eval_status not in (None, "ok")]
+    return RecordedStep(turn=record.turn, reply=record.reply, observation=record.observation, action=action,
+                        exit_code=record.exit_code, evaluated=last is not None, reward=record.reward,
+                        score=last.score if last is not None else None, problems=problems)
+
+
+# ----- vf-eval traces ---------------------------------------------------------------------------------------
+class _Message(BaseModel):
+    role: str
+    content: Any = None
+
+
+class _Node(BaseModel):
+    message: _Message
+    parent: int | None = None
+    """The index of the previous message of this branch; None for a root."""
+
+
+class _Reward(BaseModel):
+    score: float
+
+
+class _Error(BaseModel):
+    message: str = ""
+
+
+class _TraceTask(BaseModel):
+    data: dict[str, Any] = {}
+
+
+class _Trace(BaseModel):
+    """What air reads of a verifiers trace (the wire format holds much more: tokens, calls, timing)."""
+
+    id: str | None = None
+    task: _TraceTask | None = None
+    nodes: list[_Node] = []
+    rewards: dict[str, _Reward | None] = {}
+    metrics: TraceMetrics = TraceMetrics()
+    info: TraceInfo = TraceInfo()
+    ok: bool = False
+    stop_condition: str | None = None
+    errors: list[_Error] = []
+
+
+class _Damaged(Exception):
+    """The trace's conversation cannot be read whole."""
+
+
+def _vf_recordings(file: str, lineno: int, episode: dict[str, Any]) -> Iterator[Recording]:
+    traces = episode["traces"]
+    for index, raw in enumerate(traces):
+        rec = Recording(file=file, line=lineno, format="vf-eval",
+                        trace_index=index if len(traces) > 1 else None)
+        try:
+            trace = _Trace.model_validate(raw)
+        except ValidationError as exc:
+            rec.damage = one_line(exc, "trace: ")
+        else:
+            _read_trace(rec, trace, episode_failed=episode.get("ok") is False)
+        yield rec
+
+
+def _read_trace(rec: Recording, trace: _Trace, episode_failed: bool) -> None:
+    info = trace.info
+    ref = trace.task.data.get("task_ref") if trace.task is not None else None
+    rec.trace, rec.task = trace.id, info.task or (ref if isinstance(ref, str) else None)
+    rec.task_hash, rec.config, rec.baseline = info.task_hash, info.episode_config, info.baseline
+    if info.primary is not None:
+        rec.metric, rec.direction = info.primary.name, info.primary.direction
+    rec.finished, rec.ended_by = info.ended_by is not None, info.ended_by or trace.stop_condition
+    improvement = trace.rewards.get(RETURN_REWARD)
+    rec.improvement = improvement.score if improvement is not None else None
+    if not trace.ok or episode_failed:
+        rec.failure = "; ".join(e.message[:200] for e in trace.errors) or "vf-eval marked the rollout failed"
+    if "final_status" in info.model_fields_set:  # recorded since air records the final evaluation's outcome
+        rec.final_ok = info.final_status == "ok"
+    else:
+        # Older traces lack it. A failed final evaluation pays a negative step reward (the penalty), so: a
+        # score exists, and either no validation failed or the last step reward is not negative. This errs
+        # towards dropping (a scored but worse final submission after a failed validation is dropped too).
+        rewards = info.step_rewards
+        rec.final_ok = trace.metrics.last_score is not None and (
+            not trace.metrics.failed_validations or (bool(rewards) and rewards[-1] >= 0))
+    try:
+        pairs = _turns(rec, _branch(trace.nodes))
+    except _Damaged as exc:
+        rec.damage = str(exc)
+        return
+
+    def at(values: list, i: int) -> Any:
+        return values[i] if i < len(values) else None
+
+    # info's per-step lists hold one entry per step the episode took, in order: the turns, then the driver's
+    # final evaluation when it stopped the episode (Episode.finish).
+    for i, (reply, observation) in enumerate(pairs):
+        rec.steps.append(RecordedStep(turn=i + 1, reply=reply, observation=observation,
+                                      reward=at(info.step_rewards, i), score=at(info.step_scores, i),
+                                      evaluated=bool(at(info.step_evaluated, i))))
+    n = len(pairs)
+    if info.ended_by == "stopped" and len(info.step_rewards) == n + 1:
+        rec.final = RecordedStep(turn=n, reply=None, action="final_evaluation", reward=info.step_rewards[n],
+                                 score=at(info.step_scores, n), evaluated=bool(at(info.step_evaluated, n)))
+
+
+def _branch(nodes: list[_Node]) -> list[_Message]:
+    """The conversation of the branch ending at the last node: verifiers' own `Trace.messages`.
+
+    A trace is a graph: a request verifiers cannot match to the one before (a retried call, a history it could
+    not prefix-match) starts a new branch, and the earlier one stays in `nodes` as a dead end. air's env steps
+    the episode with the replies of the branch it continued, and that one ends at the last node; walking
+    `parent` from there gives the conversation the model saw and the replies the episode ran. Reading the
+    nodes in order instead would replay, and train on, replies the environment never stepped.
+    """
+    chain: list[_Message] = []
+    seen: set[int] = set()
+    index = len(nodes) - 1 if nodes else None
+    while index is not None:
+        if not 0 <= index < len(nodes) or index in seen:
+            how = "loops" if index in seen else "leaves the trace"
+            raise _Damaged(f"its node chain {how} at node {index}")
+        seen.add(index)
+        chain.append(nodes[index].message)
+        index = nodes[index].parent
+    return chain[::-1]
+
+
+def _turns(rec: Recording, messages: list[_Message]) -> list[tuple[str, str | None]]:
+    """(reply, observation) per turn of air's conversation: an optional system prompt, the task prompt, then
+    the model's reply and the observation answering it in turn (the last observation, never shown, is absent).
+    Sets the recording's prompts."""
+    texts = [(m.role, _text(m.content, i)) for i, m in enumerate(messages)]
+    first = 1 if texts and texts[0][0] == "system" else 0
+    rec.system_prompt = texts[0][1] if first else None
+    expected = ["user"] + ["assistant", "user"] * len(texts)
+    for i, ((role, _), want) in enumerate(zip(texts[first:], expected), first):
+        if role != want:
+            raise _Damaged(f"message {i} is a {role!r} message where air's conversation has a {want!r} one")
+    if len(texts) > first:
+        rec.prompt = texts[first][1]
+    rest = [text for _, text in texts[first + 1:]]
+    return [(rest[i], rest[i + 1] if i + 1 < len(rest) else None) for i in range(0, len(rest), 2)]
+
+
+def _text(content: Any, index: int) -> str:
+    """Message content as one string: a string, nothing (""), or text parts joined. Anything else (an image, a
+    tool call) damages the trace: air's conversations are text, and a reply with a part dropped is not the one
+    the model gave."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        parts = [p if isinstance(p, str) else p.get("text") if isinstance(p, dict) and p.get("type") == "text"
+                 else None for p in content]
+        if all(isinstance(p, str) for p in parts):
+            return "".join(parts)
+    raise _Damaged(f"message {index} holds content that is not text")
