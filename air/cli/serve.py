@@ -1,174 +1,199 @@
-"""`air serve ...`: long-running services. `serve_app` is registered on the main app as `serve`; this module also
-runs on its own: `python -m air.cli.serve sandbox-fusion --port 8080`."""
+"""`air serve ...`: long-running services. `serve_app` is registered on the main app as `serve`; this module
+also runs on its own: `python -m air.cli.serve sandbox-fusion --port 8080`.
+
+Each command's options are its service's config model: a flag's default and help are the field's default and
+docstring (`default_of`, `help_of`), and the flags named as fields build the model (`config_of`), so a default
+is declared once, in the model."""
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Annotated
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
+from pydantic import BaseModel, ValidationError
+from typer.core import TyperGroup
 
 from air.cli.app import console
+from air.errors import UsageError
 from air.validation import as_flag, one_line
 
-serve_app = typer.Typer(help="Run air's services: a SandboxFusion-compatible code runner and an AgentGym-protocol "
-                                 "environment server, on air's sandboxes.",
+if TYPE_CHECKING:
+    from air.services.agentgym import AgentGymConfig
+    from air.services.sandbox_fusion import SandboxFusionConfig
+
+
+class _ServeGroup(TyperGroup):
+    """Makes its commands when `air serve` is used: their options come from the services' config models, and
+    importing those (FastAPI with them) would add half a second to every other `air` command."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(_commands())
+
+    def get_command(self, ctx, cmd_name: str):
+        return _commands().get(cmd_name)
+
+
+serve_app = typer.Typer(cls=_ServeGroup,
+                        help="Run air's services: a SandboxFusion-compatible code runner and an "
+                             "AgentGym-protocol environment server, on air's sandboxes.",
                         no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                         rich_markup_mode=None)
 
 
 @serve_app.callback()
 def _group() -> None:
-    """Run air's services (a group even with one command, so `serve sandbox-fusion` parses the same standalone)."""
+    """Run air's services (a group even with one command, so `serve sandbox-fusion` parses the same
+    standalone)."""
 
 
-@serve_app.command("sandbox-fusion")
-def sandbox_fusion(
-    port: Annotated[int, typer.Option(help="TCP port to listen on.")] = 8080,
-    host: Annotated[str, typer.Option(help="Address to bind; the loopback by default (0.0.0.0 exposes the code "
-                                           "runner to the network).")] = "127.0.0.1",
-    image: Annotated[str, typer.Option(help="Sandbox image; its toolchains decide the languages "
-                                            "(air/cpu: python, bash, perl).")] = "air/cpu:latest",
-    concurrency: Annotated[int, typer.Option(help="Requests running at once; more wait in a queue.")] = 8,
-    pool_size: Annotated[int | None, typer.Option(help="Sandbox containers kept warm (default: --concurrency).")
-                         ] = None,
-    cpus: Annotated[float, typer.Option(help="CPUs per sandbox.")] = 1.0,
-    memory_mb: Annotated[int, typer.Option(help="Memory limit per sandbox, MB.")] = 1024,
-    max_run_timeout: Annotated[float, typer.Option(help="Upper bound of a request's run_timeout, seconds.")] = 300,
-    output_limit: Annotated[int, typer.Option(help="Bytes of stdout and of stderr kept per request (head and "
-                                                   "tail; at most 1 MiB).")] = 1 << 20,
-    queue_timeout: Annotated[float, typer.Option(help="Longest wait for a free sandbox before SandboxError.")
-                             ] = 600,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line on stdout once the service "
-                                                          "answers (url, image, concurrency), for scripts.")] = False,
-) -> None:
-    """Serve SandboxFusion's API (GET /v1/ping, POST /run_code) with each request in an air sandbox: no network,
-    limits, a non-root user, reset between requests. Ctrl-C or SIGTERM removes every container it started.
+def default_of(model: type[BaseModel], name: str) -> Any:
+    return model.model_fields[name].get_default(call_default_factory=True)
 
-    Example: air serve sandbox-fusion --port 8080 --host 127.0.0.1 --image air/cpu:latest --concurrency 8
 
-    then: curl -s localhost:8080/run_code -H 'Content-Type: application/json' -d '{"code": "print(1)", "language": "python"}'
-    """
-    from pydantic import ValidationError
+def help_of(model: type[BaseModel], name: str) -> str:
+    """The field's docstring on one line; a field it names in backticks is shown as its flag (--max-envs)."""
+    text = " ".join((model.model_fields[name].description or "").split())
+    return re.sub(r"`(\w+)`", lambda m: as_flag((m[1],)) if m[1] in model.model_fields else m[1], text)
 
-    from air.errors import ImageError, UsageError
-    from air.sandbox import connect
-    from air.services.sandbox_fusion import SandboxFusionConfig, serve
 
+def option_of(model: type[BaseModel], name: str, *flags: str, more: str = "", **option: Any) -> Any:
+    """A typer option with the field's default and docstring (and `more` help). It is the parameter's default
+    (typer's older spelling, not `Annotated`) so that a parameter names its field once."""
+    help_text = f"{help_of(model, name)} {more}".strip()
+    return typer.Option(default_of(model, name), *flags, help=help_text, **option)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def config_of(model: type[M], options: dict[str, Any]) -> M:
+    """The model from the command's options named as its fields; a bad value is a usage error naming the
+    flag."""
     try:
-        config = SandboxFusionConfig(host=host, port=port, image=image, concurrency=concurrency,
-                                     pool_size=pool_size, cpus=cpus, memory_mb=memory_mb,
-                                     max_run_timeout=max_run_timeout, output_limit=output_limit,
-                                     queue_timeout=queue_timeout)
+        return model(**{name: value for name, value in options.items() if name in model.model_fields})
     except ValidationError as exc:
         raise UsageError(one_line(exc, where=as_flag)) from None
-    import docker.errors
 
-    client = connect()
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound:
-        raise ImageError(f"image {image} is not on this Docker daemon; build air's with `air images build`") \
-            from None
-    finally:
-        client.close()
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(f"[yellow]warning:[/] binding {host}: anyone who reaches this port can run code in air's "
-                      "sandboxes")
+
+LOG_LEVEL = typer.Option("info", help="uvicorn log level.")
+
+
+@functools.cache
+def _commands() -> dict[str, Any]:
+    """The click commands of `_services()`, by name."""
+    return dict(typer.main.get_group(_services()).commands)
+
+
+def _services() -> typer.Typer:
+    """The commands, defined here so that the config models they are made of load only when `air serve`
+    runs."""
+    from air.services.agentgym import AgentGymConfig as AG
+    from air.services.sandbox_fusion.config import SandboxFusionConfig as SF
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+    @app.command("sandbox-fusion")
+    def sandbox_fusion(
+        port: int = option_of(SF, "port"),
+        host: str = option_of(SF, "host"),
+        image: str = option_of(SF, "image"),
+        concurrency: int = option_of(SF, "concurrency"),
+        pool_size: int | None = option_of(SF, "pool_size"),
+        cpus: float = option_of(SF, "cpus"),
+        memory_mb: int = option_of(SF, "memory_mb"),
+        max_run_timeout: float = option_of(SF, "max_run_timeout"),
+        output_limit: int = option_of(SF, "output_limit"),
+        queue_timeout: float = option_of(SF, "queue_timeout"),
+        log_level: str = LOG_LEVEL,
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON line on stdout once the service "
+                                                           "answers (url, image, concurrency), for scripts."),
+    ) -> None:
+        """Serve SandboxFusion's API (GET /v1/ping, POST /run_code) with each request in an air sandbox: no
+        network, limits, a non-root user, reset between requests. Ctrl-C or SIGTERM removes every container it
+        started.
+
+        Example: air serve sandbox-fusion --port 8080 --host 127.0.0.1 --image air/cpu:latest --concurrency 8
+
+        then: curl -s localhost:8080/run_code -H 'Content-Type: application/json'
+        -d '{"code": "print(1)", "language": "python"}'
+        """
+        _serve_sandbox_fusion(config_of(SF, locals()), log_level, as_json)
+
+    @app.command("agentgym")
+    def agentgym(
+        port: int = option_of(AG, "port"),
+        host: str = option_of(AG, "host"),
+        # B008: typer passes the function a list of its own, never this default
+        tasks: list[str] = option_of(AG, "tasks", "--task", metavar="TASK",  # noqa: B008
+                                     more="Repeat the flag for several."),
+        mlgym_root: str | None = option_of(AG, "mlgym_root"),
+        examples_per_task: int = option_of(AG, "examples_per_task"),
+        max_turns: int = option_of(AG, "max_turns"),
+        max_seconds: float = option_of(AG, "max_seconds"),
+        command_timeout: float | None = option_of(AG, "command_timeout"),
+        reward_mode: str = option_of(AG, "reward_mode"),
+        reward_report: str = option_of(AG, "reward_report"),
+        max_envs: int = option_of(AG, "max_envs"),
+        max_envs_per_client: int = option_of(AG, "max_envs_per_client"),
+        max_sandboxes: int | None = option_of(AG, "max_sandboxes"),
+        warm: int = option_of(AG, "warm"),
+        idle_timeout: float = option_of(AG, "idle_timeout"),
+        max_body_bytes: int = option_of(AG, "max_body_bytes"),
+        token: str | None = option_of(AG, "token", envvar="AIR_AGENTGYM_TOKEN", show_envvar=True),
+        trajectory_dir: str | None = option_of(AG, "trajectory_dir"),
+        log_level: str = LOG_LEVEL,
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON line on stdout once the service "
+                                                           "answers (url, items, tasks)."),
+    ) -> None:
+        """Serve AgentGym's environment protocol (POST /create, /reset, /step, /close; GET /observation,
+        /list_envs) with each env_idx an air episode in a pooled sandbox, for AgentGym, AgentGym-RL and
+        verl-style agent loops. Ctrl-C or SIGTERM gives back every container it started.
+
+        Example: air serve agentgym --port 8000 --task prisoners-dilemma --task tabular-classification
+        """
+        token = token or None  # an empty AIR_AGENTGYM_TOKEN sets none
+        _serve_agentgym(config_of(AG, locals()), log_level, as_json)
+
+    return app
+
+
+def _serve_sandbox_fusion(config: SandboxFusionConfig, log_level: str, as_json: bool) -> None:
+    from air.services.sandbox_fusion import serve
+
+    _require_images([config.image])
+    if config.host not in LOOPBACK:
+        console.print(f"[yellow]warning:[/] binding {config.host}: anyone who reaches this port can run code "
+                      "in air's sandboxes")
+
     def ready() -> None:
-        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        url = _url(config.host, config.port)
         if as_json:
-            print(json.dumps({"service": "sandbox-fusion", "url": url, "image": image, "concurrency": concurrency,
-                              "sandboxes": config.sandboxes}), flush=True)
+            print(json.dumps({"service": "sandbox-fusion", "url": url, "image": config.image,
+                              "concurrency": config.concurrency, "sandboxes": config.sandboxes}), flush=True)
         else:
-            console.print(f"air: SandboxFusion's API on {url} (POST /run_code), {concurrency} at once, image {image}",
-                          soft_wrap=True)
+            console.print(f"air: SandboxFusion's API on {url} (POST /run_code), {config.concurrency} at "
+                          f"once, image {config.image}", soft_wrap=True)
 
     serve(config, log_level=log_level, on_ready=ready)
 
 
-@serve_app.command("agentgym")
-def agentgym(
-    port: Annotated[int, typer.Option(help="TCP port (AgentGym's servers default to 8000).")] = 8000,
-    host: Annotated[str, typer.Option(help="Address to bind; the loopback by default (another address lets "
-                                           "anyone who reaches the port run commands in air's sandboxes).")
-                    ] = "127.0.0.1",
-    task: Annotated[list[str] | None, typer.Option(
-        metavar="TASK", help="Task of the items (repeat; bundled id or mlgym:tasks/<name>.yaml); default: "
-                             "every bundled task.")] = None,
-    mlgym_root: Annotated[str | None, typer.Option(help="MLGym checkout for mlgym: tasks.")] = None,
-    examples_per_task: Annotated[int, typer.Option(help="Items per task (identical episodes).")] = 1,
-    max_turns: Annotated[int, typer.Option(help="Replies per episode before the automatic final evaluation.")
-                         ] = 30,
-    max_seconds: Annotated[float, typer.Option(help="Wall-clock budget of an episode, seconds.")] = 3600,
-    command_timeout: Annotated[float | None, typer.Option(help="Cap on every command's timeout, seconds "
-                                                               "(default: the task's own limits).")] = None,
-    reward_mode: Annotated[str, typer.Option(help="delta (improvements; the return telescopes) or best (new "
-                                                  "bests only).")] = "delta",
-    reward_report: Annotated[str, typer.Option(
-        help="What a step's `reward` carries: step (its own reward) or return (the return so far, for "
-             "trainers that keep only the last reward, as AgentGym-RL does).")] = "step",
-    max_envs: Annotated[int, typer.Option(help="Live env_idx at most (created, not closed).")] = 64,
-    max_envs_per_client: Annotated[int, typer.Option(help="Live env_idx at most per client address.")] = 32,
-    max_sandboxes: Annotated[int | None, typer.Option(
-        help="Containers at most, episode and scoring sandboxes (default: max-envs + max-envs/2).")] = None,
-    warm: Annotated[int, typer.Option(help="Idle sandboxes kept ready per task once used.")] = 0,
-    idle_timeout: Annotated[float, typer.Option(help="Close an env_idx after this many seconds without a "
-                                                     "request.")] = 900,
-    max_body_bytes: Annotated[int, typer.Option(help="Largest request body accepted.")] = 1 << 20,
-    token: Annotated[str | None, typer.Option(envvar="AIR_AGENTGYM_TOKEN", show_envvar=True,
-                                              help="Bearer token every request but GET / must carry.")
-                     ] = None,
-    trajectory_dir: Annotated[str | None, typer.Option(help="Write air's trajectory of every episode here "
-                                                            "(air view / air replay read them).")] = None,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON line on stdout once the service "
-                                                          "answers (url, items, tasks).")] = False,
-) -> None:
-    """Serve AgentGym's environment protocol (POST /create, /reset, /step, /close; GET /observation,
-    /list_envs) with each env_idx an air episode in a pooled sandbox, for AgentGym, AgentGym-RL and verl-style
-    agent loops. Ctrl-C or SIGTERM gives back every container it started.
-
-    Example: air serve agentgym --port 8000 --task prisoners-dilemma --task tabular-classification
-    """
-    from pydantic import ValidationError
-
-    from air.errors import ImageError, UsageError
-    from air.sandbox import connect
-    from air.services.agentgym import AgentGymConfig, AgentGymService, serve
+def _serve_agentgym(config: AgentGymConfig, log_level: str, as_json: bool) -> None:
+    from air.services.agentgym import AgentGymService, serve
     from air.tasks.environment import sandbox_spec
 
-    try:
-        config = AgentGymConfig(
-            host=host, port=port, tasks=task or [], mlgym_root=mlgym_root,
-            examples_per_task=examples_per_task, max_turns=max_turns, max_seconds=max_seconds,
-            command_timeout=command_timeout, reward_mode=reward_mode,
-            reward_report=reward_report, max_envs=max_envs, max_envs_per_client=max_envs_per_client,
-            max_sandboxes=max_sandboxes, warm=warm, idle_timeout=idle_timeout, max_body_bytes=max_body_bytes,
-            token=token or None, trajectory_dir=trajectory_dir)
-    except ValidationError as exc:
-        raise UsageError(one_line(exc, where=as_flag)) from None
     service = AgentGymService(config)
     service.load_items()  # an unknown task is a usage error now, not a failed reset later
-    import docker.errors
-
-    client = connect()
-    try:  # every task's image must be here: a missing one would fail each of its resets as infrastructure
-        for image in sorted({sandbox_spec(item.spec).image for item in service.items}):
-            try:
-                client.images.get(image)
-            except docker.errors.ImageNotFound:
-                raise ImageError(f"image {image} is not on this Docker daemon; build air's with "
-                                 "`air images build`") from None
-    finally:
-        client.close()
-    if host not in ("127.0.0.1", "localhost", "::1") and not config.token:
-        console.print(f"[yellow]warning:[/] binding {host} without --token: anyone who reaches this port can "
-                      "run commands in air's sandboxes")
+    _require_images(sandbox_spec(item.spec).image for item in service.items)
+    if config.host not in LOOPBACK and not config.token:
+        console.print(f"[yellow]warning:[/] binding {config.host} without --token: anyone who reaches this "
+                      "port can run commands in air's sandboxes")
 
     def ready(service) -> None:
-        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        url = _url(config.host, config.port)
         tasks = sorted({item.spec.id for item in service.items})
         if as_json:
             print(json.dumps({"service": "agentgym", "url": url, "items": len(service.items), "tasks": tasks,
@@ -179,6 +204,34 @@ def agentgym(
                           soft_wrap=True)
 
     serve(config, log_level=log_level, on_ready=ready, service=service)
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _require_images(images: Iterable[str]) -> None:
+    """Each image must be on the daemon before the service starts: a missing one would fail every request that
+    needs it, as infrastructure."""
+    import docker.errors
+
+    from air.errors import ImageError
+    from air.sandbox import connect
+
+    client = connect()
+    try:
+        for image in sorted(set(images)):
+            try:
+                client.images.get(image)
+            except docker.errors.ImageNotFound:
+                raise ImageError(f"image {image} is not on this Docker daemon; build air's with "
+                                 "`air images build`") from None
+    finally:
+        client.close()
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
 
 def main() -> None:
     import sys

@@ -137,42 +137,55 @@ class StepResponse(BaseModel):
 
 
 class AgentGymConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # The docstrings are the fields' descriptions, and `air serve agentgym --help` shows them.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     host: str = "127.0.0.1"
+    """Address to bind; the loopback by default (another address lets anyone who reaches the port run commands
+    in air's sandboxes)."""
     port: int = Field(8000, ge=0, le=65535)
+    """TCP port (AgentGym's servers default to 8000)."""
     tasks: list[str] = []
-    """Bundled task ids or `mlgym:tasks/<name>.yaml`; empty = every bundled task."""
+    """Tasks of the items: bundled ids or mlgym:tasks/<name>.yaml; none = every bundled task."""
     mlgym_root: str | None = None
+    """MLGym checkout for mlgym: tasks."""
     examples_per_task: int = Field(1, ge=1)
     """Items per task (identical episodes), as the verifiers taskset's option of the same name."""
     max_turns: int = Field(30, ge=1)
+    """Replies per episode before the automatic final evaluation."""
     max_seconds: float = Field(3600, gt=0)
+    """Wall-clock budget of an episode, seconds."""
     max_format_errors: int = Field(5, ge=1)
     command_timeout: float | None = Field(None, gt=0)
+    """Cap on every command's timeout, seconds (default: the task's own limits)."""
     observation_chars: int = Field(8000, ge=256)
     reward_mode: Literal["delta", "best"] = "delta"
+    """delta (improvements; the return telescopes) or best (new bests only)."""
     failed_validation_penalty: float = Field(0.1, ge=0)
     reward_clip: float | None = Field(None, gt=0)
     score_bound: float | None = Field(10.0, gt=0)
     reward_report: Literal["step", "return"] = "step"
-    """What `reward` of a step response carries: the step's reward, or the episode's return so far."""
+    """What a step's `reward` carries: step (its own reward) or return (the return so far, for trainers that
+    keep only the last reward, as AgentGym-RL does)."""
     max_envs: int = Field(64, ge=1)
     """Live env_idx at most (created and not closed), across clients."""
     max_envs_per_client: int = Field(32, ge=1)
     """Live env_idx at most per client address."""
     max_sandboxes: int | None = Field(None, ge=2)
-    """Containers of the pool (episode and scoring sandboxes); default: max_envs + max(2, max_envs // 2)."""
+    """Containers of the pool, episode and scoring sandboxes (default: `max_envs` and half as many again, at
+    least 2 more)."""
     warm: int = Field(0, ge=0)
     """Idle sandboxes kept ready per task once it has been used."""
     lease_timeout: float = Field(600, gt=0)
     """How long a reset may wait for a sandbox before it is answered 503."""
     idle_timeout: float = Field(900, gt=0)
-    """An env_idx without a request for this long is closed and its sandbox goes back to the pool."""
+    """An env_idx without a request for this many seconds is closed and its sandbox goes back to the pool."""
     max_body_bytes: int = Field(1 << 20, ge=1024)
+    """Largest request body accepted, bytes."""
     token: str | None = None
-    """Bearer token every request but `GET /` must carry; None = none required."""
+    """Bearer token every request but GET / must carry (default: none required)."""
     trajectory_dir: str | None = None
+    """Write air's trajectory of every episode here (air view / air replay read them)."""
     run_id: str | None = None
     """Label of the server's containers (default: one id per process, or AIR_RUN_ID)."""
     gpu_ids: list[str] | None = []

@@ -5,33 +5,30 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from air.errors import TaskError
-from air.tasks.spec import Baseline, Evaluation, FileEntry, Metric, TaskResources, TaskSpec, Timeouts
+from air.tasks.spec import FileEntry, TaskSpec
 from air.validation import one_line
 
 SHARED_LIB = "_lib"
 """Shared evaluation modules (`_lib/air_*.py`: the kit, game engines) go to every scoring sandbox."""
+_FOUND = ("source", "starter", "data", "secret", "evaluation_files", "baseline_files")
+"""TaskSpec's fields the loader fills in: where the task came from and the folders beside task.toml."""
 
 
-class _TaskToml(BaseModel):
-    """The file as written; folders beside it are found by convention."""
+def _toml_model() -> type[BaseModel]:
+    """The file as written: TaskSpec's other fields, with their types, defaults and constraints taken from
+    TaskSpec so that each is declared once."""
+    fields: dict[str, Any] = {name: (info.annotation, info) for name, info in TaskSpec.model_fields.items()
+                              if name not in _FOUND}
+    fields["version"] = (int | str, TaskSpec.model_fields["version"])  # TOML authors write `version = 1`
+    return create_model("_TaskToml", __config__=ConfigDict(extra="forbid", title="air's task.toml"), **fields)
 
-    model_config = ConfigDict(extra="forbid", title="air's task.toml")
 
-    id: str
-    name: str
-    version: int | str = 1
-    image: str = "cpu"
-    description: str
-    evaluation: Evaluation
-    baseline: Baseline = Baseline()
-    metrics: list[Metric]
-    timeouts: Timeouts = Timeouts()
-    resources: TaskResources = TaskResources()
-    reward_scale: float | None = None
+_TaskToml = _toml_model()
 
 
 def _entries(folder: Path, dest_prefix: str = "") -> list[FileEntry]:
@@ -61,15 +58,11 @@ def load_air_task(task_dir: Path) -> TaskSpec:
     evaluation_files = [FileEntry(source=entry, dest=parsed.evaluation.entry)]
     evaluation_files += shared_lib_entries(task_dir.parent)
     try:
-        return TaskSpec(
-            id=parsed.id, name=parsed.name, version=str(parsed.version),
-            description=parsed.description.strip(), image=parsed.image, source="air",
-            starter=_entries(task_dir / "starter"),
-            data=_entries(task_dir / "data"), secret=_entries(task_dir / "secret"),
-            evaluation_files=evaluation_files, baseline_files=_entries(task_dir / "baseline"),
-            evaluation=parsed.evaluation, baseline=parsed.baseline, metrics=parsed.metrics,
-            timeouts=parsed.timeouts, resources=parsed.resources, reward_scale=parsed.reward_scale,
-        )
+        return TaskSpec(**{
+            **dict(parsed), "version": str(parsed.version), "description": parsed.description.strip(),
+            "source": "air", "starter": _entries(task_dir / "starter"), "data": _entries(task_dir / "data"),
+            "secret": _entries(task_dir / "secret"), "evaluation_files": evaluation_files,
+            "baseline_files": _entries(task_dir / "baseline")})
     except ValidationError as exc:
         raise TaskError(one_line(exc, f"{path}: ")) from None
 

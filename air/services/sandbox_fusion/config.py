@@ -6,25 +6,32 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class SandboxFusionConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # The docstrings are the fields' descriptions, and `air serve sandbox-fusion --help` shows them.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     host: str = "127.0.0.1"
+    """Address to bind; the loopback by default (0.0.0.0 exposes the code runner to the network)."""
     port: int = Field(8080, ge=0, le=65535)
+    """TCP port to listen on."""
     image: str = "air/cpu:latest"
+    """Sandbox image; its toolchains decide the languages (air/cpu: python, bash, perl)."""
     concurrency: int = Field(8, ge=1)
-    """Requests executing at once; more wait in a queue."""
+    """Requests running at once; more wait in a queue."""
     pool_size: int | None = Field(None, ge=1)
-    """Sandbox containers kept (all warm); default: `concurrency`."""
+    """Sandbox containers kept warm (default: `concurrency`)."""
     queue_timeout: float = Field(600, gt=0)
-    """How long a request may wait for a slot and a sandbox before it is answered SandboxError."""
+    """Longest wait for a slot and a free sandbox, seconds, before a request is answered SandboxError."""
     cpus: float = Field(1.0, gt=0)
+    """CPUs per sandbox."""
     memory_mb: int = Field(1024, ge=64)
+    """Memory limit per sandbox, MB."""
     pids: int = Field(256, ge=16)
+    """Processes per sandbox."""
     max_run_timeout: float = Field(300, gt=0)
-    """Upper bound of a request's run_timeout (and compile_timeout)."""
+    """Upper bound of a request's run_timeout (and compile_timeout), seconds."""
     output_limit: int = Field(1 << 20, ge=1024, le=1 << 20)
-    """Bytes kept per stream (head and tail, with a note counting what was dropped); at most what the
-    sandbox's shell captures (1 MiB)."""
+    """Bytes of stdout and of stderr kept per request (head and tail, with a note counting what was dropped);
+    at most what the sandbox's shell captures (1 MiB)."""
     max_input_bytes: int = Field(64 << 20, ge=1024)
     """Code, stdin and files of one request together, decoded."""
     max_fetch_bytes: int = Field(16 << 20, ge=1024)
