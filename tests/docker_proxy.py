@@ -57,5 +57,14 @@ class CuttableProxy:
 
     def close(self) -> None:
         self.cut()
+
+        async def settle() -> None:  # let the pipes of cut connections end, so no task dies pending
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+
+        self._call(settle())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.loop.close()
