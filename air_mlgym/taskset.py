@@ -20,11 +20,13 @@ import asyncio
 import logging
 import time
 import weakref
+from copy import copy
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import verifiers.v1 as vf
-from pydantic import Field
+from pydantic import BaseModel, Field
+from pydantic.fields import FieldInfo
 from verifiers.v1.errors import SandboxError
 
 try:  # verifiers 0.4.0 names the exit code a harness returns when the model connection failed
@@ -35,8 +37,18 @@ except ImportError:  # older verifiers (prime-rl's pinned submodule) has no such
 from air.episode.config import EpisodeConfig
 from air.episode.prompts import system_prompt, task_prompt
 from air.episode.rewards import RewardConfig
+from air.sandbox import PoolConfig
+
+if TYPE_CHECKING:
+    from air.episode.loop import Episode
 
 log = logging.getLogger("air_mlgym")
+
+
+def _same_as(model: type[BaseModel], name: str) -> FieldInfo:
+    """The field `name` of `model`, default, constraints and description, for a flat option of the taskset (so
+    `--env.taskset.max-turns` keeps its short name while the default lives once, in EpisodeConfig)."""
+    return copy(model.model_fields[name])
 
 
 class AirTasksetConfig(vf.TasksetConfig):
@@ -45,22 +57,23 @@ class AirTasksetConfig(vf.TasksetConfig):
     mlgym_root: str | None = None
     examples_per_task: int = Field(1, ge=1)
     """Tasks in the taskset per task id (identical episodes; rollouts per example come from the trainer)."""
-    max_turns: int = Field(30, ge=1)
-    max_seconds: float = Field(3600, gt=0)
-    max_format_errors: int = Field(5, ge=1)
-    command_timeout: float | None = Field(None, gt=0)
-    """Cap on each command's timeout below the task's own (None: the task's limits)."""
-    observation_chars: int = Field(8000, ge=256)
-    reward_mode: Literal["delta", "best"] = "delta"
-    failed_validation_penalty: float = Field(0.1, ge=0)
-    reward_clip: float | None = Field(None, gt=0)
-    score_bound: float | None = Field(10.0, gt=0)
-    """Normalised scores are clamped to [-score_bound, score_bound] (see air/episode/rewards.py)."""
-    max_sandboxes: int = Field(32, ge=2)
-    """Live containers per env process (agent and scoring sandboxes together)."""
-    warm_sandboxes: int = Field(0, ge=0)
+    # The episode's limits and rewards: declared in air.episode (EpisodeConfig, RewardConfig), taken from there.
+    max_turns: int = _same_as(EpisodeConfig, "max_turns")
+    max_seconds: float = _same_as(EpisodeConfig, "max_seconds")
+    max_format_errors: int = _same_as(EpisodeConfig, "max_format_errors")
+    command_timeout: float | None = _same_as(EpisodeConfig, "command_timeout")
+    observation_chars: int = _same_as(EpisodeConfig, "observation_chars")
+    reward_mode: Literal["delta", "best"] = _same_as(RewardConfig, "mode")
+    failed_validation_penalty: float = _same_as(RewardConfig, "failed_validation_penalty")
+    reward_clip: float | None = _same_as(RewardConfig, "clip")
+    score_bound: float | None = _same_as(RewardConfig, "score_bound")
+    # The sandboxes: declared in air.sandbox (PoolConfig), taken from there.
+    max_sandboxes: int = _same_as(PoolConfig, "max_sandboxes")
+    warm_sandboxes: int = _same_as(PoolConfig, "warm")
+    host_budget: int | None = _same_as(PoolConfig, "host_budget")
     gpu_ids: list[str] | None = []
-    """Host GPUs for task containers, never shared with inference or training; None = detect with nvidia-smi."""
+    """Host GPUs for task containers, never shared with inference or training; None = detect with nvidia-smi.
+    (PoolConfig's own default detects; a taskset asks for GPUs explicitly.)"""
     trajectory_dir: str | None = None
     """Also write air's own JSON-lines trajectory of every rollout here."""
 
@@ -71,6 +84,10 @@ class AirTasksetConfig(vf.TasksetConfig):
             reward=RewardConfig(mode=self.reward_mode, failed_validation_penalty=self.failed_validation_penalty,
                                 clip=self.reward_clip, score_bound=self.score_bound),
         )
+
+    def pool_config(self) -> PoolConfig:
+        return PoolConfig(max_sandboxes=self.max_sandboxes, warm=self.warm_sandboxes, host_budget=self.host_budget,
+                          gpu_ids=self.gpu_ids)
 
 
 class AirData(vf.TaskData):
@@ -105,14 +122,13 @@ class AirEnvConfig(vf.EnvConfig):
 
 class AirEnv(vf.Env[AirEnvConfig]):
     async def start(self) -> None:
-        from air.sandbox import PoolConfig, SandboxPool
+        from air.sandbox import SandboxPool
         from air.tasks.registry import load_task
 
         cfg = self.config.taskset
         self.specs = {ref: load_task(ref, cfg.mlgym_root) for ref in cfg.tasks}
         self.episode_config = cfg.episode_config()
-        self.pool = SandboxPool(PoolConfig(max_sandboxes=cfg.max_sandboxes, warm=cfg.warm_sandboxes,
-                                           gpu_ids=cfg.gpu_ids))
+        self.pool = SandboxPool(cfg.pool_config())
         try:
             await self.pool.start()  # also sweeps the containers of dead runs
         except Exception as exc:
@@ -134,8 +150,10 @@ class AirEnv(vf.Env[AirEnvConfig]):
 
     @staticmethod
     async def _sweep(pool) -> list[str]:
+        from air.sandbox import sweep_dead_runs
+
         try:
-            return await pool.docker.call(_sweep_dead_runs, pool.docker.client, timeout=120, idempotent=True)
+            return await pool.docker.call(sweep_dead_runs, pool.docker.client, timeout=120, idempotent=True)
         except Exception as exc:  # noqa: BLE001 - best effort at shutdown; `air containers clean` remains
             log.warning("air: could not sweep containers of dead runs: %s", exc)
             return []
@@ -172,7 +190,7 @@ class AirEnv(vf.Env[AirEnvConfig]):
                             segment = await interaction.turn(step.observation)
                         if not episode.done:  # the framework ended the exchange (its turn or token limit)
                             await episode.finish("stopped")
-                        _record(trace, episode, self.episode_config)
+                        _record(trace, episode)
                     except InfraError as exc:
                         raise SandboxError(f"air: {exc}") from exc
         except InfraError as exc:  # leasing or staging failed before the exchange began
@@ -182,48 +200,16 @@ class AirEnv(vf.Env[AirEnvConfig]):
                 writer.close()
 
 
-def _sweep_dead_runs(client) -> list[str]:
-    """The sandbox layer's sweep of dead runs, with a zombie owner counted as dead (`owner_alive` counts it as
-    alive): verifiers' pool reaps a killed worker only as it shuts down, after its workers have stopped. The
-    zombie's sandboxes go, then its claims on the host budget, unless they name a kept sandbox."""
-    import socket
+def _record(trace: vf.Trace, episode: Episode) -> None:
+    """What air puts on a trace, from the episode's typed start record and summary (air/episode/records.py): the
+    return as the reward, the metrics (a rollout that never scored has no best/last score, and `scored` 0), and
+    what replay and export read back."""
+    from air.episode.records import RETURN_REWARD, TraceRecord
 
-    from air.sandbox import list_air_containers, remove_containers, sweep_dead_runs
-    from air.sandbox.labels import HOLDER, SANDBOX
-
-    def zombie(owner: str) -> bool:
-        host, _, rest = owner.partition(":")
-        try:
-            stat = Path(f"/proc/{int(rest.partition(':')[0])}/stat").read_text()
-        except (OSError, ValueError):
-            return False
-        return host == socket.gethostname() and stat.rsplit(")", 1)[1].split()[0] == "Z"
-
-    rows = list_air_containers(client)
-    kept = {c.labels.get(SANDBOX) for c in rows if c.kept}
-    zombies = [c for c in rows if not c.kept and zombie(c.owner)]
-    doomed = [c.id for c in zombies if not c.claim] + \
-        [c.id for c in zombies if c.claim and c.labels.get(HOLDER) not in kept]
-    return remove_containers(client, doomed) + sweep_dead_runs(client)
-
-
-def _record(trace, episode, config: EpisodeConfig) -> None:
-    summary = episode.summary()
-    trace.record_reward("improvement", summary["total_reward"], 1.0)
-    metrics = {"best_score": summary["best_score"], "last_score": summary["last_score"],
-               "validations": summary["validations"], "failed_validations": summary["failed_validations"],
-               "format_errors": summary["format_errors"], "turns": summary["turns"]}
-    # No successful validation means no score: leave those metrics out rather than invent a number. verifiers'
-    # summaries read a missing metric as 0, so `scored` says how many rollouts have one: the mean best score over
-    # the rollouts that scored is mean(best_score) / mean(scored).
-    metrics["scored"] = summary["best_score"] is not None
-    trace.record_metrics({k: float(v) for k, v in metrics.items() if v is not None})
-    trace.info.update({"air_episode": episode.id, "task": summary["task"], "ended_by": summary["ended_by"],
-                       "step_rewards": summary["step_rewards"], "baseline": summary["baseline"],
-                       "env_seconds": summary["env_seconds"], "step_scores": summary["step_scores"],
-                       "step_evaluated": summary["step_evaluated"], "task_hash": episode.spec.content_hash,
-                       "episode_config": config.model_dump(), "primary": episode.spec.primary.model_dump(),
-                       "final_status": episode.final_status})
+    air = TraceRecord.of(episode.start_record, episode.summary_record())
+    trace.record_reward(RETURN_REWARD, air.improvement, 1.0)
+    trace.record_metrics(air.metrics.model_dump(exclude_none=True))
+    trace.info.update(air.info.model_dump())
 
 
 class AirHarnessConfig(vf.HarnessConfig):

@@ -38,7 +38,7 @@ _LAZY = {
     "Sandbox": "interface", "Shell": "interface", "CommandResult": "interface", "ExecResult": "interface",
     "ArchiveTooLarge": "interface", "ArchiveUnreadable": "interface",
     "Resources": "spec", "SandboxSpec": "spec",
-    "PoolConfig": "pool", "DockerHost": "pool", "SandboxPool": "pool", "PoolStats": "pool",
+    "PoolConfig": "spec", "DockerHost": "spec", "SandboxPool": "pool", "PoolStats": "pool",
     # helpers of the layers above
     "make_tar": "container", "gpu_env": "container", "container_kwargs": "container",
     "image_ref": "images", "ImageBuilder": "images", "PlainProgress": "images", "list_images": "images",
@@ -86,5 +86,5 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, eagerly
     )
     from air.sandbox.labels import GPUS, list_air_containers, make_labels, remove_containers
     from air.sandbox.output import truncate_text
-    from air.sandbox.pool import DockerHost, PoolConfig, PoolStats, SandboxPool
-    from air.sandbox.spec import Resources, SandboxSpec
+    from air.sandbox.pool import PoolStats, SandboxPool
+    from air.sandbox.spec import DockerHost, PoolConfig, Resources, SandboxSpec

@@ -30,7 +30,13 @@ def _process_start(pid: int) -> str | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             # Field 22 is the start time in clock ticks; the command name (field 2) may contain spaces and ')'.
-            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    try:
+        # A zombie is dead (SIGKILLed, not yet reaped: verifiers reaps a killed env-server worker only when its
+        # pool shuts down): what it owned is garbage now.
+        return None if fields[0] == b"Z" else fields[19].decode()
     except (OSError, IndexError):
         return None
 

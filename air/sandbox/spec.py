@@ -1,5 +1,6 @@
 """What a sandbox is asked to be: its limits (`Resources`) and everything that makes two sandboxes interchangeable
-(`SandboxSpec`, whose `key` the pool keys warm sandboxes by)."""
+(`SandboxSpec`, whose `key` the pool keys warm sandboxes by); and how a pool is set up (`PoolConfig`, its Docker
+hosts `DockerHost`). Plain pydantic models: configs can be validated where Docker is not installed."""
 
 from __future__ import annotations
 
@@ -54,3 +55,53 @@ class SandboxSpec(BaseModel):
     @property
     def key(self) -> str:
         return f"{self.image}|{self.task}|{self.resources.model_dump_json()}|net={self.network}"
+
+
+class DockerHost(BaseModel):
+    """One Docker daemon a pool may place sandboxes on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = None
+    """`tcp://host:2376`, `ssh://user@host`, `unix:///path`; None: DOCKER_HOST or the local socket. TLS as for
+    the docker CLI (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH)."""
+    gpu_ids: list[str] | None = []
+    """That host's GPU ids sandboxes may have; None = detect with nvidia-smi (the local daemon only)."""
+    budget: int | None = Field(None, ge=1)
+    """Containers at most on that host, across every air process; None = the pool's `host_budget`."""
+
+
+class PoolConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    warm: int = Field(0, ge=0)
+    """Idle sandboxes kept ready per key once a key has been used (or pre-warmed at start)."""
+    max_sandboxes: int = Field(32, ge=1)
+    """Live containers of this pool at most (idle, leased and being reset), across keys and hosts."""
+    host_budget: int | None = Field(128, ge=1)
+    """Containers at most on each Docker host, counted across every air process that uses it (env-server
+    workers, `air eval`, services) by host-wide claims; None = no host-wide cap."""
+    max_leases: int = Field(50, ge=1)
+    """Recycle a sandbox after this many leases, however healthy it looks."""
+    lease_timeout: float = Field(600, gt=0)
+    """How long a lease may wait for capacity or GPUs before PoolExhausted."""
+    reset_timeout: float = Field(60, gt=0)
+    gpu_ids: list[str] | None = None
+    """GPU ids of the local Docker host this pool may hand out; None = detect with nvidia-smi; [] = none."""
+    hosts: list[DockerHost] = []
+    """Docker daemons to place sandboxes on, by load and free GPUs; empty = the local one (with `gpu_ids`)."""
+    reuse_gpu_sandboxes: bool = False
+    """Keep released GPU sandboxes warm for this process. Off: they are removed on release, so their GPUs go back
+    to every process on the host at once (a new container costs ~0.3 s, a GPU task minutes), and no worker that
+    keeps being busy can starve the others of a GPU."""
+    request_gpu_devices: bool = True
+    """Ask the NVIDIA runtime for each sandbox's GPUs. False assigns and labels them without a device request:
+    for tests and dry runs on a machine without the runtime, never for real GPU work."""
+    run_id: str | None = None
+    """Label for this pool's containers; default: one id per process."""
+    sweep_dead_runs: bool = True
+    docker_concurrency: int = Field(32, ge=1)
+    daemon_patience: float = Field(90, ge=0)
+    """How long creating a sandbox waits for unreachable Docker daemons (a restart) before failing."""
+    host_retry: float = Field(10, gt=0)
+    """Seconds a daemon that failed is left out of placement before it is tried again."""
