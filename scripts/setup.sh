@@ -22,20 +22,8 @@ fi
 : >"$AIR_SETUP_LOG"
 export AIR_SETUP_LOG  # ensure-docker.sh appends its apt output to the same log
 
-# logged WHAT CMD...: run CMD with its output in the log; if it fails, show the log's tail and exit with
-# CMD's code.
-logged() {
-  local what=$1 rc=0
-  shift
-  printf '\n$ %s\n' "$*" >>"$AIR_SETUP_LOG"
-  "$@" >>"$AIR_SETUP_LOG" 2>&1 || rc=$?
-  if [ "$rc" -ne 0 ]; then
-    say "$what failed (exit $rc); last lines of $AIR_SETUP_LOG:"
-    tail -n 30 "$AIR_SETUP_LOG" | sed 's/^/  | /' >&2
-    say "full log: $AIR_SETUP_LOG"
-    exit "$rc"
-  fi
-}
+# shellcheck source=logged.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/logged.sh"
 
 # apt in a non-interactive mode; needrestart (Ubuntu) is suspended: it only asks about services this set-up
 # does not run, and prints perl warnings when stdin is not a terminal.
