@@ -13,10 +13,7 @@ this one raises `ServerError` with the status and body, so the tests can read wh
 from __future__ import annotations
 
 import itertools
-import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 import requests
+from served import AirServer
 
 from air.episode.replay import load_recordings
 from air.episode.rewards import RewardConfig, rescore
@@ -146,54 +144,13 @@ def expected_step_rewards(task_id: str, replies: list[str]) -> list[float]:
 
 
 # ----- the server as a subprocess ---------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`air serve agentgym ... --json` in a subprocess; ready once it prints its JSON line."""
+class Server(AirServer):
+    """`air serve agentgym ... --json` with this file's tasks."""
 
     def __init__(self, run_id: str, log_path: Path, *extra: str, port: int | None = None,
                  env: dict[str, str] | None = None):
-        self.run_id = run_id
-        self.port = port or _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self.log = open(log_path, "w+")
-        argv = [sys.executable, "-c", "from air.cli.main import main; main()", "serve", "agentgym",
-                "--port", str(self.port), "--log-level", "warning", "--json",
-                *[a for t in TASKS for a in ("--task", t)], *extra]
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "AIR_RUN_ID": run_id, **(env or {})})
-        self.ready: dict = {}
-
-    def wait_ready(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the server exited with {self.proc.returncode}: {self.output()}")
-            for line in self.output().splitlines():
-                if line.startswith("{") and '"agentgym"' in line:
-                    self.ready = json.loads(line)
-                    return
-            time.sleep(0.2)
-        pytest.fail(f"the server printed no ready line within {timeout}s: {self.output()}")
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()[-5000:]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
+        super().__init__("agentgym", run_id, log_path, "--log-level", "warning",
+                         *[a for t in TASKS for a in ("--task", t)], *extra, port=port, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 
 import httpx
 import pytest
 from sandbox_fusion import RunCodeRequest, run_code, run_concurrent
+from served import AirServer
 
 from air.sandbox import list_air_containers, make_labels
 
@@ -25,37 +22,18 @@ POOL_SIZE = 3
 CONCURRENCY = 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(AirServer):
+    """`air serve sandbox-fusion ... --json` sized for these tests."""
 
-
-def _serve_argv() -> list[str]:
-    """`air serve sandbox-fusion` once the `serve` group is registered on `air`; the same app run as a module
-    before that."""
-    probe = subprocess.run(["air", "serve", "sandbox-fusion", "--help"], capture_output=True, text=True)
-    if probe.returncode == 0:
-        return ["air", "serve", "sandbox-fusion"]
-    return [sys.executable, "-m", "air.cli.serve", "sandbox-fusion"]
-
-
-class Server:
     def __init__(self, run_id: str, log_path):
-        self.run_id = run_id
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(log_path, "w+")
-        argv = [*_serve_argv(), "--port", str(self.port), "--concurrency", str(CONCURRENCY),
-                "--pool-size", str(POOL_SIZE), "--memory-mb", "512", "--log-level", "info", "--json"]
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "AIR_RUN_ID": run_id})
+        super().__init__("sandbox-fusion", run_id, log_path, "--concurrency", str(CONCURRENCY), "--pool-size",
+                         str(POOL_SIZE), "--memory-mb", "512", "--log-level", "info")
 
     def wait_ready(self, timeout: float = 120) -> None:
+        """The ready line comes once the pool started (uvicorn's lifespan); then until /v1/ping answers."""
+        super().wait_ready(timeout)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the server exited with {self.proc.returncode}: {self.output()}")
             try:
                 if httpx.get(f"{self.url}/v1/ping", timeout=2).json() == "pong":
                     return
@@ -63,20 +41,6 @@ class Server:
                 pass
             time.sleep(0.2)
         pytest.fail(f"the server did not answer /v1/ping within {timeout}s: {self.output()}")
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()[-3000:]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
