@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from test_vf_eval import hand_computed_return, scripted_server  # noqa: F401 - a fixture, used by name
+from test_vf_eval import hand_computed_return, kill_when_running, scripted_server  # noqa: F401 - a fixture, used by name
 
 from air.policies.scripted import SCRIPTS
 
@@ -182,23 +182,10 @@ def test_a_killed_container_fails_only_its_rollout(scripted_server, tmp_path, im
                                                    docker_client):
     """Kill the sandbox of the regression rollout while its agent sleeps: through the wire, that rollout comes
     back failed with SandboxError (infrastructure: excluded from training, not scored 0); the others exact."""
-    killed: list[str] = []
     served = ["regression-rmse", "prisoners-dilemma"]
     with env_server(tmp_path, docker_client, served, *POOLS["static"]) as server:
-        def killer() -> None:
-            deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and not killed:
-                for c in docker_client.containers.list(
-                        filters={"label": [f"air.run={server['run_id']}", "air.task=regression-rmse"]}):
-                    top = c.top(ps_args="-eo pid,args").get("Processes") or []
-                    if any("sleep 600" in " ".join(p) for p in top):
-                        c.kill()
-                        killed.append(c.id)
-                        return
-                time.sleep(0.2)
-
-        thread = threading.Thread(target=killer, daemon=True)
-        thread.start()
+        thread, killed = kill_when_running(
+            docker_client, [f"air.run={server['run_id']}", "air.task=regression-rmse"], "sleep 600")
         tasks = load_tasks(["regression-rmse"]) + load_tasks(["prisoners-dilemma"]) * 2
         episodes = asyncio.run(drive(server, scripted_server, tasks, concurrency=3))
         thread.join(5)

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -81,6 +82,28 @@ def assert_rewards(episodes: list[dict]) -> None:
         assert trace["metrics"]["scored"] == 1.0
 
 
+def kill_when_running(docker_client, labels: list[str], command: str, patience: float = 300
+                      ) -> tuple[threading.Thread, list[str]]:
+    """In the background, kill the first container (with these labels) in which `command` runs; the list gets its
+    id. The caller joins the thread once the run is over and asserts the list is not empty."""
+    killed: list[str] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + patience
+        while time.monotonic() < deadline and not killed:
+            for c in docker_client.containers.list(filters={"label": labels}):
+                top = c.top(ps_args="-eo pid,args").get("Processes") or []
+                if any(command in " ".join(p) for p in top):
+                    c.kill()
+                    killed.append(c.id)
+                    return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    return thread, killed
+
+
 def air_containers(docker_client) -> set[str]:
     return {c.id for c in docker_client.containers.list(all=True, filters={"label": "air.run"})}
 
@@ -103,24 +126,8 @@ def test_a_container_killed_mid_rollout_fails_only_that_rollout(scripted_server,
     """Kill one regression-rmse sandbox while its agent sleeps: that rollout fails with SandboxError (excluded
     from training, not scored 0), the others finish with their exact rewards, later rollouts get fresh sandboxes,
     and nothing is left behind."""
-    import threading
-
     before = air_containers(docker_client)
-    killed: list[str] = []
-
-    def killer() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not killed:
-            for c in docker_client.containers.list(filters={"label": "air.task=regression-rmse"}):
-                top = c.top(ps_args="-eo pid,args").get("Processes") or []
-                if any("sleep 600" in " ".join(p) for p in top):
-                    c.kill()
-                    killed.append(c.id)
-                    return
-            time.sleep(0.2)
-
-    thread = threading.Thread(target=killer, daemon=True)
-    thread.start()
+    thread, killed = kill_when_running(docker_client, ["air.task=regression-rmse"], "sleep 600", patience=240)
     out = tmp_path / "out"
     cmd = ["vf-eval", "air-mlgym", "-n", str(len(TASKS)), "-r", "2", "-c", "3", "-m", "air-scripted",
            "--client.base-url", scripted_server, "--env.taskset.tasks", json.dumps(TASKS),
