@@ -142,6 +142,19 @@ async def test_interrupt_stops_the_running_command(pool, base_spec):
         assert r.exit_code == 130 and "never" not in r.stdout and not r.timed_out
 
 
+async def test_the_agent_cannot_replace_the_function_that_reports_its_commands(pool, base_spec):
+    """`__air_run` holds the report pipe while it says a command began: redefining or unsetting it (to keep that
+    pipe for itself, or to forge reports) fails, and commands still report their own status."""
+    async with pool.lease(base_spec) as sb:
+        s = sb.session
+        r = await s.run("__air_run() { echo hijacked; }; echo after-define")
+        assert "readonly function" in r.stdout + r.stderr
+        r = await s.run("unset -f __air_run; echo after-unset")
+        assert "readonly" in r.stdout + r.stderr
+        r = await s.run("echo still-mine; (exit 7)")
+        assert (r.exit_code, r.stdout) == (7, "still-mine\n") and not r.shell_restarted
+
+
 async def test_an_interrupt_right_after_the_command_was_sent_never_kills_the_shell(pool, base_spec):
     """Ctrl-C pressed just after Enter: the interrupt may reach the warden before the shell has even read the
     command. It waits until the command has started (its trap in place), so it aborts the command, never the
