@@ -56,6 +56,9 @@ TRUST = {
     "regressionKaggleHousePrice": {"evaluation_only": ["answer.csv"]},
     "regressionKaggleHousePriceL1": {"evaluation_only": ["answer.csv"]},
 }
+# MLGym tasks whose evaluation is random, declared (a check also finds out when two evaluations differ, but two
+# draws of a coarse score can agree): the games' unseeded 10,000-round simulations and 3-SAT's wall-clock time.
+STOCHASTIC = {"prisonersDilemma", "battleOfSexes", "blotto", "3SATTime"}
 _LOWER_IS_BETTER = ("loss", "rmse", "mse", "mae", "error", "time", "bpc", "perplexity", "regret")
 DEFAULT_TIMEOUT = 3600
 
@@ -233,7 +236,9 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
                                   submission=["submission.csv"] if contract == "mlgym-csv" else [],
                                   timeout=training_timeout, agent_module=trust.get("agent_module"),
                                   agent_functions=trust.get("agent_functions", []), trusted=trusted),
-            baseline=Baseline(command=command, scores=scores, tolerance=0.0),
+            baseline=Baseline(command=command, scores=scores, tolerance=0.0, stochastic=cfg.id in STOCHASTIC,
+                              reproducible=bool(cfg.baseline_paths)),
+            baseline_files=_reference_submission(root, cfg, contract),
             metrics=metrics, timeouts=Timeouts(command=60, training=training_timeout),
         )
     except ValidationError as exc:
@@ -290,3 +295,13 @@ def _split_code(root: Path, cfg: TaskConfig, yaml_path: Path, evaluation_paths: 
         raise TaskError(f"{yaml_path}: evaluation_paths {sorted(missing)} are not among the starter_code "
                         "files")
     return starter, evaluation_files
+
+
+def _reference_submission(root: Path, cfg: TaskConfig, contract: Contract) -> list[FileEntry]:
+    """A task naming no baseline script (titanic, house price L1) cannot reproduce its recorded scores; its
+    sample_submission, when it has one, is what `air tasks check` scores instead, as the CSV contract's
+    submission.csv (so that the evaluation is exercised, and said to be, rather than failing on no
+    submission)."""
+    if cfg.baseline_paths or not cfg.sample_submission or contract != "mlgym-csv":
+        return []
+    return [FileEntry(source=(root / cfg.sample_submission).resolve(), dest="submission.csv")]

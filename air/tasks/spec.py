@@ -70,6 +70,15 @@ class Baseline(BaseModel):
     """Run by the agent user in the staged workspace to produce the baseline submission ("" = the starter is)."""
     scores: dict[str, float] = {}
     tolerance: float = Field(0.0, ge=0)
+    """Allowed |score - recorded| of a deterministic evaluation (and the least allowed of a stochastic one)."""
+    stochastic: bool = False
+    """The evaluation is random (unseeded simulations, timings): `air tasks check` compares the recorded score
+    with a bound from repeated evaluations, never exactly. Found out too when two evaluations of one submission
+    differ; declaring it guards against two draws that happen to agree."""
+    reproducible: bool = True
+    """False: the task ships nothing that produces its baseline (MLGym's titanic): its scores are a record that
+    cannot be reproduced, and the check only exercises the evaluation on `baseline_files` (a reference
+    submission) when the task has one."""
 
 
 class Timeouts(BaseModel):

@@ -1,0 +1,187 @@
+"""MLGym-Bench on air, the tasks/CLI side: statistically honest baseline checks, tasks without a baseline script,
+`air tasks list --mlgym-root`, MLGym-shaped results.json, and air's warnings under vf-eval.
+
+The MLGym tree is the toy one of tests/test_mlgym.py plus tasks written here: a game whose evaluation is an
+unseeded simulation (its score is a random draw with a known mean), titanic-like CSV tasks naming no baseline
+script, and tasks that need what this machine may lack (a GPU, a remote dataset, JAX, HF datasets).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_mlgym import write_tree, write_yaml
+
+from air.tasks.baseline_stats import agreement, t_quantile
+from air.tasks.mlgym import load_mlgym_task
+
+ROUNDS = 400
+# The agent always cooperates and the opponent cooperates to a uniform random degree u each round, paying 3u:
+# the score's mean is exactly 1.5 and its sd 3 / sqrt(12) / sqrt(ROUNDS) = 0.0433 per evaluation.
+TRUE_MEAN, SCORE_SD = 1.5, 3 / 12 ** 0.5 / ROUNDS ** 0.5
+NOISY_FILES = {
+    "data/noisyGame/evaluate.py": f'''\
+"""An unseeded simulation, as MLGym's game evaluations are: every run scores a different draw."""
+import json, random
+from strategy import row_strategy
+from target import target_column_strategy
+total, history = 0.0, []
+for _ in range({ROUNDS}):
+    row, u = row_strategy(history), target_column_strategy(history, random.random())
+    total += 3 * u if row == 0 else 1 + 2 * u
+    history.append((row, u))
+print(json.dumps({{"Score": total / {ROUNDS}}}))
+''',
+    "data/noisyGame/target.py": "def target_column_strategy(history, u):\n    return u\n",
+    "data/noisyGame/strategy.py": "def row_strategy(history):\n    return 0\n",
+}
+
+
+def noisy_task(recorded: float, task_id: str = "noisyGame") -> dict:
+    return {"id": task_id, "name": "Noisy game", "description": "Write row_strategy(history) in strategy.py.",
+            "task_entrypoint": "PythonSubmissionTasks", "training_timeout": 60,
+            "starter_code": [f"data/noisyGame/{n}" for n in ("target.py", "evaluate.py", "strategy.py")],
+            "baseline_paths": ["evaluate.py"], "baseline_scores": [{"Score": recorded}],
+            "evaluation_paths": ["evaluate.py"]}
+
+
+def no_baseline_task(task_id: str, sample: bool) -> dict:
+    """Shaped like MLGym's titanic (sample_submission, no baseline_paths) or house price L1 (neither)."""
+    task = {"id": task_id, "name": "CSV without a baseline script", "description": "Predict.\n{dataset_docs}",
+            "task_entrypoint": "CSVSubmissionTasks", "training_timeout": 60,
+            "starter_code": ["data/csvToy/evaluate.py"], "dataset_configs": ["datasets/toyRows.yaml"],
+            "baseline_scores": [{"Accuracy": 0.76555}], "evaluation_paths": ["evaluate.py"]}
+    if sample:
+        task["sample_submission"] = "data/csvToy/sample_submission.csv"
+    return task
+
+
+@pytest.fixture
+def bench_root(tmp_path) -> Path:
+    root = write_tree(tmp_path / "MLGym")
+    for rel, text in NOISY_FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    tasks = root / "configs" / "tasks"
+    write_yaml(tasks / "noisyGame.yaml", noisy_task(TRUE_MEAN))
+    # The recorded score moved 1.0 away: 23 per-evaluation sds.
+    write_yaml(tasks / "noisyGameMoved.yaml", noisy_task(TRUE_MEAN + 1.0, "noisyGameMoved"))
+    write_yaml(tasks / "titanicLike.yaml", no_baseline_task("titanicLike", sample=True))
+    write_yaml(tasks / "housePriceL1Like.yaml", no_baseline_task("housePriceL1Like", sample=False))
+    return root
+
+
+# ===== the statistics ===============================================================================================
+def test_t_quantiles_are_students():
+    """Against standard tables (t_0.995): 4.604 at 4 degrees of freedom, 2.750 at 30, 2.576 in the limit."""
+    assert t_quantile(4) == 4.604 and t_quantile(30) == 2.750
+    assert abs(t_quantile(40) - 2.7045) < 1e-3 and abs(t_quantile(10 ** 6) - 2.5758) < 1e-3
+    with pytest.raises(ValueError):
+        t_quantile(0)
+
+
+def test_agreement_bound_is_k_sd_sqrt_one_plus_one_over_n():
+    values = [1.0, 1.2, 0.8, 1.1, 0.9]  # mean 1.0, sd 0.1581
+    verdict = agreement(1.0, values)
+    expected = 4.604 * 0.15811388 * (1 + 1 / 5) ** 0.5
+    assert verdict.runs == 5 and abs(verdict.mean - 1.0) < 1e-12 and abs(verdict.bound - expected) < 1e-6
+    assert agreement(1.0 + expected * 0.99, values).ok and not agreement(1.0 + expected * 1.01, values).ok
+    assert not agreement(1.0 - expected * 1.01, values).ok  # both sides
+    # Identical draws: the task's tolerance is the bound (a declared stochastic task is not exact by accident).
+    assert agreement(2.05, [2.0, 2.0], tolerance=0.1).ok and not agreement(2.05, [2.0, 2.0]).ok
+    with pytest.raises(ValueError):
+        agreement(1.0, [1.0])
+
+
+# ===== loading ======================================================================================================
+def test_no_baseline_script_loads_as_not_reproducible_with_its_sample_as_reference(bench_root):
+    """titanic-like: the sample submission is the check's reference submission, never the agent's file."""
+    spec = load_mlgym_task(bench_root, "tasks/titanicLike.yaml")
+    assert not spec.baseline.reproducible and spec.baseline.command == ""
+    assert [(e.source.name, e.dest) for e in spec.baseline_files] == [("sample_submission.csv", "submission.csv")]
+    assert "submission.csv" not in {e.dest for e in spec.starter}
+    bare = load_mlgym_task(bench_root, "tasks/housePriceL1Like.yaml")
+    assert not bare.baseline.reproducible and bare.baseline_files == []
+    game = load_mlgym_task(bench_root, "tasks/noisyGame.yaml")
+    assert game.baseline.reproducible and not game.baseline.stochastic  # not declared: found out by the check
+
+
+def test_mlgyms_games_are_declared_stochastic():
+    from air.tasks import mlgym
+
+    assert {"prisonersDilemma", "battleOfSexes", "blotto"} <= mlgym.STOCHASTIC
+
+
+# ===== the check, in sandboxes =======================================================================================
+@pytest.mark.docker
+async def test_a_stochastic_game_passes_within_its_bound_and_fails_outside(bench_root, pool):
+    """The same baseline submission evaluated again differs, so the game is found stochastic and evaluated
+    `runs` times: the recorded true mean passes (a false failure needs |T_5| > 10.7, p ~ 1e-4), and the same
+    record moved by 23 sds fails with the bound in its message (a false pass needs the sample sd to be 4x too
+    large, p < 1e-7)."""
+    from air.tasks.environment import TaskEnvironment, check_baseline
+
+    result = await check_baseline(TaskEnvironment(load_mlgym_task(bench_root, "tasks/noisyGame.yaml"), pool),
+                                   runs=6)
+    assert result.status == "ok" and result.ok, result
+    assert result.stochastic and result.runs == 6
+    assert abs(result.got - TRUE_MEAN) < 6 * SCORE_SD / 6 ** 0.5, result  # the mean of the six draws
+    assert 0.3 * SCORE_SD < result.sd < 3 * SCORE_SD, result
+    assert result.bound == pytest.approx(4.032 * result.sd * (1 + 1 / 6) ** 0.5)
+
+    moved = await check_baseline(TaskEnvironment(load_mlgym_task(bench_root, "tasks/noisyGameMoved.yaml"), pool),
+                                 runs=6)
+    assert moved.status == "failed" and not moved.ok and moved.stochastic and moved.runs == 6, moved
+    assert "sd" in moved.message and "sqrt(1 + 1/6)" in moved.message, moved.message
+
+
+@pytest.mark.docker
+async def test_a_deterministic_task_is_evaluated_twice_and_held_exact(bench_root, pool):
+    """csvToy's evaluation is deterministic: two identical runs, no bound but the tolerance (0): the recorded
+    score moved by 1e-6 fails."""
+    from air.tasks.environment import TaskEnvironment, check_baseline
+
+    spec = load_mlgym_task(bench_root, "tasks/csvToy.yaml")
+    result = await check_baseline(TaskEnvironment(spec, pool))
+    assert result.status == "ok" and result.runs == 2 and not result.stochastic and result.sd is None, result
+    moved = spec.model_copy(update={"baseline": spec.baseline.model_copy(update={"scores": {"Accuracy": 0.500001}})})
+    missed = await check_baseline(TaskEnvironment(moved, pool))
+    assert missed.status == "failed" and "differs from the recorded" in missed.message, missed
+
+
+@pytest.mark.docker
+async def test_no_baseline_script_is_its_own_status_and_exercises_the_reference(bench_root, pool):
+    """titanic-like: 'no baseline to reproduce', neither ok nor failed, with the sample submission's real score
+    (csvToy's sample predicts 0 everywhere: accuracy 0.5); house-price-L1-like: the same status, saying the
+    evaluation was not exercised."""
+    from air.tasks.environment import TaskEnvironment, check_baseline
+
+    result = await check_baseline(TaskEnvironment(load_mlgym_task(bench_root, "tasks/titanicLike.yaml"), pool))
+    assert result.status == "no_baseline" and not result.ok, result
+    assert result.got == 0.5 and result.runs == 2 and result.expected == 0.76555, result
+    assert "no baseline to reproduce" in result.message and "submission.csv" in result.message
+    bare = await check_baseline(TaskEnvironment(load_mlgym_task(bench_root, "tasks/housePriceL1Like.yaml"), pool))
+    assert bare.status == "no_baseline" and bare.runs == 0 and "not exercised" in bare.message, bare
+
+
+def air(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "air.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.docker
+def test_tasks_check_exit_code_follows_the_statuses(bench_root, images):
+    """No baseline to reproduce is not a failure (exit 0, said in the summary); a stochastic record outside its
+    bound is (exit 1)."""
+    root = str(bench_root)
+    ok = air("tasks", "check", "mlgym:tasks/titanicLike.yaml", "mlgym:tasks/csvToy.yaml", "--mlgym-root", root)
+    assert ok.returncode == 0, ok.stderr
+    assert "no baseline" in ok.stdout and "1 reproduced, 0 failed, 1 with no baseline to reproduce" in ok.stdout
+    bad = air("tasks", "check", "mlgym:tasks/noisyGameMoved.yaml", "--mlgym-root", root, "--runs", "3", "--json")
+    assert bad.returncode == 1, bad.stderr
+    [row] = json.loads(bad.stdout)
+    assert row["status"] == "failed" and row["stochastic"] and row["runs"] == 3
