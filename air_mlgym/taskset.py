@@ -38,6 +38,7 @@ from air.episode.config import EpisodeConfig
 from air.episode.prompts import system_prompt, task_prompt
 from air.episode.rewards import RewardConfig
 from air.sandbox import PoolConfig
+from air_mlgym.logs import route_air_logs
 
 if TYPE_CHECKING:
     from air.episode.loop import Episode
@@ -103,6 +104,7 @@ class AirTaskset(vf.Taskset[AirTask, AirTasksetConfig]):
     def load(self) -> list[AirTask]:
         from air.tasks.registry import load_task
 
+        route_air_logs()  # before loading: the MLGym loader warns of fields it cannot honour
         config, episode = self.config, self.config.episode_config()
         tasks = []
         for ref in config.tasks:
@@ -126,6 +128,7 @@ class AirEnv(vf.Env[AirEnvConfig]):
         from air.tasks.registry import load_task
 
         cfg = self.config.taskset
+        route_air_logs()
         self.specs = {ref: load_task(ref, cfg.mlgym_root) for ref in cfg.tasks}
         self.episode_config = cfg.episode_config()
         self.pool = SandboxPool(cfg.pool_config())

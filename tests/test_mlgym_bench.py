@@ -185,3 +185,35 @@ def test_tasks_check_exit_code_follows_the_statuses(bench_root, images):
     assert bad.returncode == 1, bad.stderr
     [row] = json.loads(bad.stdout)
     assert row["status"] == "failed" and row["stochastic"] and row["runs"] == 3
+
+
+# ===== air's warnings under vf-eval ==================================================================================
+LOAD_AS_VF_EVAL = """\
+import sys
+import verifiers.v1 as vf
+from verifiers.v1.utils.logging import setup_logging
+mode, root, log_file = sys.argv[1:]
+if mode != "plain":  # vf-eval's own set-up: console, or --rich (the dashboard owns the screen)
+    setup_logging("INFO", log_file=log_file, console=mode == "console")
+config = vf.resolve_env_config({"taskset": {"id": "air-mlgym", "tasks": ["mlgym:tasks/modelToy.yaml"],
+                                            "mlgym_root": root}})
+print(len(list(vf.load_taskset(config.taskset))))
+"""
+MEMORY_WARNING = "memory_path: MLGym's memory tool is not supported"
+
+
+@pytest.mark.parametrize("mode", ["console", "rich", "plain"])
+def test_air_warnings_reach_the_user_under_vf_eval(mode, bench_root, tmp_path):
+    """The toy modelToy task has fields air cannot honour (memory_path, requirements_path). Loaded the way vf-eval
+    loads a taskset after its logging set-up, air's warnings land where verifiers' records do: on stderr and in
+    eval.log; under --rich in eval.log only (never over the dashboard, never "No handlers could be found");
+    without any set-up, on stderr."""
+    log_file = tmp_path / "logs" / "eval.log"
+    proc = subprocess.run([sys.executable, "-c", LOAD_AS_VF_EVAL, mode, str(bench_root), str(log_file)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "1", proc.stderr
+    assert "No handlers could be found" not in proc.stderr
+    logged = log_file.read_text() if log_file.exists() else ""
+    assert (MEMORY_WARNING in proc.stderr) == (mode != "rich"), proc.stderr
+    assert (MEMORY_WARNING in logged) == (mode != "plain"), logged
+    assert proc.stderr.count(MEMORY_WARNING) <= 1  # not once per handler
