@@ -124,8 +124,8 @@ def test_compiled_language_compile_error_or_a_clear_not_available(server, docker
         assert response.compile_result is None and response.run_result is None
         assert "language 'cpp' is not available" in response.message and "g++" in response.message
         assert "python" in response.message  # says what is available instead
-    response = run(server, "print 'x'", language="junit")
-    assert response.status == "Failed" and "does not run this language" in response.message
+    response = run(server, "print 'x'", language="julia")
+    assert response.status == "Failed" and "does not run it" in response.message
 
 
 def test_a_megabyte_of_output_comes_back_whole_and_more_is_cut_with_a_note(server):

@@ -262,11 +262,18 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
         # Anonymous volumes (removed with the container): disk-backed, so a checkpoint does not eat memory.
         volumes = (AIR_DIR,) if spec.workspace_mb else (AGENT_HOME, AIR_DIR)
         kwargs["mounts"] = [docker.types.Mount(target=path, source=None, type="volume") for path in volumes]
-        tmp = f"rw,nosuid,nodev,size={spec.tmp_mb}m,mode=1777"
+        # `exec`: Docker mounts a tmpfs noexec unless told otherwise, and programs compiled in the home or a temp
+        # dir (C++, Rust, Go's test binaries) must run. noexec is no boundary against the agent anyway: it runs
+        # any interpreter on any file it writes.
+        tmp = f"rw,exec,nosuid,nodev,size={spec.tmp_mb}m,mode=1777"
         kwargs["tmpfs"] = {"/tmp": tmp, "/var/tmp": tmp}
         if spec.workspace_mb:
-            kwargs["tmpfs"][AGENT_HOME] = (f"rw,nosuid,nodev,size={spec.workspace_mb}m,uid={AGENT_UID},"
+            kwargs["tmpfs"][AGENT_HOME] = (f"rw,exec,nosuid,nodev,size={spec.workspace_mb}m,uid={AGENT_UID},"
                                            f"gid={AGENT_UID},mode=755")
+    # Read-only binds (air's data store): the agent can read them, nobody in the sandbox can write them.
+    kwargs.setdefault("mounts", []).extend(
+        docker.types.Mount(target=target, source=source, type="bind", read_only=True)
+        for target, source in sorted(spec.read_only_mounts.items()))
     if gpu_ids and gpu_devices:
         kwargs["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=list(gpu_ids),
                                                                 capabilities=[["gpu"]])]

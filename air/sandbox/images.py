@@ -1,11 +1,12 @@
 """Task images, built offline from the recipes in `images/`.
 
-A recipe is a folder `images/<name>/` with a `recipe.toml` (description, parent recipe, Python requirements) and
-optionally its own Dockerfile (else `images/Dockerfile.wheels`). Python packages are downloaded as wheels on the
-host (which may reach an index the containers cannot) and installed inside a build that has no network.
+A recipe is a folder `images/<name>/` with a `recipe.toml` (description, parent recipe, Python requirements, Debian
+packages) and optionally its own Dockerfile (else `images/Dockerfile.wheels`). Python packages are downloaded as
+wheels, Debian packages as .debs, on the host (which may reach an index the containers cannot) and installed inside
+a build that has no network.
 
 Builds are idempotent: an image is tagged `air/<name>:<hash>` where the hash covers the Dockerfile, the recipe,
-the parent image and the staged wheel list; `air/<name>:latest` points at the newest build. Nothing is rebuilt
+the parent image and the staged wheel and .deb lists; `air/<name>:latest` points at the newest build. Nothing is rebuilt
 unless one of those changed. Without a registry, the base image is bootstrapped from Debian's packages.
 """
 
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -33,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air import paths
 from air.errors import ImageError, UsageError
+from air.sandbox.debs import stage_debs
 from air.validation import one_line
 
 PYTHON_VERSION = "3.11"
@@ -54,6 +58,11 @@ class Recipe(BaseModel):
     parent: str | None = None
     requirements: list[str] = []
     optional: list[str] = []
+    # Out of the dump that the image hash covers (build adds them when there are some), so that recipes without
+    # Debian packages keep the hash they had before the field existed.
+    debs: list[str] = Field([], exclude=True)
+    """Debian packages (no recommends) downloaded on the host for the parent's suite, installed by the recipe's
+    own Dockerfile from the context's `debs/` folder (see air/sandbox/debs.py)."""
     gpu: bool = False
 
     @property
@@ -285,6 +294,42 @@ class ImageBuilder:
                          f"fix requirements in {recipe.folder / 'recipe.toml'} or make the wheel reachable "
                          "(e.g. --pip-arg=--find-links=DIR)")
 
+    # ----- Debian packages ---------------------------------------------------------------------------------------
+    def stage_debs(self, recipe: Recipe, parent: docker.models.images.Image) -> tuple[Path, list[str]]:
+        """Download once into the cache the .debs the recipe's packages need on top of `parent`; returns
+        (folder, file names). Keyed by the parent's id: another parent may lack other packages."""
+        mirror = debian_mirror()
+        key = _digest([recipe.debs, parent.id, mirror, DEBIAN_SUITE])
+        folder = paths.cache_dir() / "debs" / f"{recipe.name}-{key}"
+        done = folder / "debs.txt"
+        if done.exists():
+            return folder, done.read_text().split()
+        tmp = folder.with_suffix(".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        names = stage_debs(recipe.debs, self._dpkg_status(parent), tmp, mirror=mirror, suite=DEBIAN_SUITE,
+                           label=recipe.name, report=self.report, detail=self.detail)
+        (tmp / "debs.txt").write_text("\n".join(names) + "\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        return folder, names
+
+    def _dpkg_status(self, image: docker.models.images.Image) -> bytes:
+        """The image's /var/lib/dpkg/status, read from a container that is created, never started."""
+        container = self.client.containers.create(image.id, command=["true"], network_mode="none",
+                                                  labels={"air.role": "image-probe"})
+        try:
+            stream, _ = container.get_archive("/var/lib/dpkg/status")
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                member = tar.next()
+                data = tar.extractfile(member) if member is not None else None
+                if data is None:
+                    raise ImageError(f"image {image.short_id} has no dpkg status: not a Debian image")
+                return data.read()
+        except docker.errors.NotFound:
+            raise ImageError(f"image {image.short_id} has no /var/lib/dpkg/status: not a Debian image") from None
+        finally:
+            container.remove(force=True)
+
     # ----- build ------------------------------------------------------------------------------------------------
     def ensure(self, names: Iterable[str], force: bool = False) -> list[BuiltImage]:
         recipes = load_recipes()
@@ -307,8 +352,9 @@ class ImageBuilder:
             raise ImageError(f"parent image {parent_ref} of recipe '{recipe.name}' is missing")
         wheels, installed = self.stage_wheels(recipe) if recipe.needs_wheels else (None, [])
         wheel_names = sorted(p.name for p in wheels.glob("*.whl")) if wheels else []
+        debs, deb_names = self.stage_debs(recipe, parent) if recipe.debs else (None, [])
         digest = _digest([recipe.dockerfile.read_bytes().hex(), recipe.model_dump_json(), parent.id,
-                          wheel_names, installed])
+                          wheel_names, installed, *([recipe.debs, deb_names] if recipe.debs else [])])
         tag = f"{REPO}/{recipe.name}:{digest}"
         existing = self._has_image(tag)
         if existing is not None and not force:
@@ -325,6 +371,10 @@ class ImageBuilder:
                 (context / "wheels").mkdir()
                 for whl in wheels.iterdir():
                     _link_or_copy(whl, context / "wheels" / whl.name)
+            if debs:
+                (context / "debs").mkdir()
+                for name in deb_names:
+                    _link_or_copy(debs / name, context / "debs" / name)
             image_id = self._docker_build(recipe, context, tag, parent_ref)
         image = self.client.images.get(image_id)
         image.tag(REPO + "/" + recipe.name, "latest")

@@ -7,10 +7,12 @@ import asyncio
 import base64
 import binascii
 import io
+import json
 import logging
 import posixpath
 import re
 import secrets
+import shlex
 import tarfile
 from dataclasses import dataclass, field
 
@@ -25,12 +27,14 @@ from air.sandbox import (
     make_tar,
 )
 from air.services.sandbox_fusion.config import SandboxFusionConfig
-from air.services.sandbox_fusion.recipes import RECIPES, Recipe, availability, probe_argv
+from air.services.sandbox_fusion.recipes import RECIPES, CompileRefused, Recipe, availability, probe_argv, script
 from air.services.sandbox_fusion.schema import (
     CommandRunResult,
     CommandRunStatus,
     RunCodeRequest,
     RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
     RunStatus,
 )
 
@@ -47,11 +51,18 @@ class _Plan:
     recipe: Recipe
     request_id: str
     files: dict[str, bytes]
+    """Relative to the request's directory."""
+    absolute: dict[str, bytes]
+    """Absolute paths in the sandbox, written with the agent's rights."""
     stdin: bytes | None
     fetch: list[tuple[str, str]]
-    """(as requested, normalised relative path)."""
+    """(as requested, normalised path: relative, or absolute)."""
     run_timeout: float
     compile_timeout: float
+    compile: str | None
+    run: str
+    refused: str = ""
+    """Why the code is not compiled (a compile error upstream reports without running a compiler)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -64,15 +75,28 @@ class _Plan:
         return make_tar({f"{root}/{rel}": content for rel, content in self.files.items()}, owner=AGENT_UID)
 
 
-def _relative(path: str, what: str) -> str:
-    """A safe relative path inside the request's directory, normalised; _Rejected otherwise."""
+_PSEUDO = ("/proc", "/sys", "/dev")
+"""Kernel file systems: a path there is not a file (except /dev/shm, a temp dir that reset empties)."""
+
+
+def _path(path: str, what: str) -> str:
+    """A normalised path: relative ones stay inside the request's directory; absolute ones (which SandboxFusion
+    documents) are places in the sandbox, written or read later with the agent's rights. _Rejected otherwise."""
     if not path or "\0" in path:
         raise _Rejected(f"{what} path {path!r} is empty or contains NUL")
     norm = posixpath.normpath(path)
-    if path.startswith("/") or norm == "." or norm == ".." or norm.startswith("../"):
-        raise _Rejected(f"{what} path {path!r} must be relative and stay inside the working directory")
+    if norm.startswith("//"):  # POSIX keeps a leading double slash
+        norm = "/" + norm.lstrip("/")
     if len(norm.encode()) > 2048 or any(len(part.encode()) > 255 for part in norm.split("/")):
         raise _Rejected(f"{what} path {path[:80]!r}... is too long (255 bytes a name, 2048 in all)")
+    if norm.startswith("/"):
+        pseudo = any(norm == top or norm.startswith(top + "/") for top in _PSEUDO)
+        if norm == "/" or (pseudo and not norm.startswith("/dev/shm/")):
+            raise _Rejected(f"{what} path {path!r} is not a file in the sandbox")
+        return norm
+    if norm == "." or norm == ".." or norm.startswith("../"):
+        raise _Rejected(f"{what} path {path!r} must stay inside the working directory (an absolute path "
+                        "names a place elsewhere in the sandbox)")
     return norm
 
 
@@ -154,18 +178,34 @@ class SandboxFusionService:
             plan = self._plan(request)
         except _Rejected as exc:
             return RunCodeResponse(status=RunStatus.Failed, message=str(exc))
+        return await self._leased(lambda sandbox: self._execute(sandbox, plan), RunCodeResponse)
+
+    async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
+        """The cells in one fresh kernel in a leased sandbox (jupyter.py)."""
+        from air.services.sandbox_fusion import jupyter
+
+        self.requests += 1
+        try:
+            plan = jupyter.plan(request, max_timeout=self.config.max_run_timeout,
+                                max_input_bytes=self.config.max_input_bytes)
+        except _Rejected as exc:
+            return RunJupyterResponse(status=RunStatus.Failed, message=str(exc))
+        return await self._leased(lambda sandbox: jupyter.execute(self, sandbox, plan), RunJupyterResponse)
+
+    async def _leased(self, work, answer):
+        """await work(sandbox) within a slot and a leased sandbox; a busy server or an infrastructure fault is
+        `answer(status=SandboxError, message=...)`."""
         try:
             await asyncio.wait_for(self._slots.acquire(), self.config.queue_timeout)
-        except asyncio.TimeoutError:
-            return RunCodeResponse(status=RunStatus.SandboxError,
-                                   message=f"server busy: no free slot within {self.config.queue_timeout:g}s")
+        except TimeoutError:
+            return answer(status=RunStatus.SandboxError,
+                          message=f"server busy: no free slot within {self.config.queue_timeout:g}s")
         try:
             async with self.pool.lease(self.spec) as sandbox:
-                return await self._execute(sandbox, plan)
+                return await work(sandbox)
         except InfraError as exc:
             log.warning("sandbox error: %s", exc)
-            return RunCodeResponse(status=RunStatus.SandboxError,
-                                   message=f"sandbox infrastructure error: {exc}")
+            return answer(status=RunStatus.SandboxError, message=f"sandbox infrastructure error: {exc}")
         finally:
             self._slots.release()
 
@@ -176,15 +216,28 @@ class SandboxFusionService:
                             f"{', '.join(self.languages())}")
         recipe = RECIPES[request.language]
         files: dict[str, bytes] = {}
+        absolute: dict[str, bytes] = {}
         for path, content in request.files.items():
             if content is None or "IGNORE_THIS_FILE" in path:  # skipped, as upstream does
                 continue
-            rel = _relative(path, "file")
+            norm = _path(path, "file")
             try:
-                files[rel] = base64.b64decode(content)
+                (absolute if norm.startswith("/") else files)[norm] = base64.b64decode(content)
             except (binascii.Error, ValueError):
                 raise _Rejected(f"file {path!r} is not valid base64") from None
-        files[recipe.source] = request.code.encode()
+        names = [*files, *absolute]
+        # Upstream writes the code after the files, to a fresh temporary name (never an upload's); a fixed name
+        # (Java's Main.java) replaces an upload of that name there, and so here.
+        source = recipe.source_name(request.code, taken=files)
+        if source is not None:
+            files[source] = (recipe.transform(request.code) if recipe.transform else request.code).encode()
+        fields = {"src": shlex.quote(source or ""),
+                  "cp": shlex.quote(recipe.class_path(names)) if recipe.class_path else ""}
+        refused = ""
+        try:
+            fields["main"] = shlex.quote(recipe.main(request.code)) if recipe.main else ""
+        except CompileRefused as exc:
+            refused, fields["main"] = str(exc), ""
         paths = set(files)
         for rel in paths:  # a file cannot also be a directory
             parent = posixpath.dirname(rel)
@@ -193,11 +246,11 @@ class SandboxFusionService:
                     raise _Rejected(f"file {parent!r} is also used as a directory (by {rel!r})")
                 parent = posixpath.dirname(parent)
         stdin = request.stdin.encode() if request.stdin is not None else None
-        size = sum(map(len, files.values())) + len(stdin or b"")
+        size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + len(stdin or b"")
         if size > self.config.max_input_bytes:
             raise _Rejected(f"code, stdin and files are {size} bytes; this server takes at most "
                             f"{self.config.max_input_bytes}")
-        fetch = [(path, _relative(path, "fetch")) for path in request.fetch_files]
+        fetch = [(path, _path(path, "fetch")) for path in request.fetch_files]
         notes = []
         limit = self.config.max_run_timeout
 
@@ -208,17 +261,26 @@ class SandboxFusionService:
 
         compile_timeout = (bounded("compile_timeout", request.compile_timeout) if recipe.compile
                            else min(request.compile_timeout, limit))
-        return _Plan(request, recipe, secrets.token_hex(8), files, stdin, fetch,
-                     bounded("run_timeout", request.run_timeout), compile_timeout, notes)
+        return _Plan(request, recipe, secrets.token_hex(8), files, absolute, stdin, fetch,
+                     bounded("run_timeout", request.run_timeout), compile_timeout,
+                     recipe.compile.format(**fields) if recipe.compile else None, recipe.run.format(**fields),
+                     refused, notes)
 
     async def _execute(self, sandbox, plan: _Plan) -> RunCodeResponse:
         await sandbox.session.unpack(AGENT_HOME, plan.tar())
+        if plan.absolute:
+            problem = await self._place(sandbox, plan)
+            if problem:
+                return RunCodeResponse(status=RunStatus.Failed, message=problem, executor_pod_name=sandbox.name)
         compile_result = None
+        if plan.refused:
+            compile_result = CommandRunResult(status=CommandRunStatus.Error, return_code=1, stderr=plan.refused)
+            return self._response(sandbox, plan, compile_result, None, {})
         # The program runs as the warden's own child (`exec` replaces the shell): its status is the kernel's,
         # so nothing it prints or forks can forge a finish or an exit code, and every process it left is
         # reaped.
-        if plan.recipe.compile:
-            result = await sandbox.session.exec(["sh", "-c", f"exec {plan.recipe.compile}"],
+        if plan.compile:
+            result = await sandbox.session.exec(["sh", "-c", f"exec {plan.compile}"],
                                                 cwd=plan.directory, timeout=plan.compile_timeout)
             compile_result = await self._command_result(sandbox, result)
             if compile_result.status != CommandRunStatus.Finished or compile_result.return_code != 0:
@@ -226,7 +288,7 @@ class SandboxFusionService:
         limit = (f"ulimit -d {plan.request.memory_limit_MB * 1024} && "
                  if plan.request.memory_limit_MB > 0 else "")
         stdin = plan.stdin.decode("utf-8", "surrogateescape") if plan.stdin is not None else ""
-        result = await sandbox.session.exec(["sh", "-c", f"{limit}exec {plan.recipe.run}"],
+        result = await sandbox.session.exec(["sh", "-c", f"{limit}exec {plan.run}"],
                                             cwd=plan.directory, stdin=stdin, timeout=plan.run_timeout)
         run_result = await self._command_result(sandbox, result)
         files = await self._fetch(sandbox, plan) if plan.fetch else {}
@@ -254,6 +316,18 @@ class SandboxFusionService:
                                 return_code=code, stdout=stdout, stderr=stderr)
 
     # ----- files --------------------------------------------------------------------------------------------
+    async def _place(self, sandbox, plan: _Plan) -> str:
+        """Write the absolute-path files as the agent (a place it may not write is refused by the kernel, never
+        written as root); '' when done, else why not (the caller's input: Failed)."""
+        payload = json.dumps({path: base64.b64encode(data).decode() for path, data in plan.absolute.items()})
+        result = await sandbox.session.exec(["python3", "-c", script("place_files.py")], stdin=payload,
+                                            cwd=plan.directory, timeout=60)
+        if result.timed_out:
+            return "writing the files with absolute paths timed out"
+        if result.exit_code != 0:
+            return (result.stderr.strip().splitlines() or [f"writing the files failed ({result.exit_code})"])[-1]
+        return ""
+
     async def _fetch(self, sandbox, plan: _Plan) -> dict[str, str]:
         """Each requested file, read with the agent's rights after every process of the program was reaped; a
         symlink is never followed."""
@@ -261,8 +335,9 @@ class SandboxFusionService:
         past_budget = f"past this server's {self.config.max_fetch_bytes}-byte budget for fetched files"
         files: dict[str, str] = {}
         for asked, rel in plan.fetch:
+            root, rel = ("/", rel[1:]) if rel.startswith("/") else (plan.directory, rel)
             try:
-                data = await sandbox.session.pack([rel], root=plan.directory, max_bytes=budget + (1 << 20))
+                data = await sandbox.session.pack([rel], root=root, max_bytes=budget + (1 << 20))
             except FileNotFoundError:
                 plan.notes.append(f"fetch_files: {asked!r} left out: not found")
                 continue
