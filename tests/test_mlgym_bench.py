@@ -41,6 +41,20 @@ print(json.dumps({{"Score": total / {ROUNDS}}}))
 }
 
 
+JAX_FILES = {
+    "data/jaxToy/evaluate.py": "import json\nimport jax.numpy as jnp\nfrom gymnax import make\n"
+                               "print(json.dumps({'Reward Mean': float(jnp.zeros(1)[0])}))\n",
+    "data/jaxToy/src/train.py": "import flax\nfrom helpers import clip\n",
+    "data/jaxToy/src/helpers.py": "def clip(x):\n    return x\n",
+    "data/jaxToy/requirements.txt": "jax\ngymnax\nflax\n",
+}
+JAX_TASK = {"id": "jaxToy", "name": "JAX toy", "description": "Train a policy.",
+            "task_entrypoint": "ModelSubmissionTasks", "training_timeout": 60,
+            "requirements_path": "data/jaxToy/requirements.txt",
+            "starter_code": ["data/jaxToy/src", "data/jaxToy/evaluate.py"], "baseline_paths": ["src/train.py"],
+            "baseline_scores": [{"Reward Mean": 1.0}], "evaluation_paths": ["evaluate.py"]}
+
+
 def noisy_task(recorded: float, task_id: str = "noisyGame") -> dict:
     return {"id": task_id, "name": "Noisy game", "description": "Write row_strategy(history) in strategy.py.",
             "task_entrypoint": "PythonSubmissionTasks", "training_timeout": 60,
@@ -63,7 +77,7 @@ def no_baseline_task(task_id: str, sample: bool) -> dict:
 @pytest.fixture
 def bench_root(tmp_path) -> Path:
     root = write_tree(tmp_path / "MLGym")
-    for rel, text in NOISY_FILES.items():
+    for rel, text in {**NOISY_FILES, **JAX_FILES}.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     tasks = root / "configs" / "tasks"
@@ -72,6 +86,8 @@ def bench_root(tmp_path) -> Path:
     write_yaml(tasks / "noisyGameMoved.yaml", noisy_task(TRUE_MEAN + 1.0, "noisyGameMoved"))
     write_yaml(tasks / "titanicLike.yaml", no_baseline_task("titanicLike", sample=True))
     write_yaml(tasks / "housePriceL1Like.yaml", no_baseline_task("housePriceL1Like", sample=False))
+    write_yaml(tasks / "jaxToy.yaml", JAX_TASK)
+    write_yaml(tasks / "brokenToy.yaml", {**JAX_TASK, "id": "brokenToy", "task_entrypoint": "BaseMLTask"})
     return root
 
 
@@ -217,3 +233,58 @@ def test_air_warnings_reach_the_user_under_vf_eval(mode, bench_root, tmp_path):
     assert (MEMORY_WARNING in proc.stderr) == (mode != "rich"), proc.stderr
     assert (MEMORY_WARNING in logged) == (mode != "plain"), logged
     assert proc.stderr.count(MEMORY_WARNING) <= 1  # not once per handler
+
+
+# ===== air tasks list --mlgym-root ==================================================================================
+def test_survey_says_what_loads_what_it_needs_and_why_it_cannot_run(bench_root):
+    """Against given host facts (a CPU image built, no JAX image, no GPU): the games and CSV tasks run here; the
+    JAX task loads but cannot run, for want of JAX (its image is not built, or the image it would run in lacks
+    the modules its code imports); the task with MLGym's retired entrypoint does not load, with the loader's
+    one-line reason; the loader's warnings are collected, not printed."""
+    from air.tasks.mlgym_survey import HostFacts, code_imports, survey
+
+    cpu = {"numpy", "pandas", "sklearn", "scipy", "gymnasium", "yaml", "torch"}
+    host = HostFacts(images={"base", "cpu"}, recipes={"base": set(), "cpu": cpu, "jax": {"jax", "gymnax", "flax"}},
+                     gpus=0)
+    rows = {r.config: r for r in survey(bench_root, host)}
+    assert set(rows) == {f"tasks/{p.name}" for p in (bench_root / "configs" / "tasks").glob("*.yaml")}
+    for name in ("noisyGame", "csvToy", "titanicLike"):
+        assert rows[f"tasks/{name}.yaml"].runs_here and rows[f"tasks/{name}.yaml"].reason is None
+    jax = rows["tasks/jaxToy.yaml"]
+    assert jax.loads and not jax.runs_here and "jax" in jax.reason, jax
+    assert "stack jax" in jax.needs
+    assert {"jax", "gymnax", "flax", "helpers"} <= code_imports(load_mlgym_task(bench_root, "tasks/jaxToy.yaml"))
+    broken = rows["tasks/brokenToy.yaml"]
+    assert not broken.loads and broken.reason.startswith("does not load: ") and "BaseMLTask" in broken.reason
+    assert "\n" not in broken.reason
+    model = rows["tasks/modelToy.yaml"]
+    assert any("memory_path" in w for w in model.warnings)
+
+
+def test_survey_of_a_task_that_takes_a_gpu(bench_root, monkeypatch):
+    """A task whose sandbox takes a GPU: needed, and the reason on a host without one; runs on a host with one."""
+    from air.tasks import mlgym_survey
+    from air.tasks.mlgym_survey import HostFacts, survey_task
+
+    spec = load_mlgym_task(bench_root, "tasks/csvToy.yaml")
+    gpu_spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus": 1})})
+    monkeypatch.setattr(mlgym_survey, "load_mlgym_task", lambda root, config: gpu_spec)
+    recipes = {"cpu": {"numpy", "pandas"}}
+    none = survey_task(bench_root, "tasks/csvToy.yaml", HostFacts(images={"cpu"}, recipes=recipes, gpus=0))
+    assert not none.runs_here and none.reason == "needs a GPU; this host has none" and "GPU (x1)" in none.needs
+    one = survey_task(bench_root, "tasks/csvToy.yaml", HostFacts(images={"cpu"}, recipes=recipes, gpus=1))
+    assert one.runs_here and one.reason is None
+
+
+def test_tasks_list_mlgym_root_json(bench_root):
+    """The CLI lists every YAML (JSON rows with loads, image, needs, runs_here, reason) whatever Docker's state;
+    a folder that is no MLGym checkout is bad input (exit 2, one line)."""
+    proc = air("tasks", "list", "--mlgym-root", str(bench_root), "--json", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["config"]: r for r in json.loads(proc.stdout)}
+    assert len(rows) == len(list((bench_root / "configs" / "tasks").glob("*.yaml")))
+    assert not rows["tasks/brokenToy.yaml"]["loads"] and "jax" in rows["tasks/jaxToy.yaml"]["reason"]
+    assert {"loads", "image", "needs", "runs_here", "reason"} <= set(rows["tasks/csvToy.yaml"])
+    assert "memory_path" not in proc.stderr  # warnings are in the rows, not over the output
+    bad = air("tasks", "list", "--mlgym-root", str(bench_root / "configs"), timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr

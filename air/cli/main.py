@@ -196,10 +196,14 @@ def containers_clean(
 # ----- tasks ------------------------------------------------------------------------------------------------------
 @tasks_app.command("list")
 def tasks_list(mlgym_root: MlgymRoot = None, as_json: JsonFlag = False) -> None:
-    """List the bundled tasks with their metric, direction and baseline.
+    """List the bundled tasks with their metric, direction and baseline; with --mlgym-root, every MLGym task of
+    that checkout instead: whether it loads, the image it runs in, what it needs (GPU, remote dataset, JAX or
+    Hugging Face stack, modules its image lacks) and the one reason it cannot run on this host.
 
-    Example: air tasks list
+    Example: air tasks list --mlgym-root ~/MLGym --json
     """
+    if mlgym_root:
+        return _list_mlgym(Path(mlgym_root), as_json)
     from air.tasks.registry import load_all
 
     specs = load_all()
@@ -218,6 +222,52 @@ def tasks_list(mlgym_root: MlgymRoot = None, as_json: JsonFlag = False) -> None:
         table.add_row(r["id"], f"{r['metric']} {arrow}", f"{r['baseline']:.4g}", " ".join(r["submission"]),
                       r["name"])
     out.print(table)
+
+
+def _list_mlgym(root: Path, as_json: bool) -> None:
+    from air.errors import UsageError
+    from air.tasks.mlgym_survey import survey
+
+    if not (root / "configs" / "tasks").is_dir():
+        raise UsageError(f"{root}: no configs/tasks folder (is this an MLGym checkout?)")
+    rows = survey(root, _host_facts())
+    if as_json:
+        print_json([r.model_dump() for r in rows])
+        return
+    table = Table()
+    table.add_column("task", no_wrap=True)
+    for column in ("loads", "image", "needs", "runs here"):
+        table.add_column(column)
+    for r in rows:
+        runs = "[green]yes[/]" if r.runs_here else f"[red]no[/]: {escape(r.reason or '')}"
+        table.add_row(r.config.removeprefix("tasks/"), "yes" if r.loads else "[red]no[/]", r.image or "-",
+                      escape(", ".join(r.needs)) or "-", runs)
+    out.print(table)
+    out.print(f"{sum(r.loads for r in rows)} of {len(rows)} tasks load; {sum(r.runs_here for r in rows)} can run "
+              "on this host (name them mlgym:tasks/<file>)")
+
+
+def _host_facts():
+    """Images built, what each recipe installs, GPUs: what `air tasks list --mlgym-root` weighs tasks against."""
+    from air.errors import InfraError
+    from air.sandbox import connect, list_images, load_recipes
+    from air.sandbox.doctor import detect_gpus
+    from air.tasks.mlgym_survey import HostFacts, import_names
+
+    recipes = load_recipes()
+
+    def provided(name: str) -> set[str]:
+        recipe = recipes[name]
+        own = import_names([*recipe.requirements, *recipe.optional])
+        return own | (provided(recipe.parent) if recipe.parent in recipes else set())
+
+    notes = {}
+    try:
+        images = {row["recipe"] for row in list_images(connect(timeout=10)) if row["tags"]}
+    except InfraError as exc:
+        images, notes["docker"] = None, f"cannot tell whether its image is built: {exc}"
+    return HostFacts(images=images, recipes={name: provided(name) for name in recipes}, gpus=len(detect_gpus()),
+                     notes=notes)
 
 
 @tasks_app.command("show")
