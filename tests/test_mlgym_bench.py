@@ -288,3 +288,162 @@ def test_tasks_list_mlgym_root_json(bench_root):
     assert "memory_path" not in proc.stderr  # warnings are in the rows, not over the output
     bad = air("tasks", "list", "--mlgym-root", str(bench_root / "configs"), timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+# ===== MLGym results.json ===========================================================================================
+# A run directory in MLGym's format (the shape mlgym/agent/base.py save_results and its .traj writer produce):
+# what air's export must look like to MLGym's tools.
+MLGYM_RUN_EXAMPLE = {
+    "results.json": {"agent": [{"rmse": 31000.5, "r2": 0.87}, {"rmse": 29000.25, "r2": 0.89}],
+                     "baseline": {"rmse": 30340.1, "r2": 0.88}},
+    "task.traj": {"environment": "mlgym_main",
+                  "trajectory": [{"state": "{}", "response": "...", "thought": "...", "action": "validate",
+                                  "execution_time": 1.5, "observation": "..."}],
+                  "history": [{"role": "system", "content": "...", "agent": "primary"},
+                              {"role": "assistant", "content": "...", "thought": "...", "action": "validate",
+                               "agent": "primary"}],
+                  "info": {"exit_status": "submitted", "score": [{"rmse": 29000.25, "r2": 0.89}],
+                           "model_stats": {}, "submission": "/home/agent/workspace/submission.csv"}},
+}
+
+
+METRIC_DICTS = ("results.agent[]", "results.baseline", "traj.info.score[]")
+"""Where MLGym holds a task's metrics: any metric names, numbers as values."""
+
+
+def same_shape(ours, theirs, where="") -> None:
+    """`ours` has every key of `theirs` with a value of the same JSON type, recursively (lists: their items
+    against the example's first item; metric dicts: names to numbers, whatever the names)."""
+    if where in METRIC_DICTS:
+        assert isinstance(ours, dict) and ours, where
+        assert all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                   for k, v in ours.items()), f"{where}: {ours!r}"
+    elif isinstance(theirs, dict):
+        assert isinstance(ours, dict), where
+        for key, value in theirs.items():
+            assert key in ours, f"{where}.{key} is missing"
+            same_shape(ours[key], value, f"{where}.{key}")
+    elif isinstance(theirs, list):
+        assert isinstance(ours, list), where
+        for item in ours:
+            same_shape(item, theirs[0], f"{where}[]")
+    elif isinstance(theirs, float):
+        assert isinstance(ours, (int, float)) and not isinstance(ours, bool), where
+    elif where.endswith((".action", ".exit_status", ".role", ".environment")):
+        assert isinstance(ours, str), f"{where}: {ours!r}"  # what MLGym's tools read and .strip()
+
+
+@pytest.fixture
+async def episodes(tmp_path):
+    """Real episodes of the bundled regression task (real loop and writer, scripted evaluations): one
+    submitted after a failed and two scored validations, one ended by the turn limit, and the first again as
+    vf-eval's trace of it."""
+    from test_export_sft import RUN, SUBMIT, VALIDATE, play, vf_eval_line
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    submitted = await play(runs / "a.jsonl", "regression-rmse", [RUN, VALIDATE, VALIDATE, VALIDATE, SUBMIT],
+                           [None, 140.0, 120.0, 118.5])
+    await play(runs / "b.jsonl", "regression-rmse", [RUN, VALIDATE, RUN], [150.0, 149.0], max_turns=3)
+    line = json.loads(vf_eval_line(submitted))
+    end = submitted[-1]
+    line["traces"][0]["info"].update(step_scores=end["step_scores"], step_evaluated=end["step_evaluated"],
+                                     primary=submitted[0]["primary"], final_status=end["final_status"])
+    (tmp_path / "vf").mkdir()
+    (tmp_path / "vf" / "traces.jsonl").write_text(json.dumps(line) + "\n")
+    return tmp_path
+
+
+async def test_export_mlgym_results_writes_mlgyms_run_directories(episodes, tmp_path):
+    out = tmp_path / "trajectories"
+    proc = air("export", "mlgym-results", str(episodes / "runs"), str(episodes / "vf"), "--out", str(out),
+               "--model", "qwen3-4b", "--json", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    dirs = sorted(p.name for p in out.iterdir())
+    assert dirs == [f"qwen3-4b__regression-rmse__air__run_{i}" for i in range(3)]
+    by_status = {}
+    for run in out.iterdir():
+        result = json.loads((run / "results.json").read_text())
+        traj = json.loads((run / "regression-rmse.traj").read_text())
+        same_shape(result, MLGYM_RUN_EXAMPLE["results.json"], "results")
+        same_shape(traj, MLGYM_RUN_EXAMPLE["task.traj"], "traj")
+        assert traj["info"]["score"] == result["agent"]
+        by_status.setdefault(traj["info"]["exit_status"], []).append(result)
+    # Submitted (air's file and its vf-eval trace): the failed validation adds nothing; the submit's evaluation
+    # is the last attempt, as in MLGym's info["score"].
+    assert [r["agent"] for r in by_status["submitted"]] == [[{"rmse": 140.0}, {"rmse": 120.0}, {"rmse": 118.5}]] * 2
+    [limit] = by_status["autosubmission (max_steps)"]
+    assert [a["rmse"] for a in limit["agent"]][:1] == [150.0]
+    # An air trajectory carries every baseline metric; a vf-eval trace only the primary one.
+    full = load_task_spec("regression-rmse").baseline.scores
+    assert sorted(r["baseline"] == full for r in by_status["submitted"]) == [False, True]
+    assert {"rmse": full["rmse"]} in [r["baseline"] for r in by_status["submitted"]] and limit["baseline"] == full
+    # A second export adds runs after the existing ones; no finished episode is exit 1.
+    again = air("export", "mlgym-results", str(episodes / "runs" / "a.jsonl"), "--out", str(out),
+                "--model", "qwen3-4b", timeout=120)
+    assert again.returncode == 0 and (out / "qwen3-4b__regression-rmse__air__run_3").is_dir(), again.stderr
+    (tmp_path / "torn.jsonl").write_text('{"type": "start", "task": "regression-rmse"}\n')
+    none = air("export", "mlgym-results", str(tmp_path / "torn.jsonl"), "--out", str(tmp_path / "x"), timeout=120)
+    assert none.returncode == 1 and not (tmp_path / "x").exists(), none.stderr
+
+
+def load_task_spec(task: str):
+    from air.tasks.registry import load_task
+
+    return load_task(task)
+
+
+def load_mlgym_baseline() -> float:
+    return load_task_spec("regression-rmse").baseline_score
+
+
+def mlgym_readers(checkout: Path) -> dict:
+    """MLGym's own reader functions, loaded from its checkout as written: the module-level functions of
+    scripts/evaluation/process_results.py and mlgym/evaluation/utils.py, compiled from their source without the
+    plotting imports those files also carry (matplotlib, seaborn are not air's)."""
+    import ast
+    import collections
+    import json as json_module
+    from pathlib import Path as PathClass
+
+    import numpy
+
+    namespace: dict = {"json": json_module, "Path": PathClass, "defaultdict": collections.defaultdict,
+                       "np": numpy, "__builtins__": __builtins__}
+    for rel, names in (("mlgym/evaluation/utils.py", {"EXIT_STATUS_MAP", "get_best_attempt",
+                                                      "process_trajectories"}),
+                       ("scripts/evaluation/process_results.py", {"get_scores", "get_baseline_scores"})):
+        tree = ast.parse((checkout / rel).read_text())
+        keep = [node for node in tree.body if (isinstance(node, ast.FunctionDef) and node.name in names) or (
+            isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
+                getattr(t, "id", None) in names for t in (node.targets if isinstance(node, ast.Assign)
+                                                          else [node.target])))]
+        exec(compile(ast.Module(body=keep, type_ignores=[]), str(checkout / rel), "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.skipif(not (Path(__import__("os").environ.get("AIR_MLGYM_CHECKOUT", "/nonexistent"))
+                         / "mlgym" / "evaluation" / "utils.py").is_file(),
+                    reason="local check: set AIR_MLGYM_CHECKOUT to an MLGym working tree")
+async def test_mlgyms_own_readers_accept_the_export(episodes, tmp_path, monkeypatch):
+    """MLGym's process_trajectories (with its EXIT_STATUS_MAP), get_best_attempt, get_scores and
+    get_baseline_scores, run on the export:
+    best and last attempts and the baseline come out as air recorded them."""
+    import os
+
+    readers = mlgym_readers(Path(os.environ["AIR_MLGYM_CHECKOUT"]))
+    out = tmp_path / "trajectories"
+    proc = air("export", "mlgym-results", str(episodes / "runs"), "--out", str(out), "--model", "qwen3-4b",
+               timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    monkeypatch.chdir(tmp_path)  # MLGym's tools glob relative to the working directory
+    found = readers["process_trajectories"]("trajectories", "air", "regression-rmse", ["qwen3-4b"])
+    assert len(found["qwen3-4b"]["scores"]) == 2
+    best = [run["agent"][readers["get_best_attempt"](run["agent"], "rmse", "minimize")]["rmse"]
+            for run in found["qwen3-4b"]["scores"]]
+    assert sorted(best) == [118.5, 149.0]
+    assert sorted(status for [status] in found["qwen3-4b"]["exit_statuses"]) == ["Max Steps", "Success"]
+    scores = readers["get_scores"](found["qwen3-4b"]["scores"], "rmse", "minimize", "qwen3-4b")
+    assert sorted(scores["last_attempt"]["rmse"]) == [118.5, 149.0] and scores["failed_runs"] == [0]
+    assert readers["get_baseline_scores"](found["qwen3-4b"]["scores"], "rmse", "minimize")["rmse"] == [
+        load_mlgym_baseline()]

@@ -17,13 +17,14 @@ out = Console(highlight=False)
 
 MAX_WARNINGS_SHOWN = 20
 
-export_app = typer.Typer(help="Export air episodes into other tools' formats (an SFT dataset for prime-rl).",
+export_app = typer.Typer(help="Export air episodes into other tools' formats (an SFT dataset for prime-rl, "
+                                      "MLGym results).",
                          no_args_is_help=True, rich_markup_mode=None)
 
 
 @export_app.callback()
 def _export() -> None:
-    """Export air episodes into other tools' formats (an SFT dataset for prime-rl)."""
+    """Export air episodes into other tools' formats (an SFT dataset for prime-rl, MLGym results)."""
 
 
 @export_app.command("sft")
@@ -74,6 +75,44 @@ def sft(
             out.print(f"wrote {out_file} (prime-rl: data.name = \"{out_file.parent}\")", soft_wrap=True)
     if not result.kept:
         console.print("air: no episode passed the filters; nothing written", soft_wrap=True)
+        raise typer.Exit(1)
+
+
+@export_app.command("mlgym-results")
+def mlgym_results(
+    inputs: Annotated[list[Path], typer.Argument(
+        help="air trajectory .jsonl files, vf-eval traces.jsonl files, or directories holding them.",
+        show_default=False)],
+    out_dir: Annotated[Path, typer.Option(
+        "--out", help="Directory of MLGym run directories (MLGym's trajectory parent directory).",
+        show_default=False)],
+    model: Annotated[str, typer.Option(help="The model name in the run directories' names, as MLGym's tools "
+                                            "select runs by it.")] = "air",
+    pattern: Annotated[str, typer.Option(help="The run pattern after the task id (MLGym's traj_pattern).")]
+    = "air",
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
+) -> None:
+    """Write each finished episode as an MLGym run directory, <model>__<task>__<pattern>__run_<i>/ with
+    results.json ({"agent": [metrics per scored evaluation], "baseline": {...}}) and <task>.traj, so that
+    MLGym's aggregation, AUP and performance-profile tooling reads air runs.
+
+    Failed and unfinished rollouts are counted, not written. Exit code 1 when no run was written.
+
+    Example: air export mlgym-results runs/ outputs/evals --out trajectories/air --model qwen3-4b
+    """
+    from air.export.mlgym_results import export_mlgym_results
+
+    result = export_mlgym_results(inputs, out_dir, model=model, pattern=pattern)
+    for warning in result.warnings[:MAX_WARNINGS_SHOWN]:
+        console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+    summary = {"runs": len(result.runs), "skipped": result.skipped, "out": str(out_dir)}
+    if as_json:
+        print(json.dumps(summary | {"dirs": [str(r) for r in result.runs]}, indent=2))
+    else:
+        skipped = ", ".join(f"{k} {v}" for k, v in result.skipped.items()) or "none"
+        out.print(f"wrote {len(result.runs)} MLGym runs under {out_dir} (skipped: {skipped})", soft_wrap=True)
+    if not result.runs:
+        console.print("air: no finished episode to write", soft_wrap=True)
         raise typer.Exit(1)
 
 

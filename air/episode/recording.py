@@ -65,6 +65,8 @@ class RecordedStep(BaseModel):
     """The step ran an evaluation (validate, submit or a final one); `score` None then = it produced none."""
     score: float | None = None
     """Its last evaluation's score (the final one's at a limit), as in the summary's `step_scores`."""
+    metrics: dict[str, float] | None = None
+    """Every metric of that evaluation (air's files; a vf-eval trace records only the primary score)."""
     reward: float | None = None
     problems: list[str] = []
     """What went wrong in it, for reports: format error, timeout, failed evaluation, ... (air's files)."""
@@ -85,6 +87,8 @@ class Recording(BaseModel):
     task_hash: str | None = None
     config: dict[str, Any] = {}
     baseline: float | None = None
+    baseline_scores: dict[str, float] = {}
+    """Every baseline metric (air's files); a vf-eval trace has only the primary one, in `baseline`."""
     metric: str = "score"
     direction: Direction = "higher"
     sandbox: str | None = None
@@ -292,7 +296,7 @@ class _AirEpisode:
             rec.task, rec.task_hash, rec.config, rec.sandbox = (start.task, start.task_hash, start.config,
                                                                 start.sandbox)
             rec.system_prompt, rec.prompt = start.system_prompt, start.prompt
-            rec.baseline = start.baseline_score
+            rec.baseline, rec.baseline_scores = start.baseline_score, dict(start.baseline)
             if start.primary is not None:
                 rec.metric, rec.direction = start.primary.name, start.primary.direction
         replies = [s for s in self.steps if s.reply is not None]
@@ -331,7 +335,8 @@ def _air_step(record: StepRecord) -> RecordedStep:
                  if e is not None and e.eval_status not in (None, "ok")]
     return RecordedStep(turn=record.turn, reply=record.reply, observation=record.observation, action=action,
                         exit_code=record.exit_code, evaluated=last is not None, reward=record.reward,
-                        score=last.score if last is not None else None, problems=problems)
+                        score=last.score if last is not None else None, problems=problems,
+                        metrics=last.metrics if last is not None else None)
 
 
 # ----- vf-eval traces ---------------------------------------------------------------------------------------
