@@ -67,3 +67,9 @@ logged "pip install" env PIP_ROOT_USER_ACTION=ignore \
 logged "importing air after the install" python3 -c "import air, verifiers.v1"
 say "building the CPU task images (offline; the first time takes a few minutes)"
 air images build
+if [ -n "$extra" ]; then
+  # The SandboxFusion language tests run on it (Debian's compilers, staged on the host; about 3.5 min the first
+  # time, reused by hash after).
+  say "building the toolchain image for the SandboxFusion language tests (offline)"
+  air images build toolchain
+fi
