@@ -32,6 +32,10 @@ class PoolExhausted(InfraError):
     """No sandbox (or no GPU) became free within the lease timeout."""
 
 
+class DataUnavailable(InfraError):
+    """A dataset a task needs is not in air's local data store (`air data add` stages it)."""
+
+
 class ModelUnavailable(InfraError):
     """The model endpoint cannot be reached or answered something that is not a completion."""
 

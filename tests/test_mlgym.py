@@ -24,6 +24,7 @@ import yaml
 from air.errors import TaskError
 from air.tasks.mlgym import load_mlgym_task
 from air.tasks.registry import load_task
+from air.tasks.spec import TaskNeeds
 
 # Strings that occur only in scorer-only files: finding one in the agent's sandbox is a leak.
 EVAL_MARK = "MLGYM_FIXTURE_EVALUATOR_d41c"
@@ -195,6 +196,12 @@ def variant(root: Path, name: str, base: str, **changes) -> str:
     data = {**TASKS[base], **changes}
     write_yaml(root / "configs" / "tasks" / f"{name}.yaml", {k: v for k, v in data.items() if v is not None})
     return f"tasks/{name}.yaml"
+
+
+def runnable(spec):
+    """lmToy names a remote dataset its code never loads (tests/test_mlgym_data.py stages and loads one): run it
+    without air's data store, on the CPU image."""
+    return spec.model_copy(update={"needs": TaskNeeds(), "image": "cpu"})
 
 
 @pytest.fixture
@@ -483,7 +490,7 @@ async def test_staged_task_hides_scorer_files_and_scores_like_mlgym(name, mlgym_
     from air.tasks.environment import TaskEnvironment
 
     before = snapshot(mlgym_root)
-    spec = load_mlgym_task(mlgym_root, f"tasks/{name}.yaml")
+    spec = runnable(load_mlgym_task(mlgym_root, f"tasks/{name}.yaml"))
     files, by_hand = SUBMISSIONS[name]
     expected = mlgym_reference(mlgym_root, name, files, tmp_path)
     assert same_metrics(by_hand, expected), (by_hand, expected)
@@ -542,7 +549,7 @@ async def test_files_planted_under_scorer_names_do_not_change_the_score(name, ml
     workspace: the scorer uses its pristine copies, so the score is MLGym's score of the honest submission."""
     from air.tasks.environment import TaskEnvironment
 
-    spec = load_mlgym_task(mlgym_root, f"tasks/{name}.yaml")
+    spec = runnable(load_mlgym_task(mlgym_root, f"tasks/{name}.yaml"))
     files, _ = SUBMISSIONS[name]
     expected = mlgym_reference(mlgym_root, name, files, tmp_path)
     env = TaskEnvironment(spec, pool)

@@ -76,7 +76,7 @@ def images_build(
     from air.sandbox import load_recipes
 
     all_recipes = load_recipes()
-    names = recipes or [n for n, r in all_recipes.items() if gpu or not r.gpu]
+    names = recipes or [n for n, r in all_recipes.items() if (gpu or not r.gpu) and r.default]
     built = ensure_images(names, base=base, pip_args=pip_arg or [], force=force)
     if as_json:
         print_json([b.__dict__ for b in built])
@@ -119,16 +119,25 @@ def images_ls(as_json: JsonFlag = False) -> None:
 
     Example: air images ls --json
     """
-    from air.sandbox import connect, list_images
+    from air.sandbox import connect, list_images, load_recipes
+
+    from air.sandbox.images import build_command
 
     rows = list_images(connect())
+    built = {r["recipe"] for r in rows if f"air/{r['recipe']}:latest" in r["tags"]}
+    # A row per recipe not built (the MLGym stacks are optional): what it is for and the command that builds it.
+    missing = [{"recipe": name, "tags": [], "id": "", "size_mb": 0.0, "created": "", "missing": True,
+                "build": build_command(recipe), "description": recipe.description}
+               for name, recipe in sorted(load_recipes().items()) if name not in built]
     if as_json:
-        print_json(rows)
+        print_json(rows + missing)
         return
     table = Table("recipe", "tags", "id", "size MB", "created")
     for r in rows:
         table.add_row(r["recipe"], " ".join(r["tags"]) or "<untagged>", r["id"][:12], f"{r['size_mb']:.0f}",
                       r["created"])
+    for r in missing:
+        table.add_row(r["recipe"], "[yellow]missing[/]", "", "", f"build: {r['build']}")
     out.print(table)
 
 
@@ -430,9 +439,11 @@ def _sparkline(values: list[float]) -> str:
 def main() -> None:
     # Commands defined in other modules register themselves on the shared app when imported.
     import air.cli.research  # noqa: F401
+    from air.cli.data import data_app
     from air.cli.export import export_app
     from air.cli.serve import serve_app
 
+    app.add_typer(data_app, name="data")
     app.add_typer(export_app, name="export")
     app.add_typer(serve_app, name="serve")
     sys.exit(run_cli(app))

@@ -270,6 +270,10 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
         if spec.workspace_mb:
             kwargs["tmpfs"][AGENT_HOME] = (f"rw,exec,nosuid,nodev,size={spec.workspace_mb}m,uid={AGENT_UID},"
                                            f"gid={AGENT_UID},mode=755")
+    # Read-only binds (air's data store): the agent can read them, nobody in the sandbox can write them.
+    kwargs.setdefault("mounts", []).extend(
+        docker.types.Mount(target=target, source=source, type="bind", read_only=True)
+        for target, source in sorted(spec.read_only_mounts.items()))
     if gpu_ids and gpu_devices:
         kwargs["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=list(gpu_ids),
                                                                 capabilities=[["gpu"]])]

@@ -10,7 +10,7 @@ import docker
 
 from air.errors import DockerUnavailable
 from air.sandbox.docker_api import connect, docker_host
-from air.sandbox.images import image_ref, load_recipes
+from air.sandbox.images import build_command, image_ref, load_recipes
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,14 @@ def run_checks() -> list[Check]:
                             " and restart dockerd"))
     for name, recipe in sorted(load_recipes().items()):
         ref = image_ref(name)
+        # A stack only some tasks need (jax, hf) or a GPU one is optional: its row says which tasks want it.
+        required = recipe.default and not recipe.gpu
+        what = "" if required else f" ({recipe.description.split(':')[0].split('. ')[0]})"
         try:
             image = client.images.get(ref)
             checks.append(Check(f"image {name}", True, f"{ref} ({image.short_id.split(':')[-1]}, "
-                                f"{image.attrs['Size'] / 1e6:.0f} MB)", required=not recipe.gpu))
+                                f"{image.attrs['Size'] / 1e6:.0f} MB)", required=required))
         except docker.errors.ImageNotFound:
-            fix = "air images build --gpu" if recipe.gpu else f"air images build {name}"
-            checks.append(Check(f"image {name}", False, "not built", fix, required=not recipe.gpu))
+            checks.append(Check(f"image {name}", False, "not built" + what, build_command(recipe),
+                                required=required))
     return checks

@@ -64,6 +64,8 @@ class Recipe(BaseModel):
     """Debian packages (no recommends) downloaded on the host for the parent's suite, installed by the recipe's
     own Dockerfile from the context's `debs/` folder (see air/sandbox/debs.py)."""
     gpu: bool = False
+    default: bool = Field(True, exclude=True)  # out of the hashed dump: older recipes keep their hash
+    """Built by a plain `air images build`; false for big stacks only some tasks need (`air images build NAME`)."""
 
     @property
     def dockerfile(self) -> Path:
@@ -412,6 +414,10 @@ class ImageBuilder:
                 raise ImageError(f"recipe '{recipe.name}': the build ended without an image")
             image_id = m.group(1)
         return image_id
+
+
+def build_command(recipe: Recipe) -> str:
+    return f"air images build {recipe.name}" + (" (on a GPU host)" if recipe.gpu else "")
 
 
 def list_images(client: docker.DockerClient) -> list[dict]:

@@ -100,6 +100,7 @@ class SandboxPool:
         self._idle: OrderedDict[str, deque[Sandbox]] = OrderedDict()
         self._live: set[Sandbox] = set()
         self._held: dict[Sandbox, tuple[_Host, Grant]] = {}  # each sandbox's host and host-wide claims
+        self._borrowers: set[Sandbox] = set()  # sandboxes whose GPUs another sandbox holds (lease's gpus_of)
         self._reserved = 0  # slots held by creations in flight
         self._warm_target: dict[str, int] = {}
         self._warming: Counter[str] = Counter()
@@ -221,8 +222,11 @@ class SandboxPool:
 
     # ----- leasing ----------------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def lease(self, spec: SandboxSpec) -> AsyncIterator[Sandbox]:
-        sandbox = await self.acquire(spec)
+    async def lease(self, spec: SandboxSpec, gpus_of: Sandbox | None = None) -> AsyncIterator[Sandbox]:
+        """A sandbox for `spec`. `gpus_of`: a sandbox the caller holds leased whose GPUs this one borrows for the
+        lease (a scoring sandbox gets its rollout's GPUs): it claims a slot but no GPU, is always new, and is
+        removed on release, so the GPUs never outlive the lender's lease in another sandbox."""
+        sandbox = await self.acquire(spec, gpus_of=gpus_of)
         try:
             yield sandbox
         except InfraError as exc:
@@ -231,9 +235,12 @@ class SandboxPool:
         finally:
             self.release(sandbox)
 
-    async def acquire(self, spec: SandboxSpec) -> Sandbox:
+    async def acquire(self, spec: SandboxSpec, gpus_of: Sandbox | None = None) -> Sandbox:
         if not self._started:
             raise RuntimeError("SandboxPool.start() was not awaited")
+        lent = tuple(getattr(gpus_of, "gpu_ids", ()) or ()) if spec.resources.gpus else ()
+        if lent:
+            return await self._borrowing(spec, lent)
         self._warm_target.setdefault(spec.key, self.config.warm)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.lease_timeout
@@ -249,6 +256,25 @@ class SandboxPool:
             self.stats.leases += 1
             self._spawn(self._refill(spec))  # keep the key's warm target while this one is out
             return sandbox
+
+    async def _borrowing(self, spec: SandboxSpec, gpu_ids: tuple[str, ...]) -> Sandbox:
+        """A new sandbox with the lender's GPUs (see lease): only its slot is claimed."""
+        async with self._changed:
+            while len(self._live) + self._reserved >= self.config.max_sandboxes:
+                victim = self._evictable(spec.key)
+                if victim is not None:
+                    self._spawn(self._remove(victim))
+                    continue
+                try:
+                    await asyncio.wait_for(self._changed.wait(), self.config.lease_timeout)
+                except asyncio.TimeoutError:
+                    raise PoolExhausted(f"no sandbox free within {self.config.lease_timeout:g}s") from None
+            self._reserved += 1
+        sandbox = await self._create(spec, lent_gpus=gpu_ids)
+        self._borrowers.add(sandbox)
+        sandbox.leases += 1
+        self.stats.leases += 1
+        return sandbox
 
     async def _take_idle_or_reserve(self, spec: SandboxSpec, deadline: float) -> Sandbox | None:
         loop = asyncio.get_running_loop()
@@ -290,7 +316,7 @@ class SandboxPool:
         except InfraError:
             return False
 
-    async def _create(self, spec: SandboxSpec) -> Sandbox:
+    async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> Sandbox:
         """Create a sandbox in a slot already reserved by the caller: claim a slot of a host's budget and its GPUs
         (waiting, bounded, while every host is full), then create it there."""
         loop = asyncio.get_running_loop()
@@ -298,10 +324,15 @@ class SandboxPool:
         sandbox: Sandbox | None = None
         try:
             while True:
-                host, grant = await self._claim(spec, deadline)
+                claim_spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus": 0})}) \
+                    if lent_gpus else spec
+                host, grant = await self._claim(claim_spec, deadline)
+                labels = _grant_labels(grant)
+                if lent_gpus:  # shown like its own, held by the lender's claims
+                    labels[GPUS] = ",".join(lent_gpus)
                 try:
-                    sandbox = await Sandbox.create(host.docker, spec, run=self.run_id, gpu_ids=grant.gpu_ids,
-                                                   labels=_grant_labels(grant),
+                    sandbox = await Sandbox.create(host.docker, spec, run=self.run_id,
+                                                   gpu_ids=lent_gpus or grant.gpu_ids, labels=labels,
                                                    gpu_devices=self.config.request_gpu_devices)
                 except DockerUnavailable as exc:  # the daemon went away between claim and create: try another
                     self._mark_down(host, exc)
@@ -403,6 +434,11 @@ class SandboxPool:
     async def _recycle(self, sandbox: Sandbox) -> None:
         if self._closed or sandbox not in self._live:
             return  # close() removes every live sandbox; a forgotten one belongs to its lessee
+        if sandbox in self._borrowers:  # its GPUs are the lender's: never kept, never refilled
+            self._borrowers.discard(sandbox)
+            self.stats.recycled += 1
+            await self._remove(sandbox)
+            return
         reason = sandbox.broken or ("max_leases reached" if sandbox.leases >= self.config.max_leases else None) or (
             "its GPUs go back to the host" if sandbox.gpu_ids and not self.config.reuse_gpu_sandboxes else None)
         if reason is None:

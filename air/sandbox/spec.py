@@ -36,6 +36,8 @@ class SandboxSpec(BaseModel):
     task: str = ""
     """Label only; part of the key so a warm sandbox keeps its staged files for the next rollout of the task."""
     env: dict[str, str] = {}
+    read_only_mounts: dict[str, str] = {}
+    """Host directories bound read-only into the sandbox, {container path: host path} (air's data store)."""
     read_only_root: bool = True
     """Root filesystem read-only; the agent's home, /srv/air (air's own files) and the temp dirs stay writable."""
     tmp_mb: int = Field(512, ge=16)
@@ -54,7 +56,8 @@ class SandboxSpec(BaseModel):
 
     @property
     def key(self) -> str:
-        return f"{self.image}|{self.task}|{self.resources.model_dump_json()}|net={self.network}"
+        mounts = f"|ro={sorted(self.read_only_mounts.items())}" if self.read_only_mounts else ""
+        return f"{self.image}|{self.task}|{self.resources.model_dump_json()}|net={self.network}{mounts}"
 
 
 class DockerHost(BaseModel):

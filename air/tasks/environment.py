@@ -11,7 +11,7 @@ from typing import Literal
 
 from air.sandbox import Resources, Sandbox, SandboxPool, SandboxSpec, image_ref
 from air.tasks.baseline_stats import agreement
-from air.tasks.scoring import EvalOutcome, evaluate
+from air.tasks.scoring import EvalOutcome, data_mounts, evaluate
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import overlay_baseline, stage
 
@@ -19,7 +19,8 @@ from air.tasks.staging import overlay_baseline, stage
 def sandbox_spec(spec: TaskSpec) -> SandboxSpec:
     r = spec.resources
     return SandboxSpec(image=image_ref(spec.image), task=spec.id,
-                       resources=Resources(cpus=r.cpus, memory_mb=r.memory_mb, gpus=r.gpus))
+                       resources=Resources(cpus=r.cpus, memory_mb=r.memory_mb, gpus=r.gpus),
+                       **data_mounts(spec))
 
 
 class TaskEnvironment:

@@ -25,7 +25,20 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from air.errors import TaskError
-from air.tasks.spec import Baseline, Contract, Direction, Evaluation, FileEntry, Metric, TaskSpec, Timeouts
+from air.tasks.datastore import DataStore
+from air.tasks.spec import (
+    Baseline,
+    Contract,
+    Direction,
+    Evaluation,
+    FileEntry,
+    Metric,
+    TaskNeeds,
+    TaskResources,
+    TaskSpec,
+    Timeouts,
+)
+from air.tasks.stacks import classify
 from air.validation import one_line
 
 log = logging.getLogger("air.mlgym")
@@ -94,7 +107,8 @@ class DatasetConfig(_MLGymConfig):
     """Upper-cased, the heading of this dataset's part of `{dataset_docs}`."""
     description: str
     data_path: str
-    """is_local: a folder under the MLGym root, the agent's read-only `data/`; else a hub id (a warning)."""
+    """is_local: a folder under the MLGym root, the agent's read-only `data/`; else a hub id, served from air's
+    data store (`air data add`)."""
     is_local: bool = False
     train_split: SplitConfig | None = None
     valid_split: SplitConfig | None = None
@@ -206,6 +220,7 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
 
     if cfg.sample_submission:
         _existing(root, cfg.sample_submission, "sample_submission", yaml_path)
+    image, needs = _stack(root, cfg)
     if cfg.requirements_path or not cfg.use_generic_conda:
         warn("requirements_path/use_generic_conda: air installs nothing at run time (no network); the task "
              "runs in its image, so bake the requirements into an image recipe")
@@ -240,6 +255,7 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
                               reproducible=bool(cfg.baseline_paths)),
             baseline_files=_reference_submission(root, cfg, contract),
             metrics=metrics, timeouts=Timeouts(command=60, training=training_timeout),
+            image=image, needs=needs, resources=TaskResources(gpus=1 if needs.gpu_evaluation else 0),
         )
     except ValidationError as exc:
         raise TaskError(one_line(exc, f"{yaml_path}: ")) from None
@@ -255,8 +271,9 @@ def _datasets(root: Path, cfg: TaskConfig, secrets: list[Path], evaluation_only:
         ds = _parse(DatasetConfig, ds_path)
         docs.append(f"{ds.name.upper()}:\n{ds.description}")
         if not ds.is_local:
-            warn(f"dataset '{ds.name}' is remote ({ds.data_path}); air runs offline, so the task's own code "
-                 "must find it in the image")
+            store = DataStore()
+            if not store.has(ds.data_path):
+                warn(f"dataset '{ds.name}' is remote ({ds.data_path}): {store.missing_message(ds.data_path)}")
             continue
         folder = _existing(root, ds.data_path, "data_path", ds_path)
         folders.append(folder)
@@ -269,6 +286,15 @@ def _datasets(root: Path, cfg: TaskConfig, secrets: list[Path], evaluation_only:
             else:
                 data.append(FileEntry(source=path, dest=dest))
     return docs, data, folders, withheld
+
+
+def _stack(root: Path, cfg: TaskConfig) -> tuple[str, TaskNeeds]:
+    """The image the task runs in and what it needs (air/tasks/stacks.py declares both)."""
+    requirements = ""
+    if cfg.requirements_path and (root / cfg.requirements_path).is_file():
+        requirements = (root / cfg.requirements_path).read_text(errors="replace")
+    remote = [_parse(DatasetConfig, root / "configs" / rel) for rel in cfg.dataset_configs]
+    return classify(cfg.id, requirements, [ds.data_path for ds in remote if not ds.is_local])
 
 
 def _split_code(root: Path, cfg: TaskConfig, yaml_path: Path, evaluation_paths: list[str],

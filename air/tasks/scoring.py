@@ -39,6 +39,7 @@ from air.sandbox import (
     image_ref,
     make_tar,
 )
+from air.tasks.datastore import HF_OFFLINE_ENV, DataStore
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import AGENT_UID, add_entries, tar_of
 
@@ -47,6 +48,7 @@ log = logging.getLogger("air.scoring")
 # Under /srv/air: the only root-writable place of a sandbox whose root filesystem is read-only.
 EVAL, SUBMISSION, OUTPUT = f"{AIR_DIR}/eval", f"{AIR_DIR}/submission", f"{AIR_DIR}/output"
 METRICS_FILE = f"{OUTPUT}/metrics.json"
+HF_VIEW = f"{AIR_DIR}/hf-datasets"
 # Exit code of air_eval_kit for a bad submission, with the kit's reason in fixed words. Any other failure is an
 # evaluation_error of the submission: the agent's code runs in (or beside) the evaluation and can crash it, so it
 # must never become an infrastructure failure (the rollout would be dropped from training). `air tasks check`
@@ -164,10 +166,23 @@ def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: s
 
 
 # ----- 2 and 3. the scoring sandbox ------------------------------------------------------------------------------
+def data_mounts(spec: TaskSpec) -> dict:
+    """SandboxSpec fields for a task that loads Hugging Face datasets: the store read-only, `datasets` offline
+    (DataUnavailable naming `air data add ...` when one is not staged)."""
+    if not spec.needs.datasets:
+        return {}
+    store = DataStore()
+    store.require(spec.needs.datasets)
+    source, target = store.mount()
+    return {"read_only_mounts": {target: source}, "env": dict(HF_OFFLINE_ENV)}
+
+
 def scoring_spec(spec: TaskSpec) -> SandboxSpec:
+    """The scoring sandbox: the task's image, limits and GPUs (lent by the agent's sandbox, see evaluate)."""
     r = spec.resources
     return SandboxSpec(image=image_ref(spec.image), task=f"{spec.id}.scoring",
-                       resources=Resources(cpus=r.cpus, memory_mb=r.memory_mb, pids=1024))
+                       resources=Resources(cpus=r.cpus, memory_mb=r.memory_mb, pids=1024, gpus=r.gpus),
+                       **data_mounts(spec))
 
 
 def _air_eval_tar(spec: TaskSpec) -> bytes:
@@ -243,7 +258,9 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec) ->
     submission = ", ".join(f"{WORKSPACE}/{a}" for a in _artefacts(spec) if a != ".") or WORKSPACE
     try:
         artefacts = await collect_submission(agent_sandbox, spec)
-        async with pool.lease(scoring_spec(spec)) as scorer:
+        # The task's GPUs are the agent's sandbox's: lent to the scorer while the agent waits for its score, so
+        # a rollout never holds twice its GPUs nor waits for a second set (N rollouts on N GPUs would deadlock).
+        async with pool.lease(scoring_spec(spec), gpus_of=agent_sandbox) as scorer:
             if spec.evaluation.contract == "air":
                 outcome = await _run_air(scorer, spec, artefacts)
             else:
@@ -272,7 +289,7 @@ async def _run_air(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalOut
     # The eval dir itself must be traversable for the kit's interpreter and code; secret/ and /output stay root-only.
     await scorer.sh(f"chmod 755 {EVAL}")
     env = {"AIR_SUBMISSION_DIR": SUBMISSION, "AIR_SECRET_DIR": f"{EVAL}/secret", "AIR_DATA_DIR": f"{EVAL}/data",
-           "AIR_METRICS_FILE": METRICS_FILE}
+           "AIR_METRICS_FILE": METRICS_FILE, **await _datasets_view(scorer, spec, 0)}
     result = await scorer.exec(["python", f"{EVAL}/{spec.evaluation.entry}"], cwd=EVAL, env=env,
                                timeout=spec.evaluation.timeout)
     if result.timed_out:
@@ -296,6 +313,7 @@ async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalO
     owner, user = (0, "root") if ev.trusted else (AGENT_UID, "agent")
     await scorer.sh(f"rm -rf {WORKSPACE} {SUBMISSION} {EVAL} && mkdir -p {WORKSPACE} {SUBMISSION} {EVAL} && "
                     f"chown {owner}:{owner} {WORKSPACE} && chmod 755 {EVAL}")
+    env = await _datasets_view(scorer, spec, owner)
     if ev.agent_module:
         await scorer.put_archive(SUBMISSION, artefacts)
         await scorer.put_archive(EVAL, _kit_tar())
@@ -312,7 +330,7 @@ async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalO
             return EvalOutcome(status="no_submission", message="No submission found: no .yaml config file in "
                                                                "the workspace.")
     result = await scorer.exec(["sh", "-c", _mlgym_command(spec, model_config)], user=user, cwd=WORKSPACE,
-                               timeout=ev.timeout)
+                               timeout=ev.timeout, env=env or None)
     if result.timed_out:
         return EvalOutcome(status="timeout", message=f"The evaluation did not finish within {ev.timeout:g} seconds.")
     if ev.agent_module and result.exit_code == _KIT_BAD_SUBMISSION:
@@ -328,6 +346,16 @@ async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalO
     if not raw:
         return EvalOutcome(status="malformed_metrics", message="The evaluation printed no metrics.")
     return _metrics_outcome(spec, raw)
+
+
+async def _datasets_view(scorer: Sandbox, spec: TaskSpec, owner: int) -> dict[str, str]:
+    """A writable `datasets` cache root of links into the read-only store, for the evaluation's user."""
+    if not spec.needs.datasets:
+        return {}
+    home = f"{HF_VIEW}-home"  # datasets' modules cache and the like
+    await scorer.sh(f"rm -rf {HF_VIEW} {home} && mkdir -p {HF_VIEW} {home} && chown {owner}:{owner} {HF_VIEW} {home}")
+    await scorer.put_archive(HF_VIEW, DataStore().view_tar(spec.needs.datasets, owner))
+    return {"HF_DATASETS_CACHE": HF_VIEW, "HF_HOME": home}
 
 
 def _owned_by_agent(artefacts: bytes) -> bytes:

@@ -96,6 +96,22 @@ class TaskResources(BaseModel):
     gpus: int = Field(0, ge=0)
 
 
+class TaskNeeds(BaseModel):
+    """What a task needs from the host beyond a CPU image that `air images build` makes: shown by
+    `air tasks list`, and checked when a sandbox is made for it (one-line errors naming the fix)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpu_evaluation: bool = False
+    """Its evaluation cannot run without a GPU (MLGym's LM tasks score a model on CUDA): the scoring sandbox gets
+    the task's GPUs, as the agent's sandbox does."""
+    datasets: list[str] = []
+    """Hugging Face dataset ids the task's code loads with `datasets.load_dataset`: served read-only from air's
+    local data store (`air data add ID --from DIR`), since containers have no network."""
+    notes: list[str] = []
+    """What else it needs that air cannot provide offline (model weights, packages no recipe has)."""
+
+
 class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -121,6 +137,7 @@ class TaskSpec(BaseModel):
     metrics: list[Metric]
     timeouts: Timeouts = Timeouts()
     resources: TaskResources = TaskResources()
+    needs: TaskNeeds = TaskNeeds()
     reward_scale: float | None = Field(None, gt=0)
     """Normalisation scale for rewards when |baseline| is a poor yardstick (see air.episode.rewards)."""
 

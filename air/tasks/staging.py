@@ -23,6 +23,8 @@ from air.tasks.spec import FileEntry, TaskSpec
 # Staged files carry one fixed time, so what the agent sees (`ls -l`) is the same in every rollout and replay.
 STAGED_MTIME = FIXED_MTIME
 _SKIP = {"__pycache__", "_submission", "_output", ".gitignore"}
+HF_CACHE = ".cache/huggingface/datasets/"
+"""Where `datasets` looks for its cache under the agent's home: the task's datasets view (datastore.py)."""
 
 
 def add_entries(tar: tarfile.TarFile, entries: Iterable[FileEntry], prefix: str = "", *, uid: int = 0,
@@ -74,6 +76,10 @@ def workspace_tar(spec: TaskSpec) -> bytes:
         add_entries(tar, spec.starter, "workspace/", uid=AGENT_UID)
         if spec.data:
             tar.addfile(_symlink("workspace/data", DATA, AGENT_UID))
+        if spec.needs.datasets:  # datasets' default cache root for HOME=/home/agent: links into the store
+            from air.tasks.datastore import DataStore
+
+            DataStore().add_view(tar, spec.needs.datasets, AGENT_UID, prefix=HF_CACHE)
     return buf.getvalue()
 
 

@@ -1,0 +1,74 @@
+"""Which image an MLGym task runs in and what else it needs: the one place this is declared.
+
+MLGym says it in prose (a task's `requirements_path`, its code's imports, `is_local: false` datasets); air needs
+it as a recipe name and a `TaskNeeds`. MLGym's own tasks are declared by id below; any other task is classified
+by the same rules the table follows: JAX in its requirements -> `jax`; a remote (Hugging Face) dataset, or
+`datasets`/`transformers` in its requirements -> `hf`; else `cpu`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from air.tasks.spec import TaskNeeds
+
+
+@dataclass(frozen=True)
+class Stack:
+    recipe: str
+    """The image recipe (images/<recipe>/) the task runs in."""
+    gpu_recipe: str | None
+    """Its CUDA variant, built on GPU hosts (`air images build --gpu`)."""
+    serves: str
+
+
+STACKS = {
+    "cpu": Stack("cpu", "gpu", "MLGym's games, titanic, house price, 3SAT; air's bundled tasks"),
+    "jax": Stack("jax", "jax-gpu", "MLGym's RL tasks: MetaMaze, MountainCarContinuous(+Reinforce), "
+                                   "Breakout-MinAtar"),
+    "hf": Stack("hf", None, "MLGym's Hugging Face tasks: CIFAR-10 (+L1), Fashion-MNIST, MNLI, COCO captioning"),
+    "gpu": Stack("gpu", None, "tasks whose evaluation needs CUDA torch: FineWeb language modelling"),
+}
+
+
+@dataclass(frozen=True)
+class _Declared:
+    stack: str
+    gpu_evaluation: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+
+_RL = _Declared("jax")
+# MLGym's tasks by id. `gpu_evaluation`: the evaluation itself asserts CUDA (FineWeb's `assert
+# torch.cuda.is_available()` under torchrun); tasks whose code merely prefers a GPU run on a CPU, slowly.
+MLGYM_TASKS: dict[str, _Declared] = {
+    "rlMetaMazeMisc": _RL, "rlMountainCarContinuous": _RL, "rlMountainCarContinuousReinforce": _RL,
+    "rlBreakoutMinAtar": _RL,
+    "imageClassificationCifar10": _Declared("hf"), "imageClassificationCifar10L1": _Declared("hf"),
+    "imageClassificationFMnist": _Declared("hf"),
+    "naturalLanguageInferenceMNLI": _Declared("hf", notes=(
+        "its code loads the model bert-base-uncased and the datasets 'SetFit/mnli' (baseline) and 'multi_nli' "
+        "(evaluation) by hub id: no air store serves model weights, so it cannot run offline",)),
+    "imageCaptioningCOCO": _Declared("hf", notes=(
+        "its code imports nltk and pycocotools, which no air recipe installs",)),
+    "languageModelingFineWeb": _Declared("gpu", gpu_evaluation=True, notes=(
+        "its evaluation runs under torchrun and asserts CUDA: a GPU host with `air images build --gpu`",)),
+}
+
+_JAX = re.compile(r"^\s*(jax|jaxlib|gymnax|flax)\b", re.M | re.I)
+_HF = re.compile(r"^\s*(datasets|transformers)\b", re.M | re.I)
+
+
+def classify(task_id: str, requirements: str, remote_datasets: list[str]) -> tuple[str, TaskNeeds]:
+    """(image recipe, needs) of an MLGym task, from its id, its requirements file's text and the hub ids of
+    its remote datasets."""
+    declared = MLGYM_TASKS.get(task_id)
+    if declared is None:
+        stack = "jax" if _JAX.search(requirements) else "hf" if (remote_datasets or _HF.search(requirements)) \
+            else "cpu"
+        declared = _Declared(stack)
+    needs = TaskNeeds(gpu_evaluation=declared.gpu_evaluation, datasets=list(remote_datasets),
+                      notes=list(declared.notes))
+    return STACKS[declared.stack].recipe, needs
+
