@@ -42,7 +42,7 @@ def doctor(as_json: JsonFlag = False) -> None:
     """
     from air.sandbox import run_checks
 
-    checks = run_checks()
+    checks = run_checks() + _sandbox_fusion_checks()
     if as_json:
         print_json([c.__dict__ for c in checks])
     else:
@@ -55,6 +55,38 @@ def doctor(as_json: JsonFlag = False) -> None:
         out.print(table)
     if any(not c.ok and c.required for c in checks):
         raise typer.Exit(3)
+
+
+def _sandbox_fusion_languages(tags: list[str]) -> list[str]:
+    from air.sandbox import connect
+    from air.services.sandbox_fusion.recipes import image_languages
+
+    try:
+        return image_languages(connect(), tags[0]) if tags else []
+    except Exception:  # noqa: BLE001 - an image that cannot run a probe serves nothing; doctor stays a report
+        return []
+
+
+def _sandbox_fusion_checks() -> list:
+    """One row per built air image: the SandboxFusion languages it serves."""
+    from air.sandbox import connect, list_images
+    from air.sandbox.doctor import Check
+    from air.services.sandbox_fusion.recipes import SERVE_TOOLCHAIN, TOOLCHAIN_IMAGE
+
+    try:
+        rows = [r for r in list_images(connect()) if any(t.endswith(":latest") for t in r["tags"])]
+    except Exception:  # noqa: BLE001 - the daemon check above already says why
+        return []
+    checks = []
+    for row in rows:
+        tag = next(t for t in row["tags"] if t.endswith(":latest"))
+        languages = _sandbox_fusion_languages([tag])
+        if languages:
+            checks.append(Check(f"sandbox-fusion on {tag}", True, ", ".join(languages), required=False))
+    if not any(TOOLCHAIN_IMAGE in r["tags"] for r in rows):
+        checks.append(Check(f"sandbox-fusion on {TOOLCHAIN_IMAGE}", False, "not built (compiled languages: cpp, "
+                            "java, go, rust, ...)", SERVE_TOOLCHAIN, required=False))
+    return checks
 
 
 # ----- images -----------------------------------------------------------------------------------------------------
@@ -124,6 +156,8 @@ def images_ls(as_json: JsonFlag = False) -> None:
     from air.sandbox.images import build_command
 
     rows = list_images(connect())
+    for row in rows:  # what `air serve sandbox-fusion --image` would offer on it (probed once per image id)
+        row["sandbox_fusion_languages"] = _sandbox_fusion_languages(row["tags"])
     built = {r["recipe"] for r in rows if f"air/{r['recipe']}:latest" in r["tags"]}
     # A row per recipe not built (the MLGym stacks are optional): what it is for and the command that builds it.
     missing = [{"recipe": name, "tags": [], "id": "", "size_mb": 0.0, "created": "", "missing": True,

@@ -183,3 +183,24 @@ def availability(found: set[str], image: str) -> dict[str, str]:
             available[language] = (f"needs {', '.join(missing)}, which image {image} does not have; "
                                    f"image {TOOLCHAIN_IMAGE} serves it: {SERVE_TOOLCHAIN}")
     return available
+
+
+def image_languages(client, image: str) -> list[str]:
+    """The SandboxFusion languages an image serves, probed once per image id in a throwaway container (no
+    network, the agent's uid) and cached on the host, so `air images ls` and `air doctor` stay cheap."""
+    import json
+
+    from air import paths
+    from air.sandbox import make_labels
+
+    image_id = client.images.get(image).id.split(":")[-1]
+    cache = paths.cache_dir() / "sandbox-fusion-languages" / f"{image_id}.json"
+    if cache.exists():
+        return json.loads(cache.read_text())
+    out = client.containers.run(image_id, probe_argv(), remove=True, network_mode="none", user="1000",
+                                labels=make_labels("probe"))
+    found = set(out.decode().split())
+    languages = [lang for lang, why in availability(found, image).items() if not why]
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps(languages))
+    return languages
