@@ -293,9 +293,11 @@ def test_the_request_directory_is_the_agents_down_to_every_parent():
     with tarfile.open(fileobj=io.BytesIO(plan.tar())) as tar:
         members = tar.getmembers()
     root = f"sf/{plan.request_id}"
+    source = members[-1].name.removeprefix(f"{root}/")  # the code's temporary name, as upstream's tmpXXXXXXXX.py
+    assert source.startswith("tmp") and source.endswith(".py") and len(source) == len("tmpXXXXXXXX.py")
     assert [(m.name, m.isdir(), m.mode) for m in members] == [
         ("sf", True, 0o755), (root, True, 0o755), (f"{root}/a", True, 0o755), (f"{root}/a/b", True, 0o755),
-        (f"{root}/a/b/c.txt", False, 0o644), (f"{root}/main.py", False, 0o644)]
+        (f"{root}/a/b/c.txt", False, 0o644), (f"{root}/{source}", False, 0o644)]
     assert {(m.uid, m.gid) for m in members} == {(AGENT_UID, AGENT_UID)}
 
 
