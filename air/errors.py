@@ -7,6 +7,8 @@
   observations the agent sees, recorded on results (e.g. `CommandResult.timed_out`).
 """
 
+from __future__ import annotations
+
 
 class AirError(Exception):
     """Base of every error air raises on purpose; `str(err)` is a one-line message for humans."""
@@ -22,6 +24,12 @@ class DockerUnavailable(InfraError):
 
 class ImageError(InfraError):
     """An image is missing or cannot be built."""
+
+    @classmethod
+    def not_built(cls, image: str) -> ImageError:
+        """`image` is not on the daemon: name the command that builds it (air's images are air/<recipe>:<tag>)."""
+        recipe = image.removeprefix("air/").split(":")[0] if image.startswith("air/") else ""
+        return cls(f"image {image} is not built; run `air images build{' ' + recipe if recipe else ''}`")
 
 
 class SandboxUnavailable(InfraError):

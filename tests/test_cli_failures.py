@@ -15,6 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
+import docker
 import pytest
 from aiohttp import web
 
@@ -186,3 +187,28 @@ async def test_one_rollout_raising_anything_never_takes_down_its_siblings(pool, 
         assert "\n" not in r.error
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert [r["ok"] for r in summary["rollouts"]].count(True) == 2
+
+
+
+@pytest.mark.docker
+def test_a_sandbox_of_an_image_that_is_not_built_names_the_command_that_builds_it():
+    """MLGym's stack images are built on demand: a lease of one that is missing is an infrastructure error whose
+    one line says which `air images build` makes it (and no claim or container is left)."""
+    from air.errors import ImageError
+    from air.sandbox import PoolConfig, SandboxPool, SandboxSpec, list_air_containers
+
+    run_id = f"air-test-noimage-{os.getpid()}"
+
+    async def lease_it() -> None:
+        pool = SandboxPool(PoolConfig(warm=0, max_sandboxes=1, gpu_ids=[], run_id=run_id))
+        await pool.start()
+        try:
+            async with pool.lease(SandboxSpec(image="air/no-such-stack:latest", task="needs-stack")):
+                pass
+        finally:
+            await pool.close()
+
+    with pytest.raises(ImageError) as caught:
+        asyncio.run(lease_it())
+    assert "\n" not in str(caught.value) and "`air images build no-such-stack`" in str(caught.value)
+    assert list_air_containers(docker.from_env(), run=run_id) == []

@@ -139,7 +139,7 @@ class HostClaims:
                                                      network_mode="none"))
                 return True
             except docker.errors.ImageNotFound as exc:
-                raise ImageError(f"image {image} is not built; run `air images build`") from exc
+                raise ImageError.not_built(image) from exc
             except docker.errors.APIError as exc:
                 if exc.status_code == 409:  # the name is taken: someone holds this claim
                     return False

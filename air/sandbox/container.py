@@ -65,7 +65,7 @@ class Sandbox:
             container = await docker_.call(docker_.client.containers.run, timeout=start_timeout, **kwargs)
         except InfraError as exc:
             if isinstance(exc.__cause__, docker.errors.ImageNotFound):
-                raise ImageError(f"image {spec.image} is not built; run `air images build`") from exc
+                raise ImageError.not_built(spec.image) from exc
             raise
         sandbox = cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""))
         return sandbox

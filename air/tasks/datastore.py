@@ -122,8 +122,7 @@ class DataStore:
             result = json.loads(out.decode().strip().splitlines()[-1])
         except docker.errors.ImageNotFound:
             shutil.rmtree(staging, ignore_errors=True)
-            raise ImageError(f"image {image} is not built; run `air images build "
-                             f"{image.split('/')[-1].split(':')[0]}`") from None
+            raise ImageError.not_built(image) from None
         except docker.errors.ContainerError as exc:
             shutil.rmtree(staging, ignore_errors=True)
             lines = (exc.stderr or b"").decode(errors="replace").strip().splitlines()
