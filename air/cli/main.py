@@ -277,15 +277,23 @@ def _list_mlgym(root: Path, as_json: bool) -> None:
     if as_json:
         print_json([r.model_dump() for r in rows])
         return
+    # Four narrow columns fit 80; the needs and the reason, long by nature, go under the table, one task a line.
     table = Table()
     table.add_column("task", no_wrap=True)
-    for column in ("loads", "image", "needs", "runs here"):
-        table.add_column(column)
+    for column in ("loads", "image", "runs here"):
+        table.add_column(column, no_wrap=True)
+    details = []
     for r in rows:
-        runs = "[green]yes[/]" if r.runs_here else f"[red]no[/]: {escape(r.reason or '')}"
-        table.add_row(r.config.removeprefix("tasks/"), "yes" if r.loads else "[red]no[/]", r.image or "-",
-                      escape(", ".join(r.needs)) or "-", runs)
+        name = r.config.removeprefix("tasks/")
+        table.add_row(name, "yes" if r.loads else "[red]no[/]", r.image or "-",
+                      "[green]yes[/]" if r.runs_here else "[red]no[/]")
+        if r.needs:
+            details.append(f"[bold]{escape(name)}[/] needs {escape(', '.join(r.needs))}")
+        if r.reason:
+            details.append(f"[bold]{escape(name)}[/] [red]cannot run[/]: {escape(r.reason.replace(f'{root.resolve()}/', ''))}")
     out.print(table)
+    for line in details:
+        out.print(line, overflow="fold")
     out.print(f"{sum(r.loads for r in rows)} of {len(rows)} tasks load; {sum(r.runs_here for r in rows)} can run "
               "on this host (name them mlgym:tasks/<file>)")
 
@@ -309,8 +317,10 @@ def _host_facts():
         images = {row["recipe"] for row in list_images(connect(timeout=10)) if row["tags"]}
     except InfraError as exc:
         images, notes["docker"] = None, f"cannot tell whether its image is built: {exc}"
+    from air.tasks.datastore import DataStore
+
     return HostFacts(images=images, recipes={name: provided(name) for name in recipes}, gpus=len(detect_gpus()),
-                     notes=notes)
+                     datasets={d.id for d in DataStore().ls()}, notes=notes)
 
 
 @tasks_app.command("show")

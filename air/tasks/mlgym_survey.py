@@ -164,11 +164,12 @@ def survey_task(root: Path, config: str, host: HostFacts) -> SurveyRow:
     if (gpu_eval or spec.resources.gpus) and host.gpus < max(spec.resources.gpus, 1):
         blockers.append("needs a GPU; this host has none" if not host.gpus else
                         f"needs {spec.resources.gpus} GPUs; this host has {host.gpus}")
+    blockers += notes  # what no staging fixes (model weights, missing stacks) before what staging does
     if host.datasets is not None:
         unstaged = [d for d in datasets if d not in host.datasets]
         if unstaged:
-            blockers.append(f"remote dataset {', '.join(unstaged)} is not staged: air data (see air data --help)")
-    blockers += notes
+            blockers.append(f"remote dataset {unstaged[0]} is not staged: air data add {unstaged[0]} --from DIR"
+                            + (f" (and {len(unstaged) - 1} more)" if len(unstaged) > 1 else ""))
     if host.images is None and not blockers:
         blockers.append(host.notes.get("docker", "Docker unavailable: cannot tell whether its image is built"))
     return SurveyRow(config=config, id=spec.id, name=spec.name, loads=True, image=spec.image, needs=needs,
