@@ -105,3 +105,17 @@ def test_cpu_image_has_the_ml_stack_and_runs_as_agent_without_network(images, do
                            "gymnasium; print(\"stack ok\")'"],
         user="agent", network_mode="none", init=True, remove=True)
     assert out.decode().split() == ["agent", "lo", "stack", "ok"]
+
+
+@pytest.mark.docker
+def test_images_ls_fits_80_columns_and_says_what_is_missing_and_what_each_image_serves(images):
+    proc = air("images", "ls", env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    assert all(len(line) <= 80 for line in proc.stdout.splitlines()), proc.stdout
+    rows = json.loads(air("images", "ls", "--json").stdout)
+    for row in rows:
+        if row.get("missing"):  # a stack built on demand (jax, hf, gpu ...): the command that builds it
+            assert f"{row['recipe']} is not built: air images build {row['recipe']}" in proc.stdout
+    cpu = next(r for r in rows if "air/cpu:latest" in r["tags"])
+    assert "python" in cpu["sandbox_fusion_languages"]
+    assert "SandboxFusion languages: air/cpu:latest serves python" in proc.stdout

@@ -166,13 +166,23 @@ def images_ls(as_json: JsonFlag = False) -> None:
     if as_json:
         print_json(rows + missing)
         return
-    table = Table("recipe", "tags", "id", "size MB", "created")
+    # Fits 80 columns: a build is its recipe's current one (`latest`) or an older one still on the daemon; what an
+    # image serves to `air serve sandbox-fusion` goes under the table.
+    table = Table("recipe", "build", "id", "MB", "created")
+    languages = []
     for r in rows:
-        table.add_row(r["recipe"], " ".join(r["tags"]) or "<untagged>", r["id"][:12], f"{r['size_mb']:.0f}",
-                      r["created"])
+        current = f"air/{r['recipe']}:latest" in r["tags"]
+        table.add_row(r["recipe"], "latest" if current else "older" if r["tags"] else "<untagged>", r["id"][:12],
+                      f"{r['size_mb']:.0f}", r["created"][:16].replace("T", " "))
+        if current and r["sandbox_fusion_languages"]:
+            languages.append(f"air/{r['recipe']}:latest serves {', '.join(r['sandbox_fusion_languages'])}")
     for r in missing:
-        table.add_row(r["recipe"], "[yellow]missing[/]", "", "", f"build: {r['build']}")
+        table.add_row(r["recipe"], "[yellow]missing[/]", "", "", "")
     out.print(table)
+    for r in missing:
+        out.print(f"{r['recipe']} is not built: {r['build']}", overflow="fold")
+    for line in languages:
+        out.print(f"SandboxFusion languages: {line}", overflow="fold")
 
 
 # ----- containers -------------------------------------------------------------------------------------------------
