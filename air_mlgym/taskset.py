@@ -22,10 +22,10 @@ import time
 import weakref
 from copy import copy
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Self
 
 import verifiers.v1 as vf
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from pydantic.fields import FieldInfo
 from verifiers.v1.errors import SandboxError
 
@@ -75,8 +75,17 @@ class AirTasksetConfig(vf.TasksetConfig):
     gpu_ids: list[str] | None = []
     """Host GPUs for task containers, never shared with inference or training; None = detect with nvidia-smi.
     (PoolConfig's own default detects; a taskset asks for GPUs explicitly.)"""
+    gpus_per_task: int = Field(0, ge=0)
+    """On a GPU host: GPUs for each task's sandbox (exclusive; its scorer borrows them) and its stack's CUDA image
+    (cpu -> gpu, jax -> jax-gpu, hf -> hf-gpu), as MLGym gives each task container a GPU. Needs `gpu_ids`."""
     trajectory_dir: str | None = None
     """Also write air's own JSON-lines trajectory of every rollout here."""
+
+    @model_validator(mode="after")
+    def _gpus_come_from_somewhere(self) -> Self:
+        if self.gpus_per_task and self.gpu_ids == []:
+            raise ValueError("gpus_per_task needs GPUs: set gpu_ids (a list, or null to detect them)")
+        return self
 
     def episode_config(self) -> EpisodeConfig:
         return EpisodeConfig(
@@ -108,7 +117,7 @@ class AirTaskset(vf.Taskset[AirTask, AirTasksetConfig]):
         config, episode = self.config, self.config.episode_config()
         tasks = []
         for ref in config.tasks:
-            spec = load_task(ref, config.mlgym_root)
+            spec = load_task(ref, config.mlgym_root, config.gpus_per_task)
             for i in range(config.examples_per_task):
                 data = AirData(id=f"{ref}#{i}", name=spec.name, task_ref=ref, system_prompt=system_prompt(spec),
                                prompt=task_prompt(spec, episode))
@@ -129,7 +138,7 @@ class AirEnv(vf.Env[AirEnvConfig]):
 
         cfg = self.config.taskset
         route_air_logs()
-        self.specs = {ref: load_task(ref, cfg.mlgym_root) for ref in cfg.tasks}
+        self.specs = {ref: load_task(ref, cfg.mlgym_root, cfg.gpus_per_task) for ref in cfg.tasks}
         self.episode_config = cfg.episode_config()
         self.pool = SandboxPool(cfg.pool_config())
         try:
@@ -172,7 +181,7 @@ class AirEnv(vf.Env[AirEnvConfig]):
         spec = self.specs.get(task.data.task_ref)
         if spec is None:  # served, the orchestrator owns the taskset: run any task it sends, not only ours
             spec = self.specs[task.data.task_ref] = await asyncio.to_thread(load_task, task.data.task_ref,
-                                                                            cfg.mlgym_root)
+                                                                            cfg.mlgym_root, cfg.gpus_per_task)
         task_env = TaskEnvironment(spec, self.pool)
         writer = None
         try:

@@ -96,6 +96,28 @@ def test_the_loader_declares_image_and_needs(tree, store):
     assert set(MLGYM_TASKS) >= {"imageClassificationCifar10", "rlBreakoutMinAtar", "naturalLanguageInferenceMNLI"}
 
 
+def test_on_a_gpu_host_a_task_gets_gpus_and_its_stacks_cuda_image(tree, store):
+    """`--gpus-per-task` / the taskset's `gpus_per_task`: each stack's CUDA variant (a recipe that exists, built
+    with `air images build --gpu`) and GPUs for the sandbox; without it nothing changes."""
+    from air.sandbox import load_recipes
+    from air.tasks.registry import load_task
+    from air.tasks.stacks import STACKS
+    from air_mlgym.taskset import AirTasksetConfig
+
+    recipes = load_recipes()
+    for stack in STACKS.values():
+        assert stack.gpu_recipe is None or recipes[stack.gpu_recipe].gpu, stack
+    remote = load_task("mlgym:tasks/remoteToy.yaml", tree, gpus=1)
+    assert (remote.image, remote.resources.gpus) == ("hf-gpu", 1)
+    bundled = load_task("regression-rmse", gpus=2)
+    assert (bundled.image, bundled.resources.gpus) == ("gpu", 2)
+    assert load_task("regression-rmse") == load_task("regression-rmse", gpus=0)
+    assert load_task("regression-rmse").image == "cpu"
+    with pytest.raises(ValueError, match="gpus_per_task needs GPUs"):
+        AirTasksetConfig(gpus_per_task=1)  # no gpu_ids: the GPUs would never come
+    assert AirTasksetConfig(gpus_per_task=1, gpu_ids=["0"]).gpus_per_task == 1
+
+
 def test_cache_folder_is_the_one_datasets_looks_for():
     # datasets.naming.camelcase_to_snakecase of the name, namespace kept, joined by "___"
     assert cache_folder("uoft-cs/cifar10") == "uoft-cs___cifar10"

@@ -37,6 +37,9 @@ app.add_typer(tasks_app, name="tasks")
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 MlgymRoot = Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROOT",
                                                help="MLGym checkout, for tasks named mlgym:tasks/<name>.yaml.")]
+GpusPerTask = Annotated[int, typer.Option(
+    "--gpus-per-task", min=0, help="On a GPU host: GPUs for each task's sandbox, exclusive, and its stack's CUDA "
+                                   "image (cpu -> gpu, jax -> jax-gpu, hf -> hf-gpu; `air images build --gpu`).")]
 
 
 def run_async(coro):

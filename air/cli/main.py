@@ -17,6 +17,7 @@ from rich.table import Table
 from air import display
 from air.cli.app import (
     BaseUrl,
+    GpusPerTask,
     JsonFlag,
     MlgymRoot,
     Model,
@@ -363,6 +364,7 @@ def tasks_show(task: str, mlgym_root: MlgymRoot = None, as_json: JsonFlag = Fals
 def tasks_check(
     tasks: Annotated[list[str] | None, typer.Argument(help="Task ids (default: every bundled task).")] = None,
     mlgym_root: MlgymRoot = None,
+    gpus_per_task: GpusPerTask = 0,
     runs: Annotated[int, typer.Option(min=1, help="Evaluations of the baseline submission when its evaluation is "
                                                   "stochastic (declared, or two evaluations differ); 1 skips "
                                                   "the second evaluation that finds out.")] = 5,
@@ -383,7 +385,7 @@ def tasks_check(
     from air.tasks.environment import TaskEnvironment, check_baseline
     from air.tasks.registry import load_all
 
-    specs = load_all(tasks, mlgym_root)
+    specs = load_all(tasks, mlgym_root, gpus_per_task)
     marks = {"ok": "[green]ok[/]        ", "failed": "[red]FAIL[/]      ", "no_baseline": "[yellow]no baseline[/]"}
 
     async def check_all():

@@ -15,6 +15,7 @@ from rich.table import Table
 from air import display
 from air.cli.app import (
     BaseUrl,
+    GpusPerTask,
     JsonFlag,
     MlgymRoot,
     Model,
@@ -61,6 +62,7 @@ def eval_(
     command_timeout: Annotated[float | None, typer.Option(min=0.1, help="Cap on each command's timeout, seconds.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/eval-<time>).")] = None,
     mlgym_root: MlgymRoot = None,
+    gpus_per_task: GpusPerTask = 0,
     as_json: JsonFlag = False,
 ) -> None:
     """Run N rollouts of each task against an OpenAI-compatible endpoint (or the scripted policy), with live
@@ -74,7 +76,7 @@ def eval_(
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.registry import load_all
 
-    specs = load_all(tasks, mlgym_root)
+    specs = load_all(tasks, mlgym_root, gpus_per_task)
     run_dir = out_dir or Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
     policy = make_policy(base_url, model)
     config = EpisodeConfig(max_turns=max_turns, command_timeout=command_timeout)

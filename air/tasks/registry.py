@@ -10,6 +10,7 @@ from air.errors import UsageError
 from air.tasks.air_format import load_air_task
 from air.tasks.mlgym import load_mlgym_task
 from air.tasks.spec import TaskSpec
+from air.tasks.stacks import on_gpus
 
 MLGYM_PREFIX = "mlgym:"
 
@@ -19,8 +20,13 @@ def bundled_ids(root: Path | None = None) -> list[str]:
     return sorted(d.name for d in root.iterdir() if (d / "task.toml").is_file())
 
 
-def load_task(ref: str, mlgym_root: Path | str | None = None) -> TaskSpec:
-    """`prisoners-dilemma` (bundled) or `mlgym:tasks/titanic.yaml` (needs an MLGym root, or $MLGYM_ROOT)."""
+def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0) -> TaskSpec:
+    """`prisoners-dilemma` (bundled) or `mlgym:tasks/titanic.yaml` (needs an MLGym root, or $MLGYM_ROOT); with
+    `gpus`, as it runs on a GPU host (stacks.on_gpus)."""
+    return on_gpus(_load(ref, mlgym_root), gpus)
+
+
+def _load(ref: str, mlgym_root: Path | str | None) -> TaskSpec:
     if ref.startswith(MLGYM_PREFIX):
         root = mlgym_root or os.environ.get("MLGYM_ROOT")
         if not root:
@@ -33,8 +39,8 @@ def load_task(ref: str, mlgym_root: Path | str | None = None) -> TaskSpec:
     return load_air_task(folder)
 
 
-def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None) -> list[TaskSpec]:
-    return [load_task(ref, mlgym_root) for ref in (refs or bundled_ids())]
+def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None, gpus: int = 0) -> list[TaskSpec]:
+    return [load_task(ref, mlgym_root, gpus) for ref in (refs or bundled_ids())]
 
 
 __all__ = ["load_task", "load_all", "bundled_ids"]

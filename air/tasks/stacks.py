@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from air.tasks.spec import TaskNeeds
+from air.tasks.spec import TaskNeeds, TaskSpec
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,21 @@ STACKS = {
     "cpu": Stack("cpu", "gpu", "MLGym's games, titanic, house price, 3SAT; air's bundled tasks"),
     "jax": Stack("jax", "jax-gpu", "MLGym's RL tasks: MetaMaze, MountainCarContinuous(+Reinforce), "
                                    "Breakout-MinAtar"),
-    "hf": Stack("hf", None, "MLGym's Hugging Face tasks: CIFAR-10 (+L1), Fashion-MNIST, MNLI, COCO captioning"),
-    "gpu": Stack("gpu", None, "tasks whose evaluation needs CUDA torch: FineWeb language modelling"),
+    "hf": Stack("hf", "hf-gpu", "MLGym's Hugging Face tasks: CIFAR-10 (+L1), Fashion-MNIST, MNLI, COCO captioning"),
+    "gpu": Stack("gpu", "gpu", "tasks whose evaluation needs CUDA torch: FineWeb language modelling"),
 }
+
+
+def on_gpus(spec: TaskSpec, gpus: int) -> TaskSpec:
+    """`spec` as it runs on a GPU host: at least `gpus` GPUs for its sandboxes (the scorer borrows them) and its
+    stack's CUDA image (cpu -> gpu, jax -> jax-gpu, hf -> hf-gpu), as MLGym gives each task container a GPU.
+    An image outside these stacks (a task's own) is kept: its owner knows whether it has CUDA."""
+    if gpus <= 0:
+        return spec
+    stack = STACKS.get(spec.image)
+    image = stack.gpu_recipe if stack and stack.gpu_recipe else spec.image
+    resources = spec.resources.model_copy(update={"gpus": max(spec.resources.gpus, gpus)})
+    return spec.model_copy(update={"image": image, "resources": resources})
 
 
 @dataclass(frozen=True)
