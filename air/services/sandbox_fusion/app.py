@@ -1,4 +1,5 @@
-"""The HTTP app: `GET /v1/ping` and `POST /run_code` on a `SandboxFusionService`, served by uvicorn."""
+"""The HTTP app: `GET /v1/ping`, `POST /run_code` and `POST /run_jupyter` on a `SandboxFusionService`, served by
+uvicorn."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ import contextlib
 from collections.abc import Callable
 
 from air.services.sandbox_fusion.config import SandboxFusionConfig
-from air.services.sandbox_fusion.schema import RunCodeRequest, RunCodeResponse
+from air.services.sandbox_fusion.schema import (
+    RunCodeRequest,
+    RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
+)
 from air.services.sandbox_fusion.service import SandboxFusionService
 
 
@@ -29,7 +35,8 @@ def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusion
             await service.close()
 
     options = dict(title="air: SandboxFusion-compatible code runner", lifespan=lifespan,
-                   description="POST /run_code runs code in one of air's Docker sandboxes.")
+                   description="POST /run_code runs code, POST /run_jupyter runs cells in a fresh kernel, in one of "
+                               "air's Docker sandboxes.")
     try:  # a body without Content-Type is read as JSON, as older FastAPI (and so upstream) did
         app = FastAPI(**options, strict_content_type=False)
     except TypeError:  # FastAPI before the option existed never checked the type
@@ -43,6 +50,10 @@ def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusion
     @app.post("/run_code", response_model=RunCodeResponse)
     async def run_code(request: RunCodeRequest) -> RunCodeResponse:
         return await service.run_code(request)
+
+    @app.post("/run_jupyter", response_model=RunJupyterResponse)
+    async def run_jupyter(request: RunJupyterRequest) -> RunJupyterResponse:
+        return await service.run_jupyter(request)
 
     return app
 

@@ -1,10 +1,10 @@
-"""SandboxFusion's wire schema: the `/run_code` request and response, with upstream's field names and values,
-so that its official client (`sandbox-fusion` on PyPI) and code written against it work unchanged."""
+"""SandboxFusion's wire schema: the `/run_code` and `/run_jupyter` requests and responses, with upstream's field
+names and values, so that its official client (`sandbox-fusion` on PyPI) and code written against it work unchanged."""
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -56,5 +56,40 @@ class RunCodeResponse(BaseModel):
     message: str = ""
     compile_result: CommandRunResult | None = None
     run_result: CommandRunResult | None = None
+    executor_pod_name: str | None = None
+    files: dict[str, str] = {}
+
+
+class RunJupyterRequest(BaseModel):
+    """SandboxFusion's `/run_jupyter` request: cells run in order in one fresh kernel. Unknown fields are
+    ignored, as upstream does."""
+
+    cells: list[str]
+    cell_timeout: float = 0
+    """Seconds one cell may run; 0 (or less): no limit of its own (total_timeout still bounds it)."""
+    total_timeout: float = 45
+    """Seconds all the cells may run together (the kernel's start-up is not counted)."""
+    memory_limit_MB: int = -1
+    """> 0: the kernel's data segment limit (RLIMIT_DATA); the sandbox's memory limit always applies."""
+    kernel: Literal["python3"] = "python3"
+    files: dict[str, str | None] = {}
+    """Path -> base64 content, written before the kernel starts (relative: in its working directory)."""
+    fetch_files: list[str] = []
+
+
+class CellRunResult(BaseModel):
+    stdout: str
+    stderr: str
+    display: list[dict[str, Any]]
+    """The `data` of each display_data and execute_result message (MIME type -> content)."""
+    error: list[dict[str, Any]]
+    """The content of each error message (ename, evalue, traceback)."""
+
+
+class RunJupyterResponse(BaseModel):
+    status: RunStatus
+    message: str = ""
+    driver: CommandRunResult | None = None
+    cells: list[CellRunResult] = []
     executor_pod_name: str | None = None
     files: dict[str, str] = {}

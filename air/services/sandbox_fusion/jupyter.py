@@ -1,0 +1,165 @@
+"""`/run_jupyter`: a request's cells in order in one fresh python3 kernel, inside a leased sandbox.
+
+The kernel and air's driver (scripts/jupyter_driver.py) run as the agent, the driver as the warden's own child
+(`exec`), exactly where /run_code's programs run: no network, the agent's uid, the sandbox's limits. The kernel
+lives for one request: when the driver exits the warden kills every process of the agent (the kernel, anything a
+cell started), and the pool's reset after the lease empties the temp dirs and restores the home, so neither
+state nor processes nor files carry over to the next request.
+
+What the answer says, as SandboxFusion's does: `Success` when every cell ran (a cell that raised is still a
+cell that ran: its `error` says so); `Failed` when a cell ran past cell_timeout or the cells past total_timeout
+(driver status `TimeLimitExceeded`), when the kernel died, or when the input is refused; `SandboxError` only for
+the infrastructure (the kernel never answered, the driver failed, Docker). Unlike upstream, a failed request
+still returns the cells that ran (the timed-out one with what it printed) and the fetched files, and the
+message names the cell.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import posixpath
+import secrets
+from dataclasses import dataclass, field
+
+from air.sandbox import AGENT_HOME, AGENT_UID, make_tar
+from air.services.sandbox_fusion.recipes import script
+from air.services.sandbox_fusion.schema import (
+    CellRunResult,
+    CommandRunResult,
+    CommandRunStatus,
+    RunJupyterRequest,
+    RunJupyterResponse,
+    RunStatus,
+)
+from air.services.sandbox_fusion.service import _cap, _path, _Rejected
+
+MAX_CELLS = 1000
+"""Cells of one request: every cell costs room in the driver's answer, which has a fixed budget."""
+STARTUP_TIMEOUT = 30.0
+"""Seconds the kernel may take to answer once started (outside total_timeout, as upstream's driver start-up is);
+about 1-2 s when the machine is quiet."""
+SLACK = 15.0
+"""Seconds the warden grants the driver beyond start-up and total_timeout (killing the kernel, writing the
+answer) before it kills the driver itself."""
+_ANSWER_MARGIN = 16 << 10
+"""Bytes of the warden's capture of the driver's stdout kept free below the answer's budget."""
+
+
+@dataclass
+class JupyterPlan:
+    """What /run_jupyter will do; the attributes `_place` and `_fetch` of the service read are the same as a
+    /run_code plan's (directory, absolute, fetch, notes)."""
+
+    request: RunJupyterRequest
+    request_id: str
+    files: dict[str, bytes]
+    """Relative to the request's directory (the kernel's working directory)."""
+    absolute: dict[str, bytes]
+    """Absolute paths in the sandbox, written with the agent's rights."""
+    fetch: list[tuple[str, str]]
+    cell_timeout: float
+    total_timeout: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def directory(self) -> str:
+        return f"{AGENT_HOME}/sf/{self.request_id}"
+
+    def tar(self) -> bytes:
+        root = posixpath.relpath(self.directory, AGENT_HOME)
+        return make_tar({f"{root}/{rel}": content for rel, content in self.files.items()}, owner=AGENT_UID)
+
+
+def plan(request: RunJupyterRequest, *, max_timeout: float, max_input_bytes: int) -> JupyterPlan:
+    """The request checked and bounded; _Rejected (answered Failed) for input it cannot run as asked."""
+    if len(request.cells) > MAX_CELLS:
+        raise _Rejected(f"{len(request.cells)} cells; this server runs at most {MAX_CELLS} in one request")
+    files: dict[str, bytes] = {}
+    absolute: dict[str, bytes] = {}
+    for path, content in request.files.items():
+        if content is None or "IGNORE_THIS_FILE" in path:  # skipped, as upstream's /run_code does
+            continue
+        norm = _path(path, "file")
+        try:
+            (absolute if norm.startswith("/") else files)[norm] = base64.b64decode(content)
+        except (binascii.Error, ValueError):
+            raise _Rejected(f"file {path!r} is not valid base64") from None
+    for rel in files:  # a file cannot also be a directory
+        parent = posixpath.dirname(rel)
+        while parent:
+            if parent in files:
+                raise _Rejected(f"file {parent!r} is also used as a directory (by {rel!r})")
+            parent = posixpath.dirname(parent)
+    size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + sum(len(c.encode()) for c in
+                                                                                   request.cells)
+    if size > max_input_bytes:
+        raise _Rejected(f"cells and files are {size} bytes; this server takes at most {max_input_bytes}")
+    notes: list[str] = []
+    total = request.total_timeout
+    if total > max_timeout:
+        notes.append(f"total_timeout {total:g}s lowered to this server's maximum {max_timeout:g}s")
+    total = min(max(total, 0.1), max_timeout)
+    cell = request.cell_timeout if request.cell_timeout > 0 else 0.0
+    return JupyterPlan(request, secrets.token_hex(8), files, absolute,
+                       [(path, _path(path, "fetch")) for path in request.fetch_files], cell, total, notes)
+
+
+async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
+    """Run the plan in a leased sandbox: files in, the driver (and so the kernel), files out."""
+    if plan.files:
+        await sandbox.session.unpack(AGENT_HOME, plan.tar())
+    if plan.absolute:
+        problem = await service._place(sandbox, plan)
+        if problem:
+            return RunJupyterResponse(status=RunStatus.Failed, message=problem, executor_pod_name=sandbox.name)
+    request = plan.request
+    captured = service._captured
+    budget = captured - _ANSWER_MARGIN
+    job = {"directory": plan.directory, "cells": request.cells, "cell_timeout": plan.cell_timeout, "total_timeout": plan.total_timeout,
+           "startup_timeout": STARTUP_TIMEOUT, "kernel": request.kernel, "memory_limit_MB": request.memory_limit_MB,
+           "stream_limit": min(service.config.output_limit, budget), "budget": budget}
+    result = await sandbox.session.exec(["python3", "-I", "-c", script("jupyter_driver.py")],
+                                        stdin=json.dumps(job), cwd=AGENT_HOME,
+                                        timeout=STARTUP_TIMEOUT + plan.total_timeout + SLACK)
+    stderr = _cap(result.stderr, service.config.output_limit, captured)
+    answer = RunJupyterResponse(status=RunStatus.Failed, executor_pod_name=sandbox.name)
+    if result.timed_out:  # the driver itself overran: upstream's only timeout, answered the same way
+        answer.driver = CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=result.duration,
+                                         stdout="", stderr=stderr)
+        answer.message = _join(plan.notes + ["the request ran past total_timeout and the kernel's start-up"])
+        return answer
+    driver = CommandRunResult(status=CommandRunStatus.Finished, execution_time=result.duration,
+                              return_code=result.exit_code, stdout="", stderr=stderr)
+    answer.driver = driver
+    if result.exit_code is not None and result.exit_code < 0:  # killed: by a cell (it is its parent), or OOM
+        why = ("the sandbox's memory limit" if result.exit_code == -9 and await sandbox.new_oom_kill()
+               else f"signal {-result.exit_code}")
+        answer.message = _join(plan.notes + [f"the Jupyter driver was killed by {why} while the cells ran"])
+        return answer
+    try:
+        document = json.loads(result.stdout) if result.exit_code == 0 else None
+    except ValueError:
+        document = None
+    if document is None:
+        last = (result.stderr.strip().splitlines() or ["no answer"])[-1]
+        answer.status = RunStatus.SandboxError
+        answer.message = f"air's Jupyter driver failed (exit code {result.exit_code}): {last[:500]}"
+        return answer
+    status = document["status"]
+    answer.cells = [CellRunResult.model_validate(cell) for cell in document["cells"]]
+    if status == "KernelSlow":
+        answer.status = RunStatus.SandboxError
+        answer.message = document["message"]
+        return answer
+    if status == "TimeLimitExceeded":
+        driver.status, driver.return_code = CommandRunStatus.TimeLimitExceeded, None
+    answer.status = RunStatus.Success if status == "Finished" else RunStatus.Failed
+    answer.files = await service._fetch(sandbox, plan) if plan.fetch else {}
+    answer.message = _join(plan.notes + ([document["message"]] if document["message"] else []))
+    return answer
+
+
+def _join(parts: list[str]) -> str:
+    return "; ".join(parts)
