@@ -1,18 +1,31 @@
-"""air's SandboxFusion-compatible service against a subprocess per request, measured side by side in one run.
+"""air's SandboxFusion-compatible service against a subprocess per request (and optionally SandboxFusion's own
+server), measured side by side in one run: throughput, p50/p95 latency and CPU per request.
 
-    python bench/bench_sandbox_fusion.py [--requests 200] [--concurrency 1 8] [--json]
+    python bench/bench_sandbox_fusion.py [--requests 200] [--concurrency 1 8 32] [--pool-size 8 [16 ...]]
+                                         [--sandbox-fusion-url http://127.0.0.1:8080] [--json]
 
-The service is `air serve sandbox-fusion` (a subprocess, as in production) with a pool of --pool-size sandboxes;
-this process sends `{"code": "print(1)", "language": "python"}` to /run_code over HTTP, N requests at a time. The
-baseline runs `python -c 'print(1)'` as a local subprocess per request at the same concurrency: no container, no
-isolation, no HTTP, i.e. the floor that SandboxFusion's own `isolation: none` mode sits on. Printed: requests per
-second and p50/p99 latency of both, and their ratios.
+Sides, each sent `{"code": "print(1)", "language": "python"}` (or running it), N requests at a time:
+- air (pool P): `air serve sandbox-fusion` started here as a subprocess (as in production) with a pool of P
+  sandboxes and `max(--concurrency)` slots; one server per --pool-size value, so pool sizes compare in one run;
+- subprocess: `python -c 'print(1)'` as a local subprocess per request: no container, no isolation, no HTTP,
+  the floor SandboxFusion's default `isolation: none` sits on;
+- sandbox-fusion (with --sandbox-fusion-url): SandboxFusion's own server, started by you (its CPU is found by
+  the port it listens on).
+
+Each concurrency level runs every side twice in alternation (halves of --requests each), so a shared machine's
+changing load falls on all of them alike. CPU per request is the CPU time of the side's own processes over its
+phases divided by its requests (/proc and cgroup counters): the side's server process tree (for the subprocess
+side: this process's reaped children, i.e. the programs), the sandboxes (air's containers, cgroup cpuacct),
+Docker (dockerd, containerd, and the shims with the runc calls they reaped) and this process (the client).
+"machine" is the machine's busy time (/proc/stat) per request, which on a shared host includes others' work.
+"srv core" is the server's CPU per wall second: near 1.0, its single event loop is the limit.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -22,20 +35,132 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import httpx
 
 REQUEST = {"code": "print(1)", "language": "python"}
+TICK = os.sysconf("SC_CLK_TCK")
 
 
+# ----- CPU accounting --------------------------------------------------------------------------------------------
+def proc_cpu(pid: int, reaped: bool = True) -> float:
+    """User + system CPU seconds of a live process, with its reaped children's unless `reaped` is False."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15 if reaped else 13]) / TICK
+
+
+def processes() -> list[tuple[int, int, str]]:
+    """(pid, ppid, comm) of every process."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                stat = (entry / "stat").read_text()
+                comm = stat[stat.index("(") + 1:stat.rindex(")")]
+                out.append((int(entry.name), int(stat.rsplit(")", 1)[1].split()[1]), comm))
+    return out
+
+
+def tree(root: int, procs: list[tuple[int, int, str]]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid, ppid, _ in procs:
+        children.setdefault(ppid, []).append(pid)
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def machine_busy() -> float:
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / TICK
+
+
+def docker_cpu(procs: list[tuple[int, int, str]]) -> float:
+    """dockerd and containerd (with what they reaped), and each shim alone (its runc calls, not the container's
+    processes, which the cgroups count)."""
+    total = 0.0
+    for pid, _, comm in procs:
+        if comm in ("dockerd", "containerd") or comm.startswith("containerd-shim"):
+            total += proc_cpu(pid)
+    return total
+
+
+def containers_cpu(run_ids: list[str]) -> float:
+    """CPU of these runs' live containers (cgroup v1 cpuacct; 0 where the hierarchy differs)."""
+    total = 0
+    for run_id in run_ids:
+        ids = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter", f"label=air.run={run_id}"],
+                             capture_output=True, text=True, check=False).stdout.split()
+        for cid in ids:
+            with contextlib.suppress(OSError, ValueError):
+                total += int(Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage").read_text())
+    return total / 1e9
+
+
+def listener_pid(port: int) -> int | None:
+    """The process listening on 127.0.0.1/0.0.0.0:port (found through its socket's inode)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                parts = line.split()
+                if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                    inodes.add(parts[9])
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                for fd in (entry / "fd").iterdir():
+                    link = os.readlink(fd)
+                    if link.startswith("socket:[") and link[8:-1] in inodes:
+                        return int(entry.name)
+    return None
+
+
+class Meter:
+    """CPU seconds of the machine, one side's server tree (or this process's reaped children), the sandboxes
+    and Docker, accumulated over that side's phases."""
+
+    def __init__(self, server_pid: int | None, run_ids: list[str], children_of_self: bool = False):
+        self.server_pid, self.run_ids, self.children_of_self = server_pid, run_ids, children_of_self
+        self.total = {"machine": 0.0, "server": 0.0, "sandboxes": 0.0, "docker": 0.0, "client": 0.0, "wall": 0.0}
+
+    def sample(self) -> dict[str, float]:
+        procs = processes()
+        if self.children_of_self:
+            t = os.times()
+            server = t.children_user + t.children_system
+        elif self.server_pid:
+            server = sum(proc_cpu(p) for p in tree(self.server_pid, procs))
+        else:
+            server = 0.0
+        return {"machine": machine_busy(), "server": server, "sandboxes": containers_cpu(self.run_ids),
+                "docker": docker_cpu(procs), "client": proc_cpu(os.getpid(), reaped=False),
+                "wall": time.perf_counter()}
+
+    @contextlib.asynccontextmanager
+    async def phase(self):
+        before = self.sample()
+        yield
+        after = self.sample()
+        for key in self.total:
+            self.total[key] += after[key] - before[key]
+
+
+# ----- the sides -------------------------------------------------------------------------------------------------
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(int(q * len(values)), len(values) - 1)]
 
 
-async def drive(one, requests: int, concurrency: int) -> dict:
-    """Run `one()` `requests` times, `concurrency` at a time; latencies in ms and throughput."""
-    latencies: list[float] = []
+async def drive(one, requests: int, concurrency: int, latencies: list[float]) -> None:
     queue = iter(range(requests))
 
     async def worker() -> None:
@@ -44,103 +169,143 @@ async def drive(one, requests: int, concurrency: int) -> dict:
             await one()
             latencies.append((time.perf_counter() - t) * 1000)
 
-    started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - started
-    return {"rps": requests / wall, "p50_ms": statistics.median(latencies), "p99_ms": pct(latencies, 0.99)}
 
 
-async def subprocess_baseline() -> None:
+async def subprocess_once() -> None:
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "print(1)", stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE)
     out, _ = await proc.communicate()
     assert proc.returncode == 0 and out == b"1\n", out
 
 
-def start_server(port: int, pool_size: int, concurrency: int, run_id: str) -> subprocess.Popen:
+def http_once(client: httpx.AsyncClient):
+    async def one() -> None:
+        body = (await client.post("/run_code", json=REQUEST)).json()
+        assert body["status"] == "Success" and body["run_result"]["stdout"] == "1\n", body
+    return one
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_air(pool_size: int, concurrency: int, run_id: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
     argv = [sys.executable, "-m", "air.cli.serve", "sandbox-fusion", "--port", str(port), "--pool-size",
             str(pool_size), "--concurrency", str(concurrency), "--log-level", "warning"]
-    return subprocess.Popen(argv, env={**os.environ, "AIR_RUN_ID": run_id})
+    log = open(f"/tmp/bench-sf-{run_id}.log", "wb")  # noqa: SIM115 (the server's whole life)
+    return (subprocess.Popen(argv, env={**os.environ, "AIR_RUN_ID": run_id}, stdout=log, stderr=log),
+            f"http://127.0.0.1:{port}")
 
 
-async def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 180) -> float:
+async def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float = 300) -> float:
     started = time.monotonic()
     async with httpx.AsyncClient(timeout=2) as client:
         while time.monotonic() - started < timeout:
-            if proc.poll() is not None:
-                raise SystemExit(f"the server exited with {proc.returncode}")
-            try:
-                if (await client.get(f"{url}/v1/ping")).json() == "pong":
+            if proc is not None and proc.poll() is not None:
+                raise SystemExit(f"the server exited with {proc.returncode}; its log is /tmp/bench-sf-<run id>.log")
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                if (await client.get(f"{url}/v1/ping")).text.strip('"\n') == "pong":
                     return time.monotonic() - started
-            except httpx.HTTPError:
-                pass
             await asyncio.sleep(0.2)
-    raise SystemExit(f"the server did not answer within {timeout}s")
+    raise SystemExit(f"{url} did not answer /v1/ping within {timeout}s")
 
 
-async def main(requests: int, levels: list[int], pool_size: int) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    run_id = f"bench-sf-{uuid.uuid4().hex[:8]}"
-    proc = start_server(port, pool_size, max(levels), run_id)
-    figures: dict = {"requests": requests, "pool_size": pool_size, "levels": {}}
+async def main(args: argparse.Namespace) -> dict:
+    levels, top = args.concurrency, max(args.concurrency)
+    figures: dict = {"requests": args.requests, "levels": {}, "load_before": os.getloadavg()}
+    t0, b0 = time.perf_counter(), machine_busy()
+    await asyncio.sleep(3)
+    figures["idle_cpu_ms_per_s"] = (machine_busy() - b0) / (time.perf_counter() - t0) * 1000
+    servers: list[tuple[subprocess.Popen, str, str, int]] = []  # proc, url, run id, pool size
+    clients: list[httpx.AsyncClient] = []
+    limits = httpx.Limits(max_connections=top, max_keepalive_connections=top)
     try:
-        figures["startup_s"] = await wait_ready(url, proc)
-        limits = httpx.Limits(max_connections=max(levels), max_keepalive_connections=max(levels))
-        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
-            exec_times: list[float] = []
-
-            async def through_air() -> None:
-                body = (await client.post("/run_code", json=REQUEST)).json()
-                assert body["status"] == "Success" and body["run_result"]["stdout"] == "1\n", body
-                exec_times.append(body["run_result"]["execution_time"] * 1000)
-
-            await drive(through_air, 2 * pool_size, pool_size)  # warm-up: every sandbox, every connection
-            await drive(subprocess_baseline, 8, 4)
-            for c in levels:
-                exec_times.clear()
-                # Interleaved halves, so that neither side gets the machine's quieter moments.
-                air_a = await drive(through_air, requests // 2, c)
-                base_a = await drive(subprocess_baseline, requests // 2, c)
-                air_b = await drive(through_air, requests - requests // 2, c)
-                base_b = await drive(subprocess_baseline, requests - requests // 2, c)
-                air = {k: (air_a[k] + air_b[k]) / 2 for k in air_a}
-                base = {k: (base_a[k] + base_b[k]) / 2 for k in base_a}
-                figures["levels"][c] = {
-                    "air": air, "subprocess": base, "air_execution_time_p50_ms": statistics.median(exec_times),
-                    "rps_ratio": air["rps"] / base["rps"], "p50_ratio": air["p50_ms"] / base["p50_ms"],
-                    "p99_ratio": air["p99_ms"] / base["p99_ms"],
-                }
+        for pool_size in args.pool_size:
+            run_id = f"bench-sf-{uuid.uuid4().hex[:8]}"
+            proc, url = start_air(pool_size, top, run_id)
+            servers.append((proc, url, run_id, pool_size))
+        sides: dict[str, tuple] = {}  # name -> (one, meter factory)
+        for proc, url, run_id, pool_size in servers:
+            figures.setdefault("startup_s", {})[pool_size] = await wait_ready(url, proc)
+            client = httpx.AsyncClient(base_url=url, timeout=120, limits=limits)
+            clients.append(client)
+            sides[f"air pool {pool_size}"] = (http_once(client), proc.pid, [run_id], False)
+        sides["subprocess"] = (subprocess_once, None, [], True)
+        if args.sandbox_fusion_url:
+            await wait_ready(args.sandbox_fusion_url, None, 30)
+            client = httpx.AsyncClient(base_url=args.sandbox_fusion_url, timeout=120, limits=limits)
+            clients.append(client)
+            port = httpx.URL(args.sandbox_fusion_url).port or 80
+            sides["sandbox-fusion"] = (http_once(client), listener_pid(port), [], False)
+        for name, (one, *_rest) in sides.items():  # warm-up: every sandbox and connection
+            await drive(one, 2 * top, top, [])
+        for c in levels:
+            meters = {name: Meter(pid, runs, own) for name, (_, pid, runs, own) in sides.items()}
+            latencies: dict[str, list[float]] = {name: [] for name in sides}
+            for half in (args.requests // 2, args.requests - args.requests // 2):
+                for name, (one, *_rest) in sides.items():
+                    async with meters[name].phase():
+                        await drive(one, half, c, latencies[name])
+            rows = {}
+            for name, meter in meters.items():
+                t, n = meter.total, args.requests
+                own = t["server"] + t["sandboxes"] + t["docker"] + t["client"]
+                rows[name] = {"rps": n / t["wall"], "p50_ms": statistics.median(latencies[name]),
+                              "p95_ms": pct(latencies[name], 0.95), "own_cpu_ms": own / n * 1000,
+                              **{f"{k}_cpu_ms": t[k] / n * 1000
+                                 for k in ("machine", "server", "sandboxes", "docker", "client")},
+                              "server_core": t["server"] / t["wall"]}
+            for row in rows.values():
+                row["rps_vs_subprocess"] = row["rps"] / rows["subprocess"]["rps"]
+            figures["levels"][c] = rows
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        for client in clients:
+            await client.aclose()
+        for proc, *_ in servers:
+            proc.send_signal(signal.SIGTERM)
+        for proc, *_ in servers:
+            proc.wait(120)
+    figures["load_after"] = os.getloadavg()
     from air.sandbox import connect, list_air_containers
 
-    figures["containers_left"] = len(list_air_containers(connect(), run=run_id))
+    docker = connect()
+    figures["containers_left"] = sum(len(list_air_containers(docker, run=run_id)) for _, _, run_id, _ in servers)
     return figures
 
 
 def report(f: dict) -> None:
-    print(f"air serve sandbox-fusion: pool of {f['pool_size']} sandboxes, ready in {f['startup_s']:.1f} s; "
-          f"{f['requests']} requests of print(1) per side and concurrency")
-    for c, row in f["levels"].items():
-        a, b = row["air"], row["subprocess"]
-        print(f"concurrency {c:>2}  air     {a['rps']:6.1f} req/s  p50 {a['p50_ms']:6.1f} ms  p99 {a['p99_ms']:6.1f} ms"
-              f"  (in-sandbox execution_time p50 {row['air_execution_time_p50_ms']:.1f} ms)")
-        print(f"                subproc {b['rps']:6.1f} req/s  p50 {b['p50_ms']:6.1f} ms  p99 {b['p99_ms']:6.1f} ms")
-        print(f"                ratio air/subprocess: throughput {row['rps_ratio']:.2f}x, p50 {row['p50_ratio']:.2f}x, "
-              f"p99 {row['p99_ratio']:.2f}x")
-    print(f"containers left after the server stopped: {f['containers_left']}")
+    load = " / ".join(f"{x:.1f}" for x in f["load_before"])
+    print(f"{f['requests']} requests of print(1) per side and concurrency, {os.cpu_count()} CPUs; load average "
+          f"before {load}; machine busy {f['idle_cpu_ms_per_s']:.0f} ms/s before the run (in 'machine')")
+    print(f"{'c':>3}  {'side':<15} {'req/s':>7} {'x subp':>7} {'p50 ms':>7} {'p95 ms':>7} {'CPU ms/req':>10} "
+          f"{'server':>7} {'sandbox':>7} {'docker':>7} {'client':>7} {'machine':>8} {'srv core':>8}")
+    for c, rows in f["levels"].items():
+        for name, r in rows.items():
+            print(f"{c:>3}  {name:<15} {r['rps']:7.1f} {r['rps_vs_subprocess']:6.2f}x {r['p50_ms']:7.1f} "
+                  f"{r['p95_ms']:7.1f} {r['own_cpu_ms']:10.1f} {r['server_cpu_ms']:7.1f} "
+                  f"{r['sandboxes_cpu_ms']:7.1f} {r['docker_cpu_ms']:7.1f} {r['client_cpu_ms']:7.1f} "
+                  f"{r['machine_cpu_ms']:8.1f} {r['server_core']:8.2f}")
+    print(f"CPU ms/req = server (the side's server process tree; subprocess: the programs) + sandbox (its "
+          f"containers) + docker (dockerd, containerd, shims) + client (this process); machine = every busy CPU "
+          f"second of the machine per request, others' work included. Load average after "
+          f"{' / '.join(f'{x:.1f}' for x in f['load_after'])}; air containers left: {f['containers_left']}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--pool-size", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=200, help="per side and concurrency level")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--pool-size", type=int, nargs="+", default=[8],
+                        help="one air server per value, measured side by side")
+    parser.add_argument("--sandbox-fusion-url", default=None,
+                        help="SandboxFusion's own server (started by you) as a third side")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    figures = asyncio.run(main(args.requests, args.concurrency, args.pool_size))
+    if args.requests < 2 or min(args.concurrency) < 1 or min(args.pool_size) < 1:
+        parser.error("--requests >= 2, --concurrency and --pool-size >= 1")
+    figures = asyncio.run(main(args))
     print(json.dumps(figures, indent=2)) if args.json else report(figures)
