@@ -112,9 +112,9 @@ def _services() -> typer.Typer:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON line on stdout once the service "
                                                            "answers (url, image, concurrency), for scripts."),
     ) -> None:
-        """Serve SandboxFusion's API (GET /v1/ping, POST /run_code) with each request in an air sandbox: no
-        network, limits, a non-root user, reset between requests. Ctrl-C or SIGTERM removes every container it
-        started.
+        """Serve SandboxFusion's API (GET /v1/ping, POST /run_code, POST /run_jupyter) with each request in an
+        air sandbox: no network, limits, a non-root user, reset between requests. Ctrl-C or SIGTERM removes every
+        container it started.
 
         Example: air serve sandbox-fusion --port 8080 --host 127.0.0.1 --image air/cpu:latest --concurrency 8
 
@@ -175,7 +175,7 @@ def _serve_sandbox_fusion(config: SandboxFusionConfig, log_level: str, as_json: 
             print(json.dumps({"service": "sandbox-fusion", "url": url, "image": config.image,
                               "concurrency": config.concurrency, "sandboxes": config.sandboxes}), flush=True)
         else:
-            console.print(f"air: SandboxFusion's API on {url} (POST /run_code), {config.concurrency} at "
+            console.print(f"air: SandboxFusion's API on {url} (POST /run_code, /run_jupyter), {config.concurrency} at "
                           f"once, image {config.image}", soft_wrap=True)
 
     serve(config, log_level=log_level, on_ready=ready)

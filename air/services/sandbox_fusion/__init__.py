@@ -1,4 +1,5 @@
-"""air's own SandboxFusion-compatible code runner: `GET /v1/ping` and `POST /run_code`, on air's sandbox pool.
+"""air's own SandboxFusion-compatible code runner: `GET /v1/ping`, `POST /run_code` and `POST /run_jupyter`, on
+air's sandbox pool.
 
     air serve sandbox-fusion --port 8080 --image air/cpu:latest --concurrency 8
     curl -s localhost:8080/run_code -H 'Content-Type: application/json' \
@@ -22,9 +23,11 @@ The request and response use SandboxFusion's field names and statuses, so its of
   fails, a language the image lacks, or a bad file path is `Failed` with a message: the official client
   retries `SandboxError` up to 5 times, and a deterministic failure must not run 5 times.
 - Requests beyond `concurrency` queue (up to `queue_timeout`) instead of piling onto the host.
+- `/run_jupyter` runs a request's cells in one fresh kernel in the same kind of sandbox (jupyter.py): state
+  carries across the cells of a request, never across requests; cell_timeout is enforced (upstream ignores it).
 
 Modules: schema (the wire models), config, recipes (languages; scripts/ holds their shell probe), service
-(the requests over the pool), app (FastAPI and uvicorn, imported when the app is made), client (one that never
+(the requests over the pool), jupyter (/run_jupyter; its driver is scripts/jupyter_driver.py), app (FastAPI and uvicorn, imported when the app is made), client (one that never
 sends a request twice).
 """
 
@@ -35,17 +38,21 @@ from air.services.sandbox_fusion.client import SandboxFusionClient, SandboxFusio
 from air.services.sandbox_fusion.config import SandboxFusionConfig
 from air.services.sandbox_fusion.recipes import RECIPES, Recipe
 from air.services.sandbox_fusion.schema import (
+    CellRunResult,
     CommandRunResult,
     CommandRunStatus,
     Language,
     RunCodeRequest,
     RunCodeResponse,
+    RunJupyterRequest,
+    RunJupyterResponse,
     RunStatus,
 )
 from air.services.sandbox_fusion.service import SandboxFusionService
 
 __all__ = [
     "Language", "RunCodeRequest", "RunCodeResponse", "RunStatus", "CommandRunStatus", "CommandRunResult",
+    "RunJupyterRequest", "RunJupyterResponse", "CellRunResult",
     "SandboxFusionConfig", "Recipe", "RECIPES", "SandboxFusionService", "create_app", "serve",
     "SandboxFusionClient", "SandboxFusionHTTPError",
 ]
