@@ -238,3 +238,20 @@ def test_flooding_output_is_capped_and_the_request_still_answers(server):
     lines = response.cells[2].stderr
     assert lines.startswith("0\n1\n") and lines.endswith("299999\n") and "bytes of output dropped" in lines
     assert response.cells[3].stdout == "after\n"
+
+
+def test_memory_limit_applies_to_the_kernel(server):
+    """memory_limit_MB (a field of upstream's server model, not of its client's): the kernel's data segment."""
+    body = {"cells": ["x = bytearray(400 << 20)", "print('still here')"], "memory_limit_MB": 200}
+    answer = httpx.post(f"{server.url}/run_jupyter", json=body, timeout=120).json()
+    assert answer["status"] == "Success", answer
+    assert [e["ename"] for e in answer["cells"][0]["error"]] == ["MemoryError"]
+    assert answer["cells"][1]["stdout"] == "still here\n"
+
+
+def test_a_kernel_that_exits_fails_the_request_at_once(server):
+    started = time.monotonic()
+    response = cells(server, "print('first')", "import os; os._exit(3)", "print('never')", total_timeout=300)
+    assert time.monotonic() - started < 100  # noticed when it died, not at total_timeout
+    assert response.status == "Failed" and "the kernel died while running cell 1" in response.message, response
+    assert response.cells[0].stdout == "first\n" and response.cells[1].error[0]["ename"] == "DeadKernelError"
