@@ -255,3 +255,15 @@ def test_a_kernel_that_exits_fails_the_request_at_once(server):
     assert time.monotonic() - started < 100  # noticed when it died, not at total_timeout
     assert response.status == "Failed" and "the kernel died while running cell 1" in response.message, response
     assert response.cells[0].stdout == "first\n" and response.cells[1].error[0]["ename"] == "DeadKernelError"
+
+
+def test_an_upload_cannot_replace_the_drivers_modules(server):
+    """Files land in the kernel's working directory, which is on the kernel's import path (as upstream's); air's
+    driver, started in that directory, runs isolated (-I): an upload named like a module it imports later
+    (jupyter_client when it starts the kernel) cannot replace it."""
+    poison = b64(b"raise ImportError('shadowed by an upload')\n")
+    uploads = {name: poison for name in ("jupyter_client.py", "json.py", "traitlets.py", "zmq.py", "resource.py")}
+    uploads["uploaded_helper.py"] = b64(b"VALUE = 7\n")
+    response = cells(server, "print(1)", "import uploaded_helper; print(uploaded_helper.VALUE)", files=uploads)
+    assert response.status == "Success", response
+    assert [c.stdout for c in response.cells] == ["1\n", "7\n"]
