@@ -196,7 +196,7 @@ def start_air(pool_size: int, concurrency: int, run_id: str) -> tuple[subprocess
     port = free_port()
     argv = [sys.executable, "-m", "air.cli.serve", "sandbox-fusion", "--port", str(port), "--pool-size",
             str(pool_size), "--concurrency", str(concurrency), "--log-level", "warning"]
-    log = open(f"/tmp/bench-sf-{run_id}.log", "wb")  # noqa: SIM115 (the server's whole life)
+    log = open(f"/tmp/{run_id}.log", "wb")  # noqa: SIM115 (the server's whole life)
     return (subprocess.Popen(argv, env={**os.environ, "AIR_RUN_ID": run_id}, stdout=log, stderr=log),
             f"http://127.0.0.1:{port}")
 
@@ -206,7 +206,7 @@ async def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float = 3
     async with httpx.AsyncClient(timeout=2) as client:
         while time.monotonic() - started < timeout:
             if proc is not None and proc.poll() is not None:
-                raise SystemExit(f"the server exited with {proc.returncode}; its log is /tmp/bench-sf-<run id>.log")
+                raise SystemExit(f"the server exited with {proc.returncode}; its log is /tmp/bench-sf-<id>.log")
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 if (await client.get(f"{url}/v1/ping")).text.strip('"\n') == "pong":
                     return time.monotonic() - started
