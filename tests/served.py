@@ -10,8 +10,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
 
@@ -22,6 +25,9 @@ def free_port() -> int:
 
 
 class AirServer:
+    ping: str | None = None
+    """A path the service answers "pong" on once it serves (after its ready line), waited for too."""
+
     def __init__(self, service: str, run_id: str, log_path: Path, *args: str, port: int | None = None,
                  env: dict[str, str] | None = None):
         self.service, self.run_id = service, run_id
@@ -43,9 +49,29 @@ class AirServer:
             for line in self.output().splitlines():
                 if line.startswith("{") and f'"{self.service}"' in line:
                     self.ready = json.loads(line)
-                    return
+                    return self._wait_ping(deadline) if self.ping else None
             time.sleep(0.2)
         pytest.fail(f"the server printed no ready line within {timeout}s: {self.output()}")
+
+    def _wait_ping(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}{self.ping}", timeout=2).json() == "pong":
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        pytest.fail(f"the server did not answer {self.ping}: {self.output()}")
+
+    @contextmanager
+    def serving(self, timeout: float = 300) -> Iterator[AirServer]:
+        """Ready, then in use; stopped and its log closed however the tests end (a module fixture's body)."""
+        try:
+            self.wait_ready(timeout)
+            yield self
+        finally:
+            self.stop()
+            self.log.close()
 
     def output(self) -> str:
         self.log.seek(0)
@@ -60,3 +86,12 @@ class AirServer:
                 self.proc.kill()
                 self.proc.wait(10)
         return self.proc.returncode
+
+
+class SandboxFusionServer(AirServer):
+    """`air serve sandbox-fusion`: its ready line comes once the pool started; it serves once /v1/ping answers."""
+
+    ping = "/v1/ping"
+
+    def __init__(self, run_id: str, log_path: Path, *args: str, **kwargs):
+        super().__init__("sandbox-fusion", run_id, log_path, *args, **kwargs)

@@ -160,12 +160,8 @@ def server(images, tmp_path_factory):
                  "--max-envs-per-client", str(MAX_ENVS_PER_CLIENT), "--max-sandboxes", "48",
                  "--trajectory-dir", str(folder / "trajectories"))
     srv.trajectories = folder / "trajectories"
-    try:
-        srv.wait_ready()
+    with srv.serving():
         yield srv
-    finally:
-        srv.stop()
-        srv.log.close()
 
 
 def trajectory(srv: Server, episode: str) -> list[dict]:

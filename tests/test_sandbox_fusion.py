@@ -12,7 +12,7 @@ import uuid
 import httpx
 import pytest
 from sandbox_fusion import RunCodeRequest, run_code, run_concurrent
-from served import AirServer
+from served import SandboxFusionServer
 
 from air.sandbox import list_air_containers, make_labels
 
@@ -22,36 +22,13 @@ POOL_SIZE = 3
 CONCURRENCY = 3
 
 
-class Server(AirServer):
-    """`air serve sandbox-fusion ... --json` sized for these tests."""
-
-    def __init__(self, run_id: str, log_path):
-        super().__init__("sandbox-fusion", run_id, log_path, "--concurrency", str(CONCURRENCY), "--pool-size",
-                         str(POOL_SIZE), "--memory-mb", "512", "--log-level", "info")
-
-    def wait_ready(self, timeout: float = 120) -> None:
-        """The ready line comes once the pool started (uvicorn's lifespan); then until /v1/ping answers."""
-        super().wait_ready(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/v1/ping", timeout=2).json() == "pong":
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        pytest.fail(f"the server did not answer /v1/ping within {timeout}s: {self.output()}")
-
-
 @pytest.fixture(scope="module")
 def server(images, tmp_path_factory):
-    srv = Server(f"test-sf-{uuid.uuid4().hex[:8]}", tmp_path_factory.mktemp("sandbox-fusion") / "server.log")
-    try:
-        srv.wait_ready()
+    with SandboxFusionServer(f"test-sf-{uuid.uuid4().hex[:8]}",
+                             tmp_path_factory.mktemp("sandbox-fusion") / "server.log", "--concurrency",
+                             str(CONCURRENCY), "--pool-size", str(POOL_SIZE), "--memory-mb", "512",
+                             "--log-level", "info").serving() as srv:
         yield srv
-    finally:
-        srv.stop()
-        srv.log.close()
 
 
 def run(server, code: str, language: str = "python", **fields):

@@ -12,41 +12,20 @@ import uuid
 import httpx
 import pytest
 from sandbox_fusion import RunJupyterRequest, run_jupyter
-from served import AirServer
+from served import SandboxFusionServer
 
 from air.sandbox import list_air_containers
 
 pytestmark = pytest.mark.docker
 
 
-class Server(AirServer):
-    def __init__(self, run_id: str, log_path):
-        super().__init__("sandbox-fusion", run_id, log_path, "--concurrency", "1", "--pool-size", "1",
-                         "--memory-mb", "1024", "--log-level", "info")
-
-    def wait_ready(self, timeout: float = 180) -> None:
-        super().wait_ready(timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{self.url}/v1/ping", timeout=2).json() == "pong":
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        pytest.fail(f"the server did not answer /v1/ping within {timeout}s: {self.output()}")
-
-
 @pytest.fixture(scope="module")
 def server(images, docker_client, tmp_path_factory):
-    srv = Server(f"test-sfj-{uuid.uuid4().hex[:8]}", tmp_path_factory.mktemp("sf-jupyter") / "server.log")
-    try:
-        srv.wait_ready()
+    run_id = f"test-sfj-{uuid.uuid4().hex[:8]}"
+    with SandboxFusionServer(run_id, tmp_path_factory.mktemp("sf-jupyter") / "server.log", "--concurrency", "1", "--pool-size", "1",
+                         "--memory-mb", "1024", "--log-level", "info").serving() as srv:
         yield srv
-    finally:
-        srv.stop()
-        srv.log.close()
-    assert not list_air_containers(docker_client, run=srv.run_id)
+    assert not list_air_containers(docker_client, run=run_id)
 
 
 def cells(server, *code: str, **fields):

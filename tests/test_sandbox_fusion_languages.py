@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 from sandbox_fusion import RunCodeRequest, run_code, run_concurrent
-from served import AirServer
+from served import SandboxFusionServer
 
 pytestmark = pytest.mark.docker
 
@@ -163,16 +163,10 @@ def toolchain(docker_client):
 
 @pytest.fixture(scope="module")
 def server(toolchain, tmp_path_factory):
-    srv = AirServer("sandbox-fusion", f"test-sfl-{uuid.uuid4().hex[:8]}",
-                    tmp_path_factory.mktemp("sf-languages") / "server.log", "--image", IMAGE,
-                    "--concurrency", str(CONCURRENCY), "--pool-size", str(CONCURRENCY), "--memory-mb", "1536",
-                    "--log-level", "info")
-    try:
-        srv.wait_ready()
+    with SandboxFusionServer(f"test-sfl-{uuid.uuid4().hex[:8]}", tmp_path_factory.mktemp("sf-languages") / "server.log",
+                             "--image", IMAGE, "--concurrency", str(CONCURRENCY), "--pool-size", str(CONCURRENCY),
+                             "--memory-mb", "1536", "--log-level", "info").serving() as srv:
         yield srv
-    finally:
-        srv.stop()
-        srv.log.close()
 
 
 def run(server, code: str, language: str = "python", **fields):
