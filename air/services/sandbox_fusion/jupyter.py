@@ -16,8 +16,6 @@ message names the cell.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import posixpath
 import secrets
@@ -33,7 +31,7 @@ from air.services.sandbox_fusion.schema import (
     RunJupyterResponse,
     RunStatus,
 )
-from air.services.sandbox_fusion.service import _cap, _path, _Rejected
+from air.services.sandbox_fusion.service import _cap, _path, _Rejected, decode_files, no_file_is_a_directory
 
 MAX_CELLS = 1000
 """Cells of one request: every cell costs room in the driver's answer, which has a fixed budget."""
@@ -76,22 +74,8 @@ def plan(request: RunJupyterRequest, *, max_timeout: float, max_input_bytes: int
     """The request checked and bounded; _Rejected (answered Failed) for input it cannot run as asked."""
     if len(request.cells) > MAX_CELLS:
         raise _Rejected(f"{len(request.cells)} cells; this server runs at most {MAX_CELLS} in one request")
-    files: dict[str, bytes] = {}
-    absolute: dict[str, bytes] = {}
-    for path, content in request.files.items():
-        if content is None or "IGNORE_THIS_FILE" in path:  # skipped, as upstream's /run_code does
-            continue
-        norm = _path(path, "file")
-        try:
-            (absolute if norm.startswith("/") else files)[norm] = base64.b64decode(content)
-        except (binascii.Error, ValueError):
-            raise _Rejected(f"file {path!r} is not valid base64") from None
-    for rel in files:  # a file cannot also be a directory
-        parent = posixpath.dirname(rel)
-        while parent:
-            if parent in files:
-                raise _Rejected(f"file {parent!r} is also used as a directory (by {rel!r})")
-            parent = posixpath.dirname(parent)
+    files, absolute = decode_files(request.files)
+    no_file_is_a_directory(files)
     size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + sum(len(c.encode()) for c in
                                                                                    request.cells)
     if size > max_input_bytes:

@@ -27,7 +27,14 @@ from air.sandbox import (
     make_tar,
 )
 from air.services.sandbox_fusion.config import SandboxFusionConfig
-from air.services.sandbox_fusion.recipes import RECIPES, CompileRefused, Recipe, availability, probe_argv, script
+from air.services.sandbox_fusion.recipes import (
+    RECIPES,
+    CompileRefused,
+    Recipe,
+    availability,
+    probe_argv,
+    script,
+)
 from air.services.sandbox_fusion.schema import (
     CommandRunResult,
     CommandRunStatus,
@@ -125,6 +132,31 @@ def _cap(text: str, limit: int, captured: int) -> str:
             + joined[-keep_tail:].decode("utf-8", errors="replace"))
 
 
+def decode_files(request_files: dict[str, str | None]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """A request's `files`, decoded: (relative to its directory, absolute in the sandbox); _Rejected otherwise."""
+    files: dict[str, bytes] = {}
+    absolute: dict[str, bytes] = {}
+    for path, content in request_files.items():
+        if content is None or "IGNORE_THIS_FILE" in path:  # skipped, as upstream does
+            continue
+        norm = _path(path, "file")
+        try:
+            (absolute if norm.startswith("/") else files)[norm] = base64.b64decode(content)
+        except (binascii.Error, ValueError):
+            raise _Rejected(f"file {path!r} is not valid base64") from None
+    return files, absolute
+
+
+def no_file_is_a_directory(files: dict[str, bytes]) -> None:
+    """_Rejected when one relative path is another's parent (it cannot be a file and a directory)."""
+    for rel in files:
+        parent = posixpath.dirname(rel)
+        while parent:
+            if parent in files:
+                raise _Rejected(f"file {parent!r} is also used as a directory (by {rel!r})")
+            parent = posixpath.dirname(parent)
+
+
 class SandboxFusionService:
     """The request handling behind the HTTP app (usable in-process too: tests, benchmarks)."""
 
@@ -215,16 +247,7 @@ class SandboxFusionService:
             raise _Rejected(f"language {request.language!r} is not available: {why}; available here: "
                             f"{', '.join(self.languages())}")
         recipe = RECIPES[request.language]
-        files: dict[str, bytes] = {}
-        absolute: dict[str, bytes] = {}
-        for path, content in request.files.items():
-            if content is None or "IGNORE_THIS_FILE" in path:  # skipped, as upstream does
-                continue
-            norm = _path(path, "file")
-            try:
-                (absolute if norm.startswith("/") else files)[norm] = base64.b64decode(content)
-            except (binascii.Error, ValueError):
-                raise _Rejected(f"file {path!r} is not valid base64") from None
+        files, absolute = decode_files(request.files)
         names = [*files, *absolute]
         # Upstream writes the code after the files, to a fresh temporary name (never an upload's); a fixed name
         # (Java's Main.java) replaces an upload of that name there, and so here.
@@ -238,13 +261,7 @@ class SandboxFusionService:
             fields["main"] = shlex.quote(recipe.main(request.code)) if recipe.main else ""
         except CompileRefused as exc:
             refused, fields["main"] = str(exc), ""
-        paths = set(files)
-        for rel in paths:  # a file cannot also be a directory
-            parent = posixpath.dirname(rel)
-            while parent:
-                if parent in paths:
-                    raise _Rejected(f"file {parent!r} is also used as a directory (by {rel!r})")
-                parent = posixpath.dirname(parent)
+        no_file_is_a_directory(files)
         stdin = request.stdin.encode() if request.stdin is not None else None
         size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + len(stdin or b"")
         if size > self.config.max_input_bytes:
