@@ -7,8 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from air import paths
@@ -119,3 +122,54 @@ def test_images_ls_fits_80_columns_and_says_what_is_missing_and_what_each_image_
     cpu = next(r for r in rows if "air/cpu:latest" in r["tags"])
     assert "python" in cpu["sandbox_fusion_languages"]
     assert "SandboxFusion languages: air/cpu:latest serves python" in proc.stdout
+
+
+@pytest.mark.docker
+def test_two_builds_at_once_both_succeed_and_leave_no_dangling_stage(recipes_dir, images, docker_client):
+    """Two `air images build` processes at once (set-up builds the CPU and toolchain images side by side; two
+    users on one daemon) while others prune: each build drops only its own multi-stage intermediates and never
+    prunes (the daemon refuses a second prune at once: the build ended in `internal error ... 409`, exit 4)."""
+    names = ["air-test-stage-slow", "air-test-stage-quick"]
+    for name, pause in zip(names, (15, 0), strict=True):
+        # The slow build's first stage is done (a dangling image) long before its second stage copies from it;
+        # the quick build ends in between.
+        (recipes_dir / name).mkdir()
+        (recipes_dir / name / "recipe.toml").write_text('description = "two stages"\nparent = "base"\n'
+                                                         'default = false\n')
+        (recipes_dir / name / "Dockerfile").write_text(
+            f"ARG PARENT_IMAGE\nFROM ${{PARENT_IMAGE}} AS stage\nRUN echo {name} > /stage.txt\n"
+            f"FROM ${{PARENT_IMAGE}}\nRUN sleep {pause}\nCOPY --from=stage /stage.txt /stage.txt\n")
+    env = {**os.environ, "AIR_IMAGES_DIR": str(recipes_dir)}
+    # Someone else prunes images on this daemon all along (another air build used to, at its end).
+    stop = threading.Event()
+
+    def prune_all_along() -> None:
+        while not stop.is_set():
+            try:
+                docker_client.images.prune(filters={"label": "air.test=prunes-nothing"})
+            except docker.errors.APIError:
+                pass
+
+    pruner = threading.Thread(target=prune_all_along, daemon=True)
+    pruner.start()
+    try:
+        procs = []
+        for name in names:
+            procs.append(subprocess.Popen([sys.executable, "-m", "air.cli.main", "images", "build", name],
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+            time.sleep(5)  # the slow one is into its second stage (if not yet, the check is merely weaker)
+        results = [(p.wait(600), p.stderr.read()) for p in procs]
+        stop.set()
+        assert all(code == 0 for code, _ in results), results
+        for name in names:
+            built = docker_client.images.get(f"air/{name}:latest")
+            assert built.labels["air.recipe"] == name
+        dangling = docker_client.images.list(filters={"dangling": True, "label": "air.recipe"})
+        assert not [i.id for i in dangling if i.labels.get("air.recipe") in names]
+    finally:
+        stop.set()
+        for image in docker_client.images.list(filters={"label": "air.recipe"}):
+            if image.labels.get("air.recipe") in names:
+                for tag in image.tags:
+                    docker_client.images.remove(tag, force=True)

@@ -377,22 +377,33 @@ class ImageBuilder:
                 (context / "debs").mkdir()
                 for name in deb_names:
                     _link_or_copy(debs / name, context / "debs" / name)
-            image_id = self._docker_build(recipe, context, tag, parent_ref)
+            image_id, steps = self._docker_build(recipe, context, tag, parent_ref)
         image = self.client.images.get(image_id)
         image.tag(REPO + "/" + recipe.name, "latest")
-        # The legacy builder keeps each multi-stage intermediate as a dangling image (the wheels' install stage,
-        # GBs for torch): drop them, they are not reused since the final image is tagged by content.
-        self.client.images.prune(filters={"dangling": True, "label": "air.role=image"})
+        self._drop_intermediates(steps)
         self.report(f"[{recipe.name}] built {tag} in {time.monotonic() - started:.0f} s")
         return BuiltImage(recipe.name, tag, image.id, image.attrs["Size"] / 1e6, reused=False)
 
-    def _docker_build(self, recipe: Recipe, context: Path, tag: str, parent_ref: str) -> str:
+    def _drop_intermediates(self, steps: set[str]) -> None:
+        """The legacy builder keeps each multi-stage intermediate as a dangling image (the wheels' or .debs'
+        install stage, GBs for torch): drop this build's own, never reused since the final image is tagged by
+        content. Not a prune: another process's build may be running, and a prune would take its stages (the
+        daemon also refuses two prunes at once)."""
+        for step in steps:
+            try:
+                if not self.client.images.get(step).tags:
+                    self.client.images.remove(step, noprune=False)
+            except docker.errors.APIError:  # a parent of the final image, in use, or gone: kept as it is
+                continue
+
+    def _docker_build(self, recipe: Recipe, context: Path, tag: str, parent_ref: str) -> tuple[str, set[str]]:
         self.report(f"[{recipe.name}] building {tag} (network off)")
         build_args = {"PARENT_IMAGE": parent_ref, "BASE_IMAGE": parent_ref}
         # No run or owner: images outlive the process that built them, and containers inherit image labels.
         labels = {"air.role": "image", "air.recipe": recipe.name}
         image_id = None
         log: list[str] = []
+        steps: set[str] = set()
         try:
             for chunk in self.build_api.build(path=str(context), tag=tag, buildargs=build_args, network_mode="none",
                                               rm=True, forcerm=True, decode=True, labels=labels):
@@ -402,6 +413,9 @@ class ImageBuilder:
                 line = chunk.get("stream", "").strip()
                 if line:
                     log = (log + [line])[-20:]
+                    step = _STEP_IMAGE.match(line)
+                    if step:
+                        steps.add(step.group(1))
                     if line.startswith("Step ") or "Successfully" in line:
                         self.detail(f"[{recipe.name}] {line[:110]}")
                 image_id = (chunk.get("aux") or {}).get("ID", image_id)
@@ -413,7 +427,11 @@ class ImageBuilder:
             if not m:
                 raise ImageError(f"recipe '{recipe.name}': the build ended without an image")
             image_id = m.group(1)
-        return image_id
+        return image_id, steps
+
+
+_STEP_IMAGE = re.compile(r"^---> ([0-9a-f]{12})$")
+"""The legacy builder's line naming the image a step produced."""
 
 
 def build_command(recipe: Recipe) -> str:
