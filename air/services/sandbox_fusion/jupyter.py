@@ -22,6 +22,15 @@ import secrets
 from dataclasses import dataclass, field
 
 from air.sandbox import AGENT_HOME, AGENT_UID, make_tar
+from air.services.sandbox_fusion.files import (
+    Rejected,
+    checked_path,
+    decode_files,
+    fetch_files,
+    no_file_is_a_directory,
+    place_absolute,
+)
+from air.services.sandbox_fusion.output import cap_stream
 from air.services.sandbox_fusion.recipes import script
 from air.services.sandbox_fusion.schema import (
     CellRunResult,
@@ -31,7 +40,6 @@ from air.services.sandbox_fusion.schema import (
     RunJupyterResponse,
     RunStatus,
 )
-from air.services.sandbox_fusion.service import _cap, _path, _Rejected, decode_files, no_file_is_a_directory
 
 MAX_CELLS = 1000
 """Cells of one request: every cell costs room in the driver's answer, which has a fixed budget."""
@@ -47,8 +55,7 @@ _ANSWER_MARGIN = 16 << 10
 
 @dataclass
 class JupyterPlan:
-    """What /run_jupyter will do; the attributes `_place` and `_fetch` of the service read are the same as a
-    /run_code plan's (directory, absolute, fetch, notes)."""
+    """What /run_jupyter will do; its files as a /run_code plan's (files.py)."""
 
     request: RunJupyterRequest
     request_id: str
@@ -71,15 +78,15 @@ class JupyterPlan:
 
 
 def plan(request: RunJupyterRequest, *, max_timeout: float, max_input_bytes: int) -> JupyterPlan:
-    """The request checked and bounded; _Rejected (answered Failed) for input it cannot run as asked."""
+    """The request checked and bounded; Rejected (answered Failed) for input it cannot run as asked."""
     if len(request.cells) > MAX_CELLS:
-        raise _Rejected(f"{len(request.cells)} cells; this server runs at most {MAX_CELLS} in one request")
+        raise Rejected(f"{len(request.cells)} cells; this server runs at most {MAX_CELLS} in one request")
     files, absolute = decode_files(request.files)
     no_file_is_a_directory(files)
     size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + sum(len(c.encode()) for c in
                                                                                    request.cells)
     if size > max_input_bytes:
-        raise _Rejected(f"cells and files are {size} bytes; this server takes at most {max_input_bytes}")
+        raise Rejected(f"cells and files are {size} bytes; this server takes at most {max_input_bytes}")
     notes: list[str] = []
     total = request.total_timeout
     if total > max_timeout:
@@ -87,7 +94,7 @@ def plan(request: RunJupyterRequest, *, max_timeout: float, max_input_bytes: int
     total = min(max(total, 0.1), max_timeout)
     cell = request.cell_timeout if request.cell_timeout > 0 else 0.0
     return JupyterPlan(request, secrets.token_hex(8), files, absolute,
-                       [(path, _path(path, "fetch")) for path in request.fetch_files], cell, total, notes)
+                       [(path, checked_path(path, "fetch")) for path in request.fetch_files], cell, total, notes)
 
 
 async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
@@ -95,7 +102,7 @@ async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
     if plan.files:
         await sandbox.session.unpack(AGENT_HOME, plan.tar())
     if plan.absolute:
-        problem = await service._place(sandbox, plan)
+        problem = await place_absolute(sandbox, plan.directory, plan.absolute)
         if problem:
             return RunJupyterResponse(status=RunStatus.Failed, message=problem, executor_pod_name=sandbox.name)
     request = plan.request
@@ -107,7 +114,7 @@ async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
     result = await sandbox.session.exec(["python3", "-I", "-c", script("jupyter_driver.py")],
                                         stdin=json.dumps(job), cwd=AGENT_HOME,
                                         timeout=STARTUP_TIMEOUT + plan.total_timeout + SLACK)
-    stderr = _cap(result.stderr, service.config.output_limit, captured)
+    stderr = cap_stream(result.stderr, service.config.output_limit, captured)
     answer = RunJupyterResponse(status=RunStatus.Failed, executor_pod_name=sandbox.name)
     if result.timed_out:  # the driver itself overran: upstream's only timeout, answered the same way
         answer.driver = CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=result.duration,
@@ -140,7 +147,8 @@ async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
     if status == "TimeLimitExceeded":
         driver.status, driver.return_code = CommandRunStatus.TimeLimitExceeded, None
     answer.status = RunStatus.Success if status == "Finished" else RunStatus.Failed
-    answer.files = await service._fetch(sandbox, plan) if plan.fetch else {}
+    answer.files = (await fetch_files(sandbox, plan.directory, plan.fetch, plan.notes,
+                                      service.config.max_fetch_bytes) if plan.fetch else {})
     answer.message = _join(plan.notes + ([document["message"]] if document["message"] else []))
     return answer
 

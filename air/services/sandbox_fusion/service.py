@@ -1,39 +1,41 @@
 """The request handling behind the HTTP app, over one `SandboxPool`: plan a request (paths, sizes, timeouts),
-lease a sandbox, run the program as the warden's child, fetch files without following a symlink."""
+lease a sandbox, run the program as the warden's child; /run_jupyter's own work is in jupyter.py, the files'
+in files.py."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import io
-import json
 import logging
 import posixpath
-import re
 import secrets
 import shlex
-import tarfile
 from dataclasses import dataclass, field
 
 from air.errors import InfraError
 from air.sandbox import (
     AGENT_HOME,
     AGENT_UID,
-    ArchiveTooLarge,
-    ArchiveUnreadable,
     Resources,
     SandboxSpec,
     make_tar,
 )
+from air.services.sandbox_fusion import jupyter
 from air.services.sandbox_fusion.config import SandboxFusionConfig
+from air.services.sandbox_fusion.files import (
+    Rejected,
+    checked_path,
+    decode_files,
+    fetch_files,
+    no_file_is_a_directory,
+    place_absolute,
+)
+from air.services.sandbox_fusion.output import cap_stream
 from air.services.sandbox_fusion.recipes import (
     RECIPES,
     CompileRefused,
     Recipe,
     availability,
     probe_argv,
-    script,
 )
 from air.services.sandbox_fusion.schema import (
     CommandRunResult,
@@ -46,10 +48,6 @@ from air.services.sandbox_fusion.schema import (
 )
 
 log = logging.getLogger("air.services.sandbox_fusion")
-
-
-class _Rejected(Exception):
-    """The request cannot run as asked (the caller's input, not the infrastructure): answered Failed."""
 
 
 @dataclass
@@ -80,81 +78,6 @@ class _Plan:
         """The request's directory, to extract in the agent's home: every entry the agent's."""
         root = posixpath.relpath(self.directory, AGENT_HOME)
         return make_tar({f"{root}/{rel}": content for rel, content in self.files.items()}, owner=AGENT_UID)
-
-
-_PSEUDO = ("/proc", "/sys", "/dev")
-"""Kernel file systems: a path there is not a file (except /dev/shm, a temp dir that reset empties)."""
-
-
-def _path(path: str, what: str) -> str:
-    """A normalised path: relative ones stay inside the request's directory; absolute ones (which SandboxFusion
-    documents) are places in the sandbox, written or read later with the agent's rights. _Rejected otherwise."""
-    if not path or "\0" in path:
-        raise _Rejected(f"{what} path {path!r} is empty or contains NUL")
-    norm = posixpath.normpath(path)
-    if norm.startswith("//"):  # POSIX keeps a leading double slash
-        norm = "/" + norm.lstrip("/")
-    if len(norm.encode()) > 2048 or any(len(part.encode()) > 255 for part in norm.split("/")):
-        raise _Rejected(f"{what} path {path[:80]!r}... is too long (255 bytes a name, 2048 in all)")
-    if norm.startswith("/"):
-        pseudo = any(norm == top or norm.startswith(top + "/") for top in _PSEUDO)
-        if norm == "/" or (pseudo and not norm.startswith("/dev/shm/")):
-            raise _Rejected(f"{what} path {path!r} is not a file in the sandbox")
-        return norm
-    if norm == "." or norm == ".." or norm.startswith("../"):
-        raise _Rejected(f"{what} path {path!r} must stay inside the working directory (an absolute path "
-                        "names a place elsewhere in the sandbox)")
-    return norm
-
-
-_CUT_NOTE = re.compile(r"\n\[\.\.\. (\d+) bytes of output dropped \.\.\.\]\n")
-
-
-def _cap(text: str, limit: int, captured: int) -> str:
-    """Cut a stream the shell captured (head and tail within `captured` bytes, with its note when it dropped
-    some) down to `limit` bytes, head and tail again, with one note counting every byte dropped."""
-    if limit >= captured or len(text) <= limit // 4:
-        return text
-    head, tail, dropped = text, "", 0
-    if len(text.encode("utf-8", errors="replace")) > captured:  # the shell cut it: split at its note
-        notes = list(_CUT_NOTE.finditer(text))
-        if notes:
-            note = min(notes, key=lambda m: abs(m.start() - len(text) // 2))
-            head, tail, dropped = text[:note.start()], text[note.end():], int(note.group(1))
-    head_b, tail_b = head.encode("utf-8", errors="replace"), tail.encode("utf-8", errors="replace")
-    if not dropped and len(head_b) + len(tail_b) <= limit:
-        return text
-    joined = head_b + tail_b
-    keep_head, keep_tail = limit // 2, limit - limit // 2
-    dropped += len(joined) - keep_head - keep_tail
-    return (joined[:keep_head].decode("utf-8", errors="replace")
-            + f"\n[... {dropped} bytes of output dropped ...]\n"
-            + joined[-keep_tail:].decode("utf-8", errors="replace"))
-
-
-def decode_files(request_files: dict[str, str | None]) -> tuple[dict[str, bytes], dict[str, bytes]]:
-    """A request's `files`, decoded: (relative to its directory, absolute in the sandbox); _Rejected otherwise."""
-    files: dict[str, bytes] = {}
-    absolute: dict[str, bytes] = {}
-    for path, content in request_files.items():
-        if content is None or "IGNORE_THIS_FILE" in path:  # skipped, as upstream does
-            continue
-        norm = _path(path, "file")
-        try:
-            (absolute if norm.startswith("/") else files)[norm] = base64.b64decode(content)
-        except (binascii.Error, ValueError):
-            raise _Rejected(f"file {path!r} is not valid base64") from None
-    return files, absolute
-
-
-def no_file_is_a_directory(files: dict[str, bytes]) -> None:
-    """_Rejected when one relative path is another's parent (it cannot be a file and a directory)."""
-    for rel in files:
-        parent = posixpath.dirname(rel)
-        while parent:
-            if parent in files:
-                raise _Rejected(f"file {parent!r} is also used as a directory (by {rel!r})")
-            parent = posixpath.dirname(parent)
 
 
 class SandboxFusionService:
@@ -208,19 +131,18 @@ class SandboxFusionService:
         self.requests += 1
         try:
             plan = self._plan(request)
-        except _Rejected as exc:
+        except Rejected as exc:
             return RunCodeResponse(status=RunStatus.Failed, message=str(exc))
         return await self._leased(lambda sandbox: self._execute(sandbox, plan), RunCodeResponse)
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         """The cells in one fresh kernel in a leased sandbox (jupyter.py)."""
-        from air.services.sandbox_fusion import jupyter
 
         self.requests += 1
         try:
             plan = jupyter.plan(request, max_timeout=self.config.max_run_timeout,
                                 max_input_bytes=self.config.max_input_bytes)
-        except _Rejected as exc:
+        except Rejected as exc:
             return RunJupyterResponse(status=RunStatus.Failed, message=str(exc))
         return await self._leased(lambda sandbox: jupyter.execute(self, sandbox, plan), RunJupyterResponse)
 
@@ -244,7 +166,7 @@ class SandboxFusionService:
     def _plan(self, request: RunCodeRequest) -> _Plan:
         why = self.available.get(request.language, "")
         if why:
-            raise _Rejected(f"language {request.language!r} is not available: {why}; available here: "
+            raise Rejected(f"language {request.language!r} is not available: {why}; available here: "
                             f"{', '.join(self.languages())}")
         recipe = RECIPES[request.language]
         files, absolute = decode_files(request.files)
@@ -265,9 +187,9 @@ class SandboxFusionService:
         stdin = request.stdin.encode() if request.stdin is not None else None
         size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + len(stdin or b"")
         if size > self.config.max_input_bytes:
-            raise _Rejected(f"code, stdin and files are {size} bytes; this server takes at most "
+            raise Rejected(f"code, stdin and files are {size} bytes; this server takes at most "
                             f"{self.config.max_input_bytes}")
-        fetch = [(path, _path(path, "fetch")) for path in request.fetch_files]
+        fetch = [(path, checked_path(path, "fetch")) for path in request.fetch_files]
         notes = []
         limit = self.config.max_run_timeout
 
@@ -286,7 +208,7 @@ class SandboxFusionService:
     async def _execute(self, sandbox, plan: _Plan) -> RunCodeResponse:
         await sandbox.session.unpack(AGENT_HOME, plan.tar())
         if plan.absolute:
-            problem = await self._place(sandbox, plan)
+            problem = await place_absolute(sandbox, plan.directory, plan.absolute)
             if problem:
                 return RunCodeResponse(status=RunStatus.Failed, message=problem, executor_pod_name=sandbox.name)
         compile_result = None
@@ -308,7 +230,8 @@ class SandboxFusionService:
         result = await sandbox.session.exec(["sh", "-c", f"{limit}exec {plan.run}"],
                                             cwd=plan.directory, stdin=stdin, timeout=plan.run_timeout)
         run_result = await self._command_result(sandbox, result)
-        files = await self._fetch(sandbox, plan) if plan.fetch else {}
+        files = (await fetch_files(sandbox, plan.directory, plan.fetch, plan.notes, self.config.max_fetch_bytes)
+                 if plan.fetch else {})
         return self._response(sandbox, plan, compile_result, run_result, files)
 
     def _response(self, sandbox, plan: _Plan, compile_result: CommandRunResult | None,
@@ -321,7 +244,7 @@ class SandboxFusionService:
 
     async def _command_result(self, sandbox, result) -> CommandRunResult:
         limit, captured = self.config.output_limit, self._captured
-        stdout, stderr = _cap(result.stdout, limit, captured), _cap(result.stderr, limit, captured)
+        stdout, stderr = cap_stream(result.stdout, limit, captured), cap_stream(result.stderr, limit, captured)
         if result.timed_out:
             return CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=result.duration,
                                     return_code=None, stdout=stdout, stderr=stderr)
@@ -331,48 +254,3 @@ class SandboxFusionService:
                        f"{self.config.memory_mb} MB of memory]\n")
         return CommandRunResult(status=CommandRunStatus.Finished, execution_time=result.duration,
                                 return_code=code, stdout=stdout, stderr=stderr)
-
-    # ----- files --------------------------------------------------------------------------------------------
-    async def _place(self, sandbox, plan: _Plan) -> str:
-        """Write the absolute-path files as the agent (a place it may not write is refused by the kernel, never
-        written as root); '' when done, else why not (the caller's input: Failed)."""
-        payload = json.dumps({path: base64.b64encode(data).decode() for path, data in plan.absolute.items()})
-        result = await sandbox.session.exec(["python3", "-c", script("place_files.py")], stdin=payload,
-                                            cwd=plan.directory, timeout=60)
-        if result.timed_out:
-            return "writing the files with absolute paths timed out"
-        if result.exit_code != 0:
-            return (result.stderr.strip().splitlines() or [f"writing the files failed ({result.exit_code})"])[-1]
-        return ""
-
-    async def _fetch(self, sandbox, plan: _Plan) -> dict[str, str]:
-        """Each requested file, read with the agent's rights after every process of the program was reaped; a
-        symlink is never followed."""
-        budget = self.config.max_fetch_bytes
-        past_budget = f"past this server's {self.config.max_fetch_bytes}-byte budget for fetched files"
-        files: dict[str, str] = {}
-        for asked, rel in plan.fetch:
-            root, rel = ("/", rel[1:]) if rel.startswith("/") else (plan.directory, rel)
-            try:
-                data = await sandbox.session.pack([rel], root=root, max_bytes=budget + (1 << 20))
-            except FileNotFoundError:
-                plan.notes.append(f"fetch_files: {asked!r} left out: not found")
-                continue
-            except ArchiveUnreadable:
-                plan.notes.append(f"fetch_files: {asked!r} left out: not readable")
-                continue
-            except ArchiveTooLarge:
-                plan.notes.append(f"fetch_files: {asked!r} left out: {past_budget}")
-                continue
-            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                member = tar.next()
-                problem = ("a symlink (never followed)" if member is not None and member.issym() else
-                           "not a regular file" if member is None or not member.isfile() else
-                           past_budget if member.size > budget else "")
-                if problem:
-                    plan.notes.append(f"fetch_files: {asked!r} left out: {problem}")
-                    continue
-                content = tar.extractfile(member).read()  # type: ignore[union-attr]
-            files[asked] = base64.b64encode(content).decode()
-            budget -= len(content)
-        return files

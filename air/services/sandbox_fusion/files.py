@@ -1,0 +1,115 @@
+"""A request's files, in and out of a sandbox: paths checked (relative ones stay in the request's directory,
+absolute ones are places in the sandbox), contents decoded, absolute ones written and requested ones read with the
+agent's rights, a symlink never followed. Shared by /run_code and /run_jupyter."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import json
+import posixpath
+import tarfile
+
+from air.sandbox import ArchiveTooLarge, ArchiveUnreadable
+from air.services.sandbox_fusion.recipes import script
+
+
+class Rejected(Exception):
+    """The request cannot run as asked (the caller's input, not the infrastructure): answered Failed."""
+
+
+_PSEUDO = ("/proc", "/sys", "/dev")
+"""Kernel file systems: a path there is not a file (except /dev/shm, a temp dir that reset empties)."""
+
+
+def checked_path(path: str, what: str) -> str:
+    """A normalised path: relative ones stay inside the request's directory; absolute ones (which SandboxFusion
+    documents) are places in the sandbox, written or read later with the agent's rights. Rejected otherwise."""
+    if not path or "\0" in path:
+        raise Rejected(f"{what} path {path!r} is empty or contains NUL")
+    norm = posixpath.normpath(path)
+    if norm.startswith("//"):  # POSIX keeps a leading double slash
+        norm = "/" + norm.lstrip("/")
+    if len(norm.encode()) > 2048 or any(len(part.encode()) > 255 for part in norm.split("/")):
+        raise Rejected(f"{what} path {path[:80]!r}... is too long (255 bytes a name, 2048 in all)")
+    if norm.startswith("/"):
+        pseudo = any(norm == top or norm.startswith(top + "/") for top in _PSEUDO)
+        if norm == "/" or (pseudo and not norm.startswith("/dev/shm/")):
+            raise Rejected(f"{what} path {path!r} is not a file in the sandbox")
+        return norm
+    if norm == "." or norm == ".." or norm.startswith("../"):
+        raise Rejected(f"{what} path {path!r} must stay inside the working directory (an absolute path "
+                        "names a place elsewhere in the sandbox)")
+    return norm
+
+
+def decode_files(request_files: dict[str, str | None]) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """A request's `files`, decoded: (relative to its directory, absolute in the sandbox); Rejected otherwise."""
+    files: dict[str, bytes] = {}
+    absolute: dict[str, bytes] = {}
+    for path, content in request_files.items():
+        if content is None or "IGNORE_THIS_FILE" in path:  # skipped, as upstream does
+            continue
+        norm = checked_path(path, "file")
+        try:
+            (absolute if norm.startswith("/") else files)[norm] = base64.b64decode(content)
+        except (binascii.Error, ValueError):
+            raise Rejected(f"file {path!r} is not valid base64") from None
+    return files, absolute
+
+
+def no_file_is_a_directory(files: dict[str, bytes]) -> None:
+    """Rejected when one relative path is another's parent (it cannot be a file and a directory)."""
+    for rel in files:
+        parent = posixpath.dirname(rel)
+        while parent:
+            if parent in files:
+                raise Rejected(f"file {parent!r} is also used as a directory (by {rel!r})")
+            parent = posixpath.dirname(parent)
+
+
+async def place_absolute(sandbox, directory: str, absolute: dict[str, bytes]) -> str:
+    """Write the absolute-path files as the agent (a place it may not write is refused by the kernel, never
+    written as root); '' when done, else why not (the caller's input: Failed)."""
+    payload = json.dumps({path: base64.b64encode(data).decode() for path, data in absolute.items()})
+    result = await sandbox.session.exec(["python3", "-c", script("place_files.py")], stdin=payload,
+                                        cwd=directory, timeout=60)
+    if result.timed_out:
+        return "writing the files with absolute paths timed out"
+    if result.exit_code != 0:
+        return (result.stderr.strip().splitlines() or [f"writing the files failed ({result.exit_code})"])[-1]
+    return ""
+
+async def fetch_files(sandbox, directory: str, fetch: list[tuple[str, str]], notes: list[str],
+                      max_bytes: int) -> dict[str, str]:
+    """Each requested file, read with the agent's rights after every process of the program was reaped; a
+    symlink is never followed."""
+    budget = max_bytes
+    past_budget = f"past this server's {max_bytes}-byte budget for fetched files"
+    files: dict[str, str] = {}
+    for asked, rel in fetch:
+        root, rel = ("/", rel[1:]) if rel.startswith("/") else (directory, rel)
+        try:
+            data = await sandbox.session.pack([rel], root=root, max_bytes=budget + (1 << 20))
+        except FileNotFoundError:
+            notes.append(f"fetch_files: {asked!r} left out: not found")
+            continue
+        except ArchiveUnreadable:
+            notes.append(f"fetch_files: {asked!r} left out: not readable")
+            continue
+        except ArchiveTooLarge:
+            notes.append(f"fetch_files: {asked!r} left out: {past_budget}")
+            continue
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.next()
+            problem = ("a symlink (never followed)" if member is not None and member.issym() else
+                       "not a regular file" if member is None or not member.isfile() else
+                       past_budget if member.size > budget else "")
+            if problem:
+                notes.append(f"fetch_files: {asked!r} left out: {problem}")
+                continue
+            content = tar.extractfile(member).read()  # type: ignore[union-attr]
+        files[asked] = base64.b64encode(content).decode()
+        budget -= len(content)
+    return files
