@@ -9,14 +9,40 @@ import binascii
 import io
 import json
 import posixpath
+import secrets
 import tarfile
+from dataclasses import dataclass, field
 
-from air.sandbox import ArchiveTooLarge, ArchiveUnreadable
+from air.sandbox import AGENT_HOME, AGENT_UID, ArchiveTooLarge, ArchiveUnreadable, make_tar
 from air.services.sandbox_fusion.recipes import script
 
 
 class Rejected(Exception):
     """The request cannot run as asked (the caller's input, not the infrastructure): answered Failed."""
+
+
+@dataclass(kw_only=True)
+class RequestFiles:
+    """A planned request's files: what goes in (relative to its own directory, or absolute), what comes out."""
+
+    request_id: str = field(default_factory=lambda: secrets.token_hex(8))
+    files: dict[str, bytes]
+    """Relative to the request's directory."""
+    absolute: dict[str, bytes]
+    """Absolute paths in the sandbox, written with the agent's rights."""
+    fetch: list[tuple[str, str]]
+    """(as requested, normalised path: relative, or absolute)."""
+    notes: list[str] = field(default_factory=list)
+    """What the answer's message says besides (a lowered timeout, a file left out)."""
+
+    @property
+    def directory(self) -> str:
+        return f"{AGENT_HOME}/sf/{self.request_id}"
+
+    def tar(self) -> bytes:
+        """The request's directory, to extract in the agent's home: every entry the agent's."""
+        root = posixpath.relpath(self.directory, AGENT_HOME)
+        return make_tar({f"{root}/{rel}": content for rel, content in self.files.items()}, owner=AGENT_UID)
 
 
 _PSEUDO = ("/proc", "/sys", "/dev")

@@ -17,13 +17,12 @@ message names the cell.
 from __future__ import annotations
 
 import json
-import posixpath
-import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from air.sandbox import AGENT_HOME, AGENT_UID, make_tar
+from air.sandbox import AGENT_HOME
 from air.services.sandbox_fusion.files import (
     Rejected,
+    RequestFiles,
     checked_path,
     decode_files,
     fetch_files,
@@ -53,28 +52,13 @@ _ANSWER_MARGIN = 16 << 10
 """Bytes of the warden's capture of the driver's stdout kept free below the answer's budget."""
 
 
-@dataclass
-class JupyterPlan:
-    """What /run_jupyter will do; its files as a /run_code plan's (files.py)."""
+@dataclass(kw_only=True)
+class JupyterPlan(RequestFiles):
+    """What /run_jupyter will do; its files as a /run_code plan's. The kernel works in the request's directory."""
 
     request: RunJupyterRequest
-    request_id: str
-    files: dict[str, bytes]
-    """Relative to the request's directory (the kernel's working directory)."""
-    absolute: dict[str, bytes]
-    """Absolute paths in the sandbox, written with the agent's rights."""
-    fetch: list[tuple[str, str]]
     cell_timeout: float
     total_timeout: float
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def directory(self) -> str:
-        return f"{AGENT_HOME}/sf/{self.request_id}"
-
-    def tar(self) -> bytes:
-        root = posixpath.relpath(self.directory, AGENT_HOME)
-        return make_tar({f"{root}/{rel}": content for rel, content in self.files.items()}, owner=AGENT_UID)
 
 
 def plan(request: RunJupyterRequest, *, max_timeout: float, max_input_bytes: int) -> JupyterPlan:
@@ -93,8 +77,9 @@ def plan(request: RunJupyterRequest, *, max_timeout: float, max_input_bytes: int
         notes.append(f"total_timeout {total:g}s lowered to this server's maximum {max_timeout:g}s")
     total = min(max(total, 0.1), max_timeout)
     cell = request.cell_timeout if request.cell_timeout > 0 else 0.0
-    return JupyterPlan(request, secrets.token_hex(8), files, absolute,
-                       [(path, checked_path(path, "fetch")) for path in request.fetch_files], cell, total, notes)
+    return JupyterPlan(request=request, files=files, absolute=absolute,
+                       fetch=[(path, checked_path(path, "fetch")) for path in request.fetch_files],
+                       cell_timeout=cell, total_timeout=total, notes=notes)
 
 
 async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:

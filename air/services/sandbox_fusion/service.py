@@ -6,23 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import posixpath
-import secrets
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from air.errors import InfraError
 from air.sandbox import (
     AGENT_HOME,
-    AGENT_UID,
     Resources,
     SandboxSpec,
-    make_tar,
 )
 from air.services.sandbox_fusion import jupyter
 from air.services.sandbox_fusion.config import SandboxFusionConfig
 from air.services.sandbox_fusion.files import (
     Rejected,
+    RequestFiles,
     checked_path,
     decode_files,
     fetch_files,
@@ -50,34 +47,17 @@ from air.services.sandbox_fusion.schema import (
 log = logging.getLogger("air.services.sandbox_fusion")
 
 
-@dataclass
-class _Plan:
+@dataclass(kw_only=True)
+class _Plan(RequestFiles):
     request: RunCodeRequest
     recipe: Recipe
-    request_id: str
-    files: dict[str, bytes]
-    """Relative to the request's directory."""
-    absolute: dict[str, bytes]
-    """Absolute paths in the sandbox, written with the agent's rights."""
     stdin: bytes | None
-    fetch: list[tuple[str, str]]
-    """(as requested, normalised path: relative, or absolute)."""
     run_timeout: float
     compile_timeout: float
     compile: str | None
     run: str
     refused: str = ""
     """Why the code is not compiled (a compile error upstream reports without running a compiler)."""
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def directory(self) -> str:
-        return f"{AGENT_HOME}/sf/{self.request_id}"
-
-    def tar(self) -> bytes:
-        """The request's directory, to extract in the agent's home: every entry the agent's."""
-        root = posixpath.relpath(self.directory, AGENT_HOME)
-        return make_tar({f"{root}/{rel}": content for rel, content in self.files.items()}, owner=AGENT_UID)
 
 
 class SandboxFusionService:
@@ -200,10 +180,10 @@ class SandboxFusionService:
 
         compile_timeout = (bounded("compile_timeout", request.compile_timeout) if recipe.compile
                            else min(request.compile_timeout, limit))
-        return _Plan(request, recipe, secrets.token_hex(8), files, absolute, stdin, fetch,
-                     bounded("run_timeout", request.run_timeout), compile_timeout,
-                     recipe.compile.format(**fields) if recipe.compile else None, recipe.run.format(**fields),
-                     refused, notes)
+        return _Plan(request=request, recipe=recipe, files=files, absolute=absolute, stdin=stdin, fetch=fetch,
+                     run_timeout=bounded("run_timeout", request.run_timeout), compile_timeout=compile_timeout,
+                     compile=recipe.compile.format(**fields) if recipe.compile else None,
+                     run=recipe.run.format(**fields), refused=refused, notes=notes)
 
     async def _execute(self, sandbox, plan: _Plan) -> RunCodeResponse:
         await sandbox.session.unpack(AGENT_HOME, plan.tar())
