@@ -226,4 +226,5 @@ async def test_a_corrupt_source_is_a_one_line_error(store, images, tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(f"air: error: cannot read {bad} as a dataset")
     assert json.loads(air("data", "ls", "--json").stdout) == []
+    assert "no dataset in the store" in air("data", "ls").stdout  # and says how to stage one
     assert not any(p.name.startswith(".staging") for p in store.root.iterdir())

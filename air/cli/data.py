@@ -62,6 +62,9 @@ def data_ls(store: Store = None, as_json: JsonFlag = False) -> None:
     if as_json:
         print_json([r.__dict__ for r in rows])
         return
+    if not rows:
+        out.print(f"no dataset in the store ({_store(store).root}); stage one with `air data add ID --from DIR`")
+        return
     table = Table("dataset", "splits (rows)", "MB", "from", "added")
     for r in rows:
         table.add_row(r.id, " ".join(f"{s}={n}" for s, n in r.splits.items()), f"{r.size_mb:.1f}", r.source,
