@@ -9,6 +9,7 @@ script, and tasks that need what this machine may lack (a GPU, a remote dataset,
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -184,9 +185,9 @@ async def test_no_baseline_script_is_its_own_status_and_exercises_the_reference(
     assert bare.status == "no_baseline" and bare.runs == 0 and "not exercised" in bare.message, bare
 
 
-def air(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def air(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "air.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **(env or {})})
 
 
 @pytest.mark.docker
@@ -290,6 +291,12 @@ def test_tasks_list_mlgym_root_json(bench_root):
     assert "memory_path" not in proc.stderr  # warnings are in the rows, not over the output
     bad = air("tasks", "list", "--mlgym-root", str(bench_root / "configs"), timeout=120)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    # For people: a table that fits 80 columns, then a line per task that cannot run, with its reason.
+    shown = air("tasks", "list", "--mlgym-root", str(bench_root), timeout=120, env={"COLUMNS": "80"})
+    assert shown.returncode == 0, shown.stderr
+    table = [line for line in shown.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and all(len(line) <= 80 for line in table), shown.stdout
+    assert "brokenToy.yaml cannot run: does not load" in " ".join(shown.stdout.split())
 
 
 # ===== MLGym results.json ===========================================================================================
