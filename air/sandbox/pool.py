@@ -239,11 +239,16 @@ class SandboxPool:
         if not self._started:
             raise RuntimeError("SandboxPool.start() was not awaited")
         lent = tuple(getattr(gpus_of, "gpu_ids", ()) or ()) if spec.resources.gpus else ()
-        if lent:
-            return await self._borrowing(spec, lent)
-        self._warm_target.setdefault(spec.key, self.config.warm)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.lease_timeout
+        if lent:  # a new sandbox with the lender's GPUs (see lease): only its slot is claimed
+            await self._take_idle_or_reserve(spec, deadline, reuse_idle=False)
+            sandbox = await self._create(spec, lent_gpus=lent)
+            self._borrowers.add(sandbox)
+            sandbox.leases += 1
+            self.stats.leases += 1
+            return sandbox
+        self._warm_target.setdefault(spec.key, self.config.warm)
         while True:
             sandbox = await self._take_idle_or_reserve(spec, deadline)
             if sandbox is None:  # a slot is reserved for us: create
@@ -257,32 +262,16 @@ class SandboxPool:
             self._spawn(self._refill(spec))  # keep the key's warm target while this one is out
             return sandbox
 
-    async def _borrowing(self, spec: SandboxSpec, gpu_ids: tuple[str, ...]) -> Sandbox:
-        """A new sandbox with the lender's GPUs (see lease): only its slot is claimed."""
-        async with self._changed:
-            while len(self._live) + self._reserved >= self.config.max_sandboxes:
-                victim = self._evictable(spec.key)
-                if victim is not None:
-                    self._spawn(self._remove(victim))
-                    continue
-                try:
-                    await asyncio.wait_for(self._changed.wait(), self.config.lease_timeout)
-                except asyncio.TimeoutError:
-                    raise PoolExhausted(f"no sandbox free within {self.config.lease_timeout:g}s") from None
-            self._reserved += 1
-        sandbox = await self._create(spec, lent_gpus=gpu_ids)
-        self._borrowers.add(sandbox)
-        sandbox.leases += 1
-        self.stats.leases += 1
-        return sandbox
-
-    async def _take_idle_or_reserve(self, spec: SandboxSpec, deadline: float) -> Sandbox | None:
+    async def _take_idle_or_reserve(self, spec: SandboxSpec, deadline: float, reuse_idle: bool = True
+                                    ) -> Sandbox | None:
+        """An idle sandbox of `spec` (unless not `reuse_idle`), else None with a slot reserved for the caller to
+        create one in; waits, evicting other keys' idle sandboxes, until `deadline`."""
         loop = asyncio.get_running_loop()
         async with self._changed:
             while True:
                 if self._closed:
                     raise SandboxUnavailable("the sandbox pool is closed")
-                idle = self._idle.get(spec.key)
+                idle = self._idle.get(spec.key) if reuse_idle else None
                 if idle:
                     self._idle.move_to_end(spec.key)
                     return idle.popleft()
@@ -323,9 +312,9 @@ class SandboxPool:
         deadline = loop.time() + self.config.lease_timeout
         sandbox: Sandbox | None = None
         try:
+            claim_spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus": 0})}) \
+                if lent_gpus else spec
             while True:
-                claim_spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus": 0})}) \
-                    if lent_gpus else spec
                 host, grant = await self._claim(claim_spec, deadline)
                 labels = _grant_labels(grant)
                 if lent_gpus:  # shown like its own, held by the lender's claims
@@ -435,7 +424,6 @@ class SandboxPool:
         if self._closed or sandbox not in self._live:
             return  # close() removes every live sandbox; a forgotten one belongs to its lessee
         if sandbox in self._borrowers:  # its GPUs are the lender's: never kept, never refilled
-            self._borrowers.discard(sandbox)
             self.stats.recycled += 1
             await self._remove(sandbox)
             return
@@ -492,6 +480,7 @@ class SandboxPool:
             if sandbox in self._live:
                 self._live.discard(sandbox)
                 self.stats.removed += 1
+            self._borrowers.discard(sandbox)
             held = self._held.pop(sandbox, None)
             if held is not None:
                 await self._give_back(*held)
