@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Self
 
 import verifiers.v1 as vf
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from verifiers.v1.errors import SandboxError
 
@@ -80,6 +80,15 @@ class AirTasksetConfig(vf.TasksetConfig):
     (cpu -> gpu, jax -> jax-gpu, hf -> hf-gpu), as MLGym gives each task container a GPU. Needs `gpu_ids`."""
     trajectory_dir: str | None = None
     """Also write air's own JSON-lines trajectory of every rollout here."""
+
+    @field_validator("max_sandboxes")
+    @classmethod
+    def _room_for_the_scorer(cls, value: int) -> int:
+        # PoolConfig allows 1, but a rollout's evaluation leases a second sandbox beside the agent's: with one,
+        # every validate would wait out lease_timeout and fail.
+        if value < 2:
+            raise ValueError("max_sandboxes must be at least 2 (the agent's sandbox and its scorer's)")
+        return value
 
     @model_validator(mode="after")
     def _gpus_come_from_somewhere(self) -> Self:

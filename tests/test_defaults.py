@@ -82,3 +82,15 @@ def test_task_toml_values_and_errors(tmp_path):
         load_air_task(_task_dir(tmp_path / "b", lambda text: "reward_scale = -1\n" + text))
     with pytest.raises(TaskError, match=r"field 'source': Extra inputs are not permitted in air's task.toml"):
         load_air_task(_task_dir(tmp_path / "c", lambda text: 'source = "elsewhere"\n' + text))
+
+
+def test_the_taskset_keeps_room_for_the_scorer():
+    """PoolConfig allows one sandbox; the taskset needs two (a validate leases the scorer's beside the agent's),
+    where one would make every validate wait out lease_timeout and fail."""
+    from pydantic import ValidationError
+
+    from air_mlgym.taskset import AirTasksetConfig
+
+    assert AirTasksetConfig(max_sandboxes=2).pool_config().max_sandboxes == 2
+    with pytest.raises(ValidationError, match="at least 2"):
+        AirTasksetConfig(max_sandboxes=1)
