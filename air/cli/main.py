@@ -58,30 +58,30 @@ def doctor(as_json: JsonFlag = False) -> None:
         raise typer.Exit(3)
 
 
-def _sandbox_fusion_languages(tags: list[str]) -> list[str]:
-    from air.sandbox import connect
+def _sandbox_fusion_languages(client, tag: str) -> list[str]:
     from air.services.sandbox_fusion.recipes import image_languages
 
     try:
-        return image_languages(connect(), tags[0]) if tags else []
+        return image_languages(client, tag)
     except Exception:  # noqa: BLE001 - an image that cannot run a probe serves nothing; doctor stays a report
         return []
 
 
 def _sandbox_fusion_checks() -> list:
     """One row per built air image: the SandboxFusion languages it serves."""
-    from air.sandbox import connect, list_images
+    from air.sandbox import connect, image_ref, list_images
     from air.sandbox.doctor import Check
     from air.services.sandbox_fusion.recipes import SERVE_TOOLCHAIN, TOOLCHAIN_IMAGE
 
     try:
-        rows = [r for r in list_images(connect()) if any(t.endswith(":latest") for t in r["tags"])]
+        client = connect()
+        rows = [r for r in list_images(client) if r["current"]]
     except Exception:  # noqa: BLE001 - the daemon check above already says why
         return []
     checks = []
     for row in rows:
-        tag = next(t for t in row["tags"] if t.endswith(":latest"))
-        languages = _sandbox_fusion_languages([tag])
+        tag = image_ref(row["recipe"])
+        languages = _sandbox_fusion_languages(client, tag)
         if languages:
             checks.append(Check(f"sandbox-fusion on {tag}", True, ", ".join(languages), required=False))
     if not any(TOOLCHAIN_IMAGE in r["tags"] for r in rows):
@@ -152,14 +152,15 @@ def images_ls(as_json: JsonFlag = False) -> None:
 
     Example: air images ls --json
     """
-    from air.sandbox import connect, list_images, load_recipes
-
+    from air.sandbox import connect, image_ref, list_images, load_recipes
     from air.sandbox.images import build_command
 
-    rows = list_images(connect())
-    for row in rows:  # what `air serve sandbox-fusion --image` would offer on it (probed once per image id)
-        row["sandbox_fusion_languages"] = _sandbox_fusion_languages(row["tags"])
-    built = {r["recipe"] for r in rows if f"air/{r['recipe']}:latest" in r["tags"]}
+    client = connect()
+    rows = list_images(client)
+    for row in rows:  # what `air serve sandbox-fusion --image` would offer on a current build (probed once per id)
+        row["sandbox_fusion_languages"] = (_sandbox_fusion_languages(client, image_ref(row["recipe"]))
+                                           if row["current"] else [])
+    built = {r["recipe"] for r in rows if r["current"]}
     # A row per recipe not built (the MLGym stacks are optional): what it is for and the command that builds it.
     missing = [{"recipe": name, "tags": [], "id": "", "size_mb": 0.0, "created": "", "missing": True,
                 "build": build_command(recipe), "description": recipe.description}
@@ -172,11 +173,10 @@ def images_ls(as_json: JsonFlag = False) -> None:
     table = Table("recipe", "build", "id", "MB", "created")
     languages = []
     for r in rows:
-        current = f"air/{r['recipe']}:latest" in r["tags"]
-        table.add_row(r["recipe"], "latest" if current else "older" if r["tags"] else "<untagged>", r["id"][:12],
+        table.add_row(r["recipe"], "latest" if r["current"] else "older" if r["tags"] else "<untagged>", r["id"][:12],
                       f"{r['size_mb']:.0f}", r["created"][:16].replace("T", " "))
-        if current and r["sandbox_fusion_languages"]:
-            languages.append(f"air/{r['recipe']}:latest serves {', '.join(r['sandbox_fusion_languages'])}")
+        if r["sandbox_fusion_languages"]:
+            languages.append(f"{image_ref(r['recipe'])} serves {', '.join(r['sandbox_fusion_languages'])}")
     for r in missing:
         table.add_row(r["recipe"], "[yellow]missing[/]", "", "", "")
     out.print(table)
@@ -279,11 +279,8 @@ def tasks_list(mlgym_root: MlgymRoot = None, as_json: JsonFlag = False) -> None:
 
 
 def _list_mlgym(root: Path, as_json: bool) -> None:
-    from air.errors import UsageError
     from air.tasks.mlgym_survey import survey
 
-    if not (root / "configs" / "tasks").is_dir():
-        raise UsageError(f"{root}: no configs/tasks folder (is this an MLGym checkout?)")
     rows = survey(root, _host_facts())
     if as_json:
         print_json([r.model_dump() for r in rows])
@@ -325,7 +322,7 @@ def _host_facts():
 
     notes = {}
     try:
-        images = {row["recipe"] for row in list_images(connect(timeout=10)) if row["tags"]}
+        images = {row["recipe"] for row in list_images(connect(timeout=10)) if row["current"]}
     except InfraError as exc:
         images, notes["docker"] = None, f"cannot tell whether its image is built: {exc}"
     from air.tasks.datastore import DataStore

@@ -223,8 +223,7 @@ def _require_images(images: Iterable[str]) -> None:
             try:
                 client.images.get(image)
             except docker.errors.ImageNotFound:
-                raise ImageError(f"image {image} is not on this Docker daemon; build air's with "
-                                 "`air images build`") from None
+                raise ImageError.not_built(image) from None
     finally:
         client.close()
 

@@ -439,11 +439,14 @@ def build_command(recipe: Recipe) -> str:
 
 
 def list_images(client: docker.DockerClient) -> list[dict]:
-    """Every air image: recipe, tags, id, size, creation time."""
+    """Every air image: recipe, tags, id, size, creation time, and whether it is its recipe's current build (the
+    one `air/<recipe>:latest` names, which tasks and services run)."""
     rows = []
     for image in client.images.list(filters={"label": "air.recipe", "dangling": False}):
+        recipe = image.labels.get("air.recipe", "")
         rows.append({
-            "recipe": image.labels.get("air.recipe", ""),
+            "recipe": recipe,
+            "current": image_ref(recipe) in image.tags,
             "tags": sorted(image.tags),
             "id": image.short_id.split(":")[-1],
             "size_mb": round(image.attrs["Size"] / 1e6, 1),
