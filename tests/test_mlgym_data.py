@@ -101,12 +101,12 @@ def test_on_a_gpu_host_a_task_gets_gpus_and_its_stacks_cuda_image(tree, store):
     with `air images build --gpu`) and GPUs for the sandbox; without it nothing changes."""
     from air.sandbox import load_recipes
     from air.tasks.registry import load_task
-    from air.tasks.stacks import STACKS
+    from air.tasks.stacks import CUDA_VARIANT
     from air_mlgym.taskset import AirTasksetConfig
 
     recipes = load_recipes()
-    for stack in STACKS.values():
-        assert stack.gpu_recipe is None or recipes[stack.gpu_recipe].gpu, stack
+    for stack, cuda in CUDA_VARIANT.items():
+        assert stack in recipes and recipes[cuda].gpu, stack
     remote = load_task("mlgym:tasks/remoteToy.yaml", tree, gpus=1)
     assert (remote.image, remote.resources.gpus) == ("hf-gpu", 1)
     bundled = load_task("regression-rmse", gpus=2)

@@ -6,7 +6,7 @@ import contextlib
 import statistics
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from air.sandbox import Resources, Sandbox, SandboxPool, SandboxSpec, image_ref
@@ -46,8 +46,6 @@ DEFAULT_RUNS = 5
 @dataclass
 class CheckResult:
     task: str
-    ok: bool
-    """status == "ok": the baseline was reproduced."""
     expected: float | None
     got: float | None
     """The primary score: the one evaluation's, or the mean of a stochastic evaluation's runs."""
@@ -65,6 +63,11 @@ class CheckResult:
     """Sample standard deviation of the runs' scores (stochastic only)."""
     bound: float | None = None
     """The largest |recorded - got| that agrees (the tolerance, or air.tasks.baseline_stats' bound)."""
+    ok: bool = field(init=False)
+    """status == "ok": the baseline was reproduced (a field, so JSON output carries it)."""
+
+    def __post_init__(self) -> None:
+        self.ok = self.status == "ok"
 
 
 async def check_baseline(env: TaskEnvironment, runs: int = DEFAULT_RUNS) -> CheckResult:
@@ -81,11 +84,11 @@ async def check_baseline(env: TaskEnvironment, runs: int = DEFAULT_RUNS) -> Chec
     primary, expected = spec.primary.name, spec.baseline_score
 
     def failed(message: str, **extra) -> CheckResult:
-        return CheckResult(spec.id, False, expected, None, {}, time.monotonic() - started, message, **extra)
+        return CheckResult(spec.id, expected, None, {}, time.monotonic() - started, message, **extra)
 
     reference = not spec.baseline.reproducible
     if reference and not spec.baseline_files:
-        return CheckResult(spec.id, False, expected, None, {}, 0.0, status="no_baseline",
+        return CheckResult(spec.id, expected, None, {}, 0.0, status="no_baseline",
                            message="no baseline to reproduce (the task names no baseline script) and no "
                                    "reference submission: the evaluation was not exercised")
     scores: list[float] = []
@@ -119,12 +122,12 @@ async def check_baseline(env: TaskEnvironment, runs: int = DEFAULT_RUNS) -> Chec
     result = dict(runs=len(scores), stochastic=stochastic, sd=sd)
     if reference:
         reference_files = ", ".join(e.dest for e in spec.baseline_files)
-        return CheckResult(spec.id, False, expected, got, metrics, seconds, status="no_baseline", **result,
+        return CheckResult(spec.id, expected, got, metrics, seconds, status="no_baseline", **result,
                            message=f"no baseline to reproduce (the task names no baseline script); the "
                                    f"evaluation scored the reference submission ({reference_files}): {primary} "
                                    f"{got:.6g} ({spread})")
     if expected is None:
-        return CheckResult(spec.id, False, None, got, metrics, seconds, f"no recorded {primary} score",
+        return CheckResult(spec.id, None, got, metrics, seconds, f"no recorded {primary} score",
                            **result)
     if stochastic:
         verdict = agreement(expected, scores, spec.baseline.tolerance)
@@ -135,5 +138,5 @@ async def check_baseline(env: TaskEnvironment, runs: int = DEFAULT_RUNS) -> Chec
         bound = spec.baseline.tolerance
         ok = abs(got - expected) <= bound + 1e-9
         why = f"{primary} {got:.6g} differs from the recorded {expected} by more than {bound}"
-    return CheckResult(spec.id, ok, expected, got, metrics, seconds, "" if ok else why,
+    return CheckResult(spec.id, expected, got, metrics, seconds, "" if ok else why,
                        status="ok" if ok else "failed", bound=bound, **result)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from air.errors import TaskError
+from air.errors import TaskError, UsageError
 from air.tasks.mlgym import load_mlgym_task
 from air.tasks.spec import TaskSpec
 
@@ -137,14 +137,12 @@ def survey_task(root: Path, config: str, host: HostFacts) -> SurveyRow:
     spec, error, warnings = _load_quietly(root, config)
     if spec is None:
         return SurveyRow(config=config, loads=False, reason=f"does not load: {error}", warnings=warnings)
-    needs_spec = getattr(spec, "needs", None)  # the loader's declaration of GPUs, datasets and notes
-    gpu_eval = bool(needs_spec and needs_spec.gpu_evaluation)
-    datasets = list(needs_spec.datasets) if needs_spec else []
-    notes = list(needs_spec.notes) if needs_spec else []
+    # The loader's declaration of GPUs, datasets and notes.
+    gpu_eval, datasets, notes = spec.needs.gpu_evaluation, list(spec.needs.datasets), list(spec.needs.notes)
     provided = host.recipes.get(spec.image)
-    stacks = sorted({STACK_MODULES[m] for m in code_imports(spec) if m in STACK_MODULES})
-    missing = sorted(m for m in code_imports(spec) if m in STACK_MODULES and provided is not None
-                     and m not in provided)
+    heavy = [m for m in code_imports(spec) if m in STACK_MODULES]
+    stacks = sorted({STACK_MODULES[m] for m in heavy})
+    missing = sorted(m for m in heavy if provided is not None and m not in provided)
 
     needs = [f"image {spec.image}"] if spec.image != "cpu" else []
     needs += [f"stack {s}" for s in stacks if s != "cpu"]
@@ -181,7 +179,7 @@ def survey(root: Path, host: HostFacts) -> list[SurveyRow]:
     """Every task YAML under `<root>/configs/tasks`, sorted by name."""
     folder = Path(root) / "configs" / "tasks"
     if not folder.is_dir():
-        raise TaskError(f"{root}: no configs/tasks folder (is this an MLGym checkout?)")
+        raise UsageError(f"{root}: no configs/tasks folder (is this an MLGym checkout?)")
     return [survey_task(Path(root), f"tasks/{p.name}", host) for p in sorted(folder.glob("*.yaml"))]
 
 

@@ -13,23 +13,11 @@ from dataclasses import dataclass, field
 
 from air.tasks.spec import TaskNeeds, TaskSpec
 
-
-@dataclass(frozen=True)
-class Stack:
-    recipe: str
-    """The image recipe (images/<recipe>/) the task runs in."""
-    gpu_recipe: str | None
-    """Its CUDA variant, built on GPU hosts (`air images build --gpu`)."""
-    serves: str
-
-
-STACKS = {
-    "cpu": Stack("cpu", "gpu", "MLGym's games, titanic, house price, 3SAT; air's bundled tasks"),
-    "jax": Stack("jax", "jax-gpu", "MLGym's RL tasks: MetaMaze, MountainCarContinuous(+Reinforce), "
-                                   "Breakout-MinAtar"),
-    "hf": Stack("hf", "hf-gpu", "MLGym's Hugging Face tasks: CIFAR-10 (+L1), Fashion-MNIST, MNLI, COCO captioning"),
-    "gpu": Stack("gpu", "gpu", "tasks whose evaluation needs CUDA torch: FineWeb language modelling"),
-}
+# Each stack is an image recipe (images/<name>/), with its CUDA variant built on GPU hosts (`air images build --gpu`):
+# cpu: MLGym's games, titanic, house price, 3SAT, air's bundled tasks; jax: MLGym's RL tasks (MetaMaze,
+# MountainCarContinuous (+Reinforce), Breakout-MinAtar); hf: MLGym's Hugging Face tasks (CIFAR-10 (+L1),
+# Fashion-MNIST, MNLI, COCO captioning); gpu: tasks whose evaluation needs CUDA torch (FineWeb).
+CUDA_VARIANT = {"cpu": "gpu", "jax": "jax-gpu", "hf": "hf-gpu", "gpu": "gpu"}
 
 
 def on_gpus(spec: TaskSpec, gpus: int) -> TaskSpec:
@@ -38,8 +26,7 @@ def on_gpus(spec: TaskSpec, gpus: int) -> TaskSpec:
     An image outside these stacks (a task's own) is kept: its owner knows whether it has CUDA."""
     if gpus <= 0:
         return spec
-    stack = STACKS.get(spec.image)
-    image = stack.gpu_recipe if stack and stack.gpu_recipe else spec.image
+    image = CUDA_VARIANT.get(spec.image, spec.image)
     resources = spec.resources.model_copy(update={"gpus": max(spec.resources.gpus, gpus)})
     return spec.model_copy(update={"image": image, "resources": resources})
 
@@ -82,5 +69,5 @@ def classify(task_id: str, requirements: str, remote_datasets: list[str]) -> tup
         declared = _Declared(stack)
     needs = TaskNeeds(gpu_evaluation=declared.gpu_evaluation, datasets=list(remote_datasets),
                       notes=list(declared.notes))
-    return STACKS[declared.stack].recipe, needs
+    return declared.stack, needs
 
