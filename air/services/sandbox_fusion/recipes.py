@@ -10,6 +10,7 @@ there the code replaces an upload of that name, as upstream.
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 import string
@@ -153,8 +154,10 @@ NOT_SERVED: dict[str, str] = {
 """Why air serves no recipe for these languages."""
 
 
+@functools.cache
 def script(name: str) -> str:
-    """A shell script shipped in this package's scripts/ (kept as files, so shellcheck reads them)."""
+    """A script shipped in this package's scripts/ (kept as files, so shellcheck and ruff read them); read once,
+    as requests send it."""
     return files(__package__).joinpath("scripts", name).read_text()
 
 
