@@ -65,7 +65,7 @@ async def main(runs: int) -> dict:
         await pool.wait_idle()
         async with pool.lease(spec) as sb:
             # A pristine 20 MB workspace (200 files of 100 KB) that every reset restores.
-            await sb.sh("mkdir -p /srv/air/pristine/home/workspace/data && cd /srv/air/pristine/home/workspace/data && "
+            await sb.harness_sh("mkdir -p /srv/air/pristine/home/workspace/data && cd /srv/air/pristine/home/workspace/data && "
                         "for i in $(seq 1 200); do head -c 102400 /dev/urandom > f$i.bin; done && "
                         "chown -R 1000:1000 /srv/air/pristine/home")
             await sb.session.reset(full=True)

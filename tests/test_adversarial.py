@@ -171,7 +171,7 @@ async def test_searching_the_whole_filesystem_finds_no_secret(task_id, pool):
         await write(sandbox, "/tmp/control.txt", lines[0])
         found = await sandbox.session.run(search, timeout=120)
         assert found.stdout.split() == ["/tmp/control.txt"], found.stdout
-        as_root = await sandbox.exec(["sh", "-c", search], user="root", timeout=120)
+        as_root = await sandbox.harness_exec(["sh", "-c", search], user="root", timeout=120)
         assert as_root.stdout.split() == ["/tmp/control.txt"], as_root.stdout
         names = await sandbox.session.run("find / -xdev \\( -name test_labels.csv -o -name opponents.py -o "
                                           "-name air_eval_kit.py -o -path '*/secret/*' \\) 2>/dev/null; true")

@@ -92,7 +92,7 @@ async def test_the_scoring_sandbox_gets_its_rollouts_gpus_and_no_other(images, d
                     pool.lease(scoring_spec(spec), gpus_of=b) as sb:
                 for scorer, agent in ((sa, a), (sb, b)):
                     assert scorer.gpu_ids == agent.gpu_ids
-                    seen = await scorer.sh("echo $NVIDIA_VISIBLE_DEVICES")
+                    seen = await scorer.harness_sh("echo $NVIDIA_VISIBLE_DEVICES")
                     assert seen.stdout.strip() == agent.gpu_ids[0]
                     labels = docker_client.containers.get(scorer.container_id).labels
                     assert labels[GPUS] == agent.gpu_ids[0]

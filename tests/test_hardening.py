@@ -33,17 +33,17 @@ async def test_the_agent_is_not_root_and_has_no_capabilities(pool, base_spec):
 
 async def test_root_keeps_only_what_the_harness_needs(pool, base_spec):
     async with pool.lease(base_spec) as sb:
-        r = await sb.exec(["cat", "/proc/self/status"])
+        r = await sb.harness_exec(["cat", "/proc/self/status"])
         expected = sum(1 << CAPABILITY_BITS[c] for c in ROOT_CAPABILITIES)
         assert int(status_field(r.stdout, "CapEff"), 16) == expected
-        r = await sb.exec(["sh", "-c", "ping -c1 127.0.0.1 2>&1; mknod /tmp/dev c 1 3 2>&1; echo done"])
+        r = await sb.harness_exec(["sh", "-c", "ping -c1 127.0.0.1 2>&1; mknod /tmp/dev c 1 3 2>&1; echo done"])
         assert "done" in r.stdout and not r.stdout.startswith("PING")
 
 
 async def test_the_system_is_read_only_and_workspace_and_tmp_are_writable(pool, base_spec):
     async with pool.lease(base_spec) as sb:
         for who in ("agent", "root"):
-            r = await sb.exec(["sh", "-c", "touch /etc/x /usr/x /opt/venv/x 2>&1; echo rc=$?"], user=who)
+            r = await sb.harness_exec(["sh", "-c", "touch /etc/x /usr/x /opt/venv/x 2>&1; echo rc=$?"], user=who)
             assert "Read-only file system" in r.stdout, (who, r.stdout)
         r = await sb.session.run("touch ~/workspace/ok /tmp/ok /var/tmp/ok && echo writable")
         assert r.stdout == "writable\n"
@@ -51,11 +51,11 @@ async def test_the_system_is_read_only_and_workspace_and_tmp_are_writable(pool, 
 
 async def test_no_docker_socket_no_host_paths_no_network(pool, base_spec):
     async with pool.lease(base_spec) as sb:
-        r = await sb.exec(["sh", "-c", "test -e /var/run/docker.sock || test -e /run/docker.sock"])
+        r = await sb.harness_exec(["sh", "-c", "test -e /var/run/docker.sock || test -e /run/docker.sock"])
         assert r.exit_code == 1, "a Docker socket is reachable"
-        r = await sb.exec(["sh", "-c", "find / -xdev -type s 2>/dev/null"])
+        r = await sb.harness_exec(["sh", "-c", "find / -xdev -type s 2>/dev/null"])
         assert r.stdout == "", f"sockets in the sandbox: {r.stdout}"
-        r = await sb.exec(["cat", "/proc/self/mountinfo"])
+        r = await sb.harness_exec(["cat", "/proc/self/mountinfo"])
         mounts = {line.split()[4] for line in r.stdout.splitlines()}
         unexpected = {m for m in mounts if m not in SYSTEM_MOUNTS and not m.startswith(("/proc", "/sys", "/dev"))}
         assert not unexpected, f"mounts from outside the sandbox: {unexpected}"
@@ -67,7 +67,7 @@ async def test_other_sandboxes_files_and_processes_are_invisible(pool, base_spec
     other_spec = base_spec.model_copy(update={"task": "neighbour"})
     async with pool.lease(base_spec) as a, pool.lease(other_spec) as b:
         await a.session.run("echo secret-of-a > ~/workspace/marker-a.txt; sleep 1234 &")
-        r = await b.exec(["sh", "-c", "grep -rl secret-of-a / 2>/dev/null; "
+        r = await b.harness_exec(["sh", "-c", "grep -rl secret-of-a / 2>/dev/null; "
                                       "for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null; echo; done"])
         assert "marker-a" not in r.stdout and "secret-of-a" not in r.stdout
         assert "1234" not in r.stdout

@@ -20,7 +20,7 @@ LIST_AGENT_PROCS = ("for p in /proc/[0-9]*; do [ \"$(stat -c %u $p)\" = 1000 ] |
 
 async def agent_processes(sandbox) -> list[str]:
     """Command lines of every agent process in the sandbox except the session shell and this probe."""
-    result = await sandbox.exec(["sh", "-c", LIST_AGENT_PROCS], user="agent")
+    result = await sandbox.harness_exec(["sh", "-c", LIST_AGENT_PROCS], user="agent")
     return [line for line in result.stdout.splitlines()
             if line.strip() and "bash --noprofile --norc" not in line and "/proc/" not in line
             and not line.startswith(("sh -c", "timeout ", "tr ", "grep "))]
@@ -252,10 +252,10 @@ async def test_pid1_killed_is_sandbox_unavailable(pool, base_spec):
 # ----- stateless exec and files ---------------------------------------------------------------------------------
 async def test_exec_argv_user_cwd_env_timeout_and_files(pool, base_spec):
     async with pool.lease(base_spec) as sb:
-        r = await sb.exec(["sh", "-c", 'echo "$A $(id -un) $(pwd)"'], user="agent", cwd="/tmp", env={"A": "x y"})
+        r = await sb.harness_exec(["sh", "-c", 'echo "$A $(id -un) $(pwd)"'], user="agent", cwd="/tmp", env={"A": "x y"})
         assert r.stdout == "x y agent /tmp\n" and r.exit_code == 0
         started = time.monotonic()
-        r = await sb.exec(["sh", "-c", "sleep 30 & sleep 30"], timeout=1)
+        r = await sb.harness_exec(["sh", "-c", "sleep 30 & sleep 30"], timeout=1)
         assert r.timed_out and time.monotonic() - started < 8
         await sb.put_files("/srv/air/x", {"a.txt": b"alpha", "sub/b.bin": bytes(range(256))})
         assert await sb.read_file("/srv/air/x/sub/b.bin") == bytes(range(256))
@@ -366,7 +366,7 @@ TREE = ("(cd /home/agent && find . -mindepth 1 -printf '%p %y %m %U %l %T@\\n' |
 async def test_incremental_reset_restores_every_kind_of_change_exactly(pool, base_spec):
     """Compare the whole home tree (names, types, modes, owners, contents) before and after a hostile rollout."""
     async with pool.lease(base_spec) as sb:
-        await sb.sh("mkdir -p /srv/air/pristine/home/workspace/data/deep /srv/air/pristine/home/workspace/empty && "
+        await sb.harness_sh("mkdir -p /srv/air/pristine/home/workspace/data/deep /srv/air/pristine/home/workspace/empty && "
                     "cd /srv/air/pristine/home/workspace && echo a > a.py && echo b > data/b.csv && "
                     "echo c > data/deep/c.txt && echo '#!/bin/sh' > run.sh && chmod 755 run.sh && "
                     "ln -s data/b.csv link && echo rc > /srv/air/pristine/home/.profile_x && "

@@ -4,7 +4,7 @@ tasks or RL; the layers above import from here, never from its modules.
     pool = SandboxPool(PoolConfig(max_sandboxes=16))        # a warm pool (several Docker hosts: `hosts=`)
     async with pool, pool.lease(SandboxSpec(image="air/cpu:latest", task="t")) as sandbox:
         result = await sandbox.session.run("python train.py", timeout=600)   # -> CommandResult
-        await sandbox.session.exec(["python", "eval.py"])      # the warden's child: an unforgeable exit status
+        await sandbox.session.run_untrusted(["python", "eval.py"])  # the warden's child: an unforgeable exit status
         blob = await sandbox.session.pack(["submission.csv"])   # the agent's files, with the agent's rights
     # released: reset (nothing of this rollout survives) or removed; a broken one never comes back
 

@@ -94,6 +94,10 @@ class Sandbox:
     def short_id(self) -> str:
         return self.container_id[:12]
 
+    def mark_broken(self, reason: str) -> None:
+        """Never lease it again: the pool removes it on release. The first reason is the one kept."""
+        self.broken = self.broken or reason
+
     async def status(self) -> dict:
         """Docker's State of the container (Running, OOMKilled, ExitCode, ...)."""
         info = await self.docker.call(self.docker.api.inspect_container, self.container_id, timeout=30,
@@ -104,8 +108,9 @@ class Sandbox:
         state = await self.status()
         if not state.get("Running"):
             detail = "OOM-killed" if state.get("OOMKilled") else f"exit code {state.get('ExitCode')}"
-            self.broken = f"container {self.short_id} is not running ({detail})"
-            raise SandboxUnavailable(self.broken)
+            reason = f"container {self.short_id} is not running ({detail})"
+            self.mark_broken(reason)
+            raise SandboxUnavailable(reason)
 
     # ----- the agent's shell ------------------------------------------------------------------------------------
     @property
@@ -119,7 +124,7 @@ class Sandbox:
         self._session = session
 
     # ----- stateless exec ---------------------------------------------------------------------------------------
-    async def exec(self, argv: list[str], *, user: str = "root", cwd: str | None = None,
+    async def harness_exec(self, argv: list[str], *, user: str = "root", cwd: str | None = None,
                    env: Mapping[str, str] | None = None, timeout: float = 60, max_output: int = 1 << 20
                    ) -> ExecResult:
         """Run argv to completion; the in-container `timeout` kills its process group when the deadline passes.
@@ -157,10 +162,10 @@ class Sandbox:
         if code is None:
             raise SandboxUnavailable(f"exec in {self.short_id} returned no exit code")
 
-    async def sh(self, script: str, *, user: str = "root", timeout: float = 60, check: bool = True,
+    async def harness_sh(self, script: str, *, user: str = "root", timeout: float = 60, check: bool = True,
                  **kwargs) -> ExecResult:
         """Run a shell snippet; with check, a non-zero exit is an InfraError carrying the output's tail."""
-        result = await self.exec(["sh", "-c", script], user=user, timeout=timeout, **kwargs)
+        result = await self.harness_exec(["sh", "-c", script], user=user, timeout=timeout, **kwargs)
         if check and not result.ok:
             tail = (result.stderr or result.stdout).strip()[-400:]
             raise InfraError(f"harness command failed in {self.short_id} (exit {result.exit_code}"
@@ -177,7 +182,7 @@ class Sandbox:
     async def put_files(self, dest: str, files: Mapping[str, bytes], *, owner: int = 0, mode: int = 0o644
                         ) -> None:
         """Write {relative path: content} under dest (created if missing) in one tar copy."""
-        await self.sh(f"mkdir -p {shlex.quote(dest)}")
+        await self.harness_sh(f"mkdir -p {shlex.quote(dest)}")
         await self.put_archive(dest, make_tar(files, owner=owner, mode=mode))
 
     async def get_archive(self, path: str, max_bytes: int = 64 << 20, timeout: float = 120) -> bytes:
@@ -216,7 +221,7 @@ class Sandbox:
     # ----- OOM --------------------------------------------------------------------------------------------------
     async def oom_kills(self) -> int:
         """How many processes the kernel's OOM killer has killed in this container's memory cgroup."""
-        result = await self.exec(["sh", "-c", "cat /sys/fs/cgroup/memory/memory.oom_control "
+        result = await self.harness_exec(["sh", "-c", "cat /sys/fs/cgroup/memory/memory.oom_control "
                                   "/sys/fs/cgroup/memory.events 2>/dev/null"], timeout=10)
         m = re.search(r"^oom_kill (\d+)", result.stdout, re.M)
         return int(m.group(1)) if m else 0
@@ -227,7 +232,7 @@ class Sandbox:
         fresh = count > self._oom_kills
         self._oom_kills = count
         if fresh:
-            self.broken = self.broken or "a process was OOM-killed"
+            self.mark_broken("a process was OOM-killed")
         return fresh
 
 

@@ -1,6 +1,15 @@
 """What a sandbox offers the layers above it, on one screen: the shell (`Shell`), the sandbox (`Sandbox`), what
 their calls return and the errors they raise besides air.errors' InfraError family.
 
+Four ways to run something in a sandbox, named by whom they trust:
+
+| call | runs as | through | status comes from | use it for |
+| --- | --- | --- | --- | --- |
+| `Sandbox.harness_exec` / `harness_sh` | root (default) | a fresh `docker exec` (~25 ms) | Docker | the harness's own work: staging, scoring set-up; never agent code |
+| `Shell.run` | the agent | the persistent shell the warden hosts (~0.5 ms) | the shell's report, parsed strictly | the agent's commands (cwd, env persist) |
+| `Shell.run_untrusted` | the agent (default) | a child of the warden | the kernel (waitpid): nothing can forge it | untrusted code whose exit status is a result (SandboxFusion) |
+| `Shell.reset` | root (the warden) | the warden | the warden | back to a fresh sandbox's state |
+
 `container.Sandbox` with `session.Session` implement these; the tasks, episode and services layers type against
 them (import them from `air.sandbox`), and the conformance suite (tests/test_sandbox.py) runs the same tests
 against every kind of sandbox the pool makes: warm and reused, fresh per lease, and on a Docker host reached
@@ -19,7 +28,7 @@ from air.sandbox.spec import SandboxSpec
 
 @dataclass
 class ExecResult:
-    """A program run to its end by the harness (`Sandbox.exec`) or by the warden (`Shell.exec`)."""
+    """A program run to its end by the harness (`Sandbox.harness_exec`) or by the warden (`Shell.run_untrusted`)."""
 
     exit_code: int | None
     """None when it timed out."""
@@ -77,7 +86,7 @@ class Shell(Protocol):
         """One command as the agent; cwd and exported variables persist to the next."""
         ...
 
-    async def exec(self, argv: list[str], *, stdin: str = "", cwd: str = WORKSPACE,
+    async def run_untrusted(self, argv: list[str], *, stdin: str = "", cwd: str = WORKSPACE,
                    env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
                    reap: bool = True) -> ExecResult:
         """A program as the warden's own child: an exit status no process can forge."""
@@ -111,7 +120,7 @@ class Sandbox(Protocol):
     staged: str | None
     """Opaque token of what a higher layer staged here (the tasks layer: a task's content hash)."""
     broken: str | None
-    """Why it must not be reused; None while healthy."""
+    """Why it must not be reused; None while healthy (set it with `mark_broken`)."""
 
     @property
     def short_id(self) -> str: ...
@@ -119,13 +128,13 @@ class Sandbox(Protocol):
     @property
     def session(self) -> Shell: ...
 
-    async def exec(self, argv: list[str], *, user: str = "root", cwd: str | None = None,
+    async def harness_exec(self, argv: list[str], *, user: str = "root", cwd: str | None = None,
                    env: Mapping[str, str] | None = None, timeout: float = 60, max_output: int = 1 << 20
                    ) -> ExecResult:
         """A stateless harness command (`docker exec`), root by default."""
         ...
 
-    async def sh(self, script: str, *, user: str = "root", timeout: float = 60, check: bool = True,
+    async def harness_sh(self, script: str, *, user: str = "root", timeout: float = 60, check: bool = True,
                  **kwargs: object) -> ExecResult: ...
 
     async def put_archive(self, dest: str, tar_bytes: bytes, timeout: float = 120) -> None: ...
@@ -143,4 +152,8 @@ class Sandbox(Protocol):
 
     async def ensure_running(self) -> None:
         """SandboxUnavailable if the container is gone or stopped."""
+        ...
+
+    def mark_broken(self, reason: str) -> None:
+        """Never lease it again (the first reason is kept): it is removed when released."""
         ...

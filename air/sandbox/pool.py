@@ -230,7 +230,7 @@ class SandboxPool:
         try:
             yield sandbox
         except InfraError as exc:
-            sandbox.broken = sandbox.broken or f"infrastructure error during lease: {exc}"
+            sandbox.mark_broken(f"infrastructure error during lease: {exc}")
             raise
         finally:
             self.release(sandbox)
@@ -413,7 +413,7 @@ class SandboxPool:
         alone until `air containers clean --kept`."""
         self._live.discard(sandbox)
         self._held.pop(sandbox, None)
-        sandbox.broken = "kept by its lessee"
+        sandbox.mark_broken("kept by its lessee")
         self._spawn(sandbox.rename(KEPT_PREFIX + sandbox.name.removeprefix("air-")))
 
     def release(self, sandbox: Sandbox) -> None:

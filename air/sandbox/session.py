@@ -14,7 +14,7 @@ Why this shape:
 - A reset is one request to the warden (root): it kills every agent process, removes IPC objects and temp
   files, restores the home from the root-only pristine copy (incrementally: only what changed) and starts a
   fresh shell. No agent-uid process is ever on that path.
-- Programs whose exit status is a reward (SandboxFusion's code) run through `exec`: the warden's own child,
+- Programs whose exit status is a reward (SandboxFusion's code) run through `run_untrusted`: the warden's own child,
   status from waitpid, every agent process reaped afterwards.
 """
 
@@ -65,7 +65,7 @@ class Session:
         elif not self._link.alive:
             # Nothing the agent does can end the warden: its loss is the sandbox's, and what the old warden
             # guaranteed (a reset) cannot be vouched for by a new one.
-            self.sandbox.broken = self.sandbox.broken or "its warden is gone"
+            self.sandbox.mark_broken("its warden is gone")
             raise WardenGone(f"the warden of {self.sandbox.short_id} is gone")
         return self._link
 
@@ -113,7 +113,7 @@ class Session:
             oom_killed=oom, shell_restarted=restarted, dropped_bytes=reply["dropped"],
         )
 
-    async def exec(self, argv: list[str], *, stdin: str = "", cwd: str = WORKSPACE, env: dict[str, str] | None = None,
+    async def run_untrusted(self, argv: list[str], *, stdin: str = "", cwd: str = WORKSPACE, env: dict[str, str] | None = None,
                    timeout: float = 60, user: str = AGENT_USER, reap: bool = True) -> ExecResult:
         """Run argv as the warden's own child: the exit status is the kernel's (no process can forge it). With
         reap, every agent process is killed when it exits (its daemons, a fork bomb's remains)."""

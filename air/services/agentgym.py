@@ -503,7 +503,7 @@ class AgentGymService:
     async def _fail(self, env: _Env, kind: str, exc: BaseException) -> None:
         """Record the failure (as air's runner does) and give the sandbox back; a broken one is removed."""
         if env.sandbox is not None and isinstance(exc, InfraError):
-            env.sandbox.broken = env.sandbox.broken or f"infrastructure error during lease: {exc}"
+            env.sandbox.mark_broken(f"infrastructure error during lease: {exc}")
         self._write_failed(env, kind, f"{type(exc).__name__}: {exc}")
         await self._release(env)
 
@@ -534,7 +534,7 @@ class AgentGymService:
             if how == "interrupted":
                 self._write_failed(env, "interrupted", why)
                 if env.sandbox is not None:  # removed, not reset: a cancelled command may have left it busy
-                    env.sandbox.broken = env.sandbox.broken or why
+                    env.sandbox.mark_broken(why)
             elif env.writer is not None and episode.turns == 0:
                 env.writer.discard()
             elif env.writer is not None:  # the client stopped early: nothing more is evaluated, the return is

@@ -282,15 +282,15 @@ def _broken(spec: TaskSpec, result) -> EvalOutcome:
 
 
 async def _run_air(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalOutcome:
-    await scorer.sh(f"rm -rf {EVAL} {SUBMISSION} {OUTPUT} && mkdir -p {EVAL} {SUBMISSION} {OUTPUT} "
+    await scorer.harness_sh(f"rm -rf {EVAL} {SUBMISSION} {OUTPUT} && mkdir -p {EVAL} {SUBMISSION} {OUTPUT} "
                     f"&& chmod 700 {OUTPUT} {EVAL}")
     await scorer.put_archive(EVAL, _air_eval_tar(spec))
     await scorer.put_archive(SUBMISSION, artefacts)
     # The eval dir itself must be traversable for the kit's interpreter and code; secret/ and /output stay root-only.
-    await scorer.sh(f"chmod 755 {EVAL}")
+    await scorer.harness_sh(f"chmod 755 {EVAL}")
     env = {"AIR_SUBMISSION_DIR": SUBMISSION, "AIR_SECRET_DIR": f"{EVAL}/secret", "AIR_DATA_DIR": f"{EVAL}/data",
            "AIR_METRICS_FILE": METRICS_FILE, **await _datasets_view(scorer, spec, 0)}
-    result = await scorer.exec(["python", f"{EVAL}/{spec.evaluation.entry}"], cwd=EVAL, env=env,
+    result = await scorer.harness_exec(["python", f"{EVAL}/{spec.evaluation.entry}"], cwd=EVAL, env=env,
                                timeout=spec.evaluation.timeout)
     if result.timed_out:
         return EvalOutcome(status="timeout", message=f"The evaluation did not finish within "
@@ -311,7 +311,7 @@ async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalO
     # Trusted (a CSV task, or a declared one whose agent code runs through the proxy): MLGym's evaluator runs as
     # root on a root-owned, read-only workspace. Otherwise it runs as the agent: MLGym's own trust model.
     owner, user = (0, "root") if ev.trusted else (AGENT_UID, "agent")
-    await scorer.sh(f"rm -rf {WORKSPACE} {SUBMISSION} {EVAL} && mkdir -p {WORKSPACE} {SUBMISSION} {EVAL} && "
+    await scorer.harness_sh(f"rm -rf {WORKSPACE} {SUBMISSION} {EVAL} && mkdir -p {WORKSPACE} {SUBMISSION} {EVAL} && "
                     f"chown {owner}:{owner} {WORKSPACE} && chmod 755 {EVAL}")
     env = await _datasets_view(scorer, spec, owner)
     if ev.agent_module:
@@ -324,12 +324,12 @@ async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalO
     await scorer.session.unpack(WORKSPACE, _mlgym_eval_tar(spec, owner), user="root")  # the task's files win
     model_config = None
     if ev.contract == "mlgym-model":
-        found = await scorer.sh(f"find {WORKSPACE} -type f -name '*.yaml' | sort | head -n 1", check=False)
+        found = await scorer.harness_sh(f"find {WORKSPACE} -type f -name '*.yaml' | sort | head -n 1", check=False)
         model_config = found.stdout.strip()
         if not model_config:
             return EvalOutcome(status="no_submission", message="No submission found: no .yaml config file in "
                                                                "the workspace.")
-    result = await scorer.exec(["sh", "-c", _mlgym_command(spec, model_config)], user=user, cwd=WORKSPACE,
+    result = await scorer.harness_exec(["sh", "-c", _mlgym_command(spec, model_config)], user=user, cwd=WORKSPACE,
                                timeout=ev.timeout, env=env or None)
     if result.timed_out:
         return EvalOutcome(status="timeout", message=f"The evaluation did not finish within {ev.timeout:g} seconds.")
@@ -353,7 +353,7 @@ async def _datasets_view(scorer: Sandbox, spec: TaskSpec, owner: int) -> dict[st
     if not spec.needs.datasets:
         return {}
     home = f"{HF_VIEW}-home"  # datasets' modules cache and the like
-    await scorer.sh(f"rm -rf {HF_VIEW} {home} && mkdir -p {HF_VIEW} {home} && chown {owner}:{owner} {HF_VIEW} {home}")
+    await scorer.harness_sh(f"rm -rf {HF_VIEW} {home} && mkdir -p {HF_VIEW} {home} && chown {owner}:{owner} {HF_VIEW} {home}")
     await scorer.put_archive(HF_VIEW, DataStore().view_tar(spec.needs.datasets, owner))
     return {"HF_DATASETS_CACHE": HF_VIEW, "HF_HOME": home}
 

@@ -87,13 +87,13 @@ async def stage(sandbox: Sandbox, spec: TaskSpec) -> None:
     """Make `sandbox` hold task `spec` in its pristine state (no-op when it already does)."""
     if sandbox.staged == spec.content_hash:
         return
-    await sandbox.sh(f"rm -rf {PRISTINE_HOME} {DATA} && mkdir -p {PRISTINE_HOME} {DATA} && "
+    await sandbox.harness_sh(f"rm -rf {PRISTINE_HOME} {DATA} && mkdir -p {PRISTINE_HOME} {DATA} && "
                      f"chown {AGENT_UID}:{AGENT_UID} {PRISTINE_HOME}")
     await sandbox.put_archive(PRISTINE_HOME, workspace_tar(spec))
     if spec.data:
         await sandbox.put_archive(DATA, tar_of(spec.data, dir_mode=0o555, file_mode=0o444))
-        await sandbox.sh(f"chmod 0555 {DATA}")
-    await sandbox.sh(f"touch -d @{STAGED_MTIME} {PRISTINE_HOME} {DATA}")
+        await sandbox.harness_sh(f"chmod 0555 {DATA}")
+    await sandbox.harness_sh(f"touch -d @{STAGED_MTIME} {PRISTINE_HOME} {DATA}")
     await sandbox.session.reset(full=True)
     sandbox.staged = spec.content_hash
 

@@ -99,7 +99,7 @@ async def place_absolute(sandbox, directory: str, absolute: dict[str, bytes]) ->
     """Write the absolute-path files as the agent (a place it may not write is refused by the kernel, never
     written as root); '' when done, else why not (the caller's input: Failed)."""
     payload = json.dumps({path: base64.b64encode(data).decode() for path, data in absolute.items()})
-    result = await sandbox.session.exec(["python3", "-c", script("place_files.py")], stdin=payload,
+    result = await sandbox.session.run_untrusted(["python3", "-c", script("place_files.py")], stdin=payload,
                                         cwd=directory, timeout=60)
     if result.timed_out:
         return "writing the files with absolute paths timed out"

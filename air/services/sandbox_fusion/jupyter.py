@@ -1,7 +1,7 @@
 """`/run_jupyter`: a request's cells in order in one fresh python3 kernel, inside a leased sandbox.
 
 The kernel and air's driver (scripts/jupyter_driver.py) run as the agent, the driver as the warden's own child
-(`exec`), exactly where /run_code's programs run: no network, the agent's uid, the sandbox's limits. The kernel
+(`run_untrusted`), exactly where /run_code's programs run: no network, the agent's uid, the sandbox's limits. The kernel
 lives for one request: when the driver exits the warden kills every process of the agent (the kernel, anything a
 cell started), and the pool's reset after the lease empties the temp dirs and restores the home, so neither
 state nor processes nor files carry over to the next request.
@@ -96,7 +96,7 @@ async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
     job = {"directory": plan.directory, "cells": request.cells, "cell_timeout": plan.cell_timeout, "total_timeout": plan.total_timeout,
            "startup_timeout": STARTUP_TIMEOUT, "kernel": request.kernel, "memory_limit_MB": request.memory_limit_MB,
            "stream_limit": min(service.config.output_limit, budget), "budget": budget}
-    result = await sandbox.session.exec(["python3", "-I", "-c", script("jupyter_driver.py")],
+    result = await sandbox.session.run_untrusted(["python3", "-I", "-c", script("jupyter_driver.py")],
                                         stdin=json.dumps(job), cwd=AGENT_HOME,
                                         timeout=STARTUP_TIMEOUT + plan.total_timeout + SLACK)
     stderr = cap_stream(result.stderr, service.config.output_limit, captured)

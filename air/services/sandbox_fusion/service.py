@@ -98,7 +98,7 @@ class SandboxFusionService:
 
     async def _probe_languages(self) -> None:
         async with self.pool.lease(self.spec) as sb:
-            result = await sb.session.exec(probe_argv(), timeout=60)
+            result = await sb.session.run_untrusted(probe_argv(), timeout=60)
             self._captured = getattr(sb.session, "output_limit", self._captured)
         self.available = availability(set(result.stdout.split()), self.config.image)
         log.info("languages available in %s: %s", self.config.image, ", ".join(self.languages()))
@@ -199,7 +199,7 @@ class SandboxFusionService:
         # so nothing it prints or forks can forge a finish or an exit code, and every process it left is
         # reaped.
         if plan.compile:
-            result = await sandbox.session.exec(["sh", "-c", f"exec {plan.compile}"],
+            result = await sandbox.session.run_untrusted(["sh", "-c", f"exec {plan.compile}"],
                                                 cwd=plan.directory, timeout=plan.compile_timeout)
             compile_result = await self._command_result(sandbox, result)
             if compile_result.status != CommandRunStatus.Finished or compile_result.return_code != 0:
@@ -207,7 +207,7 @@ class SandboxFusionService:
         limit = (f"ulimit -d {plan.request.memory_limit_MB * 1024} && "
                  if plan.request.memory_limit_MB > 0 else "")
         stdin = plan.stdin.decode("utf-8", "surrogateescape") if plan.stdin is not None else ""
-        result = await sandbox.session.exec(["sh", "-c", f"{limit}exec {plan.run}"],
+        result = await sandbox.session.run_untrusted(["sh", "-c", f"{limit}exec {plan.run}"],
                                             cwd=plan.directory, stdin=stdin, timeout=plan.run_timeout)
         run_result = await self._command_result(sandbox, result)
         files = (await fetch_files(sandbox, plan.directory, plan.fetch, plan.notes, self.config.max_fetch_bytes)
