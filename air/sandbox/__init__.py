@@ -10,7 +10,7 @@ tasks or RL; the layers above import from here, never from its modules.
 
 The interface: `Sandbox` and `Shell` (protocols, interface.py), `SandboxSpec`/`Resources` (what is asked for),
 `PoolConfig`/`DockerHost`/`SandboxPool`, the results `CommandResult`/`ExecResult`, the errors `ArchiveTooLarge`/
-`ArchiveUnreadable` (plus air.errors: InfraError and its kind for everything that is infrastructure), the layout
+`ArchiveUnreadable`/`ArchiveUnwritable` (plus air.errors: InfraError and its kind for everything that is infrastructure), the layout
 inside every sandbox (layout.py), and the tools of the CLI and services: images, labels and cleanup, Docker.
 Names load on first use, so that importing a config class does not import the Docker SDK.
 """
@@ -36,7 +36,7 @@ from air.sandbox.layout import (
 _LAZY = {
     # the interface
     "Sandbox": "interface", "Shell": "interface", "CommandResult": "interface", "ExecResult": "interface",
-    "ArchiveTooLarge": "interface", "ArchiveUnreadable": "interface",
+    "ArchiveTooLarge": "interface", "ArchiveUnreadable": "interface", "ArchiveUnwritable": "interface",
     "Resources": "spec", "SandboxSpec": "spec",
     "PoolConfig": "spec", "DockerHost": "spec", "SandboxPool": "pool", "PoolStats": "pool",
     # helpers of the layers above
@@ -52,8 +52,8 @@ _LAZY = {
 __all__ = [
     "AGENT_HOME", "AGENT_UID", "AGENT_USER", "AIR_DIR", "BASE_PATH", "DATA", "FIXED_MTIME", "PRISTINE_HOME",
     "SCRATCH_DIRS", "WORKSPACE",
-    "Sandbox", "Shell", "CommandResult", "ExecResult", "ArchiveTooLarge", "ArchiveUnreadable", "Resources",
-    "SandboxSpec", "PoolConfig", "DockerHost", "SandboxPool", "PoolStats",
+    "Sandbox", "Shell", "CommandResult", "ExecResult", "ArchiveTooLarge", "ArchiveUnreadable", "ArchiveUnwritable",
+    "Resources", "SandboxSpec", "PoolConfig", "DockerHost", "SandboxPool", "PoolStats",
     "make_tar", "gpu_env", "container_kwargs", "image_ref", "ImageBuilder", "PlainProgress", "list_images",
     "load_recipes", "connect", "Docker", "list_air_containers", "remove_containers", "make_labels", "GPUS",
     "sweep_dead_runs", "sweep_stale_claims", "GpuInventory", "run_checks", "truncate_text",
@@ -79,6 +79,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, eagerly
     from air.sandbox.interface import (
         ArchiveTooLarge,
         ArchiveUnreadable,
+        ArchiveUnwritable,
         CommandResult,
         ExecResult,
         Sandbox,

@@ -125,8 +125,8 @@ class Sandbox:
 
     # ----- stateless exec ---------------------------------------------------------------------------------------
     async def harness_exec(self, argv: list[str], *, user: str = "root", cwd: str | None = None,
-                   env: Mapping[str, str] | None = None, timeout: float = 60, max_output: int = 1 << 20
-                   ) -> ExecResult:
+                           env: Mapping[str, str] | None = None, timeout: float = 60, max_output: int = 1 << 20
+                           ) -> ExecResult:
         """Run argv to completion; the in-container `timeout` kills its process group when the deadline passes.
 
         The host-side deadline is a backstop a few seconds later: `docker exec` does not forward signals, so
@@ -163,7 +163,7 @@ class Sandbox:
             raise SandboxUnavailable(f"exec in {self.short_id} returned no exit code")
 
     async def harness_sh(self, script: str, *, user: str = "root", timeout: float = 60, check: bool = True,
-                 **kwargs) -> ExecResult:
+                         **kwargs) -> ExecResult:
         """Run a shell snippet; with check, a non-zero exit is an InfraError carrying the output's tail."""
         result = await self.harness_exec(["sh", "-c", script], user=user, timeout=timeout, **kwargs)
         if check and not result.ok:

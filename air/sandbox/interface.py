@@ -24,6 +24,7 @@ from typing import Protocol
 
 from air.sandbox.layout import AGENT_USER, WORKSPACE
 from air.sandbox.spec import SandboxSpec
+from air.sandbox.warden.protocol import WasReset
 
 
 @dataclass
@@ -73,22 +74,30 @@ class ArchiveUnreadable(Exception):
     """Files to copy out of a sandbox could not be read (unreadable, changing under the copy, too slow)."""
 
 
+class ArchiveUnwritable(Exception):
+    """Files could not be unpacked where asked (no right to write there, no space): whose fault it is depends on
+    who made the place, so the caller decides (an agent's full disk is its result, not infrastructure)."""
+
+
 class Shell(Protocol):
     """The agent's persistent shell and the sandbox's reset, both through the sandbox's root warden."""
 
     cwd: str
-    last_reset: str | None
-    """"incremental" or "full": how the last reset restored the home."""
+    """Where the shell is, as text to show (agent-controlled, decoded and bounded on arrival)."""
+    last_reset: WasReset | None
+    """What the last reset did: "full" or "verified" home, files compared, entries restored, cost per part."""
 
-    async def start(self, cwd: str | None = None) -> None: ...
+    async def start(self) -> None:
+        """(Re)start the shell with a pristine environment, where it was."""
+        ...
 
     async def run(self, command: str, timeout: float = 60, *, merge_stderr: bool = False) -> CommandResult:
         """One command as the agent; cwd and exported variables persist to the next."""
         ...
 
-    async def run_untrusted(self, argv: list[str], *, stdin: str = "", cwd: str = WORKSPACE,
-                   env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
-                   reap: bool = True) -> ExecResult:
+    async def run_untrusted(self, argv: list[str], *, stdin: str | bytes = b"", cwd: str = WORKSPACE,
+                            env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
+                            reap: bool = True) -> ExecResult:
         """A program as the warden's own child: an exit status no process can forge."""
         ...
 
@@ -97,7 +106,10 @@ class Shell(Protocol):
         """A tar of paths read with the agent's rights (FileNotFoundError, ArchiveTooLarge, ArchiveUnreadable)."""
         ...
 
-    async def unpack(self, dest: str, tar: bytes, *, user: str = AGENT_USER, timeout: float = 120) -> None: ...
+    async def unpack(self, dest: str, tar: bytes, *, user: str = AGENT_USER, timeout: float = 120) -> None:
+        """Extract a tar under dest with the user's rights; its entries replace whatever stands at their paths,
+        never through a symlink (ArchiveUnwritable when a place cannot be written)."""
+        ...
 
     async def reset(self, timeout: float = 30, *, full: bool = False) -> None:
         """Back to the state of a fresh sandbox of the same task (no process, IPC object or temp file left)."""
@@ -129,13 +141,13 @@ class Sandbox(Protocol):
     def session(self) -> Shell: ...
 
     async def harness_exec(self, argv: list[str], *, user: str = "root", cwd: str | None = None,
-                   env: Mapping[str, str] | None = None, timeout: float = 60, max_output: int = 1 << 20
-                   ) -> ExecResult:
+                           env: Mapping[str, str] | None = None, timeout: float = 60, max_output: int = 1 << 20
+                           ) -> ExecResult:
         """A stateless harness command (`docker exec`), root by default."""
         ...
 
     async def harness_sh(self, script: str, *, user: str = "root", timeout: float = 60, check: bool = True,
-                 **kwargs: object) -> ExecResult: ...
+                         **kwargs: object) -> ExecResult: ...
 
     async def put_archive(self, dest: str, tar_bytes: bytes, timeout: float = 120) -> None: ...
 

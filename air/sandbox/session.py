@@ -1,34 +1,34 @@
-"""The agent's persistent shell and the sandbox's reset, both through the sandbox's warden (see warden.py).
+"""The agent's persistent shell and the sandbox's reset, both through the sandbox's warden (air/sandbox/warden/).
 
 Why this shape:
 - One `docker exec` per command costs tens of milliseconds and forgets `cd`/`export`; one long-lived bash, hosted
   by the root warden and reached over the warden's attach socket, costs about a millisecond per round trip and
   keeps the shell's state.
-- Each command travels as ONE line of pure ASCII (`printf -v` decodes it inside bash, no fork) and runs with
-  `eval` in the shell itself, stdin from /dev/null and without the report pipe: an unbalanced quote or heredoc is
-  a syntax error of that command, never a protocol stall, and a command that reads stdin cannot eat the next one.
-- Every process a command starts inherits `AIR_COMMAND_ID`; on a timeout the warden kills exactly those
-  (children, background jobs, double-forked daemons), which leaves earlier background jobs alone, and a USR1 trap
-  aborts the rest of the command list, as Ctrl-C would. A shell that dies or stops answering is replaced in the
-  same cwd (the workspace if that is gone): always the agent's result, never an infrastructure failure.
-- A reset is one request to the warden (root): it kills every agent process, removes IPC objects and temp
-  files, restores the home from the root-only pristine copy (incrementally: only what changed) and starts a
-  fresh shell. No agent-uid process is ever on that path.
+- The command travels as raw bytes; the warden hands it to bash as one ASCII line that runs it with `eval`, stdin
+  from /dev/null and without the report pipe (warden/shell.py): an unbalanced quote or heredoc is a syntax error of
+  that command, never a protocol stall, and a command that reads stdin cannot eat the next one.
+- Every process a command starts inherits a marker; on a timeout the warden kills exactly those (children,
+  background jobs, double-forked daemons), which leaves earlier background jobs alone, and a USR1 trap aborts the
+  rest of the command list, as Ctrl-C would. A shell that dies or stops answering is replaced in the same cwd (the
+  workspace if that is gone): always the agent's result, never an infrastructure failure.
+- A reset is one request to the warden (root): it kills every agent process, removes IPC objects and temp files,
+  makes the home equal the root-only pristine copy by content (warden/restore.py) and starts a fresh shell. No
+  agent-uid process is ever on that path.
 - Programs whose exit status is a reward (SandboxFusion's code) run through `run_untrusted`: the warden's own child,
   status from waitpid, every agent process reaped afterwards.
+- What comes back (output, cwd) is agent-controlled: the protocol decodes and bounds it on arrival (`AgentText`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 
 from air.sandbox.container import Sandbox, gpu_env
-from air.sandbox.interface import ArchiveTooLarge, ArchiveUnreadable, CommandResult, ExecResult
+from air.sandbox.interface import ArchiveTooLarge, ArchiveUnreadable, ArchiveUnwritable, CommandResult, ExecResult
 from air.sandbox.layout import AGENT_HOME, AGENT_USER, BASE_PATH, WORKSPACE
+from air.sandbox.warden import protocol as p
 from air.sandbox.warden_link import WardenGone, WardenLink
 
-_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-.,/:=+@#%^&*()[]{}<>|;!?~$\"`")
 _MARGIN = 30.0  # seconds the host waits beyond the warden's own deadline and kill grace before giving up on it
 
 
@@ -40,19 +40,22 @@ class Session:
         self.user = user
         self.output_limit = output_limit
         self.cwd = WORKSPACE
-        self._nonce = secrets.token_hex(8)
-        self._seq = 0
+        """Where the shell is, as text to show (the warden keeps the real, byte-exact one)."""
         self._lock = asyncio.Lock()
         self._link: WardenLink | None = None
         self._running = False
-        self.last_reset: str | None = None
-        """"incremental" or "full": how the last reset restored the home (for tests and stats)."""
-        self.last_reset_ms: float | None = None
+        self.last_reset: p.WasReset | None = None
+        """What the last reset did: how the home was restored, how much it checked, and what each part cost."""
 
     # ----- lifecycle --------------------------------------------------------------------------------------------
     @property
     def alive(self) -> bool:
         return self._link is not None and self._link.alive
+
+    @property
+    def tracking(self) -> bool:
+        """Whether the warden learns from the kernel which home files were opened (see warden/restore.py)."""
+        return bool(self._link and self._link.ready and self._link.ready.tracking)
 
     def pristine_env(self) -> dict[str, str]:
         return {"HOME": AGENT_HOME, "USER": self.user, "LOGNAME": self.user, "SHELL": "/bin/bash",
@@ -69,61 +72,52 @@ class Session:
             raise WardenGone(f"the warden of {self.sandbox.short_id} is gone")
         return self._link
 
-    async def start(self, cwd: str | None = None) -> None:
-        """(Re)start the shell with a pristine environment (the warden starts first if it is not running)."""
-        self.cwd = cwd or self.cwd
+    async def start(self) -> None:
+        """(Re)start the shell with a pristine environment, where it was (the warden starts first if needed)."""
         link = await self._warden()
-        await link.call("shell", wait=60, env=self.pristine_env(), cwd=self.cwd)
+        await link.call(p.StartShell(env=self.pristine_env()), wait=60)
 
     async def close(self) -> None:
         if self._link is not None:
             await self._link.close()
             self._link = None
 
-    def _next_ids(self) -> tuple[int, str]:
-        self._seq += 1
-        return self._seq, f"{self._nonce}{self._seq}"
-
     # ----- commands ---------------------------------------------------------------------------------------------
     async def run(self, command: str, timeout: float = 60, *, merge_stderr: bool = False) -> CommandResult:
         """Run one command in the shell; cwd and exported variables persist to the next command."""
         async with self._lock:
             link = await self._warden()
-            seq, command_id = self._next_ids()
-            redirect = " 2>&1" if merge_stderr else ""
-            # __air_run (the warden's shell prelude) installs the USR1 trap that a timeout or interrupt uses to abort
-            # the command list, reports that the command started, and runs it without the report pipe.
-            line = (f"builtin printf -v __air_c '%b' '{_encode(command)}'; export AIR_COMMAND_ID={command_id}; "
-                    f"__air_run {seq} </dev/null{redirect}; __air_rc=$?; builtin trap : USR1; builtin unset __air_c; "
-                    f"builtin printf '{seq} %d %s\\0' \"$__air_rc\" \"$PWD\" >&3\n")
             self._running = True
             try:
-                reply = await link.call("run", wait=timeout + _MARGIN, line=line, seq=seq, marker=command_id,
-                                        timeout=timeout, limit=self.output_limit)
+                ran = await link.call(p.Run(command=command.encode("utf-8", "surrogateescape"), timeout=timeout,
+                                            limit=self.output_limit, merge_stderr=merge_stderr),
+                                      wait=timeout + _MARGIN)
             finally:
                 self._running = False
-        self.cwd = reply["cwd"] or self.cwd
-        restarted, exit_code = bool(reply["restarted"]), reply["exit_code"]
+        self.cwd = ran.cwd or self.cwd
         oom = False
-        if not reply["timed_out"] and (restarted or exit_code == 137):
+        if not ran.timed_out and (ran.restarted or ran.exit_code == 137):
             oom = await self.sandbox.new_oom_kill()
         return CommandResult(
-            command=command, exit_code=None if reply["timed_out"] else exit_code, stdout=reply["out"],
-            stderr=reply["err"], duration=reply["duration"], cwd=self.cwd, timed_out=reply["timed_out"],
-            oom_killed=oom, shell_restarted=restarted, dropped_bytes=reply["dropped"],
+            command=command, exit_code=None if ran.timed_out else ran.exit_code, stdout=ran.out, stderr=ran.err,
+            duration=ran.duration, cwd=self.cwd, timed_out=ran.timed_out, oom_killed=oom,
+            shell_restarted=ran.restarted, dropped_bytes=ran.dropped,
         )
 
-    async def run_untrusted(self, argv: list[str], *, stdin: str = "", cwd: str = WORKSPACE, env: dict[str, str] | None = None,
-                   timeout: float = 60, user: str = AGENT_USER, reap: bool = True) -> ExecResult:
+    async def run_untrusted(self, argv: list[str], *, stdin: str | bytes = b"", cwd: str = WORKSPACE,
+                            env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
+                            reap: bool = True) -> ExecResult:
         """Run argv as the warden's own child: the exit status is the kernel's (no process can forge it). With
         reap, every agent process is killed when it exits (its daemons, a fork bomb's remains)."""
+        data = stdin.encode("utf-8", "surrogateescape") if isinstance(stdin, str) else stdin
         async with self._lock:
             link = await self._warden()
-            reply = await link.call("exec", wait=timeout + _MARGIN, argv=argv, stdin=stdin, cwd=cwd,
-                                    env={**self.pristine_env(), **(env or {})}, timeout=timeout,
-                                    user="root" if user == "root" else "agent", limit=self.output_limit, reap=reap)
-        return ExecResult(None if reply["timed_out"] else reply["exit_code"], reply["out"], reply["err"],
-                          reply["duration"], reply["timed_out"], reply["dropped"])
+            exited = await link.call(p.Exec(argv=list(argv), stdin=data, cwd=cwd, env={**self.pristine_env(),
+                                                                                       **(env or {})},
+                                            timeout=timeout, limit=self.output_limit, as_root=user == "root",
+                                            reap=reap), wait=timeout + _MARGIN)
+        return ExecResult(None if exited.timed_out else exited.exit_code, exited.out, exited.err, exited.duration,
+                          exited.timed_out, exited.dropped)
 
     # ----- files of the home ------------------------------------------------------------------------------------
     # Through the warden, not Docker's archive API: that one cannot see an in-memory home (a tmpfs mount).
@@ -133,22 +127,24 @@ class Session:
         rights. FileNotFoundError if one is missing; ArchiveTooLarge past max_bytes."""
         async with self._lock:
             link = await self._warden()
-            reply = await link.call("pack", wait=timeout + _MARGIN, root=root, paths=paths, max_bytes=max_bytes,
-                                    timeout=timeout)
-        status = reply["status"]
-        if status == "missing":
+            packed = await link.call(p.Pack(root=root, paths=list(paths), max_bytes=max_bytes, timeout=timeout),
+                                     wait=timeout + _MARGIN)
+        if packed.status == "missing":
             raise FileNotFoundError(", ".join(paths))
-        if status == "too_large":
+        if packed.status == "too_large":
             raise ArchiveTooLarge(f"{', '.join(paths)} is larger than {max_bytes >> 20} MB")
-        if status != "ok":
-            raise ArchiveUnreadable(f"{', '.join(paths)} could not be read ({status})")
-        return reply["blob"]
+        if packed.status != "ok":
+            raise ArchiveUnreadable(f"{', '.join(paths)} could not be read ({packed.status})")
+        return packed.tar
 
     async def unpack(self, dest: str, tar: bytes, *, user: str = AGENT_USER, timeout: float = 120) -> None:
-        """Extract a tar under dest as the agent (only where it may write) or as root (owners kept)."""
+        """Extract a tar under dest as the agent (only where it may write) or as root (owners kept). The tar's entries
+        replace whatever stands at their paths; ArchiveUnwritable when a place cannot be written."""
         async with self._lock:
             link = await self._warden()
-            await link.call("unpack", wait=timeout, blob=tar, dest=dest, user="root" if user == "root" else "agent")
+            unpacked = await link.call(p.Unpack(dest=dest, tar=tar, as_root=user == "root"), wait=timeout)
+        if unpacked.problem:
+            raise ArchiveUnwritable(f"could not unpack into {dest}: {unpacked.problem}")
 
     async def ping(self, timeout: float = 10) -> bool:
         """Do the warden and the shell answer? (A health check: no restart.)"""
@@ -156,28 +152,22 @@ class Session:
             if not self.alive:
                 return False
             try:
-                return bool((await self._link.call("ping", wait=timeout))["shell"])
+                return (await self._link.call(p.Ping(), wait=timeout)).alive
             except WardenGone:
                 return False
 
     async def interrupt(self) -> None:
         """Kill every process of the running command and abort its command list (exit code 130)."""
         if self._running and self.alive:
-            await self._link.call("interrupt", wait=_MARGIN)
+            await self._link.call(p.Interrupt(), wait=_MARGIN)
 
     # ----- reset ------------------------------------------------------------------------------------------------
     async def reset(self, timeout: float = 30, *, full: bool = False) -> None:
         """Pristine state: no agent process, IPC object or temp file, the home as staged, a fresh shell.
 
-        `full` wipes and copies the whole home instead of what changed since the last reset (use it after
+        `full` wipes and copies the whole home instead of checking it against the pristine copy (use it after
         changing the pristine copy: staging a task)."""
         async with self._lock:
             link = await self._warden()
-            reply = await link.call("reset", wait=timeout, full=full, env=self.pristine_env())
+            self.last_reset = await link.call(p.Reset(env=self.pristine_env(), full=full), wait=timeout)
             self.cwd = WORKSPACE
-            self.last_reset, self.last_reset_ms = reply["mode"], reply["ms"]
-
-
-def _encode(text: str) -> str:
-    """Command text as a single ASCII line for bash's `printf %b`: every other byte becomes \\xHH."""
-    return "".join(chr(b) if b in _SAFE else f"\\x{b:02x}" for b in text.replace("\0", "").encode())

@@ -1,37 +1,28 @@
-"""The host's end of a sandbox's warden (warden.py): one root `docker exec`, JSON frames over its attach socket.
+"""The host's end of a sandbox's warden (air/sandbox/warden/): one root `docker exec`, the frames of
+warden/protocol.py over its attach socket.
 
-The exec runs a tiny bootstrap that reads the warden's source from stdin (so no file of the image or of the
-sandbox is trusted), then both sides exchange frames: a 4-byte big-endian length and a JSON object. Replies carry
-the request's id, so an interrupt can overtake a running command. A link that breaks or stops answering is an
-infrastructure failure of that sandbox: nothing the agent does can break it (see warden.py).
+The exec runs a tiny bootstrap that reads the warden's bundle from stdin (so no file of the image or of the sandbox is
+trusted); then both sides exchange frames. Replies carry their request's id, so an interrupt can overtake a running
+command. Every reply is decoded and checked against its declared type where it arrives, here (the agent's bytes in
+it become bounded text). A link that breaks, stops answering or breaks the protocol is an infrastructure failure of
+that sandbox: nothing the agent does can cause one (see the warden's package docstring).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
-import struct
-from pathlib import Path
 
 from air.errors import InfraError, SandboxUnavailable
 from air.sandbox.container import Sandbox
-from air.sandbox.layout import (
-    AGENT_HOME,
-    AGENT_UID,
-    AIR_DIR,
-    FIXED_MTIME,
-    PRISTINE,
-    PRISTINE_HOME,
-    SCRATCH_DIRS,
-    WORKSPACE,
-)
+from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, FIXED_MTIME, PRISTINE_HOME, SCRATCH_DIRS, WORKSPACE
+from air.sandbox.warden import bundle
+from air.sandbox.warden import protocol as p
 
 log = logging.getLogger("air.warden")
 STDOUT, STDERR = 1, 2
-# output.py first: the warden uses its CappedBuffer (both are stdlib-only).
-_SOURCE = b"\n".join(Path(__file__).with_name(name).read_bytes() for name in ("output.py", "warden.py"))
+_BUNDLE = bundle()
 # Reads exactly the announced source with os.read (a buffered reader could swallow the first frames).
 _BOOT = ("import os\n"
          "def r(n):\n"
@@ -42,13 +33,13 @@ _BOOT = ("import os\n"
          "  b+=c\n"
          " return b\n"
          "exec(compile(r(int(r(10))),'air-warden','exec'),{'__name__':'air_warden'})\n")
-CONFIG = {"uid": AGENT_UID, "home": AGENT_HOME, "workspace": WORKSPACE, "air": AIR_DIR, "pristine": PRISTINE,
-          "pristine_home": PRISTINE_HOME, "shell": f"{AIR_DIR}/bin/bash", "keep": ["pristine", "data", "bin"],
-          "scratch": list(SCRATCH_DIRS), "epoch": FIXED_MTIME}
+HELLO = p.Hello(uid=AGENT_UID, home=AGENT_HOME, workspace=WORKSPACE, air=AIR_DIR, pristine_home=PRISTINE_HOME,
+                shell=f"{AIR_DIR}/bin/bash", keep=["pristine", "data", "bin"], scratch=list(SCRATCH_DIRS),
+                epoch=FIXED_MTIME)
 
 
 class WardenGone(SandboxUnavailable):
-    """The warden's exec ended or stopped answering: the sandbox cannot be trusted or used any more."""
+    """The warden's exec ended, stopped answering or broke the protocol: the sandbox cannot be trusted any more."""
 
 
 class WardenLink:
@@ -60,6 +51,8 @@ class WardenLink:
         self._reader_task: asyncio.Task | None = None
         self._sock_holder: object | None = None
         self._stderr = b""
+        self._broken: str | None = None
+        self.ready: p.Ready | None = None
         self.closed = asyncio.Event()
 
     @classmethod
@@ -76,9 +69,9 @@ class WardenLink:
         link._sock_holder = sock
         reader, link._writer = await asyncio.open_connection(sock=raw, limit=1 << 22)
         link._reader_task = asyncio.create_task(link._read_loop(reader), name=f"air-warden-{sandbox.name}")
-        link._writer.write(b"%010d" % len(_SOURCE) + _SOURCE)
+        link._writer.write(b"%010d" % len(_BUNDLE) + _BUNDLE)
         try:
-            await link.call("hello", wait=timeout, config=CONFIG)
+            link.ready = await link.call(HELLO, wait=timeout)
         except BaseException:
             await link.close()
             raise
@@ -88,33 +81,36 @@ class WardenLink:
     def alive(self) -> bool:
         return not self.closed.is_set()
 
-    async def call(self, op: str, *, wait: float, blob: bytes = b"", **fields) -> dict:
-        """Send one request (with raw bytes as `blob`) and wait for its reply (its raw bytes, if any, under
-        "blob"); WardenGone when the link breaks or stays silent."""
+    async def call(self, request: p.Request, *, wait: float):
+        """Send one request and wait for its reply (of the request's declared reply type); WardenGone when the link
+        breaks or stays silent, InfraError when the warden could not do it."""
         if not self.alive or self._writer is None:
             raise WardenGone(f"the warden of {self.sandbox.short_id} is gone")
         ident = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._waiting[ident] = future
-        body = json.dumps({"op": op, "id": ident, **fields, **({"blob": len(blob)} if blob else {})}).encode()
         try:
-            self._writer.write(struct.pack(">I", len(body)) + body + blob)
+            self._writer.write(p.encode(ident, request))
             await self._writer.drain()
             reply = await asyncio.wait_for(future, wait)
         except asyncio.TimeoutError:
             await self.close()
-            raise WardenGone(f"the warden of {self.sandbox.short_id} did not answer {op!r} within "
+            raise WardenGone(f"the warden of {self.sandbox.short_id} did not answer {request.op!r} within "
                              f"{wait:g}s") from None
         except (ConnectionError, OSError) as exc:
             await self.close()
             raise WardenGone(f"the warden of {self.sandbox.short_id} is unreachable: {exc}") from None
         finally:
             self._waiting.pop(ident, None)
-        if "error" in reply:
-            raise InfraError(f"warden of {self.sandbox.short_id}: {op} failed: {reply['error']}")
+        if isinstance(reply, p.Failed):
+            raise InfraError(f"warden of {self.sandbox.short_id}: {request.op} failed: {reply.error}")
+        if not isinstance(reply, request.Reply):
+            await self.close(f"answered {request.op!r} with {reply.op!r}")
+            raise WardenGone(f"the warden of {self.sandbox.short_id} broke the protocol: {self._broken}")
         return reply
 
-    async def close(self) -> None:
+    async def close(self, broken: str | None = None) -> None:
+        self._broken = self._broken or broken
         if self._reader_task is not None:
             self._reader_task.cancel()
             await asyncio.gather(self._reader_task, return_exceptions=True)
@@ -128,15 +124,15 @@ class WardenLink:
     def _fail_waiting(self) -> None:
         self.closed.set()
         tail = self._stderr.decode(errors="replace").strip()[-300:]
+        why = self._broken or f"exited{': ' + tail if tail else ''}"
         for future in self._waiting.values():
             if not future.done():
-                future.set_exception(WardenGone(f"the warden of {self.sandbox.short_id} exited"
-                                                f"{': ' + tail if tail else ''}"))
+                future.set_exception(WardenGone(f"the warden of {self.sandbox.short_id} {why}"))
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        buf = bytearray()
+        frames = p.FrameReader()
         try:
-            while True:
+            while True:  # Docker's attach stream: 8-byte headers (stream, length), then that many bytes
                 header = await reader.readexactly(8)
                 data = await reader.readexactly(int.from_bytes(header[4:8], "big"))
                 if header[0] == STDERR:
@@ -145,20 +141,13 @@ class WardenLink:
                     continue
                 if header[0] != STDOUT:
                     continue
-                buf += data
-                while len(buf) >= 4:
-                    size = struct.unpack(">I", buf[:4])[0]
-                    if len(buf) < 4 + size:
-                        break
-                    reply = json.loads(bytes(buf[4:4 + size]))
-                    blob = int(reply.get("blob", 0))
-                    if len(buf) < 4 + size + blob:
-                        break
-                    reply["blob"] = bytes(buf[4 + size:4 + size + blob])
-                    del buf[:4 + size + blob]
-                    future = self._waiting.get(reply.get("id"))
+                for head, body in frames.feed(data):
+                    ident, reply = p.decode(head, body, p.REPLIES)
+                    future = self._waiting.get(ident)
                     if future is not None and not future.done():
                         future.set_result(reply)
+        except p.ProtocolError as exc:
+            self._broken = f"broke the protocol: {exc}"
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         finally:

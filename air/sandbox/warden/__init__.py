@@ -1,0 +1,75 @@
+"""The warden: air's root process inside every sandbox, the only thing the harness trusts there.
+
+It hosts the agent's shell, runs programs whose exit status matters (SandboxFusion's code, the reaping of a command's
+processes), moves files across the boundary and resets the sandbox between rollouts. The host starts it with a root
+`docker exec` of `python3 -I -S` and sends it `bundle()` over that exec's stdin: this package's modules (and
+air/sandbox/output.py) as one program, so no file of the image or of the sandbox is trusted. The same stream then
+carries the frames of protocol.py both ways. The host's end is air/sandbox/warden_link.py.
+
+| module | runs | its job |
+| --- | --- | --- |
+| protocol.py | both ends | framing, every request and reply, decoding the agent's bytes on arrival |
+| procs.py | sandbox | becoming the agent, starting, killing and reaping its processes, IPC removal |
+| restore.py | sandbox | the home's reset, proven by content; tree removal without recursion |
+| files.py | sandbox | pack (the agent's files, with its rights) and unpack (the tar's entries win) |
+| shell.py | sandbox | the agent's bash: its line protocol, reports and idle probe |
+| server.py | sandbox | the loop: requests, jobs, deadlines, the reset's order |
+
+Why it holds against a hostile agent:
+- The agent is uid 1000 without capabilities: it cannot signal, ptrace or open /proc/PID/fd of a root process, and
+  the exec's pipes belong to the container runtime. Nothing the agent can learn (environment, memory, files) lets
+  it speak on the warden's channel.
+- The warden never runs agent-owned code or reads agent-owned files it then trusts. A reset kills every uid-1000
+  process with one `kill(-1)` from a child that became uid 1000 (a fork bomb cannot outrun it), removes IPC objects,
+  empties the temp dirs and makes the home equal the root-only pristine copy, by content (restore.py).
+- The agent's shell runs from an exec-only copy of bash, which makes the kernel mark it non-dumpable: other agent
+  processes cannot ptrace it or open its fds. What it reports (exit code, cwd) is the agent's own word about its own
+  command, parsed strictly, and a command only counts as finished once the shell answers an idle probe (shell.py).
+  Where an exit status matters to a reward, `Exec` runs the program as the warden's child and takes the kernel's
+  status (waitpid), which nothing can forge.
+- Every agent process runs with oom_score_adj 1000 and nice 10, which it cannot lower: memory or CPU exhaustion by
+  the agent ends the agent's processes, never the warden or the container (whose in-memory filesystems are sized
+  so they cannot fill the memory cgroup on their own, see SandboxSpec.memory_limit_mb).
+
+The modules that run in the sandbox use the standard library only (Python >= 3.9, checked at start) and import each
+other by their package names, which the bundle registers; this file's own code runs on the host only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_HERE = Path(__file__).parent
+MODULES = (  # in import order
+    ("air.sandbox.output", _HERE.parent / "output.py"),
+    ("air.sandbox.warden.protocol", _HERE / "protocol.py"),
+    ("air.sandbox.warden.procs", _HERE / "procs.py"),
+    ("air.sandbox.warden.restore", _HERE / "restore.py"),
+    ("air.sandbox.warden.files", _HERE / "files.py"),
+    ("air.sandbox.warden.shell", _HERE / "shell.py"),
+    ("air.sandbox.warden.server", _HERE / "server.py"),
+)
+_LOADER = '''
+import sys, types
+for _name in ("air", "air.sandbox", "air.sandbox.warden"):
+    _package = sys.modules[_name] = types.ModuleType(_name)
+    _package.__path__ = []
+class _OnlyTheBundle:  # the warden imports nothing of air that the bundle does not carry
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "air" or name.startswith("air."):
+            raise ImportError("%s is not part of the warden's bundle" % name)
+sys.meta_path.insert(0, _OnlyTheBundle)
+def _load(name, source):
+    module = sys.modules[name] = types.ModuleType(name)
+    module.__file__ = "<air-warden:%s>" % name
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    parent, _, leaf = name.rpartition(".")
+    setattr(sys.modules[parent], leaf, module)
+'''
+
+
+def bundle(run: str = "sys.modules['air.sandbox.warden.server'].main()") -> bytes:
+    """The warden as one program for `python3 -I -S`: the loader, every module, then `run`."""
+    parts = [_LOADER] + [f"_load({name!r}, {path.read_text()!r})\n" for name, path in MODULES] + [run + "\n"]
+    return "".join(parts).encode()

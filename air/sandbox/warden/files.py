@@ -1,0 +1,97 @@
+"""Files across the sandbox's boundary, done in a child of the warden that has the rights it should have (stdlib only).
+
+- `pack`: a tar of the agent's paths, read as the agent (what it could read, nothing more, however it races the
+  copy); symlinks are archived as links, never followed, nor is a symlinked directory on the way.
+- `unpack`: a tar from the host extracted under a directory, as the agent (only where it may write) or as root. The
+  tar's entries win: whatever stands at one of their paths (a directory where a file goes, a symlink where a
+  directory goes) is removed first, so no write follows a link the agent planted and no stray entry of the agent's
+  turns the harness's unpack into a failure.
+Both walk trees without recursion (the agent's trees can be thousands of levels deep).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import stat
+import tarfile
+from typing import BinaryIO, List
+
+from air.sandbox.warden.restore import DIR_FLAGS, remove_at
+
+
+class Refused(Exception):
+    """What unpack will not do (its message names the path)."""
+
+
+def pack(root: str, paths: List[str], out: BinaryIO) -> int:
+    """Write a tar of paths (relative to root; "." is root itself, archived as ".") to out; 0, or 2 when one is
+    missing or reached through a symlinked directory."""
+    with tarfile.open(fileobj=out, mode="w|") as tar:
+        for rel in paths:
+            path = os.path.join(root, rel) if rel != "." else root
+            parts = rel.split("/")[:-1]
+            if any(os.path.islink(os.path.join(root, *parts[:i + 1])) for i in range(len(parts))) \
+                    or not os.path.lexists(path):
+                return 2
+            top = os.path.basename(path.rstrip("/")) or "."
+            pending = [(path, top)]
+            while pending:  # depth first, each entry on its own: tarfile's own recursion would follow the depth
+                here, name = pending.pop()
+                tar.add(here, arcname=name, recursive=False)
+                if stat.S_ISDIR(os.lstat(here).st_mode):
+                    pending.extend((os.path.join(here, child), name + "/" + child)
+                                   for child in sorted(os.listdir(here), reverse=True))
+    return 0
+
+
+def unpack(dest: str, data: bytes, as_root: bool) -> None:
+    """Extract the tar under dest (made if missing); Refused for names outside it, OSError when a place cannot be
+    written. Directories get their final mode after their contents, as tarfile's extractall does."""
+    os.makedirs(dest, exist_ok=True)
+    directories = []
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar:
+            parts = [p for p in member.name.split("/") if p not in ("", ".")]
+            if member.name.startswith("/") or ".." in parts:
+                raise Refused("%s: outside %s" % (member.name, dest))
+            if not parts:
+                continue
+            _clear_way(dest, parts, member.isdir())
+            if member.isdir():
+                directories.append(member)
+                member = copy.copy(member)
+                member.mode = 0o700
+            tar.extract(member, dest, set_attrs=not member.isdir(), numeric_owner=True)
+        for member in reversed(directories):
+            path = os.path.join(dest, member.name)
+            if as_root:
+                tar.chown(member, path, numeric_owner=True)
+            tar.utime(member, path)
+            tar.chmod(member, path)
+
+
+def _clear_way(dest: str, parts: List[str], is_dir: bool) -> None:
+    """Make dest/parts[:-1] real directories (no symlink, no file on the way) and free the final name unless it is a
+    directory that stays one."""
+    fd = os.open(dest, DIR_FLAGS)
+    try:
+        for i, name in enumerate(parts):
+            last = i == len(parts) - 1
+            try:
+                st = os.lstat(name, dir_fd=fd)
+            except FileNotFoundError:
+                st = None
+            keep = st is not None and stat.S_ISDIR(st.st_mode) and (is_dir or not last)
+            if st is not None and not keep:
+                remove_at(fd, name)
+            if last:
+                return
+            if not keep:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            child = os.open(name, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)

@@ -1,0 +1,205 @@
+"""Process control inside the sandbox, as root: starting the agent's processes, dropping to its uid, killing every one
+of them, removing its IPC objects. Runs in the warden (stdlib only).
+
+There is one way to become the agent, `become`, used by every child that acts as the agent: supplementary groups
+cleared, then gid, then uid (real, effective and saved), so nothing of root is left to regain.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import signal
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+IPC_RMID = 0
+# Raising either needs no privilege and lowering them back needs capabilities nobody in a sandbox has: every agent
+# process is the OOM killer's first choice and yields the CPU to the warden (weights 110 vs 1024). Against other
+# containers nothing changes: the cgroup's share is its own.
+AGENT_OOM_SCORE_ADJ, AGENT_NICE = 1000, 10
+
+
+def become(uid: int) -> None:
+    """Drop every privilege of root for good and be uid (its gid is the same number)."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def as_user(uid: int, work: Callable[[], int]) -> int:
+    """Run work() in a child that became uid (stays root for uid 0); its return value is the exit code."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            if uid:
+                become(uid)
+            code = work()
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[int, int],
+          cwd_fallbacks: Sequence = (), path: Optional[str] = None) -> int:
+    """fork + exec argv as uid (0 = root) in a new session, with fds {target: source} and no other; returns pid.
+    cwd may be bytes (the agent's directories need not have UTF-8 names)."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the child: nothing here may return
+        high = {t: fcntl.fcntl(s, fcntl.F_DUPFD, 100) for t, s in fds.items()}
+        for t, s in high.items():
+            os.dup2(s, t)  # inheritable
+        os.closerange(max(fds) + 1, 1 << 16)
+        os.setsid()
+        if uid:  # the agent goes first under memory or CPU pressure
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write(str(AGENT_OOM_SCORE_ADJ))
+            os.setpriority(os.PRIO_PROCESS, 0, AGENT_NICE)
+        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        os.umask(0o022)
+        if uid:
+            become(uid)
+        for d in (cwd, *cwd_fallbacks):
+            try:
+                os.chdir(d)
+                break
+            except OSError:
+                continue
+        os.execvpe(path or argv[0], list(argv), env)  # PATH from env
+    except BaseException as exc:  # noqa: BLE001
+        try:
+            os.write(2, ("air warden: cannot start %s: %s\n" % (argv[0], exc)).encode())
+        finally:
+            os._exit(127)
+    raise AssertionError("unreachable")
+
+
+def agent_pids(uid: int) -> List[int]:
+    """Live (non-zombie) processes of uid."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/status" % name, "rb") as f:
+                status = f.read(1024)
+        except OSError:
+            continue
+        fields = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
+        if fields.get(b"Uid", b"").split()[:1] == [str(uid).encode()] and \
+                not fields.get(b"State", b"").strip().startswith(b"Z"):
+            out.append(int(name))
+    return out
+
+
+def kill_all(uid: int, deadline: float = 10.0) -> bool:
+    """SIGKILL every process of uid, however fast it forks. True when none is left."""
+    end = time.monotonic() + deadline
+
+    def kill_every_one() -> int:  # as uid, one kill(-1): the kernel signals all of them at once, forks in flight too
+        os.kill(-1, signal.SIGKILL)
+        return 0
+
+    while True:
+        try:
+            as_user(uid, kill_every_one)
+        except OSError:  # no process slot left (a fork bomb): kill them one by one until there is
+            for pid in agent_pids(uid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        if not agent_pids(uid):
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.002)
+
+
+def kill_marked(uid: int, marker: bytes) -> None:
+    """SIGKILL processes of uid whose environment holds marker (a command's processes, daemons included).
+
+    Reading another user's /proc/PID/environ needs ptrace rights, which root lacks here (no CAP_SYS_PTRACE); with
+    the filesystem uid set to the agent's, it is the agent reading its own processes."""
+    needle = b"\0" + marker + b"\0"
+    LIBC.setfsgid(uid)
+    LIBC.setfsuid(uid)
+    try:
+        for _ in range(4):  # a few passes catch forks in flight
+            found = False
+            for pid in agent_pids(uid):
+                try:
+                    with open("/proc/%d/environ" % pid, "rb") as f:
+                        env = b"\0" + f.read() + b"\0"
+                except OSError:
+                    continue
+                if needle in env:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        found = True
+                    except OSError:
+                        pass
+            if not found:
+                break
+    finally:
+        LIBC.setfsuid(0)
+        LIBC.setfsgid(0)
+
+
+def remove_ipc(uid: int) -> None:
+    """SysV shared memory, semaphores and message queues: none survives a reset (POSIX message queues live in
+    /dev/mqueue, a scratch directory that the reset empties).
+
+    IPC_RMID needs the owner's euid (root has no CAP_SYS_ADMIN here): the objects go once in a child that became uid
+    (the agent's), then once as root (an evaluation's own)."""
+    removers = {"shm": LIBC.shmctl, "sem": LIBC.semctl, "msg": LIBC.msgctl}
+    objects = []
+    for kind in removers:
+        try:
+            with open("/proc/sysvipc/" + kind) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        objects += [(kind, int(row.split()[1])) for row in rows]  # columns: key id ...
+    if not objects:
+        return
+
+    def remove_them() -> int:
+        for kind, ident in objects:
+            if kind == "sem":
+                removers[kind](ident, 0, IPC_RMID)
+            else:
+                removers[kind](ident, IPC_RMID, None)
+        return 0
+
+    as_user(uid, remove_them)
+    remove_them()
+
+
+# ----- pipes of children ------------------------------------------------------------------------------------------
+def read_chunk(fd: int) -> Optional[bytes]:
+    """What a non-blocking fd holds: bytes; b"" at its end (or on an error); None when nothing is there yet."""
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
+def write_some(fd: int, buffer: bytearray) -> bool:
+    """Write what a non-blocking fd takes of buffer (consumed); True once all of it is gone."""
+    try:
+        del buffer[:os.write(fd, buffer)]
+    except BlockingIOError:
+        pass
+    except OSError:  # the reader is gone (a shell exiting, a program that closed its stdin)
+        buffer.clear()
+    return not buffer

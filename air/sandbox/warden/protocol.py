@@ -1,0 +1,364 @@
+"""The warden's protocol, declared once and imported by both ends: the host (warden_link.py) and the warden inside
+the sandbox (server.py), which receives this file in its bundle. Stdlib only.
+
+Framing: one frame per message, `>II` (length of the JSON header, length of the parts), the header, then the
+parts: the raw bytes of the message's bytes fields, concatenated in the order the header's "parts" names them.
+Output, tars and stdin travel raw (no JSON escaping, any bytes); everything else is JSON.
+
+Messages are frozen dataclasses: one request per op (host -> warden) and the reply it gets (warden -> host), or
+`Failed` when the warden could not do it (an infrastructure error of that sandbox). `decode` checks every field
+against its declared type and refuses anything missing, extra or of another type.
+
+Trust: fields declared `AgentText` hold what the agent controls (its output, its cwd, an unpack's complaint about its
+files). They leave the warden as raw bytes and are decoded and bounded in exactly one place, `decode`, when the reply
+reaches the host: UTF-8 with undecodable bytes as U+FFFD (never a surrogate that a writer chokes on), cut at the
+field's declared bound. Nothing on the host ever sees them raw.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import typing
+from dataclasses import dataclass, field, fields
+from typing import ClassVar, Dict, List, Optional, Tuple
+
+_HEAD = struct.Struct(">II")
+MAX_HEADER = 1 << 20
+"""Bytes of JSON per frame: headers are small; a longer one is a broken stream."""
+
+
+class ProtocolError(Exception):
+    """A frame or message that breaks the protocol: the other end is broken (never the agent: it cannot write here)."""
+
+
+class AgentText(str):
+    """Text that came out of a sandbox: agent-controlled, decoded and bounded on arrival (see the module's doc)."""
+
+
+def agent_text(raw: bytes, limit: int) -> AgentText:
+    """The one decoding of agent-controlled bytes: valid text, at most `limit` bytes of the original."""
+    return AgentText(raw[:limit].decode("utf-8", "replace"))
+
+
+def _bound(limit: int):
+    """Field metadata: the most bytes an AgentText field may bring to the host."""
+    return field(metadata={"limit": limit})
+
+
+CWD_LIMIT = 4096
+"""Longest cwd the host keeps (bash's $PWD can outgrow PATH_MAX in a deep tree; the warden keeps the real one)."""
+OUTPUT_LIMIT = 1 << 26
+"""Ceiling for one stream of output; the warden already caps each at the request's `limit`."""
+
+
+# ----- messages ---------------------------------------------------------------------------------------------------
+class Message:
+    op: ClassVar[str]
+
+
+class Request(Message):
+    Reply: ClassVar[type]
+
+
+@dataclass(frozen=True)
+class Failed(Message):
+    """The warden could not carry out a request (a harness-side failure of that sandbox, never the agent's)."""
+    op: ClassVar[str] = "failed"
+    error: str
+
+
+@dataclass(frozen=True)
+class Done(Message):
+    op: ClassVar[str] = "done"
+
+
+@dataclass(frozen=True)
+class Ready(Message):
+    op: ClassVar[str] = "ready"
+    tracking: bool
+    """Whether the kernel tells the warden which home files were opened (inotify), so a reset compares only those
+    by content; without it every agent-writable file is compared. Both are verified resets."""
+
+
+@dataclass(frozen=True)
+class Hello(Request):
+    """The first request: where things are. The warden sets up its own files (the shell's copy, the pristine home)."""
+    op: ClassVar[str] = "hello"
+    Reply: ClassVar[type] = Ready
+    uid: int
+    home: str
+    workspace: str
+    air: str
+    pristine_home: str
+    shell: str
+    keep: List[str]
+    """Names under `air` that a reset leaves (the pristine copy, data, the shell)."""
+    scratch: List[str]
+    """Writable directories besides the home that every reset empties."""
+    epoch: int
+    """The fixed time of `air`, so that no two sandboxes differ in it."""
+
+
+@dataclass(frozen=True)
+class ShellState(Message):
+    op: ClassVar[str] = "shell-state"
+    alive: bool
+
+
+@dataclass(frozen=True)
+class Ping(Request):
+    op: ClassVar[str] = "ping"
+    Reply: ClassVar[type] = ShellState
+
+
+@dataclass(frozen=True)
+class StartShell(Request):
+    """(Re)start the agent's shell with this environment, in the warden's current cwd."""
+    op: ClassVar[str] = "start-shell"
+    Reply: ClassVar[type] = Done
+    env: Dict[str, str]
+
+
+@dataclass(frozen=True)
+class Ran(Message):
+    op: ClassVar[str] = "ran"
+    out: AgentText = _bound(OUTPUT_LIMIT)
+    err: AgentText = _bound(OUTPUT_LIMIT)
+    cwd: AgentText = _bound(CWD_LIMIT)
+    dropped: int
+    exit_code: Optional[int]
+    """None when the command timed out or the shell died under it."""
+    timed_out: bool
+    interrupted: bool
+    restarted: bool
+    """The shell died (`exit`, killed, its pipes closed) and a new one was started in the same cwd."""
+    duration: float
+
+
+@dataclass(frozen=True)
+class Run(Request):
+    """One command in the agent's persistent shell."""
+    op: ClassVar[str] = "run"
+    Reply: ClassVar[type] = Ran
+    command: bytes
+    timeout: float
+    limit: int
+    """Bytes of each stream kept (head and tail)."""
+    merge_stderr: bool = False
+
+
+@dataclass(frozen=True)
+class Interrupt(Request):
+    """Abort the running command or program (answered at once; the command's own reply follows)."""
+    op: ClassVar[str] = "interrupt"
+    Reply: ClassVar[type] = Done
+
+
+@dataclass(frozen=True)
+class Exited(Message):
+    op: ClassVar[str] = "exited"
+    out: AgentText = _bound(OUTPUT_LIMIT)
+    err: AgentText = _bound(OUTPUT_LIMIT)
+    dropped: int
+    exit_code: Optional[int]
+    """The kernel's status (waitpid); None when it timed out."""
+    timed_out: bool
+    duration: float
+
+
+@dataclass(frozen=True)
+class Exec(Request):
+    """One program as the warden's own child (Shell.run_untrusted): its exit status is the kernel's."""
+    op: ClassVar[str] = "exec"
+    Reply: ClassVar[type] = Exited
+    argv: List[str]
+    stdin: bytes
+    cwd: str
+    env: Dict[str, str]
+    timeout: float
+    limit: int
+    as_root: bool = False
+    reap: bool = True
+    """Kill every agent process once it exits (its daemons, a fork bomb's remains)."""
+
+
+@dataclass(frozen=True)
+class WasReset(Message):
+    op: ClassVar[str] = "was-reset"
+    home: str
+    """"full" (the home wiped and copied from the pristine one) or "verified" (checked against it, what differs
+    restored)."""
+    compared: int
+    """Files compared byte for byte with their pristine copy."""
+    restored: int
+    """Entries put back from the pristine copy (changed, missing or replaced)."""
+    removed: int
+    """Entries the pristine home does not have, removed."""
+    kill_ms: float
+    ipc_ms: float
+    temp_ms: float
+    home_ms: float
+    ms: float
+
+
+@dataclass(frozen=True)
+class Reset(Request):
+    """Back to a fresh sandbox's state: no agent process, IPC object or temp file; the home as the pristine one;
+    a new shell with this environment. `full` after the pristine home changed (staging)."""
+    op: ClassVar[str] = "reset"
+    Reply: ClassVar[type] = WasReset
+    env: Dict[str, str]
+    full: bool = False
+
+
+@dataclass(frozen=True)
+class Packed(Message):
+    op: ClassVar[str] = "packed"
+    status: str
+    """"ok", "missing", "too_large", "timeout" or "unreadable"."""
+    tar: bytes
+
+
+@dataclass(frozen=True)
+class Pack(Request):
+    """A tar of paths under root, read with the agent's rights (symlinks as links, never followed)."""
+    op: ClassVar[str] = "pack"
+    Reply: ClassVar[type] = Packed
+    root: str
+    paths: List[str]
+    max_bytes: int
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Unpacked(Message):
+    op: ClassVar[str] = "unpacked"
+    problem: AgentText = _bound(1000)
+    """Empty when it worked; else why not (it names a path: an agent-controlled name)."""
+
+
+@dataclass(frozen=True)
+class Unpack(Request):
+    """Extract a tar under dest (as the agent, or as root). The tar's entries win: whatever stands at their paths
+    is replaced, and no symlink on the way is followed."""
+    op: ClassVar[str] = "unpack"
+    Reply: ClassVar[type] = Unpacked
+    dest: str
+    tar: bytes
+    as_root: bool = False
+
+
+REQUESTS = {cls.op: cls for cls in (Hello, Ping, StartShell, Run, Interrupt, Exec, Reset, Pack, Unpack)}
+REPLIES = {cls.op: cls for cls in (Failed, Done, Ready, ShellState, Ran, Exited, WasReset, Packed, Unpacked)}
+
+
+# ----- frames -----------------------------------------------------------------------------------------------------
+def encode(ident: int, message: Message) -> bytes:
+    """One frame. AgentText fields are given as bytes by the warden (it never decodes the agent's bytes)."""
+    header: dict = {"op": message.op, "id": ident}
+    parts: List[Tuple[str, int]] = []
+    blobs: List[bytes] = []
+    for f in fields(message):
+        value = getattr(message, f.name)
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            parts.append((f.name, len(value)))
+            blobs.append(bytes(value))
+        else:
+            header[f.name] = value
+    header["parts"] = parts
+    head = json.dumps(header, separators=(",", ":")).encode()
+    body = b"".join(blobs)
+    return _HEAD.pack(len(head), len(body)) + head + body
+
+
+class FrameReader:
+    """Frames out of a byte stream that arrives in pieces of any size."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> List[Tuple[bytes, bytes]]:
+        """Whole (header, parts) frames completed by data, in order; the rest is kept for the next call."""
+        self._buf += data
+        frames = []
+        while len(self._buf) >= _HEAD.size:
+            head_len, body_len = _HEAD.unpack_from(self._buf)
+            if head_len > MAX_HEADER:
+                raise ProtocolError("a frame header of %d bytes" % head_len)
+            end = _HEAD.size + head_len + body_len
+            if len(self._buf) < end:
+                break
+            frames.append((bytes(self._buf[_HEAD.size:_HEAD.size + head_len]),
+                           bytes(self._buf[_HEAD.size + head_len:end])))
+            del self._buf[:end]
+        return frames
+
+
+def decode(head: bytes, body: bytes, kinds: Dict[str, type]) -> Tuple[int, Message]:
+    """(id, message) of one frame, its type chosen by op among `kinds` (REQUESTS or REPLIES), every field checked."""
+    try:
+        header = json.loads(head)
+        ident, op, parts = header.pop("id"), header.pop("op"), header.pop("parts")
+        cls = kinds[op]
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise ProtocolError("unreadable frame header: %s" % exc) from None
+    if not isinstance(ident, int) or isinstance(ident, bool):
+        raise ProtocolError("a frame id %r" % (ident,))
+    offset = 0
+    for part in parts if isinstance(parts, list) else [None]:
+        name, size = part if isinstance(part, list) and len(part) == 2 else (None, -1)
+        if not isinstance(name, str) or name in header or not isinstance(size, int) or size < 0 \
+                or offset + size > len(body):
+            raise ProtocolError("%s: a bad part %r" % (op, part))
+        header[name] = body[offset:offset + size]
+        offset += size
+    if offset != len(body):
+        raise ProtocolError("%s: %d bytes outside its parts" % (op, len(body) - offset))
+    hints = _hints(cls)
+    unknown = set(header) - set(hints)
+    if unknown:
+        raise ProtocolError("%s: unknown fields %s" % (op, sorted(unknown)))
+    values = {}
+    for f in fields(cls):
+        if f.name not in header:
+            raise ProtocolError("%s: %s is missing" % (op, f.name))
+        values[f.name] = _conform(header[f.name], hints[f.name], "%s.%s" % (op, f.name), f.metadata)
+    return ident, cls(**values)
+
+
+_HINTS: Dict[type, dict] = {}
+
+
+def _hints(cls: type) -> dict:
+    if cls not in _HINTS:
+        _HINTS[cls] = {k: v for k, v in typing.get_type_hints(cls).items() if k not in ("op", "Reply")}
+    return _HINTS[cls]
+
+
+def _conform(value, tp, where: str, meta):
+    """value as type tp, or ProtocolError. AgentText arrives as bytes and leaves as bounded text."""
+    if tp is AgentText:
+        if not isinstance(value, bytes):
+            raise ProtocolError("%s: expected bytes" % where)
+        return agent_text(value, meta.get("limit", OUTPUT_LIMIT))
+    origin, args = getattr(tp, "__origin__", None), getattr(tp, "__args__", ())
+    if origin is typing.Union:  # Optional[X]
+        if value is None and type(None) in args:
+            return None
+        return _conform(value, next(a for a in args if a is not type(None)), where, meta)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ProtocolError("%s: expected a list" % where)
+        return [_conform(v, args[0], where, meta) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ProtocolError("%s: expected an object" % where)
+        return {_conform(k, args[0], where, meta): _conform(v, args[1], where, meta) for k, v in value.items()}
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, bool):
+        raise ProtocolError("%s: expected int" % where)
+    if isinstance(value, tp):
+        return value
+    raise ProtocolError("%s: expected %s, got %s" % (where, tp.__name__, type(value).__name__))
