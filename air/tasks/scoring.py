@@ -32,6 +32,7 @@ from air.sandbox import (
     WORKSPACE,
     ArchiveTooLarge,
     ArchiveUnreadable,
+    ArchiveUnwritable,
     Resources,
     Sandbox,
     SandboxPool,
@@ -314,14 +315,21 @@ async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalO
     await scorer.harness_sh(f"rm -rf {WORKSPACE} {SUBMISSION} {EVAL} && mkdir -p {WORKSPACE} {SUBMISSION} {EVAL} && "
                     f"chown {owner}:{owner} {WORKSPACE} && chmod 755 {EVAL}")
     env = await _datasets_view(scorer, spec, owner)
-    if ev.agent_module:
-        await scorer.put_archive(SUBMISSION, artefacts)
-        await scorer.put_archive(EVAL, _kit_tar())
-        proxy = make_tar({f"{ev.agent_module}.py": _proxy_module(spec)}, mode=0o444)
-        await scorer.session.unpack(WORKSPACE, proxy, user="root")
-    else:
-        await scorer.session.unpack(WORKSPACE, artefacts if ev.trusted else _owned_by_agent(artefacts), user="root")
-    await scorer.session.unpack(WORKSPACE, _mlgym_eval_tar(spec, owner), user="root")  # the task's files win
+    try:
+        if ev.agent_module:
+            await scorer.put_archive(SUBMISSION, artefacts)
+            await scorer.put_archive(EVAL, _kit_tar())
+            proxy = make_tar({f"{ev.agent_module}.py": _proxy_module(spec)}, mode=0o444)
+            await scorer.session.unpack(WORKSPACE, proxy, user="root")
+        else:
+            await scorer.session.unpack(WORKSPACE, artefacts if ev.trusted else _owned_by_agent(artefacts),
+                                        user="root")
+        # The task's files win: whatever the submission put at their paths (a directory named evaluate.py, a link)
+        # is replaced, never followed.
+        await scorer.session.unpack(WORKSPACE, _mlgym_eval_tar(spec, owner), user="root")
+    except ArchiveUnwritable:  # the workspace holds only the submission and the task's files: it is the submission's
+        return EvalOutcome(status="invalid_submission", message="Your submission's files could not be placed "
+                                                                "beside the task's evaluation files.")
     model_config = None
     if ev.contract == "mlgym-model":
         found = await scorer.harness_sh(f"find {WORKSPACE} -type f -name '*.yaml' | sort | head -n 1", check=False)

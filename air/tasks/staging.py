@@ -17,7 +17,8 @@ import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from air.sandbox import AGENT_UID, DATA, FIXED_MTIME, PRISTINE_HOME, WORKSPACE, Sandbox
+from air.errors import TaskError
+from air.sandbox import AGENT_UID, DATA, FIXED_MTIME, PRISTINE_HOME, WORKSPACE, ArchiveUnwritable, Sandbox
 from air.tasks.spec import FileEntry, TaskSpec
 
 # Staged files carry one fixed time, so what the agent sees (`ls -l`) is the same in every rollout and replay.
@@ -101,7 +102,10 @@ async def stage(sandbox: Sandbox, spec: TaskSpec) -> None:
 async def overlay_baseline(sandbox: Sandbox, spec: TaskSpec) -> None:
     """Copy the baseline's files over the (already staged) workspace, as the agent would have written them."""
     if spec.baseline_files:
-        await sandbox.session.unpack(WORKSPACE, tar_of(spec.baseline_files, uid=AGENT_UID))
+        try:
+            await sandbox.session.unpack(WORKSPACE, tar_of(spec.baseline_files, uid=AGENT_UID))
+        except ArchiveUnwritable as exc:  # into a freshly staged workspace: the task's own files do not fit it
+            raise TaskError(f"task {spec.id}: its baseline files cannot be placed: {exc}") from exc
 
 
 __all__ = ["stage", "overlay_baseline", "tar_of", "add_entries", "DATA"]

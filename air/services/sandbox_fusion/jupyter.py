@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from air.sandbox import AGENT_HOME
+from air.sandbox import AGENT_HOME, ArchiveUnwritable
 from air.services.sandbox_fusion.files import (
     Rejected,
     RequestFiles,
@@ -85,7 +85,10 @@ def plan(request: RunJupyterRequest, *, max_timeout: float, max_input_bytes: int
 async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
     """Run the plan in a leased sandbox: files in, the driver (and so the kernel), files out."""
     if plan.files:
-        await sandbox.session.unpack(AGENT_HOME, plan.tar())
+        try:
+            await sandbox.session.unpack(AGENT_HOME, plan.tar())
+        except ArchiveUnwritable as exc:  # the request's files do not fit the sandbox's home: the request's result
+            return RunJupyterResponse(status=RunStatus.Failed, message=str(exc), executor_pod_name=sandbox.name)
     if plan.absolute:
         problem = await place_absolute(sandbox, plan.directory, plan.absolute)
         if problem:

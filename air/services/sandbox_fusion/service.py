@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from air.errors import InfraError
 from air.sandbox import (
     AGENT_HOME,
+    ArchiveUnwritable,
     Resources,
     SandboxSpec,
 )
@@ -186,7 +187,10 @@ class SandboxFusionService:
                      run=recipe.run.format(**fields), refused=refused, notes=notes)
 
     async def _execute(self, sandbox, plan: _Plan) -> RunCodeResponse:
-        await sandbox.session.unpack(AGENT_HOME, plan.tar())
+        try:
+            await sandbox.session.unpack(AGENT_HOME, plan.tar())
+        except ArchiveUnwritable as exc:  # the request's files do not fit the sandbox's home: the request's result
+            return RunCodeResponse(status=RunStatus.Failed, message=str(exc), executor_pod_name=sandbox.name)
         if plan.absolute:
             problem = await place_absolute(sandbox, plan.directory, plan.absolute)
             if problem:
