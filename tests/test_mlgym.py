@@ -565,6 +565,28 @@ async def test_files_planted_under_scorer_names_do_not_change_the_score(name, ml
 
 
 @pytest.mark.docker
+@pytest.mark.parametrize("name", ["pythonToy", "lmToy"])
+async def test_directories_where_the_tasks_files_go_are_the_submissions_business(name, mlgym_root, tmp_path, pool):
+    """Issue #24.3: the evaluation takes the whole workspace, and the agent made directories (and a link) where the
+    task's own files are unpacked (evaluate.py/, target.py/, holdout.txt/). That was an InfraError; the task's
+    files win, so the honest submission scores what MLGym gives it."""
+    from air.tasks.environment import TaskEnvironment
+
+    spec = runnable(load_mlgym_task(mlgym_root, f"tasks/{name}.yaml"))
+    files, _ = SUBMISSIONS[name]
+    expected = mlgym_reference(mlgym_root, name, files, tmp_path)
+    env = TaskEnvironment(spec, pool)
+    async with env.lease() as sandbox:
+        assert (await sandbox.session.run(heredoc_writes(files))).exit_code == 0
+        r = await sandbox.session.run("rm -f evaluate.py target.py holdout.txt && mkdir -p evaluate.py/deep target.py "
+                                      "holdout.txt && echo x > evaluate.py/deep/f")
+        assert r.exit_code == 0, r.stderr
+        outcome = await env.evaluate(sandbox)
+    assert outcome.status == "ok", outcome
+    assert same_metrics(outcome.metrics, expected), (outcome.metrics, expected)
+
+
+@pytest.mark.docker
 async def test_a_link_out_of_the_workspace_rejects_a_whole_workspace_submission(mlgym_root, pool):
     """Model/LM/Python tasks copy the whole workspace: a symlink in it pointing outside (here /etc/passwd) makes
     the submission invalid, with a message naming the link, rather than being followed by the scorer."""

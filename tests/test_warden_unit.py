@@ -1,0 +1,386 @@
+"""The warden's pure parts on the host, without Docker (issue #24): the protocol's frames and types, the shell's
+records (garbled, stale, forged), the reset's restore on every kind of change, unpack and pack, and the shipped
+bundle loading with nothing of air but itself. The restore tests need root (chown); they run as root in CI."""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import mmap
+import os
+import socket
+import stat
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from air.sandbox.warden import MODULES, bundle
+from air.sandbox.warden import protocol as p
+from air.sandbox.warden.files import Refused, pack, unpack
+from air.sandbox.warden.restore import Home, OpenTracker, read_tree, remove_at
+from air.sandbox.warden.server import Warden
+from air.sandbox.warden.shell import Command
+
+AGENT = 1000
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the restore sets owners: run as root (CI does)")
+
+
+# ----- protocol -----------------------------------------------------------------------------------------------------
+REPLIES = [
+    p.Ran(out=b"caf\xe9 \xff\n", err=b"", cwd=b"/home/agent/workspace/\xff\xfe", dropped=3, exit_code=None,
+          timed_out=True, interrupted=False, restarted=False, duration=1.5),
+    p.Exited(out=b"x" * 70000, err=b"\x00\x01", dropped=0, exit_code=-9, timed_out=False, duration=0.0),
+    p.Packed(status="ok", tar=bytes(range(256)) * 100),
+    p.Unpacked(problem=b""),
+    p.WasReset(home="verified", compared=1, restored=2, removed=3, kill_ms=1, ipc_ms=0.5, temp_ms=0, home_ms=2,
+               ms=4.5),
+    p.Failed(error="RuntimeError: x"),
+]
+
+
+def test_frames_split_anywhere_decode_to_the_same_messages():
+    stream = b"".join(p.encode(i, m) for i, m in enumerate(REPLIES))
+    reader, got = p.FrameReader(), []
+    for i in range(0, len(stream), 7):  # pieces of 7 bytes: every header and part boundary falls inside one
+        got += [p.decode(head, body, p.REPLIES) for head, body in reader.feed(stream[i:i + 7])]
+    assert [i for i, _ in got] == list(range(len(REPLIES)))
+    ran = got[0][1]
+    assert isinstance(ran, p.Ran) and ran.out == "caf\ufffd \ufffd\n" and ran.cwd.endswith("/\ufffd\ufffd")
+    assert got[2][1].tar == REPLIES[2].tar and got[4][1] == REPLIES[4]
+    request = p.Run(command=b"echo \xff", timeout=5, limit=10, merge_stderr=True)
+    assert p.decode(*p.FrameReader().feed(p.encode(9, request))[0], p.REQUESTS) == (9, p.Run(
+        command=b"echo \xff", timeout=5.0, limit=10, merge_stderr=True))
+
+
+def test_agent_text_is_always_writable_text_within_its_bound():
+    """What the agent controls arrives decoded once: no surrogate can reach a writer, and no field is longer than
+    its declared bound however much the warden sent."""
+    raw = bytes(range(256)) * 40  # every byte, 10 KB
+    ran = p.Ran(out=raw, err=raw, cwd=raw, dropped=0, exit_code=0, timed_out=False, interrupted=False,
+                restarted=False, duration=0)
+    _, got = p.decode(*p.FrameReader().feed(p.encode(1, ran))[0], p.REPLIES)
+    for text in (got.out, got.cwd):
+        assert isinstance(text, p.AgentText)
+        text.encode("utf-8")
+        json.dumps(text, ensure_ascii=False).encode("utf-8")
+    assert len(got.cwd.encode("utf-8")) <= p.CWD_LIMIT * 3 and got.cwd.startswith("\ufffd" * 0 + "\x00\x01")
+
+
+def _frame(header: dict, body: bytes = b"") -> tuple[bytes, bytes]:
+    return json.dumps(header).encode(), body
+
+
+@pytest.mark.parametrize("header,body,why", [
+    ({"op": "ran", "id": 1, "parts": []}, b"", "missing"),
+    ({"op": "nope", "id": 1, "parts": []}, b"", "unreadable"),
+    ({"op": "done", "id": "1", "parts": []}, b"", "frame id"),
+    ({"op": "done", "id": 1, "parts": [], "extra": 1}, b"", "unknown fields"),
+    ({"op": "failed", "id": 1, "parts": [], "error": 3}, b"", "expected str"),
+    ({"op": "shell-state", "id": 1, "parts": [], "alive": 1}, b"", "expected bool"),
+    ({"op": "unpacked", "id": 1, "parts": [["problem", 5]]}, b"abc", "bad part"),
+    ({"op": "unpacked", "id": 1, "parts": [["problem", 1]]}, b"abc", "outside its parts"),
+    ({"op": "unpacked", "id": 1, "parts": [], "problem": "text"}, b"", "expected bytes"),
+    ({"op": "packed", "id": 1, "parts": [["tar", 0], ["tar", 0]], "status": "ok"}, b"", "bad part"),
+])
+def test_a_frame_that_breaks_the_protocol_is_refused(header, body, why):
+    with pytest.raises(p.ProtocolError, match=why):
+        p.decode(*_frame(header, body), p.REPLIES)
+
+
+def test_a_frame_header_past_its_bound_is_refused_before_it_is_read():
+    with pytest.raises(p.ProtocolError):
+        p.FrameReader().feed((p.MAX_HEADER + 1).to_bytes(4, "big") + b"\0\0\0\0")
+
+
+# ----- the shell's records ------------------------------------------------------------------------------------------
+class FakeShell:
+    alive = True
+
+    def __init__(self):
+        self.sent: list[bytes] = []
+
+    def send(self, line: bytes) -> None:
+        self.sent.append(line)
+
+    def drain(self) -> None:
+        pass
+
+
+@pytest.fixture
+def warden(monkeypatch):
+    w = Warden()
+    w.shell = FakeShell()
+    w.replies = []
+    monkeypatch.setattr(w, "send", lambda ident, message: w.replies.append((ident, message)))
+    w.seq = 4
+    w.job = Command(7, p.Run(command=b"sleep 3", timeout=60, limit=100), 5)
+    return w
+
+
+def test_a_report_counts_only_once_the_shell_answers_an_idle_probe(warden):
+    """A forged R (a command's builtin writing to the shell's saved report fd) is followed by the real one; the
+    command finishes when the shell, free again, answers the probe sent after the first R: with the real status
+    and cwd."""
+    warden.shell_record(b"S5")
+    warden.shell_record(b"R5 0 /forged")
+    [probe] = warden.shell.sent
+    nonce = probe.split(b"'I%s\\0' ")[1].split(b" ")[0]
+    assert len(nonce) == 16 and not warden.replies  # not finished on its word
+    warden.shell_record(b"I" + b"0" * 16)  # a guess
+    warden.shell_record(b"R4 0 /stale")
+    assert not warden.replies and warden.job is not None
+    warden.shell_record(b"R5 1 /home/agent/workspace")  # the real end of the command
+    assert len(warden.shell.sent) == 1  # one probe is enough: it waits in the shell's input
+    warden.shell_record(b"I" + nonce)
+    [(ident, ran)] = warden.replies
+    assert ident == 7 and ran.exit_code == 1 and ran.cwd == b"/home/agent/workspace" and warden.job is None
+
+
+@pytest.mark.parametrize("record,rc", [(b"R5 abc /x", None), (b"R5 1234 /x", None), (b"R5 256 /x", None),
+                                        (b"R5 -1 /x", None), (b"R5 137 /a b\xff", 137), (b"R5 0", 0)])
+def test_garbled_reports_are_read_strictly(warden, record, rc):
+    warden.shell_record(record)
+    warden.shell_record(b"I" + warden.job.probe)
+    [(_, ran)] = warden.replies
+    assert ran.exit_code == rc and ran.cwd == record[5:].partition(b" ")[2]
+
+
+def test_records_of_no_pending_command_finish_nothing(warden):
+    warden.job = None
+    for record in (b"R5 0 /x", b"I0000000000000000", b"S5", b"\xff" * 100):
+        warden.shell_record(record)
+    assert not warden.replies and not warden.shell.sent
+
+
+# ----- the reset's restore -------------------------------------------------------------------------------------------
+def make_pristine(root: Path) -> Path:
+    """A pristine home: agent-owned code and data, a root-owned read-only file, a nested tree, a link."""
+    pristine = root / "pristine"
+    (pristine / "workspace" / "src" / "deep").mkdir(parents=True)
+    (pristine / "workspace" / "train.py").write_text("def strategy():\n    return 0\n")
+    (pristine / "workspace" / "src" / "weights.bin").write_bytes(os.urandom(200_000))
+    (pristine / "workspace" / "src" / "deep" / "n.txt").write_text("nested\n")
+    (pristine / "workspace" / "link").symlink_to("src/weights.bin")
+    for path in [pristine, *pristine.rglob("*")]:
+        os.chown(path, AGENT, AGENT, follow_symlinks=False)
+    sealed = pristine / "workspace" / "sealed.txt"
+    sealed.write_text("read only\n")
+    sealed.chmod(0o444)
+    (pristine / "workspace" / "sealed2.txt").write_text("also read only\n")
+    (pristine / "workspace" / "sealed2.txt").chmod(0o444)
+    for path in [pristine, *pristine.rglob("*")]:
+        os.utime(path, ns=(1_700_000_000 * 10**9, 1_700_000_000 * 10**9), follow_symlinks=False)
+    return pristine
+
+
+def tree(root: Path) -> list:
+    """Every entry's name, type, mode, owner, mtime, link target, xattrs and content."""
+    rows = []
+    for path in sorted([root, *root.rglob("*")]):
+        st = path.lstat()
+        row = [str(path.relative_to(root)), oct(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns, st.st_nlink
+               if not stat.S_ISDIR(st.st_mode) else 0]
+        if path.is_symlink():
+            row.append(os.readlink(path))
+        elif path.is_file():
+            row.append(path.read_bytes())
+        try:
+            row.append(sorted(os.listxattr(path, follow_symlinks=False)))
+        except OSError:
+            pass
+        rows.append(row)
+    return rows
+
+
+@pytest.fixture(params=["tracked", "compared"])
+def home(request, tmp_path):
+    """A home restored from its pristine copy, with (inotify's word) or without (every file compared) tracking."""
+    pristine = make_pristine(tmp_path)
+    (tmp_path / "home").mkdir()
+    h = Home(str(tmp_path / "home"), str(pristine), AGENT,
+             OpenTracker(ctypes.CDLL(None, use_errno=True) if request.param == "tracked" else None))
+    assert h.reset(full=True) == "full"
+    assert tree(tmp_path / "home") == tree(pristine)
+    assert h.reset(full=False) == "verified" and h.counts["restored"] == 0
+    h.reset(full=False)  # after the tree's reads above: from here on, only the test touches the home
+    yield h, tmp_path / "home", pristine
+    assert h.reset(full=False) == "verified"
+    if h.tracker.active:  # what the reset put back or compared is watched again: nothing left to look at
+        assert h.reset(full=False) == "verified" and h.counts == {"compared": 0, "restored": 0, "removed": 0}
+    assert tree(tmp_path / "home") == tree(pristine)  # (reading every file: the next reset compares them all)
+
+
+def _mmap_write(path: Path) -> None:
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        m[0]  # noqa: B018 - a read fault first
+        m[0:5] = b"STASH"
+
+
+def _xattr(path: Path) -> None:
+    try:
+        os.setxattr(path, "user.stash", b"1", follow_symlinks=False)
+    except OSError as exc:
+        pytest.skip(f"user xattrs unsupported here: {exc}")
+
+
+DEPTH = 1100  # past Python's recursion limit, and (5 bytes a level) past PATH_MAX
+
+
+def _deep(path: Path) -> None:
+    fd = os.open(path.parent, os.O_RDONLY)
+    os.mkdir(path.name, dir_fd=fd)
+    for name in [path.name] + ["dddd"] * DEPTH:
+        if name == "dddd":
+            os.mkdir(name, dir_fd=fd)
+        child = os.open(name, os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.close(fd)
+
+
+CHANGES = {
+    "same-size rewrite, times set back": lambda ws: (os.truncate(ws / "train.py", 0) or (ws / "train.py").write_text(
+        "def strategy():\n    return 1\n"), os.utime(ws / "train.py", ns=(1_700_000_000 * 10**9,) * 2)),
+    "write through a shared mapping": lambda ws: _mmap_write(ws / "src" / "weights.bin"),
+    "swapped files of one size": lambda ws: (os.rename(ws / "sealed.txt", ws / "x"),
+                                             os.rename(ws / "sealed2.txt", ws / "sealed.txt"),
+                                             os.rename(ws / "x", ws / "sealed2.txt")),
+    "renamed directory": lambda ws: os.rename(ws / "src", ws / "moved"),
+    "hard link of a starter file": lambda ws: os.link(ws / "train.py", ws / "src" / "deep" / "n2.txt"),
+    "hard link over a starter file": lambda ws: (os.unlink(ws / "src" / "deep" / "n.txt"),
+                                                 os.link(ws / "train.py", ws / "src" / "deep" / "n.txt")),
+    "modes": lambda ws: (os.chmod(ws / "train.py", 0o4777), os.chmod(ws / "src", 0o700)),
+    "xattrs on a file and a directory": lambda ws: (_xattr(ws / "train.py"), _xattr(ws / "src")),
+    "a tree deeper than the recursion limit and PATH_MAX": lambda ws: _deep(ws / "deep"),
+    "a fifo and a socket": lambda ws: (os.mkfifo(ws / "fifo"), socket.socket(socket.AF_UNIX).bind(str(ws / "sock"))),
+    "a directory where a file was, and a file where a directory was": lambda ws: (
+        os.unlink(ws / "train.py"), os.mkdir(ws / "train.py"), remove_at(os.open(ws, os.O_RDONLY), "src"),
+        (ws / "src").write_text("file")),
+    "a retargeted link": lambda ws: (os.unlink(ws / "link"), os.symlink("/etc/passwd", ws / "link")),
+    "times of a directory": lambda ws: os.utime(ws / "src", ns=(5, 5)),
+}
+
+
+@needs_root
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_the_reset_restores_every_kind_of_change_by_content(home, change):
+    _, h, _ = home
+    CHANGES[change](h / "workspace")
+    # the fixture's teardown resets and compares the whole tree: names, types, modes, owners, times, xattrs, bytes
+
+
+@needs_root
+def test_untouched_files_are_known_unchanged_and_touched_ones_are_compared(home):
+    h, path, _ = home
+    (path / "workspace" / "train.py").read_bytes()  # opened: the kernel says so, or everything is compared
+    h.reset(full=False)
+    agent_writable = 4  # train.py, weights.bin, n.txt and the home's other own files
+    assert h.counts["compared"] == (1 if h.tracker.active else agent_writable - 1), h.counts
+
+
+@needs_root
+def test_a_sealed_file_is_kept_by_identity_and_never_read(home, monkeypatch):
+    """Root-owned read-only files are not compared: the inode is the one the reset put there."""
+    h, path, _ = home
+    import air.sandbox.warden.restore as restore
+
+    seen = []
+    real = restore.same_content
+    monkeypatch.setattr(restore, "same_content", lambda a, b, name: seen.append(name) or real(a, b, name))
+    h.reset(full=False)
+    assert "sealed.txt" not in seen and "sealed2.txt" not in seen
+
+
+# ----- unpack and pack ----------------------------------------------------------------------------------------------
+def _tar(*members: tuple[str, bytes | str | None]) -> bytes:
+    """name -> bytes (a file), None (a directory) or str (a symlink's target)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, what in members:
+            info = tarfile.TarInfo(name)
+            if what is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif isinstance(what, str):
+                info.type, info.linkname = tarfile.SYMTYPE, what
+                tar.addfile(info)
+            else:
+                info.size = len(what)
+                tar.addfile(info, io.BytesIO(what))
+    return buf.getvalue()
+
+
+def test_unpacked_entries_win_over_whatever_stands_at_their_paths(tmp_path):
+    dest, outside = tmp_path / "dest", tmp_path / "outside"
+    (dest / "evaluate.py" / "deep").mkdir(parents=True)
+    (dest / "evaluate.py" / "deep" / "f").write_text("agent")
+    outside.mkdir()
+    (dest / "lib").symlink_to(outside)
+    (dest / "data").write_text("a file where a directory goes")
+    unpack(str(dest), _tar(("evaluate.py", b"task"), ("lib/x.py", b"task lib"), ("data", None),
+                           ("data/t.csv", b"1")), as_root=os.geteuid() == 0)
+    assert (dest / "evaluate.py").read_bytes() == b"task"
+    assert not (dest / "lib").is_symlink() and (dest / "lib" / "x.py").read_bytes() == b"task lib"
+    assert list(outside.iterdir()) == []  # nothing written through the agent's link
+    assert (dest / "data" / "t.csv").read_bytes() == b"1"
+
+
+@pytest.mark.parametrize("name", ["/etc/x", "../x", "a/../../x"])
+def test_unpack_refuses_names_outside_its_directory(tmp_path, name):
+    with pytest.raises(Refused):
+        unpack(str(tmp_path), _tar((name, b"x")), as_root=False)
+
+
+def test_pack_walks_a_deep_tree_without_recursion(tmp_path):
+    path = tmp_path / "sub"
+    path.mkdir()
+    here = path
+    for _ in range(1100):  # past Python's recursion limit, within PATH_MAX
+        here = here / "d"
+        here.mkdir()
+    (here / "leaf").write_text("x")
+    out = io.BytesIO()
+    assert pack(str(tmp_path), ["sub"], out) == 0
+    names = tarfile.open(fileobj=io.BytesIO(out.getvalue())).getnames()
+    assert len(names) == 1102 and names[-1].endswith("/d/leaf")
+
+
+# ----- the bundle ---------------------------------------------------------------------------------------------------
+def test_the_bundle_loads_alone_with_nothing_of_air_but_itself(tmp_path):
+    """The warden runs in the image's python3 with -I -S, no air installed: every module comes from the bundle,
+    and an import of anything else of air fails loudly instead of finding a file of the image."""
+    probe = ("import air.sandbox.warden.server as s; print(s.__file__, len(sys.modules['air.sandbox'].__path__));"
+             "\ntry:\n    import air.errors\nexcept ImportError as e:\n    print('refused:', e)")
+    out = subprocess.run([sys.executable, "-I", "-S", "-c", bundle(run=probe).decode()], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["<air-warden:air.sandbox.warden.server> 0",
+                                       "refused: air.errors is not part of the warden's bundle"]
+
+
+def test_bundled_modules_import_only_the_standard_library_and_each_other():
+    import ast
+
+    bundled = {name for name, _ in MODULES}
+    for name, path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("air"):
+                assert node.module in bundled or node.module == "air.sandbox.warden", (name, node.module)
+                if node.module == "air.sandbox.warden":
+                    assert all(f"air.sandbox.warden.{a.name}" in bundled for a in node.names), (name, node.names)
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("air") for a in node.names), (name, node.names)
+
+
+def test_a_pristine_tree_is_read_without_recursion(tmp_path):
+    _deep(tmp_path / "deep")
+    node = read_tree(str(tmp_path), AGENT)
+    depth = 0
+    while node.children:
+        node = next(iter(node.children.values()))
+        depth += 1
+    assert depth == DEPTH + 1
