@@ -25,14 +25,12 @@ from pathlib import Path
 import httpx
 import pytest
 import requests
-from served import AirServer
+from served import AirServer, expected_step_rewards
 
 from air.episode.replay import load_recordings
-from air.episode.rewards import RewardConfig, rescore
 from air.episode.trajectory import read_trajectory
 from air.policies.scripted import SCRIPTS, SUBMIT, VALIDATE, ScriptedPolicy
 from air.sandbox import list_air_containers
-from air.tasks.registry import load_task
 
 pytestmark = [pytest.mark.docker]
 
@@ -120,27 +118,6 @@ def play(client: AgentGymEnvClient, idx: int) -> tuple[list[str], list[StepOutpu
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": out.state}]
         done = out.done
     return replies, outputs
-
-
-def expected_step_rewards(task_id: str, replies: list[str]) -> list[float]:
-    """By hand: n(s) = sign * (s - b) / max(|b|, 0.01); a validation pays n(s_t) - n(s_{t-1}) from n = 0 at
-    the baseline; every other step pays 0."""
-    spec = load_task(task_id)
-    b, sign = spec.baseline_score, (-1 if spec.primary.direction == "lower" else 1)
-    scores = iter(SCRIPTS[task_id].expected_scores)
-    previous, rewards = 0.0, []
-    for reply in replies:
-        if reply in (VALIDATE, SUBMIT):
-            n = sign * (next(scores) - b) / max(abs(b), 0.01)
-            rewards.append(n - previous)
-            previous = n
-        else:
-            rewards.append(0.0)
-    assert next(scores, None) is None, "the script validated fewer times than it has scores"
-    # The same through air's rescoring, as a cross-check of the arithmetic above.
-    by_air = rescore(list(SCRIPTS[task_id].expected_scores), RewardConfig(), b, spec.primary.direction)
-    assert [r for r, reply in zip(rewards, replies) if reply in (VALIDATE, SUBMIT)] == pytest.approx(by_air)
-    return rewards
 
 
 # ----- the server as a subprocess ---------------------------------------------------------------------------
