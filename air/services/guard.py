@@ -23,6 +23,8 @@ import secrets
 from collections import Counter
 from typing import Any
 
+from starlette.websockets import WebSocketDisconnect
+
 
 def json_response(status: int, body: Any) -> tuple[dict, dict]:
     data = json.dumps(body).encode()
@@ -110,6 +112,10 @@ class Guard:
         self.websockets[client] += 1
         try:
             await self.app(scope, receive, send)
+        except WebSocketDisconnect:
+            # OpenEnv's server (openenv-core 0.3.0) closes a socket its client already closed, after ending the
+            # session: the disconnect it raises then is no error of the session's.
+            pass
         finally:
             self.websockets[client] -= 1
             if self.websockets[client] <= 0:
