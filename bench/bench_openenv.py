@@ -53,7 +53,8 @@ async def wave(play, episodes: int, concurrency: int) -> tuple[int, float]:
     async def worker() -> None:
         nonlocal steps
         for _ in queue:
-            steps += await play()
+            done = await play()  # awaited first: `steps += await ...` would read steps before the await
+            steps += done
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
