@@ -20,13 +20,11 @@ import asyncio
 import logging
 import time
 import weakref
-from copy import copy
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Self
+from typing import TYPE_CHECKING, Self
 
 import verifiers.v1 as vf
-from pydantic import BaseModel, Field, field_validator, model_validator
-from pydantic.fields import FieldInfo
+from pydantic import Field, field_validator, model_validator
 from verifiers.v1.errors import SandboxError
 
 try:  # verifiers 0.4.0 names the exit code a harness returns when the model connection failed
@@ -34,9 +32,8 @@ try:  # verifiers 0.4.0 names the exit code a harness returns when the model con
 except ImportError:  # older verifiers (prime-rl's pinned submodule) has no such code: a plain failure then
     MODEL_TRANSPORT_ERROR_EXIT_CODE = 1
 
-from air.episode.config import EpisodeConfig
 from air.episode.prompts import system_prompt, task_prompt
-from air.episode.rewards import RewardConfig
+from air.episode.settings import EpisodeSettings, same_as, task_items
 from air.sandbox import PoolConfig
 from air_mlgym.logs import route_air_logs
 
@@ -46,40 +43,25 @@ if TYPE_CHECKING:
 log = logging.getLogger("air_mlgym")
 
 
-def _same_as(model: type[BaseModel], name: str) -> FieldInfo:
-    """The field `name` of `model`, default, constraints and description, for a flat option of the taskset (so
-    `--env.taskset.max-turns` keeps its short name while the default lives once, in EpisodeConfig)."""
-    return copy(model.model_fields[name])
+class AirTasksetConfig(vf.TasksetConfig, EpisodeSettings):
+    """A run's taskset: the episode's limits, rewards and trajectory folder are air's EpisodeSettings (declared
+    once, shared with `air serve agentgym` and `air serve openenv`); the tasks and sandboxes are declared here."""
 
-
-class AirTasksetConfig(vf.TasksetConfig):
     tasks: list[str] = ["prisoners-dilemma", "regression-rmse", "tabular-classification"]
     """Bundled task ids, or MLGym tasks as `mlgym:tasks/<name>.yaml` (with `mlgym_root`)."""
     mlgym_root: str | None = None
     examples_per_task: int = Field(1, ge=1)
     """Tasks in the taskset per task id (identical episodes; rollouts per example come from the trainer)."""
-    # The episode's limits and rewards: declared in air.episode (EpisodeConfig, RewardConfig), taken from there.
-    max_turns: int = _same_as(EpisodeConfig, "max_turns")
-    max_seconds: float = _same_as(EpisodeConfig, "max_seconds")
-    max_format_errors: int = _same_as(EpisodeConfig, "max_format_errors")
-    command_timeout: float | None = _same_as(EpisodeConfig, "command_timeout")
-    observation_chars: int = _same_as(EpisodeConfig, "observation_chars")
-    reward_mode: Literal["delta", "best"] = _same_as(RewardConfig, "mode")
-    failed_validation_penalty: float = _same_as(RewardConfig, "failed_validation_penalty")
-    reward_clip: float | None = _same_as(RewardConfig, "clip")
-    score_bound: float | None = _same_as(RewardConfig, "score_bound")
     # The sandboxes: declared in air.sandbox (PoolConfig), taken from there.
-    max_sandboxes: int = _same_as(PoolConfig, "max_sandboxes")
-    warm_sandboxes: int = _same_as(PoolConfig, "warm")
-    host_budget: int | None = _same_as(PoolConfig, "host_budget")
+    max_sandboxes: int = same_as(PoolConfig, "max_sandboxes")
+    warm_sandboxes: int = same_as(PoolConfig, "warm")
+    host_budget: int | None = same_as(PoolConfig, "host_budget")
     gpu_ids: list[str] | None = []
     """Host GPUs for task containers, never shared with inference or training; None = detect with nvidia-smi.
     (PoolConfig's own default detects; a taskset asks for GPUs explicitly.)"""
     gpus_per_task: int = Field(0, ge=0)
     """On a GPU host: GPUs for each task's sandbox (exclusive; its scorer borrows them) and its stack's CUDA image
     (cpu -> gpu, jax -> jax-gpu, hf -> hf-gpu), as MLGym gives each task container a GPU. Needs `gpu_ids`."""
-    trajectory_dir: str | None = None
-    """Also write air's own JSON-lines trajectory of every rollout here."""
 
     @field_validator("max_sandboxes")
     @classmethod
@@ -95,14 +77,6 @@ class AirTasksetConfig(vf.TasksetConfig):
         if self.gpus_per_task and self.gpu_ids == []:
             raise ValueError("gpus_per_task needs GPUs: set gpu_ids (a list, or null to detect them)")
         return self
-
-    def episode_config(self) -> EpisodeConfig:
-        return EpisodeConfig(
-            max_turns=self.max_turns, max_seconds=self.max_seconds, max_format_errors=self.max_format_errors,
-            command_timeout=self.command_timeout, observation_chars=self.observation_chars,
-            reward=RewardConfig(mode=self.reward_mode, failed_validation_penalty=self.failed_validation_penalty,
-                                clip=self.reward_clip, score_bound=self.score_bound),
-        )
 
     def pool_config(self) -> PoolConfig:
         return PoolConfig(max_sandboxes=self.max_sandboxes, warm=self.warm_sandboxes, host_budget=self.host_budget,
@@ -120,18 +94,12 @@ class AirTask(vf.Task[AirData, vf.State, vf.TaskConfig]):
 
 class AirTaskset(vf.Taskset[AirTask, AirTasksetConfig]):
     def load(self) -> list[AirTask]:
-        from air.tasks.registry import load_task
-
         route_air_logs()  # before loading: the MLGym loader warns of fields it cannot honour
         config, episode = self.config, self.config.episode_config()
-        tasks = []
-        for ref in config.tasks:
-            spec = load_task(ref, config.mlgym_root, config.gpus_per_task)
-            for i in range(config.examples_per_task):
-                data = AirData(id=f"{ref}#{i}", name=spec.name, task_ref=ref, system_prompt=system_prompt(spec),
-                               prompt=task_prompt(spec, episode))
-                tasks.append(AirTask(data, config.task))
-        return tasks
+        items = task_items(config.tasks, config.examples_per_task, config.mlgym_root, config.gpus_per_task)
+        return [AirTask(AirData(id=item.item_id, name=item.spec.name, task_ref=item.ref,
+                                system_prompt=system_prompt(item.spec), prompt=task_prompt(item.spec, episode)),
+                        config.task) for item in items]
 
 
 class AirEnvConfig(vf.EnvConfig):
@@ -180,6 +148,7 @@ class AirEnv(vf.Env[AirEnvConfig]):
             return []
 
     async def run(self, task: AirTask, agents) -> None:
+        from air.episode.live import failure_kind, record_failure
         from air.episode.loop import Episode
         from air.episode.trajectory import TrajectoryWriter
         from air.errors import InfraError
@@ -192,7 +161,7 @@ class AirEnv(vf.Env[AirEnvConfig]):
             spec = self.specs[task.data.task_ref] = await asyncio.to_thread(load_task, task.data.task_ref,
                                                                             cfg.mlgym_root, cfg.gpus_per_task)
         task_env = TaskEnvironment(spec, self.pool)
-        writer = None
+        writer = episode = None
         try:
             async with task_env.lease() as sandbox:
                 async with agents.agent.interaction(task) as interaction:
@@ -214,8 +183,13 @@ class AirEnv(vf.Env[AirEnvConfig]):
                         _record(trace, episode)
                     except InfraError as exc:
                         raise SandboxError(f"air: {exc}") from exc
-        except InfraError as exc:  # leasing or staging failed before the exchange began
-            raise SandboxError(f"air: {exc}") from exc
+        except BaseException as exc:
+            if writer is not None and not (episode is not None and episode.done):
+                cause = exc.__cause__ if isinstance(exc, SandboxError) and exc.__cause__ is not None else exc
+                record_failure(writer, episode, failure_kind(cause), f"{type(cause).__name__}: {cause}")
+            if isinstance(exc, InfraError):  # leasing or staging failed before the exchange began
+                raise SandboxError(f"air: {exc}") from exc
+            raise
         finally:
             if writer is not None:
                 writer.close()

@@ -17,6 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from air.episode.rewards import RewardConfig, rescore
+from air.policies.scripted import SCRIPTS, SUBMIT, VALIDATE
+from air.tasks.registry import load_task
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -95,3 +99,24 @@ class SandboxFusionServer(AirServer):
 
     def __init__(self, run_id: str, log_path: Path, *args: str, **kwargs):
         super().__init__("sandbox-fusion", run_id, log_path, *args, **kwargs)
+
+
+def expected_step_rewards(task_id: str, replies: list[str]) -> list[float]:
+    """By hand: n(s) = sign * (s - b) / max(|b|, 0.01); a validation pays n(s_t) - n(s_{t-1}) from n = 0 at
+    the baseline; every other step pays 0."""
+    spec = load_task(task_id)
+    b, sign = spec.baseline_score, (-1 if spec.primary.direction == "lower" else 1)
+    scores = iter(SCRIPTS[task_id].expected_scores)
+    previous, rewards = 0.0, []
+    for reply in replies:
+        if reply in (VALIDATE, SUBMIT):
+            n = sign * (next(scores) - b) / max(abs(b), 0.01)
+            rewards.append(n - previous)
+            previous = n
+        else:
+            rewards.append(0.0)
+    assert next(scores, None) is None, "the script validated fewer times than it has scores"
+    # The same through air's rescoring, as a cross-check of the arithmetic above.
+    by_air = rescore(list(SCRIPTS[task_id].expected_scores), RewardConfig(), b, spec.primary.direction)
+    assert [r for r, reply in zip(rewards, replies) if reply in (VALIDATE, SUBMIT)] == pytest.approx(by_air)
+    return rewards

@@ -25,14 +25,12 @@ from pathlib import Path
 import httpx
 import pytest
 import requests
-from served import AirServer
+from served import AirServer, expected_step_rewards
 
 from air.episode.replay import load_recordings
-from air.episode.rewards import RewardConfig, rescore
 from air.episode.trajectory import read_trajectory
 from air.policies.scripted import SCRIPTS, SUBMIT, VALIDATE, ScriptedPolicy
 from air.sandbox import list_air_containers
-from air.tasks.registry import load_task
 
 pytestmark = [pytest.mark.docker]
 
@@ -120,27 +118,6 @@ def play(client: AgentGymEnvClient, idx: int) -> tuple[list[str], list[StepOutpu
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": out.state}]
         done = out.done
     return replies, outputs
-
-
-def expected_step_rewards(task_id: str, replies: list[str]) -> list[float]:
-    """By hand: n(s) = sign * (s - b) / max(|b|, 0.01); a validation pays n(s_t) - n(s_{t-1}) from n = 0 at
-    the baseline; every other step pays 0."""
-    spec = load_task(task_id)
-    b, sign = spec.baseline_score, (-1 if spec.primary.direction == "lower" else 1)
-    scores = iter(SCRIPTS[task_id].expected_scores)
-    previous, rewards = 0.0, []
-    for reply in replies:
-        if reply in (VALIDATE, SUBMIT):
-            n = sign * (next(scores) - b) / max(abs(b), 0.01)
-            rewards.append(n - previous)
-            previous = n
-        else:
-            rewards.append(0.0)
-    assert next(scores, None) is None, "the script validated fewer times than it has scores"
-    # The same through air's rescoring, as a cross-check of the arithmetic above.
-    by_air = rescore(list(SCRIPTS[task_id].expected_scores), RewardConfig(), b, spec.primary.direction)
-    assert [r for r, reply in zip(rewards, replies) if reply in (VALIDATE, SUBMIT)] == pytest.approx(by_air)
-    return rewards
 
 
 # ----- the server as a subprocess ---------------------------------------------------------------------------
@@ -451,3 +428,88 @@ def test_server_restart_stale_env_idx_answer_a_clear_error_and_nothing_leaks(ima
     for srv in (first, second):
         left = list_air_containers(docker_client, run=srv.run_id)
         assert not left, f"containers leaked: {[c.name for c in left]}"
+
+
+# ----- AgentGym's other client families, with the shapes of their own source --------------------------------
+def _post(base: str, path: str, env_id, data: dict):
+    """The families' `_post`: the body gets env_idx, a non-200 fails (AgentGym's clients assert)."""
+    data["env_idx"] = env_id
+    res = requests.post(f"{base}/{path}", json=data, timeout=600)
+    assert res.status_code == 200, res.text
+    return res.json()
+
+
+def _command_of(reply: str) -> str:
+    """The command inside a scripted reply's one fenced block (validate / submit included)."""
+    from air.episode.parse import parse_reply
+
+    action = parse_reply(reply)
+    return action.text if action.kind == "command" else action.kind
+
+
+def play_family(base: str, family: str, idx: int) -> list[dict]:
+    """WebshopEnvClient, SqlGymEnvClient, WebarenaEnvClient (agentenv/agentenv/envs/*.py at 3ef9235): their
+    create, reset and step, each reply written as that client's prompt asks and reduced as the client does."""
+    created = requests.post(f"{base}/create", timeout=60)
+    assert created.status_code == 200
+    env_id = created.json()["env_idx"] if family == "webarena" else created.json()
+    if family == "webshop":
+        response = _post(base, "reset", env_id, {"session_id": idx})
+        response[0] = requests.get(f"{base}/observation?env_idx={env_id}", timeout=60).json()
+        first = response[0]
+    elif family == "sqlgym":
+        _post(base, "reset", env_id, {"item_id": idx})
+        first = requests.get(f"{base}/observation?env_idx={env_id}", timeout=60).json()
+    else:
+        response = _post(base, "reset", env_id, {"seed": 0, "idx": idx})
+        assert response["observation"] != "TimeoutError"
+        first = response["observation"]
+    outputs = []
+    for reply in SCRIPTS["prisoners-dilemma"].replies:
+        command = _command_of(reply)
+        if family == "webshop":  # BaseAdapter.parse_react: what follows the last "Action:", stripped
+            text = f"Thought:\nI act.\n\nAction:\n```bash\n{command}\n```"
+            action = text.rsplit("Action:", 1)[1].strip()
+        elif family == "sqlgym":  # SqlGymEnvClient.step
+            text = f"Thought: I act.\n\nAction: ```sql\n{command}\n```"
+            action = text.split("```sql")[-1].split("```")[0].strip()
+        else:  # WebarenaEnvClient.step sends the whole reply when it holds a ``` block
+            action = f"In summary, the next action I will perform is\n```bash\n{command}\n```"
+        response = _post(base, "step", env_id, {"action": action})
+        done = response["terminated"] if family == "webarena" else response["done"]
+        state = response["observation"] if family == "webarena" else response["state"]
+        outputs.append({"state": state, "reward": response["reward"], "done": done})
+        if done:
+            break
+    if family != "sqlgym":  # SqlGymEnvClient has no close
+        _post(base, "close", env_id, {})
+    outputs[0]["first"] = first
+    return outputs
+
+
+@pytest.mark.parametrize("family", ["webshop", "sqlgym", "webarena"])
+def test_agentgym_client_families_unmodified(server, family):
+    outputs = play_family(f"{server.url}/{family}", family, PD)
+    expected = expected_step_rewards("prisoners-dilemma", list(SCRIPTS["prisoners-dilemma"].replies))
+    assert [o["reward"] for o in outputs] == pytest.approx(expected, abs=1e-9)
+    assert outputs[-1]["done"] and not any(o["done"] for o in outputs[:-1])
+    assert "(id: prisoners-dilemma)" in outputs[0]["first"]
+    if family in ("webshop", "sqlgym"):  # the first observation says how to reply through this client
+        assert ("Action:" if family == "webshop" else "```sql") in outputs[0]["first"].rsplit("\n\n", 1)[1]
+
+
+def test_token_through_a_url_with_credentials(images, tmp_path):
+    """AgentGym's clients send no headers: the token goes in the server's URL, which requests sends as Basic."""
+    token = uuid.uuid4().hex
+    srv = Server(f"test-ag-{uuid.uuid4().hex[:8]}", tmp_path / "server.log", env={"AIR_AGENTGYM_TOKEN": token})
+    try:
+        srv.wait_ready()
+        assert requests.post(f"{srv.url}/webshop/create", timeout=60).status_code == 401
+        wrong = srv.url.replace("http://", "http://air:wrong@")
+        assert requests.post(f"{wrong}/webshop/create", timeout=60).status_code == 401
+        authed = srv.url.replace("http://", f"http://air:{token}@")
+        outputs = play_family(f"{authed}/webshop", "webshop", PD)
+        assert outputs[-1]["done"]
+    finally:
+        srv.stop()
+        srv.log.close()

@@ -12,6 +12,7 @@ from air import paths
 from air.cli.serve import _commands, config_of, help_of, serve_app
 from air.errors import TaskError
 from air.services.agentgym import AgentGymConfig
+from air.services.openenv import OpenEnvConfig
 from air.services.sandbox_fusion import SandboxFusionConfig
 from air.tasks.air_format import _FOUND, _TaskToml, load_air_task
 from air.tasks.spec import TaskSpec
@@ -26,10 +27,14 @@ FLAGS = {
                  "--max-seconds", "--command-timeout", "--reward-mode", "--reward-report", "--max-envs",
                  "--max-envs-per-client", "--max-sandboxes", "--warm", "--idle-timeout", "--max-body-bytes",
                  "--token", "--trajectory-dir", "--log-level", "--json"],
+    "openenv": ["--port", "--host", "--task", "--mlgym-root", "--examples-per-task", "--max-turns",
+                "--max-seconds", "--max-format-errors", "--command-timeout", "--reward-mode", "--max-envs",
+                "--max-envs-per-client", "--max-sandboxes", "--warm", "--idle-timeout", "--max-body-bytes",
+                "--token", "--trajectory-dir", "--log-level", "--json"],
 }
 """The flags as released: scripts and configs use them, so deriving them must not rename one."""
 
-MODELS = {"sandbox-fusion": SandboxFusionConfig, "agentgym": AgentGymConfig}
+MODELS = {"sandbox-fusion": SandboxFusionConfig, "agentgym": AgentGymConfig, "openenv": OpenEnvConfig}
 
 
 @pytest.mark.parametrize("command", list(MODELS))
@@ -94,3 +99,15 @@ def test_the_taskset_keeps_room_for_the_scorer():
     assert AirTasksetConfig(max_sandboxes=2).pool_config().max_sandboxes == 2
     with pytest.raises(ValidationError, match="at least 2"):
         AirTasksetConfig(max_sandboxes=1)
+
+
+def test_the_episode_defaults_live_once():
+    """The verifiers taskset and both episode servers take the episode's options from EpisodeSettings, whose
+    defaults are EpisodeConfig's and RewardConfig's own: no copy to drift."""
+    from air.episode.config import EpisodeConfig
+    from air.episode.settings import EpisodeSettings
+    from air_mlgym.taskset import AirTasksetConfig
+
+    for model in (AirTasksetConfig, AgentGymConfig, OpenEnvConfig):
+        assert issubclass(model, EpisodeSettings)
+        assert model().episode_config() == EpisodeConfig(), model.__name__

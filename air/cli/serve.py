@@ -23,6 +23,7 @@ from air.validation import as_flag, one_line
 
 if TYPE_CHECKING:
     from air.services.agentgym import AgentGymConfig
+    from air.services.openenv import OpenEnvConfig
     from air.services.sandbox_fusion import SandboxFusionConfig
 
 
@@ -38,8 +39,8 @@ class _ServeGroup(TyperGroup):
 
 
 serve_app = typer.Typer(cls=_ServeGroup,
-                        help="Run air's services: a SandboxFusion-compatible code runner and an "
-                             "AgentGym-protocol environment server, on air's sandboxes.",
+                        help="Run air's services: a SandboxFusion-compatible code runner, and environment "
+                             "servers for AgentGym's protocol and OpenEnv's, on air's sandboxes.",
                         no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                         rich_markup_mode=None)
 
@@ -92,6 +93,7 @@ def _services() -> typer.Typer:
     """The commands, defined here so that the config models they are made of load only when `air serve`
     runs."""
     from air.services.agentgym import AgentGymConfig as AG
+    from air.services.openenv import OpenEnvConfig as OE
     from air.services.sandbox_fusion.config import SandboxFusionConfig as SF
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
@@ -158,6 +160,41 @@ def _services() -> typer.Typer:
         token = token or None  # an empty AIR_AGENTGYM_TOKEN sets none
         _serve_agentgym(config_of(AG, locals()), log_level, as_json)
 
+    @app.command("openenv")
+    def openenv(
+        port: int = option_of(OE, "port"),
+        host: str = option_of(OE, "host"),
+        # B008: typer passes the function a list of its own, never this default
+        tasks: list[str] = option_of(OE, "tasks", "--task", metavar="TASK",  # noqa: B008
+                                     more="Repeat the flag for several."),
+        mlgym_root: str | None = option_of(OE, "mlgym_root"),
+        examples_per_task: int = option_of(OE, "examples_per_task"),
+        max_turns: int = option_of(OE, "max_turns"),
+        max_seconds: float = option_of(OE, "max_seconds"),
+        max_format_errors: int = option_of(OE, "max_format_errors"),
+        command_timeout: float | None = option_of(OE, "command_timeout"),
+        reward_mode: str = option_of(OE, "reward_mode"),
+        max_envs: int = option_of(OE, "max_envs"),
+        max_envs_per_client: int = option_of(OE, "max_envs_per_client"),
+        max_sandboxes: int | None = option_of(OE, "max_sandboxes"),
+        warm: int = option_of(OE, "warm"),
+        idle_timeout: float = option_of(OE, "idle_timeout"),
+        max_body_bytes: int = option_of(OE, "max_body_bytes"),
+        token: str | None = option_of(OE, "token", envvar="AIR_OPENENV_TOKEN", show_envvar=True),
+        trajectory_dir: str | None = option_of(OE, "trajectory_dir"),
+        log_level: str = LOG_LEVEL,
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON line on stdout once the service "
+                                                           "answers (url, items, tasks)."),
+    ) -> None:
+        """Serve air's tasks as an OpenEnv environment (OpenEnv's own server: WebSocket sessions at /ws for its
+        EnvClient, /reset, /step, /state, /schema, /health), one air episode per session in a pooled sandbox, for
+        TRL's GRPOTrainer and other OpenEnv trainers. Ctrl-C or SIGTERM gives back every container it started.
+
+        Example: air serve openenv --port 8000 --task prisoners-dilemma --trajectory-dir runs/openenv
+        """
+        token = token or None  # an empty AIR_OPENENV_TOKEN sets none
+        _serve_openenv(config_of(OE, locals()), log_level, as_json)
+
     return app
 
 
@@ -204,6 +241,32 @@ def _serve_agentgym(config: AgentGymConfig, log_level: str, as_json: bool) -> No
                           soft_wrap=True)
 
     serve(config, log_level=log_level, on_ready=ready, service=service)
+
+
+def _serve_openenv(config: OpenEnvConfig, log_level: str, as_json: bool) -> None:
+    from air.services.episodes import ServedEpisodes
+    from air.services.openenv.app import serve
+    from air.services.openenv.environment import Sessions
+    from air.tasks.environment import sandbox_spec
+
+    core = ServedEpisodes(config)
+    core.load_items()  # an unknown task is a usage error now, not a failed reset later
+    _require_images(sandbox_spec(item.spec).image for item in core.items)
+    if config.host not in LOOPBACK and not config.token:
+        console.print(f"[yellow]warning:[/] binding {config.host} without --token: anyone who reaches this "
+                      "port can run commands in air's sandboxes")
+
+    def ready(sessions: Sessions) -> None:
+        url = _url(config.host, config.port)
+        tasks = sorted({item.spec.id for item in core.items})
+        if as_json:
+            print(json.dumps({"service": "openenv", "url": url, "items": len(core.items), "tasks": tasks,
+                              "max_envs": config.max_envs, "sandboxes": config.sandboxes}), flush=True)
+        else:
+            console.print(f"air: OpenEnv environment on {url} (WebSocket sessions at /ws), {len(core.items)} task "
+                          f"items of {len(tasks)} tasks", soft_wrap=True)
+
+    serve(config, log_level=log_level, on_ready=ready, sessions=Sessions(core))
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

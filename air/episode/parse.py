@@ -144,6 +144,21 @@ def _single_block(text: str) -> Action:
     return _block_action("\n".join(first))
 
 
+def as_block(command: str) -> str:
+    """The reply whose one fenced block holds exactly `command` (a shell command, or validate / submit): for
+    drivers whose client sends the command alone (AgentGym's SqlGym client, OpenEnv's command action). The fence
+    is longer than any run of backticks in the command, so nothing inside can close it; an empty command stays
+    an empty reply."""
+    if not command.strip():
+        return command
+    longest = run = 0
+    for char in command:
+        run = run + 1 if char == "`" else 0
+        longest = max(longest, run)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{command}\n{fence}"
+
+
 def _dedent(line: str, indent: int) -> str:
     leading = len(line) - len(line.lstrip(" \t"))
     return line[min(leading, indent) :]

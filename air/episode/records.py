@@ -17,7 +17,7 @@ A trajectory file holds one episode as JSON lines:
 Reading is lenient where no reader needs a field: only what a reader cannot do without is required (a start's
 task, a step's turn, reply and observation, a failure's kind and error). Everything else has a default, so
 files of older air versions (which lack `final_status`, `step_scores`, ...) and hand-written ones still read,
-and extra keys are kept (a driver's meta, agentgym's `closed_by`, fields a newer air adds).
+and extra keys are kept (a driver's meta, fields a newer air adds).
 """
 
 from __future__ import annotations
@@ -167,6 +167,8 @@ class Summary(BaseModel):
 class EndRecord(Summary, Record):
     type: Literal["end"] = "end"
     episode: str | None = None
+    closed_by: str | None = None
+    """Set when a server's client ended the episode early (ended_by `closed`): by close, a new reset, idling."""
 
 
 FailureKind = Literal["interrupted", "infrastructure", "error"]

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from air.episode.live import failure_kind, record_failure
 from air.episode.loop import Episode, EpisodeConfig, StepResult
-from air.episode.records import FailedRecord
 from air.episode.trajectory import TrajectoryWriter
-from air.errors import InfraError
 from air.policies import Message, Policy
 from air.tasks.environment import TaskEnvironment
 
@@ -39,20 +37,9 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
                     return episode.summary()
     except BaseException as exc:
         if writer is not None:
-            _record_failure(writer, episode, exc)
+            record_failure(writer, episode, failure_kind(exc), f"{type(exc).__name__}: {exc}")
         raise
     finally:
         if writer is not None:
             writer.close()
 
-
-def _record_failure(writer: TrajectoryWriter, episode: Episode | None, exc: BaseException) -> None:
-    """A rollout that failed before its first turn leaves no file (nothing to replay or view); a later failure
-    is recorded, so readers tell an unfinished episode from a crash and say why."""
-    if episode is None or episode.turns == 0:
-        writer.discard()
-        return
-    kind = "interrupted" if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)) else \
-        "infrastructure" if isinstance(exc, InfraError) else "error"
-    writer.write(FailedRecord(episode=episode.id, turns=episode.turns, kind=kind,
-                              error=f"{type(exc).__name__}: {exc}"))

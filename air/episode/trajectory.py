@@ -28,11 +28,11 @@ class TrajectoryWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: TextIO | None = open(self.path, "a", encoding="utf-8")
 
-    def write(self, record: Record | dict[str, Any]) -> None:
-        """Append one record (a dict is written as given: drivers that build their records by hand)."""
+    def write(self, record: Record) -> None:
+        """Append one typed record (air/episode/records.py), stamped with the time."""
         if self._file is None:
             return
-        line = {"time": round(time.time(), 3), **(record.dump() if isinstance(record, Record) else record)}
+        line = {"time": round(time.time(), 3), **record.dump()}
         self._file.write(json.dumps(line, default=str, ensure_ascii=False) + "\n")
         self._file.flush()
         os.fsync(self._file.fileno())

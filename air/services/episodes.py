@@ -1,0 +1,148 @@
+"""The core `air serve agentgym` and `air serve openenv` share: one config of what a served episode is and what
+the server allows (`ServiceConfig`, the episode options being air's EpisodeSettings, as the verifiers taskset's
+are), and `ServedEpisodes`, which owns the task items, the sandbox pool and the live episodes' lifecycle.
+
+    core = ServedEpisodes(config)
+    await core.start()                          # the pool (and a sweep of dead runs' containers)
+    live = await core.open(core.item(0), meta={"openenv": {...}})   # a LiveEpisode in a leased sandbox
+    ...
+    await core.close()                          # every live episode recorded interrupted, the pool closed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict, Field
+
+from air.episode.live import LiveEpisode
+from air.episode.settings import EpisodeSettings, TaskItem, task_items
+
+log = logging.getLogger("air.services.episodes")
+
+
+class ServiceConfig(EpisodeSettings):
+    """What every episode server of air takes: where it listens, which tasks, what it allows, the episode's
+    options (inherited, declared once in EpisodeSettings)."""
+
+    # The docstrings are the fields' descriptions, and `air serve ... --help` shows them.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    host: str = "127.0.0.1"
+    """Address to bind; the loopback by default (another address lets anyone who reaches the port run commands
+    in air's sandboxes)."""
+    port: int = Field(8000, ge=0, le=65535)
+    """TCP port."""
+    tasks: list[str] = []
+    """Tasks of the items: bundled ids or mlgym:tasks/<name>.yaml; none = every bundled task."""
+    mlgym_root: str | None = None
+    """MLGym checkout for mlgym: tasks."""
+    examples_per_task: int = Field(1, ge=1)
+    """Items per task (identical episodes), as the verifiers taskset's option of the same name."""
+    max_envs: int = Field(64, ge=1)
+    """Live episodes (sessions, env_idx) at most, across clients."""
+    max_envs_per_client: int = Field(32, ge=1)
+    """Live episodes at most per client address."""
+    max_sandboxes: int | None = Field(None, ge=2)
+    """Containers of the pool, episode and scoring sandboxes (default: `max_envs` and half as many again, at
+    least 2 more)."""
+    warm: int = Field(0, ge=0)
+    """Idle sandboxes kept ready per task once it has been used."""
+    lease_timeout: float = Field(600, gt=0)
+    """How long a reset may wait for a sandbox before it fails as infrastructure."""
+    idle_timeout: float = Field(900, gt=0)
+    """A live episode without a request for this many seconds is closed and its sandbox goes back to the pool."""
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    """Largest request body (or WebSocket message) accepted, bytes."""
+    token: str | None = None
+    """Secret every request but health checks must carry: `Authorization: Bearer TOKEN`, or as the password of
+    the server's URL (http://air:TOKEN@host:port) for clients that send no headers of their own (default: none
+    required)."""
+    run_id: str | None = None
+    """Label of the server's containers (default: one id per process, or AIR_RUN_ID)."""
+    gpu_ids: list[str] | None = []
+    """Host GPUs for tasks that ask for some; None = detect with nvidia-smi."""
+
+    @property
+    def sandboxes(self) -> int:
+        return self.max_sandboxes or self.max_envs + max(2, self.max_envs // 2)
+
+
+class ServedEpisodes:
+    """Task items, the sandbox pool and the live episodes of one server (usable in-process: tests, benches)."""
+
+    def __init__(self, config: ServiceConfig, pool=None):
+        self.config = config
+        self.episode_config = config.episode_config()
+        self.pool = pool
+        self._own_pool = pool is None
+        self.items: list[TaskItem] = []
+        self._task_envs: dict[str, Any] = {}
+        self.live: set[LiveEpisode] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def load_items(self) -> None:
+        """The task items (tasks x examples); UsageError for an unknown task."""
+        from air.tasks.registry import bundled_ids
+
+        self.items = task_items(self.config.tasks or bundled_ids(), self.config.examples_per_task,
+                                self.config.mlgym_root)
+
+    async def start(self) -> None:
+        from air.sandbox import PoolConfig, SandboxPool
+        from air.tasks.environment import TaskEnvironment
+
+        self.loop = asyncio.get_running_loop()
+        if not self.items:
+            self.load_items()
+        if self.pool is None:
+            cfg = self.config
+            self.pool = SandboxPool(PoolConfig(max_sandboxes=cfg.sandboxes, warm=cfg.warm, run_id=cfg.run_id,
+                                               lease_timeout=cfg.lease_timeout, gpu_ids=cfg.gpu_ids))
+        for item in self.items:
+            self._task_envs.setdefault(item.ref, TaskEnvironment(item.spec, self.pool))
+        if self._own_pool:
+            await self.pool.start()
+
+    async def close(self, why: str = "the server shut down") -> None:
+        """Every live episode is recorded interrupted and its sandbox removed; then the pool closes."""
+        for live in list(self.live):
+            await self.drop(live, "interrupted", why)
+        if self.pool is not None and self._own_pool:
+            await self.pool.close()
+
+    def item(self, index: int) -> TaskItem:
+        """The item at `index`; IndexError naming the range."""
+        if not 0 <= index < len(self.items):
+            raise IndexError(f"item index {index} is out of range: this server has {len(self.items)} task items, "
+                             f"0 to {len(self.items) - 1}")
+        return self.items[index]
+
+    def item_by_id(self, item_id: str) -> TaskItem:
+        """The item named `task#example` (the verifiers taskset's row id); KeyError naming what exists."""
+        for item in self.items:
+            if item.item_id == item_id:
+                return item
+        raise KeyError(f"no task item {item_id!r} on this server (it has {', '.join(i.item_id for i in self.items)})")
+
+    async def open(self, item: TaskItem, meta: dict[str, Any]) -> LiveEpisode:
+        """A new episode of `item` in a leased sandbox; InfraError when no sandbox could be leased or staged."""
+        trajectory = Path(self.config.trajectory_dir) if self.config.trajectory_dir else None
+        live = await LiveEpisode.open(self._task_envs[item.ref], self.episode_config, trajectory, meta)
+        self.live.add(live)
+        return live
+
+    async def drop(self, live: LiveEpisode, how: str, why: str) -> None:
+        """End a live episode (recorded closed or interrupted unless it is over) and give its sandbox back."""
+        self.live.discard(live)
+        await live.close(how, why)  # type: ignore[arg-type]
+
+    def describe_items(self) -> dict[str, Any]:
+        return {"count": len(self.items),
+                "items": [{"data_idx": i.index, "item_id": i.item_id, "task": i.spec.id, "name": i.spec.name,
+                           "example": i.example, "metric": i.spec.primary.name,
+                           "direction": i.spec.primary.direction, "baseline": i.spec.baseline_score}
+                          for i in self.items]}

@@ -1,0 +1,74 @@
+"""The app of `air serve openenv`: OpenEnv's own server (`create_fastapi_app` of the `openenv` package, its
+routes and WebSocket sessions) on air's environment, with air's core started and stopped in its lifespan and
+air's guard in front (token, body cap, WebSockets per client); and the launcher."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+
+from air.services.episodes import ServedEpisodes
+from air.services.guard import Guard
+from air.services.openenv.config import OpenEnvConfig
+from air.services.openenv.environment import AirEnvironment, BadRequest, NoEpisode, Sessions
+
+
+def create_app(config: OpenEnvConfig | None = None, sessions: Sessions | None = None,
+               on_ready: Callable[[Sessions], None] | None = None):
+    """OpenEnv's FastAPI app for air's environment, behind air's guard. Its lifespan starts the core (then calls
+    on_ready) and, at shutdown, records live episodes interrupted and gives back every sandbox."""
+    from fastapi import Request
+    from fastapi.responses import JSONResponse
+    from openenv.core.env_server import ConcurrencyConfig, create_fastapi_app
+
+    from air.services.openenv.models import AirAction, AirObservation
+
+    sessions = sessions or Sessions(ServedEpisodes(config or OpenEnvConfig()))
+    config = sessions.core.config
+    # The idle timeout is air's own (Sessions), which never closes a session whose step is still running.
+    app = create_fastapi_app(functools.partial(AirEnvironment, sessions), AirAction, AirObservation,
+                             concurrency_config=ConcurrencyConfig(max_concurrent_envs=config.max_envs))
+    openenv_lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app_):
+        await sessions.start()
+        try:
+            async with openenv_lifespan(app_):
+                if on_ready is not None:
+                    on_ready(sessions)
+                yield
+        finally:
+            await sessions.close()
+
+    app.router.lifespan_context = lifespan
+
+    async def bad_request(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": " ".join(str(exc).split())}, status_code=400)
+
+    async def no_episode(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": " ".join(str(exc).split())}, status_code=409)
+
+    app.add_exception_handler(BadRequest, bad_request)
+    app.add_exception_handler(NoEpisode, no_episode)
+    return Guard(app, config.max_body_bytes, config.token, health_paths=("/health",),
+                 max_ws_per_client=config.max_envs_per_client)
+
+
+def serve(config: OpenEnvConfig, log_level: str = "info", on_ready: Callable[[Sessions], None] | None = None,
+          sessions: Sessions | None = None) -> None:
+    """Run the app with uvicorn until SIGINT or SIGTERM: sessions then in flight are recorded interrupted, every
+    sandbox is given back and the pool closed."""
+    import uvicorn
+
+    sessions = sessions or Sessions(ServedEpisodes(config))
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            sessions.stopping = True  # the sessions uvicorn now closes were interrupted, not closed by clients
+            super().handle_exit(sig, frame)
+
+    app = create_app(config, sessions=sessions, on_ready=on_ready)
+    Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, access_log=False,
+                          timeout_graceful_shutdown=30, ws_max_size=config.max_body_bytes)).run()
