@@ -62,30 +62,48 @@ async def main(runs: int) -> dict:
         }
 
         # 2. reset vs fresh container ---------------------------------------------------------------------------
+        # A pristine 20 MB workspace (200 files of 100 KB, all the agent's: every one of them may be written) that
+        # every reset restores; a typical rollout edits two files, deletes one, writes a 5 MB checkpoint, leaves a
+        # process and a changed cwd and environment behind. Once with the kernel's word for unopened files (the
+        # default), once comparing every agent-writable file byte for byte (no inotify, or its limits reached).
+        rollout = ("echo edit >> data/f1.bin; echo edit >> data/f2.bin; rm data/f3.bin; "
+                   "head -c 5000000 /dev/zero > model.ckpt; sleep 300 & export X=1; cd /tmp")
+        resets: dict[str, list] = {}
         await pool.wait_idle()
-        async with pool.lease(spec) as sb:
-            # A pristine 20 MB workspace (200 files of 100 KB) that every reset restores.
-            await sb.harness_sh("mkdir -p /srv/air/pristine/home/workspace/data && cd /srv/air/pristine/home/workspace/data && "
-                        "for i in $(seq 1 200); do head -c 102400 /dev/urandom > f$i.bin; done && "
-                        "chown -R 1000:1000 /srv/air/pristine/home")
-            await sb.session.reset(full=True)
-            # A typical rollout: edits two files, deletes one, writes a 5 MB checkpoint, leaves a process and a
-            # changed cwd and environment behind.
-            rollout = ("echo edit >> data/f1.bin; echo edit >> data/f2.bin; rm data/f3.bin; "
-                       "head -c 5000000 /dev/zero > model.ckpt; sleep 300 & export X=1; cd /tmp")
-            reset_ms, full_ms = [], []
-            for _ in range(max(runs // 2, 10)):
-                await sb.session.run(rollout)
-                t = time.perf_counter()
-                await sb.session.reset()
-                reset_ms.append((time.perf_counter() - t) * 1000)
-            for _ in range(max(runs // 4, 5)):
-                await sb.session.run(rollout)
-                t = time.perf_counter()
-                await sb.session.reset(full=True)
-                full_ms.append((time.perf_counter() - t) * 1000)
-            check = await sb.session.run("du -sb . | cut -f1; ls | wc -l; ls data | wc -l; md5sum data/f1.bin")
-            restored = check.stdout.split()
+        compare_pool = SandboxPool(PoolConfig(max_sandboxes=2, gpu_ids=[], track_opens=False))
+        await compare_pool.start()
+        try:
+            for label, lender in (("tracked", pool), ("compared", compare_pool)):
+                async with lender.lease(spec) as sb:
+                    await sb.harness_sh("mkdir -p /srv/air/pristine/home/workspace/data && "
+                                        "cd /srv/air/pristine/home/workspace/data && "
+                                        "for i in $(seq 1 200); do head -c 102400 /dev/urandom > f$i.bin; done && "
+                                        "chown -R 1000:1000 /srv/air/pristine/home")
+                    await sb.session.reset(full=True)
+                    rows = resets[label] = []
+                    for _ in range(max(runs // 2, 10)):
+                        await sb.session.run(rollout)
+                        t = time.perf_counter()
+                        await sb.session.reset()
+                        rows.append(((time.perf_counter() - t) * 1000, sb.session.last_reset))
+                    if label == "tracked":
+                        full_ms = []
+                        for _ in range(max(runs // 4, 5)):
+                            await sb.session.run(rollout)
+                            t = time.perf_counter()
+                            await sb.session.reset(full=True)
+                            full_ms.append((time.perf_counter() - t) * 1000)
+                        check = await sb.session.run("du -sb . | cut -f1; ls | wc -l; ls data | wc -l")
+                        restored = check.stdout.split()
+                        workspace_tar = await sb.get_archive("/srv/air/pristine/home/workspace", max_bytes=64 << 20)
+        finally:
+            await compare_pool.close()
+        reset_ms = [ms for ms, _ in resets["tracked"]]
+        compared_ms = [ms for ms, _ in resets["compared"]]
+
+        def split(label: str) -> dict:
+            return {part: statistics.median(getattr(r, part) for _, r in resets[label])
+                    for part in ("kill_ms", "ipc_ms", "temp_ms", "home_ms", "compared", "restored", "removed")}
 
         def fresh_plain() -> None:  # what a per-rollout harness does at least: create, start, remove
             c = client.containers.run(IMAGE, ["sleep", "infinity"], detach=True, network_mode="none", init=True,
@@ -96,7 +114,6 @@ async def main(runs: int) -> dict:
             c = client.containers.run(**container_kwargs(spec, run="bench-fresh", role="bench", gpu_ids=()))
             c.remove(force=True, v=True)
 
-        workspace_tar = await sb.get_archive("/srv/air/pristine/home/workspace", max_bytes=64 << 20)
 
         def fresh_staged() -> None:  # a fresh container is empty: a per-rollout design must also stage the 20 MB
             c = client.containers.run(IMAGE, ["sleep", "infinity"], detach=True, network_mode="none", init=True,
@@ -114,6 +131,9 @@ async def main(runs: int) -> dict:
             "ratio_vs_fresh_staged_container": statistics.median(fresh_staged_ms) / statistics.median(reset_ms),
             "ratio": statistics.median(fresh_ms) / statistics.median(reset_ms),
             "ratio_vs_fresh_air_container": statistics.median(fresh_air_ms) / statistics.median(reset_ms),
+            "split_tracked": split("tracked"),
+            "compared_reset_20mb_p50_ms": statistics.median(compared_ms), "split_compared": split("compared"),
+            "compared_ratio_vs_fresh_air_container": statistics.median(fresh_air_ms) / statistics.median(compared_ms),
             "full_reset_20mb_p50_ms": statistics.median(full_ms),
             "full_ratio": statistics.median(fresh_ms) / statistics.median(full_ms),
             "workspace_after_reset": {"bytes": int(restored[0]), "entries": int(restored[1]),
@@ -167,6 +187,13 @@ def report(r: dict) -> None:
           f"({rs['ratio_vs_fresh_air_container']:.1f}x)  restored {rs['workspace_after_reset']}")
     print(f"                    fresh container + staging the 20 MB workspace {rs['fresh_staged_container_p50_ms']:.0f} ms"
           f" ({rs['ratio_vs_fresh_staged_container']:.1f}x)")
+    for label in ("tracked", "compared"):
+        parts = rs[f"split_{label}"]
+        print(f"  split ({label:8}) kill {parts['kill_ms']:.2f} | IPC {parts['ipc_ms']:.2f} | temp dirs "
+              f"{parts['temp_ms']:.2f} | home {parts['home_ms']:.2f} ms; files compared {parts['compared']:.0f}, "
+              f"restored {parts['restored']:.0f}, removed {parts['removed']:.0f}")
+    print(f"reset 20 MB, every writable file compared {rs['compared_reset_20mb_p50_ms']:.1f} ms "
+          f"({rs['compared_ratio_vs_fresh_air_container']:.1f}x vs a fresh container with air's settings)")
     print(f"full reset 20 MB    {rs['full_reset_20mb_p50_ms']:.1f} ms ({rs['full_ratio']:.1f}x vs fresh container)")
     print(f"lease (warm)        p50 {le['p50_ms']:.2f} ms, p90 {le['p90_ms']:.2f} ms")
     print(f"32 concurrent       {c['cycles']} cycles in {c['seconds']:.1f} s = {c['cycles_per_s']:.1f}/s, "

@@ -334,7 +334,7 @@ class SandboxPool:
                 break
             self.stats.created += 1
             self._live.add(sandbox)
-            sandbox.attach(Session(sandbox))
+            sandbox.attach(Session(sandbox, track_opens=self.config.track_opens))
             await sandbox.session.start()
             return sandbox
         except BaseException:

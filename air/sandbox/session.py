@@ -35,8 +35,10 @@ _MARGIN = 30.0  # seconds the host waits beyond the warden's own deadline and ki
 class Session:
     """A persistent bash in a sandbox, run as the agent user by the sandbox's warden. One command at a time."""
 
-    def __init__(self, sandbox: Sandbox, *, user: str = AGENT_USER, output_limit: int = 1 << 20):
+    def __init__(self, sandbox: Sandbox, *, user: str = AGENT_USER, output_limit: int = 1 << 20,
+                 track_opens: bool = True):
         self.sandbox = sandbox
+        self.track_opens = track_opens
         self.user = user
         self.output_limit = output_limit
         self.cwd = WORKSPACE
@@ -64,7 +66,7 @@ class Session:
 
     async def _warden(self) -> WardenLink:
         if self._link is None:
-            self._link = await WardenLink.open(self.sandbox)
+            self._link = await WardenLink.open(self.sandbox, track_opens=self.track_opens)
         elif not self._link.alive:
             # Nothing the agent does can end the warden: its loss is the sandbox's, and what the old warden
             # guaranteed (a reset) cannot be vouched for by a new one.

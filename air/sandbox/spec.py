@@ -89,6 +89,10 @@ class PoolConfig(BaseModel):
     lease_timeout: float = Field(600, gt=0)
     """How long a lease may wait for capacity or GPUs before PoolExhausted."""
     reset_timeout: float = Field(60, gt=0)
+    track_opens: bool = True
+    """Let a reset take the kernel's word (inotify) that an agent-writable home file nobody opened is unchanged.
+    Off, every such file is compared byte for byte at every reset (slower for large writable workspaces; also
+    what happens where the host's inotify limits are reached). Either way the reset is verified by content."""
     gpu_ids: list[str] | None = None
     """GPU ids of the local Docker host this pool may hand out; None = detect with nvidia-smi; [] = none."""
     hosts: list[DockerHost] = []

@@ -33,9 +33,12 @@ _BOOT = ("import os\n"
          "  b+=c\n"
          " return b\n"
          "exec(compile(r(int(r(10))),'air-warden','exec'),{'__name__':'air_warden'})\n")
-HELLO = p.Hello(uid=AGENT_UID, home=AGENT_HOME, workspace=WORKSPACE, air=AIR_DIR, pristine_home=PRISTINE_HOME,
-                shell=f"{AIR_DIR}/bin/bash", keep=["pristine", "data", "bin"], scratch=list(SCRATCH_DIRS),
-                epoch=FIXED_MTIME)
+
+
+def hello(track_opens: bool) -> p.Hello:
+    return p.Hello(uid=AGENT_UID, home=AGENT_HOME, workspace=WORKSPACE, air=AIR_DIR, pristine_home=PRISTINE_HOME,
+                   shell=f"{AIR_DIR}/bin/bash", keep=["pristine", "data", "bin"], scratch=list(SCRATCH_DIRS),
+                   epoch=FIXED_MTIME, track_opens=track_opens)
 
 
 class WardenGone(SandboxUnavailable):
@@ -56,7 +59,7 @@ class WardenLink:
         self.closed = asyncio.Event()
 
     @classmethod
-    async def open(cls, sandbox: Sandbox, timeout: float = 60) -> WardenLink:
+    async def open(cls, sandbox: Sandbox, timeout: float = 60, *, track_opens: bool = True) -> WardenLink:
         link = cls(sandbox)
         docker = sandbox.docker
         exec_id = (await docker.call(
@@ -71,7 +74,7 @@ class WardenLink:
         link._reader_task = asyncio.create_task(link._read_loop(reader), name=f"air-warden-{sandbox.name}")
         link._writer.write(b"%010d" % len(_BUNDLE) + _BUNDLE)
         try:
-            link.ready = await link.call(HELLO, wait=timeout)
+            link.ready = await link.call(hello(track_opens), wait=timeout)
         except BaseException:
             await link.close()
             raise

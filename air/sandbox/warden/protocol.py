@@ -98,6 +98,8 @@ class Hello(Request):
     """Writable directories besides the home that every reset empties."""
     epoch: int
     """The fixed time of `air`, so that no two sandboxes differ in it."""
+    track_opens: bool = True
+    """May a reset take inotify's word for unopened files (PoolConfig.track_opens)."""
 
 
 @dataclass(frozen=True)

@@ -207,7 +207,7 @@ class Warden:
                 os.makedirs(d, exist_ok=True)
                 os.chown(d, c.uid, c.uid)
             clone(c.home, c.pristine_home, c.uid)
-        tracker = OpenTracker(procs.LIBC)
+        tracker = OpenTracker(procs.LIBC if c.track_opens else None)
         if tracker.active:
             self.sel.register(tracker.fd, selectors.EVENT_READ, tracker.drain)
         self.home = Home(c.home, c.pristine_home, c.uid, tracker)
