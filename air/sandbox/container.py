@@ -1,9 +1,10 @@
 """One sandbox = one container: created with limits and labels, driven by stateless exec and tar file copies.
 
 The agent's interactive work, the reset and files of the (in-memory) home go through `Sandbox.session` (the
-sandbox's root warden and the persistent shell it hosts, see session.py and warden.py); `exec` and the tar copies
-here are for the harness and evaluations, in /srv/air (a volume: Docker's archive API cannot see a tmpfs). Every call is async, bounded by a deadline, and maps a vanished container or a dead
-daemon to SandboxUnavailable so a rollout is failed, never scored.
+sandbox's root warden and the persistent shell it hosts, see session.py and warden/); `harness_exec` and the tar
+copies here are for the harness and evaluations, in /srv/air (a volume: Docker's archive API cannot see a tmpfs).
+Every call is async, bounded by a deadline, and maps a vanished container or a dead daemon to SandboxUnavailable so
+a rollout is failed, never scored.
 """
 
 from __future__ import annotations
