@@ -600,6 +600,21 @@ async def test_a_link_out_of_the_workspace_rejects_a_whole_workspace_submission(
     assert "notes/users" in outcome.message and "link" in outcome.message, outcome
 
 
+@pytest.mark.docker
+async def test_a_rejected_file_whose_name_is_not_utf8_is_named_in_valid_text(mlgym_root, pool):
+    """Issue #24.2 in scoring: the names in a rejection come from the agent's files; a link named in latin-1 is
+    refused with a message any writer (trajectory, terminal, JSON) takes."""
+    from air.tasks.environment import TaskEnvironment
+
+    env = TaskEnvironment(load_mlgym_task(mlgym_root, "tasks/pythonToy.yaml"), pool)
+    async with env.lease() as sandbox:
+        assert (await sandbox.session.run("ln -s $'/etc/\\xff' $'caf\\xe9'")).exit_code == 0
+        outcome = await env.evaluate(sandbox)
+    assert outcome.status == "invalid_submission", outcome
+    assert "caf\ufffd is a link to /etc/\ufffd" in outcome.message, outcome
+    json.dumps(outcome.model_dump(), ensure_ascii=False).encode("utf-8")
+
+
 # ===== trust (issue #12.8) ==========================================================================================
 def test_evaluation_only_dataset_files_are_withheld_from_the_agent(mlgym_root, monkeypatch):
     """A dataset file air declares evaluation-only (titanic's ground_truth.csv, house price's answer.csv) goes to

@@ -112,6 +112,12 @@ async def collect_submission(sandbox: Sandbox, spec: TaskSpec) -> bytes:
     return out.getvalue()
 
 
+def _shown(name: str) -> str:
+    """A name from the agent's tar as text for a message. The copy keeps names byte-exact (tarfile's surrogate
+    escapes); what the agent and the records read is valid text (an undecodable byte becomes U+FFFD)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: str, skip_data_link: bool) -> int:
     size = 0
     files: set[str] = set()  # regular files copied so far: the only valid targets of a hard link
@@ -129,7 +135,8 @@ def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: s
             if not name:
                 continue
             if name.startswith(("/", "..")):
-                raise _Rejected("invalid_submission", f"Refusing {member.name!r}: a path outside the workspace.")
+                raise _Rejected("invalid_submission",
+                                f"Refusing {_shown(member.name)!r}: a path outside the workspace.")
             if skip_data_link and (name == "data" or name.startswith("data/")):
                 continue  # the read-only data link: the scorer brings its own pristine data
             if member.issym():
@@ -139,19 +146,19 @@ def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: s
                 if posixpath.isabs(target) or resolved.startswith("..") or (
                         root and not (resolved == root or resolved.startswith(root + "/"))):
                     raise _Rejected("invalid_submission",
-                                    f"{WORKSPACE}/{name} is a link to {target}, outside the submission; "
-                                    "submit a regular file.")
+                                    f"{WORKSPACE}/{_shown(name)} is a link to {_shown(target)}, outside the "
+                                    "submission; submit a regular file.")
             elif member.islnk():
                 # A hard link names its target by its path in the archive, which is renamed like every path; the
                 # target must be a file copied before it (the archive holds the first of the linked names as it).
                 target = rename(member.linkname)
                 if target not in files:
                     raise _Rejected("invalid_submission",
-                                    f"{WORKSPACE}/{name} is a hard link to {member.linkname}, which is not a file "
-                                    "of the submission; submit a regular file.")
+                                    f"{WORKSPACE}/{_shown(name)} is a hard link to {_shown(member.linkname)}, "
+                                    "which is not a file of the submission; submit a regular file.")
                 member.linkname = target
             elif not (member.isfile() or member.isdir()):
-                raise _Rejected("invalid_submission", f"{WORKSPACE}/{name} is not a regular file.")
+                raise _Rejected("invalid_submission", f"{WORKSPACE}/{_shown(name)} is not a regular file.")
             member.name = name
             # Root-owned and read-only from here on: nothing running in the scorer (the agent's code included)
             # can change what is being scored.
