@@ -123,19 +123,25 @@ class StartShell(Request):
 
 
 @dataclass(frozen=True)
-class Ran(Message):
-    op: ClassVar[str] = "ran"
+class Finished(Message):
+    """What every program or command run to its end reports."""
     out: AgentText = _bound(OUTPUT_LIMIT)
     err: AgentText = _bound(OUTPUT_LIMIT)
-    cwd: AgentText = _bound(CWD_LIMIT)
     dropped: int
+    """Bytes of output cut out between the kept head and tail."""
     exit_code: Optional[int]
-    """None when the command timed out or the shell died under it."""
+    """None when it timed out (or the shell died under a command)."""
     timed_out: bool
+    duration: float
+
+
+@dataclass(frozen=True)
+class Ran(Finished):
+    op: ClassVar[str] = "ran"
+    cwd: AgentText = _bound(CWD_LIMIT)
     interrupted: bool
     restarted: bool
     """The shell died (`exit`, killed, its pipes closed) and a new one was started in the same cwd."""
-    duration: float
 
 
 @dataclass(frozen=True)
@@ -158,15 +164,9 @@ class Interrupt(Request):
 
 
 @dataclass(frozen=True)
-class Exited(Message):
+class Exited(Finished):
+    """The kernel's status (waitpid) in exit_code."""
     op: ClassVar[str] = "exited"
-    out: AgentText = _bound(OUTPUT_LIMIT)
-    err: AgentText = _bound(OUTPUT_LIMIT)
-    dropped: int
-    exit_code: Optional[int]
-    """The kernel's status (waitpid); None when it timed out."""
-    timed_out: bool
-    duration: float
 
 
 @dataclass(frozen=True)
