@@ -201,8 +201,8 @@ def hostile_program(rng: random.Random, ops: int) -> str:
                            "mkdir", "deep", "fifo", "socket", "xattr", "rm", "daemon", "ipc", "mq"])
         a, b = name(), name()
         steps.append({
-            "write": f"open({a!r}, 'wb').write(os.urandom({rng.randrange(0, 5000)}))",
-            "append": f"open({a!r}, 'ab').write(b'appended')",
+            "write": f"write({a!r}, os.urandom({rng.randrange(0, 5000)}), os.O_TRUNC)",
+            "append": f"write({a!r}, b'appended', os.O_APPEND)",
             "mmap": (f"fd = os.open({a!r}, os.O_RDWR); m = mmap.mmap(fd, os.fstat(fd).st_size); m[0]; "
                      f"m[0:1] = b'{rng.choice('XYZ')}'; st = os.fstat(fd); "
                      f"os.utime(fd, ns=(st.st_atime_ns - 10**9, st.st_mtime_ns - 10**9))"),
@@ -229,6 +229,10 @@ try:
     rt = ctypes.CDLL("librt.so.1")
 except OSError:
     rt = None
+def write(path, data, how):  # never blocks on a fifo without a reader
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | how, 0o644)
+    os.write(fd, data)
+    os.close(fd)
 def deep(top, levels):
     os.makedirs(top, exist_ok=True)
     fd = os.open(top, os.O_RDONLY)
