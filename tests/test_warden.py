@@ -264,8 +264,8 @@ async def test_randomised_hostile_rollouts_leave_nothing_behind(pool, base_spec)
             return json.loads(r.stdout)
 
         fresh = await fingerprint()
-        for round_ in range(4):
-            program = hostile_program(rng, 60)
+        for round_ in range(6):
+            program = hostile_program(rng, 80)
             r = await sb.session.run(f"python3 - <<'AIR_EOF'\n{program}\nAIR_EOF", timeout=120)
             assert r.exit_code == 0 or r.timed_out, (seed, r.stderr[-2000:])
             dirty = await fingerprint()
