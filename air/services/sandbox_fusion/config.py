@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -25,6 +27,11 @@ class SandboxFusionConfig(BaseModel):
     """CPUs per sandbox."""
     memory_mb: int = Field(1024, ge=64)
     """Memory limit per sandbox, MB."""
+    memory_limit_mode: Literal["sandbox-fusion", "data"] = "sandbox-fusion"
+    """What a request's memory_limit_MB limits. sandbox-fusion: as upstream, the address space, data and stack
+    (soft limits) of the compiler and the program, so rewards match (with 1024 MB the JVM, Go's toolchain, Node and
+    Python threads cannot start, as there); data: the program's data segment only, so they run. The sandbox's
+    memory limit (`memory_mb`) holds either way."""
     pids: int = Field(256, ge=16)
     """Processes per sandbox."""
     max_run_timeout: float = Field(300, gt=0)

@@ -20,6 +20,7 @@ from air.services.sandbox_fusion.config import SandboxFusionConfig
 from air.services.sandbox_fusion.files import (
     Rejected,
     RequestFiles,
+    UpstreamSandboxError,
     checked_path,
     decode_files,
     fetch_files,
@@ -51,13 +52,26 @@ log = logging.getLogger("air.services.sandbox_fusion")
 class _Plan(RequestFiles):
     request: RunCodeRequest
     recipe: Recipe
-    stdin: bytes | None
+    stdin: str
     run_timeout: float
     compile_timeout: float
     compile: str | None
+    """The compile step as a shell script: the request's memory limits when they apply to it, then `exec` of the
+    recipe's command (so the status is the command's own)."""
     run: str
-    refused: str = ""
-    """Why the code is not compiled (a compile error upstream reports without running a compiler)."""
+    """The run step, likewise."""
+
+
+def memory_limits(mode: str, limit_mb: int) -> tuple[str, str]:
+    """Shell prefixes (compile's, run's) that apply a request's memory_limit_MB as `mode` says (see
+    SandboxFusionConfig.memory_limit_mode); empty when the request sets none."""
+    if limit_mb <= 0:
+        return "", ""
+    kb = limit_mb * 1024
+    if mode == "sandbox-fusion":  # upstream's preexec_fn: soft RLIMIT_AS, RLIMIT_DATA and RLIMIT_STACK, both steps
+        prefix = f"ulimit -S -v {kb} && ulimit -S -d {kb} && ulimit -S -s {kb} && "
+        return prefix, prefix
+    return "", f"ulimit -d {kb} && "
 
 
 class SandboxFusionService:
@@ -113,6 +127,12 @@ class SandboxFusionService:
             plan = self._plan(request)
         except Rejected as exc:
             return RunCodeResponse(status=RunStatus.Failed, message=str(exc))
+        except UpstreamSandboxError as exc:
+            return RunCodeResponse(status=RunStatus.SandboxError, message=str(exc))
+        except CompileRefused as exc:  # upstream's answer, word for word: its runner's "compile error" is an Error
+            why = str(exc)
+            return RunCodeResponse(status=RunStatus.SandboxError, message=why, compile_result=CommandRunResult(
+                status=CommandRunStatus.Error, return_code=1, stderr=why))
         return await self._leased(lambda sandbox: self._execute(sandbox, plan), RunCodeResponse)
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
@@ -124,6 +144,8 @@ class SandboxFusionService:
                                 max_input_bytes=self.config.max_input_bytes)
         except Rejected as exc:
             return RunJupyterResponse(status=RunStatus.Failed, message=str(exc))
+        except UpstreamSandboxError as exc:
+            return RunJupyterResponse(status=RunStatus.SandboxError, message=str(exc))
         return await self._leased(lambda sandbox: jupyter.execute(self, sandbox, plan), RunJupyterResponse)
 
     async def _leased(self, work, answer):
@@ -147,8 +169,9 @@ class SandboxFusionService:
         why = self.available.get(request.language, "")
         if why:
             raise Rejected(f"language {request.language!r} is not available: {why}; available here: "
-                            f"{', '.join(self.languages())}")
+                           f"{', '.join(self.languages())}")
         recipe = RECIPES[request.language]
+        main = shlex.quote(recipe.main(request.code)) if recipe.main else ""  # CompileRefused first, as upstream
         files, absolute = decode_files(request.files)
         names = [*files, *absolute]
         # Upstream writes the code after the files, to a fresh temporary name (never an upload's); a fixed name
@@ -156,34 +179,32 @@ class SandboxFusionService:
         source = recipe.source_name(request.code, taken=files)
         if source is not None:
             files[source] = (recipe.transform(request.code) if recipe.transform else request.code).encode()
-        fields = {"src": shlex.quote(source or ""),
+        fields = {"src": shlex.quote(source or ""), "main": main,
                   "cp": shlex.quote(recipe.class_path(names)) if recipe.class_path else ""}
-        refused = ""
-        try:
-            fields["main"] = shlex.quote(recipe.main(request.code)) if recipe.main else ""
-        except CompileRefused as exc:
-            refused, fields["main"] = str(exc), ""
         no_file_is_a_directory(files)
-        stdin = request.stdin.encode() if request.stdin is not None else None
-        size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + len(stdin or b"")
+        stdin = request.stdin.encode() if request.stdin is not None else b""
+        size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + len(stdin)
         if size > self.config.max_input_bytes:
             raise Rejected(f"code, stdin and files are {size} bytes; this server takes at most "
-                            f"{self.config.max_input_bytes}")
+                           f"{self.config.max_input_bytes}")
         fetch = [(path, checked_path(path, "fetch")) for path in request.fetch_files]
         notes = []
         limit = self.config.max_run_timeout
 
         def bounded(name: str, value: float) -> float:
+            """Past the server's maximum: lowered, and the message says so. 0 or less stays: the step then times
+            out at once without running, as upstream's does."""
             if value > limit:
                 notes.append(f"{name} {value:g}s lowered to this server's maximum {limit:g}s")
-            return min(max(value, 0.1), limit)
+            return min(value, limit)
 
-        compile_timeout = (bounded("compile_timeout", request.compile_timeout) if recipe.compile
-                           else min(request.compile_timeout, limit))
-        return _Plan(request=request, recipe=recipe, files=files, absolute=absolute, stdin=stdin, fetch=fetch,
-                     run_timeout=bounded("run_timeout", request.run_timeout), compile_timeout=compile_timeout,
-                     compile=recipe.compile.format(**fields) if recipe.compile else None,
-                     run=recipe.run.format(**fields), refused=refused, notes=notes)
+        compile_limits, run_limits = memory_limits(self.config.memory_limit_mode, request.memory_limit_MB)
+        return _Plan(request=request, recipe=recipe, files=files, absolute=absolute, fetch=fetch, notes=notes,
+                     stdin=stdin.decode("utf-8", "surrogateescape"),
+                     run_timeout=bounded("run_timeout", request.run_timeout),
+                     compile_timeout=bounded("compile_timeout", request.compile_timeout) if recipe.compile else 0,
+                     compile=f"{compile_limits}exec {recipe.compile.format(**fields)}" if recipe.compile else None,
+                     run=f"{run_limits}exec {recipe.run.format(**fields)}")
 
     async def _execute(self, sandbox, plan: _Plan) -> RunCodeResponse:
         await sandbox.session.unpack(AGENT_HOME, plan.tar())
@@ -192,24 +213,15 @@ class SandboxFusionService:
             if problem:
                 return RunCodeResponse(status=RunStatus.Failed, message=problem, executor_pod_name=sandbox.name)
         compile_result = None
-        if plan.refused:
-            compile_result = CommandRunResult(status=CommandRunStatus.Error, return_code=1, stderr=plan.refused)
-            return self._response(sandbox, plan, compile_result, None, {})
-        # The program runs as the warden's own child (`exec` replaces the shell): its status is the kernel's,
-        # so nothing it prints or forks can forge a finish or an exit code, and every process it left is
-        # reaped.
         if plan.compile:
-            result = await sandbox.session.run_untrusted(["sh", "-c", f"exec {plan.compile}"],
-                                                cwd=plan.directory, timeout=plan.compile_timeout)
-            compile_result = await self._command_result(sandbox, result)
+            compile_result = await self._program(sandbox, plan.compile, cwd=plan.directory,
+                                                 timeout=plan.compile_timeout)
             if compile_result.status != CommandRunStatus.Finished or compile_result.return_code != 0:
                 return self._response(sandbox, plan, compile_result, None, {})
-        limit = (f"ulimit -d {plan.request.memory_limit_MB * 1024} && "
-                 if plan.request.memory_limit_MB > 0 else "")
-        stdin = plan.stdin.decode("utf-8", "surrogateescape") if plan.stdin is not None else ""
-        result = await sandbox.session.run_untrusted(["sh", "-c", f"{limit}exec {plan.run}"],
-                                            cwd=plan.directory, stdin=stdin, timeout=plan.run_timeout)
-        run_result = await self._command_result(sandbox, result)
+        # What the program leaves running is killed by the reset after the lease, unless its files are fetched:
+        # then first, so that nothing changes them while they are read.
+        run_result = await self._program(sandbox, plan.run, cwd=plan.directory, stdin=plan.stdin,
+                                         timeout=plan.run_timeout, reap=bool(plan.fetch))
         files = (await fetch_files(sandbox, plan.directory, plan.fetch, plan.notes, self.config.max_fetch_bytes)
                  if plan.fetch else {})
         return self._response(sandbox, plan, compile_result, run_result, files)
@@ -222,14 +234,28 @@ class SandboxFusionService:
                                message="; ".join(plan.notes), compile_result=compile_result,
                                run_result=run_result, executor_pod_name=sandbox.name, files=files)
 
-    async def _command_result(self, sandbox, result) -> CommandRunResult:
+    async def _program(self, sandbox, script: str, *, cwd: str, timeout: float, stdin: str = "",
+                       reap: bool = True) -> CommandRunResult:
+        """One step (a compile or a run) as the warden's own child: its script ends in `exec`, so the status is
+        the kernel's and nothing the program prints or forks can forge a finish or an exit code. A timeout of 0
+        or less times out at once without running, as upstream's does."""
+        if timeout <= 0:
+            return CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=0.0, stdout="",
+                                    stderr="")
+        # The OOM counter before and after this program: a kill counted in between is this program's (an
+        # earlier request's, or its own child's while it went on to exit normally, is not).
+        oom_before = await sandbox.oom_kills()
+        # /bin/sh by its path: the warden's fork then skips a PATH search (about a millisecond).
+        result = await sandbox.session.run_untrusted(["/bin/sh", "-c", script], cwd=cwd, stdin=stdin,
+                                                     timeout=timeout, reap=reap)
         limit, captured = self.config.output_limit, self._captured
         stdout, stderr = cap_stream(result.stdout, limit, captured), cap_stream(result.stderr, limit, captured)
         if result.timed_out:
             return CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=result.duration,
                                     return_code=None, stdout=stdout, stderr=stderr)
         code = result.exit_code  # negative: killed by that signal, as Python's subprocess and upstream report
-        if code == -9 and await sandbox.new_oom_kill():
+        if code == -9 and await sandbox.oom_kills() > oom_before:
+            sandbox.mark_broken("a program was OOM-killed")
             stderr += (f"\n[air: the program was killed for using more than the sandbox's "
                        f"{self.config.memory_mb} MB of memory]\n")
         return CommandRunResult(status=CommandRunStatus.Finished, execution_time=result.duration,
