@@ -249,6 +249,40 @@ def test_failing_tests_are_reported_by_their_runners(answers):
     assert "unittest" in answers["D_ut-assert"].run_result.stdout + answers["D_ut-assert"].run_result.stderr
 
 
+# ----- one compile per program (compiled.py) ------------------------------------------------------------------------
+SUM_CPP = "#include <cstdio>\nint main() { long a, b; scanf(\"%ld %ld\", &a, &b); printf(\"%ld\\n\", a + b); }"
+
+
+def test_one_program_sent_per_test_case_is_compiled_once(server):
+    """verl sends a program once per test case, all at once: one compile serves them (every answer carries that
+    compile's own result, to the float), and each runs with its own stdin."""
+    code = SUM_CPP + f"\n// {uuid.uuid4().hex}"  # a program no earlier test compiled
+    requests = [RunCodeRequest(code=code, language="cpp", stdin=f"{i} 1", compile_timeout=COMPILE_S,
+                               run_timeout=RUN_S) for i in range(3 * CONCURRENCY)]
+    answers = run_concurrent(run_code, kwargs=[{"request": r, "endpoint": server.url, "max_attempts": 1}
+                                               for r in requests], concurrency=len(requests))
+    assert [a.run_result.stdout for a in answers] == [f"{i + 1}\n" for i in range(len(requests))], answers
+    assert len({repr(sorted(a.compile_result.dict().items())) for a in answers}) == 1, "one compile for all of them"
+    broken = f"int main( {{ // {uuid.uuid4().hex}"
+    error = [run(server, broken, language="cpp", compile_timeout=COMPILE_S) for _ in range(2)]
+    assert error[0].compile_result == error[1].compile_result and error[1].status == "Failed"  # kept too
+    assert error[1].compile_result.return_code != 0 and error[1].run_result is None
+
+
+def test_a_run_cannot_change_what_a_later_run_of_its_program_starts_from(server):
+    """The compiled directory is kept before the program first runs: a program that replaces its own binary
+    (and leaves a file beside it) does so in its own sandbox only."""
+    code = ("#include <cstdio>\n#include <cstdlib>\nint main() {\n"
+            "  if (fopen(\"planted\", \"r\")) { puts(\"planted\"); return 0; }\n"
+            "  FILE *f = fopen(\"test.new\", \"w\"); fputs(\"#!/bin/sh\\necho poisoned\\n\", f); fclose(f);\n"
+            "  fclose(fopen(\"planted\", \"w\"));\n"
+            "  if (system(\"chmod +x test.new && mv test.new test\") != 0) return 2;\n"
+            "  puts(\"clean\");\n}\n" + f"// {uuid.uuid4().hex}")
+    for _ in range(CONCURRENCY + 2):  # more requests than sandboxes
+        answer = run(server, code, language="cpp", compile_timeout=COMPILE_S, run_timeout=RUN_S)
+        assert answer.status == "Success" and answer.run_result.stdout == "clean\n", answer
+
+
 def test_an_uploaded_jar_is_on_the_java_class_path(server):
     # Compile a library class and jar it in one request, then use the jar, uploaded, from another.
     made = run(server, "mkdir -p lib/util && printf 'package util;\\npublic class Greeter {\\n"

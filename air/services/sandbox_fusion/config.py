@@ -43,6 +43,9 @@ class SandboxFusionConfig(BaseModel):
     """Code, stdin and files of one request together, decoded."""
     max_fetch_bytes: int = Field(16 << 20, ge=1024)
     """Fetched files of one request together; a file past the budget is left out, and the message says so."""
+    compile_cache_mb: int = Field(256, ge=0)
+    """Compiled programs kept in memory, MB: the same program (code, files, limits) is compiled once, as verl
+    sends it once per test case; 0 compiles every request."""
     max_leases: int = Field(200, ge=1)
     """Recycle a sandbox container after this many requests, however healthy it looks."""
     run_id: str | None = None

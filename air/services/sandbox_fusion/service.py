@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import posixpath
 import shlex
 from dataclasses import dataclass
 
 from air.errors import InfraError
 from air.sandbox import (
     AGENT_HOME,
+    ArchiveTooLarge,
+    ArchiveUnreadable,
     Resources,
     SandboxSpec,
 )
 from air.services.sandbox_fusion import jupyter
+from air.services.sandbox_fusion.compiled import CompileCache, Compiled, compile_key, keepable
 from air.services.sandbox_fusion.config import SandboxFusionConfig
 from air.services.sandbox_fusion.files import (
     Rejected,
@@ -60,6 +64,14 @@ class _Plan(RequestFiles):
     recipe's command (so the status is the command's own)."""
     run: str
     """The run step, likewise."""
+    compile_key: str | None = None
+    """The program's key in the compile cache (None: not kept, or nothing to compile)."""
+    start_from: Compiled | None = None
+    """A compile of the same program to start from instead of compiling."""
+
+    @property
+    def sf_dir(self) -> str:
+        return posixpath.dirname(self.directory)
 
 
 def memory_limits(mode: str, limit_mb: int) -> tuple[str, str]:
@@ -89,6 +101,7 @@ class SandboxFusionService:
         """Language -> '' when it runs here, else why not."""
         self.requests = 0
         self._captured = 1 << 20  # bytes per stream the sandbox's shell keeps; read from it at start
+        self.compiled = CompileCache(self.config.compile_cache_mb << 20) if self.config.compile_cache_mb else None
 
     # ----- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -133,7 +146,22 @@ class SandboxFusionService:
             why = str(exc)
             return RunCodeResponse(status=RunStatus.SandboxError, message=why, compile_result=CommandRunResult(
                 status=CommandRunStatus.Error, return_code=1, stderr=why))
-        return await self._leased(lambda sandbox: self._execute(sandbox, plan), RunCodeResponse)
+        if plan.compile_key is None:
+            return await self._leased(lambda sandbox: self._execute(sandbox, plan), RunCodeResponse)
+        # The first request of a program compiles it; the same program's others wait here, without a slot or a
+        # sandbox, and start from its outcome (compiled.py).
+        plan.start_from, lead = await self.compiled.lookup(plan.compile_key, plan.compile_timeout)
+        if not lead:
+            plan.compile_key = None
+        if plan.start_from is not None and plan.start_from.tar is None:
+            return self._response(None, plan, plan.start_from.result, None, {})  # its compile error, again
+        if plan.start_from is not None:
+            plan.request_id = plan.start_from.request_id  # the directory its tar holds
+        try:
+            return await self._leased(lambda sandbox: self._execute(sandbox, plan), RunCodeResponse)
+        finally:
+            if lead:  # whatever happened before the compile settled it: the waiting requests compile on their own
+                self.compiled.settle(plan.compile_key, None)
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         """The cells in one fresh kernel in a leased sandbox (jupyter.py)."""
@@ -199,7 +227,10 @@ class SandboxFusionService:
             return min(value, limit)
 
         compile_limits, run_limits = memory_limits(self.config.memory_limit_mode, request.memory_limit_MB)
-        return _Plan(request=request, recipe=recipe, files=files, absolute=absolute, fetch=fetch, notes=notes,
+        # Kept when the run never names the source file (whose temporary name differs between requests).
+        key = (compile_key(request, compile_limits) if recipe.compile and self.compiled is not None
+               and "{src}" not in recipe.run else None)
+        return _Plan(compile_key=key, request=request, recipe=recipe, files=files, absolute=absolute, fetch=fetch, notes=notes,
                      stdin=stdin.decode("utf-8", "surrogateescape"),
                      run_timeout=bounded("run_timeout", request.run_timeout),
                      compile_timeout=bounded("compile_timeout", request.compile_timeout) if recipe.compile else 0,
@@ -207,17 +238,23 @@ class SandboxFusionService:
                      run=f"{run_limits}exec {recipe.run.format(**fields)}")
 
     async def _execute(self, sandbox, plan: _Plan) -> RunCodeResponse:
-        await sandbox.session.unpack(AGENT_HOME, plan.tar())
+        if plan.start_from is not None and plan.start_from.tar is not None:
+            await sandbox.session.unpack(plan.sf_dir, plan.start_from.tar)
+        else:
+            await sandbox.session.unpack(AGENT_HOME, plan.tar())
         if plan.absolute:
             problem = await place_absolute(sandbox, plan.directory, plan.absolute)
             if problem:
                 return RunCodeResponse(status=RunStatus.Failed, message=problem, executor_pod_name=sandbox.name)
-        compile_result = None
-        if plan.compile:
+        compile_result = plan.start_from.result if plan.start_from is not None else None
+        if plan.compile and compile_result is None:
             compile_result = await self._program(sandbox, plan.compile, cwd=plan.directory,
                                                  timeout=plan.compile_timeout)
-            if compile_result.status != CommandRunStatus.Finished or compile_result.return_code != 0:
-                return self._response(sandbox, plan, compile_result, None, {})
+            if plan.compile_key is not None:
+                self.compiled.settle(plan.compile_key, await self._keep(sandbox, plan, compile_result))
+        if compile_result is not None and (compile_result.status != CommandRunStatus.Finished
+                                           or compile_result.return_code != 0):
+            return self._response(sandbox, plan, compile_result, None, {})
         # What the program leaves running is killed by the reset after the lease, unless its files are fetched:
         # then first, so that nothing changes them while they are read.
         run_result = await self._program(sandbox, plan.run, cwd=plan.directory, stdin=plan.stdin,
@@ -226,13 +263,28 @@ class SandboxFusionService:
                  if plan.fetch else {})
         return self._response(sandbox, plan, compile_result, run_result, files)
 
+    async def _keep(self, sandbox, plan: _Plan, result: CommandRunResult) -> Compiled | None:
+        """What the compile cache keeps of this compile: its result and, when it succeeded, the request's directory
+        as the compiler left it (read with the agent's rights; every process of the compile was reaped)."""
+        if not keepable(result):
+            return None
+        tar = None
+        if result.return_code == 0:
+            try:
+                tar = await sandbox.session.pack([posixpath.basename(plan.directory)], root=plan.sf_dir,
+                                                 max_bytes=self.compiled.max_bytes)
+            except (FileNotFoundError, ArchiveTooLarge, ArchiveUnreadable):
+                return None
+        return Compiled(result=result, request_id=plan.request_id, tar=tar)
+
     def _response(self, sandbox, plan: _Plan, compile_result: CommandRunResult | None,
                   run_result: CommandRunResult | None, files: dict[str, str]) -> RunCodeResponse:
         failed = any(r is not None and (r.status != CommandRunStatus.Finished or r.return_code != 0)
                      for r in (compile_result, run_result))
         return RunCodeResponse(status=RunStatus.Failed if failed else RunStatus.Success,
                                message="; ".join(plan.notes), compile_result=compile_result,
-                               run_result=run_result, executor_pod_name=sandbox.name, files=files)
+                               run_result=run_result, executor_pod_name=sandbox.name if sandbox else None,
+                               files=files)
 
     async def _program(self, sandbox, script: str, *, cwd: str, timeout: float, stdin: str = "",
                        reap: bool = True) -> CommandRunResult:
