@@ -92,7 +92,7 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def readme_table(text: str) -> str:
-    found = re.search(re.escape(BEGIN) + "(.*?)" + re.escape(END), text, re.S)
+    found = re.search(re.escape(BEGIN) + "(.*?)" + re.escape(END), text, re.DOTALL)
     return found.group(1) if found else ""
 
 

@@ -175,17 +175,17 @@ def test_the_memory_limit_is_upstreams_address_space_limit(server):
     (a field of upstream's server, not of its client: sent as raw JSON, as verl does), hard limits untouched
     (the program may raise them, as upstream's may)."""
     code = "for o in -S -H; do for r in v d s; do ulimit $o -$r; done; done"
-    http, answer = post(server.url, {"code": code, "language": "bash", "memory_limit_MB": VERL_MEMORY_MB})
+    _, answer = post(server.url, {"code": code, "language": "bash", "memory_limit_MB": VERL_MEMORY_MB})
     kb = str(VERL_MEMORY_MB * 1024)
     assert answer["run_result"]["stdout"].split() == [kb, kb, kb, "unlimited", "unlimited", "unlimited"], answer
-    http, answer = post(server.url, {"code": code, "language": "bash"})
+    _, answer = post(server.url, {"code": code, "language": "bash"})
     assert answer["run_result"]["stdout"].split() == ["unlimited", "unlimited", "8192"] + ["unlimited"] * 3
 
 
 @differs("`run_timeout` and `compile_timeout`", upstream="as asked, however long",
          air="at most `--max-run-timeout` (300 s by default); the message says when one was lowered")
 def test_a_timeout_past_the_servers_maximum_is_lowered_and_said_so(server):
-    http, answer = post(server.url, {"code": "print(1)", "language": "python", "run_timeout": 1e6})
+    _, answer = post(server.url, {"code": "print(1)", "language": "python", "run_timeout": 1e6})
     assert answer["status"] == "Success", answer
     assert answer["message"] == "run_timeout 1e+06s lowered to this server's maximum 300s"
 
@@ -216,10 +216,10 @@ def test_data_mode_lets_the_jvm_go_and_node_start(data_mode_server):
         thread.start()
     for thread in threads:
         thread.join()
-    for http, answer in answers:
+    for _, answer in answers:
         assert answer["status"] == "Success" and answer["run_result"]["stdout"] == "1\n", answer
-    http, big = post(data_mode_server.url, {"code": "x = bytearray(1536 << 20)", "language": "python",
-                                            "memory_limit_MB": VERL_MEMORY_MB})
+    _, big = post(data_mode_server.url, {"code": "x = bytearray(1536 << 20)", "language": "python",
+                                         "memory_limit_MB": VERL_MEMORY_MB})
     assert big["status"] == "Failed" and "MemoryError" in big["run_result"]["stderr"], big
 
 

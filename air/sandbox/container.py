@@ -233,9 +233,8 @@ class Sandbox:
                 return _oom_count(Path(self._oom_file).read_text())
             except OSError:  # the container (and its cgroup) went away: ask Docker, which will say so
                 pass
-        result = await self.harness_exec(["sh", "-c", "cat /sys/fs/cgroup/memory/memory.oom_control "
-                                  "/sys/fs/cgroup/memory.events 2>/dev/null"], timeout=10)
-        return _oom_count(result.stdout)
+        cat = "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null"
+        return _oom_count((await self.harness_exec(["sh", "-c", cat], timeout=10)).stdout)
 
     async def _host_oom_file(self) -> str | None:
         """The host's file that counts this container's OOM kills (cgroup v1 memory.oom_control or v2
@@ -271,7 +270,7 @@ class Sandbox:
 
 
 def _oom_count(text: str) -> int:
-    m = re.search(r"^oom_kill (\d+)", text, re.M)
+    m = re.search(r"^oom_kill (\d+)", text, re.MULTILINE)
     return int(m.group(1)) if m else 0
 
 
