@@ -54,6 +54,8 @@ class Difference:
     behaviour: str
     upstream: str
     air: str
+    module: str
+    line: int
     test: str
     """tests/<module>.py::<function>"""
 
@@ -67,21 +69,23 @@ TEST_MODULES = ("test_sandbox_fusion", "test_sandbox_fusion_languages", "test_sa
 def differs(behaviour: str, *, upstream: str, air: str):
     """Declare, on the test that proves it, a behaviour in which air deliberately differs from upstream."""
     def mark(test):
-        name = f"tests/{test.__module__.rsplit('.', 1)[-1]}.py::{test.__name__}"
-        DIFFERENCES[name] = Difference(behaviour, upstream, air, name)
+        module = test.__module__.rsplit(".", 1)[-1]
+        name = f"tests/{module}.py::{test.__name__}"
+        DIFFERENCES[name] = Difference(behaviour, upstream, air, module, test.__code__.co_firstlineno, name)
         return test
     return mark
 
 
 def table() -> str:
-    """README's table of differences, one row per declaration, in the order of TEST_MODULES and the tests."""
+    """README's table of differences, one row per declaration."""
     tests_dir = str(Path(__file__).parent)
     if tests_dir not in sys.path:
         sys.path.insert(0, tests_dir)
     for module in TEST_MODULES:
         importlib.import_module(module)
     rows = [f"| behaviour | {UPSTREAM} | air | proved by |", "| --- | --- | --- | --- |"]
-    for d in DIFFERENCES.values():
+    # In the modules' order, then the tests' (whichever order they were imported in).
+    for d in sorted(DIFFERENCES.values(), key=lambda d: (TEST_MODULES.index(d.module), d.line)):
         rows.append(f"| {d.behaviour} | {d.upstream} | {d.air} | `{d.test}` |")
     return "\n".join(rows) + "\n"
 

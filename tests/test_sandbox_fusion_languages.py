@@ -171,7 +171,8 @@ def toolchain(built):
 @pytest.fixture(scope="module")
 def server(toolchain, tmp_path_factory):
     with SandboxFusionServer(f"test-sfl-{uuid.uuid4().hex[:8]}", tmp_path_factory.mktemp("sf-languages") / "server.log",
-                             "--image", toolchain.tag, "--concurrency", str(CONCURRENCY), "--pool-size", str(CONCURRENCY),
+                             "--image", toolchain.tag, "--concurrency", str(CONCURRENCY),
+                             "--pool-size", str(CONCURRENCY),
                              "--memory-mb", "1536", "--log-level", "info").serving() as srv:
         yield srv
 

@@ -230,8 +230,8 @@ class SandboxFusionService:
         # Kept when the run never names the source file (whose temporary name differs between requests).
         key = (compile_key(request, compile_limits) if recipe.compile and self.compiled is not None
                and "{src}" not in recipe.run else None)
-        return _Plan(compile_key=key, request=request, recipe=recipe, files=files, absolute=absolute, fetch=fetch, notes=notes,
-                     stdin=stdin.decode("utf-8", "surrogateescape"),
+        return _Plan(request=request, recipe=recipe, files=files, absolute=absolute, fetch=fetch, notes=notes,
+                     compile_key=key, stdin=stdin.decode("utf-8", "surrogateescape"),
                      run_timeout=bounded("run_timeout", request.run_timeout),
                      compile_timeout=bounded("compile_timeout", request.compile_timeout) if recipe.compile else 0,
                      compile=f"{compile_limits}exec {recipe.compile.format(**fields)}" if recipe.compile else None,
