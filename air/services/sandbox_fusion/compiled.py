@@ -6,7 +6,9 @@ compiles it and the others wait for that (holding no sandbox) and then start fro
 directory as the compiler left it (a tar, unpacked into their own fresh sandbox), or the compile error. What a
 later request sees is what its own compile would have made: the compiler reads only the request's code and files
 (the key), runs in a fresh sandbox, and its directory is packed after every process of the compile was reaped and
-before the program ever runs, so no run can change what another starts from.
+before the program ever runs, so no run can change what another starts from; it is unpacked with the agent's
+rights, so even a directory a compile-time processor shaped (symlinks included) writes only where the program
+itself could.
 
 Not kept: a compile that timed out or was killed (its outcome depends on the moment, not on the program); and an
 entry is not used for a request whose compile_timeout is shorter than the compile took. Bounded in bytes, least
