@@ -170,6 +170,17 @@ def test_the_official_client_sees_what_upstreams_gives_it(server):
     assert answer.status == "Failed" and answer.run_result.status == "TimeLimitExceeded"
 
 
+def test_files_are_fetched_after_a_failed_compile_as_upstream_does(server):
+    """Twice: the second answer comes from the compile kept of the first (compiled.py), and still fetches."""
+    program = f"int main( {{ // {uuid.uuid4().hex}"
+    for _ in range(2):
+        answer = run_code(RunCodeRequest(code=program, language="cpp", files={"in.txt": "aGVsbG8="},
+                                         fetch_files=["in.txt"], compile_timeout=120), endpoint=server.url,
+                          max_attempts=1)
+        assert answer.status == "Failed" and answer.compile_result.return_code != 0 and answer.run_result is None
+        assert answer.files == {"in.txt": "aGVsbG8="}, answer
+
+
 def test_the_memory_limit_is_upstreams_address_space_limit(server):
     """The limits a program sees are upstream's: soft address-space, data and stack limits of memory_limit_MB
     (a field of upstream's server, not of its client: sent as raw JSON, as verl does), hard limits untouched

@@ -153,7 +153,7 @@ class SandboxFusionService:
         plan.start_from, lead = await self.compiled.lookup(plan.compile_key, plan.compile_timeout)
         if not lead:
             plan.compile_key = None
-        if plan.start_from is not None and plan.start_from.tar is None:
+        if plan.start_from is not None and plan.start_from.tar is None and not plan.fetch:
             return self._response(None, plan, plan.start_from.result, None, {})  # its compile error, again
         if plan.start_from is not None:
             plan.request_id = plan.start_from.request_id  # the directory its tar holds
@@ -252,13 +252,14 @@ class SandboxFusionService:
                                                  timeout=plan.compile_timeout)
             if plan.compile_key is not None:
                 self.compiled.settle(plan.compile_key, await self._keep(sandbox, plan, compile_result))
-        if compile_result is not None and (compile_result.status != CommandRunStatus.Finished
-                                           or compile_result.return_code != 0):
-            return self._response(sandbox, plan, compile_result, None, {})
-        # What the program leaves running is killed by the reset after the lease, unless its files are fetched:
-        # then first, so that nothing changes them while they are read.
-        run_result = await self._program(sandbox, plan.run, cwd=plan.directory, stdin=plan.stdin,
-                                         timeout=plan.run_timeout, reap=bool(plan.fetch))
+        run_result = None
+        if compile_result is None or (compile_result.status == CommandRunStatus.Finished
+                                      and compile_result.return_code == 0):
+            # What the program leaves running is killed by the reset after the lease, unless its files are
+            # fetched: then first, so that nothing changes them while they are read.
+            run_result = await self._program(sandbox, plan.run, cwd=plan.directory, stdin=plan.stdin,
+                                             timeout=plan.run_timeout, reap=bool(plan.fetch))
+        # Fetched after a failed compile too, as upstream does.
         files = (await fetch_files(sandbox, plan.directory, plan.fetch, plan.notes, self.config.max_fetch_bytes)
                  if plan.fetch else {})
         return self._response(sandbox, plan, compile_result, run_result, files)
