@@ -2,13 +2,18 @@
 server), measured side by side in one run: throughput, p50/p95 latency and CPU per request.
 
     python bench/bench_sandbox_fusion.py [--requests 200] [--concurrency 1 8 32] [--pool-size 8 [16 ...]]
+                                         [--language python [cpp]] [--image air/toolchain:latest]
+                                         [--programs same|distinct]
                                          [--sandbox-fusion-url http://127.0.0.1:8080] [--json]
 
-Sides, each sent `{"code": "print(1)", "language": "python"}` (or running it), N requests at a time:
+Each --language sends its tiny program (python `print(1)`, cpp a `puts("1")` to compile and run), N requests at a
+time. `--programs same` sends one program, as verl does for a program's test cases (air compiles it once);
+`distinct` makes each request's program differ by a comment, so every one is compiled. Sides:
 - air (pool P): `air serve sandbox-fusion` started here as a subprocess (as in production) with a pool of P
   sandboxes and `max(--concurrency)` slots; one server per --pool-size value, so pool sizes compare in one run;
-- subprocess: `python -c 'print(1)'` as a local subprocess per request: no container, no isolation, no HTTP,
-  the floor SandboxFusion's default `isolation: none` sits on;
+- subprocess: the program as a local subprocess per request (python: this interpreter; cpp: g++ then the
+  binary, in a temporary directory): no container, no isolation, no HTTP, the floor SandboxFusion's default
+  `isolation: none` sits on;
 - sandbox-fusion (with --sandbox-fusion-url): SandboxFusion's own server, started by you (its CPU is found by
   the port it listens on).
 
@@ -33,13 +38,15 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import httpx
 
-REQUEST = {"code": "print(1)", "language": "python"}
+PROGRAMS = {"python": "print(1)", "cpp": '#include <cstdio>\nint main() { puts("1"); }'}
+COMMENT = {"python": "#", "cpp": "//"}
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -172,18 +179,43 @@ async def drive(one, requests: int, concurrency: int, latencies: list[float]) ->
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def subprocess_once() -> None:
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "print(1)", stdout=asyncio.subprocess.PIPE,
+class Workload:
+    """One language's program, the same for every request or made distinct by a comment."""
+
+    def __init__(self, language: str, distinct: bool):
+        self.language, self.distinct = language, distinct
+        self.sent = 0
+
+    def code(self) -> str:
+        self.sent += 1
+        tail = f"\n{COMMENT[self.language]} {uuid.uuid4().hex}" if self.distinct else ""
+        return PROGRAMS[self.language] + tail
+
+    def http_once(self, client: httpx.AsyncClient):
+        async def one() -> None:
+            body = (await client.post("/run_code", json={"code": self.code(), "language": self.language,
+                                                         "compile_timeout": 120})).json()
+            assert body["status"] == "Success" and body["run_result"]["stdout"] == "1\n", body
+        return one
+
+    async def subprocess_once(self) -> None:
+        code = self.code()
+        if self.language == "python":
+            out = await _run(sys.executable, "-c", code)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                Path(tmp, "main.cpp").write_text(code)
+                await _run("g++", "-std=c++17", f"{tmp}/main.cpp", "-o", f"{tmp}/test")
+                out = await _run(f"{tmp}/test")
+        assert out == b"1\n", out
+
+
+async def _run(*argv: str) -> bytes:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE)
-    out, _ = await proc.communicate()
-    assert proc.returncode == 0 and out == b"1\n", out
-
-
-def http_once(client: httpx.AsyncClient):
-    async def one() -> None:
-        body = (await client.post("/run_code", json=REQUEST)).json()
-        assert body["status"] == "Success" and body["run_result"]["stdout"] == "1\n", body
-    return one
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err
+    return out
 
 
 def free_port() -> int:
@@ -192,10 +224,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_air(pool_size: int, concurrency: int, run_id: str) -> tuple[subprocess.Popen, str]:
+def start_air(pool_size: int, concurrency: int, run_id: str, image: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     argv = [sys.executable, "-m", "air.cli.serve", "sandbox-fusion", "--port", str(port), "--pool-size",
-            str(pool_size), "--concurrency", str(concurrency), "--log-level", "warning"]
+            str(pool_size), "--concurrency", str(concurrency), "--image", image, "--memory-mb", "1536",
+            "--log-level", "warning"]
     log = open(f"/tmp/{run_id}.log", "wb")  # noqa: SIM115 (the server's whole life)
     return (subprocess.Popen(argv, env={**os.environ, "AIR_RUN_ID": run_id}, stdout=log, stderr=log),
             f"http://127.0.0.1:{port}")
@@ -216,7 +249,8 @@ async def wait_ready(url: str, proc: subprocess.Popen | None, timeout: float = 3
 
 async def main(args: argparse.Namespace) -> dict:
     levels, top = args.concurrency, max(args.concurrency)
-    figures: dict = {"requests": args.requests, "levels": {}, "load_before": os.getloadavg()}
+    figures: dict = {"requests": args.requests, "programs": args.programs, "levels": {},
+                     "load_before": os.getloadavg()}
     t0, b0 = time.perf_counter(), machine_busy()
     await asyncio.sleep(3)
     figures["idle_cpu_ms_per_s"] = (machine_busy() - b0) / (time.perf_counter() - t0) * 1000
@@ -226,42 +260,48 @@ async def main(args: argparse.Namespace) -> dict:
     try:
         for pool_size in args.pool_size:
             run_id = f"bench-sf-{uuid.uuid4().hex[:8]}"
-            proc, url = start_air(pool_size, top, run_id)
+            proc, url = start_air(pool_size, top, run_id, args.image)
             servers.append((proc, url, run_id, pool_size))
-        sides: dict[str, tuple] = {}  # name -> (one, meter factory)
+        endpoints: dict[str, tuple] = {}  # side -> (client or None, server pid, run ids, own children)
         for proc, url, run_id, pool_size in servers:
             figures.setdefault("startup_s", {})[pool_size] = await wait_ready(url, proc)
-            client = httpx.AsyncClient(base_url=url, timeout=120, limits=limits)
+            client = httpx.AsyncClient(base_url=url, timeout=300, limits=limits)
             clients.append(client)
-            sides[f"air pool {pool_size}"] = (http_once(client), proc.pid, [run_id], False)
-        sides["subprocess"] = (subprocess_once, None, [], True)
+            endpoints[f"air pool {pool_size}"] = (client, proc.pid, [run_id], False)
+        endpoints["subprocess"] = (None, None, [], True)
         if args.sandbox_fusion_url:
             await wait_ready(args.sandbox_fusion_url, None, 30)
-            client = httpx.AsyncClient(base_url=args.sandbox_fusion_url, timeout=120, limits=limits)
+            client = httpx.AsyncClient(base_url=args.sandbox_fusion_url, timeout=300, limits=limits)
             clients.append(client)
             port = httpx.URL(args.sandbox_fusion_url).port or 80
-            sides["sandbox-fusion"] = (http_once(client), listener_pid(port), [], False)
-        for name, (one, *_rest) in sides.items():  # warm-up: every sandbox and connection
-            await drive(one, 2 * top, top, [])
-        for c in levels:
-            meters = {name: Meter(pid, runs, own) for name, (_, pid, runs, own) in sides.items()}
-            latencies: dict[str, list[float]] = {name: [] for name in sides}
-            for half in (args.requests // 2, args.requests - args.requests // 2):
-                for name, (one, *_rest) in sides.items():
-                    async with meters[name].phase():
-                        await drive(one, half, c, latencies[name])
-            rows = {}
-            for name, meter in meters.items():
-                t, n = meter.total, args.requests
-                own = t["server"] + t["sandboxes"] + t["docker"] + t["client"]
-                rows[name] = {"rps": n / t["wall"], "p50_ms": statistics.median(latencies[name]),
-                              "p95_ms": pct(latencies[name], 0.95), "own_cpu_ms": own / n * 1000,
-                              **{f"{k}_cpu_ms": t[k] / n * 1000
-                                 for k in ("machine", "server", "sandboxes", "docker", "client")},
-                              "server_core": t["server"] / t["wall"]}
-            for row in rows.values():
-                row["rps_vs_subprocess"] = row["rps"] / rows["subprocess"]["rps"]
-            figures["levels"][c] = rows
+            endpoints["sandbox-fusion"] = (client, listener_pid(port), [], False)
+        for language in args.language:
+            work = {name: Workload(language, args.programs == "distinct") for name in endpoints}
+            sides = {name: (work[name].http_once(client) if client else work[name].subprocess_once, pid, runs, own)
+                     for name, (client, pid, runs, own) in endpoints.items()}
+            for name, (one, *_rest) in sides.items():  # warm-up: every sandbox and connection (and, same
+                await drive(one, 2 * top, top, [])     # program: its compile)
+            for c in levels:
+                meters = {name: Meter(pid, runs, own) for name, (_, pid, runs, own) in sides.items()}
+                latencies: dict[str, list[float]] = {name: [] for name in sides}
+                for half in (args.requests // 2, args.requests - args.requests // 2):
+                    for name, (one, *_rest) in sides.items():
+                        async with meters[name].phase():
+                            await drive(one, half, c, latencies[name])
+                rows = {}
+                for name, meter in meters.items():
+                    t, n = meter.total, args.requests
+                    own = t["server"] + t["sandboxes"] + t["docker"] + t["client"]
+                    rows[name] = {"rps": n / t["wall"], "p50_ms": statistics.median(latencies[name]),
+                                  "p95_ms": pct(latencies[name], 0.95), "own_cpu_ms": own / n * 1000,
+                                  **{f"{k}_cpu_ms": t[k] / n * 1000
+                                     for k in ("machine", "server", "sandboxes", "docker", "client")},
+                                  "server_core": t["server"] / t["wall"]}
+                baseline = "sandbox-fusion" if "sandbox-fusion" in rows else "subprocess"
+                for row in rows.values():
+                    row["ratio"] = row["rps"] / rows[baseline]["rps"]
+                figures["baseline"] = baseline
+                figures["levels"][f"{language} c={c}"] = rows
     finally:
         for client in clients:
             await client.aclose()
@@ -279,13 +319,15 @@ async def main(args: argparse.Namespace) -> dict:
 
 def report(f: dict) -> None:
     load = " / ".join(f"{x:.1f}" for x in f["load_before"])
-    print(f"{f['requests']} requests of print(1) per side and concurrency, {os.cpu_count()} CPUs; load average "
-          f"before {load}; machine busy {f['idle_cpu_ms_per_s']:.0f} ms/s before the run (in 'machine')")
-    print(f"{'c':>3}  {'side':<15} {'req/s':>7} {'x subp':>7} {'p50 ms':>7} {'p95 ms':>7} {'CPU ms/req':>10} "
+    print(f"{f['requests']} requests per side, language and concurrency ({f['programs']} program), "
+          f"{os.cpu_count()} CPUs; load average before {load}; machine busy {f['idle_cpu_ms_per_s']:.0f} ms/s "
+          f"before the run (in 'machine')")
+    ratio = f"x {f['baseline'][:6]}"
+    print(f"{'workload':<13} {'side':<15} {'req/s':>7} {ratio:>8} {'p50 ms':>7} {'p95 ms':>7} {'CPU ms/req':>10} "
           f"{'server':>7} {'sandbox':>7} {'docker':>7} {'client':>7} {'machine':>8} {'srv core':>8}")
-    for c, rows in f["levels"].items():
+    for level, rows in f["levels"].items():
         for name, r in rows.items():
-            print(f"{c:>3}  {name:<15} {r['rps']:7.1f} {r['rps_vs_subprocess']:6.2f}x {r['p50_ms']:7.1f} "
+            print(f"{level:<13} {name:<15} {r['rps']:7.1f} {r['ratio']:7.2f}x {r['p50_ms']:7.1f} "
                   f"{r['p95_ms']:7.1f} {r['own_cpu_ms']:10.1f} {r['server_cpu_ms']:7.1f} "
                   f"{r['sandboxes_cpu_ms']:7.1f} {r['docker_cpu_ms']:7.1f} {r['client_cpu_ms']:7.1f} "
                   f"{r['machine_cpu_ms']:8.1f} {r['server_core']:8.2f}")
@@ -301,8 +343,13 @@ if __name__ == "__main__":
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--pool-size", type=int, nargs="+", default=[8],
                         help="one air server per value, measured side by side")
+    parser.add_argument("--language", nargs="+", default=["python"], choices=sorted(PROGRAMS))
+    parser.add_argument("--image", default="air/cpu:latest", help="air's sandbox image (cpp: air/toolchain:latest)")
+    parser.add_argument("--programs", choices=["same", "distinct"], default="same",
+                        help="one program for every request (verl's test cases), or a different one each")
     parser.add_argument("--sandbox-fusion-url", default=None,
-                        help="SandboxFusion's own server (started by you) as a third side")
+                        help="SandboxFusion's own server (started by you) as a third side; the ratios are then "
+                             "against it")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.requests < 2 or min(args.concurrency) < 1 or min(args.pool_size) < 1:

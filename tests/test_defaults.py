@@ -22,6 +22,7 @@ CLI_ONLY = {"log_level", "as_json"}
 
 FLAGS = {
     "sandbox-fusion": ["--port", "--host", "--image", "--concurrency", "--pool-size", "--cpus", "--memory-mb",
+                       "--memory-limit-mode",
                        "--max-run-timeout", "--output-limit", "--queue-timeout", "--log-level", "--json"],
     "agentgym": ["--port", "--host", "--task", "--mlgym-root", "--examples-per-task", "--max-turns",
                  "--max-seconds", "--command-timeout", "--reward-mode", "--reward-report", "--max-envs",

@@ -126,9 +126,9 @@ def test_images_ls_fits_80_columns_and_says_what_is_missing_and_what_each_image_
 
 @pytest.mark.docker
 def test_two_builds_at_once_both_succeed_and_leave_no_dangling_stage(recipes_dir, images, docker_client):
-    """Two `air images build` processes at once (set-up builds the CPU and toolchain images side by side; two
-    users on one daemon) while others prune: each build drops only its own multi-stage intermediates and never
-    prunes (the daemon refuses a second prune at once: the build ended in `internal error ... 409`, exit 4)."""
+    """Two `air images build` processes at once (two users on one daemon) while others prune: each build drops
+    only its own multi-stage intermediates and never prunes (the daemon refuses a second prune at once: the build
+    ended in `internal error ... 409`, exit 4)."""
     names = ["air-test-stage-slow", "air-test-stage-quick"]
     for name, pause in zip(names, (15, 0), strict=True):
         # The slow build's first stage is done (a dangling image) long before its second stage copies from it;

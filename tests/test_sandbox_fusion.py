@@ -13,6 +13,7 @@ import httpx
 import pytest
 from sandbox_fusion import RunCodeRequest, run_code, run_concurrent
 from served import SandboxFusionServer
+from sf_upstream import differs
 
 from air.sandbox import list_air_containers, make_labels
 
@@ -58,6 +59,8 @@ def test_success(server):
     assert response.executor_pod_name.startswith("air-")
 
 
+@differs("who runs the code", upstream="root, in the server's own container (`isolation: none`)",
+         air="uid 1000 without capabilities, in a container of its own")
 def test_bash_and_the_agent_user(server):
     response = run(server, "echo \"$(id -un) $(id -u)\"; pwd", language="bash")
     assert response.status == "Success"
@@ -105,6 +108,9 @@ def test_compiled_language_compile_error_or_a_clear_not_available(server, docker
     assert response.status == "Failed" and "does not run it" in response.message
 
 
+@differs("output past about 200 KB", upstream="the pipe fills and the run ends TimeLimitExceeded",
+         air="drained while the program runs: up to 1 MiB a stream comes back whole, more is cut (head and tail) "
+             "with a note of what was dropped")
 def test_a_megabyte_of_output_comes_back_whole_and_more_is_cut_with_a_note(server):
     started = time.monotonic()
     response = run(server, "import sys\nsys.stdout.write('x' * 1_000_000)\nsys.stderr.write('e' * 1_000_000)")
@@ -117,6 +123,8 @@ def test_a_megabyte_of_output_comes_back_whole_and_more_is_cut_with_a_note(serve
     assert f"[... {5_000_004 - (1 << 20)} bytes of output dropped ...]" in out and out.endswith("END\n")
 
 
+@differs("`fetch_files` of a symlink", upstream="followed: the target's content comes back",
+         air="left out, with a note: a symlink is never followed")
 def test_files_in_and_out(server):
     blob = bytes(range(256)) * 5000  # 1.28 MB: goes in by tar copy rather than through the shell
     code = ("import os, shutil\n"
@@ -137,11 +145,13 @@ def test_files_in_and_out(server):
                    fetch_files=["locked"])
     assert response.files == {} and "'locked' left out: not readable" in response.message
 
-    # Bad paths are the caller's mistake: Failed with a message, never SandboxError (which clients retry).
+    # A path out of the request's directory is refused: Failed with a message (upstream writes it, as root).
     response = run(server, "print(1)", files={"../escape.txt": b64(b"x")})
     assert response.status == "Failed" and "stay inside the working directory" in response.message
-    response = run(server, "print(1)", files={"n" * 300: b64(b"x")})
-    assert response.status == "Failed" and "too long" in response.message
+    # A name no file system holds makes upstream's server raise: its SandboxError, which the client retries.
+    body = httpx.post(f"{server.url}/run_code", json={"code": "print(1)", "language": "python",
+                                                      "files": {"n" * 300: b64(b"x")}}, timeout=30).json()
+    assert body["status"] == "SandboxError" and "too long" in body["message"]
 
 
 def test_stdin(server):
@@ -167,6 +177,7 @@ def test_64_requests_in_parallel_all_succeed(server):
     assert elapsed < 60
 
 
+@differs("network", upstream="the server's (open, with `isolation: none`)", air="none: only `lo`")
 def test_the_network_is_unreachable(server):
     # A UDP connect sends no packet; it only asks for a route, and a sandbox has none (only `lo`).
     code = ("import os, socket\nprint(sorted(os.listdir('/sys/class/net')))\n"
@@ -177,6 +188,9 @@ def test_the_network_is_unreachable(server):
     assert "Network is unreachable" in response.run_result.stderr
 
 
+@differs("what a request leaves behind (processes, files in /tmp, the home)",
+         upstream="stays, for the requests after it (`isolation: none`)",
+         air="gone: the sandbox is reset before its next request")
 def test_writes_outside_the_directory_never_reach_a_later_request(server):
     script = r"""found=
 for f in /tmp/leak /var/tmp/leak /dev/shm/leak ~/leak ~/workspace/leak ~/sf/leak; do

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from sandbox_fusion import RunCodeRequest, run_code, run_concurrent
+from sandbox_fusion import RunCodeRequest, RunJupyterRequest, run_code, run_concurrent, run_jupyter
 from served import SandboxFusionServer
+from sf_upstream import differs, verl_result
 
 pytestmark = pytest.mark.docker
 
-IMAGE = "air/toolchain:latest"
 CONCURRENCY = 4
 # Generous: these are correctness tests on a busy 2-core machine, never timing tests. A case meant to time out
 # gets TIMEOUT_S and an endless loop.
@@ -154,17 +154,25 @@ def b64(data: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def toolchain(docker_client):
-    """The toolchain image, built offline (or reused: a no-op when `scripts/setup.sh --test` built it)."""
+def built(docker_client) -> dict:
+    """The toolchain image and its parents, built offline (or reused: a no-op when `scripts/setup.sh --test` built
+    them), by recipe. Used by their content tags: on a shared daemon another checkout may point `:latest`
+    elsewhere."""
     from air.sandbox import ImageBuilder
 
-    return ImageBuilder(docker_client).ensure(["toolchain"])[-1]
+    return {image.recipe: image for image in ImageBuilder(docker_client).ensure(["toolchain"])}
+
+
+@pytest.fixture(scope="module")
+def toolchain(built):
+    return built["toolchain"]
 
 
 @pytest.fixture(scope="module")
 def server(toolchain, tmp_path_factory):
     with SandboxFusionServer(f"test-sfl-{uuid.uuid4().hex[:8]}", tmp_path_factory.mktemp("sf-languages") / "server.log",
-                             "--image", IMAGE, "--concurrency", str(CONCURRENCY), "--pool-size", str(CONCURRENCY),
+                             "--image", toolchain.tag, "--concurrency", str(CONCURRENCY),
+                             "--pool-size", str(CONCURRENCY),
                              "--memory-mb", "1536", "--log-level", "info").serving() as srv:
         yield srv
 
@@ -186,6 +194,9 @@ def answers(server) -> dict:
     return {case.id: response for case, response in zip(CASES, responses)}
 
 
+@differs("languages", upstream="29 (its image has .NET, Kotlin, Julia, Swift, Lean, jest's npm set, CUDA)",
+         air="21 on air/toolchain; another is Failed without a run, the message naming what the image lacks "
+             "and what it serves")
 def test_every_case_covers_a_served_language(server):
     served = {c.language for c in CASES}
     # the languages the served image offers, from the message a missing one gets
@@ -239,6 +250,40 @@ def test_failing_tests_are_reported_by_their_runners(answers):
     assert "unittest" in answers["D_ut-assert"].run_result.stdout + answers["D_ut-assert"].run_result.stderr
 
 
+# ----- one compile per program (compiled.py) ------------------------------------------------------------------------
+SUM_CPP = "#include <cstdio>\nint main() { long a, b; scanf(\"%ld %ld\", &a, &b); printf(\"%ld\\n\", a + b); }"
+
+
+def test_one_program_sent_per_test_case_is_compiled_once(server):
+    """verl sends a program once per test case, all at once: one compile serves them (every answer carries that
+    compile's own result, to the float), and each runs with its own stdin."""
+    code = SUM_CPP + f"\n// {uuid.uuid4().hex}"  # a program no earlier test compiled
+    requests = [RunCodeRequest(code=code, language="cpp", stdin=f"{i} 1", compile_timeout=COMPILE_S,
+                               run_timeout=RUN_S) for i in range(3 * CONCURRENCY)]
+    answers = run_concurrent(run_code, kwargs=[{"request": r, "endpoint": server.url, "max_attempts": 1}
+                                               for r in requests], concurrency=len(requests))
+    assert [a.run_result.stdout for a in answers] == [f"{i + 1}\n" for i in range(len(requests))], answers
+    assert len({repr(sorted(a.compile_result.dict().items())) for a in answers}) == 1, "one compile for all of them"
+    broken = f"int main( {{ // {uuid.uuid4().hex}"
+    error = [run(server, broken, language="cpp", compile_timeout=COMPILE_S) for _ in range(2)]
+    assert error[0].compile_result == error[1].compile_result and error[1].status == "Failed"  # kept too
+    assert error[1].compile_result.return_code != 0 and error[1].run_result is None
+
+
+def test_a_run_cannot_change_what_a_later_run_of_its_program_starts_from(server):
+    """The compiled directory is kept before the program first runs: a program that replaces its own binary
+    (and leaves a file beside it) does so in its own sandbox only."""
+    code = ("#include <cstdio>\n#include <cstdlib>\nint main() {\n"
+            "  if (fopen(\"planted\", \"r\")) { puts(\"planted\"); return 0; }\n"
+            "  FILE *f = fopen(\"test.new\", \"w\"); fputs(\"#!/bin/sh\\necho poisoned\\n\", f); fclose(f);\n"
+            "  fclose(fopen(\"planted\", \"w\"));\n"
+            "  if (system(\"chmod +x test.new && mv test.new test\") != 0) return 2;\n"
+            "  puts(\"clean\");\n}\n" + f"// {uuid.uuid4().hex}")
+    for _ in range(CONCURRENCY + 2):  # more requests than sandboxes
+        answer = run(server, code, language="cpp", compile_timeout=COMPILE_S, run_timeout=RUN_S)
+        assert answer.status == "Success" and answer.run_result.stdout == "clean\n", answer
+
+
 def test_an_uploaded_jar_is_on_the_java_class_path(server):
     # Compile a library class and jar it in one request, then use the jar, uploaded, from another.
     made = run(server, "mkdir -p lib/util && printf 'package util;\\npublic class Greeter {\\n"
@@ -282,6 +327,8 @@ def test_absolute_paths_are_written_in_the_sandbox_as_the_agent_and_gone_for_the
         assert later.status == "Success" and later.run_result.stdout == "[]\n", later
 
 
+@differs("`files` paths out of the request's directory (`../x`) or where uid 1000 may not write (`/etc/x`)",
+         upstream="written there, as root", air="Failed with a message; the code does not run")
 @pytest.mark.parametrize("path, why", [
     ("/etc/sf-evil", "cannot be written by the sandbox's user"),
     ("/opt/venv/sf-evil", "cannot be written by the sandbox's user"),
@@ -304,45 +351,62 @@ def test_a_symlink_on_an_absolute_fetch_is_never_followed(server):
     assert response.status == "Success" and response.files == {}, response
 
 
-def test_scala_without_an_object_is_a_compile_error_as_upstream(server):
-    response = run(server, "class NoObject", language="scala")
-    assert response.status == "Failed" and response.run_result is None
-    assert response.compile_result.stderr == "Object name not found."
-
-
-def test_the_toolchain_image_keeps_the_base_images_configuration(docker_client, toolchain):
-    """images/toolchain/Dockerfile builds FROM scratch and restates the base's ENV, WORKDIR and CMD."""
-    base, built = docker_client.images.get("air/base:latest"), docker_client.images.get(toolchain.tag)
+def test_the_toolchain_image_keeps_its_parents_configuration_and_layers(docker_client, built):
+    """images/toolchain/Dockerfile builds on the CPU image: its ENV, WORKDIR, CMD and user, and its layers (shared
+    on disk), are the CPU image's."""
+    cpu, toolchain = (docker_client.images.get(built[name].tag) for name in ("cpu", "toolchain"))
     for key in ("Env", "WorkingDir", "Cmd", "User"):
-        assert sorted(built.attrs["Config"][key] or []) == sorted(base.attrs["Config"][key] or []), key
+        assert sorted(toolchain.attrs["Config"][key] or []) == sorted(cpu.attrs["Config"][key] or []), key
+    layers = cpu.attrs["RootFS"]["Layers"]
+    assert toolchain.attrs["RootFS"]["Layers"][:len(layers)] == layers
 
 
-# ----- verl's reward code, as a client written from the fields it sends and reads ----------------------------------
-def verl_style_check(url: str, code: str, language: str, stdin: str, expected: str) -> tuple[bool, dict]:
-    """What verl's SandboxFusion reward does with one test case: post its request fields to /run_code, then pass
-    only on a Success whose run finished with exit code 0 and the expected output."""
+# ----- verl's reward code: its request fields, and its result from the answer (sf_upstream.verl_result) ----------
+def verl_check(url: str, code: str, language: str, stdin: str, expected: str) -> tuple[bool | int, dict]:
+    """One test case as verl's SandboxFusion reward sends it (its payload fields and default memory limit), and
+    verl's result: True (passed), False (wrong answer), or -1..-4."""
     payload = {"code": code, "stdin": stdin, "language": language, "compile_timeout": COMPILE_S,
                "run_timeout": RUN_S, "memory_limit_MB": 1024, "files": {}, "fetch_files": []}
-    reply = httpx.post(f"{url}/run_code", json=payload, timeout=300).json()
-    run_result, compile_result = reply.get("run_result") or {}, reply.get("compile_result") or {}
-    meta = {"status": reply.get("status"), "run_status": run_result.get("status"),
-            "return_code": run_result.get("return_code"), "stderr": run_result.get("stderr"),
-            "compile_status": compile_result.get("status"), "compile_stderr": compile_result.get("stderr")}
-    passed = (reply.get("status") == "Success" and run_result.get("status") == "Finished"
-              and run_result.get("return_code") == 0
-              and (run_result.get("stdout") or "").strip() == expected.strip())
-    return passed, meta
+    reply = httpx.post(f"{url}/run_code", json=payload, timeout=300)
+    answer = reply.json() if reply.status_code == 200 else None
+    return verl_result(reply.status_code, answer, expected), answer or {}
 
 
 def test_verl_style_client(server):
     sum_cpp = "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }"
-    passed, meta = verl_style_check(server.url, sum_cpp, "cpp", "40 2\n", "42")
-    assert passed, meta
-    passed, meta = verl_style_check(server.url, sum_cpp.replace("a + b", "a - b"), "cpp", "40 2\n", "42")
-    assert not passed and meta["status"] == "Success" and meta["return_code"] == 0  # wrong answer
-    passed, meta = verl_style_check(server.url, "int main( {", "cpp", "", "42")
-    assert not passed and meta["status"] == "Failed" and meta["compile_status"] == "Finished"
-    assert meta["run_status"] is None and "error" in meta["compile_stderr"]
-    passed, meta = verl_style_check(server.url, "public class Main { public static void main(String[] a) {\n"
-                                                "  assert false; System.out.println(42); } }", "java", "", "42")
-    assert not passed and meta["status"] == "Failed" and "AssertionError" in meta["stderr"]
+    result, answer = verl_check(server.url, sum_cpp, "cpp", "40 2\n", "42")
+    assert result is True, answer
+    result, answer = verl_check(server.url, sum_cpp.replace("a + b", "a - b"), "cpp", "40 2\n", "42")
+    assert result is False and answer["status"] == "Success"  # wrong answer
+    result, answer = verl_check(server.url, "int main( {", "cpp", "", "42")
+    assert result == -4 and answer["run_result"] is None and "error" in answer["compile_result"]["stderr"]
+    result, answer = verl_check(server.url, "#include <cassert>\nint main() { assert(false); }", "cpp", "", "42")
+    assert result == -2 and "Assertion" in answer["run_result"]["stderr"]
+    # Under verl's default memory_limit_mb (1024), as upstream applies it, OpenBLAS cannot start its threads and
+    # interrupts the import: numpy fails there, and so here (`--memory-limit-mode data` lets it run).
+    result, answer = verl_check(server.url, "import numpy as np\nprint(int(np.arange(7).sum()) * 2)", "python", "",
+                                "42")
+    assert result == -2 and "pthread_create failed" in answer["run_result"]["stderr"], answer
+
+
+def test_one_image_serves_the_compilers_and_the_cpu_images_python(server, built, docker_client):
+    """air/toolchain is air/cpu plus the compilers: every Python package of the CPU image is there, so verl's
+    usual mix (numpy, pandas, scipy, scikit-learn; /run_jupyter's jupyter_client) runs on one `--image`."""
+    from air.sandbox import make_labels
+
+    def packages(image: str) -> set[str]:
+        out = docker_client.containers.run(image, ["python3", "-m", "pip", "list", "--format=freeze"], remove=True,
+                                           network_mode="none", labels=make_labels("probe", run=server.run_id))
+        return set(out.decode().split())
+
+    cpu = packages(built["cpu"].tag)
+    missing = cpu - packages(built["toolchain"].tag)
+    assert {"numpy", "pandas", "scipy", "scikit-learn", "jupyter_client"} <= {p.split("==")[0] for p in cpu}
+    assert not missing, f"packages of the CPU image missing from the toolchain image: {sorted(missing)}"
+    code = ("import numpy, pandas, scipy.stats, sklearn.linear_model\n"
+            "print(int(pandas.Series(numpy.arange(4)).sum()), round(float(scipy.stats.norm.cdf(0)), 2))")
+    response = run(server, code, run_timeout=RUN_S)
+    assert response.status == "Success" and response.run_result.stdout == "6 0.5\n", response
+    cells = run_jupyter(RunJupyterRequest(cells=["import numpy as np", "print(np.ones(3).sum())"]),
+                        endpoint=server.url, max_attempts=1)
+    assert cells.status == "Success" and cells.cells[1].stdout == "3.0\n", cells

@@ -107,6 +107,7 @@ def _services() -> typer.Typer:
         pool_size: int | None = option_of(SF, "pool_size"),
         cpus: float = option_of(SF, "cpus"),
         memory_mb: int = option_of(SF, "memory_mb"),
+        memory_limit_mode: str = option_of(SF, "memory_limit_mode"),
         max_run_timeout: float = option_of(SF, "max_run_timeout"),
         output_limit: int = option_of(SF, "output_limit"),
         queue_timeout: float = option_of(SF, "queue_timeout"),

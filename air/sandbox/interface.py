@@ -158,6 +158,11 @@ class Sandbox(Protocol):
 
     async def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes: ...
 
+    async def oom_kills(self) -> int:
+        """How many processes the kernel OOM-killed here so far: read it before and after a program to know
+        whether that program's processes were the ones."""
+        ...
+
     async def new_oom_kill(self) -> bool:
         """Whether the kernel OOM-killed a process here since the last call."""
         ...

@@ -19,16 +19,24 @@ The request and response use SandboxFusion's field names and statuses, so its of
   dropped.
 - `fetch_files` never follows a symlink: a path is returned only if it is a regular file inside the request's
   directory with no symlink anywhere on the way.
-- `SandboxError` means an infrastructure fault only (Docker, the pool, a dead container). A program that
-  fails, a language the image lacks, or a bad file path is `Failed` with a message: the official client
-  retries `SandboxError` up to 5 times, and a deterministic failure must not run 5 times.
+- Statuses are upstream's wherever a status becomes a reward (verl) or a retry (the official client retries
+  `SandboxError` up to 5 times): `SandboxError` for an infrastructure fault (Docker, the pool, a dead
+  container) and for what upstream's own server fails on (a Scala program without an object, `files` it cannot
+  write); HTTP 422 for a language outside upstream's list; a timeout of 0 or less times out at once. A program
+  that fails, a language this image lacks, or a path air refuses (out of the request's directory) is `Failed`
+  with a message.
+- memory_limit_MB is applied as upstream applies it (soft address-space, data and stack limits on the compile and
+  the run), or, with `memory_limit_mode="data"`, as the program's data segment only; the sandbox's memory limit
+  holds either way, and an OOM kill is reported on the program whose process it was.
+- The same program is compiled once (compiled.py): verl sends it once per test case.
 - Requests beyond `concurrency` queue (up to `queue_timeout`) instead of piling onto the host.
 - `/run_jupyter` runs a request's cells in one fresh kernel in the same kind of sandbox (jupyter.py): state
   carries across the cells of a request, never across requests; cell_timeout is enforced (upstream ignores it).
 
 Modules: schema (the wire models), config, recipes (languages; scripts/ holds their shell probe), service
-(the requests over the pool), jupyter (/run_jupyter; its driver is scripts/jupyter_driver.py), app (FastAPI and uvicorn, imported when the app is made), client (one that never
-sends a request twice).
+(the requests over the pool), compiled (one compile per program), files (a request's files in and out), jupyter
+(/run_jupyter; its driver is scripts/jupyter_driver.py), app (FastAPI and uvicorn, imported when the app is made),
+client (one that never sends a request twice). Where air differs from upstream on purpose: README's table.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -25,6 +27,11 @@ class SandboxFusionConfig(BaseModel):
     """CPUs per sandbox."""
     memory_mb: int = Field(1024, ge=64)
     """Memory limit per sandbox, MB."""
+    memory_limit_mode: Literal["sandbox-fusion", "data"] = "sandbox-fusion"
+    """What a request's memory_limit_MB limits. sandbox-fusion: as upstream, the address space, data and stack
+    (soft limits) of the compiler and the program, so rewards match (with 1024 MB the JVM, Go's toolchain, Node and
+    Python threads cannot start, as there); data: the program's data segment only, so they run. The sandbox's
+    memory limit (`memory_mb`) holds either way."""
     pids: int = Field(256, ge=16)
     """Processes per sandbox."""
     max_run_timeout: float = Field(300, gt=0)
@@ -36,6 +43,9 @@ class SandboxFusionConfig(BaseModel):
     """Code, stdin and files of one request together, decoded."""
     max_fetch_bytes: int = Field(16 << 20, ge=1024)
     """Fetched files of one request together; a file past the budget is left out, and the message says so."""
+    compile_cache_mb: int = Field(256, ge=0)
+    """Compiled programs kept in memory, MB: the same program (code, files, limits) is compiled once, as verl
+    sends it once per test case; 0 compiles every request."""
     max_leases: int = Field(200, ge=1)
     """Recycle a sandbox container after this many requests, however healthy it looks."""
     run_id: str | None = None

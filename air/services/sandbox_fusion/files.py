@@ -18,7 +18,18 @@ from air.services.sandbox_fusion.recipes import script
 
 
 class Rejected(Exception):
-    """The request cannot run as asked (the caller's input, not the infrastructure): answered Failed."""
+    """air refuses to run the request as asked (the caller's input, not the infrastructure; upstream would run
+    it, e.g. writing outside its directory): answered Failed."""
+
+
+class UpstreamSandboxError(Exception):
+    """Input upstream's server fails on with an exception of its own (`files` it cannot write: bad base64, a NUL
+    or an over-long name, a file that is also a directory): answered SandboxError, as there, so the official
+    client retries it and verl scores it as it does upstream."""
+
+
+class _BadName(Rejected):
+    """A path no file system can hold."""
 
 
 @dataclass(kw_only=True)
@@ -53,12 +64,12 @@ def checked_path(path: str, what: str) -> str:
     """A normalised path: relative ones stay inside the request's directory; absolute ones (which SandboxFusion
     documents) are places in the sandbox, written or read later with the agent's rights. Rejected otherwise."""
     if not path or "\0" in path:
-        raise Rejected(f"{what} path {path!r} is empty or contains NUL")
+        raise _BadName(f"{what} path {path!r} is empty or contains NUL")
     norm = posixpath.normpath(path)
     if norm.startswith("//"):  # POSIX keeps a leading double slash
         norm = "/" + norm.lstrip("/")
     if len(norm.encode()) > 2048 or any(len(part.encode()) > 255 for part in norm.split("/")):
-        raise Rejected(f"{what} path {path[:80]!r}... is too long (255 bytes a name, 2048 in all)")
+        raise _BadName(f"{what} path {path[:80]!r}... is too long (255 bytes a name, 2048 in all)")
     if norm.startswith("/"):
         pseudo = any(norm == top or norm.startswith(top + "/") for top in _PSEUDO)
         if norm == "/" or (pseudo and not norm.startswith("/dev/shm/")):
@@ -71,27 +82,31 @@ def checked_path(path: str, what: str) -> str:
 
 
 def decode_files(request_files: dict[str, str | None]) -> tuple[dict[str, bytes], dict[str, bytes]]:
-    """A request's `files`, decoded: (relative to its directory, absolute in the sandbox); Rejected otherwise."""
+    """A request's `files`, decoded: (relative to its directory, absolute in the sandbox); Rejected or
+    UpstreamSandboxError otherwise."""
     files: dict[str, bytes] = {}
     absolute: dict[str, bytes] = {}
     for path, content in request_files.items():
         if content is None or "IGNORE_THIS_FILE" in path:  # skipped, as upstream does
             continue
-        norm = checked_path(path, "file")
         try:
+            norm = checked_path(path, "file")
+        except _BadName as exc:
+            raise UpstreamSandboxError(str(exc)) from None
+        try:  # the same decoder as upstream's, so the same strings fail
             (absolute if norm.startswith("/") else files)[norm] = base64.b64decode(content)
-        except (binascii.Error, ValueError):
-            raise Rejected(f"file {path!r} is not valid base64") from None
+        except (binascii.Error, ValueError) as exc:
+            raise UpstreamSandboxError(f"file {path!r} is not valid base64 ({exc})") from None
     return files, absolute
 
 
 def no_file_is_a_directory(files: dict[str, bytes]) -> None:
-    """Rejected when one relative path is another's parent (it cannot be a file and a directory)."""
+    """UpstreamSandboxError when one relative path is another's parent (it cannot be a file and a directory)."""
     for rel in files:
         parent = posixpath.dirname(rel)
         while parent:
             if parent in files:
-                raise Rejected(f"file {parent!r} is also used as a directory (by {rel!r})")
+                raise UpstreamSandboxError(f"file {parent!r} is also used as a directory (by {rel!r})")
             parent = posixpath.dirname(parent)
 
 

@@ -87,8 +87,9 @@ async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
     if plan.files:
         try:
             await sandbox.session.unpack(AGENT_HOME, plan.tar())
-        except ArchiveUnwritable as exc:  # the request's files do not fit the sandbox's home: the request's result
-            return RunJupyterResponse(status=RunStatus.Failed, message=str(exc), executor_pod_name=sandbox.name)
+        except ArchiveUnwritable as exc:  # the request's files do not fit the home: upstream's answer to files it
+            return RunJupyterResponse(status=RunStatus.SandboxError, message=str(exc),  # cannot write
+                                      executor_pod_name=sandbox.name)
     if plan.absolute:
         problem = await place_absolute(sandbox, plan.directory, plan.absolute)
         if problem:
@@ -99,9 +100,10 @@ async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
     job = {"directory": plan.directory, "cells": request.cells, "cell_timeout": plan.cell_timeout, "total_timeout": plan.total_timeout,
            "startup_timeout": STARTUP_TIMEOUT, "kernel": request.kernel, "memory_limit_MB": request.memory_limit_MB,
            "stream_limit": min(service.config.output_limit, budget), "budget": budget}
+    oom_before = await sandbox.oom_kills()  # a kill counted from here on is the kernel's or a cell's
     result = await sandbox.session.run_untrusted(["python3", "-I", "-c", script("jupyter_driver.py")],
-                                        stdin=json.dumps(job), cwd=AGENT_HOME,
-                                        timeout=STARTUP_TIMEOUT + plan.total_timeout + SLACK)
+                                                 stdin=json.dumps(job), cwd=AGENT_HOME,
+                                                 timeout=STARTUP_TIMEOUT + plan.total_timeout + SLACK)
     stderr = cap_stream(result.stderr, service.config.output_limit, captured)
     answer = RunJupyterResponse(status=RunStatus.Failed, executor_pod_name=sandbox.name)
     if result.timed_out:  # the driver itself overran: upstream's only timeout, answered the same way
@@ -113,8 +115,10 @@ async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
                               return_code=result.exit_code, stdout="", stderr=stderr)
     answer.driver = driver
     if result.exit_code is not None and result.exit_code < 0:  # killed: by a cell (it is its parent), or OOM
-        why = ("the sandbox's memory limit" if result.exit_code == -9 and await sandbox.new_oom_kill()
-               else f"signal {-result.exit_code}")
+        oom = result.exit_code == -9 and await sandbox.oom_kills() > oom_before
+        if oom:
+            sandbox.mark_broken("the Jupyter driver was OOM-killed")
+        why = "the sandbox's memory limit" if oom else f"signal {-result.exit_code}"
         answer.message = _join(plan.notes + [f"the Jupyter driver was killed by {why} while the cells ran"])
         return answer
     try:

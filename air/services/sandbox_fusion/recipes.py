@@ -34,8 +34,8 @@ GO_ENV = "env GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= "
 
 
 class CompileRefused(Exception):
-    """The code cannot be compiled as upstream would try (a Scala program without an object): a compile result
-    with this message, no run."""
+    """Upstream's runner refuses the code before compiling it (a Scala program without an object): answered as
+    upstream does, SandboxError with a compile result of status Error and this message, no run."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,9 @@ def _junit_cp(files: Collection[str]) -> str:
 
 
 _PUBLIC_CLASS = re.compile(r"\bpublic\s+(?:abstract\s+|final\s+)?class\s+(\w+)")
-_SCALA_OBJECT = re.compile(r"object\s+(\w+)")
+# Upstream takes the first of `object NAME` and ` extends NAME {`, and has a name only when that is an object:
+# `class A extends B {` before the object is refused there too.
+_SCALA_OBJECT = re.compile(r"object\s+(\w+)|\s+extends\s+\w+\s*\{")
 
 
 def _junit_source(code: str) -> str | None:
@@ -93,7 +95,7 @@ def _junit_source(code: str) -> str | None:
 
 def _scala_object(code: str) -> str:
     found = _SCALA_OBJECT.search(code)
-    if not found:
+    if not found or not found.group(1):
         raise CompileRefused("Object name not found.")
     return found.group(1)
 
@@ -147,9 +149,6 @@ NOT_SERVED: dict[str, str] = {
     "lean": "Debian bookworm does not package Lean 4 (SandboxFusion builds against Mathlib with lake)",
     "cuda": "needs a GPU and CUDA, which air's CPU images lack",
     "python_gpu": "needs a GPU and CUDA, which air's CPU images lack",
-    "python2": "Debian bookworm does not package Python 2",
-    "gtest": "SandboxFusion has no runner for it",
-    "react": "SandboxFusion has no runner for it",
 }
 """Why air serves no recipe for these languages."""
 

@@ -11,8 +11,10 @@ from pydantic import BaseModel
 Language = Literal[
     "python", "cpp", "nodejs", "go", "go_test", "java", "php", "csharp", "bash", "typescript", "sql", "rust",
     "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "pytest", "junit", "kotlin_script", "jest",
-    "verilog", "python_gpu", "lean", "swift", "racket", "python2", "gtest", "react",
+    "verilog", "python_gpu", "lean", "swift", "racket",
 ]
+"""The languages of upstream's server model: any other (the client's own list adds python2, gtest and react) is
+an HTTP 422, as there."""
 
 
 class RunCodeRequest(BaseModel):
@@ -21,7 +23,8 @@ class RunCodeRequest(BaseModel):
     compile_timeout: float = 10
     run_timeout: float = 10
     memory_limit_MB: int = -1
-    """> 0: the program's data segment limit (RLIMIT_DATA); the sandbox's memory limit always applies."""
+    """> 0: the compile's and the program's limits as upstream sets them (address space, data and stack, see
+    SandboxFusionConfig.memory_limit_mode); the sandbox's memory limit always applies."""
     code: str
     stdin: str | None = None
     language: Language

@@ -6,21 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import posixpath
 import shlex
 from dataclasses import dataclass
 
 from air.errors import InfraError
 from air.sandbox import (
     AGENT_HOME,
+    ArchiveTooLarge,
+    ArchiveUnreadable,
     ArchiveUnwritable,
     Resources,
     SandboxSpec,
 )
 from air.services.sandbox_fusion import jupyter
+from air.services.sandbox_fusion.compiled import CompileCache, Compiled, compile_key, keepable
 from air.services.sandbox_fusion.config import SandboxFusionConfig
 from air.services.sandbox_fusion.files import (
     Rejected,
     RequestFiles,
+    UpstreamSandboxError,
     checked_path,
     decode_files,
     fetch_files,
@@ -52,13 +57,34 @@ log = logging.getLogger("air.services.sandbox_fusion")
 class _Plan(RequestFiles):
     request: RunCodeRequest
     recipe: Recipe
-    stdin: bytes | None
+    stdin: str
     run_timeout: float
     compile_timeout: float
     compile: str | None
+    """The compile step as a shell script: the request's memory limits when they apply to it, then `exec` of the
+    recipe's command (so the status is the command's own)."""
     run: str
-    refused: str = ""
-    """Why the code is not compiled (a compile error upstream reports without running a compiler)."""
+    """The run step, likewise."""
+    compile_key: str | None = None
+    """The program's key in the compile cache (None: not kept, or nothing to compile)."""
+    start_from: Compiled | None = None
+    """A compile of the same program to start from instead of compiling."""
+
+    @property
+    def sf_dir(self) -> str:
+        return posixpath.dirname(self.directory)
+
+
+def memory_limits(mode: str, limit_mb: int) -> tuple[str, str]:
+    """Shell prefixes (compile's, run's) that apply a request's memory_limit_MB as `mode` says (see
+    SandboxFusionConfig.memory_limit_mode); empty when the request sets none."""
+    if limit_mb <= 0:
+        return "", ""
+    kb = limit_mb * 1024
+    if mode == "sandbox-fusion":  # upstream's preexec_fn: soft RLIMIT_AS, RLIMIT_DATA and RLIMIT_STACK, both steps
+        prefix = f"ulimit -S -v {kb} && ulimit -S -d {kb} && ulimit -S -s {kb} && "
+        return prefix, prefix
+    return "", f"ulimit -d {kb} && "
 
 
 class SandboxFusionService:
@@ -76,6 +102,7 @@ class SandboxFusionService:
         """Language -> '' when it runs here, else why not."""
         self.requests = 0
         self._captured = 1 << 20  # bytes per stream the sandbox's shell keeps; read from it at start
+        self.compiled = CompileCache(self.config.compile_cache_mb << 20) if self.config.compile_cache_mb else None
 
     # ----- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -114,7 +141,28 @@ class SandboxFusionService:
             plan = self._plan(request)
         except Rejected as exc:
             return RunCodeResponse(status=RunStatus.Failed, message=str(exc))
-        return await self._leased(lambda sandbox: self._execute(sandbox, plan), RunCodeResponse)
+        except UpstreamSandboxError as exc:
+            return RunCodeResponse(status=RunStatus.SandboxError, message=str(exc))
+        except CompileRefused as exc:  # upstream's answer, word for word: its runner's "compile error" is an Error
+            why = str(exc)
+            return RunCodeResponse(status=RunStatus.SandboxError, message=why, compile_result=CommandRunResult(
+                status=CommandRunStatus.Error, return_code=1, stderr=why))
+        if plan.compile_key is None:
+            return await self._leased(lambda sandbox: self._execute(sandbox, plan), RunCodeResponse)
+        # The first request of a program compiles it; the same program's others wait here, without a slot or a
+        # sandbox, and start from its outcome (compiled.py).
+        plan.start_from, lead = await self.compiled.lookup(plan.compile_key, plan.compile_timeout)
+        if not lead:
+            plan.compile_key = None
+        if plan.start_from is not None and plan.start_from.tar is None and not plan.fetch:
+            return self._response(None, plan, plan.start_from.result, None, {})  # its compile error, again
+        if plan.start_from is not None:
+            plan.request_id = plan.start_from.request_id  # the directory its tar holds
+        try:
+            return await self._leased(lambda sandbox: self._execute(sandbox, plan), RunCodeResponse)
+        finally:
+            if lead:  # whatever happened before the compile settled it: the waiting requests compile on their own
+                self.compiled.settle(plan.compile_key, None)
 
     async def run_jupyter(self, request: RunJupyterRequest) -> RunJupyterResponse:
         """The cells in one fresh kernel in a leased sandbox (jupyter.py)."""
@@ -125,6 +173,8 @@ class SandboxFusionService:
                                 max_input_bytes=self.config.max_input_bytes)
         except Rejected as exc:
             return RunJupyterResponse(status=RunStatus.Failed, message=str(exc))
+        except UpstreamSandboxError as exc:
+            return RunJupyterResponse(status=RunStatus.SandboxError, message=str(exc))
         return await self._leased(lambda sandbox: jupyter.execute(self, sandbox, plan), RunJupyterResponse)
 
     async def _leased(self, work, answer):
@@ -148,8 +198,9 @@ class SandboxFusionService:
         why = self.available.get(request.language, "")
         if why:
             raise Rejected(f"language {request.language!r} is not available: {why}; available here: "
-                            f"{', '.join(self.languages())}")
+                           f"{', '.join(self.languages())}")
         recipe = RECIPES[request.language]
+        main = shlex.quote(recipe.main(request.code)) if recipe.main else ""  # CompileRefused first, as upstream
         files, absolute = decode_files(request.files)
         names = [*files, *absolute]
         # Upstream writes the code after the files, to a fresh temporary name (never an upload's); a fixed name
@@ -157,66 +208,80 @@ class SandboxFusionService:
         source = recipe.source_name(request.code, taken=files)
         if source is not None:
             files[source] = (recipe.transform(request.code) if recipe.transform else request.code).encode()
-        fields = {"src": shlex.quote(source or ""),
+        fields = {"src": shlex.quote(source or ""), "main": main,
                   "cp": shlex.quote(recipe.class_path(names)) if recipe.class_path else ""}
-        refused = ""
-        try:
-            fields["main"] = shlex.quote(recipe.main(request.code)) if recipe.main else ""
-        except CompileRefused as exc:
-            refused, fields["main"] = str(exc), ""
         no_file_is_a_directory(files)
-        stdin = request.stdin.encode() if request.stdin is not None else None
-        size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + len(stdin or b"")
+        stdin = request.stdin.encode() if request.stdin is not None else b""
+        size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + len(stdin)
         if size > self.config.max_input_bytes:
             raise Rejected(f"code, stdin and files are {size} bytes; this server takes at most "
-                            f"{self.config.max_input_bytes}")
+                           f"{self.config.max_input_bytes}")
         fetch = [(path, checked_path(path, "fetch")) for path in request.fetch_files]
         notes = []
         limit = self.config.max_run_timeout
 
         def bounded(name: str, value: float) -> float:
+            """Past the server's maximum: lowered, and the message says so. 0 or less stays: the step then times
+            out at once without running, as upstream's does."""
             if value > limit:
                 notes.append(f"{name} {value:g}s lowered to this server's maximum {limit:g}s")
-            return min(max(value, 0.1), limit)
+            return min(value, limit)
 
-        compile_timeout = (bounded("compile_timeout", request.compile_timeout) if recipe.compile
-                           else min(request.compile_timeout, limit))
-        return _Plan(request=request, recipe=recipe, files=files, absolute=absolute, stdin=stdin, fetch=fetch,
-                     run_timeout=bounded("run_timeout", request.run_timeout), compile_timeout=compile_timeout,
-                     compile=recipe.compile.format(**fields) if recipe.compile else None,
-                     run=recipe.run.format(**fields), refused=refused, notes=notes)
+        compile_limits, run_limits = memory_limits(self.config.memory_limit_mode, request.memory_limit_MB)
+        # Kept when the run never names the source file (whose temporary name differs between requests).
+        key = (compile_key(request, compile_limits) if recipe.compile and self.compiled is not None
+               and "{src}" not in recipe.run else None)
+        return _Plan(request=request, recipe=recipe, files=files, absolute=absolute, fetch=fetch, notes=notes,
+                     compile_key=key, stdin=stdin.decode("utf-8", "surrogateescape"),
+                     run_timeout=bounded("run_timeout", request.run_timeout),
+                     compile_timeout=bounded("compile_timeout", request.compile_timeout) if recipe.compile else 0,
+                     compile=f"{compile_limits}exec {recipe.compile.format(**fields)}" if recipe.compile else None,
+                     run=f"{run_limits}exec {recipe.run.format(**fields)}")
 
     async def _execute(self, sandbox, plan: _Plan) -> RunCodeResponse:
         try:
-            await sandbox.session.unpack(AGENT_HOME, plan.tar())
-        except ArchiveUnwritable as exc:  # the request's files do not fit the sandbox's home: the request's result
-            return RunCodeResponse(status=RunStatus.Failed, message=str(exc), executor_pod_name=sandbox.name)
+            if plan.start_from is not None and plan.start_from.tar is not None:
+                await sandbox.session.unpack(plan.sf_dir, plan.start_from.tar)
+            else:
+                await sandbox.session.unpack(AGENT_HOME, plan.tar())
+        except ArchiveUnwritable as exc:  # the request's files do not fit the home: upstream's answer to files it
+            return RunCodeResponse(status=RunStatus.SandboxError, message=str(exc),  # cannot write
+                                   executor_pod_name=sandbox.name)
         if plan.absolute:
             problem = await place_absolute(sandbox, plan.directory, plan.absolute)
             if problem:
                 return RunCodeResponse(status=RunStatus.Failed, message=problem, executor_pod_name=sandbox.name)
-        compile_result = None
-        if plan.refused:
-            compile_result = CommandRunResult(status=CommandRunStatus.Error, return_code=1, stderr=plan.refused)
-            return self._response(sandbox, plan, compile_result, None, {})
-        # The program runs as the warden's own child (`exec` replaces the shell): its status is the kernel's,
-        # so nothing it prints or forks can forge a finish or an exit code, and every process it left is
-        # reaped.
-        if plan.compile:
-            result = await sandbox.session.run_untrusted(["sh", "-c", f"exec {plan.compile}"],
-                                                cwd=plan.directory, timeout=plan.compile_timeout)
-            compile_result = await self._command_result(sandbox, result)
-            if compile_result.status != CommandRunStatus.Finished or compile_result.return_code != 0:
-                return self._response(sandbox, plan, compile_result, None, {})
-        limit = (f"ulimit -d {plan.request.memory_limit_MB * 1024} && "
-                 if plan.request.memory_limit_MB > 0 else "")
-        stdin = plan.stdin.decode("utf-8", "surrogateescape") if plan.stdin is not None else ""
-        result = await sandbox.session.run_untrusted(["sh", "-c", f"{limit}exec {plan.run}"],
-                                            cwd=plan.directory, stdin=stdin, timeout=plan.run_timeout)
-        run_result = await self._command_result(sandbox, result)
+        compile_result = plan.start_from.result if plan.start_from is not None else None
+        if plan.compile and compile_result is None:
+            compile_result = await self._program(sandbox, plan.compile, cwd=plan.directory,
+                                                 timeout=plan.compile_timeout)
+            if plan.compile_key is not None:
+                self.compiled.settle(plan.compile_key, await self._keep(sandbox, plan, compile_result))
+        run_result = None
+        if compile_result is None or (compile_result.status == CommandRunStatus.Finished
+                                      and compile_result.return_code == 0):
+            # What the program leaves running is killed by the reset after the lease, unless its files are
+            # fetched: then first, so that nothing changes them while they are read.
+            run_result = await self._program(sandbox, plan.run, cwd=plan.directory, stdin=plan.stdin,
+                                             timeout=plan.run_timeout, reap=bool(plan.fetch))
+        # Fetched after a failed compile too, as upstream does.
         files = (await fetch_files(sandbox, plan.directory, plan.fetch, plan.notes, self.config.max_fetch_bytes)
                  if plan.fetch else {})
         return self._response(sandbox, plan, compile_result, run_result, files)
+
+    async def _keep(self, sandbox, plan: _Plan, result: CommandRunResult) -> Compiled | None:
+        """What the compile cache keeps of this compile: its result and, when it succeeded, the request's directory
+        as the compiler left it (read with the agent's rights; every process of the compile was reaped)."""
+        if not keepable(result):
+            return None
+        tar = None
+        if result.return_code == 0:
+            try:
+                tar = await sandbox.session.pack([posixpath.basename(plan.directory)], root=plan.sf_dir,
+                                                 max_bytes=self.compiled.max_bytes)
+            except (FileNotFoundError, ArchiveTooLarge, ArchiveUnreadable):
+                return None
+        return Compiled(result=result, request_id=plan.request_id, tar=tar)
 
     def _response(self, sandbox, plan: _Plan, compile_result: CommandRunResult | None,
                   run_result: CommandRunResult | None, files: dict[str, str]) -> RunCodeResponse:
@@ -224,16 +289,31 @@ class SandboxFusionService:
                      for r in (compile_result, run_result))
         return RunCodeResponse(status=RunStatus.Failed if failed else RunStatus.Success,
                                message="; ".join(plan.notes), compile_result=compile_result,
-                               run_result=run_result, executor_pod_name=sandbox.name, files=files)
+                               run_result=run_result, executor_pod_name=sandbox.name if sandbox else None,
+                               files=files)
 
-    async def _command_result(self, sandbox, result) -> CommandRunResult:
+    async def _program(self, sandbox, script: str, *, cwd: str, timeout: float, stdin: str = "",
+                       reap: bool = True) -> CommandRunResult:
+        """One step (a compile or a run) as the warden's own child: its script ends in `exec`, so the status is
+        the kernel's and nothing the program prints or forks can forge a finish or an exit code. A timeout of 0
+        or less times out at once without running, as upstream's does."""
+        if timeout <= 0:
+            return CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=0.0, stdout="",
+                                    stderr="")
+        # The OOM counter before and after this program: a kill counted in between is this program's (an
+        # earlier request's, or its own child's while it went on to exit normally, is not).
+        oom_before = await sandbox.oom_kills()
+        # /bin/sh by its path: the warden's fork then skips a PATH search (about a millisecond).
+        result = await sandbox.session.run_untrusted(["/bin/sh", "-c", script], cwd=cwd, stdin=stdin,
+                                                     timeout=timeout, reap=reap)
         limit, captured = self.config.output_limit, self._captured
         stdout, stderr = cap_stream(result.stdout, limit, captured), cap_stream(result.stderr, limit, captured)
         if result.timed_out:
             return CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=result.duration,
                                     return_code=None, stdout=stdout, stderr=stderr)
         code = result.exit_code  # negative: killed by that signal, as Python's subprocess and upstream report
-        if code == -9 and await sandbox.new_oom_kill():
+        if code == -9 and await sandbox.oom_kills() > oom_before:
+            sandbox.mark_broken("a program was OOM-killed")
             stderr += (f"\n[air: the program was killed for using more than the sandbox's "
                        f"{self.config.memory_mb} MB of memory]\n")
         return CommandRunResult(status=CommandRunStatus.Finished, execution_time=result.duration,
