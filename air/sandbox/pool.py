@@ -10,8 +10,9 @@
   (after a sub-millisecond health check of its shell) or creates one, within `max_sandboxes`; when the pool is
   full, an idle sandbox of another key is evicted, else the lease waits up to `lease_timeout`.
 - Release hands the sandbox to a background reset (session.reset, done by the sandbox's root warden: no agent
-  process, IPC object or temp file, the pristine home, a fresh shell and environment) and back to the idle set. After an infrastructure error, an OOM kill, or `max_leases` uses it is
-  removed instead, and a replacement is warmed when the key wants `warm` idle sandboxes.
+  process, IPC object or temp file, the pristine home and environment; the next command starts a fresh shell)
+  and back to the idle set. After an infrastructure error, an OOM kill, or `max_leases` uses it is removed instead,
+  and a replacement is warmed when the key wants `warm` idle sandboxes.
 - Background work is tracked: `close()` waits for it, so a refill can never create a container after the pool
   closed (a prototype leaked containers that way); a late creation sees `closed` and removes its container.
 - Every container is labelled with this run and owner; `start()` sweeps containers of dead runs, and an atexit

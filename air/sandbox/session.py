@@ -12,8 +12,8 @@ Why this shape:
   rest of the command list, as Ctrl-C would. A shell that dies or stops answering is replaced in the same cwd (the
   workspace if that is gone): always the agent's result, never an infrastructure failure.
 - A reset is one request to the warden (root): it kills every agent process, removes IPC objects and temp files,
-  makes the home equal the root-only pristine copy by content (warden/restore.py) and starts a fresh shell. No
-  agent-uid process is ever on that path.
+  makes the home equal the root-only pristine copy by content (warden/restore.py); the next command starts a
+  fresh shell. No agent-uid process is ever on that path.
 - Programs whose exit status is a reward (SandboxFusion's code) run through `run_untrusted`: the warden's own child,
   status from waitpid, every agent process reaped afterwards.
 - What comes back (output, cwd) is agent-controlled: the protocol decodes and bounds it on arrival (`AgentText`).
@@ -165,7 +165,7 @@ class Session:
 
     # ----- reset ------------------------------------------------------------------------------------------------
     async def reset(self, timeout: float = 30, *, full: bool = False) -> None:
-        """Pristine state: no agent process, IPC object or temp file, the home as staged, a fresh shell.
+        """Pristine state: no agent process, IPC object or temp file, the home as staged; a fresh shell next.
 
         `full` wipes and copies the whole home instead of checking it against the pristine copy (use it after
         changing the pristine copy: staging a task)."""

@@ -106,6 +106,7 @@ class Hello(Request):
 class ShellState(Message):
     op: ClassVar[str] = "shell-state"
     alive: bool
+    """The shell answers, or there is none yet (a reset leaves it to the next command to start one)."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ class WasReset(Message):
 @dataclass(frozen=True)
 class Reset(Request):
     """Back to a fresh sandbox's state: no agent process, IPC object or temp file; the home as the pristine one;
-    a new shell with this environment. `full` after the pristine home changed (staging)."""
+    the next command's shell gets this environment. `full` after the pristine home changed (staging)."""
     op: ClassVar[str] = "reset"
     Reply: ClassVar[type] = WasReset
     env: Dict[str, str]

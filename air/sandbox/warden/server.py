@@ -225,7 +225,7 @@ class Warden:
         return p.Ready(tracking=tracker.active)
 
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
-        return p.ShellState(alive=bool(self.shell and self.shell.alive))
+        return p.ShellState(alive=self.shell is None or self.shell.alive)  # none yet: the next command starts one
 
     def op_start_shell(self, ident: int, request: p.StartShell) -> p.Done:
         self.env = dict(request.env)
@@ -309,8 +309,9 @@ class Warden:
         mode = self.home.reset(full=request.full)
         home = time.monotonic()
         self.carry = {1: CappedBuffer(CARRY_LIMIT), 2: CappedBuffer(CARRY_LIMIT)}
+        # The next command starts the shell (op_run): a sandbox that only runs programs (SandboxFusion) never pays
+        # for one, and until then no agent process exists at all.
         self.env, self.cwd = dict(request.env), os.fsencode(c.workspace)
-        self.start_shell()
         ms = lambda a, b: (b - a) * 1000  # noqa: E731
         return p.WasReset(home=mode, **self.home.counts, kill_ms=ms(started, killed), ipc_ms=ms(killed, ipc),
                           temp_ms=ms(ipc, temp), home_ms=ms(temp, home), ms=ms(started, time.monotonic()))
