@@ -79,14 +79,15 @@ def test_nonzero_exit_is_failed_not_sandbox_error(server):
 
 def test_timeout_kills_the_program_and_its_children(server):
     started = time.monotonic()
+    # 5 s: python's own start must fit in it on a loaded CI machine, or "started" is never printed
     response = run(server, "import subprocess, time\nsubprocess.Popen(['sleep', '300'])\nprint('started', "
-                           "flush=True)\ntime.sleep(300)", run_timeout=1)
-    assert time.monotonic() - started < 15
+                           "flush=True)\ntime.sleep(300)", run_timeout=5)
+    assert time.monotonic() - started < 60
     assert response.status == "Failed"
     result = response.run_result
     assert (result.status, result.return_code) == ("TimeLimitExceeded", None)
     assert result.stdout == "started\n" and result.stderr == ""  # no shell chatter ("Killed") in stderr
-    assert 1 <= result.execution_time < 10
+    assert 5 <= result.execution_time < 60
 
 
 def test_compiled_language_compile_error_or_a_clear_not_available(server, docker_client):
