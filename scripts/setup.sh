@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up of a fresh machine: a Docker engine, air, and the CPU task images.
 #   scripts/setup.sh          what `air run` needs
-#   scripts/setup.sh --test   plus the test tools (pytest plugins; chromium, docker-compose, shellcheck)
+#   scripts/setup.sh --test   plus the test tools (pytest plugins; chromium, shellcheck)
 # Idempotent: a second run reuses the daemon, the install and the images (seconds).
 # It prints air's own progress (`setup: ...`, `ensure-docker: ...`, `air images build`) and real errors; apt's
 # and pip's output goes to a log file (path below; AIR_SETUP_LOG chooses it) whose last lines are shown when a
@@ -35,16 +35,14 @@ scripts/ensure-docker.sh
 extra=""
 if [ "${1:-}" = "--test" ]; then
   extra="[test]"
-  # Debian packages the tests use: chromium (the HTML report is tested in a real browser), docker-compose 1.29
-  # (pytest-docker brings up the stub SandboxFusion server with it) and shellcheck (these scripts are linted).
+  # Debian packages the tests use: chromium (the HTML report is tested in a real browser) and shellcheck (these
+  # scripts are linted).
   updated=""
   for need in "chromium:chromium:the HTML report is tested in a real browser" \
-              "docker-compose:docker-compose:pytest-docker runs the stub SandboxFusion server with it" \
               "shellcheck:shellcheck:the set-up scripts are linted in the tests"; do
     cmd=${need%%:*}; rest=${need#*:}; pkg=${rest%%:*}; why=${rest#*:}
     command -v "$cmd" >/dev/null 2>&1 && continue
-    # docker-compose recommends docker.io: the engine is ensure-docker.sh's business, not this package's.
-    opts=(-y -q); [ "$pkg" = docker-compose ] && opts+=(--no-install-recommends)
+    opts=(-y -q)
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       say "installing Debian's $pkg ($why)"
       # Stale package lists are the usual reason an install fails: refresh them once, then retry.

@@ -1,54 +1,11 @@
-"""GPU pinning without a GPU: the inventory's exclusivity and waiting, the Docker request built, release on crash."""
+"""GPU pinning without a GPU: the Docker request built for a sandbox's GPUs, and the scorer borrowing its rollout's
+(the exclusive assignment itself is the host-wide claims': tests/test_host_budget.py)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from air.errors import PoolExhausted
-from air.sandbox import GpuInventory, Resources, SandboxSpec, container_kwargs
-
-
-async def test_exclusive_ids_are_never_given_twice_and_come_back_on_release():
-    inv = GpuInventory(["0", "1", "2", "3"])
-    a = await inv.acquire(2)
-    b = await inv.acquire(2)
-    assert set(a).isdisjoint(b) and set(a) | set(b) == {"0", "1", "2", "3"}
-    assert inv.try_acquire(1) is None
-    await inv.release(a)
-    assert await inv.acquire(1) == (a[0],)
-
-
-async def test_a_lease_waits_for_a_release_and_fails_clearly_after_its_bound():
-    inv = GpuInventory(["0"])
-    held = await inv.acquire(1)
-    waiter = asyncio.create_task(inv.acquire(1, timeout=5))
-    await asyncio.sleep(0.05)
-    assert not waiter.done()
-    await inv.release(held)
-    assert await waiter == ("0",)
-    with pytest.raises(PoolExhausted, match="no 1 free GPU"):
-        await inv.acquire(1, timeout=0.1)
-
-
-async def test_sharing_only_when_asked_and_never_with_an_exclusive_holder():
-    inv = GpuInventory(["0", "1"])
-    exclusive = await inv.acquire(1)
-    s1 = await inv.acquire(1, share=True)
-    s2 = await inv.acquire(1, share=True)
-    assert s1 == s2 and s1[0] != exclusive[0]
-    assert inv.try_acquire(1) is None, "a shared GPU is not free for an exclusive request"
-    await inv.release(s1)
-    await inv.release(s2)
-    assert inv.try_acquire(1) == s1
-
-
-def test_asking_for_more_gpus_than_exist_is_a_clear_error():
-    with pytest.raises(PoolExhausted, match="inventory has 2"):
-        GpuInventory(["0", "1"]).try_acquire(3)
-    with pytest.raises(ValueError, match="duplicate"):
-        GpuInventory(["0", "0"])
+from air.sandbox import Resources, SandboxSpec, container_kwargs
 
 
 def test_container_request_pins_exactly_the_assigned_devices():

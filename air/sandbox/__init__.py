@@ -46,7 +46,7 @@ _LAZY = {
     "connect": "docker_api", "Docker": "docker_api",
     "list_air_containers": "labels", "remove_containers": "labels", "make_labels": "labels", "GPUS": "labels",
     "sweep_dead_runs": "cleanup", "sweep_stale_claims": "cleanup",
-    "GpuInventory": "gpu", "run_checks": "doctor", "truncate_text": "output",
+    "run_checks": "doctor", "truncate_text": "output",
 }
 
 __all__ = [
@@ -56,7 +56,7 @@ __all__ = [
     "Resources", "SandboxSpec", "PoolConfig", "DockerHost", "SandboxPool", "PoolStats",
     "make_tar", "gpu_env", "container_kwargs", "image_ref", "ImageBuilder", "PlainProgress", "list_images",
     "load_recipes", "connect", "Docker", "list_air_containers", "remove_containers", "make_labels", "GPUS",
-    "sweep_dead_runs", "sweep_stale_claims", "GpuInventory", "run_checks", "truncate_text",
+    "sweep_dead_runs", "sweep_stale_claims", "run_checks", "truncate_text",
 ]
 
 
@@ -74,7 +74,6 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, eagerly
     from air.sandbox.container import container_kwargs, gpu_env, make_tar
     from air.sandbox.docker_api import Docker, connect
     from air.sandbox.doctor import run_checks
-    from air.sandbox.gpu import GpuInventory
     from air.sandbox.images import ImageBuilder, PlainProgress, image_ref, list_images, load_recipes
     from air.sandbox.interface import (
         ArchiveTooLarge,
