@@ -1,0 +1,103 @@
+"""The layering holds: every import in air/ and air_mlgym/ goes to the same layer or one below (never up), and no
+module imports itself back through others. Anyone can check it: `python3 -m pytest tests/test_layers.py`.
+
+Layers, bottom up (DESIGN.md): foundations (errors, paths, validation, display), the sandbox (and the policies, which
+know nothing of sandboxes), tasks, episodes, the integrations on top of episodes (verifiers, services, exports,
+reports), the CLI. Imports under `if TYPE_CHECKING:` are annotations only and are not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = [  # (module prefix, layer); the longest matching prefix wins
+    ("air.errors", 0), ("air.paths", 0), ("air.validation", 0), ("air.display", 0), ("air", 0),
+    ("air.sandbox", 1), ("air.policies", 1),
+    ("air.tasks", 2),
+    ("air.episode", 3),
+    ("air.services", 4), ("air.export", 4), ("air.report", 4), ("air_mlgym", 4),
+    ("air.cli", 5),
+]
+
+
+def layer(module: str) -> int:
+    best = max((p for p, _ in LAYERS if module == p or module.startswith(p + ".")), key=len)
+    return dict(LAYERS)[best]
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for top in ("air", "air_mlgym"):
+        for path in (ROOT / top).rglob("*.py"):
+            if "scripts" in path.parts:  # files sent into sandboxes, not imported
+                continue
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """The project's modules this file imports (names that are modules, or the module a name comes from)."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for part in node.body for n in ast.walk(part)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                    for a in node.names}
+    return {m for m in out if m.split(".")[0] in ("air", "air_mlgym") and m in known}
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(path, set(found)) for name, path in found.items()}
+
+
+def test_no_import_goes_up_a_layer():
+    upward = [f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})"
+              for a, targets in graph().items() for b in targets if layer(b) > layer(a)]
+    assert not upward, upward
+
+
+def test_no_module_imports_itself_back():
+    edges = graph()
+    # A package's __init__ re-exporting its own modules is not a cycle of the code: leave those edges out.
+    edges = {a: {b for b in bs if not b.startswith(a + ".")} for a, bs in edges.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(start: str) -> None:
+        stack = [(start, iter(sorted(edges[start])))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(child) == 1:
+                cycles.append(path[path.index(child):] + [child])
+            elif child not in state:
+                state[child] = 1
+                stack.append((child, iter(sorted(edges[child]))))
+                path.append(child)
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module)
+    assert not cycles, cycles
+
+
+def test_the_check_can_fail():
+    """The layer table knows every package, and a made-up upward import is seen as one."""
+    assert layer("air.cli.main") > layer("air.episode.loop") > layer("air.tasks.spec") > layer("air.sandbox.pool")
+    assert set(modules()) >= {"air.sandbox.warden.server", "air.cli.main", "air_mlgym.taskset"}
