@@ -11,6 +11,7 @@ from air.episode.loop import Episode, EpisodeConfig, StepResult
 from air.episode.records import FailedRecord
 from air.episode.trajectory import TrajectoryWriter
 from air.errors import InfraError
+from air.failures import translate
 from air.policies import Message, Policy
 from air.tasks.environment import TaskEnvironment
 
@@ -52,7 +53,11 @@ def _record_failure(writer: TrajectoryWriter, episode: Episode | None, exc: Base
     if episode is None or episode.turns == 0:
         writer.discard()
         return
+    exc = translate(exc) or exc  # a full disk is the machine's failure, not an error of the episode
     kind = "interrupted" if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)) else \
         "infrastructure" if isinstance(exc, InfraError) else "error"
-    writer.write(FailedRecord(episode=episode.id, turns=episode.turns, kind=kind,
-                              error=f"{type(exc).__name__}: {exc}"))
+    try:
+        writer.write(FailedRecord(episode=episode.id, turns=episode.turns, kind=kind,
+                                  error=f"{type(exc).__name__}: {exc}"))
+    except OSError:  # the disk that failed the episode may refuse this too: the file still ends on a whole line
+        pass

@@ -9,6 +9,7 @@ thousand calls under load, as inspect_ai observed); calls that may have had an e
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import os
 from collections.abc import Callable
@@ -73,6 +74,9 @@ class Docker:
         """Which daemon this is, for messages."""
         # Our own pool: the default executor has cpu+4 threads, which would serialise a 32-way pool on 2 cores.
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="air-docker")
+        self._in_flight: set[concurrent.futures.Future] = set()
+        """Calls running in a worker thread. A caller that gives up (its deadline, Ctrl-C) leaves its call
+        running there: `settle` waits for them, so that what they create can be found and removed."""
 
     async def call(self, fn: Callable[..., T], *args: Any, timeout: float = 60.0, idempotent: bool = False,
                    **kwargs: Any) -> T:
@@ -95,12 +99,12 @@ class Docker:
 
     async def _once(self, fn: Callable[..., T], args: tuple, kwargs: dict, timeout: float,
                     mark_transient: bool = False) -> T:
-        loop = asyncio.get_running_loop()
         name = getattr(fn, "__name__", "docker call")
+        call = self._executor.submit(functools.partial(fn, *args, **kwargs))
+        self._in_flight.add(call)
+        call.add_done_callback(self._in_flight.discard)
         try:
-            return await asyncio.wait_for(
-                loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs)), timeout
-            )
+            return await asyncio.wait_for(asyncio.wrap_future(call), timeout)
         except docker.errors.NotFound as exc:
             raise SandboxUnavailable(f"{name}: {exc.explanation or exc}") from exc
         except _TRANSIENT as exc:
@@ -114,6 +118,12 @@ class Docker:
             raise error from exc
         except docker.errors.APIError as exc:
             raise InfraError(f"{name}: {exc.explanation or exc}") from exc
+
+    async def settle(self, timeout: float = 90.0) -> None:
+        """Wait (up to `timeout`) for the calls still running in worker threads, their callers gone."""
+        running = [asyncio.wrap_future(call) for call in list(self._in_flight)]
+        if running:
+            await asyncio.wait(running, timeout=timeout)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
