@@ -206,7 +206,7 @@ def json_lines(lines: Iterable[str | bytes], skip: Warn) -> Iterator[tuple[int, 
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
-            skip(lineno, f"not JSON ({exc.msg} at column {exc.colno})")
+            skip(lineno, f"not JSON ({exc.msg}, column {exc.colno})")
             continue
         yield lineno, value
 
