@@ -108,28 +108,42 @@ def test_eval_against_a_dead_model_server_fails_each_rollout_as_infrastructure(i
     assert files_under(tmp_path) == ["run", "run/summary.json"], "empty task folders or partial trajectories"
 
 
-class DyingModelServer:
-    """A TEST DOUBLE of an LLM endpoint: the scripted policy's replies, except that for one task it drops the
-    connection (as a crashed server does) from the given turn on. Runs on its own loop in a thread."""
+class ModelDouble:
+    """A TEST DOUBLE of an LLM endpoint: the scripted policy's replies, counting what it is asked. From turn
+    `from_turn` on, for the tasks in `drops_for` it drops the connection (as a crashed server does), and for those
+    in `hangs_for` ("*": all) it takes the request and never answers (until the test ends), as a stuck server
+    does. Runs on its own loop in a thread."""
 
-    def __init__(self, dies_for: str, from_turn: int):
-        self.dies_for, self.from_turn = dies_for, from_turn
+    def __init__(self, hangs_for: tuple[str, ...] = (), from_turn: int = 1, drops_for: tuple[str, ...] = ()):
+        self.hangs_for, self.drops_for, self.from_turn = hangs_for, drops_for, from_turn
         self.policy, self.port = ScriptedPolicy(), 0
+        self.asked: list[tuple[str, int]] = []
+        """(task, turn) of every request received."""
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
 
+    def _task(self, messages: list[dict]) -> str:
+        found = re.search(r"\(id: ([^)]+)\)", messages[0]["content"]) or re.search(r"\(id: ([^)]+)\)",
+                                                                                   messages[1]["content"])
+        return found.group(1) if found else "?"
+
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         messages = (await request.json())["messages"]
-        turn = sum(1 for m in messages if m.get("role") == "assistant")
-        if f"(id: {self.dies_for})" in messages[0]["content"] and turn >= self.from_turn:
+        task, turn = self._task(messages), 1 + sum(1 for m in messages if m.get("role") == "assistant")
+        self.asked.append((task, turn))
+        if task in self.drops_for and turn >= self.from_turn:
             request.transport.close()  # no answer at all: the client sees the connection die
             await asyncio.sleep(1)
+        if (task in self.hangs_for or "*" in self.hangs_for) and turn >= self.from_turn:
+            await self._release.wait()
+            return web.json_response({"error": "the test ended"}, status=503)
         text = self.policy.reply_for(messages)
         return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
 
     def __enter__(self) -> str:
         def serve() -> None:
             asyncio.set_event_loop(self._loop)
+            self._release = asyncio.Event()
             app = web.Application()
             app.router.add_post("/v1/chat/completions", self._completions)
             self._runner = web.AppRunner(app)
@@ -146,17 +160,19 @@ class DyingModelServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
+        self._loop.call_soon_threadsafe(self._release.set)
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(60)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(30)
 
 
 @pytest.mark.docker
-def test_a_model_server_dying_mid_run_fails_only_the_rollouts_it_was_serving(images, tmp_path, docker_client):
-    before = {c.id for c in docker_client.containers.list(all=True, filters={"label": "air.run"})}
-    with DyingModelServer(dies_for="tabular-classification", from_turn=2) as url:
+def test_a_model_server_dying_mid_run_fails_only_the_rollouts_it_was_serving(images, tmp_path, run_id):
+    with ModelDouble(drops_for=("tabular-classification",), from_turn=3) as url:
         proc = air("eval", "prisoners-dilemma", "tabular-classification", "-n", "1", "-c", "2", "--base-url", url,
-                   "--model", "test-double", "--out", "run", "--json", cwd=tmp_path)
+                   "--model", "test-double", "--out", "run", "--json", cwd=tmp_path, env={"AIR_RUN_ID": run_id})
+    left = containers_of(run_id)
+    remove_run(run_id)
     assert proc.returncode == 1, proc.stderr
     by_task = {r["task"]: r for r in json.loads(proc.stdout)["rollouts"]}
     ok = by_task["prisoners-dilemma"]
@@ -166,8 +182,7 @@ def test_a_model_server_dying_mid_run_fails_only_the_rollouts_it_was_serving(ima
     records = [json.loads(line) for line in (tmp_path / failed["trajectory"]).read_text().splitlines()]
     assert [r["type"] for r in records] == ["start", "step", "step", "failed"]
     assert records[-1]["kind"] == "infrastructure"
-    after = {c.id for c in docker_client.containers.list(all=True, filters={"label": "air.run"})}
-    assert not after - before, "the failed rollout's sandbox was left behind"
+    assert not left, "the failed rollout's sandbox was left behind"
 
 
 # ----- a rollout that raises anything ---------------------------------------------------------------------------
@@ -274,63 +289,27 @@ def outputs(cwd: Path) -> tuple[str, str]:
     return tuple((cwd / f".air-{name}").read_text() for name in ("stdout", "stderr"))
 
 
+def interrupt_when(ready, what: str, proc: subprocess.Popen, cwd: Path, run_id: str) -> str:
+    """Ctrl-C once `ready` holds: the command must end with 130, leave no container of its run (any left is
+    removed then) and say `interrupted` last. Returns its stdout."""
+    try:
+        wait_for(ready, what, proc=proc)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(300) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        left = containers_of(run_id)
+        remove_run(run_id)
+    stdout, stderr = outputs(cwd)
+    assert not left, f"Ctrl-C left containers: {left}"
+    assert stderr.strip().splitlines()[-1:] == ["air: interrupted"], stderr
+    return stdout
+
+
 def records(path: Path) -> list[dict]:
     """Every line of a trajectory, each of which must be a whole JSON record."""
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-class ModelDouble:
-    """A TEST DOUBLE of an LLM endpoint: the scripted policy's replies, counting what it is asked; for the tasks
-    in `hangs_for` ("*": all) it takes the request from turn `from_turn` on and never answers (until the test
-    ends), as a stuck server does."""
-
-    def __init__(self, hangs_for: tuple[str, ...] = (), from_turn: int = 1):
-        self.hangs_for, self.from_turn = hangs_for, from_turn
-        self.policy, self.port = ScriptedPolicy(), 0
-        self.asked: list[tuple[str, int]] = []
-        """(task, turn) of every request received."""
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-
-    def _task(self, messages: list[dict]) -> str:
-        found = re.search(r"\(id: ([^)]+)\)", messages[0]["content"]) or re.search(r"\(id: ([^)]+)\)",
-                                                                                   messages[1]["content"])
-        return found.group(1) if found else "?"
-
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        messages = (await request.json())["messages"]
-        task, turn = self._task(messages), 1 + sum(1 for m in messages if m.get("role") == "assistant")
-        self.asked.append((task, turn))
-        if (task in self.hangs_for or "*" in self.hangs_for) and turn >= self.from_turn:
-            await self._release.wait()
-            return web.json_response({"error": "the test ended"}, status=503)
-        text = self.policy.reply_for(messages)
-        return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
-
-    def __enter__(self) -> str:
-        def serve() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._release = asyncio.Event()
-            app = web.Application()
-            app.router.add_post("/v1/chat/completions", self._completions)
-            self._runner = web.AppRunner(app)
-            self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", 0)
-            self._loop.run_until_complete(site.start())
-            self.port = site._server.sockets[0].getsockname()[1]
-            self._started.set()
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=serve, daemon=True)
-        self._thread.start()
-        assert self._started.wait(30)
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._release.set)
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(60)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(30)
 
 
 # ----- one line, the documented exit code, nothing left behind ------------------------------------------------
@@ -539,7 +518,7 @@ def _episodes(root: Path) -> dict[str, str]:
 
 FULL_DISK = [
     pytest.param(["run", "--out", "{disk}/runs"], 8192, None, 3, id="run", marks=pytest.mark.docker),
-    pytest.param(["eval", "prisoners-dilemma", "-n", "2", "-c", "1", "--out", "{disk}/run", "--json"], 8192, None, 1,
+    pytest.param(["eval", "prisoners-dilemma", "-n", "2", "-c", "1", "--out", "{disk}/run", "--json"], 8192, None, 3,
                  id="eval: each rollout fails alone, as infrastructure", marks=pytest.mark.docker),
     pytest.param(["export", "sft", "{inputs}", "--out", "{disk}/sft/train.jsonl"], 0, _episodes, 3,
                  id="export sft"),
@@ -560,15 +539,12 @@ def test_a_full_disk_is_one_line_naming_the_path_and_leaves_no_partial_file(smal
         remove_run(run_id)
     assert proc.returncode == code, proc.stderr
     assert "a bug in air" not in proc.stderr and "Traceback" not in proc.stderr
-    if code == 3:
-        (line,) = proc.stderr.strip().splitlines()
-        assert line.startswith("air: error: no space left on the device writing ") and str(disk) in line, line
-    else:  # air eval: every rollout failed alone, as infrastructure, naming its file; the summary says so
-        rollouts = json.loads(proc.stdout)["rollouts"]
-        assert rollouts and all(not r["ok"] and r["error"].startswith("DiskFull: no space left on the device "
-                                                                      f"writing {disk}") for r in rollouts)
-        summary = json.loads((disk / "run" / "summary.json").read_text())
-        assert [r["error"] for r in summary["rollouts"]] == [r["error"] for r in rollouts]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("air: error: no space left on the device writing ") and str(disk) in line, line
+    if args[0] == "eval":  # each rollout failed alone, as infrastructure naming its file, and is shown before
+        rollouts = json.loads(proc.stdout)["rollouts"]  # the summary that could not be written
+        assert len(rollouts) == 2 and all(not r["ok"] and r["error"].startswith(
+            f"DiskFull: no space left on the device writing {disk}/run/prisoners-dilemma/rollout-") for r in rollouts)
     left = [p for p in disk.rglob("*") if p.name != "filler"]
     assert not [p for p in left if p.name.startswith(".") or p.name.endswith(".tmp")], left
     for path in (p for p in left if p.suffix in (".jsonl", ".json", ".traj")):
@@ -623,23 +599,12 @@ def test_eval_with_a_huge_n_runs_in_bounded_memory_and_ctrl_c_keeps_what_finishe
             pytest.fail(f"air eval grew to {peak:.0f} MB before finishing one rollout")
         return first.is_file() and '"type": "end"' in first.read_text()
 
-    try:
-        wait_for(one_rollout_done, "the first rollout to finish", proc=proc)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(300) == 130
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        left = containers_of(run_id)
-        remove_run(run_id)
-    stdout, stderr = outputs(tmp_path)
-    assert stderr.strip().splitlines()[-1] == "air: interrupted", stderr
+    stdout = interrupt_when(one_rollout_done, "the first rollout to finish", proc, tmp_path, run_id)
     assert "played by the scripted policy" in stdout.splitlines()[0], stdout
     assert "(e.g. run/prisoners-dilemma/rollout-000.jsonl)" in " ".join(stdout.split()), stdout
     assert "stopped after" in stdout and "finished rollout(s)" in stdout, stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["rollouts"][0]["ok"], summary
-    assert not left, f"containers left: {left}"
 
 
 @pytest.mark.docker
@@ -777,18 +742,7 @@ def test_ctrl_c_says_what_finished_and_leaves_no_container(images, slow_daemon, 
             _regression_recordings(tmp_path)
             proc = spawn("replay", "recorded", cwd=tmp_path, env=env)
             ready = lambda: _sleeping(run_id)  # noqa: E731
-        try:
-            wait_for(ready, moment, proc=proc)
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(300) == 130
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            left = containers_of(run_id)
-            remove_run(run_id)
-    stdout, stderr = outputs(tmp_path)
-    assert stderr.strip().splitlines()[-1] == "air: interrupted", stderr
-    assert not left, f"Ctrl-C left containers: {left}"
+        stdout = interrupt_when(ready, moment, proc, tmp_path, run_id)
     assert says in " ".join(stdout.split()), stdout
     if command == "eval":
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -139,6 +139,8 @@ def run_cli(typer_app: typer.Typer, args: list[str] | None = None) -> int:
     errors = _click_errors()
     try:
         code = typer_app(args=args, prog_name="air", standalone_mode=False)
+        if code == INTERRUPTED:  # typer turns Ctrl-C into a silent Exit(130)
+            console.print("air: interrupted")
         return code if isinstance(code, int) else 0
     except errors.NoArgsIsHelpError as exc:  # `air images`: the group's help, as --help would
         print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
@@ -150,7 +152,7 @@ def run_cli(typer_app: typer.Typer, args: list[str] | None = None) -> int:
         return _fail(exc.format_message(), exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
         console.print("air: interrupted")
-        return 130
+        return INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - what air knows (air.failures) is one line; anything else a bug
         known = translate(exc)
         if known is not None:
@@ -175,6 +177,7 @@ def _click_errors():
 
 INTERNAL = 4
 """Exit code of an unexpected exception: a bug, told apart from a failed check (1) and bad input (2)."""
+INTERRUPTED = 130
 
 
 def _fail(message: str, code: int) -> int:
