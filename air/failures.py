@@ -8,12 +8,12 @@ alike (one line, the documented exit code) wherever in air it surfaced:
 | a full disk or quota                      | OSError ENOSPC, EDQUOT                     | DiskFull, the path | 3    |
 | undecodable input                         | UnicodeDecodeError                         | UsageError, the    | 2    |
 |                                           |                                            | file and the byte  |      |
-| a slow Docker daemon                      | the SDK's HTTP timeout (requests, urllib3) | InfraError, what   | 3    |
-|                                           |                                            | it waited for      |      |
-| a Docker daemon gone in mid-command       | requests' ConnectionError                  | DockerUnavailable  | 3    |
 
-The fifth class, an option out of its range, is `air.validation.config_of`: options are validated by the config
-model that declares them, before anything starts.
+Two more classes have their one place in the layer that owns them: an option out of its range is
+`air.validation.config_of` (options are validated by the config model that declares them, before anything starts),
+and a Docker daemon too slow to answer (the SDK's HTTP timeout) or gone in mid-command is
+`air.sandbox.docker_api.sdk_failure` (InfraError saying what it waited for, exit 3). The CLI's top-level handler
+asks both `translate` and `sdk_failure`.
 
 Python's errors often lack the path (a write that finds the disk full names no file, a decode error never
 does): code that reads or writes a file wraps the work in `about(path)`, which puts the path on the error for
@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from air.errors import AirError, DiskFull, DockerUnavailable, InfraError, UsageError
+from air.errors import AirError, DiskFull, UsageError
 
 _PATH = "air_path"
 """The attribute `about` sets on a decode error (an OSError keeps its path in `filename`)."""
@@ -59,11 +58,11 @@ def translate(exc: BaseException) -> AirError | None:
         where = getattr(exc, _PATH, None) or "the input"
         byte = exc.object[exc.start:exc.start + 1].hex() if isinstance(exc.object, bytes) else "?"
         return UsageError(f"{where} is not UTF-8 text (byte 0x{byte} at offset {exc.start})")
-    return _docker_error(exc)
+    return None
 
 
 def _is_network(exc: OSError) -> bool:
-    # requests' and urllib3's errors are OSErrors too: they are the Docker daemon's, below.
+    # requests' errors are OSErrors too: they are the Docker daemon's (air.sandbox.docker_api.sdk_failure).
     return type(exc).__module__.split(".")[0] in ("requests", "urllib3", "docker")
 
 
@@ -82,39 +81,6 @@ def _os_error(exc: OSError) -> AirError | None:
     if isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
         return UsageError(f"cannot write or read {path}: {exc.strerror}")
     return None
-
-
-_TIMEOUT = re.compile(r"(?:read|connect) timeout=([\d.]+)")
-_API_VERSION = re.compile(r"^/v\d+\.\d+")
-_LONG_ID = re.compile(r"(sha256:)?([0-9a-f]{12})[0-9a-f]{52}")
-
-
-def _docker_error(exc: BaseException) -> AirError | None:
-    """A timeout or lost connection of the Docker SDK's HTTP client, called by any command outside the pool's
-    facade (air.sandbox.docker_api maps the calls it makes itself)."""
-    import requests.exceptions
-    import urllib3.exceptions
-
-    from air.sandbox.docker_api import docker_host
-
-    if isinstance(exc, (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError)):
-        seconds = _TIMEOUT.search(str(exc))
-        within = f" within {float(seconds[1]):g} s" if seconds else ""
-        return InfraError(f"the Docker daemon at {docker_host()} did not answer{within}{_request(exc)}; it is "
-                          "busy or stuck: try again (`air doctor` checks it)")
-    if isinstance(exc, (requests.exceptions.ConnectionError, urllib3.exceptions.ProtocolError)):
-        return DockerUnavailable(f"lost the Docker daemon at {docker_host()}{_request(exc)}: "
-                                 f"{' '.join(str(exc).split())[:200]}")
-    return None
-
-
-def _request(exc: BaseException) -> str:
-    """` (waiting for DELETE /images/sha256:0123456789ab)`: the call, as far as the error knows it."""
-    request = getattr(exc, "request", None)
-    if request is None or not getattr(request, "path_url", None):
-        return ""
-    path = _LONG_ID.sub(r"\1\2", _API_VERSION.sub("", request.path_url.split("?")[0]))
-    return f" (waiting for {request.method} {path})"
 
 
 __all__ = ["about", "translate"]

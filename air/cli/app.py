@@ -154,7 +154,9 @@ def run_cli(typer_app: typer.Typer, args: list[str] | None = None) -> int:
         console.print("air: interrupted")
         return INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - what air knows (air.failures) is one line; anything else a bug
-        known = translate(exc)
+        from air.sandbox.docker_api import sdk_failure
+
+        known = translate(exc) or sdk_failure(exc)
         if known is not None:
             return _fail(str(known), exit_code(known))
         import os

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import functools
 import os
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -61,6 +62,36 @@ def connect(timeout: float = 60.0, base_url: str | None = None) -> docker.Docker
 
 
 _TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, asyncio.TimeoutError)
+
+_TIMEOUT = re.compile(r"(?:read|connect) timeout=([\d.]+)")
+_API_VERSION = re.compile(r"^/v\d+\.\d+")
+_LONG_ID = re.compile(r"(sha256:)?([0-9a-f]{12})[0-9a-f]{52}")
+
+
+def sdk_failure(exc: BaseException) -> InfraError | None:
+    """What a failure of the SDK's HTTP client is, for calls made outside the `Docker` facade (the CLI's, the
+    image builder's): a daemon too slow to answer within the client's timeout, or gone in mid-command, is
+    infrastructure, saying what it waited for; None for anything else."""
+    import urllib3.exceptions
+
+    if isinstance(exc, (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError)):
+        seconds = _TIMEOUT.search(str(exc))
+        within = f" within {float(seconds[1]):g} s" if seconds else ""
+        return InfraError(f"the Docker daemon at {docker_host()} did not answer{within}{_request(exc)}; it is "
+                          "busy or stuck: try again (`air doctor` checks it)")
+    if isinstance(exc, (requests.exceptions.ConnectionError, urllib3.exceptions.ProtocolError)):
+        return DockerUnavailable(f"lost the Docker daemon at {docker_host()}{_request(exc)}: "
+                                 f"{' '.join(str(exc).split())[:200]}")
+    return None
+
+
+def _request(exc: BaseException) -> str:
+    """` (waiting for DELETE /images/sha256:0123456789ab)`: the call, as far as the error knows it."""
+    request = getattr(exc, "request", None)
+    if request is None or not getattr(request, "path_url", None):
+        return ""
+    path = _LONG_ID.sub(r"\1\2", _API_VERSION.sub("", request.path_url.split("?")[0]))
+    return f" (waiting for {request.method} {path})"
 
 
 class Docker:
