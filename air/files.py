@@ -23,6 +23,16 @@ def check_folder(path: Path) -> None:
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
 
 
+def free_name(folder: Path, stem: str, suffix: str = "") -> Path:
+    """A path in `folder` that nothing has yet: `stem`, else `stem-2`, ... (two runs started in the same second
+    each get their own; whoever then creates it exclusively wins a race, the other is refused, never mixed in)."""
+    candidate, n = folder / f"{stem}{suffix}", 1
+    while candidate.exists():
+        n += 1
+        candidate = folder / f"{stem}-{n}{suffix}"
+    return candidate
+
+
 def write_atomically(path: Path, text: str) -> None:
     """`text` into a temporary file next to `path`, renamed over it. Created with mode 0o666 so the umask
     applies, as for a plain open()."""
@@ -61,4 +71,4 @@ def write_folder_atomically(path: Path, files: dict[str, str]) -> None:
             raise
 
 
-__all__ = ["check_folder", "write_atomically", "write_folder_atomically"]
+__all__ = ["check_folder", "free_name", "write_atomically", "write_folder_atomically"]

@@ -444,7 +444,7 @@ def run(
     from air.cli.model_wait import WaitStatus, WatchedPolicy
     from air.episode.config import EpisodeConfig
     from air.episode.runner import run_episode
-    from air.files import check_folder
+    from air.files import check_folder, free_name
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import TaskEnvironment
     from air.tasks.registry import load_task
@@ -458,7 +458,7 @@ def run(
     if base_url is not None and console.is_terminal and not console.is_dumb_terminal:
         WaitStatus(policy, console, played_by["base_url"], model_timeout)
     ensure_images([spec.image], quiet_reuse=True)
-    trajectory = _new_file(runs_dir, f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}", ".jsonl")
+    trajectory = free_name(runs_dir, f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}", ".jsonl")
     if not as_json:
         out.print(f"[bold]{spec.id}[/] played by {escape(policy_label(played_by))}", soft_wrap=True)
     rows: list[dict] = []
@@ -503,16 +503,6 @@ def run(
         out.print(f"score curve ({spec.primary.direction} is better): {_sparkline(scores)}  "
                   + " → ".join(f"{s:.4g}" for s in scores), soft_wrap=True)
     out.print(f"trajectory: {trajectory}", soft_wrap=True)
-
-
-def _new_file(folder: Path, stem: str, suffix: str) -> Path:
-    """A name in `folder` no file has yet (`stem-2` after `stem`): two runs started in the same second each get
-    their own trajectory (the writer creates it exclusively, so a race is refused, never mixed in)."""
-    candidate, n = folder / f"{stem}{suffix}", 1
-    while candidate.exists():
-        n += 1
-        candidate = folder / f"{stem}-{n}{suffix}"
-    return candidate
 
 
 def _sparkline(values: list[float]) -> str:

@@ -85,6 +85,7 @@ def eval_(
     from air.cli.model_wait import WatchedPolicy
     from air.episode.batch import RolloutResult, claim_run_dir, run_batch
     from air.episode.config import EpisodeConfig
+    from air.files import free_name
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.registry import load_all
     from air.validation import config_of
@@ -93,7 +94,7 @@ def eval_(
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "command_timeout": command_timeout})
     policy, played_by = make_policy(base_url, model, model_timeout)
     policy = WatchedPolicy(policy)
-    run_dir = out_dir or Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = out_dir or free_name(Path("runs"), f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
     total = len(specs) * rollouts
     finished: list[RolloutResult] = []
 
