@@ -27,9 +27,13 @@ class ImageError(InfraError):
 
     @classmethod
     def not_built(cls, image: str) -> ImageError:
-        """`image` is not on the daemon: name the command that builds it (air's images are air/<recipe>:<tag>)."""
-        recipe = image.removeprefix("air/").split(":")[0] if image.startswith("air/") else ""
-        return cls(f"image {image} is not built; run `air images build{' ' + recipe if recipe else ''}`")
+        """`image` is not on the daemon: name the command that builds it (air's images are air/<recipe>:<tag>;
+        air builds no other image, so for those the way to get one)."""
+        if not image.startswith("air/"):
+            return cls(f"image {image} is not on the Docker daemon; air builds only its own air/<recipe> images "
+                       f"(`air images ls`): `docker pull {image}` or `docker load` it")
+        recipe = image.removeprefix("air/").split(":")[0]
+        return cls(f"image {image} is not built; run `air images build {recipe}`")
 
 
 class SandboxUnavailable(InfraError):
@@ -42,6 +46,10 @@ class PoolExhausted(InfraError):
 
 class DataUnavailable(InfraError):
     """A dataset a task needs is not in air's local data store (`air data add` stages it)."""
+
+
+class DiskFull(InfraError):
+    """A file air writes found no space (or no quota) left on its device; the message names the file."""
 
 
 class ModelUnavailable(InfraError):

@@ -253,11 +253,13 @@ def render(recordings: list[Recording], title: str = "air rollouts") -> str:
                     '</tr>')
     task_rows = []
     for task, recs in sorted(by_task.items()):
-        returns = [r.total_reward for r in recs]
+        # Over the rollouts that finished: a failed or cut-off one has no return to average (never a 0, nor
+        # the partial sum of the turns it had).
+        returns = [r.total_reward for r in recs if r.ok]
+        mean, best = (f"{statistics.mean(returns):+.4f}", f"{max(returns):+.4f}") if returns else ("–", "–")
         task_rows.append(f'<tr><td>{_esc(task)}</td><td class="num">{len(recs)}</td>'
                          f'<td class="num">{sum(not r.ok for r in recs)}</td>'
-                         f'<td class="num">{statistics.mean(returns):+.4f}</td>'
-                         f'<td class="num">{max(returns):+.4f}</td></tr>')
+                         f'<td class="num">{mean}</td><td class="num">{best}</td></tr>')
     sections = []
     for i, rec in enumerate(recordings):
         error = f'<p class="bad">{_esc(rec.error)}</p>' if rec.error else ""
@@ -266,8 +268,9 @@ def render(recordings: list[Recording], title: str = "air rollouts") -> str:
                         f'<div class="charts">{score_chart(rec)}{reward_chart(rec)}</div>{_transcript(rec)}</section>')
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>'
             f'<style>{_CSS}</style></head><body><h1>{_esc(title)}</h1>'
-            f'<h3>Tasks</h3><table><tr><th>task</th><th>rollouts</th><th>failed</th><th>mean return</th>'
-            f'<th>best return</th></tr>{"".join(task_rows)}</table>'
+            f'<h3>Tasks</h3><table><tr><th>task</th><th>rollouts</th><th>failed</th>'
+            f'<th title="over the rollouts that finished">mean return</th><th>best return</th></tr>'
+            f'{"".join(task_rows)}</table>'
             f'<h3>Rollouts</h3><table><tr><th>#</th><th>task</th><th>status</th><th>ended by</th><th>turns</th>'
             f'<th>return</th><th>baseline</th><th>best</th>'
             f'<th title="{_PROBLEMS_TIP}">step problems</th></tr>'

@@ -3,13 +3,19 @@
 `one_line(exc, f"{path}: ")` gives
 `<path>: field 'evaluation.timeout': Input should be greater than 0 (got -1)`; CLI options pass
 `where=as_flag` to name the flag instead (`--max-turns: ...`).
+
+`config_of(Model, options)` is where every command's options meet their config model: an option out of its range
+is a UsageError naming the flag, raised before anything starts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+
+from air.errors import UsageError
 
 SHOWN = 3
 """Errors spelled out; the rest are counted, so a file wrong everywhere still gives one readable line."""
@@ -48,3 +54,15 @@ def _describe(err: dict, title: str, where: Callable[[tuple[int | str, ...]], st
         msg += f" (got {shown if len(shown) <= 60 else shown[:57] + '...'})"
     # A model validator's error belongs to no field: its message says it all.
     return f"{where(err['loc'])}: {msg}" if err["loc"] else msg
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def config_of(model: type[M], options: dict[str, Any]) -> M:
+    """The model from a command's options named as its fields (others are ignored); a bad value is a usage error
+    naming the flag."""
+    try:
+        return model(**{name: value for name, value in options.items() if name in model.model_fields})
+    except ValidationError as exc:
+        raise UsageError(one_line(exc, where=as_flag)) from None

@@ -63,6 +63,21 @@ class AirTasksetConfig(vf.TasksetConfig, EpisodeSettings):
     """On a GPU host: GPUs for each task's sandbox (exclusive; its scorer borrows them) and its stack's CUDA image
     (cpu -> gpu, jax -> jax-gpu, hf -> hf-gpu), as MLGym gives each task container a GPU. Needs `gpu_ids`."""
 
+    @field_validator("tasks")
+    @classmethod
+    def _known_tasks(cls, refs: list[str]) -> list[str]:
+        # Checked with the rest of the config, which vf-eval reports in one message: an unknown id raised later,
+        # from Taskset.load, would reach the user as a traceback through verifiers' runner.
+        from air.errors import UsageError
+        from air.tasks.registry import require_known
+
+        for ref in refs:
+            try:
+                require_known(ref)
+            except UsageError as exc:
+                raise ValueError(str(exc)) from None
+        return refs
+
     @field_validator("max_sandboxes")
     @classmethod
     def _room_for_the_scorer(cls, value: int) -> int:
@@ -106,6 +121,16 @@ class AirEnvConfig(vf.EnvConfig):
     # The role is named `agent` (so `--env.agent.*` works) and needs no flags: the harness defaults to this
     # package's in-process harness and the runtime to a host subprocess, which the harness never uses.
     agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.SubprocessConfig())
+
+    @model_validator(mode="after")
+    def _turn_cap_on_the_agent(self) -> Self:
+        # verifiers' overview (vf-eval's header) reads the turn cap off the agent, where air declares none: the
+        # episode ends itself at the taskset's max_turns. The same cap on the agent shows it, and never refuses
+        # a turn the episode would play. An agent cap set explicitly stays as set.
+        turns = getattr(self.taskset, "max_turns", None)
+        if turns is not None and "max_turns" in type(self.agent).model_fields and self.agent.max_turns is None:
+            object.__setattr__(self, "agent", self.agent.model_copy(update={"max_turns": turns}))
+        return self
 
 
 class AirEnv(vf.Env[AirEnvConfig]):

@@ -1,9 +1,10 @@
 """A TCP front for a Docker daemon's unix socket, so tests reach a daemon the way a pool reaches one on another
-host (`tcp://...`), and can make it vanish."""
+host (`tcp://...`), and can make it vanish, or slow to answer one kind of request."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 
 
@@ -13,6 +14,10 @@ class CuttableProxy:
 
     def __init__(self, unix_path: str):
         self.unix_path, self.port = unix_path, 0
+        self.slow: re.Pattern[bytes] | None = None
+        self.delay = 0.0
+        self.seen = threading.Event()
+        """Set when a request matching `slow` went to the daemon (its answer is being held back)."""
         self.loop = asyncio.new_event_loop()
         self.server: asyncio.base_events.Server | None = None
         self.writers: set[asyncio.StreamWriter] = set()
@@ -30,10 +35,16 @@ class CuttableProxy:
     async def _pipe(self, reader, writer) -> None:
         up_reader, up_writer = await asyncio.open_unix_connection(self.unix_path)
         self.writers |= {writer, up_writer}
+        held: list[float] = []  # delays owed to the answers on this connection
 
-        async def copy(src, dst) -> None:
+        async def copy(src, dst, requests: bool) -> None:
             try:
                 while data := await src.read(1 << 16):
+                    if requests and self.slow is not None and self.slow.search(data):
+                        held.append(self.delay)
+                        self.seen.set()
+                    elif not requests and held:
+                        await asyncio.sleep(held.pop(0))  # the daemon has done it; its answer comes late
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, OSError):
@@ -41,7 +52,13 @@ class CuttableProxy:
             finally:
                 dst.close()
 
-        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+        await asyncio.gather(copy(reader, up_writer, True), copy(up_reader, writer, False))
+
+    def hold_answers(self, pattern: bytes, seconds: float) -> None:
+        """From now on, answer requests whose bytes match `pattern` (a regex) `seconds` late: a daemon busy
+        elsewhere. The request itself reaches the daemon at once."""
+        self.slow, self.delay = re.compile(pattern), seconds
+        self.seen.clear()
 
     def cut(self) -> None:
         async def down() -> None:

@@ -389,10 +389,12 @@ async def test_export_mlgym_results_writes_mlgyms_run_directories(episodes, tmp_
     full = load_task_spec("regression-rmse").baseline.scores
     assert sorted(r["baseline"] == full for r in by_status["submitted"]) == [False, True]
     assert {"rmse": full["rmse"]} in [r["baseline"] for r in by_status["submitted"]] and limit["baseline"] == full
-    # A second export adds runs after the existing ones; no finished episode is exit 1.
+    # Exporting an episode again adds no run (MLGym's aggregation would count it twice); no finished episode
+    # is exit 1.
     again = air("export", "mlgym-results", str(episodes / "runs" / "a.jsonl"), "--out", str(out),
                 "--model", "qwen3-4b", timeout=120)
-    assert again.returncode == 0 and (out / "qwen3-4b__regression-rmse__air__run_3").is_dir(), again.stderr
+    assert again.returncode == 0 and "1 already there" in again.stdout, again.stderr
+    assert sorted(p.name for p in out.iterdir()) == dirs
     (tmp_path / "torn.jsonl").write_text('{"type": "start", "task": "regression-rmse"}\n')
     none = air("export", "mlgym-results", str(tmp_path / "torn.jsonl"), "--out", str(tmp_path / "x"), timeout=120)
     assert none.returncode == 1 and not (tmp_path / "x").exists(), none.stderr

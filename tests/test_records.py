@@ -195,9 +195,9 @@ async def test_a_torn_last_line_costs_only_itself(improved):
 async def test_a_failed_rollout_is_errored_not_incomplete(tmp_path):
     path = tmp_path / "failed.jsonl"
     records = await play(path, "regression-rmse", [LOOK, WRITE_MODEL], [], max_turns=30)
-    with TrajectoryWriter(path) as writer:
-        writer.write(FailedRecord(episode=records[0]["episode"], turns=2, kind="infrastructure",
-                                  error="SandboxUnavailable: the container is gone"))
+    with open(path, "a", encoding="utf-8") as f:  # as the writer would have ended it
+        f.write(json.dumps(FailedRecord(episode=records[0]["episode"], turns=2, kind="infrastructure",
+                                        error="SandboxUnavailable: the container is gone").dump()) + "\n")
     (rec,) = load_recordings(path)
     assert rec.failure == "infrastructure failure: SandboxUnavailable: the container is gone" == rec.error
     assert sft_rows([(str(path), path.read_text().splitlines())]).filtered == {"errored": 1}

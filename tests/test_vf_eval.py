@@ -57,11 +57,12 @@ def hand_computed_return(task_id: str) -> float:
     return by_hand
 
 
-def run_vf_eval(base_url: str, out: Path, *extra: str, tasks: list[str] = TASKS) -> list[dict]:
+def run_vf_eval(base_url: str, out: Path, *extra: str, tasks: list[str] = TASKS, run: str = "") -> list[dict]:
     cmd = ["vf-eval", "air-mlgym", "-n", str(len(tasks)), "-r", "2", "-c", "6", "-m", "air-scripted",
            "--client.base-url", base_url, "--env.taskset.tasks", json.dumps(tasks),
            "--no-push", "--no-rich", "-o", str(out), *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "CI": ""})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "CI": "", "AIR_RUN_ID": run})
     assert proc.returncode == 0, proc.stderr[-3000:]
     traces_files = list(out.rglob("traces.jsonl"))
     assert len(traces_files) == 1, proc.stderr[-3000:]
@@ -104,38 +105,39 @@ def kill_when_running(docker_client, labels: list[str], command: str, patience: 
     return thread, killed
 
 
-def air_containers(docker_client) -> set[str]:
-    return {c.id for c in docker_client.containers.list(all=True, filters={"label": "air.run"})}
+def air_containers(docker_client, run: str) -> set[str]:
+    """The containers of one run (AIR_RUN_ID): other processes on a shared daemon make their own meanwhile."""
+    return {c.id for c in docker_client.containers.list(all=True, filters={"label": f"air.run={run}"})}
 
 
-def test_vf_eval_with_airs_harness(scripted_server, tmp_path, images, docker_client):
-    before = air_containers(docker_client)
-    episodes = run_vf_eval(scripted_server, tmp_path / "out")
+def test_vf_eval_with_airs_harness(scripted_server, tmp_path, images, docker_client, run_id):
+    episodes = run_vf_eval(scripted_server, tmp_path / "out", run=run_id)
     assert_rewards(episodes)
-    assert not air_containers(docker_client) - before, "vf-eval left containers behind"
+    assert not air_containers(docker_client, run_id), "vf-eval left containers behind"
 
 
-def test_vf_eval_with_verifiers_null_harness(scripted_server, tmp_path, images, docker_client):
+def test_vf_eval_with_verifiers_null_harness(scripted_server, tmp_path, images, docker_client, run_id):
     """verifiers' own `null` harness (about 1.2 s a turn of its overhead) on one task: the breadth of tasks is
     the test above's; this one is about the harness."""
-    before = air_containers(docker_client)
     episodes = run_vf_eval(scripted_server, tmp_path / "out", "--env.agent.harness.id", "null",
-                           tasks=["prisoners-dilemma"])
+                           tasks=["prisoners-dilemma"], run=run_id)
     assert_rewards(episodes, ["prisoners-dilemma"])
-    assert not air_containers(docker_client) - before, "vf-eval left containers behind"
+    assert not air_containers(docker_client, run_id), "vf-eval left containers behind"
 
 
-def test_a_container_killed_mid_rollout_fails_only_that_rollout(scripted_server, tmp_path, images, docker_client):
+def test_a_container_killed_mid_rollout_fails_only_that_rollout(scripted_server, tmp_path, images, docker_client,
+                                                                 run_id):
     """Kill one regression-rmse sandbox while its agent sleeps: that rollout fails with SandboxError (excluded
     from training, not scored 0), the others finish with their exact rewards, later rollouts get fresh sandboxes,
     and nothing is left behind."""
-    before = air_containers(docker_client)
-    thread, killed = kill_when_running(docker_client, ["air.task=regression-rmse"], "sleep 600", patience=240)
+    thread, killed = kill_when_running(docker_client, ["air.task=regression-rmse", f"air.run={run_id}"], "sleep 600",
+                                       patience=240)
     out = tmp_path / "out"
     cmd = ["vf-eval", "air-mlgym", "-n", str(len(TASKS)), "-r", "2", "-c", "3", "-m", "air-scripted",
            "--client.base-url", scripted_server, "--env.taskset.tasks", json.dumps(TASKS),
            "--no-push", "--no-rich", "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "CI": ""})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "CI": "", "AIR_RUN_ID": run_id})
     thread.join(5)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert killed, "the killer never found the sleeping sandbox"
@@ -148,4 +150,4 @@ def test_a_container_killed_mid_rollout_fails_only_that_rollout(scripted_server,
         if trace["ok"]:
             reward = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
             assert reward == pytest.approx(hand_computed_return(trace["info"]["task"]), abs=1e-9)
-    assert not air_containers(docker_client) - before
+    assert not air_containers(docker_client, run_id)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from air.errors import AirError, DockerUnavailable, ImageError, InfraError, TaskError, UsageError
+from air.failures import translate
 
 console = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
@@ -30,6 +31,22 @@ images_app = typer.Typer(help="Build and list task images (offline, from recipes
 containers_app = typer.Typer(help="List and remove air's containers, including those of dead runs.",
                              no_args_is_help=True)
 tasks_app = typer.Typer(help="List, inspect and check research tasks (bundled, or MLGym YAMLs).", no_args_is_help=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from air import __version__
+
+        print(f"air {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _air(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                               help="Print air's version and exit.")] = False) -> None:
+    """Docker-sandboxed research tasks for training LLM agents with RL."""
+
+
 app.add_typer(images_app, name="images")
 app.add_typer(containers_app, name="containers")
 app.add_typer(tasks_app, name="tasks")
@@ -37,9 +54,24 @@ app.add_typer(tasks_app, name="tasks")
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 MlgymRoot = Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROOT",
                                                help="MLGym checkout, for tasks named mlgym:tasks/<name>.yaml.")]
+
+
+def _gpus_here(gpus: int) -> int:
+    """--gpus-per-task N on a host with fewer GPUs is refused before any rollout starts (not N failures)."""
+    if gpus:
+        from air.sandbox.doctor import detect_gpus
+
+        found = len(detect_gpus())
+        if found < gpus:
+            raise typer.BadParameter(f"{gpus} GPU(s) per task asked for, but this host has "
+                                     f"{found or 'no'} GPU(s) (nvidia-smi)")
+    return gpus
+
+
 GpusPerTask = Annotated[int, typer.Option(
-    "--gpus-per-task", min=0, help="On a GPU host: GPUs for each task's sandbox, exclusive, and its stack's CUDA "
-                                   "image (cpu -> gpu, jax -> jax-gpu, hf -> hf-gpu; `air images build --gpu`).")]
+    "--gpus-per-task", min=0, callback=_gpus_here,
+    help="On a GPU host: GPUs for each task's sandbox, exclusive, and its stack's CUDA image (cpu -> gpu, jax -> "
+         "jax-gpu, hf -> hf-gpu; `air images build --gpu`).")]
 
 
 def run_async(coro):
@@ -54,18 +86,41 @@ def print_json(data: object) -> None:
 
 
 BaseUrl = Annotated[str | None, typer.Option("--base-url", envvar="AIR_BASE_URL",
-                                             help="OpenAI-compatible endpoint (default: the scripted policy).")]
+                                             help="OpenAI-compatible endpoint, http(s)://HOST[:PORT]/v1 (default: "
+                                                  "the scripted policy).")]
 Model = Annotated[str, typer.Option("--model", envvar="AIR_MODEL", help="Model name at --base-url.")]
+ModelTimeout = Annotated[float, typer.Option(
+    "--model-timeout", min=0.1, help="Seconds to wait for each reply of the model at --base-url; past it the "
+                                     "rollout fails as infrastructure.")]
+MODEL_TIMEOUT = 600.0
 
 
-def make_policy(base_url: str | None, model: str):
-    if base_url:
-        from air.policies.openai_compat import OpenAIPolicy
+def make_policy(base_url: str | None, model: str, timeout: float = MODEL_TIMEOUT):
+    """The policy the flags name, and what runs record about it (`policy` in start records and summaries):
+    {"kind": "scripted"} without --base-url, else {"kind": "openai-compatible", "model", "base_url"}. A
+    --base-url that is given but empty or not an http(s) URL (an unset shell variable) is bad input, never a
+    silent fall-back to the scripted policy."""
+    if base_url is None:
+        from air.policies.scripted import ScriptedPolicy
 
-        return OpenAIPolicy(base_url, model)
-    from air.policies.scripted import ScriptedPolicy
+        return ScriptedPolicy(), {"kind": "scripted"}
+    from urllib.parse import urlsplit
 
-    return ScriptedPolicy()
+    parts = urlsplit(base_url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--base-url {base_url!r} is not an http(s) URL (e.g. http://localhost:8000/v1); leave "
+                         "the flag out to play the scripted policy")
+    from air.policies.openai_compat import OpenAIPolicy
+
+    url = base_url.strip()
+    return OpenAIPolicy(url, model, timeout=timeout), {"kind": "openai-compatible", "model": model, "base_url": url}
+
+
+def policy_label(record: dict[str, str]) -> str:
+    """`the scripted policy` or `model M at URL`, for people."""
+    if record["kind"] == "scripted":
+        return "the scripted policy (no --base-url)"
+    return f"model {record['model']} at {record['base_url']}"
 
 
 # ----- errors: one line and the documented exit code -------------------------------------------------------
@@ -84,6 +139,8 @@ def run_cli(typer_app: typer.Typer, args: list[str] | None = None) -> int:
     errors = _click_errors()
     try:
         code = typer_app(args=args, prog_name="air", standalone_mode=False)
+        if code == INTERRUPTED:  # typer turns Ctrl-C into a silent Exit(130)
+            console.print("air: interrupted")
         return code if isinstance(code, int) else 0
     except errors.NoArgsIsHelpError as exc:  # `air images`: the group's help, as --help would
         print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
@@ -93,12 +150,15 @@ def run_cli(typer_app: typer.Typer, args: list[str] | None = None) -> int:
         return _fail(f"{exc.format_message()} (see `{command} --help`)", 2)
     except errors.ClickException as exc:
         return _fail(exc.format_message(), exc.exit_code)
-    except AirError as exc:
-        return _fail(str(exc), exit_code(exc))
     except (KeyboardInterrupt, typer.Abort):
         console.print("air: interrupted")
-        return 130
-    except Exception as exc:  # noqa: BLE001 - a bug of air's: one line, and the way to see the rest
+        return INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - what air knows (air.failures) is one line; anything else a bug
+        from air.sandbox.docker_api import sdk_failure
+
+        known = translate(exc) or sdk_failure(exc)
+        if known is not None:
+            return _fail(str(known), exit_code(known))
         import os
         import traceback
 
@@ -119,6 +179,7 @@ def _click_errors():
 
 INTERNAL = 4
 """Exit code of an unexpected exception: a bug, told apart from a failed check (1) and bad input (2)."""
+INTERRUPTED = 130
 
 
 def _fail(message: str, code: int) -> int:

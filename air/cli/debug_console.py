@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from air.cli.app import console, out
 
 if TYPE_CHECKING:
+    from air.episode.config import EpisodeConfig
     from air.episode.loop import Episode, StepResult
     from air.sandbox import Shell
     from air.tasks.spec import TaskSpec
@@ -166,10 +167,10 @@ _STARTING_OR_LEAVING, _PROMPT, _BUSY = "starting or leaving", "prompt", "busy"
 
 
 class DebugConsole:
-    def __init__(self, spec: TaskSpec, *, keep: bool, max_turns: int, json_lines: bool):
+    def __init__(self, spec: TaskSpec, *, keep: bool, config: EpisodeConfig, json_lines: bool):
         self.spec = spec
         self.keep = keep
-        self.max_turns = max_turns
+        self.config = config
         self.json_lines = json_lines
         self.interactive = sys.stdin.isatty() and sys.stdout.isatty()
         self.loop = LoopThread()
@@ -248,7 +249,6 @@ class DebugConsole:
                 signal.signal(sig, handler)
 
     def _session(self) -> None:
-        from air.episode.config import EpisodeConfig
         from air.episode.loop import Episode
         from air.sandbox import PoolConfig, SandboxPool
         from air.tasks.environment import TaskEnvironment
@@ -262,7 +262,7 @@ class DebugConsole:
             env = self.loop.call(TaskEnvironment, spec, pool)
             sandbox = self.loop.run(lease.enter_async_context(env.lease()))
             self.session = sandbox.session
-            episode = self.loop.call(Episode, env, sandbox, EpisodeConfig(max_turns=self.max_turns))
+            episode = self.loop.call(Episode, env, sandbox, self.config)
             (console if self.json_lines else out).print(
                 f"[bold]{spec.id}[/] in container {sandbox.short_id} ({sandbox.name}); baseline "
                 f"{spec.baseline.scores}. Type a command, `validate`, `submit`, `:help` or `:quit`.", soft_wrap=True)
@@ -330,5 +330,5 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def run_debug(spec: TaskSpec, *, keep: bool, max_turns: int, json_lines: bool) -> None:
-    DebugConsole(spec, keep=keep, max_turns=max_turns, json_lines=json_lines).run()
+def run_debug(spec: TaskSpec, *, keep: bool, config: EpisodeConfig, json_lines: bool) -> None:
+    DebugConsole(spec, keep=keep, config=config, json_lines=json_lines).run()

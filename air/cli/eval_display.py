@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from air import display
+from air.cli.model_wait import SHOWN_AFTER, WatchedPolicy
 from air.episode.batch import BatchProgress, RolloutResult
 
 MAX_LIVE_ROWS = 12  # more rollouts in flight than this are summed up in one line
@@ -18,8 +19,8 @@ MAX_LIVE_ROWS = 12  # more rollouts in flight than this are summed up in one lin
 class LiveView:
     """A renderable re-drawn by rich's Live a few times a second, so elapsed times move between turns."""
 
-    def __init__(self, run_dir: Path, total: int):
-        self.run_dir, self.started = run_dir, time.monotonic()
+    def __init__(self, run_dir: Path, total: int, model: WatchedPolicy | None = None):
+        self.run_dir, self.started, self.model = run_dir, time.monotonic(), model
         self.progress = BatchProgress(total=total)
 
     def update(self, progress: BatchProgress) -> None:
@@ -40,6 +41,10 @@ class LiveView:
             table.add_row(r.task, str(r.index), str(r.turns), display.score(r.score), display.reward(r.reward),
                           display.seconds(now - r.started))
         parts: list = [head, table]
+        waiting, longest = self.model.waiting() if self.model is not None else (0, 0.0)
+        if waiting and longest >= SHOWN_AFTER:
+            parts.insert(1, Text(f"{waiting} waiting for the model (longest {display.seconds(longest)})",
+                                 style="yellow"))
         if len(live) > MAX_LIVE_ROWS:
             parts.append(Text(f"... and {len(live) - MAX_LIVE_ROWS} more running", style="dim"))
         if p.best:

@@ -96,7 +96,8 @@ def mlgym_results(
     results.json ({"agent": [metrics per scored evaluation], "baseline": {...}}) and <task>.traj, so that
     MLGym's aggregation, AUP and performance-profile tooling reads air runs.
 
-    Failed and unfinished rollouts are counted, not written. Exit code 1 when no run was written.
+    Failed and unfinished rollouts are counted, not written; an episode exported there before is not written
+    again (exporting twice changes nothing). Exit code 1 when no finished episode was found.
 
     Example: air export mlgym-results runs/ outputs/evals --out trajectories/air --model qwen3-4b
     """
@@ -105,13 +106,16 @@ def mlgym_results(
     result = export_mlgym_results(inputs, out_dir, model=model, pattern=pattern)
     for warning in result.warnings[:MAX_WARNINGS_SHOWN]:
         console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
-    summary = {"runs": len(result.runs), "skipped": result.skipped, "out": str(out_dir)}
+    summary = {"runs": len(result.runs), "already_exported": len(result.existing), "skipped": result.skipped,
+               "out": str(out_dir)}
     if as_json:
         print(json.dumps(summary | {"dirs": [str(r) for r in result.runs]}, indent=2))
     else:
         skipped = ", ".join(f"{k} {v}" for k, v in result.skipped.items()) or "none"
-        out.print(f"wrote {len(result.runs)} MLGym runs under {out_dir} (skipped: {skipped})", soft_wrap=True)
-    if not result.runs:
+        already = f", {len(result.existing)} already there" if result.existing else ""
+        out.print(f"wrote {len(result.runs)} MLGym runs under {out_dir}{already} (skipped: {skipped})",
+                  soft_wrap=True)
+    if not result.runs and not result.existing:
         console.print("air: no finished episode to write", soft_wrap=True)
         raise typer.Exit(1)
 

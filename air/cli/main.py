@@ -16,17 +16,20 @@ from rich.table import Table
 
 from air import display
 from air.cli.app import (
+    MODEL_TIMEOUT,
     BaseUrl,
     GpusPerTask,
     JsonFlag,
     MlgymRoot,
     Model,
+    ModelTimeout,
     app,
     console,
     containers_app,
     images_app,
     make_policy,
     out,
+    policy_label,
     print_json,
     run_async,
     run_cli,
@@ -425,6 +428,7 @@ def run(
     task: Annotated[str, typer.Option(help="Task id (bundled) or mlgym:tasks/<name>.yaml.")] = "prisoners-dilemma",
     base_url: BaseUrl = None,
     model: Model = "air-scripted",
+    model_timeout: ModelTimeout = MODEL_TIMEOUT,
     max_turns: Annotated[int, typer.Option(min=1, help="Turn limit of the episode.")] = 30,
     runs_dir: Annotated[Path, typer.Option("--out", help="Where the trajectory is written.")] = Path("runs"),
     mlgym_root: MlgymRoot = None,
@@ -437,16 +441,26 @@ def run(
     """
     import time as _time
 
+    from air.cli.model_wait import WaitStatus, WatchedPolicy
     from air.episode.config import EpisodeConfig
     from air.episode.runner import run_episode
+    from air.files import check_folder, free_name
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import TaskEnvironment
     from air.tasks.registry import load_task
+    from air.validation import config_of
 
     spec = load_task(task, mlgym_root)
+    config = config_of(EpisodeConfig, {"max_turns": max_turns})
+    policy, played_by = make_policy(base_url, model, model_timeout)
+    check_folder(runs_dir)
+    policy = WatchedPolicy(policy)
+    if base_url is not None and console.is_terminal and not console.is_dumb_terminal:
+        WaitStatus(policy, console, played_by["base_url"], model_timeout)
     ensure_images([spec.image], quiet_reuse=True)
-    policy = make_policy(base_url, model)
-    trajectory = runs_dir / f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}.jsonl"
+    trajectory = free_name(runs_dir, f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}", ".jsonl")
+    if not as_json:
+        out.print(f"[bold]{spec.id}[/] played by {escape(policy_label(played_by))}", soft_wrap=True)
     rows: list[dict] = []
 
     def show(episode, reply, step) -> None:
@@ -464,12 +478,21 @@ def run(
 
     async def main():
         async with SandboxPool(PoolConfig(gpu_ids=None if spec.resources.gpus else [])) as pool:
-            return await run_episode(TaskEnvironment(spec, pool), policy, EpisodeConfig(max_turns=max_turns),
-                                     trajectory=trajectory, on_step=show)
+            return await run_episode(TaskEnvironment(spec, pool), policy, config, trajectory=trajectory,
+                                     on_step=show, meta={"policy": played_by})
 
-    summary = run_async(main())
+    try:
+        summary = run_async(main())
+    except KeyboardInterrupt:  # what finished is said before "interrupted"
+        if as_json:
+            print_json({"interrupted": True, "policy": played_by, "steps": rows,
+                        "trajectory": str(trajectory) if trajectory.exists() else None})
+        elif rows:
+            out.print(f"interrupted after {len(rows)} turn(s); trajectory (ends with an `interrupted` record): "
+                      f"{trajectory}", soft_wrap=True)
+        raise
     if as_json:
-        print_json({"summary": summary, "steps": rows, "trajectory": str(trajectory)})
+        print_json({"summary": summary, "policy": played_by, "steps": rows, "trajectory": str(trajectory)})
         return
     scores = [r["score"] for r in rows if r["score"] is not None]
     out.print(f"\n[bold]{spec.id}[/]: {summary['ended_by']} after {summary['turns']} turns; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from pathlib import Path
@@ -14,15 +15,18 @@ from rich.table import Table
 
 from air import display
 from air.cli.app import (
+    MODEL_TIMEOUT,
     BaseUrl,
     GpusPerTask,
     JsonFlag,
     MlgymRoot,
     Model,
+    ModelTimeout,
     app,
     console,
     make_policy,
     out,
+    policy_label,
     print_json,
     run_async,
 )
@@ -46,9 +50,13 @@ def debug(
     that pipe lines in. Example: air debug prisoners-dilemma --keep
     """
     from air.cli.debug_console import run_debug
+    from air.episode.config import EpisodeConfig
     from air.tasks.registry import load_task
+    from air.validation import config_of
 
-    run_debug(load_task(task, mlgym_root), keep=keep, max_turns=max_turns, json_lines=as_json)
+    spec = load_task(task, mlgym_root)
+    config = config_of(EpisodeConfig, {"max_turns": max_turns})  # before a sandbox starts
+    run_debug(spec, keep=keep, config=config, json_lines=as_json)
 
 
 @app.command("eval")
@@ -58,9 +66,11 @@ def eval_(
     concurrency: Annotated[int, typer.Option("-c", "--concurrency", min=1, help="Rollouts at once.")] = 4,
     base_url: BaseUrl = None,
     model: Model = "air-scripted",
+    model_timeout: ModelTimeout = MODEL_TIMEOUT,
     max_turns: Annotated[int, typer.Option(min=1, help="Turn limit per episode.")] = 30,
     command_timeout: Annotated[float | None, typer.Option(min=0.1, help="Cap on each command's timeout, seconds.")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory (default runs/eval-<time>).")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory, new or empty: a run owns its "
+                                                 "directory (default runs/eval-<time>).")] = None,
     mlgym_root: MlgymRoot = None,
     gpus_per_task: GpusPerTask = 0,
     as_json: JsonFlag = False,
@@ -68,39 +78,70 @@ def eval_(
     """Run N rollouts of each task against an OpenAI-compatible endpoint (or the scripted policy), with live
     progress, a results table, and trajectories in a run directory (then: air view RUN_DIR).
 
-    Exit code 1 when a rollout failed. Example: air eval prisoners-dilemma regression-rmse -n 4 -c 4
+    Exit code 1 when a rollout failed. Ctrl-C stops the rollouts in flight, prints those that finished and
+    writes the run's summary.json. Example: air eval prisoners-dilemma regression-rmse -n 4 -c 4
     """
-    from air.cli.eval_display import LiveView, failures, results_table
-    from air.episode.batch import run_batch
+    from air.cli.eval_display import LiveView
+    from air.cli.model_wait import WatchedPolicy
+    from air.episode.batch import RolloutResult, claim_run_dir, run_batch
     from air.episode.config import EpisodeConfig
+    from air.files import free_name
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.registry import load_all
+    from air.validation import config_of
 
     specs = load_all(tasks, mlgym_root, gpus_per_task)
-    run_dir = out_dir or Path("runs") / f"eval-{time.strftime('%Y%m%d-%H%M%S')}"
-    policy = make_policy(base_url, model)
-    config = EpisodeConfig(max_turns=max_turns, command_timeout=command_timeout)
+    config = config_of(EpisodeConfig, {"max_turns": max_turns, "command_timeout": command_timeout})
+    policy, played_by = make_policy(base_url, model, model_timeout)
+    policy = WatchedPolicy(policy)
+    run_dir = out_dir or free_name(Path("runs"), f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
+    total = len(specs) * rollouts
+    finished: list[RolloutResult] = []
 
     async def main():
         async with SandboxPool(PoolConfig(max_sandboxes=max(2 * concurrency + 2, 4),
                                           gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
+            run = functools.partial(run_batch, specs, policy, pool, run_dir, rollouts, concurrency, config,
+                                    on_result=finished.append, meta={"policy": played_by})
             if as_json or not console.is_terminal:  # no live display when nobody watches it
-                return await run_batch(specs, policy, pool, run_dir, rollouts, concurrency, config)
-            view = LiveView(run_dir, len(specs) * rollouts)
+                return await run()
+            view = LiveView(run_dir, total, policy)
             with Live(view, console=console, transient=True, refresh_per_second=2):
-                return await run_batch(specs, policy, pool, run_dir, rollouts, concurrency, config,
-                                       on_progress=view.update)
+                return await run(on_progress=view.update)
 
-    results = run_async(main())
-    if as_json:
-        print_json({"run_dir": str(run_dir), "rollouts": [r.__dict__ for r in results]})
-    else:
-        out.print(results_table(results))
-        for line in failures(results):
-            out.print(f"[red]failed[/] {escape(line)}", soft_wrap=True)
-        out.print(f"trajectories: {run_dir}/<task>/rollout-<#>.jsonl; view them: air view {run_dir}", soft_wrap=True)
+    with claim_run_dir(run_dir, {"policy": played_by, "tasks": [s.id for s in specs], "rollouts": rollouts}):
+        if not as_json:
+            out.print(f"{total} rollout(s) of {len(specs)} task(s), {min(concurrency, total)} at once, played by "
+                      f"{escape(policy_label(played_by))}; run directory {escape(str(run_dir))}", soft_wrap=True)
+        try:
+            results = run_async(main())
+        except BaseException as exc:  # Ctrl-C, a full disk: what finished is shown before the line saying why
+            if finished or isinstance(exc, KeyboardInterrupt):
+                _show_results(sorted(finished, key=lambda r: (r.task, r.index)), run_dir, as_json, stopped=True)
+            raise
+    _show_results(results, run_dir, as_json)
     if not all(r.ok for r in results):
         raise typer.Exit(1)
+
+
+def _show_results(results: list, run_dir: Path, as_json: bool, stopped: bool = False) -> None:
+    from air.cli.eval_display import failures, results_table
+
+    if as_json:
+        print_json({"run_dir": str(run_dir), "rollouts": [r.__dict__ for r in results]}
+                   | ({"stopped": True} if stopped else {}))
+        return
+    if not results:
+        return
+    out.print(results_table(results))
+    for line in failures(results):
+        out.print(f"[red]failed[/] {escape(line)}", soft_wrap=True)
+    first = next((r.trajectory for r in results if r.trajectory), None)
+    where = f"{run_dir}/<task>/rollout-NNN.jsonl" + (f" (e.g. {first})" if first else "")
+    out.print(f"trajectories: {where}; view them: air view {run_dir}", soft_wrap=True)
+    if stopped:
+        out.print(f"stopped after {len(results)} finished rollout(s); summary: {run_dir / 'summary.json'}",
+                  soft_wrap=True)
 
 
 @app.command()
@@ -115,11 +156,11 @@ def replay(
 
     Exit code 1 on any drift. Example: air replay runs/eval-20261121-101500 (or --rescore best)
     """
-    from air.episode.replay import load_recordings, rescore_recording
     from air.episode.replay import replay as replay_one
+    from air.episode.replay import rescore_recording
     from air.sandbox import PoolConfig, SandboxPool
 
-    recordings = load_recordings(source)
+    recordings = _recordings([source])
     if not recordings:
         from air.errors import UsageError
 
@@ -144,33 +185,42 @@ def replay(
         return
 
     async def main():
-        results = []
         async with SandboxPool(PoolConfig(gpu_ids=[])) as pool:
             for rec in recordings:
                 drifts, note = await replay_one(rec, pool)
                 results.append((rec, drifts, note))
-        return results
 
-    results = run_async(main())
+    results: list = []
+    try:
+        run_async(main())
+    except KeyboardInterrupt:  # what was replayed is shown before "interrupted"
+        _show_replays(results, as_json)
+        if not as_json:
+            out.print(f"stopped after {len(results)} of {len(recordings)} recording(s)")
+        raise
+    _show_replays(results, as_json)
     drifted = any(d or n for _, d, n in results)
+    if drifted:
+        raise typer.Exit(1)
+
+
+def _show_replays(results: list, as_json: bool) -> None:
     if as_json:
         print_json([{"source": rec.source, "task": rec.task, "note": note,
                       "drift": [d.__dict__ for d in drifts]} for rec, drifts, note in results])
-    else:
-        for rec, drifts, note in results:
-            status = "[red]drift[/]" if drifts or note else "[green]no drift[/]"
-            out.print(f"{status}  {rec.source}  ({len(rec.steps)} turns)", soft_wrap=True)
-            if note:
-                out.print(f"  [yellow]{note}[/]", soft_wrap=True)
-            if drifts:
-                t = Table("turn", "what", "line", "recorded", "replayed", caption="first differing line of each "
-                          "turn; times, durations, pids and the sandbox id are normalised")
-                for d in drifts:
-                    t.add_row(str(d.turn), d.what, "-" if d.line is None else str(d.line), escape(d.recorded),
-                              escape(d.replayed))
-                out.print(t)
-    if drifted:
-        raise typer.Exit(1)
+        return
+    for rec, drifts, note in results:
+        status = "[red]drift[/]" if drifts or note else "[green]no drift[/]"
+        out.print(f"{status}  {rec.source}  ({len(rec.steps)} turns)", soft_wrap=True)
+        if note:
+            out.print(f"  [yellow]{note}[/]", soft_wrap=True)
+        if drifts:
+            t = Table("turn", "what", "line", "recorded", "replayed", caption="first differing line of each "
+                      "turn; times, durations, pids and the sandbox id are normalised")
+            for d in drifts:
+                t.add_row(str(d.turn), d.what, "-" if d.line is None else str(d.line), escape(d.recorded),
+                          escape(d.replayed))
+            out.print(t)
 
 
 @app.command()
@@ -185,8 +235,8 @@ def view(
 
     Example: air view runs/eval-20261121-101500 -o report.html
     """
-    from air.episode.replay import load_recordings
     from air.errors import UsageError
+    from air.files import write_atomically
     from air.report import render
 
     # Checked before reading a large run, so that a typo in -o costs nothing.
@@ -195,10 +245,10 @@ def view(
                          f"e.g. {output / 'report.html'}")
     if not output.parent.is_dir():
         raise UsageError(f"cannot write {output}: directory {output.parent} does not exist")
-    recordings = [rec for src in sources for rec in load_recordings(src)]
+    recordings = _recordings(sources)
     if not recordings:
         raise UsageError(f"no air trajectories or vf-eval traces of air found in {', '.join(map(str, sources))}")
-    _write_atomically(output, render(recordings, title))
+    write_atomically(output, render(recordings, title))
     if as_json:
         print_json({"output": str(output), "rollouts": len(recordings)})
         return
@@ -207,24 +257,16 @@ def view(
         out.print(f"open it: file://{output.resolve()}")
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """A temporary file next to `path`, renamed over it: a failed or interrupted write leaves no half report
-    and keeps an older one whole. Created with mode 0o666 so the umask applies, as for a plain open()."""
-    import os
+def _recordings(sources: list[Path]) -> list:
+    """The recordings of `sources`, saying on stderr what was skipped (a torn line) and which episodes did not
+    finish (a run cut off): `air view` leaves those out of its means, `air replay` replays what they hold."""
+    from air.episode.replay import load_recordings
 
-    from air.errors import UsageError
+    def warn(text: str) -> None:
+        console.print(f"[yellow]warning:[/] {escape(text)}", soft_wrap=True)
 
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException as exc:  # Ctrl-C included: the temporary file is ours to remove
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
-        raise
+    recordings = [rec for src in sources for rec in load_recordings(src, warn)]
+    for rec in recordings:
+        if not rec.finished and rec.failure is None:
+            warn(f"{rec.source}: {rec.error} after {len(rec.steps)} turn(s); its return is partial")
+    return recordings

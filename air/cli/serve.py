@@ -11,15 +11,14 @@ import functools
 import json
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from typer.core import TyperGroup
 
 from air.cli.app import console
-from air.errors import UsageError
-from air.validation import as_flag, one_line
+from air.validation import as_flag, config_of
 
 if TYPE_CHECKING:
     from air.services.agentgym import AgentGymConfig
@@ -66,18 +65,6 @@ def option_of(model: type[BaseModel], name: str, *flags: str, more: str = "", **
     (typer's older spelling, not `Annotated`) so that a parameter names its field once."""
     help_text = f"{help_of(model, name)} {more}".strip()
     return typer.Option(default_of(model, name), *flags, help=help_text, **option)
-
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def config_of(model: type[M], options: dict[str, Any]) -> M:
-    """The model from the command's options named as its fields; a bad value is a usage error naming the
-    flag."""
-    try:
-        return model(**{name: value for name, value in options.items() if name in model.model_fields})
-    except ValidationError as exc:
-        raise UsageError(one_line(exc, where=as_flag)) from None
 
 
 LOG_LEVEL = typer.Option("info", help="uvicorn log level.")
@@ -202,6 +189,7 @@ def _services() -> typer.Typer:
 def _serve_sandbox_fusion(config: SandboxFusionConfig, log_level: str, as_json: bool) -> None:
     from air.services.sandbox_fusion import serve
 
+    _require_free_port(config.host, config.port)
     _require_images([config.image])
     if config.host not in LOOPBACK:
         console.print(f"[yellow]warning:[/] binding {config.host}: anyone who reaches this port can run code "
@@ -223,6 +211,7 @@ def _serve_agentgym(config: AgentGymConfig, log_level: str, as_json: bool) -> No
     from air.services.agentgym import AgentGymService, serve
     from air.tasks.environment import sandbox_spec
 
+    _require_free_port(config.host, config.port)
     service = AgentGymService(config)
     service.load_items()  # an unknown task is a usage error now, not a failed reset later
     _require_images(sandbox_spec(item.spec).image for item in service.items)
@@ -290,6 +279,24 @@ def _require_images(images: Iterable[str]) -> None:
                 raise ImageError.not_built(image) from None
     finally:
         client.close()
+
+
+def _require_free_port(host: str, port: int) -> None:
+    """A port another server holds is refused before any sandbox starts: uvicorn would say so in several lines,
+    after the service had said it was ready. (Bound as uvicorn binds, with SO_REUSEADDR, then released.)"""
+    import socket
+
+    from air.errors import UsageError
+
+    if port == 0:
+        return
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {_url(host, port)}: {exc.strerror or exc} (another server holds the "
+                         "port? pick another with --port)") from None
 
 
 def _url(host: str, port: int) -> str:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from air.episode.config import EpisodeConfig
 from air.episode.runner import run_episode
-from air.errors import AirError
+from air.errors import UsageError
+from air.failures import about, translate
+from air.files import write_atomically
 from air.policies import Policy
 from air.sandbox import SandboxPool
 from air.tasks.environment import TaskEnvironment
@@ -55,11 +59,60 @@ class RolloutResult:
     error: str | None = None
 
 
+SUMMARY = "summary.json"
+
+
+@contextlib.contextmanager
+def claim_run_dir(run_dir: Path, meta: dict[str, Any]) -> Iterator[None]:
+    """Own `run_dir` for one batch: it must be new or empty, and its `summary.json` is created at once,
+    exclusively, saying the run is under way (with `meta`, the pid and the time), so a second run naming the
+    folder is refused whether it comes before or during this one, never mixed in; `run_batch` replaces it with
+    the run's summary. A run that fails before any rollout ran (Docker away) leaves no folder behind."""
+    made = not run_dir.exists()
+    summary = run_dir / SUMMARY
+    with about(run_dir):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        taken = UsageError(f"{run_dir} already holds a run (another `air eval` wrote or is writing there); "
+                           "name a new or empty directory with --out")
+        if any(run_dir.iterdir()):
+            raise taken
+        try:
+            fd = os.open(summary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            raise taken from None
+    claim = {"running": True, "pid": os.getpid(), "started": time.time(), **meta}
+    try:
+        with about(summary), os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(claim, indent=2, default=str))
+        yield
+    except BaseException:
+        if [p.name for p in run_dir.iterdir()] == [SUMMARY] and _still_claimed(summary, claim):
+            summary.unlink()
+            if made:
+                run_dir.rmdir()
+        raise
+
+
+def _still_claimed(summary: Path, claim: dict[str, Any]) -> bool:
+    try:
+        written = json.loads(summary.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return True  # the claim itself could not be written whole (a full disk): ours to remove
+    return written.get("running") is True and written.get("pid") == claim["pid"]
+
+
 async def run_batch(specs: list[TaskSpec], policy: Policy, pool: SandboxPool, run_dir: Path, rollouts: int,
                     concurrency: int, config: EpisodeConfig,
-                    on_progress: Callable[[BatchProgress], None] | None = None) -> list[RolloutResult]:
+                    on_progress: Callable[[BatchProgress], None] | None = None,
+                    on_result: Callable[[RolloutResult], None] | None = None,
+                    meta: dict[str, Any] | None = None) -> list[RolloutResult]:
+    """Run `rollouts` episodes of each task, `concurrency` at once, each failing alone; write `summary.json` in
+    `run_dir` at the end, and also when interrupted (then with `"interrupted": true` and the rollouts that
+    finished). `meta` goes into every rollout's start record and the summary (the CLI's: which policy).
+
+    Rollouts are started as slots free up, so the work pending at any time is bounded by `concurrency`, however
+    many rollouts are asked for."""
     progress = BatchProgress(total=len(specs) * rollouts)
-    gate = asyncio.Semaphore(concurrency)
     run_dir.mkdir(parents=True, exist_ok=True)
 
     def better(spec: TaskSpec, score: float) -> bool:
@@ -68,41 +121,59 @@ async def run_batch(specs: list[TaskSpec], policy: Policy, pool: SandboxPool, ru
 
     async def one(spec: TaskSpec, index: int) -> RolloutResult:
         trajectory = run_dir / spec.id / f"rollout-{index:03d}.jsonl"
-        async with gate:
-            progress.running += 1
-            live = progress.live[(spec.id, index)] = LiveRollout(spec.id, index)
+        progress.running += 1
+        live = progress.live[(spec.id, index)] = LiveRollout(spec.id, index)
+        _notify(on_progress, progress)
+
+        def on_step(episode, reply, step) -> None:
+            live.turns, live.score, live.reward = episode.turns, episode.tracker.last_score, episode.total_reward
             _notify(on_progress, progress)
 
-            def on_step(episode, reply, step) -> None:
-                live.turns, live.score, live.reward = episode.turns, episode.tracker.last_score, episode.total_reward
-                _notify(on_progress, progress)
-
-            try:
-                summary = await run_episode(TaskEnvironment(spec, pool), policy, config, trajectory,
-                                            on_step=on_step, meta={"rollout": index})
-                result = RolloutResult(spec.id, index, True, str(trajectory), summary)
-                best = summary.get("best_score")
-                if best is not None and better(spec, best):
-                    progress.best[spec.id] = best
-            except Exception as exc:  # noqa: BLE001 - whatever broke this rollout, its siblings go on
-                # AirError says whose fault it was (infrastructure, task); anything else is a bug of air's, named
-                # as such, and still only this rollout's loss. Cancellation and Ctrl-C are not caught.
-                kind = "" if isinstance(exc, AirError) else "internal error, "
-                result = RolloutResult(spec.id, index, False, str(trajectory) if trajectory.exists() else None,
-                                       error=f"{kind}{type(exc).__name__}: {' '.join(str(exc).split())}")
-                progress.failed += 1
-            finally:
-                progress.running -= 1
-                progress.done += 1
-                progress.live.pop((spec.id, index), None)
-                _notify(on_progress, progress)
+        try:
+            summary = await run_episode(TaskEnvironment(spec, pool), policy, config, trajectory,
+                                        on_step=on_step, meta={**(meta or {}), "rollout": index})
+            result = RolloutResult(spec.id, index, True, str(trajectory), summary)
+            best = summary.get("best_score")
+            if best is not None and better(spec, best):
+                progress.best[spec.id] = best
+        except Exception as exc:  # noqa: BLE001 - whatever broke this rollout, its siblings go on
+            # AirError says whose fault it was (infrastructure, task), and so do the machine's failures air
+            # knows (a full disk); anything else is a bug of air's, named as such, and still only this rollout's
+            # loss. Cancellation and Ctrl-C are not caught.
+            known = translate(exc)
+            kind, exc = ("", known) if known is not None else ("internal error, ", exc)
+            result = RolloutResult(spec.id, index, False, str(trajectory) if trajectory.exists() else None,
+                                   error=f"{kind}{type(exc).__name__}: {' '.join(str(exc).split())}")
+            progress.failed += 1
+        finally:
+            progress.running -= 1
+            progress.done += 1
+            progress.live.pop((spec.id, index), None)
+            _notify(on_progress, progress)
         return result
 
-    started = time.time()
-    results = await asyncio.gather(*(one(spec, i) for spec in specs for i in range(rollouts)))
-    (run_dir / "summary.json").write_text(json.dumps({
-        "started": started, "seconds": time.time() - started, "rollouts": [asdict(r) for r in results],
-        "config": config.model_dump(), "tasks": [s.id for s in specs]}, indent=2, default=str))
+    queue = ((spec, index) for spec in specs for index in range(rollouts))  # lazy: never built up front
+    results: list[RolloutResult] = []
+
+    async def worker() -> None:
+        for spec, index in queue:  # the generator is shared: each rollout is taken by one worker
+            result = await one(spec, index)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+
+    started, finished = time.time(), False
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, progress.total))))
+        finished = True
+    finally:
+        order = {spec.id: i for i, spec in enumerate(specs)}
+        results.sort(key=lambda r: (order[r.task], r.index))
+        write_atomically(run_dir / SUMMARY, json.dumps({
+            "started": started, "seconds": time.time() - started, **(meta or {}),
+            **({} if finished else {"interrupted": True, "asked": progress.total}),
+            "rollouts": [asdict(r) for r in results], "config": config.model_dump(),
+            "tasks": [s.id for s in specs]}, indent=2, default=str))
     return results
 
 

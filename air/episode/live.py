@@ -44,7 +44,10 @@ def record_failure(writer: TrajectoryWriter, episode: Episode | None, kind: Fail
     if episode is None or episode.turns == 0:
         writer.discard()
         return
-    writer.write(FailedRecord(episode=episode.id, turns=episode.turns, kind=kind, error=error))
+    try:
+        writer.write(FailedRecord(episode=episode.id, turns=episode.turns, kind=kind, error=error))
+    except OSError:  # the disk that failed the episode may refuse this too: the file still ends on a whole line
+        pass
     writer.close()
 
 

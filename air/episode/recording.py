@@ -206,14 +206,15 @@ def json_lines(lines: Iterable[str | bytes], skip: Warn) -> Iterator[tuple[int, 
         try:
             value = json.loads(line)
         except json.JSONDecodeError as exc:
-            skip(lineno, f"not JSON ({exc.msg} at column {exc.colno})")
+            skip(lineno, f"not JSON ({exc.msg}, column {exc.colno})")
             continue
         yield lineno, value
 
 
-def load_recordings(path: Path) -> list[Recording]:
+def load_recordings(path: Path, warn: Callable[[str], None] | None = None) -> list[Recording]:
     """Every episode in a file or run directory (air .jsonl trajectories and vf-eval traces.jsonl files), for
-    `air replay` and `air view`.
+    `air replay` and `air view`. Each line skipped (a torn last line of a run that was cut off) is told to
+    `warn` as `file:line: why`.
 
     A missing path, an unreadable file, a named file that is not JSON lines, or a damaged recording raises
     UsageError naming the file: these are the user's input, so one line, not a traceback. In a directory,
@@ -234,7 +235,9 @@ def load_recordings(path: Path) -> list[Recording]:
                     raise UsageError(f"{file} is not an air trajectory or vf-eval trace: "
                                      f"{'it is empty' if not first else 'its first line is not JSON'}")
                 f.seek(0)
-                found = list(read_lines(str(file), f))
+                skipped = (lambda lineno, why, name=str(file): warn(f"{name}:{lineno}: {why}; line skipped")) \
+                    if warn is not None else None
+                found = list(read_lines(str(file), f, skipped))
         except OSError as exc:
             raise UsageError(f"cannot read {file}: {exc.strerror or exc}") from None
         for rec in found:

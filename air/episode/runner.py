@@ -9,6 +9,7 @@ from typing import Any
 from air.episode.live import failure_kind, record_failure
 from air.episode.loop import Episode, EpisodeConfig, StepResult
 from air.episode.trajectory import TrajectoryWriter
+from air.failures import translate
 from air.policies import Message, Policy
 from air.tasks.environment import TaskEnvironment
 
@@ -37,7 +38,8 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
                     return episode.summary()
     except BaseException as exc:
         if writer is not None:
-            record_failure(writer, episode, failure_kind(exc), f"{type(exc).__name__}: {exc}")
+            shown = translate(exc) or exc  # a full disk is the machine's failure, not an error of the episode
+            record_failure(writer, episode, failure_kind(shown), f"{type(shown).__name__}: {shown}")
         raise
     finally:
         if writer is not None:

@@ -7,14 +7,17 @@ recordings; `read_trajectory` gives the raw records back, skipping a torn last l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from air.episode.recording import json_lines
 from air.episode.records import Record
+from air.errors import UsageError
+from air.failures import about
 
 _made: set[Path] = set()
 """Folders the writers of this process created. Concurrent rollouts of a task share its folder, and the one
@@ -22,26 +25,47 @@ that made it may be discarded first: whichever is discarded last removes it once
 
 
 class TrajectoryWriter:
+    """Appends the records of one episode to a new file. A record is written whole or not at all: a write that
+    fails (a full disk) is cut back to the last whole line before its error goes on, naming the file, so a
+    reader never meets half a record; and discarding never fails."""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         _made.update(p for p in self.path.parents if not p.exists())
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: TextIO | None = open(self.path, "a", encoding="utf-8")
+        with about(self.path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:  # unbuffered: nothing is left to flush (and fail) when the file is closed
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
+                self._fd: int | None = os.open(self.path, flags, 0o666)
+            except FileExistsError:
+                raise UsageError(f"{self.path} already exists: a trajectory file holds one episode") from None
+        self._size = 0
 
     def write(self, record: Record) -> None:
-        """Append one typed record (air/episode/records.py), stamped with the time."""
-        if self._file is None:
+        """Append one typed record (air/episode/records.py), stamped with the time; a write that fails leaves the
+        file cut back to its last whole line."""
+        if self._fd is None:
             return
         line = {"time": round(time.time(), 3), **record.dump()}
-        self._file.write(json.dumps(line, default=str, ensure_ascii=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        data = (json.dumps(line, default=str, ensure_ascii=False) + "\n").encode()
+        with about(self.path):
+            try:
+                rest = memoryview(data)
+                while rest:
+                    rest = rest[os.write(self._fd, rest):]
+                os.fsync(self._fd)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._size)
+                raise
+        self._size += len(data)
 
     def discard(self) -> None:
         """Close and delete the file and the folders writers made for it: the episode left nothing worth
         keeping."""
         self.close()
-        self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
         for folder in self.path.parents:
             if folder not in _made:
                 break
@@ -52,9 +76,10 @@ class TrajectoryWriter:
             _made.discard(folder)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> TrajectoryWriter:
         return self

@@ -24,8 +24,8 @@ and the primary baseline, so its results hold that metric alone.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,6 +36,7 @@ from typing import Any
 from air.episode.recording import Recording, read_lines
 from air.errors import UsageError
 from air.export.sft import _lines, input_files
+from air.files import write_folder_atomically
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -43,6 +44,9 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 @dataclass
 class MLGymExport:
     runs: list[Path] = field(default_factory=list)
+    """The run directories written now."""
+    existing: list[Path] = field(default_factory=list)
+    """Episodes found already exported (by an earlier export), with their run directories."""
     skipped: dict[str, int] = field(default_factory=dict)
     """Episodes not written, by reason: errored (a failed rollout: never a result), incomplete."""
     warnings: list[str] = field(default_factory=list)
@@ -111,12 +115,15 @@ def export_mlgym_results(paths: Iterable[str | Path], out_dir: str | Path, *, mo
                          pattern: str = "air") -> MLGymExport:
     """Write one MLGym run directory per finished episode under `out_dir`; failed and unfinished rollouts are
     counted, not written (MLGym would count them as failed runs; air's failures are infrastructure's, never a
-    score). Run indices continue after existing directories, so a second export adds runs."""
+    score). Idempotent: an episode already exported there (its content key is in the run's .traj) is not
+    written again, so exporting twice, or overlapping inputs, never counts a run twice; new episodes take the
+    next run indices. Each run directory appears whole or not at all."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: not a directory")
     result = MLGymExport()
     files = input_files(paths)
+    exported = _exported(out_dir)
     taken: dict[str, int] = {}
     for file in files:
         warn = partial(lambda name, lineno, why: result.warnings.append(f"{name}:{lineno}: {why}; line skipped"),
@@ -130,6 +137,10 @@ def export_mlgym_results(paths: Iterable[str | Path], out_dir: str | Path, *, mo
             if rec.damage is not None or not rec.finished:
                 result.skip("incomplete")
                 continue
+            key = content_key(rec)
+            if key in exported:
+                result.existing.append(exported[key])
+                continue
             task = rec.task.split("#")[0]
             prefix = "__".join(_UNSAFE.sub("-", p) for p in (model, task, pattern)) + "__run_"
             if prefix not in taken:
@@ -138,17 +149,36 @@ def export_mlgym_results(paths: Iterable[str | Path], out_dir: str | Path, *, mo
                 taken[prefix] = max(existing, default=-1) + 1
             run = out_dir / run_name(model, task, pattern, taken[prefix])
             taken[prefix] += 1
-            run.mkdir(parents=True)
-            _write_json(run / "results.json", results(rec))
-            _write_json(run / f"{_UNSAFE.sub('-', task)}.traj", traj(rec))
+            document = traj(rec)
+            document["info"]["air_key"] = key
+            write_folder_atomically(run, {"results.json": _json(results(rec)),
+                                          f"{_UNSAFE.sub('-', task)}.traj": _json(document)})
+            exported[key] = run
             result.runs.append(run)
     return result
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
-    os.replace(tmp, path)
+def content_key(rec: Recording) -> str:
+    """What makes an episode the same one wherever its file is read from: its content, not its path."""
+    content = rec.model_dump(mode="json", exclude={"file", "line"})
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _exported(out_dir: Path) -> dict[str, Path]:
+    """The content keys of the runs already in `out_dir`, with their directories."""
+    found: dict[str, Path] = {}
+    for traj_file in sorted(out_dir.glob("*__run_*/*.traj")) if out_dir.is_dir() else []:
+        try:
+            key = json.loads(traj_file.read_text(encoding="utf-8"))["info"].get("air_key")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # not one of ours, or not whole: it counts as nothing
+        if isinstance(key, str):
+            found.setdefault(key, traj_file.parent)
+    return found
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=2, ensure_ascii=False)
 
 
 __all__ = ["MLGymExport", "export_mlgym_results", "results", "traj", "exit_status", "agent_scores"]

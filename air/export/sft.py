@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +49,8 @@ from typing import Any
 
 from air.episode.recording import Recording, read_lines
 from air.errors import UsageError
+from air.failures import about
+from air.files import write_atomically
 
 
 @dataclass(frozen=True)
@@ -176,12 +177,9 @@ def export_sft_files(paths: Iterable[str | Path], out: str | Path,
     files = input_files(paths, exclude=out)
     result = sft_rows(((str(f), _lines(f)) for f in files), options)
     if result.rows:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in result.rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, out)
+        with about(out):
+            out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(out, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in result.rows))
     return result
 
 

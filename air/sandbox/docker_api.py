@@ -9,8 +9,10 @@ thousand calls under load, as inspect_ai observed); calls that may have had an e
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import os
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -61,6 +63,36 @@ def connect(timeout: float = 60.0, base_url: str | None = None) -> docker.Docker
 
 _TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, asyncio.TimeoutError)
 
+_TIMEOUT = re.compile(r"(?:read|connect) timeout=([\d.]+)")
+_API_VERSION = re.compile(r"^/v\d+\.\d+")
+_LONG_ID = re.compile(r"(sha256:)?([0-9a-f]{12})[0-9a-f]{52}")
+
+
+def sdk_failure(exc: BaseException) -> InfraError | None:
+    """What a failure of the SDK's HTTP client is, for calls made outside the `Docker` facade (the CLI's, the
+    image builder's): a daemon too slow to answer within the client's timeout, or gone in mid-command, is
+    infrastructure, saying what it waited for; None for anything else."""
+    import urllib3.exceptions
+
+    if isinstance(exc, (requests.exceptions.Timeout, urllib3.exceptions.TimeoutError)):
+        seconds = _TIMEOUT.search(str(exc))
+        within = f" within {float(seconds[1]):g} s" if seconds else ""
+        return InfraError(f"the Docker daemon at {docker_host()} did not answer{within}{_request(exc)}; it is "
+                          "busy or stuck: try again (`air doctor` checks it)")
+    if isinstance(exc, (requests.exceptions.ConnectionError, urllib3.exceptions.ProtocolError)):
+        return DockerUnavailable(f"lost the Docker daemon at {docker_host()}{_request(exc)}: "
+                                 f"{' '.join(str(exc).split())[:200]}")
+    return None
+
+
+def _request(exc: BaseException) -> str:
+    """` (waiting for DELETE /images/sha256:0123456789ab)`: the call, as far as the error knows it."""
+    request = getattr(exc, "request", None)
+    if request is None or not getattr(request, "path_url", None):
+        return ""
+    path = _LONG_ID.sub(r"\1\2", _API_VERSION.sub("", request.path_url.split("?")[0]))
+    return f" (waiting for {request.method} {path})"
+
 
 class Docker:
     """Async facade over one SDK client: bounded concurrency, deadlines, error mapping."""
@@ -73,6 +105,9 @@ class Docker:
         """Which daemon this is, for messages."""
         # Our own pool: the default executor has cpu+4 threads, which would serialise a 32-way pool on 2 cores.
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="air-docker")
+        self._in_flight: set[concurrent.futures.Future] = set()
+        """Calls running in a worker thread. A caller that gives up (its deadline, Ctrl-C) leaves its call
+        running there: `settle` waits for them, so that what they create can be found and removed."""
 
     async def call(self, fn: Callable[..., T], *args: Any, timeout: float = 60.0, idempotent: bool = False,
                    **kwargs: Any) -> T:
@@ -95,12 +130,12 @@ class Docker:
 
     async def _once(self, fn: Callable[..., T], args: tuple, kwargs: dict, timeout: float,
                     mark_transient: bool = False) -> T:
-        loop = asyncio.get_running_loop()
         name = getattr(fn, "__name__", "docker call")
+        call = self._executor.submit(functools.partial(fn, *args, **kwargs))
+        self._in_flight.add(call)
+        call.add_done_callback(self._in_flight.discard)
         try:
-            return await asyncio.wait_for(
-                loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs)), timeout
-            )
+            return await asyncio.wait_for(asyncio.wrap_future(call), timeout)
         except docker.errors.NotFound as exc:
             raise SandboxUnavailable(f"{name}: {exc.explanation or exc}") from exc
         except _TRANSIENT as exc:
@@ -114,6 +149,12 @@ class Docker:
             raise error from exc
         except docker.errors.APIError as exc:
             raise InfraError(f"{name}: {exc.explanation or exc}") from exc
+
+    async def settle(self, timeout: float = 90.0) -> None:
+        """Wait (up to `timeout`) for the calls still running in worker threads, their callers gone."""
+        running = [asyncio.wrap_future(call) for call in list(self._in_flight)]
+        if running:
+            await asyncio.wait(running, timeout=timeout)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -32,6 +32,7 @@ from typing import Self
 
 import docker
 import docker.errors
+import requests.exceptions
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air import paths
@@ -393,7 +394,9 @@ class ImageBuilder:
             try:
                 if not self.client.images.get(step).tags:
                     self.client.images.remove(step, noprune=False)
-            except docker.errors.APIError:  # a parent of the final image, in use, or gone: kept as it is
+            # A parent of the final image, in use, or gone: kept as it is. A daemon busy committing another
+            # build may not answer within the client's timeout: then it stays too (clean-up never fails a build).
+            except (docker.errors.DockerException, requests.exceptions.RequestException):
                 continue
 
     def _docker_build(self, recipe: Recipe, context: Path, tag: str, parent_ref: str) -> tuple[str, set[str]]:

@@ -107,6 +107,8 @@ class SandboxPool:
         self._warming: Counter[str] = Counter()
         self._changed = asyncio.Condition()
         self._background: set[asyncio.Task] = set()
+        self._holders: set[str] = set()  # every sandbox token this pool claimed for: what close() may remove
+        self._kept: set[str] = set()  # ... but not those of sandboxes handed over for good (forget)
         self._closed = False
         self._started = False
 
@@ -138,7 +140,8 @@ class SandboxPool:
     def _mark_down(self, host: _Host, exc: BaseException) -> None:
         loop = asyncio.get_running_loop()
         host.down_until, host.down_reason = loop.time() + self.config.host_retry, str(exc)
-        log.warning("Docker host %s left out for %gs: %s", host.name, self.config.host_retry, exc)
+        if self._started:  # during start() the error itself says it, once
+            log.warning("Docker host %s left out for %gs: %s", host.name, self.config.host_retry, exc)
 
     @property
     def docker(self) -> Docker:
@@ -192,7 +195,32 @@ class SandboxPool:
         doomed = list(self._live)
         await asyncio.gather(*(self._remove(sb) for sb in doomed), return_exceptions=True)
         self._idle.clear()
+        await self._remove_stragglers()
         atexit.unregister(self._atexit_backstop)
+
+    async def _remove_stragglers(self) -> None:
+        """Remove what Docker calls abandoned by their callers (Ctrl-C, a deadline) created after all: a claim
+        or a container whose creation was still running in a worker thread when its rollout was cancelled. They
+        carry a token this pool made, so they are found by label once those calls have ended."""
+        holders = self._holders - self._kept
+        for host in self._hosts:
+            if host.docker is None or not holders:
+                continue
+            await host.docker.settle()
+
+            def remove(client=host.docker.client) -> list[str]:
+                mine = [c.id for c in list_air_containers(client, run=self.run_id) if c.owner == owner_token()
+                        and (c.labels.get(SANDBOX) in holders or c.labels.get(HOLDER) in holders)]
+                return remove_containers(client, mine)
+
+            try:
+                removed = await host.docker.call(remove, timeout=120, idempotent=True)
+            except InfraError as exc:  # the host is away: the next sweep (a dead owner's) takes them
+                log.warning("could not look for abandoned containers on %s: %s", host.name, exc)
+                continue
+            if removed:
+                log.info("removed %d container(s) and claim(s) created after their rollout was cancelled",
+                         len(removed))
 
     async def __aenter__(self) -> SandboxPool:
         await self.start()
@@ -352,6 +380,7 @@ class SandboxPool:
         loop = asyncio.get_running_loop()
         gpus, share = spec.resources.gpus, spec.resources.share_gpus
         holder, all_down_since, last_sweep = uuid.uuid4().hex[:16], None, loop.time()
+        self._holders.add(holder)
         while True:
             if self._closed:
                 raise SandboxUnavailable("the sandbox pool is closed")
@@ -413,7 +442,9 @@ class SandboxPool:
         removes it. It is renamed `air-kept-...`, keeps its claims (its GPUs stay its own), and sweeps leave it
         alone until `air containers clean --kept`."""
         self._live.discard(sandbox)
-        self._held.pop(sandbox, None)
+        held = self._held.pop(sandbox, None)
+        if held is not None:
+            self._kept.add(held[1].holder)
         sandbox.mark_broken("kept by its lessee")
         self._spawn(sandbox.rename(KEPT_PREFIX + sandbox.name.removeprefix("air-")))
 

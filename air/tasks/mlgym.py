@@ -24,7 +24,8 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from air.errors import TaskError
+from air.errors import TaskError, UsageError
+from air.failures import about, translate
 from air.tasks.datastore import DataStore
 from air.tasks.spec import (
     Baseline,
@@ -160,11 +161,14 @@ Config = TypeVar("Config", bound=_MLGymConfig)
 def _parse(model: type[Config], path: Path) -> Config:
     title = model.model_config["title"]
     try:
-        data = yaml.safe_load(path.read_text())
+        with about(path):
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TaskError(f"{path} ({title}) does not exist") from None
     except yaml.YAMLError as exc:
         raise TaskError(f"{path}: YAML error: {' '.join(str(exc).split())}") from None
+    except (OSError, UnicodeDecodeError) as exc:  # a folder named *.yaml, bytes that are not UTF-8, no permission
+        raise TaskError(f"{translate(exc) or exc} ({title})") from None
     if not isinstance(data, dict):
         raise TaskError(f"{path}: expected a mapping of fields, found {type(data).__name__}")
     try:
@@ -199,6 +203,8 @@ def _inside(path: Path, folders: list[Path]) -> bool:
 def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
     """Load `configs/<task_config>` (e.g. "tasks/titanic.yaml") from the MLGym checkout at `root`."""
     root = Path(root).resolve()
+    if not root.is_dir():
+        raise UsageError(f"MLGym root {root} is not a directory (--mlgym-root names an MLGym checkout)")
     yaml_path = root / "configs" / task_config
     cfg = _parse(TaskConfig, yaml_path)
     warn = partial(log.warning, "%s: %s", yaml_path.name)

@@ -32,15 +32,19 @@ def _load(ref: str, mlgym_root: Path | str | None) -> TaskSpec:
         if not root:
             raise UsageError(f"{ref}: an MLGym task needs the MLGym checkout (--mlgym-root or $MLGYM_ROOT)")
         return load_mlgym_task(Path(root), ref.removeprefix(MLGYM_PREFIX))
-    folder = paths.tasks_dir() / ref
-    if not (folder / "task.toml").is_file():
+    require_known(ref)
+    return load_air_task(paths.tasks_dir() / ref)
+
+
+def require_known(ref: str) -> None:
+    """UsageError unless `ref` names a bundled task or has the MLGym form (whose file is read at load time)."""
+    if not ref.startswith(MLGYM_PREFIX) and not (paths.tasks_dir() / ref / "task.toml").is_file():
         raise UsageError(f"unknown task '{ref}' (bundled: {', '.join(bundled_ids())}; MLGym tasks: "
                          "mlgym:tasks/<name>.yaml)")
-    return load_air_task(folder)
 
 
 def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None, gpus: int = 0) -> list[TaskSpec]:
     return [load_task(ref, mlgym_root, gpus) for ref in (refs or bundled_ids())]
 
 
-__all__ = ["load_task", "load_all", "bundled_ids"]
+__all__ = ["load_task", "load_all", "bundled_ids", "require_known"]

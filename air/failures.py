@@ -1,0 +1,86 @@
+"""The failures the world around air causes, each class recognised here once, so that every command reports it
+alike (one line, the documented exit code) wherever in air it surfaced:
+
+| failure                                   | as Python raises it                        | becomes            | exit |
+| ----------------------------------------- | ------------------------------------------ | ------------------ | ---- |
+| a path of the wrong kind                  | IsADirectoryError, NotADirectoryError,     | UsageError         | 2    |
+| (a file where a folder is wanted, ...)    | FileExistsError, PermissionError, EROFS    | naming the path    |      |
+| a full disk or quota                      | OSError ENOSPC, EDQUOT                     | DiskFull, the path | 3    |
+| undecodable input                         | UnicodeDecodeError                         | UsageError, the    | 2    |
+|                                           |                                            | file and the byte  |      |
+
+Two more classes have their one place in the layer that owns them: an option out of its range is
+`air.validation.config_of` (options are validated by the config model that declares them, before anything starts),
+and a Docker daemon too slow to answer (the SDK's HTTP timeout) or gone in mid-command is
+`air.sandbox.docker_api.sdk_failure` (InfraError saying what it waited for, exit 3). The CLI's top-level handler
+asks both `translate` and `sdk_failure`.
+
+Python's errors often lack the path (a write that finds the disk full names no file, a decode error never
+does): code that reads or writes a file wraps the work in `about(path)`, which puts the path on the error for
+`translate`. Everything not in the table stays what it is: an AirError says itself, anything else is a bug.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+from collections.abc import Iterator
+from pathlib import Path
+
+from air.errors import AirError, DiskFull, UsageError
+
+_PATH = "air_path"
+"""The attribute `about` sets on a decode error (an OSError keeps its path in `filename`)."""
+
+
+@contextlib.contextmanager
+def about(path: str | Path) -> Iterator[None]:
+    """Name `path` on an OS or decode error raised inside that does not name a path already."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+    except UnicodeDecodeError as exc:
+        if getattr(exc, _PATH, None) is None:
+            setattr(exc, _PATH, str(path))
+        raise
+
+
+def translate(exc: BaseException) -> AirError | None:
+    """The AirError that `exc` is, by the table above; None when it is none of those (then it is a bug)."""
+    if isinstance(exc, AirError):
+        return exc
+    if isinstance(exc, OSError) and not _is_network(exc):
+        return _os_error(exc)
+    if isinstance(exc, UnicodeDecodeError):
+        where = getattr(exc, _PATH, None) or "the input"
+        byte = exc.object[exc.start:exc.start + 1].hex() if isinstance(exc.object, bytes) else "?"
+        return UsageError(f"{where} is not UTF-8 text (byte 0x{byte} at offset {exc.start})")
+    return None
+
+
+def _is_network(exc: OSError) -> bool:
+    # requests' errors are OSErrors too: they are the Docker daemon's (air.sandbox.docker_api.sdk_failure).
+    return type(exc).__module__.split(".")[0] in ("requests", "urllib3", "docker")
+
+
+def _os_error(exc: OSError) -> AirError | None:
+    path = exc.filename if exc.filename is not None else "a file"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        what = "no space left on the device" if exc.errno == errno.ENOSPC else "disk quota exceeded"
+        return DiskFull(f"{what} writing {path}; free some space or write elsewhere")
+    if isinstance(exc, IsADirectoryError):
+        return UsageError(f"{path} is a directory; a file is wanted there")
+    if isinstance(exc, NotADirectoryError):
+        return UsageError(f"{path}: a part of this path is a file; a directory is wanted there")
+    if isinstance(exc, FileExistsError):
+        kind = "" if Path(path).is_dir() else " and is not a directory"
+        return UsageError(f"{path} already exists{kind}")
+    if isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
+        return UsageError(f"cannot write or read {path}: {exc.strerror}")
+    return None
+
+
+__all__ = ["about", "translate"]
