@@ -140,6 +140,26 @@ async def test_a_tree_thousands_of_levels_deep_is_removed_by_the_reset(pool, bas
         assert sb.container_id == container
 
 
+# ----- a full home ------------------------------------------------------------------------------------------------
+async def test_a_reset_puts_back_what_the_agent_deleted_after_filling_the_homes_quota(pool):
+    """The agent deletes a staged file and fills the home's quota with files of its own in other directories: the
+    reset removes everything that goes before it copies anything back, so it never meets a full disk."""
+    spec = SandboxSpec(image="air/base:latest", task="fullhome", resources=Resources(memory_mb=256, pids=128),
+                       workspace_mb=32, tmp_mb=16)
+    async with pool.lease(spec) as sb:
+        container = sb.container_id
+        await stage(sb, "mkdir -p a z && head -c 12000000 /dev/urandom > a/data.bin && chown -R 1000:1000 a z")
+        before = (await sb.session.run("md5sum a/data.bin src/weights.bin")).stdout
+        r = await sb.session.run("rm a/data.bin src/weights.bin; for d in b z ~/zz; do mkdir -p $d; "
+                                 "head -c 40000000 /dev/zero > $d/fill; done; df -m ~ | tail -1", timeout=120)
+        assert "No space left" in r.stderr, r
+        await sb.session.reset()
+        assert (await sb.session.run("md5sum a/data.bin src/weights.bin")).stdout == before
+    await pool.wait_idle()
+    async with pool.lease(spec) as sb:
+        assert sb.container_id == container
+
+
 # ----- randomised hostile rollouts -----------------------------------------------------------------------------------
 # Every path of every writable mount, as root: type, mode, owner, size, mtime, link target, extended attributes and
 # the hash of the content (every file, whatever its size or mode), plus processes, IPC objects and POSIX queues.

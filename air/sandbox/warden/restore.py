@@ -250,16 +250,17 @@ class Home:
     # ----- verified: check everything, replace what differs -----------------------------------------------------
     def _verify(self) -> None:
         hfd, pfd = os.open(self.home, DIR_FLAGS), os.open(self.pristine, DIR_FLAGS)
-        # Directories to check (their fds, their node), and ones checked whose own metadata is set last: a
-        # directory's times move while its children are put back.
+        # Directories to check (their fds, their node); directories checked, whose own metadata is set last (their
+        # times move while children are put back); entries to copy back, once everything that goes is gone (the
+        # agent may have filled the home's quota).
         pending = [(hfd, pfd, self.manifest)]
         done = []
+        missing = []
         try:
             while pending:
                 hdir, pdir, node = pending.pop()
                 done.append((hdir, pdir, node))
-                names = os.listdir(hdir)
-                for name in names:
+                for name in os.listdir(hdir):
                     if name not in node.children:
                         remove_at(hdir, name)
                         self.counts["removed"] += 1
@@ -276,8 +277,10 @@ class Home:
                               or child.kind == "l" and self._link_kept(hdir, name, child, st)):
                         if st is not None:
                             remove_at(hdir, name)
-                        self._copy(pdir, hdir, name, child)
-                        self.counts["restored"] += 1
+                        missing.append((pdir, hdir, name, child))
+            for pdir, hdir, name, child in missing:
+                self._copy(pdir, hdir, name, child)
+            self.counts["restored"] += len(missing)
             for hdir, _, node in reversed(done):  # children before their parents
                 self._settle(hdir, node)
         finally:
