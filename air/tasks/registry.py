@@ -8,6 +8,7 @@ from pathlib import Path
 from air import paths
 from air.errors import UsageError
 from air.tasks.air_format import load_air_task
+from air.tasks.hidden import Draw
 from air.tasks.mlgym import load_mlgym_task
 from air.tasks.spec import TaskSpec
 from air.tasks.stacks import on_gpus
@@ -20,13 +21,14 @@ def bundled_ids(root: Path | None = None) -> list[str]:
     return sorted(d.name for d in root.iterdir() if (d / "task.toml").is_file())
 
 
-def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0) -> TaskSpec:
+def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0, draw: Draw = "host") -> TaskSpec:
     """`prisoners-dilemma` (bundled) or `mlgym:tasks/titanic.yaml` (needs an MLGym root, or $MLGYM_ROOT); with
-    `gpus`, as it runs on a GPU host (stacks.on_gpus)."""
-    return on_gpus(_load(ref, mlgym_root), gpus)
+    `gpus`, as it runs on a GPU host (stacks.on_gpus). A bundled task with hidden data comes with this host's draw
+    of it, unless `draw="reference"` (the record's, which its public generator reproduces: air.tasks.hidden)."""
+    return on_gpus(_load(ref, mlgym_root, draw), gpus)
 
 
-def _load(ref: str, mlgym_root: Path | str | None) -> TaskSpec:
+def _load(ref: str, mlgym_root: Path | str | None, draw: Draw) -> TaskSpec:
     if ref.startswith(MLGYM_PREFIX):
         root = mlgym_root or os.environ.get("MLGYM_ROOT")
         if not root:
@@ -36,11 +38,12 @@ def _load(ref: str, mlgym_root: Path | str | None) -> TaskSpec:
     if not (folder / "task.toml").is_file():
         raise UsageError(f"unknown task '{ref}' (bundled: {', '.join(bundled_ids())}; MLGym tasks: "
                          "mlgym:tasks/<name>.yaml)")
-    return load_air_task(folder)
+    return load_air_task(folder, draw)
 
 
-def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None, gpus: int = 0) -> list[TaskSpec]:
-    return [load_task(ref, mlgym_root, gpus) for ref in (refs or bundled_ids())]
+def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None, gpus: int = 0,
+             draw: Draw = "host") -> list[TaskSpec]:
+    return [load_task(ref, mlgym_root, gpus, draw) for ref in (refs or bundled_ids())]
 
 
 __all__ = ["load_task", "load_all", "bundled_ids"]
