@@ -300,11 +300,15 @@ def _list_mlgym(root: Path, as_json: bool) -> None:
             details.append(f"[bold]{escape(name)}[/] needs {escape(', '.join(r.needs))}")
         if r.reason:
             details.append(f"[bold]{escape(name)}[/] [red]cannot run[/]: {escape(r.reason.replace(f'{root.resolve()}/', ''))}")
+        for leak in r.leaks:
+            details.append(f"[bold]{escape(name)}[/] [bold red]LEAKED ANSWER KEY[/]: {escape(leak)}")
     out.print(table)
     for line in details:
         out.print(line, overflow="fold")
+    leaky = sum(bool(r.leaks) for r in rows)
     out.print(f"{sum(r.loads for r in rows)} of {len(rows)} tasks load; {sum(r.runs_here for r in rows)} can run "
-              "on this host (name them mlgym:tasks/<file>)")
+              "on this host (name them mlgym:tasks/<file>)"
+              + (f"; [bold red]{leaky} with a leaked answer key[/]" if leaky else ""))
 
 
 def _host_facts():
@@ -349,6 +353,12 @@ def tasks_show(task: str, mlgym_root: MlgymRoot = None, as_json: JsonFlag = Fals
     out.print(f"\nstarter:  {', '.join(e.dest for e in spec.starter) or '-'}")
     out.print(f"data:     {', '.join(e.dest for e in spec.data) or '-'} (read-only, workspace/data)")
     out.print(f"secret:   {len(spec.secret)} file(s), scorer only")
+    if spec.hidden:
+        out.print(f"hidden:   {', '.join(spec.hidden.data + spec.hidden.secret)}: "
+                  + ("the reference draw (its public generator reproduces it)" if spec.hidden.folder is None
+                     else f"this host's draw {spec.hidden.draw}"))
+    for leak in spec.leaks:
+        out.print(f"[bold red]LEAKED ANSWER KEY[/]: {escape(leak)}", soft_wrap=True)
     out.print(f"submit:   {', '.join(spec.evaluation.submission) or 'the workspace'} "
               f"({spec.evaluation.contract} contract, {spec.evaluation.timeout:g} s)")
     metrics = ", ".join(f"{m.name} ({m.direction}{', primary' if m.primary else ''})" for m in spec.metrics)
@@ -386,7 +396,7 @@ def tasks_check(
     off its record, a baseline or evaluation that broke). Example: air tasks check prisoners-dilemma --runs 10
     """
     from air.sandbox import PoolConfig, SandboxPool
-    from air.tasks.environment import check_task
+    from air.tasks.environment import check_budget, check_task
     from air.tasks.registry import load_all
 
     limit = _duration(budget, "--budget") if budget is not None else None
@@ -398,6 +408,12 @@ def tasks_check(
         results = []
         async with SandboxPool(PoolConfig(gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
             for spec in specs:
+                training, (allowed, over) = spec.needs.training, check_budget(spec, limit)
+                if training and not over:  # said up front: this one takes a while (skipping says why itself)
+                    where = f"on {spec.resources.gpus} GPU(s)" if spec.resources.gpus else \
+                        f"about {display.seconds(training.cpu_seconds)} on this CPU ({training.basis})"
+                    console.print(f"air: {escape(spec.id)}: its baseline trains {escape(training.declared)}: "
+                                  f"{escape(where)}; it may run for {display.seconds(allowed)}", soft_wrap=True)
                 with _CheckProgress(spec.id) as progress:
                     found = await check_task(spec, pool, runs, budget=limit, progress=progress)
                 results += found

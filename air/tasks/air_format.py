@@ -43,9 +43,9 @@ def _entries(folder: Path, dest_prefix: str = "") -> list[FileEntry]:
             if child.name not in ("__pycache__", ".gitignore")]
 
 
-def load_air_task(task_dir: Path, draw: Draw = "host") -> TaskSpec:
+def load_air_task(task_dir: Path, draw: Draw | None = None) -> TaskSpec:
     """The task in `task_dir`; a task with `[hidden]` data gets this host's draw of it (or the reference draw, the
-    record's, with `draw="reference"`)."""
+    record's, with `draw="reference"`; by default as air.tasks.hidden.default_draw says)."""
     path = task_dir / "task.toml"
     try:
         raw = tomllib.loads(path.read_text())
@@ -75,7 +75,7 @@ def load_air_task(task_dir: Path, draw: Draw = "host") -> TaskSpec:
     leaks = find_leaks(spec)
     for leak in leaks:
         log.warning("task %s: %s: %s", spec.id, LEAK, leak)
-    spec = TaskSpec(**{**dict(spec), "leaks": leaks}) if leaks else spec
+    spec = spec.replace(leaks=leaks) if leaks else spec
     return with_draw(spec, task_dir, draw)
 
 

@@ -23,6 +23,11 @@ failed those would fail honest records that often; at ALPHA = 0.01 a 2-sd shift 
 time, whatever n. Seeing 2 sd needs a record that is the mean of many runs. DEFAULT_RUNS = 20 buys most of
 the power there is (2.93 sd, within 14 % of the floor; 40 runs would give 2.74). A task's own `tolerance` is a
 floor on the bound (a declared stochastic evaluation whose draws happened to agree is held to its tolerance).
+
+A host's draw of hidden data is fixed: the check of its baseline would fail the same way on every run on that
+host, so it uses k = DRAW_K = 5 instead (5.12 sd at 20 recorded draws; an honest host fails with probability
+P(|T_19| > 5) = 8e-5 per task). It is there to catch a broken draw (labels shuffled against their features
+score at chance, tens of sd away); the record's own draw is held exactly.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ ALPHA = 0.01
 """Two-sided false-failure rate of the check for an honest stochastic baseline."""
 DEFAULT_RUNS = 20
 """Evaluations of a stochastic baseline by default: an allowed gap of 2.93 sd (see above)."""
+DRAW_K = 5.0
+"""The multiplier for a host's fixed draw of hidden data (see above)."""
 
 # Student's t quantiles t_df(0.995), df = 1..30 (standard tables).
 _T995 = (63.657, 9.925, 5.841, 4.604, 4.032, 3.707, 3.499, 3.355, 3.250, 3.169, 3.106, 3.055, 3.012, 2.977,
@@ -71,17 +78,18 @@ class Agreement:
         return self.bound / self.sd if self.sd > 0 else None
 
 
-def agreement(recorded: float, values: list[float], tolerance: float = 0.0) -> Agreement:
-    """The recorded score against `values`, repeated evaluations of one submission (at least two)."""
+def agreement(recorded: float, values: list[float], tolerance: float = 0.0, k: float | None = None) -> Agreement:
+    """The recorded score against `values`, repeated evaluations of one submission (at least two); `k` replaces
+    Student's quantile (DRAW_K)."""
     n = len(values)
     if n < 2:
         raise ValueError("a stochastic check needs at least two evaluations")
     mean, sd = statistics.fmean(values), statistics.stdev(values)
-    k = t_quantile(n - 1)
+    k = t_quantile(n - 1) if k is None else k
     bound = max(tolerance, k * sd * math.sqrt(1 + 1 / n))
     # 1e-9 relative slack: a mean of identical draws can differ from them in the last bit.
     ok = abs(recorded - mean) <= bound + 1e-9 * max(1.0, abs(mean))
     return Agreement(runs=n, mean=mean, sd=sd, k=k, bound=bound, ok=ok)
 
 
-__all__ = ["ALPHA", "DEFAULT_RUNS", "Agreement", "agreement", "t_quantile"]
+__all__ = ["ALPHA", "DEFAULT_RUNS", "DRAW_K", "Agreement", "agreement", "t_quantile"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 from collections.abc import AsyncIterator, Callable
@@ -11,7 +12,7 @@ from typing import Literal
 
 from air.display import seconds as duration
 from air.sandbox import Resources, Sandbox, SandboxPool, SandboxSpec, image_ref
-from air.tasks.baseline_stats import DEFAULT_RUNS, agreement
+from air.tasks.baseline_stats import DEFAULT_RUNS, DRAW_K, agreement
 from air.tasks.hidden import ensure_drawn, reference
 from air.tasks.leaks import LEAK, best_reached
 from air.tasks.scoring import EvalOutcome, data_mounts, evaluate
@@ -98,7 +99,7 @@ def check_budget(spec: TaskSpec, budget: float | None) -> tuple[float, str | Non
     need = training.cpu_seconds
     amount = f"{need / 3600:.1f} CPU-hours" if need >= 3600 else f"{need / 60:.0f} CPU-minutes"
     allowed = "--budget" if budget is not None else "its training timeout; --budget to change"
-    suggest = f"{-(-need * 1.5 // 3600):.0f}h" if need >= 3600 else f"{-(-need * 1.5 // 60):.0f}m"
+    suggest = f"{math.ceil(need * 1.5 / 3600)}h" if need >= 3600 else f"{math.ceil(need * 1.5 / 60)}m"  # room to spare
     return limit, (f"needs about {amount}: its baseline trains {training.declared}, {training.basis}; this check "
                    f"may take {duration(limit)} ({allowed}). Run it here with --budget {suggest}"
                    + (", or on a GPU host (--gpus-per-task 1), where its record was made" if training.gpu else ""))
@@ -189,11 +190,11 @@ async def check_baseline(env: TaskEnvironment, runs: int = DEFAULT_RUNS, *, budg
             return result(got, metrics, "the task records fewer than two baseline scores on hidden draws "
                                         "([hidden] baseline_draws: scripts/record_draws.py)", **done)
         # This host's score is the new draw; the recorded draws (each a whole baseline run) are the sample.
-        verdict = agreement(got, draws)
+        verdict = agreement(got, draws, k=DRAW_K)
         done.update(sd=verdict.sd, bound=verdict.bound, allowed_sd=verdict.allowed_sd)
         why = (f"this host's draw scores {primary} {got:.6g}, {abs(got - verdict.mean):.3g} from the mean of "
-               f"{len(draws)} recorded draws: more than t({len(draws) - 1}) {verdict.k:.3g} x sd {verdict.sd:.3g}"
-               f" x sqrt(1 + 1/{len(draws)}) = {verdict.bound:.3g}")
+               f"{len(draws)} recorded draws: more than {verdict.k:g} x sd {verdict.sd:.3g} x sqrt(1 + 1/{len(draws)})"
+               f" = {verdict.bound:.3g} (a broken draw, or a baseline that changed)")
         return result(got, metrics, "" if verdict.ok else why, status="ok" if verdict.ok else "failed", **done)
     if expected is None:
         return result(got, metrics, f"no recorded {primary} score", **done)

@@ -16,12 +16,17 @@ seed), which `air tasks check` reproduces exactly. Rollouts score against this h
 
 The seed and the secret files never enter an agent's sandbox: the agent gets the drawn `data` files (the test
 features) like any data, the scorer the `secret` ones. A 128-bit seed cannot be searched for from the features.
+
+`AIR_HIDDEN_DRAW=reference` in the harness's environment makes the reference draw the default, loudly: scores are
+then the record's (tests that expect exact scores, replays of recordings made that way), and anyone who knows the
+public generator can reproduce the hidden data. Never for training.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import hmac
 import io
 import os
@@ -29,6 +34,7 @@ import secrets
 import shutil
 import tarfile
 import uuid
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -39,10 +45,14 @@ from air.tasks.spec import FileEntry, HiddenSplit, TaskSpec
 if TYPE_CHECKING:  # loading a task never imports the sandbox layer (nor Docker's SDK)
     from air.sandbox import SandboxPool
 
+log = logging.getLogger("air.tasks")
 Draw = Literal["host", "reference"]
 SEED_ENV = "AIR_HIDDEN_SEED"
+DRAW_ENV = "AIR_HIDDEN_DRAW"
 _DONE = ".complete"
-_locks: dict[Path, asyncio.Lock] = {}
+_warned: set[str] = set()  # tasks said to use the reference draw, once per process
+# One lock per draw and event loop (a lock belongs to the loop it first waited in).
+_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Path, asyncio.Lock]] = weakref.WeakKeyDictionary()
 
 
 def secret_file() -> Path:
@@ -89,23 +99,34 @@ def draw_id(seed: int) -> str:
     return hashlib.sha256(b"air hidden draw\n" + seed.to_bytes(16, "big")).hexdigest()[:16]
 
 
-def with_draw(spec: TaskSpec, task_dir: Path, draw: Draw = "host", seed: int | None = None) -> TaskSpec:
+def default_draw() -> Draw:
+    """This host's draw, unless the harness's environment says `AIR_HIDDEN_DRAW=reference`."""
+    value = os.environ.get(DRAW_ENV, "host")
+    if value not in ("host", "reference"):
+        raise TaskError(f"{DRAW_ENV}={value!r}: expected host or reference")
+    return value  # type: ignore[return-value]
+
+
+def with_draw(spec: TaskSpec, task_dir: Path, draw: Draw | None = None, seed: int | None = None) -> TaskSpec:
     """`spec` (as loaded: the reference draw) with its hidden files taken from a draw: this host's (or `seed`'s),
-    or the reference. Nothing is generated here (see ensure_drawn); the paths are where the draw lives."""
+    or the reference (`draw`, default default_draw()). Nothing is generated here (see ensure_drawn); the paths are
+    where the draw lives."""
     hidden = spec.hidden
-    if hidden is None or draw == "reference" and seed is None:
+    if hidden is None:
+        return spec
+    if draw is None and seed is None and default_draw() == "reference":
+        if spec.id not in _warned:
+            _warned.add(spec.id)
+            log.warning("task %s: %s=reference: its hidden data is the public reference draw, which its public "
+                        "generator reproduces (for tests and replays, never for training)", spec.id, DRAW_ENV)
+        return spec
+    if draw == "reference" and seed is None:
         return spec
     generator = _generator(spec, task_dir)
     seed = seed_for(spec.id, generator) if seed is None else seed
     name = draw_id(seed)
     folder = paths.cache_dir() / "hidden" / spec.id / name
-
-    def swap(entries: list[FileEntry], drawn: list[str], sub: str) -> list[FileEntry]:
-        return [FileEntry(source=folder / sub / e.dest, dest=e.dest) if e.dest in drawn else e for e in entries]
-
-    return TaskSpec(**{**dict(spec), "data": swap(spec.data, hidden.data, "data"),
-                       "secret": swap(spec.secret, hidden.secret, "secret"),
-                       "hidden": hidden.model_copy(update={"draw": name, "folder": folder})})
+    return _files_from(spec, folder, hidden.model_copy(update={"draw": name, "folder": folder}))
 
 
 def reference(spec: TaskSpec, task_dir: Path | None = None) -> TaskSpec:
@@ -113,14 +134,17 @@ def reference(spec: TaskSpec, task_dir: Path | None = None) -> TaskSpec:
     hidden = spec.hidden
     if hidden is None or hidden.folder is None:
         return spec
-    task_dir = task_dir or paths.tasks_dir() / spec.id
+    return _files_from(spec, task_dir or paths.tasks_dir() / spec.id,
+                       hidden.model_copy(update={"draw": "reference", "folder": None}))
 
-    def back(entries: list[FileEntry], drawn: list[str], sub: str) -> list[FileEntry]:
-        return [FileEntry(source=task_dir / sub / e.dest, dest=e.dest) if e.dest in drawn else e for e in entries]
 
-    return TaskSpec(**{**dict(spec), "data": back(spec.data, hidden.data, "data"),
-                       "secret": back(spec.secret, hidden.secret, "secret"),
-                       "hidden": hidden.model_copy(update={"draw": "reference", "folder": None})})
+def _files_from(spec: TaskSpec, folder: Path, hidden: HiddenSplit) -> TaskSpec:
+    """`spec` with the hidden split's files taken from `folder`'s data/ and secret/."""
+    def swap(entries: list[FileEntry], names: list[str], sub: str) -> list[FileEntry]:
+        return [FileEntry(source=folder / sub / e.dest, dest=e.dest) if e.dest in names else e for e in entries]
+
+    return spec.replace(data=swap(spec.data, hidden.data, "data"), secret=swap(spec.secret, hidden.secret, "secret"),
+                        hidden=hidden)
 
 
 def is_drawn(hidden: HiddenSplit | None) -> bool:
@@ -134,7 +158,7 @@ async def ensure_drawn(spec: TaskSpec, pool: SandboxPool, task_dir: Path | None 
     if is_drawn(hidden):
         return
     assert hidden is not None and hidden.folder is not None
-    lock = _locks.setdefault(hidden.folder, asyncio.Lock())
+    lock = _locks.setdefault(asyncio.get_running_loop(), {}).setdefault(hidden.folder, asyncio.Lock())
     async with lock:
         if is_drawn(hidden):
             return

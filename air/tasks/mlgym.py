@@ -268,7 +268,7 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
     leaks = [leak.replace(f"{root}/", "") for leak in find_leaks(spec, public)]
     for leak in leaks:
         warn(f"{LEAK}: {leak}")
-    return spec.model_copy(update={"leaks": leaks}) if leaks else spec
+    return spec.replace(leaks=leaks) if leaks else spec
 
 
 def _datasets(root: Path, cfg: TaskConfig, secrets: list[Path], evaluation_only: list[str],

@@ -21,14 +21,15 @@ def bundled_ids(root: Path | None = None) -> list[str]:
     return sorted(d.name for d in root.iterdir() if (d / "task.toml").is_file())
 
 
-def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0, draw: Draw = "host") -> TaskSpec:
+def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0, draw: Draw | None = None
+              ) -> TaskSpec:
     """`prisoners-dilemma` (bundled) or `mlgym:tasks/titanic.yaml` (needs an MLGym root, or $MLGYM_ROOT); with
     `gpus`, as it runs on a GPU host (stacks.on_gpus). A bundled task with hidden data comes with this host's draw
     of it, unless `draw="reference"` (the record's, which its public generator reproduces: air.tasks.hidden)."""
     return on_gpus(_load(ref, mlgym_root, draw), gpus)
 
 
-def _load(ref: str, mlgym_root: Path | str | None, draw: Draw) -> TaskSpec:
+def _load(ref: str, mlgym_root: Path | str | None, draw: Draw | None) -> TaskSpec:
     if ref.startswith(MLGYM_PREFIX):
         root = mlgym_root or os.environ.get("MLGYM_ROOT")
         if not root:
@@ -42,7 +43,7 @@ def _load(ref: str, mlgym_root: Path | str | None, draw: Draw) -> TaskSpec:
 
 
 def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None, gpus: int = 0,
-             draw: Draw = "host") -> list[TaskSpec]:
+             draw: Draw | None = None) -> list[TaskSpec]:
     return [load_task(ref, mlgym_root, gpus, draw) for ref in (refs or bundled_ids())]
 
 

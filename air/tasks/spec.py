@@ -200,6 +200,10 @@ class TaskSpec(BaseModel):
             raise ValueError(f"exactly one metric must be primary, found {primaries or 'none'}")
         return self
 
+    def replace(self, **changes) -> TaskSpec:
+        """A validated copy with fields changed (model_copy would carry the cached content hash along)."""
+        return TaskSpec(**{**{name: getattr(self, name) for name in TaskSpec.model_fields}, **changes})
+
     @property
     def primary(self) -> Metric:
         return next(m for m in self.metrics if m.primary)
