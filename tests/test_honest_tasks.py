@@ -374,8 +374,9 @@ def predict(contexts):
     return out
 '''
 ORACLE_STRATEGY = '''\
-import json
+import json, os
 CFG = json.load(open("regen/battle-of-sexes/secret/config.json"))
+CFG["seed"] = int(os.environ.get("GUESS", CFG["seed"]))  # the control: a seed it merely guesses
 OPPONENTS = open("regen/opponents.py").read()
 print(OPPONENTS + """
 import random
@@ -404,26 +405,28 @@ ATTACKS = {  # task: (command building the submission from regen/, what the reco
 }
 
 
+async def attack_score(pool, task_id: str, draw: str, command: str) -> float:
+    env = TaskEnvironment(load_task(task_id, draw=draw), pool)
+    async with env.lease() as sandbox:
+        await regenerate(sandbox, task_id)
+        if task_id == "battle-of-sexes":  # the opponents are public code too (tasks/battle-of-sexes/secret/)
+            opponents = (paths.tasks_dir() / task_id / "secret" / "opponents.py").read_bytes()
+            await sandbox.session.unpack(WORKSPACE, agent_tar({"regen/opponents.py": opponents}))
+        r = await sandbox.session.run(command, timeout=120, merge_stderr=True)
+        assert r.exit_code == 0, r.stdout
+        outcome = await env.evaluate(sandbox)
+    assert outcome.ok, (draw, outcome)
+    return outcome.metrics[env.spec.primary.name]
+
+
 @pytest.mark.docker
-@pytest.mark.parametrize("task_id", sorted(ATTACKS))
+@pytest.mark.parametrize("task_id", sorted(set(ATTACKS) - {"battle-of-sexes"}))
 async def test_answers_from_the_public_generator_do_not_score_on_this_hosts_draw(task_id, pool):
     """The agent turns the regenerated hidden files into a submission. On the record's draw (control) it scores
-    the best possible value, or far past the baseline (the lookup model: bpc near 0; the oracle strategy: never
-    miscoordinates); on this host's draw it does not even reach the baseline's recorded score."""
+    the best possible value, or far past the baseline (the lookup model: bpc near 0); on this host's draw it does
+    not even reach the baseline's recorded score."""
     command, best = ATTACKS[task_id]
-    scores = {}
-    for draw in ("reference", "host"):
-        env = TaskEnvironment(load_task(task_id, draw=draw), pool)
-        async with env.lease() as sandbox:
-            await regenerate(sandbox, task_id)
-            if task_id == "battle-of-sexes":  # the opponents are public code too (tasks/battle-of-sexes/secret/)
-                opponents = (paths.tasks_dir() / task_id / "secret" / "opponents.py").read_bytes()
-                await sandbox.session.unpack(WORKSPACE, agent_tar({"regen/opponents.py": opponents}))
-            r = await sandbox.session.run(command, timeout=120, merge_stderr=True)
-            assert r.exit_code == 0, r.stdout
-            outcome = await env.evaluate(sandbox)
-        assert outcome.ok, (draw, outcome)
-        scores[draw] = outcome.metrics[env.spec.primary.name]
+    scores = {draw: await attack_score(pool, task_id, draw, command) for draw in ("reference", "host")}
     spec = load_task(task_id, draw="reference")
     sign = -1 if spec.primary.direction == "lower" else 1
     if best is not None:
@@ -431,6 +434,19 @@ async def test_answers_from_the_public_generator_do_not_score_on_this_hosts_draw
     else:  # far past the baseline: the attack works where the data is the record's
         assert sign * (scores["reference"] - spec.baseline_score) > 0.3 * abs(spec.baseline_score), scores
     assert sign * (scores["host"] - spec.baseline_score) < 0, scores  # worse than the baseline, let alone the best
+
+
+@pytest.mark.docker
+async def test_the_regenerated_seed_is_worth_no_more_than_a_guess_on_this_hosts_draw(pool):
+    """Battle of the sexes: a strategy that replays the hidden opponents' draws from the regenerated seed (and the
+    public opponent code) never miscoordinates on the record's draw; with a guessed seed it only has the opponent
+    code's worth. On this host's draw the regenerated seed is worth no more than that guess."""
+    command = ATTACKS["battle-of-sexes"][0]
+    oracle = await attack_score(pool, "battle-of-sexes", "reference", command)
+    guess = await attack_score(pool, "battle-of-sexes", "reference", "GUESS=0 " + command)
+    here = await attack_score(pool, "battle-of-sexes", "host", command)
+    assert oracle > guess + 0.3, (oracle, guess)
+    assert here < guess + 0.1, (here, guess, oracle)  # draws move a score by about 0.02 sd (task.toml)
 
 
 @pytest.mark.docker
