@@ -17,9 +17,10 @@ seed), which `air tasks check` reproduces exactly. Rollouts score against this h
 The seed and the secret files never enter an agent's sandbox: the agent gets the drawn `data` files (the test
 features) like any data, the scorer the `secret` ones. A 128-bit seed cannot be searched for from the features.
 
-`AIR_HIDDEN_DRAW=reference` in the harness's environment makes the reference draw the default, loudly: scores are
-then the record's (tests that expect exact scores, replays of recordings made that way), and anyone who knows the
-public generator can reproduce the hidden data. Never for training.
+`AIR_HIDDEN_DRAW=reference` in the harness's environment makes the reference draw the default (logged at INFO, and
+shown by `air tasks show`; a warning would break the CLI's one-line errors): scores are then the record's (tests
+that expect exact scores, replays of recordings made that way), and anyone who knows the public generator can
+reproduce the hidden data. Never for training.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def with_draw(spec: TaskSpec, task_dir: Path, draw: Draw | None = None, seed: in
     if draw is None and seed is None and default_draw() == "reference":
         if spec.id not in _warned:
             _warned.add(spec.id)
-            log.warning("task %s: %s=reference: its hidden data is the public reference draw, which its public "
+            log.info("task %s: %s=reference: its hidden data is the public reference draw, which its public "
                         "generator reproduces (for tests and replays, never for training)", spec.id, DRAW_ENV)
         return spec
     if draw == "reference" and seed is None:
