@@ -32,14 +32,21 @@ def task_dir(task_id: str) -> Path:
     return paths.tasks_dir() / task_id
 
 
-def hidden_labels() -> dict[str, str]:
-    with open(task_dir(TABULAR) / "secret" / "test_labels.csv") as f:
+def secret_file(spec, name: str) -> Path:
+    """A secret file of the task as its scorer gets it: this host's draw of hidden data, once a lease made it."""
+    path = next(e.source for e in spec.secret if e.dest == name)
+    assert path.is_file(), f"{path}: not drawn yet (lease first)"
+    return path
+
+
+def hidden_labels(spec) -> dict[str, str]:
+    with open(secret_file(spec, "test_labels.csv")) as f:
         return {row["id"]: row["label"] for row in csv.DictReader(f)}
 
 
-def constant_accuracy(label: str) -> float:
+def constant_accuracy(spec, label: str) -> float:
     """What predicting `label` for every test row scores, from the hidden labels."""
-    labels = hidden_labels()
+    labels = hidden_labels(spec)
     return sum(y == label for y in labels.values()) / len(labels)
 
 
@@ -52,16 +59,17 @@ def constant_submission(label: int, out: str = "submission.csv") -> str:
     return CONSTANT_SUBMISSION.format(out=out, label=label)
 
 
-def secret_only_lines(task_id: str, count: int = 3) -> list[str]:
-    """Whole lines of the task's secret/ files that are not a line of any file the agent may see."""
-    folder = task_dir(task_id)
+def secret_only_lines(spec, count: int = 3) -> list[str]:
+    """Whole lines of the task's secret files (as its scorer gets them: this host's draw) that are not a line of any
+    file the agent may see."""
     public = set()
-    for path in folder.rglob("*"):
-        if path.is_file() and "secret" not in path.relative_to(folder).parts and path.name != "evaluate.py":
-            public.update(path.read_text(errors="replace").splitlines())
-    lines = [line for path in sorted((folder / "secret").iterdir())
-             for line in path.read_text().splitlines()[1:] if len(line.strip()) >= 8 and line not in public]
-    assert len(lines) >= count, f"{task_id}: not enough secret-only lines"
+    for entry in (*spec.starter, *spec.data):
+        for path in entry.source.rglob("*") if entry.source.is_dir() else [entry.source]:
+            if path.is_file():
+                public.update(path.read_text(errors="replace").splitlines())
+    lines = [line for entry in spec.secret for line in entry.source.read_text().splitlines()[1:]
+             if len(line.strip()) >= 8 and line not in public]
+    assert len(lines) >= count, f"{spec.id}: not enough secret-only lines"
     return lines[:count]
 
 
@@ -125,8 +133,8 @@ async def test_fake_or_edited_evaluation_files_do_not_change_a_csv_score(pool):
     'secret' labels matching its own predictions in the workspace: its all-zeros submission still scores
     exactly the accuracy of all zeros on the hidden labels."""
     env = TaskEnvironment(load_task(TABULAR), pool)
-    expected = constant_accuracy("0")
     async with env.lease() as sandbox:
+        expected = constant_accuracy(env.spec, "0")
         assert (await sandbox.session.run(constant_submission(0))).exit_code == 0
         honest = await env.evaluate(sandbox)
         assert honest.ok and honest.metrics == {"accuracy": expected}, honest
@@ -142,8 +150,9 @@ async def test_fake_or_edited_evaluation_files_do_not_change_a_csv_score(pool):
 
 async def test_fake_evaluation_files_beside_a_strategy_do_not_change_its_score(pool):
     """For a code submission, the agent plants evaluate.py, air_eval_kit.py, opponents.py and config.json (the
-    names of the hidden files) beside strategy.py: the baseline strategy scores what it scores without them."""
-    env = TaskEnvironment(load_task(PD), pool)
+    names of the hidden files) beside strategy.py: the baseline strategy scores what it scores without them (on the
+    record's draw of the hidden seed, where that is its recorded score)."""
+    env = TaskEnvironment(load_task(PD, draw="reference"), pool)
     async with env.lease() as sandbox:
         honest = await env.evaluate(sandbox)
         assert honest.ok, honest
@@ -163,11 +172,11 @@ async def test_searching_the_whole_filesystem_finds_no_secret(task_id, pool):
     """The agent greps its whole sandbox for lines that only occur in the task's secret/ files (hidden labels,
     opponent code): nothing, neither as the agent nor as root. A control file holding one such line is found,
     so the search itself works."""
-    lines = secret_only_lines(task_id)
-    search = ("grep -rlxF " + " ".join(f"-e {shlex.quote(line)}" for line in lines)
-              + " / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev 2>/dev/null; true")
     env = TaskEnvironment(load_task(task_id), pool)
     async with env.lease() as sandbox:
+        lines = secret_only_lines(env.spec)
+        search = ("grep -rlxF " + " ".join(f"-e {shlex.quote(line)}" for line in lines)
+                  + " / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev 2>/dev/null; true")
         await write(sandbox, "/tmp/control.txt", lines[0])
         found = await sandbox.session.run(search, timeout=120)
         assert found.stdout.split() == ["/tmp/control.txt"], found.stdout
@@ -268,9 +277,9 @@ async def test_a_submission_swapped_during_validation_scores_as_copied(pool):
     the score is one of the two deterministic scores, exactly the zeros' one when the swap followed the read,
     and a second validation after the swap scores the ones."""
     env = TaskEnvironment(load_task(TABULAR), pool)
-    zeros, ones = constant_accuracy("0"), constant_accuracy("1")
-    assert zeros != ones
     async with env.lease() as sandbox:
+        zeros, ones = constant_accuracy(env.spec, "0"), constant_accuracy(env.spec, "1")
+        assert zeros != ones
         run = sandbox.session.run
         assert (await run(constant_submission(1, "ones.csv") + " && " + constant_submission(0))).exit_code == 0
         assert (await run(SWAPPER)).exit_code == 0

@@ -1,8 +1,9 @@
-"""air's own task format: `tasks/<id>/task.toml` beside `starter/`, `data/`, `secret/`, `baseline/` and
-`evaluate.py`."""
+"""air's own task format: `tasks/<id>/task.toml` beside `starter/`, `data/`, `secret/`, `baseline/`,
+`evaluate.py` and `generate.py` (which, for a task with `[hidden]`, draws each host's hidden split: air.tasks.hidden)."""
 
 from __future__ import annotations
 
+import logging
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -10,13 +11,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from air.errors import TaskError
+from air.tasks.hidden import Draw, with_draw
+from air.tasks.leaks import LEAK, find_leaks
 from air.tasks.spec import FileEntry, TaskSpec
 from air.validation import one_line
 
+log = logging.getLogger("air.tasks")
 SHARED_LIB = "_lib"
 """Shared evaluation modules (`_lib/air_*.py`: the kit, game engines) go to every scoring sandbox."""
-_FOUND = ("source", "starter", "data", "secret", "evaluation_files", "baseline_files")
-"""TaskSpec's fields the loader fills in: where the task came from and the folders beside task.toml."""
+_FOUND = ("source", "starter", "data", "secret", "evaluation_files", "baseline_files", "leaks")
+"""TaskSpec's fields the loader fills in: where the task came from, the folders beside task.toml, what it finds."""
 
 
 def _toml_model() -> type[BaseModel]:
@@ -39,7 +43,9 @@ def _entries(folder: Path, dest_prefix: str = "") -> list[FileEntry]:
             if child.name not in ("__pycache__", ".gitignore")]
 
 
-def load_air_task(task_dir: Path) -> TaskSpec:
+def load_air_task(task_dir: Path, draw: Draw | None = None) -> TaskSpec:
+    """The task in `task_dir`; a task with `[hidden]` data gets this host's draw of it (or the reference draw, the
+    record's, with `draw="reference"`; by default as air.tasks.hidden.default_draw says)."""
     path = task_dir / "task.toml"
     try:
         raw = tomllib.loads(path.read_text())
@@ -58,13 +64,33 @@ def load_air_task(task_dir: Path) -> TaskSpec:
     evaluation_files = [FileEntry(source=entry, dest=parsed.evaluation.entry)]
     evaluation_files += shared_lib_entries(task_dir.parent)
     try:
-        return TaskSpec(**{
+        spec = TaskSpec(**{
             **dict(parsed), "version": str(parsed.version), "description": parsed.description.strip(),
             "source": "air", "starter": _entries(task_dir / "starter"), "data": _entries(task_dir / "data"),
             "secret": _entries(task_dir / "secret"), "evaluation_files": evaluation_files,
             "baseline_files": _entries(task_dir / "baseline")})
     except ValidationError as exc:
         raise TaskError(one_line(exc, f"{path}: ")) from None
+    _check_hidden(spec, path)
+    leaks = find_leaks(spec)
+    for leak in leaks:
+        log.warning("task %s: %s: %s", spec.id, LEAK, leak)
+    spec = spec.replace(leaks=leaks) if leaks else spec
+    return with_draw(spec, task_dir, draw)
+
+
+def _check_hidden(spec: TaskSpec, path: Path) -> None:
+    """[hidden] names files of the task's reference draw (data/ and secret/), and nothing the loader sets."""
+    hidden = spec.hidden
+    if hidden is None:
+        return
+    if hidden.draw != "reference" or hidden.folder is not None:
+        raise TaskError(f"{path}: [hidden] sets draw/folder, which the loader fills in")
+    for names, entries, folder in ((hidden.data, spec.data, "data"), (hidden.secret, spec.secret, "secret")):
+        missing = sorted(set(names) - {e.dest for e in entries if e.source.is_file()})
+        if missing:
+            raise TaskError(f"{path}: [hidden] names {folder}/{missing[0]}, which is not a file of the task's "
+                            f"{folder}/ folder (its reference draw: run generate.py)")
 
 
 def shared_lib_entries(tasks_root: Path | None = None) -> list[FileEntry]:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from air.display import seconds as duration
 from air.sandbox import Resources, Sandbox, SandboxPool, SandboxSpec, image_ref
-from air.tasks.baseline_stats import agreement
+from air.tasks.baseline_stats import DEFAULT_RUNS, DRAW_K, agreement
+from air.tasks.hidden import ensure_drawn, reference
+from air.tasks.leaks import LEAK, best_reached
 from air.tasks.scoring import EvalOutcome, data_mounts, evaluate
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import overlay_baseline, stage
@@ -30,23 +34,28 @@ class TaskEnvironment:
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[Sandbox]:
-        """A sandbox holding this task's pristine workspace; reset by the pool when released."""
+        """A sandbox holding this task's pristine workspace; reset by the pool when released. A task with hidden
+        data gets this host's draw of it made first (once per host: air.tasks.hidden)."""
+        await ensure_drawn(self.spec, self.pool)
         async with self.pool.lease(sandbox_spec(self.spec)) as sandbox:
             await stage(sandbox, self.spec)
             yield sandbox
 
     async def evaluate(self, sandbox: Sandbox) -> EvalOutcome:
+        await ensure_drawn(self.spec, self.pool)
         return await evaluate(self.pool, sandbox, self.spec)
 
 
-CheckStatus = Literal["ok", "failed", "no_baseline"]
-DEFAULT_RUNS = 5
+CheckStatus = Literal["ok", "failed", "no_baseline", "skipped"]
+Progress = Callable[[str], None]
+"""Told what a check is doing, as it starts each step (for a long check's progress)."""
 
 
 @dataclass
 class CheckResult:
     task: str
     expected: float | None
+    """The record: the recorded score, or for this host's draw of hidden data the mean of the recorded draws."""
     got: float | None
     """The primary score: the one evaluation's, or the mean of a stochastic evaluation's runs."""
     metrics: dict[str, float]
@@ -54,15 +63,25 @@ class CheckResult:
     message: str = ""
     status: CheckStatus = "failed"
     """ok; failed (a score off its record, a baseline or evaluation that broke); no_baseline (the task ships
-    nothing that produces its baseline: its evaluation was exercised on the reference submission, if any)."""
+    nothing that produces its baseline: its evaluation was exercised on the reference submission, if any);
+    skipped (it needs more time than the check's budget, said in the message)."""
     runs: int = 0
     """Evaluations of the one baseline submission."""
     stochastic: bool = False
     """Declared, or found: two evaluations of the same submission differed."""
     sd: float | None = None
-    """Sample standard deviation of the runs' scores (stochastic only)."""
+    """Standard deviation behind the bound: of the runs (stochastic), or of the recorded draws (a host draw)."""
     bound: float | None = None
     """The largest |recorded - got| that agrees (the tolerance, or air.tasks.baseline_stats' bound)."""
+    allowed_sd: float | None = None
+    """The bound in those standard deviations: what the check can see (air.tasks.baseline_stats)."""
+    scores: list[float] = field(default_factory=list)
+    """The primary score of each evaluation."""
+    draw: str | None = None
+    """A task with hidden data: "reference" (the record's draw, held to the recorded score) or "host" (this host's
+    draw, held to the spread of the recorded draws); None for other tasks."""
+    warnings: list[str] = field(default_factory=list)
+    """Leaked answer keys (air.tasks.leaks): said loudly, whatever the status."""
     ok: bool = field(init=False)
     """status == "ok": the baseline was reproduced (a field, so JSON output carries it)."""
 
@@ -70,73 +89,123 @@ class CheckResult:
         self.ok = self.status == "ok"
 
 
-async def check_baseline(env: TaskEnvironment, runs: int = DEFAULT_RUNS) -> CheckResult:
+def check_budget(spec: TaskSpec, budget: float | None) -> tuple[float, str | None]:
+    """(how long the baseline may run, why the check cannot run within that, or None). The limit is `budget` or,
+    without one, the task's own training timeout; a baseline air measured to need more on a CPU is not started."""
+    limit = spec.timeouts.training if budget is None else budget
+    training = spec.needs.training
+    if training is None or spec.resources.gpus or training.cpu_seconds <= limit:
+        return limit, None
+    need = training.cpu_seconds
+    amount = f"{need / 3600:.1f} CPU-hours" if need >= 3600 else f"{need / 60:.0f} CPU-minutes"
+    allowed = "--budget" if budget is not None else "its training timeout; --budget to change"
+    suggest = f"{math.ceil(need * 1.5 / 3600)}h" if need >= 3600 else f"{math.ceil(need * 1.5 / 60)}m"  # room to spare
+    return limit, (f"needs about {amount}: its baseline trains {training.declared}, {training.basis}; this check "
+                   f"may take {duration(limit)} ({allowed}). Run it here with --budget {suggest}"
+                   + (", or on a GPU host (--gpus-per-task 1), where its record was made" if training.gpu else ""))
+
+
+async def check_task(spec: TaskSpec, pool: SandboxPool, runs: int = DEFAULT_RUNS, *, budget: float | None = None,
+                     progress: Progress | None = None) -> list[CheckResult]:
+    """Every check of a task: one, or for a task with this host's draw of hidden data two, the record's draw first
+    (held to the recorded score, which its public generator reproduces) and then this host's (held to the spread
+    of the baseline over recorded draws)."""
+    specs = [reference(spec), spec] if spec.hidden is not None and spec.hidden.folder is not None else [spec]
+    return [await check_baseline(TaskEnvironment(s, pool), runs, budget=budget, progress=progress) for s in specs]
+
+
+async def check_baseline(env: TaskEnvironment, runs: int = DEFAULT_RUNS, *, budget: float | None = None,
+                         progress: Progress | None = None) -> CheckResult:
     """Run the task's baseline in a sandbox exactly as an agent would, score it, compare with the record.
 
     The baseline is produced once; only its evaluation is repeated. A second evaluation tells a stochastic
     evaluation from a deterministic one (unless the task declares it stochastic); a stochastic one is
     evaluated `runs` times in all and judged by air.tasks.baseline_stats, a deterministic one is held to the
     task's tolerance. `runs` < 2 skips the second evaluation (deterministic unless declared; a declared
-    stochastic task then still gets two).
+    stochastic task then still gets two). The baseline may run for `budget` seconds (default: the task's
+    training timeout); one that air measured to need more is not started (status skipped, saying what it needs).
+    On this host's draw of hidden data, the score is held to the recorded draws' prediction interval instead.
     """
     spec = env.spec
+    say = progress or (lambda _step: None)
     started = time.monotonic()
-    primary, expected = spec.primary.name, spec.baseline_score
+    primary = spec.primary.name
+    draw = None if spec.hidden is None else "reference" if spec.hidden.folder is None else "host"
+    draws = spec.hidden.baseline_draws if draw == "host" else []
+    expected = statistics.fmean(draws) if draws else None if draw == "host" else spec.baseline_score
+    warnings = [f"{LEAK}: {leak}" for leak in spec.leaks]
 
-    def failed(message: str, **extra) -> CheckResult:
-        return CheckResult(spec.id, expected, None, {}, time.monotonic() - started, message, **extra)
+    def result(got: float | None, metrics: dict[str, float], message: str, **extra) -> CheckResult:
+        return CheckResult(spec.id, expected, got, metrics, time.monotonic() - started, message, draw=draw,
+                           warnings=warnings, **extra)
 
-    reference = not spec.baseline.reproducible
-    if reference and not spec.baseline_files:
-        return CheckResult(spec.id, expected, None, {}, 0.0, status="no_baseline",
-                           message="no baseline to reproduce (the task names no baseline script) and no "
-                                   "reference submission: the evaluation was not exercised")
+    limit, over = check_budget(spec, budget)
+    if over:
+        return result(None, {}, over, status="skipped")
+    reference_run = not spec.baseline.reproducible
+    if reference_run and not spec.baseline_files:
+        return result(None, {}, "no baseline to reproduce (the task names no baseline script) and no reference "
+                                "submission: the evaluation was not exercised", status="no_baseline")
     scores: list[float] = []
+    if draw == "host":
+        say("drawing this host's hidden data")
     async with env.lease() as sandbox:
         await overlay_baseline(sandbox, spec)
-        if spec.baseline.command and not reference:
-            run = await sandbox.session.run(spec.baseline.command, timeout=spec.timeouts.training,
-                                            merge_stderr=True)
+        if spec.baseline.command and not reference_run:
+            say(f"running the baseline `{spec.baseline.command}` (may take up to {duration(limit)})")
+            run = await sandbox.session.run(spec.baseline.command, timeout=limit, merge_stderr=True)
             if run.exit_code != 0:
-                return failed(f"baseline command failed (exit {run.exit_code}, timed out: {run.timed_out}): "
-                              f"{run.stdout[-600:]}")
+                return result(None, {}, f"baseline command failed (exit {run.exit_code}, timed out: "
+                                        f"{run.timed_out}): {run.stdout[-600:]}")
         stochastic = spec.baseline.stochastic
         wanted = max(runs, 2) if stochastic else min(runs, 2)
         outcome = None
         while len(scores) < wanted:
+            say(f"evaluation {len(scores) + 1} of {wanted}")
             outcome = await env.evaluate(sandbox)
             if not outcome.ok:
-                what = "the reference submission" if reference else "the baseline"
-                return failed(f"evaluation {len(scores) + 1} of {what}: {outcome.status}: {outcome.message}",
-                              runs=len(scores) + 1, stochastic=stochastic)
+                what = "the reference submission" if reference_run else "the baseline"
+                return result(None, {}, f"evaluation {len(scores) + 1} of {what}: {outcome.status}: "
+                                        f"{outcome.message}", runs=len(scores) + 1, stochastic=stochastic,
+                              scores=scores)
             scores.append(outcome.metrics[primary])
             if len(scores) == 2 and scores[1] != scores[0] and not stochastic:
                 stochastic, wanted = True, max(runs, 2)
-    seconds = time.monotonic() - started
     metrics = outcome.metrics
-    if stochastic:
-        got, sd = statistics.fmean(scores), statistics.stdev(scores)
-    else:
-        got, sd = scores[0], None
+    got = statistics.fmean(scores) if stochastic else scores[0]
+    sd = statistics.stdev(scores) if stochastic else None
     spread = f"mean of {len(scores)} runs, sd {sd:.3g}" if stochastic else f"{len(scores)} run(s), identical"
-    result = dict(runs=len(scores), stochastic=stochastic, sd=sd)
-    if reference:
-        reference_files = ", ".join(e.dest for e in spec.baseline_files)
-        return CheckResult(spec.id, expected, got, metrics, seconds, status="no_baseline", **result,
-                           message=f"no baseline to reproduce (the task names no baseline script); the "
-                                   f"evaluation scored the reference submission ({reference_files}): {primary} "
-                                   f"{got:.6g} ({spread})")
+    done = dict(runs=len(scores), stochastic=stochastic, sd=sd, scores=scores)
+    leak = best_reached(spec, {primary: got}, "the reference submission (" + ", ".join(
+        f"{e.source.name} as {e.dest}" for e in spec.baseline_files) + ")" if reference_run else "the baseline")
+    if leak:
+        warnings.append(f"{LEAK}: {leak}")
+    if reference_run:
+        files = ", ".join(e.dest for e in spec.baseline_files)
+        return result(got, metrics, f"no baseline to reproduce (the task names no baseline script); the evaluation "
+                                    f"scored the reference submission ({files}): {primary} {got:.6g} ({spread})",
+                      status="no_baseline", **done)
+    if draw == "host":
+        if len(draws) < 2:
+            return result(got, metrics, "the task records fewer than two baseline scores on hidden draws "
+                                        "([hidden] baseline_draws: scripts/record_draws.py)", **done)
+        # This host's score is the new draw; the recorded draws (each a whole baseline run) are the sample.
+        verdict = agreement(got, draws, k=DRAW_K)
+        done.update(sd=verdict.sd, bound=verdict.bound, allowed_sd=verdict.allowed_sd)
+        why = (f"this host's draw scores {primary} {got:.6g}, {abs(got - verdict.mean):.3g} from the mean of "
+               f"{len(draws)} recorded draws: more than {verdict.k:g} x sd {verdict.sd:.3g} x sqrt(1 + 1/{len(draws)})"
+               f" = {verdict.bound:.3g} (a broken draw, or a baseline that changed)")
+        return result(got, metrics, "" if verdict.ok else why, status="ok" if verdict.ok else "failed", **done)
     if expected is None:
-        return CheckResult(spec.id, None, got, metrics, seconds, f"no recorded {primary} score",
-                           **result)
+        return result(got, metrics, f"no recorded {primary} score", **done)
     if stochastic:
         verdict = agreement(expected, scores, spec.baseline.tolerance)
         ok, bound = verdict.ok, verdict.bound
+        done.update(allowed_sd=verdict.allowed_sd)
         why = (f"|recorded - mean| = {abs(expected - got):.3g} > {bound:.3g} = t({len(scores) - 1}) "
                f"{verdict.k:.3g} x sd {sd:.3g} x sqrt(1 + 1/{len(scores)})")
     else:
         bound = spec.baseline.tolerance
         ok = abs(got - expected) <= bound + 1e-9
         why = f"{primary} {got:.6g} differs from the recorded {expected} by more than {bound}"
-    return CheckResult(spec.id, expected, got, metrics, seconds, "" if ok else why,
-                       status="ok" if ok else "failed", bound=bound, **result)
+    return result(got, metrics, "" if ok else why, status="ok" if ok else "failed", bound=bound, **done)

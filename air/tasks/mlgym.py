@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from air.errors import TaskError, UsageError
 from air.failures import about, translate
 from air.tasks.datastore import DataStore
+from air.tasks.leaks import LEAK, find_leaks
 from air.tasks.spec import (
     Baseline,
     Contract,
@@ -74,6 +75,9 @@ TRUST = {
 # draws of a coarse score can agree): the games' unseeded 10,000-round simulations and 3-SAT's wall-clock time.
 STOCHASTIC = {"prisonersDilemma", "battleOfSexes", "blotto", "3SATTime"}
 _LOWER_IS_BETTER = ("loss", "rmse", "mse", "mae", "error", "time", "bpc", "perplexity", "regret")
+# The best value of metrics that have one, by name (case-insensitive): a reference submission reaching it is a
+# leaked answer key (air.tasks.leaks).
+_BEST = {"accuracy": 1.0, "r2": 1.0, "f1": 1.0, "rmse": 0.0, "mse": 0.0, "mae": 0.0}
 DEFAULT_TIMEOUT = 3600
 
 
@@ -224,8 +228,8 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
         (f"data/{sec.relative_to(f)}" for f in dataset_folders if sec.is_relative_to(f)), sec.name))
         for sec in secrets]
 
-    if cfg.sample_submission:
-        _existing(root, cfg.sample_submission, "sample_submission", yaml_path)
+    sample = _existing(root, cfg.sample_submission, "sample_submission", yaml_path) if cfg.sample_submission \
+        else None
     image, needs = _stack(root, cfg)
     if cfg.requirements_path or not cfg.use_generic_conda:
         warn("requirements_path/use_generic_conda: air installs nothing at run time (no network); the task "
@@ -240,7 +244,8 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
         raise TaskError(f"{yaml_path}: baseline_scores is empty; air never runs a baseline to write it back, "
                         "so record it in the YAML")
     primary = KNOWN_PRIMARY.get(cfg.id, (next(iter(scores)), {}))[0]
-    metrics = [Metric(name=n, direction=_direction(cfg.id, n), primary=n == primary) for n in scores]
+    metrics = [Metric(name=n, direction=_direction(cfg.id, n), primary=n == primary, best=_BEST.get(n.lower()))
+               for n in scores]
     baseline = cfg.baseline_paths[0] if cfg.baseline_paths else None
     command = f"python {baseline}" if baseline and baseline not in evaluation_paths else ""
     training_timeout = float(cfg.training_timeout or DEFAULT_TIMEOUT)
@@ -250,7 +255,7 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
         warn(f"task {cfg.id} runs with MLGym's trust model: its evaluation runs the agent's code in its own "
              "process, so that code can print any score (air declares this only for MLGym's game tasks)")
     try:
-        return TaskSpec(
+        spec = TaskSpec(
             id=cfg.id, name=cfg.name, description=description, source=f"mlgym:{task_config}",
             starter=starter, data=data, secret=secret, evaluation_files=evaluation_files,
             evaluation=Evaluation(contract=contract, entry=evaluation_paths[0],
@@ -265,6 +270,11 @@ def load_mlgym_task(root: Path, task_config: str) -> TaskSpec:
         )
     except ValidationError as exc:
         raise TaskError(one_line(exc, f"{yaml_path}: ")) from None
+    public = [("the sample submission", sample)] if sample else []
+    leaks = [leak.replace(f"{root}/", "") for leak in find_leaks(spec, public)]
+    for leak in leaks:
+        warn(f"{LEAK}: {leak}")
+    return spec.replace(leaks=leaks) if leaks else spec
 
 
 def _datasets(root: Path, cfg: TaskConfig, secrets: list[Path], evaluation_only: list[str],
@@ -300,7 +310,24 @@ def _stack(root: Path, cfg: TaskConfig) -> tuple[str, TaskNeeds]:
     if cfg.requirements_path and (root / cfg.requirements_path).is_file():
         requirements = (root / cfg.requirements_path).read_text(errors="replace")
     remote = [_parse(DatasetConfig, root / "configs" / rel) for rel in cfg.dataset_configs]
-    return classify(cfg.id, requirements, [ds.data_path for ds in remote if not ds.is_local])
+    return classify(cfg.id, requirements, [ds.data_path for ds in remote if not ds.is_local], _train_steps(root, cfg))
+
+
+def _train_steps(root: Path, cfg: TaskConfig) -> tuple[int, str] | None:
+    """`train_config.num_train_steps` of an RL task's starter `config.yaml` (MLGym's RL tasks ship `src/config.yaml`),
+    with the file's workspace path; None when it has none."""
+    for rel in cfg.starter_code:
+        path = root / rel
+        config = path / "config.yaml" if path.is_dir() else path
+        if config.name != "config.yaml" or not config.is_file():
+            continue
+        try:
+            steps = (yaml.safe_load(config.read_text()) or {}).get("train_config", {}).get("num_train_steps")
+        except (yaml.YAMLError, AttributeError):
+            continue
+        if isinstance(steps, int) and steps > 0:
+            return steps, str(config.relative_to(path.parent))
+    return None
 
 
 def _split_code(root: Path, cfg: TaskConfig, yaml_path: Path, evaluation_paths: list[str],

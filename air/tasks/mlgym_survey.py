@@ -24,6 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from air.errors import TaskError, UsageError
+from air.tasks.leaks import LEAK
 from air.tasks.mlgym import load_mlgym_task
 from air.tasks.spec import TaskSpec
 
@@ -106,6 +107,8 @@ class SurveyRow(BaseModel):
     baseline: float | None = None
     warnings: list[str] = []
     """What the loader warned of (fields air cannot honour)."""
+    leaks: list[str] = []
+    """Leaked answer keys the loader found (air.tasks.leaks): the task scores whoever reads them."""
 
 
 class _Collect(logging.Handler):
@@ -149,6 +152,9 @@ def survey_task(root: Path, config: str, host: HostFacts) -> SurveyRow:
     if gpu_eval or spec.resources.gpus:
         needs.append(f"GPU{' for its evaluation' if gpu_eval else ''} (x{max(spec.resources.gpus, 1)})")
     needs += [f"dataset {d}" for d in datasets]
+    if spec.needs.training:
+        hours = spec.needs.training.cpu_seconds / 3600
+        needs.append(f"baseline training about {hours:.1f} CPU-hours ({spec.needs.training.declared})")
     if missing:
         needs.append(f"modules {', '.join(missing)} (not in image {spec.image})")
 
@@ -172,7 +178,8 @@ def survey_task(root: Path, config: str, host: HostFacts) -> SurveyRow:
         blockers.append(host.notes.get("docker", "Docker unavailable: cannot tell whether its image is built"))
     return SurveyRow(config=config, id=spec.id, name=spec.name, loads=True, image=spec.image, needs=needs,
                      runs_here=not blockers, reason=blockers[0] if blockers else None,
-                     metric=spec.primary.name, baseline=spec.baseline_score, warnings=warnings)
+                     metric=spec.primary.name, baseline=spec.baseline_score, leaks=spec.leaks,
+                     warnings=[w for w in warnings if LEAK not in w])
 
 
 def survey(root: Path, host: HostFacts) -> list[SurveyRow]:

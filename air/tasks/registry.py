@@ -8,6 +8,7 @@ from pathlib import Path
 from air import paths
 from air.errors import UsageError
 from air.tasks.air_format import load_air_task
+from air.tasks.hidden import Draw
 from air.tasks.mlgym import load_mlgym_task
 from air.tasks.spec import TaskSpec
 from air.tasks.stacks import on_gpus
@@ -20,20 +21,22 @@ def bundled_ids(root: Path | None = None) -> list[str]:
     return sorted(d.name for d in root.iterdir() if (d / "task.toml").is_file())
 
 
-def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0) -> TaskSpec:
+def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0, draw: Draw | None = None
+              ) -> TaskSpec:
     """`prisoners-dilemma` (bundled) or `mlgym:tasks/titanic.yaml` (needs an MLGym root, or $MLGYM_ROOT); with
-    `gpus`, as it runs on a GPU host (stacks.on_gpus)."""
-    return on_gpus(_load(ref, mlgym_root), gpus)
+    `gpus`, as it runs on a GPU host (stacks.on_gpus). A bundled task with hidden data comes with this host's draw
+    of it, unless `draw="reference"` (the record's, which its public generator reproduces: air.tasks.hidden)."""
+    return on_gpus(_load(ref, mlgym_root, draw), gpus)
 
 
-def _load(ref: str, mlgym_root: Path | str | None) -> TaskSpec:
+def _load(ref: str, mlgym_root: Path | str | None, draw: Draw | None) -> TaskSpec:
     if ref.startswith(MLGYM_PREFIX):
         root = mlgym_root or os.environ.get("MLGYM_ROOT")
         if not root:
             raise UsageError(f"{ref}: an MLGym task needs the MLGym checkout (--mlgym-root or $MLGYM_ROOT)")
         return load_mlgym_task(Path(root), ref.removeprefix(MLGYM_PREFIX))
     require_known(ref)
-    return load_air_task(paths.tasks_dir() / ref)
+    return load_air_task(paths.tasks_dir() / ref, draw)
 
 
 def require_known(ref: str) -> None:
@@ -43,8 +46,9 @@ def require_known(ref: str) -> None:
                          "mlgym:tasks/<name>.yaml)")
 
 
-def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None, gpus: int = 0) -> list[TaskSpec]:
-    return [load_task(ref, mlgym_root, gpus) for ref in (refs or bundled_ids())]
+def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None, gpus: int = 0,
+             draw: Draw | None = None) -> list[TaskSpec]:
+    return [load_task(ref, mlgym_root, gpus, draw) for ref in (refs or bundled_ids())]
 
 
 __all__ = ["load_task", "load_all", "bundled_ids", "require_known"]

@@ -280,13 +280,24 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec) ->
     return outcome
 
 
+def saw_hidden(spec: TaskSpec) -> bool:
+    """Did the evaluation read anything the agent may not see? Only secret files are (labels, opponents, seeds,
+    withheld answers); its data and datasets are the agent's too, and its code is the task's own, public."""
+    return bool(spec.secret)
+
+
 def _broken(spec: TaskSpec, result) -> EvalOutcome:
-    """The evaluation crashed. The agent's code runs inside it (or beside it), so this is the submission's result;
-    the agent sees fixed words (whatever was printed may carry hidden data), the operator the output's tail."""
-    log.warning("task %s: the evaluation exited with code %s: %s", spec.id, result.exit_code,
-                _tail(result.stderr or result.stdout, 600))
-    return EvalOutcome(status="evaluation_error", message="The evaluation of your submission failed. Its output is "
-                       "not shown because it ran on hidden data; check your submission locally.")
+    """The evaluation crashed. The agent's code runs inside it (or beside it), so this is the submission's result.
+    What it printed while it saw hidden data may carry that data, so the agent then sees fixed words; an evaluation
+    that saw nothing hidden (MLGym's RL tasks) shows the agent its output's tail, the real reason. The operator's
+    log gets the tail either way."""
+    output = _tail(result.stderr or result.stdout, 600)
+    log.warning("task %s: the evaluation exited with code %s: %s", spec.id, result.exit_code, output)
+    if saw_hidden(spec):
+        return EvalOutcome(status="evaluation_error", message="The evaluation of your submission failed. Its output "
+                           "is not shown because it ran on hidden data; check your submission locally.")
+    return EvalOutcome(status="evaluation_error", message=f"The evaluation of your submission failed (exit code "
+                       f"{result.exit_code}). Its output ends:\n{output}")
 
 
 async def _run_air(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalOutcome:

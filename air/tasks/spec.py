@@ -42,6 +42,9 @@ class Metric(BaseModel):
     name: str
     direction: Direction
     primary: bool = False
+    best: float | None = None
+    """The best value the metric can take (accuracy 1, rmse 0), when it has one: a reference or baseline submission
+    that reaches it is flagged as a leaked answer key (air.tasks.leaks)."""
 
 
 class Evaluation(BaseModel):
@@ -96,6 +99,22 @@ class TaskResources(BaseModel):
     gpus: int = Field(0, ge=0)
 
 
+class TrainingNeeds(BaseModel):
+    """What producing the baseline takes: the task's own training budget and air's measured estimate of its time
+    on a CPU. `air tasks check` weighs the estimate against its budget before it runs the baseline."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    declared: str
+    """The task's own budget in its words, e.g. "5 checkpoints x 10,000,000 steps (src/config.yaml)"."""
+    cpu_seconds: float = Field(gt=0)
+    """Measured estimate of the baseline's training in air's sandbox on a CPU host (see air/tasks/stacks.py)."""
+    basis: str = ""
+    """How the estimate was made, e.g. "about 8,100 steps/s measured in air's sandbox on a 2-core CPU"."""
+    gpu: bool = True
+    """It is meant for a GPU host (where its record was made)."""
+
+
 class TaskNeeds(BaseModel):
     """What a task needs from the host beyond a CPU image that `air images build` makes: shown by
     `air tasks list`, and checked when a sandbox is made for it (one-line errors naming the fix)."""
@@ -110,6 +129,32 @@ class TaskNeeds(BaseModel):
     local data store (`air data add ID --from DIR`), since containers have no network."""
     notes: list[str] = []
     """What else it needs that air cannot provide offline (model weights, packages no recipe has)."""
+    training: TrainingNeeds | None = None
+    """A baseline that trains for long (MLGym's RL tasks): its declared budget and measured CPU time."""
+
+
+class HiddenSplit(BaseModel):
+    """Data a task draws per host from a secret seed, so that its public generator cannot reproduce it.
+
+    The task's folder holds the public split and the reference draw (the generator's public seed: the record, which
+    `air tasks check` reproduces exactly). Rollouts get this host's draw instead: `generate.py --hidden OUT` run by
+    the harness with a seed derived from a host secret (air.tasks.hidden), which never enters an agent's sandbox.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data: list[str] = []
+    """Files of the draw the agent sees, under data/ (e.g. the test features)."""
+    secret: list[str] = []
+    """Files of the draw only the scorer sees, under secret/ (e.g. the test labels)."""
+    generator: str = "generate.py"
+    baseline_draws: list[float] = []
+    """The baseline's primary score on independent draws (scripts/record_draws.py): how far this host's draw may
+    move it. `air tasks check` holds a host's baseline to their prediction interval."""
+    draw: str = "reference"
+    """Set by the loader: "reference", or the id of this host's draw (a digest of its seed, never the seed)."""
+    folder: Path | None = None
+    """Set by the loader for a host draw: where air keeps it (made on first use, air.tasks.hidden.ensure_drawn)."""
 
 
 class TaskSpec(BaseModel):
@@ -140,6 +185,10 @@ class TaskSpec(BaseModel):
     needs: TaskNeeds = TaskNeeds()
     reward_scale: float | None = Field(None, gt=0)
     """Normalisation scale for rewards when |baseline| is a poor yardstick (see air.episode.rewards)."""
+    hidden: HiddenSplit | None = None
+    leaks: list[str] = []
+    """Answer keys within reach, found by the loader (air.tasks.leaks): each names the evaluation-only file and the
+    file the agent (or anyone, for a sample submission) can read that equals it."""
 
     @model_validator(mode="after")
     def _one_primary(self) -> TaskSpec:
@@ -151,6 +200,10 @@ class TaskSpec(BaseModel):
             raise ValueError(f"exactly one metric must be primary, found {primaries or 'none'}")
         return self
 
+    def replace(self, **changes) -> TaskSpec:
+        """A validated copy with fields changed (model_copy would carry the cached content hash along)."""
+        return TaskSpec(**{**{name: getattr(self, name) for name in TaskSpec.model_fields}, **changes})
+
     @property
     def primary(self) -> Metric:
         return next(m for m in self.metrics if m.primary)
@@ -161,9 +214,13 @@ class TaskSpec(BaseModel):
 
     @cached_property
     def content_hash(self) -> str:
-        """Changes whenever the spec or any file it names changes: replays use it to detect drift."""
+        """Changes whenever the spec or any file it names changes: replays use it to detect drift. A host draw's
+        files count by their draw id (in the spec), so the hash is the same before and after they are made."""
         h = hashlib.sha256(self.model_dump_json().encode())
+        drawn = self.hidden.folder if self.hidden else None
         for entry in (*self.starter, *self.data, *self.secret, *self.evaluation_files, *self.baseline_files):
+            if drawn is not None and entry.source.is_relative_to(drawn):
+                continue
             for path in sorted(entry.source.rglob("*")) if entry.source.is_dir() else [entry.source]:
                 if path.is_file():
                     h.update(str(path.relative_to(entry.source.parent)).encode())

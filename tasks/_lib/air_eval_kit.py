@@ -24,6 +24,7 @@ Anything else is a bug or a broken environment and ends the evaluation with exit
 from __future__ import annotations
 
 import builtins
+import hashlib
 import io
 import json
 import math
@@ -51,6 +52,13 @@ AGENT_GID = 1000
 
 
 # --------------------------------------------------------------------------- errors
+
+def derived_seed(seed: int, purpose: str) -> int:
+    """A 32-bit seed for `purpose` (e.g. the submitted code's `random`) that tells nothing about `seed`: code given a
+    seed can read it back from its random state (numpy's first state word is the seed itself), and a hidden
+    evaluation seed must not reach it."""
+    return int.from_bytes(hashlib.sha256(f"{purpose}:{seed}".encode()).digest()[:4], "big")
+
 
 class SubmissionError(Exception):
     """The submission is invalid or its code misbehaved; the message is shown to the agent."""

@@ -5,12 +5,17 @@ Every line is a short independent "story" of one to three sentences. The grammar
 come back), and exact arithmetic (sums, differences, products, totals), so a model can gain a lot
 over character n-grams. Deterministic (fixed seeds). Writes data/train.txt, data/valid.txt,
 data/vocab.json and secret/test.txt. Run from the task directory: python generate.py
+With --hidden OUT (air, per host, see _lib/air_draw.py): only secret/test.txt, its lines drawn
+from $AIR_HIDDEN_SEED.
 """
 import json
 import os
 import random
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "_lib")]
+from air_draw import Target  # noqa: E402
 SEED = 3_2024_10
 N_TRAIN, N_VALID, N_TEST = 9000, 500, 400
 
@@ -133,18 +138,29 @@ def story(rng):
     return " ".join(out)
 
 
+def write(path, lines):
+    with open(path, "w", newline="\n") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
 def main():
+    out = Target(HERE, SEED)
     lines = [story(random.Random(SEED * 7919 + i)) for i in range(N_TRAIN + N_VALID + N_TEST)]
     train = lines[:N_TRAIN]
     valid = lines[N_TRAIN:N_TRAIN + N_VALID]
     test = lines[N_TRAIN + N_VALID:]
     vocab = sorted(set("".join(lines)) | {"\n"})
-    os.makedirs(os.path.join(HERE, "data"), exist_ok=True)
-    os.makedirs(os.path.join(HERE, "secret"), exist_ok=True)
-    for name, part in (("data/train.txt", train), ("data/valid.txt", valid), ("secret/test.txt", test)):
-        with open(os.path.join(HERE, name), "w", newline="\n") as fh:
-            fh.write("\n".join(part) + "\n")
-    with open(os.path.join(HERE, "data", "vocab.json"), "w") as fh:
+    if out.hidden:
+        test = [story(random.Random(out.seed * 7919 + i)) for i in range(N_TEST)]
+        unknown = set("".join(test)) - set(vocab)
+        assert not unknown, f"the draw has characters outside the public vocabulary: {sorted(unknown)}"
+        write(out.path("secret", "test.txt"), test)
+        print(f"test {sum(map(len, test))} chars")
+        return
+    write(out.path("data", "train.txt"), train)
+    write(out.path("data", "valid.txt"), valid)
+    write(out.path("secret", "test.txt"), test)
+    with open(out.path("data", "vocab.json"), "w") as fh:
         json.dump(vocab, fh)
         fh.write("\n")
     print(f"vocab {len(vocab)}; chars: train {sum(map(len, train))}, valid {sum(map(len, valid))}, "

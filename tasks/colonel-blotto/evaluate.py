@@ -61,7 +61,7 @@ def evaluate(p):
     total = 0
     with kit.UntrustedModule("strategy", p.submission, required=["row_strategy"],
                              call_timeout=5.0, import_timeout=30.0, total_timeout=TOTAL_TIMEOUT,
-                             seed=seed) as child:
+                             seed=kit.derived_seed(seed, "strategy")) as child:
         for rnd in range(rounds):
             allocs = child.call_batch("row_strategy", [[h] for h in row_hist], timeout=BATCH_TIMEOUT)
             for m in range(n_matches):

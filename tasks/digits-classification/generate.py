@@ -5,13 +5,18 @@ Source: scikit-learn's bundled 8x8 digits (load_digits, no download). Each digit
 stroke of clutter and pixel noise. Deterministic (fixed seed). Writes data/train_images.npy,
 data/train_labels.npy, data/test_images.npy (uint8, N x 16 x 16) and secret/test_labels.npy.
 Run from the task directory: python generate.py
+With --hidden OUT (air, per host, see _lib/air_draw.py): only the test split, drawn from
+$AIR_HIDDEN_SEED: the public split's test digits in a new order, each rendered anew.
 """
 import os
+import sys
 
 import numpy as np
 from sklearn.datasets import load_digits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "_lib")]
+from air_draw import Target  # noqa: E402
 SEED = 8_2024_16
 CANVAS, DIGIT = 16, 12
 N_TRAIN = 1200
@@ -44,17 +49,25 @@ def render(img8, rng):
 
 
 def main():
+    out = Target(HERE, SEED)
     digits = load_digits()
     rng = np.random.default_rng(SEED)
     order = rng.permutation(len(digits.target))
+    if out.hidden:  # the test digits stay those of the public split (none is a training digit), drawn anew
+        rng = np.random.default_rng(out.seed)
+        test = rng.permutation(order[N_TRAIN:])
+        images = np.stack([render(digits.images[i], rng) for i in test])
+        labels = digits.target[test].astype(np.int64)
+        np.save(out.path("data", "test_images.npy"), images)
+        np.save(out.path("secret", "test_labels.npy"), labels)
+        print(f"test {images.shape}")
+        return
     images = np.stack([render(digits.images[i], rng) for i in order])
     labels = digits.target[order].astype(np.int64)
-    os.makedirs(os.path.join(HERE, "data"), exist_ok=True)
-    os.makedirs(os.path.join(HERE, "secret"), exist_ok=True)
-    np.save(os.path.join(HERE, "data", "train_images.npy"), images[:N_TRAIN])
-    np.save(os.path.join(HERE, "data", "train_labels.npy"), labels[:N_TRAIN])
-    np.save(os.path.join(HERE, "data", "test_images.npy"), images[N_TRAIN:])
-    np.save(os.path.join(HERE, "secret", "test_labels.npy"), labels[N_TRAIN:])
+    np.save(out.path("data", "train_images.npy"), images[:N_TRAIN])
+    np.save(out.path("data", "train_labels.npy"), labels[:N_TRAIN])
+    np.save(out.path("data", "test_images.npy"), images[N_TRAIN:])
+    np.save(out.path("secret", "test_labels.npy"), labels[N_TRAIN:])
     print(f"train {images[:N_TRAIN].shape}, test {images[N_TRAIN:].shape}")
 
 

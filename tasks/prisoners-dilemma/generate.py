@@ -3,11 +3,15 @@
 The hidden opponent pool itself is hand-written in secret/opponents.py; this script fixes the
 mixture weights, the number of matches and rounds, and the evaluation seed.
 Run from the task directory: python generate.py
+With --hidden OUT (air, per host, see _lib/air_draw.py): the seed drawn from $AIR_HIDDEN_SEED.
 """
 import json
 import os
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "_lib")]
+from air_draw import Target  # noqa: E402
 
 CONFIG = {
     "seed": 71_2024,
@@ -23,8 +27,8 @@ CONFIG = {
 }
 
 if __name__ == "__main__":
-    os.makedirs(os.path.join(HERE, "secret"), exist_ok=True)
-    with open(os.path.join(HERE, "secret", "config.json"), "w") as fh:
-        json.dump(CONFIG, fh, indent=2, sort_keys=True)
+    out = Target(HERE, CONFIG["seed"])
+    with open(out.path("secret", "config.json"), "w") as fh:
+        json.dump({**CONFIG, "seed": out.seed}, fh, indent=2, sort_keys=True)
         fh.write("\n")
     print("wrote secret/config.json")

@@ -2,13 +2,18 @@
 
 Deterministic (fixed seed). Writes data/train.csv (with the target `price`), data/test.csv
 (without) and secret/test_targets.csv. Run from the task directory: python generate.py
+With --hidden OUT (air, per host, see _lib/air_draw.py): only the test split, drawn from
+$AIR_HIDDEN_SEED: the test rows of a whole draw, so they follow the same distribution.
 """
 import os
+import sys
 
 import numpy as np
 import pandas as pd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "_lib")]
+from air_draw import Target  # noqa: E402
 SEED = 9_2024_11
 N_TRAIN, N_TEST = 3000, 1500
 
@@ -59,18 +64,18 @@ def make(n, rng):
 
 
 def main():
-    rng = np.random.default_rng(SEED)
+    out = Target(HERE, SEED)
+    rng = np.random.default_rng(out.seed)
     df, price = make(N_TRAIN + N_TEST, rng)
     df.insert(0, "id", np.arange(N_TRAIN + N_TEST) + 1)
     train = df.iloc[:N_TRAIN].copy()
     train["price"] = price[:N_TRAIN]
     test = df.iloc[N_TRAIN:].reset_index(drop=True)
     targets = pd.DataFrame({"id": test["id"], "price": price[N_TRAIN:]})
-    os.makedirs(os.path.join(HERE, "data"), exist_ok=True)
-    os.makedirs(os.path.join(HERE, "secret"), exist_ok=True)
-    train.to_csv(os.path.join(HERE, "data", "train.csv"), index=False)
-    test.to_csv(os.path.join(HERE, "data", "test.csv"), index=False)
-    targets.to_csv(os.path.join(HERE, "secret", "test_targets.csv"), index=False)
+    if not out.hidden:
+        train.to_csv(out.path("data", "train.csv"), index=False)
+    test.to_csv(out.path("data", "test.csv"), index=False)
+    targets.to_csv(out.path("secret", "test_targets.csv"), index=False)
     print(f"train {train.shape}, test {test.shape}, price mean {price.mean():.1f} sd {price.std():.1f}")
 
 

@@ -2,13 +2,18 @@
 
 Deterministic (fixed seed). Writes data/train.csv (with labels), data/test.csv (without) and
 secret/test_labels.csv. Run from the task directory: python generate.py
+With --hidden OUT (air, per host, see _lib/air_draw.py): only the test split, drawn from
+$AIR_HIDDEN_SEED (the test rows of a whole draw), under the public test ids.
 """
 import os
+import sys
 
 import numpy as np
 import pandas as pd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "_lib")]
+from air_draw import Target  # noqa: E402
 SEED = 4_2024_07
 N_TRAIN, N_TEST = 4000, 2000
 INTERCEPT = 0.5
@@ -63,20 +68,26 @@ def make(n, rng):
     return df, label
 
 
-def main():
-    rng = np.random.default_rng(SEED)
+def draw(seed):
+    rng = np.random.default_rng(seed)
     df, label = make(N_TRAIN + N_TEST, rng)
-    ids = rng.permutation(N_TRAIN + N_TEST) + 100000
+    return df, label, rng.permutation(N_TRAIN + N_TEST) + 100000
+
+
+def main():
+    out = Target(HERE, SEED)
+    df, label, ids = draw(SEED)
+    if out.hidden:  # new rows under the public split's test ids, which no training row has
+        df, label, _ = draw(out.seed)
     df.insert(0, "id", ids)
     train = df.iloc[:N_TRAIN].copy()
     train["label"] = label[:N_TRAIN]
     test = df.iloc[N_TRAIN:].reset_index(drop=True)
     test_labels = pd.DataFrame({"id": test["id"], "label": label[N_TRAIN:]})
-    os.makedirs(os.path.join(HERE, "data"), exist_ok=True)
-    os.makedirs(os.path.join(HERE, "secret"), exist_ok=True)
-    train.to_csv(os.path.join(HERE, "data", "train.csv"), index=False)
-    test.to_csv(os.path.join(HERE, "data", "test.csv"), index=False)
-    test_labels.to_csv(os.path.join(HERE, "secret", "test_labels.csv"), index=False)
+    if not out.hidden:
+        train.to_csv(out.path("data", "train.csv"), index=False)
+    test.to_csv(out.path("data", "test.csv"), index=False)
+    test_labels.to_csv(out.path("secret", "test_labels.csv"), index=False)
     print(f"train {train.shape}, test {test.shape}, positive rate {label.mean():.3f}")
 
 

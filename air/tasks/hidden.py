@@ -1,0 +1,242 @@
+"""Hidden data the agent cannot regenerate: each host draws its own from a secret seed.
+
+A bundled task's generator is public (and a policy pretrained on public code may know it), so any split it writes
+with its fixed seed is no secret: pasted into the shell, it reproduces the hidden labels byte for byte. The task's
+folder therefore holds only the record: the public split and the *reference draw* of the hidden split (the public
+seed), which `air tasks check` reproduces exactly. Rollouts score against this host's draw instead:
+
+- the host secret: 32 random bytes in `<air cache>/task-secret` (mode 0600), made on first use; a fresh machine or
+  CI run makes its own, and copying the file to other hosts makes them draw the same data;
+- a task's seed: HMAC-SHA256(host secret, task id + the generator's SHA-256), 128 bits; the draw is named by a
+  digest of the seed (`HiddenSplit.draw`), never the seed;
+- the draw: `python generate.py --hidden OUT` with the seed in `AIR_HIDDEN_SEED`, run as root in a scoring-role
+  sandbox of the task's image (the image the evaluation uses; no agent process runs there then, and the folder is
+  removed afterwards); the files come back to `<air cache>/hidden/<task>/<draw>/{data,secret}` (0600), made once
+  per host and generator version.
+
+The seed and the secret files never enter an agent's sandbox: the agent gets the drawn `data` files (the test
+features) like any data, the scorer the `secret` ones. A 128-bit seed cannot be searched for from the features.
+
+`AIR_HIDDEN_DRAW=reference` in the harness's environment makes the reference draw the default (logged at INFO, and
+shown by `air tasks show`; a warning would break the CLI's one-line errors): scores are then the record's (tests
+that expect exact scores, replays of recordings made that way), and anyone who knows the public generator can
+reproduce the hidden data. Never for training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import hmac
+import io
+import os
+import secrets
+import shutil
+import tarfile
+import uuid
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from air import paths
+from air.errors import TaskError
+from air.tasks.spec import FileEntry, HiddenSplit, TaskSpec
+
+if TYPE_CHECKING:  # loading a task never imports the sandbox layer (nor Docker's SDK)
+    from air.sandbox import SandboxPool
+
+log = logging.getLogger("air.tasks")
+Draw = Literal["host", "reference"]
+SEED_ENV = "AIR_HIDDEN_SEED"
+DRAW_ENV = "AIR_HIDDEN_DRAW"
+_DONE = ".complete"
+_warned: set[str] = set()  # tasks said to use the reference draw, once per process
+# One lock per draw and event loop (a lock belongs to the loop it first waited in).
+_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Path, asyncio.Lock]] = weakref.WeakKeyDictionary()
+
+
+def secret_file() -> Path:
+    return paths.cache_dir() / "task-secret"
+
+
+def host_secret() -> bytes:
+    """This host's secret, made on first use. Written to a private temporary file and linked into place, so a
+    concurrent reader never sees a half-written secret and two first users agree on one."""
+    path = secret_file()
+    try:
+        return bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        pass
+    tmp = path.with_name(f".task-secret.{uuid.uuid4().hex}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another process made it first: its secret is the host's
+    finally:
+        tmp.unlink()
+    return bytes.fromhex(path.read_text().strip())
+
+
+def _generator(spec: TaskSpec, task_dir: Path) -> Path:
+    assert spec.hidden is not None
+    path = task_dir / spec.hidden.generator
+    if not path.is_file():
+        raise TaskError(f"task {spec.id}: its hidden split's generator {path} does not exist")
+    return path
+
+
+def seed_for(task_id: str, generator: Path, key: bytes | None = None) -> int:
+    """The task's secret seed on this host (128 bits); a new generator version draws anew."""
+    message = f"{task_id}\n{hashlib.sha256(generator.read_bytes()).hexdigest()}".encode()
+    return int.from_bytes(hmac.new(key or host_secret(), message, hashlib.sha256).digest()[:16], "big")
+
+
+def draw_id(seed: int) -> str:
+    """A name for the draw that says nothing about its seed."""
+    return hashlib.sha256(b"air hidden draw\n" + seed.to_bytes(16, "big")).hexdigest()[:16]
+
+
+def default_draw() -> Draw:
+    """This host's draw, unless the harness's environment says `AIR_HIDDEN_DRAW=reference`."""
+    value = os.environ.get(DRAW_ENV, "host")
+    if value not in ("host", "reference"):
+        raise TaskError(f"{DRAW_ENV}={value!r}: expected host or reference")
+    return value  # type: ignore[return-value]
+
+
+def with_draw(spec: TaskSpec, task_dir: Path, draw: Draw | None = None, seed: int | None = None) -> TaskSpec:
+    """`spec` (as loaded: the reference draw) with its hidden files taken from a draw: this host's (or `seed`'s),
+    or the reference (`draw`, default default_draw()). Nothing is generated here (see ensure_drawn); the paths are
+    where the draw lives."""
+    hidden = spec.hidden
+    if hidden is None:
+        return spec
+    if draw is None and seed is None and default_draw() == "reference":
+        if spec.id not in _warned:
+            _warned.add(spec.id)
+            log.info("task %s: %s=reference: its hidden data is the public reference draw, which its public "
+                        "generator reproduces (for tests and replays, never for training)", spec.id, DRAW_ENV)
+        return spec
+    if draw == "reference" and seed is None:
+        return spec
+    generator = _generator(spec, task_dir)
+    seed = seed_for(spec.id, generator) if seed is None else seed
+    name = draw_id(seed)
+    folder = paths.cache_dir() / "hidden" / spec.id / name
+    return _files_from(spec, folder, hidden.model_copy(update={"draw": name, "folder": folder}))
+
+
+def reference(spec: TaskSpec, task_dir: Path | None = None) -> TaskSpec:
+    """The record's version of a drawn `spec`: its hidden files from the task's folder (a bundled task's)."""
+    hidden = spec.hidden
+    if hidden is None or hidden.folder is None:
+        return spec
+    return _files_from(spec, task_dir or paths.tasks_dir() / spec.id,
+                       hidden.model_copy(update={"draw": "reference", "folder": None}))
+
+
+def _files_from(spec: TaskSpec, folder: Path, hidden: HiddenSplit) -> TaskSpec:
+    """`spec` with the hidden split's files taken from `folder`'s data/ and secret/."""
+    def swap(entries: list[FileEntry], names: list[str], sub: str) -> list[FileEntry]:
+        return [FileEntry(source=folder / sub / e.dest, dest=e.dest) if e.dest in names else e for e in entries]
+
+    return spec.replace(data=swap(spec.data, hidden.data, "data"), secret=swap(spec.secret, hidden.secret, "secret"),
+                        hidden=hidden)
+
+
+def is_drawn(hidden: HiddenSplit | None) -> bool:
+    return hidden is None or hidden.folder is None or (hidden.folder / _DONE).is_file()
+
+
+async def ensure_drawn(spec: TaskSpec, pool: SandboxPool, task_dir: Path | None = None,
+                       seed: int | None = None) -> None:
+    """Make the draw `spec` names, once per host: a no-op when it exists (or `spec` uses the reference draw)."""
+    hidden = spec.hidden
+    if is_drawn(hidden):
+        return
+    assert hidden is not None and hidden.folder is not None
+    lock = _locks.setdefault(asyncio.get_running_loop(), {}).setdefault(hidden.folder, asyncio.Lock())
+    async with lock:
+        if is_drawn(hidden):
+            return
+        task_dir = task_dir or paths.tasks_dir() / spec.id
+        generator = _generator(spec, task_dir)
+        seed = seed_for(spec.id, generator) if seed is None else seed
+        if draw_id(seed) != hidden.draw:
+            raise TaskError(f"task {spec.id}: its generator changed since it was loaded; load it again")
+        tar = await _generate(spec, pool, generator, seed)
+        await asyncio.to_thread(_store, spec, tar, hidden.folder)
+
+
+async def _generate(spec: TaskSpec, pool: SandboxPool, generator: Path, seed: int) -> bytes:
+    from air.sandbox import AIR_DIR
+    from air.tasks.air_format import shared_lib_entries
+    from air.tasks.scoring import scoring_spec
+    from air.tasks.staging import tar_of
+
+    gen = f"{AIR_DIR}/draw"
+
+    # A scoring-role sandbox of the task's image (numpy, pandas, scikit-learn as the evaluation has them), without
+    # GPUs: the folder is root-only and removed before the sandbox goes back to the pool.
+    sandbox_spec = scoring_spec(spec)
+    sandbox_spec = sandbox_spec.model_copy(update={"resources": sandbox_spec.resources.model_copy(update={"gpus": 0})})
+    async with pool.lease(sandbox_spec) as sandbox:
+        await sandbox.harness_sh(f"rm -rf {gen} && mkdir -p {gen}/out && chmod 700 {gen}")
+        try:
+            files = [FileEntry(source=generator, dest="generate.py"), *shared_lib_entries(generator.parent.parent)]
+            await sandbox.put_archive(gen, tar_of(files))
+            result = await sandbox.harness_exec(["python", f"{gen}/generate.py", "--hidden", f"{gen}/out"],
+                                                cwd=gen, env={SEED_ENV: str(seed)}, timeout=600)
+            if not result.ok:
+                raise TaskError(f"task {spec.id}: its generator failed to draw the hidden split (exit "
+                                f"{result.exit_code}, timed out: {result.timed_out}): {result.stderr[-600:]}")
+            return await sandbox.get_archive(f"{gen}/out", max_bytes=256 << 20)
+        finally:
+            await sandbox.harness_sh(f"rm -rf {gen}", check=False)
+
+
+def _store(spec: TaskSpec, tar: bytes, folder: Path) -> None:
+    """Unpack the draw next to its place and rename it there (a concurrent drawer's identical copy may win), checking
+    that it holds exactly the files the task declares."""
+    hidden = spec.hidden
+    assert hidden is not None
+    expected = {f"data/{name}" for name in hidden.data} | {f"secret/{name}" for name in hidden.secret}
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}")
+    tmp.mkdir(mode=0o700)
+    try:
+        found = set()
+        with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+            for member in archive:
+                name = member.name.partition("/")[2]  # the archive's root is "out"
+                if not member.isfile():
+                    continue
+                if name not in expected:
+                    raise TaskError(f"task {spec.id}: its generator wrote {name}, which the task's [hidden] does "
+                                    f"not declare (declared: {', '.join(sorted(expected))})")
+                target = tmp / name
+                target.parent.mkdir(mode=0o700, exist_ok=True)
+                source = archive.extractfile(member)
+                assert source is not None
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as out:
+                    shutil.copyfileobj(source, out)
+                found.add(name)
+        if found != expected:
+            raise TaskError(f"task {spec.id}: its generator did not write {', '.join(sorted(expected - found))}")
+        (tmp / _DONE).write_text(spec.hidden.draw + "\n")
+        try:
+            tmp.rename(folder)
+        except OSError:
+            if not (folder / _DONE).is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+__all__ = ["ensure_drawn", "with_draw", "reference", "host_secret", "seed_for", "draw_id", "SEED_ENV"]
