@@ -13,12 +13,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from air.errors import TaskError
 from air.tasks.hidden import Draw, with_draw
 from air.tasks.leaks import LEAK, find_leaks
+from air.tasks.shared_lib import shared_lib_entries
 from air.tasks.spec import FileEntry, TaskSpec
 from air.validation import one_line
 
 log = logging.getLogger("air.tasks")
-SHARED_LIB = "_lib"
-"""Shared evaluation modules (`_lib/air_*.py`: the kit, game engines) go to every scoring sandbox."""
 _FOUND = ("source", "starter", "data", "secret", "evaluation_files", "baseline_files", "leaks")
 """TaskSpec's fields the loader fills in: where the task came from, the folders beside task.toml, what it finds."""
 
@@ -91,11 +90,3 @@ def _check_hidden(spec: TaskSpec, path: Path) -> None:
         if missing:
             raise TaskError(f"{path}: [hidden] names {folder}/{missing[0]}, which is not a file of the task's "
                             f"{folder}/ folder (its reference draw: run generate.py)")
-
-
-def shared_lib_entries(tasks_root: Path | None = None) -> list[FileEntry]:
-    """The shared evaluation modules (the kit, game engines), for any scoring sandbox that needs them."""
-    from air import paths
-
-    root = tasks_root or paths.tasks_dir()
-    return [FileEntry(source=lib, dest=lib.name) for lib in sorted((root / SHARED_LIB).glob("air_*.py"))]

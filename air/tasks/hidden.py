@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Literal
 
 from air import paths
 from air.errors import TaskError
+from air.tasks.shared_lib import shared_lib_entries
 from air.tasks.spec import FileEntry, HiddenSplit, TaskSpec
 
 if TYPE_CHECKING:  # loading a task never imports the sandbox layer (nor Docker's SDK)
@@ -174,7 +175,6 @@ async def ensure_drawn(spec: TaskSpec, pool: SandboxPool, task_dir: Path | None 
 
 async def _generate(spec: TaskSpec, pool: SandboxPool, generator: Path, seed: int) -> bytes:
     from air.sandbox import AIR_DIR
-    from air.tasks.air_format import shared_lib_entries
     from air.tasks.scoring import scoring_spec
     from air.tasks.staging import tar_of
 

@@ -41,6 +41,7 @@ from air.sandbox import (
     make_tar,
 )
 from air.tasks.datastore import HF_OFFLINE_ENV, DataStore
+from air.tasks.shared_lib import shared_lib_entries
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import AGENT_UID, add_entries, tar_of
 
@@ -255,8 +256,6 @@ def _call(name, *args):
 
 
 def _kit_tar() -> bytes:
-    from air.tasks.air_format import shared_lib_entries
-
     return tar_of(shared_lib_entries())
 
 
