@@ -40,7 +40,7 @@ def docker_client():
 @pytest.fixture(scope="session")
 def images(docker_client):
     """The CPU recipes built (or reused: a no-op when the README's set-up already built them)."""
-    from air.sandbox import ImageBuilder
+    from air.images import ImageBuilder
 
     return {b.recipe: b for b in ImageBuilder(docker_client).ensure(["base", "cpu"])}
 

@@ -29,7 +29,7 @@ import pytest
 from aiohttp import web
 
 from air.policies.scripted import SCRIPTS, ScriptedPolicy
-from air.sandbox.doctor import detect_gpus
+from air.sandbox.claims import detect_gpus
 
 
 def air(*args: str, cwd: Path, timeout: float = 900, env: dict[str, str] | None = None
@@ -676,7 +676,7 @@ def test_a_daemon_too_slow_to_answer_is_infrastructure_saying_what_it_waited_for
 def test_clean_up_after_a_build_never_fails_it_on_a_slow_daemon(images, slow_daemon):
     """ImageBuilder._drop_intermediates is best effort: a daemon busy committing another image may not answer the
     removal of an intermediate within the client's timeout; the build has succeeded all the same."""
-    from air.sandbox import ImageBuilder
+    from air.images import ImageBuilder
 
     slow_daemon.hold_answers(rb"GET /v[\d.]+/images/", 8)
     client = docker.DockerClient(base_url=f"tcp://127.0.0.1:{slow_daemon.port}", timeout=2)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from air.sandbox import PlainProgress
+from air.cli.progress import PlainProgress
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = [ROOT / "scripts" / "setup.sh", ROOT / "scripts" / "ensure-docker.sh"]

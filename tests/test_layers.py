@@ -1,8 +1,8 @@
 """The layering holds: every import in air/ and air_mlgym/ goes to the same layer or one below (never up), and no
 module imports itself back through others. Anyone can check it: `python3 -m pytest tests/test_layers.py`.
 
-Layers, bottom up (DESIGN.md): foundations (errors, paths, validation, display), the sandbox (and the policies, which
-know nothing of sandboxes), tasks, episodes, the integrations on top of episodes (verifiers, services, exports,
+Layers, bottom up (DESIGN.md): foundations (errors, paths, validation, display, files, failures), the sandbox
+runtime, the image builder and the policies (three that know nothing of each other), tasks, episodes, the integrations on top of episodes (verifiers, services, exports,
 reports), the CLI. Imports under `if TYPE_CHECKING:` are annotations only and are not counted.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("air.errors", 0), ("air.paths", 0), ("air.validation", 0), ("air.display", 0), ("air", 0),
-    ("air.sandbox", 1), ("air.policies", 1),
+    ("air.sandbox", 1), ("air.images", 1), ("air.policies", 1),
     ("air.tasks", 2),
     ("air.episode", 3),
     ("air.services", 4), ("air.export", 4), ("air.report", 4), ("air_mlgym", 4),

@@ -99,7 +99,7 @@ def test_the_loader_declares_image_and_needs(tree, store):
 def test_on_a_gpu_host_a_task_gets_gpus_and_its_stacks_cuda_image(tree, store):
     """`--gpus-per-task` / the taskset's `gpus_per_task`: each stack's CUDA variant (a recipe that exists, built
     with `air images build --gpu`) and GPUs for the sandbox; without it nothing changes."""
-    from air.sandbox import load_recipes
+    from air.images import load_recipes
     from air.tasks.registry import load_task
     from air.tasks.stacks import CUDA_VARIANT
     from air_mlgym.taskset import AirTasksetConfig

@@ -158,7 +158,7 @@ def built(docker_client) -> dict:
     """The toolchain image and its parents, built offline (or reused: a no-op when `scripts/setup.sh --test` built
     them), by recipe. Used by their content tags: on a shared daemon another checkout may point `:latest`
     elsewhere."""
-    from air.sandbox import ImageBuilder
+    from air.images import ImageBuilder
 
     return {image.recipe: image for image in ImageBuilder(docker_client).ensure(["toolchain"])}
 

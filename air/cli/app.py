@@ -59,7 +59,7 @@ MlgymRoot = Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROO
 def _gpus_here(gpus: int) -> int:
     """--gpus-per-task N on a host with fewer GPUs is refused before any rollout starts (not N failures)."""
     if gpus:
-        from air.sandbox.doctor import detect_gpus
+        from air.sandbox.claims import detect_gpus
 
         found = len(detect_gpus())
         if found < gpus:

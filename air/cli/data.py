@@ -42,7 +42,7 @@ def data_add(
 
     Example: air data add uoft-cs/cifar10 --from ~/cifar10-saved
     """
-    from air.sandbox import image_ref
+    from air.images import image_ref
 
     added = _store(store).add(name, source, image=image_ref(image), replace=replace)
     if as_json:

@@ -45,7 +45,7 @@ def doctor(as_json: JsonFlag = False) -> None:
 
     Example: air doctor --json
     """
-    from air.sandbox import run_checks
+    from air.cli.doctor import run_checks
 
     checks = run_checks() + _sandbox_fusion_checks()
     if as_json:
@@ -73,8 +73,9 @@ def _sandbox_fusion_languages(client, tag: str) -> list[str]:
 
 def _sandbox_fusion_checks() -> list:
     """One row per built air image: the SandboxFusion languages it serves."""
-    from air.sandbox import connect, image_ref, list_images
-    from air.sandbox.doctor import Check
+    from air.cli.doctor import Check
+    from air.images import image_ref, list_images
+    from air.sandbox import connect
     from air.services.sandbox_fusion.recipes import SERVE_TOOLCHAIN, TOOLCHAIN_IMAGE
 
     try:
@@ -110,7 +111,7 @@ def images_build(
 
     Example: air images build cpu
     """
-    from air.sandbox import load_recipes
+    from air.images import load_recipes
 
     all_recipes = load_recipes()
     names = recipes or [n for n, r in all_recipes.items() if (gpu or not r.gpu) and r.default]
@@ -126,7 +127,9 @@ def images_build(
 def ensure_images(names: list[str], *, force: bool = False, quiet_reuse: bool = False, **options) -> list:
     """Build or reuse images with progress: a spinner on a terminal, plain lines elsewhere (CI, `| tee`), where a
     spinner prints nothing for the minutes of a first build; the repetitive lines there are rate-limited."""
-    from air.sandbox import ImageBuilder, PlainProgress, connect
+    from air.cli.progress import PlainProgress
+    from air.images import ImageBuilder
+    from air.sandbox import connect
 
     client = connect()
     if console.is_terminal and not console.is_dumb_terminal:
@@ -156,8 +159,8 @@ def images_ls(as_json: JsonFlag = False) -> None:
 
     Example: air images ls --json
     """
-    from air.sandbox import connect, image_ref, list_images, load_recipes
-    from air.sandbox.images import build_command
+    from air.images import build_command, image_ref, list_images, load_recipes
+    from air.sandbox import connect
 
     client = connect()
     rows = list_images(client)
@@ -317,8 +320,9 @@ def _list_mlgym(root: Path, as_json: bool) -> None:
 def _host_facts():
     """Images built, what each recipe installs, GPUs: what `air tasks list --mlgym-root` weighs tasks against."""
     from air.errors import InfraError
-    from air.sandbox import connect, list_images, load_recipes
-    from air.sandbox.doctor import detect_gpus
+    from air.images import list_images, load_recipes
+    from air.sandbox import connect
+    from air.sandbox.claims import detect_gpus
     from air.tasks.mlgym_survey import HostFacts, import_names
 
     recipes = load_recipes()

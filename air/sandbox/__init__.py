@@ -10,8 +10,9 @@ tasks or RL; the layers above import from here, never from its modules.
 
 The interface: `Sandbox` and `Shell` (protocols, interface.py), `SandboxSpec`/`Resources` (what is asked for),
 `PoolConfig`/`DockerHost`/`SandboxPool`, the results `CommandResult`/`ExecResult`, the errors `ArchiveTooLarge`/
-`ArchiveUnreadable`/`ArchiveUnwritable` (plus air.errors: InfraError and its kind for everything that is infrastructure), the layout
-inside every sandbox (layout.py), and the tools of the CLI and services: images, labels and cleanup, Docker.
+`ArchiveUnreadable`/`ArchiveUnwritable` (plus air.errors: InfraError and its kind for everything that is
+infrastructure), the layout inside every sandbox (layout.py), and the tools of the CLI and services: labels and
+cleanup, Docker. Images are built by air.images; a sandbox needs only their reference.
 Names load on first use, so that importing a config class does not import the Docker SDK.
 """
 
@@ -41,12 +42,10 @@ _LAZY = {
     "PoolConfig": "spec", "DockerHost": "spec", "SandboxPool": "pool", "PoolStats": "pool",
     # helpers of the layers above
     "make_tar": "container", "gpu_env": "container", "container_kwargs": "container",
-    "image_ref": "images", "ImageBuilder": "images", "PlainProgress": "images", "list_images": "images",
-    "load_recipes": "images",
     "connect": "docker_api", "Docker": "docker_api",
     "list_air_containers": "labels", "remove_containers": "labels", "make_labels": "labels", "GPUS": "labels",
     "sweep_dead_runs": "cleanup", "sweep_stale_claims": "cleanup",
-    "run_checks": "doctor", "truncate_text": "output",
+    "truncate_text": "output",
 }
 
 __all__ = [
@@ -54,9 +53,8 @@ __all__ = [
     "SCRATCH_DIRS", "WORKSPACE",
     "Sandbox", "Shell", "CommandResult", "ExecResult", "ArchiveTooLarge", "ArchiveUnreadable", "ArchiveUnwritable",
     "Resources", "SandboxSpec", "PoolConfig", "DockerHost", "SandboxPool", "PoolStats",
-    "make_tar", "gpu_env", "container_kwargs", "image_ref", "ImageBuilder", "PlainProgress", "list_images",
-    "load_recipes", "connect", "Docker", "list_air_containers", "remove_containers", "make_labels", "GPUS",
-    "sweep_dead_runs", "sweep_stale_claims", "run_checks", "truncate_text",
+    "make_tar", "gpu_env", "container_kwargs", "connect", "Docker", "list_air_containers", "remove_containers", "make_labels", "GPUS",
+    "sweep_dead_runs", "sweep_stale_claims", "truncate_text",
 ]
 
 
@@ -73,8 +71,6 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, eagerly
     from air.sandbox.cleanup import sweep_dead_runs, sweep_stale_claims
     from air.sandbox.container import container_kwargs, gpu_env, make_tar
     from air.sandbox.docker_api import Docker, connect
-    from air.sandbox.doctor import run_checks
-    from air.sandbox.images import ImageBuilder, PlainProgress, image_ref, list_images, load_recipes
     from air.sandbox.interface import (
         ArchiveTooLarge,
         ArchiveUnreadable,

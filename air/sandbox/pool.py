@@ -115,7 +115,7 @@ class SandboxPool:
     def _attach(self, host: _Host, docker: Docker) -> None:
         ids = host.config.gpu_ids
         if ids is None:
-            from air.sandbox.doctor import detect_gpus
+            from air.sandbox.claims import detect_gpus
 
             ids = detect_gpus()
         if len(set(ids)) != len(ids):

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from air.display import seconds as duration
-from air.sandbox import Resources, Sandbox, SandboxPool, SandboxSpec, image_ref
+from air.images import image_ref
+from air.sandbox import Resources, Sandbox, SandboxPool, SandboxSpec
 from air.tasks.baseline_stats import DEFAULT_RUNS, DRAW_K, agreement
 from air.tasks.hidden import ensure_drawn, reference
 from air.tasks.leaks import LEAK, best_reached

@@ -27,6 +27,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from air.errors import TaskError
+from air.images import image_ref
 from air.sandbox import (
     AIR_DIR,
     WORKSPACE,
@@ -37,7 +38,6 @@ from air.sandbox import (
     Sandbox,
     SandboxPool,
     SandboxSpec,
-    image_ref,
     make_tar,
 )
 from air.tasks.datastore import HF_OFFLINE_ENV, DataStore

@@ -10,7 +10,8 @@ import docker
 
 from air.errors import DockerUnavailable
 from air.sandbox.docker_api import connect, docker_host
-from air.sandbox.images import build_command, image_ref, load_recipes
+from air.images import build_command, image_ref, load_recipes
+from air.sandbox.claims import detect_gpus
 
 
 @dataclass(frozen=True)
@@ -20,18 +21,6 @@ class Check:
     detail: str
     fix: str = ""
     required: bool = True
-
-
-def detect_gpus() -> list[str]:
-    """GPU indices nvidia-smi reports on the host; empty without a GPU or driver."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
 
 
 def run_checks() -> list[Check]:

@@ -1,4 +1,4 @@
-"""Task images, built offline from the recipes in `images/`.
+"""Building task images offline from the recipes in `images/` (recipes.py reads them).
 
 A recipe is a folder `images/<name>/` with a `recipe.toml` (description, parent recipe, Python requirements, Debian
 packages) and optionally its own Dockerfile (else `images/Dockerfile.wheels`). Python packages are downloaded as
@@ -6,8 +6,8 @@ wheels, Debian packages as .debs, on the host (which may reach an index the cont
 a build that has no network.
 
 Builds are idempotent: an image is tagged `air/<name>:<hash>` where the hash covers the Dockerfile, the recipe,
-the parent image and the staged wheel and .deb lists; `air/<name>:latest` points at the newest build. Nothing is rebuilt
-unless one of those changed. Without a registry, the base image is bootstrapped from Debian's packages.
+the parent image and the staged wheel and .deb lists; `air/<name>:latest` points at the newest build. Nothing is
+rebuilt unless one of those changed. Without a registry, the base image is bootstrapped from Debian's packages.
 """
 
 from __future__ import annotations
@@ -22,103 +22,27 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
-import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Self
 
 import docker
 import docker.errors
 import requests.exceptions
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air import paths
-from air.errors import ImageError, UsageError
-from air.sandbox.debs import stage_debs
-from air.validation import one_line
+from air.errors import ImageError
+from air.images.debs import stage_debs
+from air.images.recipes import REPO, Recipe, build_order, image_ref, load_recipes
 
 PYTHON_VERSION = "3.11"
 PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 DEFAULT_BASE = "python:3.11-slim"
 DEBIAN_BASE = "air/debian-base:bookworm"
 DEBIAN_SUITE = "bookworm"
-REPO = "air"
 
 Report = Callable[[str], None]
-
-
-class Recipe(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(exclude=True)
-    folder: Path = Field(exclude=True)
-    description: str = ""
-    parent: str | None = None
-    requirements: list[str] = []
-    optional: list[str] = []
-    # Out of the dump that the image hash covers (build adds them when there are some), so that recipes without
-    # Debian packages keep the hash they had before the field existed.
-    debs: list[str] = Field([], exclude=True)
-    """Debian packages (no recommends) downloaded on the host for the parent's suite, installed by the recipe's
-    own Dockerfile from the context's `debs/` folder (see air/sandbox/debs.py)."""
-    gpu: bool = False
-    default: bool = Field(True, exclude=True)  # out of the hashed dump: older recipes keep their hash
-    """Built by a plain `air images build`; false for big stacks only some tasks need (`air images build NAME`)."""
-
-    @property
-    def dockerfile(self) -> Path:
-        own = self.folder / "Dockerfile"
-        return own if own.exists() else self.folder.parent / "Dockerfile.wheels"
-
-    @property
-    def needs_wheels(self) -> bool:
-        return bool(self.requirements or self.optional)
-
-
-def image_ref(name: str) -> str:
-    """The tag a task names its image by: `cpu` -> `air/cpu:latest`; a full reference is kept as is."""
-    return name if ("/" in name or ":" in name) else f"{REPO}/{name}:latest"
-
-
-def load_recipes(root: Path | None = None) -> dict[str, Recipe]:
-    root = root or paths.images_dir()
-    recipes: dict[str, Recipe] = {}
-    for toml_path in sorted(root.glob("*/recipe.toml")):
-        name = toml_path.parent.name
-        try:
-            data = tomllib.loads(toml_path.read_text())
-            recipes[name] = Recipe(name=name, folder=toml_path.parent, **data)
-        except tomllib.TOMLDecodeError as exc:
-            raise ImageError(f"{toml_path}: TOML syntax error: {exc}") from None
-        except ValidationError as exc:
-            raise ImageError(one_line(exc, f"{toml_path}: ")) from None
-    for recipe in recipes.values():
-        if recipe.parent and recipe.parent not in recipes:
-            raise ImageError(f"{recipe.folder / 'recipe.toml'}: parent recipe '{recipe.parent}' does not exist")
-    return recipes
-
-
-def build_order(recipes: dict[str, Recipe], names: Iterable[str]) -> list[Recipe]:
-    """The recipes asked for, each after its parents."""
-    order: list[Recipe] = []
-
-    def visit(name: str, chain: tuple[str, ...]) -> None:
-        if name not in recipes:
-            raise UsageError(f"unknown image recipe '{name}' (known: {', '.join(sorted(recipes))})")
-        if name in chain:
-            raise ImageError(f"recipe cycle: {' -> '.join((*chain, name))}")
-        recipe = recipes[name]
-        if recipe.parent:
-            visit(recipe.parent, (*chain, name))
-        if recipe not in order:
-            order.append(recipe)
-
-    for name in names:
-        visit(name, ())
-    return order
 
 
 @dataclass(frozen=True)
@@ -128,75 +52,6 @@ class BuiltImage:
     id: str
     size_mb: float
     reused: bool
-
-
-class PlainProgress:
-    """Build progress as plain lines, for output that is not a terminal (CI, `| tee`), where a spinner prints
-    nothing for the minutes of a first build.
-
-    `stage` lines (a recipe's wheels staged, its build started, built or reused) are written as they come.
-    `detail` lines (pip's downloads, each Dockerfile step: dozens per recipe) at most one per `interval`
-    seconds, so that a CI log stays short: one arriving sooner waits, replaced by any later one, and a timer
-    writes it when the interval is up (so the step that then runs for minutes is in the log while it runs),
-    unless a stage line comes first and says more.
-    """
-
-    def __init__(self, write: Callable[[str], None], interval: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
-        self.interval = interval
-        self._write = write
-        self._clock = clock
-        self._lock = threading.Lock()  # the timer writes from its own thread
-        self._last_detail = -float("inf")
-        self._pending: str | None = None
-        self._timer: threading.Timer | None = None
-
-    def stage(self, line: str) -> None:
-        with self._lock:
-            self._drop_pending()
-            self._write(line)
-
-    def detail(self, line: str) -> None:
-        with self._lock:
-            now = self._clock()
-            if now - self._last_detail >= self.interval:
-                self._drop_pending()
-                self._last_detail = now
-                self._write(line)
-                return
-            self._pending = line
-            if self._timer is None:
-                self._timer = threading.Timer(self._last_detail + self.interval - now, self._write_pending)
-                self._timer.daemon = True
-                self._timer.start()
-
-    def close(self) -> None:
-        with self._lock:
-            self._drop_pending()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _write_pending(self) -> None:
-        with self._lock:
-            # A timer cancelled while it waited for the lock is no longer ours: its line was dropped or
-            # replaced.
-            if self._timer is not threading.current_thread():
-                return
-            self._timer = None
-            if self._pending is not None:
-                self._last_detail = self._clock()
-                self._write(self._pending)
-                self._pending = None
-
-    def _drop_pending(self) -> None:
-        self._pending = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
 
 class ImageBuilder:
@@ -435,10 +290,6 @@ class ImageBuilder:
 
 _STEP_IMAGE = re.compile(r"^---> ([0-9a-f]{12})$")
 """The legacy builder's line naming the image a step produced."""
-
-
-def build_command(recipe: Recipe) -> str:
-    return f"air images build {recipe.name}" + (" (on a GPU host)" if recipe.gpu else "")
 
 
 def list_images(client: docker.DockerClient) -> list[dict]:

@@ -1,0 +1,77 @@
+"""Image build progress for output that is not a terminal (CI, `| tee`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Self
+
+
+class PlainProgress:
+    """Build progress as plain lines, for output that is not a terminal (CI, `| tee`), where a spinner prints
+    nothing for the minutes of a first build.
+
+    `stage` lines (a recipe's wheels staged, its build started, built or reused) are written as they come.
+    `detail` lines (pip's downloads, each Dockerfile step: dozens per recipe) at most one per `interval`
+    seconds, so that a CI log stays short: one arriving sooner waits, replaced by any later one, and a timer
+    writes it when the interval is up (so the step that then runs for minutes is in the log while it runs),
+    unless a stage line comes first and says more.
+    """
+
+    def __init__(self, write: Callable[[str], None], interval: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.interval = interval
+        self._write = write
+        self._clock = clock
+        self._lock = threading.Lock()  # the timer writes from its own thread
+        self._last_detail = -float("inf")
+        self._pending: str | None = None
+        self._timer: threading.Timer | None = None
+
+    def stage(self, line: str) -> None:
+        with self._lock:
+            self._drop_pending()
+            self._write(line)
+
+    def detail(self, line: str) -> None:
+        with self._lock:
+            now = self._clock()
+            if now - self._last_detail >= self.interval:
+                self._drop_pending()
+                self._last_detail = now
+                self._write(line)
+                return
+            self._pending = line
+            if self._timer is None:
+                self._timer = threading.Timer(self._last_detail + self.interval - now, self._write_pending)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop_pending()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write_pending(self) -> None:
+        with self._lock:
+            # A timer cancelled while it waited for the lock is no longer ours: its line was dropped or
+            # replaced.
+            if self._timer is not threading.current_thread():
+                return
+            self._timer = None
+            if self._pending is not None:
+                self._last_detail = self._clock()
+                self._write(self._pending)
+                self._pending = None
+
+    def _drop_pending(self) -> None:
+        self._pending = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
