@@ -27,10 +27,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-images_app = typer.Typer(help="Build and list task images (offline, from recipes in images/).", no_args_is_help=True)
-containers_app = typer.Typer(help="List and remove air's containers, including those of dead runs.",
-                             no_args_is_help=True)
-tasks_app = typer.Typer(help="List, inspect and check research tasks (bundled, or MLGym YAMLs).", no_args_is_help=True)
 
 
 def _version(value: bool) -> None:
@@ -46,10 +42,6 @@ def _air(version: Annotated[bool, typer.Option("--version", callback=_version, i
                                                help="Print air's version and exit.")] = False) -> None:
     """Docker-sandboxed research tasks for training LLM agents with RL."""
 
-
-app.add_typer(images_app, name="images")
-app.add_typer(containers_app, name="containers")
-app.add_typer(tasks_app, name="tasks")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 MlgymRoot = Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROOT",

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import dataclass
 
-import docker
+import typer
+from rich.table import Table
 
-from air.errors import DockerUnavailable
-from air.sandbox.docker_api import connect, docker_host
-from air.images import build_command, image_ref, load_recipes
-from air.sandbox.claims import detect_gpus
+from air.cli.app import JsonFlag, app, out, print_json
+from air.cli.images import sandbox_fusion_languages
 
 
 @dataclass(frozen=True)
@@ -24,6 +22,14 @@ class Check:
 
 
 def run_checks() -> list[Check]:
+    """Docker (client, daemon, storage, runtimes), GPUs and the NVIDIA runtime, and every recipe's image."""
+    import docker
+
+    from air.errors import DockerUnavailable
+    from air.images import build_command, image_ref, load_recipes
+    from air.sandbox.claims import detect_gpus
+    from air.sandbox.docker_api import connect, docker_host
+
     checks = [Check("docker client", True,
                     f"docker SDK {docker.__version__}; CLI {'found' if shutil.which('docker') else 'not found'}",
                     required=False)]
@@ -62,4 +68,48 @@ def run_checks() -> list[Check]:
         except docker.errors.ImageNotFound:
             checks.append(Check(f"image {name}", False, "not built" + what, build_command(recipe),
                                 required=required))
+    return checks
+
+
+@app.command()
+def doctor(as_json: JsonFlag = False) -> None:
+    """Check Docker, images and GPUs, and say how to fix what is missing.
+
+    Example: air doctor --json
+    """
+    checks = run_checks() + _sandbox_fusion_checks()
+    if as_json:
+        print_json([c.__dict__ for c in checks])
+    else:
+        table = Table(show_header=True, header_style="bold")
+        for col in ("check", "status", "detail", "fix"):
+            table.add_column(col, overflow="fold")
+        for c in checks:
+            status = "[green]ok[/]" if c.ok else ("[red]missing[/]" if c.required else "[yellow]optional[/]")
+            table.add_row(c.name, status, c.detail, c.fix)
+        out.print(table)
+    if any(not c.ok and c.required for c in checks):
+        raise typer.Exit(3)
+
+
+def _sandbox_fusion_checks() -> list:
+    """One row per built air image: the SandboxFusion languages it serves."""
+    from air.images import image_ref, list_images
+    from air.sandbox import connect
+    from air.services.sandbox_fusion.recipes import SERVE_TOOLCHAIN, TOOLCHAIN_IMAGE
+
+    try:
+        client = connect()
+        rows = [r for r in list_images(client) if r["current"]]
+    except Exception:  # noqa: BLE001 - the daemon check above already says why
+        return []
+    checks = []
+    for row in rows:
+        tag = image_ref(row["recipe"])
+        languages = sandbox_fusion_languages(client, tag)
+        if languages:
+            checks.append(Check(f"sandbox-fusion on {tag}", True, ", ".join(languages), required=False))
+    if not any(TOOLCHAIN_IMAGE in r["tags"] for r in rows):
+        checks.append(Check(f"sandbox-fusion on {TOOLCHAIN_IMAGE}", False, "not built (compiled languages: cpp, "
+                            "java, go, rust, ...)", SERVE_TOOLCHAIN, required=False))
     return checks

@@ -1,0 +1,119 @@
+"""`air images`: build task images offline and list what is built, with what each serves."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from air.cli.app import JsonFlag, console, out, print_json
+
+images_app = typer.Typer(help="Build and list task images (offline, from recipes in images/).", no_args_is_help=True)
+
+@images_app.command("build")
+def images_build(
+    recipes: Annotated[list[str] | None, typer.Argument(help="Recipes to build (default: every CPU recipe).")] = None,
+    gpu: Annotated[bool, typer.Option("--gpu", help="Also build the GPU recipes (CUDA torch); for GPU hosts.")] = False,
+    base: Annotated[str, typer.Option(help="Base image of the root recipe; 'auto' = python:3.11-slim if it can "
+                                           "be had, else a Debian base bootstrapped offline.")] = "auto",
+    pip_arg: Annotated[list[str] | None, typer.Option("--pip-arg", help="Extra argument for `pip download` "
+                                                      "when staging wheels (repeatable).")] = None,
+    force: Annotated[bool, typer.Option(help="Rebuild even if an image with the same recipe hash exists.")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """Build task images with the network off, from wheels staged on the host. Idempotent.
+
+    Example: air images build cpu
+    """
+    from air.images import load_recipes
+
+    all_recipes = load_recipes()
+    names = recipes or [n for n, r in all_recipes.items() if (gpu or not r.gpu) and r.default]
+    built = ensure_images(names, base=base, pip_args=pip_arg or [], force=force)
+    if as_json:
+        print_json([b.__dict__ for b in built])
+        return
+    for b in built:
+        verb = "reused" if b.reused else "built"
+        out.print(f"{verb:>6}  {b.tag:<28} {b.id.split(':')[-1][:12]}  {b.size_mb:7.0f} MB")
+
+
+def ensure_images(names: list[str], *, force: bool = False, quiet_reuse: bool = False, **options) -> list:
+    """Build or reuse images with progress: a spinner on a terminal, plain lines elsewhere (CI, `| tee`), where a
+    spinner prints nothing for the minutes of a first build; the repetitive lines there are rate-limited."""
+    from air.cli.progress import PlainProgress
+    from air.images import ImageBuilder
+    from air.sandbox import connect
+
+    client = connect()
+    if console.is_terminal and not console.is_dumb_terminal:
+        with console.status("checking images") as status:
+            def report(line: str) -> None:
+                # escape: the lines start with "[recipe]", which rich would take for markup and drop.
+                if line.startswith("warning"):
+                    console.print(f"[yellow]{escape(line)}[/]")
+                status.update(escape(line))
+
+            return ImageBuilder(client, report=report, **options).ensure(names, force=force)
+
+    def write(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    with PlainProgress(write) as progress:
+        def stage(line: str) -> None:  # `air run` says nothing about images it merely reuses
+            if not (quiet_reuse and " reused " in line):
+                progress.stage(line)
+
+        return ImageBuilder(client, report=stage, detail=progress.detail, **options).ensure(names, force=force)
+
+
+@images_app.command("ls")
+def images_ls(as_json: JsonFlag = False) -> None:
+    """List air's images (every recipe build still on the daemon).
+
+    Example: air images ls --json
+    """
+    from air.images import build_command, image_ref, list_images, load_recipes
+    from air.sandbox import connect
+
+    client = connect()
+    rows = list_images(client)
+    for row in rows:  # what `air serve sandbox-fusion --image` would offer on a current build (probed once per id)
+        row["sandbox_fusion_languages"] = (sandbox_fusion_languages(client, image_ref(row["recipe"]))
+                                           if row["current"] else [])
+    built = {r["recipe"] for r in rows if r["current"]}
+    # A row per recipe not built (the MLGym stacks are optional): what it is for and the command that builds it.
+    missing = [{"recipe": name, "tags": [], "id": "", "size_mb": 0.0, "created": "", "missing": True,
+                "build": build_command(recipe), "description": recipe.description}
+               for name, recipe in sorted(load_recipes().items()) if name not in built]
+    if as_json:
+        print_json(rows + missing)
+        return
+    # Fits 80 columns: a build is its recipe's current one (`latest`) or an older one still on the daemon; what an
+    # image serves to `air serve sandbox-fusion` goes under the table.
+    table = Table("recipe", "build", "id", "MB", "created")
+    languages = []
+    for r in rows:
+        table.add_row(r["recipe"], "latest" if r["current"] else "older" if r["tags"] else "<untagged>", r["id"][:12],
+                      f"{r['size_mb']:.0f}", r["created"][:16].replace("T", " "))
+        if r["sandbox_fusion_languages"]:
+            languages.append(f"{image_ref(r['recipe'])} serves {', '.join(r['sandbox_fusion_languages'])}")
+    for r in missing:
+        table.add_row(r["recipe"], "[yellow]missing[/]", "", "", "")
+    out.print(table)
+    for r in missing:
+        out.print(f"{r['recipe']} is not built: {r['build']}", overflow="fold")
+    for line in languages:
+        out.print(f"SandboxFusion languages: {line}", overflow="fold")
+
+
+def sandbox_fusion_languages(client, tag: str) -> list[str]:
+    from air.services.sandbox_fusion.recipes import image_languages
+
+    try:
+        return image_languages(client, tag)
+    except Exception:  # noqa: BLE001 - an image that cannot run a probe serves nothing; doctor stays a report
+        return []

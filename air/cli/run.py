@@ -1,0 +1,115 @@
+"""`air run`: the main job on an embedded default, one real episode with its score curve and rewards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from air import display
+from air.cli.app import (
+    MODEL_TIMEOUT,
+    BaseUrl,
+    JsonFlag,
+    MlgymRoot,
+    Model,
+    ModelTimeout,
+    app,
+    console,
+    make_policy,
+    out,
+    policy_label,
+    print_json,
+    run_async,
+)
+from air.cli.images import ensure_images
+
+
+@app.command()
+def run(
+    task: Annotated[str, typer.Option(help="Task id (bundled) or mlgym:tasks/<name>.yaml.")] = "prisoners-dilemma",
+    base_url: BaseUrl = None,
+    model: Model = "air-scripted",
+    model_timeout: ModelTimeout = MODEL_TIMEOUT,
+    max_turns: Annotated[int, typer.Option(min=1, help="Turn limit of the episode.")] = 30,
+    runs_dir: Annotated[Path, typer.Option("--out", help="Where the trajectory is written.")] = Path("runs"),
+    mlgym_root: MlgymRoot = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """The main job on an embedded default: one real episode of a bundled task in a sandbox, played by the
+    scripted policy (or any OpenAI-compatible endpoint), with its score curve and rewards.
+
+    Builds the CPU images first if they are missing. Example: air run --task regression-rmse
+    """
+    import time as _time
+
+    from air.cli.model_wait import WaitStatus, WatchedPolicy
+    from air.episode.config import EpisodeConfig
+    from air.episode.runner import run_episode
+    from air.files import check_folder, free_name
+    from air.sandbox import PoolConfig, SandboxPool
+    from air.tasks.environment import TaskEnvironment
+    from air.tasks.registry import load_task
+    from air.validation import config_of
+
+    spec = load_task(task, mlgym_root)
+    config = config_of(EpisodeConfig, {"max_turns": max_turns})
+    policy, played_by = make_policy(base_url, model, model_timeout)
+    check_folder(runs_dir)
+    policy = WatchedPolicy(policy)
+    if base_url is not None and console.is_terminal and not console.is_dumb_terminal:
+        WaitStatus(policy, console, played_by["base_url"], model_timeout)
+    ensure_images([spec.image], quiet_reuse=True)
+    trajectory = free_name(runs_dir, f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}", ".jsonl")
+    if not as_json:
+        out.print(f"[bold]{spec.id}[/] played by {escape(policy_label(played_by))}", soft_wrap=True)
+    rows: list[dict] = []
+
+    def show(episode, reply, step) -> None:
+        record = {"turn": episode.turns, "action": step.info.get("action"), "reward": step.reward,
+                  "score": episode.tracker.last_score if step.info.get("action") in ("validate", "submit") else None}
+        rows.append(record)
+        if not as_json:
+            lines = step.observation.strip().splitlines() or [""]
+            if record["score"] is not None:
+                detail = f"{spec.primary.name} = {display.score(record['score'])}"
+            else:  # a command's exit note, or the first line of a failure or format error
+                detail = lines[-1] if record["action"] == "command" else lines[0]
+            out.print(f"turn {episode.turns:>2}  {record['action']:<12} reward {display.reward(step.reward)}  "
+                      f"{detail[:80]}", markup=False, highlight=False, soft_wrap=True)
+
+    async def main():
+        async with SandboxPool(PoolConfig(gpu_ids=None if spec.resources.gpus else [])) as pool:
+            return await run_episode(TaskEnvironment(spec, pool), policy, config, trajectory=trajectory,
+                                     on_step=show, meta={"policy": played_by})
+
+    try:
+        summary = run_async(main())
+    except KeyboardInterrupt:  # what finished is said before "interrupted"
+        if as_json:
+            print_json({"interrupted": True, "policy": played_by, "steps": rows,
+                        "trajectory": str(trajectory) if trajectory.exists() else None})
+        elif rows:
+            out.print(f"interrupted after {len(rows)} turn(s); trajectory (ends with an `interrupted` record): "
+                      f"{trajectory}", soft_wrap=True)
+        raise
+    if as_json:
+        print_json({"summary": summary, "policy": played_by, "steps": rows, "trajectory": str(trajectory)})
+        return
+    scores = [r["score"] for r in rows if r["score"] is not None]
+    out.print(f"\n[bold]{spec.id}[/]: {summary['ended_by']} after {summary['turns']} turns; "
+              f"baseline {spec.primary.name} {summary['baseline']:.6g}, "
+              f"best {display.score(summary['best_score'])}, "
+              f"return {display.reward(summary['total_reward'])}", soft_wrap=True)
+    if scores:
+        out.print(f"score curve ({spec.primary.direction} is better): {_sparkline(scores)}  "
+                  + " → ".join(f"{s:.4g}" for s in scores), soft_wrap=True)
+    out.print(f"trajectory: {trajectory}", soft_wrap=True)
+
+
+def _sparkline(values: list[float]) -> str:
+    bars = "▁▂▃▄▅▆▇█"
+    lo, hi = min(values), max(values)
+    return "".join(bars[int((v - lo) / (hi - lo) * (len(bars) - 1)) if hi > lo else 3] for v in values)

@@ -1,0 +1,280 @@
+"""`air tasks`: list, show and check research tasks (bundled, or MLGym YAMLs)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from air import display
+from air.cli.app import GpusPerTask, JsonFlag, MlgymRoot, console, out, print_json, run_async
+
+tasks_app = typer.Typer(help="List, inspect and check research tasks (bundled, or MLGym YAMLs).", no_args_is_help=True)
+
+@tasks_app.command("list")
+def tasks_list(mlgym_root: MlgymRoot = None, as_json: JsonFlag = False) -> None:
+    """List the bundled tasks with their metric, direction and baseline; with --mlgym-root, every MLGym task of
+    that checkout instead: whether it loads, the image it runs in, what it needs (GPU, remote dataset, JAX or
+    Hugging Face stack, modules its image lacks) and the one reason it cannot run on this host.
+
+    Example: air tasks list --mlgym-root ~/MLGym --json
+    """
+    if mlgym_root:
+        return _list_mlgym(Path(mlgym_root), as_json)
+    from air.tasks.registry import load_all
+
+    specs = load_all()
+    rows = [{"id": t.id, "name": t.name, "metric": t.primary.name, "direction": t.primary.direction,
+             "baseline": t.baseline_score, "submission": t.evaluation.submission, "image": t.image,
+             "gpus": t.resources.gpus} for t in specs]
+    if as_json:
+        print_json(rows)
+        return
+    table = Table()
+    table.add_column("id", no_wrap=True)
+    for column in ("metric", "baseline", "submission", "name"):
+        table.add_column(column)
+    for r in rows:
+        arrow = "↑" if r["direction"] == "higher" else "↓"
+        table.add_row(r["id"], f"{r['metric']} {arrow}", f"{r['baseline']:.4g}", " ".join(r["submission"]),
+                      r["name"])
+    out.print(table)
+
+
+def _list_mlgym(root: Path, as_json: bool) -> None:
+    from air.tasks.mlgym_survey import survey
+
+    rows = survey(root, _host_facts())
+    if as_json:
+        print_json([r.model_dump() for r in rows])
+        return
+    # Four narrow columns fit 80; the needs and the reason, long by nature, go under the table, one task a line.
+    table = Table()
+    table.add_column("task", no_wrap=True)
+    for column in ("loads", "image", "runs here"):
+        table.add_column(column, no_wrap=True)
+    details = []
+    for r in rows:
+        name = r.config.removeprefix("tasks/")
+        table.add_row(name, "yes" if r.loads else "[red]no[/]", r.image or "-",
+                      "[green]yes[/]" if r.runs_here else "[red]no[/]")
+        if r.needs:
+            details.append(f"[bold]{escape(name)}[/] needs {escape(', '.join(r.needs))}")
+        if r.reason:
+            details.append(f"[bold]{escape(name)}[/] [red]cannot run[/]: {escape(r.reason.replace(f'{root.resolve()}/', ''))}")
+        for leak in r.leaks:
+            details.append(f"[bold]{escape(name)}[/] [bold red]LEAKED ANSWER KEY[/]: {escape(leak)}")
+    out.print(table)
+    for line in details:
+        out.print(line, overflow="fold")
+    leaky = sum(bool(r.leaks) for r in rows)
+    out.print(f"{sum(r.loads for r in rows)} of {len(rows)} tasks load; {sum(r.runs_here for r in rows)} can run "
+              "on this host (name them mlgym:tasks/<file>)"
+              + (f"; [bold red]{leaky} with a leaked answer key[/]" if leaky else ""))
+
+
+def _host_facts():
+    """Images built, what each recipe installs, GPUs: what `air tasks list --mlgym-root` weighs tasks against."""
+    from air.errors import InfraError
+    from air.images import list_images, load_recipes
+    from air.sandbox import connect
+    from air.sandbox.claims import detect_gpus
+    from air.tasks.mlgym_survey import HostFacts, import_names
+
+    recipes = load_recipes()
+
+    def provided(name: str) -> set[str]:
+        recipe = recipes[name]
+        own = import_names([*recipe.requirements, *recipe.optional])
+        return own | (provided(recipe.parent) if recipe.parent in recipes else set())
+
+    notes = {}
+    try:
+        images = {row["recipe"] for row in list_images(connect(timeout=10)) if row["current"]}
+    except InfraError as exc:
+        images, notes["docker"] = None, f"cannot tell whether its image is built: {exc}"
+    from air.tasks.datastore import DataStore
+
+    return HostFacts(images=images, recipes={name: provided(name) for name in recipes}, gpus=len(detect_gpus()),
+                     datasets={d.id for d in DataStore().ls()}, notes=notes)
+
+
+@tasks_app.command("show")
+def tasks_show(task: str, mlgym_root: MlgymRoot = None, as_json: JsonFlag = False) -> None:
+    """Show a task: what the agent reads, its files, metrics, baseline and limits.
+
+    Example: air tasks show prisoners-dilemma
+    """
+    from air.tasks.registry import load_task
+
+    spec = load_task(task, mlgym_root)
+    if as_json:
+        print(spec.model_dump_json(indent=2))
+        return
+    out.print(f"[bold]{spec.id}[/] — {spec.name} (version {spec.version}, {spec.source}, image {spec.image})")
+    out.print(spec.description, markup=False)
+    out.print(f"\nstarter:  {', '.join(e.dest for e in spec.starter) or '-'}")
+    out.print(f"data:     {', '.join(e.dest for e in spec.data) or '-'} (read-only, workspace/data)")
+    out.print(f"secret:   {len(spec.secret)} file(s), scorer only")
+    if spec.hidden:
+        out.print(f"hidden:   {', '.join(spec.hidden.data + spec.hidden.secret)}: "
+                  + ("the reference draw (its public generator reproduces it)" if spec.hidden.folder is None
+                     else f"this host's draw {spec.hidden.draw}"))
+    for leak in spec.leaks:
+        out.print(f"[bold red]LEAKED ANSWER KEY[/]: {escape(leak)}", soft_wrap=True)
+    out.print(f"submit:   {', '.join(spec.evaluation.submission) or 'the workspace'} "
+              f"({spec.evaluation.contract} contract, {spec.evaluation.timeout:g} s)")
+    metrics = ", ".join(f"{m.name} ({m.direction}{', primary' if m.primary else ''})" for m in spec.metrics)
+    out.print(f"metrics:  {metrics}")
+    out.print(f"baseline: {spec.baseline.scores} ± {spec.baseline.tolerance}  command: {spec.baseline.command or '-'}")
+    out.print(f"limits:   {spec.resources.cpus:g} CPU, {spec.resources.memory_mb} MB, {spec.resources.gpus} GPU; "
+              f"command {spec.timeouts.command:g} s, training {spec.timeouts.training:g} s")
+
+
+@tasks_app.command("check")
+def tasks_check(
+    tasks: Annotated[list[str] | None, typer.Argument(help="Task ids (default: every bundled task).")] = None,
+    mlgym_root: MlgymRoot = None,
+    gpus_per_task: GpusPerTask = 0,
+    runs: Annotated[int, typer.Option(min=1, help="Evaluations of the baseline submission when its evaluation is "
+                                                  "stochastic (declared, or two evaluations differ); 1 skips "
+                                                  "the second evaluation that finds out.")] = 20,
+    budget: Annotated[str | None, typer.Option(
+        help="How long each task's baseline may run, e.g. 90s, 30m, 2h (default: the task's training timeout). A "
+             "task air measured to need more on a CPU (MLGym's RL tasks) is skipped, saying what it needs.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run each task's baseline in a sandbox and compare its score with the recorded one.
+
+    The baseline is produced once and evaluated twice: a deterministic evaluation must match the record within
+    the task's tolerance; a stochastic one (the two differ, or the task says so) is evaluated --runs times and
+    passes when |recorded - mean| <= t x sd x sqrt(1 + 1/runs) (t: Student's 99.5 % quantile), an allowed gap of
+    2.93 sd at 20 runs and never below 2.58 sd: a record moved by 2 sd cannot be told from chance (see
+    air/tasks/baseline_stats.py). A bundled task with hidden data is checked twice: on the record's draw, exactly,
+    and on this host's draw, against the spread of its baseline over recorded draws. A task that ships no baseline
+    script reports "no baseline" (its evaluation is exercised on its reference submission, if it has one), one
+    that needs more than --budget "skipped": neither a pass nor a failure. A leaked answer key is said loudly.
+
+    Exit code 0 when every task passed, has no baseline to reproduce or was skipped, 1 when any task failed (score
+    off its record, a baseline or evaluation that broke). Example: air tasks check prisoners-dilemma --runs 10
+    """
+    from air.sandbox import PoolConfig, SandboxPool
+    from air.tasks.environment import check_budget, check_task
+    from air.tasks.registry import load_all
+
+    limit = _duration(budget, "--budget") if budget is not None else None
+    specs = load_all(tasks, mlgym_root, gpus_per_task)
+    marks = {"ok": "[green]ok[/]         ", "failed": "[red]FAIL[/]       ", "no_baseline": "[yellow]no baseline[/]",
+             "skipped": "[yellow]skipped[/]    "}
+
+    async def check_all():
+        results = []
+        async with SandboxPool(PoolConfig(gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
+            for spec in specs:
+                training, (allowed, over) = spec.needs.training, check_budget(spec, limit)
+                if training and not over:  # said up front: this one takes a while (skipping says why itself)
+                    where = f"on {spec.resources.gpus} GPU(s)" if spec.resources.gpus else \
+                        f"about {display.seconds(training.cpu_seconds)} on this CPU ({training.basis})"
+                    console.print(f"air: {escape(spec.id)}: its baseline trains {escape(training.declared)}: "
+                                  f"{escape(where)}; it may run for {display.seconds(allowed)}", soft_wrap=True)
+                with _CheckProgress(spec.id) as progress:
+                    found = await check_task(spec, pool, runs, budget=limit, progress=progress)
+                results += found
+                if not as_json:
+                    for result in found:
+                        name = spec.id + {"reference": " (record's draw)", "host": " (this host's draw)"}.get(
+                            result.draw or "", "")
+                        out.print(f"{marks[result.status]} {name:<40} {_check_detail(result, spec.primary.name)}"
+                                  f"  {result.seconds:6.1f} s  {escape(result.message)}", soft_wrap=True)
+                for warning in dict.fromkeys(w for r in found for w in r.warnings):
+                    console.print(f"[bold red]{escape(spec.id)}: {escape(warning)}[/]", soft_wrap=True)
+        return results
+
+    results = run_async(check_all())
+    counts = {status: sum(r.status == status for r in results) for status in marks}
+    if as_json:
+        print_json([r.__dict__ for r in results])
+    else:
+        out.print(f"{counts['ok']} reproduced, {counts['failed']} failed, {counts['no_baseline']} with no baseline "
+                  f"to reproduce" + (f", {counts['skipped']} skipped (over budget)" if counts["skipped"] else ""))
+    if counts["failed"]:
+        raise typer.Exit(1)
+
+
+def _duration(text: str, flag: str) -> float:
+    """`90`, `90s`, `30m`, `2h` (or `1.5h`) as seconds; anything else is bad input."""
+    import re
+
+    from air.errors import UsageError
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    if not match or float(match.group(1)) <= 0:
+        raise UsageError(f"{flag} takes a duration such as 90s, 30m or 2h, not {text!r}")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+class _CheckProgress:
+    """What a task's check is doing, for the person waiting: a live status line on a terminal; elsewhere (a log, a
+    pipe, --json) a line on stderr for every step that lasts past a minute, and every 5 minutes after."""
+
+    def __init__(self, task: str):
+        self.task, self.step, self.started, self.step_started = task, "starting", 0.0, 0.0
+
+    def __call__(self, step: str) -> None:
+        self.step, self.step_started = step, time.monotonic()
+
+    def _line(self) -> str:
+        return f"{self.task}: {self.step} ({display.seconds(time.monotonic() - self.started)} in all)"
+
+    def __enter__(self):
+        import threading
+
+        self.started = self.step_started = time.monotonic()
+        self._stop = threading.Event()
+        live = console.is_terminal
+        self._status = console.status(escape(self._line())) if live else None
+        if self._status:
+            self._status.start()
+
+        def tick() -> None:
+            said: tuple[str, int] | None = None
+            while not self._stop.wait(1.0):
+                if self._status:
+                    self._status.update(escape(self._line()))
+                    continue
+                into = time.monotonic() - self.step_started
+                due = (self.step, int((into - 60) // 300)) if into >= 60 else None
+                if due and due != said:
+                    said = due
+                    console.print(f"air: {escape(self._line())}", soft_wrap=True)
+
+        self._thread = threading.Thread(target=tick, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._status:
+            self._status.stop()
+
+
+def _check_detail(result, metric: str) -> str:
+    """`Score 2.37 (mean of 20, sd 0.004, allowed ±0.012 = 2.93 sd; recorded 2.3716)`, or the one score against its
+    record; a host draw against the recorded draws' mean."""
+    if result.got is None:
+        return f"{metric} {'-':>10}"
+    allowed = (f", allowed ±{result.bound:.2g}" + (f" = {result.allowed_sd:.3g} sd" if result.allowed_sd else "")
+               if result.bound is not None and (result.stochastic or result.draw == "host") else "")
+    if result.draw == "host":
+        record = (f"recorded draws: mean {result.expected:.6g}, sd {result.sd:.2g}" if result.expected is not None
+                  else "no recorded draws")
+        return f"{metric} {result.got:>10.6g} ({record}{allowed})"
+    recorded = f"recorded {result.expected:.6g}" if result.expected is not None else "no record"
+    if result.stochastic:
+        return f"{metric} {result.got:.6g} (mean of {result.runs}, sd {result.sd:.2g}{allowed}; {recorded})"
+    return f"{metric} {result.got:>10.6g} ({recorded})"
