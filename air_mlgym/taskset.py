@@ -94,8 +94,10 @@ class AirTasksetConfig(vf.TasksetConfig, EpisodeSettings):
         return self
 
     def pool_config(self) -> PoolConfig:
+        # verifiers' env-server workers are ended with SIGTERM and do not handle it: unwinding lets the pool remove
+        # its containers (else the next sweep does).
         return PoolConfig(max_sandboxes=self.max_sandboxes, warm=self.warm_sandboxes, host_budget=self.host_budget,
-                          gpu_ids=self.gpu_ids)
+                          gpu_ids=self.gpu_ids, unwind_on_sigterm=True)
 
 
 class AirData(vf.TaskData):

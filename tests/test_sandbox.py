@@ -391,3 +391,20 @@ async def test_verified_reset_restores_every_kind_of_change_exactly(pool, base_s
         await sb.session.reset()
         assert sb.session.last_reset.home == "verified"
         assert (await sb.session.run(TREE)).stdout == pristine
+
+
+async def test_a_pool_installs_no_signal_handler_unless_asked(images, run_id):
+    """A library must not take over SIGTERM silently: only `unwind_on_sigterm` (the verifiers taskset's choice,
+    for env-server workers) makes SIGTERM unwind so that the pool cleans up."""
+    import signal
+
+    from air.sandbox import PoolConfig, SandboxPool
+
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        async with SandboxPool(PoolConfig(run_id=run_id, gpu_ids=[])):
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        async with SandboxPool(PoolConfig(run_id=run_id, gpu_ids=[], unwind_on_sigterm=True)):
+            assert callable(signal.getsignal(signal.SIGTERM))
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -70,6 +70,9 @@ def run_async(coro):
     """Run a coroutine; Ctrl-C and SIGTERM unwind through its finally blocks (pools close, containers go)."""
     import asyncio
 
+    from air.sandbox.pool import unwind_on_sigterm
+
+    unwind_on_sigterm()
     return asyncio.run(coro)
 
 

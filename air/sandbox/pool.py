@@ -175,7 +175,8 @@ class SandboxPool:
                 if swept:
                     log.warning("removed %d container(s) left by dead runs on %s", len(swept), host.name)
         atexit.register(self._atexit_backstop)
-        _install_sigterm_as_exit()
+        if self.config.unwind_on_sigterm:
+            unwind_on_sigterm()
         self._started = True
         for spec in warm_specs:
             self._warm_target[spec.key] = max(self.config.warm, 1)
@@ -542,8 +543,9 @@ def _grant_labels(grant: Grant) -> dict[str, str]:
     return labels
 
 
-def _install_sigterm_as_exit() -> None:
-    """Make SIGTERM unwind like Ctrl-C (finally blocks, atexit), unless someone else already handles it."""
+def unwind_on_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C (finally blocks, atexit: a pool's clean-up runs), unless something already
+    handles it. A process-wide choice: the CLI makes it; a library pool only with `PoolConfig.unwind_on_sigterm`."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -553,4 +555,4 @@ def _install_sigterm_as_exit() -> None:
         signal.signal(signal.SIGTERM, _exit)
 
 
-__all__ = ["DockerHost", "PoolConfig", "PoolStats", "SandboxPool"]
+__all__ = ["DockerHost", "PoolConfig", "PoolStats", "SandboxPool", "unwind_on_sigterm"]

@@ -107,6 +107,10 @@ class PoolConfig(BaseModel):
     run_id: str | None = None
     """Label for this pool's containers; default: one id per process."""
     sweep_dead_runs: bool = True
+    unwind_on_sigterm: bool = False
+    """Have start() make SIGTERM unwind like Ctrl-C, so that the pool removes its containers when the process is
+    terminated: for processes that do not handle SIGTERM themselves (verifiers' env-server workers). A
+    process-wide signal handler, so never installed without being asked (the CLI installs its own)."""
     docker_concurrency: int = Field(32, ge=1)
     daemon_patience: float = Field(90, ge=0)
     """How long creating a sandbox waits for unreachable Docker daemons (a restart) before failing."""
