@@ -184,13 +184,15 @@ async def main(runs: int) -> dict:
 def report(r: dict) -> None:
     rt, rs, le = r["round_trip"], r["reset"], r["lease"]
     c = r["concurrent_32"]
-    print(f"command round trip  session {rt['session_p50_ms']:.2f} ms | docker exec {rt['docker_exec_cli_p50_ms']:.1f} ms"
-          f" ({rt['ratio_vs_cli']:.0f}x) | SDK exec_run {rt['sdk_exec_run_p50_ms']:.1f} ms ({rt['ratio_vs_sdk']:.0f}x)")
-    print(f"reset 20 MB         reset {rs['reset_20mb_p50_ms']:.1f} ms | fresh container {rs['fresh_container_p50_ms']:.0f} ms"
-          f" ({rs['ratio']:.1f}x) | fresh container with air's settings {rs['fresh_air_container_p50_ms']:.0f} ms "
+    print(f"command round trip  session {rt['session_p50_ms']:.2f} ms | docker exec "
+          f"{rt['docker_exec_cli_p50_ms']:.1f} ms ({rt['ratio_vs_cli']:.0f}x) | SDK exec_run "
+          f"{rt['sdk_exec_run_p50_ms']:.1f} ms ({rt['ratio_vs_sdk']:.0f}x)")
+    print(f"reset 20 MB         reset {rs['reset_20mb_p50_ms']:.1f} ms | fresh container "
+          f"{rs['fresh_container_p50_ms']:.0f} ms ({rs['ratio']:.1f}x) | fresh container with air's settings "
+          f"{rs['fresh_air_container_p50_ms']:.0f} ms "
           f"({rs['ratio_vs_fresh_air_container']:.1f}x)  restored {rs['workspace_after_reset']}")
-    print(f"                    fresh container + staging the 20 MB workspace {rs['fresh_staged_container_p50_ms']:.0f} ms"
-          f" ({rs['ratio_vs_fresh_staged_container']:.1f}x)")
+    print(f"                    fresh container + staging the 20 MB workspace "
+          f"{rs['fresh_staged_container_p50_ms']:.0f} ms ({rs['ratio_vs_fresh_staged_container']:.1f}x)")
     print(f"                    reset + the next command (which starts the agent's shell) "
           f"{rs['reset_and_first_command_p50_ms']:.1f} ms")
     for label in ("tracked", "compared"):

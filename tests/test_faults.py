@@ -18,7 +18,8 @@ pytestmark = pytest.mark.docker
 
 def test_sigkilled_air_process_leaves_containers_that_clean_removes(images, docker_client, tmp_path):
     env = {**os.environ, "AIR_RUN_ID": f"sigkill-{os.getpid()}"}
-    proc = subprocess.Popen([sys.executable, "-m", "air.cli.main", "eval", "prisoners-dilemma", "tabular-classification",
+    proc = subprocess.Popen([sys.executable, "-m", "air.cli.main", "eval", "prisoners-dilemma",
+                             "tabular-classification",
                              "-n", "2", "-c", "4", "--out", str(tmp_path / "run")], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     label = {"label": f"air.run={env['AIR_RUN_ID']}"}

@@ -77,7 +77,8 @@ if os.fork() == 0:
     if os.fork() == 0:
         time.sleep(4321)" &
 ipcmk -M 4096 >/dev/null; ipcmk -S 2 >/dev/null; ipcmk -Q >/dev/null
-python3 -c "import ctypes, os; rt = ctypes.CDLL('librt.so.1'); print(rt.mq_open(b'/airq', os.O_CREAT | os.O_RDWR, 0o600, None))"
+python3 -c "import ctypes, os; rt = ctypes.CDLL('librt.so.1')
+print(rt.mq_open(b'/airq', os.O_CREAT | os.O_RDWR, 0o600, None))"
 echo pwned > /srv/air/pristine/home/workspace/pristine.py 2>/dev/null || echo pristine-denied
 ls /srv/air/pristine 2>/dev/null || echo pristine-unreadable
 export LEAK=1; ulimit -n 64; umask 077; cd /tmp
@@ -121,8 +122,10 @@ ls /proc/$warden/fd >/dev/null 2>&1 && echo warden-fds
 cat /proc/$warden/environ >/dev/null 2>&1 && echo warden-environ
 (exec 2>/dev/null; echo x > /proc/$warden/fd/0) && echo wrote-warden-stdin
 shell=$$
-(sh -c "ls /proc/$shell/fd >/dev/null 2>&1 && echo shell-fds; cat /proc/$shell/environ >/dev/null 2>&1 && echo shell-environ")
-python3 -c "import ctypes; libc = ctypes.CDLL(None); print('ptrace', libc.ptrace(16, $warden, 0, 0), libc.ptrace(16, $shell, 0, 0))"
+(sh -c "ls /proc/$shell/fd >/dev/null 2>&1 && echo shell-fds
+cat /proc/$shell/environ >/dev/null 2>&1 && echo shell-environ")
+python3 -c "import ctypes; libc = ctypes.CDLL(None)
+print('ptrace', libc.ptrace(16, $warden, 0, 0), libc.ptrace(16, $shell, 0, 0))"
 '''
     async with pool.lease(base_spec) as sb:
         r = await sb.session.run(probe)

@@ -2,8 +2,9 @@
 module imports itself back through others. Anyone can check it: `python3 -m pytest tests/test_layers.py`.
 
 Layers, bottom up (DESIGN.md): foundations (errors, paths, validation, display, files, failures), the sandbox
-runtime, the image builder and the policies (three that know nothing of each other), tasks, episodes, the integrations on top of episodes (verifiers, services, exports,
-reports), the CLI. Imports under `if TYPE_CHECKING:` are annotations only and are not counted.
+runtime, the image builder and the policies (three that know nothing of each other), tasks, episodes, the
+integrations on top of episodes (verifiers, services, exports, reports), the CLI. Imports under
+`if TYPE_CHECKING:` are annotations only and are not counted.
 """
 
 from __future__ import annotations

@@ -252,7 +252,8 @@ async def test_pid1_killed_is_sandbox_unavailable(pool, base_spec):
 # ----- stateless exec and files ---------------------------------------------------------------------------------
 async def test_exec_argv_user_cwd_env_timeout_and_files(pool, base_spec):
     async with pool.lease(base_spec) as sb:
-        r = await sb.harness_exec(["sh", "-c", 'echo "$A $(id -un) $(pwd)"'], user="agent", cwd="/tmp", env={"A": "x y"})
+        r = await sb.harness_exec(["sh", "-c", 'echo "$A $(id -un) $(pwd)"'], user="agent", cwd="/tmp",
+                                  env={"A": "x y"})
         assert r.stdout == "x y agent /tmp\n" and r.exit_code == 0
         started = time.monotonic()
         r = await sb.harness_exec(["sh", "-c", "sleep 30 & sleep 30"], timeout=1)
@@ -366,11 +367,12 @@ TREE = ("(cd /home/agent && find . -mindepth 1 -printf '%p %y %m %U %l %T@\\n' |
 async def test_verified_reset_restores_every_kind_of_change_exactly(pool, base_spec):
     """Compare the whole home tree (names, types, modes, owners, contents) before and after a hostile rollout."""
     async with pool.lease(base_spec) as sb:
-        await sb.harness_sh("mkdir -p /srv/air/pristine/home/workspace/data/deep /srv/air/pristine/home/workspace/empty && "
-                    "cd /srv/air/pristine/home/workspace && echo a > a.py && echo b > data/b.csv && "
-                    "echo c > data/deep/c.txt && echo '#!/bin/sh' > run.sh && chmod 755 run.sh && "
-                    "ln -s data/b.csv link && echo rc > /srv/air/pristine/home/.profile_x && "
-                    "chown -R 1000:1000 /srv/air/pristine/home")
+        await sb.harness_sh("mkdir -p /srv/air/pristine/home/workspace/data/deep "
+                            "/srv/air/pristine/home/workspace/empty && "
+                            "cd /srv/air/pristine/home/workspace && echo a > a.py && echo b > data/b.csv && "
+                            "echo c > data/deep/c.txt && echo '#!/bin/sh' > run.sh && chmod 755 run.sh && "
+                            "ln -s data/b.csv link && echo rc > /srv/air/pristine/home/.profile_x && "
+                            "chown -R 1000:1000 /srv/air/pristine/home")
         await sb.session.reset(full=True)
         pristine = (await sb.session.run(TREE)).stdout
         mutations = [

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.docker
 @pytest.fixture(scope="module")
 def server(images, docker_client, tmp_path_factory):
     run_id = f"test-sfj-{uuid.uuid4().hex[:8]}"
-    with SandboxFusionServer(run_id, tmp_path_factory.mktemp("sf-jupyter") / "server.log", "--concurrency", "1", "--pool-size", "1",
+    with SandboxFusionServer(run_id, tmp_path_factory.mktemp("sf-jupyter") / "server.log", "--concurrency", "1",
+                             "--pool-size", "1",
                          "--memory-mb", "1024", "--log-level", "info").serving() as srv:
         yield srv
     assert not list_air_containers(docker_client, run=run_id)

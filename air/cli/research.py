@@ -68,7 +68,8 @@ def eval_(
     model: Model = "air-scripted",
     model_timeout: ModelTimeout = MODEL_TIMEOUT,
     max_turns: Annotated[int, typer.Option(min=1, help="Turn limit per episode.")] = 30,
-    command_timeout: Annotated[float | None, typer.Option(min=0.1, help="Cap on each command's timeout, seconds.")] = None,
+    command_timeout: Annotated[float | None, typer.Option(min=0.1, help="Cap on each command's timeout, "
+                                                                         "seconds.")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory, new or empty: a run owns its "
                                                  "directory (default runs/eval-<time>).")] = None,
     mlgym_root: MlgymRoot = None,

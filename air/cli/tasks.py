@@ -65,7 +65,8 @@ def _list_mlgym(root: Path, as_json: bool) -> None:
         if r.needs:
             details.append(f"[bold]{escape(name)}[/] needs {escape(', '.join(r.needs))}")
         if r.reason:
-            details.append(f"[bold]{escape(name)}[/] [red]cannot run[/]: {escape(r.reason.replace(f'{root.resolve()}/', ''))}")
+            why = r.reason.replace(f"{root.resolve()}/", "")
+            details.append(f"[bold]{escape(name)}[/] [red]cannot run[/]: {escape(why)}")
         for leak in r.leaks:
             details.append(f"[bold]{escape(name)}[/] [bold red]LEAKED ANSWER KEY[/]: {escape(leak)}")
     out.print(table)

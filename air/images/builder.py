@@ -93,7 +93,8 @@ class ImageBuilder:
         except docker.errors.APIError as exc:
             if self.base != "auto":
                 raise ImageError(f"base image '{wanted}' is not present and cannot be pulled "
-                                 f"({exc.explanation or exc}); load it with `docker load` or pick another --base") from None
+                                 f"({exc.explanation or exc}); load it with `docker load` or pick another "
+                                 "--base") from None
             reason = (exc.explanation or str(exc)).splitlines()[0]
             reason = reason if len(reason) <= 100 else reason[:97] + "..."
         # Say which of the two happens: "bootstrapping" on every run that reuses the base would be wrong.
@@ -147,7 +148,7 @@ class ImageBuilder:
             return True
         if not required:
             return False
-        reason = next((l for l in reversed(tail) if "ERROR" in l), tail[-1] if tail else "pip failed")
+        reason = next((line for line in reversed(tail) if "ERROR" in line), tail[-1] if tail else "pip failed")
         raise ImageError(f"cannot stage wheels for recipe '{recipe.name}': {reason.replace('ERROR: ', '')}; "
                          f"fix requirements in {recipe.folder / 'recipe.toml'} or make the wheel reachable "
                          "(e.g. --pip-arg=--find-links=DIR)")
@@ -344,7 +345,7 @@ def bootstrap_debian(client: docker.DockerClient, report: Report, detail: Report
                               text=True, check=False, env=env)
         if proc.returncode != 0:
             lines = (proc.stdout + proc.stderr).strip().splitlines()
-            reason = next((l for l in reversed(lines) if l.startswith("E:")), lines[-1] if lines else "?")
+            reason = next((line for line in reversed(lines) if line.startswith("E:")), lines[-1] if lines else "?")
             raise ImageError(f"installing debootstrap failed: {_one_line(reason)}; install it "
                              "(apt-get install debootstrap) or pass --base IMAGE")
     mirror = debian_mirror()

@@ -77,6 +77,7 @@ def _apt(args: list[str], env: dict[str, str], label: str, detail: Report) -> No
         if line.startswith(("Get:", "Fetched")):
             detail(f"[{label}] {line[:100]}")
     if proc.wait() != 0:
-        reason = next((l for l in reversed(tail) if l.startswith("E:")), tail[-1] if tail else "apt-get failed")
+        errors = [line for line in tail if line.startswith("E:")]
+        reason = errors[-1] if errors else tail[-1] if tail else "apt-get failed"
         raise ImageError(f"cannot stage Debian packages for recipe '{label}' (apt-get {args[0]}): "
                          f"{' '.join(reason.split())[:300]}")

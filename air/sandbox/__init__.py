@@ -53,8 +53,8 @@ __all__ = [
     "SCRATCH_DIRS", "WORKSPACE",
     "Sandbox", "Shell", "CommandResult", "ExecResult", "ArchiveTooLarge", "ArchiveUnreadable", "ArchiveUnwritable",
     "Resources", "SandboxSpec", "PoolConfig", "DockerHost", "SandboxPool", "PoolStats",
-    "make_tar", "gpu_env", "container_kwargs", "connect", "Docker", "list_air_containers", "remove_containers", "make_labels", "GPUS",
-    "sweep_dead_runs", "sweep_stale_claims", "truncate_text",
+    "make_tar", "gpu_env", "container_kwargs", "connect", "Docker", "list_air_containers", "remove_containers",
+    "make_labels", "GPUS", "sweep_dead_runs", "sweep_stale_claims", "truncate_text",
 ]
 
 

@@ -3,12 +3,16 @@ their calls return and the errors they raise besides air.errors' InfraError fami
 
 Four ways to run something in a sandbox, named by whom they trust:
 
-| call | runs as | through | status comes from | use it for |
-| --- | --- | --- | --- | --- |
-| `Sandbox.harness_exec` / `harness_sh` | root (default) | a fresh `docker exec` (~25 ms) | Docker | the harness's own work: staging, scoring set-up; never agent code |
-| `Shell.run` | the agent | the persistent shell the warden hosts (~0.5 ms) | the shell's report, parsed strictly | the agent's commands (cwd, env persist) |
-| `Shell.run_untrusted` | the agent (default) | a child of the warden | the kernel (waitpid): nothing can forge it | untrusted code whose exit status is a result (SandboxFusion) |
-| `Shell.reset` | root (the warden) | the warden | the warden | back to a fresh sandbox's state |
+    call                               runs as, through                          exit status from
+    Sandbox.harness_exec / harness_sh  root (default), a fresh `docker exec`     Docker
+    Shell.run                          the agent, the warden's persistent shell  the shell's report, read strictly
+    Shell.run_untrusted                the agent (default), the warden's child   the kernel (waitpid): unforgeable
+    Shell.reset                        root, the warden                          the warden
+
+- `harness_exec`/`harness_sh` (~25 ms) is for the harness's own work (staging, scoring set-up), never agent code;
+- `run` (~0.5 ms) is the agent's commands, cwd and environment kept from one to the next;
+- `run_untrusted` is for untrusted code whose exit status is a result (SandboxFusion's programs);
+- `reset` takes the sandbox back to a fresh one's state.
 
 `container.Sandbox` with `session.Session` implement these; the tasks, episode and services layers type against
 them (import them from `air.sandbox`), and the conformance suite (tests/test_sandbox.py) runs the same tests

@@ -1,5 +1,6 @@
 """air's own task format: `tasks/<id>/task.toml` beside `starter/`, `data/`, `secret/`, `baseline/`,
-`evaluate.py` and `generate.py` (which, for a task with `[hidden]`, draws each host's hidden split: air.tasks.hidden)."""
+`evaluate.py` and `generate.py` (which, for a task with `[hidden]`, draws each host's hidden split:
+air.tasks.hidden)."""
 
 from __future__ import annotations
 

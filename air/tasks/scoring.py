@@ -367,7 +367,7 @@ async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalO
     if ev.contract in ("mlgym-csv", "mlgym-python"):
         raw = result.stdout.strip()
     else:
-        raw = next((l for l in result.stdout.splitlines() if l.strip().startswith("{")), "")
+        raw = next((line for line in result.stdout.splitlines() if line.strip().startswith("{")), "")
     if not raw:
         return EvalOutcome(status="malformed_metrics", message="The evaluation printed no metrics.")
     return _metrics_outcome(spec, raw)
@@ -378,7 +378,8 @@ async def _datasets_view(scorer: Sandbox, spec: TaskSpec, owner: int) -> dict[st
     if not spec.needs.datasets:
         return {}
     home = f"{HF_VIEW}-home"  # datasets' modules cache and the like
-    await scorer.harness_sh(f"rm -rf {HF_VIEW} {home} && mkdir -p {HF_VIEW} {home} && chown {owner}:{owner} {HF_VIEW} {home}")
+    await scorer.harness_sh(f"rm -rf {HF_VIEW} {home} && mkdir -p {HF_VIEW} {home} && "
+                            f"chown {owner}:{owner} {HF_VIEW} {home}")
     await scorer.put_archive(HF_VIEW, DataStore().view_tar(spec.needs.datasets, owner))
     return {"HF_DATASETS_CACHE": HF_VIEW, "HF_HOME": home}
 

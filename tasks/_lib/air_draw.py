@@ -17,7 +17,8 @@ class Target:
 
     def __init__(self, here, public_seed):
         parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-        parser.add_argument("--hidden", metavar="OUT", help=f"write a draw of the hidden split only (seed: ${SEED_ENV})")
+        parser.add_argument("--hidden", metavar="OUT",
+                            help=f"write a draw of the hidden split only (seed: ${SEED_ENV})")
         args = parser.parse_args()
         self.hidden = args.hidden is not None
         self.seed = int(os.environ[SEED_ENV]) if self.hidden else public_seed

@@ -240,7 +240,8 @@ def read_submission_csv(submission_dir: str, relpath: str, required_columns: Seq
     try:
         df = pd.read_csv(io.BytesIO(raw), dtype=str, keep_default_na=False, na_values=[])
     except Exception as exc:  # noqa: BLE001
-        raise SubmissionError(f"{relpath!r} is not a readable CSV file ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise SubmissionError(f"{relpath!r} is not a readable CSV file "
+                              f"({type(exc).__name__}: {str(exc)[:200]})") from None
     cols = [str(c).strip() for c in df.columns]
     if len(set(cols)) != len(cols):
         raise SubmissionError(f"{relpath!r} has duplicate column names: {cols}")
@@ -251,7 +252,8 @@ def read_submission_csv(submission_dir: str, relpath: str, required_columns: Seq
             f"{relpath!r} must have the columns {list(required_columns)}; missing {missing} (found {cols[:20]})")
     extra = [c for c in cols if c not in required_columns]
     if extra and not allow_extra_columns:
-        raise SubmissionError(f"{relpath!r} has unexpected columns {extra[:20]}; expected exactly {list(required_columns)}")
+        raise SubmissionError(f"{relpath!r} has unexpected columns {extra[:20]}; "
+                              f"expected exactly {list(required_columns)}")
     df = df[list(required_columns)]
     for c in required_columns:
         vals = df[c].astype(str).str.strip()
@@ -434,7 +436,8 @@ while True:
         break
     fn = getattr(mod, req["fn"], None)
     if not callable(fn):
-        _send({"ok": False, "kind": "missing", "error": "%s is not a callable of module %s" % (req["fn"], cfg["module"])})
+        _send({"ok": False, "kind": "missing",
+               "error": "%s is not a callable of module %s" % (req["fn"], cfg["module"])})
         continue
     if op == "call":
         try:
@@ -592,7 +595,8 @@ class UntrustedModule:
         msg = self._receive(min(float(import_timeout), self._remaining()), what=f"the import of {module}")
         if not isinstance(msg, dict) or "ready" not in msg:
             self._kill()
-            raise self._mark(UntrustedProtocolError(f"unexpected first message from the {module} process", self._tail()))
+            raise self._mark(UntrustedProtocolError(f"unexpected first message from the {module} process",
+                                                    self._tail()))
         if not msg["ready"]:
             kind = msg.get("kind")
             err = str(msg.get("error", ""))
@@ -738,7 +742,8 @@ class UntrustedModule:
 
     def _timeout_error(self, what: str) -> UntrustedTimeout:
         if self._remaining() <= 0:
-            text = f"{what} did not finish: the total time limit of {self.total_timeout:.0f}s for running your code was exceeded"
+            text = (f"{what} did not finish: the total time limit of {self.total_timeout:.0f}s for running your "
+                    "code was exceeded")
         else:
             limit = getattr(self, "_budget", None)
             text = f"{what} did not finish within its time limit" + (f" of {limit:g}s" if limit else "")
@@ -762,7 +767,8 @@ class UntrustedModule:
                 except BlockingIOError:
                     continue
                 except (BrokenPipeError, ConnectionResetError):
-                    raise self._fatal(UntrustedCrash(f"the process running your code exited unexpectedly while {what} was being called", self._tail())) from None
+                    raise self._fatal(UntrustedCrash(f"the process running your code exited unexpectedly while "
+                                                     f"{what} was being called", self._tail())) from None
                 view = view[n:]
         finally:
             sel.close()

@@ -25,7 +25,8 @@ def evaluate(p):
     sub = kit.read_submission_csv(p.submission, "submission.csv", ["id", "price"])
     ids = pd.to_numeric(sub["id"], errors="coerce")
     if ids.isna().any() or not np.all(ids == np.round(ids)):
-        raise kit.SubmissionError(f"submission.csv: id {sub['id'][ids.isna() | (ids != np.round(ids))].iloc[0]!r} is not an integer")
+        bad = sub["id"][ids.isna() | (ids != np.round(ids))].iloc[0]
+        raise kit.SubmissionError(f"submission.csv: id {bad!r} is not an integer")
     ids = ids.astype(np.int64)
     if ids.duplicated().any():
         raise kit.SubmissionError(f"submission.csv has duplicate ids, e.g. {int(ids[ids.duplicated()].iloc[0])}")

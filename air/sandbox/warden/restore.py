@@ -28,7 +28,7 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
-from typing import Dict, List, Optional, Set
+from typing import Dict, Optional
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0)

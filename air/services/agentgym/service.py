@@ -250,7 +250,7 @@ class AgentGymService:
             raise env.failure from None
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a bug in air or a broken task: the rollout is failed, never scored
+        except Exception as exc:  # noqa: BLE001 - a bug in air or a broken task: the rollout is failed, never scored
             env.failure = Problem(500, f"env_idx {env.idx}: the step failed inside air "
                                        f"({type(exc).__name__}: {exc}); drop this rollout", False, env.idx)
             raise env.failure from None

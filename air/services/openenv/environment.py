@@ -146,7 +146,7 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
             return self._failure("infrastructure", f"turn {self.live.episode.turns}: {exc}")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a bug in air or a broken task: failed, never scored
+        except Exception as exc:  # noqa: BLE001 - a bug in air or a broken task: failed, never scored
             return self._failure("error", f"the step failed inside air ({type(exc).__name__}: {exc})")
         finally:
             self._op = None

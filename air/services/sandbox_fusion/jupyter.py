@@ -97,8 +97,9 @@ async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
     request = plan.request
     captured = service._captured
     budget = captured - _ANSWER_MARGIN
-    job = {"directory": plan.directory, "cells": request.cells, "cell_timeout": plan.cell_timeout, "total_timeout": plan.total_timeout,
-           "startup_timeout": STARTUP_TIMEOUT, "kernel": request.kernel, "memory_limit_MB": request.memory_limit_MB,
+    job = {"directory": plan.directory, "cells": request.cells, "cell_timeout": plan.cell_timeout,
+           "total_timeout": plan.total_timeout, "startup_timeout": STARTUP_TIMEOUT, "kernel": request.kernel,
+           "memory_limit_MB": request.memory_limit_MB,
            "stream_limit": min(service.config.output_limit, budget), "budget": budget}
     oom_before = await sandbox.oom_kills()  # a kill counted from here on is the kernel's or a cell's
     result = await sandbox.session.run_untrusted(["python3", "-I", "-c", script("jupyter_driver.py")],

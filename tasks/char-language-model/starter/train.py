@@ -33,7 +33,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--k", type=float, default=0.5, help="add-k smoothing constant")
     args = ap.parse_args()
-    vocab = json.load(open(os.path.join(DATA, "vocab.json")))
+    with open(os.path.join(DATA, "vocab.json")) as f:
+        vocab = json.load(f)
     index = {ch: i for i, ch in enumerate(vocab)}
     V = len(vocab)
     counts = np.zeros((V + 1, V))
