@@ -428,6 +428,7 @@ def vf_eval(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, cwd=cwd, timeout=300, env={**os.environ, "COLUMNS": "100"})
 
 
+@pytest.mark.slow  # a vf-eval process: 5 s of imports
 def test_vf_eval_with_an_unknown_air_task_is_verifiers_config_error_not_a_traceback(tmp_path):
     proc = vf_eval("--env.taskset.tasks", '["no-such-task"]', cwd=tmp_path)
     text = proc.stdout + proc.stderr
@@ -435,6 +436,7 @@ def test_vf_eval_with_an_unknown_air_task_is_verifiers_config_error_not_a_traceb
     assert "unknown task 'no-such-task'" in " ".join(text.replace("│", " ").split()), text
 
 
+@pytest.mark.slow  # a vf-eval process: 5 s of imports
 def test_vf_eval_shows_the_tasksets_turn_cap(tmp_path):
     """vf-eval's overview reads the cap off the env's agent (verifiers.v1.cli.dashboard.eval._limits): air's
     taskset cap is put there, so it does not say "no turn cap" while episodes stop at 7."""

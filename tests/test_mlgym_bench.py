@@ -221,6 +221,7 @@ print(len(list(vf.load_taskset(config.taskset))))
 MEMORY_WARNING = "memory_path: MLGym's memory tool is not supported"
 
 
+@pytest.mark.slow  # a vf-eval process each: 5 s of imports
 @pytest.mark.parametrize("mode", ["console", "rich", "plain"])
 def test_air_warnings_reach_the_user_under_vf_eval(mode, bench_root, tmp_path):
     """The toy modelToy task has fields air cannot honour (memory_path, requirements_path). Loaded the way vf-eval

@@ -19,9 +19,6 @@ from air.episode.trajectory import read_trajectory
 from air.policies.scripted import SCRIPTS, SUBMIT
 from air.sandbox import list_air_containers
 
-openenv = pytest.importorskip("openenv.core", reason="the test extra installs openenv-core")
-GenericEnvClient = openenv.GenericEnvClient
-
 pytestmark = [pytest.mark.docker]
 
 PD = "prisoners-dilemma"
@@ -47,7 +44,12 @@ def server(images, tmp_path_factory):
         yield srv
 
 
-def client(srv: Server, **kwargs) -> GenericEnvClient:
+def GenericEnvClient(**kwargs):  # noqa: N802 - OpenEnv's class, imported when a test first needs it (gradio is slow)
+    openenv = pytest.importorskip("openenv.core", reason="the test extra installs openenv-core")
+    return openenv.GenericEnvClient(**kwargs)
+
+
+def client(srv: Server, **kwargs):
     return GenericEnvClient(base_url=srv.authed, message_timeout_s=600, **kwargs)
 
 
@@ -63,7 +65,7 @@ def http(srv: Server, method: str, path: str, token: str | None = TOKEN, headers
     return httpx.request(method, f"{srv.url}{path}", headers={**auth, **(headers or {})}, timeout=600, **kwargs)
 
 
-async def play(env: GenericEnvClient, item: str) -> tuple[dict, list]:
+async def play(env, item: str) -> tuple[dict, list]:
     first = await env.reset(item=item)
     results = []
     for reply in SCRIPTS[item.split("#")[0]].replies:

@@ -19,10 +19,6 @@ from served import AirServer
 from air.episode.trajectory import read_trajectory
 from air.sandbox import list_air_containers
 
-torch = pytest.importorskip("torch", reason="the test extra installs torch (CPU) and trl")
-pytest.importorskip("trl")
-pytest.importorskip("openenv.core")
-
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 TASK, STEPS, GROUP = "prisoners-dilemma", 3, 4
@@ -37,6 +33,10 @@ def load_example():
 
 
 def test_grpo_trains_on_air_rewards(images, docker_client, tmp_path, monkeypatch):
+    # Imported here, not at collection: torch, trl and openenv's web interface take seconds to import.
+    torch = pytest.importorskip("torch", reason="the test extra installs torch (CPU) and trl")
+    pytest.importorskip("trl")
+    pytest.importorskip("openenv.core")
     import pandas as pd
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
