@@ -241,8 +241,12 @@ def test_a_killed_container_fails_only_its_env_idx_as_infrastructure(server, doc
         with ThreadPoolExecutor(max_workers=3) as pool:
             played = [pool.submit(play, c, PD) for c in others]
             sleeping = pool.submit(victim.step, "Let me wait.\n\n```bash\nsleep 45\n```")
-            time.sleep(3)  # the command is (very likely) running; if not yet, the step fails all the same
-            docker_client.containers.get(name).kill()
+            container = docker_client.containers.get(name)
+            deadline = time.monotonic() + 300
+            while not any("sleep 45" in " ".join(row) for row in container.top()["Processes"]):
+                assert time.monotonic() < deadline and not sleeping.done(), "the command never started"
+                time.sleep(0.1)  # polling for the command to be seen running, not guessing how long it takes
+            container.kill()
             with pytest.raises(ServerError) as killed:
                 sleeping.result(timeout=600)
             results = [p.result(timeout=900) for p in played]

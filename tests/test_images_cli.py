@@ -124,6 +124,15 @@ def test_images_ls_fits_80_columns_and_says_what_is_missing_and_what_each_image_
     assert "SandboxFusion languages: air/cpu:latest serves python" in proc.stdout
 
 
+def wait_until(done, what: str, proc: subprocess.Popen, patience: float = 600) -> None:
+    """Poll for something observable (never a fixed sleep); fail saying what never happened."""
+    deadline = time.monotonic() + patience
+    while not done():
+        assert proc.poll() is None, f"the build ended before {what}: {proc.stderr.read()[-2000:]}"
+        assert time.monotonic() < deadline, f"no sign of {what} within {patience:g} s"
+        time.sleep(0.1)
+
+
 @pytest.mark.docker
 def test_two_builds_at_once_both_succeed_and_leave_no_dangling_stage(recipes_dir, images, docker_client):
     """Two `air images build` processes at once (two users on one daemon) while others prune: each build drops
@@ -158,7 +167,9 @@ def test_two_builds_at_once_both_succeed_and_leave_no_dangling_stage(recipes_dir
             procs.append(subprocess.Popen([sys.executable, "-m", "air.cli.main", "images", "build", name],
                                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True))
-            time.sleep(5)  # the slow one is into its second stage (if not yet, the check is merely weaker)
+            if name == names[0]:  # the quick build starts once the slow one is in its second stage
+                wait_until(lambda: any("sleep 15" in c["Command"] for c in docker_client.api.containers()),
+                           "the slow build's second stage to run", procs[0])
         results = [(p.wait(600), p.stderr.read()) for p in procs]
         stop.set()
         assert all(code == 0 for code, _ in results), results
