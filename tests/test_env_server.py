@@ -66,15 +66,17 @@ def alive(pid: int) -> bool:
 
 
 @contextmanager
-def env_server(tmp_path: Path, docker_client, tasks: list[str], *pool: str):
+def env_server(tmp_path: Path, docker_client, tasks: list[str], *pool: str, command_timeout: float = 10):
     """The env server in its own process; on exit it is stopped with SIGTERM (as prime-rl's launcher stops it)
-    and must leave no process and no container of its run behind."""
+    and must leave no process and no container of its run behind. The scripted regression story's `sleep 600`
+    outlives `command_timeout` (the task's own is 60 s)."""
     run_id = f"test-serve-{uuid.uuid4().hex[:10]}"
     address_file, log = tmp_path / "address", tmp_path / "server.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "air_mlgym.serve", "--serve.address", "tcp://127.0.0.1:0",
-             "--address-file", str(address_file), *pool, "--env.taskset.tasks", json.dumps(tasks)],
+             "--address-file", str(address_file), *pool, "--env.taskset.tasks", json.dumps(tasks),
+             "--env.taskset.command-timeout", str(command_timeout)],
             stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "AIR_RUN_ID": run_id, "CI": ""})
     try:
         deadline = time.monotonic() + 120
@@ -183,7 +185,8 @@ def test_a_killed_container_fails_only_its_rollout(scripted_server, tmp_path, im
     """Kill the sandbox of the regression rollout while its agent sleeps: through the wire, that rollout comes
     back failed with SandboxError (infrastructure: excluded from training, not scored 0); the others exact."""
     served = ["regression-rmse", "prisoners-dilemma"]
-    with env_server(tmp_path, docker_client, served, *POOLS["static"]) as server:
+    # 30 s: the killer's window, while the command sleeps
+    with env_server(tmp_path, docker_client, served, *POOLS["static"], command_timeout=30) as server:
         thread, killed = kill_when_running(
             docker_client, [f"air.run={server['run_id']}", "air.task=regression-rmse"], "sleep 600")
         tasks = load_tasks(["regression-rmse"]) + load_tasks(["prisoners-dilemma"]) * 2
@@ -207,7 +210,8 @@ def test_a_killed_worker_loses_only_its_rollouts(scripted_server, tmp_path, imag
     restarts a dead worker nor answers for its requests, and prime-rl's orchestrator waits on them without a
     deadline; its containers are removed when the surviving worker stops (air sweeps those of dead owners)."""
     rollouts = 4
-    with env_server(tmp_path, docker_client, ["regression-rmse"], *POOLS["static"]) as server:
+    # 40 s: every rollout must be seen asleep at once before the kill.
+    with env_server(tmp_path, docker_client, ["regression-rmse"], *POOLS["static"], command_timeout=40) as server:
         state: dict = {}
 
         def killer() -> None:
@@ -232,7 +236,7 @@ def test_a_killed_worker_loses_only_its_rollouts(scripted_server, tmp_path, imag
                                             rollouts=rollouts, concurrency=rollouts, on_episode=done.append))
             thread = threading.Thread(target=killer, daemon=True)
             thread.start()
-            # No deadline of our own (the test's timeout bounds it): survivors sit out a 60 s command timeout.
+            # No deadline of our own (the test's timeout bounds it): survivors sit out their command timeout.
             while "lost" not in state or len(done) < rollouts - state["lost"]:
                 assert not run.done() and (thread.is_alive() or "lost" in state), "the killer gave up"
                 await asyncio.sleep(0.5)

@@ -57,9 +57,13 @@ def hand_computed_return(task_id: str) -> float:
     return by_hand
 
 
+# The scripted regression story's `sleep 600` outlives its command timeout: 10 s here, not the task's 60 s.
+COMMAND_TIMEOUT = ["--env.taskset.command-timeout", "10"]
+
+
 def run_vf_eval(base_url: str, out: Path, *extra: str, tasks: list[str] = TASKS, run: str = "") -> list[dict]:
     cmd = ["vf-eval", "air-mlgym", "-n", str(len(tasks)), "-r", "2", "-c", "6", "-m", "air-scripted",
-           "--client.base-url", base_url, "--env.taskset.tasks", json.dumps(tasks),
+           "--client.base-url", base_url, "--env.taskset.tasks", json.dumps(tasks), *COMMAND_TIMEOUT,
            "--no-push", "--no-rich", "-o", str(out), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "CI": "", "AIR_RUN_ID": run})
@@ -135,6 +139,7 @@ def test_a_container_killed_mid_rollout_fails_only_that_rollout(scripted_server,
     out = tmp_path / "out"
     cmd = ["vf-eval", "air-mlgym", "-n", str(len(TASKS)), "-r", "2", "-c", "3", "-m", "air-scripted",
            "--client.base-url", scripted_server, "--env.taskset.tasks", json.dumps(TASKS),
+           "--env.taskset.command-timeout", "30",  # the killer's window: the sleeping command's 30 s
            "--no-push", "--no-rich", "-o", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "CI": "", "AIR_RUN_ID": run_id})
