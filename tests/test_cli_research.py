@@ -24,10 +24,9 @@ def air(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> 
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def test_debug_in_a_pty_validates_submits_and_leaves_no_container(images, docker_client):
-    before = {c.id for c in docker_client.containers.list(all=True, filters={"label": "air.task=prisoners-dilemma"})}
+def test_debug_in_a_pty_validates_submits_and_leaves_no_container(images, docker_client, run_id):
     child = pexpect.spawn(sys.executable, ["-m", "air.cli.main", "debug", "prisoners-dilemma"], encoding="utf-8",
-                          timeout=120, dimensions=(40, 200))
+                          timeout=120, dimensions=(40, 200), env={**os.environ, "AIR_RUN_ID": run_id})
     try:
         child.expect(r"\[1\]\$ ")
         child.sendline("cat strategy.py | head -3")
@@ -46,8 +45,8 @@ def test_debug_in_a_pty_validates_submits_and_leaves_no_container(images, docker
     finally:
         child.close()
     assert child.exitstatus == 0, child.before
-    after = {c.id for c in docker_client.containers.list(all=True, filters={"label": "air.task=prisoners-dilemma"})}
-    assert after <= before, "air debug left its container behind"
+    left = docker_client.containers.list(all=True, filters={"label": f"air.run={run_id}"})
+    assert not left, f"air debug left its containers behind: {[c.name for c in left]}"
 
 
 def test_debug_keep_leaves_the_container_and_says_how_to_enter_it(images, docker_client):

@@ -66,7 +66,7 @@ def alive(pid: int) -> bool:
 
 
 @contextmanager
-def env_server(tmp_path: Path, docker_client, tasks: list[str], *pool: str, command_timeout: float = 10):
+def env_server(tmp_path: Path, docker_client, tasks: list[str], *pool: str, command_timeout: float = 30):
     """The env server in its own process; on exit it is stopped with SIGTERM (as prime-rl's launcher stops it)
     and must leave no process and no container of its run behind. The scripted regression story's `sleep 600`
     outlives `command_timeout` (the task's own is 60 s)."""
@@ -185,8 +185,7 @@ def test_a_killed_container_fails_only_its_rollout(scripted_server, tmp_path, im
     """Kill the sandbox of the regression rollout while its agent sleeps: through the wire, that rollout comes
     back failed with SandboxError (infrastructure: excluded from training, not scored 0); the others exact."""
     served = ["regression-rmse", "prisoners-dilemma"]
-    # 30 s: the killer's window, while the command sleeps
-    with env_server(tmp_path, docker_client, served, *POOLS["static"], command_timeout=30) as server:
+    with env_server(tmp_path, docker_client, served, *POOLS["static"]) as server:
         thread, killed = kill_when_running(
             docker_client, [f"air.run={server['run_id']}", "air.task=regression-rmse"], "sleep 600")
         tasks = load_tasks(["regression-rmse"]) + load_tasks(["prisoners-dilemma"]) * 2
