@@ -167,6 +167,7 @@ async def test_fake_evaluation_files_beside_a_strategy_do_not_change_its_score(p
 
 
 # ----- searching for the hidden files ---------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("task_id", [TABULAR, PD])
 async def test_searching_the_whole_filesystem_finds_no_secret(task_id, pool):
     """The agent greps its whole sandbox for lines that only occur in the task's secret/ files (hidden labels,
@@ -205,6 +206,7 @@ atexit.register(_shout)
 '''
 
 
+@pytest.mark.slow
 async def test_printed_fake_metrics_and_markers_are_not_scores(pool):
     """A strategy prints fake metric JSON and <<VALIDATION||...||VALIDATION>> / {"Score": 5.0} lines (at import,
     in every call, at exit; stdout and stderr) and tries to write the metrics file: it scores exactly what the
@@ -302,6 +304,7 @@ def scoring_containers(docker_client, run_id: str, task_id: str) -> list:
     return docker_client.containers.list(filters={"label": [f"air.run={run_id}", f"air.task={task_id}.scoring"]})
 
 
+@pytest.mark.slow
 async def test_a_hanging_strategy_times_out_and_the_scorer_stays_usable(pool, docker_client, run_id):
     """row_strategy loops forever: the evaluation ends as `timeout` (no score) within the evaluation timeout;
     afterwards no process of it is left in the scoring sandbox, which is kept (not recycled) and scores the next

@@ -161,6 +161,7 @@ def test_ready_line_health_and_items(server):
                                                                        (TAB, "tabular-classification#0")]
 
 
+@pytest.mark.slow
 def test_a_full_episode_pays_the_hand_computed_rewards(server):
     """One client plays both items in turn, as BaseTask does with one client: every step's reward is the
     hand-computed delta, the first observation carries the system and task prompts, the episode ends on
@@ -206,6 +207,7 @@ def trajectory_file(srv: Server, task_id: str, ended_by: str) -> Path:
     raise AssertionError(f"no {task_id} trajectory that ended {ended_by}")
 
 
+@pytest.mark.slow
 def test_sixteen_concurrent_episodes(server):
     """16 env clients at once, each in its own thread as AgentGym-RL's rollout steps them: every one gets its
     own env_idx and sandbox and the exact hand-computed return."""
@@ -229,6 +231,7 @@ def test_sixteen_concurrent_episodes(server):
     assert not set(requests.get(f"{server.url}/list_envs", timeout=30).json()) & {c.env_id for c in clients}
 
 
+@pytest.mark.slow
 def test_a_killed_container_fails_only_its_env_idx_as_infrastructure(server, docker_client):
     """Kill the container of one env_idx while its command runs: that step, and every later request of that
     env_idx, answer 503 saying infrastructure failed (never reward 0, done); the other episodes finish with
@@ -270,6 +273,7 @@ def test_a_killed_container_fails_only_its_env_idx_as_infrastructure(server, doc
             c.close()
 
 
+@pytest.mark.slow
 def test_bad_requests_get_one_line_4xx_and_touch_no_other_episode(server):
     bystander = AgentGymEnvClient(server.url, data_len=len(TASKS))
     probe = AgentGymEnvClient(server.url, data_len=len(TASKS))
@@ -370,6 +374,7 @@ def test_live_env_caps_per_client_and_per_server(server):
 
 
 # ----- restarts, shutdown, token, idle timeout --------------------------------------------------------------
+@pytest.mark.slow
 def test_server_restart_stale_env_idx_answer_a_clear_error_and_nothing_leaks(images, docker_client, tmp_path):
     """A server with a bearer token is stopped (SIGTERM) under a live episode: its containers are gone and the
     episode is recorded interrupted. A new server on the same port answers the stale env_idx 404 saying it
@@ -491,6 +496,7 @@ def play_family(base: str, family: str, idx: int) -> list[dict]:
     return outputs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["webshop", "sqlgym", "webarena"])
 def test_agentgym_client_families_unmodified(server, family):
     outputs = play_family(f"{server.url}/{family}", family, PD)
@@ -502,6 +508,7 @@ def test_agentgym_client_families_unmodified(server, family):
         assert ("Action:" if family == "webshop" else "```sql") in outputs[0]["first"].rsplit("\n\n", 1)[1]
 
 
+@pytest.mark.slow
 def test_token_through_a_url_with_credentials(images, tmp_path):
     """AgentGym's clients send no headers: the token goes in the server's URL, which requests sends as Basic."""
     token = uuid.uuid4().hex

@@ -18,6 +18,7 @@ ARTIFACTS = Path(os.environ.get("AIR_TEST_ARTIFACTS", "test-artifacts"))
 COLUMNS, LINES = 80, 40
 
 
+@pytest.mark.slow
 def test_eval_in_an_80_column_terminal_shows_moving_rollouts_then_a_table_that_fits(images, tmp_path):
     screen = pyte.Screen(COLUMNS, LINES)
     stream = pyte.ByteStream(screen)

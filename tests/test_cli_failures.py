@@ -166,6 +166,7 @@ class ModelDouble:
         self._thread.join(30)
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_a_model_server_dying_mid_run_fails_only_the_rollouts_it_was_serving(images, tmp_path, run_id):
     with ModelDouble(drops_for=("tabular-classification",), from_turn=3) as url:
@@ -195,6 +196,7 @@ class CrashingPolicy(ScriptedPolicy):
         return self.reply_for(messages)
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 async def test_one_rollout_raising_anything_never_takes_down_its_siblings(pool, tmp_path):
     from air.episode.batch import run_batch
@@ -448,6 +450,7 @@ def test_vf_eval_shows_the_tasksets_turn_cap(tmp_path):
 
 
 # ----- runs that corrupt each other ------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.docker
 def test_two_evals_into_one_folder_one_runs_and_the_other_is_refused(images, tmp_path, run_id):
     env = {"AIR_RUN_ID": run_id}
@@ -586,6 +589,7 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_eval_with_a_huge_n_runs_in_bounded_memory_and_ctrl_c_keeps_what_finished(images, tmp_path, run_id):
     proc = spawn("eval", "prisoners-dilemma", "-n", "99999999999999999999999", "-c", "1", "--out", "run",
@@ -630,6 +634,7 @@ def test_a_model_that_never_answers_is_asked_once_and_waited_on_for_model_timeou
         assert rollout["error"].startswith("ModelUnavailable:") and "did not answer within 2 s" in rollout["error"]
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_a_terminal_shows_waiting_for_the_model(images, tmp_path, run_id):
     with ModelDouble(hangs_for=("*",)) as url:
@@ -717,6 +722,7 @@ SIGINT_MOMENTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.parametrize("command, moment, says", SIGINT_MOMENTS)
 def test_ctrl_c_says_what_finished_and_leaves_no_container(images, slow_daemon, tmp_path, run_id, command, moment,

@@ -81,6 +81,7 @@ def task_copy(tmp_path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_eval_then_replay_without_drift_then_with_drift_after_the_task_changed(images, task_copy, tmp_path):
     env = {"AIR_TASKS_DIR": str(task_copy)}
     run = tmp_path / "run"
@@ -110,6 +111,7 @@ def test_eval_then_replay_without_drift_then_with_drift_after_the_task_changed(i
     assert sum(r["rescored"] for r in rows) == pytest.approx(sum(r["recorded"] for r in rows), abs=1e-9)
 
 
+@pytest.mark.slow
 def test_view_renders_in_a_real_headless_browser(images, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:

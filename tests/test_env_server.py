@@ -141,6 +141,7 @@ POOLS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pool", POOLS, ids=list(POOLS))
 def test_served_rollouts_have_exact_rewards(pool, scripted_server, tmp_path, images,  # noqa: F811
                                             docker_client):
@@ -180,6 +181,7 @@ def test_served_rollouts_have_exact_rewards(pool, scripted_server, tmp_path, ima
         assert "scaled up to 2/2 workers" in server["log"].read_text()
 
 
+@pytest.mark.slow
 def test_a_killed_container_fails_only_its_rollout(scripted_server, tmp_path, images,  # noqa: F811
                                                    docker_client):
     """Kill the sandbox of the regression rollout while its agent sleeps: through the wire, that rollout comes
@@ -202,6 +204,7 @@ def test_a_killed_container_fails_only_its_rollout(scripted_server, tmp_path, im
             assert_exact(episode.traces[0])
 
 
+@pytest.mark.slow
 def test_a_killed_worker_loses_only_its_rollouts(scripted_server, tmp_path, images,  # noqa: F811
                                                  docker_client):
     """SIGKILL one of two workers while all four regression rollouts sleep: the other worker's rollouts come

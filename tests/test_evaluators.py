@@ -71,6 +71,7 @@ CASES = {  # task: [(case, the agent's command, status, words the message must h
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_id", list(CASES))
 async def test_a_broken_or_hostile_submission_is_refused_with_its_reason(pool, task_id):
     env = TaskEnvironment(load_task(task_id), pool)

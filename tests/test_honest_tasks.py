@@ -239,6 +239,7 @@ def test_the_allowed_gap_in_sd_and_the_default_runs():
     assert agreement(2.0, [2.0, 2.0], tolerance=0.1).allowed_sd is None  # identical draws: no sd to count in
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_tasks_check_json_has_every_score_and_the_allowance_in_sd(bench_root, images):  # noqa: F811
     """The noisy game's check, 6 runs: --json carries each score, their sd, the bound and the bound in sd (t(5)
@@ -420,6 +421,7 @@ async def attack_score(pool, task_id: str, draw: str, command: str) -> float:
     return outcome.metrics[env.spec.primary.name]
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.parametrize("task_id", sorted(set(ATTACKS) - {"battle-of-sexes"}))
 async def test_answers_from_the_public_generator_do_not_score_on_this_hosts_draw(task_id, pool):
@@ -450,6 +452,7 @@ async def test_the_regenerated_seed_is_worth_no_more_than_a_guess_on_this_hosts_
     assert here < guess + 0.1, (here, guess, oracle)  # draws move a score by about 0.02 sd (task.toml)
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 async def test_the_host_secret_and_seed_never_enter_the_agents_sandbox(pool):
     """As root in the agent's sandbox, a search of the whole filesystem for the host secret, the task's seed and
@@ -467,6 +470,7 @@ async def test_the_host_secret_and_seed_never_enter_the_agents_sandbox(pool):
     assert found.stdout.split() == ["/tmp/control.txt"], found.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_a_bundled_task_is_checked_on_the_records_draw_and_on_this_hosts(tmp_path, images):
     """`air tasks check` on this host's draw: the record's draw held exactly, this host's within 5 sd of the

@@ -66,6 +66,7 @@ def live_containers(client, task: str) -> list[dict]:
     return client.api.containers(all=True, filters={"label": [OWNER, f"air.task={task}", "air.role=agent"]})
 
 
+@pytest.mark.slow
 def test_four_workers_racing_for_two_gpus_never_share_one_nor_pass_the_budget(images, docker_client, tmp_path):
     """Four processes (as env-server workers are), each with its own pool believing it may use GPUs 0 and 1,
     lease GPU sandboxes concurrently. A watcher samples the daemon all along: never one GPU on two live

@@ -133,6 +133,7 @@ def wait_until(done, what: str, proc: subprocess.Popen, patience: float = 600) -
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_two_builds_at_once_both_succeed_and_leave_no_dangling_stage(recipes_dir, images, docker_client):
     """Two `air images build` processes at once (two users on one daemon) while others prune: each build drops

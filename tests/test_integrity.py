@@ -162,6 +162,7 @@ async def test_processes_of_a_command_cannot_forge_its_completion(pool, base_spe
     ("cd ~/workspace", "python3 -c 'import os\nfs=[]\nwhile True:\n    fs.append(os.open(\"/dev/null\", 0))' &"
                        " sleep 2"),
 ])
+@pytest.mark.slow
 async def test_nothing_in_the_sandbox_turns_a_rollout_into_an_infrastructure_failure(pool, attack, then):
     """#10: every way found to break the shell ends as the agent's own result, and the next command works."""
     spec = SandboxSpec(image="air/base:latest", task="selfharm", resources=Resources(memory_mb=256, pids=128),

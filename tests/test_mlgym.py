@@ -481,6 +481,7 @@ def heredoc_writes(files: dict[str, str]) -> str:
     return "\n".join(parts)
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 @pytest.mark.parametrize("name", list(TASKS))
 async def test_staged_task_hides_scorer_files_and_scores_like_mlgym(name, mlgym_root, tmp_path, pool):

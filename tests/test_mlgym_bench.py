@@ -190,6 +190,7 @@ def air(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> 
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_tasks_check_exit_code_follows_the_statuses(bench_root, images):
     """No baseline to reproduce is not a failure (exit 0, said in the summary); a stochastic record outside its

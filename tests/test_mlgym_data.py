@@ -167,6 +167,7 @@ def _store_digest(store: DataStore) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 async def test_remote_dataset_task_reproduces_its_baseline_offline(tree, staged, pool):
     from air.tasks.environment import TaskEnvironment, check_baseline

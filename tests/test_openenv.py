@@ -76,6 +76,7 @@ async def play(env, item: str) -> tuple[dict, list]:
 
 
 # ----- the protocol, with OpenEnv's own clients -------------------------------------------------------------
+@pytest.mark.slow
 async def test_async_sessions_pay_air_rewards_and_record_the_episodes(server):
     """Four async sessions at once play the scripted episode: each step's reward is the hand-computed delta,
     the observation carries air's metrics, and the trajectory records the same episode and rewards."""
@@ -177,6 +178,7 @@ async def test_token_and_per_client_cap(server):
 
 
 # ----- failures ---------------------------------------------------------------------------------------------
+@pytest.mark.slow
 async def test_a_killed_container_fails_one_session_as_infrastructure(server, docker_client):
     """Kill one session's container while its command runs: that step answers failure "infrastructure" with
     reward None (never 0), again on every later step; the other session finishes with its exact rewards."""
@@ -212,6 +214,7 @@ async def test_the_agent_cannot_make_its_rollout_an_infrastructure_failure(serve
         assert (await env.step({"command": "echo alive"})).observation["text"].startswith("alive")
 
 
+@pytest.mark.slow
 def test_sigterm_records_live_sessions_interrupted_and_leaves_nothing(images, docker_client, tmp_path):
     run = f"test-oe-{uuid.uuid4().hex[:8]}"
     srv = Server(run, tmp_path / "server.log", "--trajectory-dir", str(tmp_path / "traj"))

@@ -49,6 +49,7 @@ def test_first_difference_names_the_line():
     assert first_difference("a\nb", "a") == (2, "b", "")
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_an_unchanged_run_replays_without_drift_and_a_change_shows_its_first_line(images, tmp_path):
     """tabular-classification lists `data/` (whose parent's time was the container's creation time) and trains:

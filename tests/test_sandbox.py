@@ -172,6 +172,7 @@ async def test_an_interrupt_right_after_the_command_was_sent_never_kills_the_she
         assert (await s.run("echo $KEEP")).stdout == "me\n"
 
 
+@pytest.mark.slow
 async def test_output_flood_is_capped_and_host_memory_stays_flat(pool, images, docker_client, run_id):
     from air.sandbox.session import Session
 

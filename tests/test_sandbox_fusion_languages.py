@@ -206,6 +206,7 @@ def test_every_case_covers_a_served_language(server):
     assert served == offered, f"offered without a test: {offered - served}; tested but not offered: {served - offered}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_language_case(answers, case: Case):
     response = answers[case.id]
