@@ -201,9 +201,9 @@ async def drive(address: str, tasks: Sequence[vf.Task], *, client: vf.ClientConf
     async def one(task: vf.Task) -> vf.WireEpisode:
         async with gate:
             try:
-                episode = await asyncio.wait_for(
-                    env_client.run(client=client, model=model, sampling=sampling,
-                                   task_data=task.data.model_dump(mode="json")), rollout_timeout)
+                async with asyncio.timeout(rollout_timeout):
+                    episode = await env_client.run(client=client, model=model, sampling=sampling,
+                                                   task_data=task.data.model_dump(mode="json"))
             except Exception as exc:  # noqa: BLE001 - a failed request is a failed episode, never a crash
                 episode = failed_episode(task, exc)
         if on_episode is not None:

@@ -386,3 +386,48 @@ def test_a_pristine_tree_is_read_without_recursion(tmp_path):
         node = next(iter(node.children.values()))
         depth += 1
     assert depth == DEPTH + 1
+
+
+def test_ctrl_c_that_meets_a_reply_still_cancels_the_caller():
+    """A reply and a cancellation (Ctrl-C) landing in the same loop iteration: the caller must be cancelled.
+    Python 3.11's asyncio.wait_for returned the reply instead, so `air eval -n <many>` ran on after Ctrl-C."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from air.sandbox.warden_link import WardenLink
+
+    class Sink:
+        def write(self, data: bytes) -> None:
+            pass
+
+        async def drain(self) -> None:
+            pass
+
+    async def scenario() -> None:
+        link = WardenLink(SimpleNamespace(short_id="test", name="test"))
+        link._writer = Sink()
+        caller = asyncio.create_task(link.call(p.Ping(), wait=60))
+        while not link._waiting:
+            await asyncio.sleep(0)
+        (reply,) = link._waiting.values()
+        reply.set_result(p.ShellState(alive=True))
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+
+    asyncio.run(scenario())
+
+
+def test_air_never_uses_asyncio_wait_for():
+    """asyncio.wait_for swallows a cancellation that meets its awaitable's completion on Python 3.11 (and leaks
+    an acquired semaphore slot that way): air uses `async with asyncio.timeout(...)`, which does not."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    users = []
+    for path in [*root.glob("air/**/*.py"), *root.glob("air_mlgym/**/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            called = isinstance(node, ast.Attribute) and node.attr == "wait_for"
+            if called and isinstance(node.value, ast.Name) and node.value.id == "asyncio":
+                users.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not users, users

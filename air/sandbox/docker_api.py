@@ -135,7 +135,8 @@ class Docker:
         self._in_flight.add(call)
         call.add_done_callback(self._in_flight.discard)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(call), timeout)
+            async with asyncio.timeout(timeout):
+                return await asyncio.wrap_future(call)
         except docker.errors.NotFound as exc:
             raise SandboxUnavailable(f"{name}: {exc.explanation or exc}") from exc
         except _TRANSIENT as exc:

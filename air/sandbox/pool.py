@@ -314,7 +314,8 @@ class SandboxPool:
                     continue
                 remaining = deadline - loop.time()
                 try:
-                    await asyncio.wait_for(self._changed.wait(), max(remaining, 0))
+                    async with asyncio.timeout(max(remaining, 0)):
+                        await self._changed.wait()
                 except asyncio.TimeoutError:
                     raise PoolExhausted(
                         f"no sandbox free within {self.config.lease_timeout:g}s: {len(self._live)} live of "
@@ -424,8 +425,8 @@ class SandboxPool:
                 continue
             async with self._changed:  # a local release wakes us at once; other processes' after a short poll
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), min(random.uniform(0.2, 1.0),
-                                                                     max(deadline - now, 0.01)))
+                    async with asyncio.timeout(min(random.uniform(0.2, 1.0), max(deadline - now, 0.01))):
+                        await self._changed.wait()
 
     def _load(self, host: _Host) -> float:
         """This pool's share of a host's budget in use: where the next sandbox goes (least loaded first)."""
@@ -464,8 +465,8 @@ class SandboxPool:
             "its GPUs go back to the host" if sandbox.gpu_ids and not self.config.reuse_gpu_sandboxes else None)
         if reason is None:
             try:
-                await asyncio.wait_for(sandbox.session.reset(timeout=self.config.reset_timeout),
-                                       self.config.reset_timeout + 10)
+                async with asyncio.timeout(self.config.reset_timeout + 10):
+                    await sandbox.session.reset(timeout=self.config.reset_timeout)
                 self.stats.resets += 1
             except (InfraError, asyncio.TimeoutError) as exc:
                 reason = f"reset failed: {exc}"

@@ -95,7 +95,8 @@ class WardenLink:
         try:
             self._writer.write(p.encode(ident, request))
             await self._writer.drain()
-            reply = await asyncio.wait_for(future, wait)
+            async with asyncio.timeout(wait):
+                reply = await future
         except asyncio.TimeoutError:
             await self.close()
             raise WardenGone(f"the warden of {self.sandbox.short_id} did not answer {request.op!r} within "

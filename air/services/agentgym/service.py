@@ -5,7 +5,6 @@ benches)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
@@ -98,8 +97,7 @@ class AgentGymService:
         """Shut down: live episodes are recorded interrupted, every sandbox goes back, the pool closes."""
         if self._reaper is not None:
             self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+            await asyncio.gather(self._reaper, return_exceptions=True)  # its cancellation, never close()'s own
         for op in list(self._ops):
             op.cancel()
         if self._ops:

@@ -181,7 +181,8 @@ class SandboxFusionService:
         """await work(sandbox) within a slot and a leased sandbox; a busy server or an infrastructure fault is
         `answer(status=SandboxError, message=...)`."""
         try:
-            await asyncio.wait_for(self._slots.acquire(), self.config.queue_timeout)
+            async with asyncio.timeout(self.config.queue_timeout):
+                await self._slots.acquire()
         except TimeoutError:
             return answer(status=RunStatus.SandboxError,
                           message=f"server busy: no free slot within {self.config.queue_timeout:g}s")
