@@ -4,6 +4,7 @@ and fail under CI (CI=true), where a missing daemon is a broken set-up, not a re
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 
 import pytest
@@ -15,6 +16,12 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # starts): the scripted stories' expected scores are the record's. The per-host draw, the default everywhere else,
 # is tested where a test asks for it (draw="host"; tests/test_honest_tasks.py).
 os.environ.setdefault("AIR_HIDDEN_DRAW", "reference")
+# The tests stand for a terminal: an `air` they start and Ctrl-C must get SIGINT as a terminal's foreground job
+# does. A launcher that runs the suite as a background job of a non-interactive shell (`.ci/run &`) passes SIGINT
+# down ignored, and an ignored signal survives exec: every child would shrug Ctrl-C off.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 BASE_IMAGE = "air/base:latest"
 CPU_IMAGE = "air/cpu:latest"
 
