@@ -32,7 +32,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the restore sets owne
 # ----- protocol -----------------------------------------------------------------------------------------------------
 REPLIES = [
     p.Ran(out=b"caf\xe9 \xff\n", err=b"", cwd=b"/home/agent/workspace/\xff\xfe", dropped=3, exit_code=None,
-          timed_out=True, interrupted=False, restarted=False, duration=1.5),
+          timed_out=True, restarted=False, duration=1.5),
     p.Exited(out=b"x" * 70000, err=b"\x00\x01", dropped=0, exit_code=-9, timed_out=False, duration=0.0),
     p.Packed(status="ok", tar=bytes(range(256)) * 100),
     p.Unpacked(problem=b""),
@@ -60,8 +60,7 @@ def test_agent_text_is_always_writable_text_within_its_bound():
     """What the agent controls arrives decoded once: no surrogate can reach a writer, and no field is longer than
     its declared bound however much the warden sent."""
     raw = bytes(range(256)) * 40  # every byte, 10 KB
-    ran = p.Ran(out=raw, err=raw, cwd=raw, dropped=0, exit_code=0, timed_out=False, interrupted=False,
-                restarted=False, duration=0)
+    ran = p.Ran(out=raw, err=raw, cwd=raw, dropped=0, exit_code=0, timed_out=False, restarted=False, duration=0)
     _, got = p.decode(*p.FrameReader().feed(p.encode(1, ran))[0], p.REPLIES)
     for text in (got.out, got.cwd):
         assert isinstance(text, p.AgentText)

@@ -54,11 +54,6 @@ class Session:
     def alive(self) -> bool:
         return self._link is not None and self._link.alive
 
-    @property
-    def tracking(self) -> bool:
-        """Whether the warden learns from the kernel which home files were opened (see warden/restore.py)."""
-        return bool(self._link and self._link.ready and self._link.ready.tracking)
-
     def pristine_env(self) -> dict[str, str]:
         return {"HOME": AGENT_HOME, "USER": self.user, "LOGNAME": self.user, "SHELL": "/bin/bash",
                 "PATH": BASE_PATH, "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.spec.env,

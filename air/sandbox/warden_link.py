@@ -55,7 +55,6 @@ class WardenLink:
         self._sock_holder: object | None = None
         self._stderr = b""
         self._broken: str | None = None
-        self.ready: p.Ready | None = None
         self.closed = asyncio.Event()
 
     @classmethod
@@ -74,7 +73,7 @@ class WardenLink:
         link._reader_task = asyncio.create_task(link._read_loop(reader), name=f"air-warden-{sandbox.name}")
         link._writer.write(b"%010d" % len(_BUNDLE) + _BUNDLE)
         try:
-            link.ready = await link.call(hello(track_opens), wait=timeout)
+            await link.call(hello(track_opens), wait=timeout)
         except BaseException:
             await link.close()
             raise

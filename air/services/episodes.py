@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ConfigDict, Field
 
@@ -22,6 +24,26 @@ from air.episode.live import LiveEpisode
 from air.episode.settings import EpisodeSettings, TaskItem, task_items
 
 log = logging.getLogger("air.services.episodes")
+T = TypeVar("T")
+
+
+def one_line(text: object, limit: int = 600) -> str:
+    """A message for a client: one line, at most `limit` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+async def reap_idle(idle_timeout: float, idle: Callable[[float], Iterable[T]],
+                    drop: Callable[[T], Awaitable[None]]) -> None:
+    """Forever, every quarter of `idle_timeout` (5 s at most): drop each of `idle(now)` (what has gone
+    `idle_timeout` seconds without a request). One drop's failure is logged; the reaper goes on."""
+    while True:
+        await asyncio.sleep(min(max(idle_timeout / 4, 0.05), 5.0))
+        for gone in list(idle(time.monotonic())):
+            try:
+                await drop(gone)
+            except Exception as exc:  # noqa: BLE001 - one session's trouble must not stop the reaper
+                log.warning("closing an idle episode failed: %s", exc)
 
 
 class ServiceConfig(EpisodeSettings):

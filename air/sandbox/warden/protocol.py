@@ -74,18 +74,10 @@ class Done(Message):
 
 
 @dataclass(frozen=True)
-class Ready(Message):
-    op: ClassVar[str] = "ready"
-    tracking: bool
-    """Whether the kernel tells the warden which home files were opened (inotify), so a reset compares only those
-    by content; without it every agent-writable file is compared. Both are verified resets."""
-
-
-@dataclass(frozen=True)
 class Hello(Request):
     """The first request: where things are. The warden sets up its own files (the shell's copy, the pristine home)."""
     op: ClassVar[str] = "hello"
-    Reply: ClassVar[type] = Ready
+    Reply: ClassVar[type] = Done
     uid: int
     home: str
     workspace: str
@@ -140,7 +132,6 @@ class Finished(Message):
 class Ran(Finished):
     op: ClassVar[str] = "ran"
     cwd: AgentText = _bound(CWD_LIMIT)
-    interrupted: bool
     restarted: bool
     """The shell died (`exit`, killed, its pipes closed) and a new one was started in the same cwd."""
 
@@ -253,7 +244,7 @@ class Unpack(Request):
 
 
 REQUESTS = {cls.op: cls for cls in (Hello, Ping, StartShell, Run, Interrupt, Exec, Reset, Pack, Unpack)}
-REPLIES = {cls.op: cls for cls in (Failed, Done, Ready, ShellState, Ran, Exited, WasReset, Packed, Unpacked)}
+REPLIES = {cls.op: cls for cls in (Failed, Done, ShellState, Ran, Exited, WasReset, Packed, Unpacked)}
 
 
 # ----- frames -----------------------------------------------------------------------------------------------------

@@ -130,15 +130,16 @@ def remove_at(dir_fd: int, name: str) -> None:
         os.close(fd)
 
 
-def empty(directory: str) -> None:
-    """Remove everything inside directory (it stays); nothing if it does not exist."""
+def empty(directory: str, keep: tuple[str, ...] | list[str] = ()) -> None:
+    """Remove everything inside directory but the names in `keep` (it stays); nothing if it does not exist."""
     try:
         fd = os.open(directory, DIR_FLAGS)
     except OSError:
         return
     try:
         for name in os.listdir(fd):
-            remove_at(fd, name)
+            if name not in keep:
+                remove_at(fd, name)
     finally:
         os.close(fd)
 

@@ -20,7 +20,7 @@ from typing import Dict, Optional, Union
 
 from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import files, procs, protocol as p
-from air.sandbox.warden.restore import Home, OpenTracker, clone, empty, remove_at
+from air.sandbox.warden.restore import Home, OpenTracker, clone, empty
 from air.sandbox.warden.shell import Command, Shell
 
 REKILL_EVERY = 0.1  # seconds between kills of a command's processes while its shell has not reported
@@ -191,7 +191,7 @@ class Warden:
                 self.expire()
 
     # ----- ops --------------------------------------------------------------------------------------------------
-    def op_hello(self, ident: int, hello: p.Hello) -> p.Ready:
+    def op_hello(self, ident: int, hello: p.Hello) -> p.Done:
         self.config = c = hello
         os.makedirs(c.air + "/bin", exist_ok=True)
         os.chmod(c.air, 0o755)
@@ -222,7 +222,7 @@ class Warden:
             except OSError:
                 pass
         self.cwd = os.fsencode(c.workspace)
-        return p.Ready(tracking=tracker.active)
+        return p.Done()
 
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
         return p.ShellState(alive=self.shell is None or self.shell.alive)  # none yet: the next command starts one
@@ -263,7 +263,6 @@ class Warden:
     def op_interrupt(self, ident: int, request: p.Interrupt) -> p.Done:
         job = self.job
         if isinstance(job, Command) and job.kill_deadline is None:
-            job.interrupted = True
             if job.begun:
                 self.kill_command(job)
             else:
@@ -295,13 +294,7 @@ class Warden:
         ipc = time.monotonic()
         for d in self.scratch_times:
             empty(d)
-        air_fd = os.open(c.air, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            for name in os.listdir(air_fd):
-                if name not in c.keep:
-                    remove_at(air_fd, name)
-        finally:
-            os.close(air_fd)
+        empty(c.air, keep=c.keep)
         for d, times in self.scratch_times.items():
             os.utime(d, ns=times, follow_symlinks=False)
         os.utime(c.air, (c.epoch, c.epoch))
@@ -434,7 +427,7 @@ class Warden:
         self.send(command.id, p.Ran(
             out=command.out.bytes(), err=command.err.bytes(), cwd=self.cwd,
             dropped=command.out.dropped + command.err.dropped, exit_code=rc, timed_out=command.timed_out,
-            interrupted=command.interrupted, restarted=restarted, duration=time.monotonic() - command.started))
+            restarted=restarted, duration=time.monotonic() - command.started))
 
 
 def main() -> None:

@@ -62,7 +62,7 @@ class Command:
                      b"builtin trap : USR1; builtin unset __air_c; builtin printf 'R%d %%d %%s\\0' \"$__air_rc\" "
                      b"\"$PWD\" >&3\n") % (escaped(request.command), self.marker, seq,
                                            b" 2>&1" if request.merge_stderr else b"", seq)
-        self.timed_out = self.interrupted = False
+        self.timed_out = False
         self.begun = False  # the shell said it began the command (its USR1 trap is in place)
         self.kill_pending = False  # an interrupt came before that: it is sent once the command has begun
         self.kill_deadline: Optional[float] = None

@@ -20,7 +20,8 @@ from air.services.agentgym.schema import (
     StepQuery,
     StepResponse,
 )
-from air.services.agentgym.service import AgentGymService, Problem, one_line
+from air.services.agentgym.service import AgentGymService, Problem
+from air.services.episodes import one_line
 from air.services.guard import Guard
 
 

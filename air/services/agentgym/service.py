@@ -18,7 +18,7 @@ from air.episode.settings import TaskItem
 from air.errors import InfraError
 from air.services.agentgym.config import AgentGymConfig
 from air.services.agentgym.schema import FAMILIES, INDEX_FIELDS, Family, ResetQuery, StepResponse
-from air.services.episodes import ServedEpisodes
+from air.services.episodes import ServedEpisodes, one_line, reap_idle
 
 log = logging.getLogger("air.services.agentgym")
 T = TypeVar("T")
@@ -36,11 +36,6 @@ class Problem(Exception):
         if self.status >= 500:
             return {"error": self.detail, "infrastructure": self.infrastructure, "env_idx": self.env_idx}
         return {"detail": self.detail}
-
-
-def one_line(text: str, limit: int = 600) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclass(eq=False)
@@ -91,7 +86,7 @@ class AgentGymService:
         except BaseException:
             await self.close()
             raise
-        self._reaper = asyncio.ensure_future(self._reap_idle())
+        self._reaper = asyncio.ensure_future(reap_idle(self.config.idle_timeout, self._idle, self._drop_idle))
 
     async def close(self) -> None:
         """Shut down: live episodes are recorded interrupted, every sandbox goes back, the pool closes."""
@@ -246,8 +241,6 @@ class AgentGymService:
             env.failure = Problem(503, f"infrastructure failure in env_idx {env.idx} ({env.item.item_id}, "
                                        f"turn {episode.turns}): {exc}", True, env.idx)
             raise env.failure from None
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - a bug in air or a broken task: the rollout is failed, never scored
             env.failure = Problem(500, f"env_idx {env.idx}: the step failed inside air "
                                        f"({type(exc).__name__}: {exc}); drop this rollout", False, env.idx)
@@ -277,16 +270,10 @@ class AgentGymService:
         while len(self._gone) > 100_000:
             self._gone.popitem(last=False)
 
-    async def _reap_idle(self) -> None:
-        period = min(max(self.config.idle_timeout / 4, 0.05), 5.0)
-        while True:
-            await asyncio.sleep(period)
-            now = time.monotonic()
-            for env in list(self.envs.values()):
-                if env.busy is None and now - env.last_used >= self.config.idle_timeout:
-                    self._forget(env, f"after {self.config.idle_timeout:g} s without a request "
-                                      "(idle_timeout)")
-                    try:
-                        await self._drop(env, "closed", "idle_timeout")
-                    except Exception as exc:  # noqa: BLE001 - one env's trouble must not stop the reaper
-                        log.warning("env_idx %s: closing it after idling failed: %s", env.idx, exc)
+    def _idle(self, now: float) -> list[_Env]:
+        return [env for env in self.envs.values()
+                if env.busy is None and now - env.last_used >= self.config.idle_timeout]
+
+    async def _drop_idle(self, env: _Env) -> None:
+        self._forget(env, f"after {self.config.idle_timeout:g} s without a request (idle_timeout)")
+        await self._drop(env, "closed", "idle_timeout")

@@ -8,7 +8,7 @@ import contextlib
 import functools
 from collections.abc import Callable
 
-from air.services.episodes import ServedEpisodes
+from air.services.episodes import ServedEpisodes, one_line
 from air.services.guard import Guard
 from air.services.openenv.config import OpenEnvConfig
 from air.services.openenv.environment import AirEnvironment, BadRequest, NoEpisode, Sessions
@@ -44,14 +44,13 @@ def create_app(config: OpenEnvConfig | None = None, sessions: Sessions | None = 
 
     app.router.lifespan_context = lifespan
 
-    async def bad_request(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"detail": " ".join(str(exc).split())}, status_code=400)
+    def answer(status: int):
+        async def handler(request: Request, exc: Exception) -> JSONResponse:
+            return JSONResponse({"detail": one_line(exc)}, status_code=status)
+        return handler
 
-    async def no_episode(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"detail": " ".join(str(exc).split())}, status_code=409)
-
-    app.add_exception_handler(BadRequest, bad_request)
-    app.add_exception_handler(NoEpisode, no_episode)
+    app.add_exception_handler(BadRequest, answer(400))
+    app.add_exception_handler(NoEpisode, answer(409))
     return Guard(app, config.max_body_bytes, config.token, health_paths=("/health",),
                  max_ws_per_client=config.max_envs_per_client)
 

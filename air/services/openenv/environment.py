@@ -18,7 +18,7 @@ from air.episode.loop import StepResult
 from air.episode.parse import as_block
 from air.episode.settings import TaskItem
 from air.errors import InfraError
-from air.services.episodes import ServedEpisodes
+from air.services.episodes import ServedEpisodes, one_line, reap_idle
 from air.services.openenv.models import AirAction, AirObservation, AirState, Failure
 
 log = logging.getLogger("air.services.openenv")
@@ -30,11 +30,6 @@ class BadRequest(ValueError):
 
 class NoEpisode(RuntimeError):
     """A step with no episode to step (HTTP 409: OpenEnv's HTTP routes are stateless, a session is a WebSocket)."""
-
-
-def _one_line(text: str, limit: int = 600) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class Sessions:
@@ -50,7 +45,8 @@ class Sessions:
 
     async def start(self) -> None:
         await self.core.start()
-        self._reaper = asyncio.ensure_future(self._reap_idle())
+        self._reaper = asyncio.ensure_future(reap_idle(self.core.config.idle_timeout, self._idle,
+                                                      self._drop_idle))
 
     async def close(self) -> None:
         self.stopping = True
@@ -68,15 +64,13 @@ class Sessions:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _reap_idle(self) -> None:
-        timeout = self.core.config.idle_timeout
-        while True:
-            await asyncio.sleep(min(max(timeout / 4, 0.05), 5.0))
-            now = time.monotonic()
-            for env in list(self.envs):
-                if env.live is not None and env._op is None and now - env.last_used >= timeout:
-                    env.closed = f"after {timeout:g} s without a request (idle_timeout)"
-                    await env._drop("closed", "idle_timeout")
+    def _idle(self, now: float) -> list[AirEnvironment]:
+        return [env for env in self.envs
+                if env.live is not None and env._op is None and now - env.last_used >= self.core.config.idle_timeout]
+
+    async def _drop_idle(self, env: AirEnvironment) -> None:
+        env.closed = f"after {self.core.config.idle_timeout:g} s without a request (idle_timeout)"
+        await env._drop("closed", "idle_timeout")
 
 
 class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
@@ -88,7 +82,6 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
         self.core = sessions.core
         self.item: TaskItem | None = None
         self.live: LiveEpisode | None = None
-        self.last: AirObservation | None = None
         self.failed: AirObservation | None = None
         """A sticky failure: every step answers it until the next reset."""
         self.closed: str | None = None
@@ -125,8 +118,7 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
             await self._drop("interrupted", self.closed)
             raise NoEpisode(f"this session was closed {self.closed}")
         episode = self.live.episode
-        self.last = AirObservation(text=episode.prompt, system_prompt=episode.system_prompt, **self._about())
-        return self.last
+        return AirObservation(text=episode.prompt, system_prompt=episode.system_prompt, **self._about())
 
     async def step_async(self, action: AirAction, timeout_s: float | None = None, **kwargs: Any) -> AirObservation:
         self._check_open()
@@ -144,16 +136,13 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
             result: StepResult = await asyncio.shield(self._op)
         except InfraError as exc:
             return self._failure("infrastructure", f"turn {self.live.episode.turns}: {exc}")
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # noqa: BLE001 - a bug in air or a broken task: failed, never scored
             return self._failure("error", f"the step failed inside air ({type(exc).__name__}: {exc})")
         finally:
             self._op = None
             self.last_used = time.monotonic()
-        self.last = AirObservation(text=result.observation, reward=result.reward, done=result.done,
-                                   action=result.info.get("action"), **self._about())
-        return self.last
+        return AirObservation(text=result.observation, reward=result.reward, done=result.done,
+                              action=result.info.get("action"), **self._about())
 
     @property
     def state(self) -> AirState:
@@ -204,7 +193,7 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
                 return self.core.item_by_id(item)
             return self.core.item(0 if item is None else item)
         except (IndexError, KeyError) as exc:
-            raise BadRequest(_one_line(exc.args[0])) from None
+            raise BadRequest(one_line(exc.args[0])) from None
 
     def _about(self) -> dict[str, Any]:
         episode = self.live.episode
@@ -216,9 +205,9 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
 
     def _failure(self, kind: Failure, error: str) -> AirObservation:
         about = self._about() if self.live is not None else {"item_id": self.item.item_id if self.item else None}
-        error = _one_line(f"air: {'infrastructure failure' if kind == 'infrastructure' else 'internal error'}: "
+        error = one_line(f"air: {'infrastructure failure' if kind == 'infrastructure' else 'internal error'}: "
                           f"{error}; drop this rollout, it was not scored")
-        self.failed = self.last = AirObservation(text=error, reward=None, done=True, failure=kind, error=error,
+        self.failed = AirObservation(text=error, reward=None, done=True, failure=kind, error=error,
                                                  **about)
         return self.failed
 
