@@ -374,6 +374,8 @@ ONE_LINE = [
                  id="debug with no daemon"),
     pytest.param(["serve", "agentgym", "--port", "{port}", "--task", "prisoners-dilemma"], _busy_port, {}, 2,
                  "cannot listen on http://127.0.0.1:", id="serve agentgym on a busy port"),
+    pytest.param(["serve", "openenv", "--port", "{port}", "--task", "prisoners-dilemma"], _busy_port, {}, 2,
+                 "cannot listen on http://127.0.0.1:", id="serve openenv on a busy port"),
     # 7. smaller
     pytest.param(["eval", "prisoners-dilemma", "--gpus-per-task", "1", "--out", "run"], None, {}, 2,
                  "this host has no GPU", id="eval --gpus-per-task 1 without GPUs", marks=NO_GPU),

@@ -209,27 +209,11 @@ def _serve_sandbox_fusion(config: SandboxFusionConfig, log_level: str, as_json: 
 
 def _serve_agentgym(config: AgentGymConfig, log_level: str, as_json: bool) -> None:
     from air.services.agentgym import AgentGymService, serve
-    from air.tasks.environment import sandbox_spec
 
-    _require_free_port(config.host, config.port)
     service = AgentGymService(config)
-    service.load_items()  # an unknown task is a usage error now, not a failed reset later
-    _require_images(sandbox_spec(item.spec).image for item in service.items)
-    if config.host not in LOOPBACK and not config.token:
-        console.print(f"[yellow]warning:[/] binding {config.host} without --token: anyone who reaches this "
-                      "port can run commands in air's sandboxes")
-
-    def ready(service) -> None:
-        url = _url(config.host, config.port)
-        tasks = sorted({item.spec.id for item in service.items})
-        if as_json:
-            print(json.dumps({"service": "agentgym", "url": url, "items": len(service.items), "tasks": tasks,
-                              "max_envs": config.max_envs, "sandboxes": config.sandboxes}), flush=True)
-        else:
-            console.print(f"air: AgentGym's protocol on {url} (POST /create, /reset, /step, /close), "
-                          f"{len(service.items)} task items of {len(tasks)} tasks (GET /items)",
-                          soft_wrap=True)
-
+    _check_episode_server(config, service.episodes)
+    ready = _announcer("agentgym", config, service.episodes, as_json, "AgentGym's protocol",
+                       "(POST /create, /reset, /step, /close)", " (GET /items)")
     serve(config, log_level=log_level, on_ready=ready, service=service)
 
 
@@ -237,26 +221,38 @@ def _serve_openenv(config: OpenEnvConfig, log_level: str, as_json: bool) -> None
     from air.services.episodes import ServedEpisodes
     from air.services.openenv.app import serve
     from air.services.openenv.environment import Sessions
-    from air.tasks.environment import sandbox_spec
 
     core = ServedEpisodes(config)
-    core.load_items()  # an unknown task is a usage error now, not a failed reset later
+    _check_episode_server(config, core)
+    ready = _announcer("openenv", config, core, as_json, "OpenEnv environment", "(WebSocket sessions at /ws)")
+    serve(config, log_level=log_level, on_ready=ready, sessions=Sessions(core))
+
+
+def _check_episode_server(config, core) -> None:
+    """What an episode server checks before it starts: its port free, its tasks known (an unknown task is a usage
+    error now, not a failed reset later), their images built; an open address without a token is warned of."""
+    from air.tasks.environment import sandbox_spec
+
+    _require_free_port(config.host, config.port)
+    core.load_items()
     _require_images(sandbox_spec(item.spec).image for item in core.items)
     if config.host not in LOOPBACK and not config.token:
         console.print(f"[yellow]warning:[/] binding {config.host} without --token: anyone who reaches this "
                       "port can run commands in air's sandboxes")
 
-    def ready(sessions: Sessions) -> None:
+
+def _announcer(service: str, config, core, as_json: bool, what: str, routes: str, tail: str = ""):
+    """The line an episode server prints once it answers: JSON (url, items, tasks) or a sentence."""
+    def ready(started: object) -> None:  # the started service, which the line needs nothing of
         url = _url(config.host, config.port)
         tasks = sorted({item.spec.id for item in core.items})
         if as_json:
-            print(json.dumps({"service": "openenv", "url": url, "items": len(core.items), "tasks": tasks,
+            print(json.dumps({"service": service, "url": url, "items": len(core.items), "tasks": tasks,
                               "max_envs": config.max_envs, "sandboxes": config.sandboxes}), flush=True)
         else:
-            console.print(f"air: OpenEnv environment on {url} (WebSocket sessions at /ws), {len(core.items)} task "
-                          f"items of {len(tasks)} tasks", soft_wrap=True)
-
-    serve(config, log_level=log_level, on_ready=ready, sessions=Sessions(core))
+            console.print(f"air: {what} on {url} {routes}, {len(core.items)} task items of {len(tasks)} "
+                          f"tasks{tail}", soft_wrap=True)
+    return ready
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
