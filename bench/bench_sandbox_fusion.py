@@ -184,10 +184,8 @@ class Workload:
 
     def __init__(self, language: str, distinct: bool):
         self.language, self.distinct = language, distinct
-        self.sent = 0
 
     def code(self) -> str:
-        self.sent += 1
         tail = f"\n{COMMENT[self.language]} {uuid.uuid4().hex}" if self.distinct else ""
         return PROGRAMS[self.language] + tail
 
@@ -275,9 +273,10 @@ async def main(args: argparse.Namespace) -> dict:
             clients.append(client)
             port = httpx.URL(args.sandbox_fusion_url).port or 80
             endpoints["sandbox-fusion"] = (client, listener_pid(port), [], False)
+        figures["baseline"] = "sandbox-fusion" if "sandbox-fusion" in endpoints else "subprocess"
         for language in args.language:
-            work = {name: Workload(language, args.programs == "distinct") for name in endpoints}
-            sides = {name: (work[name].http_once(client) if client else work[name].subprocess_once, pid, runs, own)
+            work = Workload(language, args.programs == "distinct")
+            sides = {name: (work.http_once(client) if client else work.subprocess_once, pid, runs, own)
                      for name, (client, pid, runs, own) in endpoints.items()}
             for name, (one, *_rest) in sides.items():  # warm-up: every sandbox and connection (and, same
                 await drive(one, 2 * top, top, [])     # program: its compile)
@@ -297,10 +296,8 @@ async def main(args: argparse.Namespace) -> dict:
                                   **{f"{k}_cpu_ms": t[k] / n * 1000
                                      for k in ("machine", "server", "sandboxes", "docker", "client")},
                                   "server_core": t["server"] / t["wall"]}
-                baseline = "sandbox-fusion" if "sandbox-fusion" in rows else "subprocess"
                 for row in rows.values():
-                    row["ratio"] = row["rps"] / rows[baseline]["rps"]
-                figures["baseline"] = baseline
+                    row["ratio"] = row["rps"] / rows[figures["baseline"]]["rps"]
                 figures["levels"][f"{language} c={c}"] = rows
     finally:
         for client in clients:

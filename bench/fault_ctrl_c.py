@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import docker
+from air.sandbox import connect, list_air_containers, remove_containers
 
 
 def trial(folder: Path, run_id: str, delay: float) -> str:
@@ -54,6 +54,10 @@ def main() -> None:
     parser.add_argument("--max-delay", type=float, default=3.0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
+    # Ctrl-C as a terminal sends it: a bench started as a background job (`... &`) inherits SIGINT ignored, and an
+    # ignored signal survives exec, so every trial would hang for the launcher's sake.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     tag = f"ctrl-c-{os.getpid()}"
     outcomes = []
@@ -68,12 +72,11 @@ def main() -> None:
     finally:
         for proc in busy:
             proc.kill()
-        client = docker.from_env()
-        for container in client.containers.list(all=True, filters={"label": "air.run"}):
-            if container.labels.get("air.run", "").startswith(tag):
-                container.remove(force=True)
+        client = connect()
+        left = remove_containers(client, [c.id for c in list_air_containers(client) if c.run.startswith(tag)])
     hangs = sum(o.startswith("HANG") for o in outcomes)
-    print(f"{args.trials} trials: {hangs} hang(s), {sum(o == 'exit 130' for o in outcomes)} exited 130")
+    print(f"{args.trials} trials: {hangs} hang(s), {sum(o == 'exit 130' for o in outcomes)} exited 130, "
+          f"{len(left)} container(s) left behind (removed)")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def run_checks() -> list[Check]:
         except docker.errors.ImageNotFound:
             checks.append(Check(f"image {name}", False, "not built" + what, build_command(recipe),
                                 required=required))
-    return checks
+    return checks + _sandbox_fusion_checks(client)
 
 
 @app.command()
@@ -77,7 +77,7 @@ def doctor(as_json: JsonFlag = False) -> None:
 
     Example: air doctor --json
     """
-    checks = run_checks() + _sandbox_fusion_checks()
+    checks = run_checks()
     if as_json:
         print_json([c.__dict__ for c in checks])
     else:
@@ -92,14 +92,12 @@ def doctor(as_json: JsonFlag = False) -> None:
         raise typer.Exit(3)
 
 
-def _sandbox_fusion_checks() -> list:
-    """One row per built air image: the SandboxFusion languages it serves."""
+def _sandbox_fusion_checks(client) -> list:
+    """One row per built air image: the SandboxFusion languages it serves (the daemon answered the checks above)."""
     from air.images import image_ref, list_images
-    from air.sandbox import connect
     from air.services.sandbox_fusion.recipes import SERVE_TOOLCHAIN, TOOLCHAIN_IMAGE
 
     try:
-        client = connect()
         rows = [r for r in list_images(client) if r["current"]]
     except Exception:  # noqa: BLE001 - the daemon check above already says why
         return []

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from air import display
 from air.cli.app import GpusPerTask, JsonFlag, MlgymRoot, console, out, print_json, run_async
+from air.tasks.baseline_stats import DEFAULT_RUNS
 
 tasks_app = typer.Typer(help="List, inspect and check research tasks (bundled, or MLGym YAMLs).", no_args_is_help=True)
 
@@ -143,7 +144,7 @@ def tasks_check(
     gpus_per_task: GpusPerTask = 0,
     runs: Annotated[int, typer.Option(min=1, help="Evaluations of the baseline submission when its evaluation is "
                                                   "stochastic (declared, or two evaluations differ); 1 skips "
-                                                  "the second evaluation that finds out.")] = 20,
+                                                  "the second evaluation that finds out.")] = DEFAULT_RUNS,
     budget: Annotated[str | None, typer.Option(
         help="How long each task's baseline may run, e.g. 90s, 30m, 2h (default: the task's training timeout). A "
              "task air measured to need more on a CPU (MLGym's RL tasks) is skipped, saying what it needs.")] = None,
