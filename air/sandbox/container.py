@@ -33,7 +33,12 @@ from air.sandbox.output import CappedBuffer
 from air.sandbox.spec import SandboxSpec
 
 REMOVE_PATIENCE = 90.0  # seconds a removal keeps retrying while the daemon is unreachable
-ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"]
+ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL", "SETPCAP"]
+"""What root (the harness: the warden, staging and scoring execs) holds in every sandbox. SETPCAP lets the warden
+empty the bounding set of every process it starts for the agent."""
+CELL_CAPABILITIES = ["SYS_ADMIN", "NET_ADMIN", "SYS_CHROOT", "MKNOD"]
+"""What the warden needs besides, to build cells (warden/cell.py): namespaces and mounts, the cell's loopback, joining
+a cell's mount namespace, its /dev. No process of the agent, nor code under evaluation, ever holds any of them."""
 
 
 @dataclass(eq=False)  # identity semantics: a sandbox is a live resource, kept in sets
@@ -53,6 +58,10 @@ class Sandbox:
     """The image's content id (sha256:...), recorded in trajectories so a replay can tell images apart."""
     staged: str | None = None
     """Opaque token of the content a higher layer staged here (the tasks layer: a task's content hash)."""
+    agent_uid: int = AGENT_UID
+    """The uid the agent runs under here: the sandbox's own (see layout.AGENT_UID_BASE)."""
+    cells: bool = True
+    """Whether this sandbox was made to build cells (its warden says whether it does: `Session.cells`)."""
     _session: Shell | None = None
     _oom_kills: int = 0
     _oom_file: str | None = None
@@ -62,8 +71,9 @@ class Sandbox:
     @classmethod
     async def create(cls, docker_: Docker, spec: SandboxSpec, *, run: str | None = None, role: str = "agent",
                      gpu_ids: tuple[str, ...] = (), start_timeout: float = 60, labels: dict[str, str] | None = None,
-                     gpu_devices: bool = True) -> Sandbox:
-        kwargs = container_kwargs(spec, run=run, role=role, gpu_ids=gpu_ids, gpu_devices=gpu_devices)
+                     gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True) -> Sandbox:
+        kwargs = container_kwargs(spec, run=run, role=role, gpu_ids=gpu_ids, gpu_devices=gpu_devices,
+                                  agent_uid=agent_uid, cells=cells)
         kwargs["labels"].update(labels or {})
         try:
             container = await docker_.call(docker_.client.containers.run, timeout=start_timeout, **kwargs)
@@ -71,8 +81,8 @@ class Sandbox:
             if isinstance(exc.__cause__, docker.errors.ImageNotFound):
                 raise ImageError.not_built(spec.image) from exc
             raise
-        sandbox = cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""))
-        return sandbox
+        return cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""),
+                   agent_uid=agent_uid, cells=cells)
 
     async def rename(self, name: str) -> None:
         await self.docker.call(self.docker.api.rename, self.container_id, name, timeout=30)
@@ -284,9 +294,10 @@ def gpu_env(gpu_ids: tuple[str, ...]) -> dict[str, str]:
 
 
 def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: tuple[str, ...],
-                     gpu_devices: bool = True) -> dict:
+                     gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True) -> dict:
     """Arguments of `containers.run` for a sandbox: limits, labels, no network, init, exclusive GPUs (the
-    device request left out with gpu_devices=False: tests on a machine without the NVIDIA runtime)."""
+    device request left out with gpu_devices=False: tests on a machine without the NVIDIA runtime), the
+    capabilities the warden needs for cells when it is to build them."""
     r = spec.resources
     name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or role).lower())[:24]}-{uuid.uuid4().hex[:8]}"
     kwargs: dict = dict(
@@ -297,10 +308,13 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
         nano_cpus=int(r.cpus * 1e9), mem_limit=f"{spec.memory_limit_mb}m",
         memswap_limit=f"{spec.memory_limit_mb}m", shm_size=f"{SHM_MB}m",
         pids_limit=r.pids, stop_signal="SIGKILL",
-        # Hardening: the agent (AGENT_UID) gets no capability at all; root (only the harness execs as root)
-        # keeps what staging, scoring and the evaluation kit's privilege drop need. No setuid escalation.
-        cap_drop=["ALL"], cap_add=ROOT_CAPABILITIES, security_opt=["no-new-privileges"],
+        # Hardening: the agent gets no capability at all (the warden empties every agent process's bounding set);
+        # root (only the harness execs as root) keeps what staging, scoring and the evaluation kit's privilege drop
+        # need, and, to build cells, what the warden needs for that. No setuid escalation.
+        cap_drop=["ALL"], cap_add=ROOT_CAPABILITIES + (CELL_CAPABILITIES if cells else []),
+        security_opt=["no-new-privileges"],
     )
+    kwargs["labels"]["air.uid"] = str(agent_uid)
     if spec.read_only_root:
         kwargs["read_only"] = True
         # Anonymous volumes (removed with the container): disk-backed, so a checkpoint does not eat memory.
@@ -312,8 +326,8 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
         tmp = f"rw,exec,nosuid,nodev,size={spec.tmp_mb}m,mode=1777"
         kwargs["tmpfs"] = {"/tmp": tmp, "/var/tmp": tmp}
         if spec.workspace_mb:
-            kwargs["tmpfs"][AGENT_HOME] = (f"rw,exec,nosuid,nodev,size={spec.workspace_mb}m,uid={AGENT_UID},"
-                                           f"gid={AGENT_UID},mode=755")
+            kwargs["tmpfs"][AGENT_HOME] = (f"rw,exec,nosuid,nodev,size={spec.workspace_mb}m,uid={agent_uid},"
+                                           f"gid={agent_uid},mode=755")
     # Read-only binds (air's data store): the agent can read them, nobody in the sandbox can write them.
     kwargs.setdefault("mounts", []).extend(
         docker.types.Mount(target=target, source=source, type="bind", read_only=True)

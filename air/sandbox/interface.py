@@ -12,7 +12,7 @@ Four ways to run something in a sandbox, named by whom they trust:
 - `harness_exec`/`harness_sh` (~25 ms) is for the harness's own work (staging, scoring set-up), never agent code;
 - `run` (~0.5 ms) is the agent's commands, cwd and environment kept from one to the next;
 - `run_untrusted` is for untrusted code whose exit status is a result (SandboxFusion's programs);
-- `reset` takes the sandbox back to a fresh one's state.
+- `reset` takes the sandbox back to a fresh one's state: it ends the sandbox's cell and builds a new one.
 
 `container.Sandbox` with `session.Session` implement these; the tasks, episode and services layers type against
 them (import them from `air.sandbox`), and the conformance suite (tests/test_sandbox.py) runs the same tests
@@ -89,7 +89,12 @@ class Shell(Protocol):
     cwd: str
     """Where the shell is, as text to show (agent-controlled, decoded and bounded on arrival)."""
     last_reset: WasReset | None
-    """What the last reset did: "full" or "verified" home, files compared, entries restored, cost per part."""
+    """What the last reset did (a new cell, or without cells the home copied back) and what each part cost."""
+
+    @property
+    def cells(self) -> bool:
+        """Every reset builds a new cell; else (a host that forbids them) the sandbox must be used once."""
+        ...
 
     async def start(self) -> None:
         """(Re)start the shell with a pristine environment, where it was."""
@@ -115,8 +120,8 @@ class Shell(Protocol):
         never through a symlink (ArchiveUnwritable when a place cannot be written)."""
         ...
 
-    async def reset(self, timeout: float = 30, *, full: bool = False) -> None:
-        """Back to the state of a fresh sandbox of the same task (no process, IPC object or temp file left)."""
+    async def reset(self, timeout: float = 30) -> None:
+        """Back to the state of a fresh sandbox of the same task: a new cell (new namespaces, home, temp dirs)."""
         ...
 
     async def interrupt(self) -> None: ...
@@ -137,6 +142,8 @@ class Sandbox(Protocol):
     """Opaque token of what a higher layer staged here (the tasks layer: a task's content hash)."""
     broken: str | None
     """Why it must not be reused; None while healthy (set it with `mark_broken`)."""
+    agent_uid: int
+    """The uid the agent (and code under evaluation) runs under here: the sandbox's own."""
 
     @property
     def short_id(self) -> str: ...

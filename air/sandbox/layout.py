@@ -7,7 +7,13 @@ from __future__ import annotations
 
 AGENT_USER = "agent"
 AGENT_UID = 1000
-"""The agent's uid (and gid): no capabilities, never root."""
+"""The agent's uid (and gid) in the image: the owner of the image's home. In a sandbox the agent runs under a uid of
+the sandbox's own (`Sandbox.agent_uid`, from AGENT_UID_BASE), which no other sandbox and no host user has: per-user
+kernel limits (inotify instances, processes, ...) are then the sandbox's alone."""
+AGENT_UID_BASE = 1_879_048_192
+"""0x70000000: the first uid sandboxes' agents get (plus the sandbox's host-wide slot). Above every range that
+systemd and useradd hand out, container uid ranges included (systemd's UIDS-GIDS.md: 1879048192-2147483647 is
+unused), and below 2**31 (some tools read uids as signed)."""
 AGENT_HOME = "/home/agent"
 WORKSPACE = f"{AGENT_HOME}/workspace"
 """Where the agent starts and its task's files are."""
@@ -21,7 +27,7 @@ PRISTINE_HOME = f"{PRISTINE}/home"
 DATA = f"{AIR_DIR}/data"
 """A task's read-only data; the workspace links `data` here."""
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
-"""Writable by the agent besides its home; every reset empties them."""
+"""Writable by the agent besides its home: every cell has new ones (without cells, a reset empties them)."""
 
 FIXED_MTIME = 1704067200
 """2024-01-01T00:00:00Z: the time of every staged path, so `ls -l` reads alike in every sandbox and replay."""

@@ -9,10 +9,13 @@
 - Sandboxes are interchangeable per `spec.key` (image, task, resources, network). A lease takes an idle one
   (after a sub-millisecond health check of its shell) or creates one, within `max_sandboxes`; when the pool is
   full, an idle sandbox of another key is evicted, else the lease waits up to `lease_timeout`.
-- Release hands the sandbox to a background reset (session.reset, done by the sandbox's root warden: no agent
-  process, IPC object or temp file, the pristine home and environment; the next command starts a fresh shell)
-  and back to the idle set. After an infrastructure error, an OOM kill, or `max_leases` uses it is removed instead,
-  and a replacement is warmed when the key wants `warm` idle sandboxes.
+- Release hands the sandbox to a background reset (session.reset, done by the sandbox's root warden: the lease's
+  cell ends, with every process, socket, IPC object, temp file and change to the home in it, and a new cell is
+  built; the next command starts a fresh shell) and back to the idle set. After an infrastructure error, an OOM
+  kill, or `max_leases` uses it is removed instead, and a replacement is warmed when the key wants `warm` idle
+  sandboxes. On a Docker host that forbids cells (`PoolConfig.isolation`), every sandbox is used once.
+- Every sandbox's agent has a uid of its own (`agent_uid_base` + its host-wide slot): per-user kernel limits are
+  never shared with another sandbox or a host user.
 - Background work is tracked: `close()` waits for it, so a refill can never create a container after the pool
   closed (a prototype leaked containers that way); a late creation sees `closed` and removes its container.
 - Every container is labelled with this run and owner; `start()` sweeps containers of dead runs, and an atexit
@@ -59,6 +62,12 @@ from air.sandbox.session import Session
 from air.sandbox.spec import DockerHost, PoolConfig
 
 log = logging.getLogger("air.pool")
+CELL_ATTEMPTS = 3
+"""New sandboxes tried when their first cell fails where cells work, before the lease fails as infrastructure."""
+
+
+class CellFailed(SandboxUnavailable):
+    """A sandbox could not build its cell where cells work (the host's failure, never the agent's)."""
 
 
 @dataclass
@@ -73,13 +82,16 @@ class PoolStats:
 
 @dataclass(eq=False)
 class _Host:
-    """A Docker daemon as this pool uses it: its client, its host-wide claims, whether it answers."""
+    """A Docker daemon as this pool uses it: its client, its host-wide claims, whether it answers, whether its
+    sandboxes build cells."""
 
     config: DockerHost
     docker: Docker | None = None
     claims: HostClaims | None = None
     down_until: float = 0.0
     down_reason: str = ""
+    cells: bool | None = None
+    """Known once a sandbox started there: True, or False (then every sandbox there is used once)."""
 
     @property
     def name(self) -> str:
@@ -338,40 +350,51 @@ class SandboxPool:
 
     async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> Sandbox:
         """Create a sandbox in a slot already reserved by the caller: claim a slot of a host's budget and its GPUs
-        (waiting, bounded, while every host is full), then create it there."""
+        (waiting, bounded, while every host is full), then create it there. A sandbox whose first cell cannot be
+        built where cells work is the host's failure: it is removed and another one made (CELL_ATTEMPTS in all)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.lease_timeout
-        sandbox: Sandbox | None = None
+        claim_spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus": 0})}) \
+            if lent_gpus else spec
         try:
-            claim_spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus": 0})}) \
-                if lent_gpus else spec
-            while True:
-                host, grant = await self._claim(claim_spec, deadline)
-                labels = _grant_labels(grant)
-                if lent_gpus:  # shown like its own, held by the lender's claims
-                    labels[GPUS] = ",".join(lent_gpus)
+            for attempt in range(1, CELL_ATTEMPTS + 1):
+                sandbox: Sandbox | None = None
                 try:
-                    sandbox = await Sandbox.create(host.docker, spec, run=self.run_id,
-                                                   gpu_ids=lent_gpus or grant.gpu_ids, labels=labels,
-                                                   gpu_devices=self.config.request_gpu_devices)
-                except DockerUnavailable as exc:  # the daemon went away between claim and create: try another
-                    self._mark_down(host, exc)
-                    await self._give_back(host, grant)
-                    continue
+                    while True:
+                        host, grant = await self._claim(claim_spec, deadline)
+                        labels = _grant_labels(grant)
+                        if lent_gpus:  # shown like its own, held by the lender's claims
+                            labels[GPUS] = ",".join(lent_gpus)
+                        try:
+                            sandbox = await Sandbox.create(
+                                host.docker, spec, run=self.run_id, gpu_ids=lent_gpus or grant.gpu_ids,
+                                labels=labels, gpu_devices=self.config.request_gpu_devices,
+                                agent_uid=self._agent_uid(grant), cells=self._wants_cells(host))
+                        except DockerUnavailable as exc:  # the daemon went away between claim and create
+                            self._mark_down(host, exc)
+                            await self._give_back(host, grant)
+                            continue
+                        except BaseException:
+                            await self._give_back(host, grant)
+                            raise
+                        self._held[sandbox] = (host, grant)
+                        break
+                    self.stats.created += 1
+                    self._live.add(sandbox)
+                    sandbox.attach(Session(sandbox))
+                    await sandbox.session.start()
+                    self._learn_cells(host, sandbox)
+                    return sandbox
+                except CellFailed as exc:
+                    await self._remove(sandbox)
+                    if attempt == CELL_ATTEMPTS:
+                        raise
+                    log.warning("%s; trying another sandbox", exc)
                 except BaseException:
-                    await self._give_back(host, grant)
+                    if sandbox is not None:
+                        await self._remove(sandbox)
                     raise
-                self._held[sandbox] = (host, grant)
-                break
-            self.stats.created += 1
-            self._live.add(sandbox)
-            sandbox.attach(Session(sandbox, track_opens=self.config.track_opens))
-            await sandbox.session.start()
-            return sandbox
-        except BaseException:
-            if sandbox is not None:
-                await self._remove(sandbox)
-            raise
+            raise AssertionError("unreachable")
         finally:
             async with self._changed:
                 self._reserved -= 1
@@ -428,6 +451,31 @@ class SandboxPool:
                     async with asyncio.timeout(min(random.uniform(0.2, 1.0), max(deadline - now, 0.01))):
                         await self._changed.wait()
 
+    def _agent_uid(self, grant: Grant) -> int:
+        """The sandbox's own agent uid: unique among live sandboxes on the host by its slot (without a host budget,
+        drawn from a range of 2**20 past the slots')."""
+        if grant.slot is not None:
+            return self.config.agent_uid_base + grant.slot
+        return self.config.agent_uid_base + 65536 + random.randrange(1 << 20)
+
+    def _wants_cells(self, host: _Host) -> bool:
+        return self.config.isolation == "cells" or (self.config.isolation == "auto" and host.cells is not False)
+
+    def _learn_cells(self, host: _Host, sandbox: Sandbox) -> None:
+        """What a sandbox's warden said about cells: the first word of a host decides the host's mode (auto); a
+        sandbox without cells where they were demanded, or where the host builds them, is a failure."""
+        session = sandbox.session
+        if not sandbox.cells or session.cells:
+            if session.cells:
+                host.cells = True
+            return
+        why = session.ready.why_not if session.ready else "unknown"
+        if self.config.isolation == "cells" or host.cells:
+            raise CellFailed(f"sandbox {sandbox.short_id} could not build a cell: {why}")
+        host.cells = False
+        log.warning("Docker host %s cannot give sandboxes cells (%s): each sandbox is used once instead "
+                    "(slower; `air doctor` says more)", host.name, why)
+
     def _load(self, host: _Host) -> float:
         """This pool's share of a host's budget in use: where the next sandbox goes (least loaded first)."""
         live = sum(1 for h, _ in self._held.values() if h is host)
@@ -462,7 +510,8 @@ class SandboxPool:
             await self._remove(sandbox)
             return
         reason = sandbox.broken or ("max_leases reached" if sandbox.leases >= self.config.max_leases else None) or (
-            "its GPUs go back to the host" if sandbox.gpu_ids and not self.config.reuse_gpu_sandboxes else None)
+            "its GPUs go back to the host" if sandbox.gpu_ids and not self.config.reuse_gpu_sandboxes else None) or (
+            None if sandbox.session.cells else "used once: its host gives no cells")
         if reason is None:
             try:
                 async with asyncio.timeout(self.config.reset_timeout + 10):

@@ -11,9 +11,9 @@ Why this shape:
   background jobs, double-forked daemons), which leaves earlier background jobs alone, and a USR1 trap aborts the
   rest of the command list, as Ctrl-C would. A shell that dies or stops answering is replaced in the same cwd (the
   workspace if that is gone): always the agent's result, never an infrastructure failure.
-- A reset is one request to the warden (root): it kills every agent process, removes IPC objects and temp files,
-  makes the home equal the root-only pristine copy by content (warden/restore.py); the next command starts a
-  fresh shell. No agent-uid process is ever on that path.
+- A reset is one request to the warden (root): it ends the sandbox's cell, and with it every agent process, socket,
+  IPC object, temp file and change to the home, and builds a new one (warden/cell.py); the next command starts a
+  fresh shell in it. No agent-uid process is ever on that path.
 - Programs whose exit status is a reward (SandboxFusion's code) run through `run_untrusted`: the warden's own child,
   status from waitpid, every agent process reaped afterwards.
 - What comes back (output, cwd) is agent-controlled: the protocol decodes and bounds it on arrival (`AgentText`).
@@ -35,10 +35,8 @@ _MARGIN = 30.0  # seconds the host waits beyond the warden's own deadline and ki
 class Session:
     """A persistent bash in a sandbox, run as the agent user by the sandbox's warden. One command at a time."""
 
-    def __init__(self, sandbox: Sandbox, *, user: str = AGENT_USER, output_limit: int = 1 << 20,
-                 track_opens: bool = True):
+    def __init__(self, sandbox: Sandbox, *, user: str = AGENT_USER, output_limit: int = 1 << 20):
         self.sandbox = sandbox
-        self.track_opens = track_opens
         self.user = user
         self.output_limit = output_limit
         self.cwd = WORKSPACE
@@ -47,7 +45,9 @@ class Session:
         self._link: WardenLink | None = None
         self._running = False
         self.last_reset: p.WasReset | None = None
-        """What the last reset did: how the home was restored, how much it checked, and what each part cost."""
+        """What the last reset did (a new cell, or without cells the home copied back) and what each part cost."""
+        self.ready: p.Ready | None = None
+        """What the warden said when it started: whether it builds cells, and if not why not."""
 
     # ----- lifecycle --------------------------------------------------------------------------------------------
     @property
@@ -59,9 +59,14 @@ class Session:
                 "PATH": BASE_PATH, "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.spec.env,
                 **gpu_env(self.sandbox.gpu_ids)}
 
+    @property
+    def cells(self) -> bool:
+        """Every reset builds a new cell (known once the warden started; else the sandbox must be used once)."""
+        return self.ready is not None and self.ready.cells
+
     async def _warden(self) -> WardenLink:
         if self._link is None:
-            self._link = await WardenLink.open(self.sandbox, track_opens=self.track_opens)
+            self._link, self.ready = await WardenLink.open(self.sandbox)
         elif not self._link.alive:
             # Nothing the agent does can end the warden: its loss is the sandbox's, and what the old warden
             # guaranteed (a reset) cannot be vouched for by a new one.
@@ -159,12 +164,9 @@ class Session:
             await self._link.call(p.Interrupt(), wait=_MARGIN)
 
     # ----- reset ------------------------------------------------------------------------------------------------
-    async def reset(self, timeout: float = 30, *, full: bool = False) -> None:
-        """Pristine state: no agent process, IPC object or temp file, the home as staged; a fresh shell next.
-
-        `full` wipes and copies the whole home instead of checking it against the pristine copy (use it after
-        changing the pristine copy: staging a task)."""
+    async def reset(self, timeout: float = 30) -> None:
+        """A fresh sandbox's state: a new cell with the home as staged (the pristine copy), a fresh shell next."""
         async with self._lock:
             link = await self._warden()
-            self.last_reset = await link.call(p.Reset(env=self.pristine_env(), full=full), wait=timeout)
+            self.last_reset = await link.call(p.Reset(env=self.pristine_env()), wait=timeout)
             self.cwd = WORKSPACE

@@ -4,9 +4,11 @@ hosts `DockerHost`). Plain pydantic models: configs can be validated where Docke
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from air.sandbox.layout import SHM_MB, WARDEN_MB
+from air.sandbox.layout import AGENT_UID_BASE, SHM_MB, WARDEN_MB
 
 
 class Resources(BaseModel):
@@ -89,10 +91,15 @@ class PoolConfig(BaseModel):
     lease_timeout: float = Field(600, gt=0)
     """How long a lease may wait for capacity or GPUs before PoolExhausted."""
     reset_timeout: float = Field(60, gt=0)
-    track_opens: bool = True
-    """Let a reset take the kernel's word (inotify) that an agent-writable home file nobody opened is unchanged.
-    Off, every such file is compared byte for byte at every reset (slower for large writable workspaces; also
-    what happens where the host's inotify limits are reached). Either way the reset is verified by content."""
+    isolation: Literal["auto", "cells", "containers"] = "auto"
+    """How each lease starts fresh. "cells": every lease (evaluation, served request) in a new cell of a warm
+    container: new namespaces, home, temp dirs and /dev, built in milliseconds (warden/cell.py). "containers": a
+    new container per lease, used once (slower; for hosts that forbid what cells need). "auto": cells, unless a
+    Docker host forbids them (an AppArmor profile that denies mounts, rootless Docker, an unknown CPU
+    architecture): that host then gets "containers", said once in the log and by `air doctor`."""
+    agent_uid_base: int = Field(AGENT_UID_BASE, ge=1000, le=2**31 - 2**20)
+    """Each sandbox's agent runs under this uid plus the sandbox's host-wide slot: a uid no other live sandbox and
+    no host user has. Under rootless Docker only the first 65536 uids exist in a container: set e.g. 20000."""
     gpu_ids: list[str] | None = None
     """GPU ids of the local Docker host this pool may hand out; None = detect with nvidia-smi; [] = none."""
     hosts: list[DockerHost] = []

@@ -16,7 +16,16 @@ import logging
 
 from air.errors import InfraError, SandboxUnavailable
 from air.sandbox.container import Sandbox
-from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, FIXED_MTIME, PRISTINE_HOME, SCRATCH_DIRS, WORKSPACE
+from air.sandbox.layout import (
+    AGENT_HOME,
+    AGENT_UID,
+    AIR_DIR,
+    FIXED_MTIME,
+    PRISTINE_HOME,
+    SCRATCH_DIRS,
+    SHM_MB,
+    WORKSPACE,
+)
 from air.sandbox.warden import bundle
 from air.sandbox.warden import protocol as p
 
@@ -35,10 +44,12 @@ _BOOT = ("import os\n"
          "exec(compile(r(int(r(10))),'air-warden','exec'),{'__name__':'air_warden'})\n")
 
 
-def hello(track_opens: bool) -> p.Hello:
-    return p.Hello(uid=AGENT_UID, home=AGENT_HOME, workspace=WORKSPACE, air=AIR_DIR, pristine_home=PRISTINE_HOME,
-                   shell=f"{AIR_DIR}/bin/bash", keep=["pristine", "data", "bin"], scratch=list(SCRATCH_DIRS),
-                   epoch=FIXED_MTIME, track_opens=track_opens)
+def hello(sandbox: Sandbox) -> p.Hello:
+    spec = sandbox.spec
+    return p.Hello(uid=sandbox.agent_uid, image_uid=AGENT_UID, home=AGENT_HOME, workspace=WORKSPACE, air=AIR_DIR,
+                   pristine_home=PRISTINE_HOME, shell=f"{AIR_DIR}/bin/bash",
+                   keep=["pristine", "data", "bin", "etc", "cell"], scratch=list(SCRATCH_DIRS), epoch=FIXED_MTIME,
+                   cells=sandbox.cells, home_mb=spec.workspace_mb or 2048, tmp_mb=spec.tmp_mb, shm_mb=SHM_MB)
 
 
 class WardenGone(SandboxUnavailable):
@@ -58,7 +69,8 @@ class WardenLink:
         self.closed = asyncio.Event()
 
     @classmethod
-    async def open(cls, sandbox: Sandbox, timeout: float = 60, *, track_opens: bool = True) -> WardenLink:
+    async def open(cls, sandbox: Sandbox, timeout: float = 60) -> tuple[WardenLink, p.Ready]:
+        """The link, and what the warden said it set up (whether it builds cells, and if not why not)."""
         link = cls(sandbox)
         docker = sandbox.docker
         exec_id = (await docker.call(
@@ -73,11 +85,11 @@ class WardenLink:
         link._reader_task = asyncio.create_task(link._read_loop(reader), name=f"air-warden-{sandbox.name}")
         link._writer.write(b"%010d" % len(_BUNDLE) + _BUNDLE)
         try:
-            await link.call(hello(track_opens), wait=timeout)
+            ready = await link.call(hello(sandbox), wait=timeout)
         except BaseException:
             await link.close()
             raise
-        return link
+        return link, ready
 
     @property
     def alive(self) -> bool:

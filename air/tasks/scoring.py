@@ -3,9 +3,12 @@
 1. Copy the declared artefacts out of the agent's sandbox as a tar (a symlink comes as a link, never followed),
    size-capped while streaming, and refuse links that leave the artefact, device files and absolute names.
 2. Lease a separate scoring sandbox (same image, no network), put in the pristine evaluation code, the data
-   and the secrets, and the copied artefacts.
-3. Run the evaluation with a timeout and read the metrics from a file it writes (air tasks: $AIR_METRICS_FILE,
-   root-only; MLGym tasks: the last JSON object line of stdout, as MLGym prints it).
+   and the secrets, and the copied artefacts. Every lease of it is a new cell (air/sandbox/warden/cell.py): what
+   an evaluation's code leaves in the kernel (sockets, IPC, temp files, counters) ends with its cell, and never
+   reaches a later evaluation.
+3. Run the evaluation in that cell with a timeout (as the warden's child: its exit status is the kernel's) and read
+   the metrics from a file it writes (air tasks: $AIR_METRICS_FILE, root-only; MLGym tasks: the last JSON object
+   line of stdout, as MLGym prints it).
 
 The result is metrics, or a typed failure the agent sees as text. Infrastructure failures raise (InfraError),
 and a broken evaluation of a valid submission raises TaskError: neither is ever a score.
@@ -43,7 +46,7 @@ from air.sandbox import (
 from air.tasks.datastore import HF_OFFLINE_ENV, DataStore
 from air.tasks.shared_lib import shared_lib_entries
 from air.tasks.spec import TaskSpec
-from air.tasks.staging import AGENT_UID, add_entries, tar_of
+from air.tasks.staging import add_entries, tar_of
 
 log = logging.getLogger("air.scoring")
 
@@ -206,6 +209,14 @@ def _air_eval_tar(spec: TaskSpec) -> bytes:
     return buf.getvalue()
 
 
+async def _evaluate_in_cell(scorer: Sandbox, argv: list[str], *, user: str, cwd: str, env: dict[str, str],
+                      timeout: float):
+    """Run an evaluation (or a step of one) in the scorer's cell, as the warden's child; the agent's uid is given
+    to the evaluation kit, which runs the submission's code under it."""
+    return await scorer.session.run_untrusted(argv, user=user, cwd=cwd, timeout=timeout,
+                                              env={**env, "AIR_AGENT_UID": str(scorer.agent_uid)})
+
+
 def _mlgym_eval_tar(spec: TaskSpec, owner: int) -> bytes:
     """MLGym evaluations expect one workspace: evaluation files, data/ and secrets at their MLGym paths."""
     buf = io.BytesIO()
@@ -308,8 +319,8 @@ async def _run_air(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalOut
     await scorer.harness_sh(f"chmod 755 {EVAL}")
     env = {"AIR_SUBMISSION_DIR": SUBMISSION, "AIR_SECRET_DIR": f"{EVAL}/secret", "AIR_DATA_DIR": f"{EVAL}/data",
            "AIR_METRICS_FILE": METRICS_FILE, **await _datasets_view(scorer, spec, 0)}
-    result = await scorer.harness_exec(["python", f"{EVAL}/{spec.evaluation.entry}"], cwd=EVAL, env=env,
-                               timeout=spec.evaluation.timeout)
+    result = await _evaluate_in_cell(scorer, ["python", f"{EVAL}/{spec.evaluation.entry}"], user="root", cwd=EVAL,
+                                     env=env, timeout=spec.evaluation.timeout)
     if result.timed_out:
         return EvalOutcome(status="timeout", message=f"The evaluation did not finish within "
                                                      f"{spec.evaluation.timeout:g} seconds.")
@@ -328,9 +339,11 @@ async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalO
     ev = spec.evaluation
     # Trusted (a CSV task, or a declared one whose agent code runs through the proxy): MLGym's evaluator runs as
     # root on a root-owned, read-only workspace. Otherwise it runs as the agent: MLGym's own trust model.
-    owner, user = (0, "root") if ev.trusted else (AGENT_UID, "agent")
-    await scorer.harness_sh(f"rm -rf {WORKSPACE} {SUBMISSION} {EVAL} && mkdir -p {WORKSPACE} {SUBMISSION} {EVAL} && "
-                    f"chown {owner}:{owner} {WORKSPACE} && chmod 755 {EVAL}")
+    owner, user = (0, "root") if ev.trusted else (scorer.agent_uid, "agent")
+    await scorer.harness_sh(f"rm -rf {SUBMISSION} {EVAL} && mkdir -p {SUBMISSION} {EVAL} && chmod 755 {EVAL}")
+    # The workspace is the cell's (a new one per evaluation): the evaluation's user owns it.
+    await _evaluate_in_cell(scorer, ["chown", f"{owner}:{owner}", WORKSPACE], user="root", cwd="/", env={},
+                            timeout=60)
     env = await _datasets_view(scorer, spec, owner)
     try:
         if ev.agent_module:
@@ -339,8 +352,8 @@ async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalO
             proxy = make_tar({f"{ev.agent_module}.py": _proxy_module(spec)}, mode=0o444)
             await scorer.session.unpack(WORKSPACE, proxy, user="root")
         else:
-            await scorer.session.unpack(WORKSPACE, artefacts if ev.trusted else _owned_by_agent(artefacts),
-                                        user="root")
+            await scorer.session.unpack(WORKSPACE, artefacts if ev.trusted else
+                                        _owned_by_agent(artefacts, scorer.agent_uid), user="root")
         # The task's files win: whatever the submission put at their paths (a directory named evaluate.py, a link)
         # is replaced, never followed.
         await scorer.session.unpack(WORKSPACE, _mlgym_eval_tar(spec, owner), user="root")
@@ -349,13 +362,14 @@ async def _run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalO
                                                                 "beside the task's evaluation files.")
     model_config = None
     if ev.contract == "mlgym-model":
-        found = await scorer.harness_sh(f"find {WORKSPACE} -type f -name '*.yaml' | sort | head -n 1", check=False)
+        found = await _evaluate_in_cell(scorer, ["sh", "-c", f"find {WORKSPACE} -type f -name '*.yaml' | sort | "
+                                                             "head -n 1"], user="root", cwd="/", env={}, timeout=60)
         model_config = found.stdout.strip()
         if not model_config:
             return EvalOutcome(status="no_submission", message="No submission found: no .yaml config file in "
                                                                "the workspace.")
-    result = await scorer.harness_exec(["sh", "-c", _mlgym_command(spec, model_config)], user=user, cwd=WORKSPACE,
-                               timeout=ev.timeout, env=env or None)
+    result = await _evaluate_in_cell(scorer, ["sh", "-c", _mlgym_command(spec, model_config)], user=user,
+                                     cwd=WORKSPACE, env=env, timeout=ev.timeout)
     if result.timed_out:
         return EvalOutcome(status="timeout", message=f"The evaluation did not finish within {ev.timeout:g} seconds.")
     if ev.agent_module and result.exit_code == _KIT_BAD_SUBMISSION:
@@ -384,12 +398,12 @@ async def _datasets_view(scorer: Sandbox, spec: TaskSpec, owner: int) -> dict[st
     return {"HF_DATASETS_CACHE": HF_VIEW, "HF_HOME": home}
 
 
-def _owned_by_agent(artefacts: bytes) -> bytes:
+def _owned_by_agent(artefacts: bytes, uid: int) -> bytes:
     """The submission as the agent's own files (MLGym's trust model: its evaluation may write beside them)."""
     out = io.BytesIO()
     with tarfile.open(fileobj=io.BytesIO(artefacts)) as src, tarfile.open(fileobj=out, mode="w") as dst:
         for member in src:
-            member.uid = member.gid = AGENT_UID
+            member.uid = member.gid = uid
             if not member.issym():
                 member.mode |= 0o200
             dst.addfile(member, src.extractfile(member) if member.isfile() else None)

@@ -1,8 +1,9 @@
 """Putting a task into a leased sandbox, so that the agent sees exactly what it should and nothing more.
 
 Layout inside the agent's sandbox:
-- /srv/air/pristine/home/...       the pristine home (workspace with the starter files, owned by the agent's uid
-                                   as in the home) inside a root-only (0700) directory; every reset restores it
+- /srv/air/pristine/home/...       the pristine home (workspace with the starter files, owned by the sandbox's agent
+                                   uid as in the home) inside a root-only (0700) directory; every cell's home is it,
+                                   read-only, under a new writable layer
 - /srv/air/data/...                read-only data (root, 0555/0444); the workspace has `data -> /srv/air/data`
 - nothing else of the task: secret files and evaluation code only ever go to a scoring sandbox.
 
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from air.errors import TaskError
-from air.sandbox import AGENT_UID, DATA, FIXED_MTIME, PRISTINE_HOME, WORKSPACE, ArchiveUnwritable, Sandbox
+from air.sandbox import DATA, FIXED_MTIME, PRISTINE_HOME, WORKSPACE, ArchiveUnwritable, Sandbox
 from air.tasks.spec import FileEntry, TaskSpec
 
 # Staged files carry one fixed time, so what the agent sees (`ls -l`) is the same in every rollout and replay.
@@ -66,21 +67,21 @@ def _symlink(name: str, target: str, uid: int) -> tarfile.TarInfo:
     return info
 
 
-def workspace_tar(spec: TaskSpec) -> bytes:
-    """The pristine home: workspace with the starter files (agent-owned once restored) and the data link."""
+def workspace_tar(spec: TaskSpec, uid: int) -> bytes:
+    """The pristine home: workspace with the starter files (owned by the sandbox's agent uid) and the data link."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         ws = tarfile.TarInfo("workspace")
-        ws.type, ws.mode, ws.uid, ws.gid = tarfile.DIRTYPE, 0o755, AGENT_UID, AGENT_UID
+        ws.type, ws.mode, ws.uid, ws.gid = tarfile.DIRTYPE, 0o755, uid, uid
         ws.mtime = STAGED_MTIME
         tar.addfile(ws)
-        add_entries(tar, spec.starter, "workspace/", uid=AGENT_UID)
+        add_entries(tar, spec.starter, "workspace/", uid=uid)
         if spec.data:
-            tar.addfile(_symlink("workspace/data", DATA, AGENT_UID))
+            tar.addfile(_symlink("workspace/data", DATA, uid))
         if spec.needs.datasets:  # datasets' default cache root for HOME=/home/agent: links into the store
             from air.tasks.datastore import DataStore
 
-            DataStore().add_view(tar, spec.needs.datasets, AGENT_UID, prefix=HF_CACHE)
+            DataStore().add_view(tar, spec.needs.datasets, uid, prefix=HF_CACHE)
     return buf.getvalue()
 
 
@@ -88,14 +89,15 @@ async def stage(sandbox: Sandbox, spec: TaskSpec) -> None:
     """Make `sandbox` hold task `spec` in its pristine state (no-op when it already does)."""
     if sandbox.staged == spec.content_hash:
         return
+    uid = sandbox.agent_uid
     await sandbox.harness_sh(f"rm -rf {PRISTINE_HOME} {DATA} && mkdir -p {PRISTINE_HOME} {DATA} && "
-                     f"chown {AGENT_UID}:{AGENT_UID} {PRISTINE_HOME}")
-    await sandbox.put_archive(PRISTINE_HOME, workspace_tar(spec))
+                             f"chown {uid}:{uid} {PRISTINE_HOME}")
+    await sandbox.put_archive(PRISTINE_HOME, workspace_tar(spec, uid))
     if spec.data:
         await sandbox.put_archive(DATA, tar_of(spec.data, dir_mode=0o555, file_mode=0o444))
         await sandbox.harness_sh(f"chmod 0555 {DATA}")
     await sandbox.harness_sh(f"touch -d @{STAGED_MTIME} {PRISTINE_HOME} {DATA}")
-    await sandbox.session.reset(full=True)
+    await sandbox.session.reset()  # a new cell: its home is the new pristine one
     sandbox.staged = spec.content_hash
 
 
@@ -103,7 +105,7 @@ async def overlay_baseline(sandbox: Sandbox, spec: TaskSpec) -> None:
     """Copy the baseline's files over the (already staged) workspace, as the agent would have written them."""
     if spec.baseline_files:
         try:
-            await sandbox.session.unpack(WORKSPACE, tar_of(spec.baseline_files, uid=AGENT_UID))
+            await sandbox.session.unpack(WORKSPACE, tar_of(spec.baseline_files, uid=sandbox.agent_uid))
         except ArchiveUnwritable as exc:  # into a freshly staged workspace: the task's own files do not fit it
             raise TaskError(f"task {spec.id}: its baseline files cannot be placed: {exc}") from exc
 

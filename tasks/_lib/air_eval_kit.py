@@ -10,7 +10,7 @@ What it offers
 * ``run_evaluation(fn, task_dir)`` -> run ``fn(paths) -> dict`` and write the metrics file; turn a
                                       SubmissionError into a one-paragraph stderr message + exit 3.
 * ``UntrustedModule``              -> import and call code from the submission in a separate,
-                                      unprivileged subprocess (uid/gid 1000 when we are root) over a
+                                      unprivileged subprocess (the agent's uid when we are root) over a
                                       JSON-lines protocol, with per-call and total timeouts and batching.
 * ``read_submission_bytes`` / ``read_submission_csv`` -> read a submission file without following
                                       symlinks and with a size cap.
@@ -47,8 +47,8 @@ __all__ = [
     "read_submission_bytes", "read_submission_csv", "give_tree_to_agent", "AGENT_UID", "AGENT_GID",
 ]
 
-AGENT_UID = 1000
-AGENT_GID = 1000
+# The agent's uid in the sandbox the evaluation runs in: every sandbox has its own (air passes it), 1000 elsewhere.
+AGENT_UID = AGENT_GID = int(os.environ.get("AIR_AGENT_UID", "1000"))
 
 
 # --------------------------------------------------------------------------- errors
@@ -523,7 +523,7 @@ class UntrustedModule:
             moves = m.call_batch("row_strategy", [[h] for h in histories])
 
     * The submission directory is copied (symlinks and special files skipped) to a private temp dir
-      which becomes the child's cwd and first sys.path entry; the child runs as uid/gid 1000 with no
+      which becomes the child's cwd and first sys.path entry; the child runs as the agent's uid/gid (AGENT_UID) with no
       supplementary groups when the evaluator is root, else as the current user.
     * The child's environment is minimal (no AIR_* variables), PYTHONHASHSEED=0, one BLAS thread;
       ``random`` and ``numpy.random`` (and torch, if the module imported it) are seeded with ``seed``.

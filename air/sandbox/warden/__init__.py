@@ -43,6 +43,9 @@ _HERE = Path(__file__).parent
 MODULES = (  # in import order
     ("air.sandbox.output", _HERE.parent / "output.py"),
     ("air.sandbox.warden.protocol", _HERE / "protocol.py"),
+    ("air.sandbox.warden.syscalls", _HERE / "syscalls.py"),
+    ("air.sandbox.warden.seccomp", _HERE / "seccomp.py"),
+    ("air.sandbox.warden.cell", _HERE / "cell.py"),
     ("air.sandbox.warden.procs", _HERE / "procs.py"),
     ("air.sandbox.warden.restore", _HERE / "restore.py"),
     ("air.sandbox.warden.files", _HERE / "files.py"),

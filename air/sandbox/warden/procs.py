@@ -1,8 +1,9 @@
-"""Process control inside the sandbox, as root: starting the agent's processes, dropping to its uid, killing every one
-of them, removing its IPC objects. Runs in the warden (stdlib only).
+"""Process control inside the sandbox, as root: starting the agent's processes in the sandbox's cell, killing every
+one of them, removing its IPC objects (where there are no cells). Runs in the warden (stdlib only).
 
-There is one way to become the agent, `become`, used by every child that acts as the agent: supplementary groups
-cleared, then gid, then uid (real, effective and saved), so nothing of root is left to regain.
+Every child that acts as the agent enters the current cell first (cell.py: its namespaces), then drops to the agent
+with `become` (supplementary groups cleared, then gid, then uid: nothing of root is left to regain); every program
+exec'd there is also confined (`confine`: no capability, no_new_privs, the seccomp filter).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import signal
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from air.sandbox.warden.cell import Cell, become, confine
+
 LIBC = ctypes.CDLL(None, use_errno=True)
 IPC_RMID = 0
 # Raising either needs no privilege and lowering them back needs capabilities nobody in a sandbox has: every agent
@@ -22,19 +25,15 @@ IPC_RMID = 0
 AGENT_OOM_SCORE_ADJ, AGENT_NICE = 1000, 10
 
 
-def become(uid: int) -> None:
-    """Drop every privilege of root for good and be uid (its gid is the same number)."""
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-
-
-def as_user(uid: int, work: Callable[[], int]) -> int:
-    """Run work() in a child that became uid (stays root for uid 0); its return value is the exit code."""
+def as_user(uid: int, work: Callable[[], int], cell: Optional[Cell] = None) -> int:
+    """Run work() in a child that entered the cell (if any) and became uid (stays root for uid 0); its return value
+    is the exit code."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
+            if cell is not None:
+                cell.enter()
             if uid:
                 become(uid)
             code = work()
@@ -44,13 +43,16 @@ def as_user(uid: int, work: Callable[[], int]) -> int:
 
 
 def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[int, int],
-          cwd_fallbacks: Sequence = (), path: Optional[str] = None) -> int:
-    """fork + exec argv as uid (0 = root) in a new session, with fds {target: source} and no other; returns pid.
-    cwd may be bytes (the agent's directories need not have UTF-8 names)."""
+          cwd_fallbacks: Sequence = (), path: Optional[str] = None, cell: Optional[Cell] = None) -> int:
+    """fork + exec argv as uid (0 = root) in the cell (if any) and a new session, confined, with fds
+    {target: source} and no other; returns pid. cwd may be bytes (the agent's directories need not have UTF-8
+    names)."""
     pid = os.fork()
     if pid:
         return pid
     try:  # the child: nothing here may return
+        if cell is not None:
+            cell.enter()
         high = {t: fcntl.fcntl(s, fcntl.F_DUPFD, 100) for t, s in fds.items()}
         for t, s in high.items():
             os.dup2(s, t)  # inheritable
@@ -64,8 +66,7 @@ def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         os.umask(0o022)
-        if uid:
-            become(uid)
+        confine(uid)
         for d in (cwd, *cwd_fallbacks):
             try:
                 os.chdir(d)
@@ -100,7 +101,8 @@ def agent_pids(uid: int) -> List[int]:
 
 
 def kill_all(uid: int, deadline: float = 10.0) -> bool:
-    """SIGKILL every process of uid, however fast it forks. True when none is left."""
+    """SIGKILL every process of uid, however fast it forks. True when none is left. (The warden's children are born
+    in the current cell, so the killer's kill(-1) reaches the cell's processes.)"""
     end = time.monotonic() + deadline
 
     def kill_every_one() -> int:  # as uid, one kill(-1): the kernel signals all of them at once, forks in flight too

@@ -74,24 +74,40 @@ class Done(Message):
 
 
 @dataclass(frozen=True)
+class Ready(Message):
+    """The warden is set up. `cells`: every reset builds a new cell (cell.py); else why not (the sandbox must then be
+    used once: its reset can only put the staged home back)."""
+    op: ClassVar[str] = "ready"
+    cells: bool
+    why_not: str
+
+
+@dataclass(frozen=True)
 class Hello(Request):
-    """The first request: where things are. The warden sets up its own files (the shell's copy, the pristine home)."""
+    """The first request: who the agent is, where things are, how big a cell's filesystems are. The warden sets up
+    its own files (the shell's copy, the pristine home, the agent's passwd entry) and builds the first cell."""
     op: ClassVar[str] = "hello"
-    Reply: ClassVar[type] = Done
+    Reply: ClassVar[type] = Ready
     uid: int
+    """The sandbox's own agent uid (no other sandbox and no host user has it while the sandbox lives)."""
+    image_uid: int
+    """The agent's uid in the image (its home's files are the sandbox's agent's once copied)."""
     home: str
     workspace: str
     air: str
     pristine_home: str
     shell: str
     keep: List[str]
-    """Names under `air` that a reset leaves (the pristine copy, data, the shell)."""
+    """Names under `air` that a reset leaves (the pristine copy, data, the shell, the passwd files)."""
     scratch: List[str]
-    """Writable directories besides the home that every reset empties."""
+    """Writable directories besides the home: a cell has its own; without cells, a reset empties them."""
     epoch: int
     """The fixed time of `air`, so that no two sandboxes differ in it."""
-    track_opens: bool = True
-    """May a reset take inotify's word for unopened files (PoolConfig.track_opens)."""
+    cells: bool
+    """Build cells (where the host allows them)."""
+    home_mb: int
+    tmp_mb: int
+    shm_mb: int
 
 
 @dataclass(frozen=True)
@@ -180,30 +196,22 @@ class Exec(Request):
 @dataclass(frozen=True)
 class WasReset(Message):
     op: ClassVar[str] = "was-reset"
-    home: str
-    """"full" (the home wiped and copied from the pristine one) or "verified" (checked against it, what differs
-    restored)."""
-    compared: int
-    """Files compared byte for byte with their pristine copy."""
-    restored: int
-    """Entries put back from the pristine copy (changed, missing or replaced)."""
-    removed: int
-    """Entries the pristine home does not have, removed."""
-    kill_ms: float
-    ipc_ms: float
-    temp_ms: float
-    home_ms: float
+    cell: bool
+    """A new cell was built (else, without cells, the agent's processes were killed and the home copied back)."""
+    end_ms: float
+    """Ending what the last lease had (the cell and everything in it)."""
+    build_ms: float
+    """Making the next one."""
     ms: float
 
 
 @dataclass(frozen=True)
 class Reset(Request):
-    """Back to a fresh sandbox's state: no agent process, IPC object or temp file; the home as the pristine one;
-    the next command's shell gets this environment. `full` after the pristine home changed (staging)."""
+    """Back to a fresh sandbox's state: a new cell (or, without cells, no agent process, IPC object or temp file and
+    the home copied from the pristine one); the next command's shell gets this environment."""
     op: ClassVar[str] = "reset"
     Reply: ClassVar[type] = WasReset
     env: Dict[str, str]
-    full: bool = False
 
 
 @dataclass(frozen=True)
@@ -244,7 +252,7 @@ class Unpack(Request):
 
 
 REQUESTS = {cls.op: cls for cls in (Hello, Ping, StartShell, Run, Interrupt, Exec, Reset, Pack, Unpack)}
-REPLIES = {cls.op: cls for cls in (Failed, Done, ShellState, Ran, Exited, WasReset, Packed, Unpacked)}
+REPLIES = {cls.op: cls for cls in (Failed, Done, Ready, ShellState, Ran, Exited, WasReset, Packed, Unpacked)}
 
 
 # ----- frames -----------------------------------------------------------------------------------------------------

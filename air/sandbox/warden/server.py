@@ -20,7 +20,8 @@ from typing import Dict, Optional, Union
 
 from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import files, procs, protocol as p
-from air.sandbox.warden.restore import Home, OpenTracker, clone, empty
+from air.sandbox.warden.cell import Cell, CellError, Layout, become, supported
+from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
 from air.sandbox.warden.shell import Command, Shell
 
 REKILL_EVERY = 0.1  # seconds between kills of a command's processes while its shell has not reported
@@ -44,7 +45,7 @@ class Program:
         self.started = time.monotonic()
         try:
             self.pid = procs.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=dict(request.env),
-                                   fds={0: r_in, 1: w_out, 2: w_err})
+                                   fds={0: r_in, 1: w_out, 2: w_err}, cell=warden.cell)
         finally:
             for fd in (r_in, w_out, w_err):
                 os.close(fd)
@@ -146,7 +147,11 @@ class Warden:
         self.env: Dict[str, str] = {}
         self.cwd = b"/"  # the shell's, as it last reported it (raw bytes: the agent names its directories)
         self.seq = 0
-        self.home: Optional[Home] = None
+        self.cell: Optional[Cell] = None
+        """The cell the agent's processes live in (None without cells: the container's own namespaces)."""
+        self.cells = False
+        """Every reset builds a new cell (else this sandbox is used once: see Ready)."""
+        self.layout: Optional[Layout] = None
         self.scratch_times: Dict[str, tuple] = {}
 
     # ----- the host's stream ------------------------------------------------------------------------------------
@@ -173,6 +178,8 @@ class Warden:
         # The host went away: leave nothing of the agent running behind it.
         if self.shell:
             self.shell.kill()
+        if self.cell is not None:
+            self.cell.end()
         if self.config:
             procs.kill_all(self.config.uid, deadline=2)
         os._exit(0)
@@ -191,40 +198,51 @@ class Warden:
                 self.expire()
 
     # ----- ops --------------------------------------------------------------------------------------------------
-    def op_hello(self, ident: int, hello: p.Hello) -> p.Done:
+    def op_hello(self, ident: int, hello: p.Hello) -> p.Ready:
         self.config = c = hello
-        os.makedirs(c.air + "/bin", exist_ok=True)
-        os.chmod(c.air, 0o755)
+        for d, mode in ((c.air, 0o755), (c.air + "/bin", 0o755), (c.air + "/etc", 0o755), (c.air + "/cell", 0o700),
+                        (os.path.dirname(c.pristine_home), 0o700)):
+            os.makedirs(d, exist_ok=True)
+            os.chmod(d, mode)
         if not os.path.exists(c.shell):  # exec-only: the kernel then makes the shell non-dumpable
             shutil.copyfile("/bin/bash", c.shell + ".new")
             os.chmod(c.shell + ".new", 0o711)
             os.rename(c.shell + ".new", c.shell)
-        pristine = os.path.dirname(c.pristine_home)
-        os.makedirs(pristine, exist_ok=True)
-        os.chmod(pristine, 0o700)
-        if not os.path.lexists(c.pristine_home):  # first start: the image's home is the pristine one
-            for d in (c.home, c.workspace):  # a fresh in-memory home is empty (Docker made the workdir)
-                os.makedirs(d, exist_ok=True)
+        if not os.path.lexists(c.pristine_home):  # first start: the image's home is the pristine one, the agent's
+            os.mkdir(c.pristine_home, 0o755)
+            copy_tree(c.home, c.pristine_home, {c.image_uid: c.uid})
+            workspace = c.pristine_home + c.workspace[len(c.home):]
+            os.makedirs(workspace, 0o755, exist_ok=True)  # Docker made the workdir as root, or none (a new tmpfs)
+            for d in (c.pristine_home, workspace):
                 os.chown(d, c.uid, c.uid)
-            clone(c.home, c.pristine_home, c.uid)
-        tracker = OpenTracker(procs.LIBC if c.track_opens else None)
-        if tracker.active:
-            self.sel.register(tracker.fd, selectors.EVENT_READ, tracker.drain)
-        self.home = Home(c.home, c.pristine_home, c.uid, tracker)
+        for name in ("passwd", "group"):
+            _write(c.air + "/etc/" + name, _with_agent(name, c.image_uid, c.uid))
         # /srv/air's time says when the container was made: fixed, so that no two sandboxes (or a replay) differ.
         os.utime(c.air, (c.epoch, c.epoch))
-        # The scratch directories' own times, as a fresh container has them: emptying a directory moves its mtime.
-        for d in c.scratch:
-            try:
-                if not os.statvfs(d).f_flag & os.ST_RDONLY:  # on the read-only root, nobody can change it
-                    st = os.lstat(d)
-                    self.scratch_times[d] = (st.st_atime_ns, st.st_mtime_ns)
-            except OSError:
-                pass
         self.cwd = os.fsencode(c.workspace)
-        return p.Done()
+        self.layout = Layout(uid=c.uid, home=c.home, pristine_home=c.pristine_home, scratch=c.air + "/cell",
+                             home_mb=c.home_mb, tmp_mb=c.tmp_mb, shm_mb=c.shm_mb, passwd=c.air + "/etc/passwd",
+                             group=c.air + "/etc/group", writable=[c.air])
+        why_not = supported() if c.cells else "cells were not asked for"
+        if why_not is None:
+            try:
+                self.cell = Cell.build(self.layout)
+            except (CellError, OSError) as exc:
+                why_not = str(exc)
+        self.cells = self.cell is not None
+        if not self.cells:  # the container's own namespaces, used once: the scratch dirs' times as they are
+            for d in c.scratch:
+                try:
+                    if not os.statvfs(d).f_flag & os.ST_RDONLY:  # on the read-only root, nobody can change it
+                        st = os.lstat(d)
+                        self.scratch_times[d] = (st.st_atime_ns, st.st_mtime_ns)
+                except OSError:
+                    pass
+        return p.Ready(cells=self.cells, why_not=why_not or "")
 
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
+        if self.cell is not None and not self.cell.alive():
+            raise RuntimeError("the cell's init is gone")
         return p.ShellState(alive=self.shell is None or self.shell.alive)  # none yet: the next command starts one
 
     def op_start_shell(self, ident: int, request: p.StartShell) -> p.Done:
@@ -241,7 +259,7 @@ class Warden:
             try:
                 self.shell = Shell(self.sel, uid=c.uid, path=c.shell, env=self.env, cwd=self.cwd,
                                    fallbacks=(c.workspace, c.home, "/"), on_output=self.shell_output,
-                                   on_record=self.shell_record, on_gone=self.shell_gone)
+                                   on_record=self.shell_record, on_gone=self.shell_gone, cell=self.cell)
                 return
             except OSError:  # no process slot or descriptor left: the agent's processes hold them
                 procs.kill_all(c.uid)
@@ -277,37 +295,51 @@ class Warden:
         self.job = Program(self, ident, request)
 
     def op_reset(self, ident: int, request: p.Reset) -> p.WasReset:
-        """Back to the pristine state: no agent process, IPC object or temp file; the home as staged."""
+        """A fresh sandbox's state: the cell ended and a new one built; without cells, no agent process, IPC object
+        or temp file, and the home copied from the pristine one."""
         c = self.config
         started = time.monotonic()
         if self.job is not None:
             raise RuntimeError("reset while a command runs")
-        if self.shell is not None:
-            self.shell.kill()
-        if not procs.kill_all(c.uid):
+        shell, self.shell = self.shell, None
+        if shell is not None:
+            shell.close()  # killed and reaped: the cell's teardown waits for the warden's own children in it
+        if self.cell is not None:
+            self.cell.end()
+            self.cell = None
+        elif not procs.kill_all(c.uid):
             raise RuntimeError("processes of the agent survive SIGKILL (uninterruptible sleep)")
-        if self.shell is not None:
-            self.shell.close()
-            self.shell = None
-        killed = time.monotonic()
-        procs.remove_ipc(c.uid)
-        ipc = time.monotonic()
-        for d in self.scratch_times:
-            empty(d)
-        empty(c.air, keep=c.keep)
-        for d, times in self.scratch_times.items():
-            os.utime(d, ns=times, follow_symlinks=False)
-        os.utime(c.air, (c.epoch, c.epoch))
-        temp = time.monotonic()
-        mode = self.home.reset(full=request.full)
-        home = time.monotonic()
+        if any(name not in c.keep for name in os.listdir(c.air)):  # what an evaluation left (untouched: no ctime)
+            empty(c.air, keep=c.keep)
+            os.utime(c.air, (c.epoch, c.epoch))
+        ended = time.monotonic()
+        if self.cells:
+            self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
+        else:
+            self._reset_in_place()
         self.carry = {1: CappedBuffer(CARRY_LIMIT), 2: CappedBuffer(CARRY_LIMIT)}
         # The next command starts the shell (op_run): a sandbox that only runs programs (SandboxFusion) never pays
         # for one, and until then no agent process exists at all.
         self.env, self.cwd = dict(request.env), os.fsencode(c.workspace)
         ms = lambda a, b: (b - a) * 1000  # noqa: E731
-        return p.WasReset(home=mode, **self.home.counts, kill_ms=ms(started, killed), ipc_ms=ms(killed, ipc),
-                          temp_ms=ms(ipc, temp), home_ms=ms(temp, home), ms=ms(started, time.monotonic()))
+        return p.WasReset(cell=self.cells, end_ms=ms(started, ended), build_ms=ms(ended, time.monotonic()),
+                          ms=ms(started, time.monotonic()))
+
+    def _reset_in_place(self) -> None:
+        """Without cells (a sandbox used once): IPC objects and temp files gone, the home copied from the pristine
+        one (how its staged home gets there)."""
+        c = self.config
+        procs.remove_ipc(c.uid)
+        for d, times in self.scratch_times.items():
+            empty(d)
+            os.utime(d, ns=times, follow_symlinks=False)
+        fd = os.open(c.home, DIR_FLAGS)
+        try:
+            for name in os.listdir(fd):
+                remove_at(fd, name)
+        finally:
+            os.close(fd)
+        copy_tree(c.pristine_home, c.home, {})
 
     def op_pack(self, ident: int, request: p.Pack) -> p.Packed:
         """Read as the agent in a child; the stream is cut at max_bytes and at the timeout."""
@@ -317,7 +349,9 @@ class Warden:
             code = 3
             try:
                 os.close(r)
-                procs.become(self.config.uid)
+                if self.cell is not None:
+                    self.cell.enter()
+                become(self.config.uid)
                 with os.fdopen(w, "wb") as out:
                     code = files.pack(request.root, request.paths, out)
             except BaseException:  # noqa: BLE001 - unreadable: the caller reports it
@@ -362,7 +396,7 @@ class Warden:
                 os.write(w, str(exc).encode("utf-8", "surrogateescape")[:900])
                 return 1
 
-        code = procs.as_user(0 if request.as_root else self.config.uid, work)
+        code = procs.as_user(0 if request.as_root else self.config.uid, work, self.cell)
         os.close(w)
         with os.fdopen(r, "rb") as problem:
             why = problem.read(1000)
@@ -428,6 +462,34 @@ class Warden:
             out=command.out.bytes(), err=command.err.bytes(), cwd=self.cwd,
             dropped=command.out.dropped + command.err.dropped, exit_code=rc, timed_out=command.timed_out,
             restarted=restarted, duration=time.monotonic() - command.started))
+
+
+def _with_agent(name: str, image_uid: int, uid: int) -> bytes:
+    """The image's /etc/passwd or /etc/group with the agent's entry at the sandbox's own uid (added if missing)."""
+    try:
+        with open("/etc/" + name, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    out, found = [], False
+    for line in lines:
+        fields = line.split(b":")
+        if len(fields) > 3 and (fields[0] == b"agent" or fields[2] == str(image_uid).encode()):
+            fields[2] = str(uid).encode()
+            if name == "passwd":
+                fields[3] = str(uid).encode()
+            found = True
+        out.append(b":".join(fields))
+    if not found:
+        out.append(b"agent:x:%d:%d::/home/agent:/bin/bash" % (uid, uid) if name == "passwd" else b"agent:x:%d:" % uid)
+    return b"\n".join(out) + b"\n"
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path + ".new", "wb") as f:
+        f.write(data)
+    os.chmod(path + ".new", 0o644)
+    os.rename(path + ".new", path)
 
 
 def main() -> None:

@@ -92,14 +92,14 @@ class Shell:
 
     def __init__(self, sel: selectors.BaseSelector, *, uid: int, path: str, env: dict, cwd: bytes,
                  fallbacks: Tuple[str, ...], on_output: Callable[[int, bytes], None],
-                 on_record: Callable[[bytes], None], on_gone: Callable[[], None]):
+                 on_record: Callable[[bytes], None], on_gone: Callable[[], None], cell=None):
         r_in, self.stdin = os.pipe()
         self.out, w_out = os.pipe()
         self.err, w_err = os.pipe()
         self.rep, w_rep = os.pipe()
         try:
             self.pid = spawn(["bash", "--noprofile", "--norc"], path=path, uid=uid, cwd=cwd, env=env,
-                             fds={0: r_in, 1: w_out, 2: w_err, 3: w_rep}, cwd_fallbacks=fallbacks)
+                             fds={0: r_in, 1: w_out, 2: w_err, 3: w_rep}, cwd_fallbacks=fallbacks, cell=cell)
         finally:
             for fd in (r_in, w_out, w_err, w_rep):
                 os.close(fd)

@@ -1,0 +1,378 @@
+"""Cells: every lease, evaluation and served request runs in kernel state made new for it. Runs in the warden (stdlib
+only), which holds CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_SYS_CHROOT, CAP_SETPCAP and CAP_MKNOD for this alone.
+
+A cell is a process, its *init*, in new pid, network, IPC, UTS and mount namespaces, in which:
+- the home is an overlay: the read-only pristine home below, a new tmpfs (the home's quota) above;
+- /tmp, /var/tmp, /dev (its device nodes, a new devpts, /dev/shm, /dev/mqueue) and /proc are new;
+- every mount inherited from the container is read-only and noatime (the data, the image, /etc's binds), except
+  air's own directory, which is noatime: nothing the agent reads leaves a time behind;
+- /etc/passwd and /etc/group name the sandbox's own agent uid;
+- the network is loopback only, up.
+Every agent process (the shell, programs, file copies as the agent) is a child of the warden that joined the cell's
+namespaces before it dropped to the agent's uid: no capability (an empty bounding set), no_new_privs and the seccomp
+filter of seccomp.py. Ending the cell kills its init; the kernel then kills everything in its pid namespace, and
+its network namespace (sockets in TIME_WAIT included), IPC objects and mounts go with the last of its processes.
+Nothing of a cell is checked or repaired: the next one is built from nothing but the pristine home.
+
+Programs that run as root in a cell (an evaluation reading hidden data) keep only the capabilities air's scoring
+needs (ROOT_CAPABILITIES) and the same seccomp filter: they cannot leave the cell either.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import stat
+import struct
+import fcntl
+from typing import Dict, List, Optional, Tuple
+
+from air.sandbox.warden import seccomp
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_BIND, MS_NOATIME, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x400, 0x4000, 0x40000
+MNT_DETACH = 2
+_FLAG_OF = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME}
+CAP = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8}
+ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL")
+"""What root keeps in a cell: scoring's own files and the evaluation kit's drop to the agent (as in air's containers
+before cells); never a namespace, mount or network capability."""
+BUILD_TIMEOUT = 30.0
+DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
+DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+             ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"), ("core", "/proc/kcore"))
+
+
+class CellError(Exception):
+    """A cell could not be built (the harness's failure: the sandbox is replaced, never the agent's result)."""
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "%s: %s" % (what, os.strerror(e)))
+
+
+def mount(source: Optional[str], target: str, fstype: Optional[str], flags: int = 0, data: str = "") -> None:
+    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
+    _check(LIBC.mount(enc(source), target.encode(), enc(fstype), ctypes.c_ulong(flags), enc(data or None)),
+           "mount %s on %s" % (fstype or source, target))
+
+
+# ----- what a cell is made of ---------------------------------------------------------------------------------------
+class Layout:
+    """Where a cell's parts go, and their sizes (from the warden's Hello)."""
+
+    def __init__(self, *, uid: int, home: str, pristine_home: str, scratch: str, home_mb: int, tmp_mb: int,
+                 shm_mb: int, passwd: str, group: str, writable: List[str]):
+        """passwd, group: files to show as /etc/passwd and /etc/group; writable: inherited mounts that stay
+        writable (air's own directory: root's, the scorer's outputs)."""
+        self.uid, self.home, self.pristine_home, self.scratch = uid, home, pristine_home, scratch
+        self.home_mb, self.tmp_mb, self.shm_mb = home_mb, tmp_mb, shm_mb
+        self.passwd, self.group, self.writable = passwd, group, writable
+
+
+def _mountinfo() -> List[Tuple[str, str, str, str]]:
+    """(mount point, per-mount options, fstype, mount root) of the calling process's mount namespace, in order."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            dash = fields.index("-")
+            point = fields[4].replace("\\040", " ")
+            out.append((point, fields[5], fields[dash + 1], fields[3]))
+    return out
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _build(layout: Layout) -> None:
+    """In the cell's init, once it is pid 1 of its new pid namespace: make the other namespaces and the mounts."""
+    _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    inherited = _mountinfo()
+    renewed = ("/proc", "/dev", "/tmp", "/var/tmp", layout.home)
+    # Inherited mounts: read-only (but air's own directory) and noatime, their other flags kept.
+    for point, options, _, _ in inherited:
+        if any(_under(point, r) for r in renewed) or _under(point, "/sys") and point != "/sys":
+            continue
+        flags = MS_REMOUNT | MS_BIND | MS_NOATIME
+        flags |= sum(_FLAG_OF.get(o, 0) for o in options.split(",") if o != "noatime")
+        if not any(_under(point, w) for w in layout.writable):
+            flags |= MS_RDONLY
+        mount(None, point, None, flags)
+
+    # The home: the pristine home under a new tmpfs, through an overlay.
+    mount("cell", layout.scratch, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=700" % layout.home_mb)
+    upper, work = layout.scratch + "/upper", layout.scratch + "/work"
+    os.mkdir(upper, 0o700)
+    os.mkdir(work, 0o700)
+    top = os.lstat(layout.pristine_home)
+    os.chown(upper, top.st_uid, top.st_gid)
+    os.chmod(upper, stat.S_IMODE(top.st_mode))
+    mount("overlay", layout.home, "overlay", MS_NOSUID | MS_NODEV,
+          "lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on" % (layout.pristine_home, upper, work))
+    os.utime(layout.home, ns=(top.st_atime_ns, top.st_mtime_ns))
+    _check(LIBC.umount2(layout.scratch.encode(), MNT_DETACH), "umount %s" % layout.scratch)  # held by the overlay
+
+    for d in ("/tmp", "/var/tmp"):
+        mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % layout.tmp_mb)
+    _new_dev(layout)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _masks(inherited)
+    for name, text in (("passwd", layout.passwd), ("group", layout.group)):
+        mount(text, "/etc/" + name, None, MS_BIND)
+        mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
+    _loopback_up()
+
+
+def _new_dev(layout: Layout) -> None:
+    """/dev as Docker makes it, new: device nodes (whose times the agent can set), links, devpts, shm, mqueue."""
+    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
+    for name, major, minor in DEVICES:
+        os.mknod("/dev/" + name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod("/dev/" + name, 0o666)
+    for name, target in DEV_LINKS:
+        os.symlink(target, "/dev/" + name)
+    for d in ("pts", "shm", "mqueue"):
+        os.mkdir("/dev/" + d, 0o755)
+    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,gid=5,mode=620,ptmxmode=666")
+    mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=%dm,mode=1777" % layout.shm_mb)
+    mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _masks(inherited: List[Tuple[str, str, str, str]]) -> None:
+    """The container runtime's masks of /proc (read-only parts, files and directories hidden), on the new /proc."""
+    for point, _, fstype, root in inherited:
+        if not point.startswith("/proc/") or not os.path.lexists(point):
+            continue
+        if fstype == "proc":
+            mount(point, point, None, MS_BIND)
+            mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        elif root == "/null":
+            mount("/dev/null", point, None, MS_BIND)
+        else:
+            mount("tmpfs", point, "tmpfs", MS_RDONLY, "size=0")
+
+
+def _loopback_up() -> None:
+    SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifr = struct.pack("16sh14x", b"lo", 0)
+        flags = struct.unpack("16sh14x", fcntl.ioctl(s, SIOCGIFFLAGS, ifr))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh14x", b"lo", flags | IFF_UP))
+
+
+# ----- confinement of every process that enters -----------------------------------------------------------------------
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 63
+
+
+def _drop_bounding(keep: Tuple[str, ...]) -> None:
+    """Empty the bounding set but `keep` (needs CAP_SETPCAP: done before the uid changes)."""
+    kept = {CAP[name] for name in keep}
+    for cap in range(_last_cap() + 1):
+        if cap not in kept:
+            _check(LIBC.prctl(24, cap, 0, 0, 0), "PR_CAPBSET_DROP %d" % cap)  # PR_CAPBSET_DROP
+
+
+def _capset(keep: Tuple[str, ...]) -> None:
+    """The effective, permitted and inheritable sets: exactly `keep` (the ambient set follows)."""
+    mask = sum(1 << CAP[name] for name in keep)
+    data = (_CapData * 2)(_CapData(mask, mask, mask), _CapData(0, 0, 0))
+    _check(LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data), "capset")  # _LINUX_CAPABILITY_VERSION_3
+
+
+def limit_capabilities(keep: Tuple[str, ...]) -> None:
+    """Keep only `keep`, in every capability set and the bounding set, for good (root stays root)."""
+    _drop_bounding(keep)
+    _capset(keep)
+
+
+def become(uid: int) -> None:
+    """Drop every privilege of root for good and be uid (its gid is the same number)."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+_FILTER: Dict[str, bytes] = {}
+
+
+def confine(uid: int) -> None:
+    """The last step before exec of any process in a cell: the agent (uid != 0) holds no capability at all, root
+    only ROOT_CAPABILITIES; no_new_privs and the seccomp filter either way."""
+    if uid:
+        _drop_bounding(())
+        become(uid)  # clears the effective and permitted sets
+        _capset(())  # and the inheritable one
+    else:
+        limit_capabilities(ROOT_CAPABILITIES)
+    arch = seccomp.machine()
+    if arch not in _FILTER:
+        _FILTER[arch] = seccomp.compile_filter(arch)
+    seccomp.install(_FILTER[arch], LIBC)
+
+
+# ----- a cell's life, as the warden sees it ---------------------------------------------------------------------------
+_OWN_PID_NS: Optional[int] = None
+
+
+def _children_in(ns_fd: Optional[int]) -> None:
+    """Where the warden's next children are born: the given pid namespace, or (None) its own."""
+    global _OWN_PID_NS
+    if _OWN_PID_NS is None:
+        _OWN_PID_NS = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    _check(LIBC.setns(_OWN_PID_NS if ns_fd is None else ns_fd, CLONE_NEWPID), "setns pid")
+
+
+class Cell:
+    """A built cell: its init (a child of the warden) and the namespaces a process joins to enter it."""
+
+    NAMESPACES = (("mnt", CLONE_NEWNS), ("net", CLONE_NEWNET), ("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS))
+    NAMES = ("pid", "mnt", "net", "ipc", "uts")
+
+    def __init__(self, init: int, ns_fds: Dict[str, int]):
+        self.init, self.ns_fds = init, ns_fds
+
+    @classmethod
+    def build(cls, layout: Layout) -> "Cell":
+        """A new cell; CellError when it cannot be made (nothing of it is left then). Its init hands the warden its
+        namespaces (open descriptors, over a socket): the warden could not open them itself, since the init is not
+        dumpable and the warden holds no CAP_SYS_PTRACE."""
+        _children_in(None)
+        _check(LIBC.unshare(CLONE_NEWPID), "unshare pid")  # the next child is the new namespace's pid 1
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            pid = os.fork()
+        except OSError:
+            ours.close()
+            theirs.close()
+            _children_in(None)
+            raise
+        if pid == 0:  # the cell's init
+            ours.close()
+            try:
+                _build(layout)
+                fds = [os.open("/proc/self/ns/" + name, os.O_RDONLY | os.O_CLOEXEC) for name in cls.NAMES]
+                limit_capabilities(())
+                socket.send_fds(theirs, [b"ok"], fds)
+                theirs.close()
+                for fd in fds:
+                    os.close(fd)
+                _reap_forever()
+            except BaseException as exc:  # noqa: BLE001 - reported to the warden, which fails the build
+                try:
+                    theirs.send(("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace")[:900])
+                finally:
+                    os._exit(1)
+        theirs.close()
+        fds: List[int] = []
+        try:
+            ours.settimeout(BUILD_TIMEOUT)
+            try:
+                answer, fds, _, _ = socket.recv_fds(ours, 1000, len(cls.NAMES))
+            except OSError as exc:
+                answer = b"no answer: %s" % str(exc).encode()
+        finally:
+            ours.close()
+        if answer != b"ok" or len(fds) != len(cls.NAMES):
+            for fd in fds:
+                os.close(fd)
+            _children_in(None)
+            _end(pid)
+            raise CellError("the cell could not be built: " + answer.decode("utf-8", "replace"))
+        cell = cls(pid, dict(zip(cls.NAMES, fds)))
+        _children_in(cell.ns_fds["pid"])  # from now on, every child of the warden is born in the cell
+        return cell
+
+    def alive(self) -> bool:
+        """Whether its init still runs (when it does not, nothing of the cell does)."""
+        try:
+            return os.waitpid(self.init, os.WNOHANG)[0] == 0
+        except ChildProcessError:
+            return False
+
+    def enter(self) -> None:
+        """In a child of the warden (born in the cell's pid namespace): join its other namespaces. Then the child
+        confines itself (confine) before it runs anything of the agent."""
+        for name, flag in self.NAMESPACES:
+            _check(LIBC.setns(self.ns_fds[name], flag), "setns " + name)
+
+    def end(self, reap: Tuple[int, ...] = ()) -> None:
+        """Kill everything in the cell and wait until it is gone. `reap`: the warden's own children in the cell,
+        which only it can reap (the kernel's teardown waits for them)."""
+        _children_in(None)
+        for fd in self.ns_fds.values():
+            os.close(fd)
+        self.ns_fds = {}
+        _end(self.init, reap)
+
+
+def _end(init: int, reap: Tuple[int, ...] = ()) -> None:
+    try:
+        os.kill(init, signal.SIGKILL)
+    except OSError:
+        pass
+    for pid in reap:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    try:
+        os.waitpid(init, 0)
+    except ChildProcessError:
+        pass
+
+
+def _reap_forever() -> None:
+    """The cell's pid 1: reaps orphans until the warden kills it (no signal from inside the cell reaches it)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    while True:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        signal.sigwait({signal.SIGCHLD})
+
+
+def supported() -> Optional[str]:
+    """None when cells can be built here; else why not (in one line)."""
+    if seccomp.machine() is None:
+        return "the cells' seccomp filter has no syscall table for %s" % os.uname().machine
+    try:
+        with open("/proc/self/status") as f:
+            eff = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return "cannot read the warden's capabilities"
+    need = {"SYS_ADMIN": 21, "NET_ADMIN": 12, "SYS_CHROOT": 18, "SETPCAP": 8, "MKNOD": 27}
+    missing = [name for name, bit in need.items() if not eff >> bit & 1]
+    if missing:
+        return "the container lacks %s" % ", ".join("CAP_" + m for m in missing)
+    return None
+
+
+__all__ = ["Cell", "CellError", "Layout", "ROOT_CAPABILITIES", "become", "confine", "limit_capabilities",
+           "supported"]

@@ -1,0 +1,254 @@
+"""Everything a sandbox shows the code that runs in it, as one JSON document: the oracle of the fresh-cells tests.
+
+`PROBE` is a stdlib-only Python program run *as the agent* (or as code under evaluation) inside a sandbox. It
+writes its fingerprint to the file named by its first argument:
+- `files`: lstat of every path it can reach (every mount but /proc and /sys): type and mode, owner, size, blocks,
+  links, inode, device, atime/mtime/ctime in ns, extended attributes with their values (ACLs among them), inode
+  flags (`chattr`), link targets, and the content hash of readable files in writable mounts;
+- `mounts`, `df`: the mount table (each mount named by its point and place in the stack there, devices by order
+  of appearance) and statvfs of every mount;
+- `net`: every file of /proc/net (sockets, TIME_WAIT included, SNMP and device counters);
+- `ipc`: SysV objects; `pids`: the shell's `$$`, the probe's own pid and the pid namespace's last pid;
+- `limits_in_use`: how many inotify instances the agent's uid can still open (a per-user kernel limit);
+- `processes`, `status`, `env`, `uts`, `keys`, `rlimits`, `umask`, `cwd`.
+
+Values that must differ between two sandboxes are normalised or named by the tests, never silently dropped here:
+the agent's own uid reads "AGENT" (every sandbox has its own uid), device numbers and mount ids read as their
+order of first appearance (the kernel hands out the lowest free ones, host-wide), mounts by where they are.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+
+PROBE = r'''
+import array, ctypes, errno, fcntl, hashlib, json, os, resource, stat, sys
+AGENT = os.getuid()
+devs, mount_ids = {}, {}
+def dev(d):
+    return devs.setdefault(d, "dev%d" % len(devs))
+def who(u):
+    return "AGENT" if u == AGENT else u
+def read(path, limit=1 << 20):
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError as exc:
+        return "error %s" % errno.errorcode.get(exc.errno, exc.errno)
+
+mounts, stacked = [], {}
+rows = [line.split() for line in read("/proc/self/mountinfo").splitlines()]
+for f in rows:  # a mount is named by its point and its place in the stack there (ids are the kernel's, host-wide)
+    stacked[f[4]] = stacked.get(f[4], 0) + 1
+    mount_ids[f[0]] = "%s#%d" % (f[4], stacked[f[4]])
+for f in rows:
+    dash = f.index("-")
+    mounts.append({"name": mount_ids[f[0]], "parent": mount_ids.get(f[1], "outside"), "point": f[4],
+                   "options": f[5], "fstype": f[dash + 1], "source": f[dash + 2],
+                   "super": f[dash + 3].replace("id=%d" % AGENT, "id=AGENT"),
+                   "root": f[3], "dev": dev(os.makedev(*map(int, f[2].split(":"))))})
+points = [m["point"] for m in mounts]
+writable = {m["point"] for m in mounts if "rw" in m["options"].split(",")}
+skip = ("/proc", "/sys")
+
+def mount_of(path):
+    return max((p for p in points if path == p or path.startswith(p.rstrip("/") + "/")), key=len)
+
+FS_IOC_GETFLAGS = 0x80086601
+def flags(path, st):
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return "error %s" % errno.errorcode.get(exc.errno, exc.errno)
+    try:
+        buf = bytearray(8)
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, buf)
+        return int.from_bytes(buf[:4], "little")
+    except OSError as exc:
+        return "error %s" % errno.errorcode.get(exc.errno, exc.errno)
+    finally:
+        os.close(fd)
+
+def xattrs(path):
+    try:
+        names = sorted(os.listxattr(path, follow_symlinks=False))
+    except OSError as exc:
+        return "error %s" % errno.errorcode.get(exc.errno, exc.errno)
+    out = {}
+    for name in names:
+        try:
+            out[name] = os.getxattr(path, name, follow_symlinks=False).hex()
+        except OSError as exc:
+            out[name] = "error %s" % errno.errorcode.get(exc.errno, exc.errno)
+    return out
+
+def digest(path, st):
+    if not stat.S_ISREG(st.st_mode) or mount_of(path) not in writable or st.st_size > 16 << 20:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()[:20]
+    except OSError as exc:
+        return "error %s" % errno.errorcode.get(exc.errno, exc.errno)
+
+files = {}
+def record(path):
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        files[path] = "error %s" % errno.errorcode.get(exc.errno, exc.errno)
+        return None
+    files[path] = [oct(st.st_mode), who(st.st_uid), who(st.st_gid), st.st_size, st.st_blocks, st.st_nlink,
+                   st.st_ino, dev(st.st_dev), st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns, xattrs(path),
+                   flags(path, st), os.readlink(path) if stat.S_ISLNK(st.st_mode) else None, digest(path, st)]
+    return st
+
+pending = ["/"]
+while pending:
+    path = pending.pop()
+    st = record(path)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        continue
+    try:
+        names = sorted(os.listdir(path), reverse=True)
+    except OSError as exc:
+        files[path].append("unlistable %s" % errno.errorcode.get(exc.errno, exc.errno))
+        continue
+    for name in names:
+        child = os.path.join(path, name)
+        if child not in skip:
+            pending.append(child)
+
+df = {}
+for p in points:
+    try:
+        v = os.statvfs(p)
+        df[p] = [v.f_bsize, v.f_blocks, v.f_bfree, v.f_bavail, v.f_files, v.f_ffree, v.f_flag]
+    except OSError as exc:
+        df[p] = "error %s" % errno.errorcode.get(exc.errno, exc.errno)
+
+net = {}
+def net_files(d):
+    for name in sorted(os.listdir(d)):
+        p = os.path.join(d, name)
+        if os.path.isdir(p):
+            net_files(p)
+        else:
+            net[p] = read(p)
+net_files("/proc/self/net")
+
+libc = ctypes.CDLL(None, use_errno=True)
+held = []
+while len(held) < 100000:
+    fd = libc.inotify_init1(os.O_CLOEXEC)
+    if fd < 0:
+        break
+    held.append(fd)
+for fd in held:
+    os.close(fd)
+
+processes = []
+for p in sorted(os.listdir("/proc"), key=lambda s: (len(s), s)):
+    if p.isdigit() and int(p) not in (os.getpid(), os.getppid()):
+        try:
+            processes.append([int(p), who(os.stat("/proc/" + p).st_uid), read("/proc/%s/cmdline" % p, 200)])
+        except OSError:
+            pass
+
+status = {}
+for line in read("/proc/self/status").splitlines():
+    key, _, value = line.partition(":")
+    if key in ("Uid", "Gid", "Groups", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "NoNewPrivs", "Seccomp",
+               "Seccomp_filters", "NSpid", "NSpgid", "NSsid"):
+        status[key] = " ".join(str(who(int(v))) if v.isdigit() and key in ("Uid", "Gid", "Groups") else v
+                               for v in value.split())
+mask = os.umask(0)
+os.umask(mask)
+out = {
+    "pids": {"shell": os.getppid(), "probe": os.getpid(), "last": read("/proc/sys/kernel/ns_last_pid").strip(),
+             "loadavg_last": read("/proc/loadavg").split()[-1]},
+    "files": files, "mounts": mounts, "df": df, "net": net,
+    "ipc": {k: read("/proc/sysvipc/" + k) for k in ("shm", "sem", "msg")},
+    "limits_in_use": {"inotify_instances_left": len(held)},
+    "processes": processes, "status": status,
+    "env": {k: v for k, v in os.environ.items() if k != "AIR_COMMAND_ID"},
+    "uts": list(os.uname()), "keys": read("/proc/key-users"),
+    "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource) if n.startswith("RLIMIT_")},
+    "umask": mask, "cwd": os.getcwd(),
+}
+with open(sys.argv[1], "w") as f:
+    json.dump(out, f)
+'''
+
+
+def probe_command(out: str) -> str:
+    """A shell command that runs the probe (as whoever runs the shell) and writes the fingerprint to `out`."""
+    return f"python3 - {out} <<'AIR_PROBE_EOF'\n{PROBE}\nAIR_PROBE_EOF"
+
+
+# Socket tables of /proc/net: the columns that are kernel-wide numbers, not the socket's state (its inode, from
+# the counter every pseudo-filesystem of the host shares; its kernel address), by table: token positions per row.
+KERNEL_WIDE_COLUMNS = {"tcp": (9, 11), "tcp6": (9, 11), "udp": (9, 11), "udp6": (9, 11), "raw": (9, 11),
+                       "raw6": (9, 11), "udplite": (9, 11), "udplite6": (9, 11), "unix": (0, 6), "netlink": (0, 9),
+                       "packet": (0, 8)}
+
+
+def _sockets(name: str, text: str) -> str:
+    """A socket table with its kernel-wide columns read as "*" (the rows and every other column stay)."""
+    columns = KERNEL_WIDE_COLUMNS.get(name)
+    if columns is None:
+        return text
+    lines = text.splitlines()
+    rows = []
+    for row in lines[1:]:
+        tokens = row.split()
+        for i in columns:
+            if i < len(tokens):
+                tokens[i] = "*"
+        rows.append(" ".join(tokens))
+    return "\n".join(lines[:1] + rows)
+
+
+def flatten(fp: dict) -> dict[str, object]:
+    """The fingerprint as {key path: value}, so two can be compared field by field."""
+    flat: dict[str, object] = {}
+    for section, value in fp.items():
+        if section == "net":
+            for path, text in value.items():
+                flat[f"net:{path}"] = _sockets(path.rsplit("/", 1)[-1], text)
+            continue
+        if section == "files":
+            for path, rec in value.items():
+                if isinstance(rec, str):
+                    flat[f"files:{path}"] = rec
+                    continue
+                names = ("mode", "uid", "gid", "size", "blocks", "nlink", "ino", "dev", "atime", "mtime", "ctime",
+                         "xattrs", "flags", "link", "content", "listing")
+                for name, field in zip(names, rec):
+                    flat[f"files:{path}:{name}"] = field
+        elif section == "mounts":
+            for m in value:
+                for name, field in m.items():
+                    flat[f"mounts:{m['name']}:{name}"] = field
+        elif isinstance(value, dict):
+            for key, field in value.items():
+                flat[f"{section}:{key}"] = field
+        else:
+            flat[section] = value
+    return flat
+
+
+def differences(a: dict, b: dict, allowed: Iterable[str] = ()) -> list[str]:
+    """Every field where fingerprints a and b differ, except those a pattern of `allowed` names (regexes matched
+    against the whole key, e.g. `files:/tmp:(atime|mtime|ctime)`)."""
+    patterns = [re.compile(p) for p in allowed]
+    fa, fb = flatten(a), flatten(b)
+    out = []
+    for key in sorted(set(fa) | set(fb)):
+        if fa.get(key, "<absent>") != fb.get(key, "<absent>") and not any(p.fullmatch(key) for p in patterns):
+            out.append(f"{key}: {str(fa.get(key, '<absent>'))[:300]!s} != {str(fb.get(key, '<absent>'))[:300]!s}")
+    return out
