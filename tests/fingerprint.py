@@ -1,7 +1,7 @@
 """Everything a sandbox shows the code that runs in it, as one JSON document: the oracle of the fresh-cells tests.
 
 `PROBE` is a stdlib-only Python program run *as the agent* (or as code under evaluation) inside a sandbox. It
-writes its fingerprint to the file named by its first argument:
+writes its fingerprint to the file named by its first argument (fp.json without one):
 - `files`: lstat of every path it can reach (every mount but /proc and /sys): type and mode, owner, size, blocks,
   links, inode, device, atime/mtime/ctime in ns, extended attributes with their values (ACLs among them), inode
   flags (`chattr`), link targets, and the content hash of readable files in writable mounts;
@@ -180,7 +180,7 @@ out = {
     "rlimits": {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource) if n.startswith("RLIMIT_")},
     "umask": mask, "cwd": os.getcwd(),
 }
-with open(sys.argv[1], "w") as f:
+with open(sys.argv[1] if len(sys.argv) > 1 else "fp.json", "w") as f:
     json.dump(out, f)
 '''
 

@@ -171,8 +171,8 @@ async def test_fake_evaluation_files_beside_a_strategy_do_not_change_its_score(p
 @pytest.mark.parametrize("task_id", [TABULAR, PD])
 async def test_searching_the_whole_filesystem_finds_no_secret(task_id, pool):
     """The agent greps its whole sandbox for lines that only occur in the task's secret/ files (hidden labels,
-    opponent code): nothing, neither as the agent nor as root. A control file holding one such line is found,
-    so the search itself works."""
+    opponent code): nothing, neither as the agent nor as root in its cell, nor as root in the whole container. A
+    control file holding one such line is found in the cell, so the search itself works."""
     env = TaskEnvironment(load_task(task_id), pool)
     async with env.lease() as sandbox:
         lines = secret_only_lines(env.spec)
@@ -181,8 +181,10 @@ async def test_searching_the_whole_filesystem_finds_no_secret(task_id, pool):
         await write(sandbox, "/tmp/control.txt", lines[0])
         found = await sandbox.session.run(search, timeout=120)
         assert found.stdout.split() == ["/tmp/control.txt"], found.stdout
-        as_root = await sandbox.harness_exec(["sh", "-c", search], user="root", timeout=120)
-        assert as_root.stdout.split() == ["/tmp/control.txt"], as_root.stdout
+        as_root = await sandbox.session.run_untrusted(["sh", "-c", search], user="root", cwd="/", timeout=120)
+        assert as_root.stdout.split() == ["/tmp/control.txt"], as_root.stdout  # root in the agent's cell
+        everything = await sandbox.harness_exec(["sh", "-c", search], user="root", timeout=120)
+        assert everything.stdout.split() == [], everything.stdout  # the whole container (the cell's /tmp aside)
         names = await sandbox.session.run("find / -xdev \\( -name test_labels.csv -o -name opponents.py -o "
                                           "-name air_eval_kit.py -o -path '*/secret/*' \\) 2>/dev/null; true")
         assert names.stdout.split() == [], names.stdout

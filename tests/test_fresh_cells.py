@@ -4,7 +4,9 @@ never reaches the next one.
 One attack, `PLANT`, run by the agent (or by code under evaluation) leaves state of every class the issue names:
 files with a default ACL (inherited by what is created in the directory afterwards), extended attributes, inode
 flags, blocks preallocated past the end of a file and a chosen ctime; loopback TCP connections in TIME_WAIT; a raised
-pid counter; burnt inode numbers; SysV and POSIX IPC objects; a daemon holding every inotify instance of its uid.
+pid counter; burnt inode numbers; SysV and POSIX IPC objects; a daemon holding every inotify instance of its uid;
+and what earlier rounds attacked (issue #12): files in the home and every temp dir, daemons that detach, the times
+of shared device nodes, the shell's variables, limits, umask and directory.
 Then the next lease (evaluation, request) takes the fingerprint of everything it can observe (tests/fingerprint.py)
 and it must equal:
 - the fingerprint the same sandbox gave before the attack, but for the birth times of what each lease gets new
@@ -16,8 +18,10 @@ and it must equal:
 
 from __future__ import annotations
 
+import base64
 import io
 import json
+import re
 import tarfile
 
 import pytest
@@ -88,6 +92,20 @@ rt = ctypes.CDLL("librt.so.1", use_errno=True)
 rt.mq_open(b"/airq", os.O_CREAT | os.O_RDWR, 0o600, None)
 print("planted")
 AIR_PLANT_EOF
+# Files, links and directories in the home and every temp dir; times of the device nodes; daemons (setsid, double
+# fork); attempts at air's own files; the shell's state.
+echo 'echo planted' >> ~/.bashrc; echo planted > ~/workspace/planted.py
+mkdir -p ~/.cache/x && echo y > ~/.cache/x/y; ln -s /etc ~/link-out
+echo t > /tmp/t; echo v > /var/tmp/v; echo s > /dev/shm/s; touch /dev/null /dev/zero
+setsid nohup sleep 4321 >/dev/null 2>&1 & disown
+python3 -c "import os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(4321)" &
+echo pwned > /srv/air/pristine/home/workspace/pristine.py 2>/dev/null || echo pristine-denied
+ls /srv/air/pristine 2>/dev/null || echo pristine-unreadable
+chmod 700 ~/workspace
 # A daemon that holds every inotify instance its uid may have (a per-user kernel limit), until the sandbox ends.
 setsid nohup python3 -c "
 import ctypes, os, time
@@ -97,6 +115,7 @@ print(sum(fd >= 0 for fd in fds), flush=True)
 time.sleep(3600)" > /tmp/holder.out 2>&1 &
 for _ in $(seq 100); do [ -s /tmp/holder.out ] && break; sleep 0.1; done
 echo "holder has $(cat /tmp/holder.out) inotify instances"
+export LEAK=1; ulimit -n 64; umask 077; cd /tmp
 '''
 
 # What each lease gets new is born then: the times of the new mounts' roots (the home's upper layer, the temp dirs,
@@ -151,6 +170,7 @@ async def test_a_rollout_leaves_nothing_the_next_lease_can_observe(images):
             before = await fingerprint_of_first_command(attacked)
             r = await attacked.session.run(PLANT, timeout=300)
             assert "planted" in r.stdout and "holder has" in r.stdout, r.output[-3000:]
+            assert "pristine-denied" in r.stdout and "pristine-unreadable" in r.stdout, r.stdout
             # A never-used sandbox of the same image, while the attacker's daemon holds its inotify instances.
             async with env.lease() as fresh:
                 assert fresh.container_id != container
@@ -163,3 +183,208 @@ async def test_a_rollout_leaves_nothing_the_next_lease_can_observe(images):
     assert_same(before, after, CELL_CLOCKS + HOST_GLOBAL, "the same sandbox before the attack and at its next lease")
     assert_same(reference, after, CELL_CLOCKS + CONTAINER_CLOCKS + HOST_GLOBAL,
                 "a never-used sandbox and the attacked one at its next lease")
+
+
+# ----- evaluations ---------------------------------------------------------------------------------------------------
+PROBE_TASK = '''
+id = "cells-probe"
+name = "Code under evaluation, probed"
+version = 1
+image = "cpu"
+description = "The submission's run.sh runs as the agent in the scoring sandbox; the evaluation reports what it wrote."
+
+[evaluation]
+entry = "evaluate.py"
+submission = ["run.sh"]
+timeout = 300
+
+[baseline]
+scores = { score = 1.0 }
+
+[[metrics]]
+name = "score"
+direction = "higher"
+primary = true
+'''
+# The evaluation (root in the scoring sandbox, holding the hidden data) runs the submission as the agent, as the
+# evaluation kit does, and reports the fingerprint its code wrote beside the score.
+PROBE_EVALUATE = r'''
+import json, os, shutil, subprocess
+uid = int(os.environ["AIR_AGENT_UID"])
+work = "/tmp/work"
+os.mkdir(work)
+shutil.copy(os.path.join(os.environ["AIR_SUBMISSION_DIR"], "run.sh"), work)
+os.chown(work, uid, uid)
+def as_agent():
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+run = subprocess.run(["bash", "run.sh"], cwd=work, preexec_fn=as_agent, capture_output=True, timeout=280,
+                     env={"HOME": work, "PATH": os.environ["PATH"], "LANG": "C.UTF-8"})
+fp = os.path.join(work, "fp.json")
+report = {"score": 1.0, "output": run.stdout.decode(errors="replace")[-3000:]}
+if os.path.exists(fp):
+    report["fingerprint"] = json.load(open(fp))
+with open(os.environ["AIR_METRICS_FILE"], "w") as f:
+    json.dump(report, f)
+'''
+# What the harness stages for each evaluation, anew and at a new moment: the evaluation's code, the submission, the
+# output directory.
+STAGED_PER_EVALUATION = [r"files:/srv/air(/(eval|submission|output)(/.*)?)?:(atime|mtime|ctime|ino)"]
+
+
+@pytest.fixture
+def probe_task(tmp_path):
+    task = tmp_path / "tasks" / "cells-probe"
+    (task / "starter").mkdir(parents=True)
+    (task / "task.toml").write_text(PROBE_TASK)
+    (task / "evaluate.py").write_text(PROBE_EVALUATE)
+    (task / "starter" / "run.sh").write_text("true\n")
+    from air.tasks.air_format import load_air_task
+
+    return load_air_task(task)
+
+
+async def evaluated(env, sandbox, script: str, reports: list) -> dict:
+    """The agent writes run.sh and validates; what the evaluation reported (read where the scorer reads metrics)."""
+    r = await sandbox.session.run(f"cat > run.sh <<'AIR_RUN_EOF'\n{script}\nAIR_RUN_EOF")
+    assert r.exit_code == 0, r.stderr
+    reports.clear()
+    outcome = await env.evaluate(sandbox)
+    assert outcome.ok, outcome
+    return json.loads(reports[-1])
+
+
+async def test_an_evaluation_leaves_nothing_a_later_evaluation_can_observe(images, probe_task, monkeypatch,
+                                                                          docker_client):
+    """Code under evaluation plants every class of state in the scoring sandbox; the next evaluation's code, in the
+    same scoring sandbox, sees what it saw before the attack, and what a never-used scoring sandbox shows."""
+    import air.tasks.scoring as scoring
+
+    reports: list[str] = []
+    real = scoring._metrics_outcome
+    monkeypatch.setattr(scoring, "_metrics_outcome", lambda spec, raw: reports.append(raw) or real(spec, raw))
+    probe = probe_command("fp.json")
+    async with SandboxPool(PoolConfig(max_sandboxes=4, gpu_ids=[], lease_timeout=300)) as pool:
+        env = TaskEnvironment(probe_task, pool)
+        async with env.lease() as sandbox:
+            before = (await evaluated(env, sandbox, probe, reports))["fingerprint"]
+            attack = await evaluated(env, sandbox, PLANT.replace("cd ~/workspace", "cd ~"), reports)
+            assert "planted" in attack["output"] and "holder has" in attack["output"], attack["output"]
+            after = (await evaluated(env, sandbox, probe, reports))["fingerprint"]
+        scorers = [c for c in docker_client.containers.list(filters={"label": f"air.run={pool.run_id}"})
+                   if c.labels.get("air.task", "").endswith(".scoring")]
+        assert len(scorers) == 1, "every evaluation ran in the same scoring sandbox"
+    async with SandboxPool(PoolConfig(max_sandboxes=4, gpu_ids=[], lease_timeout=300)) as pool:
+        env = TaskEnvironment(probe_task, pool)
+        async with env.lease() as sandbox:
+            reference = (await evaluated(env, sandbox, probe, reports))["fingerprint"]
+    assert_same(before, after, CELL_CLOCKS + HOST_GLOBAL + STAGED_PER_EVALUATION,
+                "the scoring sandbox before the attack and at the next evaluation")
+    assert_same(reference, after, CELL_CLOCKS + CONTAINER_CLOCKS + HOST_GLOBAL + STAGED_PER_EVALUATION,
+                "a never-used scoring sandbox and the attacked one at the next evaluation")
+
+
+# The hidden-data channel of the issue, end to end through ordinary submissions: a strategy that saw the hidden
+# opponents leaves loopback connections in TIME_WAIT from ports of its choosing; the next strategy looks for them and
+# plays differently when it finds them (the score carries what it found).
+WRITER = '''
+import socket
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", 0))
+server.listen(64)
+for port in range(45100, 45120):
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    client.bind(("127.0.0.1", port))
+    client.connect(server.getsockname())
+    conn, _ = server.accept()
+    client.close()
+    conn.close()
+def row_strategy(history):
+    return 0
+'''
+READER = '''
+def _found():
+    try:
+        rows = open("/proc/net/tcp").read().splitlines()[1:]
+    except OSError:
+        return False
+    return any(45100 <= int(row.split()[1].split(":")[1], 16) < 45120 for row in rows)
+FOUND = _found()
+def row_strategy(history):
+    return 1 if FOUND else 0
+'''
+
+
+async def test_hidden_data_cannot_ride_loopback_sockets_to_the_next_evaluation(pool):
+    """On 49fff14 a strategy's TIME_WAIT sockets outlived its evaluation in the scoring sandbox and the next
+    evaluation read them back (the issue's char-language-model leak, here through the prisoner's dilemma): the
+    reader then defected and scored differently. Each evaluation now has its own network namespace."""
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sandbox:
+        async def score(strategy: str) -> float:
+            r = await sandbox.session.run(f"cat > strategy.py <<'AIR_EOF'\n{strategy}\nAIR_EOF")
+            assert r.exit_code == 0, r.stderr
+            outcome = await env.evaluate(sandbox)
+            assert outcome.ok, outcome
+            return outcome.metrics["Score"]
+
+        alone = await score(READER)  # nothing planted yet: the reader cooperates
+        await score(WRITER)
+        after = await score(READER)
+    assert after == alone, "the reader found the writer's sockets"
+
+
+# ----- SandboxFusion requests -----------------------------------------------------------------------------------------
+async def request_fingerprint(service) -> dict:
+    """The probe as a python request; its fingerprint with the request's own directory name (a new random one
+    per request, as upstream makes) read as <request>."""
+    from air.services.sandbox_fusion.schema import RunCodeRequest
+
+    from fingerprint import PROBE
+
+    r = await service.run_code(RunCodeRequest(language="python", code=PROBE, run_timeout=240,
+                                              fetch_files=["fp.json"]))
+    assert r.status.value == "Success" and "fp.json" in r.files, r
+    fp = json.loads(base64.b64decode(r.files["fp.json"]))
+    mine = fp["cwd"]
+    fp["files"] = {re.sub(r"^<request>/[^/]+\.py$", "<request>/<code>.py", path.replace(mine, "<request>")): rec
+                   for path, rec in fp["files"].items()}  # the code's file: a new temporary name, as upstream's
+    fp["cwd"] = fp["cwd"].replace(mine, "<request>")
+    fp["env"] = {k: v.replace(mine, "<request>") for k, v in fp["env"].items()}
+    return fp
+
+
+async def test_a_sandbox_fusion_request_leaves_nothing_the_next_request_can_observe(images, run_id):
+    """Request A plants every class of state (as verl's code under test would); request B, served by the same
+    sandbox, sees what the request before A saw and what a never-used server's first request sees."""
+    from air.services.sandbox_fusion.config import SandboxFusionConfig
+    from air.services.sandbox_fusion.schema import RunCodeRequest
+    from air.services.sandbox_fusion.service import SandboxFusionService
+
+    config = SandboxFusionConfig(concurrency=1, pool_size=1, run_id=run_id, max_run_timeout=300)
+    service = SandboxFusionService(config)
+    await service.start()
+    try:
+        before = await request_fingerprint(service)
+        planted = await service.run_code(RunCodeRequest(language="bash", code=PLANT.replace("cd ~/workspace", ""),
+                                                        run_timeout=240))
+        assert "planted" in (planted.run_result.stdout or ""), planted
+        after = await request_fingerprint(service)
+        assert service.pool.stats.created == 1, "one sandbox served every request"
+    finally:
+        await service.close()
+    fresh = SandboxFusionService(config.model_copy(update={"run_id": run_id + "-ref"}))
+    await fresh.start()
+    try:
+        reference = await request_fingerprint(fresh)
+    finally:
+        await fresh.close()
+    # A request's directory and the code's file in it are made for the request, at its moment.
+    per_request = [r"files:(/home/agent/sf|<request>(/.*)?):(atime|mtime|ctime)"]
+    assert_same(before, after, CELL_CLOCKS + HOST_GLOBAL + per_request,
+                "a SandboxFusion sandbox before the planting request and at the next request")
+    assert_same(reference, after, CELL_CLOCKS + CONTAINER_CLOCKS + HOST_GLOBAL + per_request,
+                "a never-used SandboxFusion sandbox and the planted one at the next request")

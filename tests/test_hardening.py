@@ -1,15 +1,17 @@
-"""Proved from inside a sandbox: no root, no capabilities, no privilege escalation, a read-only system, no
-network, no Docker socket, no host paths, and nothing of other sandboxes visible."""
+"""Proved from inside a sandbox: no root, no capabilities, no privilege escalation, no way out of the cell, a
+read-only system, no network, no Docker socket, no host paths, and nothing of other sandboxes visible."""
 
 from __future__ import annotations
 
 import pytest
 
-from air.sandbox.container import ROOT_CAPABILITIES
+from air.sandbox.container import CELL_CAPABILITIES, ROOT_CAPABILITIES
+from air.sandbox.warden import cell
 
 pytestmark = pytest.mark.docker
 
-CAPABILITY_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7}
+CAPABILITY_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8,
+                   "NET_ADMIN": 12, "SYS_CHROOT": 18, "SYS_ADMIN": 21, "MKNOD": 27}
 # Docker's own per-container files, air's two volumes and the temp dirs; /sbin/docker-init is Docker's init
 # binary, bind-mounted read-only because sandboxes run with init=True.
 SYSTEM_MOUNTS = {"/", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/home/agent", "/srv/air", "/tmp",
@@ -23,10 +25,10 @@ def status_field(text: str, name: str) -> str:
 async def test_the_agent_is_not_root_and_has_no_capabilities(pool, base_spec):
     async with pool.lease(base_spec) as sb:
         r = await sb.session.run("id -u; cat /proc/self/status")
-        assert r.stdout.splitlines()[0] == "1000"
-        assert int(status_field(r.stdout, "CapEff"), 16) == 0
-        assert int(status_field(r.stdout, "CapBnd"), 16) == sum(1 << CAPABILITY_BITS[c] for c in ROOT_CAPABILITIES)
-        assert status_field(r.stdout, "NoNewPrivs") == "1"
+        assert r.stdout.splitlines()[0] == str(sb.agent_uid)
+        for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):  # nothing to gain, even through exec
+            assert int(status_field(r.stdout, field), 16) == 0, field
+        assert status_field(r.stdout, "NoNewPrivs") == "1" and status_field(r.stdout, "Seccomp") == "2"
         r = await sb.session.run("su -c id root </dev/null; sudo id </dev/null")
         assert "uid=0" not in r.stdout
 
@@ -34,8 +36,13 @@ async def test_the_agent_is_not_root_and_has_no_capabilities(pool, base_spec):
 async def test_root_keeps_only_what_the_harness_needs(pool, base_spec):
     async with pool.lease(base_spec) as sb:
         r = await sb.harness_exec(["cat", "/proc/self/status"])
-        expected = sum(1 << CAPABILITY_BITS[c] for c in ROOT_CAPABILITIES)
-        assert int(status_field(r.stdout, "CapEff"), 16) == expected
+        held = ROOT_CAPABILITIES + (CELL_CAPABILITIES if sb.cells else [])
+        assert int(status_field(r.stdout, "CapEff"), 16) == sum(1 << CAPABILITY_BITS[c] for c in held)
+        # Root in a cell (an evaluation reading hidden data) keeps only what scoring needs, and is confined.
+        r = await sb.session.run_untrusted(["cat", "/proc/self/status"], user="root", cwd="/")
+        kept = sum(1 << CAPABILITY_BITS[c] for c in cell.ROOT_CAPABILITIES)
+        assert int(status_field(r.stdout, "CapEff"), 16) == kept == int(status_field(r.stdout, "CapBnd"), 16)
+        assert status_field(r.stdout, "NoNewPrivs") == "1" and status_field(r.stdout, "Seccomp") == "2"
         r = await sb.harness_exec(["sh", "-c", "ping -c1 127.0.0.1 2>&1; mknod /tmp/dev c 1 3 2>&1; echo done"])
         assert "done" in r.stdout and not r.stdout.startswith("PING")
 

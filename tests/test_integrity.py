@@ -17,106 +17,15 @@ from air.tasks.registry import load_task
 
 pytestmark = pytest.mark.docker
 
-# A state fingerprint of a sandbox as the agent sees it: processes, IPC objects, every file under every writable
-# mount (type, mode, owner, size, mtime, link target, content hash), the shell's environment, limits, umask,
-# scheduling and OOM settings. Run by the agent; the sandbox after a hostile rollout and a reset must give the same.
-FINGERPRINT = r'''python3 - <<'AIR_EOF'
-import hashlib, json, os, resource, stat
-me = {os.getpid(), os.getppid()}
-procs = []
-for p in os.listdir("/proc"):
-    if p.isdigit() and int(p) not in me:
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-            uid = os.stat(f"/proc/{p}").st_uid
-        except OSError:
-            continue
-        procs.append((uid, cmd[:80]))
-ipc = {k: open(f"/proc/sysvipc/{k}").read().splitlines()[1:] for k in ("shm", "sem", "msg")}
-writable = []
-for line in open("/proc/self/mountinfo"):
-    f = line.split()
-    point, opts = f[4], f[5]
-    if "rw" in opts.split(",") and not point.startswith(("/proc", "/sys")) and point not in ("/dev", "/dev/pts"):
-        writable.append(point)
-files = []
-for top in sorted(writable):
-    for root, dirs, names in os.walk(top):
-        dirs.sort()
-        for name in [""] + sorted(names) + dirs:
-            path = os.path.join(root, name) if name else root
-            try:
-                st = os.lstat(path)
-            except OSError as exc:
-                files.append((path, "error", exc.errno)); continue
-            digest = ""
-            if stat.S_ISREG(st.st_mode) and os.access(path, os.R_OK) and st.st_size < 1 << 20:
-                digest = hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
-            link = os.readlink(path) if stat.S_ISLNK(st.st_mode) else ""
-            files.append((path, oct(st.st_mode), st.st_uid, st.st_gid, st.st_size if not stat.S_ISDIR(st.st_mode)
-                          else 0, st.st_mtime_ns, link, digest))
-env = {k: v for k, v in os.environ.items() if k not in ("AIR_COMMAND_ID", "_")}
-limits = {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource) if n.startswith("RLIMIT_")}
-mask = os.umask(0); os.umask(mask)
-print(json.dumps({"procs": sorted(procs), "ipc": ipc, "mqueue": sorted(os.listdir("/dev/mqueue")),
-                  "files": files, "env": env, "limits": limits, "umask": mask, "cwd": os.getcwd(),
-                  "nice": os.nice(0), "oom": open("/proc/self/oom_score_adj").read().strip()}))
-AIR_EOF'''
-
-# Everything a rollout can leave behind, tried at once (issue #12.1-4 and the shell's state).
-HOSTILE = r'''
-cd ~/workspace
-echo 'echo planted' >> ~/.bashrc; echo planted > ~/workspace/planted.py; chmod 700 ~/workspace
-mkdir -p ~/.cache/x && echo y > ~/.cache/x/y; ln -s /etc ~/link-out
-echo t > /tmp/t; echo v > /var/tmp/v; echo s > /dev/shm/s
-setsid nohup sleep 4321 >/dev/null 2>&1 & disown
-python3 -c "import os, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        time.sleep(4321)" &
-ipcmk -M 4096 >/dev/null; ipcmk -S 2 >/dev/null; ipcmk -Q >/dev/null
-python3 -c "import ctypes, os; rt = ctypes.CDLL('librt.so.1')
-print(rt.mq_open(b'/airq', os.O_CREAT | os.O_RDWR, 0o600, None))"
-echo pwned > /srv/air/pristine/home/workspace/pristine.py 2>/dev/null || echo pristine-denied
-ls /srv/air/pristine 2>/dev/null || echo pristine-unreadable
-export LEAK=1; ulimit -n 64; umask 077; cd /tmp
-'''
-
-
-def fingerprint(result) -> dict:
-    assert result.exit_code == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-async def test_a_hostile_rollout_leaves_nothing_the_next_lease_can_see(pool, base_spec):
-    """#1-#4 and the 'Must hold': after a rollout that plants files, daemons (setsid, double fork), SysV and POSIX
-    IPC objects, temp files, shell state and limits, the next lease of the same container has the fingerprint
-    of the fresh one: processes, IPC, every writable path with modes and times, environment and limits."""
-    async with pool.lease(base_spec) as sb:
-        fresh = fingerprint(await sb.session.run(FINGERPRINT, timeout=120))
-        container = sb.container_id
-        r = await sb.session.run(HOSTILE, timeout=60)
-        assert "pristine-denied" in r.stdout and "pristine-unreadable" in r.stdout, r
-        dirty = fingerprint(await sb.session.run(FINGERPRINT, timeout=120))
-        assert dirty != fresh  # the attack did change the state (the fingerprint can fail)
-        assert any("4321" in cmd for _, cmd in dirty["procs"]) and any(dirty["ipc"].values()) and dirty["mqueue"]
-    await pool.wait_idle()  # the reset runs in the background after release
-    async with pool.lease(base_spec) as sb:
-        assert sb.container_id == container  # the warm pool gave the same container back
-        after = fingerprint(await sb.session.run(FINGERPRINT, timeout=120))
-    for key in fresh:
-        assert after[key] == fresh[key], key
-
-
 async def test_the_agent_cannot_reach_the_warden_or_its_shell(pool, base_spec):
-    """#1/#5: the process that resets the sandbox and reports completion is root and out of reach: no signal,
-    no /proc/PID/fd, no environ, no ptrace; the agent's shell is not dumpable, so its own other processes cannot
-    open its fds (where a completion could be forged) either."""
+    """#1/#5: the process that resets the sandbox and reports completion is root and out of reach: in a cell the
+    agent does not even see it (another pid namespace), and the root process it does see, the cell's init, is as
+    unreachable: no signal, no /proc/PID/fd, no environ, no ptrace. The agent's shell is not dumpable, so its own
+    other processes cannot open its fds (where a completion could be forged) either."""
     probe = r'''
 warden=$(for p in /proc/[0-9]*; do grep -qa air-warden $p/cmdline 2>/dev/null && echo ${p#/proc/}; done | head -1)
-echo "warden=$warden"
+echo "warden=${warden:-none}"
+warden=${warden:-1}
 kill -STOP $warden 2>/dev/null && echo signalled-warden
 ls /proc/$warden/fd >/dev/null 2>&1 && echo warden-fds
 cat /proc/$warden/environ >/dev/null 2>&1 && echo warden-environ
@@ -130,7 +39,10 @@ print('ptrace', libc.ptrace(16, $warden, 0, 0), libc.ptrace(16, $shell, 0, 0))"
     async with pool.lease(base_spec) as sb:
         r = await sb.session.run(probe)
         out = r.stdout
-        assert "warden=" in out and out.split("warden=")[1].split()[0].isdigit(), out
+        seen = out.split("warden=")[1].split()[0]
+        # In a cell the warden is out of sight; the root process there that looks like it is the cell's init (a
+        # fork of the warden), pid 1, and it is just as unreachable. Without cells, the warden itself is probed.
+        assert seen == "1" if sb.session.cells else seen.isdigit() and seen != "1", out
         for leak in ("signalled-warden", "warden-fds", "warden-environ", "wrote-warden-stdin", "shell-fds",
                      "shell-environ"):
             assert leak not in out, (leak, out)
@@ -254,7 +166,8 @@ async def test_code_under_evaluation_leaves_nothing_for_later_evaluations(pool, 
                if c.labels.get("air.task", "").endswith(".scoring")]
     assert scorers
     for scorer in scorers:
-        out = scorer.exec_run(["sh", "-c", "for p in /proc/[0-9]*; do [ \"$(stat -c %u $p)\" = 1000 ] && "
+        uid = scorer.labels["air.uid"]
+        out = scorer.exec_run(["sh", "-c", f"for p in /proc/[0-9]*; do [ \"$(stat -c %u $p)\" = {uid} ] && "
                                            "tr '\\0' ' ' < $p/cmdline && echo; done; ipcs -m"]).output.decode()
         assert "python" not in out and "0x00005eed" not in out, out
     async with env.lease() as sandbox:  # a new rollout, the starter strategy: the same score as before

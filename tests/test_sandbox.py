@@ -1,5 +1,6 @@
 """Conformance of the sandbox runtime against a real Docker daemon: sessions, exec, limits, pool, cleanup; the
-session and reset tests run against every kind of sandbox (warm, fresh per lease, on a host reached over TCP)."""
+session and reset tests run against every kind of sandbox (cells in warm containers, a container per lease, on a host
+reached over TCP)."""
 
 from __future__ import annotations
 
@@ -14,29 +15,31 @@ from air.sandbox import DockerHost, PoolConfig, Resources, SandboxPool, SandboxS
 
 pytestmark = pytest.mark.docker
 
-LIST_AGENT_PROCS = ("for p in /proc/[0-9]*; do [ \"$(stat -c %u $p)\" = 1000 ] || continue; "
+LIST_AGENT_PROCS = ("for p in /proc/[0-9]*; do [ \"$(stat -c %u $p)\" = {uid} ] || continue; "
                     "tr '\\0' ' ' < $p/cmdline; echo; done | grep -v '^$'")
 
 
 async def agent_processes(sandbox) -> list[str]:
-    """Command lines of every agent process in the sandbox except the session shell and this probe."""
-    result = await sandbox.harness_exec(["sh", "-c", LIST_AGENT_PROCS], user="agent")
+    """Command lines of every agent process in the sandbox (the container's view: every cell's too) except the
+    session shell."""
+    result = await sandbox.harness_exec(["sh", "-c", LIST_AGENT_PROCS.format(uid=sandbox.agent_uid)])
     return [line for line in result.stdout.splitlines()
             if line.strip() and "bash --noprofile --norc" not in line and "/proc/" not in line
             and not line.startswith(("sh -c", "timeout ", "tr ", "grep "))]
 
 
-@pytest.fixture(params=["warm", "fresh", "tcp"])
+@pytest.fixture(params=["warm", "containers", "tcp"])
 async def pool(request, images, docker_client, run_id):
     """The conformance suite: every test here that takes `pool` runs against each kind of sandbox the pool makes:
-    warm and reused across leases, fresh for every lease, and on a Docker host reached over TCP (as one on another
-    machine is). Afterwards not one container of the test's run may remain."""
+    warm containers whose every lease is a new cell, a new container for every lease (hosts that forbid cells), and
+    on a Docker host reached over TCP (as one on another machine is). Afterwards not one container of the test's run
+    may remain."""
     from docker_proxy import CuttableProxy
 
     proxy = None
     config = dict(run_id=run_id, max_sandboxes=24, gpu_ids=[], lease_timeout=120)
-    if request.param == "fresh":
-        config["max_leases"] = 1
+    if request.param == "containers":
+        config["isolation"] = "containers"
     elif request.param == "tcp":
         proxy = CuttableProxy("/var/run/docker.sock")
         config["hosts"] = [DockerHost(url=f"tcp://127.0.0.1:{proxy.port}", gpu_ids=[])]
@@ -217,7 +220,7 @@ async def test_memory_hog_is_oom_killed_not_reported_as_timeout(pool):
 async def test_no_network_and_non_root(pool, base_spec):
     async with pool.lease(base_spec) as sb:
         r = await sb.session.run("ls /sys/class/net; id -u")
-        assert r.stdout.split() == ["lo", "1000"]
+        assert r.stdout.split() == ["lo", str(sb.agent_uid)] and sb.agent_uid >= 2**30
         r = await sb.session.run(
             "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)\"", timeout=20)
         assert r.exit_code != 0 and "unreachable" in r.stderr.lower()
@@ -281,7 +284,7 @@ async def test_reset_restores_files_processes_cwd_and_variables(pool, base_spec)
         assert await agent_processes(sb) == []
         await sb.session.run(hostile)
     await pool.wait_idle()
-    if pool.config.max_leases > 1:  # a warm pool resets on release and hands the same sandbox back
+    if first.session.cells:  # a warm pool resets on release (a new cell) and hands the same sandbox back
         async with pool.lease(base_spec) as sb:
             assert sb is first, "the warm sandbox is reused"
             r = await sb.session.run(check)
@@ -365,7 +368,7 @@ TREE = ("(cd /home/agent && find . -mindepth 1 -printf '%p %y %m %U %l %T@\\n' |
         "find . -type f -exec md5sum {} + | sort -k2)")
 
 
-async def test_verified_reset_restores_every_kind_of_change_exactly(pool, base_spec):
+async def test_the_reset_takes_back_every_kind_of_change_exactly(pool, base_spec):
     """Compare the whole home tree (names, types, modes, owners, contents) before and after a hostile rollout."""
     async with pool.lease(base_spec) as sb:
         await sb.harness_sh("mkdir -p /srv/air/pristine/home/workspace/data/deep "
@@ -373,8 +376,8 @@ async def test_verified_reset_restores_every_kind_of_change_exactly(pool, base_s
                             "cd /srv/air/pristine/home/workspace && echo a > a.py && echo b > data/b.csv && "
                             "echo c > data/deep/c.txt && echo '#!/bin/sh' > run.sh && chmod 755 run.sh && "
                             "ln -s data/b.csv link && echo rc > /srv/air/pristine/home/.profile_x && "
-                            "chown -R 1000:1000 /srv/air/pristine/home")
-        await sb.session.reset(full=True)
+                            f"chown -R {sb.agent_uid}:{sb.agent_uid} /srv/air/pristine/home")
+        await sb.session.reset()
         pristine = (await sb.session.run(TREE)).stdout
         mutations = [
             "echo more >> a.py", "rm data/b.csv", "rm -rf data/deep", "chmod 700 data", "chmod 644 run.sh",
@@ -388,11 +391,10 @@ async def test_verified_reset_restores_every_kind_of_change_exactly(pool, base_s
                 r = await sb.session.run(m)
                 assert r.exit_code == 0, (m, r.stderr)
             await sb.session.reset()
-            assert sb.session.last_reset.home == "verified"
+            assert sb.session.last_reset.cell == sb.session.cells
             assert (await sb.session.run(TREE)).stdout == pristine, f"round {round_}"
         await sb.session.run("echo more >> a.py; rm data/b.csv; mkdir junk && echo x > junk/y; cd /tmp")
         await sb.session.reset()
-        assert sb.session.last_reset.home == "verified"
         assert (await sb.session.run(TREE)).stdout == pristine
 
 

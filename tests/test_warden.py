@@ -8,9 +8,11 @@ hash of every path in every writable mount must equal a fresh container's.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
+import tarfile
 
 import pytest
 
@@ -22,13 +24,16 @@ STARTER = "/srv/air/pristine/home/workspace"
 
 
 async def stage(sb, script: str = "") -> None:
-    """A pristine home with agent-owned starter files, a root-owned read-only one and a nested directory."""
+    """A pristine home with agent-owned starter files, a root-owned read-only one and a nested directory; `script`
+    runs in the workspace after (AGENT is the sandbox's agent uid there)."""
+    uid = sb.agent_uid
     await sb.harness_sh(f"mkdir -p {STARTER}/src/deep && cd {STARTER} && "
                         "printf 'def strategy():\\n    return 0\\n' > train.py && "
                         "head -c 300000 /dev/urandom > src/weights.bin && echo nested > src/deep/n.txt && "
-                        "chown -R 1000:1000 /srv/air/pristine/home && "
-                        "echo 'read only' > sealed.txt && chmod 444 sealed.txt" + (f" && {script}" if script else ""))
-    await sb.session.reset(full=True)
+                        f"chown -R {uid}:{uid} /srv/air/pristine/home && "
+                        "echo 'read only' > sealed.txt && chmod 444 sealed.txt"
+                        + (f" && AGENT={uid} && {script}" if script else ""))
+    await sb.session.reset()
 
 
 # ----- 1. data surviving the reset ----------------------------------------------------------------------------------
@@ -148,7 +153,7 @@ async def test_a_reset_puts_back_what_the_agent_deleted_after_filling_the_homes_
                        workspace_mb=32, tmp_mb=16)
     async with pool.lease(spec) as sb:
         container = sb.container_id
-        await stage(sb, "mkdir -p a z && head -c 12000000 /dev/urandom > a/data.bin && chown -R 1000:1000 a z")
+        await stage(sb, "mkdir -p a z && head -c 12000000 /dev/urandom > a/data.bin && chown -R $AGENT:$AGENT a z")
         before = (await sb.session.run("md5sum a/data.bin src/weights.bin")).stdout
         r = await sb.session.run("rm a/data.bin src/weights.bin; for d in b z ~/zz; do mkdir -p $d; "
                                  "head -c 40000000 /dev/zero > $d/fill; done; df -m ~ | tail -1", timeout=120)
@@ -161,10 +166,12 @@ async def test_a_reset_puts_back_what_the_agent_deleted_after_filling_the_homes_
 
 
 # ----- randomised hostile rollouts -----------------------------------------------------------------------------------
-# Every path of every writable mount, as root: type, mode, owner, size, mtime, link target, extended attributes and
-# the hash of the content (every file, whatever its size or mode), plus processes, IPC objects and POSIX queues.
+# Every path of every writable mount, as root in the agent's cell: type, mode, owner, size, mtime, link target,
+# extended attributes and the hash of the content (every file, whatever its size or mode), plus the agent's
+# processes, IPC objects and POSIX queues; written to its first argument (a path the walk leaves out).
 FINGERPRINT = r'''
-import hashlib, json, os, stat
+import hashlib, json, os, stat, sys
+OUT, AGENT = sys.argv[1], int(sys.argv[2])
 mounts = []
 for line in open("/proc/self/mountinfo"):
     f = line.split()
@@ -175,12 +182,15 @@ for top in sorted(mounts):
     pending = [top]
     while pending:
         path = pending.pop()
+        if path == OUT:
+            continue
         try:
             st = os.lstat(path)
         except OSError as exc:  # past PATH_MAX in a deep tree (only before a reset)
             entries.append([path, "error", exc.errno])
             continue
-        row = [path, oct(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns]
+        row = [path, oct(st.st_mode), st.st_uid, st.st_gid, None if path == top else st.st_mtime_ns]  # a cell's new
+        # mounts are born with it: their roots' times are the cell's
         if stat.S_ISDIR(st.st_mode):
             try:
                 pending += [os.path.join(path, n) for n in sorted(os.listdir(path), reverse=True)]
@@ -198,9 +208,10 @@ for top in sorted(mounts):
             pass
         entries.append(row)
 procs = sorted(open("/proc/%s/cmdline" % p, "rb").read().decode(errors="replace") for p in os.listdir("/proc")
-               if p.isdigit() and os.stat("/proc/" + p).st_uid == 1000)
+               if p.isdigit() and os.stat("/proc/" + p).st_uid == AGENT)
 ipc = {k: open("/proc/sysvipc/" + k).read().splitlines()[1:] for k in ("shm", "sem", "msg")}
-print(json.dumps({"files": entries, "agent_processes": procs, "ipc": ipc}))
+with open(OUT, "w") as f:
+    json.dump({"files": entries, "agent_processes": procs, "ipc": ipc}, f)
 '''
 
 NAMES = ["a", "train.py", "src", "src/deep", "src/weights.bin", "sealed.txt", "new dir", "caf\xe9", "\x01ctl",
@@ -279,9 +290,12 @@ async def test_randomised_hostile_rollouts_leave_nothing_behind(pool, base_spec)
         await stage(sb)
 
         async def fingerprint() -> dict:
-            r = await sb.harness_exec(["python3", "-c", FINGERPRINT], timeout=120, max_output=64 << 20)
+            r = await sb.session.run_untrusted(["python3", "-c", FINGERPRINT, "/tmp/.fp.json", str(sb.agent_uid)],
+                                               user="root", cwd="/", timeout=120)
             assert r.exit_code == 0, r.stderr
-            return json.loads(r.stdout)
+            packed = await sb.session.pack([".fp.json"], root="/tmp")
+            with tarfile.open(fileobj=io.BytesIO(packed)) as tar:
+                return json.load(tar.extractfile(tar.next()))
 
         fresh = await fingerprint()
         for round_ in range(6):

@@ -1,15 +1,12 @@
-"""The warden's pure parts on the host, without Docker (issue #24): the protocol's frames and types, the shell's
-records (garbled, stale, forged), the reset's restore on every kind of change, unpack and pack, and the shipped
-bundle loading with nothing of air but itself. The restore tests need root (chown); they run as root in CI."""
+"""The warden's pure parts on the host, without Docker (issues #24, #32): the protocol's frames and types, the shell's
+records (garbled, stale, forged), copying and removing trees, unpack and pack, and the shipped bundle loading with
+nothing of air but itself. The copy test needs root (chown); it runs as root in CI."""
 
 from __future__ import annotations
 
-import ctypes
 import io
 import json
-import mmap
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -21,12 +18,12 @@ import pytest
 from air.sandbox.warden import MODULES, bundle
 from air.sandbox.warden import protocol as p
 from air.sandbox.warden.files import Refused, pack, unpack
-from air.sandbox.warden.restore import Home, OpenTracker, read_tree, remove_at
+from air.sandbox.warden.restore import copy_tree, remove_at
 from air.sandbox.warden.server import Warden
 from air.sandbox.warden.shell import Command
 
 AGENT = 1000
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the restore sets owners: run as root (CI does)")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the copy sets owners: run as root (CI does)")
 
 
 # ----- protocol -----------------------------------------------------------------------------------------------------
@@ -36,8 +33,8 @@ REPLIES = [
     p.Exited(out=b"x" * 70000, err=b"\x00\x01", dropped=0, exit_code=-9, timed_out=False, duration=0.0),
     p.Packed(status="ok", tar=bytes(range(256)) * 100),
     p.Unpacked(problem=b""),
-    p.WasReset(home="verified", compared=1, restored=2, removed=3, kill_ms=1, ipc_ms=0.5, temp_ms=0, home_ms=2,
-               ms=4.5),
+    p.WasReset(cell=True, end_ms=1.5, build_ms=3, ms=4.5),
+    p.Ready(cells=False, why_not="the container lacks CAP_SYS_ADMIN"),
     p.Failed(error="RuntimeError: x"),
 ]
 
@@ -155,75 +152,57 @@ def test_records_of_no_pending_command_finish_nothing(warden):
     assert not warden.replies and not warden.shell.sent
 
 
-# ----- the reset's restore -------------------------------------------------------------------------------------------
+# ----- trees ---------------------------------------------------------------------------------------------------------
 def make_pristine(root: Path) -> Path:
-    """A pristine home: agent-owned code and data, a root-owned read-only file, a nested tree, a link."""
+    """A pristine home: agent-owned code and data, a root-owned read-only file, a nested tree, a link, an xattr."""
     pristine = root / "pristine"
     (pristine / "workspace" / "src" / "deep").mkdir(parents=True)
     (pristine / "workspace" / "train.py").write_text("def strategy():\n    return 0\n")
     (pristine / "workspace" / "src" / "weights.bin").write_bytes(os.urandom(200_000))
     (pristine / "workspace" / "src" / "deep" / "n.txt").write_text("nested\n")
     (pristine / "workspace" / "link").symlink_to("src/weights.bin")
+    try:
+        os.setxattr(pristine / "workspace" / "train.py", "user.note", b"kept")
+    except OSError:
+        pass  # a filesystem without user xattrs: the rest is still compared
     for path in [pristine, *pristine.rglob("*")]:
         os.chown(path, AGENT, AGENT, follow_symlinks=False)
     sealed = pristine / "workspace" / "sealed.txt"
     sealed.write_text("read only\n")
     sealed.chmod(0o444)
-    (pristine / "workspace" / "sealed2.txt").write_text("also read only\n")
-    (pristine / "workspace" / "sealed2.txt").chmod(0o444)
     for path in [pristine, *pristine.rglob("*")]:
         os.utime(path, ns=(1_700_000_000 * 10**9, 1_700_000_000 * 10**9), follow_symlinks=False)
     return pristine
 
 
-def tree(root: Path) -> list:
-    """Every entry's name, type, mode, owner, mtime, link target, xattrs and content."""
+def tree(root: Path, owners: dict[int, int] | None = None) -> list:
+    """Every entry's name, type, mode, owner (as `owners` maps it), mtime, link target, xattrs and content."""
+    owners = owners or {}
     rows = []
     for path in sorted([root, *root.rglob("*")]):
         st = path.lstat()
-        row = [str(path.relative_to(root)), oct(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns, st.st_nlink
-               if not stat.S_ISDIR(st.st_mode) else 0]
+        row = [str(path.relative_to(root)), oct(st.st_mode), owners.get(st.st_uid, st.st_uid),
+               owners.get(st.st_gid, st.st_gid), st.st_mtime_ns]
         if path.is_symlink():
             row.append(os.readlink(path))
         elif path.is_file():
             row.append(path.read_bytes())
         try:
-            row.append(sorted(os.listxattr(path, follow_symlinks=False)))
+            row.append({k: os.getxattr(path, k, follow_symlinks=False) for k in os.listxattr(path,
+                                                                                          follow_symlinks=False)})
         except OSError:
             pass
         rows.append(row)
     return rows
 
 
-@pytest.fixture(params=["tracked", "compared"])
-def home(request, tmp_path):
-    """A home restored from its pristine copy, with (inotify's word) or without (every file compared) tracking."""
+@needs_root
+def test_a_tree_is_copied_with_owners_mapped_and_everything_else_kept(tmp_path):
+    """The image's home becomes the pristine one this way (the image's agent uid mapped to the sandbox's)."""
     pristine = make_pristine(tmp_path)
-    (tmp_path / "home").mkdir()
-    h = Home(str(tmp_path / "home"), str(pristine), AGENT,
-             OpenTracker(ctypes.CDLL(None, use_errno=True) if request.param == "tracked" else None))
-    assert h.reset(full=True) == "full"
-    assert tree(tmp_path / "home") == tree(pristine)
-    assert h.reset(full=False) == "verified" and h.counts["restored"] == 0
-    h.reset(full=False)  # after the tree's reads above: from here on, only the test touches the home
-    yield h, tmp_path / "home", pristine
-    assert h.reset(full=False) == "verified"
-    if h.tracker.active:  # what the reset put back or compared is watched again: nothing left to look at
-        assert h.reset(full=False) == "verified" and h.counts == {"compared": 0, "restored": 0, "removed": 0}
-    assert tree(tmp_path / "home") == tree(pristine)  # (reading every file: the next reset compares them all)
-
-
-def _mmap_write(path: Path) -> None:
-    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
-        m[0]  # noqa: B018 - a read fault first
-        m[0:5] = b"STASH"
-
-
-def _xattr(path: Path) -> None:
-    try:
-        os.setxattr(path, "user.stash", b"1", follow_symlinks=False)
-    except OSError as exc:
-        pytest.skip(f"user xattrs unsupported here: {exc}")
+    (tmp_path / "copy").mkdir()
+    copy_tree(str(pristine), str(tmp_path / "copy"), {AGENT: 1879048200})
+    assert tree(tmp_path / "copy") == tree(pristine, {AGENT: 1879048200})
 
 
 DEPTH = 1100  # past Python's recursion limit, and (5 bytes a level) past PATH_MAX
@@ -239,59 +218,6 @@ def _deep(path: Path) -> None:
         os.close(fd)
         fd = child
     os.close(fd)
-
-
-CHANGES = {
-    "same-size rewrite, times set back": lambda ws: (os.truncate(ws / "train.py", 0) or (ws / "train.py").write_text(
-        "def strategy():\n    return 1\n"), os.utime(ws / "train.py", ns=(1_700_000_000 * 10**9,) * 2)),
-    "write through a shared mapping": lambda ws: _mmap_write(ws / "src" / "weights.bin"),
-    "swapped files of one size": lambda ws: (os.rename(ws / "sealed.txt", ws / "x"),
-                                             os.rename(ws / "sealed2.txt", ws / "sealed.txt"),
-                                             os.rename(ws / "x", ws / "sealed2.txt")),
-    "renamed directory": lambda ws: os.rename(ws / "src", ws / "moved"),
-    "hard link of a starter file": lambda ws: os.link(ws / "train.py", ws / "src" / "deep" / "n2.txt"),
-    "hard link over a starter file": lambda ws: (os.unlink(ws / "src" / "deep" / "n.txt"),
-                                                 os.link(ws / "train.py", ws / "src" / "deep" / "n.txt")),
-    "modes": lambda ws: (os.chmod(ws / "train.py", 0o4777), os.chmod(ws / "src", 0o700)),
-    "xattrs on a file and a directory": lambda ws: (_xattr(ws / "train.py"), _xattr(ws / "src")),
-    "a tree deeper than the recursion limit and PATH_MAX": lambda ws: _deep(ws / "deep"),
-    "a fifo and a socket": lambda ws: (os.mkfifo(ws / "fifo"), socket.socket(socket.AF_UNIX).bind(str(ws / "sock"))),
-    "a directory where a file was, and a file where a directory was": lambda ws: (
-        os.unlink(ws / "train.py"), os.mkdir(ws / "train.py"), remove_at(os.open(ws, os.O_RDONLY), "src"),
-        (ws / "src").write_text("file")),
-    "a retargeted link": lambda ws: (os.unlink(ws / "link"), os.symlink("/etc/passwd", ws / "link")),
-    "times of a directory": lambda ws: os.utime(ws / "src", ns=(5, 5)),
-}
-
-
-@needs_root
-@pytest.mark.parametrize("change", list(CHANGES))
-def test_the_reset_restores_every_kind_of_change_by_content(home, change):
-    _, h, _ = home
-    CHANGES[change](h / "workspace")
-    # the fixture's teardown resets and compares the whole tree: names, types, modes, owners, times, xattrs, bytes
-
-
-@needs_root
-def test_untouched_files_are_known_unchanged_and_touched_ones_are_compared(home):
-    h, path, _ = home
-    (path / "workspace" / "train.py").read_bytes()  # opened: the kernel says so, or everything is compared
-    h.reset(full=False)
-    agent_writable = 4  # train.py, weights.bin, n.txt and the home's other own files
-    assert h.counts["compared"] == (1 if h.tracker.active else agent_writable - 1), h.counts
-
-
-@needs_root
-def test_a_sealed_file_is_kept_by_identity_and_never_read(home, monkeypatch):
-    """Root-owned read-only files are not compared: the inode is the one the reset put there."""
-    h, path, _ = home
-    import air.sandbox.warden.restore as restore
-
-    seen = []
-    real = restore.same_content
-    monkeypatch.setattr(restore, "same_content", lambda a, b, name: seen.append(name) or real(a, b, name))
-    h.reset(full=False)
-    assert "sealed.txt" not in seen and "sealed2.txt" not in seen
 
 
 # ----- unpack and pack ----------------------------------------------------------------------------------------------
@@ -376,15 +302,15 @@ def test_bundled_modules_import_only_the_standard_library_and_each_other():
                 assert not any(a.name.startswith("air") for a in node.names), (name, node.names)
 
 
-def test_a_pristine_tree_is_read_without_recursion(tmp_path):
+def test_a_tree_deeper_than_the_recursion_limit_is_removed_without_recursion(tmp_path):
+    """What a reset without cells, and unpack, remove of the agent's trees: any depth, never a path past PATH_MAX."""
     _deep(tmp_path / "deep")
-    node = read_tree(str(tmp_path), AGENT)
-    remove_at(os.open(tmp_path, os.O_RDONLY), "deep")  # pytest's own clean-up recurses
-    depth = 0
-    while node.children:
-        node = next(iter(node.children.values()))
-        depth += 1
-    assert depth == DEPTH + 1
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        remove_at(fd, "deep")
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "deep").exists()
 
 
 def test_ctrl_c_that_meets_a_reply_still_cancels_the_caller():

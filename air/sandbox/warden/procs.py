@@ -82,9 +82,10 @@ def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[
     raise AssertionError("unreachable")
 
 
-def agent_pids(uid: int) -> List[int]:
-    """Live (non-zombie) processes of uid."""
+def agent_pids(uid: int, running: bool = False) -> List[int]:
+    """Live (non-zombie) processes of uid; with running, only those not stopped either."""
     out = []
+    gone = (b"Z", b"X", b"T", b"t") if running else (b"Z", b"X")
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -95,63 +96,82 @@ def agent_pids(uid: int) -> List[int]:
             continue
         fields = dict(line.split(b":", 1) for line in status.splitlines() if b":" in line)
         if fields.get(b"Uid", b"").split()[:1] == [str(uid).encode()] and \
-                not fields.get(b"State", b"").strip().startswith(b"Z"):
+                not fields.get(b"State", b"").strip().startswith(gone):
             out.append(int(name))
     return out
+
+
+def _signal(pids: List[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def stop_then_kill(find: Callable[[bool], List[int]], deadline: float) -> bool:
+    """SIGKILL what find() names, however fast it forks, without a process slot of our own: SIGSTOP every one of
+    them that still runs until none does (a stopped process cannot fork, so each pass leaves fewer running: a fork
+    bomb cannot outrun this), then SIGKILL them all. True when none is left. find(running) lists the processes,
+    with running=True only those not stopped."""
+    end = time.monotonic() + deadline
+    while True:
+        running = find(True)
+        if not running:
+            break
+        _signal(running, signal.SIGSTOP)
+        if time.monotonic() > end:
+            break
+    while True:
+        left = find(False)
+        if not left:
+            return True
+        _signal(left, signal.SIGKILL)
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
 
 
 def kill_all(uid: int, deadline: float = 10.0) -> bool:
     """SIGKILL every process of uid, however fast it forks. True when none is left. (The warden's children are born
     in the current cell, so the killer's kill(-1) reaches the cell's processes.)"""
-    end = time.monotonic() + deadline
 
-    def kill_every_one() -> int:  # as uid, one kill(-1): the kernel signals all of them at once, forks in flight too
+    def kill_every_one() -> int:  # as uid, one kill(-1): the kernel signals all of them at once
         os.kill(-1, signal.SIGKILL)
         return 0
 
     if not agent_pids(uid):  # none (a sandbox that only ran programs): no fork at all
         return True
-    while True:
-        try:
-            as_user(uid, kill_every_one)
-        except OSError:  # no process slot left (a fork bomb): kill them one by one until there is
-            for pid in agent_pids(uid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-        if not agent_pids(uid):
-            return True
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.002)
+    try:
+        as_user(uid, kill_every_one)
+    except OSError:  # no process slot left (a fork bomb)
+        pass
+    return stop_then_kill(lambda running: agent_pids(uid, running), deadline)
 
 
-def kill_marked(uid: int, marker: bytes) -> None:
-    """SIGKILL processes of uid whose environment holds marker (a command's processes, daemons included).
+def kill_marked(uid: int, marker: bytes, deadline: float = 2.0) -> bool:
+    """SIGKILL processes of uid whose environment holds marker (a command's processes, daemons included), however
+    fast they fork (stop_then_kill). True when none is left.
 
     Reading another user's /proc/PID/environ needs ptrace rights, which root lacks here (no CAP_SYS_PTRACE); with
     the filesystem uid set to the agent's, it is the agent reading its own processes."""
     needle = b"\0" + marker + b"\0"
+
+    def marked(running: bool) -> List[int]:
+        out = []
+        for pid in agent_pids(uid, running):
+            try:
+                with open("/proc/%d/environ" % pid, "rb") as f:
+                    if needle in b"\0" + f.read() + b"\0":
+                        out.append(pid)
+            except OSError:
+                continue
+        return out
+
     LIBC.setfsgid(uid)
     LIBC.setfsuid(uid)
     try:
-        for _ in range(4):  # a few passes catch forks in flight
-            found = False
-            for pid in agent_pids(uid):
-                try:
-                    with open("/proc/%d/environ" % pid, "rb") as f:
-                        env = b"\0" + f.read() + b"\0"
-                except OSError:
-                    continue
-                if needle in env:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                        found = True
-                    except OSError:
-                        pass
-            if not found:
-                break
+        return stop_then_kill(marked, deadline)
     finally:
         LIBC.setfsuid(0)
         LIBC.setfsgid(0)

@@ -238,6 +238,7 @@ class Warden:
                         self.scratch_times[d] = (st.st_atime_ns, st.st_mtime_ns)
                 except OSError:
                     pass
+            self._home_from_pristine()
         return p.Ready(cells=self.cells, why_not=why_not or "")
 
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
@@ -333,6 +334,11 @@ class Warden:
         for d, times in self.scratch_times.items():
             empty(d)
             os.utime(d, ns=times, follow_symlinks=False)
+        self._home_from_pristine()
+
+    def _home_from_pristine(self) -> None:
+        """Without cells: the home emptied and copied from the pristine one."""
+        c = self.config
         fd = os.open(c.home, DIR_FLAGS)
         try:
             for name in os.listdir(fd):
