@@ -1,7 +1,8 @@
 """Everything a sandbox shows the code that runs in it, as one JSON document: the oracle of the fresh-cells tests.
 
 `PROBE` is a stdlib-only Python program run *as the agent* (or as code under evaluation) inside a sandbox. It
-writes its fingerprint to the file named by its first argument (fp.json without one):
+writes its fingerprint to the file named by its first argument (fp.json without one; a second argument `compact`
+digests each read-only mount's records into one value):
 - `files`: lstat of every path it can reach (every mount but /proc and /sys): type and mode, owner, size, blocks,
   links, inode, device, atime/mtime/ctime in ns, extended attributes with their values (ACLs among them), inode
   flags (`chattr`), link targets, and the content hash of readable files in writable mounts;
@@ -27,8 +28,8 @@ PROBE = r'''
 import array, ctypes, errno, fcntl, hashlib, json, os, resource, stat, sys
 AGENT = os.getuid()
 devs, mount_ids = {}, {}
-def dev(d):
-    return devs.setdefault(d, "dev%d" % len(devs))
+def dev(d, name=None):  # a device is named by the first mount that has it, else by order of first appearance
+    return devs.setdefault(d, name or "dev%d" % len(devs))
 def who(u):
     return "AGENT" if u == AGENT else u
 def read(path, limit=1 << 20):
@@ -48,7 +49,7 @@ for f in rows:
     mounts.append({"name": mount_ids[f[0]], "parent": mount_ids.get(f[1], "outside"), "point": f[4],
                    "options": f[5], "fstype": f[dash + 1], "source": f[dash + 2],
                    "super": f[dash + 3].replace("id=%d" % AGENT, "id=AGENT"),
-                   "root": f[3], "dev": dev(os.makedev(*map(int, f[2].split(":"))))})
+                   "root": f[3], "dev": dev(os.makedev(*map(int, f[2].split(":"))), mount_ids[f[0]])})
 points = [m["point"] for m in mounts]
 writable = {m["point"] for m in mounts if "rw" in m["options"].split(",")}
 skip = ("/proc", "/sys")
@@ -123,6 +124,20 @@ while pending:
         if child not in skip:
             pending.append(child)
 
+if len(sys.argv) > 2 and sys.argv[2] == "compact":  # big read-only mounts (the image) as one digest each
+    by_mount = {}
+    for path in sorted(files):
+        by_mount.setdefault(mount_of(path), []).append(path)
+    for point, paths in by_mount.items():
+        if point not in writable and len(paths) > 1000:
+            digests = {}  # one per directory two levels down (/usr/lib): small, and still says where it differs
+            for path in paths:
+                if path.count("/") > 2:
+                    group = "/".join(path.split("/")[:3])
+                    digests.setdefault(group, hashlib.sha256()).update(json.dumps([path, files.pop(path)]).encode())
+            for group, digest in digests.items():
+                files[group + "/*"] = digest.hexdigest()
+
 df = {}
 for p in points:
     try:
@@ -185,20 +200,24 @@ with open(sys.argv[1] if len(sys.argv) > 1 else "fp.json", "w") as f:
 '''
 
 
-def probe_command(out: str) -> str:
-    """A shell command that runs the probe (as whoever runs the shell) and writes the fingerprint to `out`."""
-    return f"python3 - {out} <<'AIR_PROBE_EOF'\n{PROBE}\nAIR_PROBE_EOF"
+def probe_command(out: str, compact: bool = False) -> str:
+    """A shell command that runs the probe (as whoever runs the shell) and writes the fingerprint to `out`;
+    `compact`: the files of each read-only mount as one digest (the fingerprint then fits a metrics file)."""
+    return f"python3 - {out}{' compact' if compact else ''} <<'AIR_PROBE_EOF'\n{PROBE}\nAIR_PROBE_EOF"
 
 
 # Socket tables of /proc/net: the columns that are kernel-wide numbers, not the socket's state (its inode, from
 # the counter every pseudo-filesystem of the host shares; its kernel address), by table: token positions per row.
 KERNEL_WIDE_COLUMNS = {"tcp": (9, 11), "tcp6": (9, 11), "udp": (9, 11), "udp6": (9, 11), "raw": (9, 11),
                        "raw6": (9, 11), "udplite": (9, 11), "udplite6": (9, 11), "unix": (0, 6), "netlink": (0, 9),
-                       "packet": (0, 8)}
+                       "packet": (0, 8), "protocols": (3,)}  # protocols: the memory each protocol holds, host-wide
 
 
 def _sockets(name: str, text: str) -> str:
-    """A socket table with its kernel-wide columns read as "*" (the rows and every other column stay)."""
+    """A socket table with its kernel-wide columns read as "*" (the rows and every other column stay); in
+    sockstat, the counts of TCP sockets allocated and of socket memory, which are the host's, not the namespace's."""
+    if name in ("sockstat", "sockstat6"):
+        return re.sub(r"\b(alloc|mem) \d+", r"\1 *", text)
     columns = KERNEL_WIDE_COLUMNS.get(name)
     if columns is None:
         return text

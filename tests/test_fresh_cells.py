@@ -219,18 +219,23 @@ def as_agent():
     os.setgroups([])
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
-run = subprocess.run(["bash", "run.sh"], cwd=work, preexec_fn=as_agent, capture_output=True, timeout=280,
-                     env={"HOME": work, "PATH": os.environ["PATH"], "LANG": "C.UTF-8"})
+with open("/tmp/output.txt", "wb") as out:  # a file, not a pipe: daemons the code leaves may hold it open
+    subprocess.run(["bash", "run.sh"], cwd=work, preexec_fn=as_agent, stdout=out, stderr=subprocess.STDOUT,
+                   timeout=280, env={"HOME": work, "PATH": os.environ["PATH"], "LANG": "C.UTF-8"})
 fp = os.path.join(work, "fp.json")
-report = {"score": 1.0, "output": run.stdout.decode(errors="replace")[-3000:]}
+report = {"score": 1.0, "output": open("/tmp/output.txt", "rb").read().decode(errors="replace")[-3000:]}
 if os.path.exists(fp):
     report["fingerprint"] = json.load(open(fp))
 with open(os.environ["AIR_METRICS_FILE"], "w") as f:
     json.dump(report, f)
 '''
 # What the harness stages for each evaluation, anew and at a new moment: the evaluation's code, the submission, the
-# output directory.
-STAGED_PER_EVALUATION = [r"files:/srv/air(/(eval|submission|output)(/.*)?)?:(atime|mtime|ctime|ino)"]
+# output directory (and Docker moves the times of the container's root and of its own per-container files whenever
+# files are copied in); what
+# the evaluation itself makes in its new /tmp.
+STAGED_PER_EVALUATION = [r"files:/srv/air(/(eval|submission|output)(/.*)?)?:(atime|mtime|ctime|ino)",
+                         r"files:/etc/(hostname|hosts|resolv\.conf):ctime", r"files:/:(mtime|ctime)",
+                         r"files:/tmp/(work(/.*)?|output\.txt):(atime|mtime|ctime)"]
 
 
 @pytest.fixture
@@ -252,6 +257,7 @@ async def evaluated(env, sandbox, script: str, reports: list) -> dict:
     reports.clear()
     outcome = await env.evaluate(sandbox)
     assert outcome.ok, outcome
+    await env.pool.wait_idle()  # the scorer's reset (in the background) is done: the next evaluation gets it back
     return json.loads(reports[-1])
 
 
@@ -264,7 +270,7 @@ async def test_an_evaluation_leaves_nothing_a_later_evaluation_can_observe(image
     reports: list[str] = []
     real = scoring._metrics_outcome
     monkeypatch.setattr(scoring, "_metrics_outcome", lambda spec, raw: reports.append(raw) or real(spec, raw))
-    probe = probe_command("fp.json")
+    probe = probe_command("fp.json", compact=True)
     async with SandboxPool(PoolConfig(max_sandboxes=4, gpu_ids=[], lease_timeout=300)) as pool:
         env = TaskEnvironment(probe_task, pool)
         async with env.lease() as sandbox:
@@ -383,7 +389,7 @@ async def test_a_sandbox_fusion_request_leaves_nothing_the_next_request_can_obse
     finally:
         await fresh.close()
     # A request's directory and the code's file in it are made for the request, at its moment.
-    per_request = [r"files:(/home/agent/sf|<request>(/.*)?):(atime|mtime|ctime)"]
+    per_request = [r"files:(/home/agent|/home/agent/sf|<request>(/.*)?):(atime|mtime|ctime)"]
     assert_same(before, after, CELL_CLOCKS + HOST_GLOBAL + per_request,
                 "a SandboxFusion sandbox before the planting request and at the next request")
     assert_same(reference, after, CELL_CLOCKS + CONTAINER_CLOCKS + HOST_GLOBAL + per_request,

@@ -382,7 +382,9 @@ class SandboxPool:
                     self.stats.created += 1
                     self._live.add(sandbox)
                     sandbox.attach(Session(sandbox))
-                    await sandbox.session.start()
+                    # The warden starts (its first cell says whether cells work here), then the first lease starts
+                    # where every later one does: in a cell built by a reset, no shell until the first command.
+                    await sandbox.session.reset()
                     self._learn_cells(host, sandbox)
                     return sandbox
                 except CellFailed as exc:

@@ -166,8 +166,7 @@ def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: s
             member.name = name
             # Root-owned and read-only from here on: nothing running in the scorer (the agent's code included)
             # can change what is being scored.
-            member.uid = member.gid = 0
-            member.uname = member.gname = ""
+            _own(member, 0)
             if not member.issym():
                 member.mode = 0o555 if member.isdir() or member.mode & 0o111 else 0o444
             clean.addfile(member, tar.extractfile(member) if member.isfile() else None)
@@ -403,11 +402,19 @@ def _owned_by_agent(artefacts: bytes, uid: int) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=io.BytesIO(artefacts)) as src, tarfile.open(fileobj=out, mode="w") as dst:
         for member in src:
-            member.uid = member.gid = uid
+            _own(member, uid)
             if not member.issym():
                 member.mode |= 0o200
             dst.addfile(member, src.extractfile(member) if member.isfile() else None)
     return out.getvalue()
+
+
+def _own(member: tarfile.TarInfo, uid: int) -> None:
+    """Make a tar entry uid's (and its gid's), whoever owned it: a uid too large for the tar header (every agent
+    uid is) travels in the entry's pax header, which would otherwise win on extraction."""
+    member.uid = member.gid = uid
+    member.uname = member.gname = ""
+    member.pax_headers = {k: v for k, v in member.pax_headers.items() if k not in ("uid", "gid", "uname", "gname")}
 
 
 def _metrics_outcome(spec: TaskSpec, raw: str) -> EvalOutcome:
