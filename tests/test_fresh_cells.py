@@ -394,3 +394,48 @@ async def test_a_sandbox_fusion_request_leaves_nothing_the_next_request_can_obse
                 "a SandboxFusion sandbox before the planting request and at the next request")
     assert_same(reference, after, CELL_CLOCKS + CONTAINER_CLOCKS + HOST_GLOBAL + per_request,
                 "a never-used SandboxFusion sandbox and the planted one at the next request")
+
+
+# ----- episodes served to other trainers (AgentGym, OpenEnv) ----------------------------------------------------------
+async def test_a_served_episode_leaves_nothing_the_next_episode_can_observe(images, run_id):
+    """`air serve agentgym` and `air serve openenv` drive episodes through one core (ServedEpisodes): an episode
+    plants state through ordinary replies; the next episode, in the same sandbox, sees what the first one saw."""
+    from air.services.episodes import ServedEpisodes, ServiceConfig
+
+    async def first_reply(core, script: str):
+        live = await core.open(core.item(0), meta={})
+        sandbox = live.sandbox
+        result = await live.step(f"```bash\n{script}\n```")
+        return live, sandbox, result
+
+    core = ServedEpisodes(ServiceConfig(tasks=["prisoners-dilemma"], run_id=run_id, max_sandboxes=3,
+                                        command_timeout=300))
+    await core.start()
+    try:
+        live, sandbox, _ = await first_reply(core, probe_command("/tmp/fp.json"))
+        before = read_fingerprint(await sandbox.session.pack(["fp.json"], root="/tmp"))
+        r = await live.step(f"```bash\n{PLANT}\n```")
+        assert "planted" in r.observation, r.observation[-2000:]
+        container = sandbox.container_id
+        await core.drop(live, "closed", "the client closed it")
+        await core.pool.wait_idle()
+        live, sandbox, _ = await first_reply(core, probe_command("/tmp/fp.json"))
+        assert sandbox.container_id == container
+        after = read_fingerprint(await sandbox.session.pack(["fp.json"], root="/tmp"))
+        await core.drop(live, "closed", "done")
+    finally:
+        await core.close()
+    assert_same(before, after, CELL_CLOCKS + HOST_GLOBAL, "a served episode's sandbox before the attack and next")
+
+
+async def test_a_cell_that_cannot_be_built_is_retried_on_a_new_sandbox(pool, base_spec):
+    """A reset whose new cell cannot be built (here: the pristine home is gone, so its overlay cannot be mounted) is
+    the host's failure: that sandbox is removed, and the next lease gets another one that works."""
+    async with pool.lease(base_spec) as sb:
+        broken = sb.container_id
+        await sb.harness_sh("rm -rf /srv/air/pristine")
+    await pool.wait_idle()
+    assert pool.stats.recycled == 1
+    async with pool.lease(base_spec) as sb:
+        assert sb.container_id != broken
+        assert (await sb.session.run("echo works")).stdout == "works\n"

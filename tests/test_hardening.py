@@ -82,3 +82,37 @@ async def test_other_sandboxes_files_and_processes_are_invisible(pool, base_spec
         assert "sleep" in r.stdout and "docker-init" in r.stdout, r.stdout  # the process list was read
         assert "marker-a" not in r.stdout and "secret-of-a" not in r.stdout
         assert "1234" not in r.stdout
+
+
+ESCAPES = r'''
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(nr, *args):
+    return "ok" if libc.syscall(nr, *args) >= 0 else errno.errorcode[ctypes.get_errno()]
+tries = {
+    "unshare(user)": call(272, 0x10000000), "unshare(mount, net, pid)": call(272, 0x20000 | 0x40000000 | 0x20000000),
+    "mount tmpfs": call(165, b"x", b"/tmp", b"tmpfs", 0, 0), "io_uring_setup": call(425, 8, 0),
+    "keyctl": call(250, 0, 0), "bpf": call(321, 0, 0, 0), "perf_event_open": call(298, 0, 0, -1, -1, 0),
+}
+for name in ("mnt", "net", "pid", "user"):
+    try:
+        fd = os.open("/proc/1/ns/" + name, os.O_RDONLY)
+        tries["setns " + name] = call(308, fd, 0)
+    except OSError as exc:
+        tries["open /proc/1/ns/" + name] = errno.errorcode[exc.errno]
+try:
+    open("/proc/sys/kernel/core_pattern", "w").write("|/tmp/x")
+    tries["core_pattern"] = "ok"
+except OSError as exc:
+    tries["core_pattern"] = errno.errorcode[exc.errno]
+print(tries)
+'''
+
+
+async def test_the_agent_cannot_leave_its_cell(pool, base_spec):
+    """No new namespace (a user namespace first: it would give back capabilities), no mount, no joining the
+    namespaces of the cell's init, no io_uring, keyrings, BPF or perf events, no host sysctl: each refused."""
+    async with pool.lease(base_spec) as sb:
+        r = await sb.session.run(f"python3 - <<'AIR_EOF'\n{ESCAPES}\nAIR_EOF")
+        tries = eval(r.stdout)  # noqa: S307 - the probe's own repr of a dict of names
+        assert tries and "ok" not in tries.values(), tries

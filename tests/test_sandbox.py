@@ -386,7 +386,7 @@ async def test_the_reset_takes_back_every_kind_of_change_exactly(pool, base_spec
             "head -c 3000000 /dev/zero > big.bin", "ln a.py hardlink.py", "mkdir ~/.cache && echo z > ~/.cache/t",
             "rm -rf data && ln -s /etc data",
         ]
-        for round_ in range(2):  # the second round checks against what the first verified reset left
+        for round_ in range(2):  # the second round checks against what the first reset left
             for m in mutations:
                 r = await sb.session.run(m)
                 assert r.exit_code == 0, (m, r.stderr)

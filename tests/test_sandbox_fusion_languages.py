@@ -328,7 +328,7 @@ def test_absolute_paths_are_written_in_the_sandbox_as_the_agent_and_gone_for_the
         assert later.status == "Success" and later.run_result.stdout == "[]\n", later
 
 
-@differs("`files` paths out of the request's directory (`../x`) or where uid 1000 may not write (`/etc/x`)",
+@differs("`files` paths out of the request's directory (`../x`) or where the agent may not write (`/etc/x`)",
          upstream="written there, as root", air="Failed with a message; the code does not run")
 @pytest.mark.parametrize("path, why", [
     ("/etc/sf-evil", "cannot be written by the sandbox's user"),

@@ -1,9 +1,9 @@
-"""The warden, attacked as a reward-hacking policy would (issue #24), each through ordinary commands as the agent.
+"""The warden, attacked as a reward-hacking policy would (issues #24, #32), each through ordinary commands as the agent.
 
 Each of the first tests is a defect reproduced on c3fc377 (it fails there): data surviving the reset through a
 shared mapping, a non-UTF-8 cwd turning a rollout into an internal error, a forged completion, a deep tree breaking
-the reset. The last one is randomised: hostile file operations, then a reset, then a fingerprint with the content
-hash of every path in every writable mount must equal a fresh container's.
+the reset. The last one is randomised: hostile file operations, then a reset (a new cell), then a fingerprint with
+the content hash of every path in every writable mount, taken as root in the cell, must equal the first one's.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ JUNK = "python3 -c \"\nfor i in range(3000):\n    open('junk%d' % i, 'w').write(
 async def test_a_write_through_a_shared_mapping_does_not_survive_the_reset(pool, base_spec):
     """#24.1: a starter file rewritten through MAP_SHARED keeps its ctime and mtime on tmpfs; with thousands of new
     files slowing the reset past a clock tick, the timestamp-based reset skipped it and the next rollout started
-    with the stash. The reset now knows by content."""
+    with the stash. Now the written layer is a new tmpfs per lease: the stash goes with the cell."""
     async with pool.lease(base_spec) as sb:
         container = sb.container_id
         await stage(sb)

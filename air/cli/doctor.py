@@ -22,7 +22,8 @@ class Check:
 
 
 def run_checks() -> list[Check]:
-    """Docker (client, daemon, storage, runtimes), GPUs and the NVIDIA runtime, and every recipe's image."""
+    """Docker (client, daemon, storage, runtimes), GPUs and the NVIDIA runtime, every recipe's image, how leases
+    start fresh here (cells or a container each), SandboxFusion's languages."""
     import docker
 
     from air.errors import DockerUnavailable
@@ -68,7 +69,7 @@ def run_checks() -> list[Check]:
         except docker.errors.ImageNotFound:
             checks.append(Check(f"image {name}", False, "not built" + what, build_command(recipe),
                                 required=required))
-    return checks + _sandbox_fusion_checks(client)
+    return checks + _isolation_checks(info) + _sandbox_fusion_checks(client)
 
 
 @app.command()
@@ -90,6 +91,40 @@ def doctor(as_json: JsonFlag = False) -> None:
         out.print(table)
     if any(not c.ok and c.required for c in checks):
         raise typer.Exit(3)
+
+
+def _isolation_checks(info: dict) -> list[Check]:
+    """How each lease starts fresh on this host: in a new cell of a warm container, or (where the host forbids
+    cells) in a container of its own; found by starting one sandbox, as a pool does."""
+    import asyncio
+
+    from air.errors import InfraError
+    from air.images import image_ref
+    from air.sandbox import PoolConfig, SandboxPool, SandboxSpec
+
+    security = " ".join(info.get("SecurityOptions") or [])
+
+    async def probe():
+        config = PoolConfig(max_sandboxes=1, gpu_ids=[], sweep_dead_runs=False, lease_timeout=120)
+        async with SandboxPool(config) as pool:
+            async with pool.lease(SandboxSpec(image=image_ref("base"), task="doctor")) as sandbox:
+                return sandbox.session.ready, config.apparmor
+
+    try:
+        ready, apparmor = asyncio.run(probe())
+    except InfraError as exc:
+        return [Check("isolation", False, f"no sandbox could start: {exc}", "air images build", required=False)]
+    if ready.cells:
+        return [Check("isolation", True, "cells: every lease, evaluation and request in new namespaces, home and "
+                      "temp dirs of a warm container, under an agent uid of the sandbox's own", required=False)]
+    fix = ""
+    if "apparmor" in security and not apparmor:
+        fix = ("Docker's AppArmor profile forbids the cells' mounts: AIR_APPARMOR=unconfined gives cells "
+               "(SECURITY.md says what that trades)")
+    elif "rootless" in security:
+        fix = "rootless Docker cannot mount a cell's /proc: use a rootful daemon for cells"
+    return [Check("isolation", True, f"a new container per lease (slower; same guarantees): {ready.why_not}",
+                  fix, required=False)]
 
 
 def _sandbox_fusion_checks(client) -> list:

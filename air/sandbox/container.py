@@ -71,9 +71,10 @@ class Sandbox:
     @classmethod
     async def create(cls, docker_: Docker, spec: SandboxSpec, *, run: str | None = None, role: str = "agent",
                      gpu_ids: tuple[str, ...] = (), start_timeout: float = 60, labels: dict[str, str] | None = None,
-                     gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True) -> Sandbox:
+                     gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True,
+                     apparmor: str | None = None) -> Sandbox:
         kwargs = container_kwargs(spec, run=run, role=role, gpu_ids=gpu_ids, gpu_devices=gpu_devices,
-                                  agent_uid=agent_uid, cells=cells)
+                                  agent_uid=agent_uid, cells=cells, apparmor=apparmor)
         kwargs["labels"].update(labels or {})
         try:
             container = await docker_.call(docker_.client.containers.run, timeout=start_timeout, **kwargs)
@@ -294,7 +295,8 @@ def gpu_env(gpu_ids: tuple[str, ...]) -> dict[str, str]:
 
 
 def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: tuple[str, ...],
-                     gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True) -> dict:
+                     gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True,
+                     apparmor: str | None = None) -> dict:
     """Arguments of `containers.run` for a sandbox: limits, labels, no network, init, exclusive GPUs (the
     device request left out with gpu_devices=False: tests on a machine without the NVIDIA runtime), the
     capabilities the warden needs for cells when it is to build them."""
@@ -312,7 +314,7 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
         # root (only the harness execs as root) keeps what staging, scoring and the evaluation kit's privilege drop
         # need, and, to build cells, what the warden needs for that. No setuid escalation.
         cap_drop=["ALL"], cap_add=ROOT_CAPABILITIES + (CELL_CAPABILITIES if cells else []),
-        security_opt=["no-new-privileges"],
+        security_opt=["no-new-privileges"] + ([f"apparmor={apparmor}"] if apparmor else []),
     )
     kwargs["labels"]["air.uid"] = str(agent_uid)
     if spec.read_only_root:

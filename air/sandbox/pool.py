@@ -369,7 +369,8 @@ class SandboxPool:
                             sandbox = await Sandbox.create(
                                 host.docker, spec, run=self.run_id, gpu_ids=lent_gpus or grant.gpu_ids,
                                 labels=labels, gpu_devices=self.config.request_gpu_devices,
-                                agent_uid=self._agent_uid(grant), cells=self._wants_cells(host))
+                                agent_uid=self._agent_uid(grant), cells=self._wants_cells(host),
+                                apparmor=self.config.apparmor)
                         except DockerUnavailable as exc:  # the daemon went away between claim and create
                             self._mark_down(host, exc)
                             await self._give_back(host, grant)
@@ -384,7 +385,12 @@ class SandboxPool:
                     sandbox.attach(Session(sandbox))
                     # The warden starts (its first cell says whether cells work here), then the first lease starts
                     # where every later one does: in a cell built by a reset, no shell until the first command.
-                    await sandbox.session.reset()
+                    try:
+                        await sandbox.session.reset()
+                    except InfraError as exc:
+                        if not sandbox.session.cells:
+                            raise
+                        raise CellFailed(f"sandbox {sandbox.short_id} could not build a cell: {exc}") from exc
                     self._learn_cells(host, sandbox)
                     return sandbox
                 except CellFailed as exc:

@@ -4,6 +4,7 @@ hosts `DockerHost`). Plain pydantic models: configs can be validated where Docke
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -97,9 +98,16 @@ class PoolConfig(BaseModel):
     new container per lease, used once (slower; for hosts that forbid what cells need). "auto": cells, unless a
     Docker host forbids them (an AppArmor profile that denies mounts, rootless Docker, an unknown CPU
     architecture): that host then gets "containers", said once in the log and by `air doctor`."""
-    agent_uid_base: int = Field(AGENT_UID_BASE, ge=1000, le=2**31 - 2**20)
+    agent_uid_base: int = Field(default_factory=lambda: int(os.environ.get("AIR_AGENT_UID_BASE", AGENT_UID_BASE)),
+                                ge=1000, le=2**31 - 2**21)
     """Each sandbox's agent runs under this uid plus the sandbox's host-wide slot: a uid no other live sandbox and
-    no host user has. Under rootless Docker only the first 65536 uids exist in a container: set e.g. 20000."""
+    no host user has. Under rootless Docker only the first 65536 uids exist in a container: set e.g. 20000
+    (AIR_AGENT_UID_BASE sets the default)."""
+    apparmor: str | None = Field(default_factory=lambda: os.environ.get("AIR_APPARMOR") or None)
+    """The AppArmor profile of sandboxes; None: the daemon's default. Docker's default profile (docker-default)
+    forbids mounts, so a host that applies it gets no cells (a container per lease instead, see `isolation`);
+    "unconfined" gives them cells (the warden then holds CAP_SYS_ADMIN without AppArmor: SECURITY.md). AIR_APPARMOR
+    sets the default."""
     gpu_ids: list[str] | None = None
     """GPU ids of the local Docker host this pool may hand out; None = detect with nvidia-smi; [] = none."""
     hosts: list[DockerHost] = []

@@ -1,27 +1,32 @@
 """The warden: air's root process inside every sandbox, the only thing the harness trusts there.
 
-It hosts the agent's shell, runs programs whose exit status matters (SandboxFusion's code, the reaping of a command's
-processes), moves files across the boundary and resets the sandbox between rollouts. The host starts it with a root
-`docker exec` of `python3 -I -S` and sends it `bundle()` over that exec's stdin: this package's modules (and
-air/sandbox/output.py) as one program, so no file of the image or of the sandbox is trusted. The same stream then
-carries the frames of protocol.py both ways. The host's end is air/sandbox/warden_link.py.
+It builds the sandbox's cells (every lease, evaluation and request in new namespaces, home and temp dirs), hosts the
+agent's shell in the current one, runs programs whose exit status matters (SandboxFusion's code, evaluations) and
+moves files across the boundary. The host starts it with a root `docker exec` of `python3 -I -S` and sends it
+`bundle()` over that exec's stdin: this package's modules (and air/sandbox/output.py) as one program, so no file of
+the image or of the sandbox is trusted. The same stream then carries the frames of protocol.py both ways. The host's
+end is air/sandbox/warden_link.py.
 
 | module | runs | its job |
 | --- | --- | --- |
 | protocol.py | both ends | framing, every request and reply, decoding the agent's bytes on arrival |
-| procs.py | sandbox | becoming the agent, starting, killing and reaping its processes, IPC removal |
-| restore.py | sandbox | the home's reset, proven by content; tree removal without recursion |
+| syscalls.py | sandbox | the syscall numbers of the cells' seccomp filter, per architecture |
+| seccomp.py | sandbox | that filter: an allowlist compiled to BPF, installed before every exec in a cell |
+| cell.py | sandbox | cells: building one (namespaces, mounts, loopback), entering it, ending it; confining a process |
+| procs.py | sandbox | starting the agent's processes in the cell, killing them (fork bombs too), IPC removal without cells |
+| restore.py | sandbox | copying a trusted tree (the pristine home), removing the agent's trees without recursion |
 | files.py | sandbox | pack (the agent's files, with its rights) and unpack (the tar's entries win) |
 | shell.py | sandbox | the agent's bash: its line protocol, reports and idle probe |
-| server.py | sandbox | the loop: requests, jobs, deadlines, the reset's order |
+| server.py | sandbox | the loop: requests, jobs, deadlines, the reset (a new cell) |
 
 Why it holds against a hostile agent:
-- The agent is uid 1000 without capabilities: it cannot signal, ptrace or open /proc/PID/fd of a root process, and
-  the exec's pipes belong to the container runtime. Nothing the agent can learn (environment, memory, files) lets
-  it speak on the warden's channel.
-- The warden never runs agent-owned code or reads agent-owned files it then trusts. A reset kills every uid-1000
-  process with one `kill(-1)` from a child that became uid 1000 (a fork bomb cannot outrun it), removes IPC objects,
-  empties the temp dirs and makes the home equal the root-only pristine copy, by content (restore.py).
+- The agent runs under the sandbox's own uid, in a cell, with no capability (an empty bounding set), no_new_privs
+  and a seccomp allowlist (cell.py, seccomp.py). It does not even see the warden (another pid namespace); it cannot
+  signal, ptrace or open /proc/PID/fd of a root process, and the exec's pipes belong to the container runtime.
+  Nothing the agent can learn (environment, memory, files) lets it speak on the warden's channel.
+- The warden never runs agent-owned code or reads agent-owned files it then trusts. A reset ends the cell: the
+  kernel kills everything in its pid namespace and drops its network, IPC and mount namespaces with it; the next
+  cell is built from nothing but the pristine home. Nothing is verified or repaired.
 - The agent's shell runs from an exec-only copy of bash, which makes the kernel mark it non-dumpable: other agent
   processes cannot ptrace it or open its fds. What it reports (exit code, cwd) is the agent's own word about its own
   command, parsed strictly, and a command only counts as finished once the shell answers an idle probe (shell.py).

@@ -6,6 +6,8 @@ A cell is a process, its *init*, in new pid, network, IPC, UTS and mount namespa
 - /tmp, /var/tmp, /dev (its device nodes, a new devpts, /dev/shm, /dev/mqueue) and /proc are new;
 - every mount inherited from the container is read-only and noatime (the data, the image, /etc's binds), except
   air's own directory, which is noatime: nothing the agent reads leaves a time behind;
+- /sys/fs/cgroup shows the container's limits only, none of its counters (usage, peaks, CPU time, events), which
+  every cell of the container would share;
 - /etc/passwd and /etc/group name the sandbox's own agent uid;
 - the network is loopback only, up.
 Every agent process (the shell, programs, file copies as the agent) is a child of the warden that joined the cell's
@@ -127,6 +129,7 @@ def _build(layout: Layout) -> None:
     _new_dev(layout)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _masks(inherited)
+    _cgroup_limits()
     for name, text in (("passwd", layout.passwd), ("group", layout.group)):
         mount(text, "/etc/" + name, None, MS_BIND)
         mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
@@ -160,6 +163,59 @@ def _masks(inherited: List[Tuple[str, str, str, str]]) -> None:
             mount("/dev/null", point, None, MS_BIND)
         else:
             mount("tmpfs", point, "tmpfs", MS_RDONLY, "size=0")
+
+
+# The container's cgroup files that state its limits (what tools read to size themselves: loky and the JVM read the CPU
+# quota, for example). The others count what happened (usage, peaks, failures, CPU time, pressure, events) since the
+# container started: every cell of the container would share them, so a cell gets the limits alone.
+CGROUP_LIMITS = frozenset("""
+    cpu.cfs_quota_us cpu.cfs_period_us cpu.shares cpu.max cpu.weight cpu.idle cpuset.cpus cpuset.mems
+    cpuset.effective_cpus cpuset.effective_mems cpuset.cpus.effective cpuset.mems.effective memory.limit_in_bytes
+    memory.soft_limit_in_bytes memory.memsw.limit_in_bytes memory.swappiness memory.use_hierarchy memory.max
+    memory.high memory.low memory.min memory.swap.max pids.max cgroup.controllers
+""".split())
+
+
+def _cgroup_limits(top: str = "/sys/fs/cgroup") -> None:
+    """A new, read-only /sys/fs/cgroup holding copies of the container's limit files (CGROUP_LIMITS), in the same
+    layout (cgroup v1 controller directories and their links, or cgroup v2's single directory)."""
+    if not os.path.isdir(top):
+        return
+    entries: Dict[str, object] = {}  # relative path -> bytes (a file), str (a link) or None (a directory)
+    for name in sorted(os.listdir(top)):
+        path = os.path.join(top, name)
+        if os.path.islink(path):
+            entries[name] = os.readlink(path)
+        elif os.path.isdir(path):
+            entries[name] = None
+            for leaf in sorted(os.listdir(path)):
+                data = _read(os.path.join(path, leaf)) if leaf in CGROUP_LIMITS else None
+                if data is not None:
+                    entries[name + "/" + leaf] = data
+        elif name in CGROUP_LIMITS:
+            data = _read(path)
+            if data is not None:
+                entries[name] = data
+    mount("cgroup-limits", top, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=755")
+    for rel, what in entries.items():
+        path = os.path.join(top, rel)
+        if what is None:
+            os.mkdir(path, 0o755)
+        elif isinstance(what, str):
+            os.symlink(what, path)
+        else:
+            with open(path, "wb") as f:
+                f.write(what)
+            os.chmod(path, 0o444)
+    mount(None, top, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _read(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096)
+    except OSError:
+        return None
 
 
 def _loopback_up() -> None:

@@ -2,9 +2,10 @@
 and before the program is exec'd. Runs in the warden (stdlib only).
 
 The allowlist is Docker's default profile for a container with no extra capability (moby's
-profiles/seccomp/default.json, with the syscalls it added for kernels up to 6.7), minus io_uring. Three calls keep
-Docker's argument checks: `clone` without any namespace flag, `socket` of any family but AF_VSOCK, and `personality`
-with the five values Docker allows. Everything else (namespaces: unshare, setns, clone with CLONE_NEW*; mounts, old
+profiles/seccomp/default.json, with the syscalls it added for kernels up to 6.7), minus io_uring and cachestat (which
+tells which pages of any readable file are cached: the page cache is the host's). Three calls keep Docker's argument
+checks: `clone` without any namespace flag, `socket` of any family but AF_VSOCK, and `personality` with the five
+values Docker allows; `preadv2` may not ask RWF_NOWAIT. Everything else (namespaces: unshare, setns, clone with CLONE_NEW*; mounts, old
 and new API; bpf, perf_event_open, keyrings, io_uring, ptrace's newer cousins that need capabilities...) fails with
 EPERM; `clone3` fails with ENOSYS so that the C library falls back to `clone`, whose flags the filter can read; a
 number newer than this table (a kernel newer than the filter) fails with ENOSYS too, as runc answers for syscalls
@@ -43,7 +44,7 @@ ALLOWED = frozenset("""
     mknodat mlock mlock2 mlockall mmap mprotect mq_getsetattr mq_notify mq_open mq_timedreceive mq_timedsend
     mq_unlink mremap msgctl msgget msgrcv msgsnd msync munlock munlockall munmap name_to_handle_at nanosleep
     newfstatat open openat openat2 pause pidfd_open pidfd_send_signal pipe pipe2 pkey_alloc pkey_free pkey_mprotect
-    poll ppoll prctl pread64 preadv preadv2 prlimit64 process_mrelease pselect6 pwrite64 pwritev pwritev2 read
+    poll ppoll prctl pread64 preadv prlimit64 process_mrelease pselect6 pwrite64 pwritev pwritev2 read
     readahead readlink readlinkat readv recvfrom recvmmsg recvmsg remap_file_pages removexattr rename renameat
     renameat2 restart_syscall rmdir rseq rt_sigaction rt_sigpending rt_sigprocmask rt_sigqueueinfo rt_sigreturn
     rt_sigsuspend rt_sigtimedwait rt_tgsigqueueinfo sched_getaffinity sched_getattr sched_getparam
@@ -55,7 +56,7 @@ ALLOWED = frozenset("""
     symlink symlinkat sync sync_file_range syncfs sysinfo tee tgkill time timer_create timer_delete
     timer_getoverrun timer_gettime timer_settime timerfd_create timerfd_gettime timerfd_settime times tkill truncate
     umask uname unlink unlinkat utime utimensat utimes vfork vmsplice wait4 waitid write writev
-    ptrace process_vm_readv process_vm_writev cachestat map_shadow_stack
+    ptrace process_vm_readv process_vm_writev map_shadow_stack
     arch_prctl modify_ldt
 """.split())
 """Allowed whatever their arguments (names a architecture lacks are simply not in its table)."""
@@ -63,6 +64,10 @@ ALLOWED = frozenset("""
 CLONE_NEW_FLAGS = 0x7E020000
 """CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET: clone may not make namespaces."""
 AF_VSOCK = 40
+RWF_NOWAIT = 0x8
+"""preadv2's flag that fails a read rather than wait for the disk: an exact oracle of which pages of a file are
+cached, and the page cache is shared by every cell and container of the host. Refused (EOPNOTSUPP, as a file
+system without it answers); reads still work, and waiting for them is all a program loses."""
 PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 """PER_LINUX, and with UNAME26 / PER_LINUX32 (what Docker allows), and the query."""
 
@@ -112,7 +117,7 @@ def compile_filter(arch: str) -> bytes:
     """The filter for one architecture, as the bytes of a struct sock_filter array."""
     numbers = NUMBERS[arch]
     special = {numbers["clone"]: "clone", numbers["socket"]: "socket", numbers["personality"]: "personality",
-               numbers["clone3"]: "enosys"}
+               numbers["preadv2"]: "preadv2", numbers["clone3"]: "enosys"}
     allowed = {numbers[name] for name in ALLOWED if name in numbers}
     newest = max(numbers.values())
     # Decisions by number, as runs of equal decisions: [(first number, decision)], sorted.
@@ -163,6 +168,11 @@ def compile_filter(arch: str) -> bytes:
     p.op(_LD_W_ABS, _ARG0_LO)
     p.op(_JEQ, AF_VSOCK, jf=1)
     p.ret(_ERRNO | errno.EPERM)
+    p.ret(_ALLOW)
+    p.label("decide_preadv2")  # preadv2(fd, iov, iovcnt, pos_l, pos_h, flags)
+    p.op(_LD_W_ABS, _ARG0_LO + 8 * 5)
+    p.op(_JSET, RWF_NOWAIT, jf=1)
+    p.ret(_ERRNO | errno.EOPNOTSUPP)
     p.ret(_ALLOW)
     p.label("decide_personality")
     p.op(_LD_W_ABS, _ARG0_LO)

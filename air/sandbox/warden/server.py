@@ -200,6 +200,10 @@ class Warden:
     # ----- ops --------------------------------------------------------------------------------------------------
     def op_hello(self, ident: int, hello: p.Hello) -> p.Ready:
         self.config = c = hello
+        if not _mapped(c.uid):
+            raise RuntimeError("the agent uid %d does not exist in this container's user namespace (rootless Docker "
+                               "maps only the first 65536 uids): set PoolConfig.agent_uid_base (AIR_AGENT_UID_BASE), "
+                               "e.g. to 20000" % c.uid)
         for d, mode in ((c.air, 0o755), (c.air + "/bin", 0o755), (c.air + "/etc", 0o755), (c.air + "/cell", 0o700),
                         (os.path.dirname(c.pristine_home), 0o700)):
             os.makedirs(d, exist_ok=True)
@@ -468,6 +472,16 @@ class Warden:
             out=command.out.bytes(), err=command.err.bytes(), cwd=self.cwd,
             dropped=command.out.dropped + command.err.dropped, exit_code=rc, timed_out=command.timed_out,
             restarted=restarted, duration=time.monotonic() - command.started))
+
+
+def _mapped(uid: int) -> bool:
+    """Whether uid exists in the warden's user namespace (always, unless the container runs in a narrower one)."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            ranges = [tuple(map(int, line.split())) for line in f if line.strip()]
+    except OSError:
+        return True
+    return any(inside <= uid < inside + count for inside, _, count in ranges)
 
 
 def _with_agent(name: str, image_uid: int, uid: int) -> bytes:

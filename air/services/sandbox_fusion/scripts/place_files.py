@@ -1,4 +1,4 @@
-"""Write a request's files that have absolute paths, run as the sandbox's unprivileged user (uid 1000): a path
+"""Write a request's files that have absolute paths, run as the sandbox's unprivileged user (its agent uid): a path
 it may not write fails here, with that user's rights, and nowhere else. Reads {path: base64} as JSON on stdin;
 prints the first path it cannot write, with the reason, and exits 1."""
 

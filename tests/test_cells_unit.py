@@ -1,0 +1,126 @@
+"""The cells' pure parts, without Docker (issue #32): the seccomp filter (its syscall table against this machine's
+kernel headers, what it refuses and what it lets through, in a real process), and tar ownership across agent uids."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import io
+import os
+import re
+import socket
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from air.sandbox.warden import seccomp
+from air.sandbox.warden.syscalls import NUMBERS
+
+libc = ctypes.CDLL(None, use_errno=True)
+HEADER = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
+native = pytest.mark.skipif(seccomp.machine() != "x86_64", reason="the filter's behaviour is tested on x86_64")
+
+
+@pytest.mark.skipif(not HEADER.exists(), reason="no x86_64 kernel headers here (Debian's linux-libc-dev)")
+def test_the_x86_64_table_is_the_kernel_headers():
+    header = dict(re.findall(r"#define __NR_(\w+) (\d+)", HEADER.read_text()))
+    mismatched = {name: (nr, header[name]) for name, nr in NUMBERS["x86_64"].items()
+                  if name in header and int(header[name]) != nr}
+    assert not mismatched
+    assert NUMBERS["x86_64"]["clone3"] == 435 and NUMBERS["aarch64"]["clone"] == 220
+
+
+def test_no_namespace_mount_keyring_bpf_or_io_uring_call_is_allowed():
+    """The allowlist is Docker's default for a container without capabilities, minus io_uring: none of the calls
+    that make namespaces, mount, reach the keyrings, load BPF or use io_uring is on it."""
+    refused = {"unshare", "setns", "clone3", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsmount",
+               "move_mount", "open_tree", "mount_setattr", "keyctl", "add_key", "request_key", "bpf",
+               "perf_event_open", "io_uring_setup", "io_uring_enter", "io_uring_register", "userfaultfd",
+               "kexec_load", "init_module", "reboot", "swapon", "quotactl", "open_by_handle_at", "cachestat"}
+    assert not refused & seccomp.ALLOWED
+
+
+def _in_a_filtered_child(probe) -> dict:
+    """Run probe() in a forked child under the filter; what it returned."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            seccomp.install(seccomp.compile_filter("x86_64"), libc)
+            os.write(w, repr(probe()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    out = b""
+    while chunk := os.read(r, 1 << 16):
+        out += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    return eval(out)  # noqa: S307 - our own repr of a dict of names
+
+
+@native
+def test_the_filter_refuses_what_it_must_and_runs_ordinary_programs():
+    nr = NUMBERS["x86_64"]
+
+    def probe() -> dict:
+        def call(number, *args):
+            return 0 if libc.syscall(number, *args) >= 0 else errno.errorcode[ctypes.get_errno()]
+
+        out = {
+            "unshare": call(272, 0x20000), "setns": call(308, 0, 0), "mount": call(165, 0, 0, 0, 0, 0),
+            "io_uring_setup": call(425, 1, 0), "keyctl": call(250, 0), "bpf": call(321, 0, 0, 0),
+            "clone3": call(nr["clone3"], 0, 0), "a syscall newer than the table": call(999),
+            "clone with CLONE_NEWNET": call(nr["clone"], 0x40000000 | 17, 0, 0, 0, 0),
+            "personality(READ_IMPLIES_EXEC)": call(nr["personality"], 0x0400000),
+        }
+        try:
+            socket.socket(40, socket.SOCK_STREAM)  # AF_VSOCK
+            out["vsock"] = 0
+        except OSError as exc:
+            out["vsock"] = errno.errorcode[exc.errno]
+        out["inet socket"] = socket.socket().fileno() > 0
+        fd = os.open("/etc/hostname", os.O_RDONLY)
+        buf = bytearray(16)
+        out["preadv2"] = os.preadv(fd, [buf], 0) >= 0
+        try:  # the page cache's exact oracle: is this page cached?
+            os.preadv(fd, [buf], 0, os.RWF_NOWAIT)
+            out["preadv2(RWF_NOWAIT)"] = 0
+        except OSError as exc:
+            out["preadv2(RWF_NOWAIT)"] = errno.errorcode[exc.errno]
+        out["cachestat"] = call(nr["cachestat"], fd, 0, 0, 0)
+        os.close(fd)
+        out["a program"] = subprocess.run(["sh", "-c", "echo $((6 * 7))"], capture_output=True,
+                                          text=True).stdout.strip()
+        out["a thread"] = subprocess.run(["python3", "-c", "import threading; t = threading.Thread(target=print); "
+                                          "t.start(); t.join()"]).returncode
+        return out
+
+    got = _in_a_filtered_child(probe)
+    assert got == {"unshare": "EPERM", "setns": "EPERM", "mount": "EPERM", "io_uring_setup": "EPERM",
+                   "keyctl": "EPERM", "bpf": "EPERM", "clone3": "ENOSYS", "a syscall newer than the table": "ENOSYS",
+                   "clone with CLONE_NEWNET": "EPERM", "personality(READ_IMPLIES_EXEC)": "EPERM", "vsock": "EPERM",
+                   "inet socket": True, "preadv2": True, "preadv2(RWF_NOWAIT)": errno.errorcode[errno.EOPNOTSUPP], "cachestat": "EPERM",
+                   "a program": "42", "a thread": 0}
+
+
+def test_a_submissions_owner_is_whoever_the_scorer_says_whatever_its_pax_header_held():
+    """Agent uids do not fit a tar header: tarfile carries them in a pax header, which won over the uid the scorer
+    set on extraction (the submission stayed the rollout agent's in the scorer). Now it is root's."""
+    from air.tasks.scoring import _copy_sanitised
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("submission.csv")
+        info.uid = info.gid = 1879048232
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"a,b"))
+    clean = io.BytesIO()
+    with tarfile.open(fileobj=clean, mode="w") as tar:
+        _copy_sanitised(raw.getvalue(), tar, "", "submission.csv", skip_data_link=False)
+    with tarfile.open(fileobj=io.BytesIO(clean.getvalue())) as tar:
+        member = tar.next()
+    assert (member.uid, member.gid) == (0, 0) and "uid" not in member.pax_headers
