@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -56,14 +57,14 @@ def test_debug_keep_leaves_the_container_and_says_how_to_enter_it(images, docker
     child.sendline("touch kept-marker")
     child.expect(r"\[2\]\$ ")
     child.sendline(":quit")
-    child.expect(r"docker exec -it -u agent -w /home/agent/workspace (air-kept-prisoners-dilemma-[0-9a-f]+) bash")
-    name = child.match.group(1)
+    child.expect(r"(docker exec -it (air-kept-prisoners-dilemma-[0-9a-f]+) nsenter [^\r\n]*bash)")
+    command, name = child.match.group(1), child.match.group(2)
     child.expect(pexpect.EOF)
     child.close()
-    try:
-        out = subprocess.run(["docker", "exec", "-u", "agent", "-w", "/home/agent/workspace", name, "ls"],
-                             capture_output=True, text=True, timeout=60)
-        assert "kept-marker" in out.stdout and "strategy.py" in out.stdout
+    try:  # the printed command, as a person would run it (with `ls; id -un` for the shell): the cell's home
+        argv = shlex.split(command.replace(" -it ", " ").removesuffix("bash")) + ["sh", "-c", "ls; id -un"]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert "kept-marker" in out.stdout and "strategy.py" in out.stdout and "agent" in out.stdout, out
         # The debug process is gone, yet its kept container survives any sweep until asked for by --kept.
         assert air("containers", "clean", "--json").returncode == 0
         assert name in {c.name for c in docker_client.containers.list(all=True)}

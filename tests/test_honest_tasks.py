@@ -455,8 +455,8 @@ async def test_the_regenerated_seed_is_worth_no_more_than_a_guess_on_this_hosts_
 @pytest.mark.slow
 @pytest.mark.docker
 async def test_the_host_secret_and_seed_never_enter_the_agents_sandbox(pool):
-    """As root in the agent's sandbox, a search of the whole filesystem for the host secret, the task's seed and
-    the drawn hidden file's lines finds only a planted control file."""
+    """As root in the agent's cell and in its whole container, a search of the whole filesystem for the host
+    secret, the task's seed and the drawn hidden file's lines finds only a planted control file (in the cell)."""
     env = TaskEnvironment(load_task("prisoners-dilemma", draw="host"), pool)
     seed = hidden.seed_for("prisoners-dilemma", paths.tasks_dir() / "prisoners-dilemma" / "generate.py")
     needles = [hidden.secret_file().read_text().strip(), str(seed)]
@@ -466,8 +466,10 @@ async def test_the_host_secret_and_seed_never_enter_the_agents_sandbox(pool):
         await sandbox.session.run(f"echo {needles[1]} > /tmp/control.txt")
         search = ("grep -rlF " + " ".join(f"-e {n}" for n in needles)
                   + " / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev 2>/dev/null; true")
-        found = await sandbox.harness_exec(["sh", "-c", search], user="root", timeout=180)
-    assert found.stdout.split() == ["/tmp/control.txt"], found.stdout
+        found = await sandbox.session.run_untrusted(["sh", "-c", search], user="root", cwd="/", timeout=180)
+        container = await sandbox.harness_exec(["sh", "-c", search], user="root", timeout=180)
+    assert found.stdout.split() == ["/tmp/control.txt"], found.stdout  # root in the agent's cell
+    assert container.stdout.split() == [], container.stdout  # root in the whole container
 
 
 @pytest.mark.slow

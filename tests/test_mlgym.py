@@ -507,8 +507,10 @@ async def test_staged_task_hides_scorer_files_and_scores_like_mlgym(name, mlgym_
         await run(f"printf '{TRUTH_MARK}' > /tmp/control")  # proves the search looks where the agent writes
         found = await run(GREP_SECRETS, timeout=120)
         assert found.stdout.split() == ["/tmp/control"], found.stdout
-        as_root = await sandbox.harness_exec(["sh", "-c", GREP_SECRETS], user="root", timeout=120)
-        assert as_root.stdout.split() == ["/tmp/control"], as_root.stdout
+        as_root = await sandbox.session.run_untrusted(["sh", "-c", GREP_SECRETS], user="root", cwd="/", timeout=120)
+        assert as_root.stdout.split() == ["/tmp/control"], as_root.stdout  # root in the agent's cell
+        container = await sandbox.harness_exec(["sh", "-c", GREP_SECRETS], user="root", timeout=120)
+        assert container.stdout.split() == [], container.stdout  # and in the whole container
         names = await sandbox.harness_exec(["sh", "-c", FIND_SECRET_NAMES], user="root", timeout=60)
         assert names.stdout.split() == [], names.stdout
         if spec.data:

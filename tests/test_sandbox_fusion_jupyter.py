@@ -171,7 +171,7 @@ def test_nothing_of_a_request_survives_into_the_next(server):
     """Kernel state, background processes (a new session, a nohup'd daemon) and files in every temp dir and the
     home: all gone for the next request, which meets the same sandbox (a pool of one)."""
     first = cells(server, PLANT, "print(secret)", "import time; time.sleep(0.5)")
-    assert first.status == "Success" and first.cells[0].stdout == "1000\n", first  # the agent's uid, not root
+    assert first.status == "Success" and int(first.cells[0].stdout) >= 2**30, first  # the agent's own uid
     assert first.cells[1].stdout == "left by the first request\n"
     second = cells(server, INSPECT)
     assert second.status == "Success", second

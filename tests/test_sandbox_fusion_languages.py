@@ -316,9 +316,10 @@ def test_absolute_paths_are_written_in_the_sandbox_as_the_agent_and_gone_for_the
             "open('/tmp/sf-abs/out.txt', 'w').write('fetched')")
     response = run(server, code, files=files, fetch_files=["/tmp/sf-abs/out.txt"])
     assert response.status == "Success", response
-    assert response.run_result.stdout.splitlines() == [
-        "/tmp/sf-abs/data.txt absolute 1000", "/home/agent/abs.txt home 1000", "/dev/shm/abs.txt shm 1000",
-        "rel/data.txt relative 1000"]
+    rows = [line.rsplit(" ", 1) for line in response.run_result.stdout.splitlines()]
+    assert [row for row, _ in rows] == ["/tmp/sf-abs/data.txt absolute", "/home/agent/abs.txt home",
+                                        "/dev/shm/abs.txt shm", "rel/data.txt relative"]
+    assert len({uid for _, uid in rows}) == 1 and int(rows[0][1]) >= 2**30  # all the sandbox's own agent uid
     assert base64.b64decode(response.files["/tmp/sf-abs/out.txt"]) == b"fetched"
     # More requests than sandboxes: each sandbox that served the first one serves another.
     check = ("import os\nprint([p for p in ['/tmp/sf-abs', '/home/agent/abs.txt', '/dev/shm/abs.txt', "

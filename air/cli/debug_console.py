@@ -256,7 +256,7 @@ class DebugConsole:
         spec = self.spec
         pool = self.loop.call(SandboxPool, PoolConfig(gpu_ids=None if spec.resources.gpus else []))
         self.loop.run(pool.start())
-        kept = None
+        kept, kept_init = None, 0
         lease = contextlib.AsyncExitStack()  # the lease spans many loop.run calls, entered and left explicitly
         try:
             env = self.loop.call(TaskEnvironment, spec, pool)
@@ -273,6 +273,7 @@ class DebugConsole:
                 self.mode = _STARTING_OR_LEAVING
             if self.keep:
                 kept = sandbox
+                kept_init = self.loop.run(sandbox.session.keep())
                 self.loop.call(pool.forget, sandbox)  # neither reset nor removed: it is the researcher's now
         finally:
             self.session = None
@@ -281,9 +282,8 @@ class DebugConsole:
             finally:
                 self.loop.run(pool.close())
         if kept is not None:
-            self.note(f"kept container {kept.name}; enter it with:\n  docker exec -it -u agent -w "
-                      f"/home/agent/workspace {kept.name} bash\nremove it with: docker rm -f {kept.name} "
-                      "(or `air containers clean --kept`)")
+            self.note(f"kept container {kept.name}; enter it with:\n  {enter_command(kept, kept_init)}\n"
+                      f"remove it with: docker rm -f {kept.name} (or `air containers clean --kept`)")
 
     def _loop(self, episode: Episode) -> None:
         from air.episode.parse import Command, parse_reply
@@ -328,6 +328,16 @@ async def _interrupt(session: Shell) -> None:
 
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+def enter_command(sandbox, init: int) -> str:
+    """The command that gives a person the agent's shell in a kept sandbox: in its cell (nsenter to the cell's init,
+    then the agent's uid), or, without cells, in the container."""
+    uid = sandbox.agent_uid
+    if not init:
+        return f"docker exec -it -u {uid} -w /home/agent/workspace {sandbox.name} bash"
+    return (f"docker exec -it {sandbox.name} nsenter --target {init} --mount --uts --ipc --net --pid "
+            f"--setuid {uid} --setgid {uid} --wd=/home/agent/workspace env HOME=/home/agent USER=agent bash")
 
 
 def run_debug(spec: TaskSpec, *, keep: bool, config: EpisodeConfig, json_lines: bool) -> None:

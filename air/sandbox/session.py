@@ -148,6 +148,13 @@ class Session:
         if unpacked.problem:
             raise ArchiveUnwritable(f"could not unpack into {dest}: {unpacked.problem}")
 
+    async def keep(self) -> int:
+        """Hand the sandbox to a person: when this session ends, the agent's processes end but its cell stays. The
+        cell's init pid in the container's pid namespace (0 without cells), to enter it with nsenter."""
+        async with self._lock:
+            link = await self._warden()
+            return (await link.call(p.Keep(), wait=30)).init
+
     async def ping(self, timeout: float = 10) -> bool:
         """Do the warden and the shell answer? (A health check: no restart.)"""
         async with self._lock:

@@ -68,7 +68,8 @@ def mount(source: Optional[str], target: str, fstype: Optional[str], flags: int 
 
 # ----- what a cell is made of ---------------------------------------------------------------------------------------
 class Layout:
-    """Where a cell's parts go, and their sizes (from the warden's Hello)."""
+    """Where a cell's parts go, and their sizes (from the warden's Hello); and what every cell of the container
+    starts from, read once (the container's mounts and cgroup limits do not change while it lives)."""
 
     def __init__(self, *, uid: int, home: str, pristine_home: str, scratch: str, home_mb: int, tmp_mb: int,
                  shm_mb: int, passwd: str, group: str, writable: List[str]):
@@ -77,6 +78,8 @@ class Layout:
         self.uid, self.home, self.pristine_home, self.scratch = uid, home, pristine_home, scratch
         self.home_mb, self.tmp_mb, self.shm_mb = home_mb, tmp_mb, shm_mb
         self.passwd, self.group, self.writable = passwd, group, writable
+        self.inherited = _mountinfo()
+        self.cgroup = _cgroup_snapshot()
 
 
 def _mountinfo() -> List[Tuple[str, str, str, str]]:
@@ -99,7 +102,7 @@ def _build(layout: Layout) -> None:
     """In the cell's init, once it is pid 1 of its new pid namespace: make the other namespaces and the mounts."""
     _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    inherited = _mountinfo()
+    inherited = layout.inherited
     renewed = ("/proc", "/dev", "/tmp", "/var/tmp", layout.home)
     # Inherited mounts: read-only (but air's own directory) and noatime, their other flags kept.
     for point, options, _, _ in inherited:
@@ -129,7 +132,7 @@ def _build(layout: Layout) -> None:
     _new_dev(layout)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _masks(inherited)
-    _cgroup_limits()
+    _cgroup_limits(layout.cgroup)
     for name, text in (("passwd", layout.passwd), ("group", layout.group)):
         mount(text, "/etc/" + name, None, MS_BIND)
         mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
@@ -176,12 +179,15 @@ CGROUP_LIMITS = frozenset("""
 """.split())
 
 
-def _cgroup_limits(top: str = "/sys/fs/cgroup") -> None:
-    """A new, read-only /sys/fs/cgroup holding copies of the container's limit files (CGROUP_LIMITS), in the same
-    layout (cgroup v1 controller directories and their links, or cgroup v2's single directory)."""
+CGROUP = "/sys/fs/cgroup"
+
+
+def _cgroup_snapshot(top: str = CGROUP) -> Optional[Dict[str, object]]:
+    """The container's limit files (CGROUP_LIMITS) in their layout (cgroup v1 controller directories and their links,
+    or cgroup v2's single directory): {relative path: bytes (a file), str (a link) or None (a directory)}."""
     if not os.path.isdir(top):
-        return
-    entries: Dict[str, object] = {}  # relative path -> bytes (a file), str (a link) or None (a directory)
+        return None
+    entries: Dict[str, object] = {}
     for name in sorted(os.listdir(top)):
         path = os.path.join(top, name)
         if os.path.islink(path):
@@ -196,6 +202,13 @@ def _cgroup_limits(top: str = "/sys/fs/cgroup") -> None:
             data = _read(path)
             if data is not None:
                 entries[name] = data
+    return entries
+
+
+def _cgroup_limits(entries: Optional[Dict[str, object]], top: str = CGROUP) -> None:
+    """A new, read-only /sys/fs/cgroup holding the snapshot's limit files alone."""
+    if entries is None:
+        return
     mount("cgroup-limits", top, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=755")
     for rel, what in entries.items():
         path = os.path.join(top, rel)

@@ -251,8 +251,23 @@ class Unpack(Request):
     as_root: bool = False
 
 
-REQUESTS = {cls.op: cls for cls in (Hello, Ping, StartShell, Run, Interrupt, Exec, Reset, Pack, Unpack)}
-REPLIES = {cls.op: cls for cls in (Failed, Done, Ready, ShellState, Ran, Exited, WasReset, Packed, Unpacked)}
+@dataclass(frozen=True)
+class Kept(Message):
+    op: ClassVar[str] = "kept"
+    init: int
+    """The cell's init, as the container's pid namespace numbers it (to enter the cell); 0 without cells."""
+
+
+@dataclass(frozen=True)
+class Keep(Request):
+    """The sandbox is handed to a person (`air debug --keep`): when the host goes away, the agent's processes end
+    but the cell (its home, temp dirs) stays, with its init, for them to enter."""
+    op: ClassVar[str] = "keep"
+    Reply: ClassVar[type] = Kept
+
+
+REQUESTS = {cls.op: cls for cls in (Hello, Ping, StartShell, Run, Interrupt, Exec, Reset, Pack, Unpack, Keep)}
+REPLIES = {cls.op: cls for cls in (Failed, Done, Ready, ShellState, Ran, Exited, WasReset, Packed, Unpacked, Kept)}
 
 
 # ----- frames -----------------------------------------------------------------------------------------------------

@@ -151,6 +151,8 @@ class Warden:
         """The cell the agent's processes live in (None without cells: the container's own namespaces)."""
         self.cells = False
         """Every reset builds a new cell (else this sandbox is used once: see Ready)."""
+        self.kept = False
+        """Handed to a person: the cell outlives the warden (op_keep)."""
         self.layout: Optional[Layout] = None
         self.scratch_times: Dict[str, tuple] = {}
 
@@ -175,14 +177,18 @@ class Warden:
                 self.send(ident, reply)
 
     def shutdown(self) -> None:
-        # The host went away: leave nothing of the agent running behind it.
+        # The host went away: leave nothing of the agent running behind it (a kept cell stays, empty of processes).
         if self.shell:
             self.shell.kill()
-        if self.cell is not None:
+        if self.cell is not None and not self.kept:
             self.cell.end()
         if self.config:
             procs.kill_all(self.config.uid, deadline=2)
         os._exit(0)
+
+    def op_keep(self, ident: int, request: p.Keep) -> p.Kept:
+        self.kept = True
+        return p.Kept(init=self.cell.init if self.cell is not None else 0)
 
     def serve(self) -> None:
         self.sel.register(0, selectors.EVENT_READ, self.on_host)
