@@ -57,12 +57,12 @@ def test_debug_keep_leaves_the_container_and_says_how_to_enter_it(images, docker
     child.sendline("touch kept-marker")
     child.expect(r"\[2\]\$ ")
     child.sendline(":quit")
-    child.expect(r"(docker exec -it (air-kept-prisoners-dilemma-[0-9a-f]+) nsenter [^\r\n]*bash)")
+    child.expect(r"(docker exec -it (air-kept-prisoners-dilemma-[0-9a-f]+) nsenter [^\r\n]*exec bash')")
     command, name = child.match.group(1), child.match.group(2)
     child.expect(pexpect.EOF)
     child.close()
-    try:  # the printed command, as a person would run it (with `ls; id -un` for the shell): the cell's home
-        argv = shlex.split(command.replace(" -it ", " ").removesuffix("bash")) + ["sh", "-c", "ls; id -un"]
+    try:  # the printed command, as a person would run it (`ls; id -un` for the interactive shell): the cell's home
+        argv = [arg.replace("exec bash", "ls; id -un") for arg in shlex.split(command.replace(" -it ", " "))]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         assert "kept-marker" in out.stdout and "strategy.py" in out.stdout and "agent" in out.stdout, out
         # The debug process is gone, yet its kept container survives any sweep until asked for by --kept.

@@ -116,3 +116,18 @@ async def test_the_agent_cannot_leave_its_cell(pool, base_spec):
         r = await sb.session.run(f"python3 - <<'AIR_EOF'\n{ESCAPES}\nAIR_EOF")
         tries = eval(r.stdout)  # noqa: S307 - the probe's own repr of a dict of names
         assert tries and "ok" not in tries.values(), tries
+
+
+DEVICES = "find /dev -path /dev/pts -prune -o -path /dev/shm -prune -o -path /dev/mqueue -prune -o -printf '%p %y %m\\n' | sort"
+RDEV = "for f in $(find /dev -maxdepth 2 -type c); do stat -c '%n %t:%T' $f; done | sort"
+
+
+async def test_a_cell_has_the_containers_devices_made_anew(pool, base_spec):
+    """A cell's /dev is new (its nodes' times are the cell's), with every device node, directory and link the
+    container has: a GPU sandbox's /dev/nvidia* (made by the NVIDIA runtime) reach the agent the same way."""
+    async with pool.lease(base_spec) as sb:
+        inside = await sb.session.run(f"{DEVICES}; {RDEV}")
+        outside = await sb.harness_exec(["sh", "-c", f"{DEVICES}; {RDEV}"])
+        assert inside.stdout == outside.stdout and "/dev/null c" in inside.stdout, (inside.stdout, outside.stdout)
+        ino = await sb.session.run("stat -c %i /dev/null")
+        assert ino.stdout != (await sb.harness_exec(["stat", "-c", "%i", "/dev/null"])).stdout  # not the container's

@@ -337,7 +337,7 @@ def enter_command(sandbox, init: int) -> str:
     if not init:
         return f"docker exec -it -u {uid} -w /home/agent/workspace {sandbox.name} bash"
     return (f"docker exec -it {sandbox.name} nsenter --target {init} --mount --uts --ipc --net --pid "
-            f"--setuid {uid} --setgid {uid} --wd=/home/agent/workspace env HOME=/home/agent USER=agent bash")
+            f"--setuid {uid} --setgid {uid} env HOME=/home/agent USER=agent bash -c 'cd ~/workspace && exec bash'")
 
 
 def run_debug(spec: TaskSpec, *, keep: bool, config: EpisodeConfig, json_lines: bool) -> None:

@@ -3,7 +3,8 @@ only), which holds CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_SYS_CHROOT, CAP_SETPCAP and
 
 A cell is a process, its *init*, in new pid, network, IPC, UTS and mount namespaces, in which:
 - the home is an overlay: the read-only pristine home below, a new tmpfs (the home's quota) above;
-- /tmp, /var/tmp, /dev (its device nodes, a new devpts, /dev/shm, /dev/mqueue) and /proc are new;
+- /tmp, /var/tmp, /dev (the container's device nodes made anew, GPUs' included; a new devpts, /dev/shm,
+  /dev/mqueue) and /proc are new;
 - every mount inherited from the container is read-only and noatime (the data, the image, /etc's binds), except
   air's own directory, which is noatime: nothing the agent reads leaves a time behind;
 - /sys/fs/cgroup shows the container's limits only, none of its counters (usage, peaks, CPU time, events), which
@@ -45,9 +46,8 @@ ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KIL
 """What root keeps in a cell: scoring's own files and the evaluation kit's drop to the agent (as in air's containers
 before cells); never a namespace, mount or network capability."""
 BUILD_TIMEOUT = 30.0
-DEVICES = (("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0))
-DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-             ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"), ("core", "/proc/kcore"))
+DEV_MOUNTS = ("pts", "shm", "mqueue")
+"""/dev's own mounts: every cell gets new ones."""
 
 
 class CellError(Exception):
@@ -80,6 +80,7 @@ class Layout:
         self.passwd, self.group, self.writable = passwd, group, writable
         self.inherited = _mountinfo()
         self.cgroup = _cgroup_snapshot()
+        self.devices = _dev_snapshot()
 
 
 def _mountinfo() -> List[Tuple[str, str, str, str]]:
@@ -139,15 +140,45 @@ def _build(layout: Layout) -> None:
     _loopback_up()
 
 
+def _dev_snapshot(top: str = "/dev") -> List[Tuple[str, int, int, int, int, str]]:
+    """The container's /dev as Docker (and the NVIDIA runtime, for a GPU sandbox) made it, but its mounts: every
+    directory, device node and link, as (relative path, mode, device, uid, gid, link target), parents first."""
+    entries = []
+    pending = [""]
+    while pending:
+        rel = pending.pop()
+        for name in sorted(os.listdir(os.path.join(top, rel))):
+            path = os.path.join(rel, name)
+            if not rel and name in DEV_MOUNTS:
+                continue
+            st = os.lstat(os.path.join(top, path))
+            if stat.S_ISDIR(st.st_mode):
+                entries.append((path, st.st_mode, 0, st.st_uid, st.st_gid, ""))
+                pending.append(path)
+            elif stat.S_ISLNK(st.st_mode):
+                entries.append((path, st.st_mode, 0, st.st_uid, st.st_gid, os.readlink(os.path.join(top, path))))
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                entries.append((path, st.st_mode, st.st_rdev, st.st_uid, st.st_gid, ""))
+    return entries
+
+
 def _new_dev(layout: Layout) -> None:
-    """/dev as Docker makes it, new: device nodes (whose times the agent can set), links, devpts, shm, mqueue."""
+    """A new /dev with the container's device nodes (whose times the agent can set: they must be the cell's own),
+    directories and links, and new devpts, shm and mqueue mounts."""
     mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
-    for name, major, minor in DEVICES:
-        os.mknod("/dev/" + name, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-        os.chmod("/dev/" + name, 0o666)
-    for name, target in DEV_LINKS:
-        os.symlink(target, "/dev/" + name)
-    for d in ("pts", "shm", "mqueue"):
+    for rel, mode, rdev, uid, gid, target in layout.devices:
+        path = "/dev/" + rel
+        if target:
+            os.symlink(target, path)
+            os.chown(path, uid, gid, follow_symlinks=False)
+            continue
+        if stat.S_ISDIR(mode):
+            os.mkdir(path)
+        else:
+            os.mknod(path, mode, rdev)
+        os.chown(path, uid, gid)
+        os.chmod(path, stat.S_IMODE(mode))
+    for d in DEV_MOUNTS:
         os.mkdir("/dev/" + d, 0o755)
     mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,gid=5,mode=620,ptmxmode=666")
     mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=%dm,mode=1777" % layout.shm_mb)

@@ -255,7 +255,8 @@ class Unpack(Request):
 class Kept(Message):
     op: ClassVar[str] = "kept"
     init: int
-    """The cell's init, as the container's pid namespace numbers it (to enter the cell); 0 without cells."""
+    """A process of the cell that holds its place, as the container's pid namespace numbers it (to enter the cell
+    with nsenter); 0 without cells."""
 
 
 @dataclass(frozen=True)
