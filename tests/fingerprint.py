@@ -20,7 +20,6 @@ order of first appearance (the kernel hands out the lowest free ones, host-wide)
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 

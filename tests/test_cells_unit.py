@@ -103,7 +103,8 @@ def test_the_filter_refuses_what_it_must_and_runs_ordinary_programs():
     assert got == {"unshare": "EPERM", "setns": "EPERM", "mount": "EPERM", "io_uring_setup": "EPERM",
                    "keyctl": "EPERM", "bpf": "EPERM", "clone3": "ENOSYS", "a syscall newer than the table": "ENOSYS",
                    "clone with CLONE_NEWNET": "EPERM", "personality(READ_IMPLIES_EXEC)": "EPERM", "vsock": "EPERM",
-                   "inet socket": True, "preadv2": True, "preadv2(RWF_NOWAIT)": errno.errorcode[errno.EOPNOTSUPP], "cachestat": "EPERM",
+                   "inet socket": True, "preadv2": True, "preadv2(RWF_NOWAIT)": errno.errorcode[errno.EOPNOTSUPP],
+                   "cachestat": "EPERM",
                    "a program": "42", "a thread": 0}
 
 

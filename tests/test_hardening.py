@@ -118,7 +118,8 @@ async def test_the_agent_cannot_leave_its_cell(pool, base_spec):
         assert tries and "ok" not in tries.values(), tries
 
 
-DEVICES = "find /dev -path /dev/pts -prune -o -path /dev/shm -prune -o -path /dev/mqueue -prune -o -printf '%p %y %m\\n' | sort"
+DEVICES = ("find /dev -path /dev/pts -prune -o -path /dev/shm -prune -o -path /dev/mqueue -prune -o "
+           "-printf '%p %y %m\\n' | sort")
 RDEV = "for f in $(find /dev -maxdepth 2 -type c); do stat -c '%n %t:%T' $f; done | sort"
 
 

@@ -6,7 +6,6 @@ the warden (the reset ran in an agent-uid spare shell, submissions were agent-ow
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 
 import pytest

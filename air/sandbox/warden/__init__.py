@@ -13,7 +13,7 @@ end is air/sandbox/warden_link.py.
 | syscalls.py | sandbox | the syscall numbers of the cells' seccomp filter, per architecture |
 | seccomp.py | sandbox | that filter: an allowlist compiled to BPF, installed before every exec in a cell |
 | cell.py | sandbox | cells: building one (namespaces, mounts, loopback), entering it, ending it; confining a process |
-| procs.py | sandbox | starting the agent's processes in the cell, killing them (fork bombs too), IPC removal without cells |
+| procs.py | sandbox | starting the agent's processes in the cell, killing them (fork bombs too), IPC removal |
 | restore.py | sandbox | copying a trusted tree (the pristine home), removing the agent's trees without recursion |
 | files.py | sandbox | pack (the agent's files, with its rights) and unpack (the tar's entries win) |
 | shell.py | sandbox | the agent's bash: its line protocol, reports and idle probe |

@@ -20,12 +20,6 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NOATIME", 0)
 
 
-def at(dir_fd: int, name: str) -> str:
-    """A path to name in an open directory that stays short however deep the directory is (for calls without
-    dir_fd: extended attributes)."""
-    return "/proc/self/fd/%d/%s" % (dir_fd, name)
-
-
 def xattrs_of(path) -> Dict[str, bytes]:
     """{name: value} of path's extended attributes (never following a final symlink); {} where unsupported."""
     follow = {} if isinstance(path, int) else {"follow_symlinks": False}  # an open fd has nothing to follow

@@ -5,8 +5,9 @@ The allowlist is Docker's default profile for a container with no extra capabili
 profiles/seccomp/default.json, with the syscalls it added for kernels up to 6.7), minus io_uring and cachestat (which
 tells which pages of any readable file are cached: the page cache is the host's). Three calls keep Docker's argument
 checks: `clone` without any namespace flag, `socket` of any family but AF_VSOCK, and `personality` with the five
-values Docker allows; `preadv2` may not ask RWF_NOWAIT. Everything else (namespaces: unshare, setns, clone with CLONE_NEW*; mounts, old
-and new API; bpf, perf_event_open, keyrings, io_uring, ptrace's newer cousins that need capabilities...) fails with
+values Docker allows; `preadv2` may not ask RWF_NOWAIT. Everything else (namespaces: unshare, setns, clone with
+CLONE_NEW*; mounts, old and new API; bpf, perf_event_open, keyrings, io_uring, ptrace's cousins that need
+capabilities...) fails with
 EPERM; `clone3` fails with ENOSYS so that the C library falls back to `clone`, whose flags the filter can read; a
 number newer than this table (a kernel newer than the filter) fails with ENOSYS too, as runc answers for syscalls
 newer than its profile, so libraries fall back to what they had before.
