@@ -210,7 +210,7 @@ primary = true
 # evaluation kit does, and reports the fingerprint its code wrote beside the score.
 PROBE_EVALUATE = r'''
 import json, os, shutil, subprocess
-uid = int(os.environ["AIR_AGENT_UID"])
+uid = int(os.environ.get("AIR_AGENT_UID", "1000"))  # 1000 before each sandbox had its own
 work = "/tmp/work"
 os.mkdir(work)
 shutil.copy(os.path.join(os.environ["AIR_SUBMISSION_DIR"], "run.sh"), work)

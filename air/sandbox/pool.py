@@ -531,6 +531,9 @@ class SandboxPool:
             log.info("recycling sandbox %s: %s", sandbox.short_id, reason)
             self.stats.recycled += 1
             await self._remove(sandbox)
+            if not sandbox.session.cells:  # without cells, the next lease of the key waits in a container started now
+                key = sandbox.spec.key
+                self._warm_target[key] = max(self._warm_target.get(key, 0), 1)
             if not sandbox.gpu_ids or self.config.reuse_gpu_sandboxes:
                 self._spawn(self._refill(sandbox.spec))
             return
