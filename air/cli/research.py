@@ -237,15 +237,17 @@ def view(
     Example: air view runs/eval-20261121-101500 -o report.html
     """
     from air.errors import UsageError
-    from air.files import write_atomically
+    from air.files import input_files, output_file, write_atomically
     from air.report import render
 
-    # Checked before reading a large run, so that a typo in -o costs nothing.
+    # Checked before reading a large run, so that a typo in -o costs nothing, and before writing: never over an
+    # input or anything but a regular file.
     if output.is_dir():
         raise UsageError(f"-o {output} is a directory; name the HTML file to write, "
                          f"e.g. {output / 'report.html'}")
     if not output.parent.is_dir():
         raise UsageError(f"cannot write {output}: directory {output.parent} does not exist")
+    output_file(output, input_files(sources))
     recordings = _recordings(sources)
     if not recordings:
         raise UsageError(f"no air trajectories or vf-eval traces of air found in {', '.join(map(str, sources))}")

@@ -43,6 +43,7 @@ from air.episode.records import (
     TraceMetrics,
 )
 from air.errors import UsageError
+from air.files import input_files
 from air.tasks.spec import Direction
 from air.validation import one_line
 
@@ -216,14 +217,12 @@ def load_recordings(path: Path, warn: Callable[[str], None] | None = None) -> li
     `air replay` and `air view`. Each line skipped (a torn last line of a run that was cut off) is told to
     `warn` as `file:line: why`.
 
-    A missing path, an unreadable file, a named file that is not JSON lines, or a damaged recording raises
-    UsageError naming the file: these are the user's input, so one line, not a traceback. In a directory,
-    .jsonl files that are not recordings (first line not JSON) are skipped, and so are vf-eval traces of other
-    envs.
+    A missing path, an unreadable file, a named file that is not a regular file or not JSON lines, or a damaged
+    recording raises UsageError naming the file: these are the user's input, so one line, not a traceback. In a
+    directory, what is not a regular file is passed over, .jsonl files that are not recordings (first line not
+    JSON) are skipped, and so are vf-eval traces of other envs.
     """
-    if not path.exists():
-        raise UsageError(f"{path}: no such file or directory")
-    files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+    files = input_files([path])  # regular files only: a FIFO named x.jsonl is refused, not waited on
     recordings: list[Recording] = []
     for file in files:
         try:

@@ -35,7 +35,7 @@ from typing import Any
 
 from air.episode.recording import Recording, read_lines
 from air.errors import UsageError
-from air.export.sft import _lines, input_files
+from air.export.sft import _lines, recording_files
 from air.files import write_folder_atomically
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -122,7 +122,7 @@ def export_mlgym_results(paths: Iterable[str | Path], out_dir: str | Path, *, mo
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: not a directory")
     result = MLGymExport()
-    files = input_files(paths)
+    files = recording_files(paths)
     exported = _exported(out_dir)
     taken: dict[str, int] = {}
     for file in files:
