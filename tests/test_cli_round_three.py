@@ -8,9 +8,11 @@ The model endpoint's bounds are in tests/test_model_endpoints.py, the ways a run
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,134 @@ def test_a_fifo_in_a_run_directory_is_passed_over(tmp_path):
     os.mkfifo(runs / "x.jsonl")
     proc = air("view", "runs", "-o", "r.html", cwd=tmp_path, timeout=60)
     assert proc.returncode == 0 and "(2 rollouts)" in proc.stdout, proc.stderr
+
+
+# ----- 4. odd terminals, damaged or crafted inputs, unusable caches: their class, never "a bug in air" -------------
+def _crafted(root: Path, name: str, change) -> None:
+    """runs/<name>.jsonl: episode a with `change(records)` applied, written as text."""
+    runs = episodes(root)
+    records = [json.loads(line) for line in (runs / "a.jsonl").read_text().splitlines()]
+    (runs / "b.jsonl").unlink()
+    (runs / "a.jsonl").unlink()
+    (runs / f"{name}.jsonl").write_text("".join(line + "\n" for line in change(records)))
+
+
+def _huge_number(records: list[dict]) -> list[str]:
+    lines = [json.dumps(r) for r in records]
+    lines[2] = lines[2][:-1] + ', "x": ' + "9" * 5000 + "}"
+    return lines
+
+
+def _deep_brackets(records: list[dict]) -> list[str]:
+    return [json.dumps(r) for r in records[:2]] + ["[" * 100_000] + [json.dumps(r) for r in records[2:]]
+
+
+def _nan_score(records: list[dict]) -> list[str]:
+    for r in records:
+        if r["type"] == "step" and r.get("score") is not None:
+            r["score"] = float("nan")
+    return [json.dumps(r) for r in records]
+
+
+def _lone_surrogate(records: list[dict]) -> list[str]:
+    records[1]["reply"] = "I look \ud800 first.\n\n```bash\nls\n```"
+    return [json.dumps(r) for r in records]  # ensure_ascii: the file holds the escape "\ud800", as JSON may
+
+
+@pytest.mark.parametrize("change, args, code, says", [
+    (_huge_number, ["view", "runs", "-o", "r.html"], 2, "not JSON (Exceeds the limit (4300 digits)"),
+    (_deep_brackets, ["view", "runs", "-o", "r.html"], 0, "not JSON (nested too deeply"),
+    (_huge_number, ["replay", "runs", "--rescore", "best"], 2, "turn 2 is missing"),
+    (_nan_score, ["replay", "runs", "--rescore", "best"], 2, "Input should be a finite number"),
+    (_nan_score, ["view", "runs", "-o", "r.html"], 2, "is a damaged recording"),
+    (_lone_surrogate, ["view", "runs", "-o", "r.html"], 0, ""),
+    (_lone_surrogate, ["export", "sft", "runs", "--out", "sft/train.jsonl", "--all"], 0, ""),
+], ids=["view a 5000-digit number", "view 100,000 brackets", "rescore a 5000-digit number", "rescore a NaN score",
+        "view a NaN score", "view a lone surrogate", "export a lone surrogate"])
+def test_a_crafted_trajectory_is_a_skipped_line_or_a_damaged_recording_never_a_bug(tmp_path, change, args, code,
+                                                                                   says):
+    _crafted(tmp_path, "crafted", change)
+    proc = air(*args, cwd=tmp_path, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    assert "a bug in air" not in proc.stderr and "Traceback" not in proc.stderr and says in proc.stderr, proc.stderr
+    if code == 2:  # after the warnings about the lines skipped, one line says why
+        assert proc.stderr.strip().splitlines()[-1].startswith("air: error: runs/crafted.jsonl is a damaged"), \
+            proc.stderr
+    if "surrogate" in str(change):  # the reply is kept, the surrogate shown as U+FFFD
+        written = (tmp_path / args[-1] if args[0] == "view" else tmp_path / "sft" / "train.jsonl").read_text()
+        assert "I look \ufffd first." in written
+
+
+def test_stdin_closed_under_debug_is_bad_input(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "air.cli.main", "debug", "prisoners-dilemma"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+                          preexec_fn=lambda: os.close(0))
+    one_line(proc, 2, "stdin is closed")
+
+
+def test_an_ascii_terminal_gets_escapes_not_an_error(tmp_path):
+    proc = air("tasks", "list", cwd=tmp_path, timeout=120, env={"PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0 and "prisoners-dilemma" in proc.stdout, proc.stderr
+    proc = air("tasks", "show", "no-such-task", cwd=tmp_path, timeout=120, env={"PYTHONIOENCODING": "ascii"})
+    one_line(proc, 2, "unknown task")
+
+
+@pytest.mark.parametrize("secret, says", [
+    ("not a secret\n", "does not hold a task secret"),
+    ("", "does not hold a task secret"),
+    (None, "is a directory"),
+])
+def test_an_unusable_task_secret_in_the_cache_is_bad_input_naming_it(tmp_path, secret, says):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    if secret is None:
+        (cache / "task-secret").mkdir()
+    else:
+        (cache / "task-secret").write_text(secret)
+    proc = air("tasks", "show", "regression-rmse", cwd=tmp_path, timeout=120,
+               env={"AIR_CACHE_DIR": str(cache), "AIR_HIDDEN_DRAW": "host"})
+    assert str(cache / "task-secret") in one_line(proc, 2, says)
+
+
+# ----- 3. a closed stdout or stderr never changes the exit class ---------------------------------------------------
+@pytest.mark.parametrize("args, code", [
+    (["tasks", "list"], 0),
+    (["tasks", "list", "--json"], 0),
+    (["tasks", "show", "no-such-task"], 2),
+])
+@pytest.mark.parametrize("gone", ["stdout", "stderr", "both", "stderr closed"])
+def test_a_closed_stdout_or_stderr_keeps_the_exit_code(tmp_path, args, code, gone):
+    """`| head -1` closes the pipe early (EPIPE on the next write; a hung-up terminal gives EIO alike), `2>&-`
+    closes stderr before air starts."""
+    reader, writer = os.pipe()
+    os.close(reader)  # a reader that went away: every write to the pipe fails with EPIPE
+    proc = subprocess.run([sys.executable, "-m", "air.cli.main", *args], cwd=tmp_path, timeout=120,
+                          stdin=subprocess.DEVNULL, stdout=writer if gone in ("stdout", "both") else subprocess.DEVNULL,
+                          stderr=writer if gone in ("stderr", "both") else subprocess.DEVNULL,
+                          preexec_fn=(lambda: os.close(2)) if gone == "stderr closed" else None)
+    os.close(writer)
+    assert proc.returncode == code
+
+
+# ----- silent wrong results ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("setup, says", [
+    (lambda root: "/nowhere/tasks", "AIR_TASKS_DIR=/nowhere/tasks does not exist"),
+    (lambda root: str(root), "no tasks in"),
+])
+def test_a_tasks_dir_holding_no_tasks_is_said_not_listed_as_nothing(tmp_path, setup, says):
+    one_line(air("tasks", "list", cwd=tmp_path, timeout=120, env={"AIR_TASKS_DIR": setup(tmp_path)}), 2, says)
+
+
+def test_a_nan_baseline_is_refused_at_load(tmp_path):
+    import shutil
+
+    from air import paths
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(paths.tasks_dir() / "prisoners-dilemma", tasks / "prisoners-dilemma")
+    toml = tasks / "prisoners-dilemma" / "task.toml"
+    text = toml.read_text()
+    assert "scores = { Score = 2.61222 }" in text
+    toml.write_text(text.replace("scores = { Score = 2.61222 }", "scores = { Score = nan }"))
+    one_line(air("tasks", "show", "prisoners-dilemma", cwd=tmp_path, timeout=120,
+                 env={"AIR_TASKS_DIR": str(tasks)}), 2, "baseline.scores.Score': Input should be a finite number")

@@ -51,9 +51,13 @@ def debug(
     """
     from air.cli.debug_console import run_debug
     from air.episode.config import EpisodeConfig
+    from air.errors import UsageError
     from air.tasks.registry import load_task
     from air.validation import config_of
 
+    if sys.stdin is None or sys.stdin.closed:  # `<&-`: there is nothing to read what to type from
+        raise UsageError("stdin is closed; air debug reads what to type from it (a terminal, or lines piped in "
+                         "with --json)")
     spec = load_task(task, mlgym_root)
     config = config_of(EpisodeConfig, {"max_turns": max_turns})  # before a sandbox starts
     run_debug(spec, keep=keep, config=config, json_lines=as_json)

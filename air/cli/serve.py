@@ -302,8 +302,11 @@ def _url(host: str, port: int) -> str:
 def main() -> None:
     import sys
 
+    from air.cli import process
     from air.cli.app import run_cli
 
+    process.sturdy_streams()
+    process.end_like_ctrl_c()
     sys.exit(run_cli(serve_app))
 
 

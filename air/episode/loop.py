@@ -31,6 +31,7 @@ from air.episode.trajectory import TrajectoryWriter
 from air.sandbox import Sandbox, truncate_text
 from air.tasks.environment import TaskEnvironment
 from air.tasks.scoring import EvalOutcome, validation_text
+from air.text import clean
 
 # MLGym gives commands that train its long timeout; match whole words so `pythonic.txt` is not training.
 _TRAINING = re.compile(r"\b(python3?|torchrun|accelerate|deepspeed)\b")
@@ -95,6 +96,7 @@ class Episode:
         if self.done:
             raise RuntimeError("the episode is over")
         self.turns += 1
+        reply = clean(reply)  # whichever driver brought it: a lone surrogate could be neither run nor recorded
         action = parse_reply(reply)
         started = time.monotonic()
         # What the action did, for the step record: a command's run or an evaluation (none on a format error).

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 
 from air.episode.records import (
     RECORDS,
+    FINITE,
     RETURN_REWARD,
     EndRecord,
     FailedRecord,
@@ -45,6 +46,7 @@ from air.episode.records import (
 from air.errors import UsageError
 from air.files import input_files
 from air.tasks.spec import Direction
+from air.text import loads
 from air.validation import one_line
 
 Warn = Callable[[int, str], None]
@@ -204,8 +206,8 @@ def json_lines(lines: Iterable[str | bytes], skip: Warn) -> Iterator[tuple[int, 
             continue
         if not line.strip():
             continue
-        try:
-            value = json.loads(line)
+        try:  # air.text: a 5000-digit number or 100,000 brackets are bad JSON too; lone surrogates are cleaned
+            value = loads(line)
         except json.JSONDecodeError as exc:
             skip(lineno, f"not JSON ({exc.msg}, column {exc.colno})")
             continue
@@ -250,7 +252,7 @@ def load_recordings(path: Path, warn: Callable[[str], None] | None = None) -> li
 
 def _is_json(line: bytes) -> bool:
     try:  # undecodable bytes become U+FFFD, so that a binary file reads as "not JSON"
-        json.loads(line.decode("utf-8", errors="replace"))
+        loads(line.decode("utf-8", errors="replace"))
     except json.JSONDecodeError:
         return False
     return True
@@ -354,6 +356,8 @@ class _Node(BaseModel):
 
 
 class _Reward(BaseModel):
+    model_config = FINITE
+
     score: float
 
 

@@ -37,6 +37,7 @@ from air.episode.recording import Recording, read_lines
 from air.errors import UsageError
 from air.export.sft import _lines, recording_files
 from air.files import write_folder_atomically
+from air.text import loads
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -169,7 +170,7 @@ def _exported(out_dir: Path) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for traj_file in sorted(out_dir.glob("*__run_*/*.traj")) if out_dir.is_dir() else []:
         try:
-            key = json.loads(traj_file.read_text(encoding="utf-8"))["info"].get("air_key")
+            key = loads(traj_file.read_text(encoding="utf-8"))["info"].get("air_key")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # not one of ours, or not whole: it counts as nothing
         if isinstance(key, str):

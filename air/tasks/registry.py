@@ -17,8 +17,12 @@ MLGYM_PREFIX = "mlgym:"
 
 
 def bundled_ids(root: Path | None = None) -> list[str]:
+    """The tasks in air's task folder (or AIR_TASKS_DIR); one that holds none is a UsageError, never no tasks."""
     root = root or paths.tasks_dir()
-    return sorted(d.name for d in root.iterdir() if (d / "task.toml").is_file())
+    found = sorted(d.name for d in root.iterdir() if (d / "task.toml").is_file())
+    if not found:
+        raise UsageError(f"no tasks in {root} (a task is a folder holding a task.toml)")
+    return found
 
 
 def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0, draw: Draw | None = None
