@@ -82,11 +82,12 @@ def print_json(data: object) -> None:
 
 BaseUrl = Annotated[str | None, typer.Option("--base-url", envvar="AIR_BASE_URL",
                                              help="OpenAI-compatible endpoint, http(s)://HOST[:PORT]/v1 (default: "
-                                                  "the scripted policy).")]
+                                                  "the scripted policy); its API key in $OPENAI_API_KEY.")]
 Model = Annotated[str, typer.Option("--model", envvar="AIR_MODEL", help="Model name at --base-url.")]
 ModelTimeout = Annotated[float, typer.Option(
-    "--model-timeout", min=0.1, help="Seconds to wait for each reply of the model at --base-url; past it the "
-                                     "rollout fails as infrastructure.")]
+    "--model-timeout", min=0.1, help="Seconds each whole reply of the model at --base-url may take, first byte to "
+                                     "last, retries of a busy endpoint included; past it the rollout fails as "
+                                     "infrastructure.")]
 MODEL_TIMEOUT = 600.0
 
 

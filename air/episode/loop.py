@@ -91,8 +91,9 @@ class Episode:
         return task_prompt(self.spec, self.config)
 
     # ----- stepping ---------------------------------------------------------------------------------------------
-    async def step(self, reply: str) -> StepResult:
-        """Apply one model reply; returns the observation for the next turn (or the final one)."""
+    async def step(self, reply: str, *, model_retries: int = 0) -> StepResult:
+        """Apply one model reply; returns the observation for the next turn (or the final one). `model_retries`:
+        how often the driver had to ask the model's endpoint again for this reply (recorded when not 0)."""
         if self.done:
             raise RuntimeError("the episode is over")
         self.turns += 1
@@ -125,9 +126,10 @@ class Episode:
         seconds = time.monotonic() - started
         self.env_seconds += seconds
         self.step_rewards.append(reward)
+        retried = {"model_retries": model_retries} if model_retries else {}
         self._record_step(StepRecord(turn=self.turns, reply=reply, action=action.model_dump(), **happened,
                                      seconds=round(seconds, 4), observation=observation, reward=reward,
-                                     done=self.done, total_reward=self.total_reward))
+                                     done=self.done, total_reward=self.total_reward, **retried))
         return StepResult(observation, reward, self.done, {"action": action.kind})
 
     async def _run_command(self, text: str) -> tuple[str, CommandRun]:

@@ -133,6 +133,8 @@ class StepRecord(CommandRun, Evaluation, Record):
     reward: float | None = None
     done: bool | None = None
     total_reward: float | None = None
+    model_retries: int | None = None
+    """How often the model's endpoint was asked again for the reply (busy, a dropped connection); absent: never."""
 
     @property
     def last_evaluation(self) -> Evaluation | None:
