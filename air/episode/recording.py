@@ -87,6 +87,8 @@ class Recording(BaseModel):
     trace_index: int | None = None
     """vf-eval: the trace's index, when its line holds several."""
     task: str | None = None
+    task_source: str | None = None
+    """Where the task was loaded from: "air" (bundled), or "mlgym:<yaml path>" (what `air replay` loads)."""
     task_hash: str | None = None
     config: dict[str, Any] = {}
     baseline: float | None = None
@@ -299,6 +301,7 @@ class _AirEpisode:
         if start is not None:
             rec.task, rec.task_hash, rec.config, rec.sandbox = (start.task, start.task_hash, start.config,
                                                                 start.sandbox)
+            rec.task_source = start.task_source
             rec.system_prompt, rec.prompt = start.system_prompt, start.prompt
             rec.baseline, rec.baseline_scores = start.baseline_score, dict(start.baseline)
             if start.primary is not None:
@@ -405,6 +408,7 @@ def _read_trace(rec: Recording, trace: _Trace, episode_failed: bool) -> None:
     info = trace.info
     ref = trace.task.data.get("task_ref") if trace.task is not None else None
     rec.trace, rec.task = trace.id, info.task or (ref if isinstance(ref, str) else None)
+    rec.task_source = ref if isinstance(ref, str) and ref.startswith("mlgym:") else None
     rec.task_hash, rec.config, rec.baseline = info.task_hash, info.episode_config, info.baseline
     if info.primary is not None:
         rec.metric, rec.direction = info.primary.name, info.primary.direction

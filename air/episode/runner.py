@@ -36,6 +36,8 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
                     on_step(episode, reply, step)
                 messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": step.observation}]
                 if step.done:
+                    if writer is not None:
+                        writer.check_kept()  # a run directory deleted meanwhile: no result points at nothing
                     return episode.summary()
     except BaseException as exc:
         if writer is not None:
