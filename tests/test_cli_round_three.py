@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -219,8 +220,6 @@ def test_a_tasks_dir_holding_no_tasks_is_said_not_listed_as_nothing(tmp_path, se
 
 
 def test_a_nan_baseline_is_refused_at_load(tmp_path):
-    import shutil
-
     from air import paths
 
     tasks = tmp_path / "tasks"
@@ -231,3 +230,155 @@ def test_a_nan_baseline_is_refused_at_load(tmp_path):
     toml.write_text(text.replace("scores = { Score = 2.61222 }", "scores = { Score = nan }"))
     one_line(air("tasks", "show", "prisoners-dilemma", cwd=tmp_path, timeout=120,
                  env={"AIR_TASKS_DIR": str(tasks)}), 2, "baseline.scores.Score': Input should be a finite number")
+
+
+# ----- 5. replay and images, task ids ------------------------------------------------------------------------------
+NO_DAEMON = {"DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+
+
+def test_two_mlgym_yamls_of_one_id_are_refused_before_anything_runs(tmp_path):
+    from test_mlgym import variant, write_tree
+
+    root = write_tree(tmp_path / "MLGym")
+    copy = variant(root, "csvToyCopy", "csvToy")  # a second YAML declaring `id: csvToy`
+    proc = air("eval", "mlgym:tasks/csvToy.yaml", f"mlgym:{copy}", "--mlgym-root", str(root), "--out", "run",
+               cwd=tmp_path, timeout=120, env=NO_DAEMON)
+    one_line(proc, 2, "task id 'csvToy' is the id of both mlgym:tasks/csvToy.yaml and mlgym:tasks/csvToyCopy.yaml")
+    one_line(air("eval", "prisoners-dilemma", "prisoners-dilemma", "--out", "run", cwd=tmp_path, timeout=120,
+                 env=NO_DAEMON), 2, "task id 'prisoners-dilemma' is named twice")
+    assert not (tmp_path / "run").exists()
+
+
+def _as_mlgym(records: list[dict]) -> list[str]:
+    records[0]["task"], records[0]["task_source"] = "csvToy", "mlgym:tasks/csvToy.yaml"
+    return [json.dumps(r) for r in records]
+
+
+def test_replay_of_an_mlgym_episode_loads_its_recorded_source_and_needs_its_checkout(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLGYM_ROOT", raising=False)
+    _crafted(tmp_path, "mlgym", _as_mlgym)
+    one_line(air("replay", "runs/mlgym.jsonl", cwd=tmp_path, timeout=120, env=NO_DAEMON), 2,
+             "mlgym:tasks/csvToy.yaml: an MLGym task needs the MLGym checkout (--mlgym-root or $MLGYM_ROOT)")
+
+
+def test_replay_of_a_recording_without_a_turn_is_nothing_to_replay_not_no_drift(tmp_path):
+    _crafted(tmp_path, "empty", lambda records: [json.dumps(records[0])])
+    proc = air("replay", "runs/empty.jsonl", cwd=tmp_path, timeout=120, env=NO_DAEMON)
+    assert "runs/empty.jsonl has no turn: nothing to replay" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == \
+        "air: error: nothing to replay in runs/empty.jsonl: no recording has a turn", proc.stderr
+    assert proc.returncode == 2 and "no drift" not in proc.stdout
+
+
+def test_data_rm_has_json_like_every_command(tmp_path):
+    proc = air("data", "rm", "org/none", "--store", str(tmp_path / "store"), "--json", cwd=tmp_path, timeout=120)
+    one_line(proc, 2, "dataset 'org/none' is not in the store")  # not "No such option: --json"
+
+
+@pytest.mark.docker
+def test_eval_of_a_task_whose_image_is_missing_is_infrastructure_naming_its_build(images, tmp_path, run_id):
+    from air import paths
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(paths.tasks_dir() / "prisoners-dilemma", tasks / "prisoners-dilemma")
+    toml = tasks / "prisoners-dilemma" / "task.toml"
+    toml.write_text(toml.read_text().replace('image = "cpu"', 'image = "nostack"'))
+    assert 'image = "nostack"' in toml.read_text()
+    proc = air("eval", "prisoners-dilemma", "--out", "run", cwd=tmp_path, timeout=300,
+               env={"AIR_TASKS_DIR": str(tasks), "AIR_RUN_ID": run_id})
+    one_line(proc, 3, "image air/nostack:latest is not built; run `air images build nostack`")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.docker
+def test_run_on_an_empty_wheel_cache_stages_nothing_for_images_it_has(images, tmp_path, run_id):
+    """A new user (a new HOME, an empty cache) with the images built: nothing is downloaded or staged."""
+    cache = tmp_path / "cache"
+    proc = air("run", "--max-turns", "2", "--out", "runs", cwd=tmp_path, timeout=600,
+               env={"AIR_CACHE_DIR": str(cache), "AIR_RUN_ID": run_id})
+    assert proc.returncode == 0, proc.stderr
+    assert "staging" not in proc.stderr and not (cache / "wheels").exists(), proc.stderr
+
+
+@pytest.mark.docker
+def test_a_recipe_built_before_is_reused_on_an_empty_cache_with_nothing_staged(images, tmp_path, docker_client):
+    from air import paths
+
+    name = f"tiny-{tmp_path.name[-8:].lower().replace('_', '-')}"
+    recipes = tmp_path / "images"
+    shutil.copytree(paths.images_dir(), recipes)
+    (recipes / name).mkdir()
+    (recipes / name / "recipe.toml").write_text('parent = "base"\nrequirements = ["six"]\n')
+    env = {"AIR_IMAGES_DIR": str(recipes)}
+    try:
+        first = air("images", "build", name, "--json", cwd=tmp_path, timeout=900,
+                    env={**env, "AIR_CACHE_DIR": str(tmp_path / "cache-a")})
+        assert first.returncode == 0, first.stderr
+        again = air("images", "build", name, "--json", cwd=tmp_path, timeout=900,
+                    env={**env, "AIR_CACHE_DIR": str(tmp_path / "cache-b")})
+        assert again.returncode == 0, again.stderr
+        built = {b["recipe"]: b for b in json.loads(again.stdout)}
+        assert built[name]["reused"] and built[name]["id"] == json.loads(first.stdout)[-1]["id"]
+        assert not (tmp_path / "cache-b" / "wheels").exists(), again.stderr
+    finally:
+        for image in docker_client.images.list(filters={"label": f"air.recipe={name}"}):
+            docker_client.images.remove(image.id, force=True)
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(bool(__import__("air.sandbox.claims", fromlist=["detect_gpus"]).detect_gpus()),
+                    reason="this host has GPUs")
+def test_run_of_a_task_on_a_cuda_image_is_refused_on_a_cpu_host_with_its_build_command(images, tmp_path):
+    from air import paths
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(paths.tasks_dir() / "prisoners-dilemma", tasks / "prisoners-dilemma")
+    toml = tasks / "prisoners-dilemma" / "task.toml"
+    toml.write_text(toml.read_text().replace('image = "cpu"', 'image = "gpu"'))
+    proc = air("run", "--out", "runs", cwd=tmp_path, timeout=300,
+               env={"AIR_TASKS_DIR": str(tasks), "AIR_CACHE_DIR": str(tmp_path / "cache")})
+    one_line(proc, 3, "image air/gpu:latest is a CUDA image and this host has no GPU (nvidia-smi); air builds it "
+                      "only when asked: `air images build gpu`")
+    assert not (tmp_path / "cache" / "wheels").exists()
+
+
+@pytest.mark.docker
+def test_replay_of_an_mlgym_episode_with_its_checkout_runs_it_again(images, tmp_path, run_id, monkeypatch):
+    from test_mlgym import write_tree
+
+    monkeypatch.delenv("MLGYM_ROOT", raising=False)
+    root = write_tree(tmp_path / "MLGym")
+    env = {"AIR_RUN_ID": run_id}
+    played = air("run", "--task", "mlgym:tasks/csvToy.yaml", "--mlgym-root", str(root), "--max-turns", "2",
+                 "--out", "runs", cwd=tmp_path, timeout=600, env=env)
+    assert played.returncode == 0, played.stderr
+    (trajectory,) = (tmp_path / "runs").glob("*.jsonl")
+    for how in (["--mlgym-root", str(root)], []):
+        replayed = air("replay", str(trajectory), *how, cwd=tmp_path, timeout=600,
+                       env={**env, **({} if how else {"MLGYM_ROOT": str(root)})})
+        assert replayed.returncode == 0 and "no drift" in replayed.stdout, replayed.stdout + replayed.stderr
+
+
+@pytest.mark.docker
+def test_serve_on_port_0_names_the_port_it_listens_on(images, tmp_path, run_id):
+    import signal
+    import urllib.request
+
+    from test_cli_failures import containers_of, outputs, remove_run, spawn, wait_for
+
+    proc = spawn("serve", "agentgym", "--port", "0", "--json", "--task", "prisoners-dilemma", cwd=tmp_path,
+                 env={"AIR_RUN_ID": run_id})
+    try:
+        line = wait_for(lambda: outputs(tmp_path)[0].strip(), "the ready line", proc=proc)
+        url = json.loads(line.splitlines()[0])["url"]
+        assert not url.endswith(":0"), url
+        with urllib.request.urlopen(f"{url}/items", timeout=60) as response:
+            assert response.status == 200
+        proc.send_signal(signal.SIGTERM)  # a service stops on it, as on Ctrl-C (uvicorn's own shutdown)
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        left = containers_of(run_id)
+        remove_run(run_id)
+    assert not left
