@@ -382,3 +382,14 @@ def test_serve_on_port_0_names_the_port_it_listens_on(images, tmp_path, run_id):
         left = containers_of(run_id)
         remove_run(run_id)
     assert not left
+
+
+# ----- 6. the README -------------------------------------------------------------------------------------------------
+def test_the_readme_test_command_uses_both_cores_and_ci_runs_it_alike():
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    command = re.search(r"scripts/setup\.sh --test && (python3 -m pytest[^#\n]*)", (root / "README.md").read_text())
+    assert command and " -n 2 --dist loadfile" in command[1], "the README's test command runs serially"
+    lanes = re.findall(r"python3 -m pytest ([^\n]*)", (root / ".ci" / "run").read_text())
+    assert lanes and all("-n 2 --dist loadfile" in lane for lane in lanes), lanes
