@@ -9,40 +9,13 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from test_cli_failures import (
-    ModelDouble,
-    air,
-    containers_of,
-    outputs,
-    records,
-    remove_run,
-    spawn,
-    wait_for,
-)
+from test_cli_failures import ModelDouble, air, interrupt_when, outputs, records, remove_run, spawn, wait_for
 
 pytestmark = pytest.mark.docker
-
-
-def ended_by(sig: signal.Signals, proc, cwd: Path, run_id: str) -> str:
-    """Send `sig` (the run is at the moment wanted): the command must end with 128 + its number, leave no
-    container of its run and say so last. Returns its stdout."""
-    try:
-        proc.send_signal(sig)
-        assert proc.wait(300) == 128 + sig
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        left = containers_of(run_id)
-        remove_run(run_id)
-    stdout, stderr = outputs(cwd)
-    assert not left, f"{sig.name} left containers: {left}"
-    assert stderr.strip().splitlines()[-1:] == [f"air: interrupted by {sig.name}"], stderr
-    return stdout
 
 
 @pytest.mark.slow
@@ -53,9 +26,9 @@ def test_eval_ended_by_a_signal_keeps_what_finished_and_closes_the_rest(images, 
         proc = spawn("eval", "prisoners-dilemma", "tabular-classification", "-c", "2", "--base-url", url,
                      "--model", "test-double", "--out", "run", cwd=tmp_path, env={"AIR_RUN_ID": run_id})
         done = tmp_path / "run" / "prisoners-dilemma" / "rollout-000.jsonl"
-        wait_for(lambda: (("tabular-classification", 2) in double.asked and done.is_file()
-                          and '"type": "end"' in done.read_text()), "one rollout done, one waiting", proc=proc)
-        stdout = ended_by(sig, proc, tmp_path, run_id)
+        stdout = interrupt_when(lambda: (("tabular-classification", 2) in double.asked and done.is_file()
+                                         and '"type": "end"' in done.read_text()),
+                                "one rollout done, one waiting", proc, tmp_path, run_id, sig)
     assert "stopped after 1 finished rollout(s)" in " ".join(stdout.split()), stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["interrupted"] is True and "running" not in summary
@@ -69,8 +42,8 @@ def test_run_ended_by_sigterm_leaves_its_trajectory_closed(images, tmp_path, run
     with double as url:
         proc = spawn("run", "--base-url", url, "--model", "test-double", "--out", "runs", cwd=tmp_path,
                      env={"AIR_RUN_ID": run_id})
-        wait_for(lambda: len(double.asked) >= 3, "the model thinking at turn 3", proc=proc)
-        stdout = ended_by(signal.SIGTERM, proc, tmp_path, run_id)
+        stdout = interrupt_when(lambda: len(double.asked) >= 3, "the model thinking at turn 3", proc, tmp_path,
+                                run_id, signal.SIGTERM)
     assert "interrupted after 2 turn(s)" in " ".join(stdout.split()), stdout
     (trajectory,) = (tmp_path / "runs").glob("*.jsonl")
     assert [r["type"] for r in records(trajectory)] == ["start", "step", "step", "failed"]
