@@ -32,8 +32,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from air.episode.records import (
-    RECORDS,
     FINITE,
+    RECORDS,
     RETURN_REWARD,
     EndRecord,
     FailedRecord,

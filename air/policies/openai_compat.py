@@ -75,7 +75,8 @@ class OpenAIPolicy:
                    f"{self.timeout:g} s timeout")
             raise ModelUnavailable(f"{self._where} answered HTTP {exc.status} (busy) {why}: {exc.text}") from None
         except httpx.TransportError as exc:  # down, refused, reset: the server's failure, not the agent's
-            raise ModelUnavailable(f"{self._where} unreachable after {CONNECT_ATTEMPTS} attempts "
+            attempts = retrying.statistics.get("attempt_number", 1)
+            raise ModelUnavailable(f"{self._where} unreachable after {attempts} attempt(s) "
                                    f"({type(exc).__name__}: {str(exc) or 'no detail'})") from exc
         return self._read(status, headers, answer)
 
