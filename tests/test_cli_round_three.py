@@ -290,6 +290,7 @@ def test_eval_of_a_task_whose_image_is_missing_is_infrastructure_naming_its_buil
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_run_on_an_empty_wheel_cache_stages_nothing_for_images_it_has(images, tmp_path, run_id):
     """A new user (a new HOME, an empty cache) with the images built: nothing is downloaded or staged."""
@@ -300,6 +301,7 @@ def test_run_on_an_empty_wheel_cache_stages_nothing_for_images_it_has(images, tm
     assert "staging" not in proc.stderr and not (cache / "wheels").exists(), proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_a_recipe_built_before_is_reused_on_an_empty_cache_with_nothing_staged(images, tmp_path, docker_client):
     from air import paths
@@ -342,6 +344,7 @@ def test_run_of_a_task_on_a_cuda_image_is_refused_on_a_cpu_host_with_its_build_c
     assert not (tmp_path / "cache" / "wheels").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.docker
 def test_replay_of_an_mlgym_episode_with_its_checkout_runs_it_again(images, tmp_path, run_id, monkeypatch):
     from test_mlgym import write_tree

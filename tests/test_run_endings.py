@@ -86,6 +86,7 @@ class BusyDouble(ModelDouble):
         return await super()._completions(request)
 
 
+@pytest.mark.slow
 def test_an_endpoint_refusing_every_other_request_loses_no_rollout_and_each_retry_is_counted(images, tmp_path,
                                                                                             run_id):
     double = BusyDouble()
