@@ -1,14 +1,73 @@
-"""Files air writes for people and tools, whole or not at all: a failure (a full disk, Ctrl-C) leaves no
-half-written file and keeps an older one whole. Errors name the file (air.failures translates them)."""
+"""Files air reads and writes for people and tools. Written whole or not at all: a failure (a full disk, Ctrl-C)
+leaves no half-written file and keeps an older one whole. Written only over a regular file: a device, a FIFO, a
+socket or a directory at an output path is refused, never replaced, and so is an output that is one of the
+command's inputs; a symlink is written through (its target gets the new content, the link stays). Read only from
+regular files: a FIFO or a device named as an input is refused (reading it would wait, or never end), and one met
+in a directory is passed over. Errors name the file (air.failures translates them)."""
 
 from __future__ import annotations
 
 import errno
 import os
 import shutil
+import stat
+from collections.abc import Iterable
 from pathlib import Path
 
+from air.errors import UsageError
 from air.failures import about
+
+
+def kind(mode: int) -> str:
+    """What a file of this `st_mode` is, for people: "a directory", "a FIFO", ..."""
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def output_file(path: Path, inputs: Iterable[Path] = ()) -> Path:
+    """The file that writing `path` replaces: `path` itself, or a symlink's target (written through). Raises
+    UsageError, naming `path`, when that is anything but a regular file or a new name, or when it is one of
+    `inputs` (the files the command reads)."""
+    with about(path):
+        target = Path(os.path.realpath(path))  # a dangling link resolves to the file it would create
+        try:
+            mode = os.stat(target).st_mode
+        except FileNotFoundError:
+            return target
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{path} is {kind(mode)}; air writes only regular files and never replaces anything else "
+                         "(name a file)")
+    for source in inputs:
+        with about(source):
+            if os.path.samefile(source, target):
+                same = "" if Path(source) == Path(path) else f" ({source})"
+                raise UsageError(f"{path} is one of the inputs{same}; write the output elsewhere")
+    return target
+
+
+def input_files(paths: Iterable[Path], pattern: str = "*.jsonl") -> list[Path]:
+    """The regular files `paths` name: a file as named, a directory's files matching `pattern` (recursively,
+    sorted), each once. A missing path, or one that is neither a regular file nor a directory, is a UsageError
+    naming it; in a directory, what is not a regular file is passed over."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        with about(path):
+            if path.is_dir():
+                files.extend(sorted(p for p in path.rglob(pattern) if p.is_file()))
+                continue
+            try:
+                mode = os.stat(path).st_mode
+            except FileNotFoundError:
+                raise UsageError(f"{path}: no such file or directory") from None
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"{path} is {kind(mode)}, not a file air can read; name a regular file or a "
+                             "directory")
+        files.append(path)
+    return list(dict.fromkeys(files))
 
 
 def check_folder(path: Path) -> None:
@@ -34,9 +93,10 @@ def free_name(folder: Path, stem: str, suffix: str = "") -> Path:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    """`text` into a temporary file next to `path`, renamed over it. Created with mode 0o666 so the umask
-    applies, as for a plain open()."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """`text` into a temporary file next to `path` (a symlink's target), renamed over it; refused where
+    `output_file` refuses. Created with mode 0o666 so the umask applies, as for a plain open()."""
+    target = output_file(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     with about(path):
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -46,7 +106,7 @@ def write_atomically(path: Path, text: str) -> None:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
-            os.replace(tmp, path)
+            os.replace(tmp, target)
         except BaseException:  # a full disk or Ctrl-C included: the temporary file is ours to remove
             tmp.unlink(missing_ok=True)
             raise
@@ -71,4 +131,5 @@ def write_folder_atomically(path: Path, files: dict[str, str]) -> None:
             raise
 
 
-__all__ = ["check_folder", "free_name", "write_atomically", "write_folder_atomically"]
+__all__ = ["check_folder", "free_name", "input_files", "kind", "output_file", "write_atomically",
+           "write_folder_atomically"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from air.errors import UsageError
+
 _PACKAGE = Path(__file__).resolve().parent
 
 
@@ -15,11 +17,23 @@ def _bundled(name: str) -> Path:
 
 
 def images_dir() -> Path:
-    return Path(os.environ.get("AIR_IMAGES_DIR") or _bundled("images"))
+    return _chosen("AIR_IMAGES_DIR") or _bundled("images")
 
 
 def tasks_dir() -> Path:
-    return Path(os.environ.get("AIR_TASKS_DIR") or _bundled("tasks"))
+    return _chosen("AIR_TASKS_DIR") or _bundled("tasks")
+
+
+def _chosen(variable: str) -> Path | None:
+    """The folder the environment variable names, which must be one: pointing nowhere is a mistake to say, never
+    an empty list of tasks or recipes."""
+    value = os.environ.get(variable)
+    if not value:
+        return None
+    if not os.path.isdir(value):
+        what = "does not exist" if not os.path.lexists(value) else "is not a directory"
+        raise UsageError(f"{variable}={value} {what}; point it at a folder, or unset it for air's own")
+    return Path(value)
 
 
 def cache_dir() -> Path:

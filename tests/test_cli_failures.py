@@ -291,21 +291,24 @@ def outputs(cwd: Path) -> tuple[str, str]:
     return tuple((cwd / f".air-{name}").read_text() for name in ("stdout", "stderr"))
 
 
-def interrupt_when(ready, what: str, proc: subprocess.Popen, cwd: Path, run_id: str) -> str:
-    """Ctrl-C once `ready` holds: the command must end with 130, leave no container of its run (any left is
-    removed then) and say `interrupted` last. Returns its stdout."""
+def interrupt_when(ready, what: str, proc: subprocess.Popen, cwd: Path, run_id: str,
+                   sig: signal.Signals = signal.SIGINT) -> str:
+    """Ctrl-C (or `sig`: SIGTERM, SIGHUP end a run alike) once `ready` holds: the command must end with 128 + the
+    signal's number (130 for Ctrl-C), leave no container of its run (any left is removed then) and say
+    `interrupted` last. Returns its stdout."""
     try:
         wait_for(ready, what, proc=proc)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(300) == 130
+        proc.send_signal(sig)
+        assert proc.wait(300) == 128 + sig
     finally:
         if proc.poll() is None:
             proc.kill()
         left = containers_of(run_id)
         remove_run(run_id)
     stdout, stderr = outputs(cwd)
-    assert not left, f"Ctrl-C left containers: {left}"
-    assert stderr.strip().splitlines()[-1:] == ["air: interrupted"], stderr
+    assert not left, f"{sig.name} left containers: {left}"
+    said = "air: interrupted" + ("" if sig == signal.SIGINT else f" by {sig.name}")
+    assert stderr.strip().splitlines()[-1:] == [said], stderr
     return stdout
 
 

@@ -10,6 +10,7 @@ then checks its own answer."""
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 from dataclasses import dataclass
 
@@ -204,6 +205,16 @@ def test_every_case_covers_a_served_language(server):
     assert response.status == "Failed" and "does not run it" in response.message
     offered = set(response.message.split("available here: ")[1].split(", "))
     assert served == offered, f"offered without a test: {offered - served}; tested but not offered: {served - offered}"
+
+
+@differs("`sql`", upstream="no runner: every request is an error (verl scores each test case -1)",
+         air="run with sqlite3: a query's rows on stdout, a bad query a runtime error, scored by verl as any language")
+def test_sql_is_served_where_upstream_fails_it(server):
+    answered = run(server, "select 'hello';", language="sql")
+    assert answered.status == "Success" and answered.run_result.stdout == "hello\n", answered
+    assert verl_result(200, json.loads(answered.json()), "hello") is True  # the client's models are pydantic v1
+    failed = run(server, "select * from no_such_table;", language="sql")
+    assert verl_result(200, json.loads(failed.json()), "") == -2, failed
 
 
 @pytest.mark.slow

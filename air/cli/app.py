@@ -1,6 +1,6 @@
 """The `air` Typer app and what its commands share: consoles, common options, running async work, and turning
 every failure into one line on stderr with the documented exit code (0 ok, 1 a check failed, 2 bad input,
-3 infrastructure, 4 a bug of air's, 130 interrupted)."""
+3 infrastructure, 4 a bug of air's, 130 interrupted: 129 by SIGHUP, 143 by SIGTERM)."""
 
 from __future__ import annotations
 
@@ -82,11 +82,12 @@ def print_json(data: object) -> None:
 
 BaseUrl = Annotated[str | None, typer.Option("--base-url", envvar="AIR_BASE_URL",
                                              help="OpenAI-compatible endpoint, http(s)://HOST[:PORT]/v1 (default: "
-                                                  "the scripted policy).")]
+                                                  "the scripted policy); its API key in $OPENAI_API_KEY.")]
 Model = Annotated[str, typer.Option("--model", envvar="AIR_MODEL", help="Model name at --base-url.")]
 ModelTimeout = Annotated[float, typer.Option(
-    "--model-timeout", min=0.1, help="Seconds to wait for each reply of the model at --base-url; past it the "
-                                     "rollout fails as infrastructure.")]
+    "--model-timeout", min=0.1, help="Seconds each whole reply of the model at --base-url may take, first byte to "
+                                     "last, retries of a busy endpoint included; past it the rollout fails as "
+                                     "infrastructure.")]
 MODEL_TIMEOUT = 600.0
 
 
@@ -135,7 +136,7 @@ def run_cli(typer_app: typer.Typer, args: list[str] | None = None) -> int:
     try:
         code = typer_app(args=args, prog_name="air", standalone_mode=False)
         if code == INTERRUPTED:  # typer turns Ctrl-C into a silent Exit(130)
-            console.print("air: interrupted")
+            return _interrupted()
         return code if isinstance(code, int) else 0
     except errors.NoArgsIsHelpError as exc:  # `air images`: the group's help, as --help would
         print(exc.ctx.get_help() if exc.ctx else exc.format_message(), file=sys.stderr)
@@ -146,8 +147,7 @@ def run_cli(typer_app: typer.Typer, args: list[str] | None = None) -> int:
     except errors.ClickException as exc:
         return _fail(exc.format_message(), exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
-        console.print("air: interrupted")
-        return INTERRUPTED
+        return _interrupted()
     except Exception as exc:  # noqa: BLE001 - what air knows (air.failures) is one line; anything else a bug
         from air.sandbox.docker_api import sdk_failure
 
@@ -175,6 +175,15 @@ def _click_errors():
 INTERNAL = 4
 """Exit code of an unexpected exception: a bug, told apart from a failed check (1) and bad input (2)."""
 INTERRUPTED = 130
+"""Exit code of Ctrl-C; SIGHUP's is 129 and SIGTERM's 143 (air.cli.process)."""
+
+
+def _interrupted() -> int:
+    """Ctrl-C, SIGTERM or SIGHUP ended the command (air.cli.process): one line, and 128 + the signal's number."""
+    from air.cli import process
+
+    console.print(process.interrupted_line())
+    return process.interrupted_code()
 
 
 def _fail(message: str, code: int) -> int:

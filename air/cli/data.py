@@ -73,10 +73,14 @@ def data_ls(store: Store = None, as_json: JsonFlag = False) -> None:
 
 
 @data_app.command("rm")
-def data_rm(name: Annotated[str, typer.Argument(help="The dataset's hub id.")], store: Store = None) -> None:
+def data_rm(name: Annotated[str, typer.Argument(help="The dataset's hub id.")], store: Store = None,
+            as_json: JsonFlag = False) -> None:
     """Remove a dataset from the store.
 
-    Example: air data rm uoft-cs/cifar10
+    Example: air data rm uoft-cs/cifar10 --json
     """
     _store(store).rm(name)
+    if as_json:
+        print_json({"removed": name})
+        return
     out.print(f"removed {name}")

@@ -234,10 +234,10 @@ class DebugConsole:
         if threading.current_thread() is threading.main_thread():  # signal.signal works only there
             saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
             signal.signal(signal.SIGINT, self._on_sigint)
-            # SIGTERM, and SIGHUP (the terminal window was closed), unwind like Ctrl-C: the container goes.
+            # SIGTERM, and SIGHUP (the terminal window was closed), end the session wherever it is, as Ctrl-C at
+            # the prompt does (not as Ctrl-C during a command, which only stops the command): the container goes.
             for sig in (signal.SIGTERM, signal.SIGHUP):
-                if saved[sig] is signal.SIG_DFL:
-                    signal.signal(sig, _exit_on_signal)
+                signal.signal(sig, _end_on_signal)
         # History only for a person at a terminal: lines a script pipes in are not worth recalling.
         save_history = enable_line_editing() if self.interactive else (lambda: None)
         try:
@@ -326,8 +326,11 @@ async def _interrupt(session: Shell) -> None:
         sys.stderr.write(f"\n[could not interrupt the command: {exc}]\n")
 
 
-def _exit_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+def _end_on_signal(signum: int, frame: object) -> None:
+    from air.cli import process
+
+    process.note(signum)  # the exit code says which signal (air.cli.process)
+    raise KeyboardInterrupt
 
 
 def enter_command(sandbox, init: int) -> str:

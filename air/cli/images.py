@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Annotated
 
 import typer
@@ -68,6 +69,57 @@ def ensure_images(names: list[str], *, force: bool = False, quiet_reuse: bool = 
                 progress.stage(line)
 
         return ImageBuilder(client, report=stage, detail=progress.detail, **options).ensure(names, force=force)
+
+
+def missing_images(images: Iterable[str]) -> list[str]:
+    """The images (recipe names or references) that are not on the daemon."""
+    import docker.errors
+
+    from air.images import image_ref
+    from air.sandbox import connect
+
+    client = connect()
+    try:
+        missing = []
+        for image in dict.fromkeys(images):
+            try:
+                client.images.get(image_ref(image))
+            except docker.errors.ImageNotFound:
+                missing.append(image)
+        return missing
+    finally:
+        client.close()
+
+
+def require_images(images: Iterable[str]) -> None:
+    """Each image must be on the daemon before a command that runs it starts (`air eval`, `air serve`): a missing
+    one would fail every rollout or request that needs it, as infrastructure. The line names its build command."""
+    from air.errors import ImageError
+    from air.images import image_ref
+
+    for image in missing_images(images):
+        raise ImageError.not_built(image_ref(image))
+
+
+def build_missing(images: list[str]) -> None:
+    """`air run`'s images: one that is built is used as it is (never staged or rebuilt again: keeping images
+    current is `air images build`'s job); a missing one is built, except a CUDA one on a host without a GPU, which
+    is refused with the command that builds it on purpose."""
+    from air.errors import ImageError
+    from air.images import image_ref, load_recipes
+    from air.sandbox.claims import detect_gpus
+
+    missing = missing_images(images)
+    recipes = load_recipes()
+    for image in missing:
+        recipe = recipes.get(image)
+        if recipe is None:
+            raise ImageError.not_built(image_ref(image))
+        if recipe.gpu and not detect_gpus():
+            raise ImageError(f"image {image_ref(image)} is a CUDA image and this host has no GPU (nvidia-smi); air "
+                             f"builds it only when asked: `air images build {image}`")
+    if missing:
+        ensure_images(missing, quiet_reuse=True)
 
 
 @images_app.command("ls")

@@ -2,8 +2,8 @@
 
 Exit codes (air/cli/app.py): 0 success, 1 the thing checked failed (a baseline missed, a rollout failed, a replay
 drifted), 2 bad usage or input, 3 infrastructure unavailable (Docker, an image, the model endpoint, a full disk),
-4 a bug in air, 130 interrupted. One module per command group: doctor, images, containers, tasks, run, research
-(debug, eval, replay, view), data, export, serve.
+4 a bug in air, 130 interrupted (129 by SIGHUP, 143 by SIGTERM: air.cli.process). One module per command group:
+doctor, images, containers, tasks, run, research (debug, eval, replay, view), data, export, serve.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 import air.cli.doctor  # noqa: F401
 import air.cli.research  # noqa: F401  (after run: debug, eval, replay, view)
 import air.cli.run  # noqa: F401
+from air.cli import process
 from air.cli.app import app, run_cli
 from air.cli.containers import containers_app
 from air.cli.data import data_app
@@ -28,6 +29,8 @@ for name, group in (("images", images_app), ("containers", containers_app), ("ta
 
 
 def main() -> None:
+    process.sturdy_streams()  # for the command line only: a test calling run_cli keeps its own streams and signals
+    process.end_like_ctrl_c()
     sys.exit(run_cli(app))
 
 

@@ -51,9 +51,13 @@ def debug(
     """
     from air.cli.debug_console import run_debug
     from air.episode.config import EpisodeConfig
+    from air.errors import UsageError
     from air.tasks.registry import load_task
     from air.validation import config_of
 
+    if sys.stdin is None or sys.stdin.closed:  # `<&-`: there is nothing to read what to type from
+        raise UsageError("stdin is closed; air debug reads what to type from it (a terminal, or lines piped in "
+                         "with --json)")
     spec = load_task(task, mlgym_root)
     config = config_of(EpisodeConfig, {"max_turns": max_turns})  # before a sandbox starts
     run_debug(spec, keep=keep, config=config, json_lines=as_json)
@@ -87,13 +91,16 @@ def eval_(
     from air.episode.batch import RolloutResult, claim_run_dir, run_batch
     from air.episode.config import EpisodeConfig
     from air.files import free_name
+    from air.cli.images import require_images
     from air.sandbox import PoolConfig, SandboxPool
+    from air.tasks.environment import sandbox_spec
     from air.tasks.registry import load_all
     from air.validation import config_of
 
     specs = load_all(tasks, mlgym_root, gpus_per_task)
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "command_timeout": command_timeout})
     policy, played_by = make_policy(base_url, model, model_timeout)
+    require_images(sandbox_spec(spec).image for spec in specs)  # missing: exit 3 now, not N failed rollouts
     policy = WatchedPolicy(policy)
     run_dir = out_dir or free_name(Path("runs"), f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
     total = len(specs) * rollouts
@@ -150,15 +157,17 @@ def replay(
     source: Annotated[Path, typer.Argument(help="A trajectory file, a vf-eval traces.jsonl, or a run directory.")],
     rescore: Annotated[str | None, typer.Option("--rescore", help="Recompute rewards from the recorded scores "
                                                 "in this mode (delta|best), without containers.")] = None,
+    mlgym_root: MlgymRoot = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Re-execute recorded episodes in fresh sandboxes and report, turn by turn, where observations, exit codes
-    or scores drift from the recording.
+    or scores drift from the recording. Each task is loaded as it was recorded: an MLGym task from its YAML under
+    --mlgym-root (or $MLGYM_ROOT). A recording without a turn has nothing to replay: it is said and left out.
 
     Exit code 1 on any drift. Example: air replay runs/eval-20261121-101500 (or --rescore best)
     """
+    from air.episode.replay import recorded_config, recorded_task, rescore_recording
     from air.episode.replay import replay as replay_one
-    from air.episode.replay import rescore_recording
     from air.sandbox import PoolConfig, SandboxPool
 
     recordings = _recordings([source])
@@ -185,10 +194,21 @@ def replay(
                       f"{rescore} {display.reward(sum(r for _, _, r in rows), 5)}")
         return
 
+    for rec in recordings:
+        if not rec.steps:
+            console.print(f"[yellow]warning:[/] {escape(rec.source)} has no turn: nothing to replay", soft_wrap=True)
+    recordings = [rec for rec in recordings if rec.steps]
+    if not recordings:
+        from air.errors import UsageError
+
+        raise UsageError(f"nothing to replay in {source}: no recording has a turn")
+    # Every task and config is loaded before a container starts: an MLGym task without its checkout is one line.
+    plans = [(rec, recorded_task(rec, mlgym_root), recorded_config(rec)) for rec in recordings]
+
     async def main():
         async with SandboxPool(PoolConfig(gpu_ids=[])) as pool:
-            for rec in recordings:
-                drifts, note = await replay_one(rec, pool)
+            for rec, spec, config in plans:
+                drifts, note = await replay_one(rec, pool, config, spec=spec)
                 results.append((rec, drifts, note))
 
     results: list = []
@@ -237,15 +257,17 @@ def view(
     Example: air view runs/eval-20261121-101500 -o report.html
     """
     from air.errors import UsageError
-    from air.files import write_atomically
+    from air.files import input_files, output_file, write_atomically
     from air.report import render
 
-    # Checked before reading a large run, so that a typo in -o costs nothing.
+    # Checked before reading a large run, so that a typo in -o costs nothing, and before writing: never over an
+    # input or anything but a regular file.
     if output.is_dir():
         raise UsageError(f"-o {output} is a directory; name the HTML file to write, "
                          f"e.g. {output / 'report.html'}")
     if not output.parent.is_dir():
         raise UsageError(f"cannot write {output}: directory {output.parent} does not exist")
+    output_file(output, input_files(sources))
     recordings = _recordings(sources)
     if not recordings:
         raise UsageError(f"no air trajectories or vf-eval traces of air found in {', '.join(map(str, sources))}")

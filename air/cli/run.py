@@ -24,7 +24,7 @@ from air.cli.app import (
     print_json,
     run_async,
 )
-from air.cli.images import ensure_images
+from air.cli.images import build_missing
 
 
 @app.command()
@@ -41,7 +41,8 @@ def run(
     """The main job on an embedded default: one real episode of a bundled task in a sandbox, played by the
     scripted policy (or any OpenAI-compatible endpoint), with its score curve and rewards.
 
-    Builds the CPU images first if they are missing. Example: air run --task regression-rmse
+    Builds the task's image first if it is missing (a CUDA one only on a GPU host). Example: air run --task
+    regression-rmse
     """
     import time as _time
 
@@ -61,7 +62,7 @@ def run(
     policy = WatchedPolicy(policy)
     if base_url is not None and console.is_terminal and not console.is_dumb_terminal:
         WaitStatus(policy, console, played_by["base_url"], model_timeout)
-    ensure_images([spec.image], quiet_reuse=True)
+    build_missing([spec.image])
     trajectory = free_name(runs_dir, f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}", ".jsonl")
     if not as_json:
         out.print(f"[bold]{spec.id}[/] played by {escape(policy_label(played_by))}", soft_wrap=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -18,6 +17,7 @@ from pydantic import BaseModel
 from typer.core import TyperGroup
 
 from air.cli.app import console
+from air.cli.images import require_images
 from air.validation import as_flag, config_of
 
 if TYPE_CHECKING:
@@ -111,6 +111,7 @@ def _services() -> typer.Typer:
         then: curl -s localhost:8080/run_code -H 'Content-Type: application/json'
         -d '{"code": "print(1)", "language": "python"}'
         """
+        port = _free_port(host, port)
         _serve_sandbox_fusion(config_of(SF, locals()), log_level, as_json)
 
     @app.command("agentgym")
@@ -146,6 +147,7 @@ def _services() -> typer.Typer:
         Example: air serve agentgym --port 8000 --task prisoners-dilemma --task tabular-classification
         """
         token = token or None  # an empty AIR_AGENTGYM_TOKEN sets none
+        port = _free_port(host, port)
         _serve_agentgym(config_of(AG, locals()), log_level, as_json)
 
     @app.command("openenv")
@@ -181,6 +183,7 @@ def _services() -> typer.Typer:
         Example: air serve openenv --port 8000 --task prisoners-dilemma --trajectory-dir runs/openenv
         """
         token = token or None  # an empty AIR_OPENENV_TOKEN sets none
+        port = _free_port(host, port)
         _serve_openenv(config_of(OE, locals()), log_level, as_json)
 
     return app
@@ -189,8 +192,7 @@ def _services() -> typer.Typer:
 def _serve_sandbox_fusion(config: SandboxFusionConfig, log_level: str, as_json: bool) -> None:
     from air.services.sandbox_fusion import serve
 
-    _require_free_port(config.host, config.port)
-    _require_images([config.image])
+    require_images([config.image])
     if config.host not in LOOPBACK:
         console.print(f"[yellow]warning:[/] binding {config.host}: anyone who reaches this port can run code "
                       "in air's sandboxes")
@@ -229,13 +231,13 @@ def _serve_openenv(config: OpenEnvConfig, log_level: str, as_json: bool) -> None
 
 
 def _check_episode_server(config, core) -> None:
-    """What an episode server checks before it starts: its port free, its tasks known (an unknown task is a usage
-    error now, not a failed reset later), their images built; an open address without a token is warned of."""
+    """What an episode server checks before it starts (its port was, by `_free_port`): its tasks known (an unknown
+    task is a usage error now, not a failed reset later), their images built; an open address without a token is
+    warned of."""
     from air.tasks.environment import sandbox_spec
 
-    _require_free_port(config.host, config.port)
     core.load_items()
-    _require_images(sandbox_spec(item.spec).image for item in core.items)
+    require_images(sandbox_spec(item.spec).image for item in core.items)
     if config.host not in LOOPBACK and not config.token:
         console.print(f"[yellow]warning:[/] binding {config.host} without --token: anyone who reaches this "
                       "port can run commands in air's sandboxes")
@@ -258,38 +260,20 @@ def _announcer(service: str, config, core, as_json: bool, what: str, routes: str
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def _require_images(images: Iterable[str]) -> None:
-    """Each image must be on the daemon before the service starts: a missing one would fail every request that
-    needs it, as infrastructure."""
-    import docker.errors
-
-    from air.errors import ImageError
-    from air.sandbox import connect
-
-    client = connect()
-    try:
-        for image in sorted(set(images)):
-            try:
-                client.images.get(image)
-            except docker.errors.ImageNotFound:
-                raise ImageError.not_built(image) from None
-    finally:
-        client.close()
-
-
-def _require_free_port(host: str, port: int) -> None:
-    """A port another server holds is refused before any sandbox starts: uvicorn would say so in several lines,
-    after the service had said it was ready. (Bound as uvicorn binds, with SO_REUSEADDR, then released.)"""
+def _free_port(host: str, port: int) -> int:
+    """The port to listen on: `port`, which another server must not hold (refused before any sandbox starts:
+    uvicorn would say so in several lines, after the service had said it was ready), or for 0 a free one chosen
+    now, so that the ready line names the port the service answers on. Bound as uvicorn binds (SO_REUSEADDR),
+    then released."""
     import socket
 
     from air.errors import UsageError
 
-    if port == 0:
-        return
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
+            return probe.getsockname()[1]
     except OSError as exc:
         raise UsageError(f"cannot listen on {_url(host, port)}: {exc.strerror or exc} (another server holds the "
                          "port? pick another with --port)") from None
@@ -302,8 +286,11 @@ def _url(host: str, port: int) -> str:
 def main() -> None:
     import sys
 
+    from air.cli import process
     from air.cli.app import run_cli
 
+    process.sturdy_streams()
+    process.end_like_ctrl_c()
     sys.exit(run_cli(serve_app))
 
 

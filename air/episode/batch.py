@@ -167,8 +167,14 @@ async def run_batch(specs: list[TaskSpec], policy: Policy, pool: SandboxPool, ru
         await asyncio.gather(*(worker() for _ in range(min(concurrency, progress.total))))
         finished = True
     finally:
+        for result in results:  # a trajectory deleted after its rollout (the run directory removed meanwhile)
+            if result.trajectory is not None and not Path(result.trajectory).is_file():
+                result.error = f"InfraError: {result.trajectory} was deleted after the rollout; its records are lost"
+                result.ok, result.trajectory = False, None
         order = {spec.id: i for i, spec in enumerate(specs)}
         results.sort(key=lambda r: (order[r.task], r.index))
+        with about(run_dir):  # made again if it was deleted meanwhile: the summary says what became of each rollout
+            run_dir.mkdir(parents=True, exist_ok=True)
         write_atomically(run_dir / SUMMARY, json.dumps({
             "started": started, "seconds": time.time() - started, **(meta or {}),
             **({} if finished else {"interrupted": True, "asked": progress.total}),

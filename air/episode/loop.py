@@ -31,6 +31,7 @@ from air.episode.trajectory import TrajectoryWriter
 from air.sandbox import Sandbox, truncate_text
 from air.tasks.environment import TaskEnvironment
 from air.tasks.scoring import EvalOutcome, validation_text
+from air.text import clean
 
 # MLGym gives commands that train its long timeout; match whole words so `pythonic.txt` is not training.
 _TRAINING = re.compile(r"\b(python3?|torchrun|accelerate|deepspeed)\b")
@@ -90,11 +91,13 @@ class Episode:
         return task_prompt(self.spec, self.config)
 
     # ----- stepping ---------------------------------------------------------------------------------------------
-    async def step(self, reply: str) -> StepResult:
-        """Apply one model reply; returns the observation for the next turn (or the final one)."""
+    async def step(self, reply: str, *, model_retries: int = 0) -> StepResult:
+        """Apply one model reply; returns the observation for the next turn (or the final one). `model_retries`:
+        how often the driver had to ask the model's endpoint again for this reply (recorded when not 0)."""
         if self.done:
             raise RuntimeError("the episode is over")
         self.turns += 1
+        reply = clean(reply)  # whichever driver brought it: a lone surrogate could be neither run nor recorded
         action = parse_reply(reply)
         started = time.monotonic()
         # What the action did, for the step record: a command's run or an evaluation (none on a format error).
@@ -123,9 +126,10 @@ class Episode:
         seconds = time.monotonic() - started
         self.env_seconds += seconds
         self.step_rewards.append(reward)
+        retried = {"model_retries": model_retries} if model_retries else {}
         self._record_step(StepRecord(turn=self.turns, reply=reply, action=action.model_dump(), **happened,
                                      seconds=round(seconds, 4), observation=observation, reward=reward,
-                                     done=self.done, total_reward=self.total_reward))
+                                     done=self.done, total_reward=self.total_reward, **retried))
         return StepResult(observation, reward, self.done, {"action": action.kind})
 
     async def _run_command(self, text: str) -> tuple[str, CommandRun]:

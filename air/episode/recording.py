@@ -32,6 +32,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from air.episode.records import (
+    FINITE,
     RECORDS,
     RETURN_REWARD,
     EndRecord,
@@ -43,7 +44,9 @@ from air.episode.records import (
     TraceMetrics,
 )
 from air.errors import UsageError
+from air.files import input_files
 from air.tasks.spec import Direction
+from air.text import loads
 from air.validation import one_line
 
 Warn = Callable[[int, str], None]
@@ -84,6 +87,8 @@ class Recording(BaseModel):
     trace_index: int | None = None
     """vf-eval: the trace's index, when its line holds several."""
     task: str | None = None
+    task_source: str | None = None
+    """Where the task was loaded from: "air" (bundled), or "mlgym:<yaml path>" (what `air replay` loads)."""
     task_hash: str | None = None
     config: dict[str, Any] = {}
     baseline: float | None = None
@@ -203,8 +208,8 @@ def json_lines(lines: Iterable[str | bytes], skip: Warn) -> Iterator[tuple[int, 
             continue
         if not line.strip():
             continue
-        try:
-            value = json.loads(line)
+        try:  # air.text: a 5000-digit number or 100,000 brackets are bad JSON too; lone surrogates are cleaned
+            value = loads(line)
         except json.JSONDecodeError as exc:
             skip(lineno, f"not JSON ({exc.msg}, column {exc.colno})")
             continue
@@ -216,14 +221,12 @@ def load_recordings(path: Path, warn: Callable[[str], None] | None = None) -> li
     `air replay` and `air view`. Each line skipped (a torn last line of a run that was cut off) is told to
     `warn` as `file:line: why`.
 
-    A missing path, an unreadable file, a named file that is not JSON lines, or a damaged recording raises
-    UsageError naming the file: these are the user's input, so one line, not a traceback. In a directory,
-    .jsonl files that are not recordings (first line not JSON) are skipped, and so are vf-eval traces of other
-    envs.
+    A missing path, an unreadable file, a named file that is not a regular file or not JSON lines, or a damaged
+    recording raises UsageError naming the file: these are the user's input, so one line, not a traceback. In a
+    directory, what is not a regular file is passed over, .jsonl files that are not recordings (first line not
+    JSON) are skipped, and so are vf-eval traces of other envs.
     """
-    if not path.exists():
-        raise UsageError(f"{path}: no such file or directory")
-    files = sorted(path.rglob("*.jsonl")) if path.is_dir() else [path]
+    files = input_files([path])  # regular files only: a FIFO named x.jsonl is refused, not waited on
     recordings: list[Recording] = []
     for file in files:
         try:
@@ -251,7 +254,7 @@ def load_recordings(path: Path, warn: Callable[[str], None] | None = None) -> li
 
 def _is_json(line: bytes) -> bool:
     try:  # undecodable bytes become U+FFFD, so that a binary file reads as "not JSON"
-        json.loads(line.decode("utf-8", errors="replace"))
+        loads(line.decode("utf-8", errors="replace"))
     except json.JSONDecodeError:
         return False
     return True
@@ -298,6 +301,7 @@ class _AirEpisode:
         if start is not None:
             rec.task, rec.task_hash, rec.config, rec.sandbox = (start.task, start.task_hash, start.config,
                                                                 start.sandbox)
+            rec.task_source = start.task_source
             rec.system_prompt, rec.prompt = start.system_prompt, start.prompt
             rec.baseline, rec.baseline_scores = start.baseline_score, dict(start.baseline)
             if start.primary is not None:
@@ -355,6 +359,8 @@ class _Node(BaseModel):
 
 
 class _Reward(BaseModel):
+    model_config = FINITE
+
     score: float
 
 
@@ -402,6 +408,7 @@ def _read_trace(rec: Recording, trace: _Trace, episode_failed: bool) -> None:
     info = trace.info
     ref = trace.task.data.get("task_ref") if trace.task is not None else None
     rec.trace, rec.task = trace.id, info.task or (ref if isinstance(ref, str) else None)
+    rec.task_source = ref if isinstance(ref, str) and ref.startswith("mlgym:") else None
     rec.task_hash, rec.config, rec.baseline = info.task_hash, info.episode_config, info.baseline
     if info.primary is not None:
         rec.metric, rec.direction = info.primary.name, info.primary.direction

@@ -29,10 +29,15 @@ from pydantic import BaseModel, ConfigDict
 from air.tasks.spec import Metric
 
 
+FINITE = ConfigDict(allow_inf_nan=False)
+"""Scores, rewards and baselines air records are finite (air.tasks.scoring refuses others): a NaN in a file was
+put there by hand or damage, and reads as damage."""
+
+
 class Record(BaseModel):
     """One line of a trajectory file."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     time: float | None = None
     """Seconds since the epoch when it was written (the writer sets it)."""
@@ -51,6 +56,8 @@ class Record(BaseModel):
 
 class Evaluation(BaseModel):
     """The outcome of one evaluation of the submission: validate, submit, or the automatic one at a limit."""
+
+    model_config = FINITE
 
     eval_status: str | None = None
     """air.tasks.scoring's status (`ok`, `invalid_submission`, ...); None on a step that evaluated nothing."""
@@ -126,6 +133,8 @@ class StepRecord(CommandRun, Evaluation, Record):
     reward: float | None = None
     done: bool | None = None
     total_reward: float | None = None
+    model_retries: int | None = None
+    """How often the model's endpoint was asked again for the reply (busy, a dropped connection); absent: never."""
 
     @property
     def last_evaluation(self) -> Evaluation | None:
@@ -139,7 +148,7 @@ class StepRecord(CommandRun, Evaluation, Record):
 class Summary(BaseModel):
     """What an episode achieved: the body of its `end` record, and what air's env records on a trace."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     task: str | None = None
     ended_by: str | None = None
@@ -200,6 +209,8 @@ baseline)."""
 class TraceMetrics(BaseModel):
     """The metrics air's env records on a trace: floats, which verifiers averages over the rollouts."""
 
+    model_config = FINITE
+
     best_score: float | None = None
     last_score: float | None = None
     validations: float | None = None
@@ -215,6 +226,8 @@ class TraceMetrics(BaseModel):
 class TraceInfo(BaseModel):
     """What air's env puts in a trace's `info`: the episode's identity, how it ended, its per-step results and
     what `air replay` needs to run it again (task hash, config, primary metric)."""
+
+    model_config = FINITE
 
     air_episode: str | None = None
     task: str | None = None

@@ -11,13 +11,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from air.episode.config import EpisodeConfig
 from air.episode.recording import RecordedStep, Recording, load_recordings
 from air.episode.rewards import RewardConfig, rescore
 from air.errors import UsageError
+from air.tasks.spec import TaskSpec
+from air.validation import one_line
 
-__all__ = ["Drift", "RecordedStep", "Recording", "first_difference", "load_recordings", "normalise", "replay",
-           "rescore_recording"]  # the CLI reads recordings through this module
+__all__ = ["Drift", "RecordedStep", "Recording", "first_difference", "load_recordings", "normalise", "recorded_config",
+           "recorded_task", "replay", "rescore_recording"]  # the CLI reads recordings through this module
 
 
 @dataclass
@@ -67,18 +71,36 @@ def first_difference(recorded: str, replayed: str) -> tuple[int, str, str]:
     return len(a) + 1, "", ""  # equal lines, different line endings
 
 
-async def replay(recording: Recording, pool, config: EpisodeConfig | None = None) -> tuple[list[Drift], str | None]:
+def recorded_task(recording: Recording, mlgym_root: str | None = None) -> TaskSpec:
+    """The task a recording played, loaded as it was: from its recorded source (an MLGym YAML, under `mlgym_root`
+    or $MLGYM_ROOT), else the bundled task of its id."""
+    from air.tasks.registry import load_task
+
+    if recording.task is None:
+        raise UsageError(f"{recording.source}: the recording does not say which task it played")
+    source = recording.task_source
+    return load_task(source if source and source.startswith("mlgym:") else recording.task, mlgym_root)
+
+
+def recorded_config(recording: Recording) -> EpisodeConfig:
+    """The episode config the recording ran with; one air cannot run is a UsageError naming the file."""
+    try:
+        return EpisodeConfig(**recording.config)
+    except ValidationError as exc:
+        raise UsageError(one_line(exc, f"{recording.source}: its recorded config: ")) from None
+
+
+async def replay(recording: Recording, pool, config: EpisodeConfig | None = None, *,
+                 spec: TaskSpec | None = None) -> tuple[list[Drift], str | None]:
     """Re-execute the recorded replies in a fresh sandbox; returns (drifts, note on the task's version)."""
     from air.episode.loop import Episode
     from air.tasks.environment import TaskEnvironment
-    from air.tasks.registry import load_task
 
-    spec = load_task(recording.task)
+    spec = spec or recorded_task(recording)
     note = None
     if recording.task_hash and recording.task_hash != spec.content_hash:
         note = f"task {spec.id} changed since the recording (hash {recording.task_hash} -> {spec.content_hash})"
-    if config is None:
-        config = EpisodeConfig(**recording.config) if recording.config else EpisodeConfig()
+    config = config or recorded_config(recording)
     env = TaskEnvironment(spec, pool)
     drifts: list[Drift] = []
     async with env.lease() as sandbox:

@@ -10,7 +10,7 @@ from air.episode.live import failure_kind, record_failure
 from air.episode.loop import Episode, EpisodeConfig, StepResult
 from air.episode.trajectory import TrajectoryWriter
 from air.failures import translate
-from air.policies import Message, Policy
+from air.policies import Message, Policy, retries_noted
 from air.tasks.environment import TaskEnvironment
 
 OnStep = Callable[[Episode, str, StepResult], None]
@@ -29,12 +29,15 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
             messages: list[Message] = [{"role": "system", "content": episode.system_prompt},
                                        {"role": "user", "content": episode.prompt}]
             while True:
-                reply = await policy.reply(messages)
-                step = await episode.step(reply)
+                with retries_noted() as retried:
+                    reply = await policy.reply(messages)
+                step = await episode.step(reply, model_retries=len(retried))
                 if on_step is not None:
                     on_step(episode, reply, step)
                 messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": step.observation}]
                 if step.done:
+                    if writer is not None:
+                        writer.check_kept()  # a run directory deleted meanwhile: no result points at nothing
                     return episode.summary()
     except BaseException as exc:
         if writer is not None:

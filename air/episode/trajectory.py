@@ -16,7 +16,7 @@ from typing import Any
 
 from air.episode.recording import json_lines
 from air.episode.records import Record
-from air.errors import UsageError
+from air.errors import InfraError, UsageError
 from air.failures import about
 
 _made: set[Path] = set()
@@ -59,6 +59,19 @@ class TrajectoryWriter:
                     os.ftruncate(self._fd, self._size)
                 raise
         self._size += len(data)
+
+    def check_kept(self) -> None:
+        """InfraError if the file is no longer at its path (deleted, or its folder, or replaced) since it was
+        created: the episode's records are lost, and a result pointing at the path would point at nothing."""
+        if self._fd is None:
+            return
+        mine = os.fstat(self._fd)
+        try:
+            there = os.stat(self.path)
+        except OSError:
+            there = None
+        if mine.st_nlink == 0 or there is None or (there.st_dev, there.st_ino) != (mine.st_dev, mine.st_ino):
+            raise InfraError(f"{self.path} was deleted or replaced while the episode ran; its records are lost")
 
     def discard(self) -> None:
         """Close and delete the file and the folders writers made for it: the episode left nothing worth

@@ -35,8 +35,9 @@ from typing import Any
 
 from air.episode.recording import Recording, read_lines
 from air.errors import UsageError
-from air.export.sft import _lines, input_files
+from air.export.sft import _lines, recording_files
 from air.files import write_folder_atomically
+from air.text import loads
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -122,7 +123,7 @@ def export_mlgym_results(paths: Iterable[str | Path], out_dir: str | Path, *, mo
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: not a directory")
     result = MLGymExport()
-    files = input_files(paths)
+    files = recording_files(paths)
     exported = _exported(out_dir)
     taken: dict[str, int] = {}
     for file in files:
@@ -169,7 +170,7 @@ def _exported(out_dir: Path) -> dict[str, Path]:
     found: dict[str, Path] = {}
     for traj_file in sorted(out_dir.glob("*__run_*/*.traj")) if out_dir.is_dir() else []:
         try:
-            key = json.loads(traj_file.read_text(encoding="utf-8"))["info"].get("air_key")
+            key = loads(traj_file.read_text(encoding="utf-8"))["info"].get("air_key")
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # not one of ours, or not whole: it counts as nothing
         if isinstance(key, str):

@@ -50,7 +50,7 @@ from typing import Any
 from air.episode.recording import Recording, read_lines
 from air.errors import UsageError
 from air.failures import about
-from air.files import write_atomically
+from air.files import input_files, output_file, write_atomically
 
 
 @dataclass(frozen=True)
@@ -141,23 +141,13 @@ def _conversation_key(messages: list[dict[str, str]] | None) -> str:
 
 
 # ----- files ------------------------------------------------------------------------------------------------
-def input_files(paths: Iterable[str | Path], exclude: Path | None = None) -> list[Path]:
-    """Files named, and every `*.jsonl` under directories named (sorted); the output file is never an
-    input."""
-    files: list[Path] = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            files.extend(sorted(p for p in path.rglob("*.jsonl") if p.is_file()))
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise UsageError(f"{path}: no such file or directory")
-    excluded = exclude.resolve() if exclude is not None else None
-    unique = list(dict.fromkeys(f for f in files if f.resolve() != excluded))
-    if not unique:
+def recording_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The input files of an export: files named, and every `*.jsonl` under directories named."""
+    files = input_files(map(Path, paths))
+    if not files:
         raise UsageError("no input files (give trajectory .jsonl files, vf-eval traces.jsonl files, or "
                          "directories holding them)")
-    return unique
+    return files
 
 
 def _lines(path: Path) -> Iterator[bytes]:
@@ -174,7 +164,8 @@ def export_sft_files(paths: Iterable[str | Path], out: str | Path,
     if out.suffix != ".jsonl":
         raise UsageError(f"{out}: the output must be a .jsonl file (prime-rl loads its directory with HF "
                          "datasets, which picks the JSON reader by extension)")
-    files = input_files(paths, exclude=out)
+    files = recording_files(paths)
+    output_file(out, files)  # before reading: an input is never written over, nor a device
     result = sft_rows(((str(f), _lines(f)) for f in files), options)
     if result.rows:
         with about(out):
@@ -183,4 +174,4 @@ def export_sft_files(paths: Iterable[str | Path], out: str | Path,
     return result
 
 
-__all__ = ["ExportOptions", "ExportResult", "sft_rows", "export_sft_files", "input_files"]
+__all__ = ["ExportOptions", "ExportResult", "sft_rows", "export_sft_files"]

@@ -209,6 +209,16 @@ class ImageBuilder:
         parent = self._has_image(parent_ref)
         if parent is None:
             raise ImageError(f"parent image {parent_ref} of recipe '{recipe.name}' is missing")
+        # What the build is made of, before anything is staged: an image built from the same inputs is used as it
+        # is, with no wheel or .deb staged again (a new user's empty cache would download hundreds of MB for it).
+        inputs = _digest([recipe.dockerfile.read_bytes().hex(), recipe.model_dump_json(), recipe.debs, parent.id,
+                          self.pip_args, PYTHON_VERSION, PLATFORMS])
+        built = None if force else self._built_from(recipe.name, inputs)
+        if built is not None:
+            built.tag(REPO + "/" + recipe.name, "latest")
+            tag = next((t for t in built.tags if not t.endswith(":latest")), image_ref(recipe.name))
+            self.report(f"[{recipe.name}] reused {tag} (recipe and parent unchanged)")
+            return BuiltImage(recipe.name, tag, built.id, built.attrs["Size"] / 1e6, reused=True)
         wheels, installed = self.stage_wheels(recipe) if recipe.needs_wheels else (None, [])
         wheel_names = sorted(p.name for p in wheels.glob("*.whl")) if wheels else []
         debs, deb_names = self.stage_debs(recipe, parent) if recipe.debs else (None, [])
@@ -234,7 +244,7 @@ class ImageBuilder:
                 (context / "debs").mkdir()
                 for name in deb_names:
                     _link_or_copy(debs / name, context / "debs" / name)
-            image_id, steps = self._docker_build(recipe, context, tag, parent_ref)
+            image_id, steps = self._docker_build(recipe, context, tag, parent_ref, inputs)
         image = self.client.images.get(image_id)
         image.tag(REPO + "/" + recipe.name, "latest")
         self._drop_intermediates(steps)
@@ -255,11 +265,18 @@ class ImageBuilder:
             except (docker.errors.DockerException, requests.exceptions.RequestException):
                 continue
 
-    def _docker_build(self, recipe: Recipe, context: Path, tag: str, parent_ref: str) -> tuple[str, set[str]]:
+    def _built_from(self, name: str, inputs: str) -> docker.models.images.Image | None:
+        """The newest image of recipe `name` built from `inputs` (its `air.inputs` label), if one is here."""
+        found = self.client.images.list(filters={"label": [f"air.recipe={name}", f"air.inputs={inputs}"],
+                                                 "dangling": False})
+        return max(found, key=lambda image: image.attrs["Created"], default=None)
+
+    def _docker_build(self, recipe: Recipe, context: Path, tag: str, parent_ref: str,
+                      inputs: str) -> tuple[str, set[str]]:
         self.report(f"[{recipe.name}] building {tag} (network off)")
         build_args = {"PARENT_IMAGE": parent_ref, "BASE_IMAGE": parent_ref}
         # No run or owner: images outlive the process that built them, and containers inherit image labels.
-        labels = {"air.role": "image", "air.recipe": recipe.name}
+        labels = {"air.role": "image", "air.recipe": recipe.name, "air.inputs": inputs}
         image_id = None
         log: list[str] = []
         steps: set[str] = set()
@@ -279,8 +296,12 @@ class ImageBuilder:
                         self.detail(f"[{recipe.name}] {line[:110]}")
                 image_id = (chunk.get("aux") or {}).get("ID", image_id)
         except docker.errors.APIError as exc:
+            self._drop_intermediates(steps)
             raise ImageError(f"recipe '{recipe.name}' failed to build: {_one_line(exc.explanation or str(exc))} "
                              f"(see {recipe.dockerfile})") from None
+        except BaseException:  # Ctrl-C, a failed step: the stages it made are nobody's (hundreds of MB for torch)
+            self._drop_intermediates(steps)
+            raise
         if not image_id:
             m = re.search(r"Successfully built ([0-9a-f]+)", "\n".join(log))
             if not m:

@@ -1,58 +1,222 @@
-"""A policy served by any OpenAI-compatible chat completions endpoint (vLLM, SGLang, a hosted API)."""
+"""A policy served by any OpenAI-compatible chat completions endpoint (vLLM, SGLang, a hosted API).
+
+The API key is `api_key`, else $OPENAI_API_KEY, sent as `Authorization: Bearer KEY` ("EMPTY" without one, which
+vLLM and SGLang accept). Whatever the server does, a reply is bounded and every answer is read or named:
+
+- `timeout` bounds the whole reply, from the request to the answer's last byte, retries and their waits included:
+  a server that trickles its answer, or sends a body without end, is cut off there. An answer is at most
+  MAX_ANSWER_BYTES (decompressed).
+- HTTP 429 and 503 (the server is busy) are asked again, after the `Retry-After` it sends (seconds or an HTTP date)
+  or a backoff of 0.5, 1, 2, ... s (at most MAX_BACKOFF), BUSY_ATTEMPTS times in all; a connection that cannot be
+  made or breaks before the answer, CONNECT_ATTEMPTS times. A wait that would pass `timeout` is not made: the
+  reply fails at once, saying why. Each retry is noted (`air.policies.note_retry`), so a trajectory counts them.
+- What comes back is read when it is a chat completion whose message content is text: a string, a list of text
+  parts (joined), or null (an empty reply; tool calls are read by `message_text`'s caller). Anything else is one
+  line (ModelUnavailable) naming it: an HTTP status (a redirect with its Location, 401 and 403 with the key), a
+  body that is not JSON or not what its Content-Encoding says, a content that is a number or an image.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
+import math
 import os
+from datetime import datetime, timezone
+from typing import Any
 
 import httpx
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_before_delay
 
 from air.errors import ModelUnavailable
-from air.policies import Message
+from air.policies import Message, note_retry
+from air.text import loads
+
+BUSY = (429, 503)
+BUSY_ATTEMPTS = 6
+CONNECT_ATTEMPTS = 3
+MAX_BACKOFF = 30.0
+MAX_ANSWER_BYTES = 32 << 20
+"""A chat completion is kilobytes; past this a server is sending something else (or no end)."""
+KEY_VARIABLE = "OPENAI_API_KEY"
 
 
 class OpenAIPolicy:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *, temperature: float = 0.7,
                  max_tokens: int = 2048, timeout: float = 600):
         self.model, self.temperature, self.max_tokens, self.timeout = model, temperature, max_tokens, timeout
-        key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+        self._keyed = bool(api_key or os.environ.get(KEY_VARIABLE))
+        key = api_key or os.environ.get(KEY_VARIABLE) or "EMPTY"
         # One pooled client per policy: a new connection per turn costs tens of ms (measured in the prototype).
-        # `timeout` bounds the wait for each reply; a connection that cannot be made fails sooner (and is retried).
+        # httpx's timeouts bound each read; the whole reply is bounded in `reply`.
         self._client = httpx.AsyncClient(base_url=base_url.rstrip("/"),
                                          timeout=httpx.Timeout(timeout, connect=min(timeout, 30)),
                                          headers={"Authorization": f"Bearer {key}"})
+        self._where = f"model endpoint {self._client.base_url}"
 
     async def reply(self, messages: list[Message]) -> str:
         body = {"model": self.model, "messages": messages, "temperature": self.temperature,
                 "max_tokens": self.max_tokens}
-        where = f"model endpoint {self._client.base_url}"
-        # Only transport failures are retried: a request that reached the server may have been billed or
-        # sampled, but it has no side effects on the episode, so retrying is safe. Except a reply that did not
-        # come within the timeout: the server took the request and is slow or stuck, and asking again would
-        # wait as long again.
+        deadline = asyncio.get_running_loop().time() + self.timeout
+        # Retried: a busy answer, and a request that never reached the server or lost its connection (a request
+        # that did reach it has no side effect on the episode). Never a reply that did not come in time: the
+        # server took the request and is slow or stuck, and asking again would wait as long again.
+        retrying = AsyncRetrying(retry=retry_if_exception(_worth_retrying), wait=_wait,
+                                 stop=stop_before_delay(self.timeout) | _out_of_attempts, before_sleep=_noted,
+                                 reraise=True)
         try:
-            async for attempt in AsyncRetrying(stop=stop_after_attempt(3), wait=wait_exponential(max=10),
-                                               retry=retry_if_exception(_worth_retrying), reraise=True):
+            async for attempt in retrying:
                 with attempt:
-                    response = await self._client.post("/chat/completions", json=body)
-        except httpx.ReadTimeout as exc:
-            raise ModelUnavailable(f"{where} took the request but did not answer within {self.timeout:g} s") \
-                from exc
+                    status, headers, answer = await self._ask(body, deadline)
+        except _Busy as exc:
+            attempts = retrying.statistics.get("attempt_number", 1)
+            why = (f"to all {attempts} attempts" if attempts >= BUSY_ATTEMPTS else
+                   f"{attempts} time(s), and waiting again ({exc.wait:.3g} s) would pass its "
+                   f"{self.timeout:g} s timeout")
+            raise ModelUnavailable(f"{self._where} answered HTTP {exc.status} (busy) {why}: {exc.text}") from None
         except httpx.TransportError as exc:  # down, refused, reset: the server's failure, not the agent's
-            raise ModelUnavailable(f"{where} unreachable after 3 attempts ({type(exc).__name__}: "
-                                   f"{str(exc) or 'no detail'})") from exc
-        if response.status_code != 200:
-            raise ModelUnavailable(f"{where} answered HTTP {response.status_code}: {response.text[:300]}")
+            attempts = retrying.statistics.get("attempt_number", 1)
+            raise ModelUnavailable(f"{self._where} unreachable after {attempts} attempt(s) "
+                                   f"({type(exc).__name__}: {str(exc) or 'no detail'})") from exc
+        return self._read(status, headers, answer)
+
+    async def _ask(self, body: dict[str, Any], deadline: float) -> tuple[int, httpx.Headers, bytes]:
+        """One request and its whole answer, by the deadline."""
+        started = False
         try:
-            content = response.json()["choices"][0]["message"].get("content")
-        except (ValueError, LookupError, TypeError, AttributeError) as exc:
-            raise ModelUnavailable(f"{where} answered something that is not a chat completion: "
-                                   f"{response.text[:200]!r}") from exc
-        return content if isinstance(content, str) else ""
+            async with asyncio.timeout_at(deadline):
+                async with self._client.stream("POST", "/chat/completions", json=body) as response:
+                    started = True
+                    answer = bytearray()
+                    async for chunk in response.aiter_bytes():  # decompressed as Content-Encoding says
+                        answer += chunk
+                        if len(answer) > MAX_ANSWER_BYTES:
+                            raise ModelUnavailable(f"{self._where} sent more than {MAX_ANSWER_BYTES >> 20} MiB, "
+                                                   "which is no chat completion")
+        except (TimeoutError, httpx.ReadTimeout) as exc:
+            what = "did not finish its answer" if started else "took the request but did not answer"
+            raise ModelUnavailable(f"{self._where} {what} within {self.timeout:g} s") from exc
+        except httpx.DecodingError as exc:
+            encoding = response.headers.get("content-encoding", "?")
+            raise ModelUnavailable(f"{self._where} sent a body that is not the {encoding} its Content-Encoding "
+                                   f"says ({exc})") from None
+        if response.status_code in BUSY:
+            raise _Busy(response.status_code, _retry_after(response.headers.get("retry-after")), _shown(answer))
+        return response.status_code, response.headers, bytes(answer)
+
+    def _read(self, status: int, headers: httpx.Headers, answer: bytes) -> str:
+        """The reply text of a whole answer, or ModelUnavailable naming what it was instead."""
+        if 300 <= status < 400:
+            location = headers.get("location")
+            raise ModelUnavailable(f"{self._where} answered HTTP {status}, a redirect to " + (
+                f"{location}: point --base-url there" if location else "nowhere (no Location header)"))
+        if status in (401, 403):
+            key = (f"the key in ${KEY_VARIABLE} was refused" if self._keyed else
+                   f"${KEY_VARIABLE} is not set: export the endpoint's API key in it")
+            raise ModelUnavailable(f"{self._where} answered HTTP {status} ({key}): {_shown(answer)}")
+        if status != 200:
+            raise ModelUnavailable(f"{self._where} answered HTTP {status}: {_shown(answer)}")
+        try:
+            return message_text(loads(answer))
+        except ValueError as exc:
+            raise ModelUnavailable(f"{self._where} answered something air cannot read as a chat completion "
+                                   f"({exc}): {_shown(answer, 200)}") from None
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
 
+def message_text(completion: Any) -> str:
+    """The reply text of a chat completion's first choice: its message's content when it is a string, its text
+    parts joined when it is a list of parts, "" when it is null (an empty reply; with `tool_calls` beside it,
+    the tool calls are the reply). ValueError, saying what was there instead, for anything else."""
+    try:
+        message = completion["choices"][0]["message"]
+    except (LookupError, TypeError):
+        raise ValueError("no choices[0].message") from None
+    if not isinstance(message, dict):
+        raise ValueError(f"its message is {_kind(message)}")
+    content = message.get("content")
+    if content is None:
+        refusal = message.get("refusal")  # OpenAI's refusal comes with a null content: it is the reply
+        return refusal if isinstance(refusal, str) else ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = [_part_text(part) for part in content]
+        return "".join(texts)
+    raise ValueError(f"its message content is {_kind(content)}, not text")
+
+
+def _part_text(part: Any) -> str:
+    if isinstance(part, dict) and part.get("type") in ("text", "refusal"):
+        text = part.get(part["type"])
+        if isinstance(text, str):
+            return text
+    kind = f"a part of type {part.get('type')!r}" if isinstance(part, dict) else _kind(part)
+    raise ValueError(f"its message content holds {kind}, not text")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return f"{value!r}"
+    if isinstance(value, int | float):
+        return f"a number ({value!r})"
+    return {dict: "an object", list: "a list", str: "a string"}.get(type(value), type(value).__name__)
+
+
+# ----- retries --------------------------------------------------------------------------------------------------
+class _Busy(Exception):
+    """The server answered 429 or 503: ask again, after `retry_after` seconds if it said."""
+
+    def __init__(self, status: int, retry_after: float | None, text: str):
+        super().__init__(status)
+        self.status, self.retry_after, self.text = status, retry_after, text
+        self.wait = 0.0
+        """The wait before the next attempt (set when it is chosen)."""
+
+
 def _worth_retrying(exc: BaseException) -> bool:
-    return isinstance(exc, httpx.TransportError) and not isinstance(exc, httpx.ReadTimeout)
+    return isinstance(exc, _Busy) or (isinstance(exc, httpx.TransportError) and not isinstance(exc, httpx.ReadTimeout))
+
+
+def _wait(state: RetryCallState) -> float:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    wait = min(MAX_BACKOFF, 0.5 * 2 ** (state.attempt_number - 1))
+    if isinstance(exc, _Busy):
+        wait = exc.wait = wait if exc.retry_after is None else exc.retry_after
+    return wait
+
+
+def _out_of_attempts(state: RetryCallState) -> bool:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    return state.attempt_number >= (BUSY_ATTEMPTS if isinstance(exc, _Busy) else CONNECT_ATTEMPTS)
+
+
+def _noted(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    note_retry(f"HTTP {exc.status}" if isinstance(exc, _Busy) else type(exc).__name__)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait by a Retry-After header: a number of seconds or an HTTP date; None if it says neither."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        seconds = (when - datetime.now(timezone.utc)).total_seconds()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def _shown(answer: bytes | bytearray, limit: int = 300) -> str:
+    return " ".join(bytes(answer[:limit]).decode("utf-8", "replace").split()) or "(no body)"
+
+
+__all__ = ["OpenAIPolicy", "message_text"]

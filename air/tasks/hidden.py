@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from air import paths
-from air.errors import TaskError
+from air.errors import TaskError, UsageError
+from air.failures import about
 from air.tasks.shared_lib import shared_lib_entries
 from air.tasks.spec import FileEntry, HiddenSplit, TaskSpec
 
@@ -66,7 +67,7 @@ def host_secret() -> bytes:
     concurrent reader never sees a half-written secret and two first users agree on one."""
     path = secret_file()
     try:
-        return bytes.fromhex(path.read_text().strip())
+        return _secret_in(path)
     except FileNotFoundError:
         pass
     tmp = path.with_name(f".task-secret.{uuid.uuid4().hex}")
@@ -79,7 +80,22 @@ def host_secret() -> bytes:
         pass  # another process made it first: its secret is the host's
     finally:
         tmp.unlink()
-    return bytes.fromhex(path.read_text().strip())
+    return _secret_in(path)
+
+
+def _secret_in(path: Path) -> bytes:
+    """The secret `path` holds; a file that holds none (damaged, or something else at its name) is a usage error
+    naming it, never a new secret made over it: the host's draws depend on it."""
+    with about(path):
+        text = path.read_text(encoding="utf-8").strip()
+    try:
+        secret = bytes.fromhex(text)
+    except ValueError:
+        secret = b""
+    if len(secret) < 16:
+        raise UsageError(f"{path} does not hold a task secret (64 hex digits); restore it, or remove it to make a "
+                         "new one (this host's hidden draws change with it)")
+    return secret
 
 
 def _generator(spec: TaskSpec, task_dir: Path) -> Path:

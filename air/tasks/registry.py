@@ -17,8 +17,12 @@ MLGYM_PREFIX = "mlgym:"
 
 
 def bundled_ids(root: Path | None = None) -> list[str]:
+    """The tasks in air's task folder (or AIR_TASKS_DIR); one that holds none is a UsageError, never no tasks."""
     root = root or paths.tasks_dir()
-    return sorted(d.name for d in root.iterdir() if (d / "task.toml").is_file())
+    found = sorted(d.name for d in root.iterdir() if (d / "task.toml").is_file())
+    if not found:
+        raise UsageError(f"no tasks in {root} (a task is a folder holding a task.toml)")
+    return found
 
 
 def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0, draw: Draw | None = None
@@ -48,7 +52,17 @@ def require_known(ref: str) -> None:
 
 def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None, gpus: int = 0,
              draw: Draw | None = None) -> list[TaskSpec]:
-    return [load_task(ref, mlgym_root, gpus, draw) for ref in (refs or bundled_ids())]
+    """The tasks of one run. Their ids must differ (two MLGym YAMLs may declare one `id`): a run's trajectories,
+    results and summary are kept by task id, so two tasks of one id would write over each other."""
+    refs = refs or bundled_ids()
+    specs = [load_task(ref, mlgym_root, gpus, draw) for ref in refs]
+    first: dict[str, str] = {}
+    for ref, spec in zip(refs, specs):
+        if spec.id in first:
+            same = "named twice" if first[spec.id] == ref else f"the id of both {first[spec.id]} and {ref}"
+            raise UsageError(f"task id '{spec.id}' is {same}; a run's task ids must differ")
+        first[spec.id] = ref
+    return specs
 
 
 __all__ = ["load_task", "load_all", "bundled_ids", "require_known"]

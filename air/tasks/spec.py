@@ -67,7 +67,7 @@ class Evaluation(BaseModel):
 
 
 class Baseline(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # rewards normalise by it
 
     command: str = ""
     """Run by the agent user in the staged workspace to produce the baseline submission ("" = the starter is)."""

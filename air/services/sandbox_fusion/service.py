@@ -315,7 +315,9 @@ class SandboxFusionService:
         code = result.exit_code  # negative: killed by that signal, as Python's subprocess and upstream report
         if code == -9 and await sandbox.oom_kills() > oom_before:
             sandbox.mark_broken("a program was OOM-killed")
+            # The cgroup's limit, which is what was hit: the programs' memory_mb plus the in-memory filesystems.
             stderr += (f"\n[air: the program was killed for using more than the sandbox's "
-                       f"{self.config.memory_mb} MB of memory]\n")
+                       f"{self.spec.memory_limit_mb} MB of memory ({self.config.memory_mb} MB for programs, the "
+                       "rest for its in-memory /tmp, /var/tmp and home while they are empty)]\n")
         return CommandRunResult(status=CommandRunStatus.Finished, execution_time=result.duration,
                                 return_code=code, stdout=stdout, stderr=stderr)
