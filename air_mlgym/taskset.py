@@ -101,6 +101,9 @@ class AirTasksetConfig(vf.TasksetConfig, EpisodeSettings):
 
 
 class AirData(vf.TaskData):
+    id: str | None = None
+    """The item's id, `task#example` (verifiers 0.4.0 declares it; prime-rl's pinned verifiers, a60a606, does not
+    and would drop it)."""
     task_ref: str
     """Which air task this row is (a bundled id or `mlgym:...`)."""
 
