@@ -6,7 +6,8 @@ It builds everything locally (no download): a tokenizer made with `tokenizers` w
 whole replies as single tokens, built from the task (`task_actions`): a harmful one that deletes the submission
 (air pays -0.1 for the failed validation that follows), `validate`, `submit`, and a harmless one (the task's
 baseline command, which makes the baseline submission, or `ls`); a chat template; a tiny Llama with random
-weights, warmed up for a few seconds to answer with one of those replies, about equally often. Then TRL's
+weights, warmed up for a few seconds to answer with one of those replies, about equally often (each turn it
+samples one of the four: its choice is what it learns). Then TRL's
 GRPOTrainer, with a `rollout_func` that plays each group's rollouts as OpenEnv sessions of `air serve openenv`
 (OpenEnv's own GenericEnvClient), turn by turn: the model's replies in a fixed order (so a seed reproduces a run),
 then every session's step at once. The model's whole reply is the action; air's observations come back as user
@@ -139,21 +140,22 @@ class Rollout:
         return self.result is not None and self.result.done
 
 
-def rollout_func(url: str, actions: Actions, steps: list[dict], max_new_tokens: int = 4):
+def rollout_func(url: str, actions: Actions, steps: list[dict]):
     """TRL's rollout_func: each prompt (an air item id) is one OpenEnv session, played to its end. Each call (one
     optimizer step's group) appends to `steps` how often the model said each reply."""
     import torch
     from openenv.core import GenericEnvClient
 
     def generate(model, tokenizer, ids: list[int]) -> list[int]:
+        """One reply: the model samples one of the actions' tokens (its choice among them, renormalised: the
+        tiny model picks a reply, it does not learn to spell one), then the turn ends."""
+        allowed = tokenizer.convert_tokens_to_ids(list(actions.replies.values()))
         context = torch.tensor([ids])
         with torch.no_grad():
-            out = model.generate(context, attention_mask=torch.ones_like(context), do_sample=True,
-                                 max_new_tokens=max_new_tokens, temperature=1.0, eos_token_id=tokenizer.eos_token_id,
+            out = model.generate(context, attention_mask=torch.ones_like(context), do_sample=True, max_new_tokens=1,
+                                 temperature=1.0, prefix_allowed_tokens_fn=lambda _batch, _ids: allowed,
                                  pad_token_id=tokenizer.pad_token_id)[0, context.shape[1]:].tolist()
-        if not out or out[-1] != tokenizer.eos_token_id:
-            out.append(tokenizer.eos_token_id)  # the turn ends here, as the chat template says
-        return out
+        return out + [tokenizer.eos_token_id]  # the turn ends here, as the chat template says
 
     def rollout(prompts: list, trainer) -> dict:
         tokenizer = trainer.processing_class
