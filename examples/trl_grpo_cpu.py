@@ -105,19 +105,18 @@ def build_model(tokenizer, seed: int = 0):
 
 
 def warm_up(model, tokenizer, prompt_ids: list[int], actions: Actions, steps: int = 40) -> None:
-    """A few supervised steps from random weights: answer the prompt with one of the actions, then <|end|>."""
+    """A few supervised steps from random weights: after the prompt, each action equally likely, then <|end|>
+    (all four at once, so that none is favoured by coming last)."""
     import torch
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
-    replies = list(actions.replies.values())
-    for step in range(steps):
-        action = tokenizer.convert_tokens_to_ids(replies[step % len(replies)])
-        ids = torch.tensor([prompt_ids + [action, tokenizer.eos_token_id]])
-        labels = torch.full_like(ids, -100)
-        labels[0, -2:] = ids[0, -2:]
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
+    replies = tokenizer.convert_tokens_to_ids(list(actions.replies.values()))
+    ids = torch.tensor([prompt_ids + [reply, tokenizer.eos_token_id] for reply in replies])
+    labels = torch.full_like(ids, -100)
+    labels[:, -2:] = ids[:, -2:]
+    for _ in range(steps):
+        model(input_ids=ids, labels=labels).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
 
@@ -255,7 +254,7 @@ def trainer_for(url: str, task: str, out: Path, actions: Actions, model, tokeniz
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(output_dir=str(out / "trainer"), max_steps=steps, per_device_train_batch_size=group,
-                      num_generations=group, gradient_accumulation_steps=1, learning_rate=1e-3, beta=0.0,
+                      num_generations=group, gradient_accumulation_steps=1, learning_rate=3e-3, beta=0.0,
                       gradient_checkpointing=False, logging_steps=1, log_completions=True,
                       report_to="none", save_strategy="no", use_cpu=True, seed=seed,
                       disable_tqdm=True, dataloader_num_workers=0)
