@@ -133,7 +133,10 @@ class DriveConfig(BaseConfig):
 
 
 def run_drive(config: DriveConfig) -> int:
-    from verifiers.v1.utils.trace_store import write_episode
+    try:  # verifiers 0.4.0
+        from verifiers.v1.utils.trace_store import write_episode
+    except ImportError:  # prime-rl's pinned verifiers (a60a606) keeps it with vf-eval's output
+        from verifiers.v1.cli.output import write_episode
 
     tasks = list(vf.load_taskset(config.env.taskset))
     config.output_dir.mkdir(parents=True, exist_ok=True)
@@ -141,16 +144,26 @@ def run_drive(config: DriveConfig) -> int:
                                  sampling=config.sampling, rollouts=config.num_rollouts,
                                  concurrency=config.max_concurrent,
                                  on_episode=lambda episode: write_episode(config.output_dir, episode)))
+    for line in summary_lines(episodes):
+        print(line)
+    print(f"traces: {config.output_dir / 'traces.jsonl'}")
+    return 0 if all(e.ok for e in episodes) else 1
+
+
+def summary_lines(episodes: Sequence[vf.WireEpisode]) -> list[str]:
+    """One line per task: its rollouts, how many failed, the mean reward of the rest. The task is named by air's
+    `task_ref` (kept by every verifiers as an extra field of the task data), else the item's id or index."""
     by_task: dict[str, list[vf.WireEpisode]] = {}
     for episode in episodes:
-        ref = getattr(episode.task.data, "task_ref", episode.task.data.id)
+        data = episode.task.data
+        ref = getattr(data, "task_ref", None) or getattr(data, "id", None) or f"task {data.idx}"
         by_task.setdefault(str(ref), []).append(episode)
+    lines = []
     for ref, group in by_task.items():
         ok = [t for e in group if e.ok for t in e.traces]
         mean = sum(t.reward for t in ok) / len(ok) if ok else float("nan")
-        print(f"{ref}: {len(group)} rollouts, {len(group) - len(ok)} failed, mean reward {mean:.4f}")
-    print(f"traces: {config.output_dir / 'traces.jsonl'}")
-    return 0 if all(e.ok for e in episodes) else 1
+        lines.append(f"{ref}: {len(group)} rollouts, {len(group) - len(ok)} failed, mean reward {mean:.4f}")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -175,13 +188,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def failed_episode(task: vf.Task, exc: BaseException) -> vf.WireEpisode:
     """A request that failed on the wire (the server answered an error, or none came): a failed episode, as
-    prime-rl's dispatcher records it, so it is excluded from training rather than scored."""
-    from verifiers.v1.trace import TraceTask
-
-    return vf.WireEpisode(env=vf.EnvInfo(id=TASKSET_ID), ok=False,
-                          task=TraceTask(type=type(task).__name__, data=task.data.model_dump(mode="json"),
-                                         key=task.key, hash=task.hash),
-                          errors=[vf.Error(type=type(exc).__name__, message=str(exc))])
+    prime-rl's dispatcher records it, so it is excluded from training rather than scored. Built from its wire
+    form, as the client reads an answer: the task's data is then wire data whatever verifiers declares."""
+    return vf.WireEpisode.model_validate({
+        "env": {"id": TASKSET_ID}, "ok": False, "traces": [],
+        "task": {"type": type(task).__name__, "data": task.data.model_dump(mode="json"), "key": task.key,
+                 "hash": task.hash},
+        "errors": [{"type": type(exc).__name__, "message": str(exc)}]})
 
 
 async def drive(address: str, tasks: Sequence[vf.Task], *, client: vf.ClientConfig, model: str,

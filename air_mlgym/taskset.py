@@ -5,7 +5,8 @@
 - `AirEnv`: drives the episode host-side, turn by turn (the pattern of verifiers' TextArena env), in a sandbox
   leased from one pool per env process (started and stopped with the env; prime-rl runs one per env-server
   worker). Rewards, metrics and per-step rewards land on the trace. Infrastructure errors raise SandboxError, so
-  the rollout is failed and excluded from training, never scored 0.
+  the rollout is failed and excluded from training, never scored 0; a rollout whose model endpoint (or harness)
+  failed is failed by verifiers, and air evaluates nothing more and records no reward on it.
 - `AirHarness` (the default harness): one non-streaming chat completion per turn, in-process, through the
   interception endpoint and secret, over one pooled aiohttp session per event loop (verifiers builds a harness
   per episode; an httpx client per episode cost 16 ms of CPU to build, and an httpx request 0.45 ms against
@@ -101,6 +102,9 @@ class AirTasksetConfig(vf.TasksetConfig, EpisodeSettings):
 
 
 class AirData(vf.TaskData):
+    id: str | None = None
+    """The item's id, `task#example` (verifiers 0.4.0 declares it; prime-rl's pinned verifiers, a60a606, does not
+    and would drop it)."""
     task_ref: str
     """Which air task this row is (a bundled id or `mlgym:...`)."""
 
@@ -205,8 +209,12 @@ class AirEnv(vf.Env[AirEnvConfig]):
                             if step.done:
                                 break
                             segment = await interaction.turn(step.observation)
-                        if not episode.done:  # the framework ended the exchange (its turn or token limit)
-                            await episode.finish("stopped")
+                        if not episode.done:
+                            if trace.errors:  # the model endpoint or the harness failed: failed, nothing scored
+                                if writer is not None:
+                                    record_failure(writer, episode, "infrastructure", _errors(trace))
+                                return
+                            await episode.finish("stopped")  # the framework ended the exchange (a limit, @stop)
                         _record(trace, episode)
                     except InfraError as exc:
                         raise SandboxError(f"air: {exc}") from exc
@@ -220,6 +228,11 @@ class AirEnv(vf.Env[AirEnvConfig]):
         finally:
             if writer is not None:
                 writer.close()
+
+
+def _errors(trace: vf.Trace) -> str:
+    """What verifiers recorded as the failure of a rollout (a model call, the harness), in one line."""
+    return "; ".join(f"{e.type}: {e.message}" for e in trace.errors)[:2000]
 
 
 def _record(trace: vf.Trace, episode: Episode) -> None:

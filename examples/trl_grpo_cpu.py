@@ -2,15 +2,20 @@
 
     python examples/trl_grpo_cpu.py [--task prisoners-dilemma] [--steps 3] [--group 4] [--out runs/trl-grpo]
 
-It builds everything locally (no download): a tokenizer made with `tokenizers`, whose vocabulary also holds four
-whole replies as single tokens (a shell command that deletes the submission, validate, submit, a harmless `ls`),
-with a chat template; a tiny Llama with random weights, warmed up for a few seconds to answer with one of those
-replies (so that a group of rollouts differs in what air pays); then TRL's GRPOTrainer with a `rollout_func`
-that plays each rollout as one OpenEnv session of `air serve openenv` (OpenEnv's own GenericEnvClient): the
-model's whole reply is the action, air's observations come back as user turns, which are masked out of the loss
-(TRL's `env_mask`), and the rollout's reward is the episode's return as air paid it. A rollout air reports as an
-infrastructure failure gets reward None, which TRL leaves out of training. The server is started here on a free
-loopback port and stopped at the end; its trajectories (`--out`/trajectories) are air's usual files.
+It builds everything locally (no download): a tokenizer made with `tokenizers` whose vocabulary also holds four
+whole replies as single tokens, built from the task (`task_actions`): a harmful one that deletes the submission
+(air pays -0.1 for the failed validation that follows), `validate`, `submit`, and a harmless one (the task's
+baseline command, which makes the baseline submission, or `ls`); a chat template; a tiny Llama with random
+weights, warmed up for a few seconds to answer with one of those replies, about equally often (each turn it
+samples one of the four: its choice is what it learns). Then TRL's
+GRPOTrainer, with a `rollout_func` that plays each group's rollouts as OpenEnv sessions of `air serve openenv`
+(OpenEnv's own GenericEnvClient), turn by turn: the model's replies in a fixed order (so a seed reproduces a run),
+then every session's step at once. The model's whole reply is the action; air's observations come back as user
+turns, masked out of the loss (TRL's `env_mask`); a rollout's reward is the episode's return as air paid and
+recorded it. A rollout air reports as an infrastructure failure gets reward None, which TRL leaves out of
+training. The server is started here on a free loopback port and stopped at the end; its trajectories
+(`--out`/trajectories) are air's usual files, and `--out`/steps.json holds each step's mean return, its spread
+and how often the model said each reply (`examples/plot_trl_grpo.py` draws it).
 """
 
 from __future__ import annotations
@@ -18,30 +23,69 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
-ACTIONS = ("```bash\nrm strategy.py\n```", "```\nvalidate\n```", "```\nsubmit\n```", "```bash\nls\n```")
-"""Whole replies the tokenizer holds as single tokens: the tiny model says one of them per turn."""
 SPECIAL = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>")
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
+# ----- what the model can say, from the task ----------------------------------------------------------------
+@dataclass(frozen=True)
+class Actions:
+    """The replies the tiny model chooses among, each one token of its vocabulary."""
+
+    harmful: str
+    """Deletes the submission: every evaluation after it fails, and air pays -0.1 for it (the penalised reply)."""
+    validate: str
+    submit: str
+    harmless: str
+    """The task's baseline command (it makes the baseline submission), or `ls` where the starter is the baseline."""
+
+    @property
+    def replies(self) -> dict[str, str]:
+        return {"harmful": self.harmful, "validate": self.validate, "submit": self.submit,
+                "harmless": self.harmless}
+
+    def name_of(self, reply: str) -> str:
+        """Which action a reply is ("other" for anything else, e.g. two actions in one reply)."""
+        return next((name for name, text in self.replies.items() if text == reply), "other")
+
+
+def shell(command: str) -> str:
+    return f"```bash\n{command}\n```"
+
+
+def task_actions(task: str) -> Actions:
+    """The four replies for `task`, from its spec: the files it scores and the command that makes its baseline."""
+    from air.tasks.registry import load_task
+
+    spec = load_task(task, draw="reference")  # only names are read: the submission's files, the baseline command
+    submission = " ".join(shlex.quote(path) for path in spec.evaluation.submission) or "./*"
+    return Actions(harmful=shell(f"rm -rf {submission}"), validate="```\nvalidate\n```",
+                   submit="```\nsubmit\n```", harmless=shell(spec.baseline.command or "ls"))
+
+
 # ----- the model, built locally -----------------------------------------------------------------------------
-def build_tokenizer(corpus: list[str]):
-    """A character-level BPE trained on `corpus`, the chat tokens, and the ACTIONS as added tokens."""
+def build_tokenizer(corpus: list[str], actions: Actions):
+    """A character-level BPE trained on `corpus`, the chat tokens, and the actions as added tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     raw = Tokenizer(models.BPE(unk_token="<|unk|>"))
     raw.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # characters; merges make common pieces
     raw.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|unk|>", *SPECIAL]))
-    raw.add_tokens(list(ACTIONS))
+    raw.add_tokens(list(actions.replies.values()))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<|unk|>", eos_token="<|end|>",
                                         pad_token="<|pad|>", padding_side="left")
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -60,68 +104,101 @@ def build_model(tokenizer, seed: int = 0):
     return LlamaForCausalLM(config)
 
 
-def warm_up(model, tokenizer, prompt_ids: list[int], steps: int = 40) -> None:
-    """A few supervised steps from random weights: answer the prompt with one of ACTIONS, then <|end|>."""
+def warm_up(model, tokenizer, prompt_ids: list[int], actions: Actions, steps: int = 40) -> None:
+    """A few supervised steps from random weights: after the prompt, each action equally likely, then <|end|>
+    (all four at once, so that none is favoured by coming last)."""
     import torch
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
-    for step in range(steps):
-        action = tokenizer.convert_tokens_to_ids(ACTIONS[step % len(ACTIONS)])
-        ids = torch.tensor([prompt_ids + [action, tokenizer.eos_token_id]])
-        labels = torch.full_like(ids, -100)
-        labels[0, -2:] = ids[0, -2:]
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
+    replies = tokenizer.convert_tokens_to_ids(list(actions.replies.values()))
+    ids = torch.tensor([prompt_ids + [reply, tokenizer.eos_token_id] for reply in replies])
+    labels = torch.full_like(ids, -100)
+    labels[:, -2:] = ids[:, -2:]
+    for _ in range(steps):
+        model(input_ids=ids, labels=labels).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
 
 
 # ----- rollouts through air's OpenEnv server ----------------------------------------------------------------
-def rollout_func(url: str, max_new_tokens: int = 4):
-    """TRL's rollout_func: each prompt (an air item id) is one OpenEnv session, played to its end."""
+@dataclass
+class Rollout:
+    """One OpenEnv session played to its end: what TRL trains on, and what air paid."""
+
+    item: str
+    env: object
+    prompt_ids: list[int]
+    completion: list[int]
+    mask: list[int]
+    replies: list[str]
+    result: object = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None and self.result.done
+
+
+def rollout_func(url: str, actions: Actions, steps: list[dict]):
+    """TRL's rollout_func: each prompt (an air item id) is one OpenEnv session, played to its end. Each call (one
+    optimizer step's group) appends to `steps` how often the model said each reply."""
     import torch
     from openenv.core import GenericEnvClient
+
+    def generate(model, tokenizer, ids: list[int]) -> list[int]:
+        """One reply: the model samples one of the actions' tokens (its choice among them, renormalised: the
+        tiny model picks a reply, it does not learn to spell one), then the turn ends."""
+        allowed = tokenizer.convert_tokens_to_ids(list(actions.replies.values()))
+        context = torch.tensor([ids])
+        with torch.no_grad():
+            out = model.generate(context, attention_mask=torch.ones_like(context), do_sample=True, max_new_tokens=1,
+                                 temperature=1.0, prefix_allowed_tokens_fn=lambda _batch, _ids: allowed,
+                                 pad_token_id=tokenizer.pad_token_id)[0, context.shape[1]:].tolist()
+        return out + [tokenizer.eos_token_id]  # the turn ends here, as the chat template says
 
     def rollout(prompts: list, trainer) -> dict:
         tokenizer = trainer.processing_class
         model = trainer.accelerator.unwrap_model(trainer.model)
-        out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "env_mask": [], "air_return": [],
-                                "air_episode": []}
-        for item in prompts:
-            with GenericEnvClient(base_url=url, message_timeout_s=900).sync() as env:
-                first = env.reset(item=item).observation
+        with ExitStack() as stack, ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            envs = [stack.enter_context(GenericEnvClient(base_url=url, message_timeout_s=900).sync())
+                    for _ in prompts]
+            rollouts = []
+            for item, env, first in zip(prompts, envs, pool.map(lambda e, i: e.reset(item=i).observation,
+                                                                   envs, prompts)):
                 prompt_ids = tokenizer.apply_chat_template(
                     [{"role": "system", "content": first["system_prompt"]}, {"role": "user", "content": first["text"]}],
                     add_generation_prompt=True, tokenize=True, return_dict=False)
-                completion, mask, result = [], [], None
-                while result is None or not result.done:
-                    context = torch.tensor([prompt_ids + completion])
-                    with torch.no_grad():
-                        generated = model.generate(context, attention_mask=torch.ones_like(context), do_sample=True,
-                                                   max_new_tokens=max_new_tokens, temperature=1.0,
-                                                   eos_token_id=tokenizer.eos_token_id,
-                                                   pad_token_id=tokenizer.pad_token_id)[0, context.shape[1]:].tolist()
-                    if not generated or generated[-1] != tokenizer.eos_token_id:
-                        generated.append(tokenizer.eos_token_id)  # the turn ends here, as the chat template says
-                    result = env.step({"reply": tokenizer.decode(generated[:-1])})
-                    completion += generated
-                    mask += [1] * len(generated)
+                rollouts.append(Rollout(item, env, prompt_ids, [], [], []))
+            while not all(r.done for r in rollouts):
+                playing = [r for r in rollouts if not r.done]
+                for r in playing:  # the model, in a fixed order: one seed, one run
+                    generated = generate(model, tokenizer, r.prompt_ids + r.completion)
+                    r.replies.append(tokenizer.decode(generated[:-1]))
+                    r.completion += generated
+                    r.mask += [1] * len(generated)
+                for r, result in zip(playing, pool.map(lambda r: send(r.env, r.replies[-1]), playing)):
+                    r.result = result
                     if not result.done:  # air's observation, as the next user turn: context, not trained on
                         turn = tokenizer.encode(f"<|user|>{result.observation['text']}<|end|><|assistant|>",
                                                 add_special_tokens=False)
-                        completion += turn
-                        mask += [0] * len(turn)
-                failed = result.observation.get("failure") is not None
-                out["prompt_ids"].append(prompt_ids)
-                out["completion_ids"].append(completion)
-                out["env_mask"].append(mask)
-                out["air_return"].append(None if failed else result.observation["total_reward"])
-                out["air_episode"].append(result.observation["episode"])
-        out["logprobs"] = None  # generated here with the trainer's own weights: no sampler to correct for
-        return out
+                        r.completion += turn
+                        r.mask += [0] * len(turn)
+        said = Counter(actions.name_of(reply) for r in rollouts for reply in r.replies)
+        failed = [r.result.observation.get("failure") is not None for r in rollouts]
+        returns = [None if f else r.result.observation["total_reward"] for r, f in zip(rollouts, failed)]
+        steps.append({"rollouts": len(rollouts), "failed": sum(failed), "replies": sum(said.values()),
+                      "said": {name: said[name] for name in (*actions.replies, "other")}, "returns": returns})
+        return {"prompt_ids": [r.prompt_ids for r in rollouts], "completion_ids": [r.completion for r in rollouts],
+                "env_mask": [r.mask for r in rollouts], "air_return": returns,
+                "air_episode": [r.result.observation["episode"] for r in rollouts],
+                "logprobs": None}  # generated here with the trainer's own weights: no sampler to correct for
 
     return rollout
+
+
+def send(env, reply: str):
+    """One turn: the model's whole reply as air's action."""
+    return env.step({"reply": reply})
 
 
 def air_return(completions, air_return, air_episode, log_extra, **_):
@@ -152,59 +229,81 @@ def start_server(task: str, out: Path, max_turns: int) -> tuple[subprocess.Popen
 
 
 def prepare(url: str, task: str, seed: int = 0):
-    """The tokenizer and the warmed-up tiny model, built from what the server says of the task's first episode."""
+    """The task's actions, the tokenizer and the warmed-up tiny model, built from what the server says of the
+    task's first episode."""
     from openenv.core import GenericEnvClient
     from transformers import set_seed
 
     set_seed(seed)
+    actions = task_actions(task)
     with GenericEnvClient(base_url=url).sync() as env:
         first = env.reset(item=f"{task}#0").observation
-    tokenizer = build_tokenizer([first["system_prompt"], first["text"], *ACTIONS])
+    tokenizer = build_tokenizer([first["system_prompt"], first["text"], *actions.replies.values()], actions)
     model = build_model(tokenizer, seed)
     prompt = [{"role": "system", "content": first["system_prompt"]}, {"role": "user", "content": first["text"]}]
     warm_up(model, tokenizer, tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                                            return_dict=False))
-    return model, tokenizer
+                                                            return_dict=False), actions)
+    return actions, model, tokenizer
 
 
-def trainer_for(url: str, task: str, out: Path, model, tokenizer, steps: int, group: int, seed: int = 0):
-    """TRL's GRPOTrainer for `steps` optimizer steps, each on one group of `group` rollouts of the task."""
+def trainer_for(url: str, task: str, out: Path, actions: Actions, model, tokenizer, steps: int, group: int,
+                seed: int = 0, said: list[dict] | None = None):
+    """TRL's GRPOTrainer for `steps` optimizer steps, each on one group of `group` rollouts of the task; `said`
+    gets each step's replies (rollout_func)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(output_dir=str(out / "trainer"), max_steps=steps, per_device_train_batch_size=group,
-                      num_generations=group, gradient_accumulation_steps=1, learning_rate=1e-3, beta=0.0,
+                      num_generations=group, gradient_accumulation_steps=1, learning_rate=3e-3, beta=0.0,
                       gradient_checkpointing=False, logging_steps=1, log_completions=True,
                       report_to="none", save_strategy="no", use_cpu=True, seed=seed,
                       disable_tqdm=True, dataloader_num_workers=0)
     return GRPOTrainer(model=model, reward_funcs=air_return, args=args, processing_class=tokenizer,
                        train_dataset=Dataset.from_dict({"prompt": [f"{task}#0"] * (steps * group)}),
-                       rollout_func=rollout_func(url))
+                       rollout_func=rollout_func(url, actions, said if said is not None else []))
+
+
+def step_table(log_history: list[dict], said: list[dict]) -> list[dict]:
+    """One row per optimizer step: TRL's logged mean reward, its spread and loss, and how often the model said
+    the penalised (harmful) reply, from rollout_func's record of the same step."""
+    logged = [entry for entry in log_history if "reward" in entry]
+    return [{"step": entry["step"], "reward": round(entry["reward"], 4), "reward_std": round(entry["reward_std"], 4),
+             "harmful": round(replies["said"]["harmful"] / max(replies["replies"], 1), 4),
+             "replies": replies["replies"], "said": replies["said"], "returns": replies["returns"],
+             "loss": entry.get("loss")}
+            for entry, replies in zip(logged, said)]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="prisoners-dilemma")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps (one group of rollouts each)")
     parser.add_argument("--group", type=int, default=4, help="rollouts per prompt (GRPO's group)")
     parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/trl-grpo"))
     args = parser.parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     args.out.mkdir(parents=True, exist_ok=True)
     server, url = start_server(args.task, args.out, args.max_turns)
+    said: list[dict] = []
+    started = time.monotonic()
     try:
-        model, tokenizer = prepare(url, args.task)
-        trainer = trainer_for(url, args.task, args.out, model, tokenizer, args.steps, args.group)
+        actions, model, tokenizer = prepare(url, args.task, args.seed)
+        trainer = trainer_for(url, args.task, args.out, actions, model, tokenizer, args.steps, args.group,
+                              args.seed, said)
         trainer.train()
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(120)
-    for entry in trainer.state.log_history:
-        if "reward" in entry:
-            print(json.dumps({"step": entry["step"], "reward": round(entry["reward"], 4),
-                              "reward_std": round(entry["reward_std"], 4), "loss": entry.get("loss")}))
-    print(f"trajectories: {args.out / 'trajectories'}; completions: {args.out / 'trainer' / 'completions'}")
+    rows = step_table(trainer.state.log_history, said)
+    for row in rows:
+        print(json.dumps({key: row[key] for key in ("step", "reward", "reward_std", "harmful", "loss")}))
+    (args.out / "steps.json").write_text(json.dumps(
+        {"task": args.task, "steps": args.steps, "group": args.group, "max_turns": args.max_turns, "seed": args.seed,
+         "actions": actions.replies, "seconds": round(time.monotonic() - started, 1), "rows": rows}, indent=1))
+    print(f"trajectories: {args.out / 'trajectories'}; completions: {args.out / 'trainer' / 'completions'}; "
+          f"per step: {args.out / 'steps.json'}")
 
 
 if __name__ == "__main__":

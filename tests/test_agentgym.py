@@ -133,9 +133,10 @@ class Server(AirServer):
 @pytest.fixture(scope="module")
 def server(images, tmp_path_factory):
     folder = tmp_path_factory.mktemp("agentgym")
+    # Per-step rewards (the default reports the return so far): these tests check each step's delta.
     srv = Server(f"test-ag-{uuid.uuid4().hex[:8]}", folder / "server.log", "--max-envs", str(MAX_ENVS),
                  "--max-envs-per-client", str(MAX_ENVS_PER_CLIENT), "--max-sandboxes", "48",
-                 "--trajectory-dir", str(folder / "trajectories"))
+                 "--reward-report", "step", "--trajectory-dir", str(folder / "trajectories"))
     srv.trajectories = folder / "trajectories"
     with srv.serving():
         yield srv
@@ -381,7 +382,7 @@ def test_server_restart_stale_env_idx_answer_a_clear_error_and_nothing_leaks(ima
     never created it; there an idle env_idx is closed after --idle-timeout and its sandbox goes back."""
     token = uuid.uuid4().hex
     first = Server(f"test-ag-{uuid.uuid4().hex[:8]}", tmp_path / "first.log", "--trajectory-dir",
-                   str(tmp_path / "traj"), "--reward-report", "return", env={"AIR_AGENTGYM_TOKEN": token})
+                   str(tmp_path / "traj"), env={"AIR_AGENTGYM_TOKEN": token})
     second = None
     auth = {"Authorization": f"Bearer {token}"}
     try:
@@ -390,7 +391,7 @@ def test_server_restart_stale_env_idx_answer_a_clear_error_and_nothing_leaks(ima
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             refused = raw(first, "POST", "/create", headers=headers)
             assert refused.status_code == 401 and "token" in refused.json()["detail"]
-        # --reward-report return: each step's reward is the return so far (AgentGym-RL keeps only the last).
+        # By default each step's reward is the return so far (AgentGym's trainers keep only the last).
         player = AgentGymEnvClient(first.url, data_len=len(TASKS), headers=auth)
         replies, outputs = play(player, PD)
         running = list(itertools.accumulate(expected_step_rewards("prisoners-dilemma", replies)))

@@ -493,3 +493,49 @@ def test_prime_rl_configs_name_one_checked_commit():
     commits = {p: set(COMMIT.findall(p.read_text())) for p in prime_rl_configs}
     assert all(len(found) == 1 for found in commits.values()), {_rel(p): c for p, c in commits.items()}
     assert len(set.union(*commits.values())) == 1
+
+
+def test_a_second_config_file_replaces_a_source_list_and_an_index_flag_is_refused(tmp_path):
+    """What configs/mlgym/README.md tells prime-rl users about `rl @ rl.toml @ mine.toml`, held to the library
+    that parses it (prime-pydantic-config, as prime-rl's `cli` calls it): tables merge, lists are replaced."""
+    from pydantic_config import BaseConfig, ConfigFileError, cli
+
+    class Source(BaseConfig):
+        name: str
+        ratio: float = 1.0
+
+    class Train(BaseConfig):
+        source: list[Source] = []
+        seed: int = 0
+
+    class Orchestrator(BaseConfig):
+        train: Train = Train()
+
+    class Run(BaseConfig):
+        orchestrator: Orchestrator = Orchestrator()
+
+    sources = [s["name"] for s in _load(CONFIGS / "mlgym" / "rl.toml")["orchestrator"]["train"]["source"]]
+    assert len(sources) > 1
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[orchestrator.train]\nseed = 7\n[[orchestrator.train.source]]\nname = "mine"\n')
+    shipped = tmp_path / "sources.toml"  # the shipped file's source list, in the shape parsed here
+    shipped.write_text("".join(f'[[orchestrator.train.source]]\nname = "{name}"\n' for name in sources))
+    merged = cli(Run, args=["@", str(shipped), "@", str(mine)])
+    assert [s.name for s in merged.orchestrator.train.source] == ["mine"] and merged.orchestrator.train.seed == 7
+    with pytest.raises(ConfigFileError):
+        cli(Run, args=["@", str(shipped), "--orchestrator.train.source.0.ratio", "2"])
+
+
+def test_drive_names_tasks_when_the_task_data_has_no_id():
+    """prime-rl's pinned verifiers (a60a606) has no `TaskData.id`: `air_mlgym.serve drive` names each task by
+    air's `task_ref`, which any verifiers keeps on the wire."""
+    from air_mlgym.serve import failed_episode, summary_lines
+    from air_mlgym.taskset import AirData, AirTask
+
+    wire = vf.WireEpisode.model_validate({
+        "env": {"id": "air-mlgym"}, "ok": True, "traces": [],
+        "task": {"type": "AirTask", "data": {"task_ref": "prisoners-dilemma", "prompt": "p"}}})
+    assert getattr(wire.task.data, "id", None) is None
+    failed = failed_episode(AirTask(AirData(task_ref="regression-rmse", prompt="p")), RuntimeError("gone"))
+    assert summary_lines([wire, failed]) == ["prisoners-dilemma: 1 rollouts, 1 failed, mean reward nan",
+                                             "regression-rmse: 1 rollouts, 1 failed, mean reward nan"]

@@ -22,6 +22,7 @@ from air.episode.loop import Episode
 from air.episode.trajectory import TrajectoryWriter, read_trajectory
 from air.errors import UsageError
 from air.export.sft import ExportOptions, export_sft_files, sft_rows
+from air.tasks.hidden import RewardBaseline
 from air.tasks.registry import load_task
 from air.tasks.scoring import EvalOutcome
 
@@ -53,6 +54,7 @@ class FakeTaskEnv:
 
     def __init__(self, task: str, scores: list[float | None]):
         self.spec = load_task(task)
+        self.baseline = RewardBaseline.of_record(self.spec)  # the tests use the record's draw
         self.scores = list(scores)
 
     async def evaluate(self, sandbox) -> EvalOutcome:

@@ -500,3 +500,39 @@ def test_a_bundled_task_is_checked_on_the_records_draw_and_on_this_hosts(tmp_pat
     assert moved.returncode == 1, moved.stderr
     record, here = json.loads(moved.stdout)
     assert record["status"] == "ok" and here["status"] == "failed" and "broken draw" in here["message"], here
+
+
+# ===== 5. rewards on this host's draw: its own baseline pays 0 ========================================================
+@pytest.mark.slow
+@pytest.mark.docker
+async def test_the_untouched_starter_pays_zero_on_two_hosts_draws(own_cache, pool, tmp_path):
+    """Two hosts (two secrets) draw prisoners-dilemma's hidden opponents differently, so its baseline (the starter
+    strategy) scores differently on each, and on neither as recorded. Each host measures its baseline once, at its
+    first rollout, keeps it with its draw, says so in `air tasks show`, and normalises against it: a `validate` of
+    the untouched starter pays exactly 0 on both, and the trajectory names the baseline it used."""
+    from air.episode.loop import Episode
+    from air.episode.trajectory import TrajectoryWriter, read_trajectory
+    from air.policies.scripted import VALIDATE
+
+    record = load_task("prisoners-dilemma", draw="reference").baseline_score
+    measured = {}
+    for host in ("aa", "bb"):
+        hidden.secret_file().write_text(host * 32 + "\n")
+        spec = load_task("prisoners-dilemma", draw="host")
+        shown = air("tasks", "show", "prisoners-dilemma", "--json", env={"AIR_CACHE_DIR": str(own_cache)})
+        assert json.loads(shown.stdout)["reward_baseline"]["score"] is None, shown.stderr  # not measured yet
+        for episode in range(2):
+            env = TaskEnvironment(spec, pool)
+            path = tmp_path / host / f"{episode}.jsonl"
+            async with env.lease() as sandbox:
+                result = await Episode(env, sandbox, writer=TrajectoryWriter(path)).step(VALIDATE)
+            assert result.reward == 0.0, (host, result.observation)
+            used = read_trajectory(path)[0]["reward_baseline"]
+            assert used["source"] == "host draw" and used["draw"] == spec.hidden.draw and used["record"] == record
+            if episode == 0:
+                kept = (spec.hidden.folder / "baseline.json").read_text()
+            assert (spec.hidden.folder / "baseline.json").read_text() == kept  # measured once, then reused
+        measured[host] = used["score"]
+        shown = air("tasks", "show", "prisoners-dilemma", env={"AIR_CACHE_DIR": str(own_cache)})
+        assert f"this host's draw, {used['score']:.6g} (measured)" in " ".join(shown.stdout.split()), shown.stdout
+    assert len({record, *measured.values()}) == 3, measured  # the draws differ, so do their baselines

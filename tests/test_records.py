@@ -110,8 +110,9 @@ async def test_the_loop_writes_the_keys_air_always_wrote(tmp_path):
     common = {"time", "type", "turn", "reply", "action", "seconds", "observation", "reward", "done",
               "total_reward"}
     assert set(start) == {"time", "type", "episode", "task", "task_version", "task_hash", "task_source",
-                          "sandbox", "image", "image_id", "baseline", "primary", "config", "system_prompt",
-                          "prompt", "trace"}
+                          "sandbox", "image", "image_id", "baseline", "reward_baseline", "primary", "config",
+                          "system_prompt", "prompt", "trace"}
+    assert start["reward_baseline"] == {"score": 2.61222, "source": "record", "draw": None, "record": 2.61222}
     assert set(command) == common | {"exit_code", "timed_out", "oom_killed", "shell_restarted",
                                      "output_bytes_dropped", "command_seconds", "cwd"}
     assert set(format_error) == common

@@ -9,12 +9,14 @@ rollout's reward equals the return computed by hand from the scripted scores, an
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -156,4 +158,62 @@ def test_a_container_killed_mid_rollout_fails_only_that_rollout(scripted_server,
         if trace["ok"]:
             reward = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
             assert reward == pytest.approx(hand_computed_return(trace["info"]["task"]), abs=1e-9)
+    assert not air_containers(docker_client, run_id)
+
+
+@contextmanager
+def model_that_dies_after_its_first_reply():
+    """The scripted test double of an LLM, answering each conversation's first turn and HTTP 500 to every later
+    one: a model endpoint that fails mid-rollout. In a thread of its own; yields its base URL."""
+    from aiohttp import web
+
+    from air.policies.scripted_server import make_app
+
+    @web.middleware
+    async def die(request: web.Request, handler):
+        if request.path.endswith("/chat/completions"):
+            messages = (await request.json()).get("messages") or []
+            if any(m.get("role") == "assistant" for m in messages):
+                return web.json_response({"error": {"message": "the model server died"}}, status=500)
+        return await handler(request)
+
+    app = make_app()
+    app.middlewares.append(die)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_a_rollout_whose_model_fails_is_failed_and_never_evaluated(tmp_path, images, docker_client, run_id):
+    """The model endpoint answers the first turn and then fails: each rollout is marked failed by verifiers, and
+    air evaluates nothing after it (no automatic final evaluation, no reward on the trace); its trajectory ends
+    `failed` (infrastructure) after the one command it ran."""
+    out, trajectories = tmp_path / "out", tmp_path / "trajectories"
+    with model_that_dies_after_its_first_reply() as base_url:
+        episodes = run_vf_eval(base_url, out, "--env.taskset.trajectory-dir", str(trajectories),
+                               tasks=["prisoners-dilemma"], run=run_id)
+    traces = [t for e in episodes for t in e["traces"]]
+    assert len(traces) == 2
+    for trace in traces:
+        assert not trace["ok"] and trace["errors"], trace.get("errors")
+        assert not trace["rewards"] and "step_rewards" not in trace["info"], trace["rewards"]
+    files = sorted(trajectories.rglob("*.jsonl"))
+    assert len(files) == 2
+    for path in files:
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [r["type"] for r in records] == ["start", "step", "failed"], records
+        step, failed = records[1], records[2]
+        assert step["action"]["kind"] == "command" and "eval_status" not in step and "final_evaluation" not in step
+        assert failed["kind"] == "infrastructure" and "500" in failed["error"], failed
     assert not air_containers(docker_client, run_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Annotated
@@ -114,8 +115,8 @@ def tasks_show(task: str, mlgym_root: MlgymRoot = None, as_json: JsonFlag = Fals
     from air.tasks.registry import load_task
 
     spec = load_task(task, mlgym_root)
-    if as_json:
-        print(spec.model_dump_json(indent=2))
+    if as_json:  # the spec, and what its rewards are normalised against here
+        print(json.dumps({**spec.model_dump(mode="json"), "reward_baseline": _reward_baseline(spec)}, indent=2))
         return
     out.print(f"[bold]{spec.id}[/] — {spec.name} (version {spec.version}, {spec.source}, image {spec.image})")
     out.print(spec.description, markup=False)
@@ -132,9 +133,35 @@ def tasks_show(task: str, mlgym_root: MlgymRoot = None, as_json: JsonFlag = Fals
               f"({spec.evaluation.contract} contract, {spec.evaluation.timeout:g} s)")
     metrics = ", ".join(f"{m.name} ({m.direction}{', primary' if m.primary else ''})" for m in spec.metrics)
     out.print(f"metrics:  {metrics}")
-    out.print(f"baseline: {spec.baseline.scores} ± {spec.baseline.tolerance}  command: {spec.baseline.command or '-'}")
+    out.print(f"baseline: {spec.baseline.scores} ± {spec.baseline.tolerance}  command: {spec.baseline.command or '-'}"
+              + (" (the record: on the reference draw)" if spec.hidden else ""))
+    if spec.hidden:
+        out.print(f"rewards:  normalised against {_say_reward_baseline(spec)}")
     out.print(f"limits:   {spec.resources.cpus:g} CPU, {spec.resources.memory_mb} MB, {spec.resources.gpus} GPU; "
               f"command {spec.timeouts.command:g} s, training {spec.timeouts.training:g} s")
+
+
+def _reward_baseline(spec) -> dict:
+    """What a task's rewards are normalised against on this host: the record, or the baseline's score on this
+    host's draw of its hidden data, measured once (None until the first rollout or `air tasks check` has)."""
+    from air.tasks.hidden import host_baseline, on_host_draw
+
+    if not on_host_draw(spec):
+        return {"source": "record", "score": spec.baseline_score, "record": spec.baseline_score}
+    kept = host_baseline(spec)
+    return {"source": "host draw", "draw": spec.hidden.draw, "score": kept and kept.score,
+            "runs": kept and kept.runs, "record": spec.baseline_score}
+
+
+def _say_reward_baseline(spec) -> str:
+    used, metric = _reward_baseline(spec), spec.primary.name
+    if used["source"] == "record":
+        return f"the record, {metric} {used['score']:.6g} (this process uses the reference draw)"
+    if used["score"] is None:
+        return (f"the baseline's {metric} on this host's draw, not measured yet: the first rollout measures it, "
+                f"or `air tasks check {spec.id}`")
+    runs = f", mean of {used['runs']} runs" if used["runs"] > 2 else ""
+    return f"the baseline's {metric} on this host's draw, {used['score']:.6g} (measured{runs})"
 
 
 @tasks_app.command("check")

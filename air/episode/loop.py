@@ -58,7 +58,8 @@ class Episode:
         self.config = config or EpisodeConfig()
         self.writer = writer
         self.id = episode_id or uuid.uuid4().hex[:12]
-        baseline = self.spec.baseline_score
+        self.baseline = task_env.baseline  # the record's score, or the baseline's on this host's draw
+        baseline = self.baseline.score
         self.tracker = RewardTracker(self.config.reward, 0.0 if baseline is None else baseline,
                                      self.spec.primary.direction, self.spec.reward_scale)
         self.turns = 0
@@ -77,8 +78,8 @@ class Episode:
             episode=self.id, task=self.spec.id, task_version=self.spec.version,
             task_hash=self.spec.content_hash, task_source=self.spec.source, sandbox=sandbox.short_id,
             image=sandbox.spec.image, image_id=sandbox.image_id, baseline=self.spec.baseline.scores,
-            primary=self.spec.primary, config=self.config.model_dump(), system_prompt=self.system_prompt,
-            prompt=self.prompt, **(meta or {}))
+            reward_baseline=self.baseline, primary=self.spec.primary, config=self.config.model_dump(),
+            system_prompt=self.system_prompt, prompt=self.prompt, **(meta or {}))
         self._write(self.start_record)
 
     # ----- prompts ----------------------------------------------------------------------------------------------
@@ -215,7 +216,7 @@ class Episode:
                        total_reward=self.total_reward, step_rewards=self.step_rewards,
                        step_scores=self.step_scores, step_evaluated=self.step_evaluated,
                        best_score=self.tracker.best_score, last_score=self.tracker.last_score,
-                       baseline=self.spec.baseline_score, validations=self.validations,
+                       baseline=self.baseline.score, validations=self.validations,
                        failed_validations=self.failed_validations, format_errors=self.format_errors,
                        final_status=self.final_status, seconds=round(time.monotonic() - self.started, 3),
                        env_seconds=round(self.env_seconds, 4))

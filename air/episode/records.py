@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from air.tasks.hidden import RewardBaseline
 from air.tasks.spec import Metric
 
 
@@ -104,7 +105,11 @@ class StartRecord(Record):
     image: str | None = None
     image_id: str | None = None
     baseline: dict[str, float] = {}
-    """The task's baseline scores by metric."""
+    """The task's recorded baseline scores by metric."""
+    reward_baseline: RewardBaseline | None = None
+    """The primary score the rewards were normalised against, and which it is: the record, or the baseline's
+    score on this host's draw of hidden data (air.tasks.hidden). Absent in files of older air versions, which
+    always used the record."""
     primary: Metric | None = None
     config: dict[str, Any] = {}
     """The EpisodeConfig as dumped. Kept a dict: a config field an older air had must not stop `air view` or
@@ -114,6 +119,9 @@ class StartRecord(Record):
 
     @property
     def baseline_score(self) -> float | None:
+        """The primary baseline score the rewards used."""
+        if self.reward_baseline is not None:
+            return self.reward_baseline.score
         return self.baseline.get(self.primary.name) if self.primary is not None else None
 
 
@@ -163,6 +171,7 @@ class Summary(BaseModel):
     best_score: float | None = None
     last_score: float | None = None
     baseline: float | None = None
+    """The primary score the rewards were normalised against (StartRecord.reward_baseline)."""
     validations: int | None = None
     failed_validations: int | None = None
     format_errors: int | None = None
@@ -234,6 +243,8 @@ class TraceInfo(BaseModel):
     ended_by: str | None = None
     step_rewards: list[float] = []
     baseline: float | None = None
+    reward_baseline: RewardBaseline | None = None
+    """Which baseline the rewards used (StartRecord.reward_baseline)."""
     env_seconds: float | None = None
     step_scores: list[float | None] = []
     step_evaluated: list[bool] = []
@@ -259,7 +270,8 @@ class TraceRecord(BaseModel):
             turns=summary.turns, scored=1.0 if summary.best_score is not None else 0.0)
         info = TraceInfo(
             air_episode=start.episode, task=summary.task, ended_by=summary.ended_by,
-            step_rewards=summary.step_rewards, baseline=summary.baseline, env_seconds=summary.env_seconds,
+            step_rewards=summary.step_rewards, baseline=summary.baseline, reward_baseline=start.reward_baseline,
+            env_seconds=summary.env_seconds,
             step_scores=summary.step_scores, step_evaluated=summary.step_evaluated, task_hash=start.task_hash,
             episode_config=start.config, primary=start.primary, final_status=summary.final_status)
         # A live episode's summary always has its return; a missing one fails here, never records 0.

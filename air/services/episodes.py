@@ -5,8 +5,15 @@ are), and `ServedEpisodes`, which owns the task items, the sandbox pool and the 
     core = ServedEpisodes(config)
     await core.start()                          # the pool (and a sweep of dead runs' containers)
     live = await core.open(core.item(0), meta={"openenv": {...}})   # a LiveEpisode in a leased sandbox
+    live, result = await core.step(live, reply) # the first turn's infrastructure failure: retried, unseen
     ...
     await core.close()                          # every live episode recorded interrupted, the pool closed
+
+An infrastructure failure before an episode's first command ran (leasing or staging its sandbox, or the first
+turn in a sandbox that died) loses nothing the agent did, so it is retried on a fresh sandbox, once, without the
+client seeing it: a trainer that scores a failed request 0 (AgentGym-RL does) never gets the chance. The failed
+attempt's trajectory stays, ended `failed` (infrastructure); the new episode's start record names it
+(`retry_of`). Later failures are the client's to see: the episode's state is gone with its sandbox.
 """
 
 from __future__ import annotations
@@ -21,10 +28,22 @@ from typing import Any, TypeVar
 from pydantic import ConfigDict, Field
 
 from air.episode.live import LiveEpisode
+from air.episode.loop import StepResult
 from air.episode.settings import EpisodeSettings, TaskItem, task_items
+from air.errors import DataUnavailable, DiskFull, ImageError, InfraError, PoolExhausted
 
 log = logging.getLogger("air.services.episodes")
 T = TypeVar("T")
+
+FRESH_SANDBOX_RETRIES = 1
+"""How often an infrastructure failure before an episode's first command is retried on a fresh sandbox."""
+_NO_FRESH_SANDBOX_HELPS = (PoolExhausted, ImageError, DataUnavailable, DiskFull)
+"""Failures a fresh sandbox does not mend: none was free for lease_timeout, the image or data is missing, the
+disk is full."""
+
+
+def worth_a_fresh_sandbox(exc: BaseException) -> bool:
+    return isinstance(exc, InfraError) and not isinstance(exc, _NO_FRESH_SANDBOX_HELPS)
 
 
 def one_line(text: object, limit: int = 600) -> str:
@@ -65,9 +84,11 @@ class ServiceConfig(EpisodeSettings):
     examples_per_task: int = Field(1, ge=1)
     """Items per task (identical episodes), as the verifiers taskset's option of the same name."""
     max_envs: int = Field(64, ge=1)
-    """Live episodes (sessions, env_idx) at most, across clients."""
-    max_envs_per_client: int = Field(32, ge=1)
-    """Live episodes at most per client address."""
+    """Live episodes (sessions, env_idx) at most, across clients; a finished one counts no more. Each holds a
+    sandbox, and one more while it validates (`max_sandboxes`)."""
+    max_envs_per_client: int = Field(64, ge=1)
+    """Live episodes at most per client address (as many as the server's by default: a trainer on one host, as
+    AgentGym-RL's rollout workers are, is one client)."""
     max_sandboxes: int | None = Field(None, ge=2)
     """Containers of the pool, episode and scoring sandboxes (default: `max_envs` and half as many again, at
     least 2 more)."""
@@ -104,6 +125,8 @@ class ServedEpisodes:
         self.items: list[TaskItem] = []
         self._task_envs: dict[str, Any] = {}
         self.live: set[LiveEpisode] = set()
+        self._opened: dict[LiveEpisode, tuple[TaskItem, dict[str, Any]]] = {}
+        """What each live episode was opened with, to open it again on a fresh sandbox."""
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def load_items(self) -> None:
@@ -151,15 +174,58 @@ class ServedEpisodes:
         raise KeyError(f"no task item {item_id!r} on this server (it has {', '.join(i.item_id for i in self.items)})")
 
     async def open(self, item: TaskItem, meta: dict[str, Any]) -> LiveEpisode:
-        """A new episode of `item` in a leased sandbox; InfraError when no sandbox could be leased or staged."""
+        """A new episode of `item` in a leased sandbox (a failure to lease or stage one is retried on a fresh
+        sandbox); InfraError when that failed too."""
         trajectory = Path(self.config.trajectory_dir) if self.config.trajectory_dir else None
-        live = await LiveEpisode.open(self._task_envs[item.ref], self.episode_config, trajectory, meta)
+        retries = FRESH_SANDBOX_RETRIES
+        while True:
+            try:
+                live = await LiveEpisode.open(self._task_envs[item.ref], self.episode_config, trajectory, meta)
+                break
+            except InfraError as exc:
+                if not retries or not worth_a_fresh_sandbox(exc):
+                    raise
+                retries -= 1
+                log.warning("%s: leasing or staging a sandbox failed (%s); trying a fresh one", item.item_id, exc)
         self.live.add(live)
+        self._opened[live] = (item, meta)
         return live
+
+    async def step(self, live: LiveEpisode, reply: str) -> tuple[LiveEpisode, StepResult]:
+        """`live.step(reply)`. When its first turn fails as infrastructure, nothing the agent did is lost: a fresh
+        episode of the same item plays the reply instead, and is returned in place of `live` (failed, recorded).
+        Any other failure propagates, as from LiveEpisode.step. An episode this ends (done, or failed) is no
+        longer this core's to hold (its sandbox went back, its record is written)."""
+        retries = FRESH_SANDBOX_RETRIES
+        while True:
+            try:
+                result = await live.step(reply)
+            except InfraError as exc:
+                item, meta = self._settle(live)
+                if not retries or live.episode.turns > 1 or not worth_a_fresh_sandbox(exc):
+                    raise
+                retries -= 1
+                log.warning("%s: episode %s failed in its first turn (%s); playing it again in a fresh sandbox",
+                            item.item_id, live.episode.id, exc)
+                live = await self.open(item, {**meta, "retry_of": {"episode": live.episode.id,
+                                                                   "error": one_line(exc, 300)}})
+                continue
+            except BaseException:
+                self._settle(live)
+                raise
+            if result.done:
+                self._settle(live)
+            return live, result
+
+    def _settle(self, live: LiveEpisode) -> tuple[TaskItem, dict[str, Any]]:
+        """Forget an episode that is over (what it was opened with, for a retry)."""
+        self.live.discard(live)
+        return self._opened.pop(live)
 
     async def drop(self, live: LiveEpisode, how: str, why: str) -> None:
         """End a live episode (recorded closed or interrupted unless it is over) and give its sandbox back."""
         self.live.discard(live)
+        self._opened.pop(live, None)
         await live.close(how, why)  # type: ignore[arg-type]
 
     def describe_items(self) -> dict[str, Any]:

@@ -2,23 +2,38 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import math
 import statistics
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from air.display import seconds as duration
+from air.errors import TaskError
 from air.images import image_ref
 from air.sandbox import Resources, Sandbox, SandboxPool, SandboxSpec
 from air.tasks.baseline_stats import DEFAULT_RUNS, DRAW_K, agreement
-from air.tasks.hidden import ensure_drawn, reference
+from air.tasks.hidden import (
+    HostBaseline,
+    RewardBaseline,
+    ensure_drawn,
+    host_baseline,
+    keep_host_baseline,
+    on_host_draw,
+    reference,
+)
 from air.tasks.leaks import LEAK, best_reached
 from air.tasks.scoring import EvalOutcome, data_mounts, evaluate
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import overlay_baseline, stage
+
+log = logging.getLogger("air.tasks")
 
 
 def sandbox_spec(spec: TaskSpec) -> SandboxSpec:
@@ -29,14 +44,41 @@ def sandbox_spec(spec: TaskSpec) -> SandboxSpec:
 
 
 class TaskEnvironment:
-    def __init__(self, spec: TaskSpec, pool: SandboxPool):
+    def __init__(self, spec: TaskSpec, pool: SandboxPool, baseline: RewardBaseline | None = None):
         self.spec = spec
         self.pool = pool
+        self._baseline = baseline
+
+    @property
+    def baseline(self) -> RewardBaseline:
+        """What this task's rewards are normalised against: its recorded baseline, or on this host's draw of hidden
+        data the baseline's score on that draw (measured once per host: `prepare`, which `lease` calls)."""
+        if self._baseline is None:
+            kept = host_baseline(self.spec)
+            if kept is None and on_host_draw(self.spec):
+                raise RuntimeError(f"task {self.spec.id}: its baseline on this host's draw is not known yet "
+                                   "(TaskEnvironment.prepare measures it; lease does that first)")
+            self._baseline = RewardBaseline.of_record(self.spec) if kept is None else kept.reward_baseline(self.spec)
+        return self._baseline
+
+    async def prepare(self) -> RewardBaseline:
+        """This host's draw of the task's hidden data made, and the baseline's score on it measured: once per host,
+        kept with the draw (air.tasks.hidden)."""
+        await ensure_drawn(self.spec, self.pool)
+        if self._baseline is None and on_host_draw(self.spec) and host_baseline(self.spec) is None:
+            self._baseline = await _measure_host_baseline(self.spec, self.pool)
+        return self.baseline
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[Sandbox]:
-        """A sandbox holding this task's pristine workspace; reset by the pool when released. A task with hidden
-        data gets this host's draw of it made first (once per host: air.tasks.hidden)."""
+        """A sandbox holding this task's pristine workspace, for a rollout; reset by the pool when released. A task
+        with hidden data gets this host's draw of it made, and its baseline there measured, first (`prepare`)."""
+        await self.prepare()
+        async with self._staged() as sandbox:
+            yield sandbox
+
+    @contextlib.asynccontextmanager
+    async def _staged(self) -> AsyncIterator[Sandbox]:
         await ensure_drawn(self.spec, self.pool)
         async with self.pool.lease(sandbox_spec(self.spec)) as sandbox:
             await stage(sandbox, self.spec)
@@ -45,6 +87,38 @@ class TaskEnvironment:
     async def evaluate(self, sandbox: Sandbox) -> EvalOutcome:
         await ensure_drawn(self.spec, self.pool)
         return await evaluate(self.pool, sandbox, self.spec)
+
+
+# One lock per draw and event loop: concurrent first rollouts of a task wait for one measurement.
+_measuring: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Path, asyncio.Lock]] = \
+    weakref.WeakKeyDictionary()
+
+
+async def _measure_host_baseline(spec: TaskSpec, pool: SandboxPool) -> RewardBaseline:
+    """Run the task's baseline on this host's draw exactly as `air tasks check` does, and keep its score there."""
+    assert spec.hidden is not None and spec.hidden.folder is not None
+    lock = _measuring.setdefault(asyncio.get_running_loop(), {}).setdefault(spec.hidden.folder, asyncio.Lock())
+    async with lock:
+        kept = host_baseline(spec)
+        if kept is None:
+            log.info("task %s: measuring its baseline on this host's draw %s (once per host)", spec.id,
+                     spec.hidden.draw)
+            result = await check_baseline(TaskEnvironment(spec, pool, RewardBaseline.of_record(spec)))
+            kept = remember_host_baseline(spec, result)
+            if kept is None:
+                raise TaskError(f"task {spec.id}: its baseline could not be measured on this host's draw, so its "
+                                f"rewards cannot be normalised: {result.message} (`air tasks check {spec.id}`)")
+        return kept.reward_baseline(spec)
+
+
+def remember_host_baseline(spec: TaskSpec, result: CheckResult) -> HostBaseline | None:
+    """Keep the score a check of the baseline on this host's draw measured (None when it measured none). A draw
+    the check found off the recorded draws is kept all the same, said as a warning: `air tasks check` fails on it."""
+    if result.draw != "host" or result.got is None:
+        return None
+    if result.status == "failed":
+        log.warning("task %s: %s", spec.id, result.message)
+    return keep_host_baseline(spec, result.got, result.runs)
 
 
 CheckStatus = Literal["ok", "failed", "no_baseline", "skipped"]
@@ -111,8 +185,11 @@ async def check_task(spec: TaskSpec, pool: SandboxPool, runs: int = DEFAULT_RUNS
     """Every check of a task: one, or for a task with this host's draw of hidden data two, the record's draw first
     (held to the recorded score, which its public generator reproduces) and then this host's (held to the spread
     of the baseline over recorded draws)."""
-    specs = [reference(spec), spec] if spec.hidden is not None and spec.hidden.folder is not None else [spec]
-    return [await check_baseline(TaskEnvironment(s, pool), runs, budget=budget, progress=progress) for s in specs]
+    specs = [reference(spec), spec] if on_host_draw(spec) else [spec]
+    results = [await check_baseline(TaskEnvironment(s, pool, RewardBaseline.of_record(s)), runs, budget=budget,
+                                    progress=progress) for s in specs]
+    remember_host_baseline(spec, results[-1])  # this host's baseline, measured: rollouts need not measure it again
+    return results
 
 
 async def check_baseline(env: TaskEnvironment, runs: int = DEFAULT_RUNS, *, budget: float | None = None,
@@ -150,7 +227,7 @@ async def check_baseline(env: TaskEnvironment, runs: int = DEFAULT_RUNS, *, budg
     scores: list[float] = []
     if draw == "host":
         say("drawing this host's hidden data")
-    async with env.lease() as sandbox:
+    async with env._staged() as sandbox:
         await overlay_baseline(sandbox, spec)
         if spec.baseline.command and not reference_run:
             say(f"running the baseline `{spec.baseline.command}` (may take up to {duration(limit)})")

@@ -21,6 +21,12 @@ features) like any data, the scorer the `secret` ones. A 128-bit seed cannot be 
 shown by `air tasks show`; a warning would break the CLI's one-line errors): scores are then the record's (tests
 that expect exact scores, replays of recordings made that way), and anyone who knows the public generator can
 reproduce the hidden data. Never for training.
+
+Rewards are normalised against the baseline's score (air.episode.rewards: the baseline pays 0), and the baseline
+scores differently on each draw (prisoners-dilemma: 2.61222 on the record's, 2.57276 on one host's). So on this
+host's draw the baseline is measured once, by the first rollout (or by `air tasks check`), and kept with the draw
+(`<draw>/baseline.json`, `HostBaseline`, tied to the task's content hash: another version of the task measures
+anew); rewards are normalised against it, and every trajectory says which one it used (`RewardBaseline`).
 """
 
 from __future__ import annotations
@@ -34,14 +40,18 @@ import os
 import secrets
 import shutil
 import tarfile
+import time
 import uuid
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from air import paths
 from air.errors import TaskError, UsageError
 from air.failures import about
+from air.files import write_atomically
 from air.tasks.shared_lib import shared_lib_entries
 from air.tasks.spec import FileEntry, HiddenSplit, TaskSpec
 
@@ -255,4 +265,78 @@ def _store(spec: TaskSpec, tar: bytes, folder: Path) -> None:
             shutil.rmtree(tmp)
 
 
-__all__ = ["ensure_drawn", "with_draw", "reference", "host_secret", "seed_for", "draw_id", "SEED_ENV"]
+# ----- the baseline rewards are normalised against ---------------------------------------------------------------
+class RewardBaseline(BaseModel):
+    """The primary score an episode's rewards are normalised against (where they pay 0), and which one it is."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    score: float | None
+    """None for a task without a recorded baseline (rewards then normalise against 0)."""
+    source: Literal["record", "host draw"]
+    """record: the task's recorded score (its reference draw, or a task without hidden data); host draw: the
+    baseline measured on this host's draw of the hidden data."""
+    draw: str | None = None
+    """The host draw's id (a digest of its seed), for `host draw`."""
+    record: float | None = None
+    """The recorded score, beside a host draw's (what `air tasks show` and the prompts state)."""
+
+    @classmethod
+    def of_record(cls, spec: TaskSpec) -> RewardBaseline:
+        return cls(score=spec.baseline_score, source="record", record=spec.baseline_score)
+
+
+class HostBaseline(BaseModel):
+    """The baseline's primary score on this host's draw, measured once and kept with the draw."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric: str
+    score: float
+    runs: int
+    """Evaluations it is the mean of (a deterministic evaluation is run twice and agrees with itself)."""
+    task_hash: str
+    """The task it was measured for (spec, files and draw id): another version of the task measures anew."""
+    measured: float
+    """When, in seconds since the epoch."""
+
+    def reward_baseline(self, spec: TaskSpec) -> RewardBaseline:
+        assert spec.hidden is not None
+        return RewardBaseline(score=self.score, source="host draw", draw=spec.hidden.draw, record=spec.baseline_score)
+
+
+def on_host_draw(spec: TaskSpec) -> bool:
+    """Whether `spec` scores against this host's draw (its baseline then has to be measured here)."""
+    return spec.hidden is not None and spec.hidden.folder is not None
+
+
+def _baseline_file(spec: TaskSpec) -> Path:
+    assert spec.hidden is not None and spec.hidden.folder is not None
+    return spec.hidden.folder / "baseline.json"
+
+
+def host_baseline(spec: TaskSpec) -> HostBaseline | None:
+    """This host's measured baseline of `spec`, if it was measured for this version of the task."""
+    if not on_host_draw(spec):
+        return None
+    try:
+        kept = HostBaseline.model_validate_json(_baseline_file(spec).read_text())
+    except (FileNotFoundError, ValidationError, ValueError):
+        return None  # never measured, or written by an air that kept other fields: measured again
+    return kept if kept.task_hash == spec.content_hash and kept.metric == spec.primary.name else None
+
+
+def keep_host_baseline(spec: TaskSpec, score: float, runs: int) -> HostBaseline:
+    """Keep a measured baseline with the draw (whole or not at all), unless one is kept already for this version
+    of the task: the first measurement stands, so every rollout on this host pays against the same number."""
+    kept = host_baseline(spec)
+    if kept is not None:
+        return kept
+    value = HostBaseline(metric=spec.primary.name, score=score, runs=runs, task_hash=spec.content_hash,
+                         measured=round(time.time(), 3))
+    write_atomically(_baseline_file(spec), value.model_dump_json(indent=2) + "\n")
+    return value
+
+
+__all__ = ["ensure_drawn", "with_draw", "reference", "host_secret", "seed_for", "draw_id", "SEED_ENV",
+           "RewardBaseline", "HostBaseline", "host_baseline", "keep_host_baseline", "on_host_draw"]

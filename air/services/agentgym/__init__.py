@@ -59,16 +59,20 @@ What air adds to the protocol's semantics:
   stages the item's task, `step` is `Episode.step` (same parser, observations and delta rewards as the
   verifiers env; done on submit or on a limit, with the automatic final evaluation), the sandbox goes back to
   the pool (reset there) when the episode is done, closed, reset again, or left idle past `idle_timeout`.
-- `reward` is the step's reward by default (delta improvements: the rewards of an episode sum to its return).
-  AgentGym-RL keeps only the last step's reward as a rollout's score; `reward_report="return"` sends the
-  running return in `reward` for such trainers (`info.step_reward` always holds the step's own).
-- Infrastructure failures (Docker, the pool, a dead container) answer HTTP 503 `{"error", "infrastructure":
-  true, "env_idx"}` and that env_idx keeps answering so until it is reset or closed, so a trainer drops the
-  rollout; never `reward 0, done`. A retry of the same request (AgentGym's sqlgym and webshop clients retry
-  503) gets the same answer and nothing runs twice. Bad requests answer 4xx with a one-line `detail` and touch
-  no other env: 400 malformed JSON or fields, 401 a missing or wrong token, 404 an unknown env_idx, 409
-  a step before reset or after done or while another request of that env_idx runs, 413 a body over
-  `max_body_bytes`, 429 the live-env cap of the server or of the client's address.
+- `reward` is the return so far by default: AgentGym's BaseTask, AgentGym-RL and the webarena client keep only
+  the last step's reward as a rollout's score, which is then air's return. `reward_report="step"` sends each
+  step's own reward (delta improvements: they sum to the return); `info.step_reward` and `info.total_reward`
+  always hold both.
+- An infrastructure failure before an episode's first command ran (leasing or staging its sandbox, a sandbox
+  that died before the first step) is retried once on a fresh sandbox, unseen by the client (ServedEpisodes).
+  Later ones (Docker, the pool, a dead container) answer HTTP 503 `{"error", "infrastructure": true,
+  "env_idx"}` and that env_idx keeps answering so until it is reset or closed, so a trainer drops the rollout;
+  never `reward 0, done`. A retry of the same request (AgentGym's sqlgym and webshop clients retry 503) gets
+  the same answer and nothing runs twice. Bad requests answer 4xx with a one-line `detail` and touch no other
+  env: 400 malformed JSON or fields, 401 a missing or wrong token, 404 an unknown env_idx, 409 a step before
+  reset or after done or while another request of that env_idx runs, 413 a body over `max_body_bytes`, 429 the
+  live-env cap of the server or of the client's address (an env_idx whose episode is over counts no more:
+  service.py).
 - A step or reset runs to its end even if its client disconnects (a half-done step would leave the episode
   inconsistent); a close that arrives meanwhile waits for it, then closes.
 - env_idx start at a random base per server process, so after a restart a stale env_idx is unknown (404 saying

@@ -9,6 +9,7 @@ from air.services.episodes import ServiceConfig
 
 
 class AgentGymConfig(ServiceConfig):
-    reward_report: Literal["step", "return"] = "step"
-    """What a step's `reward` carries: step (its own reward) or return (the return so far, for trainers that
-    keep only the last reward, as AgentGym-RL does)."""
+    reward_report: Literal["return", "step"] = "return"
+    """What a step's `reward` carries: return (the return so far, so the last reward is the episode's return, as
+    AgentGym's BaseTask, AgentGym-RL and its clients record it: they keep only the last) or step (the step's own
+    reward: they sum to the return). `info.step_reward` and `info.total_reward` carry both either way."""

@@ -1,6 +1,12 @@
 """AgentGym's protocol as a state machine over air's served episodes: env_idx, their one request at a time, the
 caps, sticky failures, idle reaping. The HTTP app (app.py) only routes to it; it runs in-process too (tests,
-benches)."""
+benches).
+
+The caps count env_idx that hold, or may yet hold, a sandbox: created, or with an episode under way. An env_idx
+whose episode is over (done, or failed) gave its sandbox back at once and counts no more, though it still
+answers (its observation, /detail, a 409 to a step) until it is closed, reset (when it counts again), idle for
+`idle_timeout`, or one of the FINISHED_KEPT most recently finished: AgentGym's tool clients have no close(), so
+their finished episodes must not fill the caps."""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -22,6 +28,9 @@ from air.services.episodes import ServedEpisodes, one_line, reap_idle
 
 log = logging.getLogger("air.services.agentgym")
 T = TypeVar("T")
+
+FINISHED_KEPT = 1024
+"""Finished env_idx kept answering (a few kilobytes each) beyond their closing, resetting or idling."""
 
 
 class Problem(Exception):
@@ -55,13 +64,18 @@ class _Env:
     """A sticky 5xx: the env's episode failed; every request but reset and close answers it."""
     seed: int | None = None
 
+    @property
+    def holds(self) -> bool:
+        """It counts under the caps: created and not yet reset, or its episode under way (not done, not failed)."""
+        return self.failure is None and not (self.live is not None and self.live.over)
+
 
 class AgentGymService:
     def __init__(self, config: AgentGymConfig | None = None, pool=None):
         self.config = config or AgentGymConfig()
         self.episodes = ServedEpisodes(self.config, pool)
         self.envs: dict[int, _Env] = {}
-        self._per_client: Counter[str] = Counter()
+        self._finished: OrderedDict[int, None] = OrderedDict()  # finished env_idx, oldest first
         # A random 32-bit base, shifted: a stale env_idx of an earlier server process never names an env here.
         self._next_idx = secrets.randbelow(1 << 32) << 20
         self._gone: OrderedDict[int, str] = OrderedDict()  # recently closed env_idx -> why, for clear 404s
@@ -102,18 +116,12 @@ class AgentGymService:
 
     # ----- the endpoints ------------------------------------------------------------------------------------
     def create(self, client: str, item: int | None = None, family: str = "") -> int:
-        if len(self.envs) >= self.config.max_envs:
-            raise Problem(429, f"this server holds {len(self.envs)} live env_idx, its cap (max_envs); close "
-                               "some (POST /close) before creating more")
-        if self._per_client[client] >= self.config.max_envs_per_client:
-            raise Problem(429, f"client {client} holds {self._per_client[client]} live env_idx, its cap "
-                               "(max_envs_per_client); close some (POST /close) before creating more")
+        self._check_caps(client)
         if item is not None:
             self._item(item)  # a bad default item is this request's error, not the later reset's
         idx = self._next_idx
         self._next_idx += 1
         self.envs[idx] = _Env(idx, client, item or 0, time.monotonic(), FAMILIES[family])
-        self._per_client[client] += 1
         return idx
 
     async def reset(self, query: ResetQuery) -> str:
@@ -123,6 +131,8 @@ class AgentGymService:
             raise Problem(400, f"the item index is given twice with different values ({given}); send one of "
                                f"{', '.join(INDEX_FIELDS)}")
         item = self._item(next(iter(given.values())) if given else env.default_item)
+        if not env.holds and env.busy is None:  # a finished env_idx starts another episode: it counts again
+            self._check_caps(env.client)
         return await self._run(env, "reset", self._reset(env, item, query.seed))
 
     async def step(self, env_idx: int, action: str) -> StepResponse:
@@ -181,6 +191,30 @@ class AgentGymService:
         env.last_used = time.monotonic()
         return env
 
+    def _check_caps(self, client: str) -> None:
+        """429 when another env_idx of `client` would pass a cap (max_envs, max_envs_per_client)."""
+        holding = [env.client for env in self.envs.values() if env.holds]
+        if len(holding) >= self.config.max_envs:
+            raise Problem(429, f"this server holds {len(holding)} live env_idx, its cap (max_envs); close some "
+                               "(POST /close) or let their episodes finish, or start the server with a higher "
+                               "--max-envs")
+        mine = holding.count(client)
+        if mine >= self.config.max_envs_per_client:
+            raise Problem(429, f"client {client} holds {mine} live env_idx, its cap (max_envs_per_client); close "
+                               "some (POST /close) or let their episodes finish, or start the server with a "
+                               "higher --max-envs-per-client")
+
+    def _finish(self, env: _Env) -> None:
+        """The env's episode is over: it counts under the caps no more, and is kept answering among the
+        FINISHED_KEPT most recently finished."""
+        self._finished[env.idx] = None
+        self._finished.move_to_end(env.idx)
+        while len(self._finished) > FINISHED_KEPT:
+            old = self.envs.get(self._finished.popitem(last=False)[0])
+            if old is not None and not old.holds and old.busy is None:
+                self._forget(old, f"after its episode finished: the server keeps the {FINISHED_KEPT} most recently "
+                                  "finished env_idx (POST /close one when done with it)")
+
     def _item(self, index: int) -> TaskItem:
         try:
             return self.episodes.item(index)
@@ -219,6 +253,7 @@ class AgentGymService:
 
     async def _reset(self, env: _Env, item: TaskItem, seed: int | None) -> str:
         await self._drop(env, "closed", "reset")
+        self._finished.pop(env.idx, None)
         env.item, env.seed = item, seed
         meta = {"agentgym": {"env_idx": env.idx, "data_idx": item.index, "item_id": item.item_id, "seed": seed,
                              "family": env.family.name or None}}
@@ -227,24 +262,28 @@ class AgentGymService:
         except InfraError as exc:
             env.failure = Problem(503, f"infrastructure failure while leasing and staging a sandbox for "
                                        f"{item.item_id}: {exc}", True, env.idx)
+            self._finish(env)
             raise env.failure from None
         episode = env.live.episode
         env.observation = env.family.first_observation(f"{episode.system_prompt}\n\n{episode.prompt}")
         return env.observation
 
     async def _step(self, env: _Env, action: str) -> StepResponse:
-        live = env.live
-        episode = live.episode
         try:
-            result = await live.step(env.family.reply(action))
+            env.live, result = await self.episodes.step(env.live, env.family.reply(action))
         except InfraError as exc:
             env.failure = Problem(503, f"infrastructure failure in env_idx {env.idx} ({env.item.item_id}, "
-                                       f"turn {episode.turns}): {exc}", True, env.idx)
+                                       f"turn {env.live.episode.turns}): {exc}", True, env.idx)
+            self._finish(env)
             raise env.failure from None
         except Exception as exc:  # noqa: BLE001 - a bug in air or a broken task: the rollout is failed, never scored
             env.failure = Problem(500, f"env_idx {env.idx}: the step failed inside air "
                                        f"({type(exc).__name__}: {exc}); drop this rollout", False, env.idx)
+            self._finish(env)
             raise env.failure from None
+        episode = env.live.episode
+        if result.done:
+            self._finish(env)
         env.observation = result.observation
         reported = episode.total_reward if self.config.reward_report == "return" else result.reward
         info = {"action": result.info.get("action"), "turn": episode.turns, "step_reward": result.reward,
@@ -262,10 +301,8 @@ class AgentGymService:
         env.observation = env.failure = env.item = None
 
     def _forget(self, env: _Env, why: str) -> None:
-        if self.envs.pop(env.idx, None) is not None:
-            self._per_client[env.client] -= 1
-            if self._per_client[env.client] <= 0:
-                del self._per_client[env.client]
+        self.envs.pop(env.idx, None)
+        self._finished.pop(env.idx, None)
         self._gone[env.idx] = why
         while len(self._gone) > 100_000:
             self._gone.popitem(last=False)
