@@ -1,9 +1,10 @@
 """Offline replay: re-run a recorded episode's replies in a fresh sandbox and report where it drifts.
 
 Recordings come from air's trajectory files or from `vf-eval` traces of the air-mlgym env, read by
-air.episode.recording. Drift is reported per turn for the observation (which ends with the exit code) and the
-score; a task whose files changed since the recording is reported too. `rescore` recomputes the rewards of a
-recording under another reward mode without any container.
+air.episode.recording. Drift is reported per turn for the observation (which ends with the exit code; in the tools
+format the results of the turn's calls, one after another) and the score; a task whose files changed since the
+recording is reported too. `rescore` recomputes the rewards of a recording under another reward mode without any
+container.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from air.actions import Reply, ToolCall
 from air.episode.config import EpisodeConfig
 from air.episode.recording import RecordedStep, Recording, load_recordings
 from air.episode.rewards import RewardConfig, rescore
@@ -78,7 +80,8 @@ async def replay(recording: Recording, pool, config: EpisodeConfig | None = None
     if recording.task_hash and recording.task_hash != spec.content_hash:
         note = f"task {spec.id} changed since the recording (hash {recording.task_hash} -> {spec.content_hash})"
     if config is None:
-        config = EpisodeConfig(**recording.config) if recording.config else EpisodeConfig()
+        # In the format it was played in, whatever the task says now.
+        config = EpisodeConfig(**{**recording.config, "action_format": recording.action_format})
     env = TaskEnvironment(spec, pool)
     drifts: list[Drift] = []
     async with env.lease() as sandbox:
@@ -99,11 +102,19 @@ async def replay(recording: Recording, pool, config: EpisodeConfig | None = None
             if episode.done:
                 drifts.append(Drift(step.turn, "episode", "continues", "ended"))
                 break
-            compare(step, (await episode.step(step.reply or "")).observation)
+            compare(step, (await episode.step(_reply(step))).observation)
         if recording.final is not None and not episode.done:
             # The recorded episode's driver stopped it and scored what was there; so does the replay.
             compare(recording.final, (await episode.finish("stopped")).observation)
     return drifts, note
+
+
+def _reply(step: RecordedStep) -> str | Reply:
+    """The reply as the model gave it: its text, or its text and tool calls (ids, names, arguments verbatim)."""
+    if not step.tool_calls:
+        return step.reply or ""
+    return Reply(content=step.reply or None, tool_calls=tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments)
+                                                            for c in step.tool_calls))
 
 
 def rescore_recording(recording: Recording, mode: str) -> list[tuple[int, float | None, float]]:

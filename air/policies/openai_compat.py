@@ -7,8 +7,10 @@ import os
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from air.actions import Reply
 from air.errors import ModelUnavailable
 from air.policies import Message
+from air.policies.tool_reply import tool_reply
 
 
 class OpenAIPolicy:
@@ -22,9 +24,11 @@ class OpenAIPolicy:
                                          timeout=httpx.Timeout(timeout, connect=min(timeout, 30)),
                                          headers={"Authorization": f"Bearer {key}"})
 
-    async def reply(self, messages: list[Message]) -> str:
+    async def reply(self, messages: list[Message], tools: list[dict] | None = None) -> str | Reply:
         body = {"model": self.model, "messages": messages, "temperature": self.temperature,
                 "max_tokens": self.max_tokens}
+        if tools:  # the tools format: the reply's tool calls are read by tool_reply
+            body["tools"] = tools
         where = f"model endpoint {self._client.base_url}"
         # Only transport failures are retried: a request that reached the server may have been billed or
         # sampled, but it has no side effects on the episode, so retrying is safe. Except a reply that did not
@@ -44,10 +48,13 @@ class OpenAIPolicy:
         if response.status_code != 200:
             raise ModelUnavailable(f"{where} answered HTTP {response.status_code}: {response.text[:300]}")
         try:
-            content = response.json()["choices"][0]["message"].get("content")
+            message = response.json()["choices"][0]["message"]
+            content = message.get("content")
         except (ValueError, LookupError, TypeError, AttributeError) as exc:
             raise ModelUnavailable(f"{where} answered something that is not a chat completion: "
                                    f"{response.text[:200]!r}") from exc
+        if tools:
+            return tool_reply(message)
         return content if isinstance(content, str) else ""
 
     async def aclose(self) -> None:
