@@ -485,7 +485,7 @@ def _read_trace(rec: Recording, trace: _Trace, episode_failed: bool) -> None:
     def at(values: list, i: int) -> Any:
         return values[i] if i < len(values) else None
 
-    if trace.tools or any(step.tool_calls for step in turns):
+    if info.action_format == "tools" or trace.tools or any(step.tool_calls for step in turns):
         rec.action_format = "tools"
         rec.tools = [_openai_tool(tool) for tool in trace.tools] or None
     # info's per-step lists hold one entry per step the episode took, in order: the turns, then the driver's

@@ -266,6 +266,8 @@ class TraceInfo(BaseModel):
     episode_config: dict[str, Any] = {}
     primary: Metric | None = None
     final_status: str | None = None
+    action_format: str | None = None
+    """How the model acted: text, or tools (tool calls)."""
 
 
 class TraceRecord(BaseModel):
@@ -286,6 +288,7 @@ class TraceRecord(BaseModel):
             air_episode=start.episode, task=summary.task, ended_by=summary.ended_by,
             step_rewards=summary.step_rewards, baseline=summary.baseline, env_seconds=summary.env_seconds,
             step_scores=summary.step_scores, step_evaluated=summary.step_evaluated, task_hash=start.task_hash,
-            episode_config=start.config, primary=start.primary, final_status=summary.final_status)
+            episode_config=start.config, primary=start.primary, final_status=summary.final_status,
+            action_format=start.action_format)
         # A live episode's summary always has its return; a missing one fails here, never records 0.
         return cls(improvement=summary.total_reward, metrics=metrics, info=info)

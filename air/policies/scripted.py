@@ -17,7 +17,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from air.actions import BASH, SUBMIT as SUBMIT_TOOL, VALIDATE as VALIDATE_TOOL, Reply, ToolCall
+from air.actions import BASH, TOOLS, Reply, ToolCall
+from air.actions import SUBMIT as SUBMIT_TOOL
+from air.actions import VALIDATE as VALIDATE_TOOL
 from air.policies import Message
 
 
@@ -48,8 +50,12 @@ class Turn:
 
 
 def _offered_name(tool: str, offered: list[dict[str, Any]] | None) -> str:
-    names = [t.get("function", {}).get("name") for t in offered or () if isinstance(t, dict)]
-    return next((n for n in names if isinstance(n, str) and (n == tool or n.endswith(f"_{tool}"))), tool)
+    """The name air's `tool` is offered by: the offered tool with air's description (a harness may offer a tool
+    of its own by the same name), else air's own name."""
+    description = next(t.description for t in TOOLS if t.name == tool)
+    functions = [t.get("function") for t in offered or () if isinstance(t, dict)]
+    return next((f["name"] for f in functions if isinstance(f, dict) and f.get("description") == description
+                 and isinstance(f.get("name"), str)), tool)
 
 
 def _bash(command: str, thought: str = "") -> Turn:
