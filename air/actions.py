@@ -129,6 +129,15 @@ class Reply(BaseModel):
         return message
 
 
+def command_call(command: str) -> ToolCall:
+    """A command given alone (a person typing, a client's `command` action) as the call that does it:
+    `validate` and `submit` are those tools, anything else a `bash` command."""
+    word = command.strip()
+    if word in (VALIDATE.name, SUBMIT.name):
+        return ToolCall.of(word)
+    return ToolCall.of(BASH.name, {"command": command})
+
+
 def reply_text(reply: str | Reply) -> str:
     """The reply's text: what the text format parses, and what a person reads of a tool-calling reply."""
     return reply if isinstance(reply, str) else reply.content or ""

@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from air.actions import Reply, ToolCall
+from air.actions import Reply, ToolCall, command_call
 from air.cli.app import console, out
 
 if TYPE_CHECKING:
@@ -81,10 +81,8 @@ def calls(line: str) -> Reply | str:
     if raw:
         return Reply(content=line[raw.end():].replace("\\n", "\n"))
     text = line.strip()
-    if text in ("validate", "submit"):
-        return Reply(tool_calls=(ToolCall.of(text),))
     if not text.startswith(("{", "[")):
-        return Reply(tool_calls=(ToolCall.of("bash", {"command": line}),))
+        return Reply(tool_calls=(command_call(line),))
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -2,9 +2,11 @@
 whatever shape an endpoint gives them. Kept apart from the transport (openai_compat.py): this is what a reply
 means, that is how it arrives.
 
-Never raises: `content` may be a string, null or a list of text parts; a call whose fields are missing or
-mistyped still becomes a ToolCall (an unnamed one, or arguments written back as JSON), which the episode answers
-with a format error, so a malformed call costs the model a turn, never the rollout.
+Never raises: `content` may be a string, null or a list of text parts; a call may be OpenAI's
+(`{"id", "type": "function", "function": {"name", "arguments"}}`) or flat (`{"id", "name", "arguments"}`); one
+whose fields are missing or mistyped still becomes a ToolCall (an unnamed one, or arguments written back as
+JSON), which the episode answers with a format error, so a malformed call costs the model a turn, never the
+rollout.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def _text(content: Any) -> str | None:
 
 def _call(raw: Any) -> ToolCall:
     raw = raw if isinstance(raw, dict) else {}
-    function = raw.get("function") if isinstance(raw.get("function"), dict) else {}
+    # OpenAI nests the name and arguments under `function`; a flat {"id", "name", "arguments"} is read too.
+    function = raw.get("function") if isinstance(raw.get("function"), dict) else raw
     name = function.get("name")
     arguments = function.get("arguments")
     if not isinstance(arguments, str):  # some servers send the object itself
