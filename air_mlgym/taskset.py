@@ -12,8 +12,8 @@
   aiohttp's 0.07 ms). No subprocess, no uv, no PyPI at run time. In the tools format it offers air's tools
   and leaves the calls to the env, which runs them and answers with tool messages.
 - In the tools format (`action_format = "tools"`) the taskset exports air's actions as its toolset
-  (air_mlgym/tools.py), so verifiers' MCP-capable harnesses (`null`) play air's tasks too: their calls reach the
-  episode through air_mlgym/bridge.py, the same episode code either way.
+  (air_mlgym/tools.py), so verifiers' MCP-capable harnesses (`bash`, its default, and `null`) play air's tasks
+  too: their calls reach the episode through air_mlgym/bridge.py, the same episode code either way.
 
 Imports stay light: prime-rl imports this module to validate configs, where Docker may be absent.
 """
@@ -238,11 +238,11 @@ class AirEnv(vf.Env[AirEnvConfig]):
     async def run(self, task: AirTask, agents) -> None:
         from air.episode.live import failure_kind, record_failure
         from air.episode.loop import Episode
-        from air_mlgym.bridge import TraceStepper
         from air.episode.trajectory import TrajectoryWriter
         from air.errors import InfraError
         from air.tasks.environment import TaskEnvironment
         from air.tasks.registry import load_task
+        from air_mlgym.bridge import TraceStepper
 
         cfg = self.config.taskset
         spec = self.specs.get(task.data.task_ref)

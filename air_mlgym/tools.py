@@ -1,5 +1,5 @@
 """air's actions as the taskset's toolset: verifiers' MCP tool server for harnesses that run tools themselves
-(verifiers' `null` harness, and any other MCP-capable one).
+(verifiers' `bash` and `null` harnesses, and any other MCP-capable one).
 
 The tools are air/actions.py's `bash`, `validate` and `submit`, with the schemas and descriptions declared there.
 The server runs on the env's host (verifiers starts it once per env process, like NeMo Gym's shared toolset) and
@@ -13,7 +13,9 @@ verifiers launches this module as `python -m air_mlgym.tools`.
 verifiers' `bash` harness brings a `bash` (and an `edit`) of its own, run where the harness program runs, on the
 env's host, not in the task's sandbox. Under it air's tools are offered as `air_bash`, `air_validate` and
 `air_submit` (`prefix`), and the harness's own tools are refused through verifiers' tool gate
-(AirTask.only_air_tools), so nothing the model calls runs outside the sandbox.
+(AirTask.only_air_tools), so nothing the model calls runs outside the sandbox. The gate is verifiers 0.4.0's
+(`SUPPORTS_TOOL_INTERCEPTION`); prime-rl's pinned verifiers (a60a606) has none, so there the bash harness's own
+tools would run where the harness runs: use air's harness or `null` under prime-rl.
 """
 
 from __future__ import annotations
