@@ -231,20 +231,20 @@ def stranger_server(request, tmp_path):
     thread.join(10)
 
 
-@pytest.mark.parametrize(("harness", "stranger_server"), [("bash", "bash"), ("null", "python")],
-                         indirect=["stranger_server"], ids=["bash", "null"])
-def test_vf_eval_in_the_tools_format_with_verifiers_harnesses(harness, stranger_server, tmp_path, images,
+@pytest.mark.parametrize(("harness", "stranger_server", "tasks"), [
+    ("bash", "bash", ["prisoners-dilemma", "regression-rmse"]), ("null", "python", ["prisoners-dilemma"])],
+    indirect=["stranger_server"], ids=["bash", "null"])
+def test_vf_eval_in_the_tools_format_with_verifiers_harnesses(harness, stranger_server, tasks, tmp_path, images,
                                                                docker_client, run_id):
     """verifiers' own harnesses run the tools themselves, through the taskset's MCP toolset: `bash` (verifiers'
     default, with a `bash` and `edit` of its own: air's go by air_bash, air_validate, air_submit) and `null`
     (air's names as they are). A first call to a tool that is not air's (the bash harness's own `bash`, run on
     the host; a `python` nobody offers) is refused before it runs, and costs the episode one format error; the
-    story then earns exactly its return."""
+    story then earns exactly its return (verifiers' default harness plays both tasks, `null` one)."""
     url, witness = stranger_server
     episodes = run_vf_eval(url, tmp_path / "out", *TOOLS, "--env.agent.harness.id", harness,
-                           "--env.taskset.trajectory-dir", str(tmp_path / "traj"),
-                           tasks=["prisoners-dilemma"], run=run_id)
-    assert_rewards(episodes, ["prisoners-dilemma"])
+                           "--env.taskset.trajectory-dir", str(tmp_path / "traj"), tasks=tasks, run=run_id)
+    assert_rewards(episodes, tasks)
     assert not witness.exists(), "the harness's own bash ran on the host"
     for trace in (t for e in episodes for t in e["traces"]):
         offered = [tool["name"] for tool in trace["tools"]]
@@ -252,6 +252,8 @@ def test_vf_eval_in_the_tools_format_with_verifiers_harnesses(harness, stranger_
         assert {f"{prefix}bash", f"{prefix}validate", f"{prefix}submit"} <= set(offered)
         refusal = next(n["message"] for n in trace["nodes"] if n["message"].get("tool_call_id") == "call_stranger")
         assert "is not one of this task's tools" in str(refusal["content"])
-        assert trace["metrics"]["format_errors"] == 2.0  # the stranger, and the story's reply without an action
+        # The stranger, and the story's replies that act on nothing.
+        silent = sum(turn.tool is None for turn in SCRIPTS[trace["info"]["task"]].turns)
+        assert trace["metrics"]["format_errors"] == 1 + silent
     assert_tool_calls(episodes, tmp_path / "out")
     assert not air_containers(docker_client, run_id), "vf-eval left containers behind"
