@@ -24,6 +24,7 @@ th{background:#f1f3f8} .num{text-align:right;font-variant-numeric:tabular-nums}
 .step.problem{border-left-color:#d33;background:#fff4f3}
 .meta{color:#5a6272;font-size:12px} pre{white-space:pre-wrap;word-break:break-word;margin:.3rem 0;font-size:12.5px}
 .reply pre{background:#eef2fb;padding:.4rem} .obs pre{background:#f3f3f3;padding:.4rem}
+.call pre{background:#e9f5ec;padding:.4rem}
 svg{background:#fff;border:1px solid #dde;max-width:100%;height:auto}
 .charts{display:flex;flex-direction:column;gap:.6rem}
 .legend{color:#5a6272;font-size:12.5px;max-width:60rem;margin:.2rem 0 1rem}
@@ -35,7 +36,8 @@ _PROBLEMS_TIP = ("problems in the rollout's steps: format errors, command timeou
                  "shell restarts, evaluations without a score")
 _PROBLEMS_LEGEND = (
     '<p class="legend"><b>step problems</b>: how many times a step of the rollout went wrong, of these '
-    "kinds: a <i>format error</i> (the reply held no command, validate or submit the harness could parse), "
+    "kinds: a <i>format error</i> (the reply held no command, validate or submit the harness could parse, or "
+    "in the tools format called no tool, or made a call that could not run), "
     "a command <i>timeout</i> (its processes were killed), a command killed <i>out of memory</i>, "
     "a <i>shell restart</i> (the agent's shell exited), and an <i>evaluation</i> (validate, submit or the "
     "final one at a limit) that returned no score: no submission, an invalid submission, an evaluation "
@@ -223,16 +225,29 @@ def _transcript(rec: Recording, fold_lines: int = 15) -> str:
         flags = f' <span class="bad">{_esc(", ".join(step.problems))}</span>' if step.problems else ""
         score = f" · score {_fmt(step.score)}" if step.evaluated else ""
         reward = f" · reward {step.reward:+.4f}" if step.reward is not None else ""
-        obs = step.observation or ""
-        lines = obs.count("\n") + 1
-        obs_html = (f"<details><summary>observation ({lines} lines)</summary><pre>{_esc(obs)}</pre></details>"
-                    if lines > fold_lines else f"<pre>{_esc(obs)}</pre>")
         # A driver's final evaluation has no reply: it is the episode's last observation alone.
-        reply = f'<div class="reply"><pre>{_esc(step.reply)}</pre></div>' if step.reply is not None else ""
+        shown = step.reply is not None and (step.reply or not step.tool_calls)  # calls alone show as calls
+        reply = f'<div class="reply"><pre>{_esc(step.reply)}</pre></div>' if shown else ""
+        if step.tool_calls:  # the tools format: each call as the model made it, then its result
+            answers = "".join(f'<div class="call"><pre>{_esc(c.name)} {_esc(c.arguments)}  · {_esc(c.id)}</pre>'
+                              f'</div>{_observation(c.observation, fold_lines)}' for c in step.tool_calls)
+        else:
+            answers = _observation(step.observation, fold_lines)
         out.append(f'<div class="step{problem}"><div class="meta">turn {step.turn}'
                    f'{" · " + _esc(step.action) if step.action else ""}{score}{reward}{flags}</div>'
-                   f'{reply}<div class="obs">{obs_html}</div></div>')
+                   f'{reply}{answers}</div>')
     return "".join(out)
+
+
+def _observation(text: str | None, fold_lines: int) -> str:
+    """An observation (or a tool result), folded when long; nothing where the recording does not hold it."""
+    if text is None:
+        return ""
+    lines = text.count("\n") + 1
+    body = (f"<details><summary>observation ({lines} lines)</summary><pre>{_esc(text)}</pre></details>"
+            if lines > fold_lines else f"<pre>{_esc(text)}</pre>")
+    return f'<div class="obs">{body}</div>'
+
 
 
 def render(recordings: list[Recording], title: str = "air rollouts") -> str:

@@ -10,7 +10,11 @@
 - `AirHarness` (the default harness): one non-streaming chat completion per turn, in-process, through the
   interception endpoint and secret, over one pooled aiohttp session per event loop (verifiers builds a harness
   per episode; an httpx client per episode cost 16 ms of CPU to build, and an httpx request 0.45 ms against
-  aiohttp's 0.07 ms). No subprocess, no uv, no PyPI at run time.
+  aiohttp's 0.07 ms). No subprocess, no uv, no PyPI at run time. In the tools format it offers air's tools
+  and leaves the calls to the env, which runs them and answers with tool messages.
+- In the tools format (`action_format = "tools"`) the taskset exports air's actions as its toolset
+  (air_mlgym/tools.py), so verifiers' MCP-capable harnesses (`bash`, its default, and `null`) play air's tasks
+  too: their calls reach the episode through air_mlgym/bridge.py, the same episode code either way.
 
 Imports stay light: prime-rl imports this module to validate configs, where Docker may be absent.
 """
@@ -22,7 +26,7 @@ import logging
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Literal, Self
 
 import verifiers.v1 as vf
 from pydantic import Field, field_validator, model_validator
@@ -33,10 +37,12 @@ try:  # verifiers 0.4.0 names the exit code a harness returns when the model con
 except ImportError:  # older verifiers (prime-rl's pinned submodule) has no such code: a plain failure then
     MODEL_TRANSPORT_ERROR_EXIT_CODE = 1
 
+from air.actions import TOOLS, openai_tools
 from air.episode.prompts import system_prompt, task_prompt
 from air.episode.settings import EpisodeSettings, same_as, task_items
 from air.sandbox import PoolConfig
 from air_mlgym.logs import route_air_logs
+from air_mlgym.tools import AirState, AirToolset, AirToolsetConfig
 
 if TYPE_CHECKING:
     from air.episode.loop import Episode
@@ -63,6 +69,9 @@ class AirTasksetConfig(vf.TasksetConfig, EpisodeSettings):
     gpus_per_task: int = Field(0, ge=0)
     """On a GPU host: GPUs for each task's sandbox (exclusive; its scorer borrows them) and its stack's CUDA image
     (cpu -> gpu, jax -> jax-gpu, hf -> hf-gpu), as MLGym gives each task container a GPU. Needs `gpu_ids`."""
+    tools: AirToolsetConfig = AirToolsetConfig()
+    """air's MCP toolset in the tools format: where it runs (verifiers' default, a subprocess on the env's host,
+    which reaches the env over loopback: keep it there) and the prefix of its tool names."""
 
     @field_validator("tasks")
     @classmethod
@@ -107,10 +116,33 @@ class AirData(vf.TaskData):
     and would drop it)."""
     task_ref: str
     """Which air task this row is (a bundled id or `mlgym:...`)."""
+    action_format: Literal["text", "tools"] = "text"
+    """How the model acts in this row's episode, as its system prompt tells it."""
 
 
-class AirTask(vf.Task[AirData, vf.State, vf.TaskConfig]):
-    pass
+class AirTask(vf.Task[AirData, AirState, vf.TaskConfig]):
+    @vf.stop
+    async def episode_over(self, trace: vf.Trace) -> bool:
+        """A harness that runs tools itself asks the model again after the call that ended the episode: that
+        turn is refused (air's env stops asking on its own)."""
+        return trace.state.air_over
+
+    @vf.intercept
+    async def only_air_tools(self, request: vf.Request, trace: vf.Trace) -> vf.Request | None:
+        """A call to a tool that is not air's (verifiers' `bash` harness has a `bash` and an `edit` of its own,
+        run on the env's host) is answered with a refusal instead of running: verifiers' tool gate asks before
+        each call is executed. Only for harnesses that run tools (the env sets `air_tools` for them)."""
+        from verifiers.v1.types import ToolMessage
+
+        names = trace.state.air_tools
+        probe = request.messages[-1] if request.messages else None
+        # The gate's probe for a proposed call is an empty tool result named after the call.
+        if not names or not isinstance(probe, ToolMessage) or probe.content != "" or probe.name in names:
+            return None
+        refusal = (f"Tool call {probe.tool_call_id[:60]!r} was not run: `{probe.name}` is not one of this task's "
+                   f"tools ({', '.join(names)}); the task's sandbox is reached only through them.")
+        return request.model_copy(update={"messages": [*request.messages[:-1],
+                                                       probe.model_copy(update={"content": refusal})]})
 
 
 class AirTaskset(vf.Taskset[AirTask, AirTasksetConfig]):
@@ -118,15 +150,35 @@ class AirTaskset(vf.Taskset[AirTask, AirTasksetConfig]):
         route_air_logs()  # before loading: the MLGym loader warns of fields it cannot honour
         config, episode = self.config, self.config.episode_config()
         items = task_items(config.tasks, config.examples_per_task, config.mlgym_root, config.gpus_per_task)
-        return [AirTask(AirData(id=item.item_id, name=item.spec.name, task_ref=item.ref,
-                                system_prompt=system_prompt(item.spec), prompt=task_prompt(item.spec, episode)),
-                        config.task) for item in items]
+        tasks = []
+        for item in items:
+            fmt = episode.format_for(item.spec.action_format)
+            tasks.append(AirTask(AirData(id=item.item_id, name=item.spec.name, task_ref=item.ref, action_format=fmt,
+                                         system_prompt=system_prompt(item.spec, fmt),
+                                         prompt=task_prompt(item.spec, episode)), config.task))
+        return tasks
+
+    @classmethod
+    def toolsets(cls, config: AirTasksetConfig) -> list[vf.Toolset]:
+        """air's actions as MCP tools, in the tools format (a harness that runs tools itself plays with them)."""
+        return [AirToolset(config.tools)] if config.action_format == "tools" else []
 
 
 class AirEnvConfig(vf.EnvConfig):
     # The role is named `agent` (so `--env.agent.*` works) and needs no flags: the harness defaults to this
     # package's in-process harness and the runtime to a host subprocess, which the harness never uses.
     agent: vf.AgentConfig = vf.AgentConfig(runtime=vf.SubprocessConfig())
+
+    @model_validator(mode="after")
+    def _air_tools_beside_the_bash_harness(self) -> Self:
+        # verifiers' `bash` harness offers a `bash` of its own (run on the env's host, refused by AirTask): air's
+        # tools then go by air_bash, air_validate, air_submit, unless a prefix was given.
+        tools = getattr(self.taskset, "tools", None)
+        harness = self.agent.harness.id if self.agent.harness is not None else None
+        if harness == "bash" and isinstance(tools, AirToolsetConfig) and "prefix" not in tools.model_fields_set:
+            tools = tools.model_copy(update={"prefix": "air"})
+            object.__setattr__(self, "taskset", self.taskset.model_copy(update={"tools": tools}))
+        return self
 
     @model_validator(mode="after")
     def _turn_cap_on_the_agent(self) -> Self:
@@ -148,6 +200,12 @@ class AirEnv(vf.Env[AirEnvConfig]):
         route_air_logs()
         self.specs = {ref: load_task(ref, cfg.mlgym_root, cfg.gpus_per_task) for ref in cfg.tasks}
         self.episode_config = cfg.episode_config()
+        self.channel = None
+        if cfg.action_format == "tools":  # where the toolset's calls reach the episodes
+            from air_mlgym.bridge import CallChannel
+
+            self.channel = CallChannel()
+            await self.channel.start()
         self.pool = SandboxPool(cfg.pool_config())
         try:
             await self.pool.start()  # also sweeps the containers of dead runs
@@ -166,6 +224,9 @@ class AirEnv(vf.Env[AirEnvConfig]):
                 log.info("air: sandboxes removed in %.1f s (%d of dead runs)", time.monotonic() - started,
                          len(swept))
         finally:
+            channel = getattr(self, "channel", None)
+            if channel is not None:
+                await channel.stop()
             await close_model_sessions()
 
     @staticmethod
@@ -185,6 +246,7 @@ class AirEnv(vf.Env[AirEnvConfig]):
         from air.errors import InfraError
         from air.tasks.environment import TaskEnvironment
         from air.tasks.registry import load_task
+        from air_mlgym.bridge import TraceStepper
 
         cfg = self.config.taskset
         spec = self.specs.get(task.data.task_ref)
@@ -192,7 +254,9 @@ class AirEnv(vf.Env[AirEnvConfig]):
             spec = self.specs[task.data.task_ref] = await asyncio.to_thread(load_task, task.data.task_ref,
                                                                             cfg.mlgym_root, cfg.gpus_per_task)
         task_env = TaskEnvironment(spec, self.pool)
-        writer = episode = None
+        # The format the task's prompt told the model (the orchestrator's taskset made it, when served).
+        config = self.episode_config.model_copy(update={"action_format": task.data.action_format})
+        writer = episode = calls = None
         try:
             async with task_env.lease() as sandbox:
                 async with agents.agent.interaction(task) as interaction:
@@ -201,14 +265,23 @@ class AirEnv(vf.Env[AirEnvConfig]):
                         trace = interaction.trace
                         if cfg.trajectory_dir:
                             writer = TrajectoryWriter(Path(cfg.trajectory_dir) / spec.id / f"{trace.id}.jsonl")
-                        episode = Episode(task_env, sandbox, self.episode_config, writer,
-                                          meta={"trace": str(trace.id)})
+                        episode = Episode(task_env, sandbox, config, writer, meta={"trace": str(trace.id)})
+                        prefix = cfg.tools.prefix
+                        stepper = TraceStepper(episode, trace, prefix)
+                        if self.channel is not None and episode.action_format == "tools" and \
+                                not isinstance(agents.agent.harness, AirHarness):  # it runs tools itself
+                            calls = trace.state.air_calls = self.channel.open(stepper)
+                            trace.state.air_tools = [f"{prefix}_{t.name}" if prefix else t.name for t in TOOLS]
                         segment = await interaction.turn()
                         while not segment.terminated:
-                            step = await episode.step(segment.last_reply)
-                            if step.done:
+                            # The replies not stepped yet: air's harness returns each one; a harness that
+                            # runs tools returns the text-only reply that ended its loop.
+                            step = await stepper.catch_up()
+                            if episode.done or step is None:
                                 break
-                            segment = await interaction.turn(step.observation)
+                            segment = await interaction.turn(step.answers)
+                        if stepper.failure is not None:  # a tool call through MCP broke the episode
+                            raise stepper.failure
                         if not episode.done:
                             if trace.errors:  # the model endpoint or the harness failed: failed, nothing scored
                                 if writer is not None:
@@ -218,6 +291,9 @@ class AirEnv(vf.Env[AirEnvConfig]):
                         _record(trace, episode)
                     except InfraError as exc:
                         raise SandboxError(f"air: {exc}") from exc
+                    finally:
+                        if calls is not None:
+                            self.channel.close(calls)
         except BaseException as exc:
             if writer is not None and not (episode is not None and episode.done):
                 cause = exc.__cause__ if isinstance(exc, SandboxError) and exc.__cause__ is not None else exc
@@ -257,6 +333,9 @@ class AirHarness(vf.Harness[AirHarnessConfig]):
     SUPPORTS_RESUME = True
     EXECUTES_CODE = False
     NEEDS_CONTAINER = False
+    SUPPORTS_MCP = True
+    """It offers air's tools itself (the definitions the taskset's MCP toolset serves) and leaves the calls to
+    the env; the toolset's URL goes unused."""
 
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, **_: object):
         import aiohttp
@@ -271,6 +350,8 @@ class AirHarness(vf.Harness[AirHarnessConfig]):
             messages += [message_to_wire(m) for m in prompt]
         try:
             body = {"model": ctx.model, "messages": messages}
+            if getattr(data, "action_format", "text") == "tools":
+                body["tools"] = openai_tools()
             async with _model_session().post(
                     f"{endpoint.rstrip('/')}/chat/completions", json=body,
                     headers={"Authorization": f"Bearer {secret}"},

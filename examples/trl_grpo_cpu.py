@@ -1,6 +1,7 @@
 """Train a language model with TRL's GRPO on air's tasks, on a laptop's CPU, through `air serve openenv`.
 
     python examples/trl_grpo_cpu.py [--task prisoners-dilemma] [--steps 3] [--group 4] [--out runs/trl-grpo]
+                                    [--tools]
 
 It builds everything locally (no download): a tokenizer made with `tokenizers` whose vocabulary also holds four
 whole replies as single tokens, built from the task (`task_actions`): a harmful one that deletes the submission
@@ -16,6 +17,10 @@ recorded it. A rollout air reports as an infrastructure failure gets reward None
 training. The server is started here on a free loopback port and stopped at the end; its trajectories
 (`--out`/trajectories) are air's usual files, and `--out`/steps.json holds each step's mean return, its spread
 and how often the model said each reply (`examples/plot_trl_grpo.py` draws it).
+
+With `--tools` the episodes are in air's tools format: the four replies are tool calls (`<call>{"name": ...,
+"arguments": ...}</call>`, the form the rollout reads back into OpenAI tool calls for OpenEnv's `tool_calls`
+action), and each call's result comes back as a tool turn, masked out of the loss like an observation.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -66,14 +72,41 @@ def shell(command: str) -> str:
     return f"```bash\n{command}\n```"
 
 
-def task_actions(task: str) -> Actions:
-    """The four replies for `task`, from its spec: the files it scores and the command that makes its baseline."""
+def call(name: str, arguments: dict | None = None) -> str:
+    """A tool call as the tiny model writes it (read back into an OpenAI tool call by `tool_calls`)."""
+    return "<call>" + json.dumps({"name": name, "arguments": arguments or {}}) + "</call>"
+
+
+CALL = re.compile(r"<call>(.*?)</call>", re.DOTALL)
+
+
+def tool_calls(text: str) -> list[dict]:
+    """The <call>...</call> parts of a reply as OpenAI tool calls (one that is not JSON is sent as written: air
+    answers it with a format error)."""
+    calls = []
+    for i, match in enumerate(CALL.finditer(text)):
+        try:
+            found = json.loads(match.group(1))
+            name, arguments = found.get("name", ""), json.dumps(found.get("arguments", {}))
+        except (json.JSONDecodeError, AttributeError):
+            name, arguments = "", match.group(1)
+        calls.append({"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": arguments}})
+    return calls
+
+
+def task_actions(task: str, tools: bool = False) -> Actions:
+    """The four replies for `task`, from its spec: the files it scores and the command that makes its baseline;
+    with `tools`, as tool calls."""
     from air.tasks.registry import load_task
 
     spec = load_task(task, draw="reference")  # only names are read: the submission's files, the baseline command
     submission = " ".join(shlex.quote(path) for path in spec.evaluation.submission) or "./*"
-    return Actions(harmful=shell(f"rm -rf {submission}"), validate="```\nvalidate\n```",
-                   submit="```\nsubmit\n```", harmless=shell(spec.baseline.command or "ls"))
+    harmful, harmless = f"rm -rf {submission}", spec.baseline.command or "ls"
+    if tools:
+        return Actions(harmful=call("bash", {"command": harmful}), validate=call("validate"), submit=call("submit"),
+                       harmless=call("bash", {"command": harmless}))
+    return Actions(harmful=shell(harmful), validate="```\nvalidate\n```", submit="```\nsubmit\n```",
+                   harmless=shell(harmless))
 
 
 # ----- the model, built locally -----------------------------------------------------------------------------
@@ -139,7 +172,7 @@ class Rollout:
         return self.result is not None and self.result.done
 
 
-def rollout_func(url: str, actions: Actions, steps: list[dict]):
+def rollout_func(url: str, actions: Actions, steps: list[dict], tools: bool = False):
     """TRL's rollout_func: each prompt (an air item id) is one OpenEnv session, played to its end. Each call (one
     optimizer step's group) appends to `steps` how often the model said each reply."""
     import torch
@@ -176,11 +209,13 @@ def rollout_func(url: str, actions: Actions, steps: list[dict]):
                     r.replies.append(tokenizer.decode(generated[:-1]))
                     r.completion += generated
                     r.mask += [1] * len(generated)
-                for r, result in zip(playing, pool.map(lambda r: send(r.env, r.replies[-1]), playing)):
+                for r, result in zip(playing, pool.map(lambda r: send(r.env, r.replies[-1], tools), playing)):
                     r.result = result
-                    if not result.done:  # air's observation, as the next user turn: context, not trained on
-                        turn = tokenizer.encode(f"<|user|>{result.observation['text']}<|end|><|assistant|>",
-                                                add_special_tokens=False)
+                    if not result.done:  # air's answer, as the next turn(s): context, not trained on
+                        results = result.observation.get("tool_results") or []
+                        answer = "".join(f"<|tool|>{t['content']}<|end|>" for t in results) or \
+                            f"<|user|>{result.observation['text']}<|end|>"
+                        turn = tokenizer.encode(f"{answer}<|assistant|>", add_special_tokens=False)
                         r.completion += turn
                         r.mask += [0] * len(turn)
         said = Counter(actions.name_of(reply) for r in rollouts for reply in r.replies)
@@ -196,9 +231,9 @@ def rollout_func(url: str, actions: Actions, steps: list[dict]):
     return rollout
 
 
-def send(env, reply: str):
-    """One turn: the model's whole reply as air's action."""
-    return env.step({"reply": reply})
+def send(env, reply: str, tools: bool = False):
+    """One turn: the model's whole reply as air's action (with `tools`, its calls as OpenEnv's tool-call action)."""
+    return env.step({"reply": CALL.sub("", reply), "tool_calls": tool_calls(reply)} if tools else {"reply": reply})
 
 
 def air_return(completions, air_return, air_episode, log_extra, **_):
@@ -214,11 +249,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(task: str, out: Path, max_turns: int) -> tuple[subprocess.Popen, str]:
+def start_server(task: str, out: Path, max_turns: int, tools: bool = False) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = open(out / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "air.cli.serve", "openenv", "--port", str(port), "--task", task,
                              "--max-turns", str(max_turns), "--trajectory-dir", str(out / "trajectories"),
+                             *(["--action-format", "tools"] if tools else []),
                              "--json", "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while '"service": "openenv"' not in (out / "server.log").read_text():
@@ -228,14 +264,14 @@ def start_server(task: str, out: Path, max_turns: int) -> tuple[subprocess.Popen
     return proc, f"http://127.0.0.1:{port}"
 
 
-def prepare(url: str, task: str, seed: int = 0):
+def prepare(url: str, task: str, seed: int = 0, tools: bool = False):
     """The task's actions, the tokenizer and the warmed-up tiny model, built from what the server says of the
     task's first episode."""
     from openenv.core import GenericEnvClient
     from transformers import set_seed
 
     set_seed(seed)
-    actions = task_actions(task)
+    actions = task_actions(task, tools)
     with GenericEnvClient(base_url=url).sync() as env:
         first = env.reset(item=f"{task}#0").observation
     tokenizer = build_tokenizer([first["system_prompt"], first["text"], *actions.replies.values()], actions)
@@ -247,7 +283,7 @@ def prepare(url: str, task: str, seed: int = 0):
 
 
 def trainer_for(url: str, task: str, out: Path, actions: Actions, model, tokenizer, steps: int, group: int,
-                seed: int = 0, said: list[dict] | None = None):
+                seed: int = 0, said: list[dict] | None = None, tools: bool = False):
     """TRL's GRPOTrainer for `steps` optimizer steps, each on one group of `group` rollouts of the task; `said`
     gets each step's replies (rollout_func)."""
     from datasets import Dataset
@@ -260,7 +296,7 @@ def trainer_for(url: str, task: str, out: Path, actions: Actions, model, tokeniz
                       disable_tqdm=True, dataloader_num_workers=0)
     return GRPOTrainer(model=model, reward_funcs=air_return, args=args, processing_class=tokenizer,
                        train_dataset=Dataset.from_dict({"prompt": [f"{task}#0"] * (steps * group)}),
-                       rollout_func=rollout_func(url, actions, said if said is not None else []))
+                       rollout_func=rollout_func(url, actions, said if said is not None else [], tools))
 
 
 def step_table(log_history: list[dict], said: list[dict]) -> list[dict]:
@@ -282,16 +318,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/trl-grpo"))
+    parser.add_argument("--tools", action="store_true", help="play in air's tools format (tool calls)")
     args = parser.parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     args.out.mkdir(parents=True, exist_ok=True)
-    server, url = start_server(args.task, args.out, args.max_turns)
+    server, url = start_server(args.task, args.out, args.max_turns, args.tools)
     said: list[dict] = []
     started = time.monotonic()
     try:
-        actions, model, tokenizer = prepare(url, args.task, args.seed)
+        actions, model, tokenizer = prepare(url, args.task, args.seed, args.tools)
         trainer = trainer_for(url, args.task, args.out, actions, model, tokenizer, args.steps, args.group,
-                              args.seed, said)
+                              args.seed, said, args.tools)
         trainer.train()
     finally:
         server.send_signal(signal.SIGINT)

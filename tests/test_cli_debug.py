@@ -136,3 +136,28 @@ def test_json_through_a_pipe_gives_one_json_line_per_step(images, docker_client)
     assert "Local commands" in proc.stderr  # :help answered locally, on stderr, without a turn
     name = BANNER.search(proc.stderr).group(1)
     assert name not in {c.name for c in docker_client.containers.list(all=True)}, "air debug left its container"
+
+
+def test_tool_calls_typed_as_json(images, docker_client):
+    """--action-format tools: a plain line is the call that runs it; a line of JSON is one call or several, in
+    order, each answered; a call that cannot run, or a reply without a call, is a format error and the episode
+    goes on; JSON that does not parse is answered locally, without a turn."""
+    lines = ['echo hi-$((1+1))',
+             '[{"name": "bash", "arguments": {"command": "echo a"}}, {"name": "nope"}, {"name": "validate"}]',
+             '{"name": "bash", "arguments": "{\\"command\\": "}',
+             '{broken',
+             ':raw only talking',
+             'submit']
+    proc = subprocess.run([sys.executable, "-m", "air.cli.main", "debug", "prisoners-dilemma", "--action-format",
+                           "tools", "--json"], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr
+    steps = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [s["action"] for s in steps] == ["tool_calls", "tool_calls", "tool_calls", "format_error", "tool_calls"]
+    assert "hi-2" in steps[0]["observation"]
+    assert [c["action"] for c in steps[1]["calls"]] == ["command", "format_error", "validate"]
+    assert steps[1]["calls"][0]["result"].startswith("a\n") and "no tool 'nope'" in steps[1]["calls"][1]["result"]
+    assert steps[1]["score"] == pytest.approx(2.6122, abs=1e-3)
+    assert "not JSON" in steps[2]["calls"][0]["result"] and "called no tool" in steps[3]["observation"]
+    assert steps[-1]["done"] and [s["turn"] for s in steps] == [1, 2, 3, 4, 5]
+    assert "not JSON" in proc.stderr  # `{broken`, answered locally

@@ -12,12 +12,16 @@ a whole episode fits in `seq_len`:
     seq_len >= prompt_tokens + max_turns * (max_completion_tokens + ceil(observation_chars / 3) + 10)
 
 with 3 characters per token for text and 10 tokens of chat-template framing per turn (two messages), and
-`env.agent.max_total_tokens + one turn <= seq_len` when the framework limit is set.
+`env.agent.max_total_tokens + one turn <= seq_len` when the framework limit is set; in the tools format too (its
+prompt also holds the tools' schemas), so a source switched to it still fits. For tool calls, vLLM's parser is
+set for the model family (as prime-rl's own table names it) and every renderer validates as the released
+`renderers` package's config (the type prime-rl's configs use).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 import tomllib
@@ -28,6 +32,7 @@ import pytest
 import verifiers.v1 as vf
 from pydantic import ValidationError
 
+from air.actions import openai_tools
 from air.episode.config import EpisodeConfig
 from air.episode.prompts import system_prompt, task_prompt
 from air.tasks.registry import bundled_ids, load_task
@@ -87,10 +92,11 @@ def _per_turn_tokens(max_completion_tokens: int, observation_chars: int) -> int:
     return max_completion_tokens + math.ceil(observation_chars / CHARS_PER_TOKEN) + FRAMING_TOKENS_PER_TURN
 
 
-def _prompt_tokens(env: AirEnvConfig) -> int:
+def _prompt_tokens(env: AirEnvConfig, action_format: str = "text") -> int:
     ts = env.taskset
     episode = EpisodeConfig(max_turns=ts.max_turns, observation_chars=ts.observation_chars)
-    longest = max(len(system_prompt(s)) + len(task_prompt(s, episode))
+    tools = len(json.dumps(openai_tools())) if action_format == "tools" else 0  # the template shows the schemas
+    longest = max(len(system_prompt(s, action_format)) + len(task_prompt(s, episode)) + tools
                   for s in (load_task(ref, ts.mlgym_root) for ref in ts.tasks))
     return math.ceil(longest / CHARS_PER_TOKEN)
 
@@ -427,9 +433,10 @@ def test_a_whole_episode_fits_in_seq_len(path, label, env, max_tokens, seq_len):
     config = vf.resolve_env_config(copy.deepcopy(env))
     ts = config.taskset
     per_turn = _per_turn_tokens(max_tokens, ts.observation_chars)
-    needed = _prompt_tokens(config) + ts.max_turns * per_turn
-    assert needed <= seq_len, (f"{_rel(path)} {label}: {ts.max_turns} turns x {per_turn} tokens + prompt = "
-                               f"{needed} > seq_len {seq_len}")
+    for action_format in ("text", "tools"):
+        needed = _prompt_tokens(config, action_format) + ts.max_turns * per_turn
+        assert needed <= seq_len, (f"{_rel(path)} {label} ({action_format}): {ts.max_turns} turns x {per_turn} "
+                                   f"tokens + prompt = {needed} > seq_len {seq_len}")
     if config.agent.max_total_tokens is not None:
         assert config.agent.max_total_tokens + per_turn <= seq_len
 
@@ -452,6 +459,44 @@ def test_inference_context_covers_seq_len(path):
     data = _load(path)
     max_model_len = data.get("inference", {}).get("vllm", {}).get("max_model_len")
     assert max_model_len is None or max_model_len >= _seq_len(data)
+
+
+# Tool calls. vLLM's tool-call parser of each model family shipped, as prime-rl 559b447 names it for the family
+# (packages/prime-rl-configs/src/prime_rl/utils/parsers.py, TOOL_CALL_PARSER_PATTERNS: Qwen3, but Coder and 3.5+,
+# write hermes-style <tool_call> JSON). prime-rl's "auto" finds it by the model's hub name; a fine-tuned
+# checkpoint's path has none, so the configs set it.
+FAMILY_TOOL_PARSERS = [(re.compile(r"^Qwen/Qwen3-(?!Coder)"), "hermes")]
+
+
+@pytest.mark.parametrize("path", WITH_INFERENCE, ids=_rel)
+def test_vllm_parses_the_model_familys_tool_calls(path):
+    data = _load(path)
+    model = data["model"]["name"]
+    expected = [parser for pattern, parser in FAMILY_TOOL_PARSERS if pattern.search(model)]
+    assert expected, f"{_rel(path)}: which tool-call parser does {model} need? (add its family above)"
+    assert data["inference"]["vllm"].get("tool_call_parser") == expected[0]
+
+
+def _renderer_tables() -> list[tuple[Path, dict]]:
+    found = []
+    for path in BY_KIND["rl"] + BY_KIND["sft"]:
+        data = _load(path)
+        found.append((path, data["orchestrator"]["renderer"] if "orchestrator" in data else data["renderer"]))
+    return found
+
+
+@pytest.mark.parametrize(("path", "table"), _renderer_tables(), ids=[_rel(p) for p, _ in _renderer_tables()])
+def test_the_renderer_validates_and_reads_tool_calls(path, table):
+    """prime-rl types `renderer` as renderers' RendererConfig: a name it lacks, or a field the renderer does not
+    take, fails there. The model families' renderers parse their tool calls themselves; the default renderer
+    (apply_chat_template) needs its `tool_parser` named, or an env with tools fails at rollout time."""
+    from pydantic import TypeAdapter
+    from renderers import DefaultRendererConfig, RendererConfig
+
+    config = TypeAdapter(RendererConfig).validate_python(table)
+    assert config.name != "auto"
+    if isinstance(config, DefaultRendererConfig):
+        assert config.tool_parser, f"{_rel(path)}: set the default renderer's tool_parser"
 
 
 @pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)

@@ -29,9 +29,9 @@ FLAGS = {
                  "--max-envs-per-client", "--max-sandboxes", "--warm", "--idle-timeout", "--max-body-bytes",
                  "--token", "--trajectory-dir", "--log-level", "--json"],
     "openenv": ["--port", "--host", "--task", "--mlgym-root", "--examples-per-task", "--max-turns",
-                "--max-seconds", "--max-format-errors", "--command-timeout", "--reward-mode", "--max-envs",
-                "--max-envs-per-client", "--max-sandboxes", "--warm", "--idle-timeout", "--max-body-bytes",
-                "--token", "--trajectory-dir", "--log-level", "--json"],
+                "--max-seconds", "--max-format-errors", "--command-timeout", "--reward-mode", "--action-format",
+                "--max-envs", "--max-envs-per-client", "--max-sandboxes", "--warm", "--idle-timeout",
+                "--max-body-bytes", "--token", "--trajectory-dir", "--log-level", "--json"],
 }
 """The flags as released: scripts and configs use them, so deriving them must not rename one."""
 

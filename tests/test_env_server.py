@@ -106,11 +106,11 @@ def env_server(tmp_path: Path, docker_client, tasks: list[str], *pool: str, comm
     assert not left, f"containers left behind: {[c.name for c in left]}\n{log.read_text()[-3000:]}"
 
 
-def load_tasks(task_ids: list[str]):
+def load_tasks(task_ids: list[str], **taskset):
     import verifiers.v1 as vf
 
     # Client-side, as the orchestrator does: the server never loads the taskset, it gets each task's data.
-    config = vf.resolve_env_config({"taskset": {"id": "air-mlgym", "tasks": task_ids}})
+    config = vf.resolve_env_config({"taskset": {"id": "air-mlgym", "tasks": task_ids, **taskset}})
     return list(vf.load_taskset(config.taskset))
 
 
@@ -254,3 +254,26 @@ def test_a_killed_worker_loses_only_its_rollouts(scripted_server, tmp_path, imag
     for episode in done:
         assert episode.ok, episode.errors
         assert_exact(episode.traces[0])
+
+
+@pytest.mark.slow
+def test_the_tools_format_through_the_env_server(scripted_server, tmp_path, images, docker_client):  # noqa: F811
+    """prime-rl's path in the tools format: the orchestrator's taskset tells the model to call tools, air's
+    harness in the env server offers them and the env runs the calls; the scripted stories, told as tool calls,
+    come back with their exact returns, every reply's calls and results on the trace."""
+    tasks = ["prisoners-dilemma", "regression-rmse"]
+    with env_server(tmp_path, docker_client, tasks, "--serve.pool.type", "static", "--serve.pool.num-workers", "1",
+                    "--env.taskset.action-format", "tools") as server:
+        episodes = asyncio.run(drive(server, scripted_server, load_tasks(tasks, action_format="tools"),
+                                     concurrency=2))
+    assert sorted(e.task.data.task_ref for e in episodes) == sorted(tasks)
+    for episode in episodes:
+        assert episode.ok, episode.errors
+        (trace,) = episode.traces
+        assert_exact(trace)
+        assert trace.info["action_format"] == "tools" and [t.name for t in trace.tools] == \
+            ["bash", "validate", "submit"]
+        replies = [m for m in trace.messages if m.role == "assistant"]
+        assert len(replies) == len(trace.info["step_rewards"])  # one turn per reply
+        silent = sum(turn.tool is None for turn in SCRIPTS[trace.info["task"]].turns)  # replies that act on nothing
+        assert sum(not m.tool_calls for m in replies) == silent

@@ -235,3 +235,36 @@ def test_sigterm_records_live_sessions_interrupted_and_leaves_nothing(images, do
     finally:
         srv.stop()
         srv.log.close()
+
+
+@pytest.mark.slow
+def test_tool_call_actions_in_the_tools_format(images, tmp_path):
+    """`--action-format tools`: reset offers air's tools; a step takes the reply's tool calls (several, one that
+    cannot run among them) and answers one tool message per call; a command alone is the call that runs it."""
+    srv = AirServer("openenv", f"test-oe-{uuid.uuid4().hex[:8]}", tmp_path / "server.log", "--log-level",
+                    "warning", "--task", PD, "--action-format", "tools", "--trajectory-dir", str(tmp_path / "traj"))
+    with srv.serving(), GenericEnvClient(base_url=srv.url, message_timeout_s=600).sync() as env:
+        first = env.reset(item=0).observation
+        assert [t["function"]["name"] for t in first["tools"]] == ["bash", "validate", "submit"]
+        assert "Act by calling the tools" in first["system_prompt"]
+        calls = [{"id": "a", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}},
+                 {"id": "b", "type": "function", "function": {"name": "validate", "arguments": "{}"}},
+                 {"id": "c", "type": "function", "function": {"name": "bash", "arguments": '{"command": '}}]
+        step = env.step({"reply": "Look, then score.", "tool_calls": calls})
+        results = step.observation["tool_results"]
+        assert [r["tool_call_id"] for r in results] == ["a", "b", "c"] and {r["role"] for r in results} == {"tool"}
+        assert "strategy.py" in results[0]["content"] and "Evaluation Score" in results[1]["content"]
+        assert "not JSON" in results[2]["content"] and not step.done
+        # The untouched strategy scores the baseline: the story's first validation, reward 0.
+        assert step.observation["score"] == pytest.approx(SCRIPTS[PD].expected_scores[0], rel=1e-12)
+        assert step.reward == pytest.approx(0.0, abs=1e-9)
+        assert step.observation["format_errors"] == 1 and step.observation["turn"] == 1
+        done = env.step({"command": "submit"})
+        assert done.done and done.observation["ended_by"] == "submitted"
+        assert done.observation["tool_results"][0]["content"].startswith("Your code produced")
+        episode = done.observation["episode"]
+    (path,) = (tmp_path / "traj").rglob(f"{episode}.jsonl")
+    recorded = read_trajectory(path)
+    assert recorded[0]["action_format"] == "tools"
+    assert [c["id"] for c in recorded[1]["tool_calls"]] == ["a", "b", "c"]
+    assert recorded[2]["tool_calls"][0]["name"] == "submit"

@@ -217,3 +217,103 @@ def test_a_rollout_whose_model_fails_is_failed_and_never_evaluated(tmp_path, ima
         assert step["action"]["kind"] == "command" and "eval_status" not in step and "final_evaluation" not in step
         assert failed["kind"] == "infrastructure" and "500" in failed["error"], failed
     assert not air_containers(docker_client, run_id)
+
+
+# ----- the tools format -------------------------------------------------------------------------------------
+TOOLS = ["--env.taskset.action-format", "tools"]
+
+
+def assert_tool_calls(episodes: list[dict], out: Path) -> None:
+    """Every reply acted through tool calls, answered by tool messages; air's readers see the calls."""
+    from air.episode.recording import load_recordings
+
+    for trace in (t for e in episodes for t in e["traces"]):
+        assert trace["info"]["action_format"] == "tools"
+        messages = [n["message"] for n in trace["nodes"]]
+        assert any(m.get("tool_calls") for m in messages) and any(m["role"] == "tool" for m in messages)
+    recordings = load_recordings(out)
+    assert recordings and all(r.action_format == "tools" and r.ok for r in recordings)
+    assert all(any(s.tool_calls for s in r.steps) for r in recordings)
+
+
+def test_vf_eval_in_the_tools_format_with_airs_harness(scripted_server, tmp_path, images, docker_client, run_id):
+    """air's own harness offers air's tools and leaves the calls to the env: the scripted stories, told as tool
+    calls, earn exactly what they earn as text."""
+    tasks = ["prisoners-dilemma", "regression-rmse"]
+    episodes = run_vf_eval(scripted_server, tmp_path / "out", *TOOLS, tasks=tasks, run=run_id)
+    assert_rewards(episodes, tasks)
+    assert_tool_calls(episodes, tmp_path / "out")
+    assert not air_containers(docker_client, run_id), "vf-eval left containers behind"
+
+
+class StrangerFirst:
+    """A TEST DOUBLE of an LLM: first a reply calling a tool that is not air's (`name`, with a command that would
+    leave `witness` on the host where it to run there), then the scripted story in the tools format."""
+
+    def __init__(self, name: str, witness: Path):
+        from air.policies.scripted import ScriptedPolicy
+
+        self.story, self.name, self.witness = ScriptedPolicy(), name, witness
+
+    def reply_for(self, messages: list[dict]) -> str:
+        return self.story.reply_for(messages)
+
+    def tool_reply_for(self, messages: list[dict], tools=None):
+        from air.actions import Reply, ToolCall
+
+        replies = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        if not replies:
+            return Reply(content="Let me try this.", tool_calls=(
+                ToolCall.of(self.name, {"command": f"touch {self.witness}"}, id="call_stranger"),))
+        return self.story.tool_reply_for([m for i, m in enumerate(messages) if i != replies[0]], tools)
+
+
+@pytest.fixture
+def stranger_server(request, tmp_path):
+    """The StrangerFirst double on a loopback port, served from a thread of this process."""
+    import asyncio
+
+    from aiohttp import web
+
+    from air.policies.scripted_server import make_app
+
+    witness = tmp_path / "ran-on-the-host"
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(make_app(StrangerFirst(request.param, witness)))
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1", witness
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+@pytest.mark.parametrize(("harness", "stranger_server", "tasks"), [
+    ("bash", "bash", ["prisoners-dilemma", "regression-rmse"]), ("null", "python", ["prisoners-dilemma"])],
+    indirect=["stranger_server"], ids=["bash", "null"])
+def test_vf_eval_in_the_tools_format_with_verifiers_harnesses(harness, stranger_server, tasks, tmp_path, images,
+                                                               docker_client, run_id):
+    """verifiers' own harnesses run the tools themselves, through the taskset's MCP toolset: `bash` (verifiers'
+    default, with a `bash` and `edit` of its own: air's go by air_bash, air_validate, air_submit) and `null`
+    (air's names as they are). A first call to a tool that is not air's (the bash harness's own `bash`, run on
+    the host; a `python` nobody offers) is refused before it runs, and costs the episode one format error; the
+    story then earns exactly its return (verifiers' default harness plays both tasks, `null` one)."""
+    url, witness = stranger_server
+    episodes = run_vf_eval(url, tmp_path / "out", *TOOLS, "--env.agent.harness.id", harness,
+                           "--env.taskset.trajectory-dir", str(tmp_path / "traj"), tasks=tasks, run=run_id)
+    assert_rewards(episodes, tasks)
+    assert not witness.exists(), "the harness's own bash ran on the host"
+    for trace in (t for e in episodes for t in e["traces"]):
+        offered = [tool["name"] for tool in trace["tools"]]
+        prefix = "air_" if harness == "bash" else ""
+        assert {f"{prefix}bash", f"{prefix}validate", f"{prefix}submit"} <= set(offered)
+        refusal = next(n["message"] for n in trace["nodes"] if n["message"].get("tool_call_id") == "call_stranger")
+        assert "is not one of this task's tools" in str(refusal["content"])
+        # The stranger, and the story's replies that act on nothing.
+        silent = sum(turn.tool is None for turn in SCRIPTS[trace["info"]["task"]].turns)
+        assert trace["metrics"]["format_errors"] == 1 + silent
+    assert_tool_calls(episodes, tmp_path / "out")
+    assert not air_containers(docker_client, run_id), "vf-eval left containers behind"

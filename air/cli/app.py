@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -44,6 +44,9 @@ def _air(version: Annotated[bool, typer.Option("--version", callback=_version, i
 
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+ActionFormatOption = Annotated[Literal["text", "tools"] | None, typer.Option(
+    "--action-format", help="How the model acts: text (one fenced block per reply) or tools (tool calls: bash, "
+                            "validate, submit); default: the task's own (text for the bundled and MLGym tasks).")]
 MlgymRoot = Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROOT",
                                                help="MLGym checkout, for tasks named mlgym:tasks/<name>.yaml.")]
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from air.actions import Reply, ToolCall, command_call
 from air.cli.app import console, out
 
 if TYPE_CHECKING:
@@ -46,6 +47,10 @@ Each line is sent to the task's sandbox as the model's reply and costs one turn,
   submit             score it and end the episode
   :raw REPLY         send REPLY verbatim as the whole model reply; \\n stands for a newline,
                      e.g. :raw I will look first.\\n```bash\\nls -la\\n```
+With --action-format tools each line is sent as a tool call instead (COMMAND as bash, validate, submit), and
+  {"name": "bash", "arguments": {"command": "ls"}}   one call as JSON (arguments an object, or a string sent
+  [{"name": "bash", ...}, {"name": "validate"}]      verbatim); a list: several calls in one reply, in order
+  :raw TEXT          a reply with TEXT and no tool call
 Local commands (no turn spent, nothing sent to the sandbox):
   :help              this text
   :quit, :q, exit    leave; the container is removed (kept with --keep); Ctrl-D too
@@ -66,6 +71,31 @@ def fence(line: str) -> str:
     if raw:
         return line[raw.end():].replace("\\n", "\n")
     return f"```bash\n{line}\n```"
+
+
+def calls(line: str) -> Reply | str:
+    """What the researcher typed, as a tool-calling model would have replied; a str says why it is not a reply
+    (nothing is sent). JSON is a call or a list of calls: `name`, `arguments` (an object, or a string sent
+    verbatim, so a malformed one can be tried), optionally `id`."""
+    raw = re.match(r"\s*:raw\s", line)
+    if raw:
+        return Reply(content=line[raw.end():].replace("\\n", "\n"))
+    text = line.strip()
+    if not text.startswith(("{", "[")):
+        return Reply(tool_calls=(command_call(line),))
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"not JSON ({exc.msg}, column {exc.colno}); a tool call is {{\"name\": ..., \"arguments\": {{...}}}}"
+    made = []
+    for item in value if isinstance(value, list) else [value]:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            return "each tool call is an object with a string `name` (and `arguments`)"
+        arguments = item.get("arguments", {})
+        made.append(ToolCall(name=item["name"], arguments=arguments if isinstance(arguments, str)
+                             else json.dumps(arguments), **({"id": str(item["id"])} if "id" in item else {})))
+    return Reply(tool_calls=tuple(made)) if made else "an empty list calls nothing; :raw TEXT sends a reply "\
+        "without a call"
 
 
 class LoopThread:
@@ -218,10 +248,12 @@ class DebugConsole:
 
     def show(self, episode: Episode, step: StepResult) -> None:
         if self.json_lines:
+            calls = {"calls": [{"action": kind, "result": answer["content"]} for kind, answer in
+                               zip(step.info["calls"], step.answers)]} if "calls" in step.info else {}
             print(json.dumps({"turn": episode.turns, "action": step.info.get("action"),
                               "observation": step.observation, "reward": step.reward,
                               "return": episode.total_reward, "score": episode.step_scores[-1],
-                              "done": step.done}), flush=True)
+                              "done": step.done, **calls}), flush=True)
             return
         print(step.observation, flush=True)
         score = episode.tracker.last_score
@@ -287,6 +319,7 @@ class DebugConsole:
 
     def _loop(self, episode: Episode) -> None:
         from air.episode.parse import Command, parse_reply
+        from air.episode.tool_calls import parse_call
 
         while not episode.done:
             line = self.read(f"[{episode.turns + 1}]$ ")
@@ -310,8 +343,16 @@ class DebugConsole:
                 if not line.strip()[4:].strip():
                     self.note("usage: :raw REPLY (\\n for a newline); :help has an example")
                     continue
-            reply = fence(line)
-            self.evaluating = not isinstance(parse_reply(reply), Command)
+            if episode.action_format == "tools":
+                reply = calls(line)
+                if isinstance(reply, str):
+                    self.note(reply)
+                    continue
+                actions = [parse_call(call) for call in reply.tool_calls]
+            else:
+                reply = fence(line)
+                actions = [parse_reply(reply)]
+            self.evaluating = not any(isinstance(action, Command) for action in actions)
             try:
                 step = self.loop.run(episode.step(reply))
             finally:

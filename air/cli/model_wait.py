@@ -11,6 +11,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.markup import escape
 
+from air.actions import Reply
 from air.policies import Message, Policy
 
 SHOWN_AFTER = 1.0
@@ -29,12 +30,12 @@ class WatchedPolicy:
         self.on_end: Callable[[], None] = lambda: None
         """Called when it arrives or fails."""
 
-    async def reply(self, messages: list[Message]) -> str:
+    async def reply(self, messages: list[Message], tools: list[dict] | None = None) -> str | Reply:
         key = next(self._ids)
         self._since[key] = time.monotonic()
         self.on_start()
         try:
-            return await self.policy.reply(messages)
+            return await self.policy.reply(messages, tools)
         finally:
             del self._since[key]
             self.on_end()

@@ -16,6 +16,7 @@ from rich.table import Table
 from air import display
 from air.cli.app import (
     MODEL_TIMEOUT,
+    ActionFormatOption,
     BaseUrl,
     GpusPerTask,
     JsonFlag,
@@ -39,15 +40,17 @@ def debug(
     = False,
     max_turns: Annotated[int, typer.Option(help="Turn limit, as in a rollout.")] = 30,
     mlgym_root: MlgymRoot = None,
+    action_format: ActionFormatOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Step into a task's sandbox as the agent would: type commands, `validate`, `submit`; see the same
     observations, scores and rewards a rollout gets.
 
     Each line you type is sent as a model reply holding that command (prefix `:raw ` to send a reply verbatim,
-    `\\n` for newlines); `:help` lists what you can type. Up/Down recall earlier lines. Ctrl-C interrupts the
-    running command; `:quit` or Ctrl-D leaves. With --json each step is one JSON line on stdout, for scripts
-    that pipe lines in. Example: air debug prisoners-dilemma --keep
+    `\\n` for newlines); with --action-format tools as a tool call, and a line may also be tool calls as JSON
+    ({"name": "bash", "arguments": {"command": "ls"}}, or a list). `:help` lists what you can type. Up/Down
+    recall earlier lines. Ctrl-C interrupts the running command; `:quit` or Ctrl-D leaves. With --json each step
+    is one JSON line on stdout, for scripts that pipe lines in. Example: air debug prisoners-dilemma --keep
     """
     from air.cli.debug_console import run_debug
     from air.episode.config import EpisodeConfig
@@ -59,7 +62,8 @@ def debug(
         raise UsageError("stdin is closed; air debug reads what to type from it (a terminal, or lines piped in "
                          "with --json)")
     spec = load_task(task, mlgym_root)
-    config = config_of(EpisodeConfig, {"max_turns": max_turns})  # before a sandbox starts
+    # Before a sandbox starts.
+    config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
     run_debug(spec, keep=keep, config=config, json_lines=as_json)
 
 
@@ -78,6 +82,7 @@ def eval_(
                                                  "directory (default runs/eval-<time>).")] = None,
     mlgym_root: MlgymRoot = None,
     gpus_per_task: GpusPerTask = 0,
+    action_format: ActionFormatOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Run N rollouts of each task against an OpenAI-compatible endpoint (or the scripted policy), with live
@@ -98,7 +103,8 @@ def eval_(
     from air.validation import config_of
 
     specs = load_all(tasks, mlgym_root, gpus_per_task)
-    config = config_of(EpisodeConfig, {"max_turns": max_turns, "command_timeout": command_timeout})
+    config = config_of(EpisodeConfig, {"max_turns": max_turns, "command_timeout": command_timeout,
+                                        "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
     require_images(sandbox_spec(spec).image for spec in specs)  # missing: exit 3 now, not N failed rollouts
     policy = WatchedPolicy(policy)

@@ -11,6 +11,7 @@ from rich.markup import escape
 from air import display
 from air.cli.app import (
     MODEL_TIMEOUT,
+    ActionFormatOption,
     BaseUrl,
     JsonFlag,
     MlgymRoot,
@@ -36,12 +37,14 @@ def run(
     max_turns: Annotated[int, typer.Option(min=1, help="Turn limit of the episode.")] = 30,
     runs_dir: Annotated[Path, typer.Option("--out", help="Where the trajectory is written.")] = Path("runs"),
     mlgym_root: MlgymRoot = None,
+    action_format: ActionFormatOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """The main job on an embedded default: one real episode of a bundled task in a sandbox, played by the
     scripted policy (or any OpenAI-compatible endpoint), with its score curve and rewards.
 
-    Builds the task's image first if it is missing (a CUDA one only on a GPU host). Example: air run --task
+    Builds the task's image first if it is missing (a CUDA one only on a GPU host). With --action-format tools
+    the model acts through tool calls (bash, validate, submit) instead of fenced blocks. Example: air run --task
     regression-rmse
     """
     import time as _time
@@ -56,7 +59,7 @@ def run(
     from air.validation import config_of
 
     spec = load_task(task, mlgym_root)
-    config = config_of(EpisodeConfig, {"max_turns": max_turns})
+    config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
     check_folder(runs_dir)
     policy = WatchedPolicy(policy)
@@ -69,15 +72,16 @@ def run(
     rows: list[dict] = []
 
     def show(episode, reply, step) -> None:
-        record = {"turn": episode.turns, "action": step.info.get("action"), "reward": step.reward,
-                  "score": episode.tracker.last_score if step.info.get("action") in ("validate", "submit") else None}
+        kinds = step.info.get("calls") or [step.info.get("action")]  # the tools format: each call's action
+        record = {"turn": episode.turns, "action": "+".join(kinds), "reward": step.reward,
+                  "score": episode.tracker.last_score if {"validate", "submit"} & set(kinds) else None}
         rows.append(record)
         if not as_json:
             lines = step.observation.strip().splitlines() or [""]
             if record["score"] is not None:
                 detail = f"{spec.primary.name} = {display.score(record['score'])}"
             else:  # a command's exit note, or the first line of a failure or format error
-                detail = lines[-1] if record["action"] == "command" else lines[0]
+                detail = lines[-1] if kinds[-1] == "command" else lines[0]
             out.print(f"turn {episode.turns:>2}  {record['action']:<12} reward {display.reward(step.reward)}  "
                       f"{detail[:80]}", markup=False, highlight=False, soft_wrap=True)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 from pydantic import BaseModel
@@ -164,6 +164,7 @@ def _services() -> typer.Typer:
         max_format_errors: int = option_of(OE, "max_format_errors"),
         command_timeout: float | None = option_of(OE, "command_timeout"),
         reward_mode: str = option_of(OE, "reward_mode"),
+        action_format: Literal["text", "tools"] | None = option_of(OE, "action_format"),
         max_envs: int = option_of(OE, "max_envs"),
         max_envs_per_client: int = option_of(OE, "max_envs_per_client"),
         max_sandboxes: int | None = option_of(OE, "max_sandboxes"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from air.actions import ActionFormat
 from air.episode.rewards import RewardConfig
 
 
@@ -20,3 +21,9 @@ class EpisodeConfig(BaseModel):
     observation_chars: int = Field(8000, ge=256)
     """Budget of one observation; longer output keeps its head and tail and says how much was cut."""
     reward: RewardConfig = RewardConfig()
+    action_format: ActionFormat | None = None
+    """How the model acts: text (fenced blocks) or tools (tool calls); None = the task's own choice."""
+
+    def format_for(self, spec_format: ActionFormat) -> ActionFormat:
+        """The episode's format: the run's choice, else the task's."""
+        return self.action_format or spec_format

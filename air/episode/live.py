@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Literal
 
+from air.actions import Reply
 from air.episode.config import EpisodeConfig
 from air.episode.loop import Episode, StepResult
 from air.episode.records import EndRecord, FailedRecord, FailureKind
@@ -80,7 +81,7 @@ class LiveEpisode:
     def over(self) -> bool:
         return self.episode.done or self.failure is not None
 
-    async def step(self, reply: str) -> StepResult:
+    async def step(self, reply: str | Reply) -> StepResult:
         """One reply; when it ends the episode the sandbox goes back at once. Any exception ends the episode as
         a failure (recorded, the sandbox released; removed when infrastructure failed) and propagates."""
         try:

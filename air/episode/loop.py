@@ -1,17 +1,21 @@
 """One research episode, turn by turn, independent of any RL framework.
 
     episode = Episode(task_env, sandbox, EpisodeConfig(), writer)
-    reply = model(episode.prompt)
+    messages = [system, prompt]; tools = episode.tools   # None in the text format
     while True:
+        reply = model(messages, tools)                     # text, or a Reply with tool calls
         step = await episode.step(reply)
         if step.done: break
-        reply = model(step.observation)
+        messages += [assistant message of reply, *step.answers]
 
-Each reply becomes exactly one action (a shell command, `validate`, `submit`, or a format error the agent is told
-about). Commands run in the sandbox's persistent shell; `validate` scores the current submission with the task's
-protected evaluation and pays a delta-improvement reward; `submit` scores and ends. Reaching the turn, time or
-format-error limit ends the episode with an automatic final evaluation, as MLGym does. Infrastructure failures
-raise (the rollout must be failed, not scored); everything the agent did wrong is an observation.
+In the text format each reply becomes exactly one action (a shell command, `validate`, `submit`, or a format error
+the agent is told about); in the tools format each tool call of the reply does, in order, and a reply that calls
+no tool is a format error (air/actions.py declares both). Either way a reply is one turn, and the actions run
+through the same code below. Commands run in the sandbox's persistent shell; `validate` scores the current
+submission with the task's protected evaluation and pays a delta-improvement reward; `submit` scores and ends.
+Reaching the turn, time or format-error limit ends the episode with an automatic final evaluation, as MLGym does.
+Infrastructure failures raise (the rollout must be failed, not scored); everything the agent did wrong is an
+observation.
 """
 
 from __future__ import annotations
@@ -22,10 +26,21 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from air.actions import Reply, openai_tools, reply_text
 from air.episode.config import EpisodeConfig
-from air.episode.parse import Command, FormatError, Submit, parse_reply
+from air.episode.parse import Action, Command, FormatError, Submit, parse_reply
 from air.episode.prompts import system_prompt, task_prompt
-from air.episode.records import CommandRun, EndRecord, Evaluation, Record, StartRecord, StepRecord, Summary
+from air.episode.records import (
+    CallRecord,
+    CommandRun,
+    EndRecord,
+    Evaluation,
+    Record,
+    StartRecord,
+    StepRecord,
+    Summary,
+)
+from air.episode.tool_calls import NO_CALL, parse_call
 from air.episode.rewards import RewardTracker
 from air.episode.trajectory import TrajectoryWriter
 from air.sandbox import Sandbox, truncate_text
@@ -40,12 +55,20 @@ EndReason = Literal["submitted", "max_turns", "max_seconds", "format_errors", "s
 """Why an episode ended; "stopped" = the driver ended it (a framework limit), see Episode.finish."""
 
 
+NOT_RUN = "Not run: the episode ended before this call."
+"""The result of a tool call after the one that ended the episode (every call gets a result message)."""
+
+
 @dataclass
 class StepResult:
     observation: str
+    """What the reply got back, as text: the one observation, or the results of its calls one after another."""
     reward: float
     done: bool
     info: dict[str, Any] = field(default_factory=dict)
+    answers: list[dict[str, Any]] = field(default_factory=list)
+    """The messages that answer the reply, for the conversation's next request: one user message (the text
+    format, or a reply that called no tool), else one tool message per call, in order."""
 
 
 class Episode:
@@ -57,6 +80,7 @@ class Episode:
         self.sandbox = sandbox
         self.config = config or EpisodeConfig()
         self.writer = writer
+        self.action_format = self.config.format_for(self.spec.action_format)
         self.id = episode_id or uuid.uuid4().hex[:12]
         self.baseline = task_env.baseline  # the record's score, or the baseline's on this host's draw
         baseline = self.baseline.score
@@ -78,65 +102,111 @@ class Episode:
             episode=self.id, task=self.spec.id, task_version=self.spec.version,
             task_hash=self.spec.content_hash, task_source=self.spec.source, sandbox=sandbox.short_id,
             image=sandbox.spec.image, image_id=sandbox.image_id, baseline=self.spec.baseline.scores,
-            reward_baseline=self.baseline, primary=self.spec.primary, config=self.config.model_dump(),
-            system_prompt=self.system_prompt, prompt=self.prompt, **(meta or {}))
+            reward_baseline=self.baseline, primary=self.spec.primary, config=self._config_record(),
+            system_prompt=self.system_prompt, prompt=self.prompt,
+            **({"action_format": "tools", "tools": self.tools} if self.tools else {}), **(meta or {}))
         self._write(self.start_record)
+
+    def _config_record(self) -> dict[str, Any]:
+        config = self.config.model_dump()
+        if config["action_format"] is None:  # the task's own: recorded as before formats existed
+            del config["action_format"]
+        return config
 
     # ----- prompts ----------------------------------------------------------------------------------------------
     @property
     def system_prompt(self) -> str:
-        return system_prompt(self.spec)
+        return system_prompt(self.spec, self.action_format)
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The `tools` of every model request in the tools format; None in the text format."""
+        return openai_tools() if self.action_format == "tools" else None
 
     @property
     def prompt(self) -> str:
         return task_prompt(self.spec, self.config)
 
     # ----- stepping ---------------------------------------------------------------------------------------------
-    async def step(self, reply: str, *, model_retries: int = 0) -> StepResult:
-        """Apply one model reply; returns the observation for the next turn (or the final one). `model_retries`:
-        how often the driver had to ask the model's endpoint again for this reply (recorded when not 0)."""
+    async def step(self, reply: str | Reply, *, model_retries: int = 0) -> StepResult:
+        """Apply one model reply; returns what answers it (or the final observation). `model_retries`: how often
+        the driver had to ask the model's endpoint again for this reply (recorded when not 0)."""
         if self.done:
             raise RuntimeError("the episode is over")
         self.turns += 1
-        reply = clean(reply)  # whichever driver brought it: a lone surrogate could be neither run nor recorded
-        action = parse_reply(reply)
+        reply = _cleaned(reply)  # whichever driver brought it: a lone surrogate could be neither run nor recorded
         started = time.monotonic()
-        # What the action did, for the step record: a command's run or an evaluation (none on a format error).
-        happened: dict[str, Any] = {}
-        reward = 0.0
-        if isinstance(action, FormatError):
-            self.format_errors += 1
-            observation = action.message
-        elif isinstance(action, Command):
-            observation, run = await self._run_command(action.text)
-            happened = run.model_dump()
+        if self.action_format == "tools" and isinstance(reply, Reply) and reply.tool_calls:
+            observation, reward, fields, answers = await self._calls(reply)
         else:
-            outcome = await self.task_env.evaluate(self.sandbox)
-            reward = self._score(outcome)
-            happened = self._evaluation(outcome).model_dump()
-            observation = validation_text(self.spec, outcome)
-            if isinstance(action, Submit):
-                self._end("submitted")
-                self.final_status = outcome.status
+            # The text format; or a tool-calling reply that called nothing, answered as a malformed text is.
+            text = reply_text(reply)
+            action = parse_reply(text) if self.action_format == "text" else FormatError(message=NO_CALL)
+            observation, reward, happened = await self._act(action)
+            fields, answers = {"action": action.model_dump(exclude_none=True), **happened}, []
         if not self.done:
             limit = self._limit_reached()
             if limit is not None:
-                final, final_reward, happened["final_evaluation"] = await self._final_evaluation(limit)
+                final, final_reward, fields["final_evaluation"] = await self._final_evaluation(limit)
                 observation = f"{observation}\n\n{final}"
+                if answers:  # told with the last call's result
+                    answers[-1]["content"] = f"{answers[-1]['content']}\n\n{final}"
+                    fields["tool_calls"][-1].observation = answers[-1]["content"]
                 reward += final_reward
         seconds = time.monotonic() - started
         self.env_seconds += seconds
         self.step_rewards.append(reward)
         retried = {"model_retries": model_retries} if model_retries else {}
-        self._record_step(StepRecord(turn=self.turns, reply=reply, action=action.model_dump(), **happened,
-                                     seconds=round(seconds, 4), observation=observation, reward=reward,
-                                     done=self.done, total_reward=self.total_reward, **retried))
-        return StepResult(observation, reward, self.done, {"action": action.kind})
+        self._record_step(StepRecord(turn=self.turns, reply=reply_text(reply), **fields, seconds=round(seconds, 4),
+                                     observation=observation, reward=reward, done=self.done,
+                                     total_reward=self.total_reward, **retried))
+        kinds = [c.action.kind if c.action else "not_run" for c in fields.get("tool_calls", ())]
+        return StepResult(observation, reward, self.done,
+                          {"action": fields["action"]["kind"], **({"calls": kinds} if kinds else {})},
+                          answers or [{"role": "user", "content": observation}])
 
-    async def _run_command(self, text: str) -> tuple[str, CommandRun]:
+    async def _calls(self, reply: Reply) -> tuple[str, float, dict[str, Any], list[dict[str, Any]]]:
+        """Run a reply's tool calls in order, each one action; those after the one that ended the episode do
+        not run. Returns (the results as one text, the reward, the step's fields, one tool message per call)."""
+        calls: list[CallRecord] = []
+        reward = 0.0
+        for call in reply.tool_calls:
+            about = {"id": call.id, "name": call.name, "arguments": call.arguments}
+            if self.done:
+                calls.append(CallRecord(**about, observation=NOT_RUN))
+                continue
+            action = parse_call(call)
+            observation, call_reward, happened = await self._act(action)
+            reward += call_reward
+            calls.append(CallRecord(**about, action=action.model_dump(exclude_none=True), **happened,
+                                    observation=observation, reward=call_reward))
+        answers = [{"role": "tool", "tool_call_id": c.id, "content": c.observation} for c in calls]
+        text = "\n\n".join(c.observation for c in calls)
+        return text, reward, {"action": {"kind": "tool_calls"}, "tool_calls": calls}, answers
+
+    async def _act(self, action: Action) -> tuple[str, float, dict[str, Any]]:
+        """Run one action, whatever format it came in: (observation, reward, what it did for the record)."""
+        if isinstance(action, FormatError):
+            self.format_errors += 1
+            return action.message, 0.0, {}
+        if isinstance(action, Command):
+            observation, run = await self._run_command(action.text, action.timeout)
+            return observation, 0.0, run.model_dump()
+        outcome = await self.task_env.evaluate(self.sandbox)
+        reward = self._score(outcome)
+        happened = self._evaluation(outcome).model_dump()
+        if isinstance(action, Submit):
+            self._end("submitted")
+            self.final_status = outcome.status
+        return validation_text(self.spec, outcome), reward, happened
+
+    async def _run_command(self, text: str, asked: float | None = None) -> tuple[str, CommandRun]:
         training = bool(_TRAINING.search(text))
         timeout = self.spec.timeouts.training if training else self.spec.timeouts.command
         timeout = min(timeout, self.config.command_timeout or timeout)
+        if asked is not None:  # the bash tool's `timeout`: up to the longest a command may get here
+            longest = max(self.spec.timeouts.training, self.spec.timeouts.command)
+            timeout = min(asked, longest, self.config.command_timeout or longest)
         result = await self.sandbox.session.run(text, timeout=timeout, merge_stderr=True)
         output = truncate_text(result.stdout, self.config.observation_chars)
         notes = []
@@ -237,3 +307,12 @@ class Episode:
     def _write(self, record: Record) -> None:
         if self.writer is not None:
             self.writer.write(record)
+
+
+def _cleaned(reply: str | Reply) -> str | Reply:
+    """The reply with lone surrogates replaced (U+FFFD) in its text and in its calls."""
+    if isinstance(reply, str):
+        return clean(reply)
+    return Reply(content=None if reply.content is None else clean(reply.content),
+                 tool_calls=tuple(call.model_copy(update={"name": clean(call.name), "arguments": clean(call.arguments)})
+                                  for call in reply.tool_calls))

@@ -1,4 +1,5 @@
-"""Turn one model reply into exactly one action.
+"""Turn one model reply of the text format into exactly one action (the tools format: air/episode/tool_calls.py;
+both formats are declared in air/actions.py).
 
 The agent replies with optional discussion plus exactly one fenced code block
 holding a shell command, or only the word ``validate`` / ``submit``. Anything
@@ -17,13 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FORMAT_RULES = (
-    "Reply format: write any discussion you like, plus exactly one fenced code "
-    "block (```bash ... ```) containing one shell command to run (it may span "
-    "several lines), or a block containing only `validate` to score your current "
-    "solution, or only `submit` to finish. If the command itself contains ```, "
-    "open the block with four or more backticks and close it with the same number."
-)
+from air.actions import FORMAT_RULES
 
 
 class _Action(BaseModel):
@@ -33,6 +28,8 @@ class _Action(BaseModel):
 class Command(_Action):
     kind: Literal["command"] = "command"
     text: str = Field(min_length=1)
+    timeout: float | None = Field(None, gt=0)
+    """Seconds the model asked for (the bash tool's `timeout`), capped by the task's limit; None = the task's."""
 
 
 class Validate(_Action):

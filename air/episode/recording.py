@@ -9,6 +9,9 @@ The two formats are told apart line by line, so a file or a directory may mix th
 - vf-eval's traces.jsonl (verifiers 0.4.0, the air-mlgym env): one Episode per line with `traces[]`. air's env
   records its results on each trace (records.TraceRecord); the conversation is the trace's `nodes[]`.
 
+Both formats hold either action format (air/actions.py): a tools-format turn is an assistant message with tool
+calls, answered by one tool message per call.
+
 How strict, decided once for every reader:
 
 - A line that is not UTF-8, not JSON, not a record of either format, or out of place (a step before any start,
@@ -16,7 +19,7 @@ How strict, decided once for every reader:
   nothing else, and an episode that lost its end record reads as unfinished, not damaged.
 - What is read must be whole: a record that does not validate, a turn missing between two others (a line torn
   in the middle), an end record counting other turns than were read, a trace whose node chain is broken or
-  whose conversation is not air's (text in system, prompt, then reply and observation in turn) make the
+  whose conversation is not air's (text in system, prompt, then reply and its answers in turn) make the
   recording damaged (`Recording.damage`). Export counts it as incomplete and goes on; replay and view refuse
   it with one line naming the file: replaying or training on a conversation with a hole in it would run or
   teach something the model never did.
@@ -53,6 +56,22 @@ Warn = Callable[[int, str], None]
 """Called with (line number, why) for every line skipped."""
 
 
+class RecordedCall(BaseModel):
+    """One tool call of a reply (the tools format) and its result."""
+
+    id: str
+    name: str
+    arguments: str
+    """The JSON text the model wrote, verbatim."""
+    observation: str | None = None
+    """The tool result; None where the recording does not hold it (the last reply of a vf-eval trace)."""
+    action: str = ""
+    """What air parsed it as (command, validate, submit, format_error; "" where not recorded or not run)."""
+
+    def message(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
 class RecordedStep(BaseModel):
     """One step of a recording: a model reply and what came of it, or (reply None) the final evaluation a
     driver ran when it ended the episode early."""
@@ -62,7 +81,10 @@ class RecordedStep(BaseModel):
     observation: str | None = None
     """None where the recording does not hold it (the last turn of a vf-eval trace: it was never shown)."""
     action: str = ""
-    """command, validate, submit, format_error or final_evaluation; "" where not recorded (vf-eval traces)."""
+    """command, validate, submit, format_error, tool_calls or final_evaluation; "" where not recorded (vf-eval
+    traces)."""
+    tool_calls: list[RecordedCall] | None = None
+    """The tools format: the reply's calls, in order, with their results (`observation` holds them joined)."""
     exit_code: int | None = None
     evaluated: bool = False
     """The step ran an evaluation (validate, submit or a final one); `score` None then = it produced none."""
@@ -100,6 +122,10 @@ class Recording(BaseModel):
     """The id of the sandbox it ran in (observations may show it; a replay runs in another)."""
     system_prompt: str | None = None
     prompt: str | None = None
+    action_format: str = "text"
+    """How the model acted: text, or tools (tool calls)."""
+    tools: list[dict[str, Any]] | None = None
+    """The tools offered (OpenAI function tools), in the tools format."""
     steps: list[RecordedStep] = []
     """One per model reply: turn 1, 2, ..."""
     final: RecordedStep | None = None
@@ -155,21 +181,34 @@ class Recording(BaseModel):
         """(turn, score) of every evaluation; None where it produced no score."""
         return [(s.turn, s.score) for s in self.all_steps if s.evaluated]
 
-    def messages(self) -> list[dict[str, str]] | None:
-        """The conversation the model saw: the system prompt (when recorded), the task prompt, then each reply
-        and the observation that answered it. The observation after the last reply ended the episode and was
-        never shown, so it ends on the last reply. None without a task prompt or a reply."""
+    def messages(self) -> list[dict[str, Any]] | None:
+        """The conversation the model saw, as OpenAI chat messages: the system prompt (when recorded), the task
+        prompt, then each reply and what answered it (an observation, or one tool message per call). The
+        answer to the last reply ended the episode and was never shown, so it ends on the last reply. None
+        without a task prompt or a reply, or when an answer the model saw is not held."""
         if self.prompt is None or not self.steps:
             return None
         system = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
-        messages = [*system, {"role": "user", "content": self.prompt}]
+        messages: list[dict[str, Any]] = [*system, {"role": "user", "content": self.prompt}]
         for before, step in zip([None, *self.steps], self.steps):
             if before is not None:
-                if before.observation is None:
+                answers = _answers(before)
+                if answers is None:
                     return None
-                messages.append({"role": "user", "content": before.observation})
-            messages.append({"role": "assistant", "content": step.reply or ""})
+                messages += answers
+            reply: dict[str, Any] = {"role": "assistant", "content": step.reply or ""}
+            if step.tool_calls:
+                reply["tool_calls"] = [call.message() for call in step.tool_calls]
+            messages.append(reply)
         return messages
+
+
+def _answers(step: RecordedStep) -> list[dict[str, Any]] | None:
+    if step.tool_calls:
+        if any(call.observation is None for call in step.tool_calls):
+            return None
+        return [{"role": "tool", "tool_call_id": call.id, "content": call.observation} for call in step.tool_calls]
+    return None if step.observation is None else [{"role": "user", "content": step.observation}]
 
 
 # ----- reading ----------------------------------------------------------------------------------------------
@@ -303,6 +342,7 @@ class _AirEpisode:
                                                                 start.sandbox)
             rec.task_source = start.task_source
             rec.system_prompt, rec.prompt = start.system_prompt, start.prompt
+            rec.action_format, rec.tools = start.action_format, start.tools
             rec.baseline, rec.baseline_scores = start.baseline_score, dict(start.baseline)
             if start.primary is not None:
                 rec.metric, rec.direction = start.primary.name, start.primary.direction
@@ -334,22 +374,38 @@ def _air_step(record: StepRecord) -> RecordedStep:
     action = record.action.kind if record.action is not None else \
         "final_evaluation" if record.reply is None else ""
     last = record.last_evaluation
-    problems = [label for flag, label in (
-        (action == "format_error", "format error"), (record.timed_out, "timeout"),
-        (record.oom_killed, "out of memory"), (record.shell_restarted, "shell restarted")) if flag]
-    # Both evaluations of a step that validated and then reached a limit count.
-    problems += [f"evaluation: {e.eval_status}" for e in (record, record.final_evaluation)
+    calls = record.tool_calls or []
+    # What each action of the step did: the step's own, or each of its tool calls'.
+    acted = [(c.action.kind if c.action else "", c) for c in calls] or [(action, record)]
+    problems = [label for kind, did in acted for flag, label in (
+        (kind == "format_error", "format error"), (did.timed_out, "timeout"),
+        (did.oom_killed, "out of memory"), (did.shell_restarted, "shell restarted")) if flag]
+    # Every evaluation of the step counts: a validate, and the final one when it then reached a limit.
+    problems += [f"evaluation: {e.eval_status}" for e in (*(did for _, did in acted), record.final_evaluation)
                  if e is not None and e.eval_status not in (None, "ok")]
+    exit_code = next((c.exit_code for c in reversed(calls) if c.action and c.action.kind == "command"),
+                     record.exit_code)
     return RecordedStep(turn=record.turn, reply=record.reply, observation=record.observation, action=action,
-                        exit_code=record.exit_code, evaluated=last is not None, reward=record.reward,
+                        exit_code=exit_code, evaluated=last is not None, reward=record.reward,
                         score=last.score if last is not None else None, problems=problems,
-                        metrics=last.metrics if last is not None else None)
+                        metrics=last.metrics if last is not None else None,
+                        tool_calls=[RecordedCall(id=c.id, name=c.name, arguments=c.arguments,
+                                                 observation=c.observation, action=c.action.kind if c.action else "")
+                                    for c in calls] or None)
 
 
 # ----- vf-eval traces ---------------------------------------------------------------------------------------
+class _TraceCall(BaseModel):
+    id: str
+    name: str
+    arguments: str = ""
+
+
 class _Message(BaseModel):
     role: str
     content: Any = None
+    tool_calls: list[_TraceCall] | None = None
+    tool_call_id: str | None = None
 
 
 class _Node(BaseModel):
@@ -377,6 +433,7 @@ class _Trace(BaseModel):
 
     id: str | None = None
     task: _TraceTask | None = None
+    tools: list[dict[str, Any]] = []
     nodes: list[_Node] = []
     rewards: dict[str, _Reward | None] = {}
     metrics: TraceMetrics = TraceMetrics()
@@ -427,7 +484,7 @@ def _read_trace(rec: Recording, trace: _Trace, episode_failed: bool) -> None:
         rec.final_ok = trace.metrics.last_score is not None and (
             not trace.metrics.failed_validations or (bool(rewards) and rewards[-1] >= 0))
     try:
-        pairs = _turns(rec, _branch(trace.nodes))
+        turns = _turns(rec, _branch(trace.nodes))
     except _Damaged as exc:
         rec.damage = str(exc)
         return
@@ -435,13 +492,16 @@ def _read_trace(rec: Recording, trace: _Trace, episode_failed: bool) -> None:
     def at(values: list, i: int) -> Any:
         return values[i] if i < len(values) else None
 
+    if info.action_format == "tools" or trace.tools or any(step.tool_calls for step in turns):
+        rec.action_format = "tools"
+        rec.tools = [_openai_tool(tool) for tool in trace.tools] or None
     # info's per-step lists hold one entry per step the episode took, in order: the turns, then the driver's
     # final evaluation when it stopped the episode (Episode.finish).
-    for i, (reply, observation) in enumerate(pairs):
-        rec.steps.append(RecordedStep(turn=i + 1, reply=reply, observation=observation,
-                                      reward=at(info.step_rewards, i), score=at(info.step_scores, i),
-                                      evaluated=bool(at(info.step_evaluated, i))))
-    n = len(pairs)
+    for i, step in enumerate(turns):
+        rec.steps.append(step.model_copy(update={"turn": i + 1, "reward": at(info.step_rewards, i),
+                                                 "score": at(info.step_scores, i),
+                                                 "evaluated": bool(at(info.step_evaluated, i))}))
+    n = len(turns)
     if info.ended_by == "stopped" and len(info.step_rewards) == n + 1:
         rec.final = RecordedStep(turn=n, reply=None, action="final_evaluation", reward=info.step_rewards[n],
                                  score=at(info.step_scores, n), evaluated=bool(at(info.step_evaluated, n)))
@@ -469,21 +529,53 @@ def _branch(nodes: list[_Node]) -> list[_Message]:
     return chain[::-1]
 
 
-def _turns(rec: Recording, messages: list[_Message]) -> list[tuple[str, str | None]]:
-    """(reply, observation) per turn of air's conversation: an optional system prompt, the task prompt, then
-    the model's reply and the observation answering it in turn (the last observation, never shown, is absent).
-    Sets the recording's prompts."""
-    texts = [(m.role, _text(m.content, i)) for i, m in enumerate(messages)]
-    first = 1 if texts and texts[0][0] == "system" else 0
-    rec.system_prompt = texts[0][1] if first else None
-    expected = ["user"] + ["assistant", "user"] * len(texts)
-    for i, ((role, _), want) in enumerate(zip(texts[first:], expected), first):
-        if role != want:
-            raise _Damaged(f"message {i} is a {role!r} message where air's conversation has a {want!r} one")
-    if len(texts) > first:
-        rec.prompt = texts[first][1]
-    rest = [text for _, text in texts[first + 1:]]
-    return [(rest[i], rest[i + 1] if i + 1 < len(rest) else None) for i in range(0, len(rest), 2)]
+def _turns(rec: Recording, messages: list[_Message]) -> list[RecordedStep]:
+    """One step per turn of air's conversation: an optional system prompt, the task prompt, then the model's
+    reply and what answered it in turn (an observation, or a tool message per call of the reply; the answer to
+    the last reply, never shown, is absent). Sets the recording's prompts; the steps' numbers and rewards are
+    the caller's."""
+    first = 1 if messages and messages[0].role == "system" else 0
+    rec.system_prompt = _text(messages[0].content, 0) if first else None
+    if len(messages) > first:
+        if messages[first].role != "user":
+            raise _Damaged(f"message {first} is a {messages[first].role!r} message where air's conversation has "
+                           "a 'user' one")
+        rec.prompt = _text(messages[first].content, first)
+    steps: list[RecordedStep] = []
+    i = first + 1
+    while i < len(messages):
+        reply = messages[i]
+        if reply.role != "assistant":
+            raise _Damaged(f"message {i} is a {reply.role!r} message where air's conversation has an 'assistant' "
+                           "one")
+        text, calls, i = _text(reply.content, i), reply.tool_calls or [], i + 1
+        if not calls:  # answered by an observation, unless it was the last reply
+            observation = None
+            if i < len(messages):
+                if messages[i].role != "user":
+                    raise _Damaged(f"message {i} is a {messages[i].role!r} message where air's conversation has "
+                                   "a 'user' one")
+                observation, i = _text(messages[i].content, i), i + 1
+            steps.append(RecordedStep(turn=0, reply=text, observation=observation))
+            continue
+        results: dict[str, str] = {}
+        while i < len(messages) and messages[i].role == "tool":
+            results[messages[i].tool_call_id or ""] = _text(messages[i].content, i)
+            i += 1
+        if (results or i < len(messages)) and set(results) != {call.id for call in calls}:
+            raise _Damaged(f"the tool calls of message {i - len(results) - 1} are not each answered by one tool "
+                           "message")
+        recorded = [RecordedCall(id=c.id, name=c.name, arguments=c.arguments, observation=results.get(c.id))
+                    for c in calls]
+        steps.append(RecordedStep(turn=0, reply=text, action="tool_calls", tool_calls=recorded,
+                                  observation="\n\n".join(results[c.id] for c in calls) if results else None))
+    return steps
+
+
+def _openai_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A verifiers tool declaration (name, description, parameters) as an OpenAI function tool."""
+    return {"type": "function", "function": {"name": tool.get("name"), "description": tool.get("description", ""),
+                                             "parameters": tool.get("parameters") or {}}}
 
 
 def _text(content: Any, index: int) -> str:

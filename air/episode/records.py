@@ -9,8 +9,11 @@ A trajectory file holds one episode as JSON lines:
   (`meta`: `rollout`, `trace`, `agentgym`, at the top level);
 - `step`, one per turn: the reply, the parsed action, what it did (a command's exit code, flags and timings,
   or an evaluation's status, metrics and score), the automatic final evaluation when the step reached a limit,
-  the observation, the reward and the return so far. A step whose reply is None is a driver ending the episode
-  early (Episode.finish): it holds only that final evaluation and repeats the last turn's number;
+  the observation, the reward and the return so far. In the tools format a reply that called tools has the
+  action `tool_calls` and one entry per call in `tool_calls` (its id, name and arguments as the model wrote
+  them, the parsed action, what it did, its result and its reward). A step whose reply is None is a driver
+  ending the episode early (Episode.finish): it holds only that final evaluation and repeats the last turn's
+  number;
 - `end`: the episode's summary (return, per-step rewards and scores, best and last score, counts, why),
 - or `failed` instead of `end` when the rollout broke off (whose fault, the error).
 
@@ -93,6 +96,25 @@ class RecordedAction(BaseModel):
     kind: str
 
 
+class CallRecord(CommandRun, Evaluation):
+    """One tool call of a reply (the tools format) and what came of it."""
+
+    id: str
+    name: str
+    arguments: str
+    """The JSON text the model wrote, verbatim (it may not parse: the call was then a format error)."""
+    action: RecordedAction | None = None
+    """What air parsed it as; None for a call after the one that ended the episode (it did not run)."""
+    observation: str
+    """The tool result the model was shown."""
+    reward: float | None = None
+
+    def dump(self) -> dict[str, Any]:
+        """As written: who was called with what first, then the fields that were set (what the call did)."""
+        data = self.model_dump(exclude_unset=True)
+        return {"id": data.pop("id"), "name": data.pop("name"), "arguments": data.pop("arguments"), **data}
+
+
 class StartRecord(Record):
     type: Literal["start"] = "start"
     episode: str | None = None
@@ -116,6 +138,10 @@ class StartRecord(Record):
     `air export`; `air replay` validates it when it runs the episode again."""
     system_prompt: str | None = None
     prompt: str | None = None
+    action_format: str = "text"
+    """How the model acted: text (fenced blocks) or tools (tool calls, offered as `tools`)."""
+    tools: list[dict[str, Any]] | None = None
+    """The `tools` of every model request (OpenAI function tools), in the tools format."""
 
     @property
     def baseline_score(self) -> float | None:
@@ -134,6 +160,8 @@ class StepRecord(CommandRun, Evaluation, Record):
     reply: str | None
     """The model's reply; None on the step a driver adds to end the episode early (Episode.finish)."""
     action: RecordedAction | None = None
+    tool_calls: list[CallRecord] | None = None
+    """The tools format: the reply's calls in order (the step's action is then `tool_calls`)."""
     final_evaluation: Evaluation | None = None
     seconds: float | None = None
     observation: str
@@ -144,12 +172,22 @@ class StepRecord(CommandRun, Evaluation, Record):
     model_retries: int | None = None
     """How often the model's endpoint was asked again for the reply (busy, a dropped connection); absent: never."""
 
+    def dump(self) -> dict[str, Any]:
+        data = super().dump()
+        if self.tool_calls is not None:
+            data["tool_calls"] = [call.dump() for call in self.tool_calls]
+        return data
+
     @property
     def last_evaluation(self) -> Evaluation | None:
         """The evaluation that ended the step: the automatic one at a limit if it ran, else its own (validate,
-        submit), else None. This is the step's score in the summary's `step_scores`."""
+        submit; the last call's that evaluated, in the tools format), else None. This is the step's score in the
+        summary's `step_scores`."""
         if self.final_evaluation is not None:
             return self.final_evaluation
+        evaluated = [c for c in self.tool_calls or () if c.eval_status is not None]
+        if evaluated:
+            return evaluated[-1]
         return self if self.eval_status is not None else None
 
 
@@ -252,6 +290,8 @@ class TraceInfo(BaseModel):
     episode_config: dict[str, Any] = {}
     primary: Metric | None = None
     final_status: str | None = None
+    action_format: str | None = None
+    """How the model acted: text, or tools (tool calls)."""
 
 
 class TraceRecord(BaseModel):
@@ -273,6 +313,7 @@ class TraceRecord(BaseModel):
             step_rewards=summary.step_rewards, baseline=summary.baseline, reward_baseline=start.reward_baseline,
             env_seconds=summary.env_seconds,
             step_scores=summary.step_scores, step_evaluated=summary.step_evaluated, task_hash=start.task_hash,
-            episode_config=start.config, primary=start.primary, final_status=summary.final_status)
+            episode_config=start.config, primary=start.primary, final_status=summary.final_status,
+            action_format=start.action_format)
         # A live episode's summary always has its return; a missing one fails here, never records 0.
         return cls(improvement=summary.total_reward, metrics=metrics, info=info)

@@ -1,9 +1,10 @@
 """Offline replay: re-run a recorded episode's replies in a fresh sandbox and report where it drifts.
 
 Recordings come from air's trajectory files or from `vf-eval` traces of the air-mlgym env, read by
-air.episode.recording. Drift is reported per turn for the observation (which ends with the exit code) and the
-score; a task whose files changed since the recording is reported too. `rescore` recomputes the rewards of a
-recording under another reward mode without any container.
+air.episode.recording. Drift is reported per turn for the observation (which ends with the exit code; in the tools
+format the results of the turn's calls, one after another) and the score; a task whose files changed since the
+recording is reported too. `rescore` recomputes the rewards of a recording under another reward mode without any
+container.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from air.actions import Reply, ToolCall
 from air.episode.config import EpisodeConfig
 from air.episode.recording import RecordedStep, Recording, load_recordings
 from air.episode.rewards import RewardConfig, rescore
@@ -85,7 +87,8 @@ def recorded_task(recording: Recording, mlgym_root: str | None = None) -> TaskSp
 def recorded_config(recording: Recording) -> EpisodeConfig:
     """The episode config the recording ran with; one air cannot run is a UsageError naming the file."""
     try:
-        return EpisodeConfig(**recording.config)
+        # In the format it was played in, whatever the task says now.
+        return EpisodeConfig(**{**recording.config, "action_format": recording.action_format})
     except ValidationError as exc:
         raise UsageError(one_line(exc, f"{recording.source}: its recorded config: ")) from None
 
@@ -121,11 +124,19 @@ async def replay(recording: Recording, pool, config: EpisodeConfig | None = None
             if episode.done:
                 drifts.append(Drift(step.turn, "episode", "continues", "ended"))
                 break
-            compare(step, (await episode.step(step.reply or "")).observation)
+            compare(step, (await episode.step(_reply(step))).observation)
         if recording.final is not None and not episode.done:
             # The recorded episode's driver stopped it and scored what was there; so does the replay.
             compare(recording.final, (await episode.finish("stopped")).observation)
     return drifts, note
+
+
+def _reply(step: RecordedStep) -> str | Reply:
+    """The reply as the model gave it: its text, or its text and tool calls (ids, names, arguments verbatim)."""
+    if not step.tool_calls:
+        return step.reply or ""
+    return Reply(content=step.reply or None, tool_calls=tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments)
+                                                            for c in step.tool_calls))
 
 
 def rescore_recording(recording: Recording, mode: str) -> list[tuple[int, float | None, float]]:

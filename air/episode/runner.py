@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from air.actions import Reply
 from air.episode.live import failure_kind, record_failure
 from air.episode.loop import Episode, EpisodeConfig, StepResult
 from air.episode.trajectory import TrajectoryWriter
@@ -13,7 +14,7 @@ from air.failures import translate
 from air.policies import Message, Policy, retries_noted
 from air.tasks.environment import TaskEnvironment
 
-OnStep = Callable[[Episode, str, StepResult], None]
+OnStep = Callable[[Episode, "str | Reply", StepResult], None]
 
 
 async def run_episode(task_env: TaskEnvironment, policy: Policy, config: EpisodeConfig | None = None,
@@ -28,13 +29,15 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
             episode = Episode(task_env, sandbox, config, writer, meta=meta)
             messages: list[Message] = [{"role": "system", "content": episode.system_prompt},
                                        {"role": "user", "content": episode.prompt}]
+            tools = episode.tools  # offered on every request in the tools format, None in the text format
             while True:
                 with retries_noted() as retried:
-                    reply = await policy.reply(messages)
+                    reply = await (policy.reply(messages, tools) if tools else policy.reply(messages))
                 step = await episode.step(reply, model_retries=len(retried))
                 if on_step is not None:
                     on_step(episode, reply, step)
-                messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": step.observation}]
+                said = reply.message() if isinstance(reply, Reply) else {"role": "assistant", "content": reply}
+                messages += [said, *step.answers]
                 if step.done:
                     if writer is not None:
                         writer.check_kept()  # a run directory deleted meanwhile: no result points at nothing

@@ -52,6 +52,9 @@ class EpisodeSettings(BaseModel):
     """Bound on every step reward (none by default)."""
     score_bound: float | None = same_as(RewardConfig, "score_bound")
     """Bound on every normalised score."""
+    action_format: Literal["text", "tools"] | None = same_as(EpisodeConfig, "action_format")
+    """How the model acts: text (one fenced block per reply) or tools (tool calls: bash, validate, submit);
+    default: each task's own (text for the bundled and MLGym tasks)."""
     trajectory_dir: str | None = None
     """Write air's trajectory of every episode here (air view / air replay read them)."""
 
@@ -59,6 +62,7 @@ class EpisodeSettings(BaseModel):
         return EpisodeConfig(
             max_turns=self.max_turns, max_seconds=self.max_seconds, max_format_errors=self.max_format_errors,
             command_timeout=self.command_timeout, observation_chars=self.observation_chars,
+            action_format=self.action_format,
             reward=RewardConfig(mode=self.reward_mode, failed_validation_penalty=self.failed_validation_penalty,
                                 clip=self.reward_clip, score_bound=self.score_bound))
 

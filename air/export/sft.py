@@ -8,6 +8,14 @@ assistant turns by default):
                   {"role": "assistant", "content": ...}, {"role": "user", "content": ...}, ...],
      "task": "regression-rmse", "improvement": 0.33, "ended_by": "submitted", "source": "traces.jsonl:3"}
 
+An episode played in the tools format (air/actions.py) has OpenAI tool calls on its assistant turns
+(`tool_calls`, each `{"id", "type": "function", "function": {"name", "arguments"}}`, arguments the JSON text
+the model wrote) and one `{"role": "tool", "tool_call_id", "content"}` message per call answering them, and the
+tools offered in a `tools` column, a JSON string: the form both prime-rl's SFT loader and TRL's SFTTrainer read
+(each `json.loads` a string `tools`; a list of differently shaped JSON schemas would not survive Arrow's schema
+unification across rows). Tool results are context, like observations (prime-rl's `loss_mask.tool`, TRL's
+`assistant_only_loss`).
+
 prime-rl loads `data.name` with `datasets.load_dataset(name, split="train")`, so write the file into a
 directory of its own (`--out data/air-sft/train.jsonl`) and point `data.name` at that directory
 (configs/mlgym/sft.toml). The extra columns are provenance; the loader ignores them.
@@ -24,6 +32,8 @@ Filters, each counted under its reason (`read == kept + sum(filtered)`):
   infrastructure error, a bug, an interruption; never trained on);
 - `incomplete`: the episode did not finish (no `end` record, no air episode info on the trace), has no turn,
   or is damaged (a turn is missing, e.g. its line was torn; a broken node chain; content that is not text);
+- `unparsable_tool_call`: a tool call's arguments are not a JSON object (the model's format error): prime-rl's
+  loader parses every call's arguments, and one that fails stops the whole dataset;
 - `not_submitted` / `submission_failed` (unless `submitted_only=False`): the agent did not end the episode
   with `submit`, or the final evaluation produced no score;
 - `below_min_improvement`: the episode's return (its normalised improvement over the baseline, already
@@ -115,16 +125,19 @@ def sft_rows(inputs: Iterable[tuple[str, Iterable[str | bytes]]],
             if reason is not None:
                 result.filtered[reason] += 1
                 continue
-            result.rows.append({"messages": messages, "task": rec.task, "improvement": rec.improvement,
+            tools = {"tools": json.dumps(rec.tools, ensure_ascii=False)} if rec.tools else {}
+            result.rows.append({"messages": messages, **tools, "task": rec.task, "improvement": rec.improvement,
                                 "ended_by": rec.ended_by, "source": rec.location})
     return result
 
 
-def _rejection(rec: Recording, messages: list[dict[str, str]] | None, options: ExportOptions) -> str | None:
+def _rejection(rec: Recording, messages: list[dict[str, Any]] | None, options: ExportOptions) -> str | None:
     if rec.failure is not None:
         return "errored"
     if rec.damage is not None or not rec.finished or messages is None:
         return "incomplete"
+    if not all(_json_object(call["function"]["arguments"]) for m in messages for call in m.get("tool_calls", ())):
+        return "unparsable_tool_call"
     if options.submitted_only:
         if rec.ended_by != "submitted":
             return "not_submitted"
@@ -136,7 +149,14 @@ def _rejection(rec: Recording, messages: list[dict[str, str]] | None, options: E
     return None
 
 
-def _conversation_key(messages: list[dict[str, str]] | None) -> str:
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except (json.JSONDecodeError, RecursionError):
+        return False
+
+
+def _conversation_key(messages: list[dict[str, Any]] | None) -> str:
     return hashlib.sha256(json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 

@@ -10,16 +10,21 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
-from typing import Protocol
+from typing import Any, Protocol
 
-Message = dict[str, str]
+from air.actions import Reply
+
+Message = dict[str, Any]
+"""An OpenAI chat message: a role and its content; an assistant's may carry `tool_calls`, a tool result its
+`tool_call_id`."""
 
 _retries: ContextVar[list[str] | None] = ContextVar("air_policy_retries", default=None)
 
 
 class Policy(Protocol):
-    async def reply(self, messages: list[Message]) -> str:
-        """The next assistant message for a conversation (system, user, assistant, ... user)."""
+    async def reply(self, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> str | Reply:
+        """The next assistant message for a conversation (system, user, assistant, ... user or tool results): its
+        text, or, when `tools` are offered (the tools format), a Reply with its text and tool calls."""
         ...
 
 

@@ -28,8 +28,10 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_before_delay
 
+from air.actions import Reply
 from air.errors import ModelUnavailable
 from air.policies import Message, note_retry
+from air.policies.tool_reply import tool_reply
 from air.text import loads
 
 BUSY = (429, 503)
@@ -54,9 +56,11 @@ class OpenAIPolicy:
                                          headers={"Authorization": f"Bearer {key}"})
         self._where = f"model endpoint {self._client.base_url}"
 
-    async def reply(self, messages: list[Message]) -> str:
-        body = {"model": self.model, "messages": messages, "temperature": self.temperature,
-                "max_tokens": self.max_tokens}
+    async def reply(self, messages: list[Message], tools: list[dict] | None = None) -> str | Reply:
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "temperature": self.temperature,
+                                "max_tokens": self.max_tokens}
+        if tools:  # the tools format: the reply's tool calls are read by tool_reply
+            body["tools"] = tools
         deadline = asyncio.get_running_loop().time() + self.timeout
         # Retried: a busy answer, and a request that never reached the server or lost its connection (a request
         # that did reach it has no side effect on the episode). Never a reply that did not come in time: the
@@ -78,7 +82,7 @@ class OpenAIPolicy:
             attempts = retrying.statistics.get("attempt_number", 1)
             raise ModelUnavailable(f"{self._where} unreachable after {attempts} attempt(s) "
                                    f"({type(exc).__name__}: {str(exc) or 'no detail'})") from exc
-        return self._read(status, headers, answer)
+        return self._read(status, headers, answer, tools=bool(tools))
 
     async def _ask(self, body: dict[str, Any], deadline: float) -> tuple[int, httpx.Headers, bytes]:
         """One request and its whole answer, by the deadline."""
@@ -104,8 +108,9 @@ class OpenAIPolicy:
             raise _Busy(response.status_code, _retry_after(response.headers.get("retry-after")), _shown(answer))
         return response.status_code, response.headers, bytes(answer)
 
-    def _read(self, status: int, headers: httpx.Headers, answer: bytes) -> str:
-        """The reply text of a whole answer, or ModelUnavailable naming what it was instead."""
+    def _read(self, status: int, headers: httpx.Headers, answer: bytes, *, tools: bool = False) -> str | Reply:
+        """The reply of a whole answer (its text; with `tools`, its text and calls), or ModelUnavailable naming
+        what it was instead."""
         if 300 <= status < 400:
             location = headers.get("location")
             raise ModelUnavailable(f"{self._where} answered HTTP {status}, a redirect to " + (
@@ -117,10 +122,12 @@ class OpenAIPolicy:
         if status != 200:
             raise ModelUnavailable(f"{self._where} answered HTTP {status}: {_shown(answer)}")
         try:
-            return message_text(loads(answer))
+            completion = loads(answer)
+            text = message_text(completion)
         except ValueError as exc:
             raise ModelUnavailable(f"{self._where} answered something air cannot read as a chat completion "
                                    f"({exc}): {_shown(answer, 200)}") from None
+        return tool_reply(completion["choices"][0]["message"]) if tools else text
 
     async def aclose(self) -> None:
         await self._client.aclose()

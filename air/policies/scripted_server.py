@@ -1,7 +1,9 @@
 """A scripted OpenAI-compatible chat server: a TEST DOUBLE of an LLM endpoint, not a model.
 
 It answers `/v1/chat/completions` (streaming and not) with the scripted policy's next reply for the task named
-in the conversation, so `vf-eval`, prime-rl-style clients and `air eval` can run end to end offline.
+in the conversation, so `vf-eval`, prime-rl-style clients and `air eval` can run end to end offline. A request
+that offers `tools` is answered in the tools format: the story's action as one tool call (`tool_calls`, finish
+reason `tool_calls`; streamed as OpenAI streams calls), its thought as the text.
 
     python -m air.policies.scripted_server --port 8765      # or --port 0 --port-file F (picks a free port)
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from air.actions import Reply
 from air.policies.scripted import TRIVIAL, ScriptedPolicy
 
 MODEL = "air-scripted"
@@ -33,16 +36,20 @@ def make_app(policy: ScriptedPolicy | None = None) -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         request.app["requests"] += 1
-        text = policy.reply_for(body.get("messages") or [])
+        messages, tools = body.get("messages") or [], body.get("tools")
+        reply = policy.tool_reply_for(messages, tools) if tools else Reply(content=policy.reply_for(messages))
+        text = reply.content or ""
+        calls = [call.message() for call in reply.tool_calls]
+        finish = "tool_calls" if calls else "stop"
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:12]}", int(time.time())
         model = body.get("model") or MODEL
-        usage = {"prompt_tokens": 1, "completion_tokens": max(len(text) // 4, 1),
-                 "total_tokens": 1 + max(len(text) // 4, 1)}
+        size = max((len(text) + sum(len(c["function"]["arguments"]) for c in calls)) // 4, 1)
+        usage = {"prompt_tokens": 1, "completion_tokens": size, "total_tokens": 1 + size}
         if not body.get("stream"):
             return web.json_response({
                 "id": cid, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": "stop"}],
+                "choices": [{"index": 0, "message": reply.message() | {"content": reply.content if calls else text},
+                             "finish_reason": finish}],
                 "usage": usage,
             })
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -52,9 +59,12 @@ def make_app(policy: ScriptedPolicy | None = None) -> web.Application:
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
 
         base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
-        await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text},
-                                         "finish_reason": None}]})
-        await send({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        await send({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": reply.content
+                                                               if calls else text}, "finish_reason": None}]})
+        if calls:
+            await send({**base, "choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": i, **call} for i, call in enumerate(calls)]}, "finish_reason": None}]})
+        await send({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         if (body.get("stream_options") or {}).get("include_usage"):
             await send({**base, "choices": [], "usage": usage})
         await response.write(b"data: [DONE]\n\n")

@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from air.actions import ActionFormat
+
 Direction = Literal["higher", "lower"]
 Contract = Literal["air", "mlgym-csv", "mlgym-model", "mlgym-lm", "mlgym-python"]
 
@@ -186,6 +188,8 @@ class TaskSpec(BaseModel):
     reward_scale: float | None = Field(None, gt=0)
     """Normalisation scale for rewards when |baseline| is a poor yardstick (see air.episode.rewards)."""
     hidden: HiddenSplit | None = None
+    action_format: ActionFormat = "text"
+    """How the model acts on this task unless a run says otherwise (air/actions.py): text or tools."""
     leaks: list[str] = []
     """Answer keys within reach, found by the loader (air.tasks.leaks): each names the evaluation-only file and the
     file the agent (or anyone, for a sample submission) can read that equals it."""
@@ -216,7 +220,9 @@ class TaskSpec(BaseModel):
     def content_hash(self) -> str:
         """Changes whenever the spec or any file it names changes: replays use it to detect drift. A host draw's
         files count by their draw id (in the spec), so the hash is the same before and after they are made."""
-        h = hashlib.sha256(self.model_dump_json().encode())
+        # The format joined the spec later: left at its default it is left out, so hashes recorded before stay.
+        h = hashlib.sha256(self.model_dump_json(exclude={"action_format"} if self.action_format == "text"
+                                                else None).encode())
         drawn = self.hidden.folder if self.hidden else None
         for entry in (*self.starter, *self.data, *self.secret, *self.evaluation_files, *self.baseline_files):
             if drawn is not None and entry.source.is_relative_to(drawn):

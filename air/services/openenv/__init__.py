@@ -24,6 +24,11 @@ its guard (token, body cap, sessions per client: air/services/guard.py).
   step's own: an episode's rewards sum to its return); or `step({"command": ...})`: one shell command, or
   `validate`, or `submit`, alone. The observation carries air's metrics (`total_reward`, `score`, `best_score`,
   `validations`, `turn`, `ended_by`, `episode`).
+- In the tools format (`--action-format tools`), `reset` also answers `tools` (air's, to offer the model) and
+  `step({"tool_calls": [...], "reply": text})` takes the reply's OpenAI tool calls (a command alone becomes the
+  one call that runs it); the observation's `tool_results` holds one tool message per call, in order, and
+  `text` the results one after another. A call that cannot run (arguments that are not JSON, an unknown tool)
+  is answered by a format error, as a reply without a call is.
 - An infrastructure failure (Docker, the pool, a dead container) is an observation with `done` true, `reward`
   None and `failure` "infrastructure" (a bug in air: "error"), with `error` saying what: a trainer drops that
   rollout; it is never scored 0, and the session answers it again to every step until the next reset.

@@ -13,15 +13,27 @@ from typing import Any
 from openenv.core.env_server import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 
+from air.actions import Reply, command_call
 from air.episode.live import LiveEpisode
 from air.episode.loop import StepResult
 from air.episode.parse import as_block
 from air.episode.settings import TaskItem
 from air.errors import InfraError
+from air.policies.tool_reply import tool_reply
 from air.services.episodes import ServedEpisodes, one_line, reap_idle
 from air.services.openenv.models import AirAction, AirObservation, AirState, Failure
 
 log = logging.getLogger("air.services.openenv")
+
+
+def _reply(action: AirAction, action_format: str) -> str | Reply:
+    """The action as the model's reply: its text; a command alone, as the one block (text format) or the one call
+    (tools format) that runs it; or the reply's tool calls."""
+    if action.tool_calls is not None:
+        return tool_reply({"content": action.reply, "tool_calls": action.tool_calls})
+    if action.command is None:
+        return action.reply or ""
+    return Reply(tool_calls=(command_call(action.command),)) if action_format == "tools" else as_block(action.command)
 
 
 class BadRequest(ValueError):
@@ -118,7 +130,8 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
             await self._drop("interrupted", self.closed)
             raise NoEpisode(f"this session was closed {self.closed}")
         episode = self.live.episode
-        return AirObservation(text=episode.prompt, system_prompt=episode.system_prompt, **self._about())
+        return AirObservation(text=episode.prompt, system_prompt=episode.system_prompt, tools=episode.tools,
+                              **self._about())
 
     async def step_async(self, action: AirAction, timeout_s: float | None = None, **kwargs: Any) -> AirObservation:
         self._check_open()
@@ -130,8 +143,7 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
                             "OpenEnv's EnvClient opens)")
         if self.live.over:
             raise NoEpisode(f"the episode is over ({self.live.episode.ended_by}); reset to start another")
-        reply = action.reply if action.reply is not None else as_block(action.command or "")
-        self._op = asyncio.ensure_future(self.live.step(reply))
+        self._op = asyncio.ensure_future(self.live.step(_reply(action, self.live.episode.action_format)))
         try:
             result: StepResult = await asyncio.shield(self._op)
         except InfraError as exc:
@@ -141,8 +153,9 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
         finally:
             self._op = None
             self.last_used = time.monotonic()
+        results = [a for a in result.answers if a["role"] == "tool"] or None
         return AirObservation(text=result.observation, reward=result.reward, done=result.done,
-                              action=result.info.get("action"), **self._about())
+                              action=result.info.get("action"), tool_results=results, **self._about())
 
     @property
     def state(self) -> AirState:

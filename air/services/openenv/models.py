@@ -3,7 +3,7 @@ models, so its server validates and serialises them, and its clients parse them)
 
 from __future__ import annotations
 
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 from openenv.core.env_server import Action, Observation, State
 from pydantic import Field, model_validator
@@ -12,18 +12,25 @@ from pydantic_core import PydanticCustomError
 
 class AirAction(Action):
     """One turn: the model's whole reply (air's parser reads it: one fenced block with a command, or validate /
-    submit), or, as the second action type, one command alone (a shell command, or exactly validate / submit)."""
+    submit); or one command alone (a shell command, or exactly validate / submit); or, in the tools format, the
+    reply's tool calls (OpenAI's `tool_calls`, with `reply` as the text beside them, if any)."""
 
     reply: str | None = None
     command: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    """The tools format: the reply's calls as the model made them, `{"id", "type": "function", "function":
+    {"name", "arguments"}}` (arguments as the JSON text it wrote); each gets its own result. An empty list is a
+    reply that called no tool."""
 
     @model_validator(mode="after")
     def _one_of_them(self) -> Self:
-        if (self.reply is None) == (self.command is None):
+        if self.command is not None and (self.reply is not None or self.tool_calls is not None) or \
+                self.command is None and self.reply is None and self.tool_calls is None:
             # A PydanticCustomError, not a ValueError: OpenEnv's server sends the errors to its client as JSON,
             # and a ValueError in their context does not serialise (the session would end instead).
-            raise PydanticCustomError("one_action", "give exactly one of `reply` (the model's whole reply) and "
-                                                    "`command` (one shell command, or validate, or submit)")
+            raise PydanticCustomError("one_action", "give `reply` (the model's whole reply), or `command` (one "
+                                                    "shell command, or validate, or submit), or `tool_calls` "
+                                                    "(with `reply` as the text beside them, if any)")
         return self
 
 
@@ -37,9 +44,15 @@ class AirObservation(Observation):
     scored."""
 
     text: str = ""
-    """The user turn the model answers next: the task prompt after reset, a step's observation after it."""
+    """The user turn the model answers next: the task prompt after reset, a step's observation after it (in the
+    tools format, the results of the reply's calls one after another)."""
     system_prompt: str | None = None
     """After reset: how to act (the reply format, validate and submit)."""
+    tools: list[dict[str, Any]] | None = None
+    """After reset, in the tools format: the tools to offer the model (OpenAI function tools)."""
+    tool_results: list[dict[str, Any]] | None = None
+    """In the tools format, after a reply that called tools: one tool message per call, in order
+    (`{"role": "tool", "tool_call_id", "content"}`), to append to the conversation as they are."""
     task: str | None = None
     item_id: str | None = None
     """`task#example`, the verifiers taskset's row id of the same episode."""
