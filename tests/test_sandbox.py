@@ -268,6 +268,36 @@ async def test_exec_argv_user_cwd_env_timeout_and_files(pool, base_spec):
             await sb.read_file("/srv/air/x")
 
 
+
+async def test_a_programs_files_are_laid_down_by_its_own_process_with_the_agents_rights(pool, base_spec):
+    """run_untrusted(files=...): the tar is extracted as the agent just before the program starts, which sees it in
+    its cwd and never sees the descriptor the warden's child reported through; a tar the agent may not write is
+    ArchiveUnwritable and the program does not run."""
+    import io
+    import tarfile
+
+    from air.sandbox.interface import ArchiveUnwritable
+
+    def tar_of(files: dict[str, bytes]) -> bytes:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    async with pool.lease(base_spec) as sb:
+        r = await sb.session.run_untrusted(
+            ["/bin/sh", "-c", 'cat main.txt; stat -c "%U" main.txt; ls /proc/self/fd | sort -n | tr "\n" " "'],
+            cwd="/home/agent/req", files=("/home/agent", tar_of({"req/main.txt": b"laid down\n"})))
+        assert r.exit_code == 0, r.stderr
+        assert r.stdout.splitlines()[:2] == ["laid down", "agent"]
+        assert r.stdout.splitlines()[2].split() == ["0", "1", "2", "3"], "only stdio (and ls's own directory fd)"
+        with pytest.raises(ArchiveUnwritable):
+            await sb.session.run_untrusted(["/bin/sh", "-c", "touch /tmp/ran"], files=("/etc", tar_of({"x": b"x"})))
+        assert (await sb.session.run_untrusted(["/bin/sh", "-c", "ls /tmp/ran"])).exit_code != 0, "it ran"
+
 # ----- pool -------------------------------------------------------------------------------------------------------
 async def test_reset_restores_files_processes_cwd_and_variables(pool, base_spec):
     hostile = ("echo changed > starter.py; mkdir junk; touch ~/.bashrc_x /tmp/t; export LEAK=1; "

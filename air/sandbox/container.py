@@ -28,7 +28,7 @@ from air.errors import DockerUnavailable, ImageError, InfraError, SandboxUnavail
 from air.sandbox.docker_api import Docker
 from air.sandbox.interface import ArchiveTooLarge, ExecResult, Shell
 from air.sandbox.labels import KEY, make_labels
-from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, SHM_MB, WORKSPACE
+from air.sandbox.layout import AGENT_HOME, AGENT_UID, AGENT_USER, AIR_DIR, SHM_MB, WORKSPACE
 from air.sandbox.output import CappedBuffer
 from air.sandbox.spec import SandboxSpec
 
@@ -148,6 +148,8 @@ class Sandbox:
         only an in-container kill stops the process tree.
         """
         wrapped = ["timeout", "-k", "2", f"{max(timeout, 0.1):g}", *argv]
+        if user == AGENT_USER:  # by number: Docker reads names from the image's files, not the sandbox's own
+            user = f"{self.agent_uid}:{self.agent_uid}"
         started = time.monotonic()
         out, err = CappedBuffer(max_output), CappedBuffer(max_output)
         code = await self.docker.call(self._exec_blocking, wrapped, user, cwd, dict(env or {}), out, err,

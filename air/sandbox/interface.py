@@ -106,8 +106,9 @@ class Shell(Protocol):
 
     async def run_untrusted(self, argv: list[str], *, stdin: str | bytes = b"", cwd: str = WORKSPACE,
                             env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
-                            reap: bool = True) -> ExecResult:
-        """A program as the warden's own child: an exit status no process can forge."""
+                            reap: bool = True, files: tuple[str, bytes] | None = None) -> ExecResult:
+        """A program as the warden's own child: an exit status no process can forge. `files` (dest, tar): laid down
+        by the program's process just before it starts (ArchiveUnwritable, and nothing run, if they cannot be)."""
         ...
 
     async def pack(self, paths: list[str], *, root: str = WORKSPACE, max_bytes: int = 64 << 20,

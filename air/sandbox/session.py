@@ -108,16 +108,21 @@ class Session:
 
     async def run_untrusted(self, argv: list[str], *, stdin: str | bytes = b"", cwd: str = WORKSPACE,
                             env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
-                            reap: bool = True) -> ExecResult:
+                            reap: bool = True, files: tuple[str, bytes] | None = None) -> ExecResult:
         """Run argv as the warden's own child: the exit status is the kernel's (no process can forge it). With
-        reap, every agent process is killed when it exits (its daemons, a fork bomb's remains)."""
+        reap, every agent process is killed when it exits (its daemons, a fork bomb's remains). `files`, (dest,
+        tar): extracted under dest by the program's own process just before it starts, as `unpack` would (with its
+        user's rights; ArchiveUnwritable, and nothing run, when a place cannot be written)."""
         data = stdin.encode("utf-8", "surrogateescape") if isinstance(stdin, str) else stdin
+        dest, tar = files or ("", b"")
         async with self._lock:
             link = await self._warden()
             exited = await link.call(p.Exec(argv=list(argv), stdin=data, cwd=cwd, env={**self.pristine_env(),
                                                                                        **(env or {})},
                                             timeout=timeout, limit=self.output_limit, as_root=user == "root",
-                                            reap=reap), wait=timeout + _MARGIN)
+                                            reap=reap, files=tar, files_dest=dest), wait=timeout + _MARGIN)
+        if exited.problem:
+            raise ArchiveUnwritable(f"could not unpack into {dest}: {exited.problem}")
         return ExecResult(None if exited.timed_out else exited.exit_code, exited.out, exited.err, exited.duration,
                           exited.timed_out, exited.dropped)
 

@@ -43,7 +43,8 @@ def as_user(uid: int, work: Callable[[], int], cell: Optional[Cell] = None) -> i
 
 
 def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[int, int],
-          cwd_fallbacks: Sequence = (), path: Optional[str] = None, cell: Optional[Cell] = None) -> int:
+          cwd_fallbacks: Sequence = (), path: Optional[str] = None, cell: Optional[Cell] = None,
+          prepare: Optional[Callable[[], None]] = None) -> int:
     """fork + exec argv as uid (0 = root) in the cell (if any) and a new session, confined, with fds
     {target: source} and no other; returns pid. cwd may be bytes (the agent's directories need not have UTF-8
     names)."""
@@ -67,6 +68,8 @@ def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         os.umask(0o022)
         confine(uid)
+        if prepare is not None:  # confined, as the program will be; its failure is reported by prepare itself
+            prepare()
         for d in (cwd, *cwd_fallbacks):
             try:
                 os.chdir(d)

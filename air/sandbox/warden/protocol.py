@@ -41,9 +41,9 @@ def agent_text(raw: bytes, limit: int) -> AgentText:
     return AgentText(raw[:limit].decode("utf-8", "replace"))
 
 
-def _bound(limit: int):
+def _bound(limit: int, **default):
     """Field metadata: the most bytes an AgentText field may bring to the host."""
-    return field(metadata={"limit": limit})
+    return field(metadata={"limit": limit}, **default)
 
 
 CWD_LIMIT = 4096
@@ -175,6 +175,8 @@ class Interrupt(Request):
 class Exited(Finished):
     """The kernel's status (waitpid) in exit_code."""
     op: ClassVar[str] = "exited"
+    problem: AgentText = _bound(1000, default=b"")
+    """Why the request's files could not be laid down (the program did not run then); empty when they were."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,10 @@ class Exec(Request):
     as_root: bool = False
     reap: bool = True
     """Kill every agent process once it exits (its daemons, a fork bomb's remains)."""
+    files: bytes = b""
+    """A tar extracted under files_dest by the program's own process, with its rights, just before it starts: an
+    Unpack and the program in one step (SandboxFusion's request files)."""
+    files_dest: str = ""
 
 
 @dataclass(frozen=True)

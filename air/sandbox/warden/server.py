@@ -43,11 +43,16 @@ class Program:
         self.rout, w_out = os.pipe()
         self.rerr, w_err = os.pipe()
         self.started = time.monotonic()
+        fds = {0: r_in, 1: w_out, 2: w_err}
+        prepare, self.problem = None, None
+        if request.files:  # laid down by the program's own process: one fork, not an Unpack's and then this one's
+            self.problem, fds[PROBLEM_FD] = os.pipe()
+            prepare = lambda: _lay_down(request.files_dest, request.files, request.as_root)  # noqa: E731
         try:
             self.pid = procs.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=dict(request.env),
-                                   fds={0: r_in, 1: w_out, 2: w_err}, cell=warden.cell)
+                                   fds=fds, cell=warden.cell, prepare=prepare)
         finally:
-            for fd in (r_in, w_out, w_err):
+            for fd in fds.values():
                 os.close(fd)
         self.pidfd = os.pidfd_open(self.pid)
         self.timed_out, self.status = False, None
@@ -122,11 +127,33 @@ class Program:
         if self.stdin is not None:
             _unregister(sel, self.stdin)
             os.close(self.stdin)
+        problem = b""
+        if self.problem is not None:  # written, if at all, before the child exited: whole in the pipe's buffer
+            os.set_blocking(self.problem, False)
+            try:
+                problem = os.read(self.problem, 1000)
+            except OSError:
+                pass
+            os.close(self.problem)
         self.warden.job = None
         self.warden.send(self.id, p.Exited(
             out=self.out.bytes(), err=self.err.bytes(), dropped=self.out.dropped + self.err.dropped,
             exit_code=os.waitstatus_to_exitcode(self.status) if self.status is not None else None,
-            timed_out=self.timed_out, duration=time.monotonic() - self.started))
+            timed_out=self.timed_out, duration=time.monotonic() - self.started, problem=problem))
+
+
+PROBLEM_FD = 3
+"""In a program's child, until it execs: where _lay_down says why the request's files could not be laid down."""
+
+
+def _lay_down(dest: str, tar: bytes, as_root: bool) -> None:
+    """In a program's child, before exec: extract its files; on failure say why and never run the program."""
+    try:
+        files.unpack(dest, tar, as_root)
+    except (files.Refused, OSError, EOFError, tarfile.TarError) as exc:
+        os.write(PROBLEM_FD, (str(exc).encode("utf-8", "surrogateescape") or b"unpack failed")[:900])
+        os._exit(126)
+    os.close(PROBLEM_FD)  # the program never sees it
 
 
 def _unregister(sel: selectors.BaseSelector, fd: int) -> None:

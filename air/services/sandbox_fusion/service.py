@@ -240,31 +240,38 @@ class SandboxFusionService:
                      run=f"{run_limits}exec {recipe.run.format(**fields)}")
 
     async def _execute(self, sandbox, plan: _Plan) -> RunCodeResponse:
+        # The request's files are laid down by the first program's own process (one step, not two), or on their
+        # own when something must happen between (absolute paths) or no program runs and files are fetched.
+        files: tuple[str, bytes] | None = (
+            (plan.sf_dir, plan.start_from.tar) if plan.start_from is not None and plan.start_from.tar is not None
+            else (AGENT_HOME, plan.tar()))
         try:
-            if plan.start_from is not None and plan.start_from.tar is not None:
-                await sandbox.session.unpack(plan.sf_dir, plan.start_from.tar)
-            else:
-                await sandbox.session.unpack(AGENT_HOME, plan.tar())
+            if plan.absolute:
+                await sandbox.session.unpack(*files)
+                files = None
+                problem = await place_absolute(sandbox, plan.directory, plan.absolute)
+                if problem:
+                    return RunCodeResponse(status=RunStatus.Failed, message=problem, executor_pod_name=sandbox.name)
+            compile_result = plan.start_from.result if plan.start_from is not None else None
+            if plan.compile and compile_result is None:
+                compile_result = await self._program(sandbox, plan.compile, cwd=plan.directory,
+                                                     timeout=plan.compile_timeout, files=files)
+                files = None
+                if plan.compile_key is not None:
+                    self.compiled.settle(plan.compile_key, await self._keep(sandbox, plan, compile_result))
+            run_result = None
+            if compile_result is None or (compile_result.status == CommandRunStatus.Finished
+                                          and compile_result.return_code == 0):
+                # What the program leaves running is killed by the reset after the lease, unless its files are
+                # fetched: then first, so that nothing changes them while they are read.
+                run_result = await self._program(sandbox, plan.run, cwd=plan.directory, stdin=plan.stdin,
+                                                 timeout=plan.run_timeout, reap=bool(plan.fetch), files=files)
+                files = None
+            if files is not None and plan.fetch:
+                await sandbox.session.unpack(*files)
         except ArchiveUnwritable as exc:  # the request's files do not fit the home: upstream's answer to files it
             return RunCodeResponse(status=RunStatus.SandboxError, message=str(exc),  # cannot write
                                    executor_pod_name=sandbox.name)
-        if plan.absolute:
-            problem = await place_absolute(sandbox, plan.directory, plan.absolute)
-            if problem:
-                return RunCodeResponse(status=RunStatus.Failed, message=problem, executor_pod_name=sandbox.name)
-        compile_result = plan.start_from.result if plan.start_from is not None else None
-        if plan.compile and compile_result is None:
-            compile_result = await self._program(sandbox, plan.compile, cwd=plan.directory,
-                                                 timeout=plan.compile_timeout)
-            if plan.compile_key is not None:
-                self.compiled.settle(plan.compile_key, await self._keep(sandbox, plan, compile_result))
-        run_result = None
-        if compile_result is None or (compile_result.status == CommandRunStatus.Finished
-                                      and compile_result.return_code == 0):
-            # What the program leaves running is killed by the reset after the lease, unless its files are
-            # fetched: then first, so that nothing changes them while they are read.
-            run_result = await self._program(sandbox, plan.run, cwd=plan.directory, stdin=plan.stdin,
-                                             timeout=plan.run_timeout, reap=bool(plan.fetch))
         # Fetched after a failed compile too, as upstream does.
         files = (await fetch_files(sandbox, plan.directory, plan.fetch, plan.notes, self.config.max_fetch_bytes)
                  if plan.fetch else {})
@@ -294,11 +301,14 @@ class SandboxFusionService:
                                files=files)
 
     async def _program(self, sandbox, script: str, *, cwd: str, timeout: float, stdin: str = "",
-                       reap: bool = True) -> CommandRunResult:
+                       reap: bool = True, files: tuple[str, bytes] | None = None) -> CommandRunResult:
         """One step (a compile or a run) as the warden's own child: its script ends in `exec`, so the status is
         the kernel's and nothing the program prints or forks can forge a finish or an exit code. A timeout of 0
-        or less times out at once without running, as upstream's does."""
+        or less times out at once without running, as upstream's does. `files` (dest, tar) are laid down first
+        whatever happens (ArchiveUnwritable)."""
         if timeout <= 0:
+            if files is not None:
+                await sandbox.session.unpack(*files)
             return CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=0.0, stdout="",
                                     stderr="")
         # The OOM counter before and after this program: a kill counted in between is this program's (an
@@ -306,7 +316,7 @@ class SandboxFusionService:
         oom_before = await sandbox.oom_kills()
         # /bin/sh by its path: the warden's fork then skips a PATH search (about a millisecond).
         result = await sandbox.session.run_untrusted(["/bin/sh", "-c", script], cwd=cwd, stdin=stdin,
-                                                     timeout=timeout, reap=reap)
+                                                     timeout=timeout, reap=reap, files=files)
         limit, captured = self.config.output_limit, self._captured
         stdout, stderr = cap_stream(result.stdout, limit, captured), cap_stream(result.stderr, limit, captured)
         if result.timed_out:
