@@ -110,15 +110,16 @@ def task_actions(task: str, tools: bool = False) -> Actions:
 
 
 # ----- the model, built locally -----------------------------------------------------------------------------
-def build_tokenizer(corpus: list[str], actions: Actions):
-    """A character-level BPE trained on `corpus`, the chat tokens, and the actions as added tokens."""
+def build_tokenizer(corpus: list[str], actions: Actions | None = None):
+    """A character-level BPE trained on `corpus`, the chat tokens, and the actions (if any) as added tokens."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     raw = Tokenizer(models.BPE(unk_token="<|unk|>"))
     raw.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # characters; merges make common pieces
     raw.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=["<|unk|>", *SPECIAL]))
-    raw.add_tokens(list(actions.replies.values()))
+    if actions is not None:
+        raw.add_tokens(list(actions.replies.values()))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<|unk|>", eos_token="<|end|>",
                                         pad_token="<|pad|>", padding_side="left")
     tokenizer.chat_template = CHAT_TEMPLATE

@@ -312,7 +312,8 @@ async def test_a_hanging_strategy_times_out_and_the_scorer_stays_usable(pool, do
     afterwards no process of it is left in the scoring sandbox, which is kept (not recycled) and scores the next
     submission correctly."""
     spec = load_task(PD)
-    spec = spec.model_copy(update={"evaluation": spec.evaluation.model_copy(update={"timeout": 8.0})})
+    # Short enough to wait out, long enough for the honest evaluations on a busy machine (8 s timed one out).
+    spec = spec.model_copy(update={"evaluation": spec.evaluation.model_copy(update={"timeout": 20.0})})
     env = TaskEnvironment(spec, pool)
     baseline = (task_dir(PD) / "starter" / "strategy.py").read_text()
     async with env.lease() as sandbox:

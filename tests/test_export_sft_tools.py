@@ -17,12 +17,12 @@ give. Then:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 from test_export_sft import FakeSandbox, FakeTaskEnv, play
+from test_trl_grpo import load_example
 
 from air.actions import Reply, ToolCall
 from air.episode.config import EpisodeConfig
@@ -30,7 +30,7 @@ from air.episode.loop import Episode
 from air.episode.trajectory import TrajectoryWriter
 from air.export.sft import export_sft_files
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "trl_grpo_cpu.py"
+ROOT = Path(__file__).resolve().parents[1]
 # Tools, calls and tool results rendered, the assistant's turns marked for TRL's assistant_only_loss.
 TOOL_TEMPLATE = (
     "{% if tools %}<|system|>tools: {{ tools | tojson }}<|end|>{% endif %}"
@@ -115,9 +115,7 @@ QWEN3_SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "
 def _tokenizer(dataset: Path):
     """The example's tokenizer, trained on the dataset's own text (so no character is unknown), with Qwen3's
     special tokens and the tool template."""
-    spec = importlib.util.spec_from_file_location("trl_grpo_cpu", EXAMPLE)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_example()
     tokenizer = example.build_tokenizer([TOOL_TEMPLATE, *dataset.read_text().splitlines()])
     tokenizer.add_special_tokens({"additional_special_tokens": QWEN3_SPECIAL})
     tokenizer.chat_template = TOOL_TEMPLATE
@@ -138,7 +136,7 @@ def test_prime_rls_sft_data_checks_pass(dataset):
     loaded = datasets.load_dataset(str(dataset.parent), split="train")  # data.name = the directory
     assert len(loaded) == 3
     _, tokenizer = _tokenizer(dataset)
-    sft = tomllib.loads((EXAMPLE.parents[1] / "configs" / "mlgym" / "sft.toml").read_text())
+    sft = tomllib.loads((ROOT / "configs" / "mlgym" / "sft.toml").read_text())
     renderer = create_renderer(tokenizer, TypeAdapter(RendererConfig).validate_python(sft["renderer"]))
     assert sft["data"]["loss_mask"]["tool"] is False  # prime-rl's default, said in the config
     role_to_mask = None if sft["data"]["loss_mask"]["assistant"] else NotImplemented

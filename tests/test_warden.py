@@ -89,12 +89,12 @@ async def test_a_rollout_that_ends_in_a_directory_not_named_in_utf8_is_recorded_
     from air.episode.batch import run_batch
     from air.episode.config import EpisodeConfig
     from air.episode.recording import load_recordings
-    from air.policies.scripted import SUBMIT, Script, ScriptedPolicy
+    from air.policies.scripted import SUBMIT, Script, ScriptedPolicy, Turn
     from air.tasks.registry import load_all
 
     moves = ("```bash\nmkdir -p $'\\xff\\xfe' && cd $'\\xff\\xfe'\n```", "```bash\nexit\n```",
              "```bash\npwd\n```", SUBMIT)
-    results = await run_batch(load_all(["prisoners-dilemma"]), ScriptedPolicy(only=Script(replies=moves)), pool,
+    results = await run_batch(load_all(["prisoners-dilemma"]), ScriptedPolicy(only=Script(turns=tuple(map(Turn, moves)))), pool,
                               tmp_path / "run", 1, 1, EpisodeConfig())
     assert [r.ok for r in results] == [True], [r.error for r in results]
     [path] = (tmp_path / "run").rglob("rollout-*.jsonl")

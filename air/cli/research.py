@@ -134,6 +134,13 @@ def eval_(
                 _show_results(sorted(finished, key=lambda r: (r.task, r.index)), run_dir, as_json, stopped=True)
             raise
     _show_results(results, run_dir, as_json)
+    # A rollout that could not write its trajectory: the run's record is incomplete, whatever else fit (the host's
+    # failure, exit 3, as when the summary itself cannot be written).
+    full = next((r.error for r in results if not r.ok and (r.error or "").startswith("DiskFull: ")), None)
+    if full is not None:
+        from air.errors import DiskFull
+
+        raise DiskFull(full.removeprefix("DiskFull: "))
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 

@@ -135,6 +135,8 @@ def _build(layout: Layout) -> None:
     _masks(inherited)
     _cgroup_limits(layout.cgroup)
     for name, text in (("passwd", layout.passwd), ("group", layout.group)):
+        if os.path.realpath("/etc/" + name) == os.path.realpath(text):
+            continue  # air's images link them there already: a mount would only add a mount point
         mount(text, "/etc/" + name, None, MS_BIND)
         mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
     _loopback_up()
