@@ -20,7 +20,7 @@ from typing import Dict, Optional, Union
 
 from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import files, procs, protocol as p
-from air.sandbox.warden.cell import Cell, CellError, Layout, become, supported
+from air.sandbox.warden.cell import Cell, CellError, Layout, become, prepare_confinement, supported
 from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
 from air.sandbox.warden.shell import Command, Shell
 
@@ -264,6 +264,7 @@ class Warden:
                 os.chown(d, c.uid, c.uid)
         for name in ("passwd", "group"):
             _write(c.air + "/etc/" + name, _with_agent(name, c.image_uid, c.uid))
+        prepare_confinement()
         # /srv/air's time says when the container was made: fixed, so that no two sandboxes (or a replay) differ.
         os.utime(c.air, (c.epoch, c.epoch))
         self.cwd = os.fsencode(c.workspace)
