@@ -262,8 +262,10 @@ def test_the_tools_format_through_the_env_server(scripted_server, tmp_path, imag
     harness in the env server offers them and the env runs the calls; the scripted stories, told as tool calls,
     come back with their exact returns, every reply's calls and results on the trace."""
     tasks = ["prisoners-dilemma", "regression-rmse"]
+    # regression-rmse's gradient boosting outlived 30 s under two busy test workers (its story then ends on the
+    # single-feature submission): 50 s, still short of the story's `sleep 600`.
     with env_server(tmp_path, docker_client, tasks, "--serve.pool.type", "static", "--serve.pool.num-workers", "1",
-                    "--env.taskset.action-format", "tools") as server:
+                    "--env.taskset.action-format", "tools", command_timeout=50) as server:
         episodes = asyncio.run(drive(server, scripted_server, load_tasks(tasks, action_format="tools"),
                                      concurrency=2))
     assert sorted(e.task.data.task_ref for e in episodes) == sorted(tasks)
