@@ -94,8 +94,8 @@ async def test_a_rollout_that_ends_in_a_directory_not_named_in_utf8_is_recorded_
 
     moves = ("```bash\nmkdir -p $'\\xff\\xfe' && cd $'\\xff\\xfe'\n```", "```bash\nexit\n```",
              "```bash\npwd\n```", SUBMIT)
-    results = await run_batch(load_all(["prisoners-dilemma"]), ScriptedPolicy(only=Script(turns=tuple(map(Turn, moves)))), pool,
-                              tmp_path / "run", 1, 1, EpisodeConfig())
+    policy = ScriptedPolicy(only=Script(turns=tuple(map(Turn, moves))))
+    results = await run_batch(load_all(["prisoners-dilemma"]), policy, pool, tmp_path / "run", 1, 1, EpisodeConfig())
     assert [r.ok for r in results] == [True], [r.error for r in results]
     [path] = (tmp_path / "run").rglob("rollout-*.jsonl")
     text = path.read_bytes().decode("utf-8")  # strictly: nothing undecodable reached the writer
