@@ -52,6 +52,15 @@ def test_the_replies_are_built_from_each_task(task):
     assert actions.name_of(actions.harmful) == "harmful" and actions.name_of(actions.validate + "x") == "other"
 
 
+def train_keeping_batches(trainer) -> list[dict]:
+    """trainer.train(), keeping each batch TRL trained on (its masks, as its loss reads them)."""
+    batches: list[dict] = []
+    generate = trainer._generate_and_score_completions
+    trainer._generate_and_score_completions = lambda inputs: batches.append(generate(inputs)) or batches[-1]
+    trainer.train()
+    return batches
+
+
 @pytest.mark.docker
 @pytest.mark.slow
 def test_grpo_trains_on_air_rewards(images, docker_client, tmp_path, monkeypatch):
@@ -73,10 +82,7 @@ def test_grpo_trains_on_air_rewards(images, docker_client, tmp_path, monkeypatch
         said: list[dict] = []
         trainer = example.trainer_for(server.url, TASK, tmp_path, actions, model, tokenizer, STEPS, GROUP,
                                       said=said)
-        batches = []  # what TRL trained on: its masks, as its loss reads them
-        generate = trainer._generate_and_score_completions
-        trainer._generate_and_score_completions = lambda inputs: batches.append(generate(inputs)) or batches[-1]
-        trainer.train()
+        batches = train_keeping_batches(trainer)
     finally:
         server.stop()
         server.log.close()

@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 from served import AirServer
-from test_trl_grpo import TASK, load_example
+from test_trl_grpo import TASK, load_example, train_keeping_batches
 
 from air.episode.trajectory import read_trajectory
 from air.sandbox import list_air_containers
@@ -29,14 +29,11 @@ def test_grpo_in_the_tools_format(images, docker_client, tmp_path, monkeypatch):
     run = f"test-trl-{uuid.uuid4().hex[:8]}"
     server = AirServer("openenv", run, tmp_path / "server.log", "--log-level", "warning", "--task", TASK,
                        "--max-turns", "3", "--action-format", "tools", "--trajectory-dir", str(tmp_path / "traj"))
-    batches = []  # what TRL trained on: its masks, as its loss reads them
     try:
         server.wait_ready()
         actions, model, tokenizer = example.prepare(server.url, TASK, tools=True)
         trainer = example.trainer_for(server.url, TASK, tmp_path, actions, model, tokenizer, 1, 2, tools=True)
-        generate = trainer._generate_and_score_completions
-        trainer._generate_and_score_completions = lambda inputs: batches.append(generate(inputs)) or batches[-1]
-        trainer.train()
+        batches = train_keeping_batches(trainer)
     finally:
         server.stop()
         server.log.close()

@@ -135,12 +135,13 @@ def eval_(
             raise
     _show_results(results, run_dir, as_json)
     # A rollout that could not write its trajectory: the run's record is incomplete, whatever else fit (the host's
-    # failure, exit 3, as when the summary itself cannot be written).
-    full = next((r.error for r in results if not r.ok and (r.error or "").startswith("DiskFull: ")), None)
-    if full is not None:
-        from air.errors import DiskFull
+    # failure, exit 3, as when the summary itself cannot be written). run_batch names a known failure by its class.
+    from air.errors import DiskFull
 
-        raise DiskFull(full.removeprefix("DiskFull: "))
+    named = f"{DiskFull.__name__}: "
+    full = next((r.error for r in results if not r.ok and (r.error or "").startswith(named)), None)
+    if full is not None:
+        raise DiskFull(full.removeprefix(named))
     if not all(r.ok for r in results):
         raise typer.Exit(1)
 

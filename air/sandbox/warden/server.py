@@ -148,12 +148,19 @@ PROBLEM_FD = 3
 
 def _lay_down(dest: str, tar: bytes, as_root: bool) -> None:
     """In a program's child, before exec: extract its files; on failure say why and never run the program."""
-    try:
-        files.unpack(dest, tar, as_root)
-    except (files.Refused, OSError, EOFError, tarfile.TarError) as exc:
-        os.write(PROBLEM_FD, (str(exc).encode("utf-8", "surrogateescape") or b"unpack failed")[:900])
+    if _unpack_telling(dest, tar, as_root, PROBLEM_FD):
         os._exit(126)
     os.close(PROBLEM_FD)  # the program never sees it
+
+
+def _unpack_telling(dest: str, tar: bytes, as_root: bool, fd: int) -> int:
+    """In a child with the unpack's rights: extract the tar; 0, or 1 once why not is written to fd."""
+    try:
+        files.unpack(dest, tar, as_root)
+        return 0
+    except (files.Refused, OSError, EOFError, tarfile.TarError) as exc:
+        os.write(fd, (str(exc).encode("utf-8", "surrogateescape") or b"unpack failed")[:900])
+        return 1
 
 
 def _unregister(sel: selectors.BaseSelector, fd: int) -> None:
@@ -443,12 +450,7 @@ class Warden:
 
         def work() -> int:
             os.close(r)
-            try:
-                files.unpack(request.dest, request.tar, request.as_root)
-                return 0
-            except (files.Refused, OSError, EOFError, tarfile.TarError) as exc:
-                os.write(w, str(exc).encode("utf-8", "surrogateescape")[:900])
-                return 1
+            return _unpack_telling(request.dest, request.tar, request.as_root, w)
 
         code = procs.as_user(0 if request.as_root else self.config.uid, work, self.cell)
         os.close(w)
