@@ -30,6 +30,7 @@ from air.sandbox import PoolConfig, SandboxPool
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 from fingerprint import differences, probe_command
+from probe_task import capture_reports, evaluated, make_probe_task
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -186,49 +187,6 @@ async def test_a_rollout_leaves_nothing_the_next_lease_can_observe(images):
 
 
 # ----- evaluations ---------------------------------------------------------------------------------------------------
-PROBE_TASK = '''
-id = "cells-probe"
-name = "Code under evaluation, probed"
-version = 1
-image = "cpu"
-description = "The submission's run.sh runs as the agent in the scoring sandbox; the evaluation reports what it wrote."
-
-[evaluation]
-entry = "evaluate.py"
-submission = ["run.sh"]
-timeout = 300
-
-[baseline]
-scores = { score = 1.0 }
-
-[[metrics]]
-name = "score"
-direction = "higher"
-primary = true
-'''
-# The evaluation (root in the scoring sandbox, holding the hidden data) runs the submission as the agent, as the
-# evaluation kit does, and reports the fingerprint its code wrote beside the score.
-PROBE_EVALUATE = r'''
-import json, os, shutil, subprocess
-uid = int(os.environ.get("AIR_AGENT_UID", "1000"))  # 1000 before each sandbox had its own
-work = "/tmp/work"
-os.mkdir(work)
-shutil.copy(os.path.join(os.environ["AIR_SUBMISSION_DIR"], "run.sh"), work)
-os.chown(work, uid, uid)
-def as_agent():
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-with open("/tmp/output.txt", "wb") as out:  # a file, not a pipe: daemons the code leaves may hold it open
-    subprocess.run(["bash", "run.sh"], cwd=work, preexec_fn=as_agent, stdout=out, stderr=subprocess.STDOUT,
-                   timeout=280, env={"HOME": work, "PATH": os.environ["PATH"], "LANG": "C.UTF-8"})
-fp = os.path.join(work, "fp.json")
-report = {"score": 1.0, "output": open("/tmp/output.txt", "rb").read().decode(errors="replace")[-3000:]}
-if os.path.exists(fp):
-    report["fingerprint"] = json.load(open(fp))
-with open(os.environ["AIR_METRICS_FILE"], "w") as f:
-    json.dump(report, f)
-'''
 # What the harness stages for each evaluation, anew and at a new moment: the evaluation's code, the submission, the
 # output directory (and Docker moves the times of the container's root and of its own per-container files whenever
 # files are copied in); what
@@ -240,36 +198,14 @@ STAGED_PER_EVALUATION = [r"files:/srv/air(/(eval|submission|output)(/.*)?)?:(ati
 
 @pytest.fixture
 def probe_task(tmp_path):
-    task = tmp_path / "tasks" / "cells-probe"
-    (task / "starter").mkdir(parents=True)
-    (task / "task.toml").write_text(PROBE_TASK)
-    (task / "evaluate.py").write_text(PROBE_EVALUATE)
-    (task / "starter" / "run.sh").write_text("true\n")
-    from air.tasks.air_format import load_air_task
-
-    return load_air_task(task)
-
-
-async def evaluated(env, sandbox, script: str, reports: list) -> dict:
-    """The agent writes run.sh and validates; what the evaluation reported (read where the scorer reads metrics)."""
-    r = await sandbox.session.run(f"cat > run.sh <<'AIR_RUN_EOF'\n{script}\nAIR_RUN_EOF")
-    assert r.exit_code == 0, r.stderr
-    reports.clear()
-    outcome = await env.evaluate(sandbox)
-    assert outcome.ok, outcome
-    await env.pool.wait_idle()  # the scorer's reset (in the background) is done: the next evaluation gets it back
-    return json.loads(reports[-1])
+    return make_probe_task(tmp_path)
 
 
 async def test_an_evaluation_leaves_nothing_a_later_evaluation_can_observe(images, probe_task, monkeypatch,
                                                                           docker_client):
     """Code under evaluation plants every class of state in the scoring sandbox; the next evaluation's code, in the
     same scoring sandbox, sees what it saw before the attack, and what a never-used scoring sandbox shows."""
-    import air.tasks.scoring as scoring
-
-    reports: list[str] = []
-    real = scoring._metrics_outcome
-    monkeypatch.setattr(scoring, "_metrics_outcome", lambda spec, raw: reports.append(raw) or real(spec, raw))
+    reports = capture_reports(monkeypatch)
     probe = probe_command("fp.json", compact=True)
     async with SandboxPool(PoolConfig(max_sandboxes=4, gpu_ids=[], lease_timeout=300)) as pool:
         env = TaskEnvironment(probe_task, pool)

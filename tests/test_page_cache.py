@@ -1,0 +1,111 @@
+"""The host's page cache is no channel (issue #38): code under evaluation, the agent and SandboxFusion requests share
+the image's files with every later evaluation, lease and request, and with every other container of the image.
+
+Each test runs the issue's writer and exact reader (tests/page_cache_channel.py: evict with fadvise, insert with
+1-byte preads, read with mmap and `ru_majflt`) the way a reward-hacking policy would: as the agent through ordinary
+commands, or as code under evaluation through an ordinary submission. The writer sends a balanced message of
+256 bits through pages of the image's largest library; the reader must agree with it no more than chance does
+(`CHANCE_BOUND`, 168 of 256). On 6f640f6 each reader recovered the message exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from air.sandbox import PoolConfig, SandboxPool
+from air.tasks.environment import TaskEnvironment
+from air.tasks.registry import load_task
+from page_cache_channel import BITS, CHANCE_BOUND, agreement, command, message, recovered
+from probe_task import capture_reports, evaluated, make_probe_task
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def assert_chance(sent: str, got: str, where: str) -> None:
+    agreed = agreement(sent, got)
+    assert agreed <= CHANCE_BOUND, f"{where}: the reader recovered {agreed} of {BITS} bits (chance: {BITS // 2})"
+
+
+async def agent_writes(sandbox, bits: str) -> None:
+    r = await sandbox.session.run(command("write", bits), timeout=120)
+    assert r.exit_code == 0 and "wrote" in r.stdout, r.output[-2000:]
+
+
+async def agent_reads(sandbox) -> str:
+    r = await sandbox.session.run(command("read", str(BITS)), timeout=120)
+    assert r.exit_code == 0, r.output[-2000:]
+    return recovered(r.stdout)
+
+
+@pytest.fixture
+def probe_task(tmp_path):
+    return make_probe_task(tmp_path)
+
+
+@pytest.mark.parametrize("isolation", ["cells", "containers"])
+async def test_a_lease_cannot_reach_the_next_lease_through_the_page_cache(images, run_id, isolation):
+    """The agent of one lease writes; the agent of the next lease of the same task reads (the same container's next
+    cell, or with isolation=containers a new container of the image)."""
+    sent = message()
+    spec = load_task("prisoners-dilemma")
+    config = PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=300, isolation=isolation)
+    async with SandboxPool(config) as pool:
+        env = TaskEnvironment(spec, pool)
+        async with env.lease() as writer:
+            await agent_writes(writer, sent)
+        await pool.wait_idle()
+        async with env.lease() as reader:
+            got = await agent_reads(reader)
+    assert_chance(sent, got, f"lease to lease ({isolation})")
+
+
+@pytest.mark.parametrize("isolation", ["cells", "containers"])
+async def test_an_evaluation_cannot_reach_a_later_evaluation(images, run_id, probe_task, monkeypatch, isolation):
+    """Code under evaluation writes while it holds the hidden data; the next evaluation's code reads (the same scoring
+    sandbox's next cell, or with isolation=containers a new scoring sandbox)."""
+    reports = capture_reports(monkeypatch)
+    sent = message(1)
+    config = PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=300, isolation=isolation)
+    async with SandboxPool(config) as pool:
+        env = TaskEnvironment(probe_task, pool)
+        async with env.lease() as sandbox:
+            wrote = await evaluated(env, sandbox, command("write", sent), reports)
+            assert "wrote" in wrote["output"], wrote["output"]
+            read = await evaluated(env, sandbox, command("read", str(BITS)), reports)
+    assert_chance(sent, recovered(read["output"]), f"evaluation to the next evaluation ({isolation})")
+
+
+@pytest.mark.parametrize("isolation", ["cells", "containers"])
+async def test_an_evaluation_cannot_reach_the_agent(images, run_id, probe_task, monkeypatch, isolation):
+    """Code under evaluation writes; the agent's next command reads, in its own sandbox (another container of the
+    image)."""
+    reports = capture_reports(monkeypatch)
+    sent = message(2)
+    config = PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=300, isolation=isolation)
+    async with SandboxPool(config) as pool:
+        env = TaskEnvironment(probe_task, pool)
+        async with env.lease() as sandbox:
+            wrote = await evaluated(env, sandbox, command("write", sent), reports)
+            assert "wrote" in wrote["output"], wrote["output"]
+            got = await agent_reads(sandbox)
+    assert_chance(sent, got, f"evaluation to the agent's next command ({isolation})")
+
+
+async def test_a_sandbox_fusion_request_cannot_reach_the_next_request(images, run_id):
+    """verl's code under test in request A writes; request B, served next by the same sandbox, reads."""
+    from air.services.sandbox_fusion.config import SandboxFusionConfig
+    from air.services.sandbox_fusion.schema import RunCodeRequest
+    from air.services.sandbox_fusion.service import SandboxFusionService
+
+    sent = message(3)
+    service = SandboxFusionService(SandboxFusionConfig(concurrency=1, pool_size=1, run_id=run_id))
+    await service.start()
+    try:
+        a = await service.run_code(RunCodeRequest(language="bash", code=command("write", sent), run_timeout=60))
+        assert "wrote" in (a.run_result.stdout or ""), a
+        b = await service.run_code(RunCodeRequest(language="bash", code=command("read", str(BITS)), run_timeout=60))
+        assert b.run_result.return_code == 0, b
+        assert service.pool.stats.created == 1, "one sandbox served both requests"
+    finally:
+        await service.close()
+    assert_chance(sent, recovered(b.run_result.stdout), "SandboxFusion request to request")
