@@ -11,7 +11,11 @@ digests each read-only mount's records into one value):
 - `net`: every file of /proc/net (sockets, TIME_WAIT included, SNMP and device counters);
 - `ipc`: SysV objects; `pids`: the shell's `$$`, the probe's own pid and the pid namespace's last pid;
 - `limits_in_use`: how many inotify instances the agent's uid can still open (a per-user kernel limit);
-- `processes`, `status`, `env`, `uts`, `keys`, `rlimits`, `umask`, `cwd`.
+- `processes`, `status`, `env`, `uts`, `keys`, `rlimits`, `umask`, `cwd`;
+- `host`: the host's kernel-wide counters as the sandbox reads them (/proc/stat, /proc/vmstat, /proc/meminfo,
+  /proc/sys/fs/*, pressure, interrupts, disks, NUMA nodes): anything that moves there is a channel between sandboxes;
+- `page_cache`: which pages of the image's 8 largest and 8 middling readable libraries the host has cached (read
+  exactly, by major faults), 64 pages each.
 
 Values that must differ between two sandboxes are normalised or named by the tests, never silently dropped here:
 the agent's own uid reads "AGENT" (every sandbox has its own uid), device numbers and mount ids read as their
@@ -180,9 +184,61 @@ for line in read("/proc/self/status").splitlines():
                "Seccomp_filters", "NSpid", "NSpgid", "NSsid"):
         status[key] = " ".join(str(who(int(v))) if v.isdigit() and key in ("Uid", "Gid", "Groups") else v
                                for v in value.split())
+host = {}  # the host's kernel-wide counters, as the sandbox can read them
+HOST_FILES = ["/proc/stat", "/proc/vmstat", "/proc/meminfo", "/proc/loadavg", "/proc/diskstats", "/proc/interrupts",
+              "/proc/softirqs", "/proc/buddyinfo", "/proc/zoneinfo", "/proc/swaps"]
+for d in ("/proc/sys/fs", "/proc/pressure", "/sys/devices/system/node"):
+    for top, dirs, names in os.walk(d):
+        dirs[:] = sorted(x for x in dirs if not x.startswith("memory"))  # memory blocks: hotplug state, not counters
+        HOST_FILES += [os.path.join(top, n) for n in sorted(names)
+                       if d != "/sys/devices/system/node" or n in ("meminfo", "vmstat", "numastat")]
+for path in HOST_FILES:
+    if os.path.isfile(path):
+        host[path] = read(path)
+
+def largest(n):  # the image's biggest readable libraries, and as many small ones: the same files in every sandbox
+    found = []
+    for top in ("/usr/lib", "/usr/local/lib", "/opt"):
+        for d, dirs, names in os.walk(top):
+            dirs.sort()
+            for name in sorted(names):
+                p = os.path.join(d, name)
+                try:
+                    st = os.stat(p, follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_size and os.access(p, os.R_OK):
+                    found.append((st.st_size, p))
+    found.sort(key=lambda f: (-f[0], f[1]))
+    return [p for _, p in found[:n] + found[len(found) // 2:len(found) // 2 + n]]
+
+import mmap
+def read_bytes():
+    for line in read("/proc/self/io").splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
+page_cache = {}  # which pages of them the host has cached: touching an uncached page costs a major fault
+for path in largest(8):
+    fd = os.open(path, os.O_RDONLY)
+    size = os.fstat(fd).st_size
+    m = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    m.madvise(mmap.MADV_RANDOM)
+    pages = size // mmap.PAGESIZE + 1
+    bits = []
+    for page in range(0, pages, max(1, pages // 64)):
+        before, read_before = resource.getrusage(resource.RUSAGE_SELF).ru_majflt, read_bytes()
+        m[page * mmap.PAGESIZE]
+        # A fault that waited for another's lock on the page counts as major too: a miss also reads the disk.
+        missed = resource.getrusage(resource.RUSAGE_SELF).ru_majflt > before and read_bytes() > read_before
+        bits.append("0" if missed else "1")
+    m.close()
+    os.close(fd)
+    page_cache[path] = "".join(bits)
+
 mask = os.umask(0)
 os.umask(mask)
-out = {
+out = {"host": host, "page_cache": page_cache,
     "pids": {"shell": os.getppid(), "probe": os.getpid(), "last": read("/proc/sys/kernel/ns_last_pid").strip(),
              "loadavg_last": read("/proc/loadavg").split()[-1]},
     "files": files, "mounts": mounts, "df": df, "net": net,

@@ -5,7 +5,8 @@ One attack, `PLANT`, run by the agent (or by code under evaluation) leaves state
 files with a default ACL (inherited by what is created in the directory afterwards), extended attributes, inode
 flags, blocks preallocated past the end of a file and a chosen ctime; loopback TCP connections in TIME_WAIT; a raised
 pid counter; burnt inode numbers; SysV and POSIX IPC objects; a daemon holding every inotify instance of its uid;
-and what earlier rounds attacked (issue #12): files in the home and every temp dir, daemons that detach, the times
+the host's page cache (the image's libraries evicted and half brought back, issue #38); and what earlier rounds
+attacked (issue #12): files in the home and every temp dir, daemons that detach, the times
 of shared device nodes, the shell's variables, limits, umask and directory.
 Then the next lease (evaluation, request) takes the fingerprint of everything it can observe (tests/fingerprint.py)
 and it must equal:
@@ -91,6 +92,25 @@ libc.semget(0x4149, 2, 0o1600)
 libc.msgget(0x4149, 0o1600)
 rt = ctypes.CDLL("librt.so.1", use_errno=True)
 rt.mq_open(b"/airq", os.O_CREAT | os.O_RDWR, 0o600, None)
+
+# The host's page cache (issue #38): every page of the image's libraries evicted, one in two brought back.
+for top in ("/usr/lib", "/usr/local/lib", "/opt"):
+    for d, dirs, names in os.walk(top):
+        for name in names:
+            try:
+                fd = os.open(os.path.join(d, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                size = os.fstat(fd).st_size
+                for page in range(0, size, 2 * 4096):
+                    os.pread(fd, 1, page)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 print("planted")
 AIR_PLANT_EOF
 # Files, links and directories in the home and every temp dir; times of the device nodes; daemons (setsid, double

@@ -280,8 +280,10 @@ def test_the_bundle_loads_alone_with_nothing_of_air_but_itself(tmp_path):
     and an import of anything else of air fails loudly instead of finding a file of the image."""
     probe = ("import air.sandbox.warden.server as s; print(s.__file__, len(sys.modules['air.sandbox'].__path__));"
              "\ntry:\n    import air.errors\nexcept ImportError as e:\n    print('refused:', e)")
-    out = subprocess.run([sys.executable, "-I", "-S", "-c", bundle(run=probe).decode()], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=60)
+    program = tmp_path / "warden.py"  # longer than one argument may be: the host sends it on a stream
+    program.write_bytes(bundle(run=probe))
+    out = subprocess.run([sys.executable, "-I", "-S", str(program)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["<air-warden:air.sandbox.warden.server> 0",
                                        "refused: air.errors is not part of the warden's bundle"]

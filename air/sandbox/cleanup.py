@@ -1,6 +1,7 @@
 """Crash-safe cleanup by label: what dead runs left on a Docker daemon (their sandboxes, then the claims nobody
-holds any more), with no state file. Containers that vanish under a sweep (another process sweeping the same
-run) are no error; containers kept on purpose (`air debug --keep`) stay until asked for."""
+holds any more, and page-cache pins that have exited), with no state file.
+Containers that vanish under a sweep (another process sweeping the same run) are no error; containers kept on
+purpose (`air debug --keep`) stay until asked for."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ restarting daemon at most `daemon_patience`), and only a crash leaves a claim wi
 def sweep_dead_runs(client: docker.DockerClient) -> list[str]:
     """Remove the containers of every run whose owner process is dead (never those kept on purpose), then the
     claims nobody holds any more. Containers that vanish meanwhile (another process sweeping) are no error."""
-    doomed = [c.id for c in list_air_containers(client) if not c.alive_owner and not c.kept and not c.claim]
+    doomed = [c.id for c in list_air_containers(client) if not c.kept and not c.claim and (
+        c.status in ("exited", "dead") if c.host_pin else not c.alive_owner)]
     return remove_containers(client, doomed) + sweep_stale_claims(client)
 
 

@@ -33,9 +33,10 @@ from air.sandbox.output import CappedBuffer
 from air.sandbox.spec import SandboxSpec
 
 REMOVE_PATIENCE = 90.0  # seconds a removal keeps retrying while the daemon is unreachable
-ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL", "SETPCAP"]
+ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL", "SETPCAP", "IPC_LOCK"]
 """What root (the harness: the warden, staging and scoring execs) holds in every sandbox. SETPCAP lets the warden
-empty the bounding set of every process it starts for the agent."""
+empty the bounding set of every process it starts for the agent; IPC_LOCK lets it hold the sandbox's own files in
+the page cache (warden/pages.py)."""
 CELL_CAPABILITIES = ["SYS_ADMIN", "NET_ADMIN", "SYS_CHROOT", "MKNOD"]
 """What the warden needs besides, to build cells (warden/cell.py): namespaces and mounts, the cell's loopback, joining
 a cell's mount namespace, its /dev. No process of the agent, nor code under evaluation, ever holds any of them."""
@@ -62,6 +63,8 @@ class Sandbox:
     """The uid the agent runs under here: the sandbox's own (see layout.AGENT_UID_BASE)."""
     cells: bool = True
     """Whether this sandbox was made to build cells (its warden says whether it does: `Session.cells`)."""
+    pin_pages: bool = True
+    """Whether its warden holds the sandbox's own files in the page cache (the pool's `page_cache`)."""
     _session: Shell | None = None
     _oom_kills: int = 0
     _oom_file: str | None = None
@@ -72,7 +75,7 @@ class Sandbox:
     async def create(cls, docker_: Docker, spec: SandboxSpec, *, run: str | None = None, role: str = "agent",
                      gpu_ids: tuple[str, ...] = (), start_timeout: float = 60, labels: dict[str, str] | None = None,
                      gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True,
-                     apparmor: str | None = None) -> Sandbox:
+                     apparmor: str | None = None, pin_pages: bool = True) -> Sandbox:
         kwargs = container_kwargs(spec, run=run, role=role, gpu_ids=gpu_ids, gpu_devices=gpu_devices,
                                   agent_uid=agent_uid, cells=cells, apparmor=apparmor)
         kwargs["labels"].update(labels or {})
@@ -83,7 +86,7 @@ class Sandbox:
                 raise ImageError.not_built(spec.image) from exc
             raise
         return cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""),
-                   agent_uid=agent_uid, cells=cells)
+                   agent_uid=agent_uid, cells=cells, pin_pages=pin_pages)
 
     async def rename(self, name: str) -> None:
         await self.docker.call(self.docker.api.rename, self.container_id, name, timeout=30)

@@ -91,6 +91,12 @@ class AirContainer:
     def claim(self) -> bool:
         return self.role == "claim"
 
+    @property
+    def host_pin(self) -> bool:
+        """A page-cache pin every air process on the host shares (pagecache.py): it outlives its maker, and exits
+        by itself once no process holds it; only an exited one is anybody's to remove."""
+        return self.role == "pagecache" and self.labels.get("air.pin-scope") == "host"
+
     @classmethod
     def of(cls, row: dict) -> AirContainer:
         """From a row of the daemon's container list (one call for all: no per-container inspect that a

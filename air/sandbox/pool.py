@@ -58,6 +58,7 @@ from air.sandbox.labels import (
     owner_token,
     remove_containers,
 )
+from air.sandbox.pagecache import PIN, PageCachePins
 from air.sandbox.session import Session
 from air.sandbox.spec import DockerHost, PoolConfig
 
@@ -92,6 +93,8 @@ class _Host:
     down_reason: str = ""
     cells: bool | None = None
     """Known once a sandbox started there: True, or False (then every sandbox there is used once)."""
+    pins: PageCachePins | None = None
+    """The page-cache pins this pool relies on there."""
 
     @property
     def name(self) -> str:
@@ -135,6 +138,7 @@ class SandboxPool:
         budget = host.config.budget or self.config.host_budget
         host.docker = docker
         host.claims = HostClaims(docker, budget=budget, gpu_ids=tuple(str(i) for i in ids), run=self.run_id)
+        host.pins = PageCachePins(docker, run=self.run_id)
 
     async def _connect(self, host: _Host) -> bool:
         """Open the host's client if it is not open; False (and the host left out for a while) if it is down."""
@@ -209,6 +213,10 @@ class SandboxPool:
         await asyncio.gather(*(self._remove(sb) for sb in doomed), return_exceptions=True)
         self._idle.clear()
         await self._remove_stragglers()
+        for host in self._hosts:
+            if host.pins is not None:
+                with contextlib.suppress(InfraError):
+                    await host.pins.close()
         atexit.unregister(self._atexit_backstop)
 
     async def _remove_stragglers(self) -> None:
@@ -255,7 +263,8 @@ class SandboxPool:
                 continue
             try:
                 client = host.docker.client
-                mine = [c for c in list_air_containers(client, run=self.run_id) if c.owner == owner_token()]
+                mine = [c for c in list_air_containers(client, run=self.run_id) if c.owner == owner_token()
+                        and not c.host_pin]
                 kept = {c.labels.get(SANDBOX) for c in mine if c.kept}
                 remove_containers(client, [c.id for c in mine if not c.kept and not c.claim])
                 remove_containers(client, [c.id for c in mine if c.claim and c.labels.get(HOLDER) not in kept])
@@ -363,6 +372,13 @@ class SandboxPool:
                     while True:
                         host, grant = await self._claim(claim_spec, deadline)
                         labels = _grant_labels(grant)
+                        pinned = self.config.page_cache == "pinned"
+                        try:
+                            if pinned:  # before anything runs there: the image's pages held, for every sandbox
+                                labels[PIN] = await host.pins.ensure(spec)
+                        except BaseException:
+                            await self._give_back(host, grant)
+                            raise
                         if lent_gpus:  # shown like its own, held by the lender's claims
                             labels[GPUS] = ",".join(lent_gpus)
                         try:
@@ -370,7 +386,7 @@ class SandboxPool:
                                 host.docker, spec, run=self.run_id, gpu_ids=lent_gpus or grant.gpu_ids,
                                 labels=labels, gpu_devices=self.config.request_gpu_devices,
                                 agent_uid=self._agent_uid(grant), cells=self._wants_cells(host),
-                                apparmor=self.config.apparmor)
+                                apparmor=self.config.apparmor, pin_pages=pinned)
                         except DockerUnavailable as exc:  # the daemon went away between claim and create
                             self._mark_down(host, exc)
                             await self._give_back(host, grant)

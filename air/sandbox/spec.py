@@ -98,6 +98,12 @@ class PoolConfig(BaseModel):
     new container per lease, used once (slower; for hosts that forbid what cells need). "auto": cells, unless a
     Docker host forbids them (an AppArmor profile that denies mounts, rootless Docker, an unknown CPU
     architecture): that host then gets "containers", said once in the log and by `air doctor`."""
+    page_cache: Literal["pinned", "shared"] = "pinned"
+    """"pinned": before a sandbox of an image runs, every page of the files it can read is held in the host's page
+    cache (a page-cache pin per image and host, and each sandbox's warden for its own files: air/sandbox/pagecache.py),
+    so that nothing an agent or an evaluation does to the cache can be read by another sandbox. It costs the image's
+    size in locked memory once per host. "shared": no pins; the page cache is then an exact channel between every
+    sandbox of an image (SECURITY.md)."""
     agent_uid_base: int = Field(default_factory=lambda: int(os.environ.get("AIR_AGENT_UID_BASE", AGENT_UID_BASE)),
                                 ge=1000, le=2**31 - 2**21)
     """Each sandbox's agent runs under this uid plus the sandbox's host-wide slot: a uid no other live sandbox and

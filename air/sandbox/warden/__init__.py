@@ -12,7 +12,10 @@ end is air/sandbox/warden_link.py.
 | protocol.py | both ends | framing, every request and reply, decoding the agent's bytes on arrival |
 | syscalls.py | sandbox | the syscall numbers of the cells' seccomp filter, per architecture |
 | seccomp.py | sandbox | that filter: an allowlist compiled to BPF, installed before every exec in a cell |
+| hostview.py | sandbox | what a cell shows of the host's kernel-wide counters: their files, every counter at 0 |
 | cell.py | sandbox | cells: building one (namespaces, mounts, loopback), entering it, ending it; confining a process |
+| pages.py | sandbox | the sandbox's own files held in the host's page cache, so that nobody can change what is cached |
+| pinner.py | a pin | a page-cache pin's program (air/sandbox/pagecache.py): an image's files held for every sandbox |
 | procs.py | sandbox | starting the agent's processes in the cell, killing them (fork bombs too), IPC removal |
 | restore.py | sandbox | copying a trusted tree (the pristine home), removing the agent's trees without recursion |
 | files.py | sandbox | pack (the agent's files, with its rights) and unpack (the tar's entries win) |
@@ -50,7 +53,9 @@ MODULES = (  # in import order
     ("air.sandbox.warden.protocol", _HERE / "protocol.py"),
     ("air.sandbox.warden.syscalls", _HERE / "syscalls.py"),
     ("air.sandbox.warden.seccomp", _HERE / "seccomp.py"),
+    ("air.sandbox.warden.hostview", _HERE / "hostview.py"),
     ("air.sandbox.warden.cell", _HERE / "cell.py"),
+    ("air.sandbox.warden.pages", _HERE / "pages.py"),
     ("air.sandbox.warden.procs", _HERE / "procs.py"),
     ("air.sandbox.warden.restore", _HERE / "restore.py"),
     ("air.sandbox.warden.files", _HERE / "files.py"),
@@ -77,7 +82,12 @@ def _load(name, source):
 '''
 
 
-def bundle(run: str = "sys.modules['air.sandbox.warden.server'].main()") -> bytes:
-    """The warden as one program for `python3 -I -S`: the loader, every module, then `run`."""
-    parts = [_LOADER] + [f"_load({name!r}, {path.read_text()!r})\n" for name, path in MODULES] + [run + "\n"]
+PIN_MODULES = (("air.sandbox.warden.pages", _HERE / "pages.py"), ("air.sandbox.warden.pinner", _HERE / "pinner.py"))
+"""A page-cache pin's program (pinner.py): small enough to travel as its container's command line."""
+
+
+def bundle(run: str = "sys.modules['air.sandbox.warden.server'].main()", modules=MODULES) -> bytes:
+    """The warden (or another program of these modules) as one program for `python3 -I -S`: the loader, the
+    modules, then `run`."""
+    parts = [_LOADER] + [f"_load({name!r}, {path.read_text()!r})\n" for name, path in modules] + [run + "\n"]
     return "".join(parts).encode()

@@ -9,6 +9,8 @@ A cell is a process, its *init*, in new pid, network, IPC, UTS and mount namespa
   air's own directory, which is noatime: nothing the agent reads leaves a time behind;
 - /sys/fs/cgroup shows the container's limits only, none of its counters (usage, peaks, CPU time, events), which
   every cell of the container would share;
+- the host's kernel-wide counters in /proc and /sys (CPU time, forks, free memory, dentries, interrupts, disk I/O,
+  pressure) read 0, in their own format (hostview.py): code cannot move them for another sandbox to read;
 - /etc/passwd and /etc/group name the sandbox's own agent uid;
 - the network is loopback only, up.
 Every agent process (the shell, programs, file copies as the agent) is a child of the warden that joined the cell's
@@ -33,7 +35,7 @@ import struct
 import fcntl
 from typing import Dict, List, Optional, Tuple
 
-from air.sandbox.warden import seccomp
+from air.sandbox.warden import hostview, seccomp
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -82,6 +84,7 @@ class Layout:
         self.inherited = _mountinfo()
         self.cgroup = _cgroup_snapshot()
         self.devices = _dev_snapshot()
+        self.hostview = hostview.snapshot(_memory_limit(self.cgroup))
 
 
 def _mountinfo() -> List[Tuple[str, str, str, str]]:
@@ -127,13 +130,14 @@ def _build(layout: Layout) -> None:
     mount("overlay", layout.home, "overlay", MS_NOSUID | MS_NODEV,
           "lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on" % (layout.pristine_home, upper, work))
     os.utime(layout.home, ns=(top.st_atime_ns, top.st_mtime_ns))
-    _check(LIBC.umount2(layout.scratch.encode(), MNT_DETACH), "umount %s" % layout.scratch)  # held by the overlay
+    _detach(layout.scratch)  # held by the overlay
 
     for d in ("/tmp", "/var/tmp"):
         mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % layout.tmp_mb)
     _new_dev(layout)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _masks(inherited)
+    hostview.install(layout.hostview, layout.scratch, mount, _detach)
     _cgroup_limits(layout.cgroup)
     for name, text in (("passwd", layout.passwd), ("group", layout.group)):
         if os.path.realpath("/etc/" + name) == os.path.realpath(text):
@@ -141,6 +145,20 @@ def _build(layout: Layout) -> None:
         mount(text, "/etc/" + name, None, MS_BIND)
         mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
     _loopback_up()
+
+
+def _detach(target: str) -> None:
+    _check(LIBC.umount2(target.encode(), MNT_DETACH), "umount %s" % target)
+
+
+def _memory_limit(cgroup: Optional[Dict[str, object]]) -> Optional[int]:
+    """The container's memory limit in bytes from its cgroup's limit files, None when it has none."""
+    for name in ("memory/memory.limit_in_bytes", "memory.max"):
+        value = (cgroup or {}).get(name)
+        if isinstance(value, bytes) and value.strip().isdigit():
+            limit = int(value)
+            return limit if limit < 1 << 60 else None
+    return None
 
 
 def _dev_snapshot(top: str = "/dev") -> List[Tuple[str, int, int, int, int, str]]:

@@ -108,6 +108,11 @@ class Hello(Request):
     home_mb: int
     tmp_mb: int
     shm_mb: int
+    pin_pages: bool
+    """Hold every page of the sandbox's own files (under `air`'s kept names, and Docker's per-container files, a GPU
+    runtime's driver files) in the host's page cache (pages.py); the image's are a page-cache pin's."""
+    pinned_elsewhere: List[str]
+    """Mounts whose files the page-cache pin holds already (the read-only data store)."""
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ The allowlist is Docker's default profile for a container with no extra capabili
 profiles/seccomp/default.json, with the syscalls it added for kernels up to 6.7), minus io_uring and cachestat (which
 tells which pages of any readable file are cached: the page cache is the host's). Three calls keep Docker's argument
 checks: `clone` without any namespace flag, `socket` of any family but AF_VSOCK, and `personality` with the five
-values Docker allows; `preadv2` may not ask RWF_NOWAIT. Everything else (namespaces: unshare, setns, clone with
+values Docker allows; `preadv2` may not ask RWF_NOWAIT; `fadvise64` and `madvise` answer 0 and do nothing when asked to
+evict or age pages (EVICTING_FADVICE, EVICTING_MADVICE). Everything else (namespaces: unshare, setns, clone with
 CLONE_NEW*; mounts, old and new API; bpf, perf_event_open, keyrings, io_uring, ptrace's cousins that need
 capabilities...) fails with
 EPERM; `clone3` fails with ENOSYS so that the C library falls back to `clone`, whose flags the filter can read; a
@@ -69,6 +70,12 @@ RWF_NOWAIT = 0x8
 """preadv2's flag that fails a read rather than wait for the disk: an exact oracle of which pages of a file are
 cached, and the page cache is shared by every cell and container of the host. Refused (EOPNOTSUPP, as a file
 system without it answers); reads still work, and waiting for them is all a program loses."""
+EVICTING_FADVICE = (4, 5)
+"""POSIX_FADV_DONTNEED and POSIX_FADV_NOREUSE: drop a file's pages from the host's page cache (or age them), which is
+how code writes into the cache that every container of an image reads (issue #38). The call answers 0 and does
+nothing: advice is advice, which the kernel is free to ignore."""
+EVICTING_MADVICE = (20, 21)
+"""MADV_COLD and MADV_PAGEOUT: the same through a mapping (age or reclaim its pages). Answered 0, done nothing."""
 PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 """PER_LINUX, and with UNAME26 / PER_LINUX32 (what Docker allows), and the query."""
 
@@ -118,7 +125,8 @@ def compile_filter(arch: str) -> bytes:
     """The filter for one architecture, as the bytes of a struct sock_filter array."""
     numbers = NUMBERS[arch]
     special = {numbers["clone"]: "clone", numbers["socket"]: "socket", numbers["personality"]: "personality",
-               numbers["preadv2"]: "preadv2", numbers["clone3"]: "enosys"}
+               numbers["preadv2"]: "preadv2", numbers["clone3"]: "enosys", numbers["fadvise64"]: "fadvise",
+               numbers["madvise"]: "madvise"}
     allowed = {numbers[name] for name in ALLOWED if name in numbers}
     newest = max(numbers.values())
     # Decisions by number, as runs of equal decisions: [(first number, decision)], sorted.
@@ -175,6 +183,13 @@ def compile_filter(arch: str) -> bytes:
     p.op(_JSET, RWF_NOWAIT, jf=1)
     p.ret(_ERRNO | errno.EOPNOTSUPP)
     p.ret(_ALLOW)
+    for call, arg, advice in (("fadvise", 3, EVICTING_FADVICE), ("madvise", 2, EVICTING_MADVICE)):
+        p.label("decide_" + call)  # fadvise64(fd, offset, len, advice); madvise(addr, len, advice)
+        p.op(_LD_W_ABS, _ARG0_LO + 8 * arg)
+        for value in advice:
+            p.op(_JEQ, value, jf=1)
+            p.ret(_ERRNO | 0)
+        p.ret(_ALLOW)
     p.label("decide_personality")
     p.op(_LD_W_ABS, _ARG0_LO)
     for value in PERSONALITIES:

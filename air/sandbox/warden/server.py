@@ -21,6 +21,7 @@ from typing import Dict, Optional, Union
 from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import files, procs, protocol as p
 from air.sandbox.warden.cell import Cell, CellError, Layout, become, prepare_confinement, supported
+from air.sandbox.warden.pages import PinError, Pins, files_under
 from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
 from air.sandbox.warden.shell import Command, Shell
 
@@ -189,6 +190,9 @@ class Warden:
         """Handed to a person: the cell outlives the warden (op_keep)."""
         self.layout: Optional[Layout] = None
         self.scratch_times: Dict[str, tuple] = {}
+        self.pins = Pins()
+        """The sandbox's own files, held in the host's page cache (see hold_own_files)."""
+        self.own_mounts: list = []
 
     # ----- the host's stream ------------------------------------------------------------------------------------
     def send(self, ident: int, message: p.Message) -> None:
@@ -278,6 +282,8 @@ class Warden:
         self.layout = Layout(uid=c.uid, home=c.home, pristine_home=c.pristine_home, scratch=c.air + "/cell",
                              home_mb=c.home_mb, tmp_mb=c.tmp_mb, shm_mb=c.shm_mb, passwd=c.air + "/etc/passwd",
                              group=c.air + "/etc/group", writable=[c.air])
+        self.own_mounts = _own_mounts(self.layout.inherited, c)
+        self.hold_own_files()
         why_not = supported() if c.cells else "cells were not asked for"
         if why_not is None:
             try:
@@ -368,6 +374,7 @@ class Warden:
         if any(name not in c.keep for name in os.listdir(c.air)):  # what an evaluation left (untouched: no ctime)
             empty(c.air, keep=c.keep)
             os.utime(c.air, (c.epoch, c.epoch))
+        self.hold_own_files()  # what staging put under air's kept names since the last reset
         ended = time.monotonic()
         if self.cells:
             self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
@@ -380,6 +387,20 @@ class Warden:
         ms = lambda a, b: (b - a) * 1000  # noqa: E731
         return p.WasReset(cell=self.cells, end_ms=ms(started, ended), build_ms=ms(ended, time.monotonic()),
                           ms=ms(started, time.monotonic()))
+
+    def hold_own_files(self) -> None:
+        """Every page of the files this sandbox alone has (its staged home and data, the shell's copy, the passwd
+        files, Docker's per-container files, a GPU runtime's driver files) held in the host's page cache, so that no
+        agent or evaluation can change which are cached (pages.py); files that went since are let go. The image's
+        files are the page-cache pin's (air/sandbox/pagecache.py)."""
+        c = self.config
+        if not c.pin_pages:
+            return
+        tops = [os.path.join(c.air, name) for name in c.keep if name != "cell"] + self.own_mounts
+        try:
+            self.pins.keep_only(files_under(tops))
+        except PinError as exc:
+            raise RuntimeError("cannot hold the sandbox's files in the page cache: %s" % exc) from None
 
     def _reset_in_place(self) -> None:
         """Without cells (a sandbox used once): IPC objects and temp files gone, the home copied from the pristine
@@ -518,6 +539,22 @@ class Warden:
             out=command.out.bytes(), err=command.err.bytes(), cwd=self.cwd,
             dropped=command.out.dropped + command.err.dropped, exit_code=rc, timed_out=command.timed_out,
             restarted=restarted, duration=time.monotonic() - command.started))
+
+
+def _own_mounts(inherited: list, c: p.Hello) -> list:
+    """The container's mounts whose files are its own, not the image's, nor renewed for every cell: Docker's
+    per-container files, its init, a GPU runtime's driver files (mounts the page-cache pin holds are left to it)."""
+    renewed = ("/proc", "/sys", "/dev", "/tmp", "/var/tmp", c.home, c.air)
+    out = []
+    for point, _, fstype, _ in inherited:
+        if point == "/" or fstype in ("proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "overlay"):
+            continue
+        if any(point == r or point.startswith(r.rstrip("/") + "/") for r in renewed):
+            continue
+        if any(point == m or point.startswith(m.rstrip("/") + "/") for m in c.pinned_elsewhere):
+            continue
+        out.append(point)
+    return out
 
 
 def _mapped(uid: int) -> bool:

@@ -1,0 +1,50 @@
+"""Directories air shares with its containers through the Docker host's filesystem (bind mounts): the lock files of a
+page-cache pin (pagecache.py). Only a daemon that runs on this machine sees them; `is_local` says whether one does.
+
+They live under one runtime directory per user on this machine, so every air process of the user finds the same
+ones: `$AIR_RUNTIME_DIR`, else /run/air for root, else `$XDG_RUNTIME_DIR/air`, else /tmp/air-<uid>. Each is 0700:
+nobody else on the host, and nobody in a container but root, can look inside.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import urllib.parse
+from pathlib import Path
+
+from air.sandbox.docker_api import Docker
+
+
+def runtime_dir() -> Path:
+    chosen = os.environ.get("AIR_RUNTIME_DIR")
+    if chosen:
+        root = Path(chosen)
+    elif os.geteuid() == 0:
+        root = Path("/run/air")
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        root = Path(os.environ["XDG_RUNTIME_DIR"]) / "air"
+    else:
+        root = Path(f"/tmp/air-{os.geteuid()}")
+    return private(root)
+
+
+def private(path: Path) -> Path:
+    """The directory, made if missing, readable by its owner alone."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def is_local(docker_: Docker) -> bool:
+    """Does the daemon run on this machine, seeing its files? Its socket is a local one and it names itself as this
+    machine does (Docker Desktop's VM, a remote or ssh daemon do not). The first container that relies on it checks
+    it again, with a token only this process wrote."""
+    url = urllib.parse.urlparse(docker_.host)
+    if url.scheme not in ("unix", "http+unix", "npipe") and docker_.host.startswith(("tcp:", "ssh:", "http")):
+        return False
+    try:
+        name = docker_.client.info().get("Name", "")
+    except Exception:  # noqa: BLE001 - a daemon that cannot say is treated as elsewhere
+        return False
+    return name == socket.gethostname()

@@ -1,0 +1,289 @@
+"""Page-cache pins: before any sandbox of an image runs, every page of the image's files is in the host's page cache
+and locked there, for as long as a sandbox of the image may live. Nothing an agent, an evaluation or a request does
+can then change which pages are cached, so no later reader can learn anything from it (issue #38: it was an exact
+channel, 256 of 256 bits, from an evaluation that held hidden data to the agent's next command).
+
+A pin is a container of the image running `warden/pinner.py`, one per image and read-only data mounts on a Docker
+host: the image's pages are shared by every container of the image, so one holder serves them all, and the memory
+the pages take is charged to the pin's container, never to a sandbox's limit. The files a sandbox has of its own
+(its staged home and data, Docker's per-container files, a GPU's driver files) its warden holds (warden/pages.py).
+
+- **A daemon on this machine** (hostdir.is_local): one pin per image serves every air process on the host. Each
+  process that relies on it holds a lock file in the pin's host directory; the pin exits by itself once it has had
+  no live holder for `grace` seconds (a process killed with SIGKILL lets go with its lock).
+- **A daemon elsewhere**: each pool has its own pins, removed with it (and by sweeps, as the run's leftovers).
+
+Pinning costs the image's size in locked memory once per host (air/cpu: 1.6 GB in 50,000 files) and a few seconds
+the first time (reading the image from disk); `PoolConfig.page_cache = "shared"` turns it off, and the channel
+with it (`air doctor` says which).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker.errors
+import docker.types
+
+from air.errors import InfraError, SandboxUnavailable
+from air.sandbox import hostdir
+from air.sandbox.docker_api import Docker
+from air.sandbox.labels import make_labels
+from air.sandbox.layout import AGENT_HOME, AIR_DIR
+from air.sandbox.spec import SandboxSpec
+from air.sandbox.warden import PIN_MODULES, bundle
+from air.sandbox.warden.pinner import HOST_DIR
+
+log = logging.getLogger("air.pagecache")
+
+ROLE = "pagecache"
+PIN = "air.pin"
+"""Label of a pin (its name) and of every sandbox that relies on it."""
+SCOPE = "air.pin-scope"
+"""`host`: shared by every air process on the host, exits when unused; `run`: one pool's, removed with it."""
+PREFIX = "air-pagecache-"
+GRACE = 120.0
+"""Seconds a host pin outlives its last holder: the next `air run` or test finds it still pinned."""
+PIN_TIMEOUT = 900.0
+"""How long the first pin of an image may take: reading a large image (air/toolchain: 4 GB) from a slow disk."""
+SKIP = ("/proc", "/sys", "/dev", HOST_DIR, AIR_DIR, AGENT_HOME, "/tmp", "/var/tmp", "/etc/hosts", "/etc/hostname",
+        "/etc/resolv.conf")
+"""What a pin does not hold: pseudo-filesystems, what every sandbox gets new, and each container's own files (its
+warden holds those)."""
+_PROGRAM = bundle(run="import json; sys.modules['air.sandbox.warden.pinner'].main(json.loads(sys.argv[1]))",
+                  modules=PIN_MODULES).decode()
+
+
+@dataclass
+class _Pin:
+    name: str
+    scope: str
+    ready: bool = False
+    holder_fd: int | None = None
+    container_id: str | None = None
+
+
+class PageCachePins:
+    """The pins one pool relies on, on one Docker host."""
+
+    def __init__(self, docker_: Docker, *, run: str, grace: float = GRACE):
+        self.docker, self.run, self.grace = docker_, run, grace
+        self._local: bool | None = None
+        self._pins: dict[str, _Pin] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._image_ids: dict[str, str] = {}
+
+    # ----- what a sandbox needs --------------------------------------------------------------------------------
+    async def ensure(self, spec: SandboxSpec, timeout: float = PIN_TIMEOUT) -> str:
+        """The name of a pin of spec's image and data mounts that is holding their pages, made if needed; waits
+        until it holds them. InfraError (the host's failure, never the agent's) when it cannot be made."""
+        image_id = await self._image_id(spec.image)
+        key = json.dumps([image_id, sorted(spec.read_only_mounts.items()), os.geteuid()])
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            pin = self._pins.get(key)
+            if pin is not None and pin.ready:
+                return pin.name
+            if self._local is None:
+                self._local = await self.docker.call(hostdir.is_local, self.docker, timeout=30, idempotent=True)
+            digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+            if self._local:
+                pin = self._pins.setdefault(key, _Pin(PREFIX + digest, "host"))
+                try:
+                    await self._ensure_host_pin(pin, image_id, spec, timeout)
+                except _NotLocal:
+                    log.warning("the Docker daemon at %s does not see this machine's files: page-cache pins are "
+                                "per pool there", self.docker.host)
+                    self._local = False
+                    self._release(pin)
+                    self._pins.pop(key, None)
+            if not self._local:
+                pin = self._pins.setdefault(key, _Pin(f"{PREFIX}{digest}-{self.run}"[:63], "run"))
+                await self._ensure_run_pin(pin, image_id, spec, timeout)
+            pin.ready = True
+            return pin.name
+
+    async def _image_id(self, image: str) -> str:
+        if image not in self._image_ids:
+            info = await self.docker.call(self.docker.api.inspect_image, image, timeout=60, idempotent=True)
+            self._image_ids[image] = info["Id"]
+        return self._image_ids[image]
+
+    # ----- a pin every air process on this machine shares ---------------------------------------------------------
+    async def _ensure_host_pin(self, pin: _Pin, image_id: str, spec: SandboxSpec, timeout: float) -> None:
+        directory = hostdir.private(hostdir.runtime_dir() / "pins" / pin.name)
+        hostdir.private(directory / "holders")
+        if pin.holder_fd is None:  # this process's hold, for as long as it lives (or until close)
+            fd = os.open(directory / "holders" / f"{os.getpid()}-{secrets.token_hex(4)}.lock",
+                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            pin.holder_fd = fd
+        deadline = time.monotonic() + timeout
+        while True:
+            alive = _held(directory / "alive.lock")
+            if alive and (directory / "ready").exists():
+                return
+            if not alive:  # none yet, one starting, one that closed (or was killed), or one that failed
+                state = await self._state(pin.name)
+                if state == "missing":
+                    await self._start_host_pin(pin, image_id, spec, directory)
+                elif state in ("exited", "dead"):
+                    problem = _read(directory / "error") or await self._problem(pin.name)
+                    if "does not see the host directory" in problem:
+                        raise _NotLocal()
+                    await self._remove(pin.name)
+                    if problem:
+                        raise InfraError(f"the page-cache pin of {spec.image} failed: {problem}; {_FIX}")
+            if time.monotonic() > deadline:
+                raise InfraError(f"the page-cache pin of {spec.image} did not hold the image's pages within "
+                                 f"{timeout:g}s; {_FIX}")
+            await asyncio.sleep(0.05)
+
+    async def _start_host_pin(self, pin: _Pin, image_id: str, spec: SandboxSpec, directory: Path) -> None:
+        """Create and start the host's pin, unless another process just did (the daemon refuses a second
+        container of a name, whoever asks)."""
+        token = secrets.token_hex(16)
+        (directory / f"token-{token}").write_text(token)  # only a daemon that sees this machine's files finds it
+        for stale in ("error", "ready", "closing"):
+            with contextlib.suppress(FileNotFoundError):
+                (directory / stale).unlink()
+        config = {"roots": self._roots(spec), "skip": list(SKIP), "host_dir": HOST_DIR, "token": token,
+                  "grace": self.grace}
+        mount = docker.types.Mount(target=HOST_DIR, source=str(directory), type="bind", read_only=False)
+        with contextlib.suppress(_Exists):
+            await self._create(pin, image_id, spec, config, [mount])
+
+    # ----- a pin of this pool's own ---------------------------------------------------------------------------------
+    async def _ensure_run_pin(self, pin: _Pin, image_id: str, spec: SandboxSpec, timeout: float) -> None:
+        config = {"roots": self._roots(spec), "skip": list(SKIP), "host_dir": None}
+        if pin.container_id is None:
+            with contextlib.suppress(_Exists):
+                await self._create(pin, image_id, spec, config, [])
+        deadline = time.monotonic() + timeout
+        while True:
+            logs = await self._logs(pin.name)
+            if "air-pinned " in logs:
+                return
+            if "air-pin-error " in logs or await self._state(pin.name) in ("exited", "dead"):
+                raise InfraError(f"the page-cache pin of {spec.image} failed: {_problem_in(logs)}; {_FIX}")
+            if time.monotonic() > deadline:
+                raise InfraError(f"the page-cache pin of {spec.image} did not hold the image's pages within "
+                                 f"{timeout:g}s; {_FIX}")
+            await asyncio.sleep(0.1)
+
+    # ----- Docker ---------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _roots(spec: SandboxSpec) -> list[str]:
+        return ["/", "/usr/sbin/docker-init", *sorted(spec.read_only_mounts)]
+
+    async def _create(self, pin: _Pin, image_id: str, spec: SandboxSpec, config: dict,
+                      mounts: list[docker.types.Mount]) -> None:
+        labels = make_labels(ROLE, spec.task, self.run if pin.scope == "run" else "pagecache",
+                             pin=pin.name, pin_scope=pin.scope)
+        mounts = mounts + [docker.types.Mount(target=t, source=s, type="bind", read_only=True)
+                           for t, s in sorted(spec.read_only_mounts.items())]
+        try:
+            container = await self.docker.call(
+                self.docker.client.containers.run, image_id, ["python3", "-I", "-S", "-c", _PROGRAM,
+                                                              json.dumps(config)],
+                name=pin.name, detach=True, init=True, network_mode="none", read_only=True, user="0",
+                cap_drop=["ALL"], cap_add=["IPC_LOCK", "DAC_READ_SEARCH", "DAC_OVERRIDE"],
+                security_opt=["no-new-privileges"], pids_limit=64, labels=labels, mounts=mounts,
+                timeout=120)
+        except InfraError as exc:
+            if isinstance(exc.__cause__, docker.errors.APIError) and exc.__cause__.status_code == 409:
+                raise _Exists() from None
+            raise
+        pin.container_id = container.id
+        log.info("pinning the page cache of %s (%s)", spec.image, pin.name)
+
+    async def _state(self, name: str) -> str:
+        try:
+            info = await self.docker.call(self.docker.api.inspect_container, name, timeout=30, idempotent=True)
+        except SandboxUnavailable:
+            return "missing"
+        return info["State"].get("Status", "")
+
+    async def _logs(self, name: str) -> str:
+        try:
+            raw = await self.docker.call(self.docker.api.logs, name, stdout=True, stderr=True, tail=20,
+                                         timeout=30, idempotent=True)
+        except SandboxUnavailable:
+            return ""
+        return raw.decode("utf-8", "replace")
+
+    async def _problem(self, name: str) -> str:
+        return _problem_in(await self._logs(name))
+
+    async def _remove(self, name: str) -> None:
+        try:
+            await self.docker.call(self.docker.api.remove_container, name, force=True, timeout=60, idempotent=True)
+        except SandboxUnavailable:
+            pass
+
+    # ----- letting go -------------------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Let go of every pin: a host pin exits by itself once nobody holds it; this pool's own are removed."""
+        for pin in list(self._pins.values()):
+            self._release(pin)
+            if pin.scope == "run":
+                await self._remove(pin.name)
+        self._pins.clear()
+
+    @staticmethod
+    def _release(pin: _Pin) -> None:
+        if pin.holder_fd is not None:
+            os.close(pin.holder_fd)
+            pin.holder_fd = None
+
+
+_FIX = ("give the daemon's containers CAP_IPC_LOCK (rootless Docker cannot), or set PoolConfig.page_cache = "
+        '"shared" to run without pins (the page cache is then a channel between sandboxes: SECURITY.md)')
+
+
+class _Exists(Exception):
+    pass
+
+
+class _NotLocal(Exception):
+    pass
+
+
+def _held(path: Path) -> bool:
+    """Is the lock file held by a live process?"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _problem_in(logs: str) -> str:
+    for line in reversed(logs.splitlines()):
+        if line.startswith("air-pin-error "):
+            return line.removeprefix("air-pin-error ").strip()
+    tail = logs.strip().splitlines()
+    return tail[-1][:300] if tail else ""

@@ -1,0 +1,116 @@
+"""The program of a page-cache pin (air/sandbox/pagecache.py): a container of an image that holds every page of the
+image's files in the host's page cache, for every sandbox of the image on the host. Runs in the pin's container
+(stdlib only), as root with CAP_IPC_LOCK and nothing that could reach another container.
+
+It walks what a sandbox of the image can read that the image itself carries (the root filesystem, the read-only data
+mounts, Docker's init), holds all of it (pages.py), and says so:
+- with a host directory (a daemon on this machine): it holds `alive.lock` for as long as it lives and writes `ready`;
+  every air process that relies on it holds a lock file under `holders/`. Once no holder has been alive for `grace`
+  seconds it closes: `ready` becomes `closing`, the holders are looked at once more (one that came meanwhile keeps it
+  open), and it exits. An air process that finds `closing` waits for the exit and starts a new pin.
+- without (a daemon elsewhere): it prints one line, `air-pinned ...`, and holds until its container is removed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+
+from air.sandbox.warden.pages import PinError, files_under, hold_in_children
+
+HOST_DIR = "/run/air-pin"
+
+
+def _alive(path: str) -> bool:
+    """Is the lock file at path held by a live process? (A holder's lock goes with its process.)"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _holders(directory: str) -> int:
+    """Live holders; the files of dead ones removed."""
+    alive = 0
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(directory, name)
+        if _alive(path):
+            alive += 1
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    return alive
+
+
+def _write(path: str, text: str) -> None:
+    with open(path + ".new", "w") as f:
+        f.write(text)
+    os.rename(path + ".new", path)
+
+
+def main(config: dict) -> None:
+    host = config.get("host_dir")
+    if host:
+        token = os.path.join(host, "token-" + config["token"])
+        try:
+            with open(token) as f:
+                seen = f.read()
+            os.unlink(token)
+        except OSError:
+            seen = None
+        if seen != config["token"]:  # the daemon is not on the machine that made the directory
+            print("air-pin-error this container does not see the host directory it was given", flush=True)
+            sys.exit(3)
+        alive = os.open(os.path.join(host, "alive.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(alive, fcntl.LOCK_EX)  # held until this process ends
+        for stale in ("ready", "closing"):  # a pin before this one's words
+            try:
+                os.unlink(os.path.join(host, stale))
+            except OSError:
+                pass
+    started = time.monotonic()
+    paths = files_under(config["roots"], skip=config["skip"])
+    try:
+        _, files, size = hold_in_children(paths)
+    except PinError as exc:
+        print("air-pin-error " + str(exc), flush=True)
+        if host:
+            _write(os.path.join(host, "error"), str(exc))
+        sys.exit(2)
+    report = {"files": files, "bytes": size, "seconds": round(time.monotonic() - started, 3)}
+    print("air-pinned " + json.dumps(report), flush=True)
+    if not host:
+        while True:
+            time.sleep(3600)
+    ready, closing, holders = (os.path.join(host, name) for name in ("ready", "closing", "holders"))
+    _write(ready, json.dumps(report))
+    idle_since = time.monotonic()
+    while True:
+        time.sleep(config.get("poll", 1.0))
+        if _holders(holders):
+            idle_since = time.monotonic()
+            continue
+        if time.monotonic() - idle_since < config["grace"]:
+            continue
+        os.rename(ready, closing)
+        if _holders(holders):  # one came while we were deciding: stay
+            os.rename(closing, ready)
+            idle_since = time.monotonic()
+            continue
+        sys.exit(0)  # the children holding the pages die with the container's init
