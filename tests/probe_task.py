@@ -41,8 +41,10 @@ def as_agent():
     os.setresgid(uid, uid, uid)
     os.setresuid(uid, uid, uid)
 with open("/tmp/output.txt", "wb") as out:  # a file, not a pipe: daemons the code leaves may hold it open
+    hidden = os.path.join(os.environ["AIR_SECRET_DIR"], "hidden.txt")
     subprocess.run(["bash", "run.sh"], cwd=work, preexec_fn=as_agent, stdout=out, stderr=subprocess.STDOUT,
-                   timeout=280, env={"HOME": work, "PATH": os.environ["PATH"], "LANG": "C.UTF-8"})
+                   timeout=280, env={"HOME": work, "PATH": os.environ["PATH"], "LANG": "C.UTF-8",
+                                     "HIDDEN": open(hidden).read() if os.path.exists(hidden) else ""})
 fp = os.path.join(work, "fp.json")
 report = {"score": 1.0, "output": open("/tmp/output.txt", "rb").read().decode(errors="replace")[-3000:]}
 if os.path.exists(fp):
@@ -52,12 +54,17 @@ with open(os.environ["AIR_METRICS_FILE"], "w") as f:
 '''
 
 
-def make_probe_task(root: Path):
+def make_probe_task(root: Path, hidden: str | None = None):
+    """The probe task; with `hidden`, a secret file (secret/hidden.txt) the evaluation reads, and gives the
+    submission's code in $HIDDEN: code that saw hidden data."""
     task = root / "tasks" / "cells-probe"
     (task / "starter").mkdir(parents=True)
     (task / "task.toml").write_text(PROBE_TASK)
     (task / "evaluate.py").write_text(PROBE_EVALUATE)
     (task / "starter" / "run.sh").write_text("true\n")
+    if hidden is not None:
+        (task / "secret").mkdir()
+        (task / "secret" / "hidden.txt").write_text(hidden)
     from air.tasks.air_format import load_air_task
 
     return load_air_task(task)

@@ -295,3 +295,15 @@ def test_a_huge_finite_score_cannot_launder_the_return():
 def test_every_step_reward_is_bounded_by_twice_the_score_bound(score):
     steps = rescore([score, 1.0, score, None], RewardConfig(), 1.0, "higher")
     assert all(abs(r) <= 20.0 for r in steps), steps
+
+
+def test_results_on_hidden_data_come_on_the_coarse_clocks_ticks():
+    """An evaluation's duration may carry hidden data (a submission sleeps by it): the agent only ever sees a tick of a
+    geometric clock, so a validate tells it log2(ticks) bits at most, for a wait of at most half the evaluation."""
+    from air.tasks.scoring import release_time
+
+    ticks = sorted({release_time(d / 100) for d in range(1, 30000)})  # every duration up to 300 s
+    assert len(ticks) == 16 and ticks[0] == 1.0  # 4 bits
+    assert all(b / a == pytest.approx(1.5) for a, b in zip(ticks, ticks[1:]))
+    assert all(d / 100 <= release_time(d / 100) <= max(1.0, 1.5 * d / 100) for d in range(1, 30000))
+    assert release_time(7.3, ratio=1.0) == 7.3

@@ -108,15 +108,20 @@ def _isolation_checks(info: dict) -> list[Check]:
         config = PoolConfig(max_sandboxes=1, gpu_ids=[], sweep_dead_runs=False, lease_timeout=120)
         async with SandboxPool(config) as pool:
             async with pool.lease(SandboxSpec(image=image_ref("base"), task="doctor")) as sandbox:
-                return sandbox.session.ready, config.apparmor
+                return sandbox.session.ready, config.apparmor, await pool.page_cache_pins()
 
     try:
-        ready, apparmor = asyncio.run(probe())
+        ready, apparmor, pins = asyncio.run(probe())
     except InfraError as exc:
         return [Check("isolation", False, f"no sandbox could start: {exc}", "air images build", required=False)]
+    pinned = [Check("page cache", True, f"pinned: every page of an image's files held for all its sandboxes ("
+                    f"{pin['name']}, {pin['scope']} scope: air/base holds {pin.get('files', '?')} files, "
+                    f"{pin.get('bytes', 0) / 1e6:.0f} MB; each image costs its size in locked memory)", required=False)
+              for pin in pins[:1]]
     if ready.cells:
         return [Check("isolation", True, "cells: every lease, evaluation and request in new namespaces, home and "
-                      "temp dirs of a warm container, under an agent uid of the sandbox's own", required=False)]
+                      "temp dirs of a warm container, under an agent uid of the sandbox's own", required=False),
+                *pinned]
     fix = ""
     if "apparmor" in security and not apparmor:
         fix = ("Docker's AppArmor profile forbids the cells' mounts: AIR_APPARMOR=unconfined gives cells "
@@ -124,7 +129,7 @@ def _isolation_checks(info: dict) -> list[Check]:
     elif "rootless" in security:
         fix = "rootless Docker cannot mount a cell's /proc: use a rootful daemon for cells"
     return [Check("isolation", True, f"a new container per lease (slower; same guarantees): {ready.why_not}",
-                  fix, required=False)]
+                  fix, required=False), *pinned]
 
 
 def _sandbox_fusion_checks(client) -> list:

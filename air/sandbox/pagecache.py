@@ -231,6 +231,19 @@ class PageCachePins:
         except SandboxUnavailable:
             pass
 
+    async def held(self) -> list[dict]:
+        """What each pin this pool relies on holds: its name, scope, files, bytes and how long pinning took."""
+        out = []
+        for pin in self._pins.values():
+            if pin.scope == "host":
+                report = _read(hostdir.runtime_dir() / "pins" / pin.name / "ready")
+            else:
+                logs = await self._logs(pin.name)
+                report = next((line.removeprefix("air-pinned ") for line in logs.splitlines()
+                               if line.startswith("air-pinned ")), "")
+            out.append({"name": pin.name, "scope": pin.scope, **(json.loads(report) if report else {})})
+        return out
+
     # ----- letting go -------------------------------------------------------------------------------------------
     async def close(self) -> None:
         """Let go of every pin: a host pin exits by itself once nobody holds it; this pool's own are removed."""

@@ -603,6 +603,10 @@ class SandboxPool:
         task.add_done_callback(self._background.discard)
 
     # ----- introspection ----------------------------------------------------------------------------------------
+    async def page_cache_pins(self) -> list[dict]:
+        """The page-cache pins this pool relies on, on every host, and what each holds (pagecache.py)."""
+        return [row for host in self._hosts if host.pins is not None for row in await host.pins.held()]
+
     @property
     def live(self) -> int:
         return len(self._live)

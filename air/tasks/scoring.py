@@ -16,6 +16,7 @@ and a broken evaluation of a valid submission raises TaskError: neither is ever 
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -63,6 +64,25 @@ _KIT_BAD_SUBMISSION = 3
 Status = Literal["ok", "no_submission", "invalid_submission", "evaluation_error", "timeout", "malformed_metrics"]
 
 
+RELEASE_BASE, RELEASE_RATIO = 1.0, 1.5
+"""The coarse clock on which the result of an evaluation that saw hidden data is released: at the first of 1, 1.5,
+2.25, 3.4, ... seconds (base * ratio**k) after the validate began that is not before the result was ready. Code under
+evaluation can choose how long it takes, by the hidden data; the agent, timing its validates, then learns only which
+tick the result came on: at most log2(the ticks up to the evaluation's timeout) bits per validate (a 300 s timeout
+and the staging around it: 16 ticks, 4 bits), for a wait of at most half the evaluation's own time (SECURITY.md)."""
+
+
+def release_time(duration: float, base: float = RELEASE_BASE, ratio: float = RELEASE_RATIO) -> float:
+    """The first tick of the coarse clock at or after `duration` seconds (`duration` itself for a ratio of 1 or
+    less: no clock)."""
+    if ratio <= 1:
+        return duration
+    tick = base
+    while tick < duration:
+        tick *= ratio
+    return tick
+
+
 class EvalOutcome(BaseModel):
     status: Status
     metrics: dict[str, float] = {}
@@ -70,6 +90,10 @@ class EvalOutcome(BaseModel):
     """For the agent: why it failed (an evaluation's stderr tail, what is missing)."""
     submission: str = ""
     duration: float = 0.0
+    """How long the evaluation took (for people: what the agent waited for is `released_after`)."""
+    released_after: float = 0.0
+    """When the agent got the result, after the validate began: the coarse clock's tick (or `duration`, for an
+    evaluation that saw nothing hidden)."""
 
     @property
     def ok(self) -> bool:
@@ -285,7 +309,10 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec) ->
     except _Rejected as rejected:
         outcome = EvalOutcome(status=rejected.status, message=rejected.message)
     outcome.submission = submission
-    outcome.duration = time.monotonic() - started
+    outcome.duration = outcome.released_after = time.monotonic() - started
+    if saw_hidden(spec):  # how long it took may carry the hidden data: the result comes on the coarse clock's tick
+        outcome.released_after = release_time(outcome.duration)
+        await asyncio.sleep(outcome.released_after - (time.monotonic() - started))
     return outcome
 
 
