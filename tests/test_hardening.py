@@ -11,7 +11,7 @@ from air.sandbox.warden import cell
 pytestmark = pytest.mark.docker
 
 CAPABILITY_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8,
-                   "NET_ADMIN": 12, "SYS_CHROOT": 18, "SYS_ADMIN": 21, "MKNOD": 27}
+                   "NET_ADMIN": 12, "IPC_LOCK": 14, "SYS_CHROOT": 18, "SYS_ADMIN": 21, "MKNOD": 27}
 # Docker's own per-container files, air's two volumes and the temp dirs; /sbin/docker-init is Docker's init
 # binary, bind-mounted read-only because sandboxes run with init=True.
 SYSTEM_MOUNTS = {"/", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/home/agent", "/srv/air", "/tmp",
