@@ -181,12 +181,12 @@ async def test_output_flood_is_capped_and_host_memory_stays_flat(pool, images, d
 
     spec = SandboxSpec(image="air/base:latest", task="flood")
     async with pool.lease(spec) as sb:
-        session = Session(sb, output_limit=256 << 10)
-        await session.start()
+        session = sb.session  # the sandbox's one warden link, with a small cap
+        assert isinstance(session, Session)
+        session.output_limit = 256 << 10
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         r = await session.run("yes", timeout=10)
         rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        await session.close()
     assert r.timed_out
     assert r.dropped_bytes > 50 << 20, "yes should have produced far more than the cap"
     assert len(r.stdout) < 300 << 10 and "bytes of output dropped" in r.stdout

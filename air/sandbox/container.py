@@ -1,18 +1,22 @@
-"""One sandbox = one container: created with limits and labels, driven by stateless exec and tar file copies.
+"""One sandbox = one container: created with limits and labels, driven through its warden.
 
-The agent's interactive work, the reset and files of the (in-memory) home go through `Sandbox.session` (the
-sandbox's root warden and the persistent shell it hosts, see session.py and warden/); `harness_exec` and the tar
-copies here are for the harness and evaluations, in /srv/air (a volume: Docker's archive API cannot see a tmpfs).
-Every call is async, bounded by a deadline, and maps a vanished container or a dead daemon to SandboxUnavailable so
-a rollout is failed, never scored.
+Docker creates, starts and removes it; everything else goes through `Sandbox.session` (the sandbox's root warden and
+the persistent shell it hosts, see session.py and warden/): the agent's work, the reset, and the harness's own
+programs and file copies here (`harness_exec`, `put_archive`, ...), for staging and evaluations in /srv/air. On a
+daemon on this machine the warden is the container's main process, reached on a socket in the sandbox's host
+directory (`channel`): a stalled or restarting daemon stops no episode. Every call is async and bounded by a
+deadline, and maps a vanished container or a dead daemon to SandboxUnavailable so a rollout is failed, never scored.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import posixpath
 import re
+import secrets
 import shlex
+import shutil
 import tarfile
 import time
 import uuid
@@ -26,10 +30,10 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from air.errors import DockerUnavailable, ImageError, InfraError, SandboxUnavailable
 from air.sandbox.docker_api import Docker
-from air.sandbox.interface import ArchiveTooLarge, ExecResult, Shell
+from air.sandbox.interface import ArchiveUnreadable, ArchiveUnwritable, ExecResult, Shell
 from air.sandbox.labels import KEY, make_labels
-from air.sandbox.layout import AGENT_HOME, AGENT_UID, AGENT_USER, AIR_DIR, SHM_MB, WORKSPACE
-from air.sandbox.output import CappedBuffer
+from air.sandbox import hostdir
+from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, SHM_MB, WARDEN_DIR, WORKSPACE
 from air.sandbox.spec import SandboxSpec
 
 REMOVE_PATIENCE = 90.0  # seconds a removal keeps retrying while the daemon is unreachable
@@ -65,6 +69,12 @@ class Sandbox:
     """Whether this sandbox was made to build cells (its warden says whether it does: `Session.cells`)."""
     pin_pages: bool = True
     """Whether its warden holds the sandbox's own files in the page cache (the pool's `page_cache`)."""
+    channel: Path | None = None
+    """The sandbox's host directory, where its warden (the container's main process) listens for the host: the
+    daemon carries nothing (a daemon on this machine). None: the warden is a `docker exec` (a daemon elsewhere)."""
+    channel_secret: bytes = b""
+    """What the host proves itself with on the warden's socket (the warden read it from the directory, and removed
+    it, before anything else ran in the container)."""
     _session: Shell | None = None
     _oom_kills: int = 0
     _oom_file: str | None = None
@@ -75,18 +85,27 @@ class Sandbox:
     async def create(cls, docker_: Docker, spec: SandboxSpec, *, run: str | None = None, role: str = "agent",
                      gpu_ids: tuple[str, ...] = (), start_timeout: float = 60, labels: dict[str, str] | None = None,
                      gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True,
-                     apparmor: str | None = None, pin_pages: bool = True) -> Sandbox:
+                     apparmor: str | None = None, pin_pages: bool = True, channel: bool = False) -> Sandbox:
+        """Create and start it; with `channel` (a daemon on this machine), its warden is its main process, listening
+        on a socket in a host directory of its own (see `channel`)."""
         kwargs = container_kwargs(spec, run=run, role=role, gpu_ids=gpu_ids, gpu_devices=gpu_devices,
                                   agent_uid=agent_uid, cells=cells, apparmor=apparmor)
         kwargs["labels"].update(labels or {})
+        directory, secret = None, b""
+        if channel:
+            directory, secret = _channel_dir(kwargs["name"])
+            kwargs["command"] = ["python3", "-I", "-S", f"{WARDEN_DIR}/warden.py", "--listen", WARDEN_DIR]
+            kwargs["mounts"].append(docker.types.Mount(target=WARDEN_DIR, source=str(directory), type="bind"))
         try:
             container = await docker_.call(docker_.client.containers.run, timeout=start_timeout, **kwargs)
         except InfraError as exc:
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
             if isinstance(exc.__cause__, docker.errors.ImageNotFound):
                 raise ImageError.not_built(spec.image) from exc
             raise
         return cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""),
-                   agent_uid=agent_uid, cells=cells, pin_pages=pin_pages)
+                   agent_uid=agent_uid, cells=cells, pin_pages=pin_pages, channel=directory, channel_secret=secret)
 
     async def rename(self, name: str) -> None:
         await self.docker.call(self.docker.api.rename, self.container_id, name, timeout=30)
@@ -107,6 +126,8 @@ class Sandbox:
                                            v=True, timeout=60, idempotent=True)
                 except SandboxUnavailable:
                     pass  # already gone
+        if self.channel is not None:
+            shutil.rmtree(self.channel, ignore_errors=True)
 
     @property
     def short_id(self) -> str:
@@ -141,46 +162,17 @@ class Sandbox:
     def attach(self, session: Shell) -> None:
         self._session = session
 
-    # ----- stateless exec ---------------------------------------------------------------------------------------
+    # ----- the harness's own work -----------------------------------------------------------------------------
+    # Through the sandbox's warden, as everything else: the warden runs the harness's programs and copies where
+    # `docker exec` and Docker's archive API did (the container's own namespaces, root with its capabilities), so
+    # the Docker daemon carries none of it (on a daemon on this machine it carries nothing at all).
     async def harness_exec(self, argv: list[str], *, user: str = "root", cwd: str | None = None,
                            env: Mapping[str, str] | None = None, timeout: float = 60, max_output: int = 1 << 20
                            ) -> ExecResult:
-        """Run argv to completion; the in-container `timeout` kills its process group when the deadline passes.
-
-        The host-side deadline is a backstop a few seconds later: `docker exec` does not forward signals, so
-        only an in-container kill stops the process tree.
-        """
-        wrapped = ["timeout", "-k", "2", f"{max(timeout, 0.1):g}", *argv]
-        if user == AGENT_USER:  # by number: Docker reads names from the image's files, not the sandbox's own
-            user = f"{self.agent_uid}:{self.agent_uid}"
-        started = time.monotonic()
-        out, err = CappedBuffer(max_output), CappedBuffer(max_output)
-        code = await self.docker.call(self._exec_blocking, wrapped, user, cwd, dict(env or {}), out, err,
-                                      timeout=timeout + 10)
-        duration = time.monotonic() - started
-        timed_out = code in (124, 137) and duration >= timeout * 0.98
-        # 137 included: a container killed under the exec reports SIGKILL's 137, like an OOM-killed command.
-        if code is None or (code >= 126 and not timed_out):
-            await self._check_alive_after(code)
-        return ExecResult(None if timed_out else code, out.text(), err.text(), duration, timed_out,
-                          out.dropped + err.dropped)
-
-    def _exec_blocking(self, argv: list[str], user: str, cwd: str | None, env: dict[str, str],
-                       out: CappedBuffer, err: CappedBuffer) -> int | None:
-        api = self.docker.api
-        exec_id = api.exec_create(self.container_id, argv, user=user, workdir=cwd, environment=env)["Id"]
-        for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
-            if chunk_out:
-                out.write(chunk_out)
-            if chunk_err:
-                err.write(chunk_err)
-        return api.exec_inspect(exec_id).get("ExitCode")
-
-    async def _check_alive_after(self, code: int | None) -> None:
-        # A signal death with the container gone means the sandbox died, not the command (inspect_ai #4709).
-        await self.ensure_running()
-        if code is None:
-            raise SandboxUnavailable(f"exec in {self.short_id} returned no exit code")
+        """Run argv to completion as root (or the agent's uid), the warden's child: killed with its process group
+        when the deadline passes, its status the kernel's."""
+        return await self.session.harness(argv, user=user, cwd=cwd or "/", env=dict(env or {}), timeout=timeout,
+                                          limit=max_output)
 
     async def harness_sh(self, script: str, *, user: str = "root", timeout: float = 60, check: bool = True,
                          **kwargs) -> ExecResult:
@@ -194,10 +186,11 @@ class Sandbox:
 
     # ----- files ------------------------------------------------------------------------------------------------
     async def put_archive(self, dest: str, tar_bytes: bytes, timeout: float = 120) -> None:
-        ok = await self.docker.call(self.docker.api.put_archive, self.container_id, dest, tar_bytes,
-                                    timeout=timeout)
-        if not ok:
-            raise InfraError(f"could not copy files into {self.short_id}:{dest}")
+        """Extract a tar under dest (which must exist) as root, owners kept, into the container's own files."""
+        try:
+            await self.session.unpack(dest, tar_bytes, user="root", timeout=timeout, in_cell=False)
+        except ArchiveUnwritable as exc:
+            raise InfraError(f"could not copy files into {self.short_id}:{dest}: {exc}") from None
 
     async def put_files(self, dest: str, files: Mapping[str, bytes], *, owner: int = 0, mode: int = 0o644
                         ) -> None:
@@ -206,29 +199,14 @@ class Sandbox:
         await self.put_archive(dest, make_tar(files, owner=owner, mode=mode))
 
     async def get_archive(self, path: str, max_bytes: int = 64 << 20, timeout: float = 120) -> bytes:
-        """A tar of path (a symlink comes as the link itself); FileNotFoundError if path does not exist;
-        ArchiveTooLarge past max_bytes (the stream is cut there, memory stays bounded)."""
-        def fetch() -> bytes:
-            try:
-                stream, stat = self.docker.api.get_archive(self.container_id, path)
-            except docker.errors.NotFound as exc:
-                if "no such container" in str(exc).lower():
-                    raise
-                raise FileNotFoundError(path) from None
-            if stat and stat.get("size", 0) > max_bytes:  # one file too big: refuse it without streaming it
-                stream.close()
-                raise _TooBig()
-            buf = bytearray()
-            for chunk in stream:
-                buf += chunk
-                if len(buf) > max_bytes:
-                    raise _TooBig()
-            return bytes(buf)
-
+        """A tar of path under its base name, read as root (a symlink comes as the link itself); FileNotFoundError
+        if path does not exist; ArchiveTooLarge past max_bytes (memory stays bounded)."""
+        parent, name = posixpath.split(posixpath.normpath(path))
         try:
-            return await self.docker.call(fetch, timeout=timeout)
-        except _TooBig:
-            raise ArchiveTooLarge(f"{path} is larger than {max_bytes >> 20} MB") from None
+            return await self.session.pack([name], root=parent or "/", max_bytes=max_bytes, timeout=timeout,
+                                           user="root")
+        except ArchiveUnreadable as exc:
+            raise InfraError(f"could not copy {self.short_id}:{path} out: {exc}") from None
 
     async def read_file(self, path: str, max_bytes: int = 16 << 20) -> bytes:
         data = await self.get_archive(path, max_bytes=max_bytes + 4096)
@@ -242,7 +220,7 @@ class Sandbox:
     async def oom_kills(self) -> int:
         """How many processes the kernel's OOM killer has killed in this container's memory cgroup. Read from the
         cgroup's own file on this machine when the daemon runs here (microseconds: cheap enough to read before and
-        after every program), else inside the container with a `docker exec` (tens of milliseconds)."""
+        after every program), else by the warden inside the container."""
         if self._oom_file is None:
             self._oom_file = await self._host_oom_file() or ""
         if self._oom_file:
@@ -250,8 +228,7 @@ class Sandbox:
                 return _oom_count(Path(self._oom_file).read_text())
             except OSError:  # the container (and its cgroup) went away: ask Docker, which will say so
                 pass
-        cat = "cat /sys/fs/cgroup/memory/memory.oom_control /sys/fs/cgroup/memory.events 2>/dev/null"
-        return _oom_count((await self.harness_exec(["sh", "-c", cat], timeout=10)).stdout)
+        return await self.session.oom_kills()
 
     async def _host_oom_file(self) -> str | None:
         """The host's file that counts this container's OOM kills (cgroup v1 memory.oom_control or v2
@@ -347,8 +324,17 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
     return kwargs
 
 
-class _TooBig(Exception):
-    pass
+def _channel_dir(name: str) -> tuple[Path, bytes]:
+    """A sandbox's host directory, with the warden's program and the secret its host will prove itself with."""
+    from air.sandbox.warden import warden_program
+
+    directory = hostdir.private(hostdir.runtime_dir() / "sandboxes" / name)
+    secret = secrets.token_bytes(32)
+    for file, data in (("warden.py", warden_program()), ("secret", secret)):
+        fd = os.open(directory / file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    return directory, secret
 
 
 

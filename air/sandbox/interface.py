@@ -3,13 +3,13 @@ their calls return and the errors they raise besides air.errors' InfraError fami
 
 Four ways to run something in a sandbox, named by whom they trust:
 
-    call                               runs as, through                          exit status from
-    Sandbox.harness_exec / harness_sh  root (default), a fresh `docker exec`     Docker
-    Shell.run                          the agent, the warden's persistent shell  the shell's report, read strictly
-    Shell.run_untrusted                the agent (default), the warden's child   the kernel (waitpid): unforgeable
-    Shell.reset                        root, the warden                          the warden
+    call                               runs as, through                                exit status from
+    Sandbox.harness_exec / harness_sh  root (default), the warden's child, not in cells the kernel (waitpid)
+    Shell.run                          the agent, the warden's persistent shell        the shell's report, strictly
+    Shell.run_untrusted                the agent (default), the warden's child         the kernel: unforgeable
+    Shell.reset                        root, the warden                                the warden
 
-- `harness_exec`/`harness_sh` (~25 ms) is for the harness's own work (staging, scoring set-up), never agent code;
+- `harness_exec`/`harness_sh` (a few ms) is for the harness's own work (staging, scoring set-up), never agent code;
 - `run` (~0.5 ms) is the agent's commands, cwd and environment kept from one to the next;
 - `run_untrusted` is for untrusted code whose exit status is a result (SandboxFusion's programs);
 - `reset` takes the sandbox back to a fresh one's state: it ends the sandbox's cell and builds a new one.
@@ -111,14 +111,26 @@ class Shell(Protocol):
         by the program's process just before it starts (ArchiveUnwritable, and nothing run, if they cannot be)."""
         ...
 
-    async def pack(self, paths: list[str], *, root: str = WORKSPACE, max_bytes: int = 64 << 20,
-                   timeout: float = 120) -> bytes:
-        """A tar of paths read with the agent's rights (FileNotFoundError, ArchiveTooLarge, ArchiveUnreadable)."""
+    async def harness(self, argv: list[str], *, user: str = "root", cwd: str = "/",
+                      env: dict[str, str] | None = None, timeout: float = 60, limit: int = 1 << 20) -> ExecResult:
+        """The harness's own program, in the container's namespaces (outside cells), root unconfined."""
         ...
 
-    async def unpack(self, dest: str, tar: bytes, *, user: str = AGENT_USER, timeout: float = 120) -> None:
-        """Extract a tar under dest with the user's rights; its entries replace whatever stands at their paths,
-        never through a symlink (ArchiveUnwritable when a place cannot be written)."""
+    async def oom_kills(self) -> int:
+        """OOM kills the container's memory cgroup counts, read inside by the warden."""
+        ...
+
+    async def pack(self, paths: list[str], *, root: str = WORKSPACE, max_bytes: int = 64 << 20,
+                   timeout: float = 120, user: str = AGENT_USER) -> bytes:
+        """A tar of paths read with the agent's rights in the cell, or (user="root") the harness's read of the
+        container's own files (FileNotFoundError, ArchiveTooLarge, ArchiveUnreadable)."""
+        ...
+
+    async def unpack(self, dest: str, tar: bytes, *, user: str = AGENT_USER, timeout: float = 120,
+                     in_cell: bool = True) -> None:
+        """Extract a tar under dest with the user's rights, in the cell or (in_cell=False) into the container's own
+        files; its entries replace whatever stands at their paths, never through a symlink (ArchiveUnwritable when
+        a place cannot be written)."""
         ...
 
     async def reset(self, timeout: float = 30) -> None:
@@ -160,7 +172,7 @@ class Sandbox(Protocol):
     async def harness_exec(self, argv: list[str], *, user: str = "root", cwd: str | None = None,
                            env: Mapping[str, str] | None = None, timeout: float = 60, max_output: int = 1 << 20
                            ) -> ExecResult:
-        """A stateless harness command (`docker exec`), root by default."""
+        """A stateless harness command (the warden's child, outside cells), root by default."""
         ...
 
     async def harness_sh(self, script: str, *, user: str = "root", timeout: float = 60, check: bool = True,

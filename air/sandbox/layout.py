@@ -29,6 +29,10 @@ DATA = f"{AIR_DIR}/data"
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue", "/run/lock")
 """Writable by the agent besides its home: every cell has new ones (without cells, a reset empties them)."""
 
+WARDEN_DIR = "/run/air-warden"
+"""Where a sandbox's host directory is (a daemon on this machine): the warden's program, its socket while it waits
+for its host, its log. Root's alone in the container; no cell has it."""
+
 FIXED_MTIME = 1704067200
 """2024-01-01T00:00:00Z: the time of every staged path, so `ls -l` reads alike in every sandbox and replay."""
 SHM_MB = 64

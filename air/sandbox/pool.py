@@ -47,6 +47,7 @@ from air.sandbox.claims import Grant, HostClaims
 from air.sandbox.cleanup import sweep_dead_runs
 from air.sandbox.container import Sandbox, SandboxSpec
 from air.sandbox.docker_api import Docker, docker_host
+from air.sandbox.hostdir import is_local
 from air.sandbox.labels import (
     GPUS,
     HOLDER,
@@ -95,6 +96,9 @@ class _Host:
     """Known once a sandbox started there: True, or False (then every sandbox there is used once)."""
     pins: PageCachePins | None = None
     """The page-cache pins this pool relies on there."""
+    local: bool | None = None
+    """Whether the daemon runs on this machine (known at its first sandbox): its sandboxes' wardens are then
+    reached on sockets in host directories, and the daemon carries nothing (hostdir.py)."""
 
     @property
     def name(self) -> str:
@@ -382,11 +386,14 @@ class SandboxPool:
                         if lent_gpus:  # shown like its own, held by the lender's claims
                             labels[GPUS] = ",".join(lent_gpus)
                         try:
+                            if host.local is None:
+                                host.local = await host.docker.call(is_local, host.docker, timeout=30,
+                                                                    idempotent=True)
                             sandbox = await Sandbox.create(
                                 host.docker, spec, run=self.run_id, gpu_ids=lent_gpus or grant.gpu_ids,
                                 labels=labels, gpu_devices=self.config.request_gpu_devices,
                                 agent_uid=self._agent_uid(grant), cells=self._wants_cells(host),
-                                apparmor=self.config.apparmor, pin_pages=pinned)
+                                apparmor=self.config.apparmor, pin_pages=pinned, channel=host.local)
                         except DockerUnavailable as exc:  # the daemon went away between claim and create
                             self._mark_down(host, exc)
                             await self._give_back(host, grant)

@@ -126,16 +126,36 @@ class Session:
         return ExecResult(None if exited.timed_out else exited.exit_code, exited.out, exited.err, exited.duration,
                           exited.timed_out, exited.dropped)
 
+    async def harness(self, argv: list[str], *, user: str = "root", cwd: str = "/", env: dict[str, str] | None = None,
+                      timeout: float = 60, limit: int = 1 << 20) -> ExecResult:
+        """The harness's own program (staging, a task's generator), where `docker exec` ran it: in the container's
+        own namespaces, root with the container's capabilities; the warden's child, bounded by the timeout."""
+        base = {"PATH": BASE_PATH, "HOME": "/root" if user == "root" else AGENT_HOME, "LANG": "C.UTF-8"}
+        async with self._lock:
+            link = await self._warden()
+            exited = await link.call(p.Exec(argv=list(argv), stdin=b"", cwd=cwd, env={**base, **(env or {})},
+                                            timeout=timeout, limit=limit, as_root=user == "root", reap=False,
+                                            in_cell=False), wait=timeout + _MARGIN)
+        return ExecResult(None if exited.timed_out else exited.exit_code, exited.out, exited.err, exited.duration,
+                          exited.timed_out, exited.dropped)
+
+    async def oom_kills(self) -> int:
+        """OOM kills the container's memory cgroup counts (the warden reads them inside)."""
+        async with self._lock:
+            link = await self._warden()
+            return (await link.call(p.Oom(), wait=30)).count
+
     # ----- files of the home ------------------------------------------------------------------------------------
     # Through the warden, not Docker's archive API: that one cannot see an in-memory home (a tmpfs mount).
     async def pack(self, paths: list[str], *, root: str = WORKSPACE, max_bytes: int = 64 << 20,
-                   timeout: float = 120) -> bytes:
+                   timeout: float = 120, user: str = AGENT_USER) -> bytes:
         """A tar of paths (relative to root; "." for root itself), each under its base name, read with the agent's
-        rights. FileNotFoundError if one is missing; ArchiveTooLarge past max_bytes."""
+        rights in the cell (user="root": the harness's read of the container's own files). FileNotFoundError if one
+        is missing; ArchiveTooLarge past max_bytes."""
         async with self._lock:
             link = await self._warden()
-            packed = await link.call(p.Pack(root=root, paths=list(paths), max_bytes=max_bytes, timeout=timeout),
-                                     wait=timeout + _MARGIN)
+            packed = await link.call(p.Pack(root=root, paths=list(paths), max_bytes=max_bytes, timeout=timeout,
+                                            as_root=user == "root"), wait=timeout + _MARGIN)
         if packed.status == "missing":
             raise FileNotFoundError(", ".join(paths))
         if packed.status == "too_large":
@@ -144,12 +164,15 @@ class Session:
             raise ArchiveUnreadable(f"{', '.join(paths)} could not be read ({packed.status})")
         return packed.tar
 
-    async def unpack(self, dest: str, tar: bytes, *, user: str = AGENT_USER, timeout: float = 120) -> None:
-        """Extract a tar under dest as the agent (only where it may write) or as root (owners kept). The tar's entries
-        replace whatever stands at their paths; ArchiveUnwritable when a place cannot be written."""
+    async def unpack(self, dest: str, tar: bytes, *, user: str = AGENT_USER, timeout: float = 120,
+                     in_cell: bool = True) -> None:
+        """Extract a tar under dest as the agent (only where it may write) or as root (owners kept), in the cell or
+        (in_cell=False) into the container's own files. The tar's entries replace whatever stands at their paths;
+        ArchiveUnwritable when a place cannot be written."""
         async with self._lock:
             link = await self._warden()
-            unpacked = await link.call(p.Unpack(dest=dest, tar=tar, as_root=user == "root"), wait=timeout)
+            unpacked = await link.call(p.Unpack(dest=dest, tar=tar, as_root=user == "root", in_cell=in_cell),
+                                       wait=timeout)
         if unpacked.problem:
             raise ArchiveUnwritable(f"could not unpack into {dest}: {unpacked.problem}")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from pathlib import Path
 
 from air.errors import InfraError, SandboxUnavailable
 from air.sandbox.container import Sandbox
@@ -24,14 +25,14 @@ from air.sandbox.layout import (
     PRISTINE_HOME,
     SCRATCH_DIRS,
     SHM_MB,
+    WARDEN_DIR,
     WORKSPACE,
 )
-from air.sandbox.warden import bundle
+from air.sandbox.warden import warden_program
 from air.sandbox.warden import protocol as p
 
 log = logging.getLogger("air.warden")
 STDOUT, STDERR = 1, 2
-_BUNDLE = bundle()
 # Reads exactly the announced source with os.read (a buffered reader could swallow the first frames).
 _BOOT = ("import os\n"
          "def r(n):\n"
@@ -50,7 +51,8 @@ def hello(sandbox: Sandbox) -> p.Hello:
                    pristine_home=PRISTINE_HOME, shell=f"{AIR_DIR}/bin/bash",
                    keep=["pristine", "data", "bin", "etc", "cell"], scratch=list(SCRATCH_DIRS), epoch=FIXED_MTIME,
                    cells=sandbox.cells, home_mb=spec.workspace_mb or 2048, tmp_mb=spec.tmp_mb, shm_mb=SHM_MB,
-                   pin_pages=sandbox.pin_pages, pinned_elsewhere=sorted(spec.read_only_mounts))
+                   pin_pages=sandbox.pin_pages, pinned_elsewhere=sorted(spec.read_only_mounts),
+                   hidden=[WARDEN_DIR] if sandbox.channel is not None else [])
 
 
 class WardenGone(SandboxUnavailable):
@@ -71,8 +73,42 @@ class WardenLink:
 
     @classmethod
     async def open(cls, sandbox: Sandbox, timeout: float = 60) -> tuple[WardenLink, p.Ready]:
-        """The link, and what the warden said it set up (whether it builds cells, and if not why not)."""
+        """The link, and what the warden said it set up (whether it builds cells, and if not why not). A sandbox with
+        a host directory (a daemon on this machine) has its warden as its main process, reached on its socket there:
+        the Docker daemon carries nothing. Elsewhere the warden is a `docker exec` and speaks on its stream."""
         link = cls(sandbox)
+        if sandbox.channel is not None:
+            reader, link._writer = await link._connect(sandbox.channel, timeout)
+            link._writer.write(sandbox.channel_secret)
+            demux = False
+        else:
+            reader, link._writer = await link._exec(sandbox)
+            link._writer.write(b"%010d" % len(warden_program()) + warden_program())
+            demux = True
+        link._reader_task = asyncio.create_task(link._read_loop(reader, demux), name=f"air-warden-{sandbox.name}")
+        try:
+            ready = await link.call(hello(sandbox), wait=timeout)
+        except BaseException:
+            await link.close()
+            raise
+        return link, ready
+
+    async def _connect(self, directory: Path, timeout: float
+                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect to the warden's socket in the sandbox's host directory, once the warden has made it."""
+        path = directory / "warden.sock"
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                return await asyncio.open_unix_connection(str(path), limit=1 << 22)
+            except (FileNotFoundError, ConnectionRefusedError):
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                why = _tail(directory / "warden.log") or "its log is empty"
+                raise WardenGone(f"the warden of {self.sandbox.short_id} did not listen within {timeout:g}s: {why}")
+            await asyncio.sleep(0.005)
+
+    async def _exec(self, sandbox: Sandbox) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         docker = sandbox.docker
         exec_id = (await docker.call(
             docker.api.exec_create, sandbox.container_id, ["python3", "-I", "-S", "-c", _BOOT], stdin=True,
@@ -81,16 +117,8 @@ class WardenLink:
         sock = await docker.call(docker.api.exec_start, exec_id, socket=True, timeout=30)
         raw = getattr(sock, "_sock", sock)  # the SDK's SocketIO wrapper; asyncio wants the socket itself
         raw.setblocking(False)
-        link._sock_holder = sock
-        reader, link._writer = await asyncio.open_connection(sock=raw, limit=1 << 22)
-        link._reader_task = asyncio.create_task(link._read_loop(reader), name=f"air-warden-{sandbox.name}")
-        link._writer.write(b"%010d" % len(_BUNDLE) + _BUNDLE)
-        try:
-            ready = await link.call(hello(sandbox), wait=timeout)
-        except BaseException:
-            await link.close()
-            raise
-        return link, ready
+        self._sock_holder = sock
+        return await asyncio.open_connection(sock=raw, limit=1 << 22)
 
     @property
     def alive(self) -> bool:
@@ -145,18 +173,23 @@ class WardenLink:
             if not future.done():
                 future.set_exception(WardenGone(f"the warden of {self.sandbox.short_id} {why}"))
 
-    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+    async def _read_loop(self, reader: asyncio.StreamReader, demux: bool) -> None:
         frames = p.FrameReader()
         try:
-            while True:  # Docker's attach stream: 8-byte headers (stream, length), then that many bytes
-                header = await reader.readexactly(8)
-                data = await reader.readexactly(int.from_bytes(header[4:8], "big"))
-                if header[0] == STDERR:
-                    self._stderr = (self._stderr + data)[-4096:]
-                    log.warning("warden of %s: %s", self.sandbox.short_id, data.decode(errors="replace").strip())
-                    continue
-                if header[0] != STDOUT:
-                    continue
+            while True:
+                if demux:  # Docker's attach stream: 8-byte headers (stream, length), then that many bytes
+                    header = await reader.readexactly(8)
+                    data = await reader.readexactly(int.from_bytes(header[4:8], "big"))
+                    if header[0] == STDERR:
+                        self._stderr = (self._stderr + data)[-4096:]
+                        log.warning("warden of %s: %s", self.sandbox.short_id, data.decode(errors="replace").strip())
+                        continue
+                    if header[0] != STDOUT:
+                        continue
+                else:
+                    data = await reader.read(1 << 20)
+                    if not data:
+                        break
                 for head, body in frames.feed(data):
                     ident, reply = p.decode(head, body, p.REPLIES)
                     future = self._waiting.get(ident)
@@ -167,4 +200,17 @@ class WardenLink:
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         finally:
+            if not demux and self.sandbox.channel is not None:
+                self._stderr = _tail(self.sandbox.channel / "warden.log").encode()
             self._fail_waiting()
+
+
+def _tail(path: Path, limit: int = 1000) -> str:
+    """The end of a warden's log (its stderr, in its host directory): why it ended, if it said."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return ""

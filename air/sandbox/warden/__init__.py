@@ -45,6 +45,7 @@ other by their package names, which the bundle registers; this file's own code r
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 _HERE = Path(__file__).parent
@@ -84,6 +85,12 @@ def _load(name, source):
 
 PIN_MODULES = (("air.sandbox.warden.pages", _HERE / "pages.py"), ("air.sandbox.warden.pinner", _HERE / "pinner.py"))
 """A page-cache pin's program (pinner.py): small enough to travel as its container's command line."""
+
+
+@functools.cache
+def warden_program() -> bytes:
+    """The warden's bundle (read once per process)."""
+    return bundle()
 
 
 def bundle(run: str = "sys.modules['air.sandbox.warden.server'].main()", modules=MODULES) -> bytes:

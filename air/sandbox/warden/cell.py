@@ -75,12 +75,13 @@ class Layout:
     starts from, read once (the container's mounts and cgroup limits do not change while it lives)."""
 
     def __init__(self, *, uid: int, home: str, pristine_home: str, scratch: str, home_mb: int, tmp_mb: int,
-                 shm_mb: int, passwd: str, group: str, writable: List[str]):
+                 shm_mb: int, passwd: str, group: str, writable: List[str], hidden: List[str] = ()):
         """passwd, group: files to show as /etc/passwd and /etc/group; writable: inherited mounts that stay
-        writable (air's own directory: root's, the scorer's outputs)."""
+        writable (air's own directory: root's, the scorer's outputs); hidden: inherited mounts a cell does not have
+        at all (the warden's host directory)."""
         self.uid, self.home, self.pristine_home, self.scratch = uid, home, pristine_home, scratch
         self.home_mb, self.tmp_mb, self.shm_mb = home_mb, tmp_mb, shm_mb
-        self.passwd, self.group, self.writable = passwd, group, writable
+        self.passwd, self.group, self.writable, self.hidden = passwd, group, writable, list(hidden)
         self.inherited = _mountinfo()
         self.cgroup = _cgroup_snapshot()
         self.devices = _dev_snapshot()
@@ -111,6 +112,10 @@ def _build(layout: Layout) -> None:
     renewed = ("/proc", "/dev", "/tmp", "/var/tmp", layout.home)
     # Inherited mounts: read-only (but air's own directory) and noatime, their other flags kept.
     for point, options, _, _ in inherited:
+        if any(_under(point, h) for h in layout.hidden):
+            if point in layout.hidden:
+                _detach(point)
+            continue
         if any(_under(point, r) for r in renewed) or _under(point, "/sys") and point != "/sys":
             continue
         flags = MS_REMOUNT | MS_BIND | MS_NOATIME
@@ -376,6 +381,22 @@ def _children_in(ns_fd: Optional[int]) -> None:
     _check(LIBC.setns(_OWN_PID_NS if ns_fd is None else ns_fd, CLONE_NEWPID), "setns pid")
 
 
+class outside:
+    """`with outside(cell):` the warden's children are born in its own pid namespace, not the cell's (the harness's
+    own programs and file copies: they run where `docker exec` ran them)."""
+
+    def __init__(self, cell: Optional["Cell"]):
+        self.cell = cell
+
+    def __enter__(self) -> None:
+        if self.cell is not None:
+            _children_in(None)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cell is not None:
+            _children_in(self.cell.ns_fds["pid"])
+
+
 class Cell:
     """A built cell: its init (a child of the warden) and the namespaces a process joins to enter it."""
 
@@ -505,5 +526,5 @@ def supported() -> Optional[str]:
     return None
 
 
-__all__ = ["Cell", "CellError", "Layout", "ROOT_CAPABILITIES", "become", "confine", "limit_capabilities",
+__all__ = ["Cell", "CellError", "Layout", "ROOT_CAPABILITIES", "become", "confine", "limit_capabilities", "outside",
            "supported"]

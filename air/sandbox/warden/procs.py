@@ -44,10 +44,10 @@ def as_user(uid: int, work: Callable[[], int], cell: Optional[Cell] = None) -> i
 
 def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[int, int],
           cwd_fallbacks: Sequence = (), path: Optional[str] = None, cell: Optional[Cell] = None,
-          prepare: Optional[Callable[[], None]] = None) -> int:
-    """fork + exec argv as uid (0 = root) in the cell (if any) and a new session, confined, with fds
-    {target: source} and no other; returns pid. cwd may be bytes (the agent's directories need not have UTF-8
-    names)."""
+          prepare: Optional[Callable[[], None]] = None, confined: bool = True) -> int:
+    """fork + exec argv as uid (0 = root) in the cell (if any) and a new session, confined (but the harness's own
+    programs: confined=False), with fds {target: source} and no other; returns pid. cwd may be bytes (the agent's
+    directories need not have UTF-8 names)."""
     pid = os.fork()
     if pid:
         return pid
@@ -67,7 +67,8 @@ def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         os.umask(0o022)
-        confine(uid)
+        if confined:
+            confine(uid)
         if prepare is not None:  # confined, as the program will be; its failure is reported by prepare itself
             prepare()
         for d in (cwd, *cwd_fallbacks):

@@ -113,6 +113,8 @@ class Hello(Request):
     runtime's driver files) in the host's page cache (pages.py); the image's are a page-cache pin's."""
     pinned_elsewhere: List[str]
     """Mounts whose files the page-cache pin holds already (the read-only data store)."""
+    hidden: List[str]
+    """Mounts no cell has (the warden's host directory)."""
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,9 @@ class Exec(Request):
     """A tar extracted under files_dest by the program's own process, with its rights, just before it starts: an
     Unpack and the program in one step (SandboxFusion's request files)."""
     files_dest: str = ""
+    in_cell: bool = True
+    """False: the harness's own program (staging, a task's generator), in the container's own namespaces, as the
+    harness's root with every capability the container has and unconfined, as `docker exec` ran it."""
 
 
 @dataclass(frozen=True)
@@ -235,13 +240,15 @@ class Packed(Message):
 
 @dataclass(frozen=True)
 class Pack(Request):
-    """A tar of paths under root, read with the agent's rights (symlinks as links, never followed)."""
+    """A tar of paths under root, read with the agent's rights in the cell (symlinks as links, never followed); with
+    as_root, the harness's read of the container's own files (what an evaluation wrote under /srv/air)."""
     op: ClassVar[str] = "pack"
     Reply: ClassVar[type] = Packed
     root: str
     paths: List[str]
     max_bytes: int
     timeout: float
+    as_root: bool = False
 
 
 @dataclass(frozen=True)
@@ -260,6 +267,22 @@ class Unpack(Request):
     dest: str
     tar: bytes
     as_root: bool = False
+    in_cell: bool = True
+    """False: into the container's own files (the harness's staging under /srv/air), not the cell's."""
+
+
+@dataclass(frozen=True)
+class OomKills(Message):
+    op: ClassVar[str] = "oom-kills"
+    count: int
+    """Processes the kernel's OOM killer has killed in the container's memory cgroup since it started."""
+
+
+@dataclass(frozen=True)
+class Oom(Request):
+    """How many OOM kills the container's cgroup counts (where the host cannot read its cgroup files itself)."""
+    op: ClassVar[str] = "oom"
+    Reply: ClassVar[type] = OomKills
 
 
 @dataclass(frozen=True)
@@ -278,8 +301,9 @@ class Keep(Request):
     Reply: ClassVar[type] = Kept
 
 
-REQUESTS = {cls.op: cls for cls in (Hello, Ping, StartShell, Run, Interrupt, Exec, Reset, Pack, Unpack, Keep)}
-REPLIES = {cls.op: cls for cls in (Failed, Done, Ready, ShellState, Ran, Exited, WasReset, Packed, Unpacked, Kept)}
+REQUESTS = {cls.op: cls for cls in (Hello, Ping, StartShell, Run, Interrupt, Exec, Reset, Pack, Unpack, Keep, Oom)}
+REPLIES = {cls.op: cls for cls in (Failed, Done, Ready, ShellState, Ran, Exited, WasReset, Packed, Unpacked, Kept,
+                                   OomKills)}
 
 
 # ----- frames -----------------------------------------------------------------------------------------------------

@@ -8,11 +8,13 @@ inotify queue of the home's watched files.
 
 from __future__ import annotations
 
+import hmac
 import os
 import resource
 import selectors
 import shutil
 import signal
+import socket
 import sys
 import tarfile
 import time
@@ -20,7 +22,7 @@ from typing import Dict, Optional, Union
 
 from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import files, procs, protocol as p
-from air.sandbox.warden.cell import Cell, CellError, Layout, become, prepare_confinement, supported
+from air.sandbox.warden.cell import Cell, CellError, Layout, become, outside, prepare_confinement, supported
 from air.sandbox.warden.pages import PinError, Pins, files_under
 from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
 from air.sandbox.warden.shell import Command, Shell
@@ -49,9 +51,13 @@ class Program:
         if request.files:  # laid down by the program's own process: one fork, not an Unpack's and then this one's
             self.problem, fds[PROBLEM_FD] = os.pipe()
             prepare = lambda: _lay_down(request.files_dest, request.files, request.as_root)  # noqa: E731
+        # The harness's own program runs where `docker exec` ran it: the container's namespaces, root unconfined.
+        here = warden.cell if request.in_cell else None
         try:
-            self.pid = procs.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=dict(request.env),
-                                   fds=fds, cell=warden.cell, prepare=prepare)
+            with outside(None if request.in_cell else warden.cell):
+                self.pid = procs.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=dict(request.env),
+                                       fds=fds, cell=here, prepare=prepare,
+                                       confined=request.in_cell or bool(self.uid))
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -222,6 +228,9 @@ class Warden:
             self.cell.end()
         if self.config:
             procs.kill_all(self.config.uid, deadline=2)
+        if self.kept and LISTENING:  # the container's main process: its end would end the kept cell with it
+            while True:
+                signal.pause()
         os._exit(0)
 
     def op_keep(self, ident: int, request: p.Keep) -> p.Kept:
@@ -281,7 +290,7 @@ class Warden:
         self.cwd = os.fsencode(c.workspace)
         self.layout = Layout(uid=c.uid, home=c.home, pristine_home=c.pristine_home, scratch=c.air + "/cell",
                              home_mb=c.home_mb, tmp_mb=c.tmp_mb, shm_mb=c.shm_mb, passwd=c.air + "/etc/passwd",
-                             group=c.air + "/etc/group", writable=[c.air])
+                             group=c.air + "/etc/group", writable=[c.air], hidden=c.hidden)
         self.own_mounts = _own_mounts(self.layout.inherited, c)
         self.hold_own_files()
         why_not = supported() if c.cells else "cells were not asked for"
@@ -424,16 +433,19 @@ class Warden:
         copy_tree(c.pristine_home, c.home, {})
 
     def op_pack(self, ident: int, request: p.Pack) -> p.Packed:
-        """Read as the agent in a child; the stream is cut at max_bytes and at the timeout."""
+        """Read as the agent in a child in the cell (or, as_root, the harness's read of the container's own files);
+        the stream is cut at max_bytes and at the timeout."""
         r, w = os.pipe()
-        pid = os.fork()
+        with outside(self.cell if request.as_root else None):
+            pid = os.fork()
         if pid == 0:
             code = 3
             try:
                 os.close(r)
-                if self.cell is not None:
-                    self.cell.enter()
-                become(self.config.uid)
+                if not request.as_root:
+                    if self.cell is not None:
+                        self.cell.enter()
+                    become(self.config.uid)
                 with os.fdopen(w, "wb") as out:
                     code = files.pack(request.root, request.paths, out)
             except BaseException:  # noqa: BLE001 - unreadable: the caller reports it
@@ -473,11 +485,24 @@ class Warden:
             os.close(r)
             return _unpack_telling(request.dest, request.tar, request.as_root, w)
 
-        code = procs.as_user(0 if request.as_root else self.config.uid, work, self.cell)
+        with outside(None if request.in_cell else self.cell):
+            code = procs.as_user(0 if request.as_root else self.config.uid, work,
+                                 self.cell if request.in_cell else None)
         os.close(w)
         with os.fdopen(r, "rb") as problem:
             why = problem.read(1000)
         return p.Unpacked(problem=b"" if code == 0 else why or b"exit code %d" % code)
+
+    def op_oom(self, ident: int, request: p.Oom) -> p.OomKills:
+        for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
+            try:
+                with open(path) as f:
+                    for line in f:
+                        if line.startswith("oom_kill "):
+                            return p.OomKills(count=int(line.split()[1]))
+            except (OSError, ValueError):
+                continue
+        return p.OomKills(count=0)
 
     # ----- shell events -----------------------------------------------------------------------------------------
     def shell_output(self, stream: int, data: bytes) -> None:
@@ -544,7 +569,7 @@ class Warden:
 def _own_mounts(inherited: list, c: p.Hello) -> list:
     """The container's mounts whose files are its own, not the image's, nor renewed for every cell: Docker's
     per-container files, its init, a GPU runtime's driver files (mounts the page-cache pin holds are left to it)."""
-    renewed = ("/proc", "/sys", "/dev", "/tmp", "/var/tmp", c.home, c.air)
+    renewed = ("/proc", "/sys", "/dev", "/tmp", "/var/tmp", c.home, c.air, *c.hidden)
     out = []
     for point, _, fstype, _ in inherited:
         if point == "/" or fstype in ("proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "overlay"):
@@ -595,11 +620,72 @@ def _write(path: str, data: bytes) -> None:
     os.rename(path + ".new", path)
 
 
+ACCEPT_TIMEOUT = 300.0
+"""Seconds a warden that is its container's main process waits for its host's first connection, then ends (and
+its container with it): a host that died meanwhile leaves nothing running."""
+LISTENING = False
+"""The warden is its container's main process, reached on a socket in its host directory (not a `docker exec`)."""
+
+
+def wait_for_host(directory: str) -> None:
+    """As its container's main process: take the one connection of the host that made the container, which proves
+    itself with the secret it left in `directory` (read and removed here, before anything else in the container
+    runs), then speak on it as on stdin/stdout. Nothing but root in the container, where only the harness runs, can
+    reach the directory (and cells do not even have it); the socket is gone once the host is connected."""
+    global LISTENING
+    LISTENING = True
+    log = os.open(os.path.join(directory, "warden.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 2)
+    os.close(log)
+    with open(os.path.join(directory, "secret"), "rb") as f:
+        secret = f.read()
+    os.unlink(os.path.join(directory, "secret"))
+    path = os.path.join(directory, "warden.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mask = os.umask(0o177)
+    try:
+        if os.path.lexists(path):
+            os.unlink(path)
+        listener.bind(path)
+    finally:
+        os.umask(mask)
+    listener.listen(4)
+    deadline = time.monotonic() + ACCEPT_TIMEOUT
+    while True:
+        listener.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            sys.stderr.write("air warden: no host connected within %gs\n" % ACCEPT_TIMEOUT)
+            os._exit(3)
+        conn.settimeout(5)
+        proof = b""
+        try:
+            while len(proof) < len(secret):
+                chunk = conn.recv(len(secret) - len(proof))
+                if not chunk:
+                    break
+                proof += chunk
+        except OSError:
+            pass
+        if len(proof) == len(secret) and hmac.compare_digest(proof, secret):
+            break
+        conn.close()
+    listener.close()
+    os.unlink(path)
+    conn.settimeout(None)
+    os.dup2(conn.fileno(), 0)
+    os.dup2(conn.fileno(), 1)
+    conn.close()
+
+
 def main() -> None:
     if sys.version_info < (3, 9):
         sys.exit("air's warden needs python3 >= 3.9 in the image, found %s" % sys.version.split()[0])
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     procs.LIBC.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: not even root without CAP_SYS_PTRACE may look inside
+    if sys.argv[1:2] == ["--listen"]:
+        wait_for_host(sys.argv[2])
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a deep pristine tree is walked with open directories
     Warden().serve()
