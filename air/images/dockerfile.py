@@ -1,0 +1,202 @@
+"""A task's own Dockerfile (a Harbor task's `environment/`), built offline into an image air can run.
+
+Two builds, both with the network off:
+1. the task's Dockerfile in its context, as written (or `FROM <image>` for a task that names a prebuilt image);
+2. air's layer on top, which makes that image a sandbox: it checks for what the warden needs (python3 >= 3.9,
+   bash), moves the image's working directory (its WORKDIR, often /app) to /opt/air/workspace and links the
+   directory to the agent's workspace, so that the agent works there in the home that every lease renews; and
+   it links /tests and /logs into air's own directory (/srv/air/harbor), where only the scorer puts anything.
+
+A step that fails is said in one line naming it (`step 3/6 RUN pip install ...`): a step that downloads fails
+here, where nothing but loopback is reachable, and builds on a machine with the network. A base image the daemon
+does not have and cannot pull is said the same way. The result is tagged by the caller's tag, which names
+everything that went into it (`dockerfile_digest`), so a second build of unchanged inputs is the image already
+there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import shlex
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from air.errors import ImageError
+from air.sandbox.layout import AGENT_HOME, AIR_DIR, WORKSPACE
+
+IMAGE_WORKSPACE = "/opt/air/workspace"
+"""Where air's layer keeps the files of the image's working directory, which start every workspace."""
+HARBOR_DIR = f"{AIR_DIR}/harbor"
+"""/tests and /logs of a Harbor task link under here: root's, filled only in a scoring sandbox."""
+LAYER_VERSION = "1"
+"""Changes whenever air's layer does: images built by an older layer are rebuilt."""
+KEPT_AT_ROOT = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/run", "/sbin", "/srv",
+                "/sys", "/tmp", "/usr", "/var", AIR_DIR, AGENT_HOME)
+"""Working directories air will not move into the workspace (the system, air's own places)."""
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_IMAGE_OF_STEP = re.compile(r"^---> ([0-9a-f]{12})$")
+
+Report = Callable[[str], None]
+
+
+def workdir_problem(workdir: str) -> str | None:
+    """Why air cannot make `workdir` the agent's workspace, or None (it can, or there is none)."""
+    if not workdir.startswith("/"):
+        return f"its working directory {workdir!r} is not absolute"
+    path = workdir.rstrip("/") or "/"
+    if path in ("", "/") or path == WORKSPACE:
+        return None
+    if path in KEPT_AT_ROOT or path.startswith(AIR_DIR + "/") or path.startswith(AGENT_HOME + "/"):
+        return (f"its working directory {path} is a system directory or air's own, which air cannot move into the "
+                "agent's workspace")
+    return None
+
+
+def dockerfile_digest(context: Path, dockerfile: str | None, base: str | None, workdir: str | None) -> str:
+    """Everything a build is made of: the context's files (content; by size and time past 8 MB, so that a
+    competition's data is not read at every load), the Dockerfile's name, the base image, the workdir, air's layer."""
+    h = hashlib.sha256(repr((dockerfile, base, workdir, LAYER_VERSION)).encode())
+    if dockerfile is not None:
+        for path in sorted(p for p in context.rglob("*") if p.is_file()):
+            st = path.stat()
+            h.update(str(path.relative_to(context)).encode() + b"\0")
+            h.update(path.read_bytes() if st.st_size <= 8 << 20 else f"{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:12]
+
+
+class DockerfileBuilder:
+    """Builds a task's Dockerfile and air's layer; `report` hears each step (one line)."""
+
+    def __init__(self, client: docker.DockerClient, report: Report | None = None, timeout: float = 600):
+        self.client = client
+        self.api = docker.from_env(timeout=int(max(timeout, 60))).api
+        self.report = report or (lambda line: None)
+
+    def exists(self, tag: str) -> bool:
+        try:
+            self.client.images.get(tag)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+
+    def ensure(self, *, label: str, tag: str, context: Path, dockerfile: str | None, base: str | None,
+               workdir: str | None) -> str:
+        """The image `tag`, built unless it is there; ImageError (one line naming the failed step) otherwise."""
+        if self.exists(tag):
+            return tag
+        started = time.monotonic()
+        if dockerfile is None:
+            if base is None:
+                raise ImageError(f"{label}: neither a Dockerfile nor an image to build from")
+            task_image = self._build(label, _context({"Dockerfile": f"FROM {base}\n".encode()}), None)
+        else:
+            path = context / dockerfile
+            if not path.is_file():
+                raise ImageError(f"{label}: {path} does not exist")
+            task_image = self._build(label, None, context, dockerfile)
+        config = self.client.images.get(task_image).attrs.get("Config") or {}
+        where = workdir or config.get("WorkingDir") or "/"
+        problem = workdir_problem(where)
+        if problem:
+            raise ImageError(f"{label}: {problem}")
+        layer = air_layer(task_image, where)
+        final = self._build(label, _context({"Dockerfile": layer.encode()}), None, tag=tag,
+                            labels={"air.role": "image", "air.task-image": label})
+        self.report(f"[{label}] built {tag} in {time.monotonic() - started:.0f} s")
+        return final
+
+    def _build(self, label: str, fileobj: bytes | None, context: Path | None, dockerfile: str = "Dockerfile", *,
+               tag: str | None = None, labels: dict[str, str] | None = None) -> str:
+        """One build with the network off; the image id, or ImageError naming the step that failed."""
+        kwargs = dict(fileobj=io.BytesIO(fileobj), custom_context=True) if fileobj is not None else \
+            dict(path=str(context), dockerfile=dockerfile)
+        step, total, instruction = 0, 0, ""
+        tail: list[str] = []
+        image_id = None
+        try:
+            for chunk in self.api.build(tag=tag, network_mode="none", rm=True, forcerm=True, decode=True,
+                                        labels=labels or {}, **kwargs):
+                if "error" in chunk:
+                    raise ImageError(_failed(label, step, total, instruction, chunk["error"], tail))
+                for line in chunk.get("stream", "").splitlines():
+                    line = line.strip()
+                    if not line:
+                        continue
+                    found = _STEP.match(line)
+                    if found:
+                        step, total, instruction = int(found.group(1)), int(found.group(2)), found.group(3)
+                        self.report(f"[{label}] {line[:110]}")
+                        tail = []
+                    elif not _IMAGE_OF_STEP.match(line):
+                        tail = (tail + [line])[-6:]
+                image_id = (chunk.get("aux") or {}).get("ID", image_id)
+        except docker.errors.APIError as exc:
+            raise ImageError(_failed(label, step, total, instruction, exc.explanation or str(exc), tail)) from None
+        except requests.exceptions.RequestException as exc:
+            raise ImageError(f"{label}: the Docker daemon did not answer the build ({exc})") from None
+        if image_id is None:
+            raise ImageError(f"{label}: the build ended without an image")
+        return image_id
+
+
+def air_layer(image: str, workdir: str) -> str:
+    """The Dockerfile of air's layer over the task's `image`, whose working directory is `workdir`."""
+    path = workdir.rstrip("/") or "/"
+    moved = ""
+    if path not in ("/", WORKSPACE):
+        # The directory's files start every workspace; the directory itself becomes a link to the workspace.
+        q = shlex.quote(path)
+        moved = (f" && if [ -d {q} ] && [ ! -L {q} ]; then cp -a {q}/. {IMAGE_WORKSPACE}/ && rm -rf {q}; fi"
+                 f" && mkdir -p \"$(dirname {q})\" && ln -sfn {WORKSPACE} {q}")
+    elif path == WORKSPACE:  # under the home, which is a new in-memory directory in a sandbox: keep its files
+        moved = f" && if [ -d {WORKSPACE} ]; then cp -a {WORKSPACE}/. {IMAGE_WORKSPACE}/; fi"
+    checks = ("command -v python3 >/dev/null || { echo 'air: the image has no python3, which runs air warden; "
+              "install python3 >= 3.9 in the Dockerfile' >&2; exit 97; }"
+              " && python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' || { echo 'air: the python3 of "
+              "the image is older than 3.9, which air warden needs' >&2; exit 97; }"
+              " && command -v bash >/dev/null || { echo 'air: the image has no bash' >&2; exit 97; }")
+    links = " && ".join(f"rm -rf /{name} && ln -s {HARBOR_DIR}/{name} /{name}" for name in ("tests", "logs"))
+    return (f"FROM {image}\nUSER root\n"
+            f"RUN {checks}"
+            f" && mkdir -p {IMAGE_WORKSPACE} {AIR_DIR}/etc{moved} && {links}\n"
+            f"WORKDIR {WORKSPACE}\n")
+
+
+def _context(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _failed(label: str, step: int, total: int, instruction: str, error: str, tail: list[str]) -> str:
+    """One line: which step failed, and why as the build said it (the network is off for every step)."""
+    error = " ".join(error.split())
+    said = " ".join(" ".join(tail).split())
+    where = f"step {step}/{total} `{_short(instruction)}`" if step else "the build"
+    if instruction.upper().startswith("FROM"):
+        return (f"{label}: {where}: the base image is not on this Docker daemon and cannot be pulled here "
+                f"({_short(error, 160)}); `docker load` it, or build where a registry is reachable")
+    if "exit 97" in said or "air: " in said:
+        return f"{label}: {_short(next((p for p in tail if p.startswith('air: ')), said), 200)}"
+    return (f"{label}: {where} failed with the network off (air builds offline; a step that downloads needs a "
+            f"machine with the network): {_short(said or error, 200)}")
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+__all__ = ["DockerfileBuilder", "HARBOR_DIR", "IMAGE_WORKSPACE", "air_layer", "dockerfile_digest",
+           "workdir_problem"]
