@@ -43,6 +43,8 @@ KEPT_AT_ROOT = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/op
 """Working directories air will not move into the workspace (the system, air's own places)."""
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _IMAGE_OF_STEP = re.compile(r"^---> ([0-9a-f]{12})$")
+_NOISE = re.compile(r"^---> (Running in |Using cache)|^Removing intermediate container")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 Report = Callable[[str], None]
 
@@ -126,9 +128,9 @@ class DockerfileBuilder:
                                         labels=labels or {}, **kwargs):
                 if "error" in chunk:
                     raise ImageError(_failed(label, step, total, instruction, chunk["error"], tail))
-                for line in chunk.get("stream", "").splitlines():
+                for line in _ANSI.sub("", chunk.get("stream", "")).splitlines():
                     line = line.strip()
-                    if not line:
+                    if not line or _NOISE.match(line):
                         continue
                     found = _STEP.match(line)
                     if found:
