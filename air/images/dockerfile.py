@@ -43,7 +43,7 @@ KEPT_AT_ROOT = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/op
 """Working directories air will not move into the workspace (the system, air's own places)."""
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _IMAGE_OF_STEP = re.compile(r"^---> ([0-9a-f]{12})$")
-_NOISE = re.compile(r"^---> (Running in |Using cache)|^Removing intermediate container")
+_NOISE = re.compile(r"^---> (Running in |Using cache|Removed intermediate)|^Removing intermediate container")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 Report = Callable[[str], None]
