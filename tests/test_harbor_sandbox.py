@@ -32,6 +32,20 @@ def built(images):
         build_task_image(spec_of(name))
 
 
+def test_a_task_image_is_never_taken_for_a_build_of_airs_recipes(built, docker_client, images):
+    """A task image built on air/cpu inherits its labels; left so, the recipe builder would take it for a build of
+    the cpu recipe (it finds builds by `air.recipe` and `air.inputs`) and move air/cpu:latest onto it."""
+    from air.images import ImageBuilder
+
+    cpu = images["cpu"]
+    inputs = docker_client.images.get(cpu.id).labels["air.inputs"]
+    image = docker_client.images.get(spec_of("multi-metric").image)
+    assert image.labels["air.recipe"] == "task-image" and image.labels["air.inputs"] == ""
+    found = ImageBuilder(docker_client)._built_from("cpu", inputs)
+    assert found is not None and found.id == cpu.id
+    assert docker_client.images.get("air/cpu:latest").id == cpu.id
+
+
 async def sh(sandbox, command: str) -> str:
     result = await sandbox.session.run(command, timeout=60, merge_stderr=True)
     return result.stdout

@@ -36,7 +36,7 @@ IMAGE_WORKSPACE = "/opt/air/workspace"
 """Where air's layer keeps the files of the image's working directory, which start every workspace."""
 HARBOR_DIR = f"{AIR_DIR}/harbor"
 """/tests and /logs of a Harbor task link under here: root's, filled only in a scoring sandbox."""
-LAYER_VERSION = "1"
+LAYER_VERSION = "2"
 """Changes whenever air's layer does: images built by an older layer are rebuilt."""
 KEPT_AT_ROOT = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/run", "/sbin", "/srv",
                 "/sys", "/tmp", "/usr", "/var", AIR_DIR, AGENT_HOME)
@@ -45,6 +45,9 @@ _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 _IMAGE_OF_STEP = re.compile(r"^---> ([0-9a-f]{12})$")
 _NOISE = re.compile(r"^---> (Running in |Using cache|Removed intermediate)|^Removing intermediate container")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+TASK_IMAGE_LABELS = {"air.role": "image", "air.recipe": "task-image", "air.inputs": ""}
+"""Labels of every image built here, over those inherited from the base (see DockerfileBuilder._build)."""
 
 Report = Callable[[str], None]
 
@@ -66,7 +69,7 @@ def dockerfile_digest(context: Path, dockerfile: str | None, base: str | None, w
     """Everything a build is made of: the context's files (content; by size and time past 8 MB, so that a
     competition's data is not read at every load), the Dockerfile's name, the base image, the workdir, air's layer."""
     h = hashlib.sha256(repr((dockerfile, base, workdir, LAYER_VERSION)).encode())
-    if dockerfile is not None:
+    if context.is_dir():
         for path in sorted(p for p in context.rglob("*") if p.is_file()):
             st = path.stat()
             h.update(str(path.relative_to(context)).encode() + b"\0")
@@ -99,6 +102,12 @@ class DockerfileBuilder:
             if base is None:
                 raise ImageError(f"{label}: neither a Dockerfile nor an image to build from")
             task_image = self._build(label, _context({"Dockerfile": f"FROM {base}\n".encode()}), None)
+            if context.is_dir() and any(context.iterdir()):
+                # A prebuilt image's task folder holds files Harbor uploads into the working directory at start:
+                # air puts them there once, in the image.
+                into = workdir or (self.client.images.get(task_image).attrs.get("Config") or {}).get("WorkingDir")
+                task_image = self._build(label, _context_of(context, f"FROM {task_image}\nCOPY . {into or '/'}\n"),
+                                         None, "Dockerfile.air")
         else:
             path = context / dockerfile
             if not path.is_file():
@@ -111,21 +120,25 @@ class DockerfileBuilder:
             raise ImageError(f"{label}: {problem}")
         layer = air_layer(task_image, where)
         final = self._build(label, _context({"Dockerfile": layer.encode()}), None, tag=tag,
-                            labels={"air.role": "image", "air.task-image": label})
+                            labels={"air.task-image": label})
         self.report(f"[{label}] built {tag} in {time.monotonic() - started:.0f} s")
         return final
 
     def _build(self, label: str, fileobj: bytes | None, context: Path | None, dockerfile: str = "Dockerfile", *,
                tag: str | None = None, labels: dict[str, str] | None = None) -> str:
         """One build with the network off; the image id, or ImageError naming the step that failed."""
-        kwargs = dict(fileobj=io.BytesIO(fileobj), custom_context=True) if fileobj is not None else \
-            dict(path=str(context), dockerfile=dockerfile)
+        kwargs = dict(fileobj=io.BytesIO(fileobj), custom_context=True, dockerfile=dockerfile) \
+            if fileobj is not None else dict(path=str(context), dockerfile=dockerfile)
+        # An image inherits its parent's labels: one built on air/cpu would carry `air.recipe=cpu` and the cpu
+        # recipe's `air.inputs`, and the recipe builder, which finds its builds by those labels, would take it for
+        # a build of the cpu recipe and point air/cpu:latest at it. Every build here says what it is instead.
+        labels = {**TASK_IMAGE_LABELS, **(labels or {})}
         step, total, instruction = 0, 0, ""
         tail: list[str] = []
         image_id = None
         try:
             for chunk in self.api.build(tag=tag, network_mode="none", rm=True, forcerm=True, decode=True,
-                                        labels=labels or {}, **kwargs):
+                                        labels=labels, **kwargs):
                 if "error" in chunk:
                     raise ImageError(_failed(label, step, total, instruction, chunk["error"], tail))
                 for line in _ANSI.sub("", chunk.get("stream", "")).splitlines():
@@ -133,8 +146,9 @@ class DockerfileBuilder:
                     if not line or _NOISE.match(line):
                         continue
                     found = _STEP.match(line)
-                    if found:
-                        step, total, instruction = int(found.group(1)), int(found.group(2)), found.group(3)
+                    if found:  # the builder counts each label given as a step of its own, after the file's
+                        step, total, instruction = (int(found.group(1)), int(found.group(2)) - len(labels),
+                                                    found.group(3))
                         self.report(f"[{label}] {line[:110]}")
                         tail = []
                     elif not _IMAGE_OF_STEP.match(line):
@@ -176,6 +190,21 @@ def _context(files: dict[str, bytes]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _context_of(folder: Path, dockerfile: str) -> bytes:
+    """A build context: the folder's files and a Dockerfile of air's beside them (named Dockerfile.air)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(folder.iterdir()):
+            tar.add(path, arcname=path.name)
+        # COPY leaves out what .dockerignore names: air's own two files stay out of the image.
+        ignore = b"Dockerfile.air\n.dockerignore\n"
+        for name, data in (("Dockerfile.air", dockerfile.encode()), (".dockerignore", ignore)):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
