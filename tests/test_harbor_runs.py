@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harbor_mlebench import make_competition
-from tests.test_vf_eval import air_containers, scripted_server  # noqa: F401 - a fixture, used by name
+from harbor_mlebench import make_competition
+from test_vf_eval import air_containers, scripted_server  # noqa: F401 - a fixture, used by name
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from air.errors import ImageError, InfraError
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 from air.tasks.task_images import build_task_image
-from tests.harbor_mlebench import TEAMS, answers, make_competition
+from harbor_mlebench import TEAMS, answers, make_competition
 
 pytestmark = pytest.mark.docker
 
