@@ -89,3 +89,31 @@ def test_verifiers_harbor_taskset_loads_them(exported, tmp_path):
         # A prebuilt image: verifiers uploads environment/ (the workspace's files) into the workdir at start.
         assert task["image"] == "air/cpu:latest" and task["workdir"] == "/home/agent/workspace" and task["upload"]
         assert task["network"] == [] and task["scoring_timeout"] > 60
+
+
+@pytest.mark.docker
+async def test_the_exported_tests_pay_what_air_pays_the_same_submission(exported, pool, monkeypatch):
+    """The round trip: the exported regression-rmse read back with --harbor-root, its baseline run in the sandbox,
+    scored by the exported tests/test.sh (air's evaluation inside the task's container) and by air's scorer of the
+    task itself: the same RMSE, and the exported reward is the reward air's rules pay that score."""
+    from air.episode.rewards import RewardConfig, RewardTracker
+    from air.tasks.environment import TaskEnvironment
+    from air.tasks.hidden import RewardBaseline
+    from air.tasks.registry import load_task
+
+    monkeypatch.setenv("AIR_HIDDEN_DRAW", "reference")  # the export's draw
+    own = load_task("regression-rmse", draw="reference")
+    back = load_task("harbor:regression-rmse", harbor_root=exported)
+    scores = {}
+    for spec, env in ((own, TaskEnvironment(own, pool, RewardBaseline.of_record(own))),
+                      (back, TaskEnvironment(back, pool))):
+        async with env.lease() as sandbox:
+            ran = await sandbox.session.run("python train.py", timeout=600)
+            assert ran.exit_code == 0, ran.stdout
+            outcome = await env.evaluate(sandbox)
+        assert outcome.status == "ok", outcome.message
+        scores[spec.source] = outcome.metrics
+    rmse = scores["air"]["rmse"]
+    assert scores["harbor:regression-rmse"]["rmse"] == rmse
+    tracker = RewardTracker(RewardConfig(), own.baseline_score, own.primary.direction, own.reward_scale)
+    assert scores["harbor:regression-rmse"]["reward"] == pytest.approx(tracker.on_validation(rmse), abs=1e-12)
