@@ -35,8 +35,10 @@ from air.sandbox.layout import AGENT_HOME, AIR_DIR, WORKSPACE
 IMAGE_WORKSPACE = "/opt/air/workspace"
 """Where air's layer keeps the files of the image's working directory, which start every workspace."""
 HARBOR_DIR = f"{AIR_DIR}/harbor"
-"""/tests and /logs of a Harbor task link under here: root's, filled only in a scoring sandbox."""
-LAYER_VERSION = "2"
+"""/tests, /logs and /solution of a Harbor task link under here: root's, filled only in a scoring sandbox (and, under
+Harbor's own runner on air's environment, by that runner: air.services.harbor)."""
+HARBOR_PATHS = ("tests", "logs", "solution")
+LAYER_VERSION = "3"
 """Changes whenever air's layer does: images built by an older layer are rebuilt."""
 KEPT_AT_ROOT = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/run", "/sbin", "/srv",
                 "/sys", "/tmp", "/usr", "/var", AIR_DIR, AGENT_HOME)
@@ -179,7 +181,7 @@ def air_layer(image: str, workdir: str) -> str:
               " && python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' || { echo 'air: the python3 of "
               "the image is older than 3.9, which air warden needs' >&2; exit 97; }"
               " && command -v bash >/dev/null || { echo 'air: the image has no bash' >&2; exit 97; }")
-    links = " && ".join(f"rm -rf /{name} && ln -s {HARBOR_DIR}/{name} /{name}" for name in ("tests", "logs"))
+    links = " && ".join(f"rm -rf /{name} && ln -s {HARBOR_DIR}/{name} /{name}" for name in HARBOR_PATHS)
     return (f"FROM {image}\nUSER root\n"
             f"RUN {checks}"
             f" && mkdir -p {IMAGE_WORKSPACE} {AIR_DIR}/etc{moved} && {links}\n"
