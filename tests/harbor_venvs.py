@@ -4,7 +4,8 @@ Harbor tasks. Made from PyPI by the tests themselves, once, and kept in air's ca
 Why separate environments: `harbor` needs Python >= 3.12, and air's environment is the one verifiers 0.4.0 and
 prime-rl run in (3.11 here); and verifiers 0.4.0's own `harbor` extra pins `harbor==0.24.0`, so the two upstream
 judges cannot share one environment either:
-- `harbor-0.25.0`: harbor 0.25.0 (its loader; its runner for the trial on air's environment).
+- `harbor-0.25.0`: harbor 0.25.0 (its loader; its runner for the trial on air's environment), and air's runtime
+  dependencies, so that Harbor's runner imports air (from the checkout, on PYTHONPATH) as the environment.
 - `verifiers-harbor-0.4.0`: `verifiers[harbor]==0.4.0`, which brings harbor 0.24.0, exactly as verifiers declares.
 
 harbor 0.25.0 asks for `certifi>=2026.10.19`. Where the index this machine reaches holds only older certifi
@@ -25,6 +26,8 @@ import pytest
 from air import paths
 
 ROOT = paths.cache_dir() / "harbor-venvs"
+RECIPE = 2
+"""Changes whenever what goes into the environments does: a kept one of another recipe is made anew."""
 
 
 def python312() -> str | None:
@@ -56,7 +59,7 @@ def venv(name: str) -> Path:
     """The environment `name` (made now if missing); pytest.skip only where PyPI cannot be reached."""
     target = ROOT / name
     done = target / "air-installed.json"
-    if done.is_file():
+    if done.is_file() and json.loads(done.read_text()).get("recipe") == RECIPE:
         return target
     python = python312()
     if python is None:
@@ -76,8 +79,18 @@ def venv(name: str) -> Path:
         proc = _pip(target, "verifiers[harbor]==0.4.0")
         if proc.returncode != 0:
             _give_up(target, proc)
-    done.write_text(json.dumps({"installed_with": how}))
+    if name == "harbor-0.25.0":  # what air itself imports at run time (not verifiers: air's core never imports it)
+        proc = _pip(target, *AIR_RUNTIME)
+        if proc.returncode != 0:
+            _give_up(target, proc)
+    done.write_text(json.dumps({"installed_with": how, "recipe": RECIPE}))
     return target
+
+
+AIR_RUNTIME = ["docker>=7.0", "requests>=2.26", "tenacity>=8.2", "pydantic>=2.7", "typer>=0.12", "rich>=13",
+               "httpx>=0.27", "pyyaml>=6"]
+"""air's own dependencies that its sandbox, images and tasks layers import, for Harbor's runner to import
+air.services.harbor from the checkout (PYTHONPATH) beside harbor."""
 
 
 def installed_with(target: Path) -> str:
