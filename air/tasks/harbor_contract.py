@@ -19,10 +19,11 @@ import json
 import logging
 import math
 
+from typing import NamedTuple
+
 from air.images.dockerfile import HARBOR_DIR
 from air.sandbox import WORKSPACE, ArchiveUnwritable, Sandbox
 from air.tasks.harbor import PRIMARY
-from air.tasks.scoring import EvalOutcome, _evaluate_in_cell, _tail
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import tar_of
 
@@ -33,28 +34,40 @@ MAX_METRICS = 64
 """reward.json's entries kept at most (names of 64 characters at most): bounded, whatever the test writes."""
 
 
-async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> EvalOutcome:
+class Scored(NamedTuple):
+    """What the tests came to, which air.tasks.scoring makes its EvalOutcome of (this module sits below it)."""
+
+    status: str
+    metrics: dict[str, float] = {}
+    message: str = ""
+
+
+async def _as_root(scorer: Sandbox, argv: list[str], cwd: str, timeout: float):
+    """A program in the scorer's cell as root, the warden's child (as scoring's evaluations are)."""
+    return await scorer.session.run_untrusted(argv, user="root", cwd=cwd, timeout=timeout,
+                                              env={"AIR_AGENT_UID": str(scorer.agent_uid)})
+
+
+async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> Scored:
     await scorer.harness_sh(f"rm -rf {HARBOR_DIR} && mkdir -p {HARBOR_DIR}/tests {VERIFIER} {HARBOR_DIR}/logs/agent "
                             f"{HARBOR_DIR}/logs/artifacts && chmod -R 755 {HARBOR_DIR}")
     await scorer.put_archive(HARBOR_DIR, tar_of(spec.evaluation_files, file_mode=None))
-    await _evaluate_in_cell(scorer, ["chown", "0:0", WORKSPACE], user="root", cwd="/", env={}, timeout=60)
+    await _as_root(scorer, ["chown", "0:0", WORKSPACE], "/", 60)
     try:
         await scorer.session.unpack(WORKSPACE, artefacts, user="root")
     except ArchiveUnwritable:
-        return EvalOutcome(status="invalid_submission", message="Your workspace could not be copied for the tests.")
-    result = await _evaluate_in_cell(scorer, ["bash", "/tests/test.sh"], user="root", cwd=WORKSPACE, env={},
-                                     timeout=spec.evaluation.timeout)
+        return Scored("invalid_submission", message="Your workspace could not be copied for the tests.")
+    result = await _as_root(scorer, ["bash", "/tests/test.sh"], WORKSPACE, spec.evaluation.timeout)
     if result.timed_out:
-        return EvalOutcome(status="timeout", message=f"The tests did not finish within "
-                                                     f"{spec.evaluation.timeout:g} seconds.")
+        return Scored("timeout", message=f"The tests did not finish within {spec.evaluation.timeout:g} seconds.")
     metrics, problem = await _rewards(scorer)
     if problem:
         log.warning("task %s: tests/test.sh exited with code %s and %s: %s", spec.id, result.exit_code, problem,
-                    _tail(result.stderr or result.stdout, 600))
-        return EvalOutcome(status="malformed_metrics" if result.exit_code == 0 else "evaluation_error",
-                           message=f"The tests of your submission {problem} (exit code {result.exit_code}). Their "
-                                   "output is not shown: the tests are hidden.")
-    return EvalOutcome(status="ok", metrics=metrics)
+                    (result.stderr or result.stdout).strip()[-600:])
+        return Scored("malformed_metrics" if result.exit_code == 0 else "evaluation_error",
+                      message=f"The tests of your submission {problem} (exit code {result.exit_code}). Their output "
+                              "is not shown: the tests are hidden.")
+    return Scored("ok", metrics)
 
 
 async def _rewards(scorer: Sandbox) -> tuple[dict[str, float], str | None]:

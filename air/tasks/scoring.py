@@ -286,7 +286,7 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec) ->
             elif spec.evaluation.contract == "harbor":  # Harbor's tests/test.sh and reward files
                 from air.tasks.harbor_contract import run_harbor
 
-                outcome = await run_harbor(scorer, spec, artefacts)
+                outcome = EvalOutcome(**(await run_harbor(scorer, spec, artefacts))._asdict())
             else:
                 outcome = await _run_mlgym(scorer, spec, artefacts)
     except _Rejected as rejected:
