@@ -30,6 +30,7 @@ import docker.errors
 import requests.exceptions
 
 from air.errors import ImageError
+from air.sandbox import make_tar
 from air.sandbox.layout import AGENT_HOME, AIR_DIR, WORKSPACE
 
 IMAGE_WORKSPACE = "/opt/air/workspace"
@@ -103,7 +104,7 @@ class DockerfileBuilder:
         if dockerfile is None:
             if base is None:
                 raise ImageError(f"{label}: neither a Dockerfile nor an image to build from")
-            task_image = self._build(label, _context({"Dockerfile": f"FROM {base}\n".encode()}), None)
+            task_image = self._build(label, make_tar({"Dockerfile": f"FROM {base}\n".encode()}), None)
             if context.is_dir() and any(context.iterdir()):
                 # A prebuilt image's task folder holds files Harbor uploads into the working directory at start:
                 # air puts them there once, in the image.
@@ -121,7 +122,7 @@ class DockerfileBuilder:
         if problem:
             raise ImageError(f"{label}: {problem}")
         layer = air_layer(task_image, where)
-        final = self._build(label, _context({"Dockerfile": layer.encode()}), None, tag=tag,
+        final = self._build(label, make_tar({"Dockerfile": layer.encode()}), None, tag=tag,
                             labels={"air.task-image": label})
         self.report(f"[{label}] built {tag} in {time.monotonic() - started:.0f} s")
         return final
@@ -186,16 +187,6 @@ def air_layer(image: str, workdir: str) -> str:
             f"RUN {checks}"
             f" && mkdir -p {IMAGE_WORKSPACE} {AIR_DIR}/etc{moved} && {links}\n"
             f"WORKDIR {WORKSPACE}\n")
-
-
-def _context(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def _context_of(folder: Path, dockerfile: str) -> bytes:
