@@ -46,3 +46,33 @@ def test_harbors_runner_runs_an_oracle_trial_on_airs_environment(tmp_path, image
     assert rewards["rmse"] == pytest.approx(spec.baseline_score, abs=1e-9)
     tracker = RewardTracker(RewardConfig(), spec.baseline_score, spec.primary.direction, spec.reward_scale)
     assert rewards["reward"] == pytest.approx(tracker.on_validation(rewards["rmse"]), abs=1e-12)
+
+
+FORGER = """#!/bin/bash
+# An agent after reward 1 without earning it: reward files where Harbor reads them, and a process that keeps
+# writing them while the tests run.
+mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; echo '{"reward": 1}' > /logs/verifier/reward.json
+nohup setsid bash -c 'sleep 2; while true; do echo 1 > /logs/verifier/reward.txt; echo 42 > /app/answer.txt;
+sleep 0.05; done' >/dev/null 2>&1 &
+echo 41 > /app/answer.txt
+"""
+"""The writer turns the answer right 2 s after the agent ends, while the tests (which wait 5 s) run, unless it was
+killed first: a passing test does not depend on that timing, only a failing one."""
+
+
+def test_under_harbors_runner_the_agent_cannot_forge_the_reward(tmp_path, images):
+    venv = harbor_venvs.venv("harbor-0.25.0")
+    task = tmp_path / "tasks" / "forge"
+    for folder in ("environment", "tests", "solution"):
+        (task / folder).mkdir(parents=True)
+    (task / "task.toml").write_text('version = "1.0"\n[task]\nname = "fixtures/forge"\n'
+                                    '[verifier]\ntimeout_sec = 60.0\n')
+    (task / "instruction.md").write_text("Write 42 into /app/answer.txt.\n")
+    (task / "environment" / "Dockerfile").write_text("FROM air/cpu:latest\nWORKDIR /app\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nsleep 5\nif [ \"$(cat /app/answer.txt)\" = 42 ]; then echo 1; else echo 0; fi "
+        "> /logs/verifier/reward.txt\n")
+    (task / "solution" / "solve.sh").write_text(FORGER)
+    result = harbor_run(venv, task, tmp_path / "jobs")
+    assert result.get("exception_info") is None, result["exception_info"]
+    assert result["verifier_result"]["rewards"] == {"reward": 0}

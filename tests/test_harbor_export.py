@@ -117,3 +117,37 @@ async def test_the_exported_tests_pay_what_air_pays_the_same_submission(exported
     assert scores["harbor:regression-rmse"]["rmse"] == rmse
     tracker = RewardTracker(RewardConfig(), own.baseline_score, own.primary.direction, own.reward_scale)
     assert scores["harbor:regression-rmse"]["reward"] == pytest.approx(tracker.on_validation(rmse), abs=1e-12)
+
+
+@pytest.mark.docker
+async def test_an_exported_mlgym_task_pays_what_air_pays(pool, tmp_path):
+    """MLGym's CSV contract through the export: the fixture MLGym tree's csvToy exported, read back, its baseline
+    (`python train.py`) scored by the exported tests and by air's scorer of the MLGym task: the same accuracy, and
+    the reward air's rules pay it."""
+    from test_mlgym import write_tree
+
+    from air.episode.rewards import RewardConfig, RewardTracker
+    from air.tasks.environment import TaskEnvironment
+    from air.tasks.registry import load_task
+
+    root = write_tree(tmp_path / "MLGym")
+    out = tmp_path / "exported"
+    proc = subprocess.run([sys.executable, "-m", "air.cli.main", "export", "harbor", "mlgym:tasks/csvToy.yaml",
+                           "--mlgym-root", str(root), "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert not list((out / "csvToy" / "environment").rglob("ground_truth.csv"))  # the answers stay with the tests
+    own = load_task("mlgym:tasks/csvToy.yaml", root).replace(image="cpu")
+    back = load_task("harbor:csvToy", harbor_root=out)
+    scores = {}
+    for spec in (own, back):
+        env = TaskEnvironment(spec, pool)
+        async with env.lease() as sandbox:
+            ran = await sandbox.session.run(own.baseline.command, timeout=300)
+            assert ran.exit_code == 0, ran.stdout
+            outcome = await env.evaluate(sandbox)
+        assert outcome.status == "ok", outcome.message
+        scores[spec.source] = outcome.metrics
+    primary = own.primary.name
+    assert scores["harbor:csvToy"][primary] == scores[own.source][primary]
+    tracker = RewardTracker(RewardConfig(), own.baseline_score, own.primary.direction, own.reward_scale)
+    assert scores["harbor:csvToy"]["reward"] == pytest.approx(tracker.on_validation(scores[own.source][primary]))
