@@ -97,3 +97,10 @@ def test_vf_eval_runs_and_scores_the_dataset(scripted_server, dataset, tmp_path,
         assert reward == pytest.approx(RETURNS[task], abs=1e-9), task
         assert trace["info"]["ended_by"] == "submitted"
     assert not air_containers(docker_client, run_id), "vf-eval left containers behind"
+
+
+def test_a_harbor_rollout_replays_without_drift(dataset, tmp_path, images):
+    run = tmp_path / "run"
+    assert air("eval", "harbor:multi-metric", "--harbor-root", str(dataset), "--out", str(run)).returncode == 0
+    replay = air("replay", str(run), "--harbor-root", str(dataset))
+    assert replay.returncode == 0 and "No drift" in replay.stdout, replay.stdout + replay.stderr
