@@ -104,3 +104,24 @@ def test_a_harbor_rollout_replays_without_drift(dataset, tmp_path, images):
     assert air("eval", "harbor:multi-metric", "--harbor-root", str(dataset), "--out", str(run)).returncode == 0
     replay = air("replay", str(run), "--harbor-root", str(dataset))
     assert replay.returncode == 0 and replay.stdout.lower().startswith("no drift"), replay.stdout + replay.stderr
+
+
+def test_a_served_protocol_plays_a_harbor_task(dataset, tmp_path, images):
+    """`air serve agentgym --harbor-root`: AgentGym's protocol on a Harbor task, the fix rewarded by its tests."""
+    from served import AirServer
+    from test_agentgym import AgentGymEnvClient
+
+    from air.policies.scripted import SUBMIT, VALIDATE
+
+    server = AirServer("agentgym", f"test-hb-{tmp_path.name[-8:]}", tmp_path / "server.log", "--harbor-root",
+                       str(dataset), "--task", "harbor:hello-fail", "--reward-report", "step")
+    with server.serving():
+        client = AgentGymEnvClient(server.url, data_len=1)
+        try:
+            client.reset(0)
+            assert "/app/greeting.txt" in client.observe()
+            rewards = [client.step(reply).reward for reply in
+                       (VALIDATE, "```bash\necho hello > /app/greeting.txt\n```", VALIDATE, SUBMIT)]
+        finally:
+            client.close()
+    assert rewards == pytest.approx([0.0, 0.0, 1.0, 0.0])
