@@ -5,9 +5,10 @@ Two builds, both with the network off:
 2. air's layer on top, which makes that image a sandbox: it checks for what the warden needs (python3 >= 3.9,
    bash), moves the image's working directory (its WORKDIR, often /app) to /opt/air/workspace and links the
    directory to the agent's workspace, so that the agent works there in the home that every lease renews; and
-   it links /tests and /logs into air's own directory (/srv/air/harbor), where only the scorer puts anything.
+   it links /tests, /logs and /solution into air's own directory (/srv/air/harbor), where only the scorer puts
+   anything.
 
-A step that fails is said in one line naming it (`step 3/6 RUN pip install ...`): a step that downloads fails
+A step that fails is said in one line naming it (`step 3/3 RUN pip install ...`): a step that downloads fails
 here, where nothing but loopback is reachable, and builds on a machine with the network. A base image the daemon
 does not have and cannot pull is said the same way. The result is tagged by the caller's tag, which names
 everything that went into it (`dockerfile_digest`), so a second build of unchanged inputs is the image already
