@@ -55,8 +55,12 @@ class AirTasksetConfig(vf.TasksetConfig, EpisodeSettings):
     once, shared with `air serve agentgym` and `air serve openenv`); the tasks and sandboxes are declared here."""
 
     tasks: list[str] = ["prisoners-dilemma", "regression-rmse", "tabular-classification"]
-    """Bundled task ids, or MLGym tasks as `mlgym:tasks/<name>.yaml` (with `mlgym_root`)."""
+    """Bundled task ids, MLGym tasks as `mlgym:tasks/<name>.yaml` (with `mlgym_root`), Harbor tasks as
+    `harbor:<task folder>` (with `harbor_root`)."""
     mlgym_root: str | None = None
+    harbor_root: str | None = None
+    """A Harbor dataset (a folder of task folders; or $HARBOR_ROOT): each task's image is built from its own
+    Dockerfile when the env starts."""
     examples_per_task: int = Field(1, ge=1)
     """Tasks in the taskset per task id (identical episodes; rollouts per example come from the trainer)."""
     # The sandboxes: declared in air.sandbox (PoolConfig), taken from there.
@@ -149,7 +153,8 @@ class AirTaskset(vf.Taskset[AirTask, AirTasksetConfig]):
     def load(self) -> list[AirTask]:
         route_air_logs()  # before loading: the MLGym loader warns of fields it cannot honour
         config, episode = self.config, self.config.episode_config()
-        items = task_items(config.tasks, config.examples_per_task, config.mlgym_root, config.gpus_per_task)
+        items = task_items(config.tasks, config.examples_per_task, config.mlgym_root, config.gpus_per_task,
+                           config.harbor_root)
         tasks = []
         for item in items:
             fmt = episode.format_for(item.spec.action_format)
@@ -193,12 +198,20 @@ class AirEnvConfig(vf.EnvConfig):
 
 class AirEnv(vf.Env[AirEnvConfig]):
     async def start(self) -> None:
+        from air.errors import ImageError
         from air.sandbox import SandboxPool
         from air.tasks.registry import load_task
 
         cfg = self.config.taskset
         route_air_logs()
-        self.specs = {ref: load_task(ref, cfg.mlgym_root, cfg.gpus_per_task) for ref in cfg.tasks}
+        self.specs = {ref: load_task(ref, cfg.mlgym_root, cfg.gpus_per_task, harbor_root=cfg.harbor_root)
+                      for ref in cfg.tasks}
+        try:  # a Harbor task's own image: built now, once, or its failed step said now
+            from air.tasks.task_images import build_task_images
+
+            await asyncio.to_thread(build_task_images, list(self.specs.values()))
+        except ImageError as exc:
+            raise SandboxError(f"air: {exc}") from exc
         self.episode_config = cfg.episode_config()
         self.channel = None
         if cfg.action_format == "tools":  # where the toolset's calls reach the episodes
@@ -252,7 +265,8 @@ class AirEnv(vf.Env[AirEnvConfig]):
         spec = self.specs.get(task.data.task_ref)
         if spec is None:  # served, the orchestrator owns the taskset: run any task it sends, not only ours
             spec = self.specs[task.data.task_ref] = await asyncio.to_thread(load_task, task.data.task_ref,
-                                                                            cfg.mlgym_root, cfg.gpus_per_task)
+                                                                            cfg.mlgym_root, cfg.gpus_per_task,
+                                                                            harbor_root=cfg.harbor_root)
         task_env = TaskEnvironment(spec, self.pool)
         # The format the task's prompt told the model (the orchestrator's taskset made it, when served).
         config = self.episode_config.model_copy(update={"action_format": task.data.action_format})

@@ -49,6 +49,9 @@ ActionFormatOption = Annotated[Literal["text", "tools"] | None, typer.Option(
                             "validate, submit); default: the task's own (text for the bundled and MLGym tasks).")]
 MlgymRoot = Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROOT",
                                                help="MLGym checkout, for tasks named mlgym:tasks/<name>.yaml.")]
+HarborRoot = Annotated[str | None, typer.Option("--harbor-root", envvar="HARBOR_ROOT",
+                                                help="Harbor dataset (a folder of task folders), for tasks named "
+                                                     "harbor:<task folder>.")]
 
 
 def _gpus_here(gpus: int) -> int:

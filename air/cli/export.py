@@ -120,4 +120,33 @@ def mlgym_results(
         raise typer.Exit(1)
 
 
+@export_app.command("harbor")
+def harbor(
+    tasks: Annotated[list[str], typer.Argument(help="Task ids: bundled, or mlgym:tasks/<name>.yaml.",
+                                               show_default=False)],
+    out_dir: Annotated[Path, typer.Option("--out", help="The Harbor dataset folder to write the tasks into.",
+                                          show_default=False)],
+    mlgym_root: Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROOT",
+                                                   help="MLGym checkout, for mlgym: tasks.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
+) -> None:
+    """Write air's tasks as Harbor task folders: task.toml, instruction.md, environment/ (the workspace's files, on
+    air's image), tests/ (air's own evaluation, writing reward.json and reward.txt: the reward air pays) and
+    solution/ (the task's baseline). Harbor's runner, verifiers' Harbor taskset and air's own --harbor-root read
+    them. A task with hidden data is exported with its reference draw.
+
+    Example: air export harbor regression-rmse tabular-classification --out datasets/air
+    """
+    from air.export.harbor import export_harbor
+    from air.tasks.registry import load_all
+
+    specs = load_all(tasks, mlgym_root, draw="reference")
+    written = export_harbor(specs, out_dir)
+    if as_json:
+        print(json.dumps({"tasks": [str(p) for p in written]}, indent=2))
+    else:
+        out.print(f"wrote {len(written)} Harbor task(s) under {out_dir}: "
+                  + ", ".join(p.name for p in written), soft_wrap=True)
+
+
 __all__ = ["export_app"]

@@ -91,6 +91,19 @@ def missing_images(images: Iterable[str]) -> list[str]:
         client.close()
 
 
+def build_task_images(specs) -> None:
+    """The images of tasks that bring their own Dockerfile (Harbor tasks), built now with progress unless present:
+    one that cannot be built is one line naming its failed step, before any rollout."""
+    from air.cli.progress import PlainProgress
+    from air.tasks.task_images import build_task_image
+
+    for spec in specs:
+        if spec.build is None:
+            continue
+        with PlainProgress(lambda line: print(line, file=sys.stderr, flush=True)) as progress:
+            build_task_image(spec, report=progress.detail)
+
+
 def require_images(images: Iterable[str]) -> None:
     """Each image must be on the daemon before a command that runs it starts (`air eval`, `air serve`): a missing
     one would fail every rollout or request that needs it, as infrastructure. The line names its build command."""

@@ -20,6 +20,7 @@ from air.cli.app import (
     BaseUrl,
     GpusPerTask,
     JsonFlag,
+    HarborRoot,
     MlgymRoot,
     Model,
     ModelTimeout,
@@ -40,6 +41,7 @@ def debug(
     = False,
     max_turns: Annotated[int, typer.Option(help="Turn limit, as in a rollout.")] = 30,
     mlgym_root: MlgymRoot = None,
+    harbor_root: HarborRoot = None,
     action_format: ActionFormatOption = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -61,7 +63,7 @@ def debug(
     if sys.stdin is None or sys.stdin.closed:  # `<&-`: there is nothing to read what to type from
         raise UsageError("stdin is closed; air debug reads what to type from it (a terminal, or lines piped in "
                          "with --json)")
-    spec = load_task(task, mlgym_root)
+    spec = load_task(task, mlgym_root, harbor_root=harbor_root)
     # Before a sandbox starts.
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
     run_debug(spec, keep=keep, config=config, json_lines=as_json)
@@ -81,6 +83,7 @@ def eval_(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory, new or empty: a run owns its "
                                                  "directory (default runs/eval-<time>).")] = None,
     mlgym_root: MlgymRoot = None,
+    harbor_root: HarborRoot = None,
     gpus_per_task: GpusPerTask = 0,
     action_format: ActionFormatOption = None,
     as_json: JsonFlag = False,
@@ -96,16 +99,17 @@ def eval_(
     from air.episode.batch import RolloutResult, claim_run_dir, run_batch
     from air.episode.config import EpisodeConfig
     from air.files import free_name
-    from air.cli.images import require_images
+    from air.cli.images import build_task_images, require_images
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import sandbox_spec
     from air.tasks.registry import load_all
     from air.validation import config_of
 
-    specs = load_all(tasks, mlgym_root, gpus_per_task)
+    specs = load_all(tasks, mlgym_root, gpus_per_task, harbor_root=harbor_root)
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "command_timeout": command_timeout,
                                         "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
+    build_task_images(specs)  # a Harbor task's own image: built now, or its failed step said now
     require_images(sandbox_spec(spec).image for spec in specs)  # missing: exit 3 now, not N failed rollouts
     policy = WatchedPolicy(policy)
     run_dir = out_dir or free_name(Path("runs"), f"eval-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -172,6 +176,7 @@ def replay(
     rescore: Annotated[str | None, typer.Option("--rescore", help="Recompute rewards from the recorded scores "
                                                 "in this mode (delta|best), without containers.")] = None,
     mlgym_root: MlgymRoot = None,
+    harbor_root: HarborRoot = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Re-execute recorded episodes in fresh sandboxes and report, turn by turn, where observations, exit codes
@@ -217,7 +222,7 @@ def replay(
 
         raise UsageError(f"nothing to replay in {source}: no recording has a turn")
     # Every task and config is loaded before a container starts: an MLGym task without its checkout is one line.
-    plans = [(rec, recorded_task(rec, mlgym_root), recorded_config(rec)) for rec in recordings]
+    plans = [(rec, recorded_task(rec, mlgym_root, harbor_root), recorded_config(rec)) for rec in recordings]
 
     async def main():
         async with SandboxPool(PoolConfig(gpu_ids=[])) as pool:

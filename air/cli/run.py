@@ -14,6 +14,7 @@ from air.cli.app import (
     ActionFormatOption,
     BaseUrl,
     JsonFlag,
+    HarborRoot,
     MlgymRoot,
     Model,
     ModelTimeout,
@@ -25,7 +26,7 @@ from air.cli.app import (
     print_json,
     run_async,
 )
-from air.cli.images import build_missing
+from air.cli.images import build_missing, build_task_images
 
 
 @app.command()
@@ -37,6 +38,7 @@ def run(
     max_turns: Annotated[int, typer.Option(min=1, help="Turn limit of the episode.")] = 30,
     runs_dir: Annotated[Path, typer.Option("--out", help="Where the trajectory is written.")] = Path("runs"),
     mlgym_root: MlgymRoot = None,
+    harbor_root: HarborRoot = None,
     action_format: ActionFormatOption = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -58,13 +60,14 @@ def run(
     from air.tasks.registry import load_task
     from air.validation import config_of
 
-    spec = load_task(task, mlgym_root)
+    spec = load_task(task, mlgym_root, harbor_root=harbor_root)
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
     check_folder(runs_dir)
     policy = WatchedPolicy(policy)
     if base_url is not None and console.is_terminal and not console.is_dumb_terminal:
         WaitStatus(policy, console, played_by["base_url"], model_timeout)
+    build_task_images([spec])
     build_missing([spec.image])
     trajectory = free_name(runs_dir, f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}", ".jsonl")
     if not as_json:

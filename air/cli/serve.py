@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from typer.core import TyperGroup
 
 from air.cli.app import console
-from air.cli.images import require_images
+from air.cli.images import build_task_images, require_images
 from air.validation import as_flag, config_of
 
 if TYPE_CHECKING:
@@ -122,6 +122,7 @@ def _services() -> typer.Typer:
         tasks: list[str] = option_of(AG, "tasks", "--task", metavar="TASK",  # noqa: B008
                                      more="Repeat the flag for several."),
         mlgym_root: str | None = option_of(AG, "mlgym_root"),
+        harbor_root: str | None = option_of(AG, "harbor_root"),
         examples_per_task: int = option_of(AG, "examples_per_task"),
         max_turns: int = option_of(AG, "max_turns"),
         max_seconds: float = option_of(AG, "max_seconds"),
@@ -158,6 +159,7 @@ def _services() -> typer.Typer:
         tasks: list[str] = option_of(OE, "tasks", "--task", metavar="TASK",  # noqa: B008
                                      more="Repeat the flag for several."),
         mlgym_root: str | None = option_of(OE, "mlgym_root"),
+        harbor_root: str | None = option_of(OE, "harbor_root"),
         examples_per_task: int = option_of(OE, "examples_per_task"),
         max_turns: int = option_of(OE, "max_turns"),
         max_seconds: float = option_of(OE, "max_seconds"),
@@ -238,6 +240,7 @@ def _check_episode_server(config, core) -> None:
     from air.tasks.environment import sandbox_spec
 
     core.load_items()
+    build_task_images(item.spec for item in core.items)
     require_images(sandbox_spec(item.spec).image for item in core.items)
     if config.host not in LOOPBACK and not config.token:
         console.print(f"[yellow]warning:[/] binding {config.host} without --token: anyone who reaches this "

@@ -12,19 +12,23 @@ from rich.markup import escape
 from rich.table import Table
 
 from air import display
-from air.cli.app import GpusPerTask, JsonFlag, MlgymRoot, console, out, print_json, run_async
+from air.cli.app import GpusPerTask, HarborRoot, JsonFlag, MlgymRoot, console, out, print_json, run_async
 from air.tasks.baseline_stats import DEFAULT_RUNS
 
 tasks_app = typer.Typer(help="List, inspect and check research tasks (bundled, or MLGym YAMLs).", no_args_is_help=True)
 
 @tasks_app.command("list")
-def tasks_list(mlgym_root: MlgymRoot = None, as_json: JsonFlag = False) -> None:
+def tasks_list(mlgym_root: MlgymRoot = None, harbor_root: HarborRoot = None, as_json: JsonFlag = False) -> None:
     """List the bundled tasks with their metric, direction and baseline; with --mlgym-root, every MLGym task of
     that checkout instead: whether it loads, the image it runs in, what it needs (GPU, remote dataset, JAX or
-    Hugging Face stack, modules its image lacks) and the one reason it cannot run on this host.
+    Hugging Face stack, modules its image lacks) and the one reason it cannot run on this host; with
+    --harbor-root, every task folder of that Harbor dataset: whether it loads, its image, what air maps
+    differently (no network, an unprivileged agent) and the one reason it cannot run in air.
 
-    Example: air tasks list --mlgym-root ~/MLGym --json
+    Example: air tasks list --mlgym-root ~/MLGym --json; air tasks list --harbor-root ~/datasets/mlebench
     """
+    if harbor_root:
+        return _list_harbor(Path(harbor_root), as_json)
     if mlgym_root:
         return _list_mlgym(Path(mlgym_root), as_json)
     from air.tasks.registry import load_all
@@ -80,6 +84,30 @@ def _list_mlgym(root: Path, as_json: bool) -> None:
               + (f"; [bold red]{leaky} with a leaked answer key[/]" if leaky else ""))
 
 
+def _list_harbor(root: Path, as_json: bool) -> None:
+    from air.tasks.harbor import survey
+
+    rows = survey(root)
+    if as_json:
+        print_json([r.model_dump() for r in rows])
+        return
+    table = Table()
+    for column in ("task", "loads", "image"):
+        table.add_column(column, no_wrap=True)
+    details = []
+    for r in rows:
+        table.add_row(escape(f"harbor:{r.name}"), "yes" if r.loads else "[red]no[/]", r.image or "-")
+        details += [f"[bold]{escape(r.name)}[/]: {escape(note)}" for note in r.notes]
+        if r.reason:
+            why = r.reason.replace(f"{root.resolve()}/", "")
+            details.append(f"[bold]{escape(r.name)}[/] [red]cannot run[/]: {escape(why)}")
+    out.print(table)
+    for line in details:
+        out.print(line, overflow="fold")
+    out.print(f"{sum(r.loads for r in rows)} of {len(rows)} tasks load (name them harbor:<task>; each image is built "
+              "from its own Dockerfile when first run)")
+
+
 def _host_facts():
     """Images built, what each recipe installs, GPUs: what `air tasks list --mlgym-root` weighs tasks against."""
     from air.errors import InfraError
@@ -107,14 +135,15 @@ def _host_facts():
 
 
 @tasks_app.command("show")
-def tasks_show(task: str, mlgym_root: MlgymRoot = None, as_json: JsonFlag = False) -> None:
+def tasks_show(task: str, mlgym_root: MlgymRoot = None, harbor_root: HarborRoot = None,
+               as_json: JsonFlag = False) -> None:
     """Show a task: what the agent reads, its files, metrics, baseline and limits.
 
     Example: air tasks show prisoners-dilemma
     """
     from air.tasks.registry import load_task
 
-    spec = load_task(task, mlgym_root)
+    spec = load_task(task, mlgym_root, harbor_root=harbor_root)
     if as_json:  # the spec, and what its rewards are normalised against here
         print(json.dumps({**spec.model_dump(mode="json"), "reward_baseline": _reward_baseline(spec)}, indent=2))
         return
@@ -168,6 +197,7 @@ def _say_reward_baseline(spec) -> str:
 def tasks_check(
     tasks: Annotated[list[str] | None, typer.Argument(help="Task ids (default: every bundled task).")] = None,
     mlgym_root: MlgymRoot = None,
+    harbor_root: HarborRoot = None,
     gpus_per_task: GpusPerTask = 0,
     runs: Annotated[int, typer.Option(min=1, help="Evaluations of the baseline submission when its evaluation is "
                                                   "stochastic (declared, or two evaluations differ); 1 skips "
@@ -196,7 +226,7 @@ def tasks_check(
     from air.tasks.registry import load_all
 
     limit = _duration(budget, "--budget") if budget is not None else None
-    specs = load_all(tasks, mlgym_root, gpus_per_task)
+    specs = load_all(tasks, mlgym_root, gpus_per_task, harbor_root=harbor_root)
     marks = {"ok": "[green]ok[/]         ", "failed": "[red]FAIL[/]       ", "no_baseline": "[yellow]no baseline[/]",
              "skipped": "[yellow]skipped[/]    "}
 

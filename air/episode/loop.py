@@ -20,6 +20,7 @@ observation.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import uuid
@@ -243,7 +244,7 @@ class Episode:
             return "format_errors"
         if self.turns >= self.config.max_turns:
             return "max_turns"
-        if time.monotonic() - self.started >= self.config.max_seconds:
+        if time.monotonic() - self.started >= min(self.config.max_seconds, self.spec.timeouts.episode or math.inf):
             return "max_seconds"
         return None
 

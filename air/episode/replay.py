@@ -73,15 +73,16 @@ def first_difference(recorded: str, replayed: str) -> tuple[int, str, str]:
     return len(a) + 1, "", ""  # equal lines, different line endings
 
 
-def recorded_task(recording: Recording, mlgym_root: str | None = None) -> TaskSpec:
+def recorded_task(recording: Recording, mlgym_root: str | None = None, harbor_root: str | None = None) -> TaskSpec:
     """The task a recording played, loaded as it was: from its recorded source (an MLGym YAML, under `mlgym_root`
-    or $MLGYM_ROOT), else the bundled task of its id."""
+    or $MLGYM_ROOT; a Harbor task folder, under `harbor_root` or $HARBOR_ROOT), else the bundled task of its id."""
     from air.tasks.registry import load_task
 
     if recording.task is None:
         raise UsageError(f"{recording.source}: the recording does not say which task it played")
     source = recording.task_source
-    return load_task(source if source and source.startswith("mlgym:") else recording.task, mlgym_root)
+    from_source = source and source.startswith(("mlgym:", "harbor:"))
+    return load_task(source if from_source else recording.task, mlgym_root, harbor_root=harbor_root)
 
 
 def recorded_config(recording: Recording) -> EpisodeConfig:

@@ -83,13 +83,13 @@ class TaskItem:
 
 
 def task_items(refs: list[str], examples_per_task: int, mlgym_root: str | None = None,
-               gpus_per_task: int = 0) -> list[TaskItem]:
+               gpus_per_task: int = 0, harbor_root: str | None = None) -> list[TaskItem]:
     """Tasks x examples, numbered in this order (the taskset's rows, AgentGym's data_idx, OpenEnv's item);
     UsageError for an unknown task."""
     from air.tasks.registry import load_task
 
     items: list[TaskItem] = []
     for ref in refs:
-        spec = load_task(ref, mlgym_root, gpus_per_task)
+        spec = load_task(ref, mlgym_root, gpus_per_task, harbor_root=harbor_root)
         items.extend(TaskItem(len(items), ref, example, spec) for example in range(examples_per_task))
     return items

@@ -269,6 +269,9 @@ class ImageBuilder:
         """The newest image of recipe `name` built from `inputs` (its `air.inputs` label), if one is here."""
         found = self.client.images.list(filters={"label": [f"air.recipe={name}", f"air.inputs={inputs}"],
                                                  "dangling": False})
+        # A task's own image built on this recipe's (air.images.dockerfile) inherits these labels: never a build
+        # of the recipe, whatever labels it carries.
+        found = [image for image in found if "air.task-image" not in (image.labels or {})]
         return max(found, key=lambda image: image.attrs["Created"], default=None)
 
     def _docker_build(self, recipe: Recipe, context: Path, tag: str, parent_ref: str,

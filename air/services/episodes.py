@@ -81,6 +81,8 @@ class ServiceConfig(EpisodeSettings):
     """Tasks of the items: bundled ids or mlgym:tasks/<name>.yaml; none = every bundled task."""
     mlgym_root: str | None = None
     """MLGym checkout for mlgym: tasks."""
+    harbor_root: str | None = None
+    """Harbor dataset (a folder of task folders) for harbor: tasks."""
     examples_per_task: int = Field(1, ge=1)
     """Items per task (identical episodes), as the verifiers taskset's option of the same name."""
     max_envs: int = Field(64, ge=1)
@@ -134,7 +136,7 @@ class ServedEpisodes:
         from air.tasks.registry import bundled_ids
 
         self.items = task_items(self.config.tasks or bundled_ids(), self.config.examples_per_task,
-                                self.config.mlgym_root)
+                                self.config.mlgym_root, harbor_root=self.config.harbor_root)
 
     async def start(self) -> None:
         from air.sandbox import PoolConfig, SandboxPool

@@ -28,19 +28,23 @@ from air.tasks.hidden import (
     on_host_draw,
     reference,
 )
+from air.tasks.hostenv import resolved
 from air.tasks.leaks import LEAK, best_reached
 from air.tasks.scoring import EvalOutcome, data_mounts, evaluate
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import overlay_baseline, stage
+from air.tasks.task_images import ensure_task_image
 
 log = logging.getLogger("air.tasks")
 
 
 def sandbox_spec(spec: TaskSpec) -> SandboxSpec:
     r = spec.resources
+    mounts = data_mounts(spec)
+    env = {**resolved(spec.env, spec.id), **mounts.pop("env", {})}
     return SandboxSpec(image=image_ref(spec.image), task=spec.id,
-                       resources=Resources(cpus=r.cpus, memory_mb=r.memory_mb, gpus=r.gpus),
-                       **data_mounts(spec))
+                       resources=Resources(cpus=r.cpus, memory_mb=r.memory_mb, gpus=r.gpus), env=env,
+                       **({"workspace_mb": r.workspace_mb} if r.workspace_mb else {}), **mounts)
 
 
 class TaskEnvironment:
@@ -79,6 +83,7 @@ class TaskEnvironment:
 
     @contextlib.asynccontextmanager
     async def _staged(self) -> AsyncIterator[Sandbox]:
+        await ensure_task_image(self.spec)
         await ensure_drawn(self.spec, self.pool)
         async with self.pool.lease(sandbox_spec(self.spec)) as sandbox:
             await stage(sandbox, self.spec)

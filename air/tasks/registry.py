@@ -1,4 +1,5 @@
-"""Finding tasks by name: air's bundled tasks by id, MLGym tasks as `mlgym:<path under configs/>`."""
+"""Finding tasks by name: air's bundled tasks by id, MLGym tasks as `mlgym:<path under configs/>`, Harbor tasks as
+`harbor:<task folder under the dataset root>`."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from air.tasks.spec import TaskSpec
 from air.tasks.stacks import on_gpus
 
 MLGYM_PREFIX = "mlgym:"
+HARBOR_PREFIX = "harbor:"
 
 
 def bundled_ids(root: Path | None = None) -> list[str]:
@@ -25,37 +27,45 @@ def bundled_ids(root: Path | None = None) -> list[str]:
     return found
 
 
-def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0, draw: Draw | None = None
-              ) -> TaskSpec:
-    """`prisoners-dilemma` (bundled) or `mlgym:tasks/titanic.yaml` (needs an MLGym root, or $MLGYM_ROOT); with
-    `gpus`, as it runs on a GPU host (stacks.on_gpus). A bundled task with hidden data comes with this host's draw
-    of it, unless `draw="reference"` (the record's, which its public generator reproduces: air.tasks.hidden)."""
-    return on_gpus(_load(ref, mlgym_root, draw), gpus)
+def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0, draw: Draw | None = None, *,
+              harbor_root: Path | str | None = None) -> TaskSpec:
+    """`prisoners-dilemma` (bundled), `mlgym:tasks/titanic.yaml` (needs an MLGym root, or $MLGYM_ROOT) or
+    `harbor:hello` (a task folder of a Harbor dataset: `harbor_root`, or $HARBOR_ROOT); with `gpus`, as it runs on a
+    GPU host (stacks.on_gpus). A bundled task with hidden data comes with this host's draw of it, unless
+    `draw="reference"` (the record's, which its public generator reproduces: air.tasks.hidden)."""
+    return on_gpus(_load(ref, mlgym_root, draw, harbor_root), gpus)
 
 
-def _load(ref: str, mlgym_root: Path | str | None, draw: Draw | None) -> TaskSpec:
+def _load(ref: str, mlgym_root: Path | str | None, draw: Draw | None, harbor_root: Path | str | None) -> TaskSpec:
     if ref.startswith(MLGYM_PREFIX):
         root = mlgym_root or os.environ.get("MLGYM_ROOT")
         if not root:
             raise UsageError(f"{ref}: an MLGym task needs the MLGym checkout (--mlgym-root or $MLGYM_ROOT)")
         return load_mlgym_task(Path(root), ref.removeprefix(MLGYM_PREFIX))
+    if ref.startswith(HARBOR_PREFIX):
+        from air.tasks.harbor import load_harbor_task
+
+        root = harbor_root or os.environ.get("HARBOR_ROOT")
+        if not root:
+            raise UsageError(f"{ref}: a Harbor task needs its dataset's folder (--harbor-root or $HARBOR_ROOT)")
+        return load_harbor_task(Path(root), ref.removeprefix(HARBOR_PREFIX))
     require_known(ref)
     return load_air_task(paths.tasks_dir() / ref, draw)
 
 
 def require_known(ref: str) -> None:
-    """UsageError unless `ref` names a bundled task or has the MLGym form (whose file is read at load time)."""
-    if not ref.startswith(MLGYM_PREFIX) and not (paths.tasks_dir() / ref / "task.toml").is_file():
+    """UsageError unless `ref` names a bundled task or has the MLGym or Harbor form (read at load time)."""
+    if not ref.startswith((MLGYM_PREFIX, HARBOR_PREFIX)) and not (paths.tasks_dir() / ref / "task.toml").is_file():
         raise UsageError(f"unknown task '{ref}' (bundled: {', '.join(bundled_ids())}; MLGym tasks: "
-                         "mlgym:tasks/<name>.yaml)")
+                         "mlgym:tasks/<name>.yaml; Harbor tasks: harbor:<task folder>)")
 
 
 def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None, gpus: int = 0,
-             draw: Draw | None = None) -> list[TaskSpec]:
+             draw: Draw | None = None, *, harbor_root: Path | str | None = None) -> list[TaskSpec]:
     """The tasks of one run. Their ids must differ (two MLGym YAMLs may declare one `id`): a run's trajectories,
     results and summary are kept by task id, so two tasks of one id would write over each other."""
     refs = refs or bundled_ids()
-    specs = [load_task(ref, mlgym_root, gpus, draw) for ref in refs]
+    specs = [load_task(ref, mlgym_root, gpus, draw, harbor_root=harbor_root) for ref in refs]
     first: dict[str, str] = {}
     for ref, spec in zip(refs, specs):
         if spec.id in first:
@@ -65,4 +75,4 @@ def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None
     return specs
 
 
-__all__ = ["load_task", "load_all", "bundled_ids", "require_known"]
+__all__ = ["HARBOR_PREFIX", "MLGYM_PREFIX", "load_task", "load_all", "bundled_ids", "require_known"]

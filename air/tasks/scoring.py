@@ -45,6 +45,7 @@ from air.sandbox import (
     make_tar,
 )
 from air.tasks.datastore import HF_OFFLINE_ENV, DataStore
+from air.tasks.hostenv import resolved
 from air.tasks.shared_lib import shared_lib_entries
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import add_entries, tar_of
@@ -134,7 +135,7 @@ async def collect_submission(sandbox: Sandbox, spec: TaskSpec) -> bytes:
                 raise _Rejected("invalid_submission", f"{WORKSPACE}/{rel} could not be read (unreadable files, "
                                                       "or it kept changing).") from None
             parent = posixpath.dirname(rel) if rel != "." else ""
-            total += _copy_sanitised(raw, clean, parent, rel, skip_data_link=rel == ".")
+            total += _copy_sanitised(raw, clean, parent, rel, skip_data_link=rel == "." and bool(spec.data))
             if total > cap:
                 raise _Rejected("invalid_submission", f"The submission is larger than the {cap >> 20} MB allowed.")
     return out.getvalue()
@@ -215,9 +216,11 @@ def data_mounts(spec: TaskSpec) -> dict:
 def scoring_spec(spec: TaskSpec) -> SandboxSpec:
     """The scoring sandbox: the task's image, limits and GPUs (lent by the agent's sandbox, see evaluate)."""
     r = spec.resources
+    mounts = data_mounts(spec)
+    env = {**resolved(spec.env, spec.id), **resolved(spec.evaluation.env, spec.id), **mounts.pop("env", {})}
     return SandboxSpec(image=image_ref(spec.image), task=f"{spec.id}.scoring",
-                       resources=Resources(cpus=r.cpus, memory_mb=r.memory_mb, pids=1024, gpus=r.gpus),
-                       **data_mounts(spec))
+                       resources=Resources(cpus=r.cpus, memory_mb=r.memory_mb, pids=1024, gpus=r.gpus), env=env,
+                       **({"workspace_mb": r.workspace_mb} if r.workspace_mb else {}), **mounts)
 
 
 def _air_eval_tar(spec: TaskSpec) -> bytes:
@@ -304,6 +307,10 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec) ->
         async with pool.lease(scoring_spec(spec), gpus_of=agent_sandbox) as scorer:
             if spec.evaluation.contract == "air":
                 outcome = await _run_air(scorer, spec, artefacts)
+            elif spec.evaluation.contract == "harbor":  # Harbor's tests/test.sh and reward files
+                from air.tasks.harbor_contract import run_harbor
+
+                outcome = EvalOutcome(**(await run_harbor(scorer, spec, artefacts))._asdict())
             else:
                 outcome = await _run_mlgym(scorer, spec, artefacts)
     except _Rejected as rejected:

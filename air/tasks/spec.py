@@ -18,7 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from air.actions import ActionFormat
 
 Direction = Literal["higher", "lower"]
-Contract = Literal["air", "mlgym-csv", "mlgym-model", "mlgym-lm", "mlgym-python"]
+Contract = Literal["air", "mlgym-csv", "mlgym-model", "mlgym-lm", "mlgym-python", "harbor"]
+
+
+_LATER_FIELDS = {"action_format": "text", "build": None, "image_workspace": None, "env": {}}
+"""TaskSpec's fields that joined after task hashes were recorded (trajectories, host baselines), with defaults."""
 
 
 class FileEntry(BaseModel):
@@ -53,7 +57,8 @@ class Evaluation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     contract: Contract = "air"
-    """air: `evaluate.py` writes $AIR_METRICS_FILE; mlgym-*: MLGym's four scoring contracts (stdout JSON)."""
+    """air: `evaluate.py` writes $AIR_METRICS_FILE; mlgym-*: MLGym's four scoring contracts (stdout JSON); harbor:
+    Harbor's `tests/test.sh` writes /logs/verifier/reward.txt or reward.json (air.tasks.harbor)."""
     entry: str = "evaluate.py"
     submission: list[str] = []
     """Artefacts copied out of the workspace for scoring (relative paths; files or directories)."""
@@ -66,6 +71,9 @@ class Evaluation(BaseModel):
     trusted: bool = True
     """False: the evaluation runs the agent's code in its own process (MLGym's trust model, an undeclared MLGym
     task): it runs as the agent, and its score is only as good as that."""
+    env: dict[str, str] = {}
+    """Variables of the evaluation's process (Harbor's [verifier].env), `${VAR}` and `${VAR:-default}` taken from
+    the host's environment when it runs, never stored resolved."""
 
 
 class Baseline(BaseModel):
@@ -91,6 +99,9 @@ class Timeouts(BaseModel):
 
     command: float = Field(60, gt=0)
     training: float = Field(1800, gt=0)
+    episode: float | None = Field(None, gt=0)
+    """The task's own wall-clock budget for an episode (Harbor's [agent].timeout_sec): an episode ends at the
+    sooner of it and the run's max_seconds."""
 
 
 class TaskResources(BaseModel):
@@ -99,6 +110,8 @@ class TaskResources(BaseModel):
     cpus: float = Field(1.0, gt=0)
     memory_mb: int = Field(2048, ge=128)
     gpus: int = Field(0, ge=0)
+    workspace_mb: int | None = Field(None, ge=16)
+    """The home's quota (Harbor's [environment].storage_mb); None: the sandbox's default (SandboxSpec)."""
 
 
 class TrainingNeeds(BaseModel):
@@ -159,6 +172,23 @@ class HiddenSplit(BaseModel):
     """Set by the loader for a host draw: where air keeps it (made on first use, air.tasks.hidden.ensure_drawn)."""
 
 
+class ImageBuild(BaseModel):
+    """A task whose image is built from its own Dockerfile (a Harbor task's environment/), not from air's recipes:
+    air's builder builds it offline and adds air's layer (air.images.dockerfile). `TaskSpec.image` is then the tag
+    of that build, named after everything that goes into it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    context: Path
+    dockerfile: str | None = "Dockerfile"
+    """Relative to `context`; None: the image is `base` as it is (Harbor's [environment].docker_image alone)."""
+    base: str | None = None
+    """A prebuilt image the task names instead of a Dockerfile."""
+    workdir: str | None = None
+    """Where the agent works, overriding the Dockerfile's WORKDIR (Harbor's [environment].workdir)."""
+    timeout: float = Field(600, gt=0)
+
+
 class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -193,6 +223,14 @@ class TaskSpec(BaseModel):
     leaks: list[str] = []
     """Answer keys within reach, found by the loader (air.tasks.leaks): each names the evaluation-only file and the
     file the agent (or anyone, for a sample submission) can read that equals it."""
+    build: ImageBuild | None = None
+    """How the task's own image is built (a Harbor task); None: `image` names one of air's recipes."""
+    image_workspace: str | None = None
+    """A directory of the image whose files start the workspace (where air's image layer put a Harbor task's
+    WORKDIR, which then links to the workspace): copied in when the sandbox is staged, owned by the agent."""
+    env: dict[str, str] = {}
+    """Variables of the agent's shell and of the evaluation (Harbor's [environment].env and its Dockerfile's ENV);
+    `${VAR}` and `${VAR:-default}` are taken from the host's environment when a sandbox is made."""
 
     @model_validator(mode="after")
     def _one_primary(self) -> TaskSpec:
@@ -208,6 +246,16 @@ class TaskSpec(BaseModel):
         """A validated copy with fields changed (model_copy would carry the cached content hash along)."""
         return TaskSpec(**{**{name: getattr(self, name) for name in TaskSpec.model_fields}, **changes})
 
+    def _later_defaults(self) -> dict:
+        """The fields added after hashes were first recorded, where they hold their defaults."""
+        later: dict = {name: True for name, default in _LATER_FIELDS.items() if getattr(self, name) == default}
+        nested = {(part, name) for part, name in (("timeouts", "episode"), ("resources", "workspace_mb"),
+                                                  ("evaluation", "env"))
+                  if getattr(getattr(self, part), name) in (None, {})}
+        for part, name in nested:
+            later.setdefault(part, {})[name] = True
+        return later
+
     @property
     def primary(self) -> Metric:
         return next(m for m in self.metrics if m.primary)
@@ -220,9 +268,8 @@ class TaskSpec(BaseModel):
     def content_hash(self) -> str:
         """Changes whenever the spec or any file it names changes: replays use it to detect drift. A host draw's
         files count by their draw id (in the spec), so the hash is the same before and after they are made."""
-        # The format joined the spec later: left at its default it is left out, so hashes recorded before stay.
-        h = hashlib.sha256(self.model_dump_json(exclude={"action_format"} if self.action_format == "text"
-                                                else None).encode())
+        # Fields that joined the spec later are left out at their defaults, so hashes recorded before stay.
+        h = hashlib.sha256(self.model_dump_json(exclude=self._later_defaults()).encode())
         drawn = self.hidden.folder if self.hidden else None
         for entry in (*self.starter, *self.data, *self.secret, *self.evaluation_files, *self.baseline_files):
             if drawn is not None and entry.source.is_relative_to(drawn):

@@ -14,18 +14,22 @@ workspace back through the pool's reset.
 from __future__ import annotations
 
 import io
+import posixpath
+import shlex
 import tarfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from air.errors import TaskError
-from air.sandbox import DATA, FIXED_MTIME, PRISTINE_HOME, WORKSPACE, ArchiveUnwritable, Sandbox
+from air.sandbox import AGENT_HOME, DATA, FIXED_MTIME, PRISTINE_HOME, WORKSPACE, ArchiveUnwritable, Sandbox
 from air.tasks.spec import FileEntry, TaskSpec
 
 # Staged files carry one fixed time, so what the agent sees (`ls -l`) is the same in every rollout and replay.
 STAGED_MTIME = FIXED_MTIME
 _SKIP = {"__pycache__", "_submission", "_output", ".gitignore"}
 HF_CACHE = ".cache/huggingface/datasets/"
+WORKSPACE_NAME = posixpath.relpath(WORKSPACE, AGENT_HOME)
+"""The workspace's place in the home (and in its pristine copy)."""
 """Where `datasets` looks for its cache under the agent's home: the task's datasets view (datastore.py)."""
 
 
@@ -93,6 +97,10 @@ async def stage(sandbox: Sandbox, spec: TaskSpec) -> None:
     await sandbox.harness_sh(f"rm -rf {PRISTINE_HOME} {DATA} && mkdir -p {PRISTINE_HOME} {DATA} && "
                              f"chown {uid}:{uid} {PRISTINE_HOME}")
     await sandbox.put_archive(PRISTINE_HOME, workspace_tar(spec, uid))
+    if spec.image_workspace:  # the image's own working directory (a Harbor task's), the agent's from now on
+        src, dest = shlex.quote(spec.image_workspace), f"{PRISTINE_HOME}/{WORKSPACE_NAME}"
+        await sandbox.harness_sh(f"if [ -d {src} ]; then cp -a {src}/. {dest}/ && chown -R -h {uid}:{uid} {dest}; fi",
+                                 timeout=600)
     if spec.data:
         await sandbox.put_archive(DATA, tar_of(spec.data, dir_mode=0o555, file_mode=0o444))
         await sandbox.harness_sh(f"chmod 0555 {DATA}")

@@ -1,0 +1,227 @@
+"""A task's own Dockerfile (a Harbor task's `environment/`), built offline into an image air can run.
+
+Two builds, both with the network off:
+1. the task's Dockerfile in its context, as written (or `FROM <image>` for a task that names a prebuilt image);
+2. air's layer on top, which makes that image a sandbox: it checks for what the warden needs (python3 >= 3.9,
+   bash), moves the image's working directory (its WORKDIR, often /app) to /opt/air/workspace and links the
+   directory to the agent's workspace, so that the agent works there in the home that every lease renews; and
+   it links /tests, /logs and /solution into air's own directory (/srv/air/harbor), where only the scorer puts
+   anything.
+
+A step that fails is said in one line naming it (`step 3/3 RUN pip install ...`): a step that downloads fails
+here, where nothing but loopback is reachable, and builds on a machine with the network. A base image the daemon
+does not have and cannot pull is said the same way. The result is tagged by the caller's tag, which names
+everything that went into it (`dockerfile_digest`), so a second build of unchanged inputs is the image already
+there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import shlex
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from air.errors import ImageError
+from air.sandbox import make_tar
+from air.sandbox.layout import AGENT_HOME, AIR_DIR, WORKSPACE
+
+IMAGE_WORKSPACE = "/opt/air/workspace"
+"""Where air's layer keeps the files of the image's working directory, which start every workspace."""
+HARBOR_DIR = f"{AIR_DIR}/harbor"
+"""/tests, /logs and /solution of a Harbor task link under here: root's, filled only in a scoring sandbox (and, under
+Harbor's own runner on air's environment, by that runner: air.services.harbor)."""
+HARBOR_PATHS = ("tests", "logs", "solution")
+LAYER_VERSION = "3"
+"""Changes whenever air's layer does: images built by an older layer are rebuilt."""
+KEPT_AT_ROOT = ("/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/run", "/sbin", "/srv",
+                "/sys", "/tmp", "/usr", "/var", AIR_DIR, AGENT_HOME)
+"""Working directories air will not move into the workspace (the system, air's own places)."""
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_IMAGE_OF_STEP = re.compile(r"^---> ([0-9a-f]{12})$")
+_NOISE = re.compile(r"^---> (Running in |Using cache|Removed intermediate)|^Removing intermediate container")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+TASK_IMAGE_LABELS = {"air.role": "image", "air.recipe": "task-image", "air.inputs": ""}
+"""Labels of every image built here, over those inherited from the base (see DockerfileBuilder._build)."""
+
+Report = Callable[[str], None]
+
+
+def workdir_problem(workdir: str) -> str | None:
+    """Why air cannot make `workdir` the agent's workspace, or None (it can, or there is none)."""
+    if not workdir.startswith("/"):
+        return f"its working directory {workdir!r} is not absolute"
+    path = workdir.rstrip("/") or "/"
+    if path in ("", "/") or path == WORKSPACE:
+        return None
+    if path in KEPT_AT_ROOT or path.startswith(AIR_DIR + "/") or path.startswith(AGENT_HOME + "/"):
+        return (f"its working directory {path} is a system directory or air's own, which air cannot move into the "
+                "agent's workspace")
+    return None
+
+
+def dockerfile_digest(context: Path, dockerfile: str | None, base: str | None, workdir: str | None) -> str:
+    """Everything a build is made of: the context's files (content; by size and time past 8 MB, so that a
+    competition's data is not read at every load), the Dockerfile's name, the base image, the workdir, air's layer."""
+    h = hashlib.sha256(repr((dockerfile, base, workdir, LAYER_VERSION)).encode())
+    if context.is_dir():
+        for path in sorted(p for p in context.rglob("*") if p.is_file()):
+            st = path.stat()
+            h.update(str(path.relative_to(context)).encode() + b"\0")
+            h.update(path.read_bytes() if st.st_size <= 8 << 20 else f"{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:12]
+
+
+class DockerfileBuilder:
+    """Builds a task's Dockerfile and air's layer; `report` hears each step (one line)."""
+
+    def __init__(self, client: docker.DockerClient, report: Report | None = None, timeout: float = 600):
+        self.client = client
+        self.api = docker.from_env(timeout=int(max(timeout, 60))).api
+        self.report = report or (lambda line: None)
+
+    def exists(self, tag: str) -> bool:
+        try:
+            self.client.images.get(tag)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+
+    def ensure(self, *, label: str, tag: str, context: Path, dockerfile: str | None, base: str | None,
+               workdir: str | None) -> str:
+        """The image `tag`, built unless it is there; ImageError (one line naming the failed step) otherwise."""
+        if self.exists(tag):
+            return tag
+        started = time.monotonic()
+        if dockerfile is None:
+            if base is None:
+                raise ImageError(f"{label}: neither a Dockerfile nor an image to build from")
+            task_image = self._build(label, make_tar({"Dockerfile": f"FROM {base}\n".encode()}), None)
+            if context.is_dir() and any(context.iterdir()):
+                # A prebuilt image's task folder holds files Harbor uploads into the working directory at start:
+                # air puts them there once, in the image.
+                into = workdir or (self.client.images.get(task_image).attrs.get("Config") or {}).get("WorkingDir")
+                task_image = self._build(label, _context_of(context, f"FROM {task_image}\nCOPY . {into or '/'}\n"),
+                                         None, "Dockerfile.air")
+        else:
+            path = context / dockerfile
+            if not path.is_file():
+                raise ImageError(f"{label}: {path} does not exist")
+            task_image = self._build(label, None, context, dockerfile)
+        config = self.client.images.get(task_image).attrs.get("Config") or {}
+        where = workdir or config.get("WorkingDir") or "/"
+        problem = workdir_problem(where)
+        if problem:
+            raise ImageError(f"{label}: {problem}")
+        layer = air_layer(task_image, where)
+        final = self._build(label, make_tar({"Dockerfile": layer.encode()}), None, tag=tag,
+                            labels={"air.task-image": label})
+        self.report(f"[{label}] built {tag} in {time.monotonic() - started:.0f} s")
+        return final
+
+    def _build(self, label: str, fileobj: bytes | None, context: Path | None, dockerfile: str = "Dockerfile", *,
+               tag: str | None = None, labels: dict[str, str] | None = None) -> str:
+        """One build with the network off; the image id, or ImageError naming the step that failed."""
+        kwargs = dict(fileobj=io.BytesIO(fileobj), custom_context=True, dockerfile=dockerfile) \
+            if fileobj is not None else dict(path=str(context), dockerfile=dockerfile)
+        # An image inherits its parent's labels: one built on air/cpu would carry `air.recipe=cpu` and the cpu
+        # recipe's `air.inputs`, and the recipe builder, which finds its builds by those labels, would take it for
+        # a build of the cpu recipe and point air/cpu:latest at it. Every build here says what it is instead.
+        labels = {**TASK_IMAGE_LABELS, **(labels or {})}
+        step, total, instruction = 0, 0, ""
+        tail: list[str] = []
+        image_id = None
+        try:
+            for chunk in self.api.build(tag=tag, network_mode="none", rm=True, forcerm=True, decode=True,
+                                        labels=labels, **kwargs):
+                if "error" in chunk:
+                    raise ImageError(_failed(label, step, total, instruction, chunk["error"], tail))
+                for line in _ANSI.sub("", chunk.get("stream", "")).splitlines():
+                    line = line.strip()
+                    if not line or _NOISE.match(line):
+                        continue
+                    found = _STEP.match(line)
+                    if found:  # the builder counts each label given as a step of its own, after the file's
+                        step, total, instruction = (int(found.group(1)), int(found.group(2)) - len(labels),
+                                                    found.group(3))
+                        self.report(f"[{label}] {line[:110]}")
+                        tail = []
+                    elif not _IMAGE_OF_STEP.match(line):
+                        tail = (tail + [line])[-6:]
+                image_id = (chunk.get("aux") or {}).get("ID", image_id)
+        except docker.errors.APIError as exc:
+            raise ImageError(_failed(label, step, total, instruction, exc.explanation or str(exc), tail)) from None
+        except requests.exceptions.RequestException as exc:
+            raise ImageError(f"{label}: the Docker daemon did not answer the build ({exc})") from None
+        if image_id is None:
+            raise ImageError(f"{label}: the build ended without an image")
+        return image_id
+
+
+def air_layer(image: str, workdir: str) -> str:
+    """The Dockerfile of air's layer over the task's `image`, whose working directory is `workdir`."""
+    path = workdir.rstrip("/") or "/"
+    moved = ""
+    if path not in ("/", WORKSPACE):
+        # The directory's files start every workspace; the directory itself becomes a link to the workspace.
+        q = shlex.quote(path)
+        moved = (f" && if [ -d {q} ] && [ ! -L {q} ]; then cp -a {q}/. {IMAGE_WORKSPACE}/ && rm -rf {q}; fi"
+                 f" && mkdir -p \"$(dirname {q})\" && ln -sfn {WORKSPACE} {q}")
+    elif path == WORKSPACE:  # under the home, which is a new in-memory directory in a sandbox: keep its files
+        moved = f" && if [ -d {WORKSPACE} ]; then cp -a {WORKSPACE}/. {IMAGE_WORKSPACE}/; fi"
+    checks = ("command -v python3 >/dev/null || { echo 'air: the image has no python3, which runs air warden; "
+              "install python3 >= 3.9 in the Dockerfile' >&2; exit 97; }"
+              " && python3 -c 'import sys; sys.exit(sys.version_info < (3, 9))' || { echo 'air: the python3 of "
+              "the image is older than 3.9, which air warden needs' >&2; exit 97; }"
+              " && command -v bash >/dev/null || { echo 'air: the image has no bash' >&2; exit 97; }")
+    links = " && ".join(f"rm -rf /{name} && ln -s {HARBOR_DIR}/{name} /{name}" for name in HARBOR_PATHS)
+    return (f"FROM {image}\nUSER root\n"
+            f"RUN {checks}"
+            f" && mkdir -p {IMAGE_WORKSPACE} {AIR_DIR}/etc{moved} && {links}\n"
+            f"WORKDIR {WORKSPACE}\n")
+
+
+def _context_of(folder: Path, dockerfile: str) -> bytes:
+    """A build context: the folder's files and a Dockerfile of air's beside them (named Dockerfile.air)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(folder.iterdir()):
+            tar.add(path, arcname=path.name)
+        # COPY leaves out what .dockerignore names: air's own two files stay out of the image.
+        ignore = b"Dockerfile.air\n.dockerignore\n"
+        for name, data in (("Dockerfile.air", dockerfile.encode()), (".dockerignore", ignore)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _failed(label: str, step: int, total: int, instruction: str, error: str, tail: list[str]) -> str:
+    """One line: which step failed, and why as the build said it (the network is off for every step)."""
+    error = " ".join(error.split())
+    said = " ".join(" ".join(tail).split())
+    where = f"step {step}/{total} `{_short(instruction)}`" if step else "the build"
+    if instruction.upper().startswith("FROM"):
+        return (f"{label}: {where}: the base image is not on this Docker daemon and cannot be pulled here "
+                f"({_short(error, 160)}); `docker load` it, or build where a registry is reachable")
+    if "exit 97" in said or "air: " in said:
+        return f"{label}: {_short(next((p for p in tail if p.startswith('air: ')), said), 200)}"
+    return (f"{label}: {where} failed with the network off (air builds offline; a step that downloads needs a "
+            f"machine with the network): {_short(said or error, 200)}")
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+__all__ = ["DockerfileBuilder", "HARBOR_DIR", "IMAGE_WORKSPACE", "air_layer", "dockerfile_digest",
+           "workdir_problem"]

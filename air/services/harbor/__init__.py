@@ -1,0 +1,1 @@
+"""Harbor integrations: air as a Harbor environment (environment.py, imported by Harbor's runner, never by air)."""

@@ -1,0 +1,167 @@
+"""air as a Harbor environment: `harbor run -p TASK -a AGENT --env air.services.harbor.environment:AirEnvironment`.
+
+Harbor's runner (harbor 0.25) drives environment backends through `harbor.environments.base.BaseEnvironment`; this
+one is air's pool: the task folder is read by air's own Harbor loader (air.tasks.harbor), its image built offline
+by air's builder with air's layer, and a trial is one lease of a warm sandbox (a new cell: namespaces, home, temp
+dirs), with the task's limits, its exclusive GPUs, and no network whatever the task asks (air gives none).
+
+How Harbor's calls map:
+- `exec(command, user=...)`: bash in the lease's cell, as the warden's child. Root (Harbor's harness steps: chmod,
+  rm of stale rewards; and the verifier's test.sh, which runs as "the container's default user") runs as root of
+  the cell, which keeps only what air's scoring keeps (no mount, network or namespace capability, seccomp); every
+  other user, and the agent phase's default, is air's unprivileged agent (Harbor's agents run as root in Docker:
+  here they cannot, and need not).
+- /tests, /logs and /solution link into air's directory (/srv/air/harbor): /logs/agent and /logs/artifacts are the
+  agent's, /logs/verifier, /tests and /solution root's (readable), so no agent process can write a reward.
+- Before the tests are uploaded (the verifier's first upload), every process the agent left is killed: nothing of
+  the agent runs while the tests do.
+- The verifier runs in the agent's cell, as Harbor's runner does by default (shared mode); a task that asks for a
+  separate verifier gets a second lease, a fresh sandbox of the same image, from Harbor's runner itself.
+
+Harbor is not a dependency of air: this module is imported by Harbor's runner, in an environment holding harbor
+(Python >= 3.12) and air (`pip install harbor air-mlgym`; docs/harbor.md).
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import shlex
+import tarfile
+from pathlib import Path
+
+from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.capabilities import EnvironmentCapabilities
+
+from air.images.dockerfile import HARBOR_DIR, HARBOR_PATHS
+from air.sandbox import WORKSPACE, PoolConfig, SandboxPool
+from air.tasks.environment import TaskEnvironment
+from air.tasks.harbor import load_harbor_task
+
+DEFAULT_TIMEOUT = 24 * 3600.0
+"""A command without a timeout of Harbor's: bounded all the same (the trial's own timeouts cut it sooner)."""
+
+
+class AirEnvironment(BaseEnvironment):
+    """One Harbor trial on one lease of air's pool."""
+
+    @staticmethod
+    def type() -> str:
+        return "air"
+
+    @property
+    def capabilities(self) -> EnvironmentCapabilities:
+        return EnvironmentCapabilities(gpus=True, disable_internet=True)
+
+    def _validate_definition(self) -> None:
+        if not (self.environment_dir / "Dockerfile").is_file() and not self.task_env_config.docker_image:
+            raise FileNotFoundError(f"{self.environment_dir}: no Dockerfile and no [environment].docker_image")
+
+    # ----- life ------------------------------------------------------------------------------------------------
+    async def start(self, force_build: bool) -> None:
+        task_dir = self.environment_dir.resolve().parent
+        spec = load_harbor_task(task_dir.parent, task_dir.name)
+        resources = spec.resources.model_copy(update={
+            "cpus": float(self.task_env_config.cpus or spec.resources.cpus),
+            "memory_mb": self.task_env_config.memory_mb or spec.resources.memory_mb,
+            "gpus": self.task_env_config.gpus or 0})
+        self.spec = spec.replace(resources=resources, env={**spec.env, **self._persistent_env})
+        self.pool = SandboxPool(PoolConfig(max_sandboxes=2, gpu_ids=None if resources.gpus else []))
+        await self.pool.start()
+        self._lease = TaskEnvironment(self.spec, self.pool).lease()
+        self.sandbox = await self._lease.__aenter__()
+        self._reaped = False
+        dirs = " ".join(f"{HARBOR_DIR}/{d}" for d in ("tests", "solution", "logs/agent", "logs/verifier",
+                                                       "logs/artifacts"))
+        uid = self.sandbox.agent_uid
+        await self.sandbox.harness_sh(f"rm -rf {HARBOR_DIR} && mkdir -p {dirs} && chmod -R 755 {HARBOR_DIR} && "
+                                      f"chown {uid}:{uid} {HARBOR_DIR}/logs/agent {HARBOR_DIR}/logs/artifacts")
+
+    async def stop(self, delete: bool) -> None:
+        lease, self._lease = getattr(self, "_lease", None), None
+        try:
+            if lease is not None:
+                await lease.__aexit__(None, None, None)
+        finally:
+            if getattr(self, "pool", None) is not None:
+                await self.pool.close()
+
+    # ----- commands --------------------------------------------------------------------------------------------
+    async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
+        user = self._resolve_user(user)
+        # No user is Harbor's "the container's default" (root in Docker): air's agent while the agent works, root
+        # once the verifier has begun (its tests uploaded), as Harbor's verifier runs by default.
+        as_root = user in ("root", 0, "0") or (user is None and self._reaped)
+        result = await self.sandbox.session.run_untrusted(
+            ["bash", "-c", command], cwd=cwd or WORKSPACE, env=self._merge_env(env) or {},
+            timeout=float(timeout_sec or DEFAULT_TIMEOUT), user="root" if as_root else "agent", reap=False)
+        code = 124 if result.timed_out else result.exit_code
+        return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=code)
+
+    # ----- files -----------------------------------------------------------------------------------------------
+    async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        source = Path(source_path)
+        await self._unpack(posixpath.dirname(target_path), _tar({posixpath.basename(target_path): source}))
+
+    async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        if _real(target_dir).startswith(f"{HARBOR_DIR}/tests") and not self._reaped:
+            # The verifier begins: end every process the agent left running (reap kills them all as it returns).
+            await self.sandbox.session.run_untrusted(["true"], user="agent", reap=True)
+            self._reaped = True
+        source = Path(source_dir)
+        await self._unpack(target_dir, _tar({p.name: p for p in sorted(source.iterdir())}))
+
+    async def _unpack(self, target_dir: str, tar: bytes) -> None:
+        real = _real(target_dir)
+        if real.startswith(HARBOR_DIR):  # air's directory: the harness's own copy (root's, outside any cell)
+            await self.sandbox.harness_sh(f"mkdir -p {shlex.quote(real)}")
+            await self.sandbox.put_archive(real, tar)
+        else:
+            await self.sandbox.session.unpack(real, tar, user="root")
+
+    async def download_file(self, source_path: str, target_path: Path | str) -> None:
+        data = await self.sandbox.read_file(_real(source_path))
+        Path(target_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(target_path).write_bytes(data)
+
+    async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
+        real = _real(source_dir)
+        if real.startswith(HARBOR_DIR):
+            raw = await self.sandbox.get_archive(real + "/.")
+            strip = ""
+        else:
+            raw = await self.sandbox.session.pack(["."], root=real)
+            strip = posixpath.basename(real.rstrip("/")) + "/"
+        target = Path(target_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+            members = []
+            for member in tar.getmembers():
+                name = member.name.removeprefix("./")
+                name = name.removeprefix(strip) if strip and name.startswith(strip) else name
+                if not name or name in (".", strip.rstrip("/")):
+                    continue
+                member.name = name
+                members.append(member)
+            tar.extractall(target, members=members, filter="data")
+
+
+def _real(path: str) -> str:
+    """Where a path of Harbor's is in the sandbox: /tests, /logs and /solution are air's directory's."""
+    path = posixpath.normpath(str(path))
+    for name in HARBOR_PATHS:
+        if path == f"/{name}" or path.startswith(f"/{name}/"):
+            return HARBOR_DIR + path
+    return path
+
+
+def _tar(files: dict[str, Path]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, path in files.items():
+            tar.add(path, arcname=name)
+    return buf.getvalue()
+
+
+__all__ = ["AirEnvironment"]

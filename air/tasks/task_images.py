@@ -1,0 +1,47 @@
+"""A task's own image (a Harbor task's Dockerfile), built when it is first needed: before a run's first rollout
+(`air eval`, `air run`), or by the first lease of the task in a process that runs tasks (verifiers' env, the served
+protocols). Tasks whose image is one of air's recipes need nothing here (`air images build`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterable
+
+from air.tasks.spec import TaskSpec
+
+_locks: dict[str, threading.Lock] = {}
+_guard = threading.Lock()
+_present: set[str] = set()
+"""Images this process found or built: a lease asks the daemon once per image, not every time."""
+
+
+def build_task_image(spec: TaskSpec, client=None, report: Callable[[str], None] | None = None) -> None:
+    """Build `spec.image` from the task's Dockerfile unless it is on the daemon (ImageError naming the failed
+    step); one build per image at a time in this process."""
+    build = spec.build
+    if build is None or spec.image in _present:
+        return
+    from air.images.dockerfile import DockerfileBuilder
+    from air.sandbox import connect
+
+    with _guard:
+        lock = _locks.setdefault(spec.image, threading.Lock())
+    with lock:
+        builder = DockerfileBuilder(client or connect(), report, timeout=build.timeout)
+        builder.ensure(label=spec.source, tag=spec.image, context=build.context, dockerfile=build.dockerfile,
+                       base=build.base, workdir=build.workdir)
+        _present.add(spec.image)
+
+
+def build_task_images(specs: Iterable[TaskSpec], report: Callable[[str], None] | None = None) -> None:
+    for spec in specs:
+        build_task_image(spec, report=report)
+
+
+async def ensure_task_image(spec: TaskSpec, client=None) -> None:
+    if spec.build is not None:
+        await asyncio.to_thread(build_task_image, spec, client)
+
+
+__all__ = ["build_task_image", "build_task_images", "ensure_task_image"]

@@ -1,0 +1,78 @@
+"""air as a Harbor environment, judged by Harbor's own runner: `harbor run -p TASK -a oracle --env
+air.services.harbor.environment:AirEnvironment` (harbor 0.25.0 from PyPI) runs a trial of an exported air task end
+to end on air's pool, and its reward is the one air pays the same submission."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import harbor_venvs
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+ENVIRONMENT = "air.services.harbor.environment:AirEnvironment"
+
+
+def harbor_run(venv: Path, task: Path, jobs: Path, agent: str = "oracle") -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "CI": ""}
+    proc = subprocess.run([str(venv / "bin" / "harbor"), "run", "-p", str(task), "-a", agent, "--env", ENVIRONMENT,
+                           "-o", str(jobs), "-y"], capture_output=True, text=True, timeout=1200, env=env,
+                          cwd=jobs.parent)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    trials = [p for p in jobs.glob("*/*/result.json")]
+    assert len(trials) == 1, proc.stdout[-2000:]
+    return json.loads(trials[0].read_text())
+
+
+def test_harbors_runner_runs_an_oracle_trial_on_airs_environment(tmp_path, images):
+    venv = harbor_venvs.venv("harbor-0.25.0")
+    out = tmp_path / "tasks"
+    subprocess.run([sys.executable, "-m", "air.cli.main", "export", "harbor", "regression-rmse", "--out", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    result = harbor_run(venv, out / "regression-rmse", tmp_path / "jobs")
+    assert result.get("exception_info") is None, result["exception_info"]
+    rewards = result["verifier_result"]["rewards"]
+    # The oracle is the task's baseline (python train.py); on the exported (reference) draw it scores the record.
+    from air.episode.rewards import RewardConfig, RewardTracker
+    from air.tasks.registry import load_task
+
+    spec = load_task("regression-rmse", draw="reference")
+    assert rewards["rmse"] == pytest.approx(spec.baseline_score, abs=1e-9)
+    tracker = RewardTracker(RewardConfig(), spec.baseline_score, spec.primary.direction, spec.reward_scale)
+    assert rewards["reward"] == pytest.approx(tracker.on_validation(rewards["rmse"]), abs=1e-12)
+
+
+FORGER = """#!/bin/bash
+# An agent after reward 1 without earning it: reward files where Harbor reads them, and a process that keeps
+# writing them while the tests run.
+mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; echo '{"reward": 1}' > /logs/verifier/reward.json
+nohup setsid bash -c 'sleep 2; while true; do echo 1 > /logs/verifier/reward.txt; echo 42 > /app/answer.txt;
+sleep 0.05; done' >/dev/null 2>&1 &
+echo 41 > /app/answer.txt
+"""
+"""The writer turns the answer right 2 s after the agent ends, while the tests (which wait 5 s) run, unless it was
+killed first: a passing test does not depend on that timing, only a failing one."""
+
+
+def test_under_harbors_runner_the_agent_cannot_forge_the_reward(tmp_path, images):
+    venv = harbor_venvs.venv("harbor-0.25.0")
+    task = tmp_path / "tasks" / "forge"
+    for folder in ("environment", "tests", "solution"):
+        (task / folder).mkdir(parents=True)
+    (task / "task.toml").write_text('version = "1.0"\n[task]\nname = "fixtures/forge"\n'
+                                    '[verifier]\ntimeout_sec = 60.0\n')
+    (task / "instruction.md").write_text("Write 42 into /app/answer.txt.\n")
+    (task / "environment" / "Dockerfile").write_text("FROM air/cpu:latest\nWORKDIR /app\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nsleep 5\nif [ \"$(cat /app/answer.txt)\" = 42 ]; then echo 1; else echo 0; fi "
+        "> /logs/verifier/reward.txt\n")
+    (task / "solution" / "solve.sh").write_text(FORGER)
+    result = harbor_run(venv, task, tmp_path / "jobs")
+    assert result.get("exception_info") is None, result["exception_info"]
+    assert result["verifier_result"]["rewards"] == {"reward": 0}

@@ -1,0 +1,174 @@
+"""Harbor task folders as air reads them, without Docker: what maps onto air's spec, what is said as a note, and what
+stops a task in one line (never an exception out of `air tasks list`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from air.errors import TaskError, UsageError
+from air.images.dockerfile import IMAGE_WORKSPACE, air_layer, workdir_problem
+from air.sandbox.layout import BASE_PATH
+from air.tasks.harbor import survey, task_dirs
+from air.tasks.registry import load_task
+
+FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
+
+
+def copy_task(tmp_path: Path, name: str = "hello-pass") -> Path:
+    root = tmp_path / "dataset"
+    shutil.copytree(FIXTURES / name, root / name)
+    return root
+
+
+def test_the_fixture_dataset_lists_every_task_and_why_one_cannot_load():
+    rows = {r.name: r for r in survey(FIXTURES)}
+    assert set(rows) == {"hello-pass", "hello-fail", "multi-metric", "broken-toml", "needs-network"}
+    assert not rows["broken-toml"].loads and "TOML syntax error" in rows["broken-toml"].reason
+    assert all(rows[n].loads for n in ("hello-pass", "hello-fail", "multi-metric", "needs-network"))
+    assert rows["hello-fail"].notes == ["it asks for the network; air gives none",
+                                        "its agent runs as 'root' in Harbor; in air, as air's unprivileged agent"]
+
+
+def test_limits_timeouts_and_variables_map_onto_airs_spec():
+    spec = load_task("harbor:multi-metric", harbor_root=FIXTURES)
+    assert (spec.id, spec.source, spec.name) == ("multi-metric", "harbor:multi-metric", "fixtures/multi-metric")
+    assert spec.evaluation.contract == "harbor" and spec.evaluation.timeout == 120
+    assert spec.evaluation.env == {"POSITIVE_LABEL": "1"}
+    assert (spec.timeouts.episode, spec.timeouts.training, spec.timeouts.command) == (900, 900, 60)
+    assert (spec.resources.cpus, spec.resources.memory_mb, spec.resources.gpus) == (1.0, 1536, 0)
+    # The Dockerfile's ENV, as the agent's shell needs it: PATH extended from air's own.
+    assert spec.env == {"FIXTURE_MODE": "harbor", "PATH": f"/opt/fixture/bin:{BASE_PATH}"}
+    assert spec.primary.name == "reward" and spec.baseline_score == 0.0 and spec.reward_scale == 1.0
+    assert spec.image_workspace == IMAGE_WORKSPACE and spec.image.startswith("air/harbor-multi-metric:")
+    # tests/ go to the scorer only; nothing of the task is a starter file.
+    assert [e.dest for e in spec.evaluation_files] == ["tests"] and not spec.starter and not spec.data
+    assert spec.description.startswith("`/app/features.csv`") and "/app is your workspace" in spec.description
+    legacy = load_task("harbor:hello-fail", harbor_root=FIXTURES)
+    assert legacy.resources.memory_mb == 1024  # Harbor's deprecated memory = "1G"
+    assert load_task("harbor:hello-pass", harbor_root=FIXTURES).resources.workspace_mb == 512  # storage_mb
+
+
+def test_the_image_tag_follows_the_environment_folder(tmp_path):
+    root = copy_task(tmp_path)
+    before = load_task("harbor:hello-pass", harbor_root=root)
+    assert before.image == load_task("harbor:hello-pass", harbor_root=FIXTURES).image
+    (root / "hello-pass" / "environment" / "greeting.txt").write_text("hi\n")
+    after = load_task("harbor:hello-pass", harbor_root=root)
+    assert after.image != before.image and after.content_hash != before.content_hash
+
+
+def _task(root: Path, name: str, toml: str, *, dockerfile: str | None = "FROM air/cpu:latest\n",
+          files: dict[str, str] | None = None) -> None:
+    folder = root / name
+    (folder / "tests").mkdir(parents=True)
+    (folder / "task.toml").write_text(toml)
+    (folder / "instruction.md").write_text("Do it.\n")
+    (folder / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    if dockerfile is not None:
+        (folder / "environment").mkdir()
+        (folder / "environment" / "Dockerfile").write_text(dockerfile)
+    for rel, text in (files or {}).items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+
+
+CANNOT = {
+    "multi-step": ('[[steps]]\nname = "one"\n', {}, "multi-step task"),
+    "windows": ('[environment]\nos = "windows"\n', {}, "targets windows containers"),
+    "tpu": ('[environment.tpu]\ntype = "v6e"\ntopology = "2x2"\n', {}, "asks for a TPU"),
+    "compose": ("", {"environment/docker-compose.yaml": "services: {}\n"}, "Docker Compose project"),
+    "mcp": ('[[environment.mcp_servers]]\nname = "s"\nurl = "http://x"\n', {}, "MCP servers"),
+    "own-verifier-image": ('[verifier.environment]\ndocker_image = "judge:1"\n', {}, "verifier runs in an image"),
+    "collect": ('[[verifier.collect]]\ncommand = "true"\n', {}, "collects state from services"),
+    "system-workdir": ('[environment]\nworkdir = "/usr"\n', {}, "working directory /usr is a system directory"),
+    "bad-type": ('[verifier]\ntimeout_sec = "soon"\n', {}, "timeout_sec"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CANNOT))
+def test_what_air_cannot_honour_is_one_line_per_task(tmp_path, name):
+    toml, files, said = CANNOT[name]
+    root = tmp_path / "dataset"
+    _task(root, name, toml, files=files)
+    _task(root, "fine", "")  # beside it, a task that loads
+    with pytest.raises(TaskError) as caught:
+        load_task(f"harbor:{name}", harbor_root=root)
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+    rows = {r.name: r for r in survey(root)}
+    assert rows[name].reason == str(caught.value) and rows["fine"].loads
+
+
+def test_a_task_without_tests_instruction_or_environment_cannot_load(tmp_path):
+    root = tmp_path / "dataset"
+    _task(root, "bare", "", dockerfile=None)
+    (root / "bare" / "tests" / "test.sh").unlink()
+    (root / "bare" / "instruction.md").unlink()
+    message = str(pytest.raises(TaskError, load_task, "harbor:bare", harbor_root=root).value)
+    for part in ("neither environment/Dockerfile nor [environment].docker_image", "no instruction.md",
+                 "no tests/test.sh"):
+        assert part in message
+
+
+def test_a_prebuilt_image_and_unknown_keys_load_with_notes(tmp_path, caplog):
+    root = tmp_path / "dataset"
+    _task(root, "prebuilt", '[environment]\ndocker_image = "air/cpu:latest"\nshiny = 1\n[frobnicate]\nx = 1\n',
+          dockerfile=None)
+    spec = load_task("harbor:prebuilt", harbor_root=root)
+    assert spec.build.dockerfile is None and spec.build.base == "air/cpu:latest"
+    notes = [r.getMessage() for r in caplog.records]
+    assert any("unknown key frobnicate" in n for n in notes) and any("environment.shiny" in n for n in notes)
+
+
+def test_names_refs_and_roots(tmp_path):
+    with pytest.raises(UsageError, match="--harbor-root or \\$HARBOR_ROOT"):
+        load_task("harbor:hello-pass")
+    with pytest.raises(UsageError, match="is not a directory"):
+        load_task("harbor:hello-pass", harbor_root=tmp_path / "nowhere")
+    with pytest.raises(TaskError):
+        load_task("harbor:../harbor/hello-pass", harbor_root=FIXTURES / "hello-pass")
+    with pytest.raises(TaskError, match="no such file"):
+        load_task("harbor:absent", harbor_root=FIXTURES)
+    assert task_dirs(FIXTURES) == ["broken-toml", "hello-fail", "hello-pass", "multi-metric", "needs-network"]
+
+
+def test_airs_layer_moves_the_workdir_into_the_workspace_and_refuses_system_dirs():
+    layer = air_layer("sha256:x", "/app")
+    assert f"cp -a /app/. {IMAGE_WORKSPACE}/" in layer and "ln -sfn /home/agent/workspace /app" in layer
+    assert "ln -s /srv/air/harbor/tests /tests" in layer and "ln -s /srv/air/harbor/logs /logs" in layer
+    assert workdir_problem("/app") is None and workdir_problem("/") is None
+    for bad in ("/usr", "/srv/air/x", "/home/agent/elsewhere", "relative"):
+        assert workdir_problem(bad)
+
+
+def test_the_list_command_says_it_per_task():
+    proc = subprocess.run([sys.executable, "-m", "air.cli.main", "tasks", "list", "--harbor-root", str(FIXTURES),
+                           "--json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert rows["broken-toml"]["loads"] is False and rows["multi-metric"]["loads"] is True
+
+
+OLD_FIELDS = {"id", "name", "version", "description", "image", "source", "starter", "data", "secret",
+              "evaluation_files", "baseline_files", "evaluation", "baseline", "metrics", "timeouts", "resources",
+              "needs", "reward_scale", "hidden", "leaks"}
+"""TaskSpec's fields before Harbor's joined (action_format is left out at "text" since it joined)."""
+
+
+def test_specs_of_airs_own_tasks_hash_what_they_hashed_before():
+    """Fields that joined the spec for Harbor tasks are left out of the hash at their defaults: a recorded
+    trajectory of a bundled or MLGym task replays without drift."""
+    spec = load_task("regression-rmse", draw="reference")
+    hashed = json.loads(spec.model_dump_json(exclude=spec._later_defaults()))
+    assert set(hashed) == OLD_FIELDS
+    assert set(hashed["timeouts"]) == {"command", "training"}
+    assert set(hashed["resources"]) == {"cpus", "memory_mb", "gpus"}
+    assert "env" not in hashed["evaluation"]
+    harbor = load_task("harbor:multi-metric", harbor_root=FIXTURES)
+    assert {"build", "image_workspace", "env"} <= set(json.loads(harbor.model_dump_json(
+        exclude=harbor._later_defaults())))
