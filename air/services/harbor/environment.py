@@ -127,12 +127,11 @@ class AirEnvironment(BaseEnvironment):
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
         real = _real(source_dir)
-        if real.startswith(HARBOR_DIR):
-            raw = await self.sandbox.get_archive(real + "/.")
-            strip = ""
+        if real.startswith(HARBOR_DIR):  # air's directory: the harness's read, root's
+            raw = await self.sandbox.get_archive(real)
         else:
             raw = await self.sandbox.session.pack(["."], root=real)
-            strip = posixpath.basename(real.rstrip("/")) + "/"
+        strip = posixpath.basename(real.rstrip("/")) + "/"  # either way, the folder comes under its own name
         target = Path(target_dir)
         target.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
