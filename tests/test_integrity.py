@@ -93,6 +93,26 @@ async def test_nothing_in_the_sandbox_turns_a_rollout_into_an_infrastructure_fai
         assert (await sb.session.run("echo clean")).stdout == "clean\n"
 
 
+@pytest.mark.slow
+async def test_fork_bombs_in_every_sandbox_at_once_end_as_each_agents_own_result(pool):
+    """#39: a fork bomb (each process spinning on fork) in four sandboxes at once, on two cores: every warden still
+    answers, every command ends as the agent's own result (timed out, killed), never WardenGone, and every sandbox
+    answers its next command. Before, three of them starved a warden past its 35 s: an infrastructure failure that
+    agents caused."""
+    spec = SandboxSpec(image="air/base:latest", task="bombs", resources=Resources(memory_mb=256, pids=128))
+    bomb = "python3 -c 'import os\nwhile True:\n    try: os.fork()\n    except OSError: pass'"
+    leases = [pool.lease(spec) for _ in range(4)]
+    boxes = [await lease.__aenter__() for lease in leases]
+    try:
+        results = await asyncio.gather(*(sb.session.run(bomb, timeout=20) for sb in boxes))
+        assert all(r.timed_out or r.exit_code is not None for r in results), results
+        again = await asyncio.gather(*(sb.session.run("echo ok", timeout=30) for sb in boxes))
+        assert [a.stdout for a in again] == ["ok\n"] * 4, again
+    finally:
+        for lease in leases:
+            await lease.__aexit__(None, None, None)
+
+
 async def test_filling_memory_and_every_filesystem_is_the_agents_problem(pool):
     """#10/#11: the home has a quota (ENOSPC), the temp dirs have theirs, and filling all of them while
     allocating memory kills the agent's processes, never the warden: the sandbox answers and resets."""
