@@ -1,0 +1,59 @@
+"""The engine air installs and checks (issue #39): `air doctor` names an engine with a known deadlock or past its
+end of life, and recognises a wedged daemon (one that lists containers but answers nothing else)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from air.cli.doctor import _engine_check
+
+
+def version(number: str) -> dict:
+    return {"Version": number, "Components": [{"Name": "containerd", "Version": "1.6.20"},
+                                              {"Name": "runc", "Version": "1.1.5"}]}
+
+
+def test_docker_20_10_is_named_for_its_deadlock_and_its_end_of_life():
+    check = _engine_check(version("20.10.24+dfsg1"))
+    assert not check.ok and check.required
+    assert "moby/moby#46661" in check.detail and "end of life" in check.detail and "containerd 1.6.20" in check.detail
+    assert "ensure-docker.sh" in check.fix
+
+
+def test_an_engine_past_its_end_of_life_is_said_and_a_current_one_passes():
+    old = _engine_check(version("24.0.7"))
+    assert not old.ok and not old.required and "end of life" in old.detail
+    assert _engine_check(version("26.1.5+dfsg1")).ok
+
+
+@pytest.fixture
+def wedged_daemon(docker_client):
+    """A TCP front for the local daemon that never answers /info in time, while it still lists containers: how
+    Docker 20.10 looked once libnetwork had deadlocked."""
+    from docker_proxy import CuttableProxy
+
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not host.startswith("unix://"):
+        pytest.skip("the proxy fronts a local daemon's unix socket")
+    proxy = CuttableProxy(host.removeprefix("unix://"))
+    proxy.hold_answers(rb"GET /v[\d.]+/info", 60)
+    yield proxy
+    proxy.close()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_air_doctor_recognises_a_wedged_daemon_and_names_its_fix(wedged_daemon):
+    env = {**os.environ, "DOCKER_HOST": f"tcp://127.0.0.1:{wedged_daemon.port}"}
+    r = subprocess.run([sys.executable, "-m", "air.cli.main", "doctor", "--json"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 3, r.stdout + r.stderr
+    (daemon,) = [c for c in json.loads(r.stdout) if c["name"] == "docker daemon"]
+    assert not daemon["ok"] and "is wedged: it lists containers but `/info` did not answer within 15 s" in \
+        daemon["detail"], daemon
+    assert "kill -TERM $(pidof dockerd)" in daemon["fix"] and "live-restore" in daemon["fix"], daemon
