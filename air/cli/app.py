@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from air.errors import AirError, DockerUnavailable, ImageError, InfraError, TaskError, UsageError
+from air.errors import AirError, DockerUnavailable, ImageError, InfraError, Stopped, TaskError, UsageError
 from air.failures import translate
 
 console = Console(stderr=True, highlight=False)
@@ -149,7 +149,11 @@ def run_cli(typer_app: typer.Typer, args: list[str] | None = None) -> int:
         return _fail(f"{exc.format_message()} (see `{command} --help`)", 2)
     except errors.ClickException as exc:
         return _fail(exc.format_message(), exc.exit_code)
-    except (KeyboardInterrupt, typer.Abort):
+    except (KeyboardInterrupt, typer.Abort) as exc:
+        if isinstance(exc, Stopped):  # a service's signal (the first one noted wins: SIGHUP came as Ctrl-C)
+            from air.cli import process
+
+            process.note(exc.signum)
         return _interrupted()
     except Exception as exc:  # noqa: BLE001 - what air knows (air.failures) is one line; anything else a bug
         from air.sandbox.docker_api import sdk_failure
