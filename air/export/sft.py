@@ -61,6 +61,7 @@ from air.episode.recording import Recording, read_lines
 from air.errors import UsageError
 from air.failures import about
 from air.files import input_files, output_file, write_atomically
+from air.text import loads
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,8 @@ def _rejection(rec: Recording, messages: list[dict[str, Any]] | None, options: E
 
 def _json_object(text: str) -> bool:
     try:
-        return isinstance(json.loads(text), dict)
-    except (json.JSONDecodeError, RecursionError):
+        return isinstance(loads(text), dict)
+    except json.JSONDecodeError:
         return False
 
 

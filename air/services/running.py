@@ -2,9 +2,9 @@
 
 Not `uvicorn.run`: it catches the KeyboardInterrupt that uvicorn's own graceful shutdown re-raises for the signal
 it handled, so a SIGTERMed service would exit 0 and a supervisor (a job scheduler, prime-rl's launcher) would
-take a stop for a clean finish. `uvicorn.Server.run` lets it through; where the re-raised signal does nothing (SIGINT, which a
-background job ignores, and so SIGHUP, which air.cli.process hands to Ctrl-C's handler), `Stopped` is raised.
-`air.cli.app.run_cli` turns either into 128 + the signal's number."""
+take a stop for a clean finish. `uvicorn.Server.run` lets it through; where the re-raised signal does nothing
+(SIGINT, which a background job ignores, and so SIGHUP, which air.cli.process hands to Ctrl-C's handler),
+`Stopped` is raised. `air.cli.app.run_cli` turns either into 128 + the signal's number."""
 
 from __future__ import annotations
 
