@@ -66,10 +66,12 @@ def alive(pid: int) -> bool:
 
 
 @contextmanager
-def env_server(tmp_path: Path, docker_client, tasks: list[str], *pool: str, command_timeout: float = 30):
-    """The env server in its own process; on exit it is stopped with SIGTERM (as prime-rl's launcher stops it)
-    and must leave no process and no container of its run behind. The scripted regression story's `sleep 600`
-    outlives `command_timeout` (the task's own is 60 s)."""
+def env_server(tmp_path: Path, docker_client, tasks: list[str], *pool: str, command_timeout: float = 30,
+               stop_with: signal.Signals = signal.SIGTERM):
+    """The env server in its own process; on exit it is stopped with SIGTERM (as prime-rl's launcher stops it),
+    must exit 128 + the signal's number (143: a supervisor reads a stop as a stop) and must leave no process and
+    no container of its run behind. The scripted regression story's `sleep 600` outlives `command_timeout` (the
+    task's own is 60 s)."""
     run_id = f"test-serve-{uuid.uuid4().hex[:10]}"
     address_file, log = tmp_path / "address", tmp_path / "server.log"
     with log.open("wb") as out:
@@ -89,13 +91,13 @@ def env_server(tmp_path: Path, docker_client, tasks: list[str], *pool: str, comm
         yield {"proc": proc, "address": address, "run_id": run_id, "log": log}
     finally:
         spawned = children(proc.pid)  # the workers (and multiprocessing's resource tracker)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop_with)
         try:
             proc.wait(120)
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise AssertionError(f"the env server ignored SIGTERM: {log.read_text()[-3000:]}") from None
-    assert proc.returncode == 0, log.read_text()[-3000:]
+            raise AssertionError(f"the env server ignored {stop_with.name}: {log.read_text()[-3000:]}") from None
+    assert proc.returncode == 128 + stop_with, log.read_text()[-3000:]
     # Orphans notice their parent's end on their own (the workers by their death pipe, multiprocessing's
     # resource tracker by EOF): give them a moment, not a budget.
     deadline = time.monotonic() + 60
