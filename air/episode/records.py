@@ -94,6 +94,8 @@ class RecordedAction(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     kind: str
+    text: str | None = None
+    """A command's text (the shell command it ran)."""
 
 
 class CallRecord(CommandRun, Evaluation):

@@ -1,0 +1,79 @@
+"""The CLI as a demanding user found it in round four (issue 42), from the outside, each case failing on 6f640f6:
+bad input is exit 2 and one line (never "a bug in air"), a full stderr keeps the exit code, and nothing is silently
+wrong (a report that counts a rollout twice, an export that loses the commands).
+
+The ways services end are in tests/test_serve_exits.py, a reply's bounds in tests/test_reply_bounds.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+from test_cli_failures import air
+from test_cli_round_three import episodes, one_line
+from test_tool_calls import call, play
+
+from air.actions import Reply
+
+
+def test_view_to_dev_stdout_through_a_pipe_is_bad_input_naming_it(tmp_path):
+    episodes(tmp_path)
+    proc = air("view", "runs", "-o", "/dev/stdout", cwd=tmp_path, timeout=120)  # stdout is a pipe here
+    one_line(proc, 2, "/dev/stdout is a FIFO")
+
+
+def test_an_unusable_cache_folder_is_bad_input_naming_its_variable(tmp_path):
+    proc = air("run", "--task", "prisoners-dilemma", cwd=tmp_path, timeout=120,
+               env={"XDG_CACHE_HOME": "/proc/self/nope", "AIR_CACHE_DIR": "", "AIR_HIDDEN_DRAW": "host"})
+    one_line(proc, 2, "XDG_CACHE_HOME=/proc/self/nope")
+
+
+def test_rescore_with_an_empty_mode_is_bad_input_not_a_replay(tmp_path):
+    episodes(tmp_path)
+    one_line(air("replay", "runs/a.jsonl", "--rescore", "", cwd=tmp_path, timeout=120), 2, "--rescore takes")
+
+
+def test_stderr_on_a_full_device_keeps_the_exit_code(tmp_path):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "air.cli.main", "view", "nope"], cwd=tmp_path, stderr=full,
+                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=120)
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("sources", [["runs", "runs"], ["runs", "runs/a.jsonl"], ["runs", "./runs/"]])
+def test_view_counts_each_rollout_once_however_often_it_is_named(tmp_path, sources):
+    episodes(tmp_path)
+    proc = air("view", *sources, "--json", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["rollouts"] == 2
+
+
+def test_mlgym_results_of_a_tools_episode_keep_every_command(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    asyncio.run(play(runs / "t.jsonl", [
+        Reply(content="Look, then score.", tool_calls=(call("bash", {"command": "ls -la"}, id="a"),
+                                                        call("validate", id="b"))),
+        Reply(tool_calls=(call("bash", {"command": "cat train.py"}, id="c"), call("submit", id="d")))],
+        [90.0, 91.0]))
+    proc = air("export", "mlgym-results", "runs", "--out", "mlg", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (traj,) = (tmp_path / "mlg").glob("*/*.traj")
+    data = json.loads(traj.read_text())
+    assert [t["action"] for t in data["trajectory"]] == ["ls -la", "validate", "cat train.py", "submit"]
+    assert data["trajectory"][0]["response"] == "Look, then score."
+    assert "Evaluation Score" in data["trajectory"][1]["observation"]
+    assert [h["action"] for h in data["history"] if h["role"] == "assistant"] == \
+        ["ls -la", "validate", "cat train.py", "submit"]
+
+
+def test_mlgym_results_of_a_text_episode_hold_the_commands_not_their_kind(tmp_path):
+    episodes(tmp_path)
+    proc = air("export", "mlgym-results", "runs", "--out", "mlg", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    traj = sorted((tmp_path / "mlg").glob("*/*.traj"))[0]
+    actions = [t["action"] for t in json.loads(traj.read_text())["trajectory"]]
+    assert actions[0] == "ls -la" and actions[2] == "python train.py" and actions[-2:] == ["validate", "submit"]
