@@ -77,3 +77,44 @@ def test_mlgym_results_of_a_text_episode_hold_the_commands_not_their_kind(tmp_pa
     traj = sorted((tmp_path / "mlg").glob("*/*.traj"))[0]
     actions = [t["action"] for t in json.loads(traj.read_text())["trajectory"]]
     assert actions[0] == "ls -la" and actions[2] == "python train.py" and actions[-2:] == ["validate", "submit"]
+
+
+def test_mlgym_results_say_how_a_model_name_with_a_slash_is_written(tmp_path):
+    episodes(tmp_path)
+    proc = air("export", "mlgym-results", "runs", "--out", "mlg", "--model", "Qwen/Qwen3-4B", cwd=tmp_path,
+               timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "'Qwen/Qwen3-4B' is written 'Qwen-Qwen3-4B'" in " ".join(proc.stderr.split())
+    assert all(d.name.startswith("Qwen-Qwen3-4B__") for d in (tmp_path / "mlg").iterdir())
+
+
+# ----- tasks that must not load ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("before, after, says", [
+    ('submission = ["strategy.py"]', 'submission = ["/etc/passwd"]', "'/etc/passwd' must be relative"),
+    ('submission = ["strategy.py"]', 'submission = ["../../etc/passwd"]', "must be relative"),
+    ("training = 600", "training = true", "timeouts.training"),
+    ("command = 60", "command = true", "timeouts.command"),
+], ids=["absolute-submission", "escaping-submission", "training-true", "command-true"])
+def test_a_task_toml_with_a_submission_outside_the_workspace_or_a_boolean_timeout_is_refused(tmp_path, before,
+                                                                                           after, says):
+    import shutil
+
+    from air import paths
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(paths.tasks_dir() / "prisoners-dilemma", tasks / "prisoners-dilemma")
+    toml = tasks / "prisoners-dilemma" / "task.toml"
+    text = toml.read_text()
+    assert before in text
+    toml.write_text(text.replace(before, after, 1))
+    one_line(air("tasks", "show", "prisoners-dilemma", cwd=tmp_path, timeout=120,
+                 env={"AIR_TASKS_DIR": str(tasks)}), 2, says)
+
+
+def test_an_mlgym_task_with_a_boolean_training_timeout_is_refused(tmp_path):
+    from test_mlgym import variant, write_tree
+
+    root = write_tree(tmp_path / "MLGym")
+    ref = variant(root, "boolTimeout", "csvToy", training_timeout=True)
+    one_line(air("tasks", "show", f"mlgym:{ref}", "--mlgym-root", str(root), cwd=tmp_path, timeout=120), 2,
+             "training_timeout")

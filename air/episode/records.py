@@ -94,8 +94,12 @@ class RecordedAction(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     kind: str
-    text: str | None = None
-    """A command's text (the shell command it ran)."""
+
+    @property
+    def text(self) -> str | None:
+        """A command's text (the shell command it ran), read from the fields a command's action holds."""
+        text = (self.model_extra or {}).get("text")
+        return text if isinstance(text, str) else None
 
 
 class CallRecord(CommandRun, Evaluation):

@@ -135,6 +135,12 @@ def export_mlgym_results(paths: Iterable[str | Path], out_dir: str | Path, *, mo
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: not a directory")
     result = MLGymExport()
+    for flag, given in (("--model", model), ("--pattern", pattern)):
+        written = _UNSAFE.sub("-", given)
+        if written != given:  # said, never renamed silently: MLGym's tools must be given the name as written
+            result.warnings.append(f"{flag} {given!r} is written {written!r} in the run directories' names (only "
+                                   f"letters, digits, '.', '_' and '-' make a safe name); give MLGym's tools "
+                                   f"{written!r}")
     files = recording_files(paths)
     exported = _exported(out_dir)
     taken: dict[str, int] = {}

@@ -32,10 +32,15 @@ class FileEntry(BaseModel):
     @field_validator("dest")
     @classmethod
     def _relative(cls, dest: str) -> str:
-        p = PurePosixPath(dest)
-        if p.is_absolute() or ".." in p.parts:
-            raise ValueError(f"destination {dest!r} must be relative and stay inside its root")
-        return str(p)
+        return _inside(dest, "destination")
+
+
+def _inside(path: str, what: str) -> str:
+    """`path` as a relative path that stays inside its root; ValueError (the task does not load) otherwise."""
+    p = PurePosixPath(path)
+    if not path.strip() or p.is_absolute() or ".." in p.parts:
+        raise ValueError(f"{what} {path!r} must be relative and stay inside its root")
+    return str(p)
 
 
 class Metric(BaseModel):
@@ -56,8 +61,8 @@ class Evaluation(BaseModel):
     """air: `evaluate.py` writes $AIR_METRICS_FILE; mlgym-*: MLGym's four scoring contracts (stdout JSON)."""
     entry: str = "evaluate.py"
     submission: list[str] = []
-    """Artefacts copied out of the workspace for scoring (relative paths; files or directories)."""
-    timeout: float = Field(300, gt=0)
+    """Artefacts copied out of the workspace for scoring (relative paths inside it; files or directories)."""
+    timeout: float = Field(300, gt=0, strict=True)  # strict: `true` is no number of seconds
     max_submission_mb: int = Field(512, gt=0)
     agent_module: str | None = None
     """MLGym tasks whose evaluation imports the agent's code (e.g. `strategy`): the evaluator runs as root and that
@@ -66,6 +71,11 @@ class Evaluation(BaseModel):
     trusted: bool = True
     """False: the evaluation runs the agent's code in its own process (MLGym's trust model, an undeclared MLGym
     task): it runs as the agent, and its score is only as good as that."""
+
+    @field_validator("submission")
+    @classmethod
+    def _in_the_workspace(cls, paths: list[str]) -> list[str]:
+        return [_inside(path, "submission path") for path in paths]
 
 
 class Baseline(BaseModel):
@@ -89,8 +99,9 @@ class Baseline(BaseModel):
 class Timeouts(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    command: float = Field(60, gt=0)
-    training: float = Field(1800, gt=0)
+    # strict: a TOML or YAML `true` would otherwise be a timeout of 1 s
+    command: float = Field(60, gt=0, strict=True)
+    training: float = Field(1800, gt=0, strict=True)
 
 
 class TaskResources(BaseModel):
