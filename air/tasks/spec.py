@@ -9,6 +9,7 @@ time and resource limits. Loaders (air's task.toml, MLGym's YAMLs) build this; n
 from __future__ import annotations
 
 import hashlib
+import json
 from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -231,9 +232,16 @@ class TaskSpec(BaseModel):
     def content_hash(self) -> str:
         """Changes whenever the spec or any file it names changes: replays use it to detect drift. A host draw's
         files count by their draw id (in the spec), so the hash is the same before and after they are made."""
-        # The format joined the spec later: left at its default it is left out, so hashes recorded before stay.
-        h = hashlib.sha256(self.model_dump_json(exclude={"action_format"} if self.action_format == "text"
-                                                else None).encode())
+        # The format joined the spec later: left at its default it is left out. Where the files are (a checkout's
+        # path, the cache's) is left out too: their names and bytes count below, so two checkouts of one task, or
+        # a recording replayed in another clone, hash the same.
+        data = self.model_dump(mode="json", exclude={"action_format"} if self.action_format == "text" else None)
+        for key in ("starter", "data", "secret", "evaluation_files", "baseline_files"):
+            for entry in data.get(key) or ():
+                entry.pop("source", None)
+        if data.get("hidden"):
+            data["hidden"].pop("folder", None)
+        h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
         drawn = self.hidden.folder if self.hidden else None
         for entry in (*self.starter, *self.data, *self.secret, *self.evaluation_files, *self.baseline_files):
             if drawn is not None and entry.source.is_relative_to(drawn):
