@@ -118,3 +118,50 @@ def test_an_mlgym_task_with_a_boolean_training_timeout_is_refused(tmp_path):
     ref = variant(root, "boolTimeout", "csvToy", training_timeout=True)
     one_line(air("tasks", "show", f"mlgym:{ref}", "--mlgym-root", str(root), cwd=tmp_path, timeout=120), 2,
              "training_timeout")
+
+
+# ----- messages that say what is wrong ------------------------------------------------------------------------------
+def test_a_damaged_tools_trajectory_is_named_with_its_damage_in_an_sft_export(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    asyncio.run(play(runs / "t.jsonl", [
+        Reply(tool_calls=(call("bash", {"command": "ls"}, id="a"),)),
+        Reply(tool_calls=(call("validate", id="b"),)),
+        Reply(tool_calls=(call("submit", id="c"),))], [90.0, 91.0]))
+    lines = (runs / "t.jsonl").read_text().splitlines(keepends=True)
+    (runs / "t.jsonl").write_text("".join(lines[:2] + lines[3:]))  # turn 2's line lost
+    proc = air("export", "sft", "runs", "--out", "sft.jsonl", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert "runs/t.jsonl:1: left out (incomplete): a damaged recording, turn 2 is missing" in said, said
+
+
+def test_an_ssh_docker_host_without_its_transport_says_what_it_needs(tmp_path):
+    pytest.importorskip("docker")
+    import importlib.util
+
+    if importlib.util.find_spec("paramiko") is not None:
+        pytest.skip("paramiko is installed: the SDK's ssh transport loads")
+    proc = air("containers", "ls", cwd=tmp_path, timeout=120, env={"DOCKER_HOST": "ssh://air@nowhere.invalid"})
+    line = one_line(proc, 3, "reached over ssh, which needs the `paramiko` package")
+    assert "NameError" not in line and "is not defined" not in line
+
+
+@pytest.mark.docker
+def test_a_baseline_that_hangs_is_said_not_shown_by_its_kill_text(images, tmp_path):
+    import shutil
+
+    from air import paths
+
+    tasks = tmp_path / "tasks"
+    shutil.copytree(paths.tasks_dir() / "prisoners-dilemma", tasks / "prisoners-dilemma")
+    toml = tasks / "prisoners-dilemma" / "task.toml"
+    text = toml.read_text()
+    assert '[baseline]\ncommand = ""' in text
+    toml.write_text(text.replace('[baseline]\ncommand = ""', '[baseline]\ncommand = "echo started; sleep 600"', 1))
+    proc = air("tasks", "check", "prisoners-dilemma", "--budget", "3s", "--json", cwd=tmp_path, timeout=300,
+               env={"AIR_TASKS_DIR": str(tasks), "AIR_HIDDEN_DRAW": "reference"})
+    assert proc.returncode == 1, proc.stderr
+    (result,) = json.loads(proc.stdout)
+    assert "did not finish within 3s and was stopped" in result["message"], result
+    assert "timed out: True" not in result["message"] and "Killed" not in result["message"]

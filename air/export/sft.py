@@ -125,6 +125,8 @@ def sft_rows(inputs: Iterable[tuple[str, Iterable[str | bytes]]],
                     seen.add(key)
             if reason is not None:
                 result.filtered[reason] += 1
+                if rec.damage is not None and reason == "incomplete":  # which one, and why: not only a count
+                    result.warnings.append(f"{rec.location}: left out (incomplete): a damaged recording, {rec.damage}")
                 continue
             tools = {"tools": json.dumps(rec.tools, ensure_ascii=False)} if rec.tools else {}
             result.rows.append({"messages": messages, **tools, "task": rec.task, "improvement": rec.improvement,
