@@ -98,7 +98,8 @@ def make_policy(base_url: str | None, model: str, timeout: float = MODEL_TIMEOUT
     """The policy the flags name, and what runs record about it (`policy` in start records and summaries):
     {"kind": "scripted"} without --base-url, else {"kind": "openai-compatible", "model", "base_url"}. A
     --base-url that is given but empty or not an http(s) URL (an unset shell variable) is bad input, never a
-    silent fall-back to the scripted policy."""
+    silent fall-back to the scripted policy; one nothing answers at is infrastructure (exit 3) before any work
+    starts."""
     if base_url is None:
         from air.policies.scripted import ScriptedPolicy
 
@@ -109,9 +110,10 @@ def make_policy(base_url: str | None, model: str, timeout: float = MODEL_TIMEOUT
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"--base-url {base_url!r} is not an http(s) URL (e.g. http://localhost:8000/v1); leave "
                          "the flag out to play the scripted policy")
-    from air.policies.openai_compat import OpenAIPolicy
+    from air.policies.openai_compat import OpenAIPolicy, check_reachable
 
     url = base_url.strip()
+    check_reachable(url)  # before any sandbox, image or baseline work: a typo costs seconds, not minutes
     return OpenAIPolicy(url, model, timeout=timeout), {"kind": "openai-compatible", "model": model, "base_url": url}
 
 
