@@ -84,7 +84,7 @@ CHILDREN = ("import subprocess\nkids = [subprocess.Popen(['sleep', '30']) for _ 
 
 
 @differs("processes at once", upstream="no limit of its own (the host's)",
-         air="at most `--pids`-many per sandbox (1024 by default): a program keeping 300 children alive passes")
+         air="at most 1024 per sandbox (`SandboxFusionConfig.pids`): a program keeping 300 children alive passes")
 def test_a_program_keeping_300_children_alive_passes(server):
     status, answer = post(server, {"code": CHILDREN, "language": "python", "run_timeout": 60})
     assert status == 200 and answer["status"] == "Success", answer
