@@ -75,3 +75,23 @@ def base_spec():
     from air.sandbox import Resources, SandboxSpec
 
     return SandboxSpec(image=BASE_IMAGE, task="conformance", resources=Resources(cpus=1, memory_mb=512, pids=256))
+
+
+# ----- the order test files start in ------------------------------------------------------------------------------
+MEASURED_SECONDS = {
+    # A file's serial time in the Docker lane (`--durations`, one file at a time on the shared 2-core machine,
+    # 2026-11-24; experiments.md). pytest-xdist hands whole files to the two workers as they free up, by default
+    # the files with the most tests first, which put these few-test, minutes-long files last: one worker then ran
+    # them alone while the other idled. Longest first instead (`--no-loadscope-reorder` keeps this order), so the
+    # run ends on short files. Files not listed follow, most tests first, as before.
+    "test_env_server.py": 288, "test_trl_grpo.py": 197, "test_honest_tasks.py": 191,
+    "test_sandbox_fusion_languages.py": 81, "test_trl_grpo_tools.py": 72,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.path.name] = counts.get(item.path.name, 0) + 1
+    # stable: each file's own tests keep their order
+    items.sort(key=lambda item: (-MEASURED_SECONDS.get(item.path.name, 0), -counts[item.path.name], item.path.name))
