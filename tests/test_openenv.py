@@ -224,7 +224,7 @@ def test_sigterm_records_live_sessions_interrupted_and_leaves_nothing(images, do
         env.reset(item=0)
         env.step({"command": "ls"})
         assert list_air_containers(docker_client, run=run)
-        assert srv.stop() == 143, srv.output()  # as every air command SIGTERM ends (README: exit codes)
+        assert srv.stop() == 143, srv.output()  # as every air command SIGTERM ends (docs/commands.md: exit codes)
         deadline = time.monotonic() + 60
         while list_air_containers(docker_client, run=run):
             assert time.monotonic() < deadline, "the stopped server left containers"

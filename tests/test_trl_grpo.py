@@ -5,7 +5,8 @@ released in trl 1.16) trains the tiny local model of examples/trl_grpo_cpu.py on
 It checks what makes such a run trustworthy: the rewards TRL logged (its completions tables) are exactly the
 returns air recorded for the same episodes (matched by air's episode id); the weights moved; air's observation
 tokens were masked out of the loss; the example's per-step record of what the model said matches the episodes;
-nothing is left running. The learning run (40 steps) is the example's own, run by hand: README, experiments.md.
+nothing is left running. The learning runs (40 steps, three seeds and their lr-0 controls) are the example's own, run
+by hand: docs/trl-example.md, experiments.md.
 The example's replies for every bundled task are checked without Docker."""
 
 from __future__ import annotations
