@@ -84,8 +84,11 @@ MEASURED_SECONDS = {
     # the files with the most tests first, which put these few-test, minutes-long files last: one worker then ran
     # them alone while the other idled. Longest first instead (`--no-loadscope-reorder` keeps this order), so the
     # run ends on short files. Files not listed follow, most tests first, as before.
-    "test_env_server.py": 288, "test_trl_grpo.py": 197, "test_honest_tasks.py": 191,
-    "test_sandbox_fusion_languages.py": 81, "test_trl_grpo_tools.py": 72,
+    "test_vf_eval.py": 339, "test_env_server.py": 282, "test_trl_grpo.py": 197, "test_honest_tasks.py": 191,
+    "test_cli_failures.py": 156, "test_agentgym.py": 155, "test_fresh_cells.py": 150, "test_sandbox.py": 147,
+    "test_agentgym_trainers.py": 142, "test_sandbox_fusion_languages.py": 81, "test_trl_grpo_tools.py": 72,
+    "test_mlgym_bench.py": 51, "test_openenv.py": 48, "test_sandbox_fusion_jupyter.py": 36,
+    "test_sandbox_fusion.py": 29, "test_sandbox_fusion_compat.py": 15,
 }
 
 
