@@ -62,3 +62,12 @@ class TaskError(AirError):
 
 class UsageError(AirError):
     """The user asked for something that cannot be done as asked (unknown name, bad flag value)."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A long-running service stopped by a signal, raised once its graceful shutdown is over: the command ends as
+    that signal ends any air command (128 + its number), even where Ctrl-C is ignored (a background job)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

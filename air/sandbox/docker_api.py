@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import importlib.util
 import os
 import re
+import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -47,12 +49,17 @@ def connect(timeout: float = 60.0, base_url: str | None = None) -> docker.Docker
     `base_url` names another daemon (`tcp://host:2376`, `ssh://user@host`, `unix:///path`); TLS settings come
     from the environment as for the docker CLI (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH). None: DOCKER_HOST or the
     local socket."""
+    host = base_url or docker_host()
+    # ssh:// goes through the ssh client, as the docker CLI does; the SDK loads its ssh transport only where
+    # paramiko is installed (air does not need it otherwise), and without it fails with a NameError
+    ssh = host.startswith("ssh://")
+    if ssh and (importlib.util.find_spec("paramiko") is None or shutil.which("ssh") is None):
+        raise DockerUnavailable(f"the Docker daemon at {host} is reached over ssh, which needs the `paramiko` package "
+                                "and the ssh client (pip install paramiko; apt-get install openssh-client); or point "
+                                "DOCKER_HOST at a unix:// or tcp:// daemon")
     try:
-        if base_url is None:
-            client = docker.from_env(timeout=int(timeout))
-        else:
-            client = docker.from_env(timeout=int(timeout), environment={**os.environ, "DOCKER_HOST": base_url},
-                                     use_ssh_client=base_url.startswith("ssh://"))
+        client = docker.from_env(timeout=int(timeout), environment={**os.environ, "DOCKER_HOST": host},
+                                 use_ssh_client=ssh)
         client.ping()
     except Exception as exc:  # the SDK raises DockerException, requests and socket errors alike here
         raise DockerUnavailable(
