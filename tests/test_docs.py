@@ -4,8 +4,9 @@ covers fails the test, so a new one must be classified. Every `air ...` named in
 span) must name a real command and real flags of it. And the README stays a front door (at most 150 lines).
 
 How a command is checked (RULES, first match wins; `a && b` is checked part by part):
-- run: for real, through bash in a fresh folder with its own HOME (a fake MLGym checkout at ~/MLGym, two finished
-  episodes in runs/), exit 0 expected; a server started with `&` is started, seen listening, and stopped;
+- run: for real, through bash in a fresh folder with its own HOME (a fake MLGym checkout at ~/MLGym, the Harbor
+  fixture dataset at ~/datasets/my-dataset, two finished episodes in runs/), exit 0 expected; a server started
+  with `&` is started, seen listening, and stopped;
 - parse: `air ...` against air's own click commands (every group, subcommand, option and argument must parse, as
   they would before the command runs); an example script with `--help` appended (argparse checks the flags before);
 - not run: with the reason (a GPU node, the network, the suite itself); what runs it instead, where anything does.
@@ -46,6 +47,8 @@ RULES: list[tuple[str, str, str]] = [
     (r"^for seed in ", NOT_RUN, "six 40-step trainings, about an hour of CPU: examples/results/ holds their records"),
     (r"^(python examples/trl_grpo_cpu\.py .*--out runs/seeds|done; done$)", NOT_RUN, "the loop above"),
     (r"^python examples/trl_grpo_cpu\.py", HELP, "trains for minutes with Docker (tests/test_trl_grpo.py runs it)"),
+    (r"^PYTHONPATH=\$AIR harbor run ", NOT_RUN, "Harbor's runner in a Python 3.12 environment of its own; "
+                                               "tests/test_harbor_environment.py runs exactly this for real"),
 ]
 
 
@@ -150,11 +153,15 @@ def test_an_example_takes_its_flags(part):
 # ----- run: for real ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def home(tmp_path) -> Path:
-    """A user's folder: a fake MLGym checkout at ~/MLGym and two finished episodes in runs/ (no Docker)."""
+    """A user's folder: a fake MLGym checkout at ~/MLGym, the Harbor fixture dataset at ~/datasets/my-dataset and
+    two finished episodes in runs/ (no Docker)."""
+    import shutil
+
     from test_cli_round_three import episodes
     from test_mlgym import write_tree
 
     write_tree(tmp_path / "MLGym")
+    shutil.copytree(ROOT / "tests" / "fixtures" / "harbor", tmp_path / "datasets" / "my-dataset")
     episodes(tmp_path)
     return tmp_path
 
