@@ -22,6 +22,11 @@ class DockerUnavailable(InfraError):
     """The Docker daemon cannot be reached."""
 
 
+class DaemonStalled(DockerUnavailable):
+    """The Docker daemon takes calls but answers none within their bound (stopped, wedged, overloaded): named with
+    what was waited for and its fix. Nothing is known to have happened, nor not to: a removal may be pending."""
+
+
 class ImageError(InfraError):
     """An image is missing or cannot be built."""
 

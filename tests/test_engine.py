@@ -57,3 +57,46 @@ def test_air_doctor_recognises_a_wedged_daemon_and_names_its_fix(wedged_daemon):
     assert not daemon["ok"] and "is wedged: it lists containers but `/info` did not answer within 15 s" in \
         daemon["detail"], daemon
     assert "kill -TERM $(pidof dockerd)" in daemon["fix"] and "live-restore" in daemon["fix"], daemon
+
+
+@pytest.fixture
+def slow_removals(docker_client):
+    """A TCP front for the local daemon that holds back its answers to removals for a minute: a stalled daemon, as
+    far as what a closing pool needs from it."""
+    from docker_proxy import CuttableProxy
+
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not host.startswith("unix://"):
+        pytest.skip("the proxy fronts a local daemon's unix socket")
+    proxy = CuttableProxy(host.removeprefix("unix://"))
+    yield proxy
+    proxy.close()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+async def test_a_pool_closes_within_its_bound_when_the_daemon_stalls_and_names_what_it_left(images, slow_removals,
+                                                                                            run_id, docker_client,
+                                                                                            caplog):
+    """A daemon that does not answer removals: the pool's close ends within its bound all the same, says how many
+    sandboxes it left for the next sweep, and never that it removed them; the sweep takes them once the daemon
+    answers. (Before, a removal that timed out counted as "already gone".)"""
+    import time
+
+    from air.sandbox import DockerHost, PoolConfig, SandboxPool, SandboxSpec, list_air_containers
+
+    url = f"tcp://127.0.0.1:{slow_removals.port}"
+    pool = SandboxPool(PoolConfig(run_id=run_id, hosts=[DockerHost(url=url, gpu_ids=[])], page_cache="shared"))
+    await pool.start()
+    async with pool.lease(SandboxSpec(image="air/base:latest", task="stall")) as sb:
+        assert (await sb.session.run("echo up")).stdout == "up\n"
+    await pool.wait_idle()
+    slow_removals.hold_answers(rb"DELETE /v[\d.]+/containers/", 60)
+    started = time.monotonic()
+    left = await pool.close(timeout=3)
+    assert time.monotonic() - started < 30, "close waited for the daemon past its bound"
+    assert left == [sb.name] and pool.left_behind == left
+    assert "1 sandbox(es) left for the next sweep" in caplog.text
+    from air.sandbox import remove_containers
+
+    remove_containers(docker_client, [c.id for c in list_air_containers(docker_client, run=run_id)])
