@@ -239,25 +239,15 @@ class Sandbox:
 
     async def _host_oom_file(self) -> str | None:
         """The host's file that counts this container's OOM kills (cgroup v1 memory.oom_control or v2
-        memory.events), found through its init process; None when the daemon is not on this machine (the pid is
-        then another process, whose cgroup does not name this container)."""
-        pid = (await self.status()).get("Pid")
-        try:
-            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines() if pid else []
-        except OSError:
-            return None
-        for line in lines:
-            _, controllers, path = line.split(":", 2)
-            if self.container_id not in path:
-                continue
-            if "memory" in controllers.split(","):
-                candidate = Path("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.oom_control")
-            elif controllers == "":
-                candidate = Path("/sys/fs/cgroup", path.lstrip("/"), "memory.events")
-            else:
-                continue
-            if candidate.is_file():
-                return str(candidate)
+        memory.events), where Docker's cgroupfs or systemd driver puts it; None when it is not on this machine
+        (a daemon elsewhere). Found by the container's id: no call to the daemon, which may be stalled."""
+        cid = self.container_id
+        for candidate in (f"/sys/fs/cgroup/memory/docker/{cid}/memory.oom_control",
+                          f"/sys/fs/cgroup/memory/system.slice/docker-{cid}.scope/memory.oom_control",
+                          f"/sys/fs/cgroup/docker/{cid}/memory.events",
+                          f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/memory.events"):
+            if os.path.isfile(candidate):
+                return candidate
         return None
 
     async def new_oom_kill(self) -> bool:

@@ -408,15 +408,11 @@ class SandboxPool:
                         host, grant = await self._claim(claim_spec, deadline)
                         labels = _grant_labels(grant)
                         pinned = self.config.page_cache == "pinned"
-                        try:
-                            if pinned:  # before anything runs there: the image's pages held, for every sandbox
-                                labels[PIN] = await host.pins.ensure(spec)
-                        except BaseException:
-                            await self._give_back(host, grant)
-                            raise
                         if lent_gpus:  # shown like its own, held by the lender's claims
                             labels[GPUS] = ",".join(lent_gpus)
                         try:
+                            if pinned:  # before anything runs there: the image's pages held, for every sandbox
+                                labels[PIN] = await host.pins.ensure(spec)
                             if host.local is None:
                                 host.local = await host.docker.call(is_local, host.docker, timeout=30,
                                                                     idempotent=True)
@@ -425,8 +421,8 @@ class SandboxPool:
                                 labels=labels, gpu_devices=self.config.request_gpu_devices,
                                 agent_uid=self._agent_uid(grant), cells=self._wants_cells(host),
                                 apparmor=self.config.apparmor, pin_pages=pinned, channel=host.local)
-                        except DockerUnavailable as exc:  # the daemon went away between claim and create
-                            self._mark_down(host, exc)
+                        except DockerUnavailable as exc:  # the daemon went away (or stalled) since the claim: it
+                            self._mark_down(host, exc)  # is waited for, within daemon_patience (_claim)
                             await self._give_back(host, grant)
                             continue
                         except BaseException:
