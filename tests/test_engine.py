@@ -100,3 +100,25 @@ async def test_a_pool_closes_within_its_bound_when_the_daemon_stalls_and_names_w
     from air.sandbox import remove_containers
 
     remove_containers(docker_client, [c.id for c in list_air_containers(docker_client, run=run_id)])
+
+
+@pytest.mark.docker
+async def test_a_recycled_sandboxs_slot_goes_to_its_replacement_without_a_new_claim(images, run_id, docker_client):
+    """Churn trips engines: a sandbox recycled (here after every lease) hands its host-wide slot to the sandbox that
+    replaces it, instead of removing its claim container and creating another; the pool's close gives it back."""
+    from air.sandbox import PoolConfig, SandboxPool, SandboxSpec, list_air_containers
+
+    spec = SandboxSpec(image="air/base:latest", task="churn")
+    async with SandboxPool(PoolConfig(run_id=run_id, gpu_ids=[], max_leases=1, warm=1)) as pool:
+        holders, containers = [], []
+        for _ in range(4):
+            async with pool.lease(spec) as sb:
+                holders.append(pool._held[sb][1].holder)
+                containers.append(sb.container_id)
+            await pool.wait_idle()
+        claims = [c for c in list_air_containers(docker_client, run=run_id) if c.claim]
+        assert len(set(containers)) == 4, "every lease recycled its sandbox"
+        # Two live at a time (the leased one and the warm one): two slots, taken over again and again.
+        assert len(set(holders)) == 2, "each replacement took the slot over"
+        assert len(claims) == 2, claims
+    assert not list_air_containers(docker_client, run=run_id)

@@ -64,6 +64,10 @@ from air.sandbox.session import Session
 from air.sandbox.spec import DockerHost, PoolConfig
 
 log = logging.getLogger("air.pool")
+SPARE_CLAIM = 10.0
+"""Seconds a recycled sandbox's claim (its host-wide slot) waits for the sandbox that replaces it, before it is
+given back: a replacement takes it over instead of creating a claim container of its own, which halves the
+containers a recycle creates and removes (churn is what trips an engine)."""
 INTERRUPTED_CLOSE = 5.0
 """Seconds an interrupted pool's close gives the daemon to remove its sandboxes (their wardens have ended them)."""
 CELL_ATTEMPTS = 3
@@ -134,6 +138,9 @@ class SandboxPool:
         self._started = False
         self.left_behind: list[str] = []
         """Sandboxes `close` could not remove in time (the next sweep takes them)."""
+        self._spare: list[tuple[_Host, Grant]] = []
+        """Claims of recycled sandboxes, kept a few seconds for the sandbox that replaces each (SPARE_CLAIM)."""
+        self._spare_timers: set[asyncio.Task] = set()
 
     def _attach(self, host: _Host, docker: Docker) -> None:
         ids = host.config.gpu_ids
@@ -231,6 +238,11 @@ class SandboxPool:
                                          for sb in doomed), return_exceptions=True)
         self.left_behind = [sb.name for sb, gone in zip(doomed, removed) if gone is not True]
         self._idle.clear()
+        for timer in list(self._spare_timers):
+            timer.cancel()
+        spare, self._spare = self._spare, []
+        await asyncio.gather(*(self._give_back(*held, timeout=max(0.1, deadline - loop.time())) for held in spare),
+                             return_exceptions=True)
         with contextlib.suppress(asyncio.TimeoutError):
             async with asyncio.timeout_at(deadline):
                 await self._remove_stragglers()
@@ -462,6 +474,9 @@ class SandboxPool:
         """A host-wide grant (slot and GPUs) on the least loaded host that has one free."""
         loop = asyncio.get_running_loop()
         gpus, share = spec.resources.gpus, spec.resources.share_gpus
+        spare = self._take_spare(gpus)
+        if spare is not None:  # the slot of the sandbox this one replaces: no claim to create
+            return spare
         holder, all_down_since, last_sweep = uuid.uuid4().hex[:16], None, loop.time()
         self._holders.add(holder)
         while True:
@@ -539,6 +554,23 @@ class SandboxPool:
         live = sum(1 for h, _ in self._held.values() if h is host)
         return live / (host.claims.budget or self.config.max_sandboxes)
 
+    async def _expire_spare(self, held: tuple[_Host, Grant]) -> None:
+        await asyncio.sleep(SPARE_CLAIM)
+        if held in self._spare:
+            self._spare.remove(held)
+            await self._give_back(*held)
+
+    def _take_spare(self, gpus: int) -> tuple[_Host, Grant] | None:
+        """A recycled sandbox's claim of a slot alone, on a host that answers (a sandbox without GPUs only)."""
+        if gpus:
+            return None
+        now = asyncio.get_running_loop().time()
+        for held in self._spare:
+            if held[0].usable(now):
+                self._spare.remove(held)
+                return held
+        return None
+
     async def _give_back(self, host: _Host, grant: Grant, timeout: float | None = None) -> None:
         try:
             await host.claims.release(grant, timeout)
@@ -580,7 +612,7 @@ class SandboxPool:
         if reason is not None:
             log.info("recycling sandbox %s: %s", sandbox.short_id, reason)
             self.stats.recycled += 1
-            await self._remove(sandbox)
+            await self._remove(sandbox, spare=True)
             if not sandbox.session.cells:  # without cells, the next lease of the key waits in a container started now
                 key = sandbox.spec.key
                 self._warm_target[key] = max(self._warm_target.get(key, 0), 1)
@@ -617,8 +649,9 @@ class SandboxPool:
                 return
         await self._remove(sandbox)  # the pool closed while we were creating: never leak it
 
-    async def _remove(self, sandbox: Sandbox, patience: float | None = None) -> bool:
-        """Remove it and give back its claims, within `patience` seconds each when given (a closing pool's)."""
+    async def _remove(self, sandbox: Sandbox, patience: float | None = None, spare: bool = False) -> bool:
+        """Remove it and give back its claims, within `patience` seconds each when given (a closing pool's); with
+        `spare`, a claim of a slot alone is kept a while for the sandbox that replaces this one (SPARE_CLAIM)."""
         try:
             return await (sandbox.remove() if patience is None else sandbox.remove(patience))
         finally:
@@ -627,7 +660,12 @@ class SandboxPool:
                 self.stats.removed += 1
             self._borrowers.discard(sandbox)
             held = self._held.pop(sandbox, None)
-            if held is not None:
+            if held is not None and spare and not held[1].gpu_ids and not self._closed:
+                self._spare.append(held)
+                timer = asyncio.ensure_future(self._expire_spare(held))  # not background work: close cancels it
+                self._spare_timers.add(timer)
+                timer.add_done_callback(self._spare_timers.discard)
+            elif held is not None:
                 await self._give_back(*held, timeout=patience)
             async with self._changed:
                 self._changed.notify_all()
