@@ -15,8 +15,9 @@ CAPABILITY_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGI
 # Docker's own per-container files, air's two volumes and the temp dirs; /sbin/docker-init is Docker's init
 # binary, bind-mounted read-only because sandboxes run with init=True.
 SYSTEM_MOUNTS = {"/", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/home/agent", "/srv/air", "/tmp",
-                 "/var/tmp", "/sbin/docker-init", "/usr/sbin/docker-init", "/run/air-warden"}
-"""... and the sandbox's host directory, where its warden listens for the host (root's alone; no cell has it)."""
+                 "/var/tmp", "/sbin/docker-init", "/usr/sbin/docker-init", "/run/air-warden", "/srv/air/hostview"}
+"""... and the sandbox's host directory, where its warden listens for the host (root's alone; no cell has it), and
+the warden's copies of the host's counters that cells show instead (root's alone; a cell binds them, then drops it)."""
 
 
 def status_field(text: str, name: str) -> str:

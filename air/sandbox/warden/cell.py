@@ -86,6 +86,14 @@ class Layout:
         self.cgroup = _cgroup_snapshot()
         self.devices = _dev_snapshot()
         self.hostview = hostview.snapshot(_memory_limit(self.cgroup))
+        self.hostview_root = os.path.join(os.path.dirname(scratch), "hostview")
+        self.hostview_binds: List[Tuple[str, str]] = []
+
+    def prepare_hostview(self) -> None:
+        """Once, in the warden, before the first cell: the host's counters as copies (hostview.py)."""
+        if not self.hostview_binds:
+            os.makedirs(self.hostview_root, 0o700, exist_ok=True)
+            self.hostview_binds = hostview.prepare(self.hostview, self.hostview_root, mount)
 
 
 def _mountinfo() -> List[Tuple[str, str, str, str]]:
@@ -142,7 +150,8 @@ def _build(layout: Layout) -> None:
     _new_dev(layout)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _masks(inherited)
-    hostview.install(layout.hostview, layout.scratch, mount, _detach)
+    if layout.hostview_binds:
+        hostview.install(layout.hostview_binds, layout.hostview_root, mount, _detach)
     _cgroup_limits(layout.cgroup)
     for name, text in (("passwd", layout.passwd), ("group", layout.group)):
         if os.path.realpath("/etc/" + name) == os.path.realpath(text):

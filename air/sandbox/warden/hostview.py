@@ -1,15 +1,22 @@
 """What a cell shows of the host's kernel-wide counters: their files, with every counter at 0. Runs in the warden
-(stdlib only): `snapshot` once when the warden starts, `install` in every new cell (cell.py).
+(stdlib only): `snapshot` and `prepare` once when the warden starts, `install` in every new cell (cell.py).
 
-Why: /proc and /sys show counters of the whole host (CPU time, context switches, forks, free memory, page-cache
-size, dentries, open files, interrupts, disk I/O, pressure), and code can move them: fork a thousand times, allocate
-a gigabyte, send packets over loopback. Any other sandbox that reads them, now or at its next lease, reads what was
-written (issue #38). A cell's copies hold still: the same text in every cell of every sandbox of the host, in the
-kernel's own fields (every number after a line's label zeroed, one space between fields: the kernel's padding would
-say how wide the real numbers were), so programs that parse them still can. Memory is the exception that keeps a
-meaning: MemTotal, MemFree and MemAvailable say the sandbox's memory limit, which is what a
-program sizing itself should go by. What is left readable and moving (sysinfo(2), /proc/uptime's idle time, the CPU
-itself) is measured in SECURITY.md.
+Why: /proc and /sys show counters of the whole host (forks, context switches, free memory, page-cache size,
+dentries, open files, pseudo-terminals, pressure), and code can move them: fork a thousand times, allocate a
+gigabyte, open files. Any other sandbox that reads them, now or at its next lease, reads what was written (issue
+#38). A cell's copies hold still: the same text in every cell of every sandbox of the host, in the kernel's own
+fields (every number after a line's label zeroed, one space between fields: the kernel's padding would say how wide
+the real numbers were), so programs that parse them still can. Memory is the exception that keeps a meaning:
+MemTotal, MemFree and MemAvailable say the sandbox's memory limit, which is what a program sizing itself should go
+by. Directories of settings with counters among them (/proc/sys/fs, /sys/devices/system/node) are shown as copies,
+settings as they were and counters zeroed.
+
+Left as they are, and measured in SECURITY.md: what says how busy the host's CPUs are (/proc/uptime's idle time,
+cpuidle, cpufreq and per-interrupt statistics), which a program learns anyway by timing its own loops; disk
+statistics, which no cell can move (it has no disk to write and every page it can read is pinned); sysinfo(2).
+
+The copies are made once, in a small read-only tmpfs of the warden's; a cell binds them over the real files (about
+20 binds) and then loses the tmpfs from its own mounts.
 """
 
 from __future__ import annotations
@@ -17,49 +24,49 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 PROC_FILES = ("stat", "meminfo", "vmstat", "loadavg", "buddyinfo", "zoneinfo", "pagetypeinfo", "diskstats",
-              "interrupts", "softirqs", "schedstat", "swaps", "sys/fs/aio-nr", "sys/fs/dentry-state", "sys/fs/file-nr",
-              "sys/fs/inode-nr", "sys/fs/inode-state")
-PROC_DIRS = ("pressure", "sys/fs/quota")
-"""Directories of counters: shown with each file zeroed."""
-SYS_FILES = ("devices/system/node/node*/meminfo", "devices/system/node/node*/vmstat",
-             "devices/system/node/node*/numastat", "block/*/stat", "block/*/inflight", "block/*/*/stat",
-             "block/*/*/inflight")
-SYS_DIRS = ("devices/virtual/bdi", "fs/ext4", "fs/xfs", "fs/btrfs", "kernel/irq", "devices/system/cpu/cpu*/cpuidle",
-            "devices/system/cpu/cpu*/cpufreq", "kernel/mm/ksm", "kernel/mm/transparent_hugepage/khugepaged",
-            "kernel/mm/hugepages", "devices/system/node/node*/hugepages")
-EMPTY = ("/proc/fs", "/proc/irq")
-"""Directories shown empty: per-filesystem and per-interrupt statistics that no program of a task needs."""
+              "interrupts", "softirqs", "schedstat", "swaps", "sys/kernel/pty/nr")
+TREES = ("/proc/sys/fs", "/proc/pressure", "/sys/devices/system/node", "/sys/devices/virtual/bdi",
+         "/sys/kernel/mm/ksm", "/sys/kernel/mm/transparent_hugepage/khugepaged")
+"""Directories shown as copies (settings as they are, counters zeroed: COUNTER)."""
+COUNTER = re.compile(r"/proc/pressure/|/bdi/|/ksm/|/khugepaged/|/quota/|"
+                     r"/(aio-nr|dentry-state|file-nr|inode-nr|inode-state|meminfo|numastat|vmstat|"
+                     r"(free|surplus|resv)_hugepages)$")
+EMPTY = ("/proc/fs",)
+"""Directories shown empty: per-filesystem statistics that no program of a task needs."""
 KEEP = {"/proc/sys/fs/file-nr": {2}, "/proc/sys/fs/dentry-state": {2}}
 """Fields that are limits, not counters (the most open files; the age limit of dentries): kept."""
 _NUMBER = re.compile(rb"(?<![\w.])\d+(\.\d+)?(?![\w.])")
-_MEMORY = re.compile(rb"^((?:Node \d+ )?(MemTotal|MemFree|MemAvailable):\s+)\d+", re.MULTILINE)
+_MEMORY = re.compile(rb"^((?:Node \d+ )?(MemTotal|MemFree|MemAvailable): )\d+", re.MULTILINE)
+Entry = Union[bytes, None, Tuple[str, str]]
+"""A file's text, a directory (None), or a link ("link", its target)."""
 
 
 class HostView:
-    """The counter files a cell shows: {path: text}, directories of them {path: {name: text}}, empty directories."""
+    """What a cell shows instead of the host's counters: {path in the cell: {relative path: Entry}}; a file's
+    relative path is "" (the path itself)."""
 
-    def __init__(self, files: Dict[str, bytes], dirs: Dict[str, Dict[str, bytes]], empty: List[str]):
-        self.files, self.dirs, self.empty = files, dirs, empty
+    def __init__(self, entries: Dict[str, Dict[str, Entry]]):
+        self.entries = entries
 
 
 def zeroed(path: str, text: bytes, memory_kb: Optional[int] = None) -> bytes:
     """The counter file's text with every number after each line's first field at 0 (but its `KEEP` fields, the
     boot time of /proc/stat, and the memory lines, which say `memory_kb`)."""
     keep = KEEP.get(path, set())
-    first = 0 if path == "/proc/loadavg" or path.startswith("/proc/sys/") else 1  # a value, or a labelled row
+    values = path == "/proc/loadavg" or path.startswith("/proc/sys/")  # a row of values, or labelled rows
     lines = []
     for line in text.split(b"\n"):
         if line.startswith(b"btime ") or line.startswith(b"Hugepagesize:"):
             lines.append(line)
             continue
         fields = line.split()
+        first = 0 if values or len(fields) == 1 else 2 if line.startswith(b"Node ") else 1
         for i, part in enumerate(fields):
             if i >= first and i not in keep:
                 fields[i] = _NUMBER.sub(lambda m: b"0.00" if m.group(1) else b"0", part)
-        # One space between fields: the kernel pads columns to the width of the numbers it had, which would say them.
         lines.append(b" ".join(fields))
     out = b"\n".join(lines)
     if memory_kb is not None and path.endswith("meminfo"):
@@ -75,6 +82,31 @@ def _read(path: str) -> Optional[bytes]:
         return None
 
 
+def _copy(top: str, memory_kb: Optional[int]) -> Dict[str, Entry]:
+    """A directory as its copy: directories, links, and every readable file's text (a counter's zeroed)."""
+    out: Dict[str, Entry] = {}
+    pending = [""]
+    while pending:
+        rel = pending.pop()
+        try:
+            names = sorted(os.listdir(os.path.join(top, rel)))
+        except OSError:
+            continue
+        for name in names:
+            sub = os.path.join(rel, name)
+            path = os.path.join(top, sub)
+            if os.path.islink(path):
+                out[sub] = ("link", os.readlink(path))
+            elif os.path.isdir(path):
+                out[sub] = None
+                pending.append(sub)
+            else:
+                text = _read(path)
+                if text is not None:
+                    out[sub] = zeroed(path, text, memory_kb) if COUNTER.search(path) else text
+    return out
+
+
 def snapshot(memory_limit: Optional[int]) -> HostView:
     """The view, made once from the files' current text (their format and which of them exist); memory_limit: the
     sandbox's memory limit in bytes (None: the host's)."""
@@ -83,51 +115,57 @@ def snapshot(memory_limit: Optional[int]) -> HostView:
     memory_kb = int(total.group(1)) if total else None
     if memory_limit and memory_kb:
         memory_kb = min(memory_kb, memory_limit // 1024)
-    files: Dict[str, bytes] = {}
-    candidates = ["/proc/" + name for name in PROC_FILES]
-    for pattern in SYS_FILES:
-        candidates += sorted(glob.glob("/sys/" + pattern))
-    for path in candidates:
-        text = _read(path) if os.path.isfile(path) else None
-        if text is not None or os.path.exists(path):  # an unreadable one (root's alone) is shown empty
-            files[path] = zeroed(path, text or b"", memory_kb)
-    dirs: Dict[str, Dict[str, bytes]] = {}
-    for name in PROC_DIRS:
+    entries: Dict[str, Dict[str, Entry]] = {}
+    for name in PROC_FILES:
         path = "/proc/" + name
+        if os.path.isfile(path):  # an unreadable one (root's alone) is shown empty
+            entries[path] = {"": zeroed(path, _read(path) or b"", memory_kb)}
+    for top in TREES:
+        for path in sorted(glob.glob(top)):
+            if os.path.isdir(path):
+                entries[path] = _copy(path, memory_kb)
+    for path in EMPTY:
         if os.path.isdir(path):
-            dirs[path] = {leaf: zeroed(path + "/" + leaf, _read(path + "/" + leaf) or b"")
-                          for leaf in sorted(os.listdir(path)) if os.path.isfile(path + "/" + leaf)}
-    empty = [path for path in EMPTY if os.path.isdir(path)]
-    for pattern in SYS_DIRS:
-        empty += [path for path in sorted(glob.glob("/sys/" + pattern)) if os.path.isdir(path)]
-    return HostView(files, dirs, empty)
+            entries[path] = {}
+    return HostView(entries)
 
 
-def install(view: HostView, staging: str, mount, umount) -> None:
-    """In a new cell, with /proc mounted: put the view over the real files, from a small tmpfs at `staging` that is
-    read-only (its superblock: every bind of it is) and detached once bound. `mount(source, target, fstype, flags,
-    data)` and `umount(target)` are cell.py's."""
-    ms_rdonly, ms_nosuid, ms_nodev, ms_noexec, ms_remount, ms_bind = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000
+def prepare(view: HostView, root: str, mount) -> List[Tuple[str, str]]:
+    """In the warden, once: the copies in a small tmpfs at `root`, read-only once written (its superblock: every bind
+    of it is too); the binds a cell makes of them, (source, target)."""
+    ms_rdonly, ms_nosuid, ms_nodev, ms_noexec, ms_remount = 0x1, 0x2, 0x4, 0x8, 0x20
     flags = ms_nosuid | ms_nodev | ms_noexec
-    mount("air-hostview", staging, "tmpfs", flags, "size=4m,mode=755")
-    sources: List[Tuple[str, str]] = []
-    for i, (path, text) in enumerate(sorted(view.files.items())):
-        source = "%s/f%d" % (staging, i)
-        with open(source, "wb") as f:
-            f.write(text)
-        os.chmod(source, 0o444)
-        sources.append((source, path))
-    for i, (path, leaves) in enumerate(sorted(view.dirs.items())):
-        source = "%s/d%d" % (staging, i)
-        os.mkdir(source, 0o555)
-        for leaf, text in leaves.items():
-            with open(source + "/" + leaf, "wb") as f:
-                f.write(text)
-            os.chmod(source + "/" + leaf, 0o444)
-        sources.append((source, path))
-    os.mkdir(staging + "/empty", 0o555)
-    sources += [(staging + "/empty", path) for path in view.empty]
-    mount(None, staging, None, ms_remount | ms_rdonly | flags)
-    for source, target in sources:
+    mount("air-hostview", root, "tmpfs", flags, "size=16m,mode=700")
+    binds = []
+    for i, (target, tree) in enumerate(sorted(view.entries.items())):
+        source = "%s/%d" % (root, i)
+        if "" in tree:
+            _write(source, tree[""])
+        else:
+            os.mkdir(source, 0o555)
+            for rel, entry in sorted(tree.items()):
+                path = os.path.join(source, rel)
+                if entry is None:
+                    os.mkdir(path, 0o555)
+                elif isinstance(entry, tuple):
+                    os.symlink(entry[1], path)
+                else:
+                    _write(path, entry)
+        binds.append((source, target))
+    mount(None, root, None, ms_remount | ms_rdonly | flags)
+    return binds
+
+
+def _write(path: str, text: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(text)
+    os.chmod(path, 0o444)
+
+
+def install(binds: List[Tuple[str, str]], root: str, mount, detach) -> None:
+    """In a new cell, with /proc mounted: the copies over the real files, then the copies' own tmpfs gone from the
+    cell's mounts. `mount(source, target, fstype, flags, data)` and `detach(target)` are cell.py's."""
+    ms_bind = 0x1000
+    for source, target in binds:
         mount(source, target, None, ms_bind)
-    umount(staging)
+    detach(root)

@@ -201,6 +201,9 @@ class Warden:
         self.scratch_times: Dict[str, tuple] = {}
         self.pins = Pins()
         """The sandbox's own files, held in the host's page cache (see hold_own_files)."""
+        self.staged = True
+        """The harness may have changed the sandbox's own files since they were last held (it copied or ran
+        something outside the cell): the next reset holds them again."""
         self.own_mounts: list = []
 
     # ----- the host's stream ------------------------------------------------------------------------------------
@@ -299,6 +302,7 @@ class Warden:
         why_not = supported() if c.cells else "cells were not asked for"
         if why_not is None:
             try:
+                self.layout.prepare_hostview()
                 self.cell = Cell.build(self.layout)
             except (CellError, OSError) as exc:
                 why_not = str(exc)
@@ -366,6 +370,7 @@ class Warden:
     def op_exec(self, ident: int, request: p.Exec) -> None:
         if self.job is not None:
             raise RuntimeError("a command is already running")
+        self.staged = self.staged or not request.in_cell
         self.job = Program(self, ident, request)
 
     def op_reset(self, ident: int, request: p.Reset) -> p.WasReset:
@@ -386,7 +391,8 @@ class Warden:
         if any(name not in c.keep for name in os.listdir(c.air)):  # what an evaluation left (untouched: no ctime)
             empty(c.air, keep=c.keep)
             os.utime(c.air, (c.epoch, c.epoch))
-        self.hold_own_files()  # what staging put under air's kept names since the last reset
+        if self.staged:  # what staging put under air's kept names since the last reset
+            self.hold_own_files()
         ended = time.monotonic()
         if self.cells:
             self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
@@ -406,9 +412,10 @@ class Warden:
         agent or evaluation can change which are cached (pages.py); files that went since are let go. The image's
         files are the page-cache pin's (air/sandbox/pagecache.py)."""
         c = self.config
+        self.staged = False
         if not c.pin_pages:
             return
-        tops = [os.path.join(c.air, name) for name in c.keep if name != "cell"] + self.own_mounts
+        tops = [os.path.join(c.air, name) for name in c.keep if name not in ("cell", "hostview")] + self.own_mounts
         try:
             self.pins.keep_only(files_under(tops))
         except PinError as exc:
@@ -482,6 +489,7 @@ class Warden:
 
     def op_unpack(self, ident: int, request: p.Unpack) -> p.Unpacked:
         """Extract in a child with the asked rights; what it could not do comes back as the reply's problem."""
+        self.staged = self.staged or not request.in_cell
         r, w = os.pipe()
 
         def work() -> int:
