@@ -2,10 +2,13 @@
 
     python bench/fault_daemon_restart.py [--rollouts 12] [--concurrency 4] [--after 8]
 
-Starts a batch, kills dockerd `--after` seconds in, starts it again (scripts/ensure-docker.sh), and keeps going.
-Expected: the rollouts in flight fail with an infrastructure error (excluded from training, never a score), the
-pool recovers, and the rollouts started after the restart succeed; no container is left behind. Needs root and a
-daemon this machine runs itself (it is restarted!).
+Starts a batch, stops dockerd `--after` seconds in (SIGTERM, as `systemctl restart` does), starts it again
+(scripts/ensure-docker.sh), and keeps going. Expected (issue #39), where the daemon runs with live-restore (as
+ensure-docker.sh starts it): the sandboxes keep running through the restart and the rollouts in flight finish (their
+wardens speak on sockets of their own, not through dockerd); without live-restore the restart ends every container
+and the rollouts in flight fail as infrastructure (excluded from training, never a score). Either way the pool
+recovers, the rollouts started after the restart succeed, and no container is left behind. Needs root and a daemon
+this machine runs itself (it is restarted!).
 """
 
 from __future__ import annotations
@@ -70,7 +73,10 @@ async def main(rollouts: int, concurrency: int, after: float) -> dict:
     leaked = len(list_air_containers(connect(), run=pool.run_id))
     restarted_at = after + downtime
     late = [o for o in outcomes if o["began"] > restarted_at]
+    in_flight = [o for o in outcomes if o["began"] < after]
     return {"rollouts": rollouts, "failed": sum(not o["ok"] for o in outcomes),
+            "in_flight_at_restart": len(in_flight), "in_flight_ok": sum(o["ok"] for o in in_flight),
+            "live_restore": connect().info().get("LiveRestoreEnabled"),
             "errors": dict(Counter(o["error"].split(":")[0] for o in outcomes if not o["ok"])),
             "restart_seconds": round(downtime, 1), "started_after_restart": len(late),
             "ok_after_restart": sum(o["ok"] for o in late), "leaked_containers": leaked,
