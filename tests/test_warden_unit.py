@@ -402,3 +402,26 @@ def test_the_warden_takes_only_its_hosts_connection_and_then_no_other(tmp_path):
         assert warden.wait(timeout=30) == 0, "the host went away: the warden ends"
     finally:
         warden.kill()
+
+
+def test_the_warden_holds_its_own_mounts_files_and_leaves_the_images_and_the_renewed_ones():
+    """The warden holds the pages of the files its container has of its own (Docker's per-container files and init,
+    a GPU runtime's driver libraries), never the image's (the page-cache pin's), the renewed mounts, the data store
+    (the pin's too) or its host directory."""
+    from air.sandbox.warden.server import _own_mounts
+
+    hello = p.Hello(uid=1879048193, image_uid=1000, home="/home/agent", workspace="/home/agent/workspace",
+                    air="/srv/air", pristine_home="/srv/air/pristine/home", shell="/srv/air/bin/bash", keep=[],
+                    scratch=[], epoch=0, cells=True, home_mb=16, tmp_mb=16, shm_mb=16, pin_pages=True,
+                    pinned_elsewhere=["/srv/air/hf-store"], hidden=["/run/air-warden"])
+    inherited = [("/", "rw", "overlay", "/"), ("/proc", "rw", "proc", "/"), ("/dev", "rw", "tmpfs", "/"),
+                 ("/sys", "ro", "sysfs", "/"), ("/sys/fs/cgroup", "ro", "tmpfs", "/"),
+                 ("/etc/hosts", "rw", "ext4", "/var/lib/docker/containers/x/hosts"),
+                 ("/usr/sbin/docker-init", "ro", "ext4", "/usr/bin/docker-init"),
+                 ("/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14", "ro", "ext4", "/usr/lib/libcuda.so"),
+                 ("/srv/air", "rw", "ext4", "/var/lib/docker/volumes/v/_data"),
+                 ("/srv/air/hf-store", "ro", "ext4", "/root/.cache/air/datasets"),
+                 ("/home/agent", "rw", "tmpfs", "/"), ("/tmp", "rw", "tmpfs", "/"),
+                 ("/run/air-warden", "rw", "tmpfs", "/run/air/sandboxes/x")]
+    assert _own_mounts(inherited, hello) == ["/etc/hosts", "/usr/sbin/docker-init",
+                                             "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14"]
