@@ -4,8 +4,8 @@ warden, cells, limits and cleanup as on Docker. docs/kubernetes.md is the design
 | module | its job |
 | --- | --- |
 | config.py | `KubernetesConfig`, what `PoolConfig.kubernetes` holds (pydantic only) |
-| manifests.py | every object air renders: the run's Lease, the warden's ConfigMap, a pod and its Secret, the NetworkPolicy, a ResourceQuota, agent-sandbox's SandboxTemplate/SandboxWarmPool/SandboxClaim |
-| api.py | the API client: kubeconfig, bounded retries of 429/409/410/5xx/timeouts (named), a create rate limit, calls counted |
+| manifests.py | every object air renders (the run's Lease, a pod and its Secret, the NetworkPolicy, ...) |
+| api.py | the API client: kubeconfig, bounded and named retries (429, 5xx, timeouts), a create rate, calls counted |
 | watch.py | one watch of the run's pods, shared by every sandbox: readiness and loss without polling per pod |
 | sandbox.py | `PodSandbox`: a pod as `air.sandbox.interface.Sandbox`, its warden on the pod's own port |
 | pool.py | `KubernetesPool`: warm pods per key, leases, reset on release, pods the cluster takes away replaced |
