@@ -75,3 +75,21 @@ def base_spec():
     from air.sandbox import Resources, SandboxSpec
 
     return SandboxSpec(image=BASE_IMAGE, task="conformance", resources=Resources(cpus=1, memory_mb=512, pids=256))
+
+
+@pytest.fixture(scope="session")
+def kube_fake(images):
+    """A FAKE Kubernetes API server (tests/kube_fake.py) whose kubelet runs each pod as a container of this machine's
+    Docker daemon, with the real warden in it: the kubernetes backend's lifecycle end to end, without a cluster."""
+    from kube_fake import FakeCluster
+
+    with FakeCluster(kubelet="docker") as fake:
+        yield fake
+
+
+def kubernetes_config(kubeconfig: str, **pool: object):
+    """A PoolConfig for the kubernetes backend on a fake (or real) cluster."""
+    from air.sandbox import PoolConfig
+    from air.sandbox.kubernetes.config import KubernetesConfig
+
+    return PoolConfig(backend="kubernetes", kubernetes=KubernetesConfig(kubeconfig=kubeconfig), gpu_ids=[], **pool)
