@@ -172,6 +172,7 @@ class Fake:
                                              "nvidia.com/gpu": args.node_gpus} for i in range(args.nodes)}
         self.kubelet = DockerKubelet(self) if args.kubelet == "docker" else StubKubelet(self)
         self.tasks: set[asyncio.Task] = set()
+        self.pod_faults: list[str] = []
 
     def spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -202,6 +203,8 @@ class Fake:
         for rule in self.injected:
             if rule["count"] > 0 and rule.get("method", verb) == verb and rule.get("plural", kind) == kind:
                 rule["count"] -= 1
+                if rule.get("after"):  # done, but the answer is lost on the way (a timeout, a proxy's 504)
+                    await handler(request)
                 response = status(rule["status"], rule.get("reason", "Injected"), "injected by the fake")
                 if rule["status"] == 429:
                     response.headers["Retry-After"] = str(rule.get("retry_after", 1))
@@ -359,6 +362,8 @@ class Fake:
                                                                "apiVersion": "v1",
                                                                "metadata": {"resourceVersion": str(self.store.rv)}}})
                     continue
+                if event is None:
+                    break
                 await send(event)
         except (ConnectionResetError, asyncio.CancelledError):
             pass
@@ -430,7 +435,19 @@ class Fake:
         else:
             return
         image = pod["spec"]["containers"][0]["image"]
-        if image in self.args.unpullable or not await self.kubelet.has_image(image):
+        fault = self.pod_faults.pop(0) if self.pod_faults else None
+        if fault == "evict":
+            self.set_status(namespace, name, phase="Failed", reason="Evicted",
+                            message="The node was low on resource: ephemeral-storage.")
+            return
+        if fault == "lose-node":
+            conditions = pod["status"].get("conditions", []) + [{
+                "type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+                "message": f"Taint manager: deleting due to NoExecute taint (node {node} unreachable)"}]
+            self.set_status(namespace, name, conditions=conditions)
+            self.delete("pods", namespace, name)
+            return
+        if fault == "image" or image in self.args.unpullable or not await self.kubelet.has_image(image):
             self.set_status(namespace, name, containerStatuses=[{
                 "name": "sandbox", "image": image, "ready": False, "restartCount": 0,
                 "state": {"waiting": {"reason": "ErrImagePull",
@@ -473,9 +490,16 @@ class Fake:
         if what == "inject":
             self.injected.append(dict(body))
             return web.json_response({"ok": True})
+        if what == "drop-watches":  # every watch stream ends, as when the API server restarts
+            for *_, queue in list(self.store.watchers):
+                queue.put_nowait(None)
+            return web.json_response({"ok": True})
+        if what == "pod-faults":  # the next pods started meet these, in order: "evict", "image", "lose-node"
+            self.pod_faults.extend(body["faults"])
+            return web.json_response({"ok": True})
         if what == "compact":
             self.store.history.clear()
-            self.store.oldest = self.store.rv + 1
+            self.store.oldest = self.store.rv
             return web.json_response({"ok": True})
         ns, name = body.get("namespace", "air"), body.get("name", "")
         if what == "evict":
@@ -509,13 +533,15 @@ class StubKubelet:
     def __init__(self, fake: Fake):
         self.fake = fake
         self.servers: dict[tuple[str, str], asyncio.AbstractServer] = {}
+        self.live: set[tuple[str, str]] = set()
+        """Pods whose fake warden listens or is connected (as a container would be running)."""
         self.addresses = (str(ipaddress.ip_address("127.1.0.0") + i) for i in itertools.count(1))
 
     async def has_image(self, image: str) -> bool:
         return True
 
     def running(self) -> int:
-        return len(self.servers)
+        return len(self.live)
 
     async def start(self, namespace: str, name: str, pod: dict) -> str:
         from air.sandbox.warden import protocol as p
@@ -546,6 +572,8 @@ class StubKubelet:
                     data = await reader.read(1 << 16)
                     if not data:
                         break
+                    if key not in self.live:  # torn down: silence, as a pod's vanished network would give
+                        await asyncio.Event().wait()
                     for head, body in frames.feed(data):
                         ident, request = p.decode(head, body, p.REQUESTS)
                         writer.write(p.encode(ident, replies[request.op](request)))
@@ -554,18 +582,24 @@ class StubKubelet:
                 pass
             finally:
                 writer.close()
-                self.fake.container_ended(namespace, name, 0, False)  # the warden ends with its host's connection
+                if key in self.live:
+                    self.live.discard(key)
+                    self.fake.container_ended(namespace, name, 0, False)  # the warden ends with its connection
 
         for _ in range(50):
             address = next(self.addresses)
             try:
                 self.servers[key] = await asyncio.start_server(serve, address, port)
+                self.live.add(key)
                 return address
             except OSError:
                 continue
         raise RuntimeError("no loopback address free")
 
     def stop(self, namespace: str, name: str) -> None:
+        """The pod's sandbox is torn down: nothing more is answered (its network goes with it, so no FIN reaches the
+        host: the connection stays open until the pool gives up on it)."""
+        self.live.discard((namespace, name))
         server = self.servers.pop((namespace, name), None)
         if server is not None:
             server.close()
@@ -753,7 +787,7 @@ async def main(args: argparse.Namespace) -> None:
     app = web.Application(middlewares=[fake.middleware], client_max_size=8 << 20)
     app.router.add_route("*", "/fake/{what}", fake.control)
     app.router.add_route("*", "/{tail:.*}", fake.api)
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=0.5)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", args.port)
     await site.start()

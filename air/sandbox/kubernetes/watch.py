@@ -88,7 +88,9 @@ class PodWatch:
         self._changed = asyncio.Condition()
         self._task: asyncio.Task | None = None
         self._gone: set[str] = set()
-        self._listed = asyncio.Event()
+        self._lost: dict[str, PodState] = {}
+        """The first loss seen of each pod: its reason stays the cluster's first word (a taint manager's condition),
+        not what followed (the deletion)."""
 
     async def start(self) -> None:
         await self._list()
@@ -104,6 +106,7 @@ class PodWatch:
     def forget(self, name: str) -> None:
         """The pool removed this pod: its end is no loss."""
         self.pods.pop(name, None)
+        self._lost.pop(name, None)
         self._gone.add(name)
 
     async def wait(self, name: str, timeout: float) -> PodState:
@@ -123,6 +126,8 @@ class PodWatch:
                         await self._changed.wait()
 
     def _state(self, name: str) -> PodState:
+        if name in self._lost:
+            return self._lost[name]
         if name in self.pods:
             return pod_state(self.pods[name])
         if name in self._gone:
@@ -173,16 +178,18 @@ class PodWatch:
                 await asyncio.sleep(1)
 
     def _apply(self, kind: str, name: str, pod: dict | None) -> None:
-        if name in self._gone:
+        if name in self._gone or name in self._lost:
+            if kind == "DELETED":
+                self.pods.pop(name, None)
             return
-        was = self._state(name).phase if name in self.pods else None
         if kind == "DELETED":
             self.pods.pop(name, None)
             self._gone.add(name)
         else:
             self.pods[name] = pod
         now = self._state(name)
-        if now.phase == "lost" and was != "lost":
+        if now.phase == "lost":
+            self._lost[name] = now
             self.on_lost(name, now)
 
     async def _notify(self) -> None:
