@@ -122,7 +122,11 @@ class KubeApi:
         when there is none."""
         if self._client is not None:
             return
-        from kubernetes_asyncio import client, config
+        try:
+            from kubernetes_asyncio import client, config
+        except ImportError:
+            raise ApiUnavailable(0, "NoClient", "the kubernetes backend needs kubernetes-asyncio: pip install "
+                                 "'air-mlgym[kubernetes]'") from None
 
         configuration = client.Configuration()
         try:

@@ -38,7 +38,7 @@ _LABEL_VALUE = re.compile(r"[^A-Za-z0-9._-]+")
 
 def label_value(text: str) -> str:
     """Any text as a valid label value (63 characters of [A-Za-z0-9._-], alphanumeric at both ends)."""
-    value = _LABEL_VALUE.sub("-", text)[:63].strip("-._")
+    value = _LABEL_VALUE.sub("-", text).strip("-._")[:63].strip("-._")
     return value or "none"
 
 
