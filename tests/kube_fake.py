@@ -171,6 +171,7 @@ class Fake:
         self.nodes = {f"fake-node-{i + 1}": {"pods": 110, "cpu": args.node_cpus, "memory": args.node_memory_gb << 30,
                                              "nvidia.com/gpu": args.node_gpus} for i in range(args.nodes)}
         self.kubelet = DockerKubelet(self) if args.kubelet == "docker" else StubKubelet(self)
+        self.controller = AgentSandboxController(self)
         self.tasks: set[asyncio.Task] = set()
         self.pod_faults: list[str] = []
 
@@ -271,15 +272,24 @@ class Fake:
             refused = self.quota_refusal(namespace, obj)
             if refused:
                 return status(403, "Forbidden", refused)
-            obj["status"] = {"phase": "Pending", "conditions": []}
-        meta.update(uid=str(uuid.uuid4()), creationTimestamp=now())
+        return web.json_response(self.add(prefix, plural, namespace, obj), status=201)
+
+    def add(self, prefix: str, plural: str, namespace: str, obj: dict) -> dict:
+        meta = obj["metadata"]
+        meta.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=now())
         obj.setdefault("apiVersion", prefix.rsplit("/", 2)[-2] + "/" + prefix.rsplit("/", 1)[-1]
                        if prefix.startswith("/apis/") else "v1")
         obj["kind"] = self.kinds[(prefix, plural)]
+        if plural == "pods":
+            obj["status"] = {"phase": "Pending", "conditions": []}
         created = self.store.put(plural, obj, "ADDED")
         if plural == "pods":
             self.spawn(self.run_pod(namespace, meta["name"]))
-        return web.json_response(created, status=201)
+        elif plural == "sandboxwarmpools":
+            self.spawn(self.controller.fill(namespace, meta["name"]))
+        elif plural == "sandboxclaims":
+            self.spawn(self.controller.claim(namespace, meta["name"]))
+        return created
 
     def quota_refusal(self, namespace: str, pod: dict) -> str:
         for (plural, ns, name), quota in self.store.objects.items():
@@ -525,6 +535,67 @@ class Fake:
 
     async def close(self) -> None:
         await self.kubelet.close()
+
+
+class AgentSandboxController:
+    """A FAKE of agent-sandbox's extensions controller, as far as air uses it: a SandboxWarmPool keeps `replicas` pods
+    of its SandboxTemplate; a SandboxClaim gets one of them (labelled with the claim's additionalPodMetadata, owned
+    by the claim, and replaced in the pool), or a new pod when none is left. Deleting a claim deletes its pod (the
+    garbage collector, by ownerReference). The real controller goes through a Sandbox object per pod; air never
+    reads it, so the fake has none."""
+
+    POOL = "agents.x-k8s.io/warm-pool"
+
+    def __init__(self, fake: Fake):
+        self.fake = fake
+
+    def objects(self, plural: str, namespace: str, name: str) -> dict | None:
+        return self.fake.store.objects.get((plural, namespace, name))
+
+    def new_pod(self, namespace: str, template: dict, owner: dict, labels: dict) -> dict:
+        spec = template["spec"]["podTemplate"]
+        name = f"{owner['metadata']['name'][:50]}-{uuid.uuid4().hex[:5]}"
+        pod = {"apiVersion": "v1", "kind": "Pod", "spec": copy.deepcopy(spec["spec"]),
+               "metadata": {"name": name, "labels": {**spec.get("metadata", {}).get("labels", {}), **labels},
+                            "ownerReferences": [{"apiVersion": owner["apiVersion"], "kind": owner["kind"],
+                                                 "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}]}}
+        return self.fake.add("/api/v1", "pods", namespace, pod)
+
+    async def fill(self, namespace: str, name: str) -> None:
+        pool = self.objects("sandboxwarmpools", namespace, name)
+        if pool is None:
+            return
+        template = self.objects("sandboxtemplates", namespace, pool["spec"]["sandboxTemplateRef"]["name"])
+        have = [p for (pl, ns, _), p in self.fake.store.objects.items() if pl == "pods" and ns == namespace
+                and p["metadata"].get("labels", {}).get(self.POOL) == name]
+        for _ in range(pool["spec"]["replicas"] - len(have)):
+            self.new_pod(namespace, template, pool, {self.POOL: name})
+
+    async def claim(self, namespace: str, name: str) -> None:
+        claim = self.objects("sandboxclaims", namespace, name)
+        if claim is None:
+            return
+        spec = claim["spec"]
+        labels = (spec.get("additionalPodMetadata") or {}).get("labels", {})
+        pool_name = spec.get("warmpool", "default")
+        ready = sorted((p for (pl, ns, _), p in self.fake.store.objects.items() if pl == "pods" and ns == namespace
+                        and p["metadata"].get("labels", {}).get(self.POOL) == pool_name),
+                       key=lambda p: p["status"].get("phase") != "Running")
+        ref = {"apiVersion": claim["apiVersion"], "kind": "SandboxClaim", "name": name,
+               "uid": claim["metadata"]["uid"]}
+        if ready:
+            pod = copy.deepcopy(ready[0])
+            pod["metadata"]["labels"].pop(self.POOL)
+            pod["metadata"]["labels"].update(labels)
+            pod["metadata"]["ownerReferences"] = [ref]
+            pod = self.fake.store.put("pods", pod, "MODIFIED")
+            await self.fill(namespace, pool_name)
+        else:
+            template = self.objects("sandboxtemplates", namespace, spec["sandboxTemplateRef"]["name"])
+            pod = self.new_pod(namespace, template, claim, labels)
+        claim = copy.deepcopy(claim)
+        claim["status"] = {"sandbox": {"name": pod["metadata"]["name"]}}
+        self.fake.store.put("sandboxclaims", claim, "MODIFIED")
 
 
 class StubKubelet:

@@ -276,3 +276,34 @@ async def test_nothing_is_left_after_the_env_server_is_sigkilled(fake):
             await api.close()
     finally:
         server.kill()
+
+
+async def test_where_agent_sandbox_is_installed_its_warm_pool_gives_the_pods():
+    """A SandboxTemplate and SandboxWarmPool per key, a SandboxClaim per lease (2 calls: claim and delete it), the pod
+    the controller hands over found by the claim's token; the run's end takes it all."""
+    with FakeCluster(kubelet="stub", agent_sandbox=True) as fake:
+        async with pool_of(fake, warm=2, max_leases=1) as pool:
+            assert pool.claims
+            async with pool.lease(SPEC) as sb:
+                assert sb.claim and sb.name != sb.claim, "a pod of the warm pool, not one made for the claim"
+                assert (await sb.session.run("echo claimed")).exit_code == 0
+            await pool.wait_idle()
+            before = dict(pool.api.calls)
+            async with pool.lease(SPEC) as again:
+                assert again.name != sb.name
+            await pool.wait_idle()
+            assert calls_since(before, dict(pool.api.calls)) == {"POST sandboxclaims": 1, "DELETE sandboxclaims": 1}
+            kinds = fake.stats()["objects"]
+            assert kinds["sandboxtemplates"] == kinds["sandboxwarmpools"] == 1
+            # The controller's 2 warm pods, and the pool's own 2 idle sandboxes (claimed, connected, a cell built);
+            # the pods of deleted claims go with them.
+            assert await eventually(lambda: fake.stats()["objects"]["pods"] == 4), fake.stats()["objects"]
+        assert await eventually(lambda: fake.stats()["objects"] == {}), fake.stats()["objects"]
+        async with pool_of(fake, kube={"warm_pool": "pods"}) as own:
+            assert not own.claims, "warm_pool='pods' keeps air's own pool where the CRDs are installed"
+
+
+async def test_asking_for_agent_sandbox_where_it_is_not_installed_says_so(fake):
+    with pytest.raises(SandboxUnavailable, match="serves no SandboxClaim"):
+        async with pool_of(fake, kube={"warm_pool": "agent-sandbox"}):
+            pass

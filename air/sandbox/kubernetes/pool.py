@@ -14,6 +14,11 @@ OOM kill or `max_leases`, background work tracked by close(). What differs, and 
   one taken away during a lease fails that rollout as infrastructure at once, named in the cluster's words.
 - Cleanup: every object is owned by the run's Lease (sweep.py); close() ends every warden (their pods complete),
   deletes the run's pods and the Lease (2 calls for the whole run); a SIGKILLed run is swept by the next start.
+- Warm pods: air's own (this pool creates and keeps them), or, where kubernetes-sigs/agent-sandbox's CRDs are installed
+  (`warm_pool`), its controller's: one SandboxTemplate and SandboxWarmPool per key, a SandboxClaim per sandbox (the
+  controller hands over a warm pod, labelled with the claim's token, which the watch finds), deleting the claim
+  removes the pod. Those pods wait for their claim without end (their warden's accept timeout is off): the run's
+  Lease bounds their life instead.
 - No page-cache pins of the image: on Docker a pin container per image and host holds its pages; a cluster would
   need one per image and node (a DaemonSet). Not built: docs/kubernetes.md says what stays open.
 
@@ -35,7 +40,7 @@ from dataclasses import dataclass
 
 from air.errors import InfraError, PoolExhausted, SandboxUnavailable
 from air.sandbox.kubernetes import manifests as m
-from air.sandbox.kubernetes.api import ApiError, KubeApi, QuotaExceeded
+from air.sandbox.kubernetes.api import ApiError, ApiUnavailable, KubeApi, QuotaExceeded
 from air.sandbox.kubernetes.sandbox import PodSandbox
 from air.sandbox.kubernetes.sweep import RunLease, sweep
 from air.sandbox.kubernetes.watch import PodState, PodWatch
@@ -76,6 +81,10 @@ class KubernetesPool(SandboxPool):
         self.replaced: Counter[str] = Counter()
         """Pods replaced before they served, by what the cluster did (evicted, image, node, ...)."""
         self._pods: dict[str, PodSandbox] = {}
+        self.claims = False
+        """Warm pods come from agent-sandbox's controller (SandboxClaim), not from this pool's own creations."""
+        self._templates: dict[str, tuple[str, bytes]] = {}  # key -> (template and warm pool name, their secret)
+        self._template_lock = asyncio.Lock()
 
     @property
     def docker(self):
@@ -102,6 +111,12 @@ class KubernetesPool(SandboxPool):
             else:
                 if swept:
                     log.warning("removed %d object(s) of runs that ended without cleaning up", len(swept))
+        if self.kube.warm_pool != "pods":
+            self.claims = await self.api.group_installed(m.AGENT_SANDBOX_API, "sandboxclaims")
+            if self.kube.warm_pool == "agent-sandbox" and not self.claims:
+                raise ApiUnavailable(0, "NotFound", f"warm_pool=\"agent-sandbox\", but {self.api.host} serves no "
+                                     f"SandboxClaim ({m.AGENT_SANDBOX_API}): install agent-sandbox's extensions, "
+                                     "or use warm_pool=\"pods\"")
         self.run_lease = RunLease(self.api, self.run_id, owner_token(), self.kube.run_lease_seconds)
         await self.run_lease.create()
         owner = self.run_lease.reference
@@ -209,7 +224,9 @@ class KubernetesPool(SandboxPool):
 
     async def _new_pod(self, spec: SandboxSpec, deadline: float) -> PodSandbox:
         """Create the pod (waiting while the namespace's quota is full), then its Secret, then wait for the watch to
-        see it running."""
+        see it running; or claim one of agent-sandbox's warm pods."""
+        if self.claims:
+            return await self._claimed_pod(spec, deadline)
         loop = asyncio.get_running_loop()
         name = f"{m.dns_name('air', spec.task or 'sandbox', limit=40)}-{uuid.uuid4().hex[:10]}"
         token, uid = uuid.uuid4().hex[:16], self.config.agent_uid_base + 65536 + random.randrange(UID_RANGE)
@@ -228,7 +245,7 @@ class KubernetesPool(SandboxPool):
         try:
             await self.api.create("secrets", m.pod_secret(name, self.kube.namespace, self.run_id, secret,
                                                           m.owner_reference(created)), mine="*")
-            state = await self.watch.wait(name, max(0.0, min(self.kube.ready_timeout, deadline - loop.time())))
+            state, _ = await self.watch.wait(name, max(0.0, min(self.kube.ready_timeout, deadline - loop.time())))
         except BaseException:
             await self._delete_pod(sandbox)
             raise
@@ -237,6 +254,59 @@ class KubernetesPool(SandboxPool):
             why = state.reason if state.phase == "lost" else f"not ready within {self.kube.ready_timeout:g}s " \
                                                             f"({state.reason})"
             raise PodLost(f"pod {name}: {why}")
+        sandbox.warden_address, sandbox.node = (state.address, self.kube.warden_port), state.node
+        return sandbox
+
+    async def _template(self, spec: SandboxSpec) -> tuple[str, bytes]:
+        """The key's SandboxTemplate and SandboxWarmPool (one name), made at its first lease, with the Secret their
+        pods share (the NetworkPolicy admits only the env server to any of them)."""
+        async with self._template_lock:
+            if spec.key not in self._templates:
+                name, secret, owner = m.dns_name("air", self.run_id, m.short_key(spec.key)), secrets.token_bytes(32), \
+                    self.run_lease.reference
+                await self.api.create("secrets", m.pod_secret(name, self.kube.namespace, self.run_id, secret, owner),
+                                      mine="*")
+                labels = {k: v for k, v in m.sandbox_labels(spec, self.run_id, "").items() if k != m.SANDBOX}
+                pod_spec = m.pod_spec(spec, self.kube, run=self.run_id, cells=self._wants_cells(self.cluster),
+                                      pin_pages=self.config.page_cache == "pinned", apparmor=self.config.apparmor,
+                                      secret=name, accept_timeout=0)
+                await self.api.create("sandboxtemplates", m.sandbox_template(
+                    name, self.kube.namespace, self.run_id, pod_spec, labels, owner, self.kube), mine="*")
+                replicas = max(1, self._warm_target.get(spec.key, self.config.warm))
+                await self.api.create("sandboxwarmpools", m.sandbox_warm_pool(
+                    name, self.kube.namespace, self.run_id, name, replicas, owner), mine="*")
+                self._templates[spec.key] = (name, secret)
+        return self._templates[spec.key]
+
+    async def _claimed_pod(self, spec: SandboxSpec, deadline: float) -> PodSandbox:
+        """A SandboxClaim on the key's warm pool: the controller labels the pod it hands over with the claim's token;
+        deleting the claim removes that pod."""
+        loop = asyncio.get_running_loop()
+        template, secret = await self._template(spec)
+        name = f"{m.dns_name('air', spec.task or 'sandbox', limit=40)}-{uuid.uuid4().hex[:10]}"
+        token, uid = uuid.uuid4().hex[:16], self.config.agent_uid_base + 65536 + random.randrange(UID_RANGE)
+        await self.api.creates.take()
+        claim = await self.api.create("sandboxclaims", m.sandbox_claim(
+            name, self.kube.namespace, self.run_id, template, template, self.run_lease.reference, {m.SANDBOX: token}),
+            mine="*")
+        sandbox = PodSandbox(None, spec, claim["metadata"]["uid"], name,
+                             tuple(str(i) for i in range(spec.resources.gpus)), image_id=spec.image, agent_uid=uid,
+                             cells=self._wants_cells(self.cluster), pin_pages=self.config.page_cache == "pinned",
+                             channel_secret=secret, claim=name, remover=self._delete_pod)
+        try:
+            state, pod = await self.watch.wait("", max(0.0, min(self.kube.ready_timeout, deadline - loop.time())),
+                                               token=token)
+        except BaseException:
+            await self._delete_pod(sandbox)
+            raise
+        if pod:
+            sandbox.name = pod
+            self._pods[pod] = sandbox
+        if state.phase != "ready":
+            await self._delete_pod(sandbox)
+            why = state.reason if state.phase == "lost" else f"not ready within {self.kube.ready_timeout:g}s " \
+                                                            f"({state.reason})"
+            raise PodLost(f"claim {name}: {why}")
         sandbox.warden_address, sandbox.node = (state.address, self.kube.warden_port), state.node
         return sandbox
 
@@ -262,9 +332,12 @@ class KubernetesPool(SandboxPool):
         if self.watch is not None:
             self.watch.forget(sandbox.name)
         try:
-            await self.api.delete("pods", sandbox.name)
+            if sandbox.claim:  # the controller removes the claim's pod
+                await self.api.delete("sandboxclaims", sandbox.claim, grace=None)
+            else:
+                await self.api.delete("pods", sandbox.name)
         except ApiError as exc:
-            log.warning("could not delete pod %s: %s", sandbox.name, exc)
+            log.warning("could not delete %s: %s", sandbox.claim or f"pod {sandbox.name}", exc)
 
     def _on_lost(self, name: str, state: PodState) -> None:
         """The watch saw the cluster take a pod away: whatever waits on its warden fails now, as infrastructure."""

@@ -20,6 +20,8 @@ class PodSandbox(Sandbox):
     node: str = ""
     lost: PodState | None = None
     """Set by the run's watch when the cluster took the pod away (evicted, node lost, deleted)."""
+    claim: str = ""
+    """Its SandboxClaim, when agent-sandbox's controller gave the pod (deleting the claim removes it)."""
     remover: object = None
     """The pool's coroutine function that deletes this pod (one API call)."""
 

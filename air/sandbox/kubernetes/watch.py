@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from air.sandbox.kubernetes.api import ApiError, Gone, KubeApi
+from air.sandbox.kubernetes.manifests import SANDBOX
 
 log = logging.getLogger("air.kubernetes")
 
@@ -89,6 +90,8 @@ class PodWatch:
         self._task: asyncio.Task | None = None
         self._gone: set[str] = set()
         self._lost: dict[str, PodState] = {}
+        self.by_token: dict[str, str] = {}
+        """Pod names by their air/sandbox label: a pod agent-sandbox's controller gave a claim is found by it."""
         """The first loss seen of each pod: its reason stays the cluster's first word (a taint manager's condition),
         not what followed (the deletion)."""
 
@@ -109,18 +112,20 @@ class PodWatch:
         self._lost.pop(name, None)
         self._gone.add(name)
 
-    async def wait(self, name: str, timeout: float) -> PodState:
-        """The pod's state once it is ready or lost; "pending" with the last reason if neither came in time."""
+    async def wait(self, name: str, timeout: float, *, token: str = "") -> tuple[PodState, str]:
+        """The pod's state once it is ready or lost, "pending" with the last reason if neither came in time; and its
+        name. With `token` (and no name), the pod labelled with it, whatever its name."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         async with self._changed:
             while True:
-                state = self._state(name)
+                name = name or self.by_token.get(token, "")
+                state = self._state(name) if name else PodState("pending", "no pod has its claim yet")
                 if state.phase != "pending":
-                    return state
+                    return state, name
                 left = deadline - loop.time()
                 if left <= 0:
-                    return state
+                    return state, name
                 with contextlib.suppress(asyncio.TimeoutError):
                     async with asyncio.timeout(left):
                         await self._changed.wait()
@@ -187,6 +192,9 @@ class PodWatch:
             self._gone.add(name)
         else:
             self.pods[name] = pod
+            token = (pod.get("metadata", {}).get("labels") or {}).get(SANDBOX)
+            if token:
+                self.by_token[token] = name
         now = self._state(name)
         if now.phase == "lost":
             self._lost[name] = now
