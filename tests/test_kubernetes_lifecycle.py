@@ -307,3 +307,22 @@ async def test_asking_for_agent_sandbox_where_it_is_not_installed_says_so(fake):
     with pytest.raises(SandboxUnavailable, match="serves no SandboxClaim"):
         async with pool_of(fake, kube={"warm_pool": "agent-sandbox"}):
             pass
+
+
+def test_doctor_and_setup_speak_of_the_cluster(fake, monkeypatch):
+    from typer.testing import CliRunner
+
+    from air.cli.doctor import run_checks
+    from air.cli.main import app
+
+    monkeypatch.setenv("AIR_BACKEND", "kubernetes")
+    monkeypatch.setenv("KUBECONFIG", fake.kubeconfig)
+    rows = {c.name: c for c in run_checks()}
+    assert rows["sandbox backend"].detail.startswith("kubernetes")
+    assert rows["kubernetes API"].ok and "v1.33.0-air-fake" in rows["kubernetes API"].detail
+    assert not rows["slots"].ok and "air kubernetes setup" in rows["slots"].fix
+    assert rows["warm pools"].detail.startswith("air's own pool")
+    setup = CliRunner().invoke(app, ["kubernetes", "setup", "--slots", "1100"])
+    assert setup.exit_code == 0 and "kind: ResourceQuota" in setup.output and "pods: '1100'" in setup.output
+    cleaned = CliRunner().invoke(app, ["kubernetes", "clean", "--json"])
+    assert cleaned.exit_code == 0 and json.loads(cleaned.output) == []
