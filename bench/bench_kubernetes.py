@@ -126,7 +126,7 @@ async def main(args: argparse.Namespace) -> None:
     from kube_fake import FakeCluster
 
     results = []
-    with FakeCluster(kubelet=args.kubelet, history=100000) as fake:
+    with FakeCluster(kubelet=args.kubelet, history=100000, nodes=args.nodes) as fake:
         for mode in args.modes:
             before = fake.stats()["requests"]
             proc = run_worker(args, fake.kubeconfig, mode, f"bench-{mode}")
@@ -159,6 +159,7 @@ if __name__ == "__main__":
     ap.add_argument("--modes", nargs="+", default=["fresh", "warm"])
     ap.add_argument("--create-rate", type=float, default=200.0,
                     help="the client's pod creations per second (a cluster's default is 20: docs/kubernetes.md)")
+    ap.add_argument("--nodes", type=int, default=16, help="fake nodes, 110 pods each (a kubelet's default maxPods)")
     ap.add_argument("--no-kill", action="store_true")
     ap.add_argument("--json")
     ap.add_argument("--kubeconfig")

@@ -760,7 +760,11 @@ class DockerKubelet:
             image=c["image"], command=c["command"], name=f"k8s-fake-{self.id}-{name}"[:120], detach=True,
             network=self.network, working_dir=c.get("workingDir", "/"), user=str(sc.get("runAsUser", 0)),
             environment={e["name"]: e["value"] for e in c.get("env", [])},
-            labels={FAKE_LABEL: self.id, f"{FAKE_LABEL}-pod": f"{namespace}.{name}"},
+            # As a kubelet's containers carry their pod's labels (here under Docker-style names, air.run and the
+            # like, so that tests which find a sandbox's container by its run find a pod's), never an owner's.
+            labels={FAKE_LABEL: self.id, f"{FAKE_LABEL}-pod": f"{namespace}.{name}",
+                    **{k.replace("/", "."): v for k, v in pod["metadata"].get("labels", {}).items()
+                       if k.startswith("air/")}},
             cap_drop=sc.get("capabilities", {}).get("drop", []), cap_add=sc.get("capabilities", {}).get("add", []),
             privileged=bool(sc.get("privileged")), read_only=bool(sc.get("readOnlyRootFilesystem")),
             security_opt=security, mounts=mounts, tmpfs=tmpfs, pids_limit=self.fake.args.pod_pids_limit,
