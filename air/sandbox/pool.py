@@ -203,6 +203,10 @@ class SandboxPool:
                     continue
                 if swept:
                     log.warning("removed %d container(s) left by dead runs on %s", len(swept), host.name)
+        await self._serve(warm_specs)
+
+    async def _serve(self, warm_specs: list[SandboxSpec]) -> None:
+        """The engine is reached: the exit backstop, SIGTERM's unwinding if asked, then `warm_specs` warmed."""
         atexit.register(self._atexit_backstop)
         if self.config.unwind_on_sigterm:
             unwind_on_sigterm()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import random
 import time
 from collections import Counter
@@ -131,8 +132,12 @@ class KubeApi:
         configuration = client.Configuration()
         try:
             if self.config.kubeconfig or not _in_cluster():
-                await config.load_kube_config(config_file=self.config.kubeconfig, context=self.config.context,
-                                              client_configuration=configuration, persist_config=False)
+                # $KUBECONFIG read now: the client reads it once, when first imported (a single file; a list of
+                # several is left to the client's own merging).
+                chosen = self.config.kubeconfig or os.environ.get("KUBECONFIG", "")
+                await config.load_kube_config(config_file=None if not chosen or os.pathsep in chosen else chosen,
+                                              context=self.config.context, client_configuration=configuration,
+                                              persist_config=False)
             else:
                 config.load_incluster_config(client_configuration=configuration)
         except (config.ConfigException, OSError, TypeError, ValueError) as exc:
@@ -290,7 +295,5 @@ def _client_errors() -> type[BaseException]:
 
 
 def _in_cluster() -> bool:
-    import os
-
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not (
         os.environ.get("KUBECONFIG") or os.path.exists(os.path.expanduser("~/.kube/config")))

@@ -45,7 +45,7 @@ from air.sandbox.kubernetes.sandbox import PodSandbox
 from air.sandbox.kubernetes.sweep import RunLease, sweep
 from air.sandbox.kubernetes.watch import PodState, PodWatch
 from air.sandbox.labels import owner_token
-from air.sandbox.pool import CellFailed, SandboxPool, unwind_on_sigterm
+from air.sandbox.pool import CellFailed, SandboxPool
 from air.sandbox.session import Session
 from air.sandbox.spec import PoolConfig, SandboxSpec
 from air.sandbox.warden import warden_program
@@ -126,15 +126,7 @@ class KubernetesPool(SandboxPool):
                                                                   owner), mine="*")
         self.watch = PodWatch(self.api, f"{m.RUN}={m.label_value(self.run_id)},{m.ROLE}=agent", self._on_lost)
         await self.watch.start()
-        atexit.register(self._atexit_backstop)
-        if self.config.unwind_on_sigterm:
-            unwind_on_sigterm()
-        self._started = True
-        for spec in warm_specs:
-            self._warm_target[spec.key] = max(self.config.warm, 1)
-            for _ in range(self._warm_target[spec.key]):
-                self._spawn(self._refill(spec))
-        await self.wait_idle()
+        await self._serve(warm_specs)
 
     async def close(self) -> None:
         """End every warden (their pods complete at once), then delete the run's pods and its Lease, whose other
@@ -249,13 +241,7 @@ class KubernetesPool(SandboxPool):
         except BaseException:
             await self._delete_pod(sandbox)
             raise
-        if state.phase != "ready":
-            await self._delete_pod(sandbox)
-            why = state.reason if state.phase == "lost" else f"not ready within {self.kube.ready_timeout:g}s " \
-                                                            f"({state.reason})"
-            raise PodLost(f"pod {name}: {why}")
-        sandbox.warden_address, sandbox.node = (state.address, self.kube.warden_port), state.node
-        return sandbox
+        return await self._ready(sandbox, state, f"pod {name}")
 
     async def _template(self, spec: SandboxSpec) -> tuple[str, bytes]:
         """The key's SandboxTemplate and SandboxWarmPool (one name), made at its first lease, with the Secret their
@@ -302,11 +288,15 @@ class KubernetesPool(SandboxPool):
         if pod:
             sandbox.name = pod
             self._pods[pod] = sandbox
+        return await self._ready(sandbox, state, f"claim {name}")
+
+    async def _ready(self, sandbox: PodSandbox, state: PodState, what: str) -> PodSandbox:
+        """The sandbox with its warden's address, or PodLost (its pod deleted) if the watch saw no ready pod."""
         if state.phase != "ready":
             await self._delete_pod(sandbox)
             why = state.reason if state.phase == "lost" else f"not ready within {self.kube.ready_timeout:g}s " \
                                                             f"({state.reason})"
-            raise PodLost(f"claim {name}: {why}")
+            raise PodLost(f"{what}: {why}")
         sandbox.warden_address, sandbox.node = (state.address, self.kube.warden_port), state.node
         return sandbox
 
