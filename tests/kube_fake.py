@@ -693,15 +693,30 @@ class DockerKubelet:
         self.id = uuid.uuid4().hex[:10]
         self.pool = ThreadPoolExecutor(16)
         self.containers: dict[tuple[str, str], str] = {}
+        self.alive: set[tuple[str, str]] = set()
+        """Pods whose container runs (not yet died): what `running` counts."""
         self.files = Path(tempfile.mkdtemp(prefix="air-k8s-fake-"))
+        self.sweep()
         self.network = self.client.networks.create(
-            f"air-k8s-fake-{self.id}", driver="bridge", internal=True, labels={FAKE_LABEL: self.id},
+            f"air-k8s-fake-{self.id}", driver="bridge", internal=True,
+            labels={FAKE_LABEL: self.id, f"{FAKE_LABEL}-pid": str(os.getpid())},
             options={"com.docker.network.bridge.enable_icc": "false"}).name
         self.loop = asyncio.get_event_loop()
         threading.Thread(target=self._events, daemon=True, name="fake-kubelet-events").start()
 
     def running(self) -> int:
-        return len(self.containers)
+        return len(self.alive)
+
+    def sweep(self) -> None:
+        """Containers and networks of fakes that died without cleaning up (killed): theirs, by the pid label."""
+        label = f"{FAKE_LABEL}-pid"
+        dead = lambda labels: not os.path.exists(f"/proc/{labels.get(label, 0)}")  # noqa: E731
+        for c in self.client.containers.list(all=True, filters={"label": label}):
+            if dead(c.labels):
+                c.remove(force=True, v=True)
+        for n in self.client.networks.list(filters={"label": label}):
+            if dead(n.attrs.get("Labels") or {}):
+                n.remove()
 
     async def has_image(self, image: str) -> bool:
         import docker
@@ -763,6 +778,7 @@ class DockerKubelet:
             # As a kubelet's containers carry their pod's labels (here under Docker-style names, air.run and the
             # like, so that tests which find a sandbox's container by its run find a pod's), never an owner's.
             labels={FAKE_LABEL: self.id, f"{FAKE_LABEL}-pod": f"{namespace}.{name}",
+                    f"{FAKE_LABEL}-pid": str(os.getpid()),
                     **{k.replace("/", "."): v for k, v in pod["metadata"].get("labels", {}).items()
                        if k.startswith("air/")}},
             cap_drop=sc.get("capabilities", {}).get("drop", []), cap_add=sc.get("capabilities", {}).get("add", []),
@@ -779,6 +795,7 @@ class DockerKubelet:
         def run() -> str:
             container = self.client.containers.run(**self.kwargs(namespace, name, pod))
             self.containers[(namespace, name)] = container.id
+            self.alive.add((namespace, name))
             container.reload()
             return container.attrs["NetworkSettings"]["Networks"][self.network]["IPAddress"]
 
@@ -796,11 +813,13 @@ class DockerKubelet:
             except Exception:  # noqa: BLE001 - gone already
                 oom = False
             try:
+                self.loop.call_soon_threadsafe(self.alive.discard, (namespace, name))
                 self.loop.call_soon_threadsafe(self.fake.container_ended, namespace, name, code, oom)
             except RuntimeError:  # the fake is shutting down
                 return
 
     def stop(self, namespace: str, name: str) -> None:
+        self.alive.discard((namespace, name))
         cid = self.containers.pop((namespace, name), None)
         if cid is not None:
             self.loop.run_in_executor(self.pool, self._remove, cid, self.files / namespace / name)
@@ -824,6 +843,7 @@ class DockerKubelet:
             except Exception:  # noqa: BLE001 - a removal already in progress
                 pass
         self.containers.clear()
+        self.alive.clear()
         try:
             self.client.networks.get(self.network).remove()
         except Exception:  # noqa: BLE001
