@@ -711,9 +711,9 @@ class DockerKubelet:
         """Containers and networks of fakes that died without cleaning up (killed): theirs, by the pid label."""
         label = f"{FAKE_LABEL}-pid"
         dead = lambda labels: not os.path.exists(f"/proc/{labels.get(label, 0)}")  # noqa: E731
-        for c in self.client.containers.list(all=True, filters={"label": label}):
-            if dead(c.labels):
-                c.remove(force=True, v=True)
+        for c in self.client.api.containers(all=True, filters={"label": label}):
+            if dead(c.get("Labels") or {}):
+                self.client.api.remove_container(c["Id"], force=True, v=True)
         for n in self.client.networks.list(filters={"label": label}):
             if dead(n.attrs.get("Labels") or {}):
                 n.remove()
@@ -837,10 +837,10 @@ class DockerKubelet:
         shutil.rmtree(files, ignore_errors=True)
 
     async def close(self) -> None:
-        for c in self.client.containers.list(all=True, filters={"label": f"{FAKE_LABEL}={self.id}"}):
+        for c in self.client.api.containers(all=True, filters={"label": f"{FAKE_LABEL}={self.id}"}):
             try:
-                c.remove(force=True, v=True)
-            except Exception:  # noqa: BLE001 - a removal already in progress
+                self.client.api.remove_container(c["Id"], force=True, v=True)
+            except Exception:  # noqa: BLE001 - gone already, or a removal in progress
                 pass
         self.containers.clear()
         self.alive.clear()
