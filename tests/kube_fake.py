@@ -477,6 +477,7 @@ class Fake:
                         startTime=now(), conditions=[{"type": "PodScheduled", "status": "True"},
                                                      {"type": "Ready", "status": "True"}],
                         containerStatuses=[{"name": "sandbox", "image": image, "ready": True, "restartCount": 0,
+                                            "imageID": await self.kubelet.image_id(image),
                                             "started": True, "state": {"running": {"startedAt": now()}}}])
 
     def container_ended(self, namespace: str, name: str, exit_code: int, oom: bool) -> None:
@@ -611,6 +612,9 @@ class StubKubelet:
     async def has_image(self, image: str) -> bool:
         return True
 
+    async def image_id(self, image: str) -> str:
+        return "sha256:" + "0" * 64
+
     def running(self) -> int:
         return len(self.live)
 
@@ -717,6 +721,9 @@ class DockerKubelet:
         for n in self.client.networks.list(filters={"label": label}):
             if dead(n.attrs.get("Labels") or {}):
                 n.remove()
+
+    async def image_id(self, image: str) -> str:
+        return await self.loop.run_in_executor(self.pool, lambda: self.client.images.get(image).id)
 
     async def has_image(self, image: str) -> bool:
         import docker

@@ -73,6 +73,7 @@ async def test_a_new_pod_costs_three_calls_and_a_warm_lease_none(fake):
         before = dict(pool.api.calls)
         async with pool.lease(SPEC) as sb:
             assert (await sb.session.run("echo hi")).exit_code == 0
+            assert sb.image_id == "sha256:" + "0" * 64, "the digest the kubelet ran, for the trajectory"
         await pool.wait_idle()
         after_first = dict(pool.api.calls)
         assert calls_since(before, after_first) == {"POST pods": 1, "POST secrets": 1}

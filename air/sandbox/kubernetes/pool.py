@@ -298,6 +298,7 @@ class KubernetesPool(SandboxPool):
                                                             f"({state.reason})"
             raise PodLost(f"{what}: {why}")
         sandbox.warden_address, sandbox.node = (state.address, self.kube.warden_port), state.node
+        sandbox.image_id = state.image_id or sandbox.image_id
         return sandbox
 
     async def _create_within_quota(self, body: dict, token: str, deadline: float) -> dict:

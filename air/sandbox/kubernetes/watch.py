@@ -35,6 +35,8 @@ class PodState:
     reason: str = ""
     address: str = ""
     node: str = ""
+    image_id: str = ""
+    """The image's digest as the kubelet ran it (containerStatuses[].imageID): what trajectories record."""
 
 
 def pod_state(pod: dict | None) -> PodState:
@@ -68,7 +70,7 @@ def pod_state(pod: dict | None) -> PodState:
                             f"{waiting.get('message', '')})", node=node)
     running = containers and all((c.get("state") or {}).get("running") for c in containers)
     if phase == "Running" and running and status.get("podIP"):
-        return PodState("ready", address=status["podIP"], node=node)
+        return PodState("ready", address=status["podIP"], node=node, image_id=containers[0].get("imageID", ""))
     scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
     if scheduled and scheduled.get("status") == "False":
         return PodState("pending", f"not scheduled: {scheduled.get('message') or scheduled.get('reason')}")
