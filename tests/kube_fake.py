@@ -10,7 +10,8 @@ lifecycle runs end to end. What it does, and what it only pretends:
   410 Gone (an ERROR event) once that version left the kept history (`/fake/compact` drops it on demand).
 - Admission: a ResourceQuota's `pods` (pods not yet ended) refuses a create past it with 403 "exceeded quota".
 - Garbage collector: deleting an owner deletes its dependents (ownerReferences by uid), recursively, in background.
-- Throttling: `/fake/inject` makes the next N matching requests fail with a status (429 with Retry-After, 500, 409);
+- Throttling: `/fake/inject` makes the next N matching requests fail with a status (429 with Retry-After, 500, 409),
+  or answer late (`delay`);
   `--qps` rejects requests past a rate with 429, as API Priority and Fairness would.
 - Scheduler: one fake node (or more: `--nodes`) with allocatable pods, CPU, memory and `nvidia.com/gpu` (0 here);
   a pod that does not fit stays Pending with PodScheduled=False, Unschedulable.
@@ -204,6 +205,9 @@ class Fake:
         for rule in self.injected:
             if rule["count"] > 0 and rule.get("method", verb) == verb and rule.get("plural", kind) == kind:
                 rule["count"] -= 1
+                if rule.get("delay"):  # a slow server: the request is done, its answer comes late
+                    await asyncio.sleep(rule["delay"])
+                    return await handler(request)
                 if rule.get("after"):  # done, but the answer is lost on the way (a timeout, a proxy's 504)
                     await handler(request)
                 response = status(rule["status"], rule.get("reason", "Injected"), "injected by the fake")

@@ -110,6 +110,17 @@ async def test_a_create_whose_answer_was_lost_is_adopted_on_its_409(fake):
         assert fake.stats()["requests"]["POST pods"] == 2
 
 
+async def test_a_request_that_times_out_is_retried_and_its_late_success_adopted(fake):
+    """A create the server answers after the client's deadline: retried (named "timeout"), and whichever of the two
+    creates the pod, the other meets 409 AlreadyExists: one pod, leased."""
+    fake.control("inject", delay=3, count=1, method="POST", plural="pods")
+    async with pool_of(fake, kube={"request_timeout": 1}) as pool:
+        async with pool.lease(SPEC) as sb:
+            assert (await sb.session.run("echo late")).exit_code == 0
+        assert pool.api.retries["timeout"] >= 1
+        assert fake.stats()["objects"]["pods"] == 1, "one pod, not two"
+
+
 async def test_a_409_on_someone_elses_object_is_not_taken_for_ours(fake):
     api = await api_of(fake)
     try:
