@@ -108,6 +108,8 @@ def test_the_warden_is_the_entrypoint_on_the_pods_own_port_with_a_secret_only_ro
 
 
 def test_resources_come_from_the_task_and_gpus_from_the_device_plugin():
+    env = {e["name"]: e["value"] for e in pod()["spec"]["containers"][0]["env"]}
+    assert env["AIR_AGENT_PIDS"] == str(TASK.resources.pids), "no pod field holds it: the warden's RLIMIT_NPROC does"
     limits = pod()["spec"]["containers"][0]["resources"]
     assert limits["limits"] == limits["requests"] == {"cpu": "1500m", "memory": f"{TASK.memory_limit_mb}Mi",
                                                       "ephemeral-storage": "4096Mi"}

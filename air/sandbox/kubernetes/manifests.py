@@ -203,7 +203,9 @@ def pod_spec(spec: SandboxSpec, config: KubernetesConfig, *, run: str, cells: bo
     """A sandbox's PodSpec: the task's image, the warden as its entrypoint listening on the pod's own port, no
     service-account token, no service links, never restarted (a pod that ends is replaced, never reused)."""
     volumes, mounts = pod_volumes(spec, config, config_map=warden_config_map_name(run), secret=secret)
-    env = [{"name": k, "value": v} for k, v in {"HOME": AGENT_HOME, **spec.env}.items()]
+    # AIR_AGENT_PIDS: the task's pids, which no pod field holds; the warden makes it the agent's RLIMIT_NPROC.
+    env = [{"name": k, "value": v} for k, v in {"HOME": AGENT_HOME, **spec.env,
+                                                 "AIR_AGENT_PIDS": str(spec.resources.pids)}.items()]
     container = {
         "name": CONTAINER, "image": spec.image, "imagePullPolicy": config.image_pull_policy,
         "command": ["python3", "-I", "-S", f"{PROGRAM_DIR}/warden.py", "--listen", f"tcp:{config.warden_port}",

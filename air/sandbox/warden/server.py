@@ -663,6 +663,12 @@ def wait_on_port(port: int, secret_file: str, accept_timeout: float) -> None:
     agent-sandbox warm pool waits for its claim); the run's Lease and its sweep bound such a pod's life instead."""
     global LISTENING
     LISTENING = True
+    # A pod has no pids limit of its own (the node's kubelet sets one for every pod): every process the warden starts
+    # inherits this, and the kernel counts it per real uid, so the agent (and code under evaluation), under the
+    # sandbox's own uid, may have the task's number of processes; root, the warden and the harness, is exempt.
+    pids = int(os.environ.get("AIR_AGENT_PIDS") or 0)
+    if pids:
+        resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
     with open(secret_file, "rb") as f:
         secret = f.read()
     procs.LIBC.umount2(os.path.dirname(secret_file).encode(), 2)  # MNT_DETACH; failing is fine (see above)
