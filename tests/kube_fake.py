@@ -790,8 +790,9 @@ class DockerKubelet:
             # like, so that tests which find a sandbox's container by its run find a pod's), never an owner's.
             labels={FAKE_LABEL: self.id, f"{FAKE_LABEL}-pod": f"{namespace}.{name}",
                     f"{FAKE_LABEL}-pid": str(os.getpid()),
-                    **{k.replace("/", "."): v for k, v in pod["metadata"].get("labels", {}).items()
-                       if k.startswith("air/")}},
+                    **{k.replace("/", "."): v for k, v in {**pod["metadata"].get("labels", {}),
+                                                           **pod["metadata"].get("annotations", {})}.items()
+                       if k.startswith("air/") and k != "air/owner"}},
             cap_drop=sc.get("capabilities", {}).get("drop", []), cap_add=sc.get("capabilities", {}).get("add", []),
             privileged=bool(sc.get("privileged")), read_only=bool(sc.get("readOnlyRootFilesystem")),
             security_opt=security, mounts=mounts, tmpfs=tmpfs, pids_limit=self.fake.args.pod_pids_limit,
