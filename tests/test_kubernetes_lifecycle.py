@@ -237,6 +237,9 @@ async def test_kept_pods_leave_the_run_and_every_sweep(fake):
         assert await sweep(api) == []
         pod = await api.get("pods", sb.name)
         assert pod["metadata"]["labels"][m.KEPT] == "true" and not pod["metadata"].get("ownerReferences")
+        from air.cli.debug_console import enter_command  # what `air debug --keep` tells the person
+
+        assert enter_command(sb, 7).startswith(f"kubectl exec -it -n air {sb.name} -- nsenter --target 7 ")
     finally:
         await api.close()
 

@@ -232,7 +232,8 @@ class KubernetesPool(SandboxPool):
         sandbox = PodSandbox(None, spec, created["metadata"]["uid"], name,
                              tuple(str(i) for i in range(spec.resources.gpus)), image_id=spec.image, agent_uid=uid,
                              cells=cells, pin_pages=pin_pages, channel_secret=secret,
-                             pod_uid=created["metadata"]["uid"], remover=self._delete_pod)
+                             pod_uid=created["metadata"]["uid"], namespace=self.kube.namespace,
+                             remover=self._delete_pod)
         self._pods[name] = sandbox
         try:
             await self.api.create("secrets", m.pod_secret(name, self.kube.namespace, self.run_id, secret,
@@ -278,7 +279,8 @@ class KubernetesPool(SandboxPool):
         sandbox = PodSandbox(None, spec, claim["metadata"]["uid"], name,
                              tuple(str(i) for i in range(spec.resources.gpus)), image_id=spec.image, agent_uid=uid,
                              cells=self._wants_cells(self.cluster), pin_pages=self.config.page_cache == "pinned",
-                             channel_secret=secret, claim=name, remover=self._delete_pod)
+                             channel_secret=secret, claim=name, namespace=self.kube.namespace,
+                             remover=self._delete_pod)
         try:
             state, pod = await self.watch.wait("", max(0.0, min(self.kube.ready_timeout, deadline - loop.time())),
                                                token=token)

@@ -22,6 +22,7 @@ class PodSandbox(Sandbox):
     """Set by the run's watch when the cluster took the pod away (evicted, node lost, deleted)."""
     claim: str = ""
     """Its SandboxClaim, when agent-sandbox's controller gave the pod (deleting the claim removes it)."""
+    namespace: str = "air"
     remover: object = None
     """The pool's coroutine function that deletes this pod (one API call)."""
 
@@ -53,3 +54,12 @@ class PodSandbox(Sandbox):
     @property
     def short_id(self) -> str:
         return self.name
+
+    @property
+    def kubectl_exec(self) -> str:
+        """How a person reaches a kept pod (`air debug --keep`)."""
+        return f"kubectl exec -it -n {self.namespace} {self.name} --"
+
+    @property
+    def kubectl_delete(self) -> str:
+        return f"kubectl delete pod -n {self.namespace} {self.name}"
