@@ -22,6 +22,11 @@ class DockerUnavailable(InfraError):
     """The Docker daemon cannot be reached."""
 
 
+class DaemonStalled(DockerUnavailable):
+    """The Docker daemon takes calls but answers none within their bound (stopped, wedged, overloaded): named with
+    what was waited for and its fix. Nothing is known to have happened, nor not to: a removal may be pending."""
+
+
 class ImageError(InfraError):
     """An image is missing or cannot be built."""
 
@@ -62,3 +67,12 @@ class TaskError(AirError):
 
 class UsageError(AirError):
     """The user asked for something that cannot be done as asked (unknown name, bad flag value)."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A long-running service stopped by a signal, raised once its graceful shutdown is over: the command ends as
+    that signal ends any air command (128 + its number), even where Ctrl-C is ignored (a background job)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

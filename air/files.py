@@ -33,11 +33,12 @@ def output_file(path: Path, inputs: Iterable[Path] = ()) -> Path:
     UsageError, naming `path`, when that is anything but a regular file or a new name, or when it is one of
     `inputs` (the files the command reads)."""
     with about(path):
-        target = Path(os.path.realpath(path))  # a dangling link resolves to the file it would create
         try:
-            mode = os.stat(target).st_mode
+            # The path as it opens, links followed: /dev/stdout's link into /proc names a pipe realpath cannot.
+            mode = os.stat(path).st_mode
         except FileNotFoundError:
-            return target
+            return Path(os.path.realpath(path))  # a new name; a dangling link: the file it would create
+        target = Path(os.path.realpath(path))
     if not stat.S_ISREG(mode):
         raise UsageError(f"{path} is {kind(mode)}; air writes only regular files and never replaces anything else "
                          "(name a file)")

@@ -37,9 +37,18 @@ def _chosen(variable: str) -> Path | None:
 
 
 def cache_dir() -> Path:
+    """air's cache folder ($AIR_CACHE_DIR, else $XDG_CACHE_HOME/air, else ~/.cache/air), made if missing; one that
+    cannot be made is bad input naming the variable it came from, not an error wherever it is first used."""
+    variable = "AIR_CACHE_DIR" if os.environ.get("AIR_CACHE_DIR") else \
+        "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else None
     root = os.environ.get("AIR_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "air"
     )
     path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        where = f"{variable}={os.environ[variable]}" if variable else str(path)
+        raise UsageError(f"cannot use {where} as air's cache ({path}: {exc.strerror or exc}); point "
+                         f"{variable or 'AIR_CACHE_DIR'} at a folder air can write") from None
     return path

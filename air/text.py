@@ -4,8 +4,10 @@ they arrive, so that nothing downstream meets what it cannot print, write or par
 - `clean(text)`: a lone surrogate (JSON's `"\\ud800"` decodes to one; no UTF-8 holds it, so writing or printing
   it fails) becomes U+FFFD, the replacement character. Paired surrogates are real characters and stay.
 - `loads(text)`: json.loads, but every way the text can fail is a JSONDecodeError (a ValueError): an integer
-  longer than Python converts (4300 digits) and nesting deeper than its recursion limit included, which json
-  raises as other errors. Strings in the value are cleaned.
+  longer than Python converts (4300 digits, refused by a `parse_int` hook as it is read) and nesting deeper than
+  its recursion limit included, which json raises as other errors. Strings in the value are cleaned. Every
+  decoding point of text from a model, a client or a file uses it (tool-call arguments, trajectories, what
+  `air debug` reads), so a crafted value is one format error where it arrives, never an exception later.
 """
 
 from __future__ import annotations
@@ -26,10 +28,21 @@ def clean(text: str) -> str:
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
+MAX_DIGITS = 4300
+"""The longest integer a JSON value may hold here: Python's own limit on converting one (sys.int_info's default),
+said where the text is decoded, not as a ValueError wherever the number is next used."""
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"an integer of {len(digits.lstrip('-'))} digits (at most {MAX_DIGITS})")
+    return int(digits)
+
+
 def loads(text: str | bytes) -> Any:
     """The JSON value of `text`; JSONDecodeError (naming why) for anything Python's json cannot make a value of."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_int=_bounded_int)
         return _cleaned(value) if _ESCAPED.search(_str(text)) else value
     except json.JSONDecodeError:
         raise

@@ -13,7 +13,8 @@ taskset id defaults to `air-mlgym`. `serve.pool` is `static` (`num_workers` proc
 worker is its own process with its own env, interception server and sandbox pool, so
 `env.taskset.max_sandboxes` bounds each worker's containers, not the server's. `--address-file F` writes the
 bound address once the socket is bound (bind `tcp://127.0.0.1:0` to let the OS pick a free port). SIGTERM
-stops the server and its workers; each worker removes its containers as it stops.
+stops the server and its workers; each worker removes its containers as it stops; the server then exits 143
+(129 for SIGHUP, 130 for Ctrl-C).
 
 Drive (what prime-rl's orchestrator does; verifiers 0.4.0's `vf-eval` only runs in-process):
 
@@ -30,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -95,8 +98,36 @@ class _AddressFile:
         tmp.replace(self.path)
 
 
+_ENDING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_ended_by: list[int] = []
+"""The signals that stopped this server, as they came (the main process's; a worker's is its own)."""
+
+
+def _setup(level: str, json_logging: bool) -> None:
+    """`serve_env`'s log_setup, which it calls after arming its own SIGTERM teardown (and in each worker): the
+    logging, and in the server's own process the stopping signals noted before their teardown runs. verifiers
+    swallows the KeyboardInterrupt its teardown raises, so without the note a stopped server would exit 0 and a
+    supervisor would take the stop for a clean finish."""
+    setup_logging(level, json_logging)
+    if multiprocessing.parent_process() is not None:
+        return
+    for sig in _ENDING:
+        prior = signal.getsignal(sig)
+        if prior is not signal.SIG_IGN:  # a background job's SIGINT stays ignored
+            signal.signal(sig, partial(_noting, prior))
+
+
+def _noting(prior, signum: int, frame) -> None:
+    _ended_by.append(signum)
+    if callable(prior):
+        prior(signum, frame)
+    else:  # SIGHUP's default: end as SIGTERM does, through the teardown
+        raise KeyboardInterrupt
+
+
 def serve(config: AirEnvServerConfig) -> None:
-    """Serve until SIGTERM or Ctrl-C, exactly as prime-rl's `env-server` calls verifiers' `serve_env`."""
+    """Serve until SIGTERM, SIGHUP or Ctrl-C, exactly as prime-rl's `env-server` calls verifiers' `serve_env`;
+    then exit 128 + the signal's number (143 for SIGTERM), as a shell reports a process the signal killed."""
     from verifiers.v1 import pool_serve_kwargs
     from verifiers.v1.serve import env_config_data, serve_env
 
@@ -104,10 +135,12 @@ def serve(config: AirEnvServerConfig) -> None:
         **pool_serve_kwargs(config.serve.pool),
         address=config.serve.address,
         address_queue=_AddressFile(config.address_file) if config.address_file else None,
-        log_setup=partial(setup_logging, config.log.level, config.log.json_logging),
+        log_setup=partial(_setup, config.log.level, config.log.json_logging),
         config_data=env_config_data(config.env),
         max_concurrent=config.serve.max_concurrent,
     )
+    if _ended_by:
+        raise SystemExit(128 + _ended_by[0])
 
 
 class DriveConfig(BaseConfig):

@@ -233,9 +233,13 @@ class AirEnv(vf.Env[AirEnvConfig]):
                 # workers that stop remove them, as every pool's start() removes those of dead runs. Alongside
                 # the pool's own removals, not after them: verifiers' pool gives a stopping worker 10 s.
                 started = time.monotonic()
-                _, swept = await asyncio.gather(pool.close(), self._sweep(pool))
-                log.info("air: sandboxes removed in %.1f s (%d of dead runs)", time.monotonic() - started,
-                         len(swept))
+                left, swept = await asyncio.gather(pool.close(), self._sweep(pool))
+                if left:  # never "removed" while containers remain (the pool's close said which, and why)
+                    log.warning("air: %d sandbox(es) left for the next sweep after %.1f s", len(left),
+                                time.monotonic() - started)
+                else:
+                    log.info("air: sandboxes removed in %.1f s (%d of dead runs)", time.monotonic() - started,
+                             len(swept))
         finally:
             channel = getattr(self, "channel", None)
             if channel is not None:

@@ -1,7 +1,7 @@
 """Train a language model with TRL's GRPO on air's tasks, on a laptop's CPU, through `air serve openenv`.
 
-    python examples/trl_grpo_cpu.py [--task prisoners-dilemma] [--steps 3] [--group 4] [--out runs/trl-grpo]
-                                    [--tools]
+    python examples/trl_grpo_cpu.py [--task prisoners-dilemma] [--steps 3] [--group 4] [--seed 0] [--lr 3e-3]
+                                    [--out runs/trl-grpo] [--tools]
 
 It builds everything locally (no download): a tokenizer made with `tokenizers` whose vocabulary also holds four
 whole replies as single tokens, built from the task (`task_actions`): a harmful one that deletes the submission
@@ -42,8 +42,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPECIAL = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|pad|>")
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+# The assistant's turns sit in {% generation %} blocks: transformers' return_assistant_tokens_mask (and so TRL's
+# SFTTrainer with assistant_only_loss=True) reads the mask from them, and refuses a template without them.
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>"
+                 "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|end|>{% endgeneration %}"
+                 "{% else %}{{ m['content'] }}<|end|>{% endif %}{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+FIRST_RESET_S = 900
+"""How long the first reset may take: OpenEnv's client waits 60 s by default, and the first reset of a busy host
+leases a sandbox (and may measure the task's baseline)."""
 
 
 # ----- what the model can say, from the task ----------------------------------------------------------------
@@ -194,7 +201,7 @@ def rollout_func(url: str, actions: Actions, steps: list[dict], tools: bool = Fa
         tokenizer = trainer.processing_class
         model = trainer.accelerator.unwrap_model(trainer.model)
         with ExitStack() as stack, ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            envs = [stack.enter_context(GenericEnvClient(base_url=url, message_timeout_s=900).sync())
+            envs = [stack.enter_context(GenericEnvClient(base_url=url, message_timeout_s=FIRST_RESET_S).sync())
                     for _ in prompts]
             rollouts = []
             for item, env, first in zip(prompts, envs, pool.map(lambda e, i: e.reset(item=i).observation,
@@ -273,7 +280,7 @@ def prepare(url: str, task: str, seed: int = 0, tools: bool = False):
 
     set_seed(seed)
     actions = task_actions(task, tools)
-    with GenericEnvClient(base_url=url).sync() as env:
+    with GenericEnvClient(base_url=url, message_timeout_s=FIRST_RESET_S).sync() as env:
         first = env.reset(item=f"{task}#0").observation
     tokenizer = build_tokenizer([first["system_prompt"], first["text"], *actions.replies.values()], actions)
     model = build_model(tokenizer, seed)
@@ -284,14 +291,15 @@ def prepare(url: str, task: str, seed: int = 0, tools: bool = False):
 
 
 def trainer_for(url: str, task: str, out: Path, actions: Actions, model, tokenizer, steps: int, group: int,
-                seed: int = 0, said: list[dict] | None = None, tools: bool = False):
+                seed: int = 0, said: list[dict] | None = None, tools: bool = False, lr: float = 3e-3):
     """TRL's GRPOTrainer for `steps` optimizer steps, each on one group of `group` rollouts of the task; `said`
-    gets each step's replies (rollout_func)."""
+    gets each step's replies (rollout_func). `lr` 0 is the control: the same rollouts, sampled the same way, from
+    weights that never move."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
     args = GRPOConfig(output_dir=str(out / "trainer"), max_steps=steps, per_device_train_batch_size=group,
-                      num_generations=group, gradient_accumulation_steps=1, learning_rate=3e-3, beta=0.0,
+                      num_generations=group, gradient_accumulation_steps=1, learning_rate=lr, beta=0.0,
                       gradient_checkpointing=False, logging_steps=1, log_completions=True,
                       report_to="none", save_strategy="no", use_cpu=True, seed=seed,
                       disable_tqdm=True, dataloader_num_workers=0)
@@ -300,15 +308,36 @@ def trainer_for(url: str, task: str, out: Path, actions: Actions, model, tokeniz
                        rollout_func=rollout_func(url, actions, said if said is not None else [], tools))
 
 
+def rounded(value: float | None) -> float | None:
+    """A logged figure to 4 places; None (TRL logs no spread for a group with one surviving rollout, and no mean
+    for one with none) stays None."""
+    return None if value is None or value != value else round(value, 4)
+
+
 def step_table(log_history: list[dict], said: list[dict]) -> list[dict]:
     """One row per optimizer step: TRL's logged mean reward, its spread and loss, and how often the model said
     the penalised (harmful) reply, from rollout_func's record of the same step."""
     logged = [entry for entry in log_history if "reward" in entry]
-    return [{"step": entry["step"], "reward": round(entry["reward"], 4), "reward_std": round(entry["reward_std"], 4),
+    return [{"step": entry["step"], "reward": rounded(entry["reward"]), "reward_std": rounded(entry.get("reward_std")),
              "harmful": round(replies["said"]["harmful"] / max(replies["replies"], 1), 4),
              "replies": replies["replies"], "said": replies["said"], "returns": replies["returns"],
              "loss": entry.get("loss")}
             for entry, replies in zip(logged, said)]
+
+
+def stop_server(server: subprocess.Popen, grace: float = 300) -> None:
+    """Stop `air serve openenv` as a user would (Ctrl-C: it ends its sessions and removes its containers), then
+    SIGTERM and SIGKILL if a slow host keeps it past `grace` seconds; never an exception at the end of a run."""
+    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 60), (signal.SIGKILL, 30)):
+        if server.poll() is not None:
+            return
+        server.send_signal(sig)
+        try:
+            server.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            print(f"air serve openenv still running {wait:.0f} s after {sig.name}", file=sys.stderr)
+    print("air serve openenv did not stop: `air containers clean` removes what it left", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -318,6 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group", type=int, default=4, help="rollouts per prompt (GRPO's group)")
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=3e-3, help="learning rate; 0 is the control (weights never move)")
     parser.add_argument("--out", type=Path, default=Path("runs/trl-grpo"))
     parser.add_argument("--tools", action="store_true", help="play in air's tools format (tool calls)")
     args = parser.parse_args(argv)
@@ -329,17 +359,18 @@ def main(argv: list[str] | None = None) -> None:
     try:
         actions, model, tokenizer = prepare(url, args.task, args.seed, args.tools)
         trainer = trainer_for(url, args.task, args.out, actions, model, tokenizer, args.steps, args.group,
-                              args.seed, said, args.tools)
+                              args.seed, said, args.tools, args.lr)
         trainer.train()
+        # Written before the server is stopped: the record of a finished run never waits on its shutdown.
+        rows = step_table(trainer.state.log_history, said)
+        (args.out / "steps.json").write_text(json.dumps(
+            {"task": args.task, "steps": args.steps, "group": args.group, "max_turns": args.max_turns,
+             "seed": args.seed, "lr": args.lr, "tools": args.tools, "actions": actions.replies,
+             "seconds": round(time.monotonic() - started, 1), "rows": rows}, indent=1))
     finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(120)
-    rows = step_table(trainer.state.log_history, said)
+        stop_server(server)
     for row in rows:
         print(json.dumps({key: row[key] for key in ("step", "reward", "reward_std", "harmful", "loss")}))
-    (args.out / "steps.json").write_text(json.dumps(
-        {"task": args.task, "steps": args.steps, "group": args.group, "max_turns": args.max_turns, "seed": args.seed,
-         "actions": actions.replies, "seconds": round(time.monotonic() - started, 1), "rows": rows}, indent=1))
     print(f"trajectories: {args.out / 'trajectories'}; completions: {args.out / 'trainer' / 'completions'}; "
           f"per step: {args.out / 'steps.json'}")
 

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
 # Make a Docker engine available, idempotently.
-#  - `docker info` answers            -> nothing to do.
-#  - Debian/Ubuntu and root           -> install Debian's docker.io if needed, start dockerd in the background.
+#  - `docker info` answers            -> nothing to do (`air doctor` says if that engine has a known deadlock).
+#  - Debian/Ubuntu and root           -> install an engine if needed, start dockerd in the background.
 #  - anywhere else                    -> fail with a message saying what to do.
+# The engine: on Debian 12 (bookworm), Debian 13's docker.io 26.1 and containerd 1.7 (their dependencies are
+# bookworm's; the rest of the machine stays bookworm: the trixie line is pinned below every bookworm package), with
+# bookworm's runc. Bookworm's own docker.io 20.10 deadlocks under several air processes at once (moby/moby#46661:
+# libnetwork's lock order, fixed after 20.10) and is replaced when found stopped. Elsewhere, the distribution's.
+# The daemon runs with live-restore (/etc/docker/daemon.json): a restart of dockerd keeps sandboxes running, and
+# their episodes go on (the warden speaks on a socket of its own, not through dockerd).
 # The daemon is started fully detached (own session, output to a log file, stdin from /dev/null): a background
 # process that keeps the caller's stdout open makes whoever reads that output (CI) wait for it forever.
 # When it starts a daemon, the script prints its pid on fd 3 if fd 3 is open, so a caller can stop it later.
@@ -43,15 +49,43 @@ if [ -n "${DOCKER_HOST:-}" ] && [[ "$DOCKER_HOST" != unix://* ]]; then
   exit 1
 fi
 
-if ! command -v dockerd >/dev/null 2>&1; then
+# shellcheck disable=SC1091
+codename=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+installed=$(dpkg-query -W -f='${Version}' docker.io 2>/dev/null || true)
+if ! command -v dockerd >/dev/null 2>&1 || { [ "$codename" = bookworm ] && [[ "$installed" == 20.10.* ]] \
+    && ! pgrep -x dockerd >/dev/null 2>&1; }; then
   setup_log
-  say "installing Debian's docker.io (about a minute; log: $AIR_SETUP_LOG)"
-  # Non-interactive apt; needrestart (Ubuntu) is suspended: dockerd is started below, nothing needs a restart.
   export DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1
-  logged "apt-get update" apt-get update -q
-  # policy-rc.d may refuse to start the service inside containers: expected, dockerd is started below.
-  logged "installing docker.io" apt-get install -y -q docker.io
+  if [ "$codename" = bookworm ]; then
+    say "installing Debian 13's docker.io 26.1 on Debian 12 (about a minute; log: $AIR_SETUP_LOG)"
+    mirror=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | grep -v security | head -n 1)
+    mirror=${mirror:-$(awk '$1 == "deb" && $3 == "bookworm" {print $2; exit}' /etc/apt/sources.list 2>/dev/null)}
+    printf 'Types: deb\nURIs: %s\nSuites: trixie\nComponents: main\nSigned-By: %s\n' "${mirror:?no Debian mirror in /etc/apt}" \
+      /usr/share/keyrings/debian-archive-keyring.gpg >/etc/apt/sources.list.d/air-trixie.sources
+    printf 'Package: *\nPin: release n=trixie\nPin-Priority: 100\n' >/etc/apt/preferences.d/air-trixie
+    logged "apt-get update" apt-get update -q
+    logged "installing docker.io" apt-get install -y -q --no-install-recommends \
+      docker.io/trixie containerd/trixie docker-cli/trixie runc tini iptables
+  else
+    say "installing the distribution's docker.io (about a minute; log: $AIR_SETUP_LOG)"
+    logged "apt-get update" apt-get update -q
+    # policy-rc.d may refuse to start the service inside containers: expected, dockerd is started below.
+    logged "installing docker.io" apt-get install -y -q docker.io
+  fi
 fi
+
+# live-restore: containers outlive a restart of the daemon (merged into an existing daemon.json, never replacing it).
+python3 - <<'AIR_EOF' || say "could not set live-restore in /etc/docker/daemon.json; sandboxes end when dockerd restarts"
+import json, os
+path = "/etc/docker/daemon.json"
+config = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
+if config.get("live-restore") is not True:
+    config["live-restore"] = True
+    os.makedirs("/etc/docker", exist_ok=True)
+    with open(path + ".new", "w") as f:
+        json.dump(config, f, indent=2)
+    os.replace(path + ".new", path)
+AIR_EOF
 
 if ! pgrep -x dockerd >/dev/null 2>&1; then
   say "starting dockerd (log: $DOCKERD_LOG)"

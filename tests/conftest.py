@@ -114,3 +114,26 @@ def kubernetes_config(kubeconfig: str, **pool: object):
     from air.sandbox.kubernetes.config import KubernetesConfig
 
     return PoolConfig(backend="kubernetes", kubernetes=KubernetesConfig(kubeconfig=kubeconfig), gpu_ids=[], **pool)
+
+
+# ----- the order test files start in ------------------------------------------------------------------------------
+MEASURED_SECONDS = {
+    # A file's serial time in the Docker lane (`--durations`, one file at a time on the shared 2-core machine,
+    # 2026-11-24; experiments.md). pytest-xdist hands whole files to the two workers as they free up, by default
+    # the files with the most tests first, which put these few-test, minutes-long files last: one worker then ran
+    # them alone while the other idled. Longest first instead (`--no-loadscope-reorder` keeps this order), so the
+    # run ends on short files. Files not listed follow, most tests first, as before.
+    "test_vf_eval.py": 339, "test_env_server.py": 282, "test_trl_grpo.py": 197, "test_honest_tasks.py": 191,
+    "test_cli_failures.py": 156, "test_agentgym.py": 155, "test_fresh_cells.py": 150, "test_sandbox.py": 147,
+    "test_agentgym_trainers.py": 142, "test_sandbox_fusion_languages.py": 81, "test_trl_grpo_tools.py": 72,
+    "test_mlgym_bench.py": 51, "test_openenv.py": 48, "test_sandbox_fusion_jupyter.py": 36,
+    "test_sandbox_fusion.py": 29, "test_sandbox_fusion_compat.py": 15,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.path.name] = counts.get(item.path.name, 0) + 1
+    # stable: each file's own tests keep their order
+    items.sort(key=lambda item: (-MEASURED_SECONDS.get(item.path.name, 0), -counts[item.path.name], item.path.name))

@@ -6,8 +6,8 @@ SandboxFusion service.
   branches of verl's `verl/utils/reward_score/sandbox_fusion/utils.py` (`_process_single_case`). A difference
   here is a different reward.
 - `differs`: air's deliberate differences from upstream's server, declared on the test that proves each one.
-  README's table of differences is rendered from these declarations (`python tests/sf_upstream.py` writes it;
-  tests/test_sandbox_fusion_differences.py fails when the two disagree), so a difference cannot be listed
+  docs/sandbox-fusion.md's table of differences is rendered from these declarations (`python tests/sf_upstream.py`
+  writes it; tests/test_sandbox_fusion_upstream.py fails when the two disagree), so a difference cannot be listed
   without a test, or proved without being listed.
 """
 
@@ -62,7 +62,7 @@ class Difference:
 
 DIFFERENCES: dict[str, Difference] = {}
 TEST_MODULES = ("test_sandbox_fusion", "test_sandbox_fusion_languages", "test_sandbox_fusion_jupyter",
-                "test_sandbox_fusion_compat")
+                "test_sandbox_fusion_compat", "test_sandbox_fusion_inputs")
 """The modules that declare differences (imported to collect them)."""
 
 
@@ -77,7 +77,7 @@ def differs(behaviour: str, *, upstream: str, air: str):
 
 
 def table() -> str:
-    """README's table of differences, one row per declaration."""
+    """docs/sandbox-fusion.md's table of differences, one row per declaration."""
     tests_dir = str(Path(__file__).parent)
     if tests_dir not in sys.path:
         sys.path.insert(0, tests_dir)
@@ -92,7 +92,8 @@ def table() -> str:
 
 BEGIN = "<!-- differences from SandboxFusion: rendered by `python tests/sf_upstream.py` from the tests -->\n"
 END = "<!-- end of the differences -->\n"
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "sandbox-fusion.md"
+"""The page that holds the table (the README's reference page on SandboxFusion)."""
 
 
 def readme_table(text: str) -> str:

@@ -13,7 +13,6 @@ this one raises `ServerError` with the status and body, so the tests can read wh
 from __future__ import annotations
 
 import itertools
-import signal
 import subprocess
 import sys
 import time
@@ -406,8 +405,7 @@ def test_server_restart_stale_env_idx_answer_a_clear_error_and_nothing_leaks(ima
                    headers=auth)
         assert step.status_code == 200 and not step.json()["done"]
         assert list_air_containers(docker_client, run=first.run_id), "the live episode has no container?"
-        # uvicorn re-raises the SIGTERM it handled once it has shut down gracefully: -15 is a clean stop here
-        assert first.stop() in (0, -signal.SIGTERM), first.output()
+        assert first.stop() == 143, first.output()  # a stop, as every air command says it (issue 42)
         left = list_air_containers(docker_client, run=first.run_id)
         assert not left, f"containers left by the stopped server: {[c.name for c in left]}"
         ends = sorted(read_trajectory(f)[-1].get("kind") or read_trajectory(f)[-1]["ended_by"]

@@ -97,15 +97,19 @@ def test_run_against_a_dead_model_server_is_infrastructure_and_leaves_nothing(im
     assert files_under(tmp_path) == [], "a rollout that never played a turn left a trajectory"
 
 
-@pytest.mark.docker
-def test_eval_against_a_dead_model_server_fails_each_rollout_as_infrastructure(images, tmp_path):
-    proc = air("eval", "prisoners-dilemma", "-n", "2", "-c", "2", "--base-url",
-               f"http://127.0.0.1:{closed_port()}/v1", "--out", "run", "--json", cwd=tmp_path)
-    assert proc.returncode == 1, proc.stderr
-    rollouts = json.loads(proc.stdout)["rollouts"]
-    assert [r["ok"] for r in rollouts] == [False, False]
-    assert all(r["error"].startswith("ModelUnavailable:") and r["trajectory"] is None for r in rollouts)
-    assert files_under(tmp_path) == ["run", "run/summary.json"], "empty task folders or partial trajectories"
+@pytest.mark.parametrize("url", ["http://127.0.0.1:{port}/v1", "http://nonexistent.invalid:8000/v1"],
+                         ids=["closed-port", "unresolvable-host"])
+@pytest.mark.parametrize("command", ["run", "eval"])
+def test_a_dead_model_endpoint_is_said_before_any_sandbox_or_baseline_work(tmp_path, command, url):
+    """Issue 42: a --base-url typo cost minutes (the baseline was measured before the endpoint was first asked).
+    Now nothing starts: the Docker host here does not exist, and the answer is still about the endpoint."""
+    url = url.format(port=closed_port())
+    proc = air(command, *(["prisoners-dilemma"] if command == "eval" else []), "--base-url", url, "--out", "run",
+               cwd=tmp_path, timeout=120, env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    assert proc.returncode == 3, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"model endpoint {url} unreachable" in line and "check --base-url" in line, line
+    assert files_under(tmp_path) == [], "a run that never started left files"
 
 
 class ModelDouble:

@@ -136,7 +136,7 @@ def _lone_surrogate(records: list[dict]) -> list[str]:
 
 
 @pytest.mark.parametrize("change, args, code, says", [
-    (_huge_number, ["view", "runs", "-o", "r.html"], 2, "not JSON (Exceeds the limit (4300 digits)"),
+    (_huge_number, ["view", "runs", "-o", "r.html"], 2, "not JSON (an integer of 5000 digits (at most 4300)"),
     (_deep_brackets, ["view", "runs", "-o", "r.html"], 0, "not JSON (nested too deeply"),
     (_huge_number, ["replay", "runs", "--rescore", "best"], 2, "turn 2 is missing"),
     (_nan_score, ["replay", "runs", "--rescore", "best"], 2, "Input should be a finite number"),

@@ -371,7 +371,8 @@ def _commands(text: str) -> list[str]:
     return re.sub(r"\\\n[#\s]*", " ", text).splitlines()
 
 
-DOCS = [CONFIGS / "mlgym" / "rl_debug.toml", CONFIGS / "mlgym" / "README.md", CONFIGS.parent / "README.md"]
+DOCS = [CONFIGS / "mlgym" / "rl_debug.toml", CONFIGS / "mlgym" / "README.md", CONFIGS.parent / "README.md",
+        *sorted((CONFIGS.parent / "docs").glob("*.md"))]
 
 
 def test_a_run_without_the_launchers_inference_sends_weight_updates_to_the_engine():

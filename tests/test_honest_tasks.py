@@ -530,8 +530,8 @@ async def test_the_untouched_starter_pays_zero_on_two_hosts_draws(own_cache, poo
             used = read_trajectory(path)[0]["reward_baseline"]
             assert used["source"] == "host draw" and used["draw"] == spec.hidden.draw and used["record"] == record
             if episode == 0:
-                kept = (spec.hidden.folder / "baseline.json").read_text()
-            assert (spec.hidden.folder / "baseline.json").read_text() == kept  # measured once, then reused
+                kept = hidden.baseline_file(spec).read_text()
+            assert hidden.baseline_file(spec).read_text() == kept  # measured once, then reused
         measured[host] = used["score"]
         shown = air("tasks", "show", "prisoners-dilemma", env={"AIR_CACHE_DIR": str(own_cache)})
         assert f"this host's draw, {used['score']:.6g} (measured)" in " ".join(shown.stdout.split()), shown.stdout

@@ -6,6 +6,7 @@ the warden (the reset ran in an agent-uid spare shell, submissions were agent-ow
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 
 import pytest
@@ -47,6 +48,49 @@ print('ptrace', libc.ptrace(16, $warden, 0, 0), libc.ptrace(16, $shell, 0, 0))"
             assert leak not in out, (leak, out)
         assert "ptrace -1 -1" in out, out
         assert (await sb.session.run("echo alive")).stdout == "alive\n"
+
+
+CHANNEL_PROBE = r'''
+grep -c air-warden /proc/self/mountinfo || true
+ls -la /run/air-warden 2>&1 | head -3
+find / -xdev -name 'warden.sock' 2>/dev/null; find / -xdev -path '*air-warden*' -name secret 2>/dev/null
+python3 - <<'AIR_EOF'
+import glob, socket
+found = glob.glob("/run/air-warden/*") + glob.glob("/proc/*/root/run/air-warden/*")
+print("found", found)
+for path in ["/run/air-warden/warden.sock"] + [p for p in found if p.endswith(".sock")]:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        s.send(b"x" * 32)
+        print("connected", path)
+    except OSError as exc:
+        print("refused", path, exc.errno)
+AIR_EOF
+'''
+
+
+@pytest.mark.parametrize("isolation", ["cells", "containers"])
+async def test_the_agent_cannot_see_connect_to_or_forge_the_wardens_channel(images, run_id, isolation):
+    """#39: the warden's own channel (a socket in the sandbox's host directory, where the container's main process
+    listens for its host): in a cell the directory is not even mounted; without cells the mount point is there and
+    root's alone. No agent process can list it, connect to any socket of it, or find one anywhere; the socket itself
+    is gone once the host is connected, and the secret was removed before anything else ran."""
+    from air.sandbox import PoolConfig, SandboxPool
+
+    config = PoolConfig(run_id=run_id, max_sandboxes=2, gpu_ids=[], isolation=isolation)
+    async with SandboxPool(config) as pool:
+        async with pool.lease(SandboxSpec(image="air/base:latest", task="channel")) as sb:
+            assert sb.channel is not None, "a daemon on this machine: the warden listens in a host directory"
+            assert sorted(os.listdir(sb.channel)) == ["warden.log", "warden.py"], "secret and socket are gone"
+            r = await sb.session.run(CHANNEL_PROBE)
+            out = r.stdout
+            assert "connected" not in out and "warden.sock" not in out.split("found")[0], out
+            if sb.session.cells:  # not mounted: an empty mount point at most
+                assert out.startswith("0\n") and "warden" not in out.split("found")[0].split("\n", 1)[1], out
+            else:
+                assert "Permission denied" in out, out  # the mount point, root's alone
+            assert (await sb.session.run("echo alive")).stdout == "alive\n"
 
 
 async def test_processes_of_a_command_cannot_forge_its_completion(pool, base_spec):
@@ -91,6 +135,26 @@ async def test_nothing_in_the_sandbox_turns_a_rollout_into_an_infrastructure_fai
     async with pool.lease(spec) as sb:  # and the reset still works: the same container comes back
         assert sb.container_id == container
         assert (await sb.session.run("echo clean")).stdout == "clean\n"
+
+
+@pytest.mark.slow
+async def test_fork_bombs_in_every_sandbox_at_once_end_as_each_agents_own_result(pool):
+    """#39: a fork bomb (each process spinning on fork) in four sandboxes at once, on two cores: every warden still
+    answers, every command ends as the agent's own result (timed out, killed), never WardenGone, and every sandbox
+    answers its next command. Before, three of them starved a warden past its 35 s: an infrastructure failure that
+    agents caused."""
+    spec = SandboxSpec(image="air/base:latest", task="bombs", resources=Resources(memory_mb=256, pids=128))
+    bomb = "python3 -c 'import os\nwhile True:\n    try: os.fork()\n    except OSError: pass'"
+    leases = [pool.lease(spec) for _ in range(4)]
+    boxes = [await lease.__aenter__() for lease in leases]
+    try:
+        results = await asyncio.gather(*(sb.session.run(bomb, timeout=20) for sb in boxes))
+        assert all(r.timed_out or r.exit_code is not None for r in results), results
+        again = await asyncio.gather(*(sb.session.run("echo ok", timeout=30) for sb in boxes))
+        assert [a.stdout for a in again] == ["ok\n"] * 4, again
+    finally:
+        for lease in leases:
+            await lease.__aexit__(None, None, None)
 
 
 async def test_filling_memory_and_every_filesystem_is_the_agents_problem(pool):

@@ -224,7 +224,7 @@ def test_sigterm_records_live_sessions_interrupted_and_leaves_nothing(images, do
         env.reset(item=0)
         env.step({"command": "ls"})
         assert list_air_containers(docker_client, run=run)
-        assert srv.stop() == 143, srv.output()  # as every air command SIGTERM ends (README: exit codes)
+        assert srv.stop() == 143, srv.output()  # as every air command SIGTERM ends (docs/commands.md: exit codes)
         deadline = time.monotonic() + 60
         while list_air_containers(docker_client, run=run):
             assert time.monotonic() < deadline, "the stopped server left containers"
@@ -248,16 +248,21 @@ def test_tool_call_actions_in_the_tools_format(images, tmp_path):
         assert "Act by calling the tools" in first["system_prompt"]
         calls = [{"id": "a", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}},
                  {"id": "b", "type": "function", "function": {"name": "validate", "arguments": "{}"}},
-                 {"id": "c", "type": "function", "function": {"name": "bash", "arguments": '{"command": '}}]
+                 {"id": "c", "type": "function", "function": {"name": "bash", "arguments": '{"command": '}},
+                 # valid JSON a policy can send to fail its own rollout, were it decoded unbounded (issue 42)
+                 {"id": "d", "type": "function", "function": {"name": "bash", "arguments":
+                                                              '{"command": "ls", "timeout": ' + "9" * 5000 + "}"}}]
         step = env.step({"reply": "Look, then score.", "tool_calls": calls})
+        assert step.observation["failure"] is None, step.observation
         results = step.observation["tool_results"]
-        assert [r["tool_call_id"] for r in results] == ["a", "b", "c"] and {r["role"] for r in results} == {"tool"}
+        assert [r["tool_call_id"] for r in results] == ["a", "b", "c", "d"] and {r["role"] for r in results} == {"tool"}
         assert "strategy.py" in results[0]["content"] and "Evaluation Score" in results[1]["content"]
         assert "not JSON" in results[2]["content"] and not step.done
+        assert "5000 digits" in results[3]["content"]
         # The untouched strategy scores the baseline: the story's first validation, reward 0.
         assert step.observation["score"] == pytest.approx(SCRIPTS[PD].expected_scores[0], rel=1e-12)
         assert step.reward == pytest.approx(0.0, abs=1e-9)
-        assert step.observation["format_errors"] == 1 and step.observation["turn"] == 1
+        assert step.observation["format_errors"] == 2 and step.observation["turn"] == 1
         done = env.step({"command": "submit"})
         assert done.done and done.observation["ended_by"] == "submitted"
         assert done.observation["tool_results"][0]["content"].startswith("Your code produced")
@@ -265,5 +270,5 @@ def test_tool_call_actions_in_the_tools_format(images, tmp_path):
     (path,) = (tmp_path / "traj").rglob(f"{episode}.jsonl")
     recorded = read_trajectory(path)
     assert recorded[0]["action_format"] == "tools"
-    assert [c["id"] for c in recorded[1]["tool_calls"]] == ["a", "b", "c"]
+    assert [c["id"] for c in recorded[1]["tool_calls"]] == ["a", "b", "c", "d"]
     assert recorded[2]["tool_calls"][0]["name"] == "submit"

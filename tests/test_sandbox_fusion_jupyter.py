@@ -128,6 +128,25 @@ def test_total_timeout_bounds_all_the_cells(server):
     assert [c.stdout for c in response.cells] == ["1\n", "before\n"]
 
 
+def test_cells_may_run_past_total_timeout_within_upstreams_margin(server):
+    """Upstream bounds only its whole driver, by total_timeout + 10 s (python's and the kernel's start-up
+    included): cells that take 3 s under a total_timeout of 1 s finish there, and here (issue 42)."""
+    response = cells(server, "import time\ntime.sleep(3)\nprint('done')", total_timeout=1)
+    assert response.status == "Success", response
+    assert response.cells[0].stdout == "done\n"
+
+
+def test_a_nan_total_timeout_fails_at_once_and_a_lone_surrogate_is_refused(server):
+    raw = '{"cells": ["print(1)"], "total_timeout": NaN}'
+    reply = httpx.post(f"{server.url}/run_jupyter", content=raw.encode(), timeout=300,
+                       headers={"Content-Type": "application/json"})
+    assert reply.status_code == 200 and reply.json()["status"] == "Failed", reply.text
+    reply = httpx.post(f"{server.url}/run_jupyter", content=json.dumps({"cells": ["print('\ud800')"]}).encode(),
+                       timeout=300, headers={"Content-Type": "application/json"})
+    assert reply.status_code == 200 and reply.json()["status"] == "Failed", reply.text
+    assert "lone surrogate" in reply.json()["message"]
+
+
 def test_bad_input_is_refused(server):
     response = cells(server, "print(1)", files={"../escape.txt": b64(b"x")})
     assert response.status == "Failed" and "working directory" in response.message, response

@@ -18,8 +18,9 @@ from air.services.sandbox_fusion.service import memory_limits
 
 def test_readme_lists_exactly_the_differences_the_tests_prove():
     text = README.read_text()
-    assert BEGIN in text, "README.md lost its table of differences from SandboxFusion"
-    assert readme_table(text) == table(), "README's table of differences is stale: `python tests/sf_upstream.py`"
+    assert BEGIN in text, "docs/sandbox-fusion.md lost its table of differences from SandboxFusion"
+    assert readme_table(text) == table(), "docs/sandbox-fusion.md's table of differences is stale: " \
+        "`python tests/sf_upstream.py`"
 
 
 def service(**config) -> SandboxFusionService:

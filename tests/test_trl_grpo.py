@@ -5,7 +5,8 @@ released in trl 1.16) trains the tiny local model of examples/trl_grpo_cpu.py on
 It checks what makes such a run trustworthy: the rewards TRL logged (its completions tables) are exactly the
 returns air recorded for the same episodes (matched by air's episode id); the weights moved; air's observation
 tokens were masked out of the loss; the example's per-step record of what the model said matches the episodes;
-nothing is left running. The learning run (40 steps) is the example's own, run by hand: README, experiments.md.
+nothing is left running. The learning runs (40 steps, three seeds and their lr-0 controls) are the example's own, run
+by hand: docs/trl-example.md, experiments.md.
 The example's replies for every bundled task are checked without Docker."""
 
 from __future__ import annotations
@@ -133,3 +134,73 @@ def test_grpo_trains_on_air_rewards(images, docker_client, tmp_path, monkeypatch
         observed += int(((mask == 0) & (completion_mask == 1)).sum())
         assert int((mask * completion_mask).sum()) < int(completion_mask.sum())
     assert observed > 0, "no observation token was masked"
+
+
+# ----- the example survives its own end, a slow host and a thin group (issue 42) ------------------------------------
+def test_a_step_without_a_spread_is_a_row_not_a_crash():
+    """TRL logs no reward_std for a group with one surviving rollout: the step's row says None."""
+    example = load_example()
+    said = [{"rollouts": 4, "failed": 3, "replies": 2, "said": {"harmful": 1, "validate": 1, "submit": 0,
+                                                                 "harmless": 0, "other": 0},
+             "returns": [None, None, None, -0.1]}]
+    (row,) = example.step_table([{"step": 1, "reward": -0.1, "loss": 0.0}], said)
+    assert row["reward"] == -0.1 and row["reward_std"] is None and row["harmful"] == 0.5
+
+
+def test_stopping_a_server_that_outlives_ctrl_c_escalates_instead_of_raising():
+    """After a finished training the server did not stop within 120 s and the example raised TimeoutExpired with
+    no steps.json; now steps.json is written first, and the stop escalates (SIGINT, SIGTERM, SIGKILL)."""
+    import signal
+    import subprocess
+
+    example = load_example()
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
+                                 "signal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+                                 "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    assert stubborn.stdout.readline() == "ready\n"  # Ctrl-C is ignored from here on
+    example.stop_server(stubborn, grace=1)
+    assert stubborn.returncode == -signal.SIGTERM
+    source = EXAMPLE.read_text()
+    assert source.index('(args.out / "steps.json").write_text') < source.index("stop_server(server)")
+
+
+def test_the_first_reset_waits_as_long_as_later_ones():
+    """OpenEnv's client waits 60 s by default; the first reset of a busy host leases a sandbox (and may measure the
+    task's baseline), and died under load."""
+    source = EXAMPLE.read_text()
+    assert source.count("message_timeout_s=FIRST_RESET_S") == 2 and load_example().FIRST_RESET_S >= 600
+
+
+@pytest.mark.slow  # transformers and trl take seconds to import
+def test_assistant_only_loss_works_with_the_examples_template(tmp_path, monkeypatch):
+    """TRL's SFTTrainer with assistant_only_loss=True (which the docs name for air's SFT exports) on the example's
+    own tokenizer and template: one step, and the loss sees the assistant's replies only."""
+    torch = pytest.importorskip("torch")
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("trl")
+    from trl import SFTConfig, SFTTrainer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    example = load_example()
+    actions = example.task_actions(TASK)
+    conversation = [{"role": "system", "content": "Act."}, {"role": "user", "content": "OBSERVATION-MARK"},
+                    {"role": "assistant", "content": actions.validate}]
+    tokenizer = example.build_tokenizer(["Act.", "OBSERVATION-MARK", *actions.replies.values()], actions)
+    mask = tokenizer.apply_chat_template(conversation, return_assistant_tokens_mask=True, return_dict=True,
+                                         tokenize=True)["assistant_masks"]
+    assert 0 < sum(mask) < len(mask)
+    model = example.build_model(tokenizer)
+    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=1, per_device_train_batch_size=2,
+                     assistant_only_loss=True, learning_rate=1e-3, logging_steps=1, report_to="none",
+                     save_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, max_length=None)
+    trainer = SFTTrainer(model=model, args=args, processing_class=tokenizer,
+                         train_dataset=datasets.Dataset.from_dict({"messages": [conversation, conversation]}))
+    batches = []
+    compute = trainer.compute_loss
+    trainer.compute_loss = lambda m, inputs, *a, **k: batches.append(inputs) or compute(m, inputs, *a, **k)
+    trainer.train()
+    (batch,) = batches
+    for row, labels in zip(batch["input_ids"], batch["labels"]):
+        trained = tokenizer.decode([t for t, lab in zip(row.tolist(), labels.tolist()) if lab != -100])
+        assert actions.validate in trained and "OBSERVATION-MARK" not in trained
+    assert torch.isfinite(torch.tensor([e["loss"] for e in trainer.state.log_history if "loss" in e])).all()

@@ -64,8 +64,9 @@ def hand_computed_return(task_id: str) -> float:
 COMMAND_TIMEOUT = ["--env.taskset.command-timeout", "30"]
 
 
-def run_vf_eval(base_url: str, out: Path, *extra: str, tasks: list[str] = TASKS, run: str = "") -> list[dict]:
-    cmd = ["vf-eval", "air-mlgym", "-n", str(len(tasks)), "-r", "2", "-c", "6", "-m", "air-scripted",
+def run_vf_eval(base_url: str, out: Path, *extra: str, tasks: list[str] = TASKS, run: str = "",
+                concurrency: int = 6) -> list[dict]:
+    cmd = ["vf-eval", "air-mlgym", "-n", str(len(tasks)), "-r", "2", "-c", str(concurrency), "-m", "air-scripted",
            "--client.base-url", base_url, "--env.taskset.tasks", json.dumps(tasks), *COMMAND_TIMEOUT,
            "--no-push", "--no-rich", "-o", str(out), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
@@ -76,9 +77,12 @@ def run_vf_eval(base_url: str, out: Path, *extra: str, tasks: list[str] = TASKS,
     return [json.loads(line) for line in traces_files[0].read_text().splitlines()]
 
 
-def assert_rewards(episodes: list[dict], tasks: list[str] = TASKS) -> None:
+def assert_rewards(episodes: list[dict], tasks: list[str] = TASKS, rollouts: int | None = None) -> None:
+    """Every trace ok, ended by submit, its reward the hand-computed return; `rollouts` of them (two per task),
+    covering every task."""
     traces = [t for e in episodes for t in e["traces"]]
-    assert len(traces) == 2 * len(tasks) and {t["info"]["task"] for t in traces} == set(tasks)
+    assert len(traces) == (2 * len(tasks) if rollouts is None else rollouts)
+    assert {t["info"]["task"] for t in traces} == set(tasks)
     for trace in traces:
         assert trace["ok"], trace.get("errors")
         task = trace["info"]["task"]
@@ -117,12 +121,6 @@ def air_containers(docker_client, run: str) -> set[str]:
     return {c.id for c in docker_client.containers.list(all=True, filters={"label": f"air.run={run}"})}
 
 
-def test_vf_eval_with_airs_harness(scripted_server, tmp_path, images, docker_client, run_id):
-    episodes = run_vf_eval(scripted_server, tmp_path / "out", run=run_id)
-    assert_rewards(episodes)
-    assert not air_containers(docker_client, run_id), "vf-eval left containers behind"
-
-
 def test_vf_eval_with_verifiers_null_harness(scripted_server, tmp_path, images, docker_client, run_id):
     """verifiers' own `null` harness (about 1.2 s a turn of its overhead) on one task: the breadth of tasks is
     the test above's; this one is about the harness."""
@@ -132,33 +130,25 @@ def test_vf_eval_with_verifiers_null_harness(scripted_server, tmp_path, images, 
     assert not air_containers(docker_client, run_id), "vf-eval left containers behind"
 
 
-def test_a_container_killed_mid_rollout_fails_only_that_rollout(scripted_server, tmp_path, images, docker_client,
-                                                                 run_id):
-    """Kill one regression-rmse sandbox while its agent sleeps: that rollout fails with SandboxError (excluded
-    from training, not scored 0), the others finish with their exact rewards, later rollouts get fresh sandboxes,
-    and nothing is left behind."""
+def test_vf_eval_with_airs_harness_and_a_container_killed_mid_rollout(scripted_server, tmp_path, images,
+                                                                      docker_client, run_id):
+    """air's own harness on three tasks, two rollouts each, three at a time; one regression-rmse sandbox is killed
+    while its agent sleeps. That rollout fails with SandboxError (excluded from training, not scored 0); every
+    other rollout, of every task, finishes with exactly its hand-computed return (later rollouts get fresh
+    sandboxes), and nothing is left behind. (One vf-eval run for what were two, issue 42: the same invocation.)"""
     thread, killed = kill_when_running(docker_client, ["air.task=regression-rmse", f"air.run={run_id}"], "sleep 600",
                                        patience=240)
-    out = tmp_path / "out"
-    cmd = ["vf-eval", "air-mlgym", "-n", str(len(TASKS)), "-r", "2", "-c", "3", "-m", "air-scripted",
-           "--client.base-url", scripted_server, "--env.taskset.tasks", json.dumps(TASKS),
-           "--env.taskset.command-timeout", "30",  # the killer's window: the sleeping command's 30 s
-           "--no-push", "--no-rich", "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "CI": "", "AIR_RUN_ID": run_id})
+    # -c 3: the killer's window is the sleeping command's 30 s (COMMAND_TIMEOUT), and the rollouts after the
+    # first three start in sandboxes the pool gives them anew
+    episodes = run_vf_eval(scripted_server, tmp_path / "out", concurrency=3, run=run_id)
     thread.join(5)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     assert killed, "the killer never found the sleeping sandbox"
-    traces = [t for line in next(out.rglob("traces.jsonl")).read_text().splitlines()
-              for t in json.loads(line)["traces"]]
+    traces = [t for e in episodes for t in e["traces"]]
     failed = [t for t in traces if not t["ok"]]
     assert len(failed) == 1 and len(traces) == 2 * len(TASKS)
     assert failed[0]["errors"][0]["type"] == "SandboxError"
-    for trace in traces:
-        if trace["ok"]:
-            reward = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
-            assert reward == pytest.approx(hand_computed_return(trace["info"]["task"]), abs=1e-9)
-    assert not air_containers(docker_client, run_id)
+    assert_rewards([{"traces": [t for t in traces if t["ok"]]}], TASKS, rollouts=2 * len(TASKS) - 1)
+    assert not air_containers(docker_client, run_id), "vf-eval left containers behind"
 
 
 @contextmanager

@@ -357,3 +357,48 @@ def test_air_never_uses_asyncio_wait_for():
             if called and isinstance(node.value, ast.Name) and node.value.id == "asyncio":
                 users.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not users, users
+
+
+# ----- the warden's own channel (issue #39) ---------------------------------------------------------------------------
+def test_the_warden_takes_only_its_hosts_connection_and_then_no_other(tmp_path):
+    """A warden that is its container's main process reads and removes its secret before anything else, refuses a
+    connection that does not prove it, serves the one that does, and then listens no more: its socket is gone."""
+    import secrets
+    import socket
+    import time
+
+    secret = secrets.token_bytes(32)
+    (tmp_path / "secret").write_bytes(secret)
+    program = tmp_path / "warden.py"
+    program.write_bytes(bundle())
+    warden = subprocess.Popen([sys.executable, "-I", "-S", str(program), "--listen", str(tmp_path)])
+    try:
+        sock_path = tmp_path / "warden.sock"
+        for _ in range(500):
+            if sock_path.exists():
+                break
+            time.sleep(0.01)
+        assert not (tmp_path / "secret").exists(), "the secret is read and removed before anything else"
+        forger = socket.socket(socket.AF_UNIX)
+        forger.connect(str(sock_path))
+        forger.sendall(b"\0" * 32 + p.encode(1, p.Ping()))
+        forger.settimeout(10)
+        try:
+            answer = forger.recv(100)
+        except ConnectionResetError:  # closed with what it sent unread
+            answer = b""
+        assert answer == b"", "a connection without the secret is closed unanswered"
+        host = socket.socket(socket.AF_UNIX)
+        host.connect(str(sock_path))
+        host.sendall(secret + p.encode(7, p.Ping()))
+        host.settimeout(10)
+        frames, replies = p.FrameReader(), []
+        while not replies:
+            replies = list(frames.feed(host.recv(1 << 16)))
+        ident, reply = p.decode(*replies[0], p.REPLIES)
+        assert (ident, reply) == (7, p.ShellState(alive=True))
+        assert not sock_path.exists(), "once its host is connected, nobody else can connect"
+        host.close()
+        assert warden.wait(timeout=30) == 0, "the host went away: the warden ends"
+    finally:
+        warden.kill()

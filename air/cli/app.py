@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from air.errors import AirError, DockerUnavailable, ImageError, InfraError, TaskError, UsageError
+from air.errors import AirError, DockerUnavailable, ImageError, InfraError, Stopped, TaskError, UsageError
 from air.failures import translate
 
 console = Console(stderr=True, highlight=False)
@@ -101,7 +101,8 @@ def make_policy(base_url: str | None, model: str, timeout: float = MODEL_TIMEOUT
     """The policy the flags name, and what runs record about it (`policy` in start records and summaries):
     {"kind": "scripted"} without --base-url, else {"kind": "openai-compatible", "model", "base_url"}. A
     --base-url that is given but empty or not an http(s) URL (an unset shell variable) is bad input, never a
-    silent fall-back to the scripted policy."""
+    silent fall-back to the scripted policy; one nothing answers at is infrastructure (exit 3) before any work
+    starts."""
     if base_url is None:
         from air.policies.scripted import ScriptedPolicy
 
@@ -112,9 +113,10 @@ def make_policy(base_url: str | None, model: str, timeout: float = MODEL_TIMEOUT
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"--base-url {base_url!r} is not an http(s) URL (e.g. http://localhost:8000/v1); leave "
                          "the flag out to play the scripted policy")
-    from air.policies.openai_compat import OpenAIPolicy
+    from air.policies.openai_compat import OpenAIPolicy, check_reachable
 
     url = base_url.strip()
+    check_reachable(url)  # before any sandbox, image or baseline work: a typo costs seconds, not minutes
     return OpenAIPolicy(url, model, timeout=timeout), {"kind": "openai-compatible", "model": model, "base_url": url}
 
 
@@ -152,7 +154,11 @@ def run_cli(typer_app: typer.Typer, args: list[str] | None = None) -> int:
         return _fail(f"{exc.format_message()} (see `{command} --help`)", 2)
     except errors.ClickException as exc:
         return _fail(exc.format_message(), exc.exit_code)
-    except (KeyboardInterrupt, typer.Abort):
+    except (KeyboardInterrupt, typer.Abort) as exc:
+        if isinstance(exc, Stopped):  # a service's signal (the first one noted wins: SIGHUP came as Ctrl-C)
+            from air.cli import process
+
+            process.note(exc.signum)
         return _interrupted()
     except Exception as exc:  # noqa: BLE001 - what air knows (air.failures) is one line; anything else a bug
         from air.sandbox.docker_api import sdk_failure

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from air.actions import Reply, ToolCall, command_call
 from air.cli.app import console, out
+from air.text import loads
 
 if TYPE_CHECKING:
     from air.episode.config import EpisodeConfig
@@ -84,7 +85,7 @@ def calls(line: str) -> Reply | str:
     if not text.startswith(("{", "[")):
         return Reply(tool_calls=(command_call(line),))
     try:
-        value = json.loads(text)
+        value = loads(text)  # bounded as the model's own calls are (a 5,000-digit integer is not JSON here)
     except json.JSONDecodeError as exc:
         return f"not JSON ({exc.msg}, column {exc.colno}); a tool call is {{\"name\": ..., \"arguments\": {{...}}}}"
     made = []

@@ -47,12 +47,21 @@ def run_checks() -> list[Check]:
     except DockerUnavailable as exc:
         checks.append(Check("docker daemon", False, str(exc), "scripts/ensure-docker.sh"))
         return checks
-    info = client.info()
-    version = client.version()
+    try:
+        info, version = client.info(), client.version()
+    except Exception as exc:  # noqa: BLE001 - it answered a ping: which calls it no longer answers says what it is
+        checks.append(_wedged(client, exc))
+        return checks
     runtimes = sorted((info.get("Runtimes") or {}).keys())
     checks += [
         Check("docker daemon", True, f"{version.get('Version')} at {docker_host()} "
               f"(API {version.get('ApiVersion')}, cgroup v{info.get('CgroupVersion', '?')})"),
+        _engine_check(version),
+        Check("live-restore", bool(info.get("LiveRestoreEnabled")),
+              "on: a restart of dockerd keeps every sandbox, and its episode, running" if info.get(
+                  "LiveRestoreEnabled") else "off: a restart of dockerd ends every sandbox and its episode",
+              "" if info.get("LiveRestoreEnabled") else 'set "live-restore": true in /etc/docker/daemon.json and '
+              "restart dockerd", required=False),
         Check("storage driver", True, str(info.get("Driver")), required=False),
         Check("runtimes", True, ", ".join(runtimes) or "none", required=False),
     ]
@@ -99,6 +108,51 @@ def doctor(as_json: JsonFlag = False) -> None:
         out.print(table)
     if any(not c.ok and c.required for c in checks):
         raise typer.Exit(3)
+
+
+KNOWN_DEADLOCK = "20.10."
+"""Docker 20.10 (Debian 12's docker.io): libnetwork's lock-order deadlock (moby/moby#46661, fixed after 20.10 by
+moby PR #42545) wedged the daemon after 25 minutes of several air processes at once; it is past its end of life."""
+SUPPORTED_MAJOR = 25
+"""Engines before 25.0 are past Docker's end of life."""
+
+
+def _engine_check(version: dict) -> Check:
+    """The engine's version, and whether it is one with a known deadlock or past its end of life."""
+    number = str(version.get("Version", "?"))
+    parts = {c.get("Name"): c.get("Version") for c in version.get("Components") or []}
+    detail = f"Docker {number}, containerd {parts.get('containerd', '?')}, runc {parts.get('runc', '?')}"
+    fix = ("stop it, then scripts/ensure-docker.sh installs Debian 13's docker.io 26.1 (on Debian 12), or install a "
+           "current Docker Engine")
+    if number.startswith(KNOWN_DEADLOCK):
+        return Check("engine", False, f"{detail}: deadlocks under several air processes at once (moby/moby#46661) "
+                     "and is past its end of life", fix)
+    try:
+        major = int(number.split(".")[0])
+    except ValueError:
+        major = SUPPORTED_MAJOR
+    if major < SUPPORTED_MAJOR:
+        return Check("engine", False, f"{detail}: past its end of life", fix, required=False)
+    return Check("engine", True, detail, required=False)
+
+
+def _wedged(client, exc: BaseException) -> Check:
+    """The daemon answered a ping but not /info: if it still lists containers, its network controller is wedged
+    (the libnetwork deadlock of moby/moby#46661: `docker ps` answers, `docker info` and `inspect` hang)."""
+    from air.sandbox.docker_api import docker_host
+
+    try:
+        client.api.containers(limit=1)
+        lists = True
+    except Exception:  # noqa: BLE001 - it answers nothing: busy or gone
+        lists = False
+    what = ("wedged: it lists containers but `/info` did not answer within 15 s (the lock-order deadlock of "
+            "moby/moby#46661 in Docker 20.10 looks like this)" if lists else
+            f"stuck: it answered a ping, then nothing within 15 s ({type(exc).__name__})")
+    return Check("docker daemon", False, f"the daemon at {docker_host()} is {what}",
+                 "restart it (`kill -TERM $(pidof dockerd)`, then scripts/ensure-docker.sh): with live-restore, "
+                 "running sandboxes and their episodes survive; `kill -USR1 $(pidof dockerd)` first writes its "
+                 "goroutine stacks to /var/run/docker for a bug report")
 
 
 def _isolation_checks(info: dict) -> list[Check]:

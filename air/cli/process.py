@@ -1,9 +1,9 @@
 """What the world around an `air` process does to it, made harmless to how the command ends:
 
-- Its output's reader goes away (`| head -1`, a closed terminal, `2>&-`): the standard streams swallow what can no
-  longer be written (the descriptor is pointed at /dev/null, so Python's own flush at exit cannot fail either), and
-  the command ends with the exit code it would have had. A terminal that cannot show a character (an ASCII
-  locale, `PYTHONIOENCODING=ascii`) gets it escaped, never an error.
+- Its output's reader goes away (`| head -1`, a closed terminal, `2>&-`, stderr on a full device): the standard
+  streams swallow what can no longer be written (the descriptor is pointed at /dev/null, so Python's own flush at
+  exit cannot fail either), and the command ends with the exit code it would have had. A terminal that cannot
+  show a character (an ASCII locale, `PYTHONIOENCODING=ascii`) gets it escaped, never an error.
 - It is told to stop other than by Ctrl-C: SIGTERM (`kill`, a job scheduler) and SIGHUP (the terminal or ssh
   session went away) do what Ctrl-C does, through Ctrl-C's own handler, whichever is installed (asyncio's, which
   cancels the run so that its clean-up runs; `air debug`'s; `air serve`'s): what finished is kept, records are
@@ -22,6 +22,9 @@ from typing import Any, TextIO
 
 _GONE = (errno.EPIPE, errno.EIO, errno.EBADF, errno.ENXIO, errno.ECONNRESET)
 """What writing to a reader that went away fails with: a closed pipe, a hung-up terminal, a closed descriptor."""
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""What writing to a full device fails with: stderr's messages then go nowhere and the exit code stands (`2>/dev/full`
+must not turn a 2 into a 1); stdout's output is the command's result, so there it is a full disk (exit 3)."""
 ENDING = (signal.SIGHUP, signal.SIGTERM)
 
 received: int = signal.SIGINT
@@ -33,8 +36,9 @@ class _Sturdy:
     """A standard stream that outlives its reader: once a write or flush finds the reader gone, the descriptor is
     pointed at /dev/null and what is written goes nowhere. Everything else is the stream's own."""
 
-    def __init__(self, stream: TextIO):
+    def __init__(self, stream: TextIO, gone: tuple[int, ...] = _GONE):
         self._stream = stream
+        self._gone_errnos = gone
 
     def write(self, text: str) -> int:
         try:
@@ -50,7 +54,7 @@ class _Sturdy:
             self._gone(exc)
 
     def _gone(self, exc: OSError) -> None:
-        if exc.errno not in _GONE:
+        if exc.errno not in self._gone_errnos:
             raise exc
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
@@ -77,7 +81,7 @@ def sturdy_streams() -> None:
             stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the process's stream, never closed
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
-        setattr(sys, name, _Sturdy(stream))
+        setattr(sys, name, _Sturdy(stream, _GONE + _FULL if name == "stderr" else _GONE))
 
 
 def end_like_ctrl_c() -> None:

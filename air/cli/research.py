@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 from pathlib import Path
@@ -194,7 +195,7 @@ def replay(
         from air.errors import UsageError
 
         raise UsageError(f"no air trajectories or vf-eval traces of air found in {source}")
-    if rescore:
+    if rescore is not None:  # `--rescore ''` (an unset variable) is a bad mode, not a full replay
         if rescore not in ("delta", "best"):
             from air.errors import UsageError
 
@@ -307,7 +308,11 @@ def _recordings(sources: list[Path]) -> list:
     def warn(text: str) -> None:
         console.print(f"[yellow]warning:[/] {escape(text)}", soft_wrap=True)
 
-    recordings = [rec for src in sources for rec in load_recordings(src, warn)]
+    # Each recording once, however often the sources name its file (`air view RUN RUN`, a run and a file in it).
+    unique = {}
+    for rec in (rec for src in sources for rec in load_recordings(src, warn)):
+        unique.setdefault((os.path.realpath(rec.file), rec.line, rec.trace_index), rec)
+    recordings = list(unique.values())
     for rec in recordings:
         if not rec.finished and rec.failure is None:
             warn(f"{rec.source}: {rec.error} after {len(rec.steps)} turn(s); its return is partial")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -111,8 +111,7 @@ def _services() -> typer.Typer:
         then: curl -s localhost:8080/run_code -H 'Content-Type: application/json'
         -d '{"code": "print(1)", "language": "python"}'
         """
-        port = _free_port(host, port)
-        _serve_sandbox_fusion(config_of(SF, locals()), log_level, as_json)
+        _serve_sandbox_fusion(_listening(config_of(SF, locals())), log_level, as_json)
 
     @app.command("agentgym")
     def agentgym(
@@ -148,8 +147,7 @@ def _services() -> typer.Typer:
         Example: air serve agentgym --port 8000 --task prisoners-dilemma --task tabular-classification
         """
         token = token or None  # an empty AIR_AGENTGYM_TOKEN sets none
-        port = _free_port(host, port)
-        _serve_agentgym(config_of(AG, locals()), log_level, as_json)
+        _serve_agentgym(_listening(config_of(AG, locals())), log_level, as_json)
 
     @app.command("openenv")
     def openenv(
@@ -186,8 +184,7 @@ def _services() -> typer.Typer:
         Example: air serve openenv --port 8000 --task prisoners-dilemma --trajectory-dir runs/openenv
         """
         token = token or None  # an empty AIR_OPENENV_TOKEN sets none
-        port = _free_port(host, port)
-        _serve_openenv(config_of(OE, locals()), log_level, as_json)
+        _serve_openenv(_listening(config_of(OE, locals())), log_level, as_json)
 
     return app
 
@@ -262,6 +259,13 @@ def _announcer(service: str, config, core, as_json: bool, what: str, routes: str
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+C = TypeVar("C", bound=BaseModel)
+
+
+def _listening(config: C) -> C:
+    """The config (its port checked in range by the model first: a usage error, exit 2) with the port it will
+    listen on (`_free_port`)."""
+    return config.model_copy(update={"port": _free_port(config.host, config.port)})
 
 
 def _free_port(host: str, port: int) -> int:
@@ -279,8 +283,15 @@ def _free_port(host: str, port: int) -> int:
             probe.bind((host, port))
             return probe.getsockname()[1]
     except OSError as exc:
-        raise UsageError(f"cannot listen on {_url(host, port)}: {exc.strerror or exc} (another server holds the "
-                         "port? pick another with --port)") from None
+        import errno
+
+        if exc.errno == errno.EADDRINUSE:
+            hint = "another server holds the port: pick another with --port"
+        elif exc.errno == errno.EACCES:
+            hint = "ports below 1024 need root: pick another with --port"
+        else:  # a name that does not resolve, an address that is not this host's
+            hint = "--host must be an address of this machine (127.0.0.1, ::1, 0.0.0.0) or a name resolving to one"
+        raise UsageError(f"cannot listen on {_url(host, port)}: {exc.strerror or exc} ({hint})") from None
 
 
 def _url(host: str, port: int) -> str:

@@ -12,9 +12,11 @@ class EpisodeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_turns: int = Field(30, ge=1)
-    """Model replies at most; on reaching it the current submission is evaluated automatically."""
+    """Actions at most: each reply in the text format, each tool call in the tools format (so one reply of many
+    calls cannot run past it); on reaching it the current submission is evaluated automatically."""
     max_seconds: float = Field(3600, gt=0)
-    """Wall-clock budget of the episode (model time included)."""
+    """Wall-clock budget of the episode (model time included): each command gets at most what is left of it, and
+    a tool call that finds it spent is not run."""
     max_format_errors: int = Field(5, ge=1)
     command_timeout: float | None = Field(None, gt=0)
     """Cap on every command's timeout (the task's own limits apply below it); None = the task's limits."""

@@ -58,6 +58,13 @@ EndReason = Literal["submitted", "max_turns", "max_seconds", "format_errors", "s
 
 NOT_RUN = "Not run: the episode ended before this call."
 """The result of a tool call after the one that ended the episode (every call gets a result message)."""
+TOOLS_IN_TEXT = ("Your reply called tools and wrote no text, but this episode is in the text format: reply with "
+                 "one fenced block (```bash ... ```, or ```validate``` / ```submit```); to act with tool calls, run "
+                 "the episode with --action-format tools.")
+"""What a tool-calling reply is told in the text format (its calls are never run there)."""
+MIN_COMMAND_SECONDS = 1.0
+"""The least a command is given when the episode's time is nearly up (a command at all, not one that cannot
+start)."""
 
 
 @dataclass
@@ -88,6 +95,9 @@ class Episode:
         self.tracker = RewardTracker(self.config.reward, 0.0 if baseline is None else baseline,
                                      self.spec.primary.direction, self.spec.reward_scale)
         self.turns = 0
+        self.actions = 0
+        """Actions begun: one per text reply, one per tool call run. The turn limit counts these, so that a reply
+        of many calls cannot run more than the episode's limit allows."""
         self.format_errors = 0
         self.validations = 0
         self.failed_validations = 0
@@ -142,7 +152,13 @@ class Episode:
         else:
             # The text format; or a tool-calling reply that called nothing, answered as a malformed text is.
             text = reply_text(reply)
-            action = parse_reply(text) if self.action_format == "text" else FormatError(message=NO_CALL)
+            if self.action_format == "tools":
+                action = FormatError(message=NO_CALL)
+            elif isinstance(reply, Reply) and reply.tool_calls and not text.strip():
+                action = FormatError(message=TOOLS_IN_TEXT)
+            else:
+                action = parse_reply(text)
+            self.actions += 1
             observation, reward, happened = await self._act(action)
             fields, answers = {"action": action.model_dump(exclude_none=True), **happened}, []
         if not self.done:
@@ -176,6 +192,11 @@ class Episode:
             if self.done:
                 calls.append(CallRecord(**about, observation=NOT_RUN))
                 continue
+            limit = self._limit_reached()  # each call counts as it runs: one reply cannot outrun the episode
+            if limit is not None:
+                calls.append(CallRecord(**about, observation=f"Not run: {self._limit_text(limit)}."))
+                continue
+            self.actions += 1
             action = parse_call(call)
             observation, call_reward, happened = await self._act(action)
             reward += call_reward
@@ -208,10 +229,16 @@ class Episode:
         if asked is not None:  # the bash tool's `timeout`: up to the longest a command may get here
             longest = max(self.spec.timeouts.training, self.spec.timeouts.command)
             timeout = min(asked, longest, self.config.command_timeout or longest)
+        left = max(self.config.max_seconds - (time.monotonic() - self.started), MIN_COMMAND_SECONDS)
+        by_episode = left < timeout  # the episode's time limit comes first: the command gets what is left of it
+        timeout = min(timeout, left)
         result = await self.sandbox.session.run(text, timeout=timeout, merge_stderr=True)
         output = truncate_text(result.stdout, self.config.observation_chars)
         notes = []
-        if result.timed_out:
+        if result.timed_out and by_episode:
+            notes.append(f"[command stopped after {timeout:.3g} s: the episode's time limit "
+                         f"({self.config.max_seconds:g} s) was reached; its processes were killed]")
+        elif result.timed_out:
             notes.append(f"[command timed out after {timeout:g} s; its processes were killed]")
         elif result.oom_killed:
             notes.append(f"[killed: out of memory (limit {self.spec.resources.memory_mb} MB)]")
@@ -242,11 +269,20 @@ class Episode:
     def _limit_reached(self) -> EndReason | None:
         if self.format_errors >= self.config.max_format_errors:
             return "format_errors"
-        if self.turns >= self.config.max_turns:
+        if self.actions >= self.config.max_turns:  # replies in the text format; there, one action each
             return "max_turns"
         if time.monotonic() - self.started >= min(self.config.max_seconds, self.spec.timeouts.episode or math.inf):
             return "max_seconds"
         return None
+
+    def _limit_text(self, limit: EndReason) -> str:
+        """Why a call of the reply was not run, for the model."""
+        if limit == "format_errors":
+            return f"the episode reached its limit of {self.config.max_format_errors} format errors"
+        if limit == "max_turns":
+            return (f"the episode reached its limit of {self.config.max_turns} actions (each tool call is one, "
+                    "as each text reply is)")
+        return f"the episode reached its time limit ({self.config.max_seconds:g} s)"
 
     async def finish(self, reason: EndReason = "stopped") -> StepResult:
         """End an episode its driver stopped early (a framework's turn or token limit): the current submission

@@ -21,7 +21,8 @@ def system_prompt(spec: TaskSpec, action_format: ActionFormat = "text") -> str:
                 "- `bash`: run a shell command.\n"
                 "- `validate`: score your current submission with the task's evaluation (as often as you like; "
                 "it does not end the episode).\n"
-                "- `submit`: score your submission and end the episode.\n\n"
+                "- `submit`: score your submission and end the episode.\n"
+                "Every call counts as one of your turns.\n\n"
                 f"{TOOL_RULES}")
     return (f"{intro}Special commands:\n"
             "- `validate`: score your current submission with the task's evaluation (as often as you like; it "

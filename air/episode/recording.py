@@ -67,6 +67,8 @@ class RecordedCall(BaseModel):
     """The tool result; None where the recording does not hold it (the last reply of a vf-eval trace)."""
     action: str = ""
     """What air parsed it as (command, validate, submit, format_error; "" where not recorded or not run)."""
+    command: str | None = None
+    """The shell command it ran (a command's; air's files)."""
 
     def message(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -83,6 +85,8 @@ class RecordedStep(BaseModel):
     action: str = ""
     """command, validate, submit, format_error, tool_calls or final_evaluation; "" where not recorded (vf-eval
     traces)."""
+    command: str | None = None
+    """The shell command it ran (a command's, in the text format; air's files)."""
     tool_calls: list[RecordedCall] | None = None
     """The tools format: the reply's calls, in order, with their results (`observation` holds them joined)."""
     exit_code: int | None = None
@@ -386,11 +390,13 @@ def _air_step(record: StepRecord) -> RecordedStep:
     exit_code = next((c.exit_code for c in reversed(calls) if c.action and c.action.kind == "command"),
                      record.exit_code)
     return RecordedStep(turn=record.turn, reply=record.reply, observation=record.observation, action=action,
+                        command=record.action.text if record.action is not None else None,
                         exit_code=exit_code, evaluated=last is not None, reward=record.reward,
                         score=last.score if last is not None else None, problems=problems,
                         metrics=last.metrics if last is not None else None,
                         tool_calls=[RecordedCall(id=c.id, name=c.name, arguments=c.arguments,
-                                                 observation=c.observation, action=c.action.kind if c.action else "")
+                                                 observation=c.observation, action=c.action.kind if c.action else "",
+                                                 command=c.action.text if c.action else None)
                                     for c in calls] or None)
 
 

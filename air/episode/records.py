@@ -95,6 +95,12 @@ class RecordedAction(BaseModel):
 
     kind: str
 
+    @property
+    def text(self) -> str | None:
+        """A command's text (the shell command it ran), read from the fields a command's action holds."""
+        text = (self.model_extra or {}).get("text")
+        return text if isinstance(text, str) else None
+
 
 class CallRecord(CommandRun, Evaluation):
     """One tool call of a reply (the tools format) and what came of it."""

@@ -35,7 +35,7 @@ class EpisodeSettings(BaseModel):
     model_config = ConfigDict(use_attribute_docstrings=True)
 
     max_turns: int = same_as(EpisodeConfig, "max_turns")
-    """Replies per episode before the automatic final evaluation."""
+    """Actions per episode (a text reply, or one tool call) before the automatic final evaluation."""
     max_seconds: float = same_as(EpisodeConfig, "max_seconds")
     """Wall-clock budget of an episode, seconds."""
     max_format_errors: int = same_as(EpisodeConfig, "max_format_errors")

@@ -13,6 +13,7 @@ import math
 
 from air.actions import BASH, TOOL_RULES, TOOLS, VALIDATE, ToolCall
 from air.episode.parse import Action, Command, FormatError, Submit, Validate
+from air.text import loads
 
 NO_CALL = f"Your reply called no tool. {TOOL_RULES}"
 """What a reply without tool calls is told in the tools format."""
@@ -26,10 +27,9 @@ def parse_call(call: ToolCall) -> Action:
     if name not in {tool.name for tool in TOOLS}:
         return _error(call, f"there is no tool {call.name[:80]!r}; the tools are {_NAMES}")
     try:
-        arguments = json.loads(call.arguments) if call.arguments.strip() else {}
-    except (json.JSONDecodeError, RecursionError) as exc:
-        return _error(call, f"its arguments are not JSON ({getattr(exc, 'msg', 'too deeply nested')}); send "
-                            "them as one JSON object")
+        arguments = loads(call.arguments) if call.arguments.strip() else {}
+    except json.JSONDecodeError as exc:
+        return _error(call, f"its arguments are not JSON ({exc.msg}); send them as one JSON object")
     if not isinstance(arguments, dict):
         return _error(call, f"its arguments are a JSON {type(arguments).__name__}, not an object")
     if name == BASH.name:
@@ -48,11 +48,31 @@ def _bash(call: ToolCall, arguments: dict) -> Action:
     if not isinstance(command, str) or not command.strip():
         return _error(call, "`bash` needs `command`, a non-empty string")
     timeout = arguments.get("timeout")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or not math.isfinite(timeout) or timeout <= 0):
-        return _error(call, f"`timeout` must be a number of seconds above 0, not {json.dumps(timeout)[:40]}")
+    if timeout is not None:
+        seconds = _seconds(timeout)
+        if seconds is None:
+            return _error(call, f"`timeout` must be a number of seconds above 0, not {_shown(timeout)}")
+        timeout = seconds
     # CRLF would leave a stray \r on every line, which bash rejects (as in the text format).
-    return Command(text=command.replace("\r\n", "\n"), timeout=None if timeout is None else float(timeout))
+    return Command(text=command.replace("\r\n", "\n"), timeout=timeout)
+
+
+def _seconds(value: object) -> float | None:
+    """A positive finite number of seconds, or None. An integer too large for a float (300 digits) is not one."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
+def _shown(value: object) -> str:
+    """The value as the model wrote it, short (a long integer by its length: printing it would be the problem)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10 ** 30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return json.dumps(value)[:40]
 
 
 def _error(call: ToolCall, problem: str) -> FormatError:

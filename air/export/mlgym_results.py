@@ -10,7 +10,8 @@ What MLGym writes per run (mlgym/agent/base.py `save_results`, mlgym/environment
   scored. `baseline` is the task's `baseline_scores[0]`.
 - `<task_id>.traj`: `{"environment", "trajectory", "history", "info"}`. The tools read `info.exit_status`
   (`submitted`, `autosubmission (max_steps)`, ...; mlgym/evaluation/utils.EXIT_STATUS_MAP), the assistant
-  entries of `history` (their `action`) and `trajectory`.
+  entries of `history` (their `action`: what ran, a command's text or `validate`/`submit`) and `trajectory`
+  (one entry per action: a tools-format reply gives one per call, each with its own result).
 
 The tools (scripts/evaluation/process_results.py, get_ranks.py, mlgym/evaluation/utils.process_trajectories)
 find runs by globbing `<parent>/*<model>__<task_id>__<pattern>*`, take `agent[-1]` as the last attempt and the
@@ -95,16 +96,27 @@ def traj(rec: Recording) -> dict[str, Any]:
         history.append({"role": "user", "content": rec.prompt, "agent": "primary"})
     trajectory = []
     for step in rec.steps:
-        action = step.action or ""
-        history.append({"role": "assistant", "content": step.reply, "thought": "", "action": action,
-                        "agent": "primary"})
-        if step.observation is not None:
-            history.append({"role": "user", "content": step.observation, "agent": "primary"})
-        trajectory.append({"state": None, "response": step.reply, "thought": "", "action": action,
-                           "execution_time": 0.0, "observation": step.observation})
+        # MLGym's action is what ran (the command's text, `validate`, `submit`); a tool-calling reply is one
+        # entry per call, each with its own result, as MLGym records one action per step.
+        acted = [(_mlgym_action(c.action, c.command), c.observation) for c in step.tool_calls or ()] or \
+            [(_mlgym_action(step.action, step.command), step.observation)]
+        for i, (action, observation) in enumerate(acted):
+            response = step.reply if i == 0 else ""
+            history.append({"role": "assistant", "content": response, "thought": "", "action": action,
+                            "agent": "primary"})
+            if observation is not None:
+                history.append({"role": "user", "content": observation, "agent": "primary"})
+            trajectory.append({"state": None, "response": response, "thought": "", "action": action,
+                               "execution_time": 0.0, "observation": observation})
     info = {"exit_status": exit_status(rec), "score": agent_scores(rec), "model_stats": {},
             "submission": None, "air_source": rec.location, "air_return": rec.improvement}
     return {"environment": "air", "trajectory": trajectory, "history": history, "info": info}
+
+
+def _mlgym_action(kind: str, command: str | None) -> str:
+    """The action as MLGym writes it: a command's text, else air's kind (validate, submit, format_error, ...); ""
+    where the recording does not say (vf-eval traces)."""
+    return command if kind == "command" and command is not None else kind
 
 
 def run_name(model: str, task: str, pattern: str, index: int) -> str:
@@ -123,6 +135,12 @@ def export_mlgym_results(paths: Iterable[str | Path], out_dir: str | Path, *, mo
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"{out_dir}: not a directory")
     result = MLGymExport()
+    for flag, given in (("--model", model), ("--pattern", pattern)):
+        written = _UNSAFE.sub("-", given)
+        if written != given:  # said, never renamed silently: MLGym's tools must be given the name as written
+            result.warnings.append(f"{flag} {given!r} is written {written!r} in the run directories' names (only "
+                                   f"letters, digits, '.', '_' and '-' make a safe name); give MLGym's tools "
+                                   f"{written!r}")
     files = recording_files(paths)
     exported = _exported(out_dir)
     taken: dict[str, int] = {}

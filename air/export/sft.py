@@ -61,6 +61,7 @@ from air.episode.recording import Recording, read_lines
 from air.errors import UsageError
 from air.failures import about
 from air.files import input_files, output_file, write_atomically
+from air.text import loads
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,8 @@ def sft_rows(inputs: Iterable[tuple[str, Iterable[str | bytes]]],
                     seen.add(key)
             if reason is not None:
                 result.filtered[reason] += 1
+                if rec.damage is not None and reason == "incomplete":  # which one, and why: not only a count
+                    result.warnings.append(f"{rec.location}: left out (incomplete): a damaged recording, {rec.damage}")
                 continue
             tools = {"tools": json.dumps(rec.tools, ensure_ascii=False)} if rec.tools else {}
             result.rows.append({"messages": messages, **tools, "task": rec.task, "improvement": rec.improvement,
@@ -151,8 +154,8 @@ def _rejection(rec: Recording, messages: list[dict[str, Any]] | None, options: E
 
 def _json_object(text: str) -> bool:
     try:
-        return isinstance(json.loads(text), dict)
-    except (json.JSONDecodeError, RecursionError):
+        return isinstance(loads(text), dict)
+    except json.JSONDecodeError:
         return False
 
 

@@ -43,6 +43,26 @@ MAX_ANSWER_BYTES = 32 << 20
 KEY_VARIABLE = "OPENAI_API_KEY"
 
 
+REACH_TIMEOUT = 10.0
+"""Seconds `check_reachable` waits to connect: a typo in --base-url is said now, before any sandbox starts."""
+
+
+def check_reachable(base_url: str, timeout: float = REACH_TIMEOUT) -> None:
+    """ModelUnavailable unless something answers HTTP at `base_url` (GET its /models, which OpenAI-compatible
+    servers serve): a host that does not resolve, a port nobody listens on, or a connection that never completes
+    is said before any sandbox, image or baseline work, not minutes later at the first reply. Any HTTP answer
+    passes (a server without /models, a slow one); so does a read that times out on a server that accepted."""
+    url = base_url.rstrip("/") + "/models"
+    key = os.environ.get(KEY_VARIABLE) or "EMPTY"
+    try:
+        httpx.get(url, timeout=httpx.Timeout(timeout), headers={"Authorization": f"Bearer {key}"})
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
+        raise ModelUnavailable(f"model endpoint {base_url} unreachable ({type(exc).__name__}: "
+                               f"{str(exc) or 'no detail'}); check --base-url (nothing was started)") from None
+    except httpx.HTTPError:
+        return  # it accepted the connection: the replies will tell the rest
+
+
 class OpenAIPolicy:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *, temperature: float = 0.7,
                  max_tokens: int = 2048, timeout: float = 600):

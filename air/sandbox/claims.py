@@ -115,9 +115,10 @@ class HostClaims:
         return False
 
     # ----- giving back ------------------------------------------------------------------------------------------
-    async def release(self, grant: Grant) -> None:
+    async def release(self, grant: Grant, timeout: float | None = None) -> None:
+        """Give the grant's claims back; each removal waits at most `timeout` (the Docker call's bound)."""
         for name in grant.names:
-            await self._unclaim(name)
+            await self._unclaim(name, timeout)
         grant.names.clear()
 
     async def sweep_stale(self) -> list[str]:
@@ -147,11 +148,12 @@ class HostClaims:
                     return False
                 raise
 
-        return await self.docker.call(create, timeout=60)
+        return await self.docker.call(create)
 
-    async def _unclaim(self, name: str) -> None:
+    async def _unclaim(self, name: str, timeout: float | None = None) -> None:
         with contextlib.suppress(SandboxUnavailable):  # already gone: swept as stale, or removed by `clean`
-            await self.docker.call(self.docker.api.remove_container, name, force=True, timeout=60, idempotent=True)
+            await self.docker.call(self.docker.api.remove_container, name, force=True, idempotent=True,
+                                   **({} if timeout is None else {"timeout": timeout}))
 
     async def _exists(self, name: str) -> bool:
         def look() -> bool:

@@ -10,6 +10,7 @@ deadline, and maps a vanished container or a dead daemon to SandboxUnavailable s
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import posixpath
@@ -26,10 +27,10 @@ from pathlib import Path
 
 import docker.errors
 import docker.types
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from air.errors import DockerUnavailable, ImageError, InfraError, SandboxUnavailable
-from air.sandbox.docker_api import Docker
+from air.sandbox.docker_api import BOUND, Docker
 from air.sandbox.interface import ArchiveUnreadable, ArchiveUnwritable, ExecResult, Shell
 from air.sandbox.labels import KEY, make_labels
 from air.sandbox import hostdir
@@ -111,23 +112,29 @@ class Sandbox:
         await self.docker.call(self.docker.api.rename, self.container_id, name, timeout=30)
         self.name = name
 
-    async def remove(self) -> None:
-        """Force-remove the container; idempotent."""
+    async def remove(self, patience: float = REMOVE_PATIENCE) -> bool:
+        """End the warden's link (with a daemon on this machine the warden then ends everything and exits, and the
+        container stops, whatever the daemon does), then force-remove the container, trying for `patience` seconds
+        while the daemon does not answer (a restart). True when it is gone; False when the daemon never answered
+        (the next sweep takes it). Idempotent."""
         session = self._session
         if session is not None:
             await session.close()
-        # A daemon that is restarting comes back within seconds: keep trying for a while rather than leak.
-        async for attempt in AsyncRetrying(stop=stop_after_delay(REMOVE_PATIENCE), reraise=True,
-                                           wait=wait_exponential(multiplier=0.5, max=5),
-                                           retry=retry_if_exception_type(DockerUnavailable)):
-            with attempt:
-                try:
-                    await self.docker.call(self.docker.api.remove_container, self.container_id, force=True,
-                                           v=True, timeout=60, idempotent=True)
-                except SandboxUnavailable:
-                    pass  # already gone
+        try:
+            async with asyncio.timeout(patience):
+                async for attempt in AsyncRetrying(wait=wait_exponential(multiplier=0.5, max=5), reraise=True,
+                                                   retry=retry_if_exception_type(DockerUnavailable)):
+                    with attempt:
+                        try:
+                            await self.docker.call(self.docker.api.remove_container, self.container_id, force=True,
+                                                   v=True, idempotent=True, timeout=min(patience, BOUND))
+                        except SandboxUnavailable:
+                            pass  # not found: already gone
+        except (asyncio.TimeoutError, InfraError):  # no answer, or one that is not "gone" (removal in progress)
+            return False
         if self.channel is not None:
             shutil.rmtree(self.channel, ignore_errors=True)
+        return True
 
     @property
     def short_id(self) -> str:
@@ -232,25 +239,15 @@ class Sandbox:
 
     async def _host_oom_file(self) -> str | None:
         """The host's file that counts this container's OOM kills (cgroup v1 memory.oom_control or v2
-        memory.events), found through its init process; None when the daemon is not on this machine (the pid is
-        then another process, whose cgroup does not name this container)."""
-        pid = (await self.status()).get("Pid")
-        try:
-            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines() if pid else []
-        except OSError:
-            return None
-        for line in lines:
-            _, controllers, path = line.split(":", 2)
-            if self.container_id not in path:
-                continue
-            if "memory" in controllers.split(","):
-                candidate = Path("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.oom_control")
-            elif controllers == "":
-                candidate = Path("/sys/fs/cgroup", path.lstrip("/"), "memory.events")
-            else:
-                continue
-            if candidate.is_file():
-                return str(candidate)
+        memory.events), where Docker's cgroupfs or systemd driver puts it; None when it is not on this machine
+        (a daemon elsewhere). Found by the container's id: no call to the daemon, which may be stalled."""
+        cid = self.container_id
+        for candidate in (f"/sys/fs/cgroup/memory/docker/{cid}/memory.oom_control",
+                          f"/sys/fs/cgroup/memory/system.slice/docker-{cid}.scope/memory.oom_control",
+                          f"/sys/fs/cgroup/docker/{cid}/memory.events",
+                          f"/sys/fs/cgroup/system.slice/docker-{cid}.scope/memory.events"):
+            if os.path.isfile(candidate):
+                return candidate
         return None
 
     async def new_oom_kill(self) -> bool:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import importlib.util
 import os
 import re
+import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -22,11 +24,16 @@ import docker.errors
 import requests.exceptions
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from air.errors import DockerUnavailable, InfraError, SandboxUnavailable
+from air.errors import DaemonStalled, DockerUnavailable, InfraError, SandboxUnavailable
 
 T = TypeVar("T")
 
 FIX_HINT = "start it with scripts/ensure-docker.sh, or point DOCKER_HOST at a daemon"
+BOUND = 30.0
+"""Seconds any one call waits for the daemon (its HTTP client's timeout too): a daemon that has not answered within
+it is stalled, said so, and every later call first asks it for a ping rather than wait again."""
+STALL_FIX = ("`air doctor` says whether it is wedged; restarting it (`kill -TERM $(pidof dockerd)`, then "
+             "scripts/ensure-docker.sh) keeps sandboxes and their episodes running with live-restore")
 
 
 def docker_host() -> str:
@@ -41,18 +48,23 @@ def _root_cause(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-def connect(timeout: float = 60.0, base_url: str | None = None) -> docker.DockerClient:
+def connect(timeout: float = BOUND, base_url: str | None = None) -> docker.DockerClient:
     """A client whose daemon answered a ping, or DockerUnavailable naming the host and the fix.
 
     `base_url` names another daemon (`tcp://host:2376`, `ssh://user@host`, `unix:///path`); TLS settings come
     from the environment as for the docker CLI (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH). None: DOCKER_HOST or the
     local socket."""
+    host = base_url or docker_host()
+    # ssh:// goes through the ssh client, as the docker CLI does; the SDK loads its ssh transport only where
+    # paramiko is installed (air does not need it otherwise), and without it fails with a NameError
+    ssh = host.startswith("ssh://")
+    if ssh and (importlib.util.find_spec("paramiko") is None or shutil.which("ssh") is None):
+        raise DockerUnavailable(f"the Docker daemon at {host} is reached over ssh, which needs the `paramiko` package "
+                                "and the ssh client (pip install paramiko; apt-get install openssh-client); or point "
+                                "DOCKER_HOST at a unix:// or tcp:// daemon")
     try:
-        if base_url is None:
-            client = docker.from_env(timeout=int(timeout))
-        else:
-            client = docker.from_env(timeout=int(timeout), environment={**os.environ, "DOCKER_HOST": base_url},
-                                     use_ssh_client=base_url.startswith("ssh://"))
+        client = docker.from_env(timeout=int(timeout), environment={**os.environ, "DOCKER_HOST": host},
+                                 use_ssh_client=ssh)
         client.ping()
     except Exception as exc:  # the SDK raises DockerException, requests and socket errors alike here
         raise DockerUnavailable(
@@ -61,7 +73,6 @@ def connect(timeout: float = 60.0, base_url: str | None = None) -> docker.Docker
     return client
 
 
-_TRANSIENT = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, asyncio.TimeoutError)
 
 _TIMEOUT = re.compile(r"(?:read|connect) timeout=([\d.]+)")
 _API_VERSION = re.compile(r"^/v\d+\.\d+")
@@ -108,10 +119,16 @@ class Docker:
         self._in_flight: set[concurrent.futures.Future] = set()
         """Calls running in a worker thread. A caller that gives up (its deadline, Ctrl-C) leaves its call
         running there: `settle` waits for them, so that what they create can be found and removed."""
+        self.stalled_since: float | None = None
+        """When the daemon last let a call run out its bound without an answer (None: it answers)."""
 
-    async def call(self, fn: Callable[..., T], *args: Any, timeout: float = 60.0, idempotent: bool = False,
+    async def call(self, fn: Callable[..., T], *args: Any, timeout: float = BOUND, idempotent: bool = False,
                    **kwargs: Any) -> T:
-        """Run `fn(*args, **kwargs)` in a worker thread with a deadline; retry only idempotent calls."""
+        """Run `fn(*args, **kwargs)` in a worker thread with a deadline; retry only idempotent calls, and only when
+        the connection failed (a call that timed out already waited its bound). DaemonStalled, at once, while the
+        daemon answers no ping."""
+        if self.stalled_since is not None:
+            await self._check_recovered(getattr(fn, "__name__", "docker call"))
         if not idempotent:
             return await self._once(fn, args, kwargs, timeout)
         retrying = AsyncRetrying(
@@ -136,20 +153,38 @@ class Docker:
         call.add_done_callback(self._in_flight.discard)
         try:
             async with asyncio.timeout(timeout):
-                return await asyncio.wrap_future(call)
+                result = await asyncio.wrap_future(call)
         except docker.errors.NotFound as exc:
             raise SandboxUnavailable(f"{name}: {exc.explanation or exc}") from exc
-        except _TRANSIENT as exc:
-            error = (
-                SandboxUnavailable(f"{name}: no answer from the Docker daemon within {timeout:g}s")
-                if isinstance(exc, asyncio.TimeoutError)
-                else DockerUnavailable(f"{name}: lost the Docker daemon at {self.host} ({_root_cause(exc)})")
-            )
+        except (asyncio.TimeoutError, requests.exceptions.Timeout) as exc:
+            self.stalled_since = self.stalled_since or asyncio.get_running_loop().time()
+            raise DaemonStalled(f"the Docker daemon at {self.host} did not answer {name} within {timeout:g} s: it is "
+                                f"stalled or wedged; {STALL_FIX}") from exc
+        except requests.exceptions.ConnectionError as exc:
+            error = DockerUnavailable(f"{name}: lost the Docker daemon at {self.host} ({_root_cause(exc)})")
             if mark_transient:
                 raise _TransientFailure(error) from exc
             raise error from exc
         except docker.errors.APIError as exc:
             raise InfraError(f"{name}: {exc.explanation or exc}") from exc
+        self.stalled_since = None
+        return result
+
+    async def _check_recovered(self, name: str) -> None:
+        """While the daemon is known stalled, a call first asks it for a ping (a few seconds): one that answers is
+        back; one that does not fails the call at once, saying for how long it has been silent."""
+        loop = asyncio.get_running_loop()
+        ping = self._executor.submit(self.client.api.ping)
+        try:
+            async with asyncio.timeout(5):
+                await asyncio.wrap_future(ping)
+            self.stalled_since = None
+            return
+        except Exception:  # noqa: BLE001 - any failure to answer a ping is the same news
+            pass
+        silent = loop.time() - (self.stalled_since or loop.time())
+        raise DaemonStalled(f"the Docker daemon at {self.host} has answered nothing for {silent:.0f} s (not {name}, "
+                            f"not a ping): it is stalled or wedged; {STALL_FIX}")
 
     async def settle(self, timeout: float = 90.0) -> None:
         """Wait (up to `timeout`) for the calls still running in worker threads, their callers gone."""

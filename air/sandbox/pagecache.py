@@ -115,7 +115,7 @@ class PageCachePins:
 
     async def _image_id(self, image: str) -> str:
         if image not in self._image_ids:
-            info = await self.docker.call(self.docker.api.inspect_image, image, timeout=60, idempotent=True)
+            info = await self.docker.call(self.docker.api.inspect_image, image, idempotent=True)
             self._image_ids[image] = info["Id"]
         return self._image_ids[image]
 
@@ -227,7 +227,7 @@ class PageCachePins:
 
     async def _remove(self, name: str) -> None:
         try:
-            await self.docker.call(self.docker.api.remove_container, name, force=True, timeout=60, idempotent=True)
+            await self.docker.call(self.docker.api.remove_container, name, force=True, idempotent=True)
         except SandboxUnavailable:
             pass
 

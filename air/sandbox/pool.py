@@ -65,6 +65,12 @@ from air.sandbox.session import Session
 from air.sandbox.spec import DockerHost, PoolConfig
 
 log = logging.getLogger("air.pool")
+SPARE_CLAIM = 10.0
+"""Seconds a recycled sandbox's claim (its host-wide slot) waits for the sandbox that replaces it, before it is
+given back: a replacement takes it over instead of creating a claim container of its own, which halves the
+containers a recycle creates and removes (churn is what trips an engine)."""
+INTERRUPTED_CLOSE = 5.0
+"""Seconds an interrupted pool's close gives the daemon to remove its sandboxes (their wardens have ended them)."""
 CELL_ATTEMPTS = 3
 """New sandboxes tried when their first cell fails where cells work, before the lease fails as infrastructure."""
 
@@ -139,6 +145,11 @@ class SandboxPool:
         self._kept: set[str] = set()  # ... but not those of sandboxes handed over for good (forget)
         self._closed = False
         self._started = False
+        self.left_behind: list[str] = []
+        """Sandboxes `close` could not remove in time (the next sweep takes them)."""
+        self._spare: list[tuple[_Host, Grant]] = []
+        """Claims of recycled sandboxes, kept a few seconds for the sandbox that replaces each (SPARE_CLAIM)."""
+        self._spare_timers: set[asyncio.Task] = set()
 
     def _attach(self, host: _Host, docker: Docker) -> None:
         ids = host.config.gpu_ids
@@ -217,24 +228,47 @@ class SandboxPool:
                 self._spawn(self._refill(spec))
         await self.wait_idle()
 
-    async def close(self) -> None:
-        """Wait for background work, then remove every sandbox and give back every claim."""
+    async def close(self, timeout: float | None = None) -> list[str]:
+        """Wait for background work, then end every sandbox and give back every claim, within `timeout` seconds
+        (PoolConfig.close_timeout). Every warden is told first: with a daemon on this machine its sandbox then stops
+        whatever the daemon does. What the daemon did not remove in time is left for the next sweep (a pool's start,
+        `air containers clean`): its names are returned, kept in `left_behind`, and said in the log."""
         if self._closed:
-            return
+            return self.left_behind
         self._closed = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.close_timeout if timeout is None else timeout)
         async with self._changed:
             self._changed.notify_all()
-        while self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                while self._background:
+                    await asyncio.gather(*list(self._background), return_exceptions=True)
         doomed = list(self._live)
-        await asyncio.gather(*(self._remove(sb) for sb in doomed), return_exceptions=True)
+        await asyncio.gather(*(sb.session.close() for sb in doomed if sb._session is not None),
+                             return_exceptions=True)
+        removed = await asyncio.gather(*(self._remove(sb, patience=max(0.1, deadline - loop.time()))
+                                         for sb in doomed), return_exceptions=True)
+        self.left_behind = [sb.name for sb, gone in zip(doomed, removed) if gone is not True]
         self._idle.clear()
-        await self._remove_stragglers()
-        for host in self._hosts:
-            if host.pins is not None:
-                with contextlib.suppress(InfraError):
-                    await host.pins.close()
+        for timer in list(self._spare_timers):
+            timer.cancel()
+        spare, self._spare = self._spare, []
+        await asyncio.gather(*(self._give_back(*held, timeout=max(0.1, deadline - loop.time())) for held in spare),
+                             return_exceptions=True)
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                await self._remove_stragglers()
+                for host in self._hosts:
+                    if host.pins is not None:
+                        with contextlib.suppress(InfraError):
+                            await host.pins.close()
+        if self.left_behind:
+            log.warning("%d sandbox(es) left for the next sweep (`air containers clean` removes them): the Docker "
+                        "daemon did not remove them within %.0f s", len(self.left_behind),
+                        self.config.close_timeout if timeout is None else timeout)
         atexit.unregister(self._atexit_backstop)
+        return self.left_behind
 
     async def _remove_stragglers(self) -> None:
         """Remove what Docker calls abandoned by their callers (Ctrl-C, a deadline) created after all: a claim
@@ -264,8 +298,11 @@ class SandboxPool:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def __aexit__(self, kind: type | None, *exc: object) -> None:
+        # Interrupted (Ctrl-C, SIGTERM, SIGHUP, a cancelled task): every command ends within seconds, even with the
+        # daemon stalled; what it did not remove by then is the next sweep's.
+        interrupted = kind is not None and issubclass(kind, (KeyboardInterrupt, SystemExit, asyncio.CancelledError))
+        await self.close(INTERRUPTED_CLOSE if interrupted else None)
 
     async def wait_idle(self) -> None:
         """Wait until no reset or refill is in flight (tests and benchmarks use this)."""
@@ -274,19 +311,25 @@ class SandboxPool:
 
     def _atexit_backstop(self) -> None:
         # The process is exiting without close() (an unhandled exception, SIGTERM): remove what we own (sandboxes
-        # and claims), sync. Kept containers were renamed and hold their claims: they stay.
-        for host in self._hosts:
-            if host.docker is None:
-                continue
-            try:
-                client = host.docker.client
-                mine = [c for c in list_air_containers(client, run=self.run_id) if c.owner == owner_token()
-                        and not c.host_pin]
-                kept = {c.labels.get(SANDBOX) for c in mine if c.kept}
-                remove_containers(client, [c.id for c in mine if not c.kept and not c.claim])
-                remove_containers(client, [c.id for c in mine if c.claim and c.labels.get(HOLDER) not in kept])
-            except Exception:  # noqa: BLE001 - best effort at exit; `air containers clean` is the fallback
-                pass
+        # and claims), sync, for a few seconds at most (a stalled daemon must not hold the exit: the next sweep
+        # takes what is left). Kept containers were renamed and hold their claims: they stay.
+        def remove_mine() -> None:
+            for host in self._hosts:
+                if host.docker is None:
+                    continue
+                try:
+                    client = host.docker.client
+                    mine = [c for c in list_air_containers(client, run=self.run_id) if c.owner == owner_token()
+                            and not c.host_pin]
+                    kept = {c.labels.get(SANDBOX) for c in mine if c.kept}
+                    remove_containers(client, [c.id for c in mine if not c.kept and not c.claim])
+                    remove_containers(client, [c.id for c in mine if c.claim and c.labels.get(HOLDER) not in kept])
+                except Exception:  # noqa: BLE001 - best effort at exit; `air containers clean` is the fallback
+                    pass
+
+        worker = threading.Thread(target=remove_mine, name="air-exit-removal", daemon=True)
+        worker.start()
+        worker.join(INTERRUPTED_CLOSE)
 
     # ----- leasing ----------------------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -390,15 +433,11 @@ class SandboxPool:
                         host, grant = await self._claim(claim_spec, deadline)
                         labels = _grant_labels(grant)
                         pinned = self.config.page_cache == "pinned"
-                        try:
-                            if pinned:  # before anything runs there: the image's pages held, for every sandbox
-                                labels[PIN] = await host.pins.ensure(spec)
-                        except BaseException:
-                            await self._give_back(host, grant)
-                            raise
                         if lent_gpus:  # shown like its own, held by the lender's claims
                             labels[GPUS] = ",".join(lent_gpus)
                         try:
+                            if pinned:  # before anything runs there: the image's pages held, for every sandbox
+                                labels[PIN] = await host.pins.ensure(spec)
                             if host.local is None:
                                 host.local = await host.docker.call(is_local, host.docker, timeout=30,
                                                                     idempotent=True)
@@ -407,8 +446,8 @@ class SandboxPool:
                                 labels=labels, gpu_devices=self.config.request_gpu_devices,
                                 agent_uid=self._agent_uid(grant), cells=self._wants_cells(host),
                                 apparmor=self.config.apparmor, pin_pages=pinned, channel=host.local)
-                        except DockerUnavailable as exc:  # the daemon went away between claim and create
-                            self._mark_down(host, exc)
+                        except DockerUnavailable as exc:  # the daemon went away (or stalled) since the claim: it
+                            self._mark_down(host, exc)  # is waited for, within daemon_patience (_claim)
                             await self._give_back(host, grant)
                             continue
                         except BaseException:
@@ -448,6 +487,9 @@ class SandboxPool:
         """A host-wide grant (slot and GPUs) on the least loaded host that has one free."""
         loop = asyncio.get_running_loop()
         gpus, share = spec.resources.gpus, spec.resources.share_gpus
+        spare = self._take_spare(gpus)
+        if spare is not None:  # the slot of the sandbox this one replaces: no claim to create
+            return spare
         holder, all_down_since, last_sweep = uuid.uuid4().hex[:16], None, loop.time()
         self._holders.add(holder)
         while True:
@@ -525,9 +567,26 @@ class SandboxPool:
         live = sum(1 for h, _ in self._held.values() if h is host)
         return live / (host.claims.budget or self.config.max_sandboxes)
 
-    async def _give_back(self, host: _Host, grant: Grant) -> None:
+    async def _expire_spare(self, held: tuple[_Host, Grant]) -> None:
+        await asyncio.sleep(SPARE_CLAIM)
+        if held in self._spare:
+            self._spare.remove(held)
+            await self._give_back(*held)
+
+    def _take_spare(self, gpus: int) -> tuple[_Host, Grant] | None:
+        """A recycled sandbox's claim of a slot alone, on a host that answers (a sandbox without GPUs only)."""
+        if gpus:
+            return None
+        now = asyncio.get_running_loop().time()
+        for held in self._spare:
+            if held[0].usable(now):
+                self._spare.remove(held)
+                return held
+        return None
+
+    async def _give_back(self, host: _Host, grant: Grant, timeout: float | None = None) -> None:
         try:
-            await host.claims.release(grant)
+            await host.claims.release(grant, timeout)
         except InfraError as exc:  # the host is gone: its claims go with its next sweep (holder missing)
             log.warning("could not give back claims on %s: %s", host.name, exc)
 
@@ -566,7 +625,7 @@ class SandboxPool:
         if reason is not None:
             log.info("recycling sandbox %s: %s", sandbox.short_id, reason)
             self.stats.recycled += 1
-            await self._remove(sandbox)
+            await self._remove(sandbox, spare=True)
             if not sandbox.session.cells:  # without cells, the next lease of the key waits in a container started now
                 key = sandbox.spec.key
                 self._warm_target[key] = max(self._warm_target.get(key, 0), 1)
@@ -603,17 +662,24 @@ class SandboxPool:
                 return
         await self._remove(sandbox)  # the pool closed while we were creating: never leak it
 
-    async def _remove(self, sandbox: Sandbox) -> None:
+    async def _remove(self, sandbox: Sandbox, patience: float | None = None, spare: bool = False) -> bool:
+        """Remove it and give back its claims, within `patience` seconds each when given (a closing pool's); with
+        `spare`, a claim of a slot alone is kept a while for the sandbox that replaces this one (SPARE_CLAIM)."""
         try:
-            await sandbox.remove()
+            return await (sandbox.remove() if patience is None else sandbox.remove(patience))
         finally:
             if sandbox in self._live:
                 self._live.discard(sandbox)
                 self.stats.removed += 1
             self._borrowers.discard(sandbox)
             held = self._held.pop(sandbox, None)
-            if held is not None:
-                await self._give_back(*held)
+            if held is not None and spare and not held[1].gpu_ids and not self._closed:
+                self._spare.append(held)
+                timer = asyncio.ensure_future(self._expire_spare(held))  # not background work: close cancels it
+                self._spare_timers.add(timer)
+                timer.add_done_callback(self._spare_timers.discard)
+            elif held is not None:
+                await self._give_back(*held, timeout=patience)
             async with self._changed:
                 self._changed.notify_all()
 

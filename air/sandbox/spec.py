@@ -98,6 +98,10 @@ class PoolConfig(BaseModel):
     lease_timeout: float = Field(600, gt=0)
     """How long a lease may wait for capacity or GPUs before PoolExhausted."""
     reset_timeout: float = Field(60, gt=0)
+    close_timeout: float = Field(60, gt=0)
+    """How long closing the pool waits for the Docker daemon to remove its sandboxes (their wardens have ended them
+    by then: with a daemon on this machine they are stopped); the rest is left for the next sweep, and said so.
+    An interrupted pool (Ctrl-C, SIGTERM) waits 5 s."""
     isolation: Literal["auto", "cells", "containers"] = "auto"
     """How each lease starts fresh. "cells": every lease (evaluation, served request) in a new cell of a warm
     container: new namespaces, home, temp dirs and /dev, built in milliseconds (warden/cell.py). "containers": a

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import math
+import os
 import statistics
 import time
 import weakref
@@ -103,7 +105,7 @@ async def _measure_host_baseline(spec: TaskSpec, pool: SandboxPool) -> RewardBas
     """Run the task's baseline on this host's draw exactly as `air tasks check` does, and keep its score there."""
     assert spec.hidden is not None and spec.hidden.folder is not None
     lock = _measuring.setdefault(asyncio.get_running_loop(), {}).setdefault(spec.hidden.folder, asyncio.Lock())
-    async with lock:
+    async with lock, _host_lock(spec.hidden.folder / f".baseline-{spec.content_hash}.lock"):
         kept = host_baseline(spec)
         if kept is None:
             log.info("task %s: measuring its baseline on this host's draw %s (once per host)", spec.id,
@@ -114,6 +116,25 @@ async def _measure_host_baseline(spec: TaskSpec, pool: SandboxPool) -> RewardBas
                 raise TaskError(f"task {spec.id}: its baseline could not be measured on this host's draw, so its "
                                 f"rewards cannot be normalised: {result.message} (`air tasks check {spec.id}`)")
         return kept.reward_baseline(spec)
+
+
+@contextlib.asynccontextmanager
+async def _host_lock(path: Path) -> AsyncIterator[None]:
+    """An exclusive lock on `path` across processes (an env server's workers, two checkouts sharing the cache): the
+    first measures, the others wait and read what it kept. Asked for again every half second, so that waiting
+    (minutes, while another measures) stays cancellable; the kernel drops it if the process dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.5)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def remember_host_baseline(spec: TaskSpec, result: CheckResult) -> HostBaseline | None:
@@ -237,9 +258,12 @@ async def check_baseline(env: TaskEnvironment, runs: int = DEFAULT_RUNS, *, budg
         if spec.baseline.command and not reference_run:
             say(f"running the baseline `{spec.baseline.command}` (may take up to {duration(limit)})")
             run = await sandbox.session.run(spec.baseline.command, timeout=limit, merge_stderr=True)
+            if run.timed_out:  # its output then ends in what the kill left: said, not shown
+                return result(None, {}, f"the baseline `{spec.baseline.command}` did not finish within "
+                                        f"{duration(limit)} and was stopped (`air tasks check {spec.id} --budget "
+                                        "DURATION` gives it longer)")
             if run.exit_code != 0:
-                return result(None, {}, f"baseline command failed (exit {run.exit_code}, timed out: "
-                                        f"{run.timed_out}): {run.stdout[-600:]}")
+                return result(None, {}, f"baseline command failed (exit {run.exit_code}): {run.stdout[-600:]}")
         stochastic = spec.baseline.stochastic
         wanted = max(runs, 2) if stochastic else min(runs, 2)
         outcome = None

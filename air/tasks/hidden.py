@@ -25,8 +25,10 @@ reproduce the hidden data. Never for training.
 Rewards are normalised against the baseline's score (air.episode.rewards: the baseline pays 0), and the baseline
 scores differently on each draw (prisoners-dilemma: 2.61222 on the record's, 2.57276 on one host's). So on this
 host's draw the baseline is measured once, by the first rollout (or by `air tasks check`), and kept with the draw
-(`<draw>/baseline.json`, `HostBaseline`, tied to the task's content hash: another version of the task measures
-anew); rewards are normalised against it, and every trajectory says which one it used (`RewardBaseline`).
+(`<draw>/baseline-<task content hash>.json`, `HostBaseline`: another version of the task measures anew, and
+checkouts sharing the cache share one measurement of the same task). The file is written once and never
+replaced, and a process keeps the number it first read: rewards are normalised against it, never against a number
+that changed under a running group, and every trajectory says which one it used (`RewardBaseline`).
 """
 
 from __future__ import annotations
@@ -310,33 +312,58 @@ def on_host_draw(spec: TaskSpec) -> bool:
     return spec.hidden is not None and spec.hidden.folder is not None
 
 
-def _baseline_file(spec: TaskSpec) -> Path:
+def baseline_file(spec: TaskSpec) -> Path:
+    """Where this version of the task keeps its baseline on this host's draw: one file per task content (its hash,
+    which names no checkout), so that checkouts sharing the cache share one measurement of the same task and keep
+    apart those of different versions."""
     assert spec.hidden is not None and spec.hidden.folder is not None
-    return spec.hidden.folder / "baseline.json"
+    return spec.hidden.folder / f"baseline-{spec.content_hash}.json"
+
+
+_known: dict[Path, HostBaseline] = {}
+"""The baselines this process has read or kept: read-only from then on, so that nothing done to the cache while
+it runs (a file deleted, another measurement) changes the number a running group is normalised against."""
 
 
 def host_baseline(spec: TaskSpec) -> HostBaseline | None:
     """This host's measured baseline of `spec`, if it was measured for this version of the task."""
     if not on_host_draw(spec):
         return None
+    path = baseline_file(spec)
+    if path in _known:
+        return _known[path]
     try:
-        kept = HostBaseline.model_validate_json(_baseline_file(spec).read_text())
+        kept = HostBaseline.model_validate_json(path.read_text())
     except (FileNotFoundError, ValidationError, ValueError):
-        return None  # never measured, or written by an air that kept other fields: measured again
-    return kept if kept.task_hash == spec.content_hash and kept.metric == spec.primary.name else None
+        return None  # never measured (or a damaged file: the measurement that follows cannot replace it)
+    if kept.task_hash != spec.content_hash or kept.metric != spec.primary.name:
+        return None
+    _known[path] = kept
+    return kept
 
 
 def keep_host_baseline(spec: TaskSpec, score: float, runs: int) -> HostBaseline:
-    """Keep a measured baseline with the draw (whole or not at all), unless one is kept already for this version
-    of the task: the first measurement stands, so every rollout on this host pays against the same number."""
+    """Keep a measured baseline with the draw, written once: whole (a temporary file linked into place, which
+    fails if the file exists) and never replaced. When one is kept already for this version of the task (another
+    process or checkout measured it first), that one stands and is returned, so every rollout on this host pays
+    against the same number."""
     kept = host_baseline(spec)
     if kept is not None:
         return kept
     value = HostBaseline(metric=spec.primary.name, score=score, runs=runs, task_hash=spec.content_hash,
                          measured=round(time.time(), 3))
-    write_atomically(_baseline_file(spec), value.model_dump_json(indent=2) + "\n")
-    return value
+    path = baseline_file(spec)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    with about(path):
+        write_atomically(tmp, value.model_dump_json(indent=2) + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # measured meanwhile by another process: the first one stands
+        finally:
+            tmp.unlink(missing_ok=True)
+    return host_baseline(spec) or value
 
 
 __all__ = ["ensure_drawn", "with_draw", "reference", "host_secret", "seed_for", "draw_id", "SEED_ENV",
-           "RewardBaseline", "HostBaseline", "host_baseline", "keep_host_baseline", "on_host_draw"]
+           "RewardBaseline", "HostBaseline", "host_baseline", "keep_host_baseline", "on_host_draw", "baseline_file"]

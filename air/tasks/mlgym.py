@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from air.errors import TaskError, UsageError
 from air.failures import about, translate
@@ -133,7 +133,7 @@ class TaskConfig(_MLGymConfig):
     """Relative to `configs/`."""
     task_entrypoint: Entrypoint = "CSVSubmissionTasks"
     """The scoring contract (CONTRACTS)."""
-    training_timeout: int | None = None
+    training_timeout: int | None = Field(None, ge=0, strict=True)  # `true` is no number of seconds
     """The evaluation's and the training's timeout; unset (or 0) is MLGym's 3600 s."""
     requirements_path: str | None = None
     """Warned: air installs nothing at run time."""

@@ -9,6 +9,7 @@ time and resource limits. Loaders (air's task.toml, MLGym's YAMLs) build this; n
 from __future__ import annotations
 
 import hashlib
+import json
 from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -36,10 +37,15 @@ class FileEntry(BaseModel):
     @field_validator("dest")
     @classmethod
     def _relative(cls, dest: str) -> str:
-        p = PurePosixPath(dest)
-        if p.is_absolute() or ".." in p.parts:
-            raise ValueError(f"destination {dest!r} must be relative and stay inside its root")
-        return str(p)
+        return _inside(dest, "destination")
+
+
+def _inside(path: str, what: str) -> str:
+    """`path` as a relative path that stays inside its root; ValueError (the task does not load) otherwise."""
+    p = PurePosixPath(path)
+    if not path.strip() or p.is_absolute() or ".." in p.parts:
+        raise ValueError(f"{what} {path!r} must be relative and stay inside its root")
+    return str(p)
 
 
 class Metric(BaseModel):
@@ -61,8 +67,8 @@ class Evaluation(BaseModel):
     Harbor's `tests/test.sh` writes /logs/verifier/reward.txt or reward.json (air.tasks.harbor)."""
     entry: str = "evaluate.py"
     submission: list[str] = []
-    """Artefacts copied out of the workspace for scoring (relative paths; files or directories)."""
-    timeout: float = Field(300, gt=0)
+    """Artefacts copied out of the workspace for scoring (relative paths inside it; files or directories)."""
+    timeout: float = Field(300, gt=0, strict=True)  # strict: `true` is no number of seconds
     max_submission_mb: int = Field(512, gt=0)
     agent_module: str | None = None
     """MLGym tasks whose evaluation imports the agent's code (e.g. `strategy`): the evaluator runs as root and that
@@ -74,6 +80,11 @@ class Evaluation(BaseModel):
     env: dict[str, str] = {}
     """Variables of the evaluation's process (Harbor's [verifier].env), `${VAR}` and `${VAR:-default}` taken from
     the host's environment when it runs, never stored resolved."""
+
+    @field_validator("submission")
+    @classmethod
+    def _in_the_workspace(cls, paths: list[str]) -> list[str]:
+        return [_inside(path, "submission path") for path in paths]
 
 
 class Baseline(BaseModel):
@@ -97,9 +108,10 @@ class Baseline(BaseModel):
 class Timeouts(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    command: float = Field(60, gt=0)
-    training: float = Field(1800, gt=0)
-    episode: float | None = Field(None, gt=0)
+    # strict: a TOML or YAML `true` would otherwise be a timeout of 1 s
+    command: float = Field(60, gt=0, strict=True)
+    training: float = Field(1800, gt=0, strict=True)
+    episode: float | None = Field(None, gt=0, strict=True)
     """The task's own wall-clock budget for an episode (Harbor's [agent].timeout_sec): an episode ends at the
     sooner of it and the run's max_seconds."""
 
@@ -268,8 +280,16 @@ class TaskSpec(BaseModel):
     def content_hash(self) -> str:
         """Changes whenever the spec or any file it names changes: replays use it to detect drift. A host draw's
         files count by their draw id (in the spec), so the hash is the same before and after they are made."""
-        # Fields that joined the spec later are left out at their defaults, so hashes recorded before stay.
-        h = hashlib.sha256(self.model_dump_json(exclude=self._later_defaults()).encode())
+        # Fields that joined the spec later are left out at their defaults. Where the files are (a checkout's path,
+        # the cache's) is left out too: their names and bytes count below, so two checkouts of one task, or a
+        # recording replayed in another clone, hash the same.
+        data = self.model_dump(mode="json", exclude=self._later_defaults())
+        for key in ("starter", "data", "secret", "evaluation_files", "baseline_files"):
+            for entry in data.get(key) or ():
+                entry.pop("source", None)
+        if data.get("hidden"):
+            data["hidden"].pop("folder", None)
+        h = hashlib.sha256(json.dumps(data, sort_keys=True).encode())
         drawn = self.hidden.folder if self.hidden else None
         for entry in (*self.starter, *self.data, *self.secret, *self.evaluation_files, *self.baseline_files):
             if drawn is not None and entry.source.is_relative_to(drawn):

@@ -144,16 +144,15 @@ def pod_resources(spec: SandboxSpec, config: KubernetesConfig, gpus: int) -> dic
 
 
 def security_context(cells: bool, pin_pages: bool, read_only_root: bool, apparmor: str | None) -> dict:
-    """The container's: no privilege, every capability dropped but the warden's, the runtime's seccomp profile, a
-    read-only root. `allowPrivilegeEscalation: false` (no_new_privs on the container) is set where the API allows
-    it: it refuses it beside SYS_ADMIN, which cells need. The warden sets no_new_privs on every agent process itself
-    (warden/cell.py: confine), so only the harness's own root programs run without it."""
+    """The container's: no privilege, every capability dropped but the warden's, no_new_privs
+    (`allowPrivilegeEscalation: false`), the runtime's seccomp profile, a read-only root: a Docker sandbox's settings.
+    The API refuses no_new_privs beside a capability spelled `CAP_SYS_ADMIN`, not beside `SYS_ADMIN` as spelled here
+    (the runtime takes both): no_new_privs is no boundary for the warden, which holds SYS_ADMIN, but it is for
+    whatever root starts, as on Docker. tests/test_kubernetes_cluster.py has a real API server admit it."""
     context: dict = {"privileged": False, "readOnlyRootFilesystem": read_only_root, "runAsUser": 0,
-                     "runAsNonRoot": False,
+                     "runAsNonRoot": False, "allowPrivilegeEscalation": False,
                      "capabilities": {"drop": ["ALL"], "add": capabilities(cells, pin_pages)},
                      "seccompProfile": {"type": "RuntimeDefault"}}
-    if not cells:
-        context["allowPrivilegeEscalation"] = False
     if apparmor == "unconfined":
         context["appArmorProfile"] = {"type": "Unconfined"}
     elif apparmor:

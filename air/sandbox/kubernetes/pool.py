@@ -128,16 +128,21 @@ class KubernetesPool(SandboxPool):
         await self.watch.start()
         await self._serve(warm_specs)
 
-    async def close(self) -> None:
+    async def close(self, timeout: float | None = None) -> list[str]:
         """End every warden (their pods complete at once), then delete the run's pods and its Lease, whose other
-        objects the garbage collector takes."""
+        objects the garbage collector takes, within `timeout` seconds (PoolConfig.close_timeout). What the API server
+        did not delete by then is left to the next sweep: the pods' names are returned and kept in `left_behind`."""
         if self._closed:
-            return
+            return self.left_behind
         self._closed = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.close_timeout if timeout is None else timeout)
         async with self._changed:
             self._changed.notify_all()
-        while self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                while self._background:
+                    await asyncio.gather(*list(self._background), return_exceptions=True)
         doomed = list(self._live)
         await asyncio.gather(*(sb.session.close() for sb in doomed if sb._session is not None),
                              return_exceptions=True)
@@ -145,17 +150,22 @@ class KubernetesPool(SandboxPool):
         self._live.clear()
         self._idle.clear()
         try:
-            if self._started:
-                await self.api.delete_collection("pods", f"{m.RUN}={m.label_value(self.run_id)},{m.KEPT}!=true")
-            if self.run_lease is not None:
-                await self.run_lease.delete()
-        except ApiError as exc:  # the Lease expires and the next sweep takes the rest
-            log.warning("could not delete the run's objects on %s: %s", self.cluster.name, exc)
+            async with asyncio.timeout_at(deadline):
+                if self._started:
+                    await self.api.delete_collection("pods",
+                                                     f"{m.RUN}={m.label_value(self.run_id)},{m.KEPT}!=true")
+                if self.run_lease is not None:
+                    await self.run_lease.delete()
+        except (ApiError, asyncio.TimeoutError) as exc:  # the Lease expires and the next sweep takes the rest
+            self.left_behind = [sb.name for sb in doomed]
+            log.warning("could not delete the run's objects on %s (%s): the next sweep takes them after the run's "
+                        "Lease expired", self.cluster.name, exc or "timed out")
         finally:
             if self.watch is not None:
                 await self.watch.close()
             await self.api.close()
             atexit.unregister(self._atexit_backstop)
+        return self.left_behind
 
     def _atexit_backstop(self) -> None:
         # The process exits without close() (an unhandled exception, SIGTERM): the event loop is gone, so a new one
@@ -318,9 +328,9 @@ class KubernetesPool(SandboxPool):
                     async with asyncio.timeout(min(random.uniform(0.5, 2.0), max(deadline - loop.time(), 0.01))):
                         await self._changed.wait()
 
-    async def _delete_pod(self, sandbox: PodSandbox) -> None:
-        """One DELETE (its Secret follows by ownerReference). A failure is logged: the run's Lease owns the pod, so the
-        garbage collector takes it with the run at the latest."""
+    async def _delete_pod(self, sandbox: PodSandbox) -> bool:
+        """One DELETE (its Secret follows by ownerReference); whether it went. A failure is logged: the run's Lease
+        owns the pod, so the garbage collector takes it with the run at the latest."""
         self._pods.pop(sandbox.name, None)
         if self.watch is not None:
             self.watch.forget(sandbox.name)
@@ -331,6 +341,8 @@ class KubernetesPool(SandboxPool):
                 await self.api.delete("pods", sandbox.name)
         except ApiError as exc:
             log.warning("could not delete %s: %s", sandbox.claim or f"pod {sandbox.name}", exc)
+            return False
+        return True
 
     def _on_lost(self, name: str, state: PodState) -> None:
         """The watch saw the cluster take a pod away: whatever waits on its warden fails now, as infrastructure."""

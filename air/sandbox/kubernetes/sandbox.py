@@ -5,6 +5,7 @@ state from the run's watch, its removal one DELETE (its Secret goes with it, by 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from air.errors import SandboxUnavailable
@@ -26,11 +27,17 @@ class PodSandbox(Sandbox):
     remover: object = None
     """The pool's coroutine function that deletes this pod (one API call)."""
 
-    async def remove(self) -> None:
+    async def remove(self, patience: float = 60) -> bool:
+        """End the warden's link (the warden ends with it: the pod completes and holds nothing), then delete the pod;
+        True when the API server took the deletion (`patience` bounds it: a pool's close). Idempotent."""
         session = self._session
         if session is not None:
-            await session.close()  # the warden ends with its connection: the pod completes and holds nothing
-        await self.remover(self)
+            await session.close()
+        try:
+            async with asyncio.timeout(patience):
+                return await self.remover(self)
+        except asyncio.TimeoutError:
+            return False
 
     async def rename(self, name: str) -> None:
         raise NotImplementedError("a pod cannot be renamed: KubernetesPool.forget labels it kept instead")

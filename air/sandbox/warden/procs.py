@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import resource
 import signal
 import time
 from typing import Callable, Dict, List, Optional, Sequence
@@ -20,9 +21,18 @@ from air.sandbox.warden.cell import Cell, become, confine
 LIBC = ctypes.CDLL(None, use_errno=True)
 IPC_RMID = 0
 # Raising either needs no privilege and lowering them back needs capabilities nobody in a sandbox has: every agent
-# process is the OOM killer's first choice and yields the CPU to the warden (weights 110 vs 1024). Against other
-# containers nothing changes: the cgroup's share is its own.
+# process is the OOM killer's first choice. Against other containers nothing changes: the cgroup's share is its own.
 AGENT_OOM_SCORE_ADJ, AGENT_NICE = 1000, 10
+
+
+def idle_class() -> None:
+    """Every process of a cell runs in the SCHED_IDLE class, which the kernel serves only when nothing of a normal
+    class in the container wants the CPU: the warden (and its link to the host) answers however hard every process
+    of the agent or an evaluation spins or forks, at the cost of nothing while the warden sleeps. Leaving the class
+    takes RLIMIT_NICE above the process's nice value or CAP_SYS_NICE: the hard limit is 0 and no process of a cell
+    holds a capability, so none can."""
+    resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def as_user(uid: int, work: Callable[[], int], cell: Optional[Cell] = None) -> int:
@@ -68,6 +78,7 @@ def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         os.umask(0o022)
         if confined:
+            idle_class()
             confine(uid)
         if prepare is not None:  # confined, as the program will be; its failure is reported by prepare itself
             prepare()
@@ -113,6 +124,12 @@ def _signal(pids: List[int], sig: int) -> None:
             pass
 
 
+YIELD = 0.005
+"""Seconds the killer sleeps between passes: a process stops or dies only once it runs, and the agent's processes run
+only when the warden does not (they are SCHED_IDLE, see idle_class): a killer that never slept would wait forever for
+what it starves."""
+
+
 def stop_then_kill(find: Callable[[bool], List[int]], deadline: float) -> bool:
     """SIGKILL what find() names, however fast it forks, without a process slot of our own: SIGSTOP every one of
     them that still runs until none does (a stopped process cannot fork, so each pass leaves fewer running: a fork
@@ -126,6 +143,7 @@ def stop_then_kill(find: Callable[[bool], List[int]], deadline: float) -> bool:
         _signal(running, signal.SIGSTOP)
         if time.monotonic() > end:
             break
+        time.sleep(YIELD)
     while True:
         left = find(False)
         if not left:
@@ -133,7 +151,7 @@ def stop_then_kill(find: Callable[[bool], List[int]], deadline: float) -> bool:
         _signal(left, signal.SIGKILL)
         if time.monotonic() > end:
             return False
-        time.sleep(0.001)
+        time.sleep(YIELD)
 
 
 def kill_all(uid: int, deadline: float = 10.0) -> bool:
@@ -153,32 +171,51 @@ def kill_all(uid: int, deadline: float = 10.0) -> bool:
     return stop_then_kill(lambda running: agent_pids(uid, running), deadline)
 
 
-def kill_marked(uid: int, marker: bytes, deadline: float = 2.0) -> bool:
-    """SIGKILL processes of uid whose environment holds marker (a command's processes, daemons included), however
-    fast they fork (stop_then_kill). True when none is left.
+def kill_marked(uid: int, marker: bytes, deadline: float = 0.2, spare: Sequence[int] = ()) -> bool:
+    """SIGKILL processes of uid whose environment holds marker (a command's processes, daemons included). True when
+    none marked is left; the caller calls again (a command's timeout does, every REKILL_EVERY) for those forked or
+    not yet readable meanwhile.
+
+    Reading a process's /proc/PID/environ takes its memory map's lock, which the process holds while it forks: a
+    fork bomb's process that the warden starves (SCHED_IDLE, idle_class) would hold it for as long as the warden waits
+    on it. So a process that runs is stopped first, and read once it has stopped (a stopped process holds no lock);
+    one that does not stop within `deadline` (in the kernel, uninterruptible) is left for the next call, unread.
+    Unmarked processes this stopped (an earlier background job that was running) go on
+    (SIGCONT); what the agent stopped itself stays stopped. `spare` (the agent's shell, which carries no marker and
+    must take its own interrupt as it comes) is never touched.
 
     Reading another user's /proc/PID/environ needs ptrace rights, which root lacks here (no CAP_SYS_PTRACE); with
     the filesystem uid set to the agent's, it is the agent reading its own processes."""
     needle = b"\0" + marker + b"\0"
-
-    def marked(running: bool) -> List[int]:
-        out = []
-        for pid in agent_pids(uid, running):
-            try:
-                with open("/proc/%d/environ" % pid, "rb") as f:
-                    if needle in b"\0" + f.read() + b"\0":
-                        out.append(pid)
-            except OSError:
-                continue
-        return out
-
+    end = time.monotonic() + deadline
+    by_us: set = set()
+    while True:
+        running = [pid for pid in agent_pids(uid, running=True) if pid not in spare]
+        if not running or time.monotonic() > end:
+            break
+        _signal(running, signal.SIGSTOP)
+        by_us.update(running)
+        time.sleep(YIELD)
+    readable = [pid for pid in agent_pids(uid) if pid not in spare and pid not in running]
+    marked = []
     LIBC.setfsgid(uid)
     LIBC.setfsuid(uid)
     try:
-        return stop_then_kill(marked, deadline)
+        for pid in readable:
+            try:
+                with open("/proc/%d/environ" % pid, "rb") as f:
+                    if needle in b"\0" + f.read() + b"\0":
+                        marked.append(pid)
+            except OSError:
+                continue
     finally:
         LIBC.setfsuid(0)
         LIBC.setfsgid(0)
+    _signal(marked, signal.SIGKILL)
+    # Those this stopped and spared go on; those that never stopped lose the stop still pending (a SIGCONT discards
+    # it), marked or not: the next call reads them.
+    _signal([pid for pid in readable if pid in by_us and pid not in marked] + running, signal.SIGCONT)
+    return not marked and not running
 
 
 def remove_ipc(uid: int) -> None:

@@ -8,6 +8,7 @@ inotify queue of the home's watched files.
 
 from __future__ import annotations
 
+import faulthandler
 import hmac
 import os
 import resource
@@ -535,7 +536,7 @@ class Warden:
 
     def kill_command(self, command: Command) -> None:
         self.shell.interrupt()
-        procs.kill_marked(self.config.uid, command.marker)
+        procs.kill_marked(self.config.uid, command.marker, spare=(self.shell.pid,))
         command.kill_deadline = time.monotonic() + KILL_GRACE
         command.rekill_at = time.monotonic() + REKILL_EVERY
 
@@ -549,7 +550,7 @@ class Warden:
         elif time.monotonic() < job.kill_deadline:
             # Kill again: a process forked but not yet exec'd when we looked carried the shell's environment, not
             # the command's marker; by now it has exec'd (and the shell waits for it before its trap runs).
-            procs.kill_marked(self.config.uid, job.marker)
+            procs.kill_marked(self.config.uid, job.marker, spare=(self.shell.pid,))
             job.rekill_at = time.monotonic() + REKILL_EVERY
         else:  # the shell itself does not come back (stopped, or wedged in a builtin): replace it
             self.shell.kill()
@@ -736,6 +737,8 @@ def main() -> None:
         wait_on_port(int(sys.argv[2][4:]), sys.argv[3], float(sys.argv[4]))
     elif sys.argv[1:2] == ["--listen"]:
         wait_for_host(sys.argv[2])
+    # Where it is stuck, for a person at 2 a.m.: `kill -USR2` (root) writes its stack to its log (warden.log).
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a deep pristine tree is walked with open directories

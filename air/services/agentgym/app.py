@@ -136,7 +136,6 @@ def serve(config: AgentGymConfig, log_level: str = "info",
           on_ready: Callable[[AgentGymService], None] | None = None,
           service: AgentGymService | None = None) -> None:
     """Run the app with uvicorn until SIGINT or SIGTERM (which give back every sandbox and close the pool)."""
-    import uvicorn
+    from air.services.running import run_app
 
-    uvicorn.run(create_app(config, service=service, on_ready=on_ready), host=config.host, port=config.port,
-                log_level=log_level, access_log=False, timeout_graceful_shutdown=30)
+    run_app(create_app(config, service=service, on_ready=on_ready), config.host, config.port, log_level)

@@ -59,15 +59,12 @@ def serve(config: OpenEnvConfig, log_level: str = "info", on_ready: Callable[[Se
           sessions: Sessions | None = None) -> None:
     """Run the app with uvicorn until SIGINT or SIGTERM: sessions then in flight are recorded interrupted, every
     sandbox is given back and the pool closed."""
-    import uvicorn
+    from air.services.running import run_app
 
     sessions = sessions or Sessions(ServedEpisodes(config))
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            sessions.stopping = True  # the sessions uvicorn now closes were interrupted, not closed by clients
-            super().handle_exit(sig, frame)
+    def stopping() -> None:
+        sessions.stopping = True  # the sessions uvicorn now closes were interrupted, not closed by clients
 
-    app = create_app(config, sessions=sessions, on_ready=on_ready)
-    Server(uvicorn.Config(app, host=config.host, port=config.port, log_level=log_level, access_log=False,
-                          timeout_graceful_shutdown=30, ws_max_size=config.max_body_bytes)).run()
+    run_app(create_app(config, sessions=sessions, on_ready=on_ready), config.host, config.port, log_level,
+            on_exit=stopping, ws_max_size=config.max_body_bytes)

@@ -36,7 +36,7 @@ The request and response use SandboxFusion's field names and statuses, so its of
 Modules: schema (the wire models), config, recipes (languages; scripts/ holds their shell probe), service
 (the requests over the pool), compiled (one compile per program), files (a request's files in and out), jupyter
 (/run_jupyter; its driver is scripts/jupyter_driver.py), app (FastAPI and uvicorn, imported when the app is made),
-client (one that never sends a request twice). Where air differs from upstream on purpose: README's table.
+client (one that never sends a request twice). Where air differs from upstream on purpose: docs/sandbox-fusion.md.
 """
 
 from __future__ import annotations

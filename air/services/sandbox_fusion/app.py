@@ -61,7 +61,6 @@ def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusion
 def serve(config: SandboxFusionConfig, log_level: str = "info",
           on_ready: Callable[[], None] | None = None) -> None:
     """Run the app with uvicorn until SIGINT or SIGTERM (which shut down the pool and its containers)."""
-    import uvicorn
+    from air.services.running import run_app
 
-    uvicorn.run(create_app(config, on_ready=on_ready), host=config.host, port=config.port,
-                log_level=log_level, access_log=False, timeout_graceful_shutdown=30)
+    run_app(create_app(config, on_ready=on_ready), config.host, config.port, log_level)

@@ -32,8 +32,9 @@ class SandboxFusionConfig(BaseModel):
     (soft limits) of the compiler and the program, so rewards match (with 1024 MB the JVM, Go's toolchain, Node and
     Python threads cannot start, as there); data: the program's data segment only, so they run. The sandbox's
     memory limit (`memory_mb`) holds either way."""
-    pids: int = Field(256, ge=16)
-    """Processes per sandbox."""
+    pids: int = Field(1024, ge=16)
+    """Processes per sandbox at once (upstream sets none of its own: a program that keeps a few hundred children
+    alive passes there, and here)."""
     max_run_timeout: float = Field(300, gt=0)
     """Upper bound of a request's run_timeout (and compile_timeout), seconds."""
     output_limit: int = Field(1 << 20, ge=1024, le=1 << 20)

@@ -17,6 +17,7 @@ message names the cell.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from air.sandbox import AGENT_HOME, ArchiveUnwritable
@@ -42,12 +43,17 @@ from air.services.sandbox_fusion.schema import (
 
 MAX_CELLS = 1000
 """Cells of one request: every cell costs room in the driver's answer, which has a fixed budget."""
+UPSTREAM_MARGIN = 10.0
+"""Seconds upstream's server adds to total_timeout for its whole driver (python's and the kernel's start-up
+included: `run_timeout=total_timeout + 10`), which is its only bound on the cells: the cells here may run until
+the driver's start + total_timeout + this, as there."""
 STARTUP_TIMEOUT = 30.0
 """Seconds the kernel may take to answer once started (outside total_timeout, as upstream's driver start-up is);
 about 1-2 s when the machine is quiet."""
 SLACK = 15.0
 """Seconds the warden grants the driver beyond start-up and total_timeout (killing the kernel, writing the
 answer) before it kills the driver itself."""
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _ANSWER_MARGIN = 16 << 10
 """Bytes of the warden's capture of the driver's stdout kept free below the answer's budget."""
 
@@ -67,15 +73,22 @@ def plan(request: RunJupyterRequest, *, max_timeout: float, max_input_bytes: int
         raise Rejected(f"{len(request.cells)} cells; this server runs at most {MAX_CELLS} in one request")
     files, absolute = decode_files(request.files)
     no_file_is_a_directory(files)
-    size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + sum(len(c.encode()) for c in
-                                                                                   request.cells)
+    size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + sum(
+        len(c.encode("utf-8", "surrogatepass")) for c in request.cells)
     if size > max_input_bytes:
         raise Rejected(f"cells and files are {size} bytes; this server takes at most {max_input_bytes}")
+    for index, cell_code in enumerate(request.cells):
+        lone = _LONE_SURROGATE.search(cell_code)
+        if lone:
+            raise Rejected(f"cell {index} holds a lone surrogate (U+{ord(lone.group()):04X}), which no kernel message "
+                           "can carry: send the cells as valid Unicode")
     notes: list[str] = []
     total = request.total_timeout
+    if total != total:  # NaN: upstream's driver timeout (total_timeout + 10) fires at once
+        total = -UPSTREAM_MARGIN
     if total > max_timeout:
         notes.append(f"total_timeout {total:g}s lowered to this server's maximum {max_timeout:g}s")
-    total = min(max(total, 0.1), max_timeout)
+    total = min(max(total, -UPSTREAM_MARGIN), max_timeout)  # -10 or less: no time at all, as upstream
     cell = request.cell_timeout if request.cell_timeout > 0 else 0.0
     return JupyterPlan(request=request, files=files, absolute=absolute,
                        fetch=[(path, checked_path(path, "fetch")) for path in request.fetch_files],
@@ -98,13 +111,15 @@ async def execute(service, sandbox, plan: JupyterPlan) -> RunJupyterResponse:
     captured = service._captured
     budget = captured - _ANSWER_MARGIN
     job = {"directory": plan.directory, "cells": request.cells, "cell_timeout": plan.cell_timeout,
-           "total_timeout": plan.total_timeout, "startup_timeout": STARTUP_TIMEOUT, "kernel": request.kernel,
+           "total_timeout": plan.total_timeout, "margin": UPSTREAM_MARGIN,
+           "startup_timeout": STARTUP_TIMEOUT, "kernel": request.kernel,
            "memory_limit_MB": request.memory_limit_MB,
            "stream_limit": min(service.config.output_limit, budget), "budget": budget}
     oom_before = await sandbox.oom_kills()  # a kill counted from here on is the kernel's or a cell's
     result = await sandbox.session.run_untrusted(["python3", "-I", "-c", script("jupyter_driver.py")],
                                                  stdin=json.dumps(job), cwd=AGENT_HOME,
-                                                 timeout=STARTUP_TIMEOUT + plan.total_timeout + SLACK)
+                                                 timeout=STARTUP_TIMEOUT + plan.total_timeout + UPSTREAM_MARGIN
+                                                 + SLACK)
     stderr = cap_stream(result.stderr, service.config.output_limit, captured)
     answer = RunJupyterResponse(status=RunStatus.Failed, executor_pod_name=sandbox.name)
     if result.timed_out:  # the driver itself overran: upstream's only timeout, answered the same way

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -50,6 +51,8 @@ from air.services.sandbox_fusion.schema import (
     RunStatus,
 )
 
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+"""A UTF-16 half alone: JSON's `\\ud800` escape decodes to one, and no UTF-8 text holds it."""
 log = logging.getLogger("air.services.sandbox_fusion")
 
 
@@ -201,6 +204,10 @@ class SandboxFusionService:
             raise Rejected(f"language {request.language!r} is not available: {why}; available here: "
                            f"{', '.join(self.languages())}")
         recipe = RECIPES[request.language]
+        lone = _LONE_SURROGATE.search(request.code)
+        if lone:  # upstream's write of the source raises on it (HTTP 500 there): said here, nothing run
+            raise Rejected(f"code holds a lone surrogate (U+{ord(lone.group()):04X} at character {lone.start()}), "
+                           "which no source file can hold: send the code as valid Unicode")
         main = shlex.quote(recipe.main(request.code)) if recipe.main else ""  # CompileRefused first, as upstream
         files, absolute = decode_files(request.files)
         names = [*files, *absolute]
@@ -212,18 +219,25 @@ class SandboxFusionService:
         fields = {"src": shlex.quote(source or ""), "main": main,
                   "cp": shlex.quote(recipe.class_path(names)) if recipe.class_path else ""}
         no_file_is_a_directory(files)
-        stdin = request.stdin.encode() if request.stdin is not None else b""
+        notes = []
+        try:
+            stdin = request.stdin.encode() if request.stdin is not None else b""
+        except UnicodeEncodeError:  # upstream's write of it raises, is logged, and the program runs without it
+            stdin = b""
+            notes.append("stdin holds a lone surrogate, which cannot be encoded: the program ran with empty stdin, "
+                         "as SandboxFusion's does")
         size = sum(map(len, files.values())) + sum(map(len, absolute.values())) + len(stdin)
         if size > self.config.max_input_bytes:
             raise Rejected(f"code, stdin and files are {size} bytes; this server takes at most "
                            f"{self.config.max_input_bytes}")
         fetch = [(path, checked_path(path, "fetch")) for path in request.fetch_files]
-        notes = []
         limit = self.config.max_run_timeout
 
         def bounded(name: str, value: float) -> float:
-            """Past the server's maximum: lowered, and the message says so. 0 or less stays: the step then times
-            out at once without running, as upstream's does."""
+            """Past the server's maximum: lowered, and the message says so. 0 or less stays, and NaN is 0: the step
+            then times out at once without running, as upstream's does (its asyncio timer for NaN fires at once)."""
+            if value != value:
+                return 0.0
             if value > limit:
                 notes.append(f"{name} {value:g}s lowered to this server's maximum {limit:g}s")
             return min(value, limit)
@@ -304,9 +318,9 @@ class SandboxFusionService:
                        reap: bool = True, files: tuple[str, bytes] | None = None) -> CommandRunResult:
         """One step (a compile or a run) as the warden's own child: its script ends in `exec`, so the status is
         the kernel's and nothing the program prints or forks can forge a finish or an exit code. A timeout of 0
-        or less times out at once without running, as upstream's does. `files` (dest, tar) are laid down first
+        or less (or NaN) times out at once without running, as upstream's does. `files` (dest, tar) are laid down first
         whatever happens (ArchiveUnwritable)."""
-        if timeout <= 0:
+        if not timeout > 0:  # NaN too: upstream's asyncio timer for it fires at once
             if files is not None:
                 await sandbox.session.unpack(*files)
             return CommandRunResult(status=CommandRunStatus.TimeLimitExceeded, execution_time=0.0, stdout="",

@@ -2,7 +2,7 @@
 (`python3 -I -c <this file>`), and is written for that place only:
 
     stdin:  {"directory": the request's (made if missing, the kernel's cwd), "cells": [...], "cell_timeout": s,
-             "total_timeout": s, "startup_timeout": s, "kernel": "python3", "memory_limit_MB": n,
+             "total_timeout": s, "margin": s, "startup_timeout": s, "kernel": "python3", "memory_limit_MB": n,
              "stream_limit": chars, "budget": bytes}
     stdout: {"status": "Finished" | "TimeLimitExceeded" | "KernelDied" | "KernelSlow", "message": "...",
              "cells": [{"stdout", "stderr", "display", "error"}, ...]}
@@ -14,8 +14,8 @@ Why this shape:
   kernel messages, and the deadlines are kept by this process's clock.
 - `-I` (isolated mode): no directory of the request, no PYTHON* variable and no user site is on our import path,
   so a file the request uploads or a cell writes cannot replace a module this process imports later.
-- A cell past cell_timeout, or the cells past total_timeout (counted from the kernel's readiness), end the
-  request: the kernel's process group is killed and the cells that ran so far are reported; the warden reaps
+- A cell past cell_timeout, or the cells past total_timeout + margin (counted from this process's start, as
+  upstream bounds its whole driver by total_timeout + 10 s), end the request: the kernel's process group is killed and the cells that ran so far are reported; the warden reaps
   whatever else the cells left when this process exits.
 - The document must fit the warden's capture of our stdout (`budget`): each stream keeps its head and tail
   within `stream_limit` while it arrives, then the largest outputs are cut until the whole fits.
@@ -34,6 +34,7 @@ import time
 NOTE = "\n[... {} bytes of output dropped ...]\n"
 NOTE_RE = re.compile(r"\n\[\.\.\. (\d+) bytes of output dropped \.\.\.\]\n")
 FIELDS = ("stdout", "stderr", "display", "error")
+STARTED = time.monotonic()  # the driver's start: upstream's total bound counts from its driver's
 PR_SET_DUMPABLE = 4
 
 
@@ -199,7 +200,8 @@ def run_cells(request, manager, client):
     """(status, message, cells) once every cell ran, one ran too long, or the kernel died."""
     cells = []
     cell_timeout = float(request["cell_timeout"])
-    total_deadline = time.monotonic() + float(request["total_timeout"])
+    # upstream's bound: the driver's whole run (start-up included) within total_timeout + its margin
+    total_deadline = STARTED + float(request["total_timeout"]) + float(request.get("margin", 0.0))
     display_room = 4 * int(request["budget"])  # in memory; the document is fitted to the budget at the end
     for index, code in enumerate(request["cells"]):
         cell = Cell(int(request["stream_limit"]), display_room)
