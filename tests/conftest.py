@@ -16,6 +16,10 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # starts): the scripted stories' expected scores are the record's. The per-host draw, the default everywhere else,
 # is tested where a test asks for it (draw="host"; tests/test_honest_tasks.py).
 os.environ.setdefault("AIR_HIDDEN_DRAW", "reference")
+# Results of evaluations on hidden data come at once, not on the coarse clock's ticks (air/tasks/scoring.py): no policy
+# learns from the suite's timings, and the ticks would add about half of every such evaluation's time to the suite.
+# tests/test_evaluation_clock.py turns the clock back on.
+os.environ.setdefault("AIR_RESULT_CLOCK", "1")
 # The tests stand for a terminal: an `air` they start and Ctrl-C must get SIGINT as a terminal's foreground job
 # does. A launcher that runs the suite as a background job of a non-interactive shell (`.ci/run &`) passes SIGINT
 # down ignored, and an ignored signal survives exec: every child would shrug Ctrl-C off.

@@ -18,6 +18,7 @@ TICKS = sorted({release_time(d / 100) for d in range(1, 60000)})
 
 async def test_a_submission_sleeping_by_hidden_data_shows_the_agent_only_a_tick(images, run_id, tmp_path,
                                                                                 monkeypatch):
+    monkeypatch.delenv("AIR_RESULT_CLOCK", raising=False)  # the production clock (the suite turns it off)
     reports = capture_reports(monkeypatch)
     task = make_probe_task(tmp_path, hidden="1.7")
     async with SandboxPool(PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=300)) as pool:

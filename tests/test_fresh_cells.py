@@ -147,7 +147,8 @@ CELL_CLOCKS = [
 ]
 # A never-used container is another container: made (and staged) at another moment, its files elsewhere on the
 # host's disk (inode numbers, host paths), under its own name, with its own agent uid (in its passwd file).
-_MADE_BY_DOCKER = r"/|/\.dockerenv|/etc|/etc/(mtab|hostname|hosts|resolv\.conf|passwd|group)|/usr|/usr/sbin"
+_MADE_BY_DOCKER = (r"/|/\.dockerenv|/etc|/etc/(mtab|hostname|hosts|resolv\.conf|passwd|group)|/usr|/usr/sbin"
+                   r"|/run|/run/air-warden")  # the mount point of the warden's host directory
 CONTAINER_CLOCKS = [
     rf"files:({_MADE_BY_DOCKER}|/srv/air(/.*)?|/home/agent(/.*)?):(atime|mtime|ctime)",
     rf"files:({_MADE_BY_DOCKER}|/srv/air(/.*)?|/home/agent(/.*)?):ino",

@@ -151,9 +151,13 @@ class Docker:
         call = self._executor.submit(functools.partial(fn, *args, **kwargs))
         self._in_flight.add(call)
         call.add_done_callback(self._in_flight.discard)
+        waiting = asyncio.wrap_future(call)
+        # A caller that gives up (its deadline, Ctrl-C) leaves the call running: what it ends with is nobody's news
+        # then, and must not surface at exit as "Future exception was never retrieved".
+        waiting.add_done_callback(lambda f: f.cancelled() or f.exception())
         try:
             async with asyncio.timeout(timeout):
-                result = await asyncio.wrap_future(call)
+                result = await waiting
         except docker.errors.NotFound as exc:
             raise SandboxUnavailable(f"{name}: {exc.explanation or exc}") from exc
         except (asyncio.TimeoutError, requests.exceptions.Timeout) as exc:

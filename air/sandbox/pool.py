@@ -69,8 +69,9 @@ SPARE_CLAIM = 10.0
 """Seconds a recycled sandbox's claim (its host-wide slot) waits for the sandbox that replaces it, before it is
 given back: a replacement takes it over instead of creating a claim container of its own, which halves the
 containers a recycle creates and removes (churn is what trips an engine)."""
-INTERRUPTED_CLOSE = 5.0
-"""Seconds an interrupted pool's close gives the daemon to remove its sandboxes (their wardens have ended them)."""
+INTERRUPTED_CLOSE = 8.0
+"""Seconds an interrupted pool's close gives the daemon to remove its sandboxes (their wardens have ended them) and
+what calls in flight made: the command ends within 10 s of Ctrl-C, SIGTERM or SIGHUP, whatever the daemon does."""
 CELL_ATTEMPTS = 3
 """New sandboxes tried when their first cell fails where cells work, before the lease fails as infrastructure."""
 
@@ -257,12 +258,10 @@ class SandboxPool:
         await asyncio.gather(*(self._give_back(*held, timeout=max(0.1, deadline - loop.time())) for held in spare),
                              return_exceptions=True)
         with contextlib.suppress(asyncio.TimeoutError):
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(deadline):  # after the calls still in flight (a pin being made among them)
                 await self._remove_stragglers()
-                for host in self._hosts:
-                    if host.pins is not None:
-                        with contextlib.suppress(InfraError):
-                            await host.pins.close()
+                await asyncio.gather(*(host.pins.close() for host in self._hosts if host.pins is not None),
+                                     return_exceptions=True)
         if self.left_behind:
             log.warning("%d sandbox(es) left for the next sweep (`air containers clean` removes them): the Docker "
                         "daemon did not remove them within %.0f s", len(self.left_behind),

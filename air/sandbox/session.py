@@ -129,11 +129,11 @@ class Session:
     async def harness(self, argv: list[str], *, user: str = "root", cwd: str = "/", env: dict[str, str] | None = None,
                       timeout: float = 60, limit: int = 1 << 20) -> ExecResult:
         """The harness's own program (staging, a task's generator), where `docker exec` ran it: in the container's
-        own namespaces, root with the container's capabilities; the warden's child, bounded by the timeout."""
-        base = {"PATH": BASE_PATH, "HOME": "/root" if user == "root" else AGENT_HOME, "LANG": "C.UTF-8"}
+        own namespaces, with its environment (and `env`), root with the container's capabilities; the warden's
+        child, bounded by the timeout."""
         async with self._lock:
             link = await self._warden()
-            exited = await link.call(p.Exec(argv=list(argv), stdin=b"", cwd=cwd, env={**base, **(env or {})},
+            exited = await link.call(p.Exec(argv=list(argv), stdin=b"", cwd=cwd, env=dict(env or {}),
                                             timeout=timeout, limit=limit, as_root=user == "root", reap=False,
                                             in_cell=False), wait=timeout + _MARGIN)
         return ExecResult(None if exited.timed_out else exited.exit_code, exited.out, exited.err, exited.duration,

@@ -21,6 +21,7 @@ import io
 import json
 import logging
 import math
+import os
 import posixpath
 import re
 import shlex
@@ -71,6 +72,16 @@ RELEASE_BASE, RELEASE_RATIO = 1.0, 1.5
 evaluation can choose how long it takes, by the hidden data; the agent, timing its validates, then learns only which
 tick the result came on: at most log2(the ticks up to the evaluation's timeout) bits per validate (a 300 s timeout
 and the staging around it: 16 ticks, 4 bits), for a wait of at most half the evaluation's own time (SECURITY.md)."""
+
+
+def clock_ratio() -> float:
+    """The coarse clock's ratio: RELEASE_RATIO, or AIR_RESULT_CLOCK's (1 turns the clock off: for runs no policy
+    learns from, such as the test suite; SECURITY.md says what it then leaks). Read at each evaluation."""
+    value = os.environ.get("AIR_RESULT_CLOCK", "")
+    try:
+        return max(1.0, float(value)) if value else RELEASE_RATIO
+    except ValueError:
+        return RELEASE_RATIO
 
 
 def release_time(duration: float, base: float = RELEASE_BASE, ratio: float = RELEASE_RATIO) -> float:
@@ -318,7 +329,7 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec) ->
     outcome.submission = submission
     outcome.duration = outcome.released_after = time.monotonic() - started
     if saw_hidden(spec):  # how long it took may carry the hidden data: the result comes on the coarse clock's tick
-        outcome.released_after = release_time(outcome.duration)
+        outcome.released_after = release_time(outcome.duration, ratio=clock_ratio())
         await asyncio.sleep(outcome.released_after - (time.monotonic() - started))
     return outcome
 

@@ -55,8 +55,10 @@ class Program:
         # The harness's own program runs where `docker exec` ran it: the container's namespaces, root unconfined.
         here = warden.cell if request.in_cell else None
         try:
+            # The harness's own program gets the container's environment (the warden's), as `docker exec` did.
+            env = dict(request.env) if request.in_cell else {**os.environ, **request.env}
             with outside(None if request.in_cell else warden.cell):
-                self.pid = procs.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=dict(request.env),
+                self.pid = procs.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=env,
                                        fds=fds, cell=here, prepare=prepare,
                                        confined=request.in_cell or bool(self.uid))
         finally:
