@@ -81,6 +81,45 @@ def base_spec():
     return SandboxSpec(image=BASE_IMAGE, task="conformance", resources=Resources(cpus=1, memory_mb=512, pids=256))
 
 
+KUBERNETES_FAKE = os.environ.get("AIR_TEST_BACKEND") == "kubernetes-fake"
+"""`AIR_TEST_BACKEND=kubernetes-fake pytest tests/test_hardening.py ...`: every pool the tests make (and every air
+process they start) runs on the kubernetes backend, through the fake API server below, its pods local containers."""
+
+
+@pytest.fixture(scope="session", autouse=KUBERNETES_FAKE)
+def kubernetes_everywhere(request):
+    if not KUBERNETES_FAKE:
+        yield None
+        return
+    fake = request.getfixturevalue("kube_fake")
+    saved = {k: os.environ.get(k) for k in ("AIR_BACKEND", "KUBECONFIG")}
+    os.environ.update(AIR_BACKEND="kubernetes", KUBECONFIG=fake.kubeconfig)
+    yield fake
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def kube_fake(images):
+    """A FAKE Kubernetes API server (tests/kube_fake.py) whose kubelet runs each pod as a container of this machine's
+    Docker daemon, with the real warden in it: the kubernetes backend's lifecycle end to end, without a cluster."""
+    from kube_fake import FakeCluster
+
+    with FakeCluster(kubelet="docker") as fake:
+        yield fake
+
+
+def kubernetes_config(kubeconfig: str, **pool: object):
+    """A PoolConfig for the kubernetes backend on a fake (or real) cluster."""
+    from air.sandbox import PoolConfig
+    from air.sandbox.kubernetes.config import KubernetesConfig
+
+    return PoolConfig(backend="kubernetes", kubernetes=KubernetesConfig(kubeconfig=kubeconfig), gpu_ids=[], **pool)
+
+
 # ----- the order test files start in ------------------------------------------------------------------------------
 MEASURED_SECONDS = {
     # A file's serial time in the Docker lane (`--durations`, one file at a time on the shared 2-core machine,

@@ -1,6 +1,7 @@
 """Conformance of the sandbox runtime against a real Docker daemon: sessions, exec, limits, pool, cleanup; the
 session and reset tests run against every kind of sandbox (cells in warm containers, a container per lease, on a host
-reached over TCP)."""
+reached over TCP, and pods of the kubernetes backend through the fake API server of tests/kube_fake.py, whose kubelet
+runs each pod as a container here)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,17 @@ async def agent_processes(sandbox) -> list[str]:
             and not line.startswith(("sh -c", "timeout ", "tr ", "grep "))]
 
 
-@pytest.fixture(params=["warm", "containers", "tcp"])
+async def kill_sandbox(sandbox, docker_client) -> None:
+    """Kill a sandbox's container from outside, as the OOM killer, an operator or a node's failure would (a pod's
+    through the fake's kubelet)."""
+    fake = getattr(sandbox, "fake", None)
+    if fake is not None:
+        fake.control("kill", namespace="air", name=sandbox.name)
+    else:
+        docker_client.api.kill(sandbox.container_id)
+
+
+@pytest.fixture(params=["warm", "containers", "tcp", "kubernetes"])
 async def pool(request, images, docker_client, run_id):
     """The conformance suite: every test here that takes `pool` runs against each kind of sandbox the pool makes:
     warm containers whose every lease is a new cell, a new container for every lease (hosts that forbid cells), and
@@ -36,8 +47,30 @@ async def pool(request, images, docker_client, run_id):
     may remain."""
     from docker_proxy import CuttableProxy
 
-    proxy = None
+    proxy = fake = None
     config = dict(run_id=run_id, max_sandboxes=24, gpu_ids=[], lease_timeout=120)
+    if request.param == "kubernetes":
+        from conftest import kubernetes_config
+
+        fake = request.getfixturevalue("kube_fake")
+        p = SandboxPool(kubernetes_config(fake.kubeconfig, run_id=run_id, max_sandboxes=24, lease_timeout=120))
+        p.fake = fake
+        original = p._new_pod
+
+        async def new_pod(*args, **kwargs):  # each sandbox knows its fake, for kill_sandbox
+            sandbox = await original(*args, **kwargs)
+            sandbox.fake = fake
+            return sandbox
+
+        p._new_pod = new_pod
+        await p.start()
+        try:
+            yield p
+        finally:
+            await p.close()
+        left = fake.stats()["objects"]
+        assert not left.get("pods"), f"pods left by the test: {left}"
+        return
     if request.param == "containers":
         config["isolation"] = "containers"
     elif request.param == "tcp":
@@ -219,7 +252,9 @@ async def test_memory_hog_is_oom_killed_not_reported_as_timeout(pool):
 
 async def test_no_network_and_non_root(pool, base_spec):
     async with pool.lease(base_spec) as sb:
-        r = await sb.session.run("ls /sys/class/net; id -u")
+        # The agent's own network namespace (/proc/net/dev; /sys/class/net shows the namespace that mounted /sys, a
+        # pod's eth0 on the kubernetes backend).
+        r = await sb.session.run("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; id -u")
         assert r.stdout.split() == ["lo", str(sb.agent_uid)] and sb.agent_uid >= 2**30
         r = await sb.session.run(
             "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)\"", timeout=20)
@@ -232,7 +267,7 @@ async def test_container_killed_mid_command_is_sandbox_unavailable(pool, base_sp
         async with pool.lease(base_spec) as sb:
             running = asyncio.create_task(sb.session.run("sleep 30", timeout=60))
             await asyncio.sleep(0.5)
-            docker_client.api.kill(sb.container_id)
+            await kill_sandbox(sb, docker_client)
             await running
     await pool.wait_idle()
     assert pool.stats.recycled >= 1
@@ -240,7 +275,7 @@ async def test_container_killed_mid_command_is_sandbox_unavailable(pool, base_sp
         assert (await sb.session.run("echo back")).stdout == "back\n"
 
 
-async def test_pid1_killed_is_sandbox_unavailable(pool, base_spec):
+async def test_pid1_killed_is_sandbox_unavailable(pool, base_spec, docker_client):
     import os
     import signal
 
@@ -248,7 +283,10 @@ async def test_pid1_killed_is_sandbox_unavailable(pool, base_spec):
         async with pool.lease(base_spec) as sb:
             # Init ignores signals from inside its own pid namespace, so kill it from the host, as the OOM
             # killer or an operator would.
-            os.kill((await sb.status())["Pid"], signal.SIGKILL)
+            if getattr(sb, "fake", None) is not None:  # a pod's pid 1 is its warden: the container dies with it
+                await kill_sandbox(sb, docker_client)
+            else:
+                os.kill((await sb.status())["Pid"], signal.SIGKILL)
             await asyncio.sleep(0.5)
             await sb.session.run("echo hi", timeout=10)
 

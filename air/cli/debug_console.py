@@ -315,8 +315,10 @@ class DebugConsole:
             finally:
                 self.loop.run(pool.close())
         if kept is not None:
+            remove = (getattr(kept, "kubectl_delete", "")  # a pod of the kubernetes backend
+                      or f"docker rm -f {kept.name} (or `air containers clean --kept`)")
             self.note(f"kept container {kept.name}; enter it with:\n  {enter_command(kept, kept_init)}\n"
-                      f"remove it with: docker rm -f {kept.name} (or `air containers clean --kept`)")
+                      f"remove it with: {remove}")
 
     def _loop(self, episode: Episode) -> None:
         from air.episode.parse import Command, parse_reply
@@ -379,6 +381,11 @@ def enter_command(sandbox, init: int) -> str:
     """The command that gives a person the agent's shell in a kept sandbox: in its cell (nsenter to the cell's init,
     then the agent's uid), or, without cells, in the container."""
     uid = sandbox.agent_uid
+    kubectl = getattr(sandbox, "kubectl_exec", "")  # a pod of the kubernetes backend
+    if kubectl:
+        enter = (f"nsenter --target {init} --mount --uts --ipc --net --pid --setuid {uid} --setgid {uid}" if init
+                 else f"setpriv --reuid {uid} --regid {uid} --clear-groups")
+        return f"{kubectl} {enter} env HOME=/home/agent USER=agent bash -c 'cd ~/workspace && exec bash'"
     if not init:
         return f"docker exec -it -u {uid} -w /home/agent/workspace {sandbox.name} bash"
     return (f"docker exec -it {sandbox.name} nsenter --target {init} --mount --uts --ipc --net --pid "

@@ -24,6 +24,12 @@ class Check:
 def run_checks() -> list[Check]:
     """Docker (client, daemon, storage, runtimes), GPUs and the NVIDIA runtime, every recipe's image, how leases
     start fresh here (cells or a container each), SandboxFusion's languages."""
+    from air.sandbox.spec import PoolConfig
+
+    backend = PoolConfig().backend
+    if backend == "kubernetes":  # sandboxes are pods: the cluster's rows, no Docker on this machine needed
+        return [Check("sandbox backend", True, "kubernetes (PoolConfig.backend; AIR_BACKEND)", required=False),
+                *_kubernetes_checks()]
     import docker
 
     from air.errors import DockerUnavailable
@@ -31,7 +37,9 @@ def run_checks() -> list[Check]:
     from air.sandbox.claims import detect_gpus
     from air.sandbox.docker_api import connect, docker_host
 
-    checks = [Check("docker client", True,
+    checks = [Check("sandbox backend", True, "docker (PoolConfig.backend; AIR_BACKEND=kubernetes for a cluster)",
+                    required=False),
+              Check("docker client", True,
                     f"docker SDK {docker.__version__}; CLI {'found' if shutil.which('docker') else 'not found'}",
                     required=False)]
     try:
@@ -184,6 +192,16 @@ def _isolation_checks(info: dict) -> list[Check]:
         fix = "rootless Docker cannot mount a cell's /proc: use a rootful daemon for cells"
     return [Check("isolation", True, f"a new container per lease (slower; same guarantees): {ready.why_not}",
                   fix, required=False), *pinned]
+
+
+def _kubernetes_checks() -> list[Check]:
+    """The cluster's rows (air/sandbox/kubernetes/probe.py)."""
+    import asyncio
+
+    from air.sandbox.kubernetes.config import KubernetesConfig
+    from air.sandbox.kubernetes.probe import probe
+
+    return [Check(r.name, r.ok, r.detail, r.fix, r.required) for r in asyncio.run(probe(KubernetesConfig()))]
 
 
 def _sandbox_fusion_checks(client) -> list:

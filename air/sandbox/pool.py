@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import importlib
 import logging
 import random
 import signal
@@ -116,6 +117,14 @@ class _Host:
 
 
 class SandboxPool:
+    def __new__(cls, config: PoolConfig | None = None, docker: Docker | None = None):
+        """`PoolConfig.backend` picks the engine: every caller makes `SandboxPool(config)`, and gets the kubernetes
+        backend's subclass when the config asks for it. Resolved by name (a plugin lookup, as inspect's sandbox
+        providers are), so that this module never imports a backend built on it."""
+        if cls is SandboxPool and (config or PoolConfig()).backend != "docker":
+            cls = importlib.import_module(f"air.sandbox.{(config or PoolConfig()).backend}.pool").POOL
+        return super().__new__(cls)
+
     def __init__(self, config: PoolConfig | None = None, docker: Docker | None = None):
         self.config = config or PoolConfig()
         self.run_id = self.config.run_id or new_run_id()
@@ -206,6 +215,10 @@ class SandboxPool:
                     continue
                 if swept:
                     log.warning("removed %d container(s) left by dead runs on %s", len(swept), host.name)
+        await self._serve(warm_specs)
+
+    async def _serve(self, warm_specs: list[SandboxSpec]) -> None:
+        """The engine is reached: the exit backstop, SIGTERM's unwinding if asked, then `warm_specs` warmed."""
         atexit.register(self._atexit_backstop)
         if self.config.unwind_on_sigterm:
             unwind_on_sigterm()

@@ -71,7 +71,7 @@ class Session:
             # Nothing the agent does can end the warden: its loss is the sandbox's, and what the old warden
             # guaranteed (a reset) cannot be vouched for by a new one.
             self.sandbox.mark_broken("its warden is gone")
-            raise WardenGone(f"the warden of {self.sandbox.short_id} is gone")
+            raise WardenGone(f"the warden of {self.sandbox.short_id} is gone ({self.sandbox.broken})")
         return self._link
 
     async def start(self) -> None:

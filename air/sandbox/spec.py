@@ -7,8 +7,9 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from air.sandbox.kubernetes.config import KubernetesConfig
 from air.sandbox.layout import AGENT_UID_BASE, SHM_MB, WARDEN_MB
 
 
@@ -80,6 +81,11 @@ class DockerHost(BaseModel):
 class PoolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    backend: Literal["docker", "kubernetes"] = Field(
+        default_factory=lambda: os.environ.get("AIR_BACKEND") or "docker")
+    """Where sandboxes run: containers of Docker daemons ("docker": this machine's, or `hosts`), or pods of a
+    Kubernetes cluster ("kubernetes", set up by `kubernetes`; docs/kubernetes.md). AIR_BACKEND sets the default."""
+    kubernetes: KubernetesConfig = KubernetesConfig()
     warm: int = Field(0, ge=0)
     """Idle sandboxes kept ready per key once a key has been used (or pre-warmed at start)."""
     max_sandboxes: int = Field(32, ge=1)
@@ -121,7 +127,9 @@ class PoolConfig(BaseModel):
     gpu_ids: list[str] | None = None
     """GPU ids of the local Docker host this pool may hand out; None = detect with nvidia-smi; [] = none."""
     hosts: list[DockerHost] = []
-    """Docker daemons to place sandboxes on, by load and free GPUs; empty = the local one (with `gpu_ids`)."""
+    """Docker daemons to place sandboxes on, by load and free GPUs; empty = the local one (with `gpu_ids`). Kept for
+    a few Docker machines without a cluster; on a cluster, `backend="kubernetes"` places pods and the scheduler gives
+    out slots and GPUs (docs/kubernetes.md)."""
     reuse_gpu_sandboxes: bool = False
     """Keep released GPU sandboxes warm for this process. Off: they are removed on release, so their GPUs go back
     to every process on the host at once (a new container costs ~0.3 s, a GPU task minutes), and no worker that
@@ -141,3 +149,9 @@ class PoolConfig(BaseModel):
     """How long creating a sandbox waits for unreachable Docker daemons (a restart) before failing."""
     host_retry: float = Field(10, gt=0)
     """Seconds a daemon that failed is left out of placement before it is tried again."""
+
+    @model_validator(mode="after")
+    def _hosts_are_dockers(self) -> PoolConfig:
+        if self.backend == "kubernetes" and self.hosts:
+            raise ValueError("`hosts` names Docker daemons; with backend=\"kubernetes\" the cluster places pods")
+        return self

@@ -53,7 +53,12 @@ def hello(sandbox: Sandbox) -> p.Hello:
                    epoch=FIXED_MTIME,
                    cells=sandbox.cells, home_mb=spec.workspace_mb or 2048, tmp_mb=spec.tmp_mb, shm_mb=SHM_MB,
                    pin_pages=sandbox.pin_pages, pinned_elsewhere=sorted(spec.read_only_mounts),
-                   hidden=[WARDEN_DIR] if sandbox.channel is not None else [])
+                   hidden=[WARDEN_DIR] if sandbox.channel is not None or _address(sandbox) else [])
+
+
+def _address(sandbox: Sandbox) -> tuple[str, int] | None:
+    """A pod's IP and port, where its warden listens (air/sandbox/kubernetes/); None for a Docker container."""
+    return getattr(sandbox, "warden_address", None)
 
 
 class WardenGone(SandboxUnavailable):
@@ -78,7 +83,11 @@ class WardenLink:
         a host directory (a daemon on this machine) has its warden as its main process, reached on its socket there:
         the Docker daemon carries nothing. Elsewhere the warden is a `docker exec` and speaks on its stream."""
         link = cls(sandbox)
-        if sandbox.channel is not None:
+        if _address(sandbox):  # a pod's own port: the same secret-first handshake over TCP
+            reader, link._writer = await link._connect_tcp(_address(sandbox), timeout)
+            link._writer.write(sandbox.channel_secret)
+            demux = False
+        elif sandbox.channel is not None:
             reader, link._writer = await link._connect(sandbox.channel, timeout)
             link._writer.write(sandbox.channel_secret)
             demux = False
@@ -108,6 +117,20 @@ class WardenLink:
                 why = _tail(directory / "warden.log") or "its log is empty"
                 raise WardenGone(f"the warden of {self.sandbox.short_id} did not listen within {timeout:g}s: {why}")
             await asyncio.sleep(0.005)
+
+    async def _connect_tcp(self, address: tuple[str, int], timeout: float
+                           ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect to the warden on its pod's port, once it listens (the pod is running, so it soon does)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                async with asyncio.timeout(max(0.1, deadline - asyncio.get_running_loop().time())):
+                    return await asyncio.open_connection(*address, limit=1 << 22)
+            except (ConnectionRefusedError, OSError, asyncio.TimeoutError) as exc:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise WardenGone(f"the warden of {self.sandbox.short_id} did not listen on {address[0]}:"
+                                     f"{address[1]} within {timeout:g}s: {exc}") from None
+            await asyncio.sleep(0.02)
 
     async def _exec(self, sandbox: Sandbox) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         docker = sandbox.docker

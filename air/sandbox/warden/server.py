@@ -660,14 +660,60 @@ def wait_for_host(directory: str) -> None:
         listener.bind(path)
     finally:
         os.umask(mask)
+    conn = _take_host(listener, secret, ACCEPT_TIMEOUT)
+    os.unlink(path)
+    _speak_on(conn)
+
+
+# ----- a pod's own port (air/sandbox/kubernetes/) -------------------------------------------------------------------
+def wait_on_port(port: int, secret_file: str, accept_timeout: float) -> None:
+    """As a pod's main process: the same handshake on the pod's own TCP port (a NetworkPolicy admits only the env
+    server to it). The secret comes from a Secret volume, which the kubelet mounts read-only: the warden reads it,
+    then unmounts that volume (CAP_SYS_ADMIN, which cells need anyway), so nothing started later in the pod finds it;
+    without that capability (no cells) it stays, a root-only file. `accept_timeout` 0 waits for ever (a pod of an
+    agent-sandbox warm pool waits for its claim); the run's Lease and its sweep bound such a pod's life instead."""
+    global LISTENING
+    LISTENING = True
+    # A pod has no pids limit of its own (the node's kubelet sets one for every pod): every process the warden starts
+    # inherits this, and the kernel counts it per real uid, so the agent (and code under evaluation), under the
+    # sandbox's own uid, may have the task's number of processes; root, the warden and the harness, is exempt.
+    pids = int(os.environ.get("AIR_AGENT_PIDS") or 0)
+    if pids:
+        resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+    with open(secret_file, "rb") as f:
+        secret = f.read()
+    procs.LIBC.umount2(os.path.dirname(secret_file).encode(), 2)  # MNT_DETACH; failing is fine (see above)
+    try:  # dual-stack where the pod has IPv6, else IPv4 alone
+        listener = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("::", port))
+    except OSError:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0", port))
+    conn = _take_host(listener, secret, accept_timeout or None)
+    # An env server whose node vanished sends no FIN: keepalives find it within about a minute, and the warden then
+    # ends as when its host closes the connection (the pod completes, holding nothing).
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 60000)):
+        if hasattr(socket, option):
+            conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    _speak_on(conn)
+
+
+def _take_host(listener: socket.socket, secret: bytes, accept_timeout: Optional[float]) -> socket.socket:
+    """The first connection that sends the secret (compared in constant time); any other is closed. The listener is
+    closed once the host is in: nobody can connect after it."""
     listener.listen(4)
-    deadline = time.monotonic() + ACCEPT_TIMEOUT
+    deadline = None if accept_timeout is None else time.monotonic() + accept_timeout
     while True:
-        listener.settimeout(max(0.1, deadline - time.monotonic()))
+        listener.settimeout(None if deadline is None else max(0.1, deadline - time.monotonic()))
         try:
             conn, _ = listener.accept()
         except socket.timeout:
-            sys.stderr.write("air warden: no host connected within %gs\n" % ACCEPT_TIMEOUT)
+            sys.stderr.write("air warden: no host connected within %gs\n" % accept_timeout)
             os._exit(3)
         conn.settimeout(5)
         proof = b""
@@ -683,7 +729,10 @@ def wait_for_host(directory: str) -> None:
             break
         conn.close()
     listener.close()
-    os.unlink(path)
+    return conn
+
+
+def _speak_on(conn: socket.socket) -> None:
     conn.settimeout(None)
     os.dup2(conn.fileno(), 0)
     os.dup2(conn.fileno(), 1)
@@ -694,7 +743,9 @@ def main() -> None:
     if sys.version_info < (3, 9):
         sys.exit("air's warden needs python3 >= 3.9 in the image, found %s" % sys.version.split()[0])
     procs.LIBC.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: not even root without CAP_SYS_PTRACE may look inside
-    if sys.argv[1:2] == ["--listen"]:
+    if sys.argv[1:2] == ["--listen"] and sys.argv[2].startswith("tcp:"):  # --listen tcp:PORT SECRET_FILE TIMEOUT
+        wait_on_port(int(sys.argv[2][4:]), sys.argv[3], float(sys.argv[4]))
+    elif sys.argv[1:2] == ["--listen"]:
         wait_for_host(sys.argv[2])
     # Where it is stuck, for a person at 2 a.m.: `kill -USR2` (root) writes its stack to its log (warden.log).
     faulthandler.register(signal.SIGUSR2, all_threads=True)

@@ -1,0 +1,381 @@
+"""`KubernetesPool`: the warm pool of air/sandbox/pool.py with pods for containers. `SandboxPool(config)` makes one
+when `config.backend == "kubernetes"`, so every caller (tasks, services, the CLI, the verifiers taskset) is unchanged.
+
+What it keeps of the Docker pool (the subclass inherits it): leases and waits, idle sandboxes per key with a warm
+target, a health check before a lease, a reset (a new cell) on release, recycling after an infrastructure error, an
+OOM kill or `max_leases`, background work tracked by close(). What differs, and why:
+
+- Slots are the cluster's: a namespace's ResourceQuota refuses a pod past it (403 "exceeded quota"); the creation
+  waits, within `lease_timeout`, as a Docker lease waits for a host's slot. air makes no claim objects.
+- GPUs are the scheduler's: a pod asks for `nvidia.com/gpu`, and the device plugin gives each GPU to one pod. A
+  scoring sandbox that borrows its rollout's GPUs on Docker (`lease(gpus_of=...)`) asks for its own here.
+- Readiness and loss come from one watch of the run's pods (watch.py). A pod the cluster takes away before it served
+  (evicted, its node lost, its image not pulled, never scheduled) is replaced by a new pod, `pod_attempts` in all;
+  one taken away during a lease fails that rollout as infrastructure at once, named in the cluster's words.
+- Cleanup: every object is owned by the run's Lease (sweep.py); close() ends every warden (their pods complete),
+  deletes the run's pods and the Lease (2 calls for the whole run); a SIGKILLed run is swept by the next start.
+- Warm pods: air's own (this pool creates and keeps them), or, where kubernetes-sigs/agent-sandbox's CRDs are installed
+  (`warm_pool`), its controller's: one SandboxTemplate and SandboxWarmPool per key, a SandboxClaim per sandbox (the
+  controller hands over a warm pod, labelled with the claim's token, which the watch finds), deleting the claim
+  removes the pod. Those pods wait for their claim without end (their warden's accept timeout is off): the run's
+  Lease bounds their life instead.
+- No page-cache pins of the image: on Docker a pin container per image and host holds its pages; a cluster would
+  need one per image and node (a DaemonSet). Not built: docs/kubernetes.md says what stays open.
+
+The inherited methods rely on `_create` releasing the slot it was given (`_reserved`) and on `_remove` calling
+`sandbox.remove()`, as the Docker pool's own do; tests/test_kubernetes_lifecycle.py runs them against the fake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import random
+import secrets
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+
+from air.errors import InfraError, PoolExhausted, SandboxUnavailable
+from air.sandbox.kubernetes import manifests as m
+from air.sandbox.kubernetes.api import ApiError, ApiUnavailable, KubeApi, QuotaExceeded
+from air.sandbox.kubernetes.sandbox import PodSandbox
+from air.sandbox.kubernetes.sweep import RunLease, sweep
+from air.sandbox.kubernetes.watch import PodState, PodWatch
+from air.sandbox.labels import owner_token
+from air.sandbox.pool import CellFailed, SandboxPool
+from air.sandbox.session import Session
+from air.sandbox.spec import PoolConfig, SandboxSpec
+from air.sandbox.warden import warden_program
+
+log = logging.getLogger("air.kubernetes")
+UID_RANGE = 1 << 20
+"""Agent uids are drawn from this many past the pool's base plus 65536 (a cluster has no host-wide slot numbers to
+derive them from): two pods on one node share one with probability about pods²/2²¹ (0.5% for 100 pods on a node),
+and then per-user kernel limits are shared between them; `user_namespaces` makes every pod's uids its own."""
+
+
+class PodLost(SandboxUnavailable):
+    """The cluster took a pod away, or never started it: infrastructure, never the agent's."""
+
+
+@dataclass
+class _Cluster:
+    """The cluster, where the Docker pool has a host: whether its pods build cells (learned from the first)."""
+
+    name: str
+    cells: bool | None = None
+
+
+class KubernetesPool(SandboxPool):
+    def __init__(self, config: PoolConfig | None = None, docker: object = None):
+        config = config or PoolConfig(backend="kubernetes")
+        super().__init__(config)
+        self.kube = config.kubernetes
+        self.api = KubeApi(self.kube)
+        self.watch: PodWatch | None = None
+        self.run_lease: RunLease | None = None
+        self.cluster = _Cluster(name=self.kube.namespace)
+        self.replaced: Counter[str] = Counter()
+        """Pods replaced before they served, by what the cluster did (evicted, image, node, ...)."""
+        self._pods: dict[str, PodSandbox] = {}
+        self.claims = False
+        """Warm pods come from agent-sandbox's controller (SandboxClaim), not from this pool's own creations."""
+        self._templates: dict[str, tuple[str, bytes]] = {}  # key -> (template and warm pool name, their secret)
+        self._template_lock = asyncio.Lock()
+
+    @property
+    def docker(self):
+        raise InfraError("this pool's sandboxes are pods of a Kubernetes cluster: there is no Docker daemon")
+
+    @property
+    def gpu_ids(self) -> tuple[str, ...]:
+        return ()
+
+    async def page_cache_pins(self) -> list[dict]:
+        return []
+
+    # ----- lifecycle --------------------------------------------------------------------------------------------
+    async def start(self, warm_specs: list[SandboxSpec] = ()) -> None:
+        """Reach the cluster, sweep runs whose Lease expired, make this run's Lease (the owner of all it makes), the
+        warden's ConfigMap and the NetworkPolicy, start the watch of the run's pods, then warm `warm_specs`."""
+        await self.api.open()
+        self.cluster.name = f"{self.api.host} namespace {self.kube.namespace}"
+        if self.config.sweep_dead_runs:
+            try:
+                swept = await sweep(self.api, keep_run=self.run_id)
+            except ApiError as exc:  # no reason not to serve: the next start sweeps
+                log.warning("sweep of %s failed: %s", self.cluster.name, exc)
+            else:
+                if swept:
+                    log.warning("removed %d object(s) of runs that ended without cleaning up", len(swept))
+        if self.kube.warm_pool != "pods":
+            self.claims = await self.api.group_installed(m.AGENT_SANDBOX_API, "sandboxclaims")
+            if self.kube.warm_pool == "agent-sandbox" and not self.claims:
+                raise ApiUnavailable(0, "NotFound", f"warm_pool=\"agent-sandbox\", but {self.api.host} serves no "
+                                     f"SandboxClaim ({m.AGENT_SANDBOX_API}): install agent-sandbox's extensions, "
+                                     "or use warm_pool=\"pods\"")
+        self.run_lease = RunLease(self.api, self.run_id, owner_token(), self.kube.run_lease_seconds)
+        await self.run_lease.create()
+        owner = self.run_lease.reference
+        await self.api.create("configmaps", m.warden_config_map(self.run_id, self.kube.namespace, warden_program(),
+                                                                owner), mine="*")
+        await self.api.create("networkpolicies", m.network_policy(self.run_id, self.kube.namespace, self.kube,
+                                                                  owner), mine="*")
+        self.watch = PodWatch(self.api, f"{m.RUN}={m.label_value(self.run_id)},{m.ROLE}=agent", self._on_lost)
+        await self.watch.start()
+        await self._serve(warm_specs)
+
+    async def close(self, timeout: float | None = None) -> list[str]:
+        """End every warden (their pods complete at once), then delete the run's pods and its Lease, whose other
+        objects the garbage collector takes, within `timeout` seconds (PoolConfig.close_timeout). What the API server
+        did not delete by then is left to the next sweep: the pods' names are returned and kept in `left_behind`."""
+        if self._closed:
+            return self.left_behind
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.close_timeout if timeout is None else timeout)
+        async with self._changed:
+            self._changed.notify_all()
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                while self._background:
+                    await asyncio.gather(*list(self._background), return_exceptions=True)
+        doomed = list(self._live)
+        await asyncio.gather(*(sb.session.close() for sb in doomed if sb._session is not None),
+                             return_exceptions=True)
+        self.stats.removed += len(doomed)
+        self._live.clear()
+        self._idle.clear()
+        try:
+            async with asyncio.timeout_at(deadline):
+                if self._started:
+                    await self.api.delete_collection("pods",
+                                                     f"{m.RUN}={m.label_value(self.run_id)},{m.KEPT}!=true")
+                if self.run_lease is not None:
+                    await self.run_lease.delete()
+        except (ApiError, asyncio.TimeoutError) as exc:  # the Lease expires and the next sweep takes the rest
+            self.left_behind = [sb.name for sb in doomed]
+            log.warning("could not delete the run's objects on %s (%s): the next sweep takes them after the run's "
+                        "Lease expired", self.cluster.name, exc or "timed out")
+        finally:
+            if self.watch is not None:
+                await self.watch.close()
+            await self.api.close()
+            atexit.unregister(self._atexit_backstop)
+        return self.left_behind
+
+    def _atexit_backstop(self) -> None:
+        # The process exits without close() (an unhandled exception, SIGTERM): the event loop is gone, so a new one
+        # deletes the run's Lease and pods with a client of its own. SIGKILL leaves them to the next sweep.
+        async def end_run() -> None:
+            api = KubeApi(self.kube.model_copy(update={"api_attempts": 2, "request_timeout": 10}))
+            try:
+                await api.open()
+                await api.delete_collection("pods", f"{m.RUN}={m.label_value(self.run_id)},{m.KEPT}!=true")
+                await api.delete("leases", m.run_lease_name(self.run_id), grace=None)
+            finally:
+                await api.close()
+
+        with contextlib.suppress(Exception):
+            asyncio.run(end_run())
+
+    # ----- one pod -----------------------------------------------------------------------------------------------
+    async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> PodSandbox:
+        """A ready sandbox in the slot the caller reserved: a pod, its Secret, its warden's first cell. A pod the
+        cluster takes away before it serves, or whose cell cannot be built where cells work, is replaced
+        (`pod_attempts` pods in all). Borrowed GPUs (`lent_gpus`) cannot move between pods: the pod asks for its own."""
+        deadline = asyncio.get_running_loop().time() + self.config.lease_timeout
+        try:
+            attempts = self.kube.pod_attempts
+            for attempt in range(1, attempts + 1):
+                sandbox: PodSandbox | None = None
+                try:
+                    sandbox = await self._new_pod(spec, deadline)
+                    self.stats.created += 1
+                    self._live.add(sandbox)
+                    sandbox.attach(Session(sandbox))
+                    try:
+                        await sandbox.session.reset()
+                    except InfraError as exc:
+                        if sandbox.lost is not None:
+                            raise PodLost(f"pod {sandbox.name}: {sandbox.lost.reason}") from exc
+                        if not sandbox.session.cells:
+                            raise
+                        raise CellFailed(f"pod {sandbox.name} could not build a cell: {exc}") from exc
+                    self._learn_cells(self.cluster, sandbox)
+                    return sandbox
+                except (PodLost, CellFailed) as exc:
+                    if sandbox is not None:
+                        await self._remove(sandbox)
+                    self.replaced[_kind(str(exc))] += 1
+                    if attempt == attempts:
+                        raise PodLost(f"{attempts} pod(s) in a row failed before serving; the last: {exc}") from None
+                    log.warning("%s; trying a new pod", exc)
+                except BaseException:
+                    if sandbox is not None:
+                        await self._remove(sandbox)
+                    raise
+            raise AssertionError("unreachable")
+        finally:
+            async with self._changed:
+                self._reserved -= 1
+                self._changed.notify_all()
+
+    async def _new_pod(self, spec: SandboxSpec, deadline: float) -> PodSandbox:
+        """Create the pod (waiting while the namespace's quota is full), then its Secret, then wait for the watch to
+        see it running; or claim one of agent-sandbox's warm pods."""
+        if self.claims:
+            return await self._claimed_pod(spec, deadline)
+        loop = asyncio.get_running_loop()
+        name = f"{m.dns_name('air', spec.task or 'sandbox', limit=40)}-{uuid.uuid4().hex[:10]}"
+        token, uid = uuid.uuid4().hex[:16], self.config.agent_uid_base + 65536 + random.randrange(UID_RANGE)
+        cells = self._wants_cells(self.cluster)
+        pin_pages = self.config.page_cache == "pinned"
+        body = m.sandbox_pod(spec, self.kube, name=name, run=self.run_id, token=token, owner=self.run_lease.reference,
+                             owner_token=owner_token(), agent_uid=uid, cells=cells, pin_pages=pin_pages,
+                             apparmor=self.config.apparmor)
+        created = await self._create_within_quota(body, token, deadline)
+        secret = secrets.token_bytes(32)
+        sandbox = PodSandbox(None, spec, created["metadata"]["uid"], name,
+                             tuple(str(i) for i in range(spec.resources.gpus)), image_id=spec.image, agent_uid=uid,
+                             cells=cells, pin_pages=pin_pages, channel_secret=secret,
+                             pod_uid=created["metadata"]["uid"], namespace=self.kube.namespace,
+                             remover=self._delete_pod)
+        self._pods[name] = sandbox
+        try:
+            await self.api.create("secrets", m.pod_secret(name, self.kube.namespace, self.run_id, secret,
+                                                          m.owner_reference(created)), mine="*")
+            state, _ = await self.watch.wait(name, max(0.0, min(self.kube.ready_timeout, deadline - loop.time())))
+        except BaseException:
+            await self._delete_pod(sandbox)
+            raise
+        return await self._ready(sandbox, state, f"pod {name}")
+
+    async def _template(self, spec: SandboxSpec) -> tuple[str, bytes]:
+        """The key's SandboxTemplate and SandboxWarmPool (one name), made at its first lease, with the Secret their
+        pods share (the NetworkPolicy admits only the env server to any of them)."""
+        async with self._template_lock:
+            if spec.key not in self._templates:
+                name, secret, owner = m.dns_name("air", self.run_id, m.short_key(spec.key)), secrets.token_bytes(32), \
+                    self.run_lease.reference
+                await self.api.create("secrets", m.pod_secret(name, self.kube.namespace, self.run_id, secret, owner),
+                                      mine="*")
+                labels = {k: v for k, v in m.sandbox_labels(spec, self.run_id, "").items() if k != m.SANDBOX}
+                pod_spec = m.pod_spec(spec, self.kube, run=self.run_id, cells=self._wants_cells(self.cluster),
+                                      pin_pages=self.config.page_cache == "pinned", apparmor=self.config.apparmor,
+                                      secret=name, accept_timeout=0)
+                await self.api.create("sandboxtemplates", m.sandbox_template(
+                    name, self.kube.namespace, self.run_id, pod_spec, labels, owner, self.kube), mine="*")
+                replicas = max(1, self._warm_target.get(spec.key, self.config.warm))
+                await self.api.create("sandboxwarmpools", m.sandbox_warm_pool(
+                    name, self.kube.namespace, self.run_id, name, replicas, owner), mine="*")
+                self._templates[spec.key] = (name, secret)
+        return self._templates[spec.key]
+
+    async def _claimed_pod(self, spec: SandboxSpec, deadline: float) -> PodSandbox:
+        """A SandboxClaim on the key's warm pool: the controller labels the pod it hands over with the claim's token;
+        deleting the claim removes that pod."""
+        loop = asyncio.get_running_loop()
+        template, secret = await self._template(spec)
+        name = f"{m.dns_name('air', spec.task or 'sandbox', limit=40)}-{uuid.uuid4().hex[:10]}"
+        token, uid = uuid.uuid4().hex[:16], self.config.agent_uid_base + 65536 + random.randrange(UID_RANGE)
+        await self.api.creates.take()
+        claim = await self.api.create("sandboxclaims", m.sandbox_claim(
+            name, self.kube.namespace, self.run_id, template, template, self.run_lease.reference, {m.SANDBOX: token}),
+            mine="*")
+        sandbox = PodSandbox(None, spec, claim["metadata"]["uid"], name,
+                             tuple(str(i) for i in range(spec.resources.gpus)), image_id=spec.image, agent_uid=uid,
+                             cells=self._wants_cells(self.cluster), pin_pages=self.config.page_cache == "pinned",
+                             channel_secret=secret, claim=name, namespace=self.kube.namespace,
+                             remover=self._delete_pod)
+        try:
+            state, pod = await self.watch.wait("", max(0.0, min(self.kube.ready_timeout, deadline - loop.time())),
+                                               token=token)
+        except BaseException:
+            await self._delete_pod(sandbox)
+            raise
+        if pod:
+            sandbox.name = pod
+            self._pods[pod] = sandbox
+        return await self._ready(sandbox, state, f"claim {name}")
+
+    async def _ready(self, sandbox: PodSandbox, state: PodState, what: str) -> PodSandbox:
+        """The sandbox with its warden's address, or PodLost (its pod deleted) if the watch saw no ready pod."""
+        if state.phase != "ready":
+            await self._delete_pod(sandbox)
+            why = state.reason if state.phase == "lost" else f"not ready within {self.kube.ready_timeout:g}s " \
+                                                            f"({state.reason})"
+            raise PodLost(f"{what}: {why}")
+        sandbox.warden_address, sandbox.node = (state.address, self.kube.warden_port), state.node
+        sandbox.image_id = state.image_id or sandbox.image_id
+        return sandbox
+
+    async def _create_within_quota(self, body: dict, token: str, deadline: float) -> dict:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self.api.creates.take()
+            try:
+                return await self.api.create("pods", body, mine=token)
+            except QuotaExceeded as exc:
+                if loop.time() >= deadline:
+                    raise PoolExhausted(f"no slot free in namespace {self.kube.namespace} within "
+                                        f"{self.config.lease_timeout:g}s: {exc.message}") from None
+            async with self._changed:  # a release of ours frees a slot at once; other processes' after a while
+                with contextlib.suppress(asyncio.TimeoutError):
+                    async with asyncio.timeout(min(random.uniform(0.5, 2.0), max(deadline - loop.time(), 0.01))):
+                        await self._changed.wait()
+
+    async def _delete_pod(self, sandbox: PodSandbox) -> bool:
+        """One DELETE (its Secret follows by ownerReference); whether it went. A failure is logged: the run's Lease
+        owns the pod, so the garbage collector takes it with the run at the latest."""
+        self._pods.pop(sandbox.name, None)
+        if self.watch is not None:
+            self.watch.forget(sandbox.name)
+        try:
+            if sandbox.claim:  # the controller removes the claim's pod
+                await self.api.delete("sandboxclaims", sandbox.claim, grace=None)
+            else:
+                await self.api.delete("pods", sandbox.name)
+        except ApiError as exc:
+            log.warning("could not delete %s: %s", sandbox.claim or f"pod {sandbox.name}", exc)
+            return False
+        return True
+
+    def _on_lost(self, name: str, state: PodState) -> None:
+        """The watch saw the cluster take a pod away: whatever waits on its warden fails now, as infrastructure."""
+        sandbox = self._pods.get(name)
+        if sandbox is None:
+            return
+        sandbox.lost = state
+        sandbox.mark_broken(state.reason)
+        link = getattr(sandbox._session, "_link", None)
+        if link is not None:  # a pod torn down sends no FIN: do not wait for the connection to time out
+            self._spawn(link.close(f"went with its pod: {state.reason}"))
+
+    def forget(self, sandbox: PodSandbox) -> None:
+        """`air debug --keep`: the pod leaves the run (no ownerReference, labelled kept), so neither close(), the
+        garbage collector nor a sweep removes it; `kubectl delete pod` does."""
+        self._live.discard(sandbox)
+        self._pods.pop(sandbox.name, None)
+        if self.watch is not None:
+            self.watch.forget(sandbox.name)
+        sandbox.mark_broken("kept by its lessee")
+        self._spawn(self.api.patch("pods", sandbox.name, {"metadata": {"labels": {m.KEPT: "true"},
+                                                                         "ownerReferences": None}}))
+
+
+def _kind(reason: str) -> str:
+    """What a replaced pod met, in one word (the bench and `air doctor` count them)."""
+    for word, kind in (("evicted", "evicted"), ("could not be pulled", "image"), ("DisruptionTarget", "node"),
+                       ("taking the pod away", "node"), ("deleted", "deleted"), ("not scheduled", "unschedulable"),
+                       ("not ready within", "timeout"), ("cell", "cell")):
+        if word in reason:
+            return kind
+    return "ended"
+
+
+POOL = KubernetesPool
+"""What `SandboxPool(config)` makes when `config.backend == "kubernetes"` (air/sandbox/pool.py)."""

@@ -1,0 +1,70 @@
+"""The kubernetes backend on a REAL cluster: run only where KUBECONFIG names one (skipped everywhere else, this
+machine and CI included; they have not run on a real cluster yet). The nodes must pull the image named by
+AIR_TEST_KUBERNETES_IMAGE (default air/base:latest: push air's base image to a registry they reach), and the
+namespace (AIR_KUBERNETES_NAMESPACE, default air) be set up (`air kubernetes setup --slots 16 | kubectl apply -f -`).
+The lifecycle, conformance and attack tests run here against the fake (tests/kube_fake.py); these check what only a
+cluster can: that its API server admits every manifest (server-side dry run: schemas, the allowPrivilegeEscalation
+rule, Pod Security), and that a pod of its kubelet builds cells and gives the agent no network."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from air.sandbox import SandboxPool, SandboxSpec
+
+pytestmark = pytest.mark.kubernetes
+IMAGE = os.environ.get("AIR_TEST_KUBERNETES_IMAGE", "air/base:latest")
+
+
+@pytest.fixture
+def kubeconfig() -> str:
+    path = os.environ.get("KUBECONFIG")
+    if not path or os.environ.get("AIR_TEST_BACKEND") == "kubernetes-fake":
+        pytest.skip("no Kubernetes cluster: KUBECONFIG names none")
+    return path
+
+
+async def test_the_api_server_admits_every_manifest(kubeconfig):
+    from air.sandbox.kubernetes import manifests as m
+    from air.sandbox.kubernetes.api import KubeApi
+    from air.sandbox.kubernetes.config import KubernetesConfig
+    from test_kubernetes_manifests import OWNER, every_manifest
+
+    config = KubernetesConfig(kubeconfig=kubeconfig)
+    api = KubeApi(config)
+    await api.open()
+    try:
+        for name, manifest in every_manifest().items():
+            kind = {"Pod": "pods", "Secret": "secrets", "ConfigMap": "configmaps", "Lease": "leases",
+                    "NetworkPolicy": "networkpolicies"}.get(manifest["kind"])
+            if kind is None or "template" in name:
+                continue
+            body = {**manifest, "metadata": {**manifest["metadata"], "namespace": config.namespace}}
+            body["metadata"]["ownerReferences"] = [] if body["metadata"].get("ownerReferences") == [OWNER] else \
+                body["metadata"].get("ownerReferences", [])
+            await api.request("POST", api.path(kind), kind=kind, body=body, query={"dryRun": "All"})
+        assert m.SUPPORTED_VERSIONS
+    finally:
+        await api.close()
+
+
+async def test_a_lease_on_the_cluster_builds_cells_without_network(kubeconfig):
+    from conftest import kubernetes_config
+
+    async with SandboxPool(kubernetes_config(kubeconfig, max_sandboxes=2, lease_timeout=600)) as pool:
+        async with pool.lease(SandboxSpec(image=IMAGE, task="cluster")) as sb:
+            assert sb.session.cells, sb.session.ready
+            r = await sb.session.run("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; id -u")
+            assert r.stdout.split() == ["lo", str(sb.agent_uid)]
+    from air.sandbox.kubernetes.api import KubeApi
+
+    api = KubeApi(pool.kube)
+    await api.open()
+    try:
+        left = await api.list("pods", f"air/run={pool.run_id}")
+    finally:
+        await api.close()
+    assert all(p["metadata"].get("deletionTimestamp") or p["status"]["phase"] in ("Succeeded", "Failed")
+               for p in left.get("items", []))
