@@ -141,3 +141,17 @@ def pytest_collection_modifyitems(config, items):
         counts[item.path.name] = counts.get(item.path.name, 0) + 1
     # stable: each file's own tests keep their order
     items.sort(key=lambda item: (-MEASURED_SECONDS.get(item.path.name, 0), -counts[item.path.name], item.path.name))
+
+
+@pytest.fixture
+def daemon_proxy(docker_client):
+    """A TCP front for the local daemon (tests/docker_proxy.py) that can cut itself off or answer chosen requests
+    late: a daemon elsewhere, stalled or wedged, as far as its clients can tell."""
+    from docker_proxy import CuttableProxy
+
+    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not host.startswith("unix://"):
+        pytest.skip("the proxy fronts a local daemon's unix socket")
+    proxy = CuttableProxy(host.removeprefix("unix://"))
+    yield proxy
+    proxy.close()

@@ -662,16 +662,9 @@ def test_a_terminal_shows_waiting_for_the_model(images, tmp_path, run_id):
 
 # ----- a slow daemon ---------------------------------------------------------------------------------------------
 @pytest.fixture
-def slow_daemon(docker_client):
-    """A TCP front for the local daemon (tests/docker_proxy.py) that can answer chosen requests late."""
-    from docker_proxy import CuttableProxy
-
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not host.startswith("unix://"):
-        pytest.skip("the proxy fronts a local daemon's unix socket")
-    proxy = CuttableProxy(host.removeprefix("unix://"))
-    yield proxy
-    proxy.close()
+def slow_daemon(daemon_proxy):
+    """A TCP front for the local daemon that can answer chosen requests late (conftest's daemon_proxy)."""
+    return daemon_proxy
 
 
 @pytest.mark.docker

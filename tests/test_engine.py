@@ -32,18 +32,11 @@ def test_an_engine_past_its_end_of_life_is_said_and_a_current_one_passes():
 
 
 @pytest.fixture
-def wedged_daemon(docker_client):
-    """A TCP front for the local daemon that never answers /info in time, while it still lists containers: how
-    Docker 20.10 looked once libnetwork had deadlocked."""
-    from docker_proxy import CuttableProxy
-
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not host.startswith("unix://"):
-        pytest.skip("the proxy fronts a local daemon's unix socket")
-    proxy = CuttableProxy(host.removeprefix("unix://"))
-    proxy.hold_answers(rb"GET /v[\d.]+/info", 60)
-    yield proxy
-    proxy.close()
+def wedged_daemon(daemon_proxy):
+    """The local daemon, fronted so that it never answers /info in time while it still lists containers: how Docker
+    20.10 looked once libnetwork had deadlocked."""
+    daemon_proxy.hold_answers(rb"GET /v[\d.]+/info", 60)
+    return daemon_proxy
 
 
 @pytest.mark.docker
@@ -59,23 +52,9 @@ def test_air_doctor_recognises_a_wedged_daemon_and_names_its_fix(wedged_daemon):
     assert "kill -TERM $(pidof dockerd)" in daemon["fix"] and "live-restore" in daemon["fix"], daemon
 
 
-@pytest.fixture
-def slow_removals(docker_client):
-    """A TCP front for the local daemon that holds back its answers to removals for a minute: a stalled daemon, as
-    far as what a closing pool needs from it."""
-    from docker_proxy import CuttableProxy
-
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not host.startswith("unix://"):
-        pytest.skip("the proxy fronts a local daemon's unix socket")
-    proxy = CuttableProxy(host.removeprefix("unix://"))
-    yield proxy
-    proxy.close()
-
-
 @pytest.mark.docker
 @pytest.mark.slow
-async def test_a_pool_closes_within_its_bound_when_the_daemon_stalls_and_names_what_it_left(images, slow_removals,
+async def test_a_pool_closes_within_its_bound_when_the_daemon_stalls_and_names_what_it_left(images, daemon_proxy,
                                                                                             run_id, docker_client,
                                                                                             caplog):
     """A daemon that does not answer removals: the pool's close ends within its bound all the same, says how many
@@ -85,13 +64,13 @@ async def test_a_pool_closes_within_its_bound_when_the_daemon_stalls_and_names_w
 
     from air.sandbox import DockerHost, PoolConfig, SandboxPool, SandboxSpec, list_air_containers
 
-    url = f"tcp://127.0.0.1:{slow_removals.port}"
+    url = f"tcp://127.0.0.1:{daemon_proxy.port}"
     pool = SandboxPool(PoolConfig(run_id=run_id, hosts=[DockerHost(url=url, gpu_ids=[])], page_cache="shared"))
     await pool.start()
     async with pool.lease(SandboxSpec(image="air/base:latest", task="stall")) as sb:
         assert (await sb.session.run("echo up")).stdout == "up\n"
     await pool.wait_idle()
-    slow_removals.hold_answers(rb"DELETE /v[\d.]+/containers/", 60)
+    daemon_proxy.hold_answers(rb"DELETE /v[\d.]+/containers/", 60)
     started = time.monotonic()
     left = await pool.close(timeout=3)
     assert time.monotonic() - started < 30, "close waited for the daemon past its bound"

@@ -60,35 +60,24 @@ async def test_a_lease_cannot_reach_the_next_lease_through_the_page_cache(images
 
 
 @pytest.mark.parametrize("isolation", ["cells", "containers"])
-async def test_an_evaluation_cannot_reach_a_later_evaluation(images, run_id, probe_task, monkeypatch, isolation):
-    """Code under evaluation writes while it holds the hidden data; the next evaluation's code reads (the same scoring
-    sandbox's next cell, or with isolation=containers a new scoring sandbox)."""
+@pytest.mark.parametrize("reader", ["a later evaluation", "the agent"])
+async def test_an_evaluation_cannot_reach(images, run_id, probe_task, monkeypatch, isolation, reader):
+    """Code under evaluation writes while it holds the hidden data; then reads either the next evaluation's code (the
+    same scoring sandbox's next cell, or with isolation=containers a new scoring sandbox), or the agent's next
+    command in its own sandbox (another container of the image)."""
     reports = capture_reports(monkeypatch)
-    sent = message(1)
+    sent = message(1 if reader == "a later evaluation" else 2)
     config = PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=300, isolation=isolation)
     async with SandboxPool(config) as pool:
         env = TaskEnvironment(probe_task, pool)
         async with env.lease() as sandbox:
             wrote = await evaluated(env, sandbox, command("write", sent), reports)
             assert "wrote" in wrote["output"], wrote["output"]
-            read = await evaluated(env, sandbox, command("read", str(BITS)), reports)
-    assert_chance(sent, recovered(read["output"]), f"evaluation to the next evaluation ({isolation})")
-
-
-@pytest.mark.parametrize("isolation", ["cells", "containers"])
-async def test_an_evaluation_cannot_reach_the_agent(images, run_id, probe_task, monkeypatch, isolation):
-    """Code under evaluation writes; the agent's next command reads, in its own sandbox (another container of the
-    image)."""
-    reports = capture_reports(monkeypatch)
-    sent = message(2)
-    config = PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=300, isolation=isolation)
-    async with SandboxPool(config) as pool:
-        env = TaskEnvironment(probe_task, pool)
-        async with env.lease() as sandbox:
-            wrote = await evaluated(env, sandbox, command("write", sent), reports)
-            assert "wrote" in wrote["output"], wrote["output"]
-            got = await agent_reads(sandbox)
-    assert_chance(sent, got, f"evaluation to the agent's next command ({isolation})")
+            if reader == "the agent":
+                got = await agent_reads(sandbox)
+            else:
+                got = recovered((await evaluated(env, sandbox, command("read", str(BITS)), reports))["output"])
+    assert_chance(sent, got, f"evaluation to {reader} ({isolation})")
 
 
 async def test_a_sandbox_fusion_request_cannot_reach_the_next_request(images, run_id):

@@ -42,7 +42,7 @@ from air.sandbox.labels import make_labels
 from air.sandbox.layout import AGENT_HOME, AIR_DIR
 from air.sandbox.spec import SandboxSpec
 from air.sandbox.warden import PIN_MODULES, bundle
-from air.sandbox.warden.pinner import HOST_DIR
+from air.sandbox.warden.pinner import HOST_DIR, lock_held
 
 log = logging.getLogger("air.pagecache")
 
@@ -130,7 +130,7 @@ class PageCachePins:
             pin.holder_fd = fd
         deadline = time.monotonic() + timeout
         while True:
-            alive = _held(directory / "alive.lock")
+            alive = lock_held(str(directory / "alive.lock"))
             if alive and (directory / "ready").exists():
                 return
             if not alive:  # none yet, one starting, one that closed (or was killed), or one that failed
@@ -270,21 +270,6 @@ class _Exists(Exception):
 
 class _NotLocal(Exception):
     pass
-
-
-def _held(path: Path) -> bool:
-    """Is the lock file held by a live process?"""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def _read(path: Path) -> str:

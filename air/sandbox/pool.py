@@ -236,18 +236,8 @@ class SandboxPool:
         `air containers clean`): its names are returned, kept in `left_behind`, and said in the log."""
         if self._closed:
             return self.left_behind
-        self._closed = True
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self.config.close_timeout if timeout is None else timeout)
-        async with self._changed:
-            self._changed.notify_all()
-        with contextlib.suppress(asyncio.TimeoutError):
-            async with asyncio.timeout_at(deadline):
-                while self._background:
-                    await asyncio.gather(*list(self._background), return_exceptions=True)
-        doomed = list(self._live)
-        await asyncio.gather(*(sb.session.close() for sb in doomed if sb._session is not None),
-                             return_exceptions=True)
+        deadline, doomed = await self._end_wardens(timeout)
         removed = await asyncio.gather(*(self._remove(sb, patience=max(0.1, deadline - loop.time()))
                                          for sb in doomed), return_exceptions=True)
         self.left_behind = [sb.name for sb, gone in zip(doomed, removed) if gone is not True]
@@ -268,6 +258,24 @@ class SandboxPool:
                         self.config.close_timeout if timeout is None else timeout)
         atexit.unregister(self._atexit_backstop)
         return self.left_behind
+
+    async def _end_wardens(self, timeout: float | None) -> tuple[float, list[Sandbox]]:
+        """The first half of every backend's close: no more work starts, background work gets until the deadline,
+        and every live sandbox's warden is told to end it (it then stops, whatever the engine does). The deadline
+        (the loop's time) and the sandboxes that were live."""
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.close_timeout if timeout is None else timeout)
+        async with self._changed:
+            self._changed.notify_all()
+        with contextlib.suppress(asyncio.TimeoutError):
+            async with asyncio.timeout_at(deadline):
+                while self._background:
+                    await asyncio.gather(*list(self._background), return_exceptions=True)
+        doomed = list(self._live)
+        await asyncio.gather(*(sb.session.close() for sb in doomed if sb._session is not None),
+                             return_exceptions=True)
+        return deadline, doomed
 
     async def _remove_stragglers(self) -> None:
         """Remove what Docker calls abandoned by their callers (Ctrl-C, a deadline) created after all: a claim

@@ -134,18 +134,7 @@ class KubernetesPool(SandboxPool):
         did not delete by then is left to the next sweep: the pods' names are returned and kept in `left_behind`."""
         if self._closed:
             return self.left_behind
-        self._closed = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self.config.close_timeout if timeout is None else timeout)
-        async with self._changed:
-            self._changed.notify_all()
-        with contextlib.suppress(asyncio.TimeoutError):
-            async with asyncio.timeout_at(deadline):
-                while self._background:
-                    await asyncio.gather(*list(self._background), return_exceptions=True)
-        doomed = list(self._live)
-        await asyncio.gather(*(sb.session.close() for sb in doomed if sb._session is not None),
-                             return_exceptions=True)
+        deadline, doomed = await self._end_wardens(timeout)
         self.stats.removed += len(doomed)
         self._live.clear()
         self._idle.clear()

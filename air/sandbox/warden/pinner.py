@@ -24,14 +24,15 @@ from air.sandbox.warden.pages import PinError, files_under, hold_in_children
 HOST_DIR = "/run/air-pin"
 
 
-def _alive(path: str) -> bool:
-    """Is the lock file at path held by a live process? (A holder's lock goes with its process.)"""
+def lock_held(path: str) -> bool:
+    """Is the lock file at path held by a live process? (A lock goes with its process; asking takes a shared lock,
+    so that two who ask at once never see each other.) Used by the pin, and by the air processes that rely on it."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError:
         return True
     finally:
@@ -48,7 +49,7 @@ def _holders(directory: str) -> int:
         return 0
     for name in names:
         path = os.path.join(directory, name)
-        if _alive(path):
+        if lock_held(path):
             alive += 1
         else:
             try:
