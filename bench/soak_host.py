@@ -3,8 +3,8 @@
     python bench/soak_host.py [--minutes 45] [--json]
 
 At once, until the time is up:
-- `air eval` of five bundled tasks, 40 rollouts 8 at a time, again and again;
-- verifiers' env server (`python -m air_mlgym.serve`, two workers) driven with 8 episodes in flight, again and again;
+- `air eval` of five bundled tasks, 40 rollouts 8 at a time, again and again (`--scale`: rollouts per task);
+- verifiers' env server (`python -m air_mlgym.serve`, two workers) driven with 16 episodes, 8 at a time, again;
 - `air serve openenv`, played by OpenEnv's own client (two sessions at a time);
 - `air serve sandbox-fusion`, asked `print(1)`-sized programs (four at a time);
 - a watch on the daemon every 30 s: `docker info` and `docker ps`, each within 15 s. A wedge is `ps` answering while
@@ -74,14 +74,14 @@ class Soak:
         while not self.over():
             n += 1
             out = self.folder / f"eval-{n}"
-            argv = [sys.executable, "-m", "air.cli.main", "eval", *TASKS, "-n", str(8 * self.scale), "-c", "8",
-                    "--out", str(out), "--json"]
+            argv = [sys.executable, "-m", "air.cli.main", "eval", *TASKS, "-n", str(self.scale), "-c", "8",
+                    "--out", str(out)]
             proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.PIPE, env=self.env, cwd=self.folder)
             stdout, stderr = await proc.communicate()
             try:
-                rollouts = json.loads(stdout.decode().strip().splitlines()[-1])["rollouts"]
-            except (ValueError, IndexError, KeyError):
+                rollouts = json.loads((out / "summary.json").read_text())["rollouts"]
+            except (OSError, ValueError, KeyError):
                 self.failed("air eval", f"exit {proc.returncode}: {stderr.decode()}")
                 continue
             self.done["eval rollouts"] += sum(r["ok"] for r in rollouts)
@@ -98,7 +98,7 @@ class Soak:
         while not self.over():
             n += 1
             argv = [sys.executable, "-m", "air_mlgym.serve", "drive", "--address", f"tcp://127.0.0.1:{port}",
-                    "-m", "air-scripted", "--client.base-url", model_url, "-r", str(4 * self.scale), "-c", "8",
+                    "-m", "air-scripted", "--client.base-url", model_url, "-r", str(2 * self.scale), "-c", "8",
                     "-o", str(self.folder / f"served-{n}")]
             proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.STDOUT, env=self.env,
@@ -133,7 +133,7 @@ class Soak:
             while not self.over():
                 try:
                     async with GenericEnvClient(base_url=f"http://127.0.0.1:{port}", message_timeout_s=600) as env:
-                        await env.reset(item=TASKS[0])
+                        await env.reset(item=f"{TASKS[0]}#0")
                         for reply in SCRIPTS[TASKS[0]].replies:
                             result = await env.step({"reply": reply})
                             if result.done:
@@ -239,7 +239,8 @@ async def soak(minutes: float, scale: int = 1) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=45)
-    parser.add_argument("--scale", type=int, default=5, help="rollouts per task per air eval (8 x scale)")
+    parser.add_argument("--scale", type=int, default=8,
+                        help="rollouts per task per air eval; the env server drives 2 x scale")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     result = asyncio.run(soak(args.minutes, args.scale))

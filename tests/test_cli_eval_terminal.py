@@ -23,7 +23,7 @@ def test_eval_in_an_80_column_terminal_shows_moving_rollouts_then_a_table_that_f
     screen = pyte.Screen(COLUMNS, LINES)
     stream = pyte.ByteStream(screen)
     child = pexpect.spawn(sys.executable, ["-m", "air.cli.main", "eval", "prisoners-dilemma",
-                                           "tabular-classification", "-n", "2", "-c", "2", "--out",
+                                           "tabular-classification", "-n", "1", "-c", "2", "--out",
                                            str(tmp_path / "run")],
                           dimensions=(LINES, COLUMNS), timeout=900, env={**os.environ, "TERM": "xterm-256color"})
     turns_seen: set[int] = set()
@@ -48,7 +48,7 @@ def test_eval_in_an_80_column_terminal_shows_moving_rollouts_then_a_table_that_f
     (ARTIFACTS / "air-eval-80-columns.txt").write_text(text + "\n")
     rows = [line for line in text.splitlines() if line.startswith("│")]
     header = [line for line in text.splitlines() if line.startswith("┃")]
-    assert len(header) == 1 and len(rows) == 4, text  # one line per rollout: nothing wrapped onto a second line
+    assert len(header) == 1 and len(rows) == 2, text  # one line per rollout: nothing wrapped onto a second line
     assert all(line.rstrip().endswith("│") for line in rows), text
     assert "-0.0000" not in text
     best = [line.split("│")[7].strip() for line in rows]
