@@ -20,6 +20,10 @@ os.environ.setdefault("AIR_HIDDEN_DRAW", "reference")
 # learns from the suite's timings, and the ticks would add about half of every such evaluation's time to the suite.
 # tests/test_evaluation_clock.py turns the clock back on.
 os.environ.setdefault("AIR_RESULT_CLOCK", "1")
+# A SIGHUP ignored here (the suite run under `nohup`) would be ignored by every air process a test starts, and the
+# tests that end one with SIGHUP would wait for nothing: the processes the tests start get the default, as from a
+# terminal.
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 # The tests stand for a terminal: an `air` they start and Ctrl-C must get SIGINT as a terminal's foreground job
 # does. A launcher that runs the suite as a background job of a non-interactive shell (`.ci/run &`) passes SIGINT
 # down ignored, and an ignored signal survives exec: every child would shrug Ctrl-C off.
@@ -122,16 +126,18 @@ def kubernetes_config(kubeconfig: str, **pool: object):
 
 # ----- the order test files start in ------------------------------------------------------------------------------
 MEASURED_SECONDS = {
-    # A file's serial time in the Docker lane (`--durations`, one file at a time on the shared 2-core machine,
+    # A file's time in the Docker lane of `.ci/run` (its junit report: two workers on the 2-core machine,
     # 2026-11-24; experiments.md). pytest-xdist hands whole files to the two workers as they free up, by default
-    # the files with the most tests first, which put these few-test, minutes-long files last: one worker then ran
+    # the files with the most tests first, which put the few-test, minutes-long files last: one worker then ran
     # them alone while the other idled. Longest first instead (`--no-loadscope-reorder` keeps this order), so the
     # run ends on short files. Files not listed follow, most tests first, as before.
-    "test_vf_eval.py": 339, "test_env_server.py": 282, "test_trl_grpo.py": 197, "test_honest_tasks.py": 191,
-    "test_cli_failures.py": 156, "test_agentgym.py": 155, "test_fresh_cells.py": 150, "test_sandbox.py": 147,
-    "test_agentgym_trainers.py": 142, "test_sandbox_fusion_languages.py": 81, "test_trl_grpo_tools.py": 72,
-    "test_mlgym_bench.py": 51, "test_openenv.py": 48, "test_sandbox_fusion_jupyter.py": 36,
-    "test_sandbox_fusion.py": 29, "test_sandbox_fusion_compat.py": 15,
+    "test_vf_eval.py": 219, "test_sandbox.py": 209, "test_env_server.py": 203, "test_cli_failures.py": 167,
+    "test_soak_host.py": 140, "test_trl_grpo.py": 95, "test_sandbox_fusion_languages.py": 90, "test_agentgym.py": 90,
+    "test_honest_tasks.py": 89, "test_fresh_cells.py": 80, "test_adversarial.py": 71, "test_openenv.py": 70,
+    "test_agentgym_trainers.py": 66, "test_integrity.py": 63, "test_serve_exits.py": 60, "test_tools_format.py": 58,
+    "test_run_endings.py": 49, "test_cli_research.py": 48, "test_harbor_runs.py": 45, "test_mlgym.py": 40,
+    "test_harbor_sandbox.py": 38, "test_sandbox_fusion_jupyter.py": 34, "test_replay.py": 32,
+    "test_mlgym_bench.py": 28, "test_harbor_environment.py": 28, "test_host_budget.py": 26, "test_images_cli.py": 25,
 }
 
 

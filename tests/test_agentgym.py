@@ -208,6 +208,7 @@ def trajectory_file(srv: Server, task_id: str, ended_by: str) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # bench/heavy_tests.sh: load; many clients at once is also test_agentgym_trainers'
 def test_sixteen_concurrent_episodes(server):
     """16 env clients at once, each in its own thread as AgentGym-RL's rollout steps them: every one gets its
     own env_idx and sandbox and the exact hand-computed return."""

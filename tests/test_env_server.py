@@ -184,6 +184,7 @@ def test_served_rollouts_have_exact_rewards(pool, scripted_server, tmp_path, ima
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # bench/heavy_tests.sh; a sandbox lost mid-episode, served, is the tools-format test below
 def test_a_killed_worker_loses_only_its_rollouts(scripted_server, tmp_path, images,  # noqa: F811
                                                  docker_client):
     """SIGKILL one of two workers while all four regression rollouts sleep: the other worker's rollouts come

@@ -17,7 +17,7 @@ from test_trl_grpo import TASK, load_example, train_keeping_batches
 from air.episode.trajectory import read_trajectory
 from air.sandbox import list_air_containers
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.heavy]  # a second TRL training: bench/heavy_tests.sh
 
 
 def test_grpo_in_the_tools_format(images, docker_client, tmp_path, monkeypatch):

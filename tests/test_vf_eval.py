@@ -121,6 +121,8 @@ def air_containers(docker_client, run: str) -> set[str]:
     return {c.id for c in docker_client.containers.list(all=True, filters={"label": f"air.run={run}"})}
 
 
+# verifiers' null harness is also in test_vf_eval_in_the_tools_format_with_verifiers_harnesses[null]
+@pytest.mark.heavy  # bench/heavy_tests.sh
 def test_vf_eval_with_verifiers_null_harness(scripted_server, tmp_path, images, docker_client, run_id):
     """verifiers' own `null` harness (about 1.2 s a turn of its overhead) on one task: the breadth of tasks is
     the test above's; this one is about the harness."""
@@ -282,7 +284,7 @@ def stranger_server(request, tmp_path):
 
 
 @pytest.mark.parametrize(("harness", "stranger_server", "tasks"), [
-    ("bash", "bash", ["prisoners-dilemma", "regression-rmse"]), ("null", "python", ["prisoners-dilemma"])],
+    ("bash", "bash", ["regression-rmse"]), ("null", "python", ["prisoners-dilemma"])],
     indirect=["stranger_server"], ids=["bash", "null"])
 def test_vf_eval_in_the_tools_format_with_verifiers_harnesses(harness, stranger_server, tasks, tmp_path, images,
                                                                docker_client, run_id):
