@@ -1,9 +1,10 @@
 """Fault injection: the Docker daemon stalls (SIGSTOP) in the middle of an `air eval`-like batch, then resumes.
 
-    python bench/fault_daemon_stall.py [--rollouts 8] [--concurrency 4] [--after 20] [--stall 60]
+    python bench/fault_daemon_stall.py [--rollouts 8] [--concurrency 4] [--after 10] [--stall 60]
 
 Rollouts of prisoners-dilemma by a slow policy (a command of a few seconds, then a validate, over and over: each
-episode lasts minutes) run `--concurrency` at a time. `--after` seconds in, dockerd (and its containerd) get SIGSTOP
+episode lasts minutes) run `--concurrency` at a time. `--after` seconds after the first wave has validated once
+(so its sandboxes and scoring sandboxes exist), dockerd (and its containerd) get SIGSTOP
 for `--stall` seconds, then SIGCONT. Expected (issue #39):
 - episodes in flight keep running commands and validates while the daemon is stopped (their steps are counted);
 - a lease that needs a new sandbox meanwhile waits, and goes on once the daemon answers;
@@ -82,6 +83,10 @@ async def main(rollouts: int, concurrency: int, after: float, stall: float, roun
                                  "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
 
     async def fault() -> None:
+        # In flight means an episode with its sandbox and its scoring sandbox made: the first wave's validates
+        # done. (Stopped earlier, the first validates wait for their scoring sandboxes, as new leases do.)
+        while sum(kind == "validate" for _, kind in steps) < min(concurrency, rollouts):
+            await asyncio.sleep(0.5)
         await asyncio.sleep(after)
         pids = engine_pids()
         window["stopped"] = time.monotonic() - t0
@@ -114,7 +119,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--after", type=float, default=20)
+    parser.add_argument("--after", type=float, default=10)
     parser.add_argument("--stall", type=float, default=60)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--seconds", type=float, default=3)
