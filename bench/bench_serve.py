@@ -173,10 +173,10 @@ def serve_model(port_file: Path, turns: int) -> None:
     """The instant model: air's scripted test-double server answering `echo` commands, then `submit`."""
     from aiohttp import web
 
-    from air.policies.scripted import SUBMIT, Script, ScriptedPolicy
+    from air.policies.scripted import SUBMIT_TURN, Script, ScriptedPolicy, _bash
     from air.policies.scripted_server import make_app
 
-    script = Script(replies=(*(f"```bash\necho turn {i}\n```" for i in range(1, turns)), SUBMIT))
+    script = Script(turns=(*(_bash(f"echo turn {i}") for i in range(1, turns)), SUBMIT_TURN))
 
     async def run() -> None:
         runner = web.AppRunner(make_app(ScriptedPolicy(only=script)), access_log=None)
