@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 
 import typer
 from rich.table import Table
 
 from air.cli.app import JsonFlag, app, out, print_json
+from air.checks import Check
 from air.cli.images import sandbox_fusion_languages
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-    required: bool = True
 
 
 def run_checks() -> list[Check]:
@@ -201,7 +194,7 @@ def _kubernetes_checks() -> list[Check]:
     from air.sandbox.kubernetes.config import KubernetesConfig
     from air.sandbox.kubernetes.probe import probe
 
-    return [Check(r.name, r.ok, r.detail, r.fix, r.required) for r in asyncio.run(probe(KubernetesConfig()))]
+    return asyncio.run(probe(KubernetesConfig()))
 
 
 def _sandbox_fusion_checks(client) -> list:

@@ -3,8 +3,8 @@ whether its Pod Security level lets cells run), the slots its ResourceQuota give
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from air.checks import Check
 from air.sandbox.kubernetes import manifests as m
 from air.sandbox.kubernetes.api import ApiError, KubeApi, NotFound
 from air.sandbox.kubernetes.config import KubernetesConfig
@@ -12,34 +12,27 @@ from air.sandbox.kubernetes.config import KubernetesConfig
 SETUP = "air kubernetes setup --namespace {ns} --slots N | kubectl apply -f -"
 
 
-@dataclass(frozen=True)
-class Row:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
-    required: bool = True
 
 
-async def probe(config: KubernetesConfig) -> list[Row]:
+async def probe(config: KubernetesConfig) -> list[Check]:
     api = KubeApi(config.model_copy(update={"api_attempts": 2, "request_timeout": 15}))
     try:
         await api.open()
         version = await api.request("GET", "/version", kind="discovery")
     except ApiError as exc:
         await api.close()
-        return [Row("kubernetes API", False, str(exc), "set KUBECONFIG (or PoolConfig.kubernetes.kubeconfig)")]
+        return [Check("kubernetes API", False, str(exc), "set KUBECONFIG (or PoolConfig.kubernetes.kubeconfig)")]
     ns, fix = config.namespace, SETUP.format(ns=config.namespace)
-    rows = [Row("kubernetes API", True, f"{api.host} ({version.get('gitVersion', '?')})")]
+    rows = [Check("kubernetes API", True, f"{api.host} ({version.get('gitVersion', '?')})")]
     try:
         try:
             namespace = await api.request("GET", f"/api/v1/namespaces/{ns}", kind="namespaces")
         except NotFound:
-            rows.append(Row("namespace", False, f"{ns} does not exist", fix))
+            rows.append(Check("namespace", False, f"{ns} does not exist", fix))
             return rows
         level = (namespace["metadata"].get("labels") or {}).get("pod-security.kubernetes.io/enforce", "")
         cells = level in ("", "privileged")
-        rows.append(Row("namespace", True, f"{ns} (Pod Security: {level or 'not enforced'}"
+        rows.append(Check("namespace", True, f"{ns} (Pod Security: {level or 'not enforced'}"
                         f"{'' if cells else '; cells need SYS_ADMIN, which it refuses: isolation=containers only'})",
                         "" if cells else f"kubectl label namespace {ns} pod-security.kubernetes.io/enforce=privileged "
                         "--overwrite", required=False))
@@ -47,14 +40,14 @@ async def probe(config: KubernetesConfig) -> list[Row]:
         pods = [(q["metadata"]["name"], q.get("status", {}).get("used", {}).get("pods", "?"), q["spec"]["hard"]["pods"])
                 for q in quotas if "pods" in q.get("spec", {}).get("hard", {})]
         used = ", ".join(f"{n}: {used} of {hard} pods in use" for n, used, hard in pods)
-        rows.append(Row("slots", bool(pods), used or "no ResourceQuota on pods: every env server creates as many as it "
-                        "likes", "" if pods else fix, required=False))
+        rows.append(Check("slots", bool(pods), used or "no ResourceQuota on pods: every env server creates as many "
+                          "as it likes", "" if pods else fix, required=False))
         crds = await api.group_installed(m.AGENT_SANDBOX_API, "sandboxclaims")
-        rows.append(Row("warm pools", True, "agent-sandbox's SandboxWarmPool and SandboxClaim (installed)" if crds and
+        rows.append(Check("warm pools", True, "agent-sandbox's SandboxWarmPool and SandboxClaim (installed)" if crds and
                         config.warm_pool != "pods" else "air's own pool of pods" + (
                             "" if crds else " (agent-sandbox's CRDs are not installed)"), required=False))
     except ApiError as exc:
-        rows.append(Row("namespace", False, f"{ns}: {exc}", fix))
+        rows.append(Check("namespace", False, f"{ns}: {exc}", fix))
     finally:
         await api.close()
     return rows
