@@ -130,6 +130,10 @@ class Sandbox:
                                                    v=True, idempotent=True, timeout=min(patience, BOUND))
                         except SandboxUnavailable:
                             pass  # not found: already gone
+                        except InfraError as exc:
+                            if not _being_removed(exc):
+                                raise
+                            # Its warden ended it when the link closed, and the daemon is removing it (auto_remove).
         except (asyncio.TimeoutError, InfraError):  # no answer, or one that is not "gone" (removal in progress)
             return False
         if self.channel is not None:
@@ -151,7 +155,11 @@ class Sandbox:
         return info["State"]
 
     async def ensure_running(self) -> None:
-        state = await self.status()
+        try:
+            state = await self.status()
+        except SandboxUnavailable as exc:  # removed: it ended (its warden, an OOM of its main process, a person)
+            self.mark_broken(f"container {self.short_id} is gone")
+            raise SandboxUnavailable(self.broken) from exc
         if not state.get("Running"):
             detail = "OOM-killed" if state.get("OOMKilled") else f"exit code {state.get('ExitCode')}"
             reason = f"container {self.short_id} is not running ({detail})"
@@ -273,6 +281,23 @@ def gpu_env(gpu_ids: tuple[str, ...]) -> dict[str, str]:
             "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpu_ids)))}
 
 
+_AWAIT_WARDEN = ("import os, time\n"
+                 "end = time.monotonic() + 60\n"
+                 "while time.monotonic() < end:\n"
+                 "    for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+                 "        try:\n"
+                 "            with open('/proc/%s/cmdline' % pid, 'rb') as f:\n"
+                 "                if b'air-warden' in f.read():\n"
+                 "                    os.execvp('sleep', ['sleep', 'infinity'])\n"
+                 "        except OSError:\n"
+                 "            pass\n"
+                 "    time.sleep(0.2)\n")
+"""The main process of a sandbox whose warden is a `docker exec` (a daemon elsewhere; a local one's warden is the
+main process): it becomes a plain sleep once a warden runs (the warden then ends the container with its host's
+channel, see warden/server.py `shutdown`), and ends the container if none came within a minute (its host was
+killed while the daemon started it), so even that sandbox ends by itself."""
+
+
 def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: tuple[str, ...],
                      gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True,
                      apparmor: str | None = None) -> dict:
@@ -282,13 +307,17 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
     r = spec.resources
     name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or role).lower())[:24]}-{uuid.uuid4().hex[:8]}"
     kwargs: dict = dict(
-        image=spec.image, command=["sleep", "infinity"], name=name, detach=True, init=True,
+        image=spec.image, command=["python3", "-I", "-S", "-c", _AWAIT_WARDEN], name=name, detach=True, init=True,
         network_mode="bridge" if spec.network else "none",
         labels=make_labels(role, spec.task, run, **{KEY.removeprefix("air."): _short_key(spec.key)}),
         environment={"HOME": AGENT_HOME, **spec.env, **gpu_env(gpu_ids)}, working_dir=WORKSPACE,
         nano_cpus=int(r.cpus * 1e9), mem_limit=f"{spec.memory_limit_mb}m",
         memswap_limit=f"{spec.memory_limit_mb}m", shm_size=f"{SHM_MB}m",
         pids_limit=r.pids, stop_signal="SIGKILL",
+        # A sandbox ends with its owner: its warden ends the container when the owner's channel closes (a killed
+        # air process included, see warden/server.py `shutdown`), and the daemon then removes it, so a SIGKILLed
+        # run leaves no container behind, with or without a later sweep. (A kept one's warden never ends it.)
+        auto_remove=True,
         # Hardening: the agent gets no capability at all (the warden empties every agent process's bounding set);
         # root (only the harness execs as root) keeps what staging, scoring and the evaluation kit's privilege drop
         # need, and, to build cells, what the warden needs for that. No setuid escalation.
@@ -319,6 +348,12 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
     if r.disk_mb:
         kwargs["storage_opt"] = {"size": f"{r.disk_mb}M"}
     return kwargs
+
+
+def _being_removed(exc: InfraError) -> bool:
+    """The daemon answered 409 to a removal: the container ended and it is removing it already (auto_remove)."""
+    cause = exc.__cause__
+    return isinstance(cause, docker.errors.APIError) and cause.status_code == 409
 
 
 def _channel_dir(name: str) -> tuple[Path, bytes]:

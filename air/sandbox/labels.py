@@ -1,8 +1,10 @@
 """Labels on everything air creates, and the crash-safe cleanup they make possible.
 
-Every container carries `air.run`, `air.task`, `air.role` and `air.owner` = "<host>:<pid>:<process start time>".
-A run is dead when its owner process no longer exists on this host (the start time guards against pid reuse),
-so `air containers clean` finds the leftovers of a SIGKILLed run with no state file at all.
+Every container carries `air.run`, `air.task`, `air.role` and `air.owner` = "<host>@<pid namespace>:<pid>:<process
+start time>". A run is dead when its owner process no longer exists on this host in its pid namespace (the start time
+guards against pid reuse), so `air containers clean` finds the leftovers of a SIGKILLed run with no state file at all.
+An owner in another pid namespace (another container with the same hostname, sharing the daemon) is never taken for
+dead: its pid means nothing here. Its sandboxes end by themselves anyway, with their owner's channel (container.py).
 """
 
 from __future__ import annotations
@@ -43,9 +45,17 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
+def _pid_namespace() -> str:
+    """This process's pid namespace, as the kernel names it (its inode): pids are only comparable within one."""
+    try:
+        return os.readlink("/proc/self/ns/pid").removeprefix("pid:[").removesuffix("]")
+    except OSError:
+        return "?"
+
+
 @cache
 def owner_token() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid()) or '?'}"
+    return f"{socket.gethostname()}@{_pid_namespace()}:{os.getpid()}:{_process_start(os.getpid()) or '?'}"
 
 
 @cache
@@ -55,14 +65,17 @@ def new_run_id() -> str:
 
 
 def owner_alive(token: str) -> bool:
-    """False only when we can prove the owner is dead: same host, and its pid is gone or was reused."""
+    """False only when we can prove the owner is dead: same host and pid namespace, and its pid is gone or was
+    reused. (A token without a namespace, written before tokens named it, is judged by its host alone.)"""
     try:
-        host, pid, start = token.rsplit(":", 2)
+        place, pid, start = token.rsplit(":", 2)
+        number = int(pid)
     except ValueError:
         return False
-    if host != socket.gethostname():
+    host, _, namespace = place.partition("@")
+    if host != socket.gethostname() or (namespace and namespace != _pid_namespace()):
         return True
-    return _process_start(int(pid)) == start
+    return _process_start(number) == start
 
 
 def make_labels(role: str, task: str = "", run: str | None = None, **extra: str) -> dict[str, str]:

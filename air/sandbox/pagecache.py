@@ -71,6 +71,9 @@ class _Pin:
     ready: bool = False
     holder_fd: int | None = None
     container_id: str | None = None
+    tether: object | None = None
+    """A run pin's stdin, attached before it started and held for as long as this process lives: its end (this
+    process killed, or the pool closed) is the pin's end (see `_create`)."""
 
 
 class PageCachePins:
@@ -192,19 +195,30 @@ class PageCachePins:
                              pin=pin.name, pin_scope=pin.scope)
         mounts = mounts + [docker.types.Mount(target=t, source=s, type="bind", read_only=True)
                            for t, s in sorted(spec.read_only_mounts.items())]
+        # A run pin (a daemon elsewhere) ends with its pool's process however that ends: it reads its stdin until
+        # the one attached client, this process, is gone (stdin_once). Attached before it starts, so no moment
+        # exists where it runs untethered. (A host pin ends when no process holds its lock files.)
+        tethered = pin.scope == "run"
+        config = {**config, "tethered": tethered}
+        api = self.docker.api
+        host_config = api.create_host_config(
+            init=True, network_mode="none", read_only=True, cap_drop=["ALL"],
+            cap_add=["IPC_LOCK", "DAC_READ_SEARCH", "DAC_OVERRIDE"], security_opt=["no-new-privileges"],
+            pids_limit=64, mounts=mounts)
         try:
-            container = await self.docker.call(
-                self.docker.client.containers.run, image_id, ["python3", "-I", "-S", "-c", _PROGRAM,
-                                                              json.dumps(config)],
-                name=pin.name, detach=True, init=True, network_mode="none", read_only=True, user="0",
-                cap_drop=["ALL"], cap_add=["IPC_LOCK", "DAC_READ_SEARCH", "DAC_OVERRIDE"],
-                security_opt=["no-new-privileges"], pids_limit=64, labels=labels, mounts=mounts,
-                timeout=120)
+            created = await self.docker.call(
+                api.create_container, image_id, ["python3", "-I", "-S", "-c", _PROGRAM, json.dumps(config)],
+                name=pin.name, user="0", labels=labels, stdin_open=tethered, detach=not tethered,  # StdinOnce
+                host_config=host_config, timeout=120)
         except InfraError as exc:
             if isinstance(exc.__cause__, docker.errors.APIError) and exc.__cause__.status_code == 409:
                 raise _Exists() from None
             raise
-        pin.container_id = container.id
+        if tethered:
+            pin.tether = await self.docker.call(api.attach_socket, created["Id"], params={"stdin": 1, "stream": 1},
+                                                timeout=60)
+        await self.docker.call(api.start, created["Id"], timeout=120)
+        pin.container_id = created["Id"]
         log.info("pinning the page cache of %s (%s)", spec.image, pin.name)
 
     async def _state(self, name: str) -> str:
@@ -258,6 +272,10 @@ class PageCachePins:
         if pin.holder_fd is not None:
             os.close(pin.holder_fd)
             pin.holder_fd = None
+        if pin.tether is not None:
+            with contextlib.suppress(OSError):
+                pin.tether.close()
+            pin.tether = None
 
 
 _FIX = ("give the daemon's containers CAP_IPC_LOCK (rootless Docker cannot), or set PoolConfig.page_cache = "

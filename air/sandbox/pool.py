@@ -502,7 +502,7 @@ class SandboxPool:
         spare = self._take_spare(gpus)
         if spare is not None:  # the slot of the sandbox this one replaces: no claim to create
             return spare
-        holder, all_down_since, last_sweep = uuid.uuid4().hex[:16], None, loop.time()
+        holder, all_down_since, last_sweep = uuid.uuid4().hex[:16], None, float("-inf")
         self._holders.add(holder)
         while True:
             if self._closed:
@@ -538,7 +538,9 @@ class SandboxPool:
                 raise PoolExhausted(f"no sandbox slot{' or GPU' if gpus else ''} free on any Docker host within "
                                     f"{self.config.lease_timeout:g}s (host budget {self.config.host_budget}); "
                                     "`air containers ls` shows who holds them")
-            if up and now - last_sweep > 5:  # a crashed process elsewhere may hold claims: free the stale ones
+            # A killed process's claims outlive it (a claim runs nothing that could end it): they bind nobody once
+            # their holder is gone, and the first claimant that finds nothing free removes them, then every 5 s.
+            if up and now - last_sweep > 5:
                 last_sweep = now
                 for host in up:
                     with contextlib.suppress(InfraError):

@@ -97,6 +97,10 @@ def main(config: dict) -> None:
     report = {"files": files, "bytes": size, "seconds": round(time.monotonic() - started, 3)}
     print("air-pinned " + json.dumps(report), flush=True)
     if not host:
+        if config.get("tethered"):  # held by its pool's process through stdin: gone when that process is
+            while os.read(0, 1 << 16):
+                pass
+            sys.exit(0)
         while True:
             time.sleep(3600)
     ready, closing, holders = (os.path.join(host, name) for name in ("ready", "closing", "holders"))

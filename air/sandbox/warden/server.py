@@ -8,6 +8,7 @@ inotify queue of the home's watched files.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import hmac
 import mmap
@@ -244,13 +245,26 @@ class Warden:
         if self.shell:
             self.shell.kill()
         if self.cell is not None and not self.kept:
-            self.cell.end()
+            # Every child of the warden goes (the shell, a job's processes): the cell's teardown waits until the
+            # warden has reaped those of them in the cell, so they are killed and reaped with it, not waited for.
+            children = _own_children()
+            for pid in children:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            self.cell.end(tuple(pid for pid in children if pid != self.cell.init))
             self.forgetter.forget()
         if self.config:
             procs.kill_all(self.config.uid, deadline=2)
         if self.kept and LISTENING:  # the container's main process: its end would end the kept cell with it
             while True:
                 signal.pause()
+        if not self.kept and not LISTENING:
+            # A `docker exec` (a daemon elsewhere): the container's main process is a sleep that would outlive a
+            # killed host. Ending every other process of the container ends the container, which the daemon then
+            # removes (auto_remove): the host's channel gone is the sandbox gone, as when the warden is the main
+            # process. The kernel spares pid 1 (docker's init, which exits with its child) and the caller.
+            with contextlib.suppress(OSError):
+                os.kill(-1, signal.SIGKILL)
         os._exit(0)
 
     def op_keep(self, ident: int, request: p.Keep) -> p.Kept:
@@ -710,6 +724,18 @@ class Warden:
             restarted=restarted, duration=time.monotonic() - command.started))
 
 
+def _own_children() -> list:
+    """The warden's child processes (of every thread), as the kernel lists them."""
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open("/proc/self/task/%s/children" % task) as f:
+                pids += [int(pid) for pid in f.read().split()]
+        except OSError:
+            pass
+    return pids
+
+
 def _exit_status(info: os.waitid_result) -> int:
     """waitid's answer as a wait status (what waitpid would have returned)."""
     return info.si_status << 8 if info.si_code == os.CLD_EXITED else info.si_status
@@ -782,9 +808,10 @@ def _write(path: str, data: bytes) -> None:
     os.rename(path + ".new", path)
 
 
-ACCEPT_TIMEOUT = 300.0
+ACCEPT_TIMEOUT = 60.0
 """Seconds a warden that is its container's main process waits for its host's first connection, then ends (and
-its container with it): a host that died meanwhile leaves nothing running."""
+its container with it): a host that died meanwhile (killed while the daemon started the container) leaves nothing
+running. The host connects as soon as the daemon says the container started; a minute covers a busy machine."""
 LISTENING = False
 """The warden is its container's main process, reached on a socket in its host directory (not a `docker exec`)."""
 
