@@ -80,13 +80,18 @@ def test_snapshots_written_by_eval_are_replayed_from_run_from_and_debugged_from(
 
 
 @pytest.mark.slow
-def test_a_prefix_rollout_row_runs_through_vf_eval(images, tmp_path):
+@pytest.mark.parametrize("action_format", ["text", "tools"])
+def test_a_prefix_rollout_row_runs_through_vf_eval(images, tmp_path, action_format):
     """A snapshot as a row of air's verifiers taskset: its prompt is the conversation up to turn 4, and vf-eval's
-    rollouts of it continue the episode (the scripted model answers turn 5 on); the return is the whole episode's."""
+    rollouts of it continue the episode (the scripted model answers turn 5 on); the return is the whole episode's.
+    In the tools format the prompt holds the replies' tool calls and the tool messages answering them, in
+    verifiers' own message types, and the rollouts go on in tool calls (the taskset left in its default format:
+    the row's format is its snapshot's)."""
     from test_vf_eval import COMMAND_TIMEOUT, hand_computed_return
 
     run = tmp_path / "run"
-    proc = air("eval", "prisoners-dilemma", "-n", "1", "--out", str(run), "--snapshot-at", "4", "--json")
+    proc = air("eval", "prisoners-dilemma", "-n", "1", "--out", str(run), "--snapshot-at", "4",
+               "--action-format", action_format, "--json")
     assert proc.returncode == 0, proc.stderr
     snap = run / "prisoners-dilemma" / "rollout-000.snapshots" / "turn-004.airsnap"
     port_file = tmp_path / "port"
@@ -110,12 +115,26 @@ def test_a_prefix_rollout_row_runs_through_vf_eval(images, tmp_path):
         server.terminate()
         server.wait(10)
     traces = [t for e in episodes for t in e["traces"]]
-    assert len(traces) == 2
+    assert len(traces) == 2, ran.stderr[-3000:]
     for trace in traces:
         assert trace["ok"], trace.get("errors")
         assert trace["info"]["ended_by"] == "submitted" and len(trace["info"]["step_rewards"]) == 9
         reward = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
         assert reward == pytest.approx(hand_computed_return("prisoners-dilemma"), abs=1e-9)
+        messages = [n["message"] for n in trace["nodes"]]
+        replies = [m for m in messages if m["role"] == "assistant"]
+        assert len(replies) == 9  # the prompt's 4 and the rollout's 5
+        calls = [m for m in replies if m.get("tool_calls")]
+        if action_format == "tools":
+            assert trace["info"]["action_format"] == "tools"
+            assert len(calls) == 8  # turn 5 of the story acts on nothing (a format error)
+            assert sum(m["role"] == "tool" for m in messages) == 7  # the last call's result was never shown
+            prompt = trace["task"]["data"]["prompt"]
+            assert [m["role"] for m in prompt[:3]] == ["user", "assistant", "tool"]
+            assert prompt[1]["tool_calls"][0]["name"] == "bash" and prompt[2]["tool_call_id"] == \
+                prompt[1]["tool_calls"][0]["id"]
+        else:
+            assert not calls and not any(m["role"] == "tool" for m in messages)
 
 
 def test_air_run_snapshots_the_turns_asked_for_and_says_where(images, tmp_path):
