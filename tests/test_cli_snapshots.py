@@ -52,6 +52,16 @@ def test_snapshots_written_by_eval_are_replayed_from_run_from_and_debugged_from(
         assert lines[-1]["total_reward"] == pytest.approx(original["total_reward"])
         assert lines[-1]["step_rewards"] == pytest.approx(original["step_rewards"])
         assert lines[0]["parent"]["snapshot"] == str(snap)
+        assert [m["role"] for m in lines[0]["prefix"]][:3] == ["system", "user", "assistant"]
+    # As SFT samples, the branches hold the whole conversation their model saw: the parent's 4 turns, then theirs.
+    sft = tmp_path / "sft" / "train.jsonl"
+    proc = air("export", "sft", str(run), str(branches), "--out", str(sft), "--no-dedupe")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["source"]: r["messages"] for r in map(json.loads, sft.read_text().splitlines())}
+    parent_row = rows.pop(f"{trajectory}:1")
+    prefix = parent_row[:2 + 2 * 4]  # system, task prompt, then 4 replies and their observations
+    assert len(rows) == 2 and all(m[:len(prefix)] == prefix for m in rows.values())
+    assert all(sum(m["role"] == "assistant" for m in messages) == 9 for messages in rows.values())
     # A branch replays from its own snapshot, without drift; the report shows the branches under their parent.
     proc = air("replay", str(branches), "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -105,8 +115,8 @@ def test_a_prefix_rollout_row_runs_through_vf_eval(images, tmp_path, action_form
         out = tmp_path / "out"
         cmd = ["vf-eval", "air-mlgym", "-n", "1", "-r", "2", "-c", "2", "-m", "air-scripted", "--client.base-url",
                f"http://127.0.0.1:{port_file.read_text()}/v1", "--env.taskset.tasks", "[]",
-               "--env.taskset.snapshots", json.dumps([str(snap)]), *COMMAND_TIMEOUT, "--no-push", "--no-rich",
-               "-o", str(out)]
+               "--env.taskset.snapshots", json.dumps([str(snap)]), "--env.taskset.trajectory-dir",
+               str(tmp_path / "traj"), *COMMAND_TIMEOUT, "--no-push", "--no-rich", "-o", str(out)]
         ran = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "CI": ""})
         assert ran.returncode == 0, ran.stderr[-3000:]
         (traces_file,) = out.rglob("traces.jsonl")
@@ -135,6 +145,15 @@ def test_a_prefix_rollout_row_runs_through_vf_eval(images, tmp_path, action_form
                 prompt[1]["tool_calls"][0]["id"]
         else:
             assert not calls and not any(m["role"] == "tool" for m in messages)
+    # As SFT samples, each rollout's trace and its air trajectory (which records only its own turns, 5 on) hold the
+    # same whole conversation; the scripted model plays both rollouts alike, so all four are one sample.
+    proc = air("export", "sft", str(traces_file), str(tmp_path / "traj"), "--out", str(tmp_path / "sft.jsonl"),
+               "--json")
+    assert proc.returncode == 0, proc.stderr
+    counts = json.loads(proc.stdout)
+    assert (counts["read"], counts["kept"], counts["filtered"]) == (4, 1, {"duplicate": 3}), counts
+    rows = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert all(sum(m["role"] == "assistant" for m in r["messages"]) == 9 for r in rows)
 
 
 def test_air_run_snapshots_the_turns_asked_for_and_says_where(images, tmp_path):
