@@ -6,7 +6,8 @@ A trajectory file holds one episode as JSON lines:
 
 - `start`: the task (id, version, content hash, where it was loaded from), the sandbox and its image, the
   baseline scores and the primary metric, the episode's config and both prompts, plus whatever the driver adds
-  (`meta`: `rollout`, `trace`, `agentgym`, at the top level);
+  (`meta`: `rollout`, `trace`, `agentgym`, at the top level); a branch (started from a snapshot) names its
+  `parent` and keeps the conversation it continued (`prefix`);
 - `step`, one per turn: the reply, the parsed action, what it did (a command's exit code, flags and timings,
   or an evaluation's status, metrics and score), the automatic final evaluation when the step reached a limit,
   the observation, the reward and the return so far. In the tools format a reply that called tools has the
