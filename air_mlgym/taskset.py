@@ -68,8 +68,9 @@ class AirTasksetConfig(vf.TasksetConfig, EpisodeSettings):
     """Tasks in the taskset per task id (identical episodes; rollouts per example come from the trainer)."""
     snapshots: list[str] = []
     """Snapshot files (air eval --snapshot-at) as rows after the tasks' (`task#from-<episode>-turn-<k>`): a row's
-    prompt is the conversation up to the snapshot's turn, and its rollouts continue the episode from there (its
-    files, shell and rewards), so a trainer runs prefix rollouts unchanged. Text format only."""
+    prompt is the conversation up to the snapshot's turn (in the tools format with the replies' tool calls and the
+    tool messages answering them), and its rollouts continue the episode from there (its files, shell and
+    rewards) in the snapshot's action format, so a trainer runs prefix rollouts unchanged."""
     # The sandboxes: declared in air.sandbox (PoolConfig), taken from there.
     max_sandboxes: int = same_as(PoolConfig, "max_sandboxes")
     warm_sandboxes: int = same_as(PoolConfig, "warm")
@@ -356,16 +357,30 @@ def _start_of(path: str | None, spec):
 
 def _snapshot_row(path: str, index: int) -> AirData:
     """A row that starts from a snapshot: its system prompt and conversation so far (the model's replies among
-    them), checked as `air eval --from` checks it (sealed, of a known task)."""
+    them, and in the tools format their calls and the tool messages answering them), checked as `air eval --from`
+    checks it (sealed, of a known task). The row acts in the snapshot's format, whatever the taskset's: its
+    conversation is in it."""
     from air.episode.settings import snapshot_items
 
     (item,) = snapshot_items([path], index)
     messages = item.start.state.messages
-    if item.start.config.get("action_format") == "tools" or any(m.get("role") == "tool" for m in messages):
-        raise ValueError(f"{path}: a snapshot in the tools format cannot be a verifiers row yet (text format only)")
+    fmt = item.start.config.get("action_format") or item.spec.action_format  # the parent's: its run's, or its task's
     system = messages[0]["content"] if messages and messages[0].get("role") == "system" else None
-    return AirData(id=item.item_id, name=item.spec.name, task_ref=item.ref, action_format="text", snapshot=path,
-                   system_prompt=system, prompt=[m for m in messages if m.get("role") != "system"])
+    return AirData(id=item.item_id, name=item.spec.name, task_ref=item.ref, action_format=fmt, snapshot=path,
+                   system_prompt=system,
+                   prompt=[_verifiers_message(m) for m in messages if m.get("role") != "system"])
+
+
+def _verifiers_message(message: dict) -> dict:
+    """An OpenAI chat message of air's conversation in the shape of verifiers' own message types
+    (verifiers.v1.types): a tool call is flat, `{id, type, name, arguments}`, where OpenAI nests its name and
+    arguments under `function`. The arguments stay the text the model wrote; the rest is as air recorded it."""
+    calls = message.get("tool_calls")
+    if message.get("role") != "assistant" or not calls:
+        return message
+    flat = [{"id": c["id"], "type": "function", "name": c["function"]["name"],
+             "arguments": c["function"]["arguments"]} for c in calls]
+    return {**message, "tool_calls": flat}
 
 
 def _errors(trace: vf.Trace) -> str:

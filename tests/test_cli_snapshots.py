@@ -52,6 +52,16 @@ def test_snapshots_written_by_eval_are_replayed_from_run_from_and_debugged_from(
         assert lines[-1]["total_reward"] == pytest.approx(original["total_reward"])
         assert lines[-1]["step_rewards"] == pytest.approx(original["step_rewards"])
         assert lines[0]["parent"]["snapshot"] == str(snap)
+        assert [m["role"] for m in lines[0]["prefix"]][:3] == ["system", "user", "assistant"]
+    # As SFT samples, the branches hold the whole conversation their model saw: the parent's 4 turns, then theirs.
+    sft = tmp_path / "sft" / "train.jsonl"
+    proc = air("export", "sft", str(run), str(branches), "--out", str(sft), "--no-dedupe")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["source"]: r["messages"] for r in map(json.loads, sft.read_text().splitlines())}
+    parent_row = rows.pop(f"{trajectory}:1")
+    prefix = parent_row[:2 + 2 * 4]  # system, task prompt, then 4 replies and their observations
+    assert len(rows) == 2 and all(m[:len(prefix)] == prefix for m in rows.values())
+    assert all(sum(m["role"] == "assistant" for m in messages) == 9 for messages in rows.values())
     # A branch replays from its own snapshot, without drift; the report shows the branches under their parent.
     proc = air("replay", str(branches), "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -80,13 +90,18 @@ def test_snapshots_written_by_eval_are_replayed_from_run_from_and_debugged_from(
 
 
 @pytest.mark.slow
-def test_a_prefix_rollout_row_runs_through_vf_eval(images, tmp_path):
+@pytest.mark.parametrize("action_format", ["text", "tools"])
+def test_a_prefix_rollout_row_runs_through_vf_eval(images, tmp_path, action_format):
     """A snapshot as a row of air's verifiers taskset: its prompt is the conversation up to turn 4, and vf-eval's
-    rollouts of it continue the episode (the scripted model answers turn 5 on); the return is the whole episode's."""
+    rollouts of it continue the episode (the scripted model answers turn 5 on); the return is the whole episode's.
+    In the tools format the prompt holds the replies' tool calls and the tool messages answering them, in
+    verifiers' own message types, and the rollouts go on in tool calls (the taskset left in its default format:
+    the row's format is its snapshot's)."""
     from test_vf_eval import COMMAND_TIMEOUT, hand_computed_return
 
     run = tmp_path / "run"
-    proc = air("eval", "prisoners-dilemma", "-n", "1", "--out", str(run), "--snapshot-at", "4", "--json")
+    proc = air("eval", "prisoners-dilemma", "-n", "1", "--out", str(run), "--snapshot-at", "4",
+               "--action-format", action_format, "--json")
     assert proc.returncode == 0, proc.stderr
     snap = run / "prisoners-dilemma" / "rollout-000.snapshots" / "turn-004.airsnap"
     port_file = tmp_path / "port"
@@ -100,8 +115,8 @@ def test_a_prefix_rollout_row_runs_through_vf_eval(images, tmp_path):
         out = tmp_path / "out"
         cmd = ["vf-eval", "air-mlgym", "-n", "1", "-r", "2", "-c", "2", "-m", "air-scripted", "--client.base-url",
                f"http://127.0.0.1:{port_file.read_text()}/v1", "--env.taskset.tasks", "[]",
-               "--env.taskset.snapshots", json.dumps([str(snap)]), *COMMAND_TIMEOUT, "--no-push", "--no-rich",
-               "-o", str(out)]
+               "--env.taskset.snapshots", json.dumps([str(snap)]), "--env.taskset.trajectory-dir",
+               str(tmp_path / "traj"), *COMMAND_TIMEOUT, "--no-push", "--no-rich", "-o", str(out)]
         ran = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "CI": ""})
         assert ran.returncode == 0, ran.stderr[-3000:]
         (traces_file,) = out.rglob("traces.jsonl")
@@ -110,12 +125,35 @@ def test_a_prefix_rollout_row_runs_through_vf_eval(images, tmp_path):
         server.terminate()
         server.wait(10)
     traces = [t for e in episodes for t in e["traces"]]
-    assert len(traces) == 2
+    assert len(traces) == 2, ran.stderr[-3000:]
     for trace in traces:
         assert trace["ok"], trace.get("errors")
         assert trace["info"]["ended_by"] == "submitted" and len(trace["info"]["step_rewards"]) == 9
         reward = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
         assert reward == pytest.approx(hand_computed_return("prisoners-dilemma"), abs=1e-9)
+        messages = [n["message"] for n in trace["nodes"]]
+        replies = [m for m in messages if m["role"] == "assistant"]
+        assert len(replies) == 9  # the prompt's 4 and the rollout's 5
+        calls = [m for m in replies if m.get("tool_calls")]
+        if action_format == "tools":
+            assert trace["info"]["action_format"] == "tools"
+            assert len(calls) == 8  # turn 5 of the story acts on nothing (a format error)
+            assert sum(m["role"] == "tool" for m in messages) == 7  # the last call's result was never shown
+            prompt = trace["task"]["data"]["prompt"]
+            assert [m["role"] for m in prompt[:3]] == ["user", "assistant", "tool"]
+            assert prompt[1]["tool_calls"][0]["name"] == "bash" and prompt[2]["tool_call_id"] == \
+                prompt[1]["tool_calls"][0]["id"]
+        else:
+            assert not calls and not any(m["role"] == "tool" for m in messages)
+    # As SFT samples, each rollout's trace and its air trajectory (which records only its own turns, 5 on) hold the
+    # same whole conversation; the scripted model plays both rollouts alike, so all four are one sample.
+    proc = air("export", "sft", str(traces_file), str(tmp_path / "traj"), "--out", str(tmp_path / "sft.jsonl"),
+               "--json")
+    assert proc.returncode == 0, proc.stderr
+    counts = json.loads(proc.stdout)
+    assert (counts["read"], counts["kept"], counts["filtered"]) == (4, 1, {"duplicate": 3}), counts
+    rows = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert all(sum(m["role"] == "assistant" for m in r["messages"]) == 9 for r in rows)
 
 
 def test_air_run_snapshots_the_turns_asked_for_and_says_where(images, tmp_path):

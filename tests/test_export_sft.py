@@ -9,6 +9,7 @@ traces.jsonl (`model_dump_json(exclude_none=True)`).
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,8 +18,10 @@ import pytest
 import verifiers.v1 as vf
 from typer.testing import CliRunner
 
+from air.actions import Reply, ToolCall
 from air.episode.config import EpisodeConfig
 from air.episode.loop import Episode
+from air.episode.snapshot import Snapshot
 from air.episode.trajectory import TrajectoryWriter, read_trajectory
 from air.errors import UsageError
 from air.export.sft import ExportOptions, export_sft_files, sft_rows
@@ -248,6 +251,69 @@ async def test_appended_episodes_in_one_file_are_told_apart(corpus, tmp_path):
     result = sft_rows([(str(both), both.read_text().splitlines())])
     assert result.read == 2 and result.kept == 2
     assert [r["task"] for r in result.rows] == ["regression-rmse", "tabular-classification"]
+
+
+# ----- branches: episodes started from a snapshot -----------------------------------------------------------
+def _tool_story() -> list[Reply]:
+    bash = [ToolCall.of("bash", {"command": c}, id=f"call_{i}") for i, c in enumerate(["ls -la", "cat data.csv"])]
+    return [Reply(content="First the files.", tool_calls=(bash[0],)), Reply(tool_calls=(bash[1],)),
+            Reply(content="I train it.", tool_calls=(ToolCall.of("bash", {"command": "python train.py"}, id="c2"),)),
+            Reply(tool_calls=(ToolCall.of("validate", id="c3"),)),
+            Reply(content="Good enough.", tool_calls=(ToolCall.of("submit", id="c4"),))]
+
+
+async def drive(path: Path, replies: list, scores: list[float], action_format: str, *, snapshot_after: int = 0,
+                start: Snapshot | None = None) -> Snapshot | None:
+    """One episode through the real loop as air's runner drives it (the conversation grows by each reply and
+    what answered it), from the start or from `start`; returns its snapshot after turn `snapshot_after` (the
+    episode's state and messages as air.episode.snapshot.take records them; no files: the shell is faked)."""
+    task_env, config = FakeTaskEnv("regression-rmse", scores), EpisodeConfig(action_format=action_format)
+    snap = None
+    with TrajectoryWriter(path) as writer:
+        if start is not None:
+            episode = Episode.resume(task_env, FakeSandbox(), start, config=config, writer=writer)
+            messages = [dict(m) for m in start.state.messages]
+        else:
+            episode = Episode(task_env, FakeSandbox(), config, writer)
+            messages = [{"role": "system", "content": episode.system_prompt},
+                        {"role": "user", "content": episode.prompt}]
+        for reply in replies:
+            step = await episode.step(reply)
+            said = reply.message() if isinstance(reply, Reply) else {"role": "assistant", "content": reply}
+            messages += [said, *step.answers]
+            if episode.turns == snapshot_after:
+                spec = task_env.spec
+                snap = Snapshot(task=spec.id, task_version=spec.version, task_hash=spec.content_hash,
+                                episode=episode.id, config=episode.config.model_dump(),
+                                reward_baseline=episode.baseline.score, state=episode.state(messages),
+                                cwd=base64.b64encode(b"/home/agent/workspace").decode(), env={})
+            if step.done:
+                break
+    return snap
+
+
+@pytest.mark.parametrize("action_format", ["text", "tools"])
+async def test_a_branch_exports_the_whole_conversation_its_model_saw(tmp_path, action_format):
+    """A branch's trajectory holds only its own turns (from the snapshot's turn + 1); its sample must hold the
+    conversation it continued too: the parent's turns are the context its model saw. A branch that plays the
+    parent's own replies after the snapshot is, as a sample, the parent's conversation exactly."""
+    story = _tool_story() if action_format == "tools" else [LOOK, WRITE_MODEL, RUN, VALIDATE, SUBMIT]
+    scores = [86.8185831488935] * 2
+    snap = await drive(tmp_path / "parent.jsonl", story, scores, action_format, snapshot_after=2)
+    await drive(tmp_path / "branch.jsonl", story[2:], scores, action_format, start=snap)
+    branch = read_trajectory(tmp_path / "branch.jsonl")
+    assert branch[0]["parent"]["turn"] == 2 and [r["turn"] for r in branch if r["type"] == "step"] == [3, 4, 5]
+    result = export_sft_files([tmp_path], tmp_path / "sft" / "train.jsonl", ExportOptions(dedupe=False))
+    assert result.kept == 2, result.counts()
+    rows = _by_source(result.rows)
+    assert rows["branch"]["messages"] == rows["parent"]["messages"]
+    replies = [m for m in rows["branch"]["messages"] if m["role"] == "assistant"]
+    assert len(replies) == 5 and rows["branch"]["messages"][0]["role"] == "system"
+    if action_format == "tools":
+        assert [m["tool_calls"][0]["id"] for m in replies] == ["call_0", "call_1", "c2", "c3", "c4"]
+        assert json.loads(rows["branch"]["tools"]) == json.loads(rows["parent"]["tools"])
+    # With dedupe (the default), the branch is the parent's sample again: one row.
+    assert export_sft_files([tmp_path], tmp_path / "sft2" / "train.jsonl").filtered == {"duplicate": 1}
 
 
 # ----- vf-eval traces.jsonl ---------------------------------------------------------------------------------

@@ -152,7 +152,10 @@ class Episode:
         config = config or EpisodeConfig.model_validate(snap.config)
         meta = dict(meta or {})
         parent = {"episode": snap.episode, "turn": snap.turn, **meta.pop("parent", {})}
-        episode = cls(task_env, sandbox, config, writer, episode_id=episode_id, meta={**meta, "parent": parent})
+        # The conversation goes on from the snapshot's messages whoever drives it (runner, fork, air's verifiers
+        # rows): recorded whole, so the branch's file holds the context of its turns.
+        episode = cls(task_env, sandbox, config, writer, episode_id=episode_id,
+                      meta={**meta, "parent": parent, "prefix": snap.state.messages})
         s = snap.state
         episode.turns, episode.actions, episode.format_errors = s.turn, s.actions, s.format_errors
         episode.validations, episode.failed_validations = s.validations, s.failed_validations

@@ -38,6 +38,7 @@ from air.episode.records import (
     FINITE,
     RECORDS,
     RETURN_REWARD,
+    ChatMessage,
     EndRecord,
     FailedRecord,
     Record,
@@ -135,6 +136,9 @@ class Recording(BaseModel):
     episode: str | None = None
     parent: dict[str, Any] | None = None
     """An episode started from a snapshot: {"episode", "turn"} of the one it was taken of (StartRecord.parent)."""
+    prefix: list[ChatMessage] | None = None
+    """An episode started from a snapshot: the conversation its model was shown before its first turn, whole
+    (StartRecord.prefix; absent in files of older air versions)."""
     final: RecordedStep | None = None
     """The final evaluation a driver ran after the last turn, ending the episode early (Episode.finish)."""
     ended_by: str | None = None
@@ -192,11 +196,16 @@ class Recording(BaseModel):
         """The conversation the model saw, as OpenAI chat messages: the system prompt (when recorded), the task
         prompt, then each reply and what answered it (an observation, or one tool message per call). The
         answer to the last reply ended the episode and was never shown, so it ends on the last reply. None
-        without a task prompt or a reply, or when an answer the model saw is not held."""
+        without a task prompt or a reply, or when an answer the model saw is not held. A branch (an episode
+        started from a snapshot) begins with the conversation it started from: its parent's turns are the
+        context of its own."""
         if self.prompt is None or not self.steps:
             return None
-        system = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
-        messages: list[dict[str, Any]] = [*system, {"role": "user", "content": self.prompt}]
+        if self.prefix is not None:
+            messages: list[dict[str, Any]] = [_openai(m) for m in self.prefix]
+        else:
+            system = [] if self.system_prompt is None else [{"role": "system", "content": self.system_prompt}]
+            messages = [*system, {"role": "user", "content": self.prompt}]
         for before, step in zip([None, *self.steps], self.steps):
             if before is not None:
                 answers = _answers(before)
@@ -208,6 +217,18 @@ class Recording(BaseModel):
                 reply["tool_calls"] = [call.message() for call in step.tool_calls]
             messages.append(reply)
         return messages
+
+
+def _openai(message: ChatMessage) -> dict[str, Any]:
+    """A prefix's message in the shape of the episode's own (a reply's text "" where it had none)."""
+    if message.role == "assistant":
+        reply: dict[str, Any] = {"role": "assistant", "content": message.content or ""}
+        if message.tool_calls:
+            reply["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+        return reply
+    if message.role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id or "", "content": message.content or ""}
+    return {"role": message.role, "content": message.content or ""}
 
 
 def _answers(step: RecordedStep) -> list[dict[str, Any]] | None:
@@ -350,7 +371,7 @@ class _AirEpisode:
             rec.task_source = start.task_source
             rec.system_prompt, rec.prompt = start.system_prompt, start.prompt
             rec.action_format, rec.tools = start.action_format, start.tools
-            rec.episode, rec.parent = start.episode, start.parent
+            rec.episode, rec.parent, rec.prefix = start.episode, start.parent, start.prefix
             rec.baseline, rec.baseline_scores = start.baseline_score, dict(start.baseline)
             if start.primary is not None:
                 rec.metric, rec.direction = start.primary.name, start.primary.direction

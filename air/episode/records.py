@@ -6,7 +6,8 @@ A trajectory file holds one episode as JSON lines:
 
 - `start`: the task (id, version, content hash, where it was loaded from), the sandbox and its image, the
   baseline scores and the primary metric, the episode's config and both prompts, plus whatever the driver adds
-  (`meta`: `rollout`, `trace`, `agentgym`, at the top level);
+  (`meta`: `rollout`, `trace`, `agentgym`, at the top level); a branch (started from a snapshot) names its
+  `parent` and keeps the conversation it continued (`prefix`);
 - `step`, one per turn: the reply, the parsed action, what it did (a command's exit code, flags and timings,
   or an evaluation's status, metrics and score), the automatic final evaluation when the step reached a limit,
   the observation, the reward and the return so far. In the tools format a reply that called tools has the
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 from air.tasks.hidden import RewardBaseline
 from air.tasks.spec import Metric
@@ -125,6 +126,34 @@ class CallRecord(CommandRun, Evaluation):
         return {"id": data.pop("id"), "name": data.pop("name"), "arguments": data.pop("arguments"), **data}
 
 
+class ChatCall(BaseModel):
+    """One tool call of an assistant message, as OpenAI writes it (and air.actions.ToolCall.message())."""
+
+    class Function(BaseModel):
+        name: str
+        arguments: str
+        """The JSON text the model wrote, verbatim."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: Function
+
+
+class ChatMessage(BaseModel):
+    """One message of a conversation as air shows it to the model (OpenAI chat): the system prompt, the task
+    prompt, a reply (its text and its tool calls), an observation, or one tool result. Written without its
+    empty fields, as it was sent."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ChatCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nones(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
 class StartRecord(Record):
     type: Literal["start"] = "start"
     episode: str | None = None
@@ -155,6 +184,10 @@ class StartRecord(Record):
     parent: dict[str, Any] | None = None
     """An episode started from a snapshot (air.episode.snapshot): the episode it was taken of and its turn
     ({"episode", "turn"}, and the snapshot's file when it came from one). Its steps start at turn + 1."""
+    prefix: list[ChatMessage] | None = None
+    """A branch's conversation before its first turn, whole, as its model was shown it: the snapshot's messages
+    (the system prompt, the task prompt, the parent's replies and their answers up to its turn). With the
+    branch's own turns after it, the context a trained example must hold (`air export sft`)."""
 
     @property
     def baseline_score(self) -> float | None:

@@ -24,7 +24,9 @@ Inputs: air's own trajectory JSON lines (`air run`, `air eval`, or the taskset's
 vf-eval's `traces.jsonl`, told apart line by line (a directory may mix them), both read by
 air.episode.recording: the conversation is the system prompt and the task prompt, then per turn the model's
 reply (assistant) and the observation it got back (user). The observation that ended the episode was never
-shown to the model, so every sample ends on an assistant turn.
+shown to the model, so every sample ends on an assistant turn. A branch (an episode started from a snapshot,
+docs/snapshots.md) begins with the conversation it continued, which its start record keeps (`prefix`): its
+parent's turns are the context of its own.
 
 Filters, each counted under its reason (`read == kept + sum(filtered)`):
 
