@@ -13,6 +13,10 @@ each after an untimed warm-up wave at that concurrency (warm sandbox pools on bo
   with AgentGym's wire (create, reset, step until done or the replies run out, close), through one pooled
   aiohttp session (a cheaper client than httpx, so the figure is the server's more than the client's).
 
+CPU per step: in-process, this process's; served, the server process's plus this process's (the client), each
+over the row's timed waves. Neither counts the sandboxes' own CPU (their wardens and commands), the same on both
+sides, so served less in-process is what serving costs a step: the cost named where the ratio falls short.
+
 An episode's wall time counts from the lease (reset) to the release (close); steps/s is the steps of a row's
 waves over their wall time, `--waves` waves of `max(concurrency, 4)` episodes per row, the two sides' waves
 alternating. On a shared machine, compare rows of one run, not figures across runs.
@@ -40,6 +44,7 @@ from air.policies.scripted import SUBMIT
 from air.sandbox import PoolConfig, SandboxPool
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
+from bench_openenv import cpu_of  # noqa: E402 - a sibling script (bench/ is the script's directory)
 
 TRUE = "```bash\ntrue\n```"
 
@@ -153,37 +158,51 @@ async def main() -> None:
                     await wave(play, c, c)  # warm-up, untimed
                 # The sides' waves alternate, so a burst of load from elsewhere on the machine hits both.
                 waves: dict[str, list[dict]] = {name: [] for name in sides}
+                cpu = {"in-process": (time.process_time, lambda: 0.0),
+                       "served": (time.process_time, lambda: cpu_of(proc.pid))}
                 for _ in range(args.waves):
                     for name, play in sides.items():
-                        waves[name].append(await wave(play, episodes, c))
+                        client, server = (f() for f in cpu[name])
+                        result = await wave(play, episodes, c)
+                        result["client_cpu_s"] = time.process_time() - client
+                        result["server_cpu_s"] = cpu[name][1]() - server
+                        waves[name].append(result)
                 for name, results in waves.items():
                     steps = sum(r["steps"] for r in results)
                     seconds = sum(r["seconds"] for r in results)
+                    client_ms, server_ms = (sum(r[k] for r in results) / steps * 1000
+                                            for k in ("client_cpu_s", "server_cpu_s"))
                     rows.append({"side": name, "concurrency": c, "episodes": episodes * args.waves,
                                  "steps": steps, "steps_per_s": steps / seconds,
+                                 "cpu_ms_per_step": client_ms + server_ms, "client_cpu_ms_per_step": client_ms,
+                                 "server_cpu_ms_per_step": server_ms,
                                  "p50_ms": statistics.median(r["p50_ms"] for r in results),
                                  "p99_ms": max(r["p99_ms"] for r in results)})
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
         await pool.close()
-    ratios = {}
+    ratios, costs = {}, {}
     for c in args.concurrency:
         inproc, srv = (next(r for r in rows if r["side"] == s and r["concurrency"] == c)
                        for s in ("in-process", "served"))
         ratios[c] = srv["steps_per_s"] / inproc["steps_per_s"]
+        costs[c] = srv["cpu_ms_per_step"] - inproc["cpu_ms_per_step"]
     if args.json:
         print(json.dumps({"task": args.task, "turns": args.turns, "submit": args.submit, "rows": rows,
-                          "served_over_in_process": ratios}))
+                          "served_over_in_process": ratios, "serving_cpu_ms_per_step": costs}))
         return
     print(f"task {args.task}, {args.turns} `true` steps per episode{' + submit' if args.submit else ''}, "
           f"{args.waves} timed waves per row")
-    print(f"{'side':<11} {'conc':>4} {'episodes':>8} {'steps':>6} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'side':<11} {'conc':>4} {'episodes':>8} {'steps':>6} {'steps/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'CPU ms/step (client + server)':>30}")
     for r in rows:
         print(f"{r['side']:<11} {r['concurrency']:>4} {r['episodes']:>8} {r['steps']:>6} "
-              f"{r['steps_per_s']:>9.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f}")
+              f"{r['steps_per_s']:>9.1f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+              f"{r['cpu_ms_per_step']:>10.3f} ({r['client_cpu_ms_per_step']:.3f} + {r['server_cpu_ms_per_step']:.3f})")
     for c, ratio in ratios.items():
-        print(f"concurrency {c}: served / in-process steps/s = {ratio:.2f}")
+        print(f"concurrency {c}: served / in-process steps/s = {ratio:.2f}; serving costs a step "
+              f"{costs[c]:+.3f} ms of CPU")
 
 
 if __name__ == "__main__":
