@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from served import AirServer, expected_step_rewards
+from served import AirServer, expected_step_rewards, wait_until_running
 
 from air.episode.trajectory import read_trajectory
 from air.policies.scripted import SCRIPTS, SUBMIT
@@ -238,18 +238,6 @@ def test_sigterm_records_live_sessions_interrupted_and_leaves_nothing(images, do
         srv.log.close()
 
 
-def _wait_until_running(docker_client, run: str, command: str, stepping: asyncio.Future) -> None:
-    """Until `command` is seen running in one of the run's containers (polled, not guessed)."""
-    deadline = time.monotonic() + 300
-    while True:
-        for row in list_air_containers(docker_client, run=run):
-            if not row.claim and any(command in " ".join(p) for p in
-                                     docker_client.containers.get(row.id).top()["Processes"]):
-                return
-        assert time.monotonic() < deadline and not stepping.done(), "the command never started"
-        time.sleep(0.2)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["SIGTERM", "SIGHUP"])
 async def test_a_signal_during_a_step_ends_it_promptly_and_cleanly(images, docker_client, tmp_path, sig, code):
@@ -267,7 +255,7 @@ async def test_a_signal_during_a_step_ends_it_promptly_and_cleanly(images, docke
         await env.connect()
         await env.reset(item=0)
         stepping = asyncio.ensure_future(env.step({"command": "sleep 60"}))
-        await asyncio.to_thread(_wait_until_running, docker_client, run, "sleep 60", stepping)
+        await asyncio.to_thread(wait_until_running, docker_client, run, "sleep 60", stepping)
         signalled = time.monotonic()
         srv.proc.send_signal(sig)
         returned = await asyncio.to_thread(srv.proc.wait, 120)
