@@ -101,6 +101,21 @@ class SandboxFusionServer(AirServer):
         super().__init__("sandbox-fusion", run_id, log_path, *args, **kwargs)
 
 
+def wait_until_running(docker_client, run: str, command: str, pending) -> None:
+    """Until `command` is seen running in one of the run's sandboxes (polled, not guessed), while `pending` (the
+    request that runs it, a future) has not ended."""
+    from air.sandbox import list_air_containers
+
+    deadline = time.monotonic() + 300
+    while True:
+        for row in list_air_containers(docker_client, run=run):
+            if not row.claim and any(command in " ".join(p) for p in
+                                     docker_client.containers.get(row.id).top()["Processes"]):
+                return
+        assert time.monotonic() < deadline and not pending.done(), "the command never started"
+        time.sleep(0.2)
+
+
 def expected_step_rewards(task_id: str, replies: list[str]) -> list[float]:
     """By hand: n(s) = sign * (s - b) / max(|b|, 0.01); a validation pays n(s_t) - n(s_{t-1}) from n = 0 at
     the baseline; every other step pays 0."""

@@ -13,6 +13,7 @@ this one raises `ServerError` with the status and body, so the tests can read wh
 from __future__ import annotations
 
 import itertools
+import signal
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 import requests
-from served import AirServer, expected_step_rewards
+from served import AirServer, expected_step_rewards, wait_until_running
 
 from air.episode.replay import load_recordings
 from air.episode.trajectory import read_trajectory
@@ -375,6 +376,44 @@ def test_live_env_caps_per_client_and_per_server(server):
 
 
 # ----- restarts, shutdown, token, idle timeout --------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_during_a_step_ends_it_promptly_and_cleanly(images, docker_client, tmp_path, sig, code):
+    """Issue 49, as for `air serve openenv`: signalled while a step runs a long command, the server waited 30 s
+    (uvicorn's graceful shutdown), then cancelled the request under the app (a traceback, a bare 500). Now the
+    step ends at once (its command killed with its sandbox, recorded interrupted) and is answered 503, an
+    infrastructure failure to drop, the server exits 128 + the signal in one line, and no container is left."""
+    run = f"test-ag-{uuid.uuid4().hex[:8]}"
+    srv = AirServer("agentgym", run, tmp_path / "server.log", "--log-level", "warning", "--task", TASKS[PD],
+                    "--trajectory-dir", str(tmp_path / "traj"))
+    try:
+        srv.wait_ready()
+        env = AgentGymEnvClient(srv.url, data_len=1)
+        env.reset(PD)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            stepping = pool.submit(env.step, "```bash\nsleep 60\n```")
+            wait_until_running(docker_client, run, "sleep 60", stepping)
+            signalled = time.monotonic()
+            srv.proc.send_signal(sig)
+            returned = srv.proc.wait(120)
+            took = time.monotonic() - signalled
+            print(f"{sig.name}: the server exited {returned} {took:.1f} s after the signal")
+            assert returned == code, srv.output()
+            assert took < 20, f"the server waited {took:.0f} s for the step's command: {srv.output()}"
+            with pytest.raises(ServerError) as stopped:
+                stepping.result(timeout=10)
+        assert stopped.value.status == 503 and stopped.value.body["infrastructure"] is True, stopped.value.body
+        assert "the server shut down" in stopped.value.body["error"]
+        said = [line for line in srv.output().splitlines() if not line.startswith('{"service"')]
+        assert said == [f"air: interrupted by {sig.name}"], srv.output()
+        assert not list_air_containers(docker_client, run=run), "the stopped server left containers"
+        [path] = (tmp_path / "traj").rglob("*.jsonl")
+        assert read_trajectory(path)[-1]["kind"] == "interrupted"
+    finally:
+        srv.stop()
+        srv.log.close()
+
+
 @pytest.mark.slow
 def test_server_restart_stale_env_idx_answer_a_clear_error_and_nothing_leaks(images, docker_client, tmp_path):
     """A server with a bearer token is stopped (SIGTERM) under a live episode: its containers are gone and the

@@ -6,13 +6,15 @@ StepResponse). The server is a subprocess on a free loopback port, stopped with 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
-from served import AirServer, expected_step_rewards
+from served import AirServer, expected_step_rewards, wait_until_running
 
 from air.episode.trajectory import read_trajectory
 from air.policies.scripted import SCRIPTS, SUBMIT
@@ -232,6 +234,51 @@ def test_sigterm_records_live_sessions_interrupted_and_leaves_nothing(images, do
         [path] = (tmp_path / "traj").rglob("*.jsonl")
         assert read_trajectory(path)[-1]["kind"] == "interrupted"
     finally:
+        srv.stop()
+        srv.log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["SIGTERM", "SIGHUP"])
+async def test_a_signal_during_a_step_ends_it_promptly_and_cleanly(images, docker_client, tmp_path, sig, code):
+    """Issue 49: signalled while a step runs a long command, the server killed nothing and waited (uvicorn's 30 s
+    of graceful shutdown), then printed four tracebacks of sending on the closed socket. Now the step ends at
+    once (its command killed with its sandbox), the client sees its session closed, the server exits 128 + the
+    signal saying so in one line, and no container of the run is left; as sandbox-fusion and agentgym end."""
+    run = f"test-oe-{uuid.uuid4().hex[:8]}"
+    srv = AirServer("openenv", run, tmp_path / "server.log", "--log-level", "warning", "--task", PD,
+                    "--trajectory-dir", str(tmp_path / "traj"))
+    env = None
+    try:
+        srv.wait_ready()
+        env = GenericEnvClient(base_url=srv.url, message_timeout_s=600)
+        await env.connect()
+        await env.reset(item=0)
+        stepping = asyncio.ensure_future(env.step({"command": "sleep 60"}))
+        await asyncio.to_thread(wait_until_running, docker_client, run, "sleep 60", stepping)
+        signalled = time.monotonic()
+        srv.proc.send_signal(sig)
+        returned = await asyncio.to_thread(srv.proc.wait, 120)
+        took = time.monotonic() - signalled
+        print(f"{sig.name}: the server exited {returned} {took:.1f} s after the signal")
+        assert returned == code, srv.output()
+        assert took < 20, f"the server waited {took:.0f} s for the step's command: {srv.output()}"
+        # The client's step ends too, never hangs on to its message timeout: answered that the server shut down
+        # (a failure to drop, never scored), before its socket is closed.
+        done, _ = await asyncio.wait([stepping], timeout=10)
+        assert done, "the client's step still waits on a server that exited"
+        answer = stepping.result()
+        assert answer.done and answer.reward is None and answer.observation["failure"] == "infrastructure"
+        assert "the server shut down" in answer.observation["error"], answer.observation
+        said = [line for line in srv.output().splitlines() if not line.startswith('{"service"')]
+        assert said == [f"air: interrupted by {sig.name}"], srv.output()
+        assert not list_air_containers(docker_client, run=run), "the stopped server left containers"
+        [path] = (tmp_path / "traj").rglob("*.jsonl")
+        assert read_trajectory(path)[-1]["kind"] == "interrupted"
+    finally:
+        if env is not None:
+            with contextlib.suppress(Exception):  # its socket is gone with the server
+                await env.close()
         srv.stop()
         srv.log.close()
 

@@ -61,3 +61,42 @@ def test_the_env_server_exits_129_on_sighup(images, docker_client, tmp_path):
     code); SIGHUP here, by the same helper."""
     with env_server(tmp_path, docker_client, ["prisoners-dilemma"], stop_with=signal.SIGHUP) as served:
         assert served["proc"].poll() is None
+
+
+async def test_in_flight_work_outlives_its_request_but_not_a_stop():
+    """InFlight (issue 49): a request cancelled (its client gone) leaves its op running; a stop cancels every op,
+    their requests get Interrupted once the op has ended, and a new op is refused."""
+    import asyncio
+
+    from air.services.running import InFlight, Interrupted
+
+    ops = InFlight()
+    ended: list[str] = []
+
+    async def work(seconds: float) -> str:
+        try:
+            await asyncio.sleep(seconds)
+            return "done"
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # its clean-up (a sandbox removed) runs before its request hears of it
+            ended.append("cleaned up")
+            raise
+
+    kept = ops.start(work(0.2))
+    request = asyncio.ensure_future(ops.result(kept))
+    await asyncio.sleep(0.01)
+    request.cancel()
+    assert await kept == "done" and not ended
+
+    long = ops.start(work(60))
+    waiting = asyncio.ensure_future(ops.result(long))
+    await asyncio.sleep(0.01)
+    async with asyncio.timeout(5):
+        await ops.stop()
+    assert ended == ["cleaned up"] and waiting.done()
+    with pytest.raises(Interrupted):
+        waiting.result()
+    coro = work(1)
+    with pytest.raises(Interrupted):
+        ops.start(coro)
+    assert coro.cr_frame is None  # closed, never run

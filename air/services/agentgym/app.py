@@ -135,7 +135,10 @@ def _routes(service: AgentGymService, family: Family):
 def serve(config: AgentGymConfig, log_level: str = "info",
           on_ready: Callable[[AgentGymService], None] | None = None,
           service: AgentGymService | None = None) -> None:
-    """Run the app with uvicorn until SIGINT or SIGTERM (which give back every sandbox and close the pool)."""
+    """Run the app with uvicorn until SIGINT, SIGTERM or SIGHUP, which end the resets and steps in flight at once
+    (their commands killed with their sandboxes, each answered 503), give back every sandbox and close the pool."""
     from air.services.running import run_app
 
-    run_app(create_app(config, service=service, on_ready=on_ready), config.host, config.port, log_level)
+    service = service or AgentGymService(config)
+    run_app(create_app(config, service=service, on_ready=on_ready), config.host, config.port, log_level,
+            on_stop=service.stop)

@@ -25,6 +25,7 @@ from air.errors import InfraError
 from air.services.agentgym.config import AgentGymConfig
 from air.services.agentgym.schema import FAMILIES, INDEX_FIELDS, Family, ResetQuery, StepResponse
 from air.services.episodes import ServedEpisodes, one_line, reap_idle
+from air.services.running import InFlight, Interrupted
 
 log = logging.getLogger("air.services.agentgym")
 T = TypeVar("T")
@@ -79,7 +80,7 @@ class AgentGymService:
         # A random 32-bit base, shifted: a stale env_idx of an earlier server process never names an env here.
         self._next_idx = secrets.randbelow(1 << 32) << 20
         self._gone: OrderedDict[int, str] = OrderedDict()  # recently closed env_idx -> why, for clear 404s
-        self._ops: set[asyncio.Task] = set()
+        self.ops = InFlight()
         self._reaper: asyncio.Task | None = None
 
     @property
@@ -102,15 +103,17 @@ class AgentGymService:
             raise
         self._reaper = asyncio.ensure_future(reap_idle(self.config.idle_timeout, self._idle, self._drop_idle))
 
+    async def stop(self) -> None:
+        """At the signal, before uvicorn closes the connections: every reset and step in flight ends now (a running
+        command is killed with its sandbox, the episode recorded interrupted) and is answered 503."""
+        await self.ops.stop()
+
     async def close(self) -> None:
         """Shut down: live episodes are recorded interrupted, every sandbox goes back, the pool closes."""
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)  # its cancellation, never close()'s own
-        for op in list(self._ops):
-            op.cancel()
-        if self._ops:
-            await asyncio.gather(*list(self._ops), return_exceptions=True)
+        await self.ops.stop()
         self.envs.clear()
         await self.episodes.close()
 
@@ -232,24 +235,28 @@ class AgentGymService:
 
     async def _run(self, env: _Env, what: str, coro: Coroutine[Any, Any, T]) -> T:
         """Run one state-changing request of an env to its end even if the client goes away (a half-done step
-        would leave the episode inconsistent); a second request meanwhile is answered 409."""
+        would leave the episode inconsistent); a second request meanwhile is answered 409, one the server's stop
+        ends 503."""
         if env.busy is not None:
             coro.close()
             raise Problem(409, f"env_idx {env.idx}: a {env.busy} request is still running; one request per "
                                "env_idx at a time")
-        env.busy = what
-        op = env.op = asyncio.ensure_future(coro)
-        self._ops.add(op)
+        try:
+            op = self.ops.start(coro)
+        except Interrupted as exc:
+            raise Problem(503, f"{exc}; nothing ran", True, env.idx) from None
+        env.busy, env.op = what, op
 
         def done(_: asyncio.Task) -> None:
-            self._ops.discard(op)
             env.busy, env.op = None, None
             env.last_used = time.monotonic()
-            if not op.cancelled():
-                op.exception()  # retrieved, so a client that went away leaves no "never retrieved" warning
 
         op.add_done_callback(done)
-        return await asyncio.shield(op)
+        try:
+            return await self.ops.result(op)
+        except Interrupted as exc:  # the episode is recorded interrupted, its sandbox removed
+            raise Problem(503, f"env_idx {env.idx}: {exc} (its {what}); drop this rollout, it was not scored",
+                          True, env.idx) from None
 
     async def _reset(self, env: _Env, item: TaskItem, seed: int | None) -> str:
         await self._drop(env, "closed", "reset")

@@ -57,14 +57,11 @@ def create_app(config: OpenEnvConfig | None = None, sessions: Sessions | None = 
 
 def serve(config: OpenEnvConfig, log_level: str = "info", on_ready: Callable[[Sessions], None] | None = None,
           sessions: Sessions | None = None) -> None:
-    """Run the app with uvicorn until SIGINT or SIGTERM: sessions then in flight are recorded interrupted, every
-    sandbox is given back and the pool closed."""
+    """Run the app with uvicorn until SIGINT, SIGTERM or SIGHUP: resets and steps then in flight end at once (their
+    commands killed with their sandboxes), live sessions are recorded interrupted, every sandbox is given back and
+    the pool closed."""
     from air.services.running import run_app
 
     sessions = sessions or Sessions(ServedEpisodes(config))
-
-    def stopping() -> None:
-        sessions.stopping = True  # the sessions uvicorn now closes were interrupted, not closed by clients
-
     run_app(create_app(config, sessions=sessions, on_ready=on_ready), config.host, config.port, log_level,
-            on_exit=stopping, ws_max_size=config.max_body_bytes)
+            on_stop=sessions.stop, ws_max_size=config.max_body_bytes)

@@ -22,6 +22,7 @@ from air.errors import InfraError
 from air.policies.tool_reply import tool_reply
 from air.services.episodes import ServedEpisodes, one_line, reap_idle
 from air.services.openenv.models import AirAction, AirObservation, AirState, Failure
+from air.services.running import InFlight, Interrupted
 
 log = logging.getLogger("air.services.openenv")
 
@@ -45,13 +46,13 @@ class NoEpisode(RuntimeError):
 
 
 class Sessions:
-    """The core and every live environment of one server: their idle reaping and their end at shutdown."""
+    """The core and every live environment of one server: their resets and steps in flight, their idle reaping
+    and their end at shutdown."""
 
     def __init__(self, core: ServedEpisodes):
         self.core = core
         self.envs: weakref.WeakSet[AirEnvironment] = weakref.WeakSet()
-        self.stopping = False
-        """Set when the server begins to shut down: a session closed from then on was interrupted."""
+        self.ops = InFlight()
         self._tasks: set[asyncio.Task] = set()
         self._reaper: asyncio.Task | None = None
 
@@ -60,8 +61,18 @@ class Sessions:
         self._reaper = asyncio.ensure_future(reap_idle(self.core.config.idle_timeout, self._idle,
                                                       self._drop_idle))
 
+    @property
+    def stopping(self) -> bool:
+        """The server began to shut down: a session closed from then on was interrupted."""
+        return self.ops.stopping
+
+    async def stop(self) -> None:
+        """At the signal, before uvicorn closes the sessions' sockets: every reset and step in flight ends now (a
+        running command is killed with its sandbox) and answers that the server shut down."""
+        await self.ops.stop()
+
     async def close(self) -> None:
-        self.stopping = True
+        await self.ops.stop()
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
@@ -122,10 +133,12 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
         meta = {"openenv": {"item": chosen.index, "item_id": chosen.item_id, "seed": seed,
                             "client_episode_id": episode_id}}
         try:
-            self.live = await self.core.open(chosen, meta)
+            self.live = await self._run(self.core.open(chosen, meta))
         except InfraError as exc:
             return self._failure("infrastructure", f"leasing and staging a sandbox for {chosen.item_id} failed: "
                                                    f"{exc}")
+        except Interrupted as exc:
+            return self._failure("infrastructure", f"{exc} (leasing and staging a sandbox for {chosen.item_id})")
         if self.closed:  # the server began to shut down meanwhile
             await self._drop("interrupted", self.closed)
             raise NoEpisode(f"this session was closed {self.closed}")
@@ -144,16 +157,12 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
                             "OpenEnv's EnvClient opens)")
         if self.live.over:
             raise NoEpisode(f"the episode is over ({self.live.episode.ended_by}); reset to start another")
-        self._op = asyncio.ensure_future(self.live.step(_reply(action, self.live.episode.action_format)))
         try:
-            result: StepResult = await asyncio.shield(self._op)
-        except InfraError as exc:
+            result: StepResult = await self._run(self.live.step(_reply(action, self.live.episode.action_format)))
+        except (InfraError, Interrupted) as exc:  # interrupted: recorded so, its sandbox removed
             return self._failure("infrastructure", f"turn {self.live.episode.turns}: {exc}")
         except Exception as exc:  # noqa: BLE001 - a bug in air or a broken task: failed, never scored
             return self._failure("error", f"the step failed inside air ({type(exc).__name__}: {exc})")
-        finally:
-            self._op = None
-            self.last_used = time.monotonic()
         results = [a for a in result.answers if a["role"] == "tool"] or None
         return AirObservation(text=result.observation, reward=result.reward, done=result.done,
                               action=result.info.get("action"), tool_results=results, **self._about())
@@ -197,6 +206,16 @@ class AirEnvironment(Environment[AirAction, AirObservation, AirState]):
                 pass
 
     # ----- internals ------------------------------------------------------------------------------------------
+    async def _run(self, coro):
+        """The session's one reset or step in flight (InFlight: it outlives a client that goes away; a stop ends
+        it, Interrupted)."""
+        self._op = self.sessions.ops.start(coro)
+        try:
+            return await self.sessions.ops.result(self._op)
+        finally:
+            self._op = None
+            self.last_used = time.monotonic()
+
     def _check_open(self) -> None:
         if self.closed:
             raise NoEpisode(f"this session was closed {self.closed}; open a new one")
