@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from sandbox_fusion import RunCodeRequest, run_code, run_concurrent
-from served import SandboxFusionServer
+from served import SandboxFusionServer, wait_until_running
 from sf_upstream import differs
 
 from air.sandbox import list_air_containers, make_labels
@@ -300,3 +302,34 @@ def test_no_containers_left_after_the_server_stops(server, docker_client):
     assert server.stop() == 143, server.output()
     assert "Application shutdown complete" in server.output() and "Traceback" not in server.output()
     assert list_air_containers(docker_client, run=server.run_id) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_during_a_run_ends_it_promptly_and_cleanly(images, docker_client, tmp_path, sig, code):
+    """Issue 49, as for the episode servers: signalled while a request runs a long program, the server waited for
+    it up to 30 s (uvicorn's graceful shutdown). Now the run ends at once (its program killed with its sandbox) and
+    is answered SandboxError, the server exits 128 + the signal in one line, and no container is left."""
+    run_id = f"test-sf-{uuid.uuid4().hex[:8]}"
+    srv = SandboxFusionServer(run_id, tmp_path / "server.log", "--pool-size", "1", "--concurrency", "1",
+                              "--log-level", "warning")
+    try:
+        srv.wait_ready()
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            running = pool.submit(run, srv, "sleep 60", "bash", run_timeout=120)
+            wait_until_running(docker_client, run_id, "sleep 60", running)
+            signalled = time.monotonic()
+            srv.proc.send_signal(sig)
+            returned = srv.proc.wait(120)
+            took = time.monotonic() - signalled
+            assert returned == code, srv.output()
+            assert took < 20, f"the server waited {took:.0f} s for the program: {srv.output()}"
+            # SandboxFusion's own client raises on a SandboxError answer (here with its retries off)
+            with pytest.raises(Exception, match="Sandbox responded with error: the server shut down"):
+                running.result(timeout=10)
+        said = [line for line in srv.output().splitlines() if not line.startswith('{"service"')]
+        assert said == [f"air: interrupted by {sig.name}"], srv.output()
+        assert not list_air_containers(docker_client, run=run_id), "the stopped server left containers"
+    finally:
+        srv.stop()
+        srv.log.close()

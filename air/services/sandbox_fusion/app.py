@@ -60,7 +60,9 @@ def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusion
 
 def serve(config: SandboxFusionConfig, log_level: str = "info",
           on_ready: Callable[[], None] | None = None) -> None:
-    """Run the app with uvicorn until SIGINT or SIGTERM (which shut down the pool and its containers)."""
+    """Run the app with uvicorn until SIGINT, SIGTERM or SIGHUP, which end the runs in flight at once (each answered
+    SandboxError) and shut down the pool and its containers."""
     from air.services.running import run_app
 
-    run_app(create_app(config, on_ready=on_ready), config.host, config.port, log_level)
+    app = create_app(config, on_ready=on_ready)
+    run_app(app, config.host, config.port, log_level, on_stop=app.state.service.stop)

@@ -20,6 +20,7 @@ from air.sandbox import (
     Resources,
     SandboxSpec,
 )
+from air.services.running import InFlight, Interrupted
 from air.services.sandbox_fusion import jupyter
 from air.services.sandbox_fusion.compiled import CompileCache, Compiled, compile_key, keepable
 from air.services.sandbox_fusion.config import SandboxFusionConfig
@@ -106,6 +107,8 @@ class SandboxFusionService:
         self.requests = 0
         self._captured = 1 << 20  # bytes per stream the sandbox's shell keeps; read from it at start
         self.compiled = CompileCache(self.config.compile_cache_mb << 20) if self.config.compile_cache_mb else None
+        self.ops = InFlight()
+        """The requests' runs: a stop (the server's signal) ends them at once, as the episode servers' steps."""
 
     # ----- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -123,7 +126,13 @@ class SandboxFusionService:
             await self.close()
             raise
 
+    async def stop(self) -> None:
+        """At the signal, before uvicorn closes the connections: every run in flight ends now (its program killed
+        with its sandbox) and is answered SandboxError, not waited for up to its run timeout."""
+        await self.ops.stop()
+
     async def close(self) -> None:
+        await self.ops.stop()
         if self.pool is not None and self._own_pool:
             await self.pool.close()
 
@@ -189,9 +198,14 @@ class SandboxFusionService:
         except TimeoutError:
             return answer(status=RunStatus.SandboxError,
                           message=f"server busy: no free slot within {self.config.queue_timeout:g}s")
-        try:
+        async def run():
             async with self.pool.lease(self.spec) as sandbox:
                 return await work(sandbox)
+
+        try:
+            return await self.ops.result(self.ops.start(run()))
+        except Interrupted as exc:
+            return answer(status=RunStatus.SandboxError, message=f"{exc}; nothing of it was kept")
         except InfraError as exc:
             log.warning("sandbox error: %s", exc)
             return answer(status=RunStatus.SandboxError, message=f"sandbox infrastructure error: {exc}")
