@@ -17,6 +17,7 @@ from rich.table import Table
 from air import display
 from air.cli.app import (
     MODEL_TIMEOUT,
+    PATH,
     ActionFormatOption,
     BaseUrl,
     GpusPerTask,
@@ -28,6 +29,7 @@ from air.cli.app import (
     Offline,
     app,
     console,
+    given_path,
     go_offline,
     make_policy,
     out,
@@ -43,9 +45,9 @@ def debug(
                                                 "snapshot's).")] = None,
     keep: Annotated[bool, typer.Option(help="Leave the container running on exit and print how to enter it.")]
     = False,
-    from_: Annotated[Path | None, typer.Option("--from", help="Open the sandbox in a snapshot's state (a .airsnap "
-                                               "file, e.g. runs/X/<task>/rollout-000.snapshots/turn-037.airsnap): "
-                                               "its files, cwd, exports, turn and rewards.")] = None,
+    from_: Annotated[Path | None, typer.Option("--from", **PATH, help="Open the sandbox in a snapshot's state (a "
+                                               ".airsnap file, e.g. runs/X/<task>/rollout-000.snapshots/"
+                                               "turn-037.airsnap): its files, cwd, exports, turn and rewards.")] = None,
     max_turns: Annotated[int, typer.Option(help="Turn limit, as in a rollout.")] = 30,
     mlgym_root: MlgymRoot = None,
     harbor_root: HarborRoot = None,
@@ -98,9 +100,9 @@ def eval_(
                                                   "the snapshot's).")] = None,
     command_timeout: Annotated[float | None, typer.Option(min=0.1, help="Cap on each command's timeout, "
                                                                          "seconds.")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory, new or empty: a run owns its "
+    out_dir: Annotated[Path | None, typer.Option("--out", **PATH, help="Run directory, new or empty: a run owns its "
                                                  "directory (default runs/eval-<time>).")] = None,
-    from_: Annotated[Path | None, typer.Option("--from", help="Start every rollout from this snapshot (a "
+    from_: Annotated[Path | None, typer.Option("--from", **PATH, help="Start every rollout from this snapshot (a "
                                                ".airsnap file): its files, shell, turn, messages and rewards; "
                                                "TASKS may then be left out.")] = None,
     snapshot_at: Annotated[str | None, typer.Option(help="Snapshot rollouts after these turns: validate (every "
@@ -244,7 +246,8 @@ def _show_results(results: list, run_dir: Path, as_json: bool, stopped: bool = F
 
 @app.command()
 def replay(
-    source: Annotated[Path, typer.Argument(help="A trajectory file, a vf-eval traces.jsonl, or a run directory.")],
+    source: Annotated[Path, typer.Argument(parser=given_path, help="A trajectory file, a vf-eval traces.jsonl, or "
+                                                                   "a run directory.")],
     rescore: Annotated[str | None, typer.Option("--rescore", help="Recompute rewards from the recorded scores "
                                                 "in this mode (delta|best), without containers.")] = None,
     from_turn: Annotated[int | None, typer.Option(min=1, help="Replay from turn K on: restore the snapshot the "
@@ -354,9 +357,9 @@ def _show_replays(results: list, as_json: bool) -> None:
         return
     for rec, drifts, note in results:
         status = "[red]drift[/]" if drifts or note else "[green]no drift[/]"
-        out.print(f"{status}  {rec.source}  ({len(rec.steps)} turns)", soft_wrap=True)
+        out.print(f"{status}  {escape(rec.source)}  ({len(rec.steps)} turns)", soft_wrap=True)
         if note:
-            out.print(f"  [yellow]{note}[/]", soft_wrap=True)
+            out.print(f"  [yellow]{escape(note)}[/]", soft_wrap=True)
         if drifts:
             t = Table("turn", "what", "line", "recorded", "replayed", caption="first differing line of each "
                       "turn; times, durations, pids and the sandbox id are normalised")
@@ -368,8 +371,10 @@ def _show_replays(results: list, as_json: bool) -> None:
 
 @app.command()
 def view(
-    sources: Annotated[list[Path], typer.Argument(help="Run directories, trajectory files, vf-eval traces.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path("air-report.html"),
+    sources: Annotated[list[Path], typer.Argument(parser=given_path, help="Run directories, trajectory files, "
+                                                                          "vf-eval traces.")],
+    output: Annotated[Path, typer.Option("-o", "--output", **PATH, help="The HTML file to write.")] \
+    = Path("air-report.html"),
     title: Annotated[str, typer.Option(help="Page title.")] = "air rollouts",
     as_json: JsonFlag = False,
 ) -> None:

@@ -11,6 +11,7 @@ from rich.markup import escape
 from air import display
 from air.cli.app import (
     MODEL_TIMEOUT,
+    PATH,
     ActionFormatOption,
     BaseUrl,
     JsonFlag,
@@ -36,7 +37,7 @@ def run(
     model: Model = "air-scripted",
     model_timeout: ModelTimeout = MODEL_TIMEOUT,
     max_turns: Annotated[int, typer.Option(min=1, help="Turn limit of the episode.")] = 30,
-    runs_dir: Annotated[Path, typer.Option("--out", help="Where the trajectory is written.")] = Path("runs"),
+    runs_dir: Annotated[Path, typer.Option("--out", **PATH, help="Where the trajectory is written.")] = Path("runs"),
     mlgym_root: MlgymRoot = None,
     harbor_root: HarborRoot = None,
     action_format: ActionFormatOption = None,
@@ -78,7 +79,7 @@ def run(
     build_missing([spec.image])
     trajectory = free_name(runs_dir, f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}", ".jsonl")
     if not as_json:
-        out.print(f"[bold]{spec.id}[/] played by {escape(policy_label(played_by))}", soft_wrap=True)
+        out.print(f"[bold]{escape(spec.id)}[/] played by {escape(policy_label(played_by))}", soft_wrap=True)
     rows: list[dict] = []
 
     def show(episode, reply, step) -> None:
@@ -118,7 +119,7 @@ def run(
         print_json({"summary": summary, "policy": played_by, "steps": rows, "trajectory": str(trajectory)})
         return
     scores = [r["score"] for r in rows if r["score"] is not None]
-    out.print(f"\n[bold]{spec.id}[/]: {summary['ended_by']} after {summary['turns']} turns; "
+    out.print(f"\n[bold]{escape(spec.id)}[/]: {summary['ended_by']} after {summary['turns']} turns; "
               f"baseline {spec.primary.name} {summary['baseline']:.6g}, "
               f"best {display.score(summary['best_score'])}, "
               f"return {display.reward(summary['total_reward'])}", soft_wrap=True)
