@@ -90,3 +90,240 @@ def test_airs_own_harbor_export_reads_back_without_a_note(tmp_path):
     proc = air("tasks", "show", "harbor:prisoners-dilemma", "--harbor-root", "ds", cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "unknown key" not in proc.stderr, proc.stderr
+
+
+# ----- exit codes and words -----------------------------------------------------------------------------------------
+class ModelServer:
+    """A TEST DOUBLE of an OpenAI-compatible endpoint, served from a thread of this process: `answers` are the
+    chat completions' (status, body) in turn (the last one repeats); `requests` what it was asked."""
+
+    def __init__(self, *answers: tuple[int, dict]):
+        self.answers, self.requests = list(answers), []
+
+    def __enter__(self) -> str:
+        import asyncio
+        import threading
+
+        from aiohttp import web
+
+        async def models(_):
+            return web.json_response({"object": "list", "data": [{"id": "double", "object": "model"}]})
+
+        async def completions(request):
+            self.requests.append(await request.json())
+            status, body = self.answers[min(len(self.requests), len(self.answers)) - 1]
+            return web.json_response(body, status=status)
+
+        started = threading.Event()
+
+        def serve() -> None:  # the server's own loop, in its own thread: a test's loop may be running here
+            self.loop = asyncio.new_event_loop()
+            app = web.Application()
+            app.router.add_get("/v1/models", models)
+            app.router.add_post("/v1/chat/completions", completions)
+            self.runner = web.AppRunner(app)
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            self.loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]
+            started.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        assert started.wait(30)
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __exit__(self, *exc) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def _completion(message: dict, finish: str = "stop") -> tuple[int, dict]:
+    return 200, {"choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", **message}}]}
+
+
+@pytest.mark.docker
+def test_eval_against_an_endpoint_answering_500_is_exit_3_and_one_line_as_run_is(images, tmp_path, run_id):
+    with ModelServer((500, {"error": "the model crashed"})) as url:
+        proc = air("eval", "prisoners-dilemma", "-n", "2", "-c", "2", "--base-url", url, "--model", "double",
+                   "--out", "run", "--json", cwd=tmp_path, timeout=600, env={"AIR_RUN_ID": run_id})
+        ran = air("run", "--base-url", url, "--model", "double", cwd=tmp_path, timeout=600,
+                  env={"AIR_RUN_ID": run_id})
+    line = one_line(proc, 3, "every rollout failed as infrastructure (2 of 2 rollout(s) failed; the first")
+    assert "answered HTTP 500" in line
+    assert [r["ok"] for r in json.loads(proc.stdout)["rollouts"]] == [False, False]
+    one_line(ran, 3, "answered HTTP 500")
+
+
+def test_a_run_whose_rollouts_failed_in_part_is_exit_1_with_one_line():
+    from air.cli.research import rollouts_failed
+    from air.episode.batch import RolloutResult
+    from air.errors import InfraError
+
+    http = "ModelUnavailable: model endpoint http://x/v1 answered HTTP 500: boom"
+    every = rollouts_failed([RolloutResult("t", 0, False, None, error=http)] * 2)
+    assert isinstance(every, InfraError) and "2 of 2 rollout(s) failed; the first, t #0: ModelUnavailable" in str(every)
+    part = rollouts_failed([RolloutResult("t", 0, True, "a.jsonl"), RolloutResult("t", 1, False, None, error=http)])
+    bug = rollouts_failed([RolloutResult("t", 0, False, None, error="internal error, ValueError: x")])
+    assert not isinstance(part, InfraError) and not isinstance(bug, InfraError)
+    assert str(part).startswith("1 of 2 rollout(s) failed; the first, t #1: ModelUnavailable")
+
+
+class _Leasing:
+    """The fake task environment of tests/test_export_sft.py, leasing its fake sandbox as run_episode asks."""
+
+    def __init__(self, scores):
+        from test_export_sft import FakeTaskEnv
+
+        self.env = FakeTaskEnv("regression-rmse", scores)
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def lease(self):
+        import contextlib
+
+        from test_export_sft import FakeSandbox
+
+        @contextlib.asynccontextmanager
+        async def leased():
+            yield FakeSandbox()
+
+        return leased()
+
+
+async def test_a_reply_cut_at_the_token_limit_or_calling_tools_in_the_text_format_is_told_which(tmp_path):
+    from air.episode.config import EpisodeConfig
+    from air.episode.runner import run_episode
+    from air.episode.trajectory import read_trajectory
+    from air.policies.openai_compat import OpenAIPolicy
+
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    with ModelServer(_completion({"content": ""}, "length"),
+                     _completion({"content": "I will write a long plan first, then ```bash\nls -"}, "length"),
+                     _completion({"content": None, "tool_calls": [call]}, "tool_calls"),
+                     _completion({"content": "```\nsubmit\n```"})) as url:
+        policy = OpenAIPolicy(url, "double", timeout=30)
+        try:
+            await run_episode(_Leasing([80.0]), policy, EpisodeConfig(), tmp_path / "t.jsonl")
+        finally:
+            await policy.aclose()
+    steps = [r for r in read_trajectory(tmp_path / "t.jsonl") if r["type"] == "step"]
+    cut = "Your reply was cut off at the token limit before it held a complete action"
+    assert steps[0]["observation"].startswith(cut) and "was empty" not in steps[0]["observation"]
+    assert steps[1]["observation"].startswith(cut)
+    assert steps[2]["observation"].startswith("Your reply called tools and wrote no text, but this episode is in "
+                                              "the text format")
+    assert steps[3]["action"]["kind"] == "submit"
+
+
+async def test_the_text_formats_history_never_holds_tool_calls(tmp_path):
+    """An endpoint refuses an assistant message with tool calls that no tool message answers."""
+    from air.episode.config import EpisodeConfig
+    from air.episode.runner import run_episode
+    from air.policies.openai_compat import OpenAIPolicy
+
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    server = ModelServer(_completion({"content": None, "tool_calls": [call]}, "tool_calls"),
+                         _completion({"content": "```\nsubmit\n```"}))
+    with server as url:
+        policy = OpenAIPolicy(url, "double", timeout=30)
+        try:
+            await run_episode(_Leasing([80.0]), policy, EpisodeConfig(), None)
+        finally:
+            await policy.aclose()
+    said = server.requests[1]["messages"][2]
+    assert said == {"role": "assistant", "content": ""}
+
+
+def _edited(runs, line_type: str, field: str, value: float) -> None:
+    path = runs / "a.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    record = next(r for r in lines if r["type"] == line_type and (line_type != "step" or r["turn"] == 2))
+    record[field] = value
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+@pytest.mark.parametrize("line_type, says", [
+    ("step", "turn 2's reward +891 is not the end record's +0"),
+    ("end", "the end record's return +891 is not the sum of its step rewards"),
+])
+def test_a_trajectory_whose_step_rewards_disagree_with_its_end_record_is_said(tmp_path, line_type, says):
+    from test_cli_round_three import episodes
+
+    runs = episodes(tmp_path)
+    _edited(runs, line_type, "reward" if line_type == "step" else "total_reward", 891.0)
+    one_line(air("view", "runs", "-o", "r.html", cwd=tmp_path, timeout=120), 2, says)
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("encoding, bom", [("utf-8", "\ufeff"), ("utf-16", ""), ("utf-16-be", "\ufeff"),
+                                           ("utf-32", "")], ids=["utf-8-bom", "utf-16-le", "utf-16-be", "utf-32"])
+def test_a_trajectory_with_a_byte_order_mark_reads_as_what_it_is(tmp_path, encoding, bom):
+    from test_cli_round_three import episodes
+
+    runs = episodes(tmp_path)
+    for name in ("a.jsonl", "b.jsonl"):
+        path = runs / name
+        path.write_bytes((bom + path.read_text(encoding="utf-8")).encode(encoding))
+    assert path.read_bytes()[:2] in (b"\xef\xbb", b"\xff\xfe", b"\xfe\xff")
+    proc = air("view", "runs", "-o", "r.html", "--json", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["rollouts"] == 2 and not proc.stderr
+    proc = air("export", "sft", "runs", "--out", "sft/train.jsonl", "--json", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["read"] == 2 and json.loads(proc.stdout)["malformed"] == 0
+
+
+def test_wide_text_that_stops_decoding_is_one_line_naming_the_file(tmp_path):
+    from test_cli_round_three import episodes
+
+    runs = episodes(tmp_path)
+    path = runs / "a.jsonl"
+    path.write_bytes(path.read_text().encode("utf-16") + b"\x00\xd8")  # a lone high surrogate at the end
+    one_line(air("view", "runs/a.jsonl", cwd=tmp_path, timeout=120), 2, "runs/a.jsonl: its UTF-16 stops decoding")
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda runs: (runs / "a.jsonl").write_text(""), "runs/a.jsonl is empty: no episode to export; nothing written"),
+    (lambda runs: (runs / "a.jsonl").write_text("".join(
+        line for line in (runs / "a.jsonl").read_text().splitlines(keepends=True) if '"type": "end"' not in line)),
+     "no finished episode: the one read has no end record (cut off, or still running); nothing written"),
+], ids=["empty", "no-end-record"])
+def test_export_sft_of_an_empty_or_unfinished_file_says_so(tmp_path, make, says):
+    from test_cli_round_three import episodes
+
+    runs = episodes(tmp_path)
+    make(runs)
+    proc = air("export", "sft", "runs/a.jsonl", "--out", "sft/train.jsonl", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == f"air: {says}", proc.stderr
+
+
+def _unwritable(tmp_path):
+    """A folder this process cannot write in, even as root (sysfs refuses root too)."""
+    import os
+
+    if os.geteuid() == 0:
+        return "/sys/fs"
+    folder = tmp_path / "read-only"
+    folder.mkdir(mode=0o555)
+    return str(folder)
+
+
+@pytest.mark.parametrize("variable", ["XDG_CACHE_HOME", "AIR_CACHE_DIR"])
+def test_doctor_checks_that_the_cache_folder_can_be_written(tmp_path, variable):
+    folder = _unwritable(tmp_path)
+    env = {"AIR_CACHE_DIR": "", "XDG_CACHE_HOME": "", variable: folder,
+           "DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"}  # the Docker rows fail at once
+    proc = air("doctor", "--json", cwd=tmp_path, timeout=120, env=env)
+    assert proc.returncode == 3
+    rows = {row["name"]: row for row in json.loads(proc.stdout)}
+    assert not rows["cache folder"]["ok"] and rows["cache folder"]["required"]
+    assert f"cannot use {variable}={folder} as air's cache" in rows["cache folder"]["detail"]
+    fine = air("doctor", "--json", cwd=tmp_path, timeout=120, env={**env, variable: str(tmp_path / "cache")})
+    assert {row["name"]: row for row in json.loads(fine.stdout)}["cache folder"]["ok"]

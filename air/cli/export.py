@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from air.cli.app import PATH, given_path
 
@@ -78,7 +79,7 @@ def sft(
         if result.kept:
             out.print(f"wrote {out_file} (prime-rl: data.name = \"{out_file.parent}\")", soft_wrap=True)
     if not result.kept:
-        console.print("air: no episode passed the filters; nothing written", soft_wrap=True)
+        console.print(f"air: {escape(result.why_none())}; nothing written", soft_wrap=True)
         raise typer.Exit(1)
 
 

@@ -124,8 +124,9 @@ def eval_(
     """Run N rollouts of each task against an OpenAI-compatible endpoint (or the scripted policy), with live
     progress, a results table, and trajectories in a run directory (then: air view RUN_DIR).
 
-    Exit code 1 when a rollout failed. Ctrl-C stops the rollouts in flight, prints those that finished and
-    writes the run's summary.json. Example: air eval prisoners-dilemma regression-rmse -n 4 -c 4
+    Exit code 1 when a rollout failed, 3 when every rollout failed as infrastructure (the model endpoint, Docker),
+    each with one line on stderr naming the first failure. Ctrl-C stops the rollouts in flight, prints those that
+    finished and writes the run's summary.json. Example: air eval prisoners-dilemma regression-rmse -n 4 -c 4
     """
     from air.cli.eval_display import LiveView
     from air.cli.model_wait import WatchedPolicy
@@ -197,7 +198,26 @@ def eval_(
     if full is not None:
         raise DiskFull(full.removeprefix(named))
     if not all(r.ok for r in results):
-        raise typer.Exit(1)
+        raise rollouts_failed(results)
+
+
+def rollouts_failed(results: list) -> Exception:
+    """What a run with failed rollouts ends with: one line on stderr (the results on stdout said which), exit 1; or
+    exit 3, as `air run` ends, when every rollout failed as infrastructure (a model endpoint answering HTTP 500,
+    Docker): nothing in the run is the model's result."""
+    from air.errors import AirError, InfraError
+
+    failed = [r for r in results if not r.ok]
+    first = failed[0]
+    said = f"{len(failed)} of {len(results)} rollout(s) failed; the first, {first.task} #{first.index}: {first.error}"
+    infrastructure = {cls.__name__ for cls in _subclasses(InfraError)}
+    if len(failed) == len(results) and all((r.error or "").split(":", 1)[0] in infrastructure for r in failed):
+        return InfraError(f"every rollout failed as infrastructure ({said})")
+    return AirError(said)
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(sub for child in cls.__subclasses__() for sub in _subclasses(child))]
 
 
 def snapshot_options(from_: Path | None, snapshot_at: str | None, cap_mb: int, tasks: list[str] | None):
