@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from test_cli_failures import air
@@ -327,3 +328,89 @@ def test_doctor_checks_that_the_cache_folder_can_be_written(tmp_path, variable):
     assert f"cannot use {variable}={folder} as air's cache" in rows["cache folder"]["detail"]
     fine = air("doctor", "--json", cwd=tmp_path, timeout=120, env={**env, variable: str(tmp_path / "cache")})
     assert {row["name"]: row for row in json.loads(fine.stdout)}["cache folder"]["ok"]
+
+
+# ----- still wrong from round four ------------------------------------------------------------------------------------
+@pytest.mark.docker
+def test_containers_ls_through_a_pipe_shows_ids_and_names_whole(images, docker_client, run_id):
+    from air.sandbox import make_labels
+
+    name = f"air-{run_id}-a-long-name-that-an-80-column-table-would-cut-short"
+    container = docker_client.containers.run("air/base:latest", ["sleep", "infinity"], detach=True, name=name,
+                                             labels=make_labels("agent", "a-task-with-a-long-name", run_id),
+                                             network_mode="none", init=True)
+    try:
+        proc = air("containers", "ls", "--run", run_id, cwd=Path.cwd(), timeout=120)  # stdout: a pipe
+    finally:
+        container.remove(force=True)
+    assert proc.returncode == 0, proc.stderr
+    assert container.id[:12] in proc.stdout and name in proc.stdout and "…" not in proc.stdout, proc.stdout
+
+
+def test_one_broken_task_toml_is_its_own_line_and_the_others_are_listed(tmp_path):
+    import shutil
+
+    from air import paths
+
+    tasks = tmp_path / "tasks"
+    for name in ("prisoners-dilemma", "regression-rmse"):
+        shutil.copytree(paths.tasks_dir() / name, tasks / name)
+    with (tasks / "regression-rmse" / "task.toml").open("a") as toml:
+        toml.write("x = [\n")
+    env = {"AIR_TASKS_DIR": str(tasks)}
+    proc = air("tasks", "list", cwd=tmp_path, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    shown = " ".join(proc.stdout.split())
+    assert "prisoners-dilemma" in shown and "regression-rmse cannot load: " in shown and "TOML syntax error" in shown
+    rows = {r["id"]: r for r in json.loads(air("tasks", "list", "--json", cwd=tmp_path, timeout=120, env=env).stdout)}
+    assert rows["prisoners-dilemma"]["error"] is None and rows["prisoners-dilemma"]["metric"] == "Score"
+    assert "TOML syntax error" in rows["regression-rmse"]["error"]
+
+
+def test_a_turn_of_many_calls_is_counted_on_its_line():
+    from air.cli.run import _kinds_shown
+
+    assert _kinds_shown(["command", "validate"]) == "command+validate"
+    assert _kinds_shown(["command"] * 3 + ["submit"]) == "command x3+submit"
+    many = _kinds_shown(["command"] * 298 + ["format_error", "submit"])
+    assert many == "300 calls: 298 command, 1 format_error, 1 submit"
+
+
+@pytest.mark.docker
+def test_air_run_prints_a_300_call_reply_on_a_short_line(images, tmp_path, run_id):
+    calls = [{"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": '{"command": "true"}'}}
+             for i in range(299)]
+    calls.append({"id": "s", "type": "function", "function": {"name": "submit", "arguments": "{}"}})
+    with ModelServer(_completion({"content": None, "tool_calls": calls}, "tool_calls")) as url:
+        proc = air("run", "--action-format", "tools", "--base-url", url, "--model", "double", "--out", "runs",
+                   cwd=tmp_path, timeout=900, env={"AIR_RUN_ID": run_id})
+    assert proc.returncode == 0, proc.stderr
+    (turn,) = [line for line in proc.stdout.splitlines() if line.startswith("turn  1")]
+    # The episode's action limit (30) leaves the rest of the calls not run: each run of them is counted.
+    assert "command x30+not_run x270" in turn and len(turn) < 200, turn
+
+
+@pytest.mark.parametrize("model", ["a__b", "", "_a", "b_", "Qwen/x_"])
+def test_mlgym_results_refuse_a_model_name_mlgym_would_read_as_other_parts(tmp_path, model):
+    from test_cli_round_three import episodes
+
+    episodes(tmp_path)
+    proc = air("export", "mlgym-results", "runs", "--out", "mlg", "--model", model, cwd=tmp_path, timeout=120)
+    one_line(proc, 2, f"--model {model!r} cannot name MLGym runs")
+    assert not (tmp_path / "mlg").exists()
+
+
+def test_view_of_huge_replies_bounds_each_and_says_how_much_was_cut(tmp_path):
+    import asyncio
+
+    from test_export_sft import SUBMIT, VALIDATE, WRITE_MODEL, play
+
+    huge = "x" * (5 << 20) + "\n\n" + WRITE_MODEL
+    asyncio.run(play(tmp_path / "runs" / "a.jsonl", "regression-rmse", [huge, huge, huge, VALIDATE, SUBMIT],
+                     [86.8, 80.0]))
+    proc = air("view", "runs", "-o", "r.html", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert len(page) < 200_000
+    assert page.count(f"[... {(5 << 20) + 2 + len(WRITE_MODEL) - 20_000:,} of") == 3
+    assert "cat &gt; train.py" in page  # the tail, where the action was, is shown

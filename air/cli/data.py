@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from air.cli.app import PATH, JsonFlag, out, print_json
+from air.cli.app import PATH, JsonFlag, out, print_json, show_table
 
 data_app = typer.Typer(help="Stage Hugging Face datasets into air's local read-only store (task containers read "
                             "them offline with load_dataset).", no_args_is_help=True)
@@ -69,7 +69,7 @@ def data_ls(store: Store = None, as_json: JsonFlag = False) -> None:
     for r in rows:
         table.add_row(r.id, " ".join(f"{s}={n}" for s, n in r.splits.items()), f"{r.size_mb:.1f}", r.source,
                       r.added)
-    out.print(table)
+    show_table(table)
 
 
 @data_app.command("rm")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -93,7 +94,7 @@ def run(
                 detail = f"{spec.primary.name} = {display.score(record['score'])}"
             else:  # a command's exit note, or the first line of a failure or format error
                 detail = lines[-1] if kinds[-1] == "command" else lines[0]
-            out.print(f"turn {episode.turns:>2}  {record['action']:<12} reward {display.reward(step.reward)}  "
+            out.print(f"turn {episode.turns:>2}  {_kinds_shown(kinds):<12} reward {display.reward(step.reward)}  "
                       f"{detail[:80]}", markup=False, highlight=False, soft_wrap=True)
 
     async def main():
@@ -127,6 +128,22 @@ def run(
         out.print(f"score curve ({spec.primary.direction} is better): {_sparkline(scores)}  "
                   + " → ".join(f"{s:.4g}" for s in scores), soft_wrap=True)
     out.print(f"trajectory: {trajectory}", soft_wrap=True)
+
+
+def _kinds_shown(kinds: list[str], width: int = 30) -> str:
+    """A turn's actions on its printed line: `command+validate`, runs counted (`command x3+submit`), and past
+    `width` only the counts (`300 calls: 299 command, 1 submit`): a reply may make hundreds of calls, and their
+    joined names made one line of 2,426 characters (--json keeps them all)."""
+    runs: list[list] = []
+    for kind in kinds:
+        if runs and runs[-1][0] == kind:
+            runs[-1][1] += 1
+        else:
+            runs.append([kind, 1])
+    shown = "+".join(kind if n == 1 else f"{kind} x{n}" for kind, n in runs)
+    if len(shown) <= width:
+        return shown
+    return f"{len(kinds)} calls: " + ", ".join(f"{n} {kind}" for kind, n in Counter(kinds).most_common())
 
 
 def _sparkline(values: list[float]) -> str:

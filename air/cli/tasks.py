@@ -46,12 +46,19 @@ def tasks_list(mlgym_root: MlgymRoot = None, harbor_root: HarborRoot = None, as_
         return _list_harbor(Path(harbor_root), as_json)
     if mlgym_root:
         return _list_mlgym(Path(mlgym_root), as_json)
-    from air.tasks.registry import load_all
+    from air.errors import TaskError, UsageError
+    from air.tasks.registry import bundled_ids, load_task
 
-    specs = load_all()
-    rows = [{"id": t.id, "name": t.name, "metric": t.primary.name, "direction": t.primary.direction,
-             "baseline": t.baseline_score, "submission": t.evaluation.submission, "image": t.image,
-             "gpus": t.resources.gpus, "hidden": _hidden_kind(t)} for t in specs]
+    rows = []
+    for ref in bundled_ids():  # one task that does not load is its own line, never the end of the list
+        try:
+            t = load_task(ref)
+        except (TaskError, UsageError) as exc:
+            rows.append({"id": ref, "error": " ".join(str(exc).split())})
+            continue
+        rows.append({"id": t.id, "name": t.name, "metric": t.primary.name, "direction": t.primary.direction,
+                     "baseline": t.baseline_score, "submission": t.evaluation.submission, "image": t.image,
+                     "gpus": t.resources.gpus, "hidden": _hidden_kind(t), "error": None})
     if as_json:
         print_json(rows)
         return
@@ -60,11 +67,18 @@ def tasks_list(mlgym_root: MlgymRoot = None, harbor_root: HarborRoot = None, as_
     for column in ("metric", "baseline", "submission", "hidden data", "name"):
         table.add_column(column)
     for r in rows:
+        if r["error"]:
+            table.add_row(escape(r["id"]), "[red]cannot load[/]", "-", "-", "-", "-")
+            continue
         arrow = "↑" if r["direction"] == "higher" else "↓"
-        table.add_row(r["id"], f"{r['metric']} {arrow}", f"{r['baseline']:.4g}", " ".join(r["submission"]),
+        table.add_row(escape(r["id"]), f"{escape(r['metric'])} {arrow}", f"{r['baseline']:.4g}",
+                      escape(" ".join(r["submission"])),
                       {"evaluation": "drawn per evaluation", "host": "fixed: drawn per host"}.get(r["hidden"], "-"),
-                      r["name"])
-    out.print(table)
+                      escape(r["name"]))
+    show_table(table)
+    for r in rows:
+        if r["error"]:
+            out.print(f"[bold]{escape(r['id'])}[/] [red]cannot load[/]: {escape(r['error'])}", overflow="fold")
 
 
 def _hidden_kind(spec) -> str | None:
@@ -97,7 +111,7 @@ def _list_mlgym(root: Path, as_json: bool) -> None:
             details.append(f"[bold]{escape(name)}[/] [red]cannot run[/]: {escape(why)}")
         for leak in r.leaks:
             details.append(f"[bold]{escape(name)}[/] [bold red]LEAKED ANSWER KEY[/]: {escape(leak)}")
-    out.print(table)
+    show_table(table)
     for line in details:
         out.print(line, overflow="fold")
     leaky = sum(bool(r.leaks) for r in rows)
