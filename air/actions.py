@@ -120,6 +120,9 @@ class Reply(BaseModel):
 
     content: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    cut: bool = False
+    """The endpoint stopped the reply at its token limit (finish_reason "length"): what it holds may end
+    mid-action, and a reply with no action in it is told so, not that it was empty."""
 
     def message(self) -> dict[str, Any]:
         """The reply as an OpenAI assistant message (`content` null beside calls, as the API sends it)."""

@@ -53,3 +53,21 @@ def cache_dir() -> Path:
         raise UsageError(f"cannot use {where} as air's cache ({path}: {exc.strerror or exc}); point "
                          f"{variable or 'AIR_CACHE_DIR'} at a folder air can write") from None
     return path
+
+
+def writable_cache_dir() -> Path:
+    """cache_dir(), checked by writing a file in it (`air doctor`): a folder that exists but is read-only passes
+    mkdir, and only fails the first run that keeps something there."""
+    import tempfile
+
+    path = cache_dir()
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".air-doctor-"):
+            pass
+    except OSError as exc:
+        variable = "AIR_CACHE_DIR" if variables.raw("AIR_CACHE_DIR") else \
+            "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else None
+        where = f"{variable}={os.environ[variable]}" if variable else str(path)
+        raise UsageError(f"cannot use {where} as air's cache ({path} cannot be written: {exc.strerror or exc}); "
+                         f"point {variable or 'AIR_CACHE_DIR'} at a folder air can write") from None
+    return path

@@ -222,6 +222,19 @@ def reward_chart(rec: Recording, width: int = _W, height: int = _H) -> str:
     return "".join(parts)
 
 
+SHOWN_CHARS = 20_000
+"""The most of one reply, call or observation a page shows: its head and tail, saying how much was cut between
+(three 5 MB replies made a 15 MB page no browser opens). The trajectory keeps it whole."""
+
+
+def _bounded(text: str, limit: int = SHOWN_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    cut = len(text) - limit
+    return (f"{text[:limit // 2]}\n[... {cut:,} of {len(text):,} characters cut here; the trajectory holds them "
+            f"...]\n{text[len(text) - limit // 2:]}")
+
+
 def _transcript(rec: Recording, fold_lines: int = 15) -> str:
     out = []
     for step in rec.all_steps:
@@ -231,9 +244,10 @@ def _transcript(rec: Recording, fold_lines: int = 15) -> str:
         reward = f" · reward {step.reward:+.4f}" if step.reward is not None else ""
         # A driver's final evaluation has no reply: it is the episode's last observation alone.
         shown = step.reply is not None and (step.reply or not step.tool_calls)  # calls alone show as calls
-        reply = f'<div class="reply"><pre>{_esc(step.reply)}</pre></div>' if shown else ""
+        reply = f'<div class="reply"><pre>{_esc(_bounded(step.reply or ""))}</pre></div>' if shown else ""
         if step.tool_calls:  # the tools format: each call as the model made it, then its result
-            answers = "".join(f'<div class="call"><pre>{_esc(c.name)} {_esc(c.arguments)}  · {_esc(c.id)}</pre>'
+            answers = "".join(f'<div class="call"><pre>{_esc(_bounded(c.name, 200))} {_esc(_bounded(c.arguments))}'
+                              f'  · {_esc(_bounded(c.id, 200))}</pre>'
                               f'</div>{_observation(c.observation, fold_lines)}' for c in step.tool_calls)
         else:
             answers = _observation(step.observation, fold_lines)
@@ -247,6 +261,7 @@ def _observation(text: str | None, fold_lines: int) -> str:
     """An observation (or a tool result), folded when long; nothing where the recording does not hold it."""
     if text is None:
         return ""
+    text = _bounded(text)
     lines = text.count("\n") + 1
     body = (f"<details><summary>observation ({lines} lines)</summary><pre>{_esc(text)}</pre></details>"
             if lines > fold_lines else f"<pre>{_esc(text)}</pre>")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
@@ -44,6 +45,17 @@ def _air(version: Annotated[bool, typer.Option("--version", callback=_version, i
                                                help="Print air's version and exit.")] = False) -> None:
     """Docker-sandboxed research tasks for training LLM agents with RL."""
 
+
+def given_path(value: str | Path) -> Path:
+    """A path option or argument as typed. An empty one is refused: Path('') is '.', so `--out ''` (an unset shell
+    variable) wrote into the current folder."""
+    if str(value) == "":
+        raise typer.BadParameter("an empty path names nothing (an unset shell variable?)")
+    return Path(value)
+
+
+PATH = {"parser": given_path, "metavar": "<path>"}
+"""What every path option and argument takes (typer.Option("--out", **PATH, ...))."""
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 ActionFormatOption = Annotated[Literal["text", "tools"] | None, typer.Option(
@@ -99,6 +111,26 @@ def run_async(coro):
 
 def print_json(data: object) -> None:
     print(json.dumps(data, indent=2, default=str))
+
+
+def show_table(table) -> None:
+    """A rich table on stdout. On a terminal it fits the screen; through a pipe or into a file nothing is cut to
+    the 80 columns rich assumes there (ids ended in `…`, which a script cannot use): the table is as wide as its
+    longest cells."""
+    if out.is_terminal:
+        out.print(table)
+        return
+    from rich.measure import Measurement
+
+    wide = Measurement.get(out, out.options.update(width=1 << 16), table).maximum
+    if wide <= out.width:
+        out.print(table)
+        return
+    narrow, out.width = out.width, wide  # print's own width= is capped at the console's
+    try:
+        out.print(table, crop=False)
+    finally:
+        out.width = narrow
 
 
 BaseUrl = Annotated[str | None, typer.Option("--base-url", envvar="AIR_BASE_URL",

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from air.cli.app import JsonFlag, out, print_json
+from air.cli.app import JsonFlag, out, print_json, show_table
 
 containers_app = typer.Typer(help="List and remove air's containers, including those of dead runs.",
                              no_args_is_help=True)
@@ -35,7 +35,7 @@ def containers_ls(
     for r in shown:
         owner = "[green]alive[/]" if r.alive_owner else ("[yellow]dead, kept[/]" if r.kept else "[red]dead[/]")
         table.add_row(r.id, r.name, r.status, r.run, r.task, r.role, r.labels.get(GPUS, ""), owner)
-    out.print(table)
+    show_table(table)  # through a pipe, ids and names whole (rich cut them to 80 columns)
     hidden = len(rows) - len(shown)
     if hidden:
         out.print(f"{hidden} host-wide claim(s) not shown (--claims lists them)")

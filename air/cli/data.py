@@ -13,11 +13,11 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from air.cli.app import JsonFlag, out, print_json
+from air.cli.app import PATH, JsonFlag, out, print_json, show_table
 
 data_app = typer.Typer(help="Stage Hugging Face datasets into air's local read-only store (task containers read "
                             "them offline with load_dataset).", no_args_is_help=True)
-Store = Annotated[Path | None, typer.Option("--store", help="The store (default: $AIR_DATA_DIR, else "
+Store = Annotated[Path | None, typer.Option("--store", **PATH, help="The store (default: $AIR_DATA_DIR, else "
                                                             "~/.cache/air/data).")]
 
 
@@ -30,7 +30,7 @@ def _store(store: Path | None):
 @data_app.command("add")
 def data_add(
     name: Annotated[str, typer.Argument(help="The dataset's hub id, as the task's code loads it (ORG/NAME).")],
-    source: Annotated[Path, typer.Option("--from", help="A folder written by `save_to_disk`, or a hub snapshot "
+    source: Annotated[Path, typer.Option("--from", **PATH, help="A folder written by `save_to_disk`, or a hub snapshot "
                                                         "(parquet/arrow/csv/json files) that load_dataset reads.")],
     image: Annotated[str, typer.Option(help="Task image whose `datasets` converts it (the one tasks read with).")]
     = "cpu",
@@ -69,7 +69,7 @@ def data_ls(store: Store = None, as_json: JsonFlag = False) -> None:
     for r in rows:
         table.add_row(r.id, " ".join(f"{s}={n}" for s, n in r.splits.items()), f"{r.size_mb:.1f}", r.source,
                       r.added)
-    out.print(table)
+    show_table(table)
 
 
 @data_app.command("rm")

@@ -23,7 +23,24 @@ def run_checks() -> list[Check]:
     backend = PoolConfig().backend
     if backend == "kubernetes":  # sandboxes are pods: the cluster's rows, no Docker on this machine needed
         return [Check("sandbox backend", True, "kubernetes (PoolConfig.backend; AIR_BACKEND)", required=False),
-                *_kubernetes_checks()]
+                _cache_check(), *_kubernetes_checks()]
+    return [_cache_check(), *_docker_checks()]
+
+
+def _cache_check() -> Check:
+    """air's cache folder, written to: every run keeps things there (hidden draws, the baseline's submission, the
+    snapshot key), and one that cannot be written is a run's exit 2."""
+    from air.errors import UsageError
+    from air.paths import writable_cache_dir
+
+    try:
+        path = writable_cache_dir()
+    except UsageError as exc:
+        return Check("cache folder", False, str(exc), "export AIR_CACHE_DIR=<a folder air can write>")
+    return Check("cache folder", True, f"{path} (writable)", required=False)
+
+
+def _docker_checks() -> list[Check]:
     import docker
 
     from air.errors import DockerUnavailable

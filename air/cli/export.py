@@ -11,6 +11,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+
+from air.cli.app import PATH, given_path
 
 # emoji=False: rich would read `harbor:ok: ...` (a task named ok) as the :ok: emoji code.
 console = Console(stderr=True, highlight=False, emoji=False)
@@ -31,10 +34,11 @@ def _export() -> None:
 @export_app.command("sft")
 def sft(
     inputs: Annotated[list[Path], typer.Argument(
+        parser=given_path,
         help="air trajectory .jsonl files, vf-eval traces.jsonl files, or directories holding them (searched "
              "for *.jsonl).", show_default=False)],
     out_file: Annotated[Path, typer.Option(
-        "--out", help="Output .jsonl file; put it in a directory of its own and point prime-rl's data.name "
+        "--out", **PATH, help="Output .jsonl file; put it in a directory of its own and point prime-rl's data.name "
                       "at that directory.", show_default=False)],
     min_improvement: Annotated[float, typer.Option(
         "--min-improvement", help="Keep episodes whose improvement (the return: normalised, direction-aware "
@@ -75,17 +79,18 @@ def sft(
         if result.kept:
             out.print(f"wrote {out_file} (prime-rl: data.name = \"{out_file.parent}\")", soft_wrap=True)
     if not result.kept:
-        console.print("air: no episode passed the filters; nothing written", soft_wrap=True)
+        console.print(f"air: {escape(result.why_none())}; nothing written", soft_wrap=True)
         raise typer.Exit(1)
 
 
 @export_app.command("mlgym-results")
 def mlgym_results(
     inputs: Annotated[list[Path], typer.Argument(
+        parser=given_path,
         help="air trajectory .jsonl files, vf-eval traces.jsonl files, or directories holding them.",
         show_default=False)],
     out_dir: Annotated[Path, typer.Option(
-        "--out", help="Directory of MLGym run directories (MLGym's trajectory parent directory).",
+        "--out", **PATH, help="Directory of MLGym run directories (MLGym's trajectory parent directory).",
         show_default=False)],
     model: Annotated[str, typer.Option(help="The model name in the run directories' names, as MLGym's tools "
                                             "select runs by it.")] = "air",
@@ -125,7 +130,7 @@ def mlgym_results(
 def harbor(
     tasks: Annotated[list[str], typer.Argument(help="Task ids: bundled, or mlgym:tasks/<name>.yaml.",
                                                show_default=False)],
-    out_dir: Annotated[Path, typer.Option("--out", help="The Harbor dataset folder to write the tasks into.",
+    out_dir: Annotated[Path, typer.Option("--out", **PATH, help="The Harbor dataset folder to write the tasks into.",
                                           show_default=False)],
     mlgym_root: Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROOT",
                                                    help="MLGym checkout, for mlgym: tasks.")] = None,

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from air.cli.app import JsonFlag, console, out, print_json
+from air.cli.app import JsonFlag, console, out, print_json, show_table
 
 images_app = typer.Typer(help="Build and list task images (offline, from recipes in images/).", no_args_is_help=True)
 
@@ -168,7 +168,7 @@ def images_ls(as_json: JsonFlag = False) -> None:
             languages.append(f"{image_ref(r['recipe'])} serves {', '.join(r['sandbox_fusion_languages'])}")
     for r in missing:
         table.add_row(r["recipe"], "[yellow]missing[/]", "", "", "")
-    out.print(table)
+    show_table(table)
     for r in missing:
         out.print(f"{r['recipe']} is not built: {r['build']}", overflow="fold")
     for line in languages:

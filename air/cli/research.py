@@ -17,6 +17,7 @@ from rich.table import Table
 from air import display
 from air.cli.app import (
     MODEL_TIMEOUT,
+    PATH,
     ActionFormatOption,
     BaseUrl,
     GpusPerTask,
@@ -28,6 +29,7 @@ from air.cli.app import (
     Offline,
     app,
     console,
+    given_path,
     go_offline,
     make_policy,
     out,
@@ -43,9 +45,9 @@ def debug(
                                                 "snapshot's).")] = None,
     keep: Annotated[bool, typer.Option(help="Leave the container running on exit and print how to enter it.")]
     = False,
-    from_: Annotated[Path | None, typer.Option("--from", help="Open the sandbox in a snapshot's state (a .airsnap "
-                                               "file, e.g. runs/X/<task>/rollout-000.snapshots/turn-037.airsnap): "
-                                               "its files, cwd, exports, turn and rewards.")] = None,
+    from_: Annotated[Path | None, typer.Option("--from", **PATH, help="Open the sandbox in a snapshot's state (a "
+                                               ".airsnap file, e.g. runs/X/<task>/rollout-000.snapshots/"
+                                               "turn-037.airsnap): its files, cwd, exports, turn and rewards.")] = None,
     max_turns: Annotated[int, typer.Option(help="Turn limit, as in a rollout.")] = 30,
     mlgym_root: MlgymRoot = None,
     harbor_root: HarborRoot = None,
@@ -98,9 +100,9 @@ def eval_(
                                                   "the snapshot's).")] = None,
     command_timeout: Annotated[float | None, typer.Option(min=0.1, help="Cap on each command's timeout, "
                                                                          "seconds.")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Run directory, new or empty: a run owns its "
+    out_dir: Annotated[Path | None, typer.Option("--out", **PATH, help="Run directory, new or empty: a run owns its "
                                                  "directory (default runs/eval-<time>).")] = None,
-    from_: Annotated[Path | None, typer.Option("--from", help="Start every rollout from this snapshot (a "
+    from_: Annotated[Path | None, typer.Option("--from", **PATH, help="Start every rollout from this snapshot (a "
                                                ".airsnap file): its files, shell, turn, messages and rewards; "
                                                "TASKS may then be left out.")] = None,
     snapshot_at: Annotated[str | None, typer.Option(help="Snapshot rollouts after these turns: validate (every "
@@ -122,8 +124,9 @@ def eval_(
     """Run N rollouts of each task against an OpenAI-compatible endpoint (or the scripted policy), with live
     progress, a results table, and trajectories in a run directory (then: air view RUN_DIR).
 
-    Exit code 1 when a rollout failed. Ctrl-C stops the rollouts in flight, prints those that finished and
-    writes the run's summary.json. Example: air eval prisoners-dilemma regression-rmse -n 4 -c 4
+    Exit code 1 when a rollout failed, 3 when every rollout failed as infrastructure (the model endpoint, Docker),
+    each with one line on stderr naming the first failure. Ctrl-C stops the rollouts in flight, prints those that
+    finished and writes the run's summary.json. Example: air eval prisoners-dilemma regression-rmse -n 4 -c 4
     """
     from air.cli.eval_display import LiveView
     from air.cli.model_wait import WatchedPolicy
@@ -195,7 +198,26 @@ def eval_(
     if full is not None:
         raise DiskFull(full.removeprefix(named))
     if not all(r.ok for r in results):
-        raise typer.Exit(1)
+        raise rollouts_failed(results)
+
+
+def rollouts_failed(results: list) -> Exception:
+    """What a run with failed rollouts ends with: one line on stderr (the results on stdout said which), exit 1; or
+    exit 3, as `air run` ends, when every rollout failed as infrastructure (a model endpoint answering HTTP 500,
+    Docker): nothing in the run is the model's result."""
+    from air.errors import AirError, InfraError
+
+    failed = [r for r in results if not r.ok]
+    first = failed[0]
+    said = f"{len(failed)} of {len(results)} rollout(s) failed; the first, {first.task} #{first.index}: {first.error}"
+    infrastructure = {cls.__name__ for cls in _subclasses(InfraError)}
+    if len(failed) == len(results) and all((r.error or "").split(":", 1)[0] in infrastructure for r in failed):
+        return InfraError(f"every rollout failed as infrastructure ({said})")
+    return AirError(said)
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(sub for child in cls.__subclasses__() for sub in _subclasses(child))]
 
 
 def snapshot_options(from_: Path | None, snapshot_at: str | None, cap_mb: int, tasks: list[str] | None):
@@ -244,7 +266,8 @@ def _show_results(results: list, run_dir: Path, as_json: bool, stopped: bool = F
 
 @app.command()
 def replay(
-    source: Annotated[Path, typer.Argument(help="A trajectory file, a vf-eval traces.jsonl, or a run directory.")],
+    source: Annotated[Path, typer.Argument(parser=given_path, help="A trajectory file, a vf-eval traces.jsonl, or "
+                                                                   "a run directory.")],
     rescore: Annotated[str | None, typer.Option("--rescore", help="Recompute rewards from the recorded scores "
                                                 "in this mode (delta|best), without containers.")] = None,
     from_turn: Annotated[int | None, typer.Option(min=1, help="Replay from turn K on: restore the snapshot the "
@@ -354,9 +377,9 @@ def _show_replays(results: list, as_json: bool) -> None:
         return
     for rec, drifts, note in results:
         status = "[red]drift[/]" if drifts or note else "[green]no drift[/]"
-        out.print(f"{status}  {rec.source}  ({len(rec.steps)} turns)", soft_wrap=True)
+        out.print(f"{status}  {escape(rec.source)}  ({len(rec.steps)} turns)", soft_wrap=True)
         if note:
-            out.print(f"  [yellow]{note}[/]", soft_wrap=True)
+            out.print(f"  [yellow]{escape(note)}[/]", soft_wrap=True)
         if drifts:
             t = Table("turn", "what", "line", "recorded", "replayed", caption="first differing line of each "
                       "turn; times, durations, pids and the sandbox id are normalised")
@@ -368,8 +391,10 @@ def _show_replays(results: list, as_json: bool) -> None:
 
 @app.command()
 def view(
-    sources: Annotated[list[Path], typer.Argument(help="Run directories, trajectory files, vf-eval traces.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="The HTML file to write.")] = Path("air-report.html"),
+    sources: Annotated[list[Path], typer.Argument(parser=given_path, help="Run directories, trajectory files, "
+                                                                          "vf-eval traces.")],
+    output: Annotated[Path, typer.Option("-o", "--output", **PATH, help="The HTML file to write.")] \
+    = Path("air-report.html"),
     title: Annotated[str, typer.Option(help="Page title.")] = "air rollouts",
     as_json: JsonFlag = False,
 ) -> None:

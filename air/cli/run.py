@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +12,7 @@ from rich.markup import escape
 from air import display
 from air.cli.app import (
     MODEL_TIMEOUT,
+    PATH,
     ActionFormatOption,
     BaseUrl,
     JsonFlag,
@@ -36,7 +38,7 @@ def run(
     model: Model = "air-scripted",
     model_timeout: ModelTimeout = MODEL_TIMEOUT,
     max_turns: Annotated[int, typer.Option(min=1, help="Turn limit of the episode.")] = 30,
-    runs_dir: Annotated[Path, typer.Option("--out", help="Where the trajectory is written.")] = Path("runs"),
+    runs_dir: Annotated[Path, typer.Option("--out", **PATH, help="Where the trajectory is written.")] = Path("runs"),
     mlgym_root: MlgymRoot = None,
     harbor_root: HarborRoot = None,
     action_format: ActionFormatOption = None,
@@ -78,7 +80,7 @@ def run(
     build_missing([spec.image])
     trajectory = free_name(runs_dir, f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}", ".jsonl")
     if not as_json:
-        out.print(f"[bold]{spec.id}[/] played by {escape(policy_label(played_by))}", soft_wrap=True)
+        out.print(f"[bold]{escape(spec.id)}[/] played by {escape(policy_label(played_by))}", soft_wrap=True)
     rows: list[dict] = []
 
     def show(episode, reply, step) -> None:
@@ -92,7 +94,7 @@ def run(
                 detail = f"{spec.primary.name} = {display.score(record['score'])}"
             else:  # a command's exit note, or the first line of a failure or format error
                 detail = lines[-1] if kinds[-1] == "command" else lines[0]
-            out.print(f"turn {episode.turns:>2}  {record['action']:<12} reward {display.reward(step.reward)}  "
+            out.print(f"turn {episode.turns:>2}  {_kinds_shown(kinds):<12} reward {display.reward(step.reward)}  "
                       f"{detail[:80]}", markup=False, highlight=False, soft_wrap=True)
 
     async def main():
@@ -118,7 +120,7 @@ def run(
         print_json({"summary": summary, "policy": played_by, "steps": rows, "trajectory": str(trajectory)})
         return
     scores = [r["score"] for r in rows if r["score"] is not None]
-    out.print(f"\n[bold]{spec.id}[/]: {summary['ended_by']} after {summary['turns']} turns; "
+    out.print(f"\n[bold]{escape(spec.id)}[/]: {summary['ended_by']} after {summary['turns']} turns; "
               f"baseline {spec.primary.name} {summary['baseline']:.6g}, "
               f"best {display.score(summary['best_score'])}, "
               f"return {display.reward(summary['total_reward'])}", soft_wrap=True)
@@ -126,6 +128,22 @@ def run(
         out.print(f"score curve ({spec.primary.direction} is better): {_sparkline(scores)}  "
                   + " → ".join(f"{s:.4g}" for s in scores), soft_wrap=True)
     out.print(f"trajectory: {trajectory}", soft_wrap=True)
+
+
+def _kinds_shown(kinds: list[str], width: int = 30) -> str:
+    """A turn's actions on its printed line: `command+validate`, runs counted (`command x3+submit`), and past
+    `width` only the counts (`300 calls: 299 command, 1 submit`): a reply may make hundreds of calls, and their
+    joined names made one line of 2,426 characters (--json keeps them all)."""
+    runs: list[list] = []
+    for kind in kinds:
+        if runs and runs[-1][0] == kind:
+            runs[-1][1] += 1
+        else:
+            runs.append([kind, 1])
+    shown = "+".join(kind if n == 1 else f"{kind} x{n}" for kind, n in runs)
+    if len(shown) <= width:
+        return shown
+    return f"{len(kinds)} calls: " + ", ".join(f"{n} {kind}" for kind, n in Counter(kinds).most_common())
 
 
 def _sparkline(values: list[float]) -> str:

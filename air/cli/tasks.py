@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from air.cli.app import (
     GpusPerTask,
     HarborRoot,
     JsonFlag,
+    PATH,
     MlgymRoot,
     Offline,
     console,
@@ -24,6 +26,7 @@ from air.cli.app import (
     out,
     print_json,
     run_async,
+    show_table,
 )
 from air.tasks.baseline_stats import DEFAULT_RUNS
 
@@ -43,12 +46,19 @@ def tasks_list(mlgym_root: MlgymRoot = None, harbor_root: HarborRoot = None, as_
         return _list_harbor(Path(harbor_root), as_json)
     if mlgym_root:
         return _list_mlgym(Path(mlgym_root), as_json)
-    from air.tasks.registry import load_all
+    from air.errors import TaskError, UsageError
+    from air.tasks.registry import bundled_ids, load_task
 
-    specs = load_all()
-    rows = [{"id": t.id, "name": t.name, "metric": t.primary.name, "direction": t.primary.direction,
-             "baseline": t.baseline_score, "submission": t.evaluation.submission, "image": t.image,
-             "gpus": t.resources.gpus, "hidden": _hidden_kind(t)} for t in specs]
+    rows = []
+    for ref in bundled_ids():  # one task that does not load is its own line, never the end of the list
+        try:
+            t = load_task(ref)
+        except (TaskError, UsageError) as exc:
+            rows.append({"id": ref, "error": " ".join(str(exc).split())})
+            continue
+        rows.append({"id": t.id, "name": t.name, "metric": t.primary.name, "direction": t.primary.direction,
+                     "baseline": t.baseline_score, "submission": t.evaluation.submission, "image": t.image,
+                     "gpus": t.resources.gpus, "hidden": _hidden_kind(t), "error": None})
     if as_json:
         print_json(rows)
         return
@@ -57,11 +67,18 @@ def tasks_list(mlgym_root: MlgymRoot = None, harbor_root: HarborRoot = None, as_
     for column in ("metric", "baseline", "submission", "hidden data", "name"):
         table.add_column(column)
     for r in rows:
+        if r["error"]:
+            table.add_row(escape(r["id"]), "[red]cannot load[/]", "-", "-", "-", "-")
+            continue
         arrow = "↑" if r["direction"] == "higher" else "↓"
-        table.add_row(r["id"], f"{r['metric']} {arrow}", f"{r['baseline']:.4g}", " ".join(r["submission"]),
+        table.add_row(escape(r["id"]), f"{escape(r['metric'])} {arrow}", f"{r['baseline']:.4g}",
+                      escape(" ".join(r["submission"])),
                       {"evaluation": "drawn per evaluation", "host": "fixed: drawn per host"}.get(r["hidden"], "-"),
-                      r["name"])
-    out.print(table)
+                      escape(r["name"]))
+    show_table(table)
+    for r in rows:
+        if r["error"]:
+            out.print(f"[bold]{escape(r['id'])}[/] [red]cannot load[/]: {escape(r['error'])}", overflow="fold")
 
 
 def _hidden_kind(spec) -> str | None:
@@ -94,7 +111,7 @@ def _list_mlgym(root: Path, as_json: bool) -> None:
             details.append(f"[bold]{escape(name)}[/] [red]cannot run[/]: {escape(why)}")
         for leak in r.leaks:
             details.append(f"[bold]{escape(name)}[/] [bold red]LEAKED ANSWER KEY[/]: {escape(leak)}")
-    out.print(table)
+    show_table(table)
     for line in details:
         out.print(line, overflow="fold")
     leaky = sum(bool(r.leaks) for r in rows)
@@ -107,29 +124,47 @@ def _list_harbor(root: Path, as_json: bool) -> None:
     from air.tasks.harbor import survey
     from air.tasks.harbor_oracle import state
 
-    rows = survey(root, oracle=state)
+    rows = survey(root, oracle=state, host=_host_room())
     if as_json:
         print_json([r.model_dump() for r in rows])
         return
     table = Table()
-    for column in ("task", "loads", "oracle", "image"):
+    for column in ("task", "loads", "runs here", "oracle", "image"):
         table.add_column(column, no_wrap=True)
     details = []
     shade = {"passed": "[green]passed[/]", "failed": "[red]FAILED[/]", "not checked": "[yellow]not checked[/]"}
     for r in rows:
         table.add_row(escape(f"harbor:{r.name}"), "yes" if r.loads else "[red]no[/]",
+                      "-" if r.runs_here is None else "yes" if r.runs_here else "[red]no[/]",
                       shade.get(r.oracle or "", r.oracle or "-"), r.image or "-")
         details += [f"[bold]{escape(r.name)}[/]: {escape(note)}" for note in r.notes]
         if r.reason:
             why = r.reason.replace(f"{root.resolve()}/", "")
             details.append(f"[bold]{escape(r.name)}[/] [red]cannot run[/]: {escape(why)}")
-    out.print(table)
+        if r.why_not_here:
+            details.append(f"[bold]{escape(r.name)}[/] [red]cannot run here[/]: {escape(r.why_not_here)}")
+    show_table(table)
     for line in details:
         out.print(line, overflow="fold")
-    out.print(f"{sum(r.loads for r in rows)} of {len(rows)} tasks load (name them harbor:<task>; each image is built "
-              "from its own Dockerfile when first run); oracle: solution/solve.sh at `air tasks check --harbor-root "
+    out.print(f"{sum(r.loads for r in rows)} of {len(rows)} tasks load, {sum(bool(r.runs_here) for r in rows)} can "
+              "run on this host (name them harbor:<task>; each image is built from its own Dockerfile when first "
+              "run); oracle: solution/solve.sh at `air tasks check --harbor-root "
               f"DIR`, {sum(r.oracle == 'passed' for r in rows)} passed, {sum(r.oracle == 'failed' for r in rows)} "
               "failed (refused by air eval, the taskset and the served protocols)")
+
+
+def _host_room():
+    """This host's GPUs (nvidia-smi) and memory, which a Harbor task's resources are weighed against."""
+    import os
+
+    from air.sandbox.claims import detect_gpus
+    from air.tasks.harbor import Host
+
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+    except (OSError, ValueError):
+        memory = None
+    return Host(gpus=len(detect_gpus()), memory_mb=memory)
 
 
 def _host_facts():
@@ -171,29 +206,33 @@ def tasks_show(task: str, mlgym_root: MlgymRoot = None, harbor_root: HarborRoot 
     if as_json:  # the spec, and what its rewards are normalised against here
         print(json.dumps({**spec.model_dump(mode="json"), "reward_baseline": _reward_baseline(spec)}, indent=2))
         return
-    out.print(f"[bold]{spec.id}[/] — {spec.name} (version {spec.version}, {spec.source}, image {spec.image})")
-    out.print(spec.description, markup=False)
-    out.print(f"\nstarter:  {', '.join(e.dest for e in spec.starter) or '-'}")
-    out.print(f"data:     {', '.join(e.dest for e in spec.data) or '-'} (read-only, workspace/data)")
-    out.print(f"secret:   {len(spec.secret)} file(s), scorer only")
+    # A task's words are its author's: printed as written, never read as rich markup ("[/]" in a Harbor task's
+    # name was a crash, "[red]" would have been a colour).
+    plain = functools.partial(out.print, markup=False, soft_wrap=True)
+    out.print(f"[bold]{escape(spec.id)}[/] — {escape(spec.name)} (version {escape(spec.version)}, "
+              f"{escape(spec.source)}, image {escape(spec.image)})", soft_wrap=True)
+    plain(spec.description)
+    plain(f"\nstarter:  {', '.join(e.dest for e in spec.starter) or '-'}")
+    plain(f"data:     {', '.join(e.dest for e in spec.data) or '-'} (read-only, workspace/data)")
+    plain(f"secret:   {len(spec.secret)} file(s), scorer only")
     if spec.hidden:
-        out.print(f"hidden:   {', '.join(spec.hidden.data + spec.hidden.secret)}: "
-                  + ("drawn afresh for every evaluation, the baseline scored on the same draw"
-                     if spec.hidden.draw == "each evaluation" else
-                     "the reference draw (its public generator reproduces it)" if spec.hidden.folder is None
-                     else f"this host's draw {spec.hidden.draw}"))
+        plain(f"hidden:   {', '.join(spec.hidden.data + spec.hidden.secret)}: "
+              + ("drawn afresh for every evaluation, the baseline scored on the same draw"
+                 if spec.hidden.draw == "each evaluation" else
+                 "the reference draw (its public generator reproduces it)" if spec.hidden.folder is None
+                 else f"this host's draw {spec.hidden.draw}"))
     for leak in spec.leaks:
         out.print(f"[bold red]LEAKED ANSWER KEY[/]: {escape(leak)}", soft_wrap=True)
-    out.print(f"submit:   {', '.join(spec.evaluation.submission) or 'the workspace'} "
-              f"({spec.evaluation.contract} contract, {spec.evaluation.timeout:g} s)")
+    plain(f"submit:   {', '.join(spec.evaluation.submission) or 'the workspace'} "
+          f"({spec.evaluation.contract} contract, {spec.evaluation.timeout:g} s)")
     metrics = ", ".join(f"{m.name} ({m.direction}{', primary' if m.primary else ''})" for m in spec.metrics)
-    out.print(f"metrics:  {metrics}")
-    out.print(f"baseline: {spec.baseline.scores} ± {spec.baseline.tolerance}  command: {spec.baseline.command or '-'}"
-              + (" (the record: on the reference draw)" if spec.hidden else ""))
+    plain(f"metrics:  {metrics}")
+    plain(f"baseline: {spec.baseline.scores} ± {spec.baseline.tolerance}  command: {spec.baseline.command or '-'}"
+          + (" (the record: on the reference draw)" if spec.hidden else ""))
     if spec.hidden:
-        out.print(f"rewards:  normalised against {_say_reward_baseline(spec)}")
-    out.print(f"limits:   {spec.resources.cpus:g} CPU, {spec.resources.memory_mb} MB, {spec.resources.gpus} GPU; "
-              f"command {spec.timeouts.command:g} s, training {spec.timeouts.training:g} s")
+        plain(f"rewards:  normalised against {_say_reward_baseline(spec)}")
+    plain(f"limits:   {spec.resources.cpus:g} CPU, {spec.resources.memory_mb} MB, {spec.resources.gpus} GPU; "
+          f"command {spec.timeouts.command:g} s, training {spec.timeouts.training:g} s")
 
 
 def _reward_baseline(spec) -> dict:
@@ -296,7 +335,8 @@ def tasks_check(
                     for result in found:
                         name = spec.id + {"reference": " (record's draw)", "host": " (this host's draw)",
                                           "oracle": " (oracle)"}.get(result.draw or "", "")
-                        out.print(f"{marks[result.status]} {name:<40} {_check_detail(result, spec.primary.name)}"
+                        out.print(f"{marks[result.status]} {escape(name):<40} "
+                                  f"{_check_detail(result, spec.primary.name)}"
                                   f"  {result.seconds:6.1f} s  {escape(result.message)}", soft_wrap=True)
                 for warning in dict.fromkeys(w for r in found for w in r.warnings):
                     console.print(f"[bold red]{escape(spec.id)}: {escape(warning)}[/]", soft_wrap=True)
@@ -326,12 +366,13 @@ def tasks_audit(
     mlgym_root: MlgymRoot = None,
     harbor_root: HarborRoot = None,
     hacks_dir: Annotated[list[Path] | None, typer.Option(
-        "--hacks", help="A folder of hack files of your own (*.toml, docs/audit.md); repeatable.")] = None,
+        "--hacks", **PATH, help="A folder of hack files of your own (*.toml, docs/audit.md); repeatable.")] = None,
     only: Annotated[list[str] | None, typer.Option(
         "--hack", help="Play only this hack (by name); repeatable.")] = None,
     concurrency: Annotated[int, typer.Option("-c", "--concurrency", min=1, max=64,
                                              help="Rollouts at once on the warm pool.")] = 4,
-    html_out: Annotated[Path | None, typer.Option("--html", help="Also write the report as one HTML page.")] = None,
+    html_out: Annotated[Path | None, typer.Option("--html", **PATH, help="Also write the report as one HTML page.")] \
+    = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Play the known reward hacks against each task and score them with the task's own scorer, exactly as a

@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from air.actions import Reply, openai_tools, reply_text
+from air.actions import FORMAT_RULES, TOOL_RULES, Reply, openai_tools, reply_text
 from air.episode.config import EpisodeConfig
 from air.episode.parse import Action, Command, FormatError, Submit, parse_reply
 from air.episode.prompts import system_prompt, task_prompt
@@ -64,6 +64,9 @@ TOOLS_IN_TEXT = ("Your reply called tools and wrote no text, but this episode is
                  "one fenced block (```bash ... ```, or ```validate``` / ```submit```); to act with tool calls, run "
                  "the episode with --action-format tools.")
 """What a tool-calling reply is told in the text format (its calls are never run there)."""
+CUT = ("Your reply was cut off at the token limit before it held a complete action (the endpoint stopped it: "
+       "finish_reason \"length\"). Think less before acting, and write the action early in the reply.")
+"""What a reply cut at the token limit with no action in it is told (it was not empty, nor wrong in its form)."""
 MIN_COMMAND_SECONDS = 1.0
 """The least a command is given when the episode's time is nearly up (a command at all, not one that cannot
 start)."""
@@ -200,6 +203,9 @@ class Episode:
                 action = FormatError(message=TOOLS_IN_TEXT)
             else:
                 action = parse_reply(text)
+            if isinstance(action, FormatError) and isinstance(reply, Reply) and reply.cut:
+                rules = TOOL_RULES if self.action_format == "tools" else FORMAT_RULES
+                action = FormatError(message=f"{CUT} {rules}")
             self.actions += 1
             observation, reward, happened = await self._act(action)
             fields, answers = {"action": action.model_dump(exclude_none=True), **happened}, []
@@ -396,6 +402,7 @@ def _cleaned(reply: str | Reply) -> str | Reply:
     """The reply with lone surrogates replaced (U+FFFD) in its text and in its calls."""
     if isinstance(reply, str):
         return clean(reply)
-    return Reply(content=None if reply.content is None else clean(reply.content),
-                 tool_calls=tuple(call.model_copy(update={"name": clean(call.name), "arguments": clean(call.arguments)})
-                                  for call in reply.tool_calls))
+    return reply.model_copy(update={
+        "content": None if reply.content is None else clean(reply.content),
+        "tool_calls": tuple(call.model_copy(update={"name": clean(call.name), "arguments": clean(call.arguments)})
+                            for call in reply.tool_calls)})

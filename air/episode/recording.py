@@ -18,7 +18,8 @@ How strict, decided once for every reader:
   anything after an end) is skipped and reported to `warn`. So a torn last line (a crash mid-write) costs
   nothing else, and an episode that lost its end record reads as unfinished, not damaged.
 - What is read must be whole: a record that does not validate, a turn missing between two others (a line torn
-  in the middle), an end record counting other turns than were read, a trace whose node chain is broken or
+  in the middle), an end record counting other turns than were read or other step rewards (a hand-edited
+  line: the report would show one return, training another), a trace whose node chain is broken or
   whose conversation is not air's (text in system, prompt, then reply and its answers in turn) make the
   recording damaged (`Recording.damage`). Export counts it as incomplete and goes on; replay and view refuse
   it with one line naming the file: replaying or training on a conversation with a hole in it would run or
@@ -27,10 +28,14 @@ How strict, decided once for every reader:
 
 from __future__ import annotations
 
+import codecs
+import io
+import itertools
 import json
+import math
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, BinaryIO, Literal, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -283,6 +288,34 @@ def json_lines(lines: Iterable[str | bytes], skip: Warn) -> Iterator[tuple[int, 
         yield lineno, value
 
 
+_WIDE = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF16_LE, "utf-16"),
+         (codecs.BOM_UTF16_BE, "utf-16"))
+"""Byte order marks of the wide encodings a Windows editor or PowerShell's `>` writes (UTF-32's first: UTF-32 LE's
+begins with UTF-16 LE's)."""
+
+
+def file_lines(f: BinaryIO, name: str) -> Iterator[bytes | str]:
+    """The lines of a recording file opened in binary: UTF-8 as read (a leading BOM dropped: an editor's, no part
+    of the JSON), or UTF-16 or UTF-32 that begins with its BOM, decoded. Wide text that stops decoding is bad input
+    naming the file and the line."""
+    head = f.read(4)
+    wide = next((encoding for bom, encoding in _WIDE if head.startswith(bom)), None)
+    if wide is None:
+        f.seek(len(codecs.BOM_UTF8) if head.startswith(codecs.BOM_UTF8) else 0)
+        yield from f
+        return
+    f.seek(0)
+    text = io.TextIOWrapper(f, encoding=wide)  # the BOM says the byte order, and is read as none of the text
+    lineno = 0
+    try:
+        for lineno, line in enumerate(text, 1):  # noqa: B007 - read after the loop when decoding fails
+            yield line
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{name}: its {wide.upper()} stops decoding after line {lineno} ({exc.reason})") from None
+    finally:
+        text.detach()  # the caller closes its file
+
+
 def load_recordings(path: Path, warn: Callable[[str], None] | None = None) -> list[Recording]:
     """Every episode in a file or run directory (air .jsonl trajectories and vf-eval traces.jsonl files), for
     `air replay` and `air view`. Each line skipped (a torn last line of a run that was cut off) is told to
@@ -298,16 +331,16 @@ def load_recordings(path: Path, warn: Callable[[str], None] | None = None) -> li
     for file in files:
         try:
             with file.open("rb") as f:
-                first = f.readline()
+                lines = file_lines(f, str(file))
+                first = next(lines, b"")
                 if not _is_json(first):
                     if path.is_dir():
                         continue
                     raise UsageError(f"{file} is not an air trajectory or vf-eval trace: "
                                      f"{'it is empty' if not first else 'its first line is not JSON'}")
-                f.seek(0)
                 skipped = (lambda lineno, why, name=str(file): warn(f"{name}:{lineno}: {why}; line skipped")) \
                     if warn is not None else None
-                found = list(read_lines(str(file), f, skipped))
+                found = list(read_lines(str(file), itertools.chain([first], lines), skipped))
         except OSError as exc:
             raise UsageError(f"cannot read {file}: {exc.strerror or exc}") from None
         for rec in found:
@@ -319,9 +352,9 @@ def load_recordings(path: Path, warn: Callable[[str], None] | None = None) -> li
     return recordings
 
 
-def _is_json(line: bytes) -> bool:
+def _is_json(line: bytes | str) -> bool:
     try:  # undecodable bytes become U+FFFD, so that a binary file reads as "not JSON"
-        loads(line.decode("utf-8", errors="replace"))
+        loads(line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line)
     except json.JSONDecodeError:
         return False
     return True
@@ -390,6 +423,8 @@ class _AirEpisode:
         if end is not None:
             if end.turns is not None and end.turns != first - 1 + len(replies):
                 damage.append(f"the end record counts {end.turns} turns, {first - 1 + len(replies)} were read")
+            if (disagree := _rewards_disagree(self.steps, end, first)) is not None:
+                damage.append(disagree)
             rec.finished, rec.ended_by, rec.improvement = True, end.ended_by, end.total_reward
             if "final_status" in end.model_fields_set:
                 rec.final_ok = end.final_status == "ok"
@@ -400,6 +435,31 @@ class _AirEpisode:
             rec.failure = f"{self.failed.kind} failure: {self.failed.error}"
         rec.damage = "; ".join(damage) or None
         return rec
+
+
+def _rewards_disagree(steps: list[StepRecord], end: EndRecord, first: int) -> str | None:
+    """Where a file's step rewards and its end record disagree (a hand-edited line): the report would show one
+    return and training data another. The end record's `step_rewards` holds every step's, a branch's parent's
+    first; a file written before it did has only its `total_reward` to weigh."""
+    def same(a: float, b: float) -> bool:
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+    if end.step_rewards:
+        if end.total_reward is not None and not same(end.total_reward, math.fsum(end.step_rewards)):
+            return (f"the end record's return {end.total_reward:+.6g} is not the sum of its step rewards "
+                    f"({math.fsum(end.step_rewards):+.6g})")
+        own = end.step_rewards[len(end.step_rewards) - len(steps):] if len(end.step_rewards) >= len(steps) else None
+        if own is None:
+            return f"the end record holds {len(end.step_rewards)} step rewards, {len(steps)} steps were read"
+        for step, recorded in zip(steps, own):
+            if not same(step.reward or 0.0, recorded):
+                return (f"turn {step.turn}'s reward {step.reward or 0.0:+.6g} is not the end record's "
+                        f"{recorded:+.6g}")
+    elif end.total_reward is not None and first == 1:
+        read = math.fsum(s.reward or 0.0 for s in steps)
+        if not same(end.total_reward, read):
+            return f"the end record's return {end.total_reward:+.6g} is not the sum of its steps' rewards ({read:+.6g})"
+    return None
 
 
 def _air_step(record: StepRecord) -> RecordedStep:

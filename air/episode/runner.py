@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from air.actions import Reply
+from air.actions import Reply, reply_text
 from air.episode.live import failure_kind, record_failure
 from air.episode.loop import Episode, EpisodeConfig, StepResult
 from air.episode.snapshot import Snapshot, SnapshotPlan
@@ -45,7 +45,10 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
                 step = await episode.step(reply, model_retries=len(retried))
                 if on_step is not None:
                     on_step(episode, reply, step)
-                said = reply.message() if isinstance(reply, Reply) else {"role": "assistant", "content": reply}
+                # The text format's history holds text only: an assistant message with tool calls must be answered
+                # by tool messages, which the text format never sends (an endpoint would refuse the conversation).
+                said = reply.message() if tools and isinstance(reply, Reply) else \
+                    {"role": "assistant", "content": reply_text(reply)}
                 messages += [said, *step.answers]
                 if snapshots is not None:
                     await snapshots.after_turn(episode, messages, trajectory, episode.step_evaluated[-1])

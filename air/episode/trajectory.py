@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from air.episode.recording import json_lines
+from air.episode.recording import file_lines, json_lines
 from air.episode.records import Record
 from air.errors import InfraError, UsageError
 from air.failures import about
@@ -104,4 +104,4 @@ class TrajectoryWriter:
 def read_trajectory(path: str | Path) -> list[dict[str, Any]]:
     """Every complete record of a trajectory file (a torn final line from a crash is dropped)."""
     with open(path, "rb") as f:
-        return [value for _, value in json_lines(f, lambda lineno, why: None)]
+        return [value for _, value in json_lines(file_lines(f, str(path)), lambda lineno, why: None)]

@@ -137,6 +137,11 @@ def export_mlgym_results(paths: Iterable[str | Path], out_dir: str | Path, *, mo
     result = MLGymExport()
     for flag, given in (("--model", model), ("--pattern", pattern)):
         written = _UNSAFE.sub("-", given)
+        # MLGym splits a run directory's name at "__" (model__task__pattern__run_i): a part that is empty, holds
+        # "__" or begins or ends with "_" would be read back as other parts, another model's runs.
+        if not written or "__" in written or written.startswith("_") or written.endswith("_"):
+            raise UsageError(f"{flag} {given!r} cannot name MLGym runs: MLGym splits the run directory's name at "
+                             "'__', so it must be non-empty, hold no '__' and neither begin nor end with '_'")
         if written != given:  # said, never renamed silently: MLGym's tools must be given the name as written
             result.warnings.append(f"{flag} {given!r} is written {written!r} in the run directories' names (only "
                                    f"letters, digits, '.', '_' and '-' make a safe name); give MLGym's tools "

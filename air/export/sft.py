@@ -59,7 +59,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from air.episode.recording import Recording, read_lines
+from air.episode.recording import Recording, file_lines, read_lines
 from air.errors import UsageError
 from air.failures import about
 from air.files import input_files, output_file, write_atomically
@@ -87,10 +87,29 @@ class ExportResult:
     """Input lines skipped because they could not be read as a record of either format."""
     warnings: list[str] = field(default_factory=list)
     files: int = 0
+    empty: list[str] = field(default_factory=list)
+    """Inputs that held no line at all (empty, or blank lines only)."""
+    unfinished: int = 0
+    """Episodes filtered as incomplete because they have no end record (cut off, or still running)."""
 
     @property
     def kept(self) -> int:
         return len(self.rows)
+
+    def why_none(self) -> str:
+        """Why nothing was kept, in the words that point at the input: an empty file and an episode that never
+        finished are not "filtered"."""
+        if not self.read and not self.malformed:
+            if self.files == 1:
+                return f"{self.empty[0]} is empty: no episode to export" if self.empty else "no episode in the input"
+            return f"no episode in the input: the {self.files} files are empty"
+        if not self.read:
+            return f"no episode in the input: its {self.malformed} line(s) are not air or vf-eval records"
+        if self.unfinished == self.read:
+            return (f"no finished episode: {'the one' if self.read == 1 else f'all {self.read}'} read "
+                    f"{'has' if self.read == 1 else 'have'} no end record (cut off, or still running)")
+        filtered = ", ".join(f"{k} {v}" for k, v in sorted(self.filtered.items()))
+        return f"no episode passed the filters ({filtered})"
 
     def skipped(self, name: str, lineno: int, why: str) -> None:
         self.malformed += 1
@@ -115,10 +134,12 @@ def sft_rows(inputs: Iterable[tuple[str, Iterable[str | bytes]]],
     seen: set[str] = set()
     for name, lines in inputs:
         result.files += 1
+        before = (result.read, result.malformed)
         for rec in read_lines(name, lines, partial(result.skipped, name)):
             result.read += 1
             messages = rec.messages()
             reason = _rejection(rec, messages, options)
+            result.unfinished += reason == "incomplete" and not rec.finished and rec.damage is None
             if reason is None and options.dedupe:
                 key = _conversation_key(messages)
                 if key in seen:
@@ -133,6 +154,8 @@ def sft_rows(inputs: Iterable[tuple[str, Iterable[str | bytes]]],
             tools = {"tools": json.dumps(rec.tools, ensure_ascii=False)} if rec.tools else {}
             result.rows.append({"messages": messages, **tools, "task": rec.task, "improvement": rec.improvement,
                                 "ended_by": rec.ended_by, "source": rec.location})
+        if (result.read, result.malformed) == before:
+            result.empty.append(name)
     return result
 
 
@@ -175,9 +198,9 @@ def recording_files(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def _lines(path: Path) -> Iterator[bytes]:
+def _lines(path: Path) -> Iterator[bytes | str]:
     with open(path, "rb") as f:
-        yield from f
+        yield from file_lines(f, str(path))  # a BOM's UTF-8, UTF-16 or UTF-32 read as what it is
 
 
 def export_sft_files(paths: Iterable[str | Path], out: str | Path,

@@ -148,7 +148,15 @@ class OpenAIPolicy:
         except ValueError as exc:
             raise ModelUnavailable(f"{self._where} answered something air cannot read as a chat completion "
                                    f"({exc}): {_shown(answer, 200)}") from None
-        return tool_reply(completion["choices"][0]["message"]) if tools else text
+        choice = completion["choices"][0]
+        cut = choice.get("finish_reason") == "length"
+        if tools:
+            return tool_reply(choice["message"]).model_copy(update={"cut": cut})
+        if cut or choice["message"].get("tool_calls"):
+            # The text format, told why a reply holds no action: it was cut at the token limit, or it called
+            # tools (air/episode/loop.py); the calls are never run there.
+            return tool_reply(choice["message"]).model_copy(update={"content": text, "cut": cut})
+        return text
 
     async def aclose(self) -> None:
         await self._client.aclose()

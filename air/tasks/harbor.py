@@ -34,11 +34,24 @@ from air.tasks.folder import links_out_problem
 from air.tasks.harbor_installs import BASH_ENV as INSTALLS_BASH_ENV
 from air.tasks.harbor_installs import VERSION as INSTALLS_VERSION
 from air.tasks.harbor_installs import read_installs
-from air.tasks.spec import Baseline, Collect, Evaluation, ImageBuild, Metric, TaskResources, TaskSpec, Timeouts
+from air.tasks.spec import (
+    MAX_MEMORY_MB,
+    Baseline,
+    Collect,
+    Evaluation,
+    ImageBuild,
+    Metric,
+    TaskResources,
+    TaskSpec,
+    Timeouts,
+)
 from air.validation import one_line
 
 log = logging.getLogger("air.harbor")
 PRIMARY = "reward"
+MAX_INSTRUCTION_BYTES = 1 << 20
+"""instruction.md is the prompt of every episode: a megabyte is some 250,000 tokens, past any model's context.
+A larger one is refused before it is read (a 50 MB one took `air tasks show` minutes to print)."""
 """Harbor's reward: reward.txt's number, or reward.json's `reward` (the key verifiers' Harbor taskset reads too)."""
 
 
@@ -50,6 +63,10 @@ class _Section(BaseModel):
 class _Package(_Section):
     name: str | None = None
     description: str = ""
+    authors: list[dict[str, Any]] = []
+    keywords: list[str] = []
+    """Harbor's PackageInfo has both; air's own export writes `keywords` (a note on them was air warning about
+    itself)."""
 
 
 class _Agent(_Section):
@@ -75,7 +92,7 @@ class _Environment(_Section):
     docker_image: str | None = None
     os: str = "linux"
     cpus: float | None = Field(None, gt=0)
-    memory_mb: int | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, gt=0, le=MAX_MEMORY_MB)
     storage_mb: int | None = Field(None, gt=0)
     memory: str | None = None
     """Harbor's deprecated form ("2G")."""
@@ -124,6 +141,28 @@ class HarborTask(BaseModel):
     """Why it cannot run in air (its one line), when it cannot."""
     oracle: str | None = None
     """Its oracle (solution/solve.sh) at `air tasks check`: passed, failed, not checked or no solution."""
+    runs_here: bool | None = None
+    """Whether this host has what it asks for (GPUs, memory); None when not weighed (or it does not load)."""
+    why_not_here: str | None = None
+    """What this host lacks, when it lacks something."""
+
+
+class Host(BaseModel):
+    """What a host offers a task: its GPUs and its memory (None: unknown)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: int
+    memory_mb: int | None = None
+
+
+def lacks(resources: TaskResources, host: Host) -> str | None:
+    """What `host` lacks of what a task asks for, in a few words; None when it has it all."""
+    if resources.gpus > host.gpus:
+        return f"needs {resources.gpus} GPU(s); this host has {host.gpus or 'none'}"
+    if host.memory_mb is not None and resources.memory_mb > host.memory_mb:
+        return f"needs {resources.memory_mb} MB of memory; this host has {host.memory_mb} MB"
+    return None
 
 
 def task_dirs(root: Path) -> list[str]:
@@ -132,15 +171,19 @@ def task_dirs(root: Path) -> list[str]:
     return sorted(str(p.parent.relative_to(root)) for p in root.rglob("task.toml") if p.parent != root)
 
 
-def survey(root: Path, oracle: Callable[[TaskSpec], str] | None = None) -> list[HarborTask]:
+def survey(root: Path, oracle: Callable[[TaskSpec], str] | None = None, host: Host | None = None
+           ) -> list[HarborTask]:
     """Every task of the dataset: loads or not, and why (one line a task, never an exception); with `oracle`
-    (air.tasks.harbor_oracle.state, which sits above this module), what its oracle's check said."""
+    (air.tasks.harbor_oracle.state, which sits above this module), what its oracle's check said; with `host`,
+    whether it can run there."""
     rows = []
     for name in task_dirs(root):
         try:
             spec, notes = _load(_root(root), name)
+            gap = lacks(spec.resources, host) if host is not None else None
             rows.append(HarborTask(name=name, loads=True, image=spec.image, notes=notes,
-                                   oracle=oracle(spec) if oracle else None))
+                                   oracle=oracle(spec) if oracle else None,
+                                   runs_here=None if host is None else gap is None, why_not_here=gap))
         except TaskError as exc:
             rows.append(HarborTask(name=name, loads=False, reason=str(exc)))
     return rows
@@ -186,6 +229,9 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
     instruction = task_dir / "instruction.md"
     if not instruction.is_file():
         reasons.append("it has no instruction.md")
+    elif (size := instruction.stat().st_size) > MAX_INSTRUCTION_BYTES:
+        reasons.append(f"its instruction.md is {size / (1 << 20):.1f} MB; air takes one of at most "
+                       f"{MAX_INSTRUCTION_BYTES >> 20} MB (it is the prompt of every episode)")
     if not (task_dir / "tests" / "test.sh").is_file():
         reasons.append("it has no tests/test.sh")
     env = config.environment
@@ -197,7 +243,7 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
     if reasons:
         raise TaskError(f"harbor:{name}: air cannot run it: {'; '.join(reasons)}")
     notes += _notes(config)
-    text = instruction.read_text(encoding="utf-8", errors="replace").strip()
+    text = _instruction(instruction, name)
     where = (workdir or "").rstrip("/")
     if where and where != WORKSPACE:
         text += f"\n\n({where} is your workspace, the current directory.)"
@@ -250,6 +296,18 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
     except ValidationError as exc:
         raise TaskError(one_line(exc, f"{toml_path}: ")) from None
     return spec, notes
+
+
+def _instruction(path: Path, name: str) -> str:
+    """The prompt, as written: text that is not UTF-8 would reach the model as U+FFFD, so it is refused, naming
+    where it stops being UTF-8."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig").strip()  # a BOM is no part of the prompt
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise TaskError(f"harbor:{name}: air cannot run it: its instruction.md is not UTF-8 (byte "
+                        f"0x{data[exc.start]:02x} at line {line}); save it as UTF-8") from None
 
 
 def _parse(path: Path) -> HarborToml:

@@ -128,11 +128,16 @@ class Timeouts(BaseModel):
     sooner of it and the run's max_seconds."""
 
 
+MAX_MEMORY_MB = 4 << 20
+"""4 TiB: more than any host air runs on. A task asking more has a typo in it (99999999999), and Docker would take
+it as no limit at all."""
+
+
 class TaskResources(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cpus: float = Field(1.0, gt=0)
-    memory_mb: int = Field(2048, ge=128)
+    memory_mb: int = Field(2048, ge=128, le=MAX_MEMORY_MB)
     gpus: int = Field(0, ge=0)
     workspace_mb: int | None = Field(None, ge=16)
     """The home's quota (Harbor's [environment].storage_mb); None: the sandbox's default (SandboxSpec)."""
