@@ -103,3 +103,48 @@ async def test_malformed_replies_in_bulk_are_format_errors(pool):
         assert episode.format_errors == len(replies)
         summary = episode.summary()
         assert summary["last_score"] == pytest.approx(2.61222), "the limit triggers a final evaluation"
+
+
+async def test_an_image_that_cannot_run_the_warden_is_said_at_once(images, docker_client, run_id):
+    """Its container ends at once (the warden is its main process) and the daemon removes it: the pool says so
+    within seconds, naming what the warden needs, where it waited out its 60 s connect before."""
+    import io
+
+    from air.errors import InfraError
+    from air.sandbox import PoolConfig, SandboxPool
+
+    tag = f"air/test-no-python:{run_id}"
+    dockerfile = b"FROM air/base:latest\nRUN ln -sf /bin/false /usr/bin/python3\n"
+    docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=tag, rm=True)
+    pool = SandboxPool(PoolConfig(run_id=run_id, max_sandboxes=2, gpu_ids=[], lease_timeout=120,
+                                  page_cache="shared"))
+    await pool.start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(InfraError, match=r"ended before its warden listened.*python3` \(3\.9 or later\)"):
+            async with pool.lease(SandboxSpec(image=tag, task="no-python")):
+                pass
+        assert time.monotonic() - started < 45, "the pool waited out the warden's connect"
+    finally:
+        await pool.close()
+        docker_client.images.remove(tag, force=True)
+
+
+def test_an_image_built_on_airs_is_never_taken_for_airs_own(images, docker_client, run_id):
+    """An image built FROM air/base by hand inherits its labels (recipe, inputs): the builder took the newest such
+    image for a build of the recipe and tagged it air/base:latest, so every later sandbox ran the person's image."""
+    import io
+
+    from air.images import ImageBuilder
+
+    before = docker_client.images.get("air/base:latest").id
+    tag = f"air/test-derived:{run_id}"
+    docker_client.images.build(fileobj=io.BytesIO(b"FROM air/base:latest\nRUN touch /derived\n"), tag=tag, rm=True)
+    try:
+        derived = docker_client.images.get(tag)
+        assert derived.labels.get("air.recipe") == "base" and derived.id != before  # the labels it inherits
+        ImageBuilder(docker_client).ensure(["base"])
+        assert docker_client.images.get("air/base:latest").id == before
+    finally:
+        docker_client.images.get(before).tag("air/base", "latest")  # whatever happened, the suite goes on
+        docker_client.images.remove(tag, force=True)

@@ -269,9 +269,11 @@ class ImageBuilder:
         """The newest image of recipe `name` built from `inputs` (its `air.inputs` label), if one is here."""
         found = self.client.images.list(filters={"label": [f"air.recipe={name}", f"air.inputs={inputs}"],
                                                  "dangling": False})
-        # A task's own image built on this recipe's (air.images.dockerfile) inherits these labels: never a build
-        # of the recipe, whatever labels it carries.
-        found = [image for image in found if "air.task-image" not in (image.labels or {})]
+        # Any image built FROM this recipe's inherits these labels: a task's own (air.images.dockerfile), or one a
+        # person builds on air/base by hand. Only a build of the recipe carries its content tag (`air/<name>:<digest>`),
+        # so an image without one is never taken for it (one was, and became air/base:latest).
+        found = [image for image in found if "air.task-image" not in (image.labels or {})
+                 and any(t.startswith(f"{REPO}/{name}:") and not t.endswith(":latest") for t in image.tags)]
         return max(found, key=lambda image: image.attrs["Created"], default=None)
 
     def _docker_build(self, recipe: Recipe, context: Path, tag: str, parent_ref: str,

@@ -108,16 +108,34 @@ class WardenLink:
                        ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Connect to the warden's socket in the sandbox's host directory, once the warden has made it."""
         path = directory / "warden.sock"
-        deadline = asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        next_look = loop.time() + 0.5
         while True:
             try:
                 return await asyncio.open_unix_connection(str(path), limit=1 << 22)
             except (FileNotFoundError, ConnectionRefusedError):
                 pass
-            if asyncio.get_running_loop().time() > deadline:
+            if loop.time() > deadline:
                 why = _tail(directory / "warden.log") or "its log is empty"
                 raise WardenGone(f"the warden of {self.sandbox.short_id} did not listen within {timeout:g}s: {why}")
+            if loop.time() > next_look:  # a warden that could not start ends its container (auto_remove): say so now
+                next_look = loop.time() + 0.5
+                if not await self._container_exists():
+                    why = _tail(directory / "warden.log") or (
+                        "its log is empty: can the image run `python3` (3.9 or later), which air's warden needs?")
+                    raise WardenGone(f"the container {self.sandbox.short_id} ended before its warden listened: {why}")
             await asyncio.sleep(0.005)
+
+    async def _container_exists(self) -> bool:
+        docker = self.sandbox.docker
+        try:
+            await docker.call(docker.api.inspect_container, self.sandbox.container_id, timeout=30, idempotent=True)
+        except SandboxUnavailable:
+            return False
+        except Exception:  # noqa: BLE001 - a daemon that does not answer now says nothing about the container
+            return True
+        return True
 
     async def _connect_tcp(self, address: tuple[str, int], timeout: float
                            ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
