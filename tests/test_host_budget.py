@@ -121,7 +121,8 @@ async def test_claims_come_back_when_creation_fails_and_a_crashed_owners_are_swe
         assert claims == [], "a failed creation kept its claims"
         async with pool.lease(spec) as sb:
             assert sorted(sb.gpu_ids) == ["0", "1"]
-    # A process SIGKILLed while holding claims and a sandbox: the next start of any pool frees both.
+    # A process SIGKILLed while holding claims and a sandbox: the sandbox ends by itself, and the next start of any
+    # pool frees the claims.
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import asyncio, sys
         from air.sandbox import Resources, SandboxSpec
@@ -138,9 +139,17 @@ async def test_claims_come_back_when_creation_fails_and_a_crashed_owners_are_swe
         assert proc.stdout.readline().strip() == "holding"
         proc.kill()
         proc.wait(30)
+        deadline = time.monotonic() + 60
+        while any(c.role == "agent" and c.status != "removing"
+                  for c in list_air_containers(docker_client, run=f"{run_id}-victim")):
+            assert time.monotonic() < deadline, "the killed owner's sandbox did not end by itself"
+            time.sleep(0.2)
         left = list_air_containers(docker_client, run=f"{run_id}-victim")
-        assert {c.role for c in left} == {"agent", "claim"} and not any(c.alive_owner for c in left)
-        sweep_dead_runs(docker_client)
+        assert {c.role for c in left if c.role != "agent"} == {"claim"} and not any(c.alive_owner for c in left)
+        sweep_dead_runs(docker_client)  # the claims go even while the daemon is still removing their holder
+        while any(c.role == "agent" for c in list_air_containers(docker_client, run=f"{run_id}-victim")):
+            assert time.monotonic() < deadline, "the daemon did not remove the ended sandbox"
+            time.sleep(0.2)
         assert list_air_containers(docker_client, run=f"{run_id}-victim") == []
     finally:
         proc.kill()

@@ -31,7 +31,8 @@ def sweep_dead_runs(client: docker.DockerClient) -> list[str]:
 def sweep_stale_claims(client: docker.DockerClient, grace: float = HOLDER_GRACE) -> list[str]:
     """Remove the claims (on the daemon of `client`) whose holder sandbox is gone or whose owner is dead."""
     rows = list_air_containers(client)
-    holders = {r.labels.get(SANDBOX) for r in rows if not r.claim}
+    # A holder that ended (its warden ended it with its owner: the daemon is removing it) holds nothing any more.
+    holders = {r.labels.get(SANDBOX) for r in rows if not r.claim and r.status not in ("removing", "exited", "dead")}
     now = time.time()
     # A claim whose holder exists stays, whatever became of its owner (a kept container keeps its GPUs); without
     # a holder it goes at once if its owner is dead, else after the grace (the holder may be being created).
