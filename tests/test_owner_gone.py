@@ -126,3 +126,41 @@ def test_a_sweeper_in_another_pid_namespace_leaves_a_live_owners_sandbox(images,
     finally:
         for c in _run_containers(docker_client, run_id):
             c.remove(force=True)
+
+
+@pytest.mark.docker
+def test_a_killed_owners_host_directories_are_swept_and_a_live_ones_kept(images, docker_client, run_id):
+    """A sandbox's host directory (0.2 MB of /run each) outlives a SIGKILLed owner: the next pool's start removes
+    those of containers that are gone, past a grace, and keeps one whose container lives (the control)."""
+    import asyncio
+
+    from air.sandbox import PoolConfig, SandboxPool, SandboxSpec, hostdir
+    from air.sandbox.container import CHANNEL_DIR_GRACE
+
+    root = hostdir.runtime_dir() / "sandboxes"
+    orphan = hostdir.private(root / f"air-owner-gone-{run_id}")
+    (orphan / "warden.py").write_bytes(b"x" * 1000)
+    young = hostdir.private(root / f"air-owner-young-{run_id}")  # its container may be being created
+    past = time.time() - CHANNEL_DIR_GRACE - 60
+    os.utime(orphan, (past, past))
+
+    async def start_a_pool_and_lease() -> str:
+        pool = SandboxPool(PoolConfig(run_id=run_id, max_sandboxes=2, gpu_ids=[], lease_timeout=120))
+        await pool.start()
+        try:
+            async with pool.lease(SandboxSpec(image="air/base:latest", task="owner-gone")) as sb:
+                live = root / sb.name
+                os.utime(live, (past, past))
+                second = SandboxPool(PoolConfig(run_id=f"{run_id}-2", max_sandboxes=1, gpu_ids=[]))
+                await second.start()  # its start sweeps
+                await second.close()
+                return live.is_dir()
+        finally:
+            await pool.close()
+
+    try:
+        assert asyncio.run(start_a_pool_and_lease()) is True, "a live sandbox's directory was swept"
+        assert not orphan.exists() and young.is_dir()
+    finally:
+        shutil.rmtree(orphan, ignore_errors=True)
+        shutil.rmtree(young, ignore_errors=True)

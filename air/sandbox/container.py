@@ -32,7 +32,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 from air.errors import DockerUnavailable, ImageError, InfraError, SandboxUnavailable
 from air.sandbox.docker_api import BOUND, Docker
 from air.sandbox.interface import ArchiveUnreadable, ArchiveUnwritable, ExecResult, Shell
-from air.sandbox.labels import KEY, make_labels
+from air.sandbox.labels import KEPT_PREFIX, KEY, OWNER, make_labels
 from air.sandbox import hostdir
 from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, SHM_MB, WARDEN_DIR, WORKSPACE
 from air.sandbox.spec import SandboxSpec
@@ -354,6 +354,38 @@ def _being_removed(exc: InfraError) -> bool:
     """The daemon answered 409 to a removal: the container ended and it is removing it already (auto_remove)."""
     cause = exc.__cause__
     return isinstance(cause, docker.errors.APIError) and cause.status_code == 409
+
+
+CHANNEL_DIR_GRACE = 600.0
+"""Seconds a sandbox's host directory may exist without its container before a sweep removes it: it is made just
+before its container is created (by another process, maybe), and a minute covers that on a busy machine."""
+
+
+def sweep_channel_dirs(docker_: Docker) -> list[str]:
+    """Remove the host directories (this machine's, each 0.2 MB of /run) of sandboxes whose container is gone: a
+    SIGKILLed owner's end its containers but cannot remove their directories. Only with a daemon on this machine:
+    another daemon's containers are not these directories' (call it after `hostdir.is_local`)."""
+    root = hostdir.runtime_dir() / "sandboxes"
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:
+        return []
+    names = set()
+    for row in docker_.client.api.containers(all=True, filters={"label": OWNER}):
+        name = (row.get("Names") or ["/?"])[0].lstrip("/")
+        names.add(name)
+        if name.startswith(KEPT_PREFIX):  # renamed by `air debug --keep`: its directory keeps the first name
+            names.add("air-" + name.removeprefix(KEPT_PREFIX))
+    now, removed = time.time(), []
+    for entry in entries:
+        try:
+            old = now - entry.stat(follow_symlinks=False).st_mtime > CHANNEL_DIR_GRACE
+        except OSError:
+            continue
+        if old and entry.name not in names and entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.name)
+    return removed
 
 
 def _channel_dir(name: str) -> tuple[Path, bytes]:

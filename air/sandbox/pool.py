@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable
 from air.sandbox.claims import Grant, HostClaims
 from air.sandbox.cleanup import sweep_dead_runs
-from air.sandbox.container import Sandbox, SandboxSpec
+from air.sandbox.container import Sandbox, SandboxSpec, sweep_channel_dirs
 from air.sandbox.docker_api import Docker, docker_host
 from air.sandbox.hostdir import is_local
 from air.sandbox.dentries import forget_names
@@ -220,6 +220,11 @@ class SandboxPool:
                     continue
                 if swept:
                     log.warning("removed %d container(s) left by dead runs on %s", len(swept), host.name)
+                with contextlib.suppress(InfraError, OSError):  # the directories' sweep is housekeeping too
+                    if host.local is None:
+                        host.local = await host.docker.call(is_local, host.docker, timeout=30, idempotent=True)
+                    if host.local:
+                        await host.docker.call(sweep_channel_dirs, host.docker, timeout=120, idempotent=True)
         await self._serve(warm_specs)
 
     async def _serve(self, warm_specs: list[SandboxSpec]) -> None:
