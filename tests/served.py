@@ -135,3 +135,66 @@ def expected_step_rewards(task_id: str, replies: list[str]) -> list[float]:
     by_air = rescore(list(SCRIPTS[task_id].expected_scores), RewardConfig(), b, spec.primary.direction)
     assert [r for r, reply in zip(rewards, replies) if reply in (VALIDATE, SUBMIT)] == pytest.approx(by_air)
     return rewards
+
+
+class ChatDouble:
+    """A TEST DOUBLE of an OpenAI-compatible endpoint (`/v1/models`, `/v1/chat/completions`), served from a thread of
+    this process with a loop of its own (a test's loop may be running here). Subclasses say what each request gets:
+    `answer(body)` -> (HTTP status, JSON body). `with ChatDouble() as url:` gives its base URL."""
+
+    def answer(self, body: dict) -> tuple[int, dict]:
+        raise NotImplementedError
+
+    def __enter__(self) -> str:
+        import asyncio
+        import threading
+
+        from aiohttp import web
+
+        async def models(_):
+            return web.json_response({"object": "list", "data": [{"id": "double", "object": "model"}]})
+
+        async def completions(request):
+            status, body = self.answer(await request.json())
+            return web.json_response(body, status=status)
+
+        started = threading.Event()
+
+        def serve() -> None:
+            self.loop = asyncio.new_event_loop()
+            app = web.Application()
+            app.router.add_get("/v1/models", models)
+            app.router.add_post("/v1/chat/completions", completions)
+            self.runner = web.AppRunner(app)
+            self.loop.run_until_complete(self.runner.setup())
+            site = web.TCPSite(self.runner, "127.0.0.1", 0)
+            self.loop.run_until_complete(site.start())
+            self.port = site._server.sockets[0].getsockname()[1]
+            started.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        assert started.wait(30), "the test double did not start"
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __exit__(self, *exc) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def assert_stopped_cleanly(server: "AirServer", sig, docker_client, trajectories: Path | None = None) -> None:
+    """What a server signalled mid-request leaves: one line saying so (after its ready line), no container of its
+    run, and (with `trajectories`) its one episode recorded interrupted."""
+    from air.episode.trajectory import read_trajectory
+    from air.sandbox import list_air_containers
+
+    said = [line for line in server.output().splitlines() if not line.startswith('{"service"')]
+    assert said == [f"air: interrupted by {sig.name}"], server.output()
+    assert not list_air_containers(docker_client, run=server.run_id), "the stopped server left containers"
+    if trajectories is not None:
+        [path] = trajectories.rglob("*.jsonl")
+        assert read_trajectory(path)[-1]["kind"] == "interrupted"

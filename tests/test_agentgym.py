@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 import requests
-from served import AirServer, expected_step_rewards, wait_until_running
+from served import AirServer, assert_stopped_cleanly, expected_step_rewards, wait_until_running
 
 from air.episode.replay import load_recordings
 from air.episode.trajectory import read_trajectory
@@ -404,11 +404,7 @@ def test_a_signal_during_a_step_ends_it_promptly_and_cleanly(images, docker_clie
                 stepping.result(timeout=10)
         assert stopped.value.status == 503 and stopped.value.body["infrastructure"] is True, stopped.value.body
         assert "the server shut down" in stopped.value.body["error"]
-        said = [line for line in srv.output().splitlines() if not line.startswith('{"service"')]
-        assert said == [f"air: interrupted by {sig.name}"], srv.output()
-        assert not list_air_containers(docker_client, run=run), "the stopped server left containers"
-        [path] = (tmp_path / "traj").rglob("*.jsonl")
-        assert read_trajectory(path)[-1]["kind"] == "interrupted"
+        assert_stopped_cleanly(srv, sig, docker_client, tmp_path / "traj")
     finally:
         srv.stop()
         srv.log.close()

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from served import ChatDouble
 from test_cli_failures import air
 from test_cli_round_three import one_line
 from test_harbor_tasks import _task
@@ -94,53 +95,16 @@ def test_airs_own_harbor_export_reads_back_without_a_note(tmp_path):
 
 
 # ----- exit codes and words -----------------------------------------------------------------------------------------
-class ModelServer:
-    """A TEST DOUBLE of an OpenAI-compatible endpoint, served from a thread of this process: `answers` are the
-    chat completions' (status, body) in turn (the last one repeats); `requests` what it was asked."""
+class ModelServer(ChatDouble):
+    """A TEST DOUBLE of an OpenAI-compatible endpoint: `answers` are the chat completions' (status, body) in turn
+    (the last one repeats); `requests` what it was asked."""
 
     def __init__(self, *answers: tuple[int, dict]):
         self.answers, self.requests = list(answers), []
 
-    def __enter__(self) -> str:
-        import asyncio
-        import threading
-
-        from aiohttp import web
-
-        async def models(_):
-            return web.json_response({"object": "list", "data": [{"id": "double", "object": "model"}]})
-
-        async def completions(request):
-            self.requests.append(await request.json())
-            status, body = self.answers[min(len(self.requests), len(self.answers)) - 1]
-            return web.json_response(body, status=status)
-
-        started = threading.Event()
-
-        def serve() -> None:  # the server's own loop, in its own thread: a test's loop may be running here
-            self.loop = asyncio.new_event_loop()
-            app = web.Application()
-            app.router.add_get("/v1/models", models)
-            app.router.add_post("/v1/chat/completions", completions)
-            self.runner = web.AppRunner(app)
-            self.loop.run_until_complete(self.runner.setup())
-            site = web.TCPSite(self.runner, "127.0.0.1", 0)
-            self.loop.run_until_complete(site.start())
-            self.port = site._server.sockets[0].getsockname()[1]
-            started.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-        assert started.wait(30)
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def __exit__(self, *exc) -> None:
-        import asyncio
-
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+    def answer(self, body: dict) -> tuple[int, dict]:
+        self.requests.append(body)
+        return self.answers[min(len(self.requests), len(self.answers)) - 1]
 
 
 def _completion(message: dict, finish: str = "stop") -> tuple[int, dict]:

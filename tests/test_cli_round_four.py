@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from served import ChatDouble
 from test_cli_failures import air
 from test_cli_round_three import episodes, one_line
 from test_tool_calls import call, play
@@ -167,44 +168,18 @@ def test_a_baseline_that_hangs_is_said_not_shown_by_its_kill_text(images, tmp_pa
     assert "timed out: True" not in result["message"] and "Killed" not in result["message"]
 
 
-class HugeIntegerModel:
+class HugeIntegerModel(ChatDouble):
     """A TEST DOUBLE of an LLM endpoint in the tools format: its first reply calls `bash` with a 5,000-digit
     integer for `timeout` (valid JSON a policy can write to fail its own rollout, were it decoded unbounded), its
-    second calls `submit`. Served from a thread of this process."""
+    second calls `submit`."""
 
-    def __enter__(self) -> str:
-        import threading
-
-        from aiohttp import web
-
-        async def models(_):
-            return web.json_response({"object": "list", "data": [{"id": "double", "object": "model"}]})
-
-        async def completions(request):
-            messages = (await request.json())["messages"]
-            turn = sum(m.get("role") == "assistant" for m in messages)
-            name, arguments = ("bash", '{"command": "ls", "timeout": ' + "9" * 5000 + "}") if turn == 0 else \
-                ("submit", "{}")
-            call = {"id": f"call_{turn}", "type": "function", "function": {"name": name, "arguments": arguments}}
-            return web.json_response({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                "role": "assistant", "content": None, "tool_calls": [call]}}]})
-
-        self.loop = asyncio.new_event_loop()
-        app = web.Application()
-        app.router.add_get("/v1/models", models)
-        app.router.add_post("/v1/chat/completions", completions)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        return f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/v1"
-
-    def __exit__(self, *exc) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+    def answer(self, body: dict) -> tuple[int, dict]:
+        turn = sum(m.get("role") == "assistant" for m in body["messages"])
+        name, arguments = ("bash", '{"command": "ls", "timeout": ' + "9" * 5000 + "}") if turn == 0 else \
+            ("submit", "{}")
+        call = {"id": f"call_{turn}", "type": "function", "function": {"name": name, "arguments": arguments}}
+        return 200, {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": None, "tool_calls": [call]}}]}
 
 
 @pytest.mark.docker

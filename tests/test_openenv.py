@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from served import AirServer, expected_step_rewards, wait_until_running
+from served import AirServer, assert_stopped_cleanly, expected_step_rewards, wait_until_running
 
 from air.episode.trajectory import read_trajectory
 from air.policies.scripted import SCRIPTS, SUBMIT
@@ -270,11 +270,7 @@ async def test_a_signal_during_a_step_ends_it_promptly_and_cleanly(images, docke
         answer = stepping.result()
         assert answer.done and answer.reward is None and answer.observation["failure"] == "infrastructure"
         assert "the server shut down" in answer.observation["error"], answer.observation
-        said = [line for line in srv.output().splitlines() if not line.startswith('{"service"')]
-        assert said == [f"air: interrupted by {sig.name}"], srv.output()
-        assert not list_air_containers(docker_client, run=run), "the stopped server left containers"
-        [path] = (tmp_path / "traj").rglob("*.jsonl")
-        assert read_trajectory(path)[-1]["kind"] == "interrupted"
+        assert_stopped_cleanly(srv, sig, docker_client, tmp_path / "traj")
     finally:
         if env is not None:
             with contextlib.suppress(Exception):  # its socket is gone with the server

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from sandbox_fusion import RunCodeRequest, run_code, run_concurrent
-from served import SandboxFusionServer, wait_until_running
+from served import SandboxFusionServer, assert_stopped_cleanly, wait_until_running
 from sf_upstream import differs
 
 from air.sandbox import list_air_containers, make_labels
@@ -327,9 +327,7 @@ def test_a_signal_during_a_run_ends_it_promptly_and_cleanly(images, docker_clien
             # SandboxFusion's own client raises on a SandboxError answer (here with its retries off)
             with pytest.raises(Exception, match="Sandbox responded with error: the server shut down"):
                 running.result(timeout=10)
-        said = [line for line in srv.output().splitlines() if not line.startswith('{"service"')]
-        assert said == [f"air: interrupted by {sig.name}"], srv.output()
-        assert not list_air_containers(docker_client, run=run_id), "the stopped server left containers"
+        assert_stopped_cleanly(srv, sig, docker_client)
     finally:
         srv.stop()
         srv.log.close()
