@@ -30,7 +30,7 @@ import docker.types
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from air.errors import DockerUnavailable, ImageError, InfraError, SandboxUnavailable
-from air.sandbox.docker_api import BOUND, Docker
+from air.sandbox.docker_api import BOUND, Docker, conflict
 from air.sandbox.interface import ArchiveUnreadable, ArchiveUnwritable, ExecResult, Shell
 from air.sandbox.labels import KEPT_PREFIX, KEY, OWNER, make_labels
 from air.sandbox import hostdir
@@ -131,9 +131,10 @@ class Sandbox:
                         except SandboxUnavailable:
                             pass  # not found: already gone
                         except InfraError as exc:
-                            if not _being_removed(exc):
+                            if not conflict(exc):
                                 raise
-                            # Its warden ended it when the link closed, and the daemon is removing it (auto_remove).
+                            # 409: its warden ended it when the link closed, and the daemon is removing it
+                            # (auto_remove).
         except (asyncio.TimeoutError, InfraError):  # no answer, or one that is not "gone" (removal in progress)
             return False
         if self.channel is not None:
@@ -350,15 +351,9 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
     return kwargs
 
 
-def _being_removed(exc: InfraError) -> bool:
-    """The daemon answered 409 to a removal: the container ended and it is removing it already (auto_remove)."""
-    cause = exc.__cause__
-    return isinstance(cause, docker.errors.APIError) and cause.status_code == 409
-
-
 CHANNEL_DIR_GRACE = 600.0
 """Seconds a sandbox's host directory may exist without its container before a sweep removes it: it is made just
-before its container is created (by another process, maybe), and a minute covers that on a busy machine."""
+before its container is created (by another process, maybe): ten minutes cover that on any busy machine."""
 
 
 def sweep_channel_dirs(docker_: Docker) -> list[str]:

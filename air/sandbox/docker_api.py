@@ -107,6 +107,12 @@ def _request(exc: BaseException) -> str:
     return f" (waiting for {request.method} {path})"
 
 
+
+def conflict(exc: InfraError) -> bool:
+    """The daemon answered 409 Conflict: a name already taken, or a removal already in progress."""
+    cause = exc.__cause__
+    return isinstance(cause, docker.errors.APIError) and cause.status_code == 409
+
 class Docker:
     """Async facade over one SDK client: bounded concurrency, deadlines, error mapping."""
 

@@ -37,7 +37,7 @@ import docker.types
 
 from air.errors import InfraError, SandboxUnavailable
 from air.sandbox import hostdir
-from air.sandbox.docker_api import Docker
+from air.sandbox.docker_api import Docker, conflict
 from air.sandbox.labels import make_labels
 from air.sandbox.layout import AGENT_HOME, AIR_DIR
 from air.sandbox.spec import SandboxSpec
@@ -211,7 +211,7 @@ class PageCachePins:
                 name=pin.name, user="0", labels=labels, stdin_open=tethered, detach=not tethered,  # StdinOnce
                 host_config=host_config, timeout=120)
         except InfraError as exc:
-            if isinstance(exc.__cause__, docker.errors.APIError) and exc.__cause__.status_code == 409:
+            if conflict(exc):
                 raise _Exists() from None
             raise
         if tethered:
