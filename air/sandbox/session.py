@@ -274,11 +274,13 @@ class Session:
                 env[name] = value
         return env
 
-    async def restore(self, snap: ShellSnapshot, timeout: float = 120, *, staged: Path | None = None) -> None:
+    async def restore(self, snap: ShellSnapshot, timeout: float = 120, *, staged: Path | None = None,
+                      lower: str = "") -> p.Restored:
         """Make this (fresh, just reset) sandbox's places the snapshot's files; its next shell starts in the
         snapshot's cwd with its exports (this sandbox's own GPUs win). SnapshotError when the snapshot is refused
         (the sandbox is then half written: release it, its reset makes it new). `staged` (stage_files): the files
-        as one host file, linked into the sandbox's host directory where it has one (a local daemon), not sent."""
+        as one host file, linked into the sandbox's host directory where it has one (a local daemon), not sent.
+        `lower`: a fork's shared home (air/sandbox/branches.py); the reply says whether the home was shared."""
         env = {**snap.env, **gpu_env(self.sandbox.gpu_ids)}
         linked = None
         if staged is not None and self.sandbox.channel is not None:
@@ -291,8 +293,8 @@ class Session:
             raise SnapshotError(f"the snapshot's files ({len(snap.files) >> 20} MB) are larger than the "
                                 f"{self._stream_limit() >> 20} MB that travel on this sandbox's warden channel (no "
                                 "host directory: a remote daemon, Kubernetes)")
-        request = p.Restore(tar=b"", cwd=snap.cwd, env=env, path=f"{WARDEN_DIR}/{linked.name}") if linked else \
-            p.Restore(tar=snap.files, cwd=snap.cwd, env=env)
+        request = p.Restore(tar=b"", cwd=snap.cwd, env=env, path=f"{WARDEN_DIR}/{linked.name}", lower=lower) \
+            if linked else p.Restore(tar=snap.files, cwd=snap.cwd, env=env)
         async with self._lock:
             link = await self._warden()
             try:
@@ -303,6 +305,7 @@ class Session:
         if done.problem:
             raise SnapshotError(f"the snapshot was refused: {done.problem}")
         self.cwd = snap.cwd.decode("utf-8", "replace")
+        return done
 
     async def keep(self) -> int:
         """Hand the sandbox to a person: when this session ends, the agent's processes end but its cell stays. The

@@ -24,9 +24,9 @@ import time
 from typing import Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
-from air.sandbox.warden import files, procs, protocol as p, snapshot
-from air.sandbox.warden.cell import (Cell, CellError, Layout, _detach, become, fresh_tmpfs, mount, outside,
-                                     prepare_confinement, supported)
+from air.sandbox.warden import files, lower, mountapi, procs, protocol as p, snapshot
+from air.sandbox.warden.cell import (Cell, CellError, Layout, Middle, _detach, become, fresh_tmpfs, mount,
+                                     outside, prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
 from air.sandbox.warden.pages import PinError, Pins, files_under
 from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
@@ -219,6 +219,12 @@ class Warden:
         """The harness may have changed the sandbox's own files since they were last held (it copied or ran
         something outside the cell): the next reset holds them again."""
         self.own_mounts: list = []
+        self.maps: Optional[mountapi.Maps] = None
+        """The user namespaces of a fork's shared tree (lower.py): the canonical uid to this sandbox's agent, and
+        back."""
+        self.lowers = "cells were not asked for"
+        """"" when this sandbox's forks can share the snapshot's home (lower.py), else why not."""
+        self.tree_ms = 0.0
 
     # ----- the host's stream ------------------------------------------------------------------------------------
     def send(self, ident: int, message: p.Message) -> None:
@@ -338,6 +344,15 @@ class Warden:
             except (CellError, OSError) as exc:
                 why_not = str(exc)
         self.cells = self.cell is not None
+        if self.cells:
+            with outside(self.cell):  # their children are none of the cell's pids
+                try:
+                    self.maps = mountapi.Maps(c.uid, snapshot.CANONICAL_UID)
+                    self.lowers = lower.probe(self.layout, self.maps)
+                except OSError as exc:
+                    self.lowers = str(exc)
+        else:
+            self.lowers = why_not or "no cells"
         if not self.cells:  # the container's own namespaces, used once: the scratch dirs' times as they are
             for d in c.scratch:
                 try:
@@ -347,7 +362,8 @@ class Warden:
                 except OSError:
                     pass
             self._home_from_pristine()
-        return p.Ready(cells=self.cells, why_not=why_not or "", names_kept=self.forgetter.why_not if self.cells else "")
+        return p.Ready(cells=self.cells, why_not=why_not or "", names_kept=self.forgetter.why_not if self.cells else "",
+                       lowers=self.lowers)
 
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
         if self.cell is not None and not self.cell.alive():
@@ -628,10 +644,13 @@ class Warden:
         return "/../" not in path and any(path.startswith(h.rstrip("/") + "/") for h in self.config.hidden)
 
     def op_restore(self, ident: int, request: p.Restore) -> p.Restored:
-        """A fresh cell's places made a snapshot's, and the next shell's cwd and environment its."""
+        """A fresh cell's places made a snapshot's, and the next shell's cwd and environment its. With `lower`, the
+        home is a fork's shared tree (lower.py): the cell is built anew over it, and the other places copied."""
         c = self.config
+        started = time.monotonic()
         if self.job is not None or self.shell is not None or procs.agent_pids(c.uid):
             raise RuntimeError("restore needs a fresh cell: reset first")
+        self.tree_ms = 0.0
         source = request.tar
         if request.path:  # a file the host linked into the warden's own directory: mapped, then gone
             if not self._own_file(request.path):
@@ -644,10 +663,14 @@ class Warden:
                                    prot=mmap.PROT_READ) if os.fstat(fd).st_size else b""
             finally:
                 os.close(fd)
-        fds = self._places()
         quota = dict(zip(snapshot.PLACES, (c.home_mb << 20, c.tmp_mb << 20, c.tmp_mb << 20, c.shm_mb << 20)))
+        fds: list = []
+        shared, copied, tree_bytes = False, "", 0
         try:
-            snapshot.restore(fds, c.uid, source, quota)
+            if request.lower:
+                shared, copied, tree_bytes = self._shared_home(request.lower, source, quota[snapshot.PLACES[0]])
+            fds = self._places()
+            snapshot.restore(fds, c.uid, source, quota, skip=snapshot.PLACES[:1] if shared else ())
         except snapshot.Refused as exc:
             return p.Restored(problem=str(exc).encode("utf-8", "surrogateescape") or b"refused")
         finally:
@@ -660,7 +683,63 @@ class Warden:
                 if fd is not None:
                     os.close(fd)
         self.env, self.cwd = dict(request.env), request.cwd
-        return p.Restored(problem=b"")
+        return p.Restored(problem=b"", shared=shared, copied=copied.encode("utf-8", "surrogateescape"),
+                          tree_bytes=tree_bytes, tree_ms=self.tree_ms, ms=(time.monotonic() - started) * 1000)
+
+    def _shared_home(self, spec: str, source, quota: int) -> Tuple[bool, str, int]:
+        """The home as a fork's shared tree: made here first ("make:SOCKET", handed to the host there) or taken
+        from the host ("use:SOCKET"), then the cell built anew over it. (False, why) where it cannot be: the home is
+        then copied as ever. snapshot.Refused for a refused snapshot (the maker's unpack is its check)."""
+        mode, _, path = spec.partition(":")
+        if mode not in ("make", "use") or not self._own_file(path):
+            raise RuntimeError("a shared home's socket must be in the warden's own directory")
+        if self.lowers or self.maps is None:
+            if mode == "make":
+                lower.send(path, None, self.lowers)
+            return False, self.lowers or "no cells", 0
+        try:
+            with outside(self.cell):  # the maker's child and a new user namespace's: none of them the cell's pids
+                if mode == "make":
+                    try:
+                        made = time.monotonic()
+                        tree = lower.make(self.layout, self.maps, source, quota)
+                        self.tree_ms = (time.monotonic() - made) * 1000
+                    except (lower.Unshared, OSError) as exc:
+                        lower.send(path, None, str(exc))
+                        raise
+                    except snapshot.Refused:
+                        lower.send(path, None, "the snapshot was refused")
+                        raise
+                    try:
+                        lower.send(path, tree)
+                        middle = lower.middle(tree, self.maps)
+                    finally:
+                        os.close(tree)
+                else:
+                    tree = lower.receive(path)
+                    try:
+                        middle = lower.middle(tree, self.maps)
+                    finally:
+                        os.close(tree)
+        except (lower.Unshared, OSError) as exc:
+            return False, str(exc), 0
+        shared, why = self._rebuild(middle)
+        return shared, why, middle.used if shared else 0
+
+    def _rebuild(self, middle: Middle) -> Tuple[bool, str]:
+        """The fresh cell (no agent process ever ran there) ended and a new one built over the shared tree; where
+        that fails, a new plain cell (the home is then copied)."""
+        try:
+            self.end_cell()
+            try:
+                self.cell = Cell.build(self.layout, middle)
+                return True, ""
+            except (CellError, OSError) as exc:
+                why = str(exc)
+        finally:
+            os.close(middle.fd)
+        self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
+        return False, why
 
     # ----- shell events -----------------------------------------------------------------------------------------
     def shell_output(self, stream: int, data: bytes) -> None:

@@ -204,9 +204,11 @@ def _add_file(tar: _TarOut, dfd: int, name: str, path: str) -> None:
 
 # ----- restore --------------------------------------------------------------------------------------------------------
 def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
-            places: Tuple[str, ...] = PLACES) -> None:
+            places: Tuple[str, ...] = PLACES, skip: Tuple[str, ...] = ()) -> None:
     """Make a fresh cell's places exactly the snapshot's (a tar, as bytes or an mmap), owners mapped to uid (the
-    agent) or 0; quota: {place: bytes it holds}; Refused for anything not allowed.
+    agent) or 0; quota: {place: bytes it holds}; Refused for anything not allowed. `skip`: places whose entries are
+    passed over, restored by another call (a fork's shared home, lower.py, is one restore of the home alone; each
+    branch's own restore skips it).
 
     What the fresh cell already has as the snapshot has it (the pristine home's files the agent never changed) is
     left alone: it stays in the overlay's lower layer, as in the parent, where a rewrite would copy it up (another
@@ -214,7 +216,7 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
     does not have is removed. Files are written straight from the buffer (tarfile only reads the headers)."""
     view = memoryview(data)
     fileobj = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
-    by_place = dict(zip(places, fds))
+    by_place = {place: fd for place, fd in zip(places, fds) if place not in skip}
     opened: Dict[str, int] = {}  # the directories met so far, by archive path: an entry's parent must be one
     names: Dict[int, set] = {}  # per open directory, the names the snapshot gave it
     settle: List[Tuple[int, tarfile.TarInfo]] = []
@@ -227,6 +229,8 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
                 if count > MAX_ENTRIES:
                     raise Refused("the snapshot holds more than %d entries" % MAX_ENTRIES)
                 place, parts = _where(member.name, places)
+                if place in skip:
+                    continue
                 fd = by_place.get(place)
                 if fd is None:
                     raise Refused("%s: this sandbox has no %s" % (_shown(member.name), "/" + place))
