@@ -178,17 +178,28 @@ async def test_a_branch_fingerprints_as_its_parent_in_the_agents_state_and_as_a_
             await _play(episode, messages, [_bash(FORK_PREFIX)])
             snap = await take(episode, messages)
             before = await fingerprint_of_first_command(parent)
-            async with fork(env, snap, 1) as (branch,):
-                after = await fingerprint_of_first_command(branch.sandbox)
-    # The agent's state: as the parent's, but for what the restore cannot carry (inode numbers, change times, and
-    # access times, which the parent's reads move).
-    kept = differences(before, after, [r"files:.*:(ino|ctime|atime)", *CELL_CLOCKS, *CONTAINER_CLOCKS, *HOST_GLOBAL,
-                                       r"pids:.*", r"processes", r"status:.*", r"limits_in_use"])
-    mine = [d for d in kept if any(re.fullmatch(p, d.split(": ")[0]) for p in AGENT_STATE)]
-    assert not mine, "the branch differs from its parent in the agent's state:\n" + "\n".join(mine[:60])
-    # Everything else: as a never-used sandbox's.
-    rest = differences(reference, after, [*AGENT_STATE, *CELL_CLOCKS, *CONTAINER_CLOCKS, *HOST_GLOBAL])
-    assert not rest, "the branch differs from a never-used sandbox:\n" + "\n".join(rest[:60])
+            async with fork(env, snap, 1) as (copied,):  # one branch copies the files
+                assert not copied.shared
+                branches = [(await fingerprint_of_first_command(copied.sandbox), False)]
+            async with fork(env, snap, 2) as shared:  # two share the home: the maker's and another's
+                assert [b.shared for b in shared] == [True, True]
+                branches += [(await fingerprint_of_first_command(b.sandbox), True) for b in shared]
+    for after, on_shared_home in branches:
+        # The agent's state: as the parent's, but for what the restore cannot carry (inode numbers, change times, and
+        # access times, which the parent's reads move).
+        kept = differences(before, after, [r"files:.*:(ino|ctime|atime)", *CELL_CLOCKS, *CONTAINER_CLOCKS,
+                                           *HOST_GLOBAL, r"pids:.*", r"processes", r"status:.*", r"limits_in_use",
+                                           *([r"df:/home/agent"] if on_shared_home else [])])
+        mine = [d for d in kept if any(re.fullmatch(p, d.split(": ")[0]) for p in AGENT_STATE)]
+        assert not mine, "the branch differs from its parent in the agent's state:\n" + "\n".join(mine[:60])
+        if on_shared_home:  # its own layer holds none of the snapshot's files: they are in the shared one below it
+            was, now = before["df"]["/home/agent"], after["df"]["/home/agent"]
+            bsize, blocks, free, avail, inodes, inodes_free, flags = now
+            assert (bsize, free, avail, inodes, flags) == (was[0], was[2], was[3], was[4], was[6]), (was, now)
+            assert blocks < was[1] and inodes_free > was[5], (was, now)  # the quota less the shared pages
+        # Everything else: as a never-used sandbox's.
+        rest = differences(reference, after, [*AGENT_STATE, *CELL_CLOCKS, *CONTAINER_CLOCKS, *HOST_GLOBAL])
+        assert not rest, "the branch differs from a never-used sandbox:\n" + "\n".join(rest[:60])
 
 
 def test_the_grpo_fork_example_runs_and_says_what_it_saved(images):

@@ -34,9 +34,10 @@ async def fork(task_env, snap: Snapshot, n: int, *, config=None, writers=None,
         stack.push_async_callback(_settled, task_env.pool, others)  # runs after the others' releases, before its
         others += await asyncio.gather(*(stack.enter_async_context(task_env.lease()) for _ in range(n - 1)))
         sandboxes = [maker, *others]
-        await restore_all(sandboxes, snap.shell)
+        restored = await restore_all(sandboxes, snap.shell)
         yield [Branch(sb, Episode.resume(task_env, sb, snap, config=config,
-                                         writer=writers[i] if writers else None, meta=meta))
+                                         writer=writers[i] if writers else None, meta=meta),
+                      shared=getattr(restored.replies[i], "shared", False))
                for i, sb in enumerate(sandboxes)]
 
 
@@ -48,8 +49,10 @@ async def _settled(pool, sandboxes: list) -> None:
 class Branch:
     """One branch of a fork: its sandbox, and its episode (whose messages continue the snapshot's)."""
 
-    def __init__(self, sandbox, episode):
+    def __init__(self, sandbox, episode, shared: bool = False):
         self.sandbox, self.episode = sandbox, episode
+        self.shared = shared
+        """Its home is the fork's shared tree under a layer of its own (air/sandbox/branches.py), not a copy."""
         self.messages: list[dict[str, Any]] = [dict(m) for m in episode.resumed_from.state.messages]
 
 

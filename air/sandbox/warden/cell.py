@@ -164,6 +164,7 @@ def _build(layout: Layout, middle: Optional[Middle] = None) -> None:
     os.chmod(upper, stat.S_IMODE(top.st_mode))
     if middle is not None:
         mountapi.attach(middle.fd, lower)
+        _pad(upper, middle.top.st_size, (lower, layout.pristine_home))
     mount("overlay", layout.home, "overlay", MS_NOSUID | MS_NODEV, "lowerdir=%s:%s,upperdir=%s,workdir=%s,"
           "redirect_dir=on" % (lower, layout.pristine_home, upper, work))
     os.utime(layout.home, ns=(top.st_atime_ns, top.st_mtime_ns))
@@ -184,6 +185,18 @@ def _build(layout: Layout, middle: Optional[Middle] = None) -> None:
         mount(text, "/etc/" + name, None, MS_BIND)
         mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
     _loopback_up()
+
+
+def _pad(upper: str, size: int, lowers: Tuple[str, ...]) -> None:
+    """A branch's home directory shows its writable layer's size (tmpfs: a fixed amount per entry), which in the
+    parent held the entries the snapshot's tree now holds below it: whiteouts of names no layer has (invisible, as
+    a whiteout of nothing is) make it the same."""
+    for i in range(1024):
+        if os.lstat(upper).st_size >= size:
+            return
+        name = ".air-%d" % i
+        if not any(os.path.lexists(os.path.join(d, name)) for d in lowers):
+            os.mknod(os.path.join(upper, name), stat.S_IFCHR, 0)  # as the overlay makes them
 
 
 def _limit_ipc(shm_mb: int) -> None:
