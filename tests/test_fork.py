@@ -245,3 +245,43 @@ async def test_a_served_episode_resets_from_a_snapshot_item(pool, tmp_path):
         assert live.episode.total_reward == pytest.approx(snap.state.paid)
     finally:
         await core.close()
+
+
+SHARED_PREFIX = ("mkdir -p ~/workspace/s/d && cd ~/workspace/s && echo w > w.txt && echo r > ro.txt && "
+                 "chmod 444 ro.txt && echo x > d/x && echo h > h.txt && echo k > k.txt && echo u > u.txt && "
+                 "touch -d @1700000000 u.txt && export S=1")
+ATTACK = r"""cd ~/workspace/s
+echo attack >> w.txt
+chmod 777 ro.txt
+mv d/x d/y
+ln h.txt hard
+python3 -c "import os; fd = os.open('k.txt', os.O_RDWR); os.pwrite(fd, b'K', 0); os.close(fd)"
+touch -d @1800000000 u.txt
+ls /srv/air/cell >/dev/null 2>&1 || echo unlistable
+awk '$5 ~ "^/srv/air/cell"' /proc/self/mountinfo | wc -l
+mount -t tmpfs x /tmp >/dev/null 2>&1 || echo unmountable"""
+LOOK = ("cd ~/workspace/s && stat -c '%n %a %h' w.txt ro.txt h.txt && stat -c %Y u.txt && cat w.txt k.txt && ls d && "
+        "stat -c %d w.txt ro.txt h.txt k.txt u.txt d/* | sort -u | wc -l")
+
+
+async def test_a_branch_cannot_change_the_shared_home_its_siblings_see(pool):
+    """The agent of one branch attacks the files of the shared tree every way the kernel lets it touch a file it
+    owns (write, chmod, rename, hard link, open O_RDWR, times) and looks for the tree itself: each change lands in
+    its own layer (it sees them: the positive control), and its siblings, the maker among them, see the tree as it
+    was, all of it still below their own layers (its files on one device: none copied up)."""
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sandbox:
+        parent = Episode(env, sandbox, EpisodeConfig(max_turns=20))
+        messages = _messages(parent)
+        await _play(parent, messages, [_bash(SHARED_PREFIX)])
+        snap = await take(parent, messages)
+    async with fork(env, snap, 3) as (maker, attacker, sibling):
+        assert [b.shared for b in (maker, attacker, sibling)] == [True, True, True]
+        tree = ["w.txt 644 1", "ro.txt 444 1", "h.txt 644 1", "1700000000", "w", "k", "x", "1"]
+        assert (await attacker.sandbox.session.run(LOOK)).stdout.split("\n")[:8] == tree  # before the attack
+        ran = await attacker.sandbox.session.run(ATTACK)
+        assert ran.stdout.split("\n")[:3] == ["unlistable", "0", "unmountable"], ran.stdout
+        assert (await attacker.sandbox.session.run(LOOK)).stdout.split("\n")[:9] == [
+            "w.txt 644 1", "ro.txt 777 1", "h.txt 644 2", "1800000000", "w", "attack", "K", "y", "1"]
+        for other in (maker, sibling):
+            assert (await other.sandbox.session.run(LOOK)).stdout.split("\n")[:8] == tree
