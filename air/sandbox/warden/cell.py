@@ -131,7 +131,7 @@ MIDDLE = "lower"
 """The middle layer's directory in the cell's scratch tmpfs (a name in every cell's mount table)."""
 
 
-def _build(layout: Layout, middle: Optional[Middle] = None) -> None:
+def _build(layout: Layout) -> None:
     """In the cell's init, once it is pid 1 of its new pid namespace: make the other namespaces and the mounts."""
     _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
@@ -151,8 +151,27 @@ def _build(layout: Layout, middle: Optional[Middle] = None) -> None:
             flags |= MS_RDONLY
         mount(None, point, None, flags)
 
-    # The home: a new tmpfs over the middle layer (a branch's snapshot, else empty) over the pristine home, through
-    # an overlay. A branch's writable layer holds what its home's quota leaves after the snapshot's files.
+    for d in ("/tmp", "/var/tmp"):
+        mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % layout.tmp_mb)
+    _new_dev(layout)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    _limit_ipc(layout.shm_mb)  # before the masks make /proc/sys read-only
+    _masks(inherited)
+    if layout.hostview_binds:
+        hostview.install(layout.hostview_binds, layout.hostview_root, mount, _detach)
+    _cgroup_limits(layout.cgroup)
+    for name, text in (("passwd", layout.passwd), ("group", layout.group)):
+        if os.path.realpath("/etc/" + name) == os.path.realpath(text):
+            continue  # air's images link them there already: a mount would only add a mount point
+        mount(text, "/etc/" + name, None, MS_BIND)
+        mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
+    _mount_home(layout, None)  # the last mount: a branch's replaces it in place (home_over), the table's order kept
+    _loopback_up()
+
+
+def _mount_home(layout: Layout, middle: Optional[Middle]) -> None:
+    """The home: a new tmpfs over the middle layer (a branch's snapshot, else empty) over the pristine home, through
+    an overlay. A branch's writable layer holds what its home's quota leaves after the snapshot's files."""
     quota = layout.home_mb << 20
     size = quota if middle is None else max(quota - middle.used, 4096)
     mount("cell", layout.scratch, "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,mode=700" % size)
@@ -170,21 +189,13 @@ def _build(layout: Layout, middle: Optional[Middle] = None) -> None:
     os.utime(layout.home, ns=(top.st_atime_ns, top.st_mtime_ns))
     _detach(layout.scratch)  # held by the overlay (the middle layer with it)
 
-    for d in ("/tmp", "/var/tmp"):
-        mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % layout.tmp_mb)
-    _new_dev(layout)
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    _limit_ipc(layout.shm_mb)  # before the masks make /proc/sys read-only
-    _masks(inherited)
-    if layout.hostview_binds:
-        hostview.install(layout.hostview_binds, layout.hostview_root, mount, _detach)
-    _cgroup_limits(layout.cgroup)
-    for name, text in (("passwd", layout.passwd), ("group", layout.group)):
-        if os.path.realpath("/etc/" + name) == os.path.realpath(text):
-            continue  # air's images link them there already: a mount would only add a mount point
-        mount(text, "/etc/" + name, None, MS_BIND)
-        mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
-    _loopback_up()
+
+def home_over(layout: Layout, middle: Middle) -> None:
+    """In a child of the warden that entered a fresh cell (one no agent process ever ran in): its home replaced by
+    one over `middle` (a fork's branch), as the cell's last mount, as Cell.build would have made it. The fresh home
+    goes with its last reference (nothing of the cell holds it)."""
+    _detach(layout.home)
+    _mount_home(layout, middle)
 
 
 def _pad(upper: str, size: int, lowers: Tuple[str, ...]) -> None:
@@ -477,10 +488,10 @@ class Cell:
         self.init, self.ns_fds = init, ns_fds
 
     @classmethod
-    def build(cls, layout: Layout, middle: Optional[Middle] = None) -> "Cell":
-        """A new cell (a fork's branch: with its snapshot's home as `middle`); CellError when it cannot be made
-        (nothing of it is left then). Its init hands the warden its namespaces (open descriptors, over a socket): the
-        warden could not open them itself, since the init is not dumpable and the warden holds no CAP_SYS_PTRACE."""
+    def build(cls, layout: Layout) -> "Cell":
+        """A new cell; CellError when it cannot be made (nothing of it is left then). Its init hands the warden its
+        namespaces (open descriptors, over a socket): the warden could not open them itself, since the init is not
+        dumpable and the warden holds no CAP_SYS_PTRACE."""
         _children_in(None)
         _check(LIBC.unshare(CLONE_NEWPID), "unshare pid")  # the next child is the new namespace's pid 1
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -494,7 +505,7 @@ class Cell:
         if pid == 0:  # the cell's init
             ours.close()
             try:
-                _build(layout, middle)
+                _build(layout)
                 fds = [os.open("/proc/self/ns/" + name, os.O_RDONLY | os.O_CLOEXEC) for name in cls.NAMES]
                 limit_capabilities(())
                 socket.send_fds(theirs, [b"ok"], fds)
@@ -596,5 +607,5 @@ def supported() -> Optional[str]:
     return None
 
 
-__all__ = ["Cell", "CellError", "Layout", "Middle", "ROOT_CAPABILITIES", "become", "confine", "limit_capabilities",
-           "outside", "supported"]
+__all__ = ["Cell", "CellError", "Layout", "Middle", "ROOT_CAPABILITIES", "become", "confine", "home_over",
+           "limit_capabilities", "outside", "supported"]

@@ -25,8 +25,8 @@ from typing import Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import files, lower, mountapi, procs, protocol as p, snapshot
-from air.sandbox.warden.cell import (Cell, CellError, Layout, Middle, _detach, become, fresh_tmpfs, mount,
-                                     outside, prepare_confinement, supported)
+from air.sandbox.warden.cell import (Cell, CellError, Layout, Middle, _detach, become, fresh_tmpfs, home_over,
+                                     mount, outside, prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
 from air.sandbox.warden.pages import PinError, Pins, files_under
 from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
@@ -633,11 +633,21 @@ class Warden:
         return p.Captured(status="ok", tar=tar, cwd=self.cwd, lost=lost, problem=b"",
                           skipped="\n".join(skipped).encode("utf-8", "surrogateescape"))
 
-    def _places(self) -> list:
+    def _places(self, prepare=None) -> list:
         """Descriptors of the cell's places, opened by a child born outside the cell's pid namespace (it joins only
-        its mounts): no pid of the cell's is used, so the agent's next pids are what they would have been."""
-        with outside(self.cell):
-            return snapshot.open_places(self.cell.enter if self.cell is not None else None)
+        its mounts): no pid of the cell's is used, so the agent's next pids are what they would have been.
+        `prepare`: what that child does in the cell first (a branch's home remade, `_places_over`)."""
+        cell = self.cell
+        if cell is None:
+            return snapshot.open_places(None)
+
+        def enter() -> None:
+            cell.enter()
+            if prepare is not None:
+                prepare()
+
+        with outside(cell):
+            return snapshot.open_places(enter)
 
     def _own_file(self, path: str) -> bool:
         """A path in the warden's own host directory (a mount no cell has), where the host hands files over."""
@@ -645,7 +655,7 @@ class Warden:
 
     def op_restore(self, ident: int, request: p.Restore) -> p.Restored:
         """A fresh cell's places made a snapshot's, and the next shell's cwd and environment its. With `lower`, the
-        home is a fork's shared tree (lower.py): the cell is built anew over it, and the other places copied."""
+        home is a fork's shared tree (lower.py): the cell's home remade over it, and the other places copied."""
         c = self.config
         started = time.monotonic()
         if self.job is not None or self.shell is not None or procs.agent_pids(c.uid):
@@ -659,17 +669,23 @@ class Warden:
             try:
                 os.unlink(request.path)
                 # Mapped in one go (MAP_POPULATE): its pages are in the page cache already, a fault each costs more.
-                source = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                # A branch on a shared home reads the headers alone: populating the whole file would cost it more.
+                populate = 0 if request.lower.startswith("use:") else getattr(mmap, "MAP_POPULATE", 0)
+                source = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | populate,
                                    prot=mmap.PROT_READ) if os.fstat(fd).st_size else b""
             finally:
                 os.close(fd)
         quota = dict(zip(snapshot.PLACES, (c.home_mb << 20, c.tmp_mb << 20, c.tmp_mb << 20, c.shm_mb << 20)))
         fds: list = []
-        shared, copied, tree_bytes = False, "", 0
+        copied, tree_bytes = "", 0
         try:
             if request.lower:
-                shared, copied, tree_bytes = self._shared_home(request.lower, source, quota[snapshot.PLACES[0]])
-            fds = self._places()
+                middle, copied = self._shared_home(request.lower, source, quota[snapshot.PLACES[0]])
+                if middle is not None:
+                    tree_bytes = middle.used
+                    fds, copied = self._places_over(middle)
+            shared = bool(fds)
+            fds = fds or self._places()
             snapshot.restore(fds, c.uid, source, quota, skip=snapshot.PLACES[:1] if shared else ())
         except snapshot.Refused as exc:
             return p.Restored(problem=str(exc).encode("utf-8", "surrogateescape") or b"refused")
@@ -684,19 +700,20 @@ class Warden:
                     os.close(fd)
         self.env, self.cwd = dict(request.env), request.cwd
         return p.Restored(problem=b"", shared=shared, copied=copied.encode("utf-8", "surrogateescape"),
-                          tree_bytes=tree_bytes, tree_ms=self.tree_ms, ms=(time.monotonic() - started) * 1000)
+                          tree_bytes=tree_bytes if shared else 0, tree_ms=self.tree_ms,
+                          ms=(time.monotonic() - started) * 1000)
 
-    def _shared_home(self, spec: str, source, quota: int) -> Tuple[bool, str, int]:
-        """The home as a fork's shared tree: made here first ("make:SOCKET", handed to the host there) or taken
-        from the host ("use:SOCKET"), then the cell built anew over it. (False, why) where it cannot be: the home is
-        then copied as ever. snapshot.Refused for a refused snapshot (the maker's unpack is its check)."""
+    def _shared_home(self, spec: str, source, quota: int) -> Tuple[Optional[Middle], str]:
+        """A fork's shared tree as this cell's home's middle layer: made here first ("make:SOCKET", handed to the
+        host there) or taken from the host ("use:SOCKET"). (None, why) where it cannot be had: the home is then
+        copied as ever. snapshot.Refused for a refused snapshot (the maker's unpack is its check)."""
         mode, _, path = spec.partition(":")
         if mode not in ("make", "use") or not self._own_file(path):
             raise RuntimeError("a shared home's socket must be in the warden's own directory")
         if self.lowers or self.maps is None:
             if mode == "make":
                 lower.send(path, None, self.lowers)
-            return False, self.lowers or "no cells", 0
+            return None, self.lowers or "no cells"
         try:
             with outside(self.cell):  # the maker's child and a new user namespace's: none of them the cell's pids
                 if mode == "make":
@@ -712,34 +729,43 @@ class Warden:
                         raise
                     try:
                         lower.send(path, tree)
-                        middle = lower.middle(tree, self.maps)
+                        return lower.middle(tree, self.maps), ""
                     finally:
                         os.close(tree)
-                else:
-                    tree = lower.receive(path)
-                    try:
-                        middle = lower.middle(tree, self.maps)
-                    finally:
-                        os.close(tree)
+                tree = lower.receive(path)
+                try:
+                    return lower.middle(tree, self.maps), ""
+                finally:
+                    os.close(tree)
         except (lower.Unshared, OSError) as exc:
-            return False, str(exc), 0
-        shared, why = self._rebuild(middle)
-        return shared, why, middle.used if shared else 0
+            return None, str(exc)
 
-    def _rebuild(self, middle: Middle) -> Tuple[bool, str]:
-        """The fresh cell (no agent process ever ran there) ended and a new one built over the shared tree; where
-        that fails, a new plain cell (the home is then copied)."""
-        try:
-            self.end_cell()
+    def _places_over(self, middle: Middle) -> Tuple[list, str]:
+        """The places of the fresh cell (no agent process ever ran there) once its home is remade over the shared
+        tree, in place, by the child that opens them (cell.home_over: no cell rebuilt, nothing to forget). ([],
+        why) where that fails: a new plain cell then (its home is copied)."""
+        r, w = os.pipe()
+
+        def swap() -> None:
             try:
-                self.cell = Cell.build(self.layout, middle)
-                return True, ""
-            except (CellError, OSError) as exc:
-                why = str(exc)
+                home_over(self.layout, middle)
+            except BaseException as exc:
+                os.write(w, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace")[:900])
+                raise
+
+        try:
+            fds, why = self._places(swap), ""
+        except RuntimeError as exc:
+            fds, why = [], str(exc)
         finally:
+            os.close(w)
             os.close(middle.fd)
-        self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
-        return False, why
+        with os.fdopen(r, "rb") as said:
+            why = said.read(1000).decode("utf-8", "replace") or why
+        if not fds:
+            self.end_cell()  # its home may be gone half-way: a new cell, whole
+            self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
+        return fds, why
 
     # ----- shell events -----------------------------------------------------------------------------------------
     def shell_output(self, stream: int, data: bytes) -> None:
