@@ -15,18 +15,23 @@ The tree's pages are charged to the maker's memory cgroup while any branch holds
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import logging
 import os
 import secrets
 import socket
+import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from air.sandbox.interface import Sandbox
-from air.sandbox.layout import WARDEN_DIR
+from air.sandbox.layout import AGENT_HOME, WARDEN_DIR
 from air.sandbox.session import ShellSnapshot, stage_files
 
 log = logging.getLogger("air.fork")
+HOME = AGENT_HOME.strip("/")
+"""The home's name in a snapshot's tar (air/sandbox/warden/snapshot.py's first place)."""
 HANDOFF_TIMEOUT = 30.0
 _said: set[str] = set()
 
@@ -63,17 +68,21 @@ async def restore_all(sandboxes: Sequence[Sandbox], snap: ShellSnapshot, timeout
         except OSError as exc:  # a socket path too long for AF_UNIX (a deep AIR_RUNTIME_DIR)
             replies = await _all(sb.session.restore(snap, timeout, staged=staged) for sb in sandboxes)
             return Restored(_say(f"cannot listen in a sandbox's host directory: {exc}"), replies)
-        with handoff:
-            making = asyncio.create_task(maker.session.restore(snap, timeout, staged=staged,
-                                                               lower=f"make:{handoff.inside}"))
-            tree, why = await handoff.receive(making)
-        if tree is None:
-            replies = await _all([making, *(sb.session.restore(snap, timeout, staged=staged) for sb in others)])
-            return Restored(_say(why or replies[0].copied or "the maker handed over no tree"), replies)
-        try:
-            replies = await _all([making, *(_use(sb, snap, staged, tree, timeout) for sb in others)])
-        finally:
-            os.close(tree)
+        after = _after_home(snap.files)
+        with contextlib.ExitStack() as files:
+            rest = files.enter_context(stage_files(ShellSnapshot(files=after, cwd=b"", env={}))) \
+                if after is not None else None
+            with handoff:
+                making = asyncio.create_task(maker.session.restore(snap, timeout, staged=staged, rest=rest,
+                                                                   lower=f"make:{handoff.inside}"))
+                tree, why = await handoff.receive(making)
+            if tree is None:
+                replies = await _all([making, *(sb.session.restore(snap, timeout, staged=staged) for sb in others)])
+                return Restored(_say(why or replies[0].copied or "the maker handed over no tree"), replies)
+            try:
+                replies = await _all([making, *(_use(sb, snap, staged, rest, tree, timeout) for sb in others)])
+            finally:
+                os.close(tree)
     copied = [r.copied for r in replies if not r.shared]
     how = _say(f"{len(copied)} of {len(replies)} branches copied: {copied[0]}") if copied else "shared"
     return Restored(how, replies)
@@ -96,16 +105,31 @@ def why_not_shared(sandboxes: Sequence[Sandbox]) -> str:
     return ""
 
 
-async def _use(sandbox: Sandbox, snap: ShellSnapshot, staged, tree: int, timeout: float):
+async def _use(sandbox: Sandbox, snap: ShellSnapshot, staged, rest, tree: int, timeout: float):
     try:
         handoff = _Handoff(sandbox)
     except OSError:  # as the maker's could not: it copies
         return await sandbox.session.restore(snap, timeout, staged=staged)
     with handoff:
-        using = asyncio.create_task(sandbox.session.restore(snap, timeout, staged=staged,
+        using = asyncio.create_task(sandbox.session.restore(snap, timeout, staged=staged, rest=rest,
                                                             lower=f"use:{handoff.inside}"))
         await handoff.give(tree, using)
         return await using
+
+
+def _after_home(files: bytes) -> bytes | memoryview | None:
+    """The tar's members after the home's: a tar of the other places alone (a tar is its members in a row, so any
+    member's start is a tar's), which a branch on the shared home reads instead of walking every header of the
+    home's. None where the archive cannot be read here: a branch then reads the whole of it. Either way a branch
+    restores only what its own restore accepts, and the maker checked the home's members."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(files), mode="r:") as tar:
+            for member in tar:
+                if member.name != HOME and not member.name.startswith(HOME + "/"):
+                    return memoryview(files)[member.offset:]
+    except tarfile.TarError:
+        return None
+    return bytes(2 * tarfile.BLOCKSIZE)  # the home alone: an empty tar
 
 
 async def _all(calls) -> list:
@@ -180,8 +204,8 @@ class _Handoff:
     async def give(self, tree: int, restoring: asyncio.Task) -> None:
         conn = await self._accept(restoring)
         if conn is not None:
-            with conn:
-                await asyncio.to_thread(socket.send_fds, conn, [b"ok"], [tree])
+            with conn:  # two bytes and a descriptor into a new connection's empty buffer: never blocks
+                socket.send_fds(conn, [b"ok"], [tree])
 
 
 __all__ = ["Restored", "restore_all", "why_not_shared"]

@@ -27,6 +27,7 @@ import dataclasses
 import os
 import re
 import secrets
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -52,6 +53,21 @@ few copies, while the agent's processes are idle), charged to the sandbox's memo
 SnapshotError and never the warden's OOM kill."""
 
 
+class KeptFile:
+    """A snapshot's files as the warden wrote them at capture (a local daemon), kept in air's runtime directory
+    while the snapshot lives: a fork links it into its branches instead of writing the files again (stage_files).
+    Root-only, out of every sandbox's reach once moved there; removed when the last snapshot holding it goes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        weakref.finalize(self, _remove, path)
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
 @dataclass
 class ShellSnapshot:
     """A live shell's state at a turn boundary: the agent's files (a tar of warden/snapshot.py's PLACES), the cwd
@@ -63,12 +79,18 @@ class ShellSnapshot:
     env: dict[str, str]
     lost: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    kept: KeptFile | None = None
+    """The files as a host file already (a capture through a host directory): staged without a copy."""
 
 
 @contextlib.contextmanager
 def stage_files(snap: ShellSnapshot) -> Iterator[Path]:
     """The snapshot's files as one root-only file in air's runtime directory (memory, where it is /run), for
-    Session.restore to link into each branch's host directory: N branches, one copy. Removed on leaving."""
+    Session.restore to link into each branch's host directory: N branches, one copy (none for a snapshot that kept
+    its capture's file). A file written here is removed on leaving."""
+    if snap.kept is not None and snap.kept.path.exists():
+        yield snap.kept.path
+        return
     path = private(runtime_dir() / "snapshots") / f"{secrets.token_hex(8)}.tar"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -77,6 +99,17 @@ def stage_files(snap: ShellSnapshot) -> Iterator[Path]:
         yield path
     finally:
         path.unlink(missing_ok=True)
+
+
+def _keep(handed: Path) -> KeptFile | None:
+    """The capture's file moved out of the sandbox's host directory into air's runtime directory (None where it
+    cannot be: another filesystem); read from there, it is what the snapshot holds."""
+    path = private(runtime_dir() / "snapshots") / f"{secrets.token_hex(8)}.tar"
+    try:
+        os.rename(handed, path)
+    except OSError:
+        return None
+    return KeptFile(path)
 
 
 class Session:
@@ -234,7 +267,7 @@ class Session:
         shell run (a background job), unless lose_processes (they are named in `lost`, and keep running here);
         SnapshotError when the files are too many or too large."""
         env = await self.exported()
-        handed = None  # a local daemon: the warden writes the files into its host directory, read here
+        handed, kept = None, None  # a local daemon: the warden writes the files into its host directory, read here
         if self.sandbox.channel is not None:
             handed = self.sandbox.channel / f"capture-{secrets.token_hex(8)}.tar"
         else:
@@ -246,7 +279,8 @@ class Session:
                                                 path=f"{WARDEN_DIR}/{handed.name}" if handed else ""),
                                       wait=timeout + _MARGIN)
                 if handed is not None and got.status == "ok":
-                    got = dataclasses.replace(got, tar=handed.read_bytes())
+                    kept = _keep(handed)
+                    got = dataclasses.replace(got, tar=(kept.path if kept else handed).read_bytes())
             finally:
                 if handed is not None:
                     handed.unlink(missing_ok=True)
@@ -257,7 +291,7 @@ class Session:
         if got.status != "ok":
             raise SnapshotError(f"cannot snapshot the sandbox: {got.problem}")
         return ShellSnapshot(files=got.tar, cwd=got.cwd, env=env, lost=lost,
-                             skipped=[line for line in got.skipped.splitlines() if line])
+                             skipped=[line for line in got.skipped.splitlines() if line], kept=kept)
 
     def _stream_limit(self) -> int:
         return min(STREAM_SNAPSHOT_LIMIT, (self.sandbox.spec.resources.memory_mb << 20) // 4)
@@ -275,37 +309,47 @@ class Session:
         return env
 
     async def restore(self, snap: ShellSnapshot, timeout: float = 120, *, staged: Path | None = None,
-                      lower: str = "") -> p.Restored:
+                      lower: str = "", rest: Path | None = None) -> p.Restored:
         """Make this (fresh, just reset) sandbox's places the snapshot's files; its next shell starts in the
         snapshot's cwd with its exports (this sandbox's own GPUs win). SnapshotError when the snapshot is refused
         (the sandbox is then half written: release it, its reset makes it new). `staged` (stage_files): the files
         as one host file, linked into the sandbox's host directory where it has one (a local daemon), not sent.
-        `lower`: a fork's shared home (air/sandbox/branches.py); the reply says whether the home was shared."""
+        `lower`: a fork's shared home (air/sandbox/branches.py), `rest` a staged tar of the other places alone; the
+        reply says whether the home was shared."""
         env = {**snap.env, **gpu_env(self.sandbox.gpu_ids)}
-        linked = None
-        if staged is not None and self.sandbox.channel is not None:
-            linked = self.sandbox.channel / f"restore-{secrets.token_hex(8)}.tar"
-            try:
-                os.link(staged, linked)
-            except OSError:  # another filesystem: the stream carries it
-                linked = None
+        linked = self._linked(staged)
+        rest_linked = self._linked(rest) if linked is not None and lower else None
         if linked is None and len(snap.files) > self._stream_limit():
             raise SnapshotError(f"the snapshot's files ({len(snap.files) >> 20} MB) are larger than the "
                                 f"{self._stream_limit() >> 20} MB that travel on this sandbox's warden channel (no "
                                 "host directory: a remote daemon, Kubernetes)")
-        request = p.Restore(tar=b"", cwd=snap.cwd, env=env, path=f"{WARDEN_DIR}/{linked.name}", lower=lower) \
+        request = p.Restore(tar=b"", cwd=snap.cwd, env=env, path=f"{WARDEN_DIR}/{linked.name}", lower=lower,
+                            rest=f"{WARDEN_DIR}/{rest_linked.name}" if rest_linked else "") \
             if linked else p.Restore(tar=snap.files, cwd=snap.cwd, env=env)
         async with self._lock:
             link = await self._warden()
             try:
                 done = await link.call(request, wait=timeout)
             finally:
-                if linked is not None:
-                    linked.unlink(missing_ok=True)
+                for each in (linked, rest_linked):
+                    if each is not None:
+                        each.unlink(missing_ok=True)
         if done.problem:
             raise SnapshotError(f"the snapshot was refused: {done.problem}")
         self.cwd = snap.cwd.decode("utf-8", "replace")
         return done
+
+    def _linked(self, staged: Path | None) -> Path | None:
+        """A staged file linked into the sandbox's host directory (None without one, or on another filesystem: the
+        stream carries the files then)."""
+        if staged is None or self.sandbox.channel is None:
+            return None
+        linked = self.sandbox.channel / f"restore-{secrets.token_hex(8)}.tar"
+        try:
+            os.link(staged, linked)
+        except OSError:
+            return None
+        return linked
 
     async def keep(self) -> int:
         """Hand the sandbox to a person: when this session ends, the agent's processes end but its cell stays. The

@@ -378,6 +378,9 @@ class Restore(Request):
     """A fork's shared home (lower.py): "make:SOCKET" (unpack the home once into a tree, hand it to the host on the
     socket it listens on in the warden's own directory, and use it) or "use:SOCKET" (take the tree from there); the
     other places are restored from the tar as ever. Where the tree cannot be had, the home is copied (`copied`)."""
+    rest: str = ""
+    """With `lower`: a file of the warden's own directory holding the tar's members after the home's (the other
+    places' alone), which a branch on a shared home reads instead of the whole tar; the warden removes it."""
 
 
 REQUESTS = {cls.op: cls for cls in (Hello, Ping, StartShell, Run, Interrupt, Exec, Reset, Pack, Unpack, Keep, Oom,

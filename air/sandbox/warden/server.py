@@ -661,20 +661,9 @@ class Warden:
         if self.job is not None or self.shell is not None or procs.agent_pids(c.uid):
             raise RuntimeError("restore needs a fresh cell: reset first")
         self.tree_ms = 0.0
-        source = request.tar
-        if request.path:  # a file the host linked into the warden's own directory: mapped, then gone
-            if not self._own_file(request.path):
-                raise RuntimeError("a restore's file must be in the warden's own directory")
-            fd = os.open(request.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                os.unlink(request.path)
-                # Mapped in one go (MAP_POPULATE): its pages are in the page cache already, a fault each costs more.
-                # A branch on a shared home reads the headers alone: populating the whole file would cost it more.
-                populate = 0 if request.lower.startswith("use:") else getattr(mmap, "MAP_POPULATE", 0)
-                source = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | populate,
-                                   prot=mmap.PROT_READ) if os.fstat(fd).st_size else b""
-            finally:
-                os.close(fd)
+        # Populated where the warden itself reads all of it: a maker's child (a fork) would fault its pages anew.
+        source = self._mapped(request.path, populate=not request.lower) if request.path else request.tar
+        rest = self._mapped(request.rest, populate=True) if request.rest else None
         quota = dict(zip(snapshot.PLACES, (c.home_mb << 20, c.tmp_mb << 20, c.tmp_mb << 20, c.shm_mb << 20)))
         fds: list = []
         copied, tree_bytes = "", 0
@@ -686,15 +675,19 @@ class Warden:
                     fds, copied = self._places_over(middle)
             shared = bool(fds)
             fds = fds or self._places()
-            snapshot.restore(fds, c.uid, source, quota, skip=snapshot.PLACES[:1] if shared else ())
+            if shared:  # the other places: from the tar of their members alone, where the host gave one
+                snapshot.restore(fds, c.uid, source if rest is None else rest, quota, skip=snapshot.PLACES[:1])
+            else:
+                snapshot.restore(fds, c.uid, source, quota)
         except snapshot.Refused as exc:
             return p.Restored(problem=str(exc).encode("utf-8", "surrogateescape") or b"refused")
         finally:
-            if isinstance(source, mmap.mmap):
-                try:
-                    source.close()
-                except BufferError:  # a refusal's traceback still holds a view of it: unmapped when collected
-                    pass
+            for mapped in (source, rest):
+                if isinstance(mapped, mmap.mmap):
+                    try:
+                        mapped.close()
+                    except BufferError:  # a refusal's traceback still holds a view of it: unmapped when collected
+                        pass
             for fd in fds:
                 if fd is not None:
                     os.close(fd)
@@ -702,6 +695,20 @@ class Warden:
         return p.Restored(problem=b"", shared=shared, copied=copied.encode("utf-8", "surrogateescape"),
                           tree_bytes=tree_bytes if shared else 0, tree_ms=self.tree_ms,
                           ms=(time.monotonic() - started) * 1000)
+
+    def _mapped(self, path: str, populate: bool):
+        """A file the host linked into the warden's own directory: mapped, then gone (b"" when empty). Mapped in one
+        go (MAP_POPULATE) where this process reads all of it: its pages are in the page cache already, a fault each
+        costs more; a branch on a shared home reads the headers alone."""
+        if not self._own_file(path):
+            raise RuntimeError("a restore's file must be in the warden's own directory")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.unlink(path)
+            flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+            return mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ) if os.fstat(fd).st_size else b""
+        finally:
+            os.close(fd)
 
     def _shared_home(self, spec: str, source, quota: int) -> Tuple[Optional[Middle], str]:
         """A fork's shared tree as this cell's home's middle layer: made here first ("make:SOCKET", handed to the
