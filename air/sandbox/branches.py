@@ -127,7 +127,7 @@ def _after_home(files: bytes) -> bytes | memoryview | None:
             for member in tar:
                 if member.name != HOME and not member.name.startswith(HOME + "/"):
                     return memoryview(files)[member.offset:]
-    except tarfile.TarError:
+    except Exception:  # noqa: BLE001 - the agent's archive, unreadable here: each branch reads the whole of it
         return None
     return bytes(2 * tarfile.BLOCKSIZE)  # the home alone: an empty tar
 
@@ -142,6 +142,9 @@ async def _all(calls) -> list:
 
 
 def _say(why: str) -> str:
+    """Why a fork copies, once per reason in the log. It may name one of the agent's files: one line of printable
+    text."""
+    why = "".join(ch if ch.isprintable() else "?" for ch in why)[:900]
     if why not in _said and len(_said) < 64:
         _said.add(why)
         log.info("forks copy the snapshot's files into each branch here (%s); the branches of one fork share them "
