@@ -62,28 +62,30 @@ async def restore_all(sandboxes: Sequence[Sandbox], snap: ShellSnapshot, timeout
         if why:
             replies = await _all(sb.session.restore(snap, timeout, staged=staged) for sb in sandboxes)
             return Restored(_say(why) if len(sandboxes) > 1 else why, replies)
-        maker, others = sandboxes[0], sandboxes[1:]
-        try:
-            handoff = _Handoff(maker)
-        except OSError as exc:  # a socket path too long for AF_UNIX (a deep AIR_RUNTIME_DIR)
-            replies = await _all(sb.session.restore(snap, timeout, staged=staged) for sb in sandboxes)
-            return Restored(_say(f"cannot listen in a sandbox's host directory: {exc}"), replies)
         after = _after_home(snap.files)
-        with contextlib.ExitStack() as files:
-            rest = files.enter_context(stage_files(ShellSnapshot(files=after, cwd=b"", env={}))) \
-                if after is not None else None
-            with handoff:
-                making = asyncio.create_task(maker.session.restore(snap, timeout, staged=staged, rest=rest,
-                                                                   lower=f"make:{handoff.inside}"))
-                tree, why = await handoff.receive(making)
-            if tree is None:
-                replies = await _all([making, *(sb.session.restore(snap, timeout, staged=staged) for sb in others)])
-                return Restored(_say(why or replies[0].copied or "the maker handed over no tree"), replies)
+        with contextlib.ExitStack() as held:
             try:
-                replies = await _all([making, *(_use(sb, snap, staged, rest, tree, timeout) for sb in others)])
+                handoffs = [held.enter_context(_Handoff(sb)) for sb in sandboxes]
+            except OSError as exc:  # a socket path too long for AF_UNIX (a deep AIR_RUNTIME_DIR)
+                replies = await _all(sb.session.restore(snap, timeout, staged=staged) for sb in sandboxes)
+                return Restored(_say(f"cannot listen in a sandbox's host directory: {exc}"), replies)
+            rest = held.enter_context(stage_files(ShellSnapshot(files=after, cwd=b"", env={}))) \
+                if after is not None else None
+            # Every branch's request goes out with the maker's: each waits, mapped and connected, for the tree.
+            restoring = [asyncio.create_task(sb.session.restore(
+                snap, timeout, staged=staged, rest=rest, lower=f"{'use' if i else 'make'}:{handoff.inside}"))
+                for i, (sb, handoff) in enumerate(zip(sandboxes, handoffs))]
+            tree, why = await handoffs[0].receive(restoring[0])
+            try:
+                for handoff, task in zip(handoffs[1:], restoring[1:]):
+                    await handoff.give(tree, why, task)
+                replies = await _all(restoring)
             finally:
-                os.close(tree)
+                if tree is not None:
+                    os.close(tree)
     copied = [r.copied for r in replies if not r.shared]
+    if len(copied) == len(replies):
+        return Restored(_say(why or copied[0] or "the maker handed over no tree"), replies)
     how = _say(f"{len(copied)} of {len(replies)} branches copied: {copied[0]}") if copied else "shared"
     return Restored(how, replies)
 
@@ -103,18 +105,6 @@ def why_not_shared(sandboxes: Sequence[Sandbox]) -> str:
     if len({(sb.image_id, sb.staged) for sb in sandboxes}) > 1:
         return "the branches hold different staged homes (a tree is the difference from the maker's)"
     return ""
-
-
-async def _use(sandbox: Sandbox, snap: ShellSnapshot, staged, rest, tree: int, timeout: float):
-    try:
-        handoff = _Handoff(sandbox)
-    except OSError:  # as the maker's could not: it copies
-        return await sandbox.session.restore(snap, timeout, staged=staged)
-    with handoff:
-        using = asyncio.create_task(sandbox.session.restore(snap, timeout, staged=staged, rest=rest,
-                                                            lower=f"use:{handoff.inside}"))
-        await handoff.give(tree, using)
-        return await using
 
 
 def _after_home(files: bytes) -> bytes | memoryview | None:
@@ -204,11 +194,15 @@ class _Handoff:
             os.close(fd)
         return None, said.removeprefix(b"no ").decode("utf-8", "replace")[:900] or "the maker handed over no tree"
 
-    async def give(self, tree: int, restoring: asyncio.Task) -> None:
+    async def give(self, tree: int | None, why: str, restoring: asyncio.Task) -> None:
+        """The tree to a branch's warden, or why there is none (it copies then)."""
         conn = await self._accept(restoring)
         if conn is not None:
-            with conn:  # two bytes and a descriptor into a new connection's empty buffer: never blocks
-                socket.send_fds(conn, [b"ok"], [tree])
+            with conn:  # a few bytes (and a descriptor) into a new connection's empty buffer: never blocks
+                if tree is not None:
+                    socket.send_fds(conn, [b"ok"], [tree])
+                else:
+                    conn.sendall(b"no " + (why or "the maker handed over no tree").encode()[:900])
 
 
 __all__ = ["Restored", "restore_all", "why_not_shared"]

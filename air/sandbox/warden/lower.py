@@ -46,6 +46,8 @@ from air.sandbox.warden.restore import DIR_FLAGS
 HOME, WORK = "home", "work"
 """The tree's directories: the snapshot's home (the layer the branches mount), the build overlay's work directory."""
 HANDOFF_TIMEOUT = 30.0
+WAIT_TIMEOUT = 110.0
+"""A branch's wait for the tree: the maker's unpack of the home (the host gives up on a restore after 120 s)."""
 WRITERS = 2
 MOUNT_ATTRS = mountapi.MOUNT_ATTR_IDMAP | mountapi.MOUNT_ATTR_RDONLY | mountapi.MOUNT_ATTR_NOSUID | \
     mountapi.MOUNT_ATTR_NODEV
@@ -233,10 +235,10 @@ def send(path: str, tree: Optional[int], why: str = "") -> None:
             s.sendall(b"no " + why.encode("utf-8", "replace")[:900])
 
 
-def receive(path: str) -> int:
-    """The tree, from the host's socket at path."""
+def receive(path: str, timeout: float = WAIT_TIMEOUT) -> int:
+    """The tree, from the host's socket at path (the host hands it over once the maker has made it)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(HANDOFF_TIMEOUT)
+        s.settimeout(timeout)
         s.connect(path)
         said, fds, _, _ = socket.recv_fds(s, 1024, 1, socket.MSG_CMSG_CLOEXEC)
     if said != b"ok" or len(fds) != 1:
