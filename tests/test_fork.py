@@ -285,3 +285,37 @@ async def test_a_branch_cannot_change_the_shared_home_its_siblings_see(pool):
             "w.txt 644 1", "ro.txt 777 1", "h.txt 644 2", "1800000000", "w", "attack", "K", "y", "1"]
         for other in (maker, sibling):
             assert (await other.sandbox.session.run(LOOK)).stdout.split("\n")[:8] == tree
+
+
+def _shmem(sandbox) -> int | None:
+    """The in-memory filesystems' pages charged to the container's memory cgroup, as the host counts them (cgroup v1
+    or v2, Docker's cgroupfs driver); None where that is not on this machine."""
+    import os
+
+    cid = sandbox.container_id
+    for path in (f"/sys/fs/cgroup/memory/docker/{cid}/memory.stat", f"/sys/fs/cgroup/docker/{cid}/memory.stat"):
+        if os.path.isfile(path):
+            with open(path) as f:
+                return int(dict(line.split() for line in f)["shmem"])
+    return None
+
+
+async def test_the_shared_home_is_held_once_by_the_maker_and_goes_with_the_last_branch(pool):
+    """The tree's pages are the maker's (none in another branch, which holds no copy), and they are freed once the
+    last branch's cell has ended: fork() releases the maker after the others."""
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sandbox:
+        parent = Episode(env, sandbox, EpisodeConfig(max_turns=20))
+        messages = _messages(parent)
+        await _play(parent, messages, [_bash("head -c 67108864 /dev/urandom > big")])
+        snap = await take(parent, messages)
+    async with fork(env, snap, 3) as branches:
+        assert all(b.shared for b in branches)
+        during = [_shmem(b.sandbox) for b in branches]
+        if None in during:
+            pytest.skip("the containers' memory cgroups are not on this machine")
+        assert (await branches[1].sandbox.session.run("md5sum big | cut -c1-8")).exit_code == 0
+    await pool.settled(branches[0].sandbox)
+    after = _shmem(branches[0].sandbox)
+    assert during[0] > 64 << 20 and max(during[1:]) < 16 << 20, during  # the 64 MB are the maker's alone
+    assert during[0] - after > 60 << 20, (during, after)  # and gone with the last cell holding them

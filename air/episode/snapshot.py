@@ -40,7 +40,7 @@ import tarfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air import variables
 from air.errors import SnapshotError
@@ -107,8 +107,6 @@ class Snapshot(BaseModel):
     files_sha256: str = ""
     files_size: int = 0
     files: bytes = Field(default=b"", exclude=True)
-    _kept: Any = PrivateAttr(default=None)
-    """The capture's file of a snapshot just taken (session.KeptFile): a fork links it, no copy of the files."""
 
     @property
     def turn(self) -> int:
@@ -117,7 +115,7 @@ class Snapshot(BaseModel):
     @property
     def shell(self) -> ShellSnapshot:
         return ShellSnapshot(files=self.files, cwd=base64.b64decode(self.cwd), env=dict(self.env), lost=self.lost,
-                             skipped=self.skipped, kept=self._kept)
+                             skipped=self.skipped)
 
 
 # ----- taking and resuming -----------------------------------------------------------------------------------------
@@ -127,13 +125,11 @@ async def take(episode, messages: list[dict[str, Any]], *, lose_processes: bool 
     (unless lose_processes), SnapshotError when the agent's files exceed max_bytes."""
     shell = await episode.sandbox.session.capture(max_bytes=max_bytes, lose_processes=lose_processes)
     spec = episode.spec
-    snap = Snapshot(task=spec.id, task_version=spec.version, task_hash=spec.content_hash, episode=episode.id,
+    return Snapshot(task=spec.id, task_version=spec.version, task_hash=spec.content_hash, episode=episode.id,
                     config=episode.config.model_dump(), reward_baseline=episode.baseline.score,
                     state=episode.state(messages), cwd=base64.b64encode(shell.cwd).decode(), env=shell.env,
                     lost=shell.lost, skipped=shell.skipped, files=shell.files,
                     files_sha256=hashlib.sha256(shell.files).hexdigest(), files_size=len(shell.files))
-    snap._kept = shell.kept
-    return snap
 
 
 def check_task(snap: Snapshot, spec) -> None:

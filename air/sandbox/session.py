@@ -27,7 +27,6 @@ import dataclasses
 import os
 import re
 import secrets
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -53,21 +52,6 @@ few copies, while the agent's processes are idle), charged to the sandbox's memo
 SnapshotError and never the warden's OOM kill."""
 
 
-class KeptFile:
-    """A snapshot's files as the warden wrote them at capture (a local daemon), kept in air's runtime directory
-    while the snapshot lives: a fork links it into its branches instead of writing the files again (stage_files).
-    Root-only, out of every sandbox's reach once moved there; removed when the last snapshot holding it goes."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        weakref.finalize(self, _remove, path)
-
-
-def _remove(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        path.unlink()
-
-
 @dataclass
 class ShellSnapshot:
     """A live shell's state at a turn boundary: the agent's files (a tar of warden/snapshot.py's PLACES), the cwd
@@ -79,18 +63,14 @@ class ShellSnapshot:
     env: dict[str, str]
     lost: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-    kept: KeptFile | None = None
-    """The files as a host file already (a capture through a host directory): staged without a copy."""
 
 
 @contextlib.contextmanager
 def stage_files(snap: ShellSnapshot) -> Iterator[Path]:
     """The snapshot's files as one root-only file in air's runtime directory (memory, where it is /run), for
-    Session.restore to link into each branch's host directory: N branches, one copy (none for a snapshot that kept
-    its capture's file). A file written here is removed on leaving."""
-    if snap.kept is not None and snap.kept.path.exists():
-        yield snap.kept.path
-        return
+    Session.restore to link into each branch's host directory: N branches, one copy. Removed on leaving. (Written
+    here, by the host: the capture's own file, written by the parent's warden, would stay charged to the parent's
+    memory while it lived.)"""
     path = private(runtime_dir() / "snapshots") / f"{secrets.token_hex(8)}.tar"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -99,17 +79,6 @@ def stage_files(snap: ShellSnapshot) -> Iterator[Path]:
         yield path
     finally:
         path.unlink(missing_ok=True)
-
-
-def _keep(handed: Path) -> KeptFile | None:
-    """The capture's file moved out of the sandbox's host directory into air's runtime directory (None where it
-    cannot be: another filesystem); read from there, it is what the snapshot holds."""
-    path = private(runtime_dir() / "snapshots") / f"{secrets.token_hex(8)}.tar"
-    try:
-        os.rename(handed, path)
-    except OSError:
-        return None
-    return KeptFile(path)
 
 
 class Session:
@@ -267,7 +236,7 @@ class Session:
         shell run (a background job), unless lose_processes (they are named in `lost`, and keep running here);
         SnapshotError when the files are too many or too large."""
         env = await self.exported()
-        handed, kept = None, None  # a local daemon: the warden writes the files into its host directory, read here
+        handed = None  # a local daemon: the warden writes the files into its host directory, read here
         if self.sandbox.channel is not None:
             handed = self.sandbox.channel / f"capture-{secrets.token_hex(8)}.tar"
         else:
@@ -279,8 +248,7 @@ class Session:
                                                 path=f"{WARDEN_DIR}/{handed.name}" if handed else ""),
                                       wait=timeout + _MARGIN)
                 if handed is not None and got.status == "ok":
-                    kept = _keep(handed)
-                    got = dataclasses.replace(got, tar=(kept.path if kept else handed).read_bytes())
+                    got = dataclasses.replace(got, tar=handed.read_bytes())
             finally:
                 if handed is not None:
                     handed.unlink(missing_ok=True)
@@ -291,7 +259,7 @@ class Session:
         if got.status != "ok":
             raise SnapshotError(f"cannot snapshot the sandbox: {got.problem}")
         return ShellSnapshot(files=got.tar, cwd=got.cwd, env=env, lost=lost,
-                             skipped=[line for line in got.skipped.splitlines() if line], kept=kept)
+                             skipped=[line for line in got.skipped.splitlines() if line])
 
     def _stream_limit(self) -> int:
         return min(STREAM_SNAPSHOT_LIMIT, (self.sandbox.spec.resources.memory_mb << 20) // 4)
