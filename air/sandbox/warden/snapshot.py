@@ -291,11 +291,11 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
                             there.st_size == member.size and _same_bytes(parent, leaf, content):
                         continue
                     _replace(parent, leaf, there)
-                    fd = os.open(leaf, NEW_FILE, 0o600, dir_fd=parent)
+                    out = os.open(leaf, NEW_FILE, 0o600, dir_fd=parent)
                     if writers is not None and member.size >= PARALLEL_BYTES:
-                        writing.append((writers.submit(_fill, fd, member, content, owner), fd))
+                        writing.append((writers.submit(_fill, out, member, content, owner), out))
                     else:
-                        _fill(fd, member, content, owner)
+                        _fill(out, member, content, owner)
                 else:
                     kind = "a hard link" if member.islnk() else "a device node" if member.ischr() or \
                         member.isblk() else "a FIFO" if member.isfifo() else "not a file, directory or symlink"
@@ -326,9 +326,9 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
     except tarfile.TarError as exc:
         raise Refused("the snapshot's archive is damaged: %s" % exc) from None
     finally:
-        for future, fd in writing:  # none left writing into a directory about to be closed, or from a released view
+        for future, out in writing:  # none left writing into a directory about to be closed, or a released view
             if future.cancel():
-                os.close(fd)  # never started: its descriptor is still ours
+                os.close(out)  # never started: its descriptor is still ours
                 continue
             try:
                 future.result()
