@@ -130,6 +130,16 @@ async def test_a_snapshot_holds_no_hidden_data_and_a_tampered_or_foreign_file_is
         secret = entry.source.read_bytes()
         assert len(secret) > 64 and secret[:4096] not in data, f"{entry.dest} is in the snapshot"
     assert loads(data, spec, key=KEY).state.scores == snap.state.scores  # the positive control
+    # Nor is it in the tree two branches share (it is made of the snapshot and the pristine home alone): every file
+    # of their homes, read through it, holds none of the hidden files' bytes; the snapshot's own files are there.
+    look = ("python3 -c \"import os, sys; chunks = [bytes.fromhex(h) for h in sys.argv[1:]]; found = [p for d, _, fs "
+            "in os.walk(os.path.expanduser('~')) for p in (os.path.join(d, f) for f in fs) if os.path.isfile(p) and "
+            "any(c in open(p, 'rb').read() for c in chunks)]; print(len(found), os.path.exists('submission.csv'))\" "
+            + " ".join(entry.source.read_bytes()[:256].hex() for entry in spec.secret))
+    async with fork(env, snap, 2) as branches:
+        assert [b.shared for b in branches] == [True, True]
+        for branch in branches:
+            assert (await branch.sandbox.session.run(look)).stdout.strip() == "0 True"
     # A score edited by hand (the archive rebuilt around the edited manifest, its seal kept): refused.
     tampered = _rebuilt(data, lambda m: m.replace(b'"scores":[%s' % str(snap.state.scores[0]).encode(),
                                                   b'"scores":[0.0001', 1))
