@@ -4,9 +4,11 @@
 
 For each home size (MB of incompressible files the agent wrote in its workspace):
 - snapshot: capture (the warden reads the agent's places), the sealed file's save and load, its size;
-- fork to N branches: N warm sandboxes leased from the pool and the snapshot restored into each (a new cell each),
-  in parallel; the restore alone and lease + restore, in total and per branch; what a branch holds in memory (its
-  places are in-memory filesystems: the home's tmpfs usage);
+- fork to N branches: N warm sandboxes leased from the pool and the snapshot restored into each, as fork() does
+  (air/sandbox/branches.py: from 2 branches on the home is unpacked once and shared, each branch a new cell over it;
+  one branch copies); the restore alone and lease + restore, in total and per branch; what a branch holds in memory
+  (its own layer: the home's tmpfs usage) and the shared tree (once per fork); the same N restored by copy instead,
+  through the staged file (as before the shared home) and through the warden's stream (a remote daemon);
 - `docker commit` + `docker run` of the same state: a plain container whose writable layer holds the same files,
   committed once, then N containers of the image started (what a user without air's snapshot would do);
 - re-running the prefix: prisoners-dilemma's 4-turn prefix of its scripted story (look, validate, rewrite,
@@ -28,6 +30,7 @@ from air.episode.loop import Episode, EpisodeConfig
 from air.episode.snapshot import load, save, take
 from air.policies.scripted import SCRIPTS
 from air.sandbox import PoolConfig, Resources, SandboxPool, SandboxSpec, connect
+from air.sandbox.branches import restore_all
 from air.sandbox.session import stage_files
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
@@ -60,25 +63,40 @@ async def snapshot_of(pool: SandboxPool, home_mb: int):
 
 
 async def fork_once(pool: SandboxPool, env: TaskEnvironment, snap, n: int) -> dict:
-    """Lease n staged sandboxes (warm), restore the snapshot into each in parallel: seconds of each part."""
+    """Lease n staged sandboxes (warm), restore the snapshot into each as fork() does; then the same by copy (the
+    staged file, the stream): seconds of each part, and what a branch holds."""
     leased = time.perf_counter()
     stack = [env.lease() for _ in range(n)]
     sandboxes = await asyncio.gather(*(cm.__aenter__() for cm in stack))
     restored = time.perf_counter()
     shell = snap.shell
-    with stage_files(shell) as staged:  # as fork() does: one host file linked into every branch's host directory
-        await asyncio.gather(*(sb.session.restore(shell, staged=staged) for sb in sandboxes))
+    how = await restore_all(sandboxes, shell)
     done = time.perf_counter()
+    own = await _home_used(sandboxes[-1])  # a branch's own layer (the last: not the maker, from 2 on)
+    for sb in sandboxes:
+        await sb.session.reset()
+    copied = time.perf_counter()  # every branch copies, from the staged file (before the shared home)
+    with stage_files(shell) as staged:
+        await asyncio.gather(*(sb.session.restore(shell, staged=staged) for sb in sandboxes))
+    copied_s = time.perf_counter() - copied
+    copied_used = await _home_used(sandboxes[-1])
     for sb in sandboxes:
         await sb.session.reset()
     streamed = time.perf_counter()  # through the warden's stream instead (a remote daemon, Kubernetes)
     await asyncio.gather(*(sb.session.restore(shell) for sb in sandboxes))
     stream_s = time.perf_counter() - streamed
-    used = await sandboxes[0].session.run("df -B1 --output=used /home/agent | tail -1")
-    await asyncio.gather(*(cm.__aexit__(None, None, None) for cm in stack))
+    for cm in reversed(stack):  # the maker (the first) last, as fork() releases it
+        await cm.__aexit__(None, None, None)
     await pool.wait_idle()
-    return {"lease_s": restored - leased, "restore_s": done - restored, "stream_restore_s": stream_s,
-            "home_used_bytes": int(used.stdout.strip())}
+    return {"lease_s": restored - leased, "restore_s": done - restored, "copied_restore_s": copied_s,
+            "stream_restore_s": stream_s, "shared": how.shared, "how": how.how, "tree_bytes": how.tree_bytes,
+            "tree_ms": max((getattr(r, "tree_ms", 0.0) for r in how.replies), default=0.0),
+            "home_used_bytes": own, "copied_home_used_bytes": copied_used}
+
+
+async def _home_used(sandbox) -> int:
+    used = await sandbox.session.run("df -B1 --output=used /home/agent | tail -1")
+    return int(used.stdout.strip())
 
 
 def commit_and_run(home_mb: int, n: int) -> dict:
@@ -139,11 +157,14 @@ async def main(homes: list[int], ns: list[int], reps: int) -> dict:
             row["fork"] = {}
             for n in ns:
                 runs = [await fork_once(pool, env, snap, n) for _ in range(reps)]
-                med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+                med = {k: statistics.median(r[k] for r in runs) if isinstance(runs[0][k], (int, float))
+                       and not isinstance(runs[0][k], bool) else runs[0][k] for k in runs[0]}
                 commit = commit_and_run(home_mb, n)
                 row["fork"][n] = {
                     **med, "restore_per_branch_ms": 1000 * med["restore_s"] / n,
+                    "copied_restore_per_branch_ms": 1000 * med["copied_restore_s"] / n,
                     "stream_restore_per_branch_ms": 1000 * med["stream_restore_s"] / n,
+                    "memory_per_branch_bytes": med["home_used_bytes"] + med["tree_bytes"] / n,
                     "lease_and_restore_per_branch_ms": 1000 * (med["lease_s"] + med["restore_s"]) / n,
                     "commit_run": commit,
                     "x_vs_commit_run": commit["total_s"] / (med["lease_s"] + med["restore_s"]),
@@ -162,13 +183,16 @@ def _print(result: dict) -> None:
         s = row["snapshot"]
         print(f"\nhome {home} MB: capture {s['capture_s'] * 1000:.0f} ms, save {s['save_s'] * 1000:.0f} ms, "
               f"load {s['load_s'] * 1000:.0f} ms, file {s['file_bytes'] / 2**20:.1f} MB")
-        print(f"{'N':>3} {'restore/branch':>15} {'(by stream)':>12} {'lease+restore/branch':>21} {'branch mem':>11} "
-              f"{'commit+run':>11} {'x commit+run':>13} {'x prefix':>9} {'x prefix env':>13}")
+        print(f"{'N':>3} {'home':>6} {'restore/branch':>15} {'(copied)':>10} {'(by stream)':>12} "
+              f"{'lease+restore/branch':>21} {'own layer':>10} {'tree':>8} {'mem/branch':>11} {'commit+run':>11} "
+              f"{'x commit+run':>13} {'x prefix':>9} {'x prefix env':>13}")
         for n, f in row["fork"].items():
-            print(f"{n:>3} {f['restore_per_branch_ms']:>12.1f} ms {f['stream_restore_per_branch_ms']:>9.1f} ms "
-                  f"{f['lease_and_restore_per_branch_ms']:>18.1f} ms "
-                  f"{f['home_used_bytes'] / 2**20:>8.1f} MB {f['commit_run']['total_s']:>9.2f} s "
-                  f"{f['x_vs_commit_run']:>12.1f}x {f['x_vs_prefix']:>8.1f}x {f['x_vs_prefix_env_only']:>12.1f}x")
+            print(f"{n:>3} {'shared' if f['shared'] else 'copied':>6} {f['restore_per_branch_ms']:>12.1f} ms "
+                  f"{f['copied_restore_per_branch_ms']:>7.1f} ms {f['stream_restore_per_branch_ms']:>9.1f} ms "
+                  f"{f['lease_and_restore_per_branch_ms']:>18.1f} ms {f['home_used_bytes'] / 2**20:>7.1f} MB "
+                  f"{f['tree_bytes'] / 2**20:>5.1f} MB {f['memory_per_branch_bytes'] / 2**20:>8.1f} MB "
+                  f"{f['commit_run']['total_s']:>9.2f} s {f['x_vs_commit_run']:>12.1f}x {f['x_vs_prefix']:>8.1f}x "
+                  f"{f['x_vs_prefix_env_only']:>12.1f}x")
 
 
 if __name__ == "__main__":

@@ -130,6 +130,16 @@ async def test_a_snapshot_holds_no_hidden_data_and_a_tampered_or_foreign_file_is
         secret = entry.source.read_bytes()
         assert len(secret) > 64 and secret[:4096] not in data, f"{entry.dest} is in the snapshot"
     assert loads(data, spec, key=KEY).state.scores == snap.state.scores  # the positive control
+    # Nor is it in the tree two branches share (it is made of the snapshot and the pristine home alone): every file
+    # of their homes, read through it, holds none of the hidden files' bytes; the snapshot's own files are there.
+    look = ("python3 -c \"import os, sys; chunks = [bytes.fromhex(h) for h in sys.argv[1:]]; found = [p for d, _, fs "
+            "in os.walk(os.path.expanduser('~')) for p in (os.path.join(d, f) for f in fs) if os.path.isfile(p) and "
+            "any(c in open(p, 'rb').read() for c in chunks)]; print(len(found), os.path.exists('submission.csv'))\" "
+            + " ".join(entry.source.read_bytes()[:256].hex() for entry in spec.secret))
+    async with fork(env, snap, 2) as branches:
+        assert [b.shared for b in branches] == [True, True]
+        for branch in branches:
+            assert (await branch.sandbox.session.run(look)).stdout.strip() == "0 True"
     # A score edited by hand (the archive rebuilt around the edited manifest, its seal kept): refused.
     tampered = _rebuilt(data, lambda m: m.replace(b'"scores":[%s' % str(snap.state.scores[0]).encode(),
                                                   b'"scores":[0.0001', 1))
@@ -178,17 +188,28 @@ async def test_a_branch_fingerprints_as_its_parent_in_the_agents_state_and_as_a_
             await _play(episode, messages, [_bash(FORK_PREFIX)])
             snap = await take(episode, messages)
             before = await fingerprint_of_first_command(parent)
-            async with fork(env, snap, 1) as (branch,):
-                after = await fingerprint_of_first_command(branch.sandbox)
-    # The agent's state: as the parent's, but for what the restore cannot carry (inode numbers, change times, and
-    # access times, which the parent's reads move).
-    kept = differences(before, after, [r"files:.*:(ino|ctime|atime)", *CELL_CLOCKS, *CONTAINER_CLOCKS, *HOST_GLOBAL,
-                                       r"pids:.*", r"processes", r"status:.*", r"limits_in_use"])
-    mine = [d for d in kept if any(re.fullmatch(p, d.split(": ")[0]) for p in AGENT_STATE)]
-    assert not mine, "the branch differs from its parent in the agent's state:\n" + "\n".join(mine[:60])
-    # Everything else: as a never-used sandbox's.
-    rest = differences(reference, after, [*AGENT_STATE, *CELL_CLOCKS, *CONTAINER_CLOCKS, *HOST_GLOBAL])
-    assert not rest, "the branch differs from a never-used sandbox:\n" + "\n".join(rest[:60])
+            async with fork(env, snap, 1) as (copied,):  # one branch copies the files
+                assert not copied.shared
+                branches = [(await fingerprint_of_first_command(copied.sandbox), False)]
+            async with fork(env, snap, 2) as shared:  # two share the home: the maker's and another's
+                assert [b.shared for b in shared] == [True, True]
+                branches += [(await fingerprint_of_first_command(b.sandbox), True) for b in shared]
+    for after, on_shared_home in branches:
+        # The agent's state: as the parent's, but for what the restore cannot carry (inode numbers, change times, and
+        # access times, which the parent's reads move).
+        kept = differences(before, after, [r"files:.*:(ino|ctime|atime)", *CELL_CLOCKS, *CONTAINER_CLOCKS,
+                                           *HOST_GLOBAL, r"pids:.*", r"processes", r"status:.*", r"limits_in_use",
+                                           *([r"df:/home/agent"] if on_shared_home else [])])
+        mine = [d for d in kept if any(re.fullmatch(p, d.split(": ")[0]) for p in AGENT_STATE)]
+        assert not mine, "the branch differs from its parent in the agent's state:\n" + "\n".join(mine[:60])
+        if on_shared_home:  # its own layer holds none of the snapshot's files: they are in the shared one below it
+            was, now = before["df"]["/home/agent"], after["df"]["/home/agent"]
+            bsize, blocks, free, avail, inodes, inodes_free, flags = now
+            assert (bsize, free, avail, inodes, flags) == (was[0], was[2], was[3], was[4], was[6]), (was, now)
+            assert blocks < was[1] and inodes_free > was[5], (was, now)  # the quota less the shared pages
+        # Everything else: as a never-used sandbox's.
+        rest = differences(reference, after, [*AGENT_STATE, *CELL_CLOCKS, *CONTAINER_CLOCKS, *HOST_GLOBAL])
+        assert not rest, "the branch differs from a never-used sandbox:\n" + "\n".join(rest[:60])
 
 
 def test_the_grpo_fork_example_runs_and_says_what_it_saved(images):
@@ -234,3 +255,77 @@ async def test_a_served_episode_resets_from_a_snapshot_item(pool, tmp_path):
         assert live.episode.total_reward == pytest.approx(snap.state.paid)
     finally:
         await core.close()
+
+
+SHARED_PREFIX = ("mkdir -p ~/workspace/s/d && cd ~/workspace/s && echo w > w.txt && echo r > ro.txt && "
+                 "chmod 444 ro.txt && echo x > d/x && echo h > h.txt && echo k > k.txt && echo u > u.txt && "
+                 "touch -d @1700000000 u.txt && export S=1")
+ATTACK = r"""cd ~/workspace/s
+echo attack >> w.txt
+chmod 777 ro.txt
+mv d/x d/y
+ln h.txt hard
+python3 -c "import os; fd = os.open('k.txt', os.O_RDWR); os.pwrite(fd, b'K', 0); os.close(fd)"
+touch -d @1800000000 u.txt
+ls /srv/air/cell >/dev/null 2>&1 || echo unlistable
+awk '$5 ~ "^/srv/air/cell"' /proc/self/mountinfo | wc -l
+mount -t tmpfs x /tmp >/dev/null 2>&1 || echo unmountable"""
+LOOK = ("cd ~/workspace/s && stat -c '%n %a %h' w.txt ro.txt h.txt && stat -c %Y u.txt && cat w.txt k.txt && ls d && "
+        "stat -c %d w.txt ro.txt h.txt k.txt u.txt d/* | sort -u | wc -l")
+
+
+async def test_a_branch_cannot_change_the_shared_home_its_siblings_see(pool):
+    """The agent of one branch attacks the files of the shared tree every way the kernel lets it touch a file it
+    owns (write, chmod, rename, hard link, open O_RDWR, times) and looks for the tree itself: each change lands in
+    its own layer (it sees them: the positive control), and its siblings, the maker among them, see the tree as it
+    was, all of it still below their own layers (its files on one device: none copied up)."""
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sandbox:
+        parent = Episode(env, sandbox, EpisodeConfig(max_turns=20))
+        messages = _messages(parent)
+        await _play(parent, messages, [_bash(SHARED_PREFIX)])
+        snap = await take(parent, messages)
+    async with fork(env, snap, 3) as (maker, attacker, sibling):
+        assert [b.shared for b in (maker, attacker, sibling)] == [True, True, True]
+        tree = ["w.txt 644 1", "ro.txt 444 1", "h.txt 644 1", "1700000000", "w", "k", "x", "1"]
+        assert (await attacker.sandbox.session.run(LOOK)).stdout.split("\n")[:8] == tree  # before the attack
+        ran = await attacker.sandbox.session.run(ATTACK)
+        assert ran.stdout.split("\n")[:3] == ["unlistable", "0", "unmountable"], ran.stdout
+        assert (await attacker.sandbox.session.run(LOOK)).stdout.split("\n")[:9] == [
+            "w.txt 644 1", "ro.txt 777 1", "h.txt 644 2", "1800000000", "w", "attack", "K", "y", "1"]
+        for other in (maker, sibling):
+            assert (await other.sandbox.session.run(LOOK)).stdout.split("\n")[:8] == tree
+
+
+def _shmem(sandbox) -> int | None:
+    """The in-memory filesystems' pages charged to the container's memory cgroup, as the host counts them (cgroup v1
+    or v2, Docker's cgroupfs driver); None where that is not on this machine."""
+    import os
+
+    cid = sandbox.container_id
+    for path in (f"/sys/fs/cgroup/memory/docker/{cid}/memory.stat", f"/sys/fs/cgroup/docker/{cid}/memory.stat"):
+        if os.path.isfile(path):
+            with open(path) as f:
+                return int(dict(line.split() for line in f)["shmem"])
+    return None
+
+
+async def test_the_shared_home_is_held_once_by_the_maker_and_goes_with_the_last_branch(pool):
+    """The tree's pages are the maker's (none in another branch, which holds no copy), and they are freed once the
+    last branch's cell has ended: fork() releases the maker after the others."""
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sandbox:
+        parent = Episode(env, sandbox, EpisodeConfig(max_turns=20))
+        messages = _messages(parent)
+        await _play(parent, messages, [_bash("head -c 67108864 /dev/urandom > big")])
+        snap = await take(parent, messages)
+    async with fork(env, snap, 3) as branches:
+        assert all(b.shared for b in branches)
+        during = [_shmem(b.sandbox) for b in branches]
+        if None in during:
+            pytest.skip("the containers' memory cgroups are not on this machine")
+        assert (await branches[1].sandbox.session.run("md5sum big | cut -c1-8")).exit_code == 0
+    await pool.settled(branches[0].sandbox)
+    after = _shmem(branches[0].sandbox)
+    assert during[0] > 64 << 20 and max(during[1:]) < 16 << 20, during  # the 64 MB are the maker's alone
+    assert during[0] - after > 60 << 20, (during, after)  # and gone with the last cell holding them

@@ -137,6 +137,66 @@ async def test_a_hostile_snapshot_is_refused_and_its_benign_twin_restores(pool, 
         assert ran.exit_code == 0
 
 
+async def test_a_fork_that_shares_the_home_refuses_each_hostile_snapshot_and_restores_its_benign_twin(pool, base_spec):
+    """The shared home (air/sandbox/branches.py) is made by the maker's snapshot.restore: the same refusals, the same
+    twins restored; a twin with a file of root's in the home is copied, not shared (only the agent's is mapped)."""
+    from air.sandbox.branches import restore_all
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/home/agent"}
+    sandboxes = await _leased(pool, base_spec, 2)
+    try:
+        for case in sorted(HOSTILE):
+            hostile, benign, said = HOSTILE[case]
+            with pytest.raises(SnapshotError, match=said):
+                await restore_all(sandboxes, ShellSnapshot(files=_tar(*HOME, *hostile), cwd=b"/home/agent", env=env))
+            for sb in sandboxes:
+                await sb.session.reset()
+            done = await restore_all(sandboxes, ShellSnapshot(files=_tar(*HOME, *benign), cwd=b"/home/agent", env=env))
+            root_owned = any(info.uid == 0 and info.name.startswith("home/") for info, _ in benign)
+            assert done.shared is not root_owned, (case, done.how)
+            if root_owned:
+                assert "of uid 0" in done.how, done.how
+            for sb in sandboxes:
+                ran = await sb.session.run("ls -A workspace /tmp; test ! -e /srv/air/evil -a ! -e /etc/evil")
+                assert ran.exit_code == 0, (case, ran.stdout)
+                await sb.session.reset()
+    finally:
+        for sb in sandboxes:
+            pool.release(sb)
+
+
+async def test_a_fork_copies_where_a_branch_cannot_share_and_says_why(pool, base_spec):
+    """A branch whose warden cannot map the tree (its kernel or container refuses: Ready.lowers), or whose staged
+    home differs from the maker's (the tree is the difference from the maker's): every branch copies, and the
+    result says why; the files are the snapshot's either way."""
+    import dataclasses
+
+    from air.sandbox.branches import restore_all
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/home/agent"}
+    snap = ShellSnapshot(files=_tar(*HOME, _entry(W + "kept", data=b"k")), cwd=b"/home/agent/workspace", env=env)
+    sandboxes = await _leased(pool, base_spec, 2)
+    try:
+        shared = await restore_all(sandboxes, snap)  # positive control: these two share it
+        assert shared.shared and shared.tree_bytes > 0, shared.how
+        session = sandboxes[1].session
+        ready = session.ready
+        for why, change in (("refuses a shared lower layer: mount_setattr", lambda: setattr(
+                session, "ready", dataclasses.replace(ready, lowers="mount_setattr: Invalid argument"))),
+                            ("different staged homes", lambda: setattr(sandboxes[1], "staged", "another task"))):
+            for sb in sandboxes:
+                await sb.session.reset()
+            change()
+            done = await restore_all(sandboxes, snap)
+            assert not done.shared and why in done.how and not any(r.shared for r in done.replies), done.how
+            for sb in sandboxes:
+                assert (await sb.session.run("cat kept")).stdout == "k"
+            session.ready, sandboxes[1].staged = ready, sandboxes[0].staged
+    finally:
+        for sb in sandboxes:
+            pool.release(sb)
+
+
 async def test_setuid_bits_are_dropped_and_an_oversized_snapshot_is_refused_not_written(pool, base_spec):
     env = {"PATH": "/usr/bin:/bin"}
     async with pool.lease(base_spec) as sb:

@@ -148,3 +148,31 @@ def test_setuid_and_setgid_bits_are_dropped(places):
     _, dst_fds, _, dst = places
     restore(dst_fds, UID, _archive(_member(H + "s", data=b"x", mode=0o6755)), {"home/agent": 1 << 20}, places=PLACES)
     assert stat.S_IMODE(os.lstat(os.path.join(dst, "home/agent/s")).st_mode) == 0o755
+
+
+def test_a_restore_of_some_places_leaves_the_others_and_writers_copy_the_same_files(places):
+    """A fork's shared home is one restore of the home alone (its large files copied by threads), each branch's own
+    restore the other places alone: together the same tree as one restore, and neither touches the other's places."""
+    import concurrent.futures
+
+    src_fds, dst_fds, src, dst = places
+    home = os.path.join(src, "home/agent")
+    os.makedirs(os.path.join(home, "w/deep"))
+    for i in range(6):
+        with open(os.path.join(home, "w/deep/f%d" % i), "wb") as f:
+            f.write(os.urandom(100_000 * (i + 1)))
+        os.utime(os.path.join(home, "w/deep/f%d" % i), ns=(1, 1_600_000_000_000_000_000 + i))
+    with open(os.path.join(src, "tmp/t"), "w") as f:
+        f.write("t")
+    with open(os.path.join(dst, "tmp/stale"), "w") as f:
+        f.write("stale")
+    data = _capture(src_fds)
+    quota = {p: 1 << 30 for p in PLACES}
+    with concurrent.futures.ThreadPoolExecutor(2) as writers:
+        restore(dst_fds, UID, data, quota, places=PLACES, skip=("tmp",), writers=writers)
+    got = _tree(dst)
+    assert {k: v for k, v in got.items() if k.startswith("home")} == \
+        {k: v for k, v in _tree(src).items() if k.startswith("home")}
+    assert "tmp/stale" in got and "tmp/t" not in got  # the skipped place: untouched
+    restore(dst_fds, UID, data, quota, places=PLACES, skip=("home/agent",))
+    assert _tree(dst) == _tree(src)

@@ -192,9 +192,14 @@ def _isolation_checks(info: dict) -> list[Check]:
                     f"{pin.get('bytes', 0) / 1e6:.0f} MB; each image costs its size in locked memory)", required=False)
               for pin in pins[:1]]
     if ready.cells:
+        forks = [Check("forks", True, "a fork's branches share the snapshot's home: unpacked once, a read-only lower "
+                       "layer of every branch's home, mapped to its agent uid" if not ready.lowers else
+                       f"a fork's branches each copy the snapshot's files (no shared lower layer: {ready.lowers})",
+                       "" if not ready.lowers else "Linux 6.3 or later (idmapped mounts of tmpfs) shares them",
+                       required=False)]
         return [Check("isolation", True, "cells: every lease, evaluation and request in new namespaces, home and "
                       "temp dirs of a warm container, under an agent uid of the sandbox's own", required=False),
-                *pinned]
+                *forks, *pinned]
     fix = ""
     if "apparmor" in security and not apparmor:
         fix = ("Docker's AppArmor profile forbids the cells' mounts: AIR_APPARMOR=unconfined gives cells "

@@ -15,7 +15,7 @@ from typing import Any
 
 from air.episode.loop import Episode
 from air.episode.snapshot import Snapshot, check_task
-from air.sandbox.session import stage_files
+from air.sandbox.branches import restore_all
 
 
 @contextlib.asynccontextmanager
@@ -23,23 +23,36 @@ async def fork(task_env, snap: Snapshot, n: int, *, config=None, writers=None,
                meta: dict[str, Any] | None = None) -> AsyncIterator[list]:
     """n branches of the snapshot, each a new sandbox (a new cell, with its own GPUs where the task has them, leased
     as any rollout's) with the snapshot's files and shell, and an Episode continuing at turn snap.turn + 1 from its
-    rewards. Yields [Branch]; every sandbox goes back to the pool (reset) on leaving."""
+    rewards. The branches share the snapshot's home where they can (air/sandbox/branches.py: unpacked once, each
+    branch's home a new layer over it), else each copies it. Yields [Branch]; every sandbox goes back to the pool
+    (reset) on leaving: the first (the shared home's maker, whose memory holds it) last, once the others' cells
+    have ended."""
     check_task(snap, task_env.spec)
     async with contextlib.AsyncExitStack() as stack:
-        sandboxes = await asyncio.gather(*(stack.enter_async_context(task_env.lease()) for _ in range(n)))
-        shell = snap.shell
-        with stage_files(shell) as staged:  # one copy of the files, linked into every branch's host directory
-            await asyncio.gather(*(sb.session.restore(shell, staged=staged) for sb in sandboxes))
+        maker = await stack.enter_async_context(task_env.lease())
+        others: list = []
+        stack.push_async_callback(_settled, task_env.pool, others)  # runs after the others' releases, before its
+        others += await asyncio.gather(*(stack.enter_async_context(task_env.lease()) for _ in range(n - 1)))
+        sandboxes = [maker, *others]
+        restored = await restore_all(sandboxes, snap.shell)
         yield [Branch(sb, Episode.resume(task_env, sb, snap, config=config,
-                                         writer=writers[i] if writers else None, meta=meta))
+                                         writer=writers[i] if writers else None, meta=meta),
+                      shared=getattr(restored.replies[i], "shared", False))
                for i, sb in enumerate(sandboxes)]
+
+
+async def _settled(pool, sandboxes: list) -> None:
+    """Until the released sandboxes' resets are done (their cells, and their hold on a shared home, gone)."""
+    await asyncio.gather(*(pool.settled(sb) for sb in sandboxes))
 
 
 class Branch:
     """One branch of a fork: its sandbox, and its episode (whose messages continue the snapshot's)."""
 
-    def __init__(self, sandbox, episode):
+    def __init__(self, sandbox, episode, shared: bool = False):
         self.sandbox, self.episode = sandbox, episode
+        self.shared = shared
+        """Its home is the fork's shared tree under a layer of its own (air/sandbox/branches.py), not a copy."""
         self.messages: list[dict[str, Any]] = [dict(m) for m in episode.resumed_from.state.messages]
 
 

@@ -150,9 +150,11 @@ class Shell(Protocol):
         (SnapshotBusy while a background process runs, unless lose_processes; SnapshotError past max_bytes)."""
         ...
 
-    async def restore(self, snap: ShellSnapshot, timeout: float = 120, *, staged: Path | None = None) -> None:
+    async def restore(self, snap: ShellSnapshot, timeout: float = 120, *, staged: Path | None = None,
+                      lower: str = "") -> object:
         """Make a fresh (just reset) sandbox's places the snapshot's files, its next shell the snapshot's cwd and
-        exports (SnapshotError for a snapshot it refuses; the sandbox is then half written: release it)."""
+        exports (SnapshotError for a snapshot it refuses; the sandbox is then half written: release it). `lower`: a
+        fork's shared home (air/sandbox/branches.py); the reply says how the home was restored."""
         ...
 
     async def keep(self) -> int:

@@ -111,6 +111,8 @@ class _Host:
     reached on sockets in host directories, and the daemon carries nothing (hostdir.py)."""
     said_names_kept: bool = False
     """Whether this pool warned that the host's wardens cannot forget looked-up names (once per host)."""
+    said_lowers: bool = False
+    """Whether this pool said that forks on the host copy the snapshot's home instead of sharing it (once)."""
 
     @property
     def name(self) -> str:
@@ -579,6 +581,11 @@ class SandboxPool:
                     log.warning("Docker host %s: a cell's looked-up names cannot be forgotten when it ends (%s): "
                                 "the kernel's dentries stay a channel from one lease to the next (SECURITY.md)",
                                 host.name, kept)
+                lowers = session.ready.lowers if session.ready else ""
+                if lowers and host.local and not host.said_lowers:
+                    host.said_lowers = True
+                    log.info("Docker host %s: a fork's branches copy the snapshot's files instead of sharing its home "
+                             "as a read-only lower layer (%s)", host.name, lowers)
             return
         why = session.ready.why_not if session.ready else "unknown"
         if self.config.isolation == "cells" or host.cells:

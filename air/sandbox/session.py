@@ -68,7 +68,9 @@ class ShellSnapshot:
 @contextlib.contextmanager
 def stage_files(snap: ShellSnapshot) -> Iterator[Path]:
     """The snapshot's files as one root-only file in air's runtime directory (memory, where it is /run), for
-    Session.restore to link into each branch's host directory: N branches, one copy. Removed on leaving."""
+    Session.restore to link into each branch's host directory: N branches, one copy. Removed on leaving. (Written
+    here, by the host: the capture's own file, written by the parent's warden, would stay charged to the parent's
+    memory while it lived.)"""
     path = private(runtime_dir() / "snapshots") / f"{secrets.token_hex(8)}.tar"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
@@ -274,35 +276,48 @@ class Session:
                 env[name] = value
         return env
 
-    async def restore(self, snap: ShellSnapshot, timeout: float = 120, *, staged: Path | None = None) -> None:
+    async def restore(self, snap: ShellSnapshot, timeout: float = 120, *, staged: Path | None = None,
+                      lower: str = "", rest: Path | None = None) -> p.Restored:
         """Make this (fresh, just reset) sandbox's places the snapshot's files; its next shell starts in the
         snapshot's cwd with its exports (this sandbox's own GPUs win). SnapshotError when the snapshot is refused
         (the sandbox is then half written: release it, its reset makes it new). `staged` (stage_files): the files
-        as one host file, linked into the sandbox's host directory where it has one (a local daemon), not sent."""
+        as one host file, linked into the sandbox's host directory where it has one (a local daemon), not sent.
+        `lower`: a fork's shared home (air/sandbox/branches.py), `rest` a staged tar of the other places alone; the
+        reply says whether the home was shared."""
         env = {**snap.env, **gpu_env(self.sandbox.gpu_ids)}
-        linked = None
-        if staged is not None and self.sandbox.channel is not None:
-            linked = self.sandbox.channel / f"restore-{secrets.token_hex(8)}.tar"
-            try:
-                os.link(staged, linked)
-            except OSError:  # another filesystem: the stream carries it
-                linked = None
+        linked = self._linked(staged)
+        rest_linked = self._linked(rest) if linked is not None and lower else None
         if linked is None and len(snap.files) > self._stream_limit():
             raise SnapshotError(f"the snapshot's files ({len(snap.files) >> 20} MB) are larger than the "
                                 f"{self._stream_limit() >> 20} MB that travel on this sandbox's warden channel (no "
                                 "host directory: a remote daemon, Kubernetes)")
-        request = p.Restore(tar=b"", cwd=snap.cwd, env=env, path=f"{WARDEN_DIR}/{linked.name}") if linked else \
-            p.Restore(tar=snap.files, cwd=snap.cwd, env=env)
+        request = p.Restore(tar=b"", cwd=snap.cwd, env=env, path=f"{WARDEN_DIR}/{linked.name}", lower=lower,
+                            rest=f"{WARDEN_DIR}/{rest_linked.name}" if rest_linked else "") \
+            if linked else p.Restore(tar=snap.files, cwd=snap.cwd, env=env)
         async with self._lock:
             link = await self._warden()
             try:
                 done = await link.call(request, wait=timeout)
             finally:
-                if linked is not None:
-                    linked.unlink(missing_ok=True)
+                for each in (linked, rest_linked):
+                    if each is not None:
+                        each.unlink(missing_ok=True)
         if done.problem:
             raise SnapshotError(f"the snapshot was refused: {done.problem}")
         self.cwd = snap.cwd.decode("utf-8", "replace")
+        return done
+
+    def _linked(self, staged: Path | None) -> Path | None:
+        """A staged file linked into the sandbox's host directory (None without one, or on another filesystem: the
+        stream carries the files then)."""
+        if staged is None or self.sandbox.channel is None:
+            return None
+        linked = self.sandbox.channel / f"restore-{secrets.token_hex(8)}.tar"
+        try:
+            os.link(staged, linked)
+        except OSError:
+            return None
+        return linked
 
     async def keep(self) -> int:
         """Hand the sandbox to a person: when this session ends, the agent's processes end but its cell stays. The

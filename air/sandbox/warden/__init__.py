@@ -21,6 +21,8 @@ end is air/sandbox/warden_link.py.
 | restore.py | sandbox | copying a trusted tree (the pristine home), removing the agent's trees without recursion |
 | files.py | sandbox | pack (the agent's files, with its rights) and unpack (the tar's entries win) |
 | snapshot.py | sandbox | a live sandbox's files at a turn boundary: captured, and restored into a fresh cell |
+| mountapi.py | sandbox | Linux's mount API and idmapped mounts (ctypes), for lower.py |
+| lower.py | sandbox | a fork's shared lower layer: the snapshot's home unpacked once, every branch's home over it |
 | shell.py | sandbox | the agent's bash: its line protocol, reports and idle probe |
 | server.py | sandbox | the loop: requests, jobs, deadlines, the reset (a new cell) |
 
@@ -57,6 +59,7 @@ MODULES = (  # in import order
     ("air.sandbox.warden.syscalls", _HERE / "syscalls.py"),
     ("air.sandbox.warden.seccomp", _HERE / "seccomp.py"),
     ("air.sandbox.warden.hostview", _HERE / "hostview.py"),
+    ("air.sandbox.warden.mountapi", _HERE / "mountapi.py"),
     ("air.sandbox.warden.cell", _HERE / "cell.py"),
     ("air.sandbox.warden.dentries", _HERE / "dentries.py"),
     ("air.sandbox.warden.pages", _HERE / "pages.py"),
@@ -64,6 +67,7 @@ MODULES = (  # in import order
     ("air.sandbox.warden.restore", _HERE / "restore.py"),
     ("air.sandbox.warden.files", _HERE / "files.py"),
     ("air.sandbox.warden.snapshot", _HERE / "snapshot.py"),
+    ("air.sandbox.warden.lower", _HERE / "lower.py"),
     ("air.sandbox.warden.shell", _HERE / "shell.py"),
     ("air.sandbox.warden.server", _HERE / "server.py"),
 )

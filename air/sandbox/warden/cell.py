@@ -2,7 +2,9 @@
 only), which holds CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_SYS_CHROOT, CAP_SETPCAP and CAP_MKNOD for this alone.
 
 A cell is a process, its *init*, in new pid, network, IPC, UTS and mount namespaces, in which:
-- the home is an overlay: the read-only pristine home below, a new tmpfs (the home's quota) above;
+- the home is an overlay: a new tmpfs (the home's quota) above two read-only layers, the pristine home at the bottom
+  and, in a fork's branch, the snapshot's home on top of it (lower.py: shared by every branch of the fork, mapped to
+  this sandbox's agent); elsewhere that middle layer is an empty directory, so every cell's mount reads alike;
 - /tmp, /var/tmp, /dev (the container's device nodes made anew, GPUs' included; a new devpts, /dev/shm,
   /dev/mqueue) and /proc are new;
 - every mount inherited from the container is read-only and noatime (the data, the image, /etc's binds, air's own
@@ -20,7 +22,8 @@ Every agent process (the shell, programs, file copies as the agent) is a child o
 namespaces before it dropped to the agent's uid: no capability (an empty bounding set), no_new_privs and the seccomp
 filter of seccomp.py. Ending the cell kills its init; the kernel then kills everything in its pid namespace, and
 its network namespace (sockets in TIME_WAIT included), IPC objects and mounts go with the last of its processes.
-Nothing of a cell is checked or repaired: the next one is built from nothing but the pristine home.
+Nothing of a cell is checked or repaired: the next one is built from nothing but the pristine home (and, in a fork's
+branch, the snapshot's files).
 
 Programs that run as root in a cell (an evaluation reading hidden data) keep only the capabilities air's scoring
 needs (ROOT_CAPABILITIES) and the same seccomp filter: they cannot leave the cell either.
@@ -36,9 +39,9 @@ import socket
 import stat
 import struct
 import fcntl
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
-from air.sandbox.warden import hostview, seccomp
+from air.sandbox.warden import hostview, mountapi, seccomp
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -115,6 +118,19 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
+class Middle(NamedTuple):
+    """A branch's middle layer (lower.py): `fd` a detached, read-only, idmapped mount of the snapshot's home (attached
+    by the cell's init), `top` its root's metadata (the home's own), `used` the bytes it holds (the home's quota
+    counts them, as the parent's did)."""
+    fd: int
+    top: os.stat_result
+    used: int
+
+
+MIDDLE = "lower"
+"""The middle layer's directory in the cell's scratch tmpfs (a name in every cell's mount table)."""
+
+
 def _build(layout: Layout) -> None:
     """In the cell's init, once it is pid 1 of its new pid namespace: make the other namespaces and the mounts."""
     _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
@@ -135,19 +151,6 @@ def _build(layout: Layout) -> None:
             flags |= MS_RDONLY
         mount(None, point, None, flags)
 
-    # The home: the pristine home under a new tmpfs, through an overlay.
-    mount("cell", layout.scratch, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=700" % layout.home_mb)
-    upper, work = layout.scratch + "/upper", layout.scratch + "/work"
-    os.mkdir(upper, 0o700)
-    os.mkdir(work, 0o700)
-    top = os.lstat(layout.pristine_home)
-    os.chown(upper, top.st_uid, top.st_gid)
-    os.chmod(upper, stat.S_IMODE(top.st_mode))
-    mount("overlay", layout.home, "overlay", MS_NOSUID | MS_NODEV,
-          "lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on" % (layout.pristine_home, upper, work))
-    os.utime(layout.home, ns=(top.st_atime_ns, top.st_mtime_ns))
-    _detach(layout.scratch)  # held by the overlay
-
     for d in ("/tmp", "/var/tmp"):
         mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % layout.tmp_mb)
     _new_dev(layout)
@@ -162,7 +165,49 @@ def _build(layout: Layout) -> None:
             continue  # air's images link them there already: a mount would only add a mount point
         mount(text, "/etc/" + name, None, MS_BIND)
         mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
+    _mount_home(layout, None)  # the last mount: a branch's replaces it in place (home_over), the table's order kept
     _loopback_up()
+
+
+def _mount_home(layout: Layout, middle: Optional[Middle]) -> None:
+    """The home: a new tmpfs over the middle layer (a branch's snapshot, else empty) over the pristine home, through
+    an overlay. A branch's writable layer holds what its home's quota leaves after the snapshot's files."""
+    quota = layout.home_mb << 20
+    size = quota if middle is None else max(quota - middle.used, 4096)
+    mount("cell", layout.scratch, "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,mode=700" % size)
+    upper, work, lower = (layout.scratch + "/" + name for name in ("upper", "work", MIDDLE))
+    for d in (upper, work, lower):
+        os.mkdir(d, 0o700)
+    top = middle.top if middle is not None else os.lstat(layout.pristine_home)
+    os.chown(upper, top.st_uid, top.st_gid)
+    os.chmod(upper, stat.S_IMODE(top.st_mode))
+    if middle is not None:
+        mountapi.attach(middle.fd, lower)
+        _pad(upper, middle.top.st_size, (lower, layout.pristine_home))
+    mount("overlay", layout.home, "overlay", MS_NOSUID | MS_NODEV, "lowerdir=%s:%s,upperdir=%s,workdir=%s,"
+          "redirect_dir=on" % (lower, layout.pristine_home, upper, work))
+    os.utime(layout.home, ns=(top.st_atime_ns, top.st_mtime_ns))
+    _detach(layout.scratch)  # held by the overlay (the middle layer with it)
+
+
+def home_over(layout: Layout, middle: Middle) -> None:
+    """In a child of the warden that entered a fresh cell (one no agent process ever ran in): its home replaced by
+    one over `middle` (a fork's branch), as the cell's last mount, as Cell.build would have made it. The fresh home
+    goes with its last reference (nothing of the cell holds it)."""
+    _detach(layout.home)
+    _mount_home(layout, middle)
+
+
+def _pad(upper: str, size: int, lowers: Tuple[str, ...]) -> None:
+    """A branch's home directory shows its writable layer's size (tmpfs: a fixed amount per entry), which in the
+    parent held the entries the snapshot's tree now holds below it: whiteouts of names no layer has (invisible, as
+    a whiteout of nothing is) make it the same."""
+    for i in range(1024):
+        if os.lstat(upper).st_size >= size:
+            return
+        name = ".air-%d" % i
+        if not any(os.path.lexists(os.path.join(d, name)) for d in lowers):
+            os.mknod(os.path.join(upper, name), stat.S_IFCHR, 0)  # as the overlay makes them
 
 
 def _limit_ipc(shm_mb: int) -> None:
@@ -562,5 +607,5 @@ def supported() -> Optional[str]:
     return None
 
 
-__all__ = ["Cell", "CellError", "Layout", "ROOT_CAPABILITIES", "become", "confine", "limit_capabilities", "outside",
-           "supported"]
+__all__ = ["Cell", "CellError", "Layout", "Middle", "ROOT_CAPABILITIES", "become", "confine", "home_over",
+           "limit_capabilities", "outside", "supported"]

@@ -83,6 +83,9 @@ class Ready(Message):
     names_kept: str = ""
     """With cells: "" when the warden forgets the names each cell looked up when it ends (dentries.py), else why it
     cannot (the kernel's dentries then stay a channel from one cell to the next: SECURITY.md)."""
+    lowers: str = "cells were not asked for"
+    """With cells: "" when a fork's branches can share the snapshot's home as a read-only lower layer (lower.py),
+    else why not (the call the kernel or the container refused, and its errno): its forks copy the files instead."""
 
 
 @dataclass(frozen=True)
@@ -347,6 +350,16 @@ class Restored(Message):
     op: ClassVar[str] = "restored"
     problem: AgentText = _bound(1000)
     """Empty when it worked; else why the snapshot was refused (the places are then half written: reset)."""
+    shared: bool = False
+    """The home is the fork's shared tree (a new cell over it), not a copy."""
+    copied: AgentText = _bound(1000, default=b"")
+    """Asked to share (`lower`), why the home was copied instead (it may name one of the agent's files)."""
+    tree_bytes: int = 0
+    """Shared: the bytes the tree holds (once for the whole fork; the branch's own layer holds its writes)."""
+    tree_ms: float = 0.0
+    """The maker: milliseconds it took to make the tree."""
+    ms: float = 0.0
+    """Milliseconds the whole restore took in the warden."""
 
 
 @dataclass(frozen=True)
@@ -361,6 +374,13 @@ class Restore(Request):
     path: str = ""
     """Read the tar from this file of the warden's own host directory instead (a local daemon: the host links one
     file into every branch's directory, so N branches cost no copy through the stream); the warden removes it."""
+    lower: str = ""
+    """A fork's shared home (lower.py): "make:SOCKET" (unpack the home once into a tree, hand it to the host on the
+    socket it listens on in the warden's own directory, and use it) or "use:SOCKET" (take the tree from there); the
+    other places are restored from the tar as ever. Where the tree cannot be had, the home is copied (`copied`)."""
+    rest: str = ""
+    """With `lower`: a file of the warden's own directory holding the tar's members after the home's (the other
+    places' alone), which a branch on a shared home reads instead of the whole tar; the warden removes it."""
 
 
 REQUESTS = {cls.op: cls for cls in (Hello, Ping, StartShell, Run, Interrupt, Exec, Reset, Pack, Unpack, Keep, Oom,

@@ -24,9 +24,9 @@ import time
 from typing import Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
-from air.sandbox.warden import files, procs, protocol as p, snapshot
-from air.sandbox.warden.cell import (Cell, CellError, Layout, _detach, become, fresh_tmpfs, mount, outside,
-                                     prepare_confinement, supported)
+from air.sandbox.warden import files, lower, mountapi, procs, protocol as p, snapshot
+from air.sandbox.warden.cell import (Cell, CellError, Layout, Middle, _detach, become, fresh_tmpfs, home_over,
+                                     mount, outside, prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
 from air.sandbox.warden.pages import PinError, Pins, files_under
 from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
@@ -219,6 +219,12 @@ class Warden:
         """The harness may have changed the sandbox's own files since they were last held (it copied or ran
         something outside the cell): the next reset holds them again."""
         self.own_mounts: list = []
+        self.maps: Optional[mountapi.Maps] = None
+        """The user namespaces of a fork's shared tree (lower.py): the canonical uid to this sandbox's agent, and
+        back."""
+        self.lowers = "cells were not asked for"
+        """"" when this sandbox's forks can share the snapshot's home (lower.py), else why not."""
+        self.tree_ms = 0.0
 
     # ----- the host's stream ------------------------------------------------------------------------------------
     def send(self, ident: int, message: p.Message) -> None:
@@ -338,6 +344,15 @@ class Warden:
             except (CellError, OSError) as exc:
                 why_not = str(exc)
         self.cells = self.cell is not None
+        if self.cells:
+            with outside(self.cell):  # their children are none of the cell's pids
+                try:
+                    self.maps = mountapi.Maps(c.uid, snapshot.CANONICAL_UID)
+                    self.lowers = lower.probe(self.layout, self.maps)
+                except OSError as exc:
+                    self.lowers = str(exc)
+        else:
+            self.lowers = why_not or "no cells"
         if not self.cells:  # the container's own namespaces, used once: the scratch dirs' times as they are
             for d in c.scratch:
                 try:
@@ -347,7 +362,8 @@ class Warden:
                 except OSError:
                     pass
             self._home_from_pristine()
-        return p.Ready(cells=self.cells, why_not=why_not or "", names_kept=self.forgetter.why_not if self.cells else "")
+        return p.Ready(cells=self.cells, why_not=why_not or "", names_kept=self.forgetter.why_not if self.cells else "",
+                       lowers=self.lowers)
 
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
         if self.cell is not None and not self.cell.alive():
@@ -617,50 +633,146 @@ class Warden:
         return p.Captured(status="ok", tar=tar, cwd=self.cwd, lost=lost, problem=b"",
                           skipped="\n".join(skipped).encode("utf-8", "surrogateescape"))
 
-    def _places(self) -> list:
+    def _places(self, prepare=None) -> list:
         """Descriptors of the cell's places, opened by a child born outside the cell's pid namespace (it joins only
-        its mounts): no pid of the cell's is used, so the agent's next pids are what they would have been."""
-        with outside(self.cell):
-            return snapshot.open_places(self.cell.enter if self.cell is not None else None)
+        its mounts): no pid of the cell's is used, so the agent's next pids are what they would have been.
+        `prepare`: what that child does in the cell first (a branch's home remade, `_places_over`)."""
+        cell = self.cell
+        if cell is None:
+            return snapshot.open_places(None)
+
+        def enter() -> None:
+            cell.enter()
+            if prepare is not None:
+                prepare()
+
+        with outside(cell):
+            return snapshot.open_places(enter)
 
     def _own_file(self, path: str) -> bool:
         """A path in the warden's own host directory (a mount no cell has), where the host hands files over."""
         return "/../" not in path and any(path.startswith(h.rstrip("/") + "/") for h in self.config.hidden)
 
     def op_restore(self, ident: int, request: p.Restore) -> p.Restored:
-        """A fresh cell's places made a snapshot's, and the next shell's cwd and environment its."""
+        """A fresh cell's places made a snapshot's, and the next shell's cwd and environment its. With `lower`, the
+        home is a fork's shared tree (lower.py): the cell's home remade over it, and the other places copied."""
         c = self.config
+        started = time.monotonic()
         if self.job is not None or self.shell is not None or procs.agent_pids(c.uid):
             raise RuntimeError("restore needs a fresh cell: reset first")
-        source = request.tar
-        if request.path:  # a file the host linked into the warden's own directory: mapped, then gone
-            if not self._own_file(request.path):
-                raise RuntimeError("a restore's file must be in the warden's own directory")
-            fd = os.open(request.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                os.unlink(request.path)
-                # Mapped in one go (MAP_POPULATE): its pages are in the page cache already, a fault each costs more.
-                source = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                                   prot=mmap.PROT_READ) if os.fstat(fd).st_size else b""
-            finally:
-                os.close(fd)
-        fds = self._places()
+        self.tree_ms = 0.0
+        # Populated where the warden itself reads all of it: a maker's child (a fork) would fault its pages anew.
+        source = self._mapped(request.path, populate=not request.lower) if request.path else request.tar
+        rest = self._mapped(request.rest, populate=True) if request.rest else None
         quota = dict(zip(snapshot.PLACES, (c.home_mb << 20, c.tmp_mb << 20, c.tmp_mb << 20, c.shm_mb << 20)))
+        fds: list = []
+        copied, tree_bytes = "", 0
         try:
-            snapshot.restore(fds, c.uid, source, quota)
+            if request.lower:
+                middle, copied = self._shared_home(request.lower, source, quota[snapshot.PLACES[0]])
+                if middle is not None:
+                    tree_bytes = middle.used
+                    fds, copied = self._places_over(middle)
+            shared = bool(fds)
+            fds = fds or self._places()
+            if shared:  # the other places: from the tar of their members alone, where the host gave one
+                snapshot.restore(fds, c.uid, source if rest is None else rest, quota, skip=snapshot.PLACES[:1])
+            else:
+                snapshot.restore(fds, c.uid, source, quota)
         except snapshot.Refused as exc:
             return p.Restored(problem=str(exc).encode("utf-8", "surrogateescape") or b"refused")
         finally:
-            if isinstance(source, mmap.mmap):
-                try:
-                    source.close()
-                except BufferError:  # a refusal's traceback still holds a view of it: unmapped when collected
-                    pass
+            for mapped in (source, rest):
+                if isinstance(mapped, mmap.mmap):
+                    try:
+                        mapped.close()
+                    except BufferError:  # a refusal's traceback still holds a view of it: unmapped when collected
+                        pass
             for fd in fds:
                 if fd is not None:
                     os.close(fd)
         self.env, self.cwd = dict(request.env), request.cwd
-        return p.Restored(problem=b"")
+        return p.Restored(problem=b"", shared=shared, copied=copied.encode("utf-8", "surrogateescape"),
+                          tree_bytes=tree_bytes if shared else 0, tree_ms=self.tree_ms,
+                          ms=(time.monotonic() - started) * 1000)
+
+    def _mapped(self, path: str, populate: bool):
+        """A file the host linked into the warden's own directory: mapped, then gone (b"" when empty). Mapped in one
+        go (MAP_POPULATE) where this process reads all of it: its pages are in the page cache already, a fault each
+        costs more; a branch on a shared home reads the headers alone."""
+        if not self._own_file(path):
+            raise RuntimeError("a restore's file must be in the warden's own directory")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.unlink(path)
+            flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+            return mmap.mmap(fd, 0, flags=flags, prot=mmap.PROT_READ) if os.fstat(fd).st_size else b""
+        finally:
+            os.close(fd)
+
+    def _shared_home(self, spec: str, source, quota: int) -> Tuple[Optional[Middle], str]:
+        """A fork's shared tree as this cell's home's middle layer: made here first ("make:SOCKET", handed to the
+        host there) or taken from the host ("use:SOCKET"). (None, why) where it cannot be had: the home is then
+        copied as ever. snapshot.Refused for a refused snapshot (the maker's unpack is its check)."""
+        mode, _, path = spec.partition(":")
+        if mode not in ("make", "use") or not self._own_file(path):
+            raise RuntimeError("a shared home's socket must be in the warden's own directory")
+        if self.lowers or self.maps is None:
+            if mode == "make":
+                lower.send(path, None, self.lowers)
+            return None, self.lowers or "no cells"
+        try:
+            with outside(self.cell):  # the maker's child and a new user namespace's: none of them the cell's pids
+                if mode == "make":
+                    try:
+                        made = time.monotonic()
+                        tree = lower.make(self.layout, self.maps, source, quota)
+                        self.tree_ms = (time.monotonic() - made) * 1000
+                    except (lower.Unshared, OSError) as exc:
+                        lower.send(path, None, str(exc))
+                        raise
+                    except snapshot.Refused:
+                        lower.send(path, None, "the snapshot was refused")
+                        raise
+                    try:
+                        lower.send(path, tree)
+                        return lower.middle(tree, self.maps), ""
+                    finally:
+                        os.close(tree)
+                tree = lower.receive(path)
+                try:
+                    return lower.middle(tree, self.maps), ""
+                finally:
+                    os.close(tree)
+        except (lower.Unshared, OSError) as exc:
+            return None, str(exc)
+
+    def _places_over(self, middle: Middle) -> Tuple[list, str]:
+        """The places of the fresh cell (no agent process ever ran there) once its home is remade over the shared
+        tree, in place, by the child that opens them (cell.home_over: no cell rebuilt, nothing to forget). ([],
+        why) where that fails: a new plain cell then (its home is copied)."""
+        r, w = os.pipe()
+
+        def swap() -> None:
+            try:
+                home_over(self.layout, middle)
+            except BaseException as exc:
+                os.write(w, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace")[:900])
+                raise
+
+        try:
+            fds, why = self._places(swap), ""
+        except RuntimeError as exc:
+            fds, why = [], str(exc)
+        finally:
+            os.close(w)
+            os.close(middle.fd)
+        with os.fdopen(r, "rb") as said:
+            why = said.read(1000).decode("utf-8", "replace") or why
+        if not fds:
+            self.end_cell()  # its home may be gone half-way: a new cell, whole
+            self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
+        return fds, why
 
     # ----- shell events -----------------------------------------------------------------------------------------
     def shell_output(self, stream: int, data: bytes) -> None:

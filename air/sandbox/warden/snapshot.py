@@ -40,6 +40,8 @@ MAX_ENTRIES = 200_000
 """Entries a snapshot may hold (a hostile archive of millions of empty files is refused, not ground through)."""
 OPEN_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOATIME", 0)
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+PARALLEL_BYTES = 1 << 16
+"""Files from this size on are copied by restore's writers, where it has some (a fork's shared home: lower.py)."""
 
 
 class Refused(Exception):
@@ -204,9 +206,12 @@ def _add_file(tar: _TarOut, dfd: int, name: str, path: str) -> None:
 
 # ----- restore --------------------------------------------------------------------------------------------------------
 def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
-            places: Tuple[str, ...] = PLACES) -> None:
+            places: Tuple[str, ...] = PLACES, skip: Tuple[str, ...] = (), writers=None) -> None:
     """Make a fresh cell's places exactly the snapshot's (a tar, as bytes or an mmap), owners mapped to uid (the
-    agent) or 0; quota: {place: bytes it holds}; Refused for anything not allowed.
+    agent) or 0; quota: {place: bytes it holds}; Refused for anything not allowed. `skip`: places whose entries are
+    passed over, restored by another call (a fork's shared home, lower.py, is one restore of the home alone; each
+    branch's own restore skips it). `writers`: an executor that copies the contents of large files (each file is
+    made here, in the archive's order, and complete before the directories are settled).
 
     What the fresh cell already has as the snapshot has it (the pristine home's files the agent never changed) is
     left alone: it stays in the overlay's lower layer, as in the parent, where a rewrite would copy it up (another
@@ -214,10 +219,11 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
     does not have is removed. Files are written straight from the buffer (tarfile only reads the headers)."""
     view = memoryview(data)
     fileobj = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
-    by_place = dict(zip(places, fds))
+    by_place = {place: fd for place, fd in zip(places, fds) if place not in skip}
     opened: Dict[str, int] = {}  # the directories met so far, by archive path: an entry's parent must be one
     names: Dict[int, set] = {}  # per open directory, the names the snapshot gave it
     settle: List[Tuple[int, tarfile.TarInfo]] = []
+    writing: list = []  # the writers' futures
     used: Dict[str, int] = {}
     count = 0
     try:
@@ -227,6 +233,8 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
                 if count > MAX_ENTRIES:
                     raise Refused("the snapshot holds more than %d entries" % MAX_ENTRIES)
                 place, parts = _where(member.name, places)
+                if place in skip:
+                    continue
                 fd = by_place.get(place)
                 if fd is None:
                     raise Refused("%s: this sandbox has no %s" % (_shown(member.name), "/" + place))
@@ -283,11 +291,17 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
                             there.st_size == member.size and _same_bytes(parent, leaf, content):
                         continue
                     _replace(parent, leaf, there)
-                    _write_file(parent, leaf, member, content, owner)
+                    out = os.open(leaf, NEW_FILE, 0o600, dir_fd=parent)
+                    if writers is not None and member.size >= PARALLEL_BYTES:
+                        writing.append((writers.submit(_fill, out, member, content, owner), out))
+                    else:
+                        _fill(out, member, content, owner)
                 else:
                     kind = "a hard link" if member.islnk() else "a device node" if member.ischr() or \
                         member.isblk() else "a FIFO" if member.isfifo() else "not a file, directory or symlink"
                     raise Refused("%s: %s" % (_shown(member.name), kind))
+        for future, _ in writing:  # every file whole (or the first failure raised) before anything is settled
+            future.result()
         for fd, wanted in names.items():  # what the snapshot does not have is gone
             for name in os.listdir(fd):
                 if name not in wanted:
@@ -312,6 +326,14 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
     except tarfile.TarError as exc:
         raise Refused("the snapshot's archive is damaged: %s" % exc) from None
     finally:
+        for future, out in writing:  # none left writing into a directory about to be closed, or a released view
+            if future.cancel():
+                os.close(out)  # never started: its descriptor is still ours
+                continue
+            try:
+                future.result()
+            except BaseException:  # noqa: BLE001 - the first failure is already on its way
+                pass
         for fd in opened.values():
             os.close(fd)
         view.release()
@@ -380,8 +402,8 @@ def _times(member: tarfile.TarInfo) -> Tuple[int, int]:
     return ns, ns
 
 
-def _write_file(parent: int, leaf: str, member: tarfile.TarInfo, content: memoryview, owner: int) -> None:
-    fd = os.open(leaf, NEW_FILE, 0o600, dir_fd=parent)
+def _fill(fd: int, member: tarfile.TarInfo, content: memoryview, owner: int) -> None:
+    """A new file's contents and metadata; the descriptor is closed."""
     try:
         while content:
             content = content[os.write(fd, content[:1 << 24]):]

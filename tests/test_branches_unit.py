@@ -1,0 +1,67 @@
+"""How a fork's branches get the snapshot (air/sandbox/branches.py), without Docker: when they can share one tree and
+why not, the tar of the other places a branch on a shared home reads, and the one line that says why a fork copies."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from types import SimpleNamespace
+
+from air.sandbox.branches import _after_home, _say, why_not_shared
+from air.sandbox.warden import protocol as p
+
+
+def _sandbox(**change):
+    ready = p.Ready(cells=True, why_not="", lowers="")
+    sb = SimpleNamespace(channel="/run/air/sandboxes/x", image_id="sha256:1", staged="task-hash",
+                         session=SimpleNamespace(ready=ready))
+    for key, value in change.items():
+        if key in ("cells", "lowers", "why_not"):
+            sb.session.ready = p.Ready(**{**sb.session.ready.__dict__, key: value})
+        else:
+            setattr(sb, key, value)
+    return sb
+
+
+def test_branches_share_a_tree_only_where_every_one_can():
+    assert why_not_shared([_sandbox(), _sandbox()]) == ""
+    cases = {
+        "one branch": [_sandbox()],
+        "no host directory": [_sandbox(), _sandbox(channel=None)],
+        "no cells": [_sandbox(), _sandbox(cells=False, why_not="AppArmor")],
+        "mount_setattr: Invalid argument": [_sandbox(lowers="mount_setattr: Invalid argument"), _sandbox()],
+        "different staged homes": [_sandbox(), _sandbox(staged="another")],
+    }
+    for said, sandboxes in cases.items():
+        assert said in why_not_shared(sandboxes), said
+    assert "different staged homes" in why_not_shared([_sandbox(), _sandbox(image_id="sha256:2")])
+
+
+def _tar(*names: str) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in names:
+            info = tarfile.TarInfo(name)
+            info.pax_headers = {"mtime": "1.5"}
+            if name.endswith("/"):
+                info.name, info.type = name.rstrip("/"), tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = 3
+                tar.addfile(info, io.BytesIO(b"abc"))
+    return out.getvalue()
+
+
+def test_a_branch_on_a_shared_home_reads_the_other_places_alone():
+    data = _tar("home/agent/", "home/agent/big", "home/agentx", "tmp/", "tmp/t", "dev/shm/")
+    rest = bytes(_after_home(data))
+    with tarfile.open(fileobj=io.BytesIO(rest)) as tar:  # a tar of its own, from the first member not the home's
+        assert [m.name for m in tar] == ["home/agentx", "tmp", "tmp/t", "dev/shm"]
+    with tarfile.open(fileobj=io.BytesIO(bytes(_after_home(_tar("home/agent/", "home/agent/a"))))) as tar:
+        assert list(tar) == []  # the home alone: an empty tar
+    assert _after_home(b"not a tar" * 100) is None  # unreadable here: each branch reads the whole archive
+
+
+def test_why_a_fork_copies_is_one_line_of_printable_text():
+    said = _say("the snapshot's home holds evil\nname\x1b[31m of uid 0")
+    assert "\n" not in said and "\x1b" not in said and said.startswith("the snapshot's home holds evil?name?")
