@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import resource
 import signal
 import socket
 import stat
@@ -39,10 +40,11 @@ import fcntl
 from typing import Dict, List, Optional, Tuple
 
 from air.sandbox.warden import hostview, seccomp
+from air.sandbox.warden.syscalls import NUMBERS
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+CLONE_NEWPID, CLONE_NEWNET, CLONE_FS = 0x20000000, 0x40000000, 0x200
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_NOATIME, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x400, 0x4000, 0x40000
 MNT_DETACH = 2
@@ -383,10 +385,20 @@ def _filter() -> bytes:
     return seccomp.compile_filter(seccomp.machine())
 
 
+def become_thread(uid: int) -> None:
+    """`become`, for the calling thread alone: the C library's set*id calls change every thread of the process, so
+    the system calls themselves."""
+    numbers = NUMBERS[seccomp.machine()]
+    for name, args in (("setgroups", (0, None)), ("setresgid", (uid, uid, uid)), ("setresuid", (uid, uid, uid))):
+        _check(LIBC.syscall(numbers[name], *args), name)
+
+
 def prepare_confinement() -> None:
     """Work out once, in the warden, what every confine needs: its children inherit it instead of each computing
-    it again between fork and exec (about a millisecond a program)."""
+    it again between fork and exec (about a millisecond a program). And RLIMIT_NICE, which is per process: 0 for
+    the warden and everything it starts (a thread that confines itself cannot set it for its program alone)."""
     _last_cap()
+    resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
     try:
         _filter()
     except (KeyError, ValueError):  # an architecture without a table: confine says so, in the child that needs it
@@ -400,6 +412,17 @@ def confine(uid: int) -> None:
         _drop_bounding(())
         become(uid)  # clears the effective and permitted sets
         _capset(())  # and the inheritable one
+    else:
+        limit_capabilities(ROOT_CAPABILITIES)
+    seccomp.install(_filter(), LIBC)
+
+
+def confine_thread(uid: int) -> None:
+    """`confine`, for the calling thread alone (threadspawn.py): everything it sets is per thread in Linux."""
+    if uid:
+        _drop_bounding(())
+        become_thread(uid)
+        _capset(())
     else:
         limit_capabilities(ROOT_CAPABILITIES)
     seccomp.install(_filter(), LIBC)
@@ -506,6 +529,14 @@ class Cell:
         for name, flag in self.NAMESPACES:
             _check(LIBC.setns(self.ns_fds[name], flag), "setns " + name)
 
+    def enter_thread(self) -> None:
+        """`enter`, for a thread of the warden: it takes a filesystem context of its own first (the mount namespace
+        holds one's root and cwd, which the warden's other threads keep), and its children are born in the cell's
+        pid namespace (a thread is born in its process's: see threadspawn.spawn)."""
+        _check(LIBC.unshare(CLONE_FS), "unshare CLONE_FS")
+        _check(LIBC.setns(self.ns_fds["pid"], CLONE_NEWPID), "setns pid")
+        self.enter()
+
     def end(self, reap: Tuple[int, ...] = ()) -> None:
         """Kill everything in the cell and wait until it is gone. `reap`: the warden's own children in the cell,
         which only it can reap (the kernel's teardown waits for them)."""
@@ -562,5 +593,5 @@ def supported() -> Optional[str]:
     return None
 
 
-__all__ = ["Cell", "CellError", "Layout", "ROOT_CAPABILITIES", "become", "confine", "limit_capabilities", "outside",
-           "supported"]
+__all__ = ["Cell", "CellError", "Layout", "ROOT_CAPABILITIES", "become", "become_thread", "confine", "confine_thread",
+           "limit_capabilities", "outside", "supported"]
