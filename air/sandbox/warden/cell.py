@@ -181,11 +181,12 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
 
 # ----- a cell built without a fork of the warden (kernels whose procfs takes pidns=, Linux 6.15) -------------------
 INIT_SHELL = "/bin/sh"
-INIT_SCRIPT = ("trap '' HUP INT QUIT TERM USR1 USR2 PIPE ALRM; sleep 2147483647 & echo ready; exec >/dev/null; "
-               "while :; do wait; sleep 2147483647 & done")
-"""The cell's init when a thread builds the cell: a shell that waits for its sleep, and while it waits reaps every
-child that ends (orphans come to pid 1); signals from inside the cell cannot reach a pid 1 that ignores them. It says
-`ready` once its sleep is pid 2: the cell's first process is then always pid 3, as in every other cell."""
+INIT_SCRIPT = ("trap '' HUP INT QUIT TERM USR1 USR2 PIPE ALRM; (kill -STOP 0) & echo ready; exec >/dev/null; "
+               "while :; do wait; (kill -STOP 0) & done")
+"""The cell's init when a thread builds the cell: a shell that waits for a subshell of its own that stopped itself
+(no exec: a fork of the shell), and while it waits reaps every child that ends (orphans come to pid 1); signals from
+inside the cell cannot reach a pid 1 that ignores them (nor stop it). It says `ready` once the subshell is pid 2: the
+cell's first process is then always pid 3, as in every other cell."""
 PROC_OPTIONS = "pidns=/proc/self/fd/%d"
 
 
