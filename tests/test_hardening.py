@@ -103,6 +103,18 @@ def _minor_faults(pid: int) -> int:
     return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[7])
 
 
+def _warden_pid(docker_client, sb) -> int | None:
+    """The sandbox's warden as this host sees it (its container's main process's child), None where the sandbox is
+    no container of this daemon (a pod of the kubernetes backend)."""
+    import docker
+
+    try:
+        init = docker_client.api.inspect_container(sb.container_id)["State"]["Pid"]
+    except docker.errors.NotFound:
+        return None
+    return int(open(f"/proc/{init}/task/{init}/children").read().split()[0])
+
+
 async def test_a_program_in_a_cell_starts_confined_without_a_fork_of_the_warden(pool, base_spec, docker_client):
     """Issue 49.9: a program whose exit status matters (SandboxFusion's code, an evaluation) is started by a thread
     of the warden that confined itself, with vfork: nothing of the warden is copied, so the warden takes no
@@ -114,8 +126,9 @@ async def test_a_program_in_a_cell_starts_confined_without_a_fork_of_the_warden(
         assert r.stdout.split(" ", 12) == [
             str(sb.agent_uid), "0000000000000000", "0000000000000000", "1", "2", "1000", "10", "True", "True",
             "True", "0o22", "/tmp", "['0', '1', '2', '3']\n"], r  # 3: listdir's own descriptor
-        init = docker_client.api.inspect_container(sb.container_id)["State"]["Pid"]
-        warden = int(open(f"/proc/{init}/task/{init}/children").read().split()[0])
+        warden = _warden_pid(docker_client, sb)
+        if warden is None:
+            return  # the faults are read from this host's /proc
         await sb.session.run_untrusted(["true"], cwd="/")
         before = _minor_faults(warden)
         for _ in range(10):
@@ -143,8 +156,9 @@ async def test_a_cell_is_built_without_a_fork_of_the_warden_and_its_init_holds_n
         assert {name: int(value, 16) for name, value in caps.items()} == {"CapPrm": 0, "CapEff": 0, "CapBnd": 0}, r
         assert r.stdout.splitlines()[3:] == ["alive"], r  # no zombie: the orphan was reaped
         assert (await sb.session.run_untrusted(["true"], cwd="/")).exit_code == 0  # the cell outlived the kill
-        init = docker_client.api.inspect_container(sb.container_id)["State"]["Pid"]
-        warden = int(open(f"/proc/{init}/task/{init}/children").read().split()[0])
+        warden = _warden_pid(docker_client, sb)
+        if warden is None:
+            return  # the faults are read from this host's /proc
         await sb.session.reset()
         before = _minor_faults(warden)
         for _ in range(5):
