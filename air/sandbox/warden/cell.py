@@ -17,8 +17,11 @@ A cell is a process, its *init*, in new pid, network, IPC, UTS and mount namespa
 - /etc/passwd and /etc/group name the sandbox's own agent uid;
 - the network is loopback only, up.
 Every agent process (the shell, programs, file copies as the agent) is a child of the warden that joined the cell's
-namespaces before it dropped to the agent's uid: no capability (an empty bounding set), no_new_privs and the seccomp
-filter of seccomp.py. Ending the cell kills its init; the kernel then kills everything in its pid namespace, and
+namespaces before it dropped to the agent's uid (or, for a program, a child a thread of the warden started with vfork
+once the thread itself had joined and dropped: threadspawn.py): no capability (an empty bounding set), no_new_privs
+and the seccomp filter of seccomp.py. The init is a fork of the warden, or, where the kernel's procfs takes pidns=
+(Linux 6.15), a shell a building thread started with vfork (_build_in_thread): no fork of the warden per cell.
+Ending the cell kills its init; the kernel then kills everything in its pid namespace, and
 its network namespace (sockets in TIME_WAIT included), IPC objects and mounts go with the last of its processes.
 Nothing of a cell is checked or repaired: the next one is built from nothing but the pristine home.
 
