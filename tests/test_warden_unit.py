@@ -253,6 +253,29 @@ def test_unpacked_entries_win_over_whatever_stands_at_their_paths(tmp_path):
     assert (dest / "data" / "t.csv").read_bytes() == b"1"
 
 
+@pytest.mark.parametrize("compression", ["", "gz", "bz2", "xz"])
+def test_a_plain_tar_is_read_as_one_and_compressed_ones_still_unpack(tmp_path, monkeypatch, compression):
+    """Issue 49.9: tarfile's "r:*" tries gzip, bzip2 and xz before it reads a plain tar as one (a third of a small
+    request's unpack): the host's tars, all plain, are read without those tries; a compressed one still unpacks."""
+    plain = _tar(("f.txt", b"one"))
+    data = plain
+    if compression:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:" + compression) as tar:
+            info = tarfile.TarInfo("f.txt")
+            info.size = 3
+            tar.addfile(info, io.BytesIO(b"one"))
+        data = buf.getvalue()
+    tried = []
+    for opener in ("gzopen", "bz2open", "xzopen"):
+        original = getattr(tarfile.TarFile, opener)
+        monkeypatch.setattr(tarfile.TarFile, opener, classmethod(
+            lambda cls, *a, _o=original, _n=opener, **k: tried.append(_n) or _o.__func__(cls, *a, **k)))
+    unpack(str(tmp_path), data, as_root=False)
+    assert (tmp_path / "f.txt").read_bytes() == b"one"
+    assert (tried == []) == (not compression), tried
+
+
 @pytest.mark.parametrize("name", ["/etc/x", "../x", "a/../../x"])
 def test_unpack_refuses_names_outside_its_directory(tmp_path, name):
     with pytest.raises(Refused):

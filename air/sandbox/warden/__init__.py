@@ -18,6 +18,7 @@ end is air/sandbox/warden_link.py.
 | pages.py | sandbox | the sandbox's own files held in the host's page cache, so that nobody can change what is cached |
 | pinner.py | a pin | a page-cache pin's program (air/sandbox/pagecache.py): an image's files held for every sandbox |
 | procs.py | sandbox | starting the agent's processes in the cell, killing them (fork bombs too), IPC removal |
+| threadspawn.py | sandbox | a program started in the cell by a confined thread of the warden (vfork: no fork of it) |
 | restore.py | sandbox | copying a trusted tree (the pristine home), removing the agent's trees without recursion |
 | files.py | sandbox | pack (the agent's files, with its rights) and unpack (the tar's entries win) |
 | snapshot.py | sandbox | a live sandbox's files at a turn boundary: captured, and restored into a fresh cell |
@@ -64,6 +65,7 @@ MODULES = (  # in import order
     ("air.sandbox.warden.dentries", _HERE / "dentries.py"),
     ("air.sandbox.warden.pages", _HERE / "pages.py"),
     ("air.sandbox.warden.procs", _HERE / "procs.py"),
+    ("air.sandbox.warden.threadspawn", _HERE / "threadspawn.py"),
     ("air.sandbox.warden.restore", _HERE / "restore.py"),
     ("air.sandbox.warden.files", _HERE / "files.py"),
     ("air.sandbox.warden.snapshot", _HERE / "snapshot.py"),

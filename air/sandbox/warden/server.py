@@ -24,7 +24,7 @@ import time
 from typing import Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
-from air.sandbox.warden import files, lower, mountapi, procs, protocol as p, snapshot
+from air.sandbox.warden import files, lower, mountapi, procs, protocol as p, snapshot, threadspawn
 from air.sandbox.warden.cell import (Cell, CellError, Layout, Middle, _detach, become, fresh_tmpfs, home_over,
                                      mount, outside, prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
@@ -53,23 +53,38 @@ class Program:
         self.started = time.monotonic()
         fds = {0: r_in, 1: w_out, 2: w_err}
         prepare, self.problem = None, None
-        if request.files:  # laid down by the program's own process: one fork, not an Unpack's and then this one's
-            self.problem, fds[PROBLEM_FD] = os.pipe()
-            prepare = lambda: _lay_down(request.files_dest, request.files, request.as_root)  # noqa: E731
         # The harness's own program runs where `docker exec` ran it: the container's namespaces, root unconfined.
         here = warden.cell if request.in_cell else None
+        confined = request.in_cell or bool(self.uid)
+        self.timed_out, self.status, self.pidfd = False, None, None
+        self.not_started: Optional[threadspawn.NotStarted] = None
         try:
             # The harness's own program gets the container's environment (the warden's), as `docker exec` did.
             env = dict(request.env) if request.in_cell else {**os.environ, **request.env}
-            with outside(None if request.in_cell else warden.cell):
-                self.pid = procs.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=env,
-                                       fds=fds, cell=here, prepare=prepare,
-                                       confined=request.in_cell or bool(self.uid))
+            if threadspawn.usable(here, fds, None, confined):  # no fork of the warden (threadspawn.py)
+                if request.files:  # laid down by the thread that starts the program, with the program's rights
+                    prepare = lambda: _unpack_problem(request.files_dest, request.files, request.as_root)  # noqa
+                started = threadspawn.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=env, fds=fds,
+                                            cell=here, oom_score=procs.AGENT_OOM_SCORE_ADJ, nice=procs.AGENT_NICE,
+                                            prepare=prepare)
+                if isinstance(started, threadspawn.NotStarted):
+                    self.not_started = started
+                    return
+                self.pid = started
+            else:
+                if request.files:  # laid down by the program's own process: one fork, not an Unpack's and this one's
+                    self.problem, fds[PROBLEM_FD] = os.pipe()
+                    prepare = lambda: _lay_down(request.files_dest, request.files, request.as_root)  # noqa: E731
+                with outside(None if request.in_cell else warden.cell):
+                    self.pid = procs.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=env,
+                                           fds=fds, cell=here, prepare=prepare, confined=confined)
         finally:
             for fd in fds.values():
                 os.close(fd)
+            if self.not_started is not None:
+                for fd in (self.stdin, self.rout, self.rerr):
+                    os.close(fd)
         self.pidfd = os.pidfd_open(self.pid)
-        self.timed_out, self.status = False, None
         sel = warden.sel
         for fd in (self.stdin, self.rout, self.rerr):
             os.set_blocking(fd, False)
@@ -172,6 +187,15 @@ def _lay_down(dest: str, tar: bytes, as_root: bool) -> None:
     if _unpack_telling(dest, tar, as_root, PROBLEM_FD):
         os._exit(126)
     os.close(PROBLEM_FD)  # the program never sees it
+
+
+def _unpack_problem(dest: str, tar: bytes, as_root: bool) -> Optional[bytes]:
+    """Extract the tar with the caller's rights; None, or why not."""
+    try:
+        files.unpack(dest, tar, as_root)
+        return None
+    except (files.Refused, OSError, EOFError, tarfile.TarError) as exc:
+        return (str(exc).encode("utf-8", "surrogateescape") or b"unpack failed")[:900]
 
 
 def _unpack_telling(dest: str, tar: bytes, as_root: bool, fd: int) -> int:
@@ -416,12 +440,22 @@ class Warden:
             job.expire()
         return p.Done()
 
-    def op_exec(self, ident: int, request: p.Exec) -> None:
+    def op_exec(self, ident: int, request: p.Exec) -> Optional[p.Exited]:
         if self.job is not None:
             raise RuntimeError("a command is already running")
         self.need_cell(request.in_cell)
         self.staged = self.staged or not request.in_cell
-        self.job = Program(self, ident, request)
+        program = Program(self, ident, request)
+        if program.not_started is None:
+            self.job = program
+            return None
+        # Nothing ran (its files could not be laid down, or it could not be started): answered at once, the cell
+        # ended first if the program was to end it.
+        if request.end_cell:
+            self.end_cell()
+        why = program.not_started
+        return p.Exited(out=b"", err=why.err, dropped=0, exit_code=why.code, timed_out=False,
+                        duration=time.monotonic() - program.started, problem=why.problem)
 
     def op_reset(self, ident: int, request: p.Reset) -> p.WasReset:
         """A fresh sandbox's state: the cell ended and a new one built; without cells, no agent process, IPC object
