@@ -18,8 +18,9 @@ digests each read-only mount's records into one value):
   exactly, by major faults), 64 pages each;
 - `dentries`: whether the kernel has cached the (missing) names `/usr/lib/air-fingerprint-dentry-0..63`, which an
   attack looks up (`DENTRY_NAMES`): their first lookups timed against names never looked up before and the same
-  names looked up again (issue #47); `control`: the same judgement on names the probe itself has just looked up,
-  which must read "cached" (the probe sees dentries on this host, now).
+  names looked up again (issue #47); `control`: the same judgement on names the probe itself has just looked up in
+  the home, which keeps dentries while its cell lives (the image's copy keeps none, even within a cell), and must
+  read "cached" (the probe sees dentries on this host, now).
 
 Values that must differ between two sandboxes are normalised or named by the tests, never silently dropped here:
 the agent's own uid reads "AGENT" (every sandbox has its own uid), device numbers and mount ids read as their
@@ -253,18 +254,20 @@ def lookup_ns(path):
 def median(xs):
     return sorted(xs)[len(xs) // 2]
 token = os.urandom(6).hex()
-def looks_cached(names, kind):  # first lookups of `names` against fresh names' first (uncached) and second (cached)
-    fresh = ["%s/airfp-cal-%s-%s-%d" % (DENTRY_TOP, kind, token, i) for i in range(len(names))]
+def looks_cached(names, kind, top=DENTRY_TOP):  # first lookups of `names` against fresh names' first (uncached)
+    fresh = ["%s/airfp-cal-%s-%s-%d" % (top, kind, token, i) for i in range(len(names))]  # and second (cached)
     for i in range(200):
-        lookup_ns("%s/airfp-warm-%s-%s-%d" % (DENTRY_TOP, kind, token, i))
+        lookup_ns("%s/airfp-warm-%s-%s-%d" % (top, kind, token, i))
     first = [lookup_ns(p) for p in names]
     uncached = [lookup_ns(p) for p in fresh]
     cached = [lookup_ns(p) for p in fresh]
     return "cached" if median(first) < (median(uncached) + median(cached)) / 2 else "uncached"
-control = ["%s/airfp-control-%s-%d" % (DENTRY_TOP, token, i) for i in range(64)]
+CONTROL_TOP = os.path.expanduser("~")  # the home: an overlay whose own dentries live as long as the cell
+control = ["%s/airfp-control-%s-%d" % (CONTROL_TOP, token, i) for i in range(64)]
 for p in control:
     lookup_ns(p)
-dentries = {DENTRY_TOP: looks_cached(DENTRY_NAMES, "planted"), "control": looks_cached(control, "control")}
+dentries = {DENTRY_TOP: looks_cached(DENTRY_NAMES, "planted"),
+            "control": looks_cached(control, "control", CONTROL_TOP)}
 
 mask = os.umask(0)
 os.umask(mask)

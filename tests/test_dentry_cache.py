@@ -29,8 +29,13 @@ import pytest
 from air.sandbox import PoolConfig, SandboxPool
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
-from dentry_channel import BITS, CONTROL_FLOOR, RESIDUAL_BOUND, agreement, command, key, message, recovered
+from dentry_channel import (BITS, CHANCE_BOUND, CONTROL_FLOOR, RESIDUAL_BOUND, agreement, command, key, message,
+                            recovered)
+
 from probe_task import capture_reports, evaluated, make_probe_task
+
+CONCURRENT_FLOOR = 200
+"""What the control between two sandboxes at once must recover: it read 226-240 of 256 before the copy."""
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.heavy]
 # heavy: timing channels read 256 bits each, several minutes in all, and their positive controls need the cores to
@@ -51,10 +56,17 @@ def assert_control(sent: str, output: str, where: str) -> None:
                                      f"{agreed} of {BITS} bits: the probe cannot see dentries here")
 
 
-def control_command() -> tuple[str, str]:
+CONTROL_TOP = {"cells": "/home/agent", "containers": "/usr/lib"}
+"""Where the positive control runs: a directory that keeps dentries for as long as the writer's sandbox lives. With
+cells, the home (an overlay whose own dentries live as long as its cell), not the image's directories: a cell's root
+is the image's tmpfs copy, which keeps no negative dentry even within the cell (warden/rootcopy.py). Without cells,
+the image's directories, which are the container's own (and the home a tmpfs)."""
+
+
+def control_command(isolation: str = "cells") -> tuple[str, str]:
     """The control: write a message and read it back at once, in the same cell (the channel within one cell)."""
-    sent, k = message(99), key()
-    return sent, command("write", k, sent) + "\n" + command("read", k, str(BITS))
+    sent, k, top = message(99), key(), CONTROL_TOP[isolation]
+    return sent, command("write", k, sent, top) + "\n" + command("read", k, str(BITS), top)
 
 
 def test_the_probe_reads_a_host_directory():
@@ -78,7 +90,7 @@ async def test_a_lease_cannot_reach_the_next_lease_through_dentries(images, run_
     """The agent of one lease writes; the agent of the next lease of the same task reads (the same container's next
     cell, or with isolation=containers a new container of the image)."""
     sent, k = message(), key()
-    control, control_script = control_command()
+    control, control_script = control_command(isolation)
     spec = load_task("prisoners-dilemma")
     config = PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=300, isolation=isolation)
     async with SandboxPool(config) as pool:
@@ -100,7 +112,7 @@ async def test_an_evaluation_cannot_reach_through_dentries(images, run_id, tmp_p
     command in its own sandbox (another container of the image)."""
     reports = capture_reports(monkeypatch)
     sent, k = message(1 if reader == "a later evaluation" else 2), key()
-    control, control_script = control_command()
+    control, control_script = control_command(isolation)
     config = PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=300, isolation=isolation)
     async with SandboxPool(config) as pool:
         env = TaskEnvironment(make_probe_task(tmp_path, hidden="the hidden data"), pool)
@@ -113,6 +125,29 @@ async def test_an_evaluation_cannot_reach_through_dentries(images, run_id, tmp_p
             else:
                 got = recovered((await evaluated(env, sandbox, command("read", k, str(BITS)), reports))["output"])
     assert_chance(sent, got, f"evaluation to {reader} ({isolation})")
+
+
+@pytest.mark.parametrize("page_cache", ["pinned", "shared"])
+async def test_two_sandboxes_at_once_share_no_dentries(images, run_id, page_cache):
+    """The agent of one sandbox writes while the agent of another sandbox of the image, leased at the same time,
+    reads. With the pins (the default), each cell's root is the image's tmpfs copy (warden/rootcopy.py), which keeps
+    no negative dentry: chance. The positive control is the same two sandboxes without pins ("shared"): their cells'
+    roots are the container's, whose lower layers are the host's filesystem, and the reader recovers the message."""
+    sent, k = message(4), key()
+    spec = load_task("prisoners-dilemma")
+    config = PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=300, page_cache=page_cache)
+    async with SandboxPool(config) as pool:
+        env = TaskEnvironment(spec, pool)
+        async with env.lease() as writer, env.lease() as reader:
+            assert writer.container_id != reader.container_id
+            assert "wrote" in await agent_runs(writer, command("write", k, sent))
+            got = recovered(await agent_runs(reader, command("read", k, str(BITS))))
+    agreed = agreement(sent, got)
+    print(f"two sandboxes at once ({page_cache}): {agreed} of {BITS} bits")
+    if page_cache == "shared":
+        assert agreed >= CONCURRENT_FLOOR, f"the control (no copy) recovered only {agreed} of {BITS} bits"
+    else:
+        assert agreed <= CHANCE_BOUND, f"the reader recovered {agreed} of {BITS} bits (chance: {BITS // 2})"
 
 
 async def test_a_sandbox_fusion_request_cannot_reach_the_next_request_through_dentries(images, run_id):

@@ -16,10 +16,11 @@ CAPABILITY_BITS = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGI
 # binary, bind-mounted read-only because sandboxes run with init=True.
 SYSTEM_MOUNTS = {"/", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/home/agent", "/srv/air", "/tmp",
                  "/var/tmp", "/sbin/docker-init", "/usr/sbin/docker-init", "/run/air-warden", "/run/air-warden/program",
-                 "/srv/air/hostview", "/srv/air/out"}
-"""... and the sandbox's host directory, where its warden listens for the host (root's alone; no cell has it; on a
-pod of the kubernetes backend, the warden's own directory and its program, a ConfigMap, there), and the warden's
-copies of the host's counters that cells show instead (root's alone; a cell binds them, then drops it)."""
+                 "/srv/air/hostview", "/srv/air/out", "/run/air-root"}
+"""... and the image's tmpfs copy, every cell's root (warden/rootcopy.py); the sandbox's host directory, where its
+warden listens for the host (root's alone; no cell has it; on a pod of the kubernetes backend, the warden's own
+directory and its program, a ConfigMap, there), and the warden's copies of the host's counters that cells show
+instead (root's alone; a cell binds them, then drops it)."""
 
 
 def status_field(text: str, name: str) -> str:

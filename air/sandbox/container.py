@@ -36,6 +36,7 @@ from air.sandbox.labels import KEPT_PREFIX, KEY, OWNER, make_labels
 from air.sandbox import hostdir
 from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, SHM_MB, WARDEN_DIR, WORKSPACE
 from air.sandbox.spec import SandboxSpec
+from air.sandbox.warden.rootcopy import ROOT_COPY
 
 REMOVE_PATIENCE = 90.0  # seconds a removal keeps retrying while the daemon is unreachable
 ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL", "SETPCAP", "IPC_LOCK"]
@@ -86,11 +87,16 @@ class Sandbox:
     async def create(cls, docker_: Docker, spec: SandboxSpec, *, run: str | None = None, role: str = "agent",
                      gpu_ids: tuple[str, ...] = (), start_timeout: float = 60, labels: dict[str, str] | None = None,
                      gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True,
-                     apparmor: str | None = None, pin_pages: bool = True, channel: bool = False) -> Sandbox:
+                     apparmor: str | None = None, pin_pages: bool = True, channel: bool = False,
+                     root_copy: str | None = None) -> Sandbox:
         """Create and start it; with `channel` (a daemon on this machine), its warden is its main process, listening
-        on a socket in a host directory of its own (see `channel`)."""
+        on a socket in a host directory of its own (see `channel`); with `root_copy`, the volume of its image's
+        tmpfs copy, its cells' root (warden/rootcopy.py)."""
         kwargs = container_kwargs(spec, run=run, role=role, gpu_ids=gpu_ids, gpu_devices=gpu_devices,
                                   agent_uid=agent_uid, cells=cells, apparmor=apparmor)
+        if root_copy:
+            kwargs["mounts"].append(docker.types.Mount(target=ROOT_COPY, source=root_copy, type="volume",
+                                                       read_only=True))
         kwargs["labels"].update(labels or {})
         directory, secret = None, b""
         if channel:

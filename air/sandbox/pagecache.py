@@ -43,6 +43,7 @@ from air.sandbox.layout import AGENT_HOME, AIR_DIR
 from air.sandbox.spec import SandboxSpec
 from air.sandbox.warden import PIN_MODULES, bundle
 from air.sandbox.warden.pinner import HOST_DIR, lock_held
+from air.sandbox.warden.rootcopy import ROOT_COPY
 
 log = logging.getLogger("air.pagecache")
 
@@ -57,7 +58,7 @@ GRACE = 120.0
 PIN_TIMEOUT = 900.0
 """How long the first pin of an image may take: reading a large image (air/toolchain: 4 GB) from a slow disk."""
 SKIP = ("/proc", "/sys", "/dev", HOST_DIR, AIR_DIR, AGENT_HOME, "/tmp", "/var/tmp", "/etc/hosts", "/etc/hostname",
-        "/etc/resolv.conf")
+        "/etc/resolv.conf", ROOT_COPY)
 """What a pin does not hold: pseudo-filesystems, what every sandbox gets new, and each container's own files (its
 warden holds those)."""
 _PROGRAM = bundle(run="import json; sys.modules['air.sandbox.warden.pinner'].main(json.loads(sys.argv[1]))",
@@ -68,6 +69,8 @@ _PROGRAM = bundle(run="import json; sys.modules['air.sandbox.warden.pinner'].mai
 class _Pin:
     name: str
     scope: str
+    copy: bool = False
+    """Whether it copies the image into a tmpfs volume of its name, for sandboxes with cells (rootcopy.py)."""
     ready: bool = False
     holder_fd: int | None = None
     container_id: str | None = None
@@ -87,11 +90,13 @@ class PageCachePins:
         self._image_ids: dict[str, str] = {}
 
     # ----- what a sandbox needs --------------------------------------------------------------------------------
-    async def ensure(self, spec: SandboxSpec, timeout: float = PIN_TIMEOUT) -> str:
+    async def ensure(self, spec: SandboxSpec, timeout: float = PIN_TIMEOUT, *, copy: bool = False) -> str:
         """The name of a pin of spec's image and data mounts that is holding their pages, made if needed; waits
-        until it holds them. InfraError (the host's failure, never the agent's) when it cannot be made."""
+        until it holds them. With `copy` (sandboxes that build cells), the pin first copies them into a tmpfs volume
+        of the same name, which each such sandbox mounts at ROOT_COPY (rootcopy.py), and holds the copy. InfraError
+        (the host's failure, never the agent's) when it cannot be made."""
         image_id = await self._image_id(spec.image)
-        key = json.dumps([image_id, sorted(spec.read_only_mounts.items()), os.geteuid()])
+        key = json.dumps([image_id, sorted(spec.read_only_mounts.items()), os.geteuid()] + (["copy"] if copy else []))
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             pin = self._pins.get(key)
@@ -101,7 +106,7 @@ class PageCachePins:
                 self._local = await self.docker.call(hostdir.is_local, self.docker, timeout=30, idempotent=True)
             digest = hashlib.sha256(key.encode()).hexdigest()[:12]
             if self._local:
-                pin = self._pins.setdefault(key, _Pin(PREFIX + digest, "host"))
+                pin = self._pins.setdefault(key, _Pin(PREFIX + digest, "host", copy))
                 try:
                     await self._ensure_host_pin(pin, image_id, spec, timeout)
                 except _NotLocal:
@@ -111,7 +116,7 @@ class PageCachePins:
                     self._release(pin)
                     self._pins.pop(key, None)
             if not self._local:
-                pin = self._pins.setdefault(key, _Pin(f"{PREFIX}{digest}-{self.run}"[:63], "run"))
+                pin = self._pins.setdefault(key, _Pin(f"{PREFIX}{digest}-{self.run}"[:63], "run", copy))
                 await self._ensure_run_pin(pin, image_id, spec, timeout)
             pin.ready = True
             return pin.name
@@ -201,10 +206,15 @@ class PageCachePins:
         tethered = pin.scope == "run"
         config = {**config, "tethered": tethered}
         api = self.docker.api
+        caps = ["IPC_LOCK", "DAC_READ_SEARCH", "DAC_OVERRIDE"]
+        if pin.copy:  # the copy keeps owners, modes (setuid bits), file capabilities and device nodes as they are
+            await self._volume(pin, spec)
+            mounts = mounts + [docker.types.Mount(target=ROOT_COPY, source=pin.name, type="volume")]
+            config = {**config, "copy_to": ROOT_COPY, "data": sorted(spec.read_only_mounts)}
+            caps += ["CHOWN", "FOWNER", "FSETID", "SETFCAP", "MKNOD"]
         host_config = api.create_host_config(
-            init=True, network_mode="none", read_only=True, cap_drop=["ALL"],
-            cap_add=["IPC_LOCK", "DAC_READ_SEARCH", "DAC_OVERRIDE"], security_opt=["no-new-privileges"],
-            pids_limit=64, mounts=mounts)
+            init=True, network_mode="none", read_only=True, cap_drop=["ALL"], cap_add=caps,
+            security_opt=["no-new-privileges"], pids_limit=64, mounts=mounts)
         try:
             created = await self.docker.call(
                 api.create_container, image_id, ["python3", "-I", "-S", "-c", _PROGRAM, json.dumps(config)],
@@ -220,6 +230,15 @@ class PageCachePins:
         await self.docker.call(api.start, created["Id"], timeout=120)
         pin.container_id = created["Id"]
         log.info("pinning the page cache of %s (%s)", spec.image, pin.name)
+
+    async def _volume(self, pin: _Pin, spec: SandboxSpec) -> None:
+        """The tmpfs volume a copying pin fills: the daemon mounts it while any container uses it (the pin, the
+        sandboxes), and an unused one holds nothing. Made again as it is when it exists."""
+        labels = make_labels(ROLE, spec.task, self.run if pin.scope == "run" else "pagecache", pin=pin.name,
+                             pin_scope=pin.scope)
+        await self.docker.call(self.docker.api.create_volume, pin.name, driver="local", labels=labels,
+                               driver_opts={"type": "tmpfs", "device": "tmpfs", "o": "mode=0755"}, timeout=60,
+                               idempotent=True)
 
     async def _state(self, name: str) -> str:
         try:

@@ -454,17 +454,20 @@ class SandboxPool:
                         pinned = self.config.page_cache == "pinned"
                         if lent_gpus:  # shown like its own, held by the lender's claims
                             labels[GPUS] = ",".join(lent_gpus)
+                        cells = self._wants_cells(host)
+                        # Cells' roots on the image's tmpfs copy (rootcopy.py), where nothing is written over it.
+                        copy = pinned and cells and spec.read_only_root
                         try:
                             if pinned:  # before anything runs there: the image's pages held, for every sandbox
-                                labels[PIN] = await host.pins.ensure(spec)
+                                labels[PIN] = await host.pins.ensure(spec, copy=copy)
                             if host.local is None:
                                 host.local = await host.docker.call(is_local, host.docker, timeout=30,
                                                                     idempotent=True)
                             sandbox = await Sandbox.create(
                                 host.docker, spec, run=self.run_id, gpu_ids=lent_gpus or grant.gpu_ids,
                                 labels=labels, gpu_devices=self.config.request_gpu_devices,
-                                agent_uid=self._agent_uid(grant), cells=self._wants_cells(host),
-                                apparmor=self.config.apparmor, pin_pages=pinned, channel=host.local)
+                                agent_uid=self._agent_uid(grant), cells=cells, apparmor=self.config.apparmor,
+                                pin_pages=pinned, channel=host.local, root_copy=labels[PIN] if copy else None)
                         except DockerUnavailable as exc:  # the daemon went away (or stalled) since the claim: it
                             self._mark_down(host, exc)  # is waited for, within daemon_patience (_claim)
                             await self._give_back(host, grant)

@@ -61,6 +61,7 @@ MODULES = (  # in import order
     ("air.sandbox.warden.seccomp", _HERE / "seccomp.py"),
     ("air.sandbox.warden.hostview", _HERE / "hostview.py"),
     ("air.sandbox.warden.mountapi", _HERE / "mountapi.py"),
+    ("air.sandbox.warden.rootcopy", _HERE / "rootcopy.py"),
     ("air.sandbox.warden.cell", _HERE / "cell.py"),
     ("air.sandbox.warden.dentries", _HERE / "dentries.py"),
     ("air.sandbox.warden.pages", _HERE / "pages.py"),
@@ -93,7 +94,8 @@ def _load(name, source):
 '''
 
 
-PIN_MODULES = (("air.sandbox.warden.pages", _HERE / "pages.py"), ("air.sandbox.warden.pinner", _HERE / "pinner.py"))
+PIN_MODULES = (("air.sandbox.warden.pages", _HERE / "pages.py"), ("air.sandbox.warden.rootcopy", _HERE / "rootcopy.py"),
+               ("air.sandbox.warden.pinner", _HERE / "pinner.py"))
 """A page-cache pin's program (pinner.py): small enough to travel as its container's command line."""
 
 

@@ -49,7 +49,7 @@ import subprocess
 import threading
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from air.sandbox.warden import hostview, mountapi, seccomp
+from air.sandbox.warden import hostview, mountapi, rootcopy, seccomp
 from air.sandbox.warden.syscalls import NUMBERS
 
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -98,6 +98,15 @@ class Layout:
         self.home_mb, self.tmp_mb, self.shm_mb = home_mb, tmp_mb, shm_mb
         self.passwd, self.group, self.writable, self.hidden = passwd, group, writable, list(hidden)
         self.inherited = _mountinfo()
+        if any(point == rootcopy.ROOT_COPY for point, _, _, _ in self.inherited):
+            self.hidden.append(rootcopy.ROOT_COPY)
+        found = rootcopy.find()
+        self.root_copy: Optional[str] = found[0] if found else None
+        """The image's tmpfs copy every cell's root is (rootcopy.py); None: the container's root."""
+        self.copied = found[1] if found else []
+        """The data mounts the copy holds."""
+        self.carried = rootcopy.carried(self.inherited, [*self.hidden, *self.copied]) if found else []
+        """The container's mounts a cell's root carries (with what is under them)."""
         self.cgroup = _cgroup_snapshot()
         self.devices = _dev_snapshot()
         self.hostview = hostview.snapshot(_memory_limit(self.cgroup))
@@ -108,6 +117,8 @@ class Layout:
 
     def prepare_hostview(self) -> None:
         """Once, in the warden, before the first cell: the host's counters as copies (hostview.py)."""
+        if self.root_copy:
+            rootcopy.prepare(self.root_copy, self.carried, mount, _check)
         if not self.hostview_binds:
             os.makedirs(self.hostview_root, 0o700, exist_ok=True)
             self.hostview_binds = hostview.prepare(self.hostview, self.hostview_root, mount)
@@ -149,10 +160,14 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
     the warden), or in a thread of the warden (_build_in_thread), whose mount_proc starts the init first."""
     _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
+    if layout.root_copy:  # the image's tmpfs copy as the root, the container's mounts carried onto it
+        rootcopy.enter(layout.root_copy, layout.carried, layout.hidden + layout.copied, mount, _check)
     inherited = layout.inherited
     renewed = ("/proc", "/dev", "/tmp", "/var/tmp", layout.home)
     # Inherited mounts: read-only (but air's own directory) and noatime, their other flags kept.
     for point, options, _, _ in inherited:
+        if layout.root_copy and point != "/" and not any(_under(point, c) for c in layout.carried):
+            continue  # not carried: hidden, or data the copy holds
         if any(_under(point, h) for h in layout.hidden):
             if point in layout.hidden:
                 _detach(point)

@@ -3,7 +3,8 @@ image's files in the host's page cache, for every sandbox of the image on the ho
 (stdlib only), as root with CAP_IPC_LOCK and nothing that could reach another container.
 
 It walks what a sandbox of the image can read that the image itself carries (the root filesystem, the read-only data
-mounts, Docker's init), holds all of it (pages.py), and says so:
+mounts, Docker's init), holds all of it (pages.py), and says so. A pin for sandboxes with cells first copies the image
+and its data into a tmpfs volume every such sandbox mounts (rootcopy.py: each cell's root), and holds that instead:
 - with a host directory (a daemon on this machine): it holds `alive.lock` for as long as it lives and writes `ready`;
   every air process that relies on it holds a lock file under `holders/`. Once no holder has been alive for `grace`
   seconds it closes: `ready` becomes `closing`, the holders are looked at once more (one that came meanwhile keeps it
@@ -20,6 +21,7 @@ import sys
 import time
 
 from air.sandbox.warden.pages import PinError, files_under, hold_in_children
+from air.sandbox.warden.rootcopy import CopyError, make
 
 HOST_DIR = "/run/air-pin"
 
@@ -86,15 +88,22 @@ def main(config: dict) -> None:
             except OSError:
                 pass
     started = time.monotonic()
-    paths = files_under(config["roots"], skip=config["skip"])
+    copy_to = config.get("copy_to")
     try:
+        if copy_to:  # cells' roots: the image and its data on a tmpfs of their own (rootcopy.py), whose pages it holds
+            copied = make(config["data"], copy_to, own_mounts=(copy_to, HOST_DIR))
+            paths = files_under([copy_to])
+        else:
+            copied, paths = False, files_under(config["roots"], skip=config["skip"])
         _, files, size = hold_in_children(paths)
-    except PinError as exc:
+    except (PinError, CopyError, OSError) as exc:
         print("air-pin-error " + str(exc), flush=True)
         if host:
             _write(os.path.join(host, "error"), str(exc))
         sys.exit(2)
     report = {"files": files, "bytes": size, "seconds": round(time.monotonic() - started, 3)}
+    if copy_to:
+        report["copy"] = "made" if copied else "kept"
     print("air-pinned " + json.dumps(report), flush=True)
     if not host:
         if config.get("tethered"):  # held by its pool's process through stdin: gone when that process is

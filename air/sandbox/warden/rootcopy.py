@@ -1,0 +1,172 @@
+"""Every cell's root on a tmpfs copy of the image (issue #47). Stdlib only: runs in the page-cache pin (`make`) and in
+the warden (`find`, `prepare`, `enter`).
+
+Looking up a name leaves a dentry in the host kernel's cache, a negative one for a name that does not exist, and the
+next lookup of it is faster: code that saw hidden data could `stat` chosen missing names and another sandbox time
+them. A container's image is the host's filesystem (overlay2's lower layers on ext4), shared by every container of
+the image, so every sandbox could read every other's lookups, even while both run (226-240 of 256 bits between two
+sandboxes at once). tmpfs keeps no negative dentry (a lookup of a missing name leaves nothing once it returns) and
+never drops a positive one (its dentries are its files), and its pages are always in memory: a lookup or a read on it
+says nothing about what ran before or beside.
+
+So the image's pin (pagecache.py) copies the image's files, and its read-only data, once per image and host, into a
+tmpfs volume (`make`, before any sandbox of the image runs) and holds their pages; every sandbox mounts that volume,
+read-only, at ROOT_COPY, which no cell has, and each cell's root is a bind of the copy with the container's own
+mounts (/srv/air, Docker's /etc files, a GPU's driver files, /sys) carried onto it (`enter`). What a cell reads of
+the image never reaches the host's filesystem, and the only other directories a cell can look names up in are its
+sandbox's own (/srv/air), whose names the warden still forgets between cells (dentries.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import shutil
+import stat
+import subprocess
+import threading
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+
+ROOT_COPY = "/run/air-root"
+"""Where a sandbox has the copy (and the pin, writable): root's alone; no cell has it."""
+TREE = "root"
+"""The copied image, under ROOT_COPY: every cell's root."""
+DONE = "copied"
+"""Written last, under ROOT_COPY: the read-only data mounts the copy holds (JSON). Without it there is no copy."""
+MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x2000, 0x4000, 0x40000
+MNT_DETACH = 2
+CLONE_FS, CLONE_NEWNS = 0x200, 0x20000
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+class CopyError(Exception):
+    pass
+
+
+# ----- in the pin ------------------------------------------------------------------------------------------------
+def make(data: Sequence[str], to: str = ROOT_COPY, own_mounts: Sequence[str] = ()) -> bool:
+    """The image's root filesystem and the read-only data mounts (`data`) copied under `to`/TREE with their modes,
+    owners, links and extended attributes (`cp -a`, one filesystem at a time: nothing of /proc, /sys, /dev or
+    another mount), unless a complete copy is there already (a pin before this one made it, and sandboxes still hold
+    the volume). False when it was there."""
+    if os.path.exists(os.path.join(to, DONE)):
+        return False
+    for name in os.listdir(to):  # a copy cut short (its pin killed): start again from nothing
+        path = os.path.join(to, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    tree = os.path.join(to, TREE)
+    os.mkdir(tree, 0o755)
+    for top in ("/", *sorted(data)):
+        target = tree + top.rstrip("/")
+        os.makedirs(target, 0o755, exist_ok=True)
+        try:
+            done = subprocess.run(["cp", "-a", "--one-file-system", top.rstrip("/") + "/.", target + "/"],
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        except OSError as exc:
+            raise CopyError("cannot run cp: %s" % exc) from None
+        if done.returncode:
+            raise CopyError("copying %s: %s" % (top, (done.stderr.strip().splitlines() or ["exit %d" %
+                                                                                        done.returncode])[-1]))
+    for own in own_mounts:  # the pin's own mount points (Docker made them in its container): no sandbox's
+        with contextlib.suppress(OSError):
+            os.rmdir(tree + own)
+    with open(os.path.join(to, DONE + ".new"), "w") as f:
+        json.dump(sorted(data), f)
+    os.rename(os.path.join(to, DONE + ".new"), os.path.join(to, DONE))
+    return True
+
+
+# ----- in the warden ---------------------------------------------------------------------------------------------
+def find(under: str = ROOT_COPY) -> Optional[Tuple[str, List[str]]]:
+    """(the copy's tree, the data mounts it holds) when this sandbox has a complete copy, else None."""
+    try:
+        with open(os.path.join(under, DONE)) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    tree = os.path.join(under, TREE)
+    return (tree, [str(d) for d in data]) if os.path.isdir(tree) else None
+
+
+def carried(inherited: Iterable[Tuple[str, str, str, str]], left: Sequence[str]) -> List[str]:
+    """The container's mounts a cell's root gets, in order: every one not under another (those come with it), but
+    the root, and what is `left` (the copy itself, the warden's directory, data the copy holds) with what is under
+    it."""
+    points = [m[0] for m in inherited if m[0] != "/"]
+    out: List[str] = []
+    for point in points:
+        if any(_under(point, x) for x in left):
+            continue
+        if any(_under(point, q) and point != q for q in points):
+            continue
+        if point not in out:
+            out.append(point)
+    return out
+
+
+def prepare(tree: str, points: Iterable[str], mount: Callable[..., None], check: Callable[[int, str], None]) -> None:
+    """Once per sandbox, before its first cell, in a thread of the warden: a mount point in the copy for each mount
+    the cells' roots carry (Docker made them in the container's own layer, which the copy has not), of the kind the
+    container's is. The sandbox has the copy read-only: this thread makes it writable in a mount namespace of its own
+    (gone with the thread). Shared by every sandbox of the image: each makes only what is missing, as root, 0755."""
+    missing = [point for point in points if not os.path.lexists(tree + point)]
+    if not missing:
+        return
+    failed: List[BaseException] = []
+
+    def make_points() -> None:
+        try:
+            check(LIBC.unshare(CLONE_FS | CLONE_NEWNS), "unshare")
+            mount(None, "/", None, MS_REC | MS_PRIVATE)
+            mount(None, ROOT_COPY, None, MS_REMOUNT | MS_BIND)  # writable here alone
+            for point in missing:
+                target = tree + point
+                os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+                try:
+                    if stat.S_ISDIR(os.stat(point).st_mode):
+                        os.mkdir(target, 0o755)
+                    else:
+                        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                except FileExistsError:  # another sandbox's warden, just now
+                    pass
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=make_points, name="air-rootcopy")
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+
+
+def enter(tree: str, points: Sequence[str], hidden: Sequence[str], mount: Callable[..., None],
+          check: Callable[[int, str], None]) -> None:
+    """In a cell being built (a mount namespace of its own, every mount private): the copy becomes the root, the
+    container's mounts `points` carried onto it (recursively, their flags kept), as switch_root does: the copy moved
+    onto "/" and the caller chroot'ed into it (pivot_root is not in Docker's seccomp profile). Every process that
+    joins the namespace later gets the copy as its root too (setns takes the topmost mount at "/"). The container's
+    mounts are detached first (the carried ones, `hidden` ones, the data the copy holds), so nothing of them is left
+    under the old root but the copy's own volume, which no path in the cell reaches and /proc/*/mountinfo (which
+    shows what lies under a process's root) does not list."""
+    mount(tree, tree, None, MS_BIND)  # a mount of its own, to move
+    for point in points:
+        mount(point, tree + point, None, MS_BIND | MS_REC)
+    for point in [*points, *hidden]:
+        if not _under(tree, point) and LIBC.umount2(point.encode(), MNT_DETACH) != 0:
+            if ctypes.get_errno() != errno.EINVAL:  # EINVAL: not a mount (went with one above it)
+                check(-1, "detach %s" % point)
+    os.chdir(tree)
+    mount(tree, "/", None, MS_MOVE)
+    check(LIBC.chroot(b"."), "chroot")
+    os.chdir("/")
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
