@@ -13,6 +13,12 @@ the pages take is charged to the pin's container, never to a sandbox's limit. Th
   no live holder for `grace` seconds (a process killed with SIGKILL lets go with its lock).
 - **A daemon elsewhere**: each pool has its own pins, removed with it (and by sweeps, as the run's leftovers).
 
+For sandboxes that build cells the pin does more: it first copies the image's files and its read-only data into a
+tmpfs volume of its own name (warden/rootcopy.py), which each such sandbox mounts read-only and every cell has as its
+root, and holds the copy's pages instead of the image's. tmpfs keeps no negative dentries, so no sandbox can read
+another's lookups, not even while both run (issue #47). The volume's memory is the pin's; the daemon unmounts it
+when no container uses it, and the next pin copies again.
+
 Pinning costs the image's size in locked memory once per host (air/cpu: 1.6 GB in 50,000 files) and a few seconds
 the first time (reading the image from disk); `PoolConfig.page_cache = "shared"` turns it off, and the channel
 with it (`air doctor` says which).

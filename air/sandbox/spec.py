@@ -111,9 +111,11 @@ class PoolConfig(BaseModel):
     page_cache: Literal["pinned", "shared"] = "pinned"
     """"pinned": before a sandbox of an image runs, every page of the files it can read is held in the host's page
     cache (a page-cache pin per image and host, and each sandbox's warden for its own files: air/sandbox/pagecache.py),
-    so that nothing an agent or an evaluation does to the cache can be read by another sandbox. It costs the image's
-    size in locked memory once per host. "shared": no pins; the page cache is then an exact channel between every
-    sandbox of an image (SECURITY.md)."""
+    so that nothing an agent or an evaluation does to the cache can be read by another sandbox; with cells, the pin
+    holds a tmpfs copy of the image that is every cell's root (warden/rootcopy.py), so that no name a cell looks up
+    leaves a dentry another sandbox can time either. It costs the image's size in locked memory once per host.
+    "shared": no pins and no copy; the page cache and the image's dentries are then channels between every sandbox
+    of an image (SECURITY.md)."""
     agent_uid_base: int = Field(default_factory=lambda: variables.value("AIR_AGENT_UID_BASE"),
                                 ge=1000, le=2**31 - 2**21)
     """Each sandbox's agent runs under this uid plus the sandbox's host-wide slot: a uid no other live sandbox and

@@ -91,7 +91,7 @@ def main(config: dict) -> None:
     copy_to = config.get("copy_to")
     try:
         if copy_to:  # cells' roots: the image and its data on a tmpfs of their own (rootcopy.py), whose pages it holds
-            copied = make(config["data"], copy_to, own_mounts=(copy_to, HOST_DIR))
+            copied = make(["/", *config["data"]], copy_to, own_mounts=(copy_to, HOST_DIR))
             paths = files_under([copy_to])
         else:
             copied, paths = False, files_under(config["roots"], skip=config["skip"])

@@ -48,11 +48,12 @@ class CopyError(Exception):
 
 
 # ----- in the pin ------------------------------------------------------------------------------------------------
-def make(data: Sequence[str], to: str = ROOT_COPY, own_mounts: Sequence[str] = ()) -> bool:
-    """The image's root filesystem and the read-only data mounts (`data`) copied under `to`/TREE with their modes,
-    owners, links and extended attributes (`cp -a`, one filesystem at a time: nothing of /proc, /sys, /dev or
-    another mount), unless a complete copy is there already (a pin before this one made it, and sandboxes still hold
-    the volume). False when it was there."""
+def make(tops: Sequence[str], to: str = ROOT_COPY, own_mounts: Sequence[str] = ()) -> bool:
+    """`tops` (the image's root filesystem "/" and the read-only data mounts) copied under `to`/TREE, each at its own
+    path, with their modes, owners, links and extended attributes (`cp -a`, one filesystem at a time: nothing of
+    /proc, /sys, /dev or another mount), unless a complete copy is there already (a pin before this one made it, and
+    sandboxes still hold the volume); then the `own_mounts` the copy of "/" took as empty directories removed. False
+    when the copy was there."""
     if os.path.exists(os.path.join(to, DONE)):
         return False
     for name in os.listdir(to):  # a copy cut short (its pin killed): start again from nothing
@@ -63,7 +64,7 @@ def make(data: Sequence[str], to: str = ROOT_COPY, own_mounts: Sequence[str] = (
             os.unlink(path)
     tree = os.path.join(to, TREE)
     os.mkdir(tree, 0o755)
-    for top in ("/", *sorted(data)):
+    for top in tops:
         target = tree + top.rstrip("/")
         os.makedirs(target, 0o755, exist_ok=True)
         try:
@@ -78,7 +79,7 @@ def make(data: Sequence[str], to: str = ROOT_COPY, own_mounts: Sequence[str] = (
         with contextlib.suppress(OSError):
             os.rmdir(tree + own)
     with open(os.path.join(to, DONE + ".new"), "w") as f:
-        json.dump(sorted(data), f)
+        json.dump(sorted(top for top in tops if top != "/"), f)
     os.rename(os.path.join(to, DONE + ".new"), os.path.join(to, DONE))
     return True
 
