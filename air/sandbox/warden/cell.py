@@ -105,7 +105,8 @@ class Layout:
         """The image's tmpfs copy every cell's root is (rootcopy.py); None: the container's root."""
         self.copied = found[1] if found else []
         """The data mounts the copy holds."""
-        self.carried = rootcopy.carried(self.inherited, [*self.hidden, *self.copied]) if found else []
+        renewed = ["/dev", "/tmp", "/var/tmp", home]  # every cell mounts its own there (not /proc: read first)
+        self.carried = rootcopy.carried(self.inherited, [*self.hidden, *self.copied, *renewed]) if found else []
         """The container's mounts a cell's root carries (with what is under them)."""
         self.cgroup = _cgroup_snapshot()
         self.devices = _dev_snapshot()
