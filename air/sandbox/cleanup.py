@@ -1,5 +1,5 @@
 """Crash-safe cleanup by label: what dead runs left on a Docker daemon (their sandboxes, then the claims nobody
-holds any more, and page-cache pins that have exited), with no state file.
+holds any more, page-cache pins that have exited, and their copies' volumes that nothing uses), with no state file.
 Containers that vanish under a sweep (another process sweeping the same run) are no error; containers kept on
 purpose (`air debug --keep`) stay until asked for."""
 
@@ -11,7 +11,10 @@ import time
 import docker
 import docker.errors
 
-from air.sandbox.labels import HOLDER, SANDBOX, list_air_containers, remove_containers
+from air.sandbox.labels import HOLDER, ROLE, SANDBOX, list_air_containers, remove_containers
+
+PIN_ROLE = "pagecache"
+"""The role label of page-cache pins and of their copies' volumes (air/sandbox/pagecache.py)."""
 
 log = logging.getLogger("air.cleanup")
 
@@ -25,7 +28,27 @@ def sweep_dead_runs(client: docker.DockerClient) -> list[str]:
     claims nobody holds any more. Containers that vanish meanwhile (another process sweeping) are no error."""
     doomed = [c.id for c in list_air_containers(client) if not c.kept and not c.claim and (
         c.status in ("exited", "dead") if c.host_pin else not c.alive_owner)]
-    return remove_containers(client, doomed) + sweep_stale_claims(client)
+    return remove_containers(client, doomed) + sweep_stale_claims(client) + sweep_unused_copies(client)
+
+
+def sweep_unused_copies(client: docker.DockerClient) -> list[str]:
+    """Remove the tmpfs volumes of images' copies (warden/rootcopy.py) that no container uses: the daemon has
+    unmounted them, so they hold nothing; a pin makes its volume again (with the same options) when it is needed."""
+    removed = []
+    try:
+        unused = client.volumes.list(filters={"label": f"{ROLE}={PIN_ROLE}", "dangling": True})
+    except docker.errors.APIError as exc:
+        log.warning("could not list the images' copies: %s", exc)
+        return removed
+    for volume in unused:
+        try:
+            volume.remove()
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError:  # taken again meanwhile (a pin starting): it is in use, not stale
+            continue
+        removed.append(volume.name)
+    return removed
 
 
 def sweep_stale_claims(client: docker.DockerClient, grace: float = HOLDER_GRACE) -> list[str]:
