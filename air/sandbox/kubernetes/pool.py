@@ -67,6 +67,10 @@ class _Cluster:
 
     name: str
     cells: bool | None = None
+    local: bool = False
+    """Never this machine's host: forks there copy (lower.py needs a host directory), which the pool does not say."""
+    said_names_kept: bool = False
+    said_lowers: bool = False
 
 
 class KubernetesPool(SandboxPool):
