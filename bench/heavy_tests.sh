@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The suite's heavy tests (marker `heavy`): the dentry-cache channels, a second TRL training, load with sixteen clients, an env-server worker
+# The suite's heavy tests (marker `heavy`): the dentry-cache channels, the host soak, a second TRL training, load with sixteen clients, an env-server worker
 # killed, a second verifiers harness in the text format. Each is a boundary other tests cover in part, and
 # together they cost CI minutes on two cores, so the README's test command and CI leave them out (pytest's addopts)
 # and this runs them, after the set-up (`scripts/setup.sh --test`):

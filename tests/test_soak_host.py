@@ -11,7 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.heavy]
+# heavy: about two and a half minutes of CI's two cores for parts each covered on its own (test_cli_*, test_env_server,
+# test_openenv, test_sandbox_fusion, test_agentgym: each service's SIGTERM); bench/heavy_tests.sh runs it.
 
 
 async def test_every_kind_of_air_process_at_once_on_one_host(images):
