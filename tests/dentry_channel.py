@@ -103,10 +103,5 @@ def agreement(sent: str, got: str) -> int:
 
 CHANCE_BOUND = BITS // 2 + 5 * int((BITS / 4) ** 0.5)
 """Agreement a reader that knows nothing stays under (5 standard deviations above chance: 168 of 256)."""
-RESIDUAL_BOUND = 208
-"""What the attack tests assert: above chance's bound, because of the known-open transient after a reset's drop
-(126-196 of 256 seen in the same container's next cell, fading within a second; SECURITY.md), and far below what the
-open dentry channel carried on f481c6f (244-256): the tests hold the dentries themselves shut, on a busy CI machine,
-and the figures they print say where chance ends."""
 CONTROL_FLOOR = 224
 """Agreement the positive control must reach (7/8 of the bits): the probe works on this host, now."""

@@ -1,22 +1,20 @@
 """The kernel's dentry cache is no channel (issue #47): code under evaluation, the agent and SandboxFusion requests
-look up names in the image's directories, which every later evaluation, lease and request shares (the same
-container's overlay, and the image's lower layers on the host's filesystem, with every container of the image).
+look up names in the image's directories, which every later evaluation, lease and request, and every sandbox of the
+image running at the same time, would share if a cell's root were the container's (the image's lower layers are on
+the host's filesystem). A cell's root is the image's tmpfs copy (warden/rootcopy.py), which keeps no negative dentry.
 
 Each test runs the issue's writer and reader (tests/dentry_channel.py: `stat` missing names under /usr/lib to leave
 negative dentries; time the first lookup of each name) the way a reward-hacking policy would: as the agent through
 ordinary commands, or as code under evaluation through an ordinary submission. The writer sends a balanced message
-of 256 bits (5 names a bit); the reader must agree with it no more than chance does (168 of 256), but for the
-known-open transient below (`RESIDUAL_BOUND`, 208: the open channel carried 244-256).
+of 256 bits (5 names a bit); the reader must agree with it no more than chance does (`CHANCE_BOUND`: 168 of 256, 5
+standard deviations; the transient of up to 196 that the reset's drop left before the copy is gone with it).
 
-Each test has its positive control, run where the attack runs and on the same directory: the same writer and
-reader one after the other in one command of the writer's own cell, which must recover the message
+Each test has its positive control, run where the attack runs: the same writer and reader one after the other in
+the writer's own cell, in a directory that keeps dentries (`CONTROL_TOP`), which must recover the message
 (`CONTROL_FLOOR`, 224 of 256): the probe works on this host, now, so a reader at chance means the channel is shut,
-not that the probe is blind. Timing is noisy on a busy host: the reader decides by rank (the faster half of the bits
-is 1), so load shifts every time alike and the control stays far above chance.
-
-Known open (SECURITY.md, experiments.md): a reader in the same container's next cell, right after the reset's drop,
-still agrees on more than chance in some runs (126-196 of 256; not the dentries, which are gone, but a transient the
-drop leaves, fading within a second): the tests bound it at 208, which the open channel far exceeds.
+not that the probe is blind; between two sandboxes at once, the same pair without the copy. Timing is noisy on a busy
+host: the reader decides by rank (the faster half of the bits is 1), so load shifts every time alike and the control
+stays far above chance.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ import pytest
 from air.sandbox import PoolConfig, SandboxPool
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
-from dentry_channel import (BITS, CHANCE_BOUND, CONTROL_FLOOR, RESIDUAL_BOUND, agreement, command, key, message,
-                            recovered)
+from dentry_channel import BITS, CHANCE_BOUND, CONTROL_FLOOR, agreement, command, key, message, recovered
 
 from probe_task import capture_reports, evaluated, make_probe_task
 
@@ -46,7 +43,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.heavy]
 def assert_chance(sent: str, got: str, where: str) -> None:
     agreed = agreement(sent, got)
     print(f"{where}: {agreed} of {BITS} bits")  # the figures SECURITY.md quotes (pytest -s)
-    assert agreed <= RESIDUAL_BOUND, f"{where}: the reader recovered {agreed} of {BITS} bits (chance: {BITS // 2})"
+    assert agreed <= CHANCE_BOUND, f"{where}: the reader recovered {agreed} of {BITS} bits (chance: {BITS // 2})"
 
 
 def assert_control(sent: str, output: str, where: str) -> None:
