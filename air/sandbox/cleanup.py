@@ -28,7 +28,11 @@ def sweep_dead_runs(client: docker.DockerClient) -> list[str]:
     claims nobody holds any more. Containers that vanish meanwhile (another process sweeping) are no error."""
     doomed = [c.id for c in list_air_containers(client) if not c.kept and not c.claim and (
         c.status in ("exited", "dead") if c.host_pin else not c.alive_owner)]
-    return remove_containers(client, doomed) + sweep_stale_claims(client) + sweep_unused_copies(client)
+    removed = remove_containers(client, doomed) + sweep_stale_claims(client)
+    copies = sweep_unused_copies(client)  # volumes, not containers: named in the log alone
+    if copies:
+        log.info("removed %d unused image copies: %s", len(copies), ", ".join(copies))
+    return removed
 
 
 def sweep_unused_copies(client: docker.DockerClient) -> list[str]:
