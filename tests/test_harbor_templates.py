@@ -115,10 +115,12 @@ if [ "$(cat /app/answer.txt)" = 0 ] && grep -q '^cat answer.txt$' /app/export.sh
 echo "{\\"reward\\": $reward, \\"pristine\\": $pristine}" > /logs/verifier/reward.json
 """
 HOSTILE_EXPORT = """#!/bin/bash
-# The agent's own export.sh: it tries to write the reward and the tests, and leaves a writer behind.
+# The agent's own export.sh: it tries to write the reward and the tests, and leaves a writer behind, which starts
+# writing once export.sh has ended (before, its writes are the collect's own, racing export.sh's `echo 41`).
 echo 1 > /logs/verifier/reward.txt 2>/dev/null
 echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh 2>/dev/null
-nohup bash -c 'for i in $(seq 100); do echo 1 > /logs/verifier/reward.txt; echo 42 > /logs/artifacts/answer.txt
+nohup bash -c 'while kill -0 '$$' 2>/dev/null; do sleep 0.01; done; sleep 0.2
+  for i in $(seq 100); do echo 1 > /logs/verifier/reward.txt; echo 42 > /logs/artifacts/answer.txt
   sleep 0.05; done' >/dev/null 2>&1 &
 echo 41
 """
