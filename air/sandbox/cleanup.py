@@ -25,9 +25,16 @@ restarting daemon at most `daemon_patience`), and only a crash leaves a claim wi
 
 def sweep_dead_runs(client: docker.DockerClient) -> list[str]:
     """Remove the containers of every run whose owner process is dead (never those kept on purpose), then the
-    claims nobody holds any more. Containers that vanish meanwhile (another process sweeping) are no error."""
-    doomed = [c.id for c in list_air_containers(client) if not c.kept and not c.claim and (
-        c.status in ("exited", "dead") if c.host_pin else not c.alive_owner)]
+    claims nobody holds any more; returns what it removed of those. Host pins that ended by themselves, and copies of
+    images that nothing uses, go too, named in the log alone. Containers that vanish meanwhile (another process
+    sweeping) are no error."""
+    rows = [c for c in list_air_containers(client) if not c.kept and not c.claim]
+    # A host pin ends by itself once unused (pagecache.py): an ended one is no run's leftover, and goes unreported.
+    ended_pins = [c.id for c in rows if c.host_pin and c.status in ("exited", "dead")]
+    if ended_pins:
+        log.info("removed %d ended page-cache pin(s): %s", len(remove_containers(client, ended_pins)),
+                 ", ".join(ended_pins))
+    doomed = [c.id for c in rows if not c.host_pin and not c.alive_owner]
     removed = remove_containers(client, doomed) + sweep_stale_claims(client)
     copies = sweep_unused_copies(client)  # volumes, not containers: named in the log alone
     if copies:
