@@ -4,6 +4,7 @@ and fail under CI (CI=true), where a missing daemon is a broken set-up, not a re
 from __future__ import annotations
 
 import os
+import time
 import signal
 import uuid
 
@@ -78,7 +79,12 @@ async def pool(images, docker_client, run_id):
     yield p
     await p.close()
     left = list_air_containers(docker_client, run=run_id)
-    assert not left, f"containers leaked by the test: {[c.name for c in left]}"
+    for _ in range(20):  # an ended sandbox the daemon is still removing (auto_remove) goes within moments
+        if not left or any(c.status not in ("removing", "exited", "dead") for c in left):
+            break
+        time.sleep(0.5)
+        left = list_air_containers(docker_client, run=run_id)
+    assert not left, f"containers leaked by the test: {[(c.name, c.status) for c in left]}"
 
 
 @pytest.fixture

@@ -305,9 +305,10 @@ KERNEL_WIDE_COLUMNS = {"tcp": (9, 11), "tcp6": (9, 11), "udp": (9, 11), "udp6": 
 
 def _sockets(name: str, text: str) -> str:
     """A socket table with its kernel-wide columns read as "*" (the rows and every other column stay); in
-    sockstat, the counts of TCP sockets allocated and of socket memory, which are the host's, not the namespace's."""
+    sockstat, the counts of TCP sockets allocated and orphaned and of socket memory, which are the host's, not the
+    namespace's (the kernel's tcp_orphan_count is one counter for the host)."""
     if name in ("sockstat", "sockstat6"):
-        return re.sub(r"\b(alloc|mem) \d+", r"\1 *", text)
+        return re.sub(r"\b(alloc|orphan|mem) \d+", r"\1 *", text)
     columns = KERNEL_WIDE_COLUMNS.get(name)
     if columns is None:
         return text
