@@ -35,6 +35,17 @@ def idle_class() -> None:
     os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
+def enter_cwd(cwd, fallbacks: Sequence = ()) -> None:
+    """In a program's process (or the thread that starts it): chdir to the first of cwd and its fallbacks that
+    exists and may be entered; none: stay where it is."""
+    for d in (cwd, *fallbacks):
+        try:
+            os.chdir(d)
+            return
+        except OSError:
+            continue
+
+
 def as_user(uid: int, work: Callable[[], int], cell: Optional[Cell] = None) -> int:
     """Run work() in a child that entered the cell (if any) and became uid (stays root for uid 0); its return value
     is the exit code."""
@@ -83,12 +94,7 @@ def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[
             confine(uid)
         if prepare is not None:  # confined, as the program will be; its failure is reported by prepare itself
             prepare()
-        for d in (cwd, *cwd_fallbacks):
-            try:
-                os.chdir(d)
-                break
-            except OSError:
-                continue
+        enter_cwd(cwd, cwd_fallbacks)
         os.execvpe(path or argv[0], list(argv), env)  # PATH from env
     except BaseException as exc:  # noqa: BLE001
         try:
