@@ -14,7 +14,7 @@ import pytest
 
 from air.episode.loop import Episode, EpisodeConfig
 from air.episode.fork import fork
-from air.episode.snapshot import dumps, load, loads, save, take
+from air.episode.snapshot import Snapshot, dumps, load, loads, save, take
 from air.errors import SnapshotError
 from air.policies.scripted import SCRIPTS, VALIDATE
 from air.tasks.environment import TaskEnvironment
@@ -35,6 +35,14 @@ async def _play(episode: Episode, messages: list[dict], replies) -> list:
         messages += [{"role": "assistant", "content": reply}, *step.answers]
         steps.append(step)
     return steps
+
+
+async def _snapshot_after(env: TaskEnvironment, sandbox, replies) -> tuple[Episode, list[dict], Snapshot]:
+    """An episode on `sandbox` that played `replies`, its messages, and its snapshot at that turn."""
+    episode = Episode(env, sandbox, EpisodeConfig(max_turns=20))
+    messages = _messages(episode)
+    await _play(episode, messages, replies)
+    return episode, messages, await take(episode, messages)
 
 
 def _rebuilt(data: bytes, edit) -> bytes:
@@ -58,10 +66,8 @@ def _bash(command: str) -> str:
 async def test_a_fork_at_turn_k_of_every_bundled_task_gives_branches_that_diverge_on_their_own(pool, task):
     env = TaskEnvironment(load_task(task), pool)
     async with env.lease() as sandbox:
-        parent = Episode(env, sandbox, EpisodeConfig(max_turns=20))
-        messages = _messages(parent)
-        await _play(parent, messages, [_bash("echo prefix > p.txt && mkdir -p keep/empty && export K=1 && cd keep")])
-        snap = await take(parent, messages)
+        prefix = _bash("echo prefix > p.txt && mkdir -p keep/empty && export K=1 && cd keep")
+        parent, messages, snap = await _snapshot_after(env, sandbox, [prefix])
         async with fork(env, snap, 2) as branches:
             for i, branch in enumerate(branches):
                 assert branch.episode.turns == 1 and branch.messages == messages
@@ -121,10 +127,7 @@ async def test_a_snapshot_holds_no_hidden_data_and_a_tampered_or_foreign_file_is
     spec = load_task("regression-rmse")
     env = TaskEnvironment(spec, pool)
     async with env.lease() as sandbox:
-        episode = Episode(env, sandbox, EpisodeConfig(max_turns=20))
-        messages = _messages(episode)
-        await _play(episode, messages, [_bash("python train.py"), VALIDATE])
-        snap = await take(episode, messages)
+        episode, messages, snap = await _snapshot_after(env, sandbox, [_bash("python train.py"), VALIDATE])
     data = dumps(snap, KEY)
     for entry in spec.secret:
         secret = entry.source.read_bytes()
@@ -183,10 +186,7 @@ async def test_a_branch_fingerprints_as_its_parent_in_the_agents_state_and_as_a_
         async with env.lease() as fresh:
             reference = await fingerprint_of_first_command(fresh)
         async with env.lease() as parent:
-            episode = Episode(env, parent, EpisodeConfig(max_turns=20))
-            messages = _messages(episode)
-            await _play(episode, messages, [_bash(FORK_PREFIX)])
-            snap = await take(episode, messages)
+            episode, messages, snap = await _snapshot_after(env, parent, [_bash(FORK_PREFIX)])
             before = await fingerprint_of_first_command(parent)
             async with fork(env, snap, 1) as (copied,):  # one branch copies the files
                 assert not copied.shared
@@ -236,10 +236,7 @@ async def test_a_served_episode_resets_from_a_snapshot_item(pool, tmp_path):
     spec = load_task("prisoners-dilemma")
     env = TaskEnvironment(spec, pool)
     async with env.lease() as sandbox:
-        episode = Episode(env, sandbox, EpisodeConfig(max_turns=20))
-        messages = _messages(episode)
-        await _play(episode, messages, SCRIPTS["prisoners-dilemma"].replies[:4])
-        snap = await take(episode, messages)
+        episode, messages, snap = await _snapshot_after(env, sandbox, SCRIPTS["prisoners-dilemma"].replies[:4])
     save(snap, tmp_path / "turn4.airsnap")  # sealed with this host's key, as the server loads it
     core = ServedEpisodes(ServiceConfig(tasks=["prisoners-dilemma"], snapshots=[str(tmp_path / "turn4.airsnap")]),
                           pool=pool)
@@ -281,10 +278,7 @@ async def test_a_branch_cannot_change_the_shared_home_its_siblings_see(pool):
     was, all of it still below their own layers (its files on one device: none copied up)."""
     env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
     async with env.lease() as sandbox:
-        parent = Episode(env, sandbox, EpisodeConfig(max_turns=20))
-        messages = _messages(parent)
-        await _play(parent, messages, [_bash(SHARED_PREFIX)])
-        snap = await take(parent, messages)
+        parent, messages, snap = await _snapshot_after(env, sandbox, [_bash(SHARED_PREFIX)])
     async with fork(env, snap, 3) as (maker, attacker, sibling):
         assert [b.shared for b in (maker, attacker, sibling)] == [True, True, True]
         tree = ["w.txt 644 1", "ro.txt 444 1", "h.txt 644 1", "1700000000", "w", "k", "x", "1"]
@@ -315,10 +309,7 @@ async def test_the_shared_home_is_held_once_by_the_maker_and_goes_with_the_last_
     last branch's cell has ended: fork() releases the maker after the others."""
     env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
     async with env.lease() as sandbox:
-        parent = Episode(env, sandbox, EpisodeConfig(max_turns=20))
-        messages = _messages(parent)
-        await _play(parent, messages, [_bash("head -c 67108864 /dev/urandom > big")])
-        snap = await take(parent, messages)
+        parent, messages, snap = await _snapshot_after(env, sandbox, [_bash("head -c 67108864 /dev/urandom > big")])
     async with fork(env, snap, 3) as branches:
         assert all(b.shared for b in branches)
         during = [_shmem(b.sandbox) for b in branches]
