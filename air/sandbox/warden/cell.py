@@ -108,6 +108,9 @@ class Layout:
         renewed = ["/dev", "/tmp", "/var/tmp", home]  # every cell mounts its own there (not /proc: read first)
         self.carried = rootcopy.carried(self.inherited, [*self.hidden, *self.copied, *renewed]) if found else []
         """The container's mounts a cell's root carries (with what is under them)."""
+        self.left_behind = frozenset(point for point, _, _, _ in self.inherited if found and point != "/" and
+                                     not any(_under(point, c) for c in self.carried))
+        """The container's mounts a cell on the copy does not have (worked out once, not per cell)."""
         self.cgroup = _cgroup_snapshot()
         self.devices = _dev_snapshot()
         self.hostview = hostview.snapshot(_memory_limit(self.cgroup))
@@ -167,7 +170,7 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
     renewed = ("/proc", "/dev", "/tmp", "/var/tmp", layout.home)
     # Inherited mounts: read-only (but air's own directory) and noatime, their other flags kept.
     for point, options, _, _ in inherited:
-        if layout.root_copy and point != "/" and not any(_under(point, c) for c in layout.carried):
+        if point in layout.left_behind:
             continue  # not carried: hidden, or data the copy holds
         if any(_under(point, h) for h in layout.hidden):
             if point in layout.hidden:
