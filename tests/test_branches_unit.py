@@ -24,17 +24,19 @@ def _sandbox(**change):
 
 
 def test_branches_share_a_tree_only_where_every_one_can():
-    assert why_not_shared([_sandbox(), _sandbox()]) == ""
+    assert why_not_shared([_sandbox(), _sandbox(), _sandbox()]) == ""  # SHARE_FROM
+    assert why_not_shared([_sandbox(), _sandbox()], share_from=2) == ""
+    assert "2 branches: copies are made at once" in why_not_shared([_sandbox(), _sandbox()])
+    assert "1 branch:" in why_not_shared([_sandbox()], share_from=1)  # never fewer than two
     cases = {
-        "one branch": [_sandbox()],
         "no host directory": [_sandbox(), _sandbox(channel=None)],
         "no cells": [_sandbox(), _sandbox(cells=False, why_not="AppArmor")],
         "mount_setattr: Invalid argument": [_sandbox(lowers="mount_setattr: Invalid argument"), _sandbox()],
         "different staged homes": [_sandbox(), _sandbox(staged="another")],
     }
     for said, sandboxes in cases.items():
-        assert said in why_not_shared(sandboxes), said
-    assert "different staged homes" in why_not_shared([_sandbox(), _sandbox(image_id="sha256:2")])
+        assert said in why_not_shared(sandboxes, share_from=2), said
+    assert "different staged homes" in why_not_shared([_sandbox(), _sandbox(image_id="sha256:2")], share_from=2)
 
 
 def _tar(*names: str) -> bytes:

@@ -139,7 +139,7 @@ async def test_a_snapshot_holds_no_hidden_data_and_a_tampered_or_foreign_file_is
             "in os.walk(os.path.expanduser('~')) for p in (os.path.join(d, f) for f in fs) if os.path.isfile(p) and "
             "any(c in open(p, 'rb').read() for c in chunks)]; print(len(found), os.path.exists('submission.csv'))\" "
             + " ".join(entry.source.read_bytes()[:256].hex() for entry in spec.secret))
-    async with fork(env, snap, 2) as branches:
+    async with fork(env, snap, 2, share_from=2) as branches:
         assert [b.shared for b in branches] == [True, True]
         for branch in branches:
             assert (await branch.sandbox.session.run(look)).stdout.strip() == "0 True"
@@ -191,7 +191,7 @@ async def test_a_branch_fingerprints_as_its_parent_in_the_agents_state_and_as_a_
             async with fork(env, snap, 1) as (copied,):  # one branch copies the files
                 assert not copied.shared
                 branches = [(await fingerprint_of_first_command(copied.sandbox), False)]
-            async with fork(env, snap, 2) as shared:  # two share the home: the maker's and another's
+            async with fork(env, snap, 2, share_from=2) as shared:  # two share the home: the maker's and another's
                 assert [b.shared for b in shared] == [True, True]
                 branches += [(await fingerprint_of_first_command(b.sandbox), True) for b in shared]
     for after, on_shared_home in branches:

@@ -148,10 +148,12 @@ async def test_a_fork_that_shares_the_home_refuses_each_hostile_snapshot_and_res
         for case in sorted(HOSTILE):
             hostile, benign, said = HOSTILE[case]
             with pytest.raises(SnapshotError, match=said):
-                await restore_all(sandboxes, ShellSnapshot(files=_tar(*HOME, *hostile), cwd=b"/home/agent", env=env))
+                await restore_all(sandboxes, ShellSnapshot(files=_tar(*HOME, *hostile), cwd=b"/home/agent", env=env),
+                                  share_from=2)
             for sb in sandboxes:
                 await sb.session.reset()
-            done = await restore_all(sandboxes, ShellSnapshot(files=_tar(*HOME, *benign), cwd=b"/home/agent", env=env))
+            done = await restore_all(sandboxes, ShellSnapshot(files=_tar(*HOME, *benign), cwd=b"/home/agent", env=env),
+                                   share_from=2)
             root_owned = any(info.uid == 0 and info.name.startswith("home/") for info, _ in benign)
             assert done.shared is not root_owned, (case, done.how)
             if root_owned:
@@ -177,7 +179,7 @@ async def test_a_fork_copies_where_a_branch_cannot_share_and_says_why(pool, base
     snap = ShellSnapshot(files=_tar(*HOME, _entry(W + "kept", data=b"k")), cwd=b"/home/agent/workspace", env=env)
     sandboxes = await _leased(pool, base_spec, 2)
     try:
-        shared = await restore_all(sandboxes, snap)  # positive control: these two share it
+        shared = await restore_all(sandboxes, snap, share_from=2)  # positive control: these two share it
         assert shared.shared and shared.tree_bytes > 0, shared.how
         session = sandboxes[1].session
         ready = session.ready
@@ -187,7 +189,7 @@ async def test_a_fork_copies_where_a_branch_cannot_share_and_says_why(pool, base
             for sb in sandboxes:
                 await sb.session.reset()
             change()
-            done = await restore_all(sandboxes, snap)
+            done = await restore_all(sandboxes, snap, share_from=2)
             assert not done.shared and why in done.how and not any(r.shared for r in done.replies), done.how
             for sb in sandboxes:
                 assert (await sb.session.run("cat kept")).stdout == "k"

@@ -15,18 +15,18 @@ from typing import Any
 
 from air.episode.loop import Episode
 from air.episode.snapshot import Snapshot, check_task
-from air.sandbox.branches import restore_all
+from air.sandbox.branches import SHARE_FROM, restore_all
 
 
 @contextlib.asynccontextmanager
 async def fork(task_env, snap: Snapshot, n: int, *, config=None, writers=None,
-               meta: dict[str, Any] | None = None) -> AsyncIterator[list]:
+               meta: dict[str, Any] | None = None, share_from: int = SHARE_FROM) -> AsyncIterator[list]:
     """n branches of the snapshot, each a new sandbox (a new cell, with its own GPUs where the task has them, leased
     as any rollout's) with the snapshot's files and shell, and an Episode continuing at turn snap.turn + 1 from its
-    rewards. The branches share the snapshot's home where they can (air/sandbox/branches.py: unpacked once, each
-    branch's home a new layer over it), else each copies it. Yields [Branch]; every sandbox goes back to the pool
-    (reset) on leaving: the first (the shared home's maker, whose memory holds it) last, once the others' cells
-    have ended."""
+    rewards. The branches share the snapshot's home where they can and are at least `share_from`
+    (air/sandbox/branches.py: unpacked once, each branch's home a new layer over it), else each copies it. Yields
+    [Branch]; every sandbox goes back to the pool (reset) on leaving: the first (the shared home's maker, whose
+    memory holds it) last, once the others' cells have ended."""
     check_task(snap, task_env.spec)
     async with contextlib.AsyncExitStack() as stack:
         maker = await stack.enter_async_context(task_env.lease())
@@ -34,7 +34,7 @@ async def fork(task_env, snap: Snapshot, n: int, *, config=None, writers=None,
         stack.push_async_callback(_settled, task_env.pool, others)  # runs after the others' releases, before its
         others += await asyncio.gather(*(stack.enter_async_context(task_env.lease()) for _ in range(n - 1)))
         sandboxes = [maker, *others]
-        restored = await restore_all(sandboxes, snap.shell)
+        restored = await restore_all(sandboxes, snap.shell, share_from=share_from)
         yield [Branch(sb, Episode.resume(task_env, sb, snap, config=config,
                                          writer=writers[i] if writers else None, meta=meta),
                       shared=getattr(restored.replies[i], "shared", False))

@@ -40,12 +40,12 @@ import tarfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from air import variables
 from air.errors import SnapshotError
 from air.paths import cache_dir
-from air.sandbox.session import ShellSnapshot
+from air.sandbox.session import ShellSnapshot, StagedFiles
 
 FORMAT = 1
 """The file format's version: a file of another is refused, naming both."""
@@ -112,10 +112,19 @@ class Snapshot(BaseModel):
     def turn(self) -> int:
         return self.state.turn
 
+    _staged: StagedFiles | None = PrivateAttr(default=None)
+
     @property
     def shell(self) -> ShellSnapshot:
+        """The shell's state to restore, its files staged on the host the first time (StagedFiles: every later
+        restore and fork of this snapshot links that one file, and it goes with the snapshot)."""
+        if self._staged is None and self.files:
+            try:
+                self._staged = StagedFiles(self.files)
+            except OSError:  # no runtime directory to stage in: each restore stages, or streams, as it can
+                pass
         return ShellSnapshot(files=self.files, cwd=base64.b64decode(self.cwd), env=dict(self.env), lost=self.lost,
-                             skipped=self.skipped)
+                             skipped=self.skipped, staged=self._staged)
 
 
 # ----- taking and resuming -----------------------------------------------------------------------------------------

@@ -44,10 +44,11 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable
+from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable, UsageError
 from air.sandbox.claims import Grant, HostClaims
 from air.sandbox.cleanup import sweep_dead_runs
 from air.sandbox.container import Sandbox, SandboxSpec, sweep_channel_dirs
+from air.sandbox.session import sweep_staged
 from air.sandbox.docker_api import Docker, docker_host
 from air.sandbox.hostdir import is_local
 from air.sandbox.dentries import forget_names
@@ -227,6 +228,10 @@ class SandboxPool:
                         host.local = await host.docker.call(is_local, host.docker, timeout=30, idempotent=True)
                     if host.local:
                         await host.docker.call(sweep_channel_dirs, host.docker, timeout=120, idempotent=True)
+            with contextlib.suppress(OSError, UsageError):  # this machine's staged snapshots of dead processes
+                staged = sweep_staged()
+                if staged:
+                    log.info("removed %d staged snapshot(s) of dead air processes", len(staged))
         await self._serve(warm_specs)
 
     async def _serve(self, warm_specs: list[SandboxSpec]) -> None:

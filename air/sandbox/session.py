@@ -27,6 +27,7 @@ import dataclasses
 import os
 import re
 import secrets
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from air.errors import SnapshotBusy, SnapshotError
 from air.sandbox.container import Sandbox, gpu_env
 from air.sandbox.interface import ArchiveTooLarge, ArchiveUnreadable, ArchiveUnwritable, CommandResult, ExecResult
 from air.sandbox.hostdir import private, runtime_dir
+from air.sandbox.labels import owner_alive, owner_token
 from air.sandbox.layout import AGENT_HOME, AGENT_USER, BASE_PATH, WARDEN_DIR, WORKSPACE
 from air.sandbox.warden import protocol as p
 from air.sandbox.warden_link import WardenGone, WardenLink
@@ -56,29 +58,70 @@ SnapshotError and never the warden's OOM kill."""
 class ShellSnapshot:
     """A live shell's state at a turn boundary: the agent's files (a tar of warden/snapshot.py's PLACES), the cwd
     (byte-exact) and the exported variables. Not kept: unexported variables, functions, aliases, options, traps,
-    history, the umask, limits, and every process (`lost` names those that ran)."""
+    history, the umask, limits, and every process (`lost` names those that ran). `staged`: the files already on the
+    host as a StagedFiles, for every restore of it to link (a Snapshot stages its own once)."""
 
     files: bytes
     cwd: bytes
     env: dict[str, str]
     lost: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    staged: StagedFiles | None = field(default=None, compare=False, repr=False)
+
+
+class StagedFiles:
+    """A snapshot's files as one root-only file in air's runtime directory (memory, where it is /run), for
+    Session.restore to link into each branch's host directory: N branches, one copy, for as many forks as the
+    snapshot serves. Removed on close or when the object goes; a killed process's are swept by the next pool
+    (sweep_staged: the name carries the owner). (Written here, by the host: the capture's own file, written by the
+    parent's warden, would stay charged to the parent's memory while it lived.)"""
+
+    def __init__(self, files: bytes):
+        self.path = private(runtime_dir() / STAGED_DIR) / f"{owner_token()}{OWNER_END}{secrets.token_hex(8)}.tar"
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self._finalizer = weakref.finalize(self, self.path.unlink, missing_ok=True)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(files)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+STAGED_DIR, OWNER_END = "snapshots", "~"
+
+
+def sweep_staged() -> list[str]:
+    """Remove the staged files (StagedFiles) of air processes that are dead: their names, each once."""
+    removed = []
+    try:
+        entries = list(os.scandir(runtime_dir() / STAGED_DIR))
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        owner, end, _ = entry.name.rpartition(OWNER_END)
+        if (not end or not owner_alive(owner)) and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed.append(entry.name)
+    return removed
 
 
 @contextlib.contextmanager
 def stage_files(snap: ShellSnapshot) -> Iterator[Path]:
-    """The snapshot's files as one root-only file in air's runtime directory (memory, where it is /run), for
-    Session.restore to link into each branch's host directory: N branches, one copy. Removed on leaving. (Written
-    here, by the host: the capture's own file, written by the parent's warden, would stay charged to the parent's
-    memory while it lived.)"""
-    path = private(runtime_dir() / "snapshots") / f"{secrets.token_hex(8)}.tar"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    """The snapshot's files on the host for the block's restores: its own StagedFiles where it has them, else staged
+    here and closed on leaving."""
+    if snap.staged is not None:
+        yield snap.staged.path
+        return
+    staged = StagedFiles(snap.files)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(snap.files)
-        yield path
+        yield staged.path
     finally:
-        path.unlink(missing_ok=True)
+        staged.close()
 
 
 class Session:
@@ -285,7 +328,7 @@ class Session:
         `lower`: a fork's shared home (air/sandbox/branches.py), `rest` a staged tar of the other places alone; the
         reply says whether the home was shared."""
         env = {**snap.env, **gpu_env(self.sandbox.gpu_ids)}
-        linked = self._linked(staged)
+        linked = self._linked(staged or (snap.staged.path if snap.staged is not None else None))
         rest_linked = self._linked(rest) if linked is not None and lower else None
         if linked is None and len(snap.files) > self._stream_limit():
             raise SnapshotError(f"the snapshot's files ({len(snap.files) >> 20} MB) are larger than the "

@@ -185,7 +185,8 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
         mount(None, point, None, flags)
 
     for d in ("/tmp", "/var/tmp"):
-        mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV, "size=%dm,mode=1777" % layout.tmp_mb)
+        mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV,
+              mountapi.tmpfs_options(size="%dm" % layout.tmp_mb, mode="1777"))
     _new_dev(layout)
     if mount_proc is None:
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -210,7 +211,7 @@ def _mount_home(layout: Layout, middle: Optional[Middle]) -> None:
     an overlay. A branch's writable layer holds what its home's quota leaves after the snapshot's files."""
     quota = layout.home_mb << 20
     size = quota if middle is None else max(quota - middle.used, 4096)
-    mount("cell", layout.scratch, "tmpfs", MS_NOSUID | MS_NODEV, "size=%d,mode=700" % size)
+    mount("cell", layout.scratch, "tmpfs", MS_NOSUID | MS_NODEV, mountapi.tmpfs_options(size=size, mode="700"))
     upper, work, lower = (layout.scratch + "/" + name for name in ("upper", "work", MIDDLE))
     for d in (upper, work, lower):
         os.mkdir(d, 0o700)
@@ -409,7 +410,8 @@ def _new_dev(layout: Layout) -> None:
     for d in DEV_MOUNTS:
         os.mkdir("/dev/" + d, 0o755)
     mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,gid=5,mode=620,ptmxmode=666")
-    mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=%dm,mode=1777" % layout.shm_mb)
+    mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+          mountapi.tmpfs_options(size="%dm" % layout.shm_mb, mode="1777"))
     mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
