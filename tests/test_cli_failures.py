@@ -650,11 +650,11 @@ def test_a_model_that_never_answers_is_asked_once_and_waited_on_for_model_timeou
 def test_a_terminal_shows_waiting_for_the_model(images, tmp_path, run_id):
     with ModelDouble(hangs_for=("*",)) as url:
         child = pexpect.spawn(sys.executable, ["-m", "air.cli.main", "run", "--base-url", url, "--model",
-                                               "test-double", "--model-timeout", "20", "--out", str(tmp_path)],
+                                               "test-double", "--model-timeout", "4", "--out", str(tmp_path)],
                               dimensions=(40, 120), timeout=600, encoding="utf-8",
                               env={**os.environ, "TERM": "xterm-256color", "AIR_RUN_ID": run_id})
         try:
-            child.expect(r"waiting for the model at http://127\.0\.0\.1:\d+/v1: \d+ s \(gives up after 20 s")
+            child.expect(r"waiting for the model at http://127\.0\.0\.1:\d+/v1: \d+ s \(gives up after 4 s")
             child.expect(pexpect.EOF)
         finally:
             child.close()

@@ -218,7 +218,7 @@ async def test_output_flood_is_capped_and_host_memory_stays_flat(pool, images, d
         assert isinstance(session, Session)
         session.output_limit = 256 << 10
         rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        r = await session.run("yes", timeout=10)
+        r = await session.run("yes", timeout=3)  # hundreds of MB a second here; 50 MB is the least asserted
         rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert r.timed_out
     assert r.dropped_bytes > 50 << 20, "yes should have produced far more than the cap"
