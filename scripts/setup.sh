@@ -2,6 +2,8 @@
 # One-command set-up of a fresh machine: a Docker engine, air, and the CPU task images.
 #   scripts/setup.sh          what `air run` needs
 #   scripts/setup.sh --test   plus the test tools (pytest plugins; chromium, shellcheck)
+#   --images-later            (after the others) everything but the images: .ci/run builds them while the
+#                             Docker-free tests run (`air images build`, then `air images build toolchain` with --test)
 # Idempotent: a second run reuses the daemon, the install and the images (seconds).
 # It prints air's own progress (`setup: ...`, `ensure-docker: ...`, `air images build`) and real errors; apt's
 # and pip's output goes to a log file (path below; AIR_SETUP_LOG chooses it) whose last lines are shown when a
@@ -32,9 +34,15 @@ apt_get() { DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get "$@"; }
 # fd 3 (if open) passes through: ensure-docker.sh reports the pid of a daemon it started there (see .ci/run).
 scripts/ensure-docker.sh
 
-extra=""
-if [ "${1:-}" = "--test" ]; then
-  extra="[test]"
+extra="" images=now
+for arg in "$@"; do
+  case "$arg" in
+    --test) extra="[test]" ;;
+    --images-later) images=later ;;
+    *) echo "setup: unknown option $arg (--test, --images-later)" >&2; exit 2 ;;
+  esac
+done
+if [ -n "$extra" ]; then
   # Debian packages the tests use: chromium (the HTML report is tested in a real browser) and shellcheck (these
   # scripts are linted).
   updated=""
@@ -63,13 +71,9 @@ say "installing air (pip install -e '.${extra}'; log: $AIR_SETUP_LOG)"
 logged "pip install" env PIP_ROOT_USER_ACTION=ignore \
   python3 -m pip install --disable-pip-version-check --progress-bar off -e ".${extra}"
 logged "importing air after the install" python3 -c "import air, verifiers.v1"
-say "building the CPU task images (offline; the first time takes a few minutes)"
-if [ -z "$extra" ]; then
-  air images build
-else
-  # The SandboxFusion language tests run on the toolchain image: the CPU image plus Debian's compilers (staged on
-  # the host; about 3.5 min the first time, reused by hash after), so it is built after it.
-  say "then the toolchain image for the SandboxFusion language tests"
-  air images build
-  air images build toolchain
+if [ "$images" = later ]; then
+  say "the images are left for later (--images-later)"
+  exit 0
 fi
+say "building the CPU task images (offline; the first time takes a few minutes${extra:+, then the toolchain image for the SandboxFusion language tests})"
+scripts/build-images.sh ${extra:+--test}

@@ -19,7 +19,7 @@ import pytest
 from air.cli.progress import PlainProgress
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = [ROOT / "scripts" / "setup.sh", ROOT / "scripts" / "ensure-docker.sh"]
+SCRIPTS = [ROOT / "scripts" / "setup.sh", ROOT / "scripts" / "ensure-docker.sh", ROOT / "scripts" / "build-images.sh"]
 # What a terminal-only display leaves in a log: carriage returns, ANSI escapes, rich's spinner frames.
 CONTROL = ("\r", "\x1b", "⠋", "⠙", "⠹", "⠸", "⠼", "⠴", "⠦", "⠧", "⠇", "⠏")
 
