@@ -132,7 +132,7 @@ def eval_(
     from air.cli.model_wait import WatchedPolicy
     from air.episode.batch import RolloutResult, claim_run_dir, run_batch
     from air.episode.config import EpisodeConfig
-    from air.files import free_name
+    from air.files import check_folder, free_name
     from air.cli.images import build_task_images, require_images
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import sandbox_spec
@@ -155,6 +155,8 @@ def eval_(
         config = config_of(EpisodeConfig, {"max_turns": max_turns or 30, "command_timeout": command_timeout,
                                             "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
+    if out_dir is not None:  # the command's own mistake (exit 2) before the host's state (images: exit 3)
+        check_folder(out_dir)
     build_task_images(specs)  # a Harbor task's own image: built now, or its failed step said now
     require_images(sandbox_spec(spec).image for spec in specs)  # missing: exit 3 now, not N failed rollouts
     policy = WatchedPolicy(policy)
