@@ -31,11 +31,17 @@ def spawn(env: dict[str, str]) -> tuple[pexpect.spawn, io.StringIO, str]:
     return child, transcript, child.match.group(1)
 
 
+def container_names(docker_client) -> set[str]:
+    """Every container's name, from one listing: the SDK's list inspects each container after, and one that another
+    test's worker removes in between is a 404."""
+    return {name.lstrip("/") for row in docker_client.api.containers(all=True) for name in row.get("Names") or []}
+
+
 def finish(child: pexpect.spawn, docker_client, name: str) -> None:
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0, child.before
-    assert name not in {c.name for c in docker_client.containers.list(all=True)}, "air debug left its container"
+    assert name not in container_names(docker_client), "air debug left its container"
 
 
 def test_up_arrow_recalls_lines_of_this_and_earlier_sessions(images, docker_client, tmp_path):
@@ -135,7 +141,7 @@ def test_json_through_a_pipe_gives_one_json_line_per_step(images, docker_client)
     assert steps[2]["return"] == pytest.approx(sum(s["reward"] for s in steps))
     assert "Local commands" in proc.stderr  # :help answered locally, on stderr, without a turn
     name = BANNER.search(proc.stderr).group(1)
-    assert name not in {c.name for c in docker_client.containers.list(all=True)}, "air debug left its container"
+    assert name not in container_names(docker_client), "air debug left its container"
 
 
 def test_tool_calls_typed_as_json(images, docker_client):

@@ -199,7 +199,7 @@ async def test_a_killed_container_fails_one_session_as_infrastructure(server, do
         sleeping = asyncio.ensure_future(victim.step({"command": "sleep 60"}))
         played = asyncio.ensure_future(play(other, f"{PD}#0"))
         await asyncio.sleep(3)
-        [container] = [c for c in docker_client.containers.list() if c.id.startswith(sandbox)]
+        [container] = [c for c in docker_client.containers.list(ignore_removed=True) if c.id.startswith(sandbox)]
         container.kill()
         failed = await sleeping
         assert failed.done and failed.reward is None
