@@ -68,7 +68,7 @@ async def restore_all(sandboxes: Sequence[Sandbox], snap: ShellSnapshot, timeout
         why = why_not_shared(sandboxes, share_from)
         if why:
             replies = await _all(sb.session.restore(snap, timeout, staged=staged) for sb in sandboxes)
-            return Restored(_say(why) if len(sandboxes) >= share_from else why, replies)
+            return Restored(_say(why) if _enough(sandboxes, share_from) else why, replies)
         after = _after_home(snap.files)
         with contextlib.ExitStack() as held:
             try:
@@ -99,7 +99,7 @@ async def restore_all(sandboxes: Sequence[Sandbox], snap: ShellSnapshot, timeout
 
 def why_not_shared(sandboxes: Sequence[Sandbox], share_from: int = SHARE_FROM) -> str:
     """"" when these sandboxes can share one tree, else why not."""
-    if len(sandboxes) < max(share_from, 2):
+    if not _enough(sandboxes, share_from):
         return f"{len(sandboxes)} branch{'es' if len(sandboxes) > 1 else ''}: copies are made at once, a tree first"
     for sb in sandboxes:
         ready = getattr(sb.session, "ready", None)
@@ -112,6 +112,11 @@ def why_not_shared(sandboxes: Sequence[Sandbox], share_from: int = SHARE_FROM) -
     if len({(sb.image_id, sb.staged) for sb in sandboxes}) > 1:
         return "the branches hold different staged homes (a tree is the difference from the maker's)"
     return ""
+
+
+def _enough(sandboxes: Sequence[Sandbox], share_from: int) -> bool:
+    """Are there branches enough to share a tree (never fewer than two)? Fewer copy, and that is no reason to say."""
+    return len(sandboxes) >= max(share_from, 2)
 
 
 def _after_home(files: bytes) -> bytes | memoryview | None:

@@ -23,11 +23,12 @@ FSCONFIG_SET_FLAG, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE, FSCONFIG_CMD_RECONF
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_IDMAP = 0x1, 0x2, 0x4, 0x100000
 CLONE_NEWUSER = 0x10000000
 TMPFS_MAGIC = 0x01021994
-HUGE = ("huge", "within_size") if os.path.exists("/sys/kernel/mm/transparent_hugepage/shmem_enabled") else None
-"""The option every tmpfs the agent writes gets, where the kernel has it (transparent huge pages for shmem): a file's
-pages in large folios where they lie wholly within its size (none for a small file, so nothing is wasted). Writing a
-large file then takes a few allocations instead of one per 4 KiB page: 20 MB of 1 MB files went into a tmpfs in
-1.4 ms instead of 7.4 (6.18), which is most of a fork's restore and of its shared tree (experiments.md)."""
+HUGE = (("huge", "within_size"),) if os.path.exists("/sys/kernel/mm/transparent_hugepage/shmem_enabled") else ()
+"""The option every tmpfs the agent writes gets (as (key, value) pairs: none where the kernel has no transparent huge
+pages for shmem): a file's pages in large folios where they lie wholly within its size (none for a small file, so
+nothing is wasted). Writing a large file then takes a few allocations instead of one per 4 KiB page: 20 MB of 1 MB
+files went into a tmpfs in 1.4 ms instead of 7.4 (6.18), which is most of a fork's restore and of its shared tree
+(experiments.md)."""
 
 
 class _MountAttr(ctypes.Structure):
@@ -49,7 +50,7 @@ def _text(value):
 
 def tmpfs_options(**options) -> str:
     """mount(2)'s data for a tmpfs the agent writes: `options` (size=..., mode=...), and HUGE where there is."""
-    return ",".join("%s=%s" % kv for kv in (*options.items(), *([HUGE] if HUGE else [])))
+    return ",".join("%s=%s" % kv for kv in (*options.items(), *HUGE))
 
 
 def _long(value: int) -> ctypes.c_long:
@@ -61,7 +62,7 @@ def detached_tmpfs(size_bytes: int, mode: str = "700") -> int:
     mount that holds it)."""
     fs = _call("fsopen", FSOPEN, _text("tmpfs"), _long(FSOPEN_CLOEXEC))
     try:
-        for key, value in (("size", str(max(size_bytes, 4096))), ("mode", mode), *([HUGE] if HUGE else [])):
+        for key, value in (("size", str(max(size_bytes, 4096))), ("mode", mode), *HUGE):
             _call("fsconfig", FSCONFIG, _long(fs), _long(FSCONFIG_SET_STRING), _text(key), _text(value), _long(0))
         _call("fsconfig", FSCONFIG, _long(fs), _long(FSCONFIG_CMD_CREATE), None, None, _long(0))
         return _call("fsmount", FSMOUNT, _long(fs), _long(FSMOUNT_CLOEXEC),
