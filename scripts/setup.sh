@@ -13,6 +13,15 @@ cd "$(dirname "$0")/.."
 
 say() { echo "setup: $*" >&2; }
 
+extra="" images=now
+for arg in "$@"; do
+  case "$arg" in
+    --test) extra="[test]" ;;
+    --images-later) images=later ;;
+    *) say "unknown option $arg (--test, --images-later)"; exit 2 ;;
+  esac
+done
+
 # The log sits next to air's other cache (wheels), one file rewritten per run; a temporary file if that is not
 # writable (a read-only home in CI).
 cache="${AIR_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/air}"
@@ -34,14 +43,6 @@ apt_get() { DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get "$@"; }
 # fd 3 (if open) passes through: ensure-docker.sh reports the pid of a daemon it started there (see .ci/run).
 scripts/ensure-docker.sh
 
-extra="" images=now
-for arg in "$@"; do
-  case "$arg" in
-    --test) extra="[test]" ;;
-    --images-later) images=later ;;
-    *) echo "setup: unknown option $arg (--test, --images-later)" >&2; exit 2 ;;
-  esac
-done
 if [ -n "$extra" ]; then
   # Debian packages the tests use: chromium (the HTML report is tested in a real browser) and shellcheck (these
   # scripts are linted).
