@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -99,6 +100,30 @@ class SandboxFusionServer(AirServer):
 
     def __init__(self, run_id: str, log_path: Path, *args: str, **kwargs):
         super().__init__("sandbox-fusion", run_id, log_path, *args, **kwargs)
+
+
+@contextmanager
+def in_process_server(service) -> Iterator[str]:
+    """`service` behind the real HTTP app, served by uvicorn in a thread of this process (so that a test may
+    shape its sandboxes beyond what the command's flags offer)."""
+    import uvicorn
+
+    from air.services.sandbox_fusion import create_app
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(service=service), host="127.0.0.1", port=port,
+                                          log_level="warning"))
+    thread = threading.Thread(target=server.run, name="sf-in-process", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 300
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the in-process server did not start"
+        time.sleep(0.1)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(120)
 
 
 def wait_until_running(docker_client, run: str, command: str, pending) -> None:

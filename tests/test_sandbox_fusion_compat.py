@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
 import pytest
 from sandbox_fusion import RunCodeRequest, run_code
-from served import SandboxFusionServer, free_port
+from served import SandboxFusionServer, in_process_server
 from sf_upstream import differs, verl_result
 
 pytestmark = pytest.mark.docker
@@ -236,30 +233,6 @@ def test_data_mode_lets_the_jvm_go_and_node_start(data_mode_server):
 
 
 # ----- OOM kills, charged to their program (issue 24.6) ------------------------------------------------------------
-@contextmanager
-def in_process_server(service) -> Iterator[str]:
-    """`service` behind the real HTTP app, served by uvicorn in a thread of this process (so that a test may
-    shape its sandboxes beyond what the command's flags offer)."""
-    import uvicorn
-
-    from air.services.sandbox_fusion import create_app
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(service=service), host="127.0.0.1", port=port,
-                                          log_level="warning"))
-    thread = threading.Thread(target=server.run, name="sf-in-process", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 300
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the in-process server did not start"
-        time.sleep(0.1)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(120)
-
-
 @pytest.fixture(scope="module")
 def small_server(images):
     """One sandbox whose memory cgroup holds about 240 MB: 64 MB for programs, small in-memory filesystems."""

@@ -98,6 +98,7 @@ def _services() -> typer.Typer:
         max_run_timeout: float = option_of(SF, "max_run_timeout"),
         output_limit: int = option_of(SF, "output_limit"),
         queue_timeout: float = option_of(SF, "queue_timeout"),
+        warm_python: bool = option_of(SF, "warm_python"),
         log_level: str = LOG_LEVEL,
         as_json: bool = typer.Option(False, "--json", help="Print one JSON line on stdout once the service "
                                                            "answers (url, image, concurrency), for scripts."),

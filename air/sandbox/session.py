@@ -201,13 +201,15 @@ class Session:
     async def run_untrusted(self, argv: list[str], *, stdin: str | bytes = b"", cwd: str = WORKSPACE,
                             env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
                             reap: bool = True, files: tuple[str, bytes] | None = None,
-                            end_cell: bool = False) -> ExecResult:
+                            end_cell: bool = False, warm: tuple[str, str, str] | None = None) -> ExecResult:
         """Run argv as the warden's own child: the exit status is the kernel's (no process can forge it). With
         reap, every agent process is killed when it exits (its daemons, a fork bomb's remains). `files`, (dest,
         tar): extracted under dest by the program's own process just before it starts, as `unpack` would (with its
         user's rights; ArchiveUnwritable, and nothing run, when a place cannot be written). With end_cell, the
         whole cell ends once it exits, root's processes included, before this returns: an evaluation's last step,
-        whose results nothing can change any more; nothing more runs until the sandbox is reset."""
+        whose results nothing can change any more; nothing more runs until the sandbox is reset. warm (shell steps,
+        interpreter, script): argv is `STEPS exec INTERPRETER SCRIPT` of a python3, which a fork of a warm one started
+        through the same steps may run instead (warden/zygote.py)."""
         data = stdin.encode("utf-8", "surrogateescape") if isinstance(stdin, str) else stdin
         dest, tar = files or ("", b"")
         async with self._lock:
@@ -215,12 +217,13 @@ class Session:
             exited = await link.call(p.Exec(argv=list(argv), stdin=data, cwd=cwd, env={**self.pristine_env(),
                                                                                        **(env or {})},
                                             timeout=timeout, limit=self.output_limit, as_root=user == "root",
-                                            reap=reap, files=tar, files_dest=dest, end_cell=end_cell),
+                                            reap=reap, files=tar, files_dest=dest, end_cell=end_cell,
+                                            warm=list(warm or ())),
                                     wait=timeout + _MARGIN)
         if exited.problem:
             raise ArchiveUnwritable(f"could not unpack into {dest}: {exited.problem}")
         return ExecResult(None if exited.timed_out else exited.exit_code, exited.out, exited.err, exited.duration,
-                          exited.timed_out, exited.dropped)
+                          exited.timed_out, exited.dropped, exited.warm)
 
     async def harness(self, argv: list[str], *, user: str = "root", cwd: str = "/", env: dict[str, str] | None = None,
                       timeout: float = 60, limit: int = 1 << 20) -> ExecResult:

@@ -21,6 +21,7 @@ end is air/sandbox/warden_link.py.
 | threadspawn.py | sandbox | a program started in the cell by a confined thread of the warden (vfork: no fork of it) |
 | restore.py | sandbox | copying a trusted tree (the pristine home), removing the agent's trees without recursion |
 | files.py | sandbox | pack (the agent's files, with its rights) and unpack (the tar's entries win) |
+| zygote.py | sandbox | a warm interpreter: `python3 SCRIPT` as a fork of a python3 that has started (SandboxFusion) |
 | snapshot.py | sandbox | a live sandbox's files at a turn boundary: captured, and restored into a fresh cell |
 | mountapi.py | sandbox | Linux's mount API and idmapped mounts (ctypes), for lower.py |
 | lower.py | sandbox | a fork's shared lower layer: the snapshot's home unpacked once, every branch's home over it |
@@ -69,6 +70,7 @@ MODULES = (  # in import order
     ("air.sandbox.warden.threadspawn", _HERE / "threadspawn.py"),
     ("air.sandbox.warden.restore", _HERE / "restore.py"),
     ("air.sandbox.warden.files", _HERE / "files.py"),
+    ("air.sandbox.warden.zygote", _HERE / "zygote.py"),
     ("air.sandbox.warden.snapshot", _HERE / "snapshot.py"),
     ("air.sandbox.warden.lower", _HERE / "lower.py"),
     ("air.sandbox.warden.shell", _HERE / "shell.py"),
@@ -94,6 +96,14 @@ def _load(name, source):
 '''
 
 
+ZYGOTE_MODULES = tuple(module for module in MODULES if module[0] in {
+    "air.sandbox.warden.syscalls", "air.sandbox.warden.seccomp", "air.sandbox.warden.hostview",
+    "air.sandbox.warden.mountapi", "air.sandbox.warden.rootcopy", "air.sandbox.warden.cell",
+    "air.sandbox.warden.procs", "air.sandbox.warden.restore", "air.sandbox.warden.files", "air.sandbox.warden.zygote"})
+"""A warm interpreter's program (zygote.py): what it needs to confine its children and lay down their files."""
+_ZYGOTE = "sys.modules['air.sandbox.warden.zygote']"
+
+
 PIN_MODULES = (("air.sandbox.warden.pages", _HERE / "pages.py"), ("air.sandbox.warden.rootcopy", _HERE / "rootcopy.py"),
                ("air.sandbox.warden.pinner", _HERE / "pinner.py"))
 """A page-cache pin's program (pinner.py): small enough to travel as its container's command line."""
@@ -101,8 +111,9 @@ PIN_MODULES = (("air.sandbox.warden.pages", _HERE / "pages.py"), ("air.sandbox.w
 
 @functools.cache
 def warden_program() -> bytes:
-    """The warden's bundle (read once per process)."""
-    return bundle()
+    """The warden's bundle (read once per process), carrying its zygotes' program."""
+    zygote = bundle(f"{_ZYGOTE}.run(*{_ZYGOTE}.serve(4, _air))", ZYGOTE_MODULES)
+    return bundle(f"{_ZYGOTE}.PROGRAM = {zygote!r}\nsys.modules['air.sandbox.warden.server'].main()")
 
 
 def bundle(run: str = "sys.modules['air.sandbox.warden.server'].main()", modules=MODULES) -> bytes:

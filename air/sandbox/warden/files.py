@@ -16,7 +16,7 @@ import io
 import os
 import stat
 import tarfile
-from typing import BinaryIO, List
+from typing import BinaryIO, List, Optional
 
 from air.sandbox.warden.restore import DIR_FLAGS, remove_at
 
@@ -105,3 +105,33 @@ def _clear_way(dest: str, parts: List[str], is_dir: bool) -> None:
             fd = child
     finally:
         os.close(fd)
+
+
+PROBLEM_FD = 3
+"""In a program's child, until it execs: where lay_down says why the request's files could not be laid down."""
+
+
+def lay_down(dest: str, tar: bytes, as_root: bool) -> None:
+    """In a program's child, before exec: extract its files; on failure say why and never run the program."""
+    if unpack_telling(dest, tar, as_root, PROBLEM_FD):
+        os._exit(126)
+    os.close(PROBLEM_FD)  # the program never sees it
+
+
+def unpack_problem(dest: str, tar: bytes, as_root: bool) -> Optional[bytes]:
+    """Extract the tar with the caller's rights; None, or why not."""
+    try:
+        unpack(dest, tar, as_root)
+        return None
+    except (Refused, OSError, EOFError, tarfile.TarError) as exc:
+        return (str(exc).encode("utf-8", "surrogateescape") or b"unpack failed")[:900]
+
+
+def unpack_telling(dest: str, tar: bytes, as_root: bool, fd: int) -> int:
+    """In a child with the unpack's rights: extract the tar; 0, or 1 once why not is written to fd."""
+    try:
+        unpack(dest, tar, as_root)
+        return 0
+    except (Refused, OSError, EOFError, tarfile.TarError) as exc:
+        os.write(fd, (str(exc).encode("utf-8", "surrogateescape") or b"unpack failed")[:900])
+        return 1

@@ -73,35 +73,52 @@ def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[
     if pid:
         return pid
     try:  # the child: nothing here may return
-        if cell is not None:
-            cell.enter()
-        high = {t: fcntl.fcntl(s, fcntl.F_DUPFD, 100) for t, s in fds.items()}
-        for t, s in high.items():
-            os.dup2(s, t)  # inheritable
-        os.closerange(max(fds) + 1, 1 << 16)
-        os.setsid()
-        if uid or cell is not None:  # what runs in a cell (root's evaluation too) goes first under memory or CPU
-            # pressure: never the warden, whose loss would leave the rollout unscored
-            with open("/proc/self/oom_score_adj", "w") as f:
-                f.write(str(AGENT_OOM_SCORE_ADJ))
-            os.setpriority(os.PRIO_PROCESS, 0, AGENT_NICE)
-        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        os.umask(0o022)
-        if confined:
-            idle_class()
-            confine(uid)
-        if prepare is not None:  # confined, as the program will be; its failure is reported by prepare itself
-            prepare()
-        enter_cwd(cwd, cwd_fallbacks)
+        become_program(uid=uid, cwd=cwd, fds=fds, cwd_fallbacks=cwd_fallbacks, cell=cell, prepare=prepare,
+                       confined=confined)
         os.execvpe(path or argv[0], list(argv), env)  # PATH from env
     except BaseException as exc:  # noqa: BLE001
-        try:
-            os.write(2, ("air warden: cannot start %s: %s\n" % (argv[0], exc)).encode())
-        finally:
-            os._exit(127)
+        cannot_start(argv[0], exc)
     raise AssertionError("unreachable")
+
+
+def cannot_start(name: str, exc: BaseException) -> None:
+    """In a program's process that failed before its program ran: say why on its stderr and exit 127."""
+    try:
+        os.write(2, ("air warden: cannot start %s: %s\n" % (name, exc)).encode())
+    finally:
+        os._exit(127)
+
+
+def become_program(*, uid: int, cwd, fds: Dict[int, int], cwd_fallbacks: Sequence = (), cell: Optional[Cell] = None,
+                   prepare: Optional[Callable[[], None]] = None, confined: bool = True,
+                   default_signals: bool = True) -> None:
+    """In a fresh child of the warden (or of a warm interpreter, zygote.py): everything before its program runs. It
+    joins the cell, keeps fds {target: source} and no other, starts a session, goes first under memory or CPU
+    pressure, confines itself, lays down its files (prepare) and enters cwd. default_signals=False leaves the signal
+    dispositions as they are: a warm interpreter's are already those of a fresh one."""
+    if cell is not None:
+        cell.enter()
+    high = {t: fcntl.fcntl(s, fcntl.F_DUPFD, 100) for t, s in fds.items()}
+    for t, s in high.items():
+        os.dup2(s, t)  # inheritable
+    os.closerange(max(fds) + 1, 1 << 16)
+    os.setsid()
+    if uid or cell is not None:  # what runs in a cell (root's evaluation too) goes first under memory or CPU
+        # pressure: never the warden, whose loss would leave the rollout unscored
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(AGENT_OOM_SCORE_ADJ))
+        os.setpriority(os.PRIO_PROCESS, 0, AGENT_NICE)
+    if default_signals:
+        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    os.umask(0o022)
+    if confined:
+        idle_class()
+        confine(uid)
+    if prepare is not None:  # confined, as the program will be; its failure is reported by prepare itself
+        prepare()
+    enter_cwd(cwd, cwd_fallbacks)
 
 
 def agent_pids(uid: int, running: bool = False) -> List[int]:

@@ -192,6 +192,8 @@ class Exited(Finished):
     op: ClassVar[str] = "exited"
     problem: AgentText = _bound(1000, default=b"")
     """Why the request's files could not be laid down (the program did not run then); empty when they were."""
+    warm: bool = False
+    """It was started by a warm interpreter (zygote.py)."""
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,9 @@ class Exec(Request):
     in_cell: bool = True
     """False: the harness's own program (staging, a task's generator), in the container's own namespaces, as the
     harness's root with every capability the container has and unconfined, as `docker exec` ran it."""
+    warm: List[str] = field(default_factory=list)
+    """[shell steps, interpreter, script]: argv is the very program `STEPS exec INTERPRETER SCRIPT` (a python3), which
+    a warm interpreter started through the same steps may run instead (zygote.py); empty: argv, always."""
 
 
 @dataclass(frozen=True)

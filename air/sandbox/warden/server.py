@@ -19,12 +19,11 @@ import shutil
 import signal
 import socket
 import sys
-import tarfile
 import time
 from typing import Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
-from air.sandbox.warden import files, lower, mountapi, procs, protocol as p, snapshot, threadspawn
+from air.sandbox.warden import files, lower, mountapi, procs, protocol as p, snapshot, threadspawn, zygote
 from air.sandbox.warden.cell import (Cell, CellError, Layout, Middle, _detach, become, fresh_tmpfs, home_over,
                                      mount, outside, prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
@@ -58,12 +57,18 @@ class Program:
         confined = request.in_cell or bool(self.uid)
         self.timed_out, self.status, self.pidfd = False, None, None
         self.not_started: Optional[threadspawn.NotStarted] = None
+        self.pid: Optional[int] = None
+        self.warm = False
         try:
             # The harness's own program gets the container's environment (the warden's), as `docker exec` did.
             env = dict(request.env) if request.in_cell else {**os.environ, **request.env}
-            if threadspawn.usable(here, fds, None, confined):  # no fork of the warden (threadspawn.py)
+            if len(request.warm) == 3 and here is not None and self.uid:
+                self.pid = self._start_warm(request, env, fds)
+            if self.pid is not None:
+                pass
+            elif threadspawn.usable(here, fds, None, confined):  # no fork of the warden (threadspawn.py)
                 if request.files:  # laid down by the thread that starts the program, with the program's rights
-                    prepare = lambda: _unpack_problem(request.files_dest, request.files, request.as_root)  # noqa
+                    prepare = lambda: files.unpack_problem(request.files_dest, request.files, request.as_root)  # noqa
                 started = threadspawn.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=env, fds=fds,
                                             cell=here, oom_score=procs.AGENT_OOM_SCORE_ADJ, nice=procs.AGENT_NICE,
                                             prepare=prepare)
@@ -73,8 +78,8 @@ class Program:
                 self.pid = started
             else:
                 if request.files:  # laid down by the program's own process: one fork, not an Unpack's and this one's
-                    self.problem, fds[PROBLEM_FD] = os.pipe()
-                    prepare = lambda: _lay_down(request.files_dest, request.files, request.as_root)  # noqa: E731
+                    self.problem, fds[files.PROBLEM_FD] = os.pipe()
+                    prepare = lambda: files.lay_down(request.files_dest, request.files, request.as_root)  # noqa: E731
                 with outside(None if request.in_cell else warden.cell):
                     self.pid = procs.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=env,
                                            fds=fds, cell=here, prepare=prepare, confined=confined)
@@ -96,6 +101,28 @@ class Program:
         else:
             os.close(self.stdin)
             self.stdin = None
+
+    def _start_warm(self, request: p.Exec, env: Dict[str, str], fds: Dict[int, int]) -> Optional[int]:
+        """The program started by a warm interpreter (zygote.py): its pid, or None (it then starts cold)."""
+        extra, problem = [], None
+        if request.files:  # laid down by the program's own process, as by a forked child's
+            problem, w = os.pipe()
+            extra = [w, zygote.files_memfd(request.files)]
+        cell = self.warden.cell
+        try:
+            with outside(cell):  # a zygote the request starts is born in the warden's own pid namespace
+                pid = self.warden.zygotes.start_program(
+                    cell, request.warm, env, uid=self.uid, cwd=request.cwd or "/",
+                    streams=[fds[0], fds[1], fds[2]] + extra, files_dest=request.files_dest)
+        finally:
+            for fd in extra:
+                os.close(fd)
+        if pid is None:
+            if problem is not None:
+                os.close(problem)
+            return None
+        self.problem, self.warm = problem, True
+        return pid
 
     def next_deadline(self) -> float:
         return self.deadline
@@ -175,37 +202,7 @@ class Program:
         self.warden.send(self.id, p.Exited(
             out=self.out.bytes(), err=self.err.bytes(), dropped=self.out.dropped + self.err.dropped,
             exit_code=os.waitstatus_to_exitcode(self.status) if self.status is not None else None,
-            timed_out=self.timed_out, duration=time.monotonic() - self.started, problem=problem))
-
-
-PROBLEM_FD = 3
-"""In a program's child, until it execs: where _lay_down says why the request's files could not be laid down."""
-
-
-def _lay_down(dest: str, tar: bytes, as_root: bool) -> None:
-    """In a program's child, before exec: extract its files; on failure say why and never run the program."""
-    if _unpack_telling(dest, tar, as_root, PROBLEM_FD):
-        os._exit(126)
-    os.close(PROBLEM_FD)  # the program never sees it
-
-
-def _unpack_problem(dest: str, tar: bytes, as_root: bool) -> Optional[bytes]:
-    """Extract the tar with the caller's rights; None, or why not."""
-    try:
-        files.unpack(dest, tar, as_root)
-        return None
-    except (files.Refused, OSError, EOFError, tarfile.TarError) as exc:
-        return (str(exc).encode("utf-8", "surrogateescape") or b"unpack failed")[:900]
-
-
-def _unpack_telling(dest: str, tar: bytes, as_root: bool, fd: int) -> int:
-    """In a child with the unpack's rights: extract the tar; 0, or 1 once why not is written to fd."""
-    try:
-        files.unpack(dest, tar, as_root)
-        return 0
-    except (files.Refused, OSError, EOFError, tarfile.TarError) as exc:
-        os.write(fd, (str(exc).encode("utf-8", "surrogateescape") or b"unpack failed")[:900])
-        return 1
+            timed_out=self.timed_out, duration=time.monotonic() - self.started, problem=problem, warm=self.warm))
 
 
 def _unregister(sel: selectors.BaseSelector, fd: int) -> None:
@@ -238,6 +235,7 @@ class Warden:
         self.scratch_times: Dict[str, tuple] = {}
         self.pins = Pins()
         self.forgetter = Forgetter()  # the names a cell looked up, dropped when it ends (dentries.py)
+        self.zygotes = zygote.Zygotes()  # warm interpreters, started as programs name them (zygote.py)
         """The sandbox's own files, held in the host's page cache (see hold_own_files)."""
         self.staged = True
         """The harness may have changed the sandbox's own files since they were last held (it copied or ran
@@ -614,7 +612,7 @@ class Warden:
 
         def work() -> int:
             os.close(r)
-            return _unpack_telling(request.dest, request.tar, request.as_root, w)
+            return files.unpack_telling(request.dest, request.tar, request.as_root, w)
 
         with outside(None if request.in_cell else self.cell):
             code = procs.as_user(0 if request.as_root else self.config.uid, work,

@@ -56,6 +56,8 @@ class Recipe:
     """{main} from the code; may raise CompileRefused."""
     transform: Callable[[str], str] | None = None
     """The code as written (PHP gets its `<?php` tag)."""
+    warm: bool = False
+    """`run` is `python3 {src}`: a fork of a python3 that has started may run it (air/sandbox/warden/zygote.py)."""
 
     def source_name(self, code: str, taken: Collection[str]) -> str | None:
         if self.source is not None:
@@ -108,7 +110,7 @@ def _php_tag(code: str) -> str:
 CPP_LIBS = "-lcrypto -lssl -lpthread"  # upstream links these when its g++ can (the toolchain image can)
 
 RECIPES: dict[str, Recipe] = {
-    "python": Recipe(".py", "python3 {src}", needs=("python3",)),
+    "python": Recipe(".py", "python3 {src}", needs=("python3",), warm=True),
     "pytest": Recipe(".py", "python3 -m pytest -p no:cacheprovider {src}", needs=("python3", "py:pytest")),
     "bash": Recipe(".sh", "/bin/bash {src}", needs=("bash",)),
     "perl": Recipe(".pl", "perl {src}", needs=("perl",)),

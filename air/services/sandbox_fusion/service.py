@@ -73,6 +73,8 @@ class _Plan(RequestFiles):
     """The program's key in the compile cache (None: not kept, or nothing to compile)."""
     start_from: Compiled | None = None
     """A compile of the same program to start from instead of compiling."""
+    warm: tuple[str, str, str] | None = None
+    """The run step as (shell steps, interpreter, script), which a warm interpreter may run (its recipe's `warm`)."""
 
     @property
     def sf_dir(self) -> str:
@@ -265,7 +267,9 @@ class SandboxFusionService:
                      run_timeout=bounded("run_timeout", request.run_timeout),
                      compile_timeout=bounded("compile_timeout", request.compile_timeout) if recipe.compile else 0,
                      compile=f"{compile_limits}exec {recipe.compile.format(**fields)}" if recipe.compile else None,
-                     run=f"{run_limits}exec {recipe.run.format(**fields)}")
+                     run=f"{run_limits}exec {recipe.run.format(**fields)}",
+                     warm=(run_limits, "python3", source) if recipe.warm and source and self.config.warm_python
+                     else None)
 
     async def _execute(self, sandbox, plan: _Plan) -> RunCodeResponse:
         # The request's files are laid down by the first program's own process (one step, not two), or on their
@@ -293,7 +297,8 @@ class SandboxFusionService:
                 # What the program leaves running is killed by the reset after the lease, unless its files are
                 # fetched: then first, so that nothing changes them while they are read.
                 run_result = await self._program(sandbox, plan.run, cwd=plan.directory, stdin=plan.stdin,
-                                                 timeout=plan.run_timeout, reap=bool(plan.fetch), files=files)
+                                                 timeout=plan.run_timeout, reap=bool(plan.fetch), files=files,
+                                                 warm=plan.warm)
                 files = None
             if files is not None and plan.fetch:
                 await sandbox.session.unpack(*files)
@@ -329,11 +334,12 @@ class SandboxFusionService:
                                files=files)
 
     async def _program(self, sandbox, script: str, *, cwd: str, timeout: float, stdin: str = "",
-                       reap: bool = True, files: tuple[str, bytes] | None = None) -> CommandRunResult:
+                       reap: bool = True, files: tuple[str, bytes] | None = None,
+                       warm: tuple[str, str, str] | None = None) -> CommandRunResult:
         """One step (a compile or a run) as the warden's own child: its script ends in `exec`, so the status is
         the kernel's and nothing the program prints or forks can forge a finish or an exit code. A timeout of 0
         or less (or NaN) times out at once without running, as upstream's does. `files` (dest, tar) are laid down first
-        whatever happens (ArchiveUnwritable)."""
+        whatever happens (ArchiveUnwritable). `warm`: the step as a warm interpreter may run it (run_untrusted)."""
         if not timeout > 0:  # NaN too: upstream's asyncio timer for it fires at once
             if files is not None:
                 await sandbox.session.unpack(*files)
@@ -344,7 +350,7 @@ class SandboxFusionService:
         oom_before = await sandbox.oom_kills()
         # /bin/sh by its path: the warden's fork then skips a PATH search (about a millisecond).
         result = await sandbox.session.run_untrusted(["/bin/sh", "-c", script], cwd=cwd, stdin=stdin,
-                                                     timeout=timeout, reap=reap, files=files)
+                                                     timeout=timeout, reap=reap, files=files, warm=warm)
         limit, captured = self.config.output_limit, self._captured
         stdout, stderr = cap_stream(result.stdout, limit, captured), cap_stream(result.stderr, limit, captured)
         if result.timed_out:
