@@ -50,7 +50,7 @@ from air.sandbox.warden.cell import CLONE_NEWPID, LIBC, Cell, _check, prepare_co
 from air.sandbox.warden.syscalls import NUMBERS
 
 CLONE_PARENT = 0x00008000
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 START_TIMEOUT = 30.0
 """Seconds for a zygote to start (a python3's start and this module's load: well under a second)."""
 REPLY_TIMEOUT = 10.0
@@ -247,6 +247,9 @@ def _enter(request: dict, fds: List[int]) -> None:
                 files.lay_down(request["files_dest"], data, False)
         procs.become_program(uid=request["uid"], cwd=request["cwd"], fds=dict(enumerate(streams)), cell=cell,
                              prepare=prepare, default_signals=False)
+        # Its change of uid made the kernel mark it not dumpable (an exec would have undone that): a new
+        # interpreter's own /proc/self/mem, core dumps and ptrace by its own processes are as ever.
+        _check(LIBC.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
     except BaseException as exc:  # noqa: BLE001 - reported as a forked child's failure
         procs.cannot_start(request["argv"][0], exc)
 
@@ -263,6 +266,8 @@ def run(argv: List[str], fresh: tuple) -> None:
     for entry in [entry for entry in sys.path_importer_cache if entry not in importers]:
         del sys.path_importer_cache[entry]
     sys.path_importer_cache[path] = None  # the interpreter asks whether the script is a zip or a directory
+    if "PWD" in os.environ:  # as the shell steps before the interpreter export it, for the program's own cwd
+        os.environ["PWD"] = os.getcwd()
     sys.argv, sys.orig_argv = [script], [interpreter, script]
     sys.path[0] = os.path.dirname(os.path.realpath(path))
     main = type(sys)("__main__")

@@ -107,6 +107,8 @@ class SandboxFusionService:
         self.available: dict[str, str] = {}
         """Language -> '' when it runs here, else why not."""
         self.requests = 0
+        self.warm_runs = 0
+        """Programs a warm interpreter ran (SandboxFusionConfig.warm_python)."""
         self._captured = 1 << 20  # bytes per stream the sandbox's shell keeps; read from it at start
         self.compiled = CompileCache(self.config.compile_cache_mb << 20) if self.config.compile_cache_mb else None
         self.ops = InFlight()
@@ -351,6 +353,7 @@ class SandboxFusionService:
         # /bin/sh by its path: the warden's fork then skips a PATH search (about a millisecond).
         result = await sandbox.session.run_untrusted(["/bin/sh", "-c", script], cwd=cwd, stdin=stdin,
                                                      timeout=timeout, reap=reap, files=files, warm=warm)
+        self.warm_runs += result.warm
         limit, captured = self.config.output_limit, self._captured
         stdout, stderr = cap_stream(result.stdout, limit, captured), cap_stream(result.stderr, limit, captured)
         if result.timed_out:
