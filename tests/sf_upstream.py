@@ -62,7 +62,7 @@ class Difference:
 
 DIFFERENCES: dict[str, Difference] = {}
 TEST_MODULES = ("test_sandbox_fusion", "test_sandbox_fusion_languages", "test_sandbox_fusion_jupyter",
-                "test_sandbox_fusion_compat", "test_sandbox_fusion_inputs")
+                "test_sandbox_fusion_compat", "test_sandbox_fusion_inputs", "test_sandbox_fusion_warm")
 """The modules that declare differences (imported to collect them)."""
 
 

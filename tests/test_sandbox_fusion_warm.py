@@ -11,6 +11,7 @@ import uuid
 import pytest
 from sandbox_fusion import RunCodeRequest, run_code
 from served import in_process_server
+from sf_upstream import differs
 
 pytestmark = pytest.mark.docker
 
@@ -110,6 +111,26 @@ def test_a_warm_program_sees_what_a_new_interpreter_shows(service, url, limit_mb
     assert seen(warm) == seen(cold)
     assert warm.run_result.return_code == 1 and "ValueError: from a function" in warm.run_result.stderr
     assert "['0', '1', '2', '3']" in warm.run_result.stdout  # its streams, and the listing's own descriptor
+
+
+@differs("the interpreter of a `python` request",
+         upstream="a new `python3` for each request",
+         air="a fork of a `python3` started once per sandbox, through the request's limits (`--no-warm-python`: a new "
+             "one): what the program sees is a new one's but its str hash seed (its sandbox's, the same for every "
+             "request there), three frames below its own, and /proc/self/cmdline; objects alive at its exit are not "
+             "finalized (Python allows it; files left open are flushed)")
+def test_what_tells_a_warm_program_it_was_forked(service, url):
+    """The differences the table names, and only those: two warm programs share the hash seed where two new
+    interpreters each draw one; a warm program's module frame has frames below it."""
+    code = "import sys\ntry:\n    below = sys._getframe(1) is not None\nexcept ValueError:\n    below = False\nprint(hash('air'), below)"
+    warm = [warm_run(service, url, code).run_result.stdout for _ in range(2)]
+    service.config.warm_python = False
+    try:
+        cold = [run(url, code).run_result.stdout for _ in range(2)]
+    finally:
+        service.config.warm_python = True
+    assert warm[0] == warm[1] and warm[0].endswith(" True\n"), warm
+    assert cold[0] != cold[1] and all(out.endswith(" False\n") for out in cold), cold
 
 
 ENDINGS = {

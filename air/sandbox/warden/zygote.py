@@ -10,7 +10,10 @@ interpreter; the environment), started by the warden the first time a request na
 container's namespaces, outside every cell (no process of a cell can see or signal it), started through the very
 shell steps and with the very environment its programs get, so its start-up is theirs up to the script's first line:
 the same limits at start (glibc sizes threads' stacks from RLIMIT_STACK then), the same site and stdio. Only then
-does it load this module, from a memfd the warden wrote, and wait on its socket.
+does it load this module, from a memfd the warden wrote, and wait on its socket. Unlike the warden (`python3 -I -S`),
+it reads what a new interpreter reads at start (the image's site-packages, its .pth files, sitecustomize), as root:
+no agent process can write those. Agents run only in cells, where the image is read-only, and zygotes are started
+only where there are cells, with the environment the harness gives the program (never one the agent chose).
 
 Per program, the warden sends the cell's namespaces, the program's stdin, stdout and stderr pipes and, when the
 request has files, the problem pipe and a memfd of the files: never the code, stdin or files' bytes. The zygote

@@ -270,8 +270,10 @@ class SandboxFusionService:
                      compile_timeout=bounded("compile_timeout", request.compile_timeout) if recipe.compile else 0,
                      compile=f"{compile_limits}exec {recipe.compile.format(**fields)}" if recipe.compile else None,
                      run=f"{run_limits}exec {recipe.run.format(**fields)}",
-                     warm=(run_limits, "python3", source) if recipe.warm and source and self.config.warm_python
-                     else None)
+                     # Not when files go outside the request's directory: one could be a start-up file of python3's
+                     # (a usercustomize), which a warm interpreter read before the request came.
+                     warm=(run_limits, "python3", source) if recipe.warm and source and not absolute
+                     and self.config.warm_python else None)
 
     async def _execute(self, sandbox, plan: _Plan) -> RunCodeResponse:
         # The request's files are laid down by the first program's own process (one step, not two), or on their
