@@ -122,7 +122,8 @@ def test_a_warm_program_sees_what_a_new_interpreter_shows(service, url, limit_mb
 def test_what_tells_a_warm_program_it_was_forked(service, url):
     """The differences the table names, and only those: two warm programs share the hash seed where two new
     interpreters each draw one; a warm program's module frame has frames below it."""
-    code = "import sys\ntry:\n    below = sys._getframe(1) is not None\nexcept ValueError:\n    below = False\nprint(hash('air'), below)"
+    code = ("import sys\ntry:\n    below = sys._getframe(1) is not None\nexcept ValueError:\n    below = False\n"
+            "print(hash('air'), below)")
     warm = [warm_run(service, url, code).run_result.stdout for _ in range(2)]
     service.config.warm_python = False
     try:
