@@ -283,3 +283,15 @@ def test_a_killed_zygote_costs_one_cold_start_and_no_request(service, url, docke
     assert then.run_result.stdout == "still\n" and service.warm_runs == warm_runs, then
     again = warm_run(service, url, "print('warm again')")
     assert again.run_result.stdout == "warm again\n", again
+
+
+def test_a_request_with_files_outside_its_directory_runs_in_a_new_interpreter(service, url):
+    """A file placed outside the request's directory could be one python3 reads at start (a usercustomize under the
+    home, where the image's python3 has a user site), which a warm interpreter read before the request came: such
+    a request starts a new interpreter."""
+    import base64
+
+    custom = "/home/agent/.local/lib/python3.11/site-packages/usercustomize.py"
+    before = service.warm_runs
+    answer = run(url, f"print(open({custom!r}).read())", files={custom: base64.b64encode(b"# planted").decode()})
+    assert answer.run_result.stdout == "# planted\n" and service.warm_runs == before, answer
