@@ -3,7 +3,7 @@ server), measured side by side in one run: throughput, p50/p95 latency and CPU p
 
     python bench/bench_sandbox_fusion.py [--requests 200] [--concurrency 1 8 32] [--pool-size 8 [16 ...]]
                                          [--language python [cpp]] [--image air/toolchain:latest]
-                                         [--programs same|distinct]
+                                         [--programs same|distinct] [--cold]
                                          [--sandbox-fusion-url http://127.0.0.1:8080] [--json]
 
 Each --language sends its tiny program (python `print(1)`, cpp a `puts("1")` to compile and run), N requests at a
@@ -11,6 +11,8 @@ time. `--programs same` sends one program, as verl does for a program's test cas
 `distinct` makes each request's program differ by a comment, so every one is compiled. Sides:
 - air (pool P): `air serve sandbox-fusion` started here as a subprocess (as in production) with a pool of P
   sandboxes and `max(--concurrency)` slots; one server per --pool-size value, so pool sizes compare in one run;
+  python runs in a fork of a warm interpreter (air/sandbox/warden/zygote.py);
+- air cold (with --cold): the same with `--no-warm-python`, a new python3 per request as upstream's;
 - subprocess: the program as a local subprocess per request (python: this interpreter; cpp: g++ then the
   binary, in a temporary directory): no container, no isolation, no HTTP, the floor SandboxFusion's default
   `isolation: none` sits on;
@@ -222,11 +224,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_air(pool_size: int, concurrency: int, run_id: str, image: str) -> tuple[subprocess.Popen, str]:
+def start_air(pool_size: int, concurrency: int, run_id: str, image: str, warm: bool = True
+              ) -> tuple[subprocess.Popen, str]:
     port = free_port()
     argv = [sys.executable, "-m", "air.cli.serve", "sandbox-fusion", "--port", str(port), "--pool-size",
             str(pool_size), "--concurrency", str(concurrency), "--image", image, "--memory-mb", "1536",
-            "--log-level", "warning"]
+            "--log-level", "warning", "--warm-python" if warm else "--no-warm-python"]
     log = open(f"/tmp/{run_id}.log", "wb")  # noqa: SIM115 (the server's whole life)
     return (subprocess.Popen(argv, env={**os.environ, "AIR_RUN_ID": run_id}, stdout=log, stderr=log),
             f"http://127.0.0.1:{port}")
@@ -252,20 +255,23 @@ async def main(args: argparse.Namespace) -> dict:
     t0, b0 = time.perf_counter(), machine_busy()
     await asyncio.sleep(3)
     figures["idle_cpu_ms_per_s"] = (machine_busy() - b0) / (time.perf_counter() - t0) * 1000
-    servers: list[tuple[subprocess.Popen, str, str, int]] = []  # proc, url, run id, pool size
+    servers: list[tuple[subprocess.Popen, str, str, str]] = []  # proc, url, run id, side
     clients: list[httpx.AsyncClient] = []
     limits = httpx.Limits(max_connections=top, max_keepalive_connections=top)
     try:
-        for pool_size in args.pool_size:
+        sides = [(f"air pool {size}", size, True) for size in args.pool_size]
+        if args.cold:
+            sides.append(("air cold", args.pool_size[0], False))
+        for side, pool_size, warm in sides:
             run_id = f"bench-sf-{uuid.uuid4().hex[:8]}"
-            proc, url = start_air(pool_size, top, run_id, args.image)
-            servers.append((proc, url, run_id, pool_size))
+            proc, url = start_air(pool_size, top, run_id, args.image, warm)
+            servers.append((proc, url, run_id, side))
         endpoints: dict[str, tuple] = {}  # side -> (client or None, server pid, run ids, own children)
-        for proc, url, run_id, pool_size in servers:
-            figures.setdefault("startup_s", {})[pool_size] = await wait_ready(url, proc)
+        for proc, url, run_id, side in servers:
+            figures.setdefault("startup_s", {})[side] = await wait_ready(url, proc)
             client = httpx.AsyncClient(base_url=url, timeout=300, limits=limits)
             clients.append(client)
-            endpoints[f"air pool {pool_size}"] = (client, proc.pid, [run_id], False)
+            endpoints[side] = (client, proc.pid, [run_id], False)
         endpoints["subprocess"] = (None, None, [], True)
         if args.sandbox_fusion_url:
             await wait_ready(args.sandbox_fusion_url, None, 30)
@@ -347,6 +353,8 @@ if __name__ == "__main__":
     parser.add_argument("--sandbox-fusion-url", default=None,
                         help="SandboxFusion's own server (started by you) as a third side; the ratios are then "
                              "against it")
+    parser.add_argument("--cold", action="store_true",
+                        help="also air with --no-warm-python (a new python3 per request), the first pool size")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.requests < 2 or min(args.concurrency) < 1 or min(args.pool_size) < 1:
