@@ -23,7 +23,8 @@ CLI_ONLY = {"log_level", "as_json"}
 FLAGS = {
     "sandbox-fusion": ["--port", "--host", "--image", "--concurrency", "--pool-size", "--cpus", "--memory-mb",
                        "--memory-limit-mode",
-                       "--max-run-timeout", "--output-limit", "--queue-timeout", "--log-level", "--json"],
+                       "--max-run-timeout", "--output-limit", "--queue-timeout", "--warm-python",
+                       "--log-level", "--json"],
     "agentgym": ["--port", "--host", "--task", "--mlgym-root", "--harbor-root", "--allow-failed-oracle",
                  "--examples-per-task", "--snapshot", "--max-turns",
                  "--max-seconds", "--command-timeout", "--reward-mode", "--reward-report", "--max-envs",
@@ -59,11 +60,15 @@ def test_serve_options_are_the_config_fields(command):
 def test_serve_help_shows_every_option_with_help_and_default(command):
     result = CliRunner().invoke(serve_app, [command, "--help"], terminal_width=100)
     assert result.exit_code == 0, result.output
-    text = " ".join(result.output.split())
+    def flat(text: str) -> str:  # as one line, and a word the help wrapped at its hyphen whole again
+        return " ".join(text.split()).replace("- ", "-")
+
+    text = flat(result.output)
     for param in _commands()[command].params:
-        assert param.help and " ".join(param.help.split()) in text, param.name
+        assert param.help and flat(param.help) in text, param.name
         if param.default not in (None, [], False):
-            assert f"[default: {param.default}]" in text, param.name
+            shown = param.opts[0].lstrip("-") if getattr(param, "secondary_opts", None) else param.default  # on/off
+            assert flat(f"[default: {shown}]") in text, param.name
 
 
 def test_task_toml_is_task_spec_less_what_the_loader_finds():

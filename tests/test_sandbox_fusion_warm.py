@@ -269,20 +269,23 @@ def test_a_program_cannot_see_or_end_its_zygote(service, url):
     assert after.run_result.stdout == "42\n", after
 
 
-def test_a_killed_zygote_costs_one_cold_start_and_no_request(service, url, docker_client):
-    """The zygote is killed from outside (as the OOM killer might): the next request runs cold and answers as
-    ever, and the one after has a new zygote."""
+@pytest.mark.parametrize("signal_name", ["KILL", "STOP"])
+def test_a_failed_zygote_costs_one_cold_start_and_no_request(service, url, docker_client, signal_name):
+    """The zygote is killed from outside (as the OOM killer might), or stopped, so that it takes a request and never
+    answers (the warden then cannot know whether it started the program): the next request runs cold and answers
+    as ever, the cell's end reaps whatever the zygote may have left, and the request after has a new zygote."""
     first = warm_run(service, url, "pass")
-    kill = ("import os\nfor p in os.listdir('/proc'):\n    try:\n"
-            "        if p.isdigit() and b'_ai' + b'r=' in open('/proc/%s/cmdline' % p, 'rb').read():\n"
-            "            os.kill(int(p), 9); print(p)\n    except OSError:\n        pass\n")
-    killed = docker_client.containers.get(first.executor_pod_name).exec_run(["python3", "-c", kill])
-    assert killed.exit_code == 0 and killed.output.split(), killed
+    signal_them = ("import os, signal\nfor p in os.listdir('/proc'):\n    try:\n"
+                   "        if p.isdigit() and b'_ai' + b'r=' in open('/proc/%s/cmdline' % p, 'rb').read():\n"
+                   f"            os.kill(int(p), signal.SIG{signal_name}); print(p)\n"
+                   "    except OSError:\n        pass\n")
+    signalled = docker_client.containers.get(first.executor_pod_name).exec_run(["python3", "-c", signal_them])
+    assert signalled.exit_code == 0 and signalled.output.split(), signalled
     warm_runs = service.warm_runs
     then = run(url, "print('still')")
     assert then.run_result.stdout == "still\n" and service.warm_runs == warm_runs, then
     again = warm_run(service, url, "print('warm again')")
-    assert again.run_result.stdout == "warm again\n", again
+    assert again.run_result.stdout == "warm again\n" and again.executor_pod_name == first.executor_pod_name, again
 
 
 def test_a_request_with_files_outside_its_directory_runs_in_a_new_interpreter(service, url):

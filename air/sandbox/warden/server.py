@@ -490,6 +490,9 @@ class Warden:
         if shell is not None:
             shell.close()  # killed and reaped: the cell's teardown waits for the warden's own children in it
         if self.cell is not None:
+            if self.zygotes.lost:  # a program a failed zygote may have started: the teardown waits for its reaping
+                reap = tuple(set(reap) | {pid for pid in _own_children() if pid != self.cell.init and _in_a_cell(pid)})
+                self.zygotes.lost = False
             self.cell.end(reap)
             self.cell = None
             self.forgetter.forget()  # before anything else may look a name up: what the cell looked up is forgotten
@@ -878,6 +881,15 @@ def _own_children() -> list:
         except OSError:
             pass
     return pids
+
+
+def _in_a_cell(pid: int) -> bool:
+    """Whether a process lives in a pid namespace below the warden's (a cell's): its status names two pids."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            return any(line.startswith("NSpid:") and len(line.split()) > 2 for line in f)
+    except OSError:
+        return False
 
 
 def _exit_status(info: os.waitid_result) -> int:

@@ -56,7 +56,7 @@ CLONE_PARENT = 0x00008000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
 START_TIMEOUT = 30.0
 """Seconds for a zygote to start (a python3's start and this module's load: well under a second)."""
-REPLY_TIMEOUT = 10.0
+REPLY_TIMEOUT = 5.0
 """Seconds for a zygote to answer with its child's pid (a clone: well under a millisecond)."""
 GIVE_UP_AFTER = 3
 """Zygotes of one key that failed before the warden stops starting them (its programs then start cold)."""
@@ -72,6 +72,11 @@ PROGRAM: bytes = b""
 
 class ZygoteError(Exception):
     """A zygote could not be started or did not answer: the program starts cold instead."""
+
+
+class ZygoteLost(ZygoteError):
+    """A zygote failed after it was asked for a program: it may have started one whose pid the warden never learnt
+    (a child of the warden in the cell, which only the warden can reap: Zygotes.lost)."""
 
 
 # ----- the warden's side ------------------------------------------------------------------------------------------
@@ -135,7 +140,10 @@ class Zygote:
             socket.send_fds(self.sock, [header], [cell.ns_fds[name] for name in NAMESPACES] + list(streams))
         except OSError as exc:
             raise ZygoteError("the zygote's socket failed: %s" % exc) from None
-        return int(self._expect(b"pid ", REPLY_TIMEOUT))
+        try:
+            return int(self._expect(b"pid ", REPLY_TIMEOUT))
+        except (ZygoteError, ValueError) as exc:
+            raise ZygoteLost(str(exc)) from None
 
     def close(self) -> None:
         """End it (it ends too when the warden does: its parent-death signal)."""
@@ -154,6 +162,8 @@ class Zygotes:
         self.running: Dict[Tuple, Zygote] = {}
         self.failures: Dict[Tuple, int] = {}
         self.last_error = ""
+        self.lost = False
+        """A zygote failed after it was asked for a program (ZygoteLost): the cell's end reaps what it started."""
 
     def start_program(self, cell: Cell, warm: Sequence[str], env: Dict[str, str], *, uid: int, cwd: str,
                       streams: Sequence[int], files_dest: str = "") -> Optional[int]:
@@ -170,6 +180,7 @@ class Zygotes:
             return zygote.start_program(cell, uid=uid, cwd=cwd, argv=(interpreter, script), streams=streams,
                                         files_dest=files_dest)
         except (ZygoteError, OSError) as exc:
+            self.lost = self.lost or isinstance(exc, ZygoteLost)
             self.failures[key] = self.failures.get(key, 0) + 1
             self.last_error = str(exc)
             gone = self.running.pop(key, None)
