@@ -26,11 +26,9 @@ VERL_MEMORY_MB = 1024  # verl's default memory_limit_mb (reward_model.sandbox_fu
 
 
 @pytest.fixture(scope="module")
-def toolchain(docker_client):
-    """Built or reused, and served by its content tag (another checkout may point `:latest` elsewhere)."""
-    from air.images import ImageBuilder
-
-    return ImageBuilder(docker_client).ensure(["toolchain"])[-1]
+def toolchain(toolchain_built):
+    """Served by its content tag (another checkout may point `:latest` elsewhere)."""
+    return toolchain_built["toolchain"]
 
 
 @pytest.fixture(scope="module")

@@ -155,13 +155,8 @@ def b64(data: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def built(docker_client) -> dict:
-    """The toolchain image and its parents, built offline (or reused: a no-op when `scripts/setup.sh --test` built
-    them), by recipe. Used by their content tags: on a shared daemon another checkout may point `:latest`
-    elsewhere."""
-    from air.images import ImageBuilder
-
-    return {image.recipe: image for image in ImageBuilder(docker_client).ensure(["toolchain"])}
+def built(toolchain_built) -> dict:
+    return toolchain_built
 
 
 @pytest.fixture(scope="module")

@@ -78,8 +78,9 @@ def sweep_stale_claims(client: docker.DockerClient, grace: float = HOLDER_GRACE)
             client.api.remove_container(r.id, force=True)
         except docker.errors.NotFound:
             pass
-        except docker.errors.APIError as exc:  # one claim that cannot go must not stop the others
-            log.warning("could not remove stale claim %s: %s", r.name, exc)
-            continue
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:  # 409: removal already in progress (another process sweeping): it goes
+                log.warning("could not remove stale claim %s: %s", r.name, exc)  # and the others still may
+                continue
         removed.append(r.name)
     return removed
