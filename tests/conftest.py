@@ -7,7 +7,6 @@ import os
 import time
 import signal
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -65,29 +64,13 @@ def images(docker_client):
     return {b.recipe: b for b in ImageBuilder(docker_client).ensure(["base", "cpu"])}
 
 
-TOOLCHAIN_BUILD = os.environ.get("AIR_TEST_TOOLCHAIN_BUILD")
-"""Under .ci/run: a file the toolchain image's build, still running when the Docker lane starts, writes its exit status
-to once it ends. The tests that need the image wait for it, and run last (pytest_collection_modifyitems)."""
-TOOLCHAIN_FILES = {"test_sandbox_fusion_languages.py", "test_sandbox_fusion_compat.py"}
-"""The test files that need the toolchain image (the `toolchain_built` fixture)."""
-
-
 @pytest.fixture(scope="session")
 def toolchain_built(docker_client) -> dict:
     """The toolchain image and its parents, built offline (or reused: a no-op when `scripts/setup.sh --test` built
     them), by recipe. Used by their content tags: on a shared daemon another checkout may point `:latest`
-    elsewhere. Under .ci/run, first waited for: CI builds it while the other tests run."""
+    elsewhere."""
     from air.images import ImageBuilder
 
-    if TOOLCHAIN_BUILD:
-        status, deadline = Path(TOOLCHAIN_BUILD), time.monotonic() + 3600
-        while not status.exists():
-            if time.monotonic() > deadline:
-                pytest.fail(f"the toolchain image's build wrote no status to {status} within an hour", pytrace=False)
-            time.sleep(2)
-        if status.read_text().strip() != "0":
-            pytest.fail(f"the toolchain image's build failed (exit {status.read_text().strip()}): its output is "
-                        "in CI's", pytrace=False)
     return {image.recipe: image for image in ImageBuilder(docker_client).ensure(["toolchain"])}
 
 
@@ -182,8 +165,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         counts[item.path.name] = counts.get(item.path.name, 0) + 1
     # stable: each file's own tests keep their order
-    items.sort(key=lambda item: (bool(TOOLCHAIN_BUILD) and item.path.name in TOOLCHAIN_FILES,
-                                 -MEASURED_SECONDS.get(item.path.name, 0), -counts[item.path.name], item.path.name))
+    items.sort(key=lambda item: (-MEASURED_SECONDS.get(item.path.name, 0), -counts[item.path.name], item.path.name))
 
 
 @pytest.fixture

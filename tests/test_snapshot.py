@@ -67,6 +67,8 @@ async def test_a_snapshot_restores_files_cwd_and_exports_in_new_cells_each_on_it
 async def test_a_background_process_refuses_the_snapshot_or_is_listed_as_lost(pool, base_spec):
     async with pool.lease(base_spec) as sb:
         await sb.session.run("sleep 300 >/dev/null 2>&1 &")
+        # Once the job's own fork of bash has become sleep (on a busy machine, not always by the next command).
+        await sb.session.run("until grep -qs sleep /proc/$!/cmdline; do sleep 0.01; done", timeout=30)
         with pytest.raises(SnapshotBusy, match="sleep 300"):
             await sb.session.capture()
         snap = await sb.session.capture(lose_processes=True)
