@@ -129,9 +129,8 @@ def unpack_problem(dest: str, tar: bytes, as_root: bool) -> Optional[bytes]:
 
 def unpack_telling(dest: str, tar: bytes, as_root: bool, fd: int) -> int:
     """In a child with the unpack's rights: extract the tar; 0, or 1 once why not is written to fd."""
-    try:
-        unpack(dest, tar, as_root)
+    problem = unpack_problem(dest, tar, as_root)
+    if problem is None:
         return 0
-    except (Refused, OSError, EOFError, tarfile.TarError) as exc:
-        os.write(fd, (str(exc).encode("utf-8", "surrogateescape") or b"unpack failed")[:900])
-        return 1
+    os.write(fd, problem)
+    return 1

@@ -62,11 +62,10 @@ class Program:
         try:
             # The harness's own program gets the container's environment (the warden's), as `docker exec` did.
             env = dict(request.env) if request.in_cell else {**os.environ, **request.env}
-            if len(request.warm) == 3 and here is not None and self.uid:
+            if len(request.warm) == 3 and here is not None and self.uid:  # a fork of a warm interpreter
                 self.pid = self._start_warm(request, env, fds)
-            if self.pid is not None:
-                pass
-            elif threadspawn.usable(here, fds, None, confined):  # no fork of the warden (threadspawn.py)
+            # Else a thread of the warden starts it (threadspawn.py: no fork of the warden), or a fork does.
+            if self.pid is None and threadspawn.usable(here, fds, None, confined):
                 if request.files:  # laid down by the thread that starts the program, with the program's rights
                     prepare = lambda: files.unpack_problem(request.files_dest, request.files, request.as_root)  # noqa
                 started = threadspawn.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=env, fds=fds,
@@ -76,7 +75,7 @@ class Program:
                     self.not_started = started
                     return
                 self.pid = started
-            else:
+            elif self.pid is None:
                 if request.files:  # laid down by the program's own process: one fork, not an Unpack's and this one's
                     self.problem, fds[files.PROBLEM_FD] = os.pipe()
                     prepare = lambda: files.lay_down(request.files_dest, request.files, request.as_root)  # noqa: E731
