@@ -54,10 +54,12 @@ from air.sandbox.warden.syscalls import NUMBERS
 
 CLONE_PARENT = 0x00008000
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
-START_TIMEOUT = 30.0
+START_TIMEOUT = 10.0
 """Seconds for a zygote to start (a python3's start and this module's load: well under a second)."""
 REPLY_TIMEOUT = 5.0
-"""Seconds for a zygote to answer with its child's pid (a clone: well under a millisecond)."""
+"""Seconds for a zygote to answer with its child's pid (a clone: well under a millisecond). Both together stay well
+inside the host's margin for a program's answer (session._MARGIN): a zygote that hangs costs a cold start, never the
+request."""
 GIVE_UP_AFTER = 3
 """Zygotes of one key that failed before the warden stops starting them (its programs then start cold)."""
 CODE_FD, SOCKET_FD, FILES_FD = 3, 4, 4
