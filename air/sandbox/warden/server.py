@@ -33,6 +33,7 @@ from air.sandbox.warden.shell import Command, Shell
 
 REKILL_EVERY = 0.1  # seconds between kills of a command's processes while its shell has not reported
 KILL_GRACE = 2.0  # after killing a timed-out command's processes, seconds for the shell to report
+IN_CELL_KILL_DEADLINE = 2.0  # seconds a timed-out program's answer waits for its processes in a cell to die
 CARRY_LIMIT = 1 << 16  # bytes of background output kept between commands (shown with the next command's output)
 
 
@@ -56,6 +57,9 @@ class Program:
         here = warden.cell if request.in_cell else None
         confined = request.in_cell or bool(self.uid)
         self.timed_out, self.status, self.pidfd = False, None, None
+        # In a cell, whatever the kill leaves goes with the cell at the reset: the answer waits only so long for it
+        # (a fork bomb's SCHED_IDLE processes die only as the CPU lets them run).
+        self.kill_deadline = IN_CELL_KILL_DEADLINE if here is not None else 10.0
         self.not_started: Optional[threadspawn.NotStarted] = None
         self.pid: Optional[int] = None
         self.warm = False
@@ -153,7 +157,7 @@ class Program:
             return
         self.status = os.waitpid(self.pid, 0)[1]
         if (self.reap or self.timed_out) and self.uid:
-            procs.kill_all(self.uid)  # its orphans too: daemons, a fork bomb
+            procs.kill_all(self.uid, self.kill_deadline)  # its orphans too: daemons, a fork bomb
         # Done once it exited: what it wrote before exiting is in the pipes; orphans' later output is not its.
         self.finish()
 
@@ -168,7 +172,7 @@ class Program:
         except OSError:
             pass
         if self.uid:
-            procs.kill_all(self.uid)
+            procs.kill_all(self.uid, self.kill_deadline)
 
     def finish(self) -> None:
         sel = self.warden.sel
