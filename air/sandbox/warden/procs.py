@@ -178,7 +178,11 @@ def stop_then_kill(find: Callable[[bool], List[int]], deadline: float) -> bool:
         time.sleep(YIELD)
 
 
-def kill_all(uid: int, deadline: float = 10.0) -> bool:
+KILL_DEADLINE = 10.0
+"""Seconds kill_all goes on stopping and killing a uid's processes before it gives up."""
+
+
+def kill_all(uid: int, deadline: float = KILL_DEADLINE) -> bool:
     """SIGKILL every process of uid, however fast it forks. True when none is left. (The warden's children are born
     in the current cell, so the killer's kill(-1) reaches the cell's processes.)"""
 

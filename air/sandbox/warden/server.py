@@ -59,7 +59,7 @@ class Program:
         self.timed_out, self.status, self.pidfd = False, None, None
         # In a cell, whatever the kill leaves goes with the cell at the reset: the answer waits only so long for it
         # (a fork bomb's SCHED_IDLE processes die only as the CPU lets them run).
-        self.kill_deadline = IN_CELL_KILL_DEADLINE if here is not None else 10.0
+        self.kill_deadline = IN_CELL_KILL_DEADLINE if here is not None else procs.KILL_DEADLINE
         self.not_started: Optional[threadspawn.NotStarted] = None
         self.pid: Optional[int] = None
         self.warm = False
@@ -110,7 +110,7 @@ class Program:
         extra, problem = [], None
         if request.files:  # laid down by the program's own process, as by a forked child's
             problem, w = os.pipe()
-            extra = [w, zygote.files_memfd(request.files)]
+            extra = [w, zygote.memfd_of(request.files, "air-files")]
         cell = self.warden.cell
         try:
             with outside(cell):  # a zygote the request starts is born in the warden's own pid namespace

@@ -92,9 +92,7 @@ class Zygote:
     def start(cls, prefix: str, interpreter: str, env: Dict[str, str]) -> "Zygote":
         """Start one (the caller makes sure it is born in the warden's own pid namespace)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        code = os.memfd_create("air-zygote")
-        os.write(code, PROGRAM)  # a memfd takes it whole
-        os.lseek(code, 0, os.SEEK_SET)
+        code = memfd_of(PROGRAM, "air-zygote")
         # Its streams are pipes, as its programs' are: Python sizes and buffers sys.std* by what they are at start.
         r_in, w_in = os.pipe()
         r_out, w_out = os.pipe()
@@ -163,7 +161,6 @@ class Zygotes:
     def __init__(self) -> None:
         self.running: Dict[Tuple, Zygote] = {}
         self.failures: Dict[Tuple, int] = {}
-        self.last_error = ""
         self.lost = False
         """A zygote failed after it was asked for a program (ZygoteLost): the cell's end reaps what it started."""
 
@@ -184,7 +181,6 @@ class Zygotes:
         except (ZygoteError, OSError) as exc:
             self.lost = self.lost or isinstance(exc, ZygoteLost)
             self.failures[key] = self.failures.get(key, 0) + 1
-            self.last_error = str(exc)
             gone = self.running.pop(key, None)
             if gone is not None:
                 gone.close()
@@ -197,10 +193,11 @@ class Zygotes:
         self.running.clear()
 
 
-def files_memfd(tar: bytes) -> int:
-    """A request's files as a memfd: the zygote passes it on to its child unread."""
-    fd = os.memfd_create("air-files")
-    view = memoryview(tar)
+def memfd_of(data: bytes, name: str) -> int:
+    """data in a new memfd, read from its start: the zygote's program, or a request's files (which the zygote passes
+    on to its child unread)."""
+    fd = os.memfd_create(name)
+    view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
     os.lseek(fd, 0, os.SEEK_SET)
@@ -272,7 +269,7 @@ def _enter(request: dict, fds: List[int]) -> None:
 
 def run(argv: List[str], fresh: tuple) -> None:
     """In the child: the interpreter as a new `python3 SCRIPT` has it at the script's first line, then the script,
-    run as the interpreter runs a file. Never returns (SystemExit)."""
+    run as the interpreter runs a file. Never returns (_end)."""
     interpreter, script = argv
     modules, meta_path, importers = fresh
     path = os.path.abspath(script)
@@ -297,7 +294,7 @@ def run(argv: List[str], fresh: tuple) -> None:
             source = f.read()
     except OSError as exc:
         sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (interpreter, path, exc.errno, exc.strerror))
-        raise SystemExit(2) from None
+        _end(2)
     try:
         exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
         status = 0
@@ -335,7 +332,6 @@ def _end(status: int) -> None:
     import atexit  # the interpreter's own callbacks (a built-in module: one registry however often imported)
 
     atexit._run_exitfuncs()
-    import gc
     import io
 
     standard = (sys.stdout, sys.stderr)
@@ -381,4 +377,4 @@ def _uncaught(exc: BaseException) -> int:
     return 1
 
 
-__all__ = ["BOOT", "Zygote", "ZygoteError", "Zygotes", "files_memfd", "run", "serve"]
+__all__ = ["BOOT", "Zygote", "ZygoteError", "Zygotes", "memfd_of", "run", "serve"]
