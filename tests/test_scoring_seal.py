@@ -89,13 +89,34 @@ async def test_the_guard_keeps_the_agents_own_modules_importable(pool, built, tm
 
 def daemon(wait_for_the_test: bool) -> str:
     """A solve.py that prints a wrong answer and leaves a daemon (double fork, setsid, no stdout) that rewrites the
-    reward: as soon as the test has ended (it waits for test.sh's process to be gone), or at once and on."""
-    wait = ("        test = os.getpid()\n"
-            "        while b'/tests/test.sh' not in open('/proc/%d/cmdline' % test, 'rb').read():\n"
-            "            test = int(open('/proc/%d/stat' % test).read().rsplit(')', 1)[1].split()[1])\n"
-            "        while os.path.exists('/proc/%d' % test) and open('/proc/%d/stat' % test).read()"
-            ".rsplit(')', 1)[1].split()[0] != 'Z':\n"
-            "            time.sleep(0.0005)\n") if wait_for_the_test else ""
+    reward: as soon as the test has ended (test.sh's process a zombie or gone, polled without a pause, the winning
+    reward.json ready to be renamed into place), or at once and on. Waiting, it first writes a reward.json of its own
+    that says it is polling (reward.json comes before the test's reward.txt), so a probe that never ran shows."""
+    wait = ("        def cmdline(pid):\n"
+            "            try:\n"
+            "                return open('/proc/%s/cmdline' % pid, 'rb').read()\n"
+            "            except OSError:\n"
+            "                return b''\n"
+            "        test = next(int(p) for p in os.listdir('/proc')\n"
+            "                    if p.isdigit() and b'/tests/test.sh' in cmdline(p))\n"
+            "        open('/logs/verifier/reward.json', 'w').write('{\"reward\": 0, \"polling\": 1}')\n"
+            "        open('/logs/verifier/.r', 'w').write('{\"reward\": 1, \"polling\": 1}')\n"
+            "        stat = os.open('/proc/%d/stat' % test, os.O_RDONLY)\n"
+            "        while True:\n"
+            "            try:\n"
+            "                if os.pread(stat, 512, 0).rsplit(b')', 1)[1].split()[0] == b'Z':\n"
+            "                    break\n"
+            "            except (OSError, IndexError):\n"
+            "                break\n"
+            "        os.replace('/logs/verifier/.r', '/logs/verifier/reward.json')\n")
+    rewrite = ("        end = time.time() + 10\n"
+               "        while time.time() < end:\n"
+               "            try:\n"
+               "                open('/logs/verifier/.r', 'w').write('1')\n"
+               "                os.replace('/logs/verifier/.r', '/logs/verifier/reward.txt')\n"
+               "            except OSError:\n"
+               "                pass\n"
+               "            time.sleep(0.001)\n")
     return ("cat > solve.py <<'EOF'\n"
             "import os, time\n"
             "print(0, flush=True)\n"
@@ -103,24 +124,18 @@ def daemon(wait_for_the_test: bool) -> str:
             "    os.setsid()\n"
             "    if os.fork() == 0:\n"
             "        os.close(1)\n"
-            f"{wait}"
-            "        end = time.time() + 10\n"
-            "        while time.time() < end:\n"
-            "            try:\n"
-            "                open('/logs/verifier/.r', 'w').write('1')\n"
-            "                os.replace('/logs/verifier/.r', '/logs/verifier/reward.txt')\n"
-            "            except OSError:\n"
-            "                pass\n"
-            "            time.sleep(0.001)\n"
+            f"{wait if wait_for_the_test else rewrite}"
             "    os._exit(0)\n"
             "EOF")
 
 
 async def test_a_daemon_left_by_the_tested_program_cannot_rewrite_the_reward(pool, built, tmp_path):
     """The daemon waits for the test to end (test.sh's process gone, or a zombie) and rewrites the reward at once:
-    the whole cell ends before the test is reaped, so it never sees the end."""
-    outcome, _ = await play(pool, spec_of("runs-program"), daemon(wait_for_the_test=True))
-    assert outcome.status == "ok" and outcome.metrics == {"reward": 0.0}, outcome
+    test.sh is pid 1 of its own pid namespace, so the kernel kills the daemon before that end can be seen. (Five
+    times: the warden's own end of the cell, which came after that end, lost this race once in CI.)"""
+    for _ in range(5):
+        outcome, _ = await play(pool, spec_of("runs-program"), daemon(wait_for_the_test=True))
+        assert outcome.status == "ok" and outcome.metrics == {"reward": 0.0, "polling": 1.0}, outcome
     # Positive control: the daemon runs, as root, and rewrites the reward while the test still runs (a test that
     # lingers after writing it trusts the submission, as Harbor's does: `air tasks audit` reports that).
     root = copy_task(tmp_path, "runs-program", lambda text: text + "sleep 3\n")

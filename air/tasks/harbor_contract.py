@@ -4,8 +4,9 @@ agent's workspace, and the reward files it writes.
 In a new cell of a scoring sandbox (the task's image, no network): `tests/` lands at /tests (read-only: /srv/air is,
 in every cell), the copy of what the agent left (root's, read-only to all but root) replaces the image's workspace,
 where the image's working directory links, and an empty /logs/verifier is root's, on the cell's own tmpfs
-(/srv/air/out). `bash /tests/test.sh` runs as root there, as Harbor's verifier does by default. When it exits the
-whole cell ends, so that nothing it started (a daemon the submission left) can change the reward; then
+(/srv/air/out). `bash /tests/test.sh` runs as root there, as Harbor's verifier does by default, as pid 1 of a pid
+namespace of its own: when it exits, the kernel ends everything it started (a daemon the submission left) before its
+end can be seen, so nothing can wait for it and change the reward then; the whole cell ends, and
 /logs/verifier/reward.json (an object of numbers) and reward.txt (one number) are read, as Harbor reads them, from
 outside the cell: `reward` is the score (reward.json's, else reward.txt's), every other finite number of
 reward.json a metric beside it for the records (the agent sees `reward` alone). test.sh's exit status does not

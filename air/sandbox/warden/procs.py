@@ -16,7 +16,7 @@ import signal
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from air.sandbox.warden.cell import Cell, become, confine
+from air.sandbox.warden.cell import CLONE_NEWPID, Cell, become, confine
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 IPC_RMID = 0
@@ -65,20 +65,47 @@ def as_user(uid: int, work: Callable[[], int], cell: Optional[Cell] = None) -> i
 
 def spawn(argv: Sequence[str], *, uid: int, cwd, env: Dict[str, str], fds: Dict[int, int],
           cwd_fallbacks: Sequence = (), path: Optional[str] = None, cell: Optional[Cell] = None,
-          prepare: Optional[Callable[[], None]] = None, confined: bool = True) -> int:
+          prepare: Optional[Callable[[], None]] = None, confined: bool = True, last: bool = False) -> int:
     """fork + exec argv as uid (0 = root) in the cell (if any) and a new session, confined (but the harness's own
     programs: confined=False), with fds {target: source} and no other; returns pid. cwd may be bytes (the agent's
-    directories need not have UTF-8 names)."""
+    directories need not have UTF-8 names). last: the cell's last program, whose end ends every process it left
+    (program_as_init)."""
     pid = os.fork()
     if pid:
         return pid
     try:  # the child: nothing here may return
         become_program(uid=uid, cwd=cwd, fds=fds, cwd_fallbacks=cwd_fallbacks, cell=cell, prepare=prepare,
-                       confined=confined)
+                       confined=confined, last=last)
         os.execvpe(path or argv[0], list(argv), env)  # PATH from env
     except BaseException as exc:  # noqa: BLE001
         cannot_start(argv[0], exc)
     raise AssertionError("unreachable")
+
+
+def program_as_init() -> None:
+    """In a child of the warden that joined its cell: go on as pid 1 of a pid namespace of its own, while this process
+    stays behind as its parent and ends as it ends (the pid the warden waits for). Why: when pid 1 of a namespace
+    exits, the kernel kills every other process of the namespace and waits for them before that exit is done, so
+    before anything can see it ended (a zombie, or gone): a daemon the program left cannot wait for its end and act
+    then. Nothing in the namespace can signal its pid 1 (but for signals it catches), nor see this parent."""
+    if LIBC.unshare(CLONE_NEWPID) != 0:
+        raise OSError(ctypes.get_errno(), "unshare CLONE_NEWPID: " + os.strerror(ctypes.get_errno()))
+    os.setsid()  # the warden's kill of a timed-out program (its process group) reaches this parent
+    pid = os.fork()
+    if pid == 0:
+        return
+    status = 1 << 8
+    try:
+        os.closerange(0, 1 << 16)  # the warden's descriptors: the program's own are the child's alone
+        status = os.waitpid(pid, 0)[1]
+        if os.WIFSIGNALED(status):  # ended as its program ended: by the same signal, without a core
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if os.WTERMSIG(status) not in (signal.SIGKILL, signal.SIGSTOP):
+                signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            os.kill(os.getpid(), os.WTERMSIG(status))
+    finally:
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 1)
 
 
 def cannot_start(name: str, exc: BaseException) -> None:
@@ -91,13 +118,16 @@ def cannot_start(name: str, exc: BaseException) -> None:
 
 def become_program(*, uid: int, cwd, fds: Dict[int, int], cwd_fallbacks: Sequence = (), cell: Optional[Cell] = None,
                    prepare: Optional[Callable[[], None]] = None, confined: bool = True,
-                   default_signals: bool = True) -> None:
+                   default_signals: bool = True, last: bool = False) -> None:
     """In a fresh child of the warden (or of a warm interpreter, zygote.py): everything before its program runs. It
     joins the cell, keeps fds {target: source} and no other, starts a session, goes first under memory or CPU
     pressure, confines itself, lays down its files (prepare) and enters cwd. default_signals=False leaves the signal
-    dispositions as they are: a warm interpreter's are already those of a fresh one."""
+    dispositions as they are: a warm interpreter's are already those of a fresh one. last: the cell's last program
+    (program_as_init)."""
     if cell is not None:
         cell.enter()
+        if last:
+            program_as_init()
     high = {t: fcntl.fcntl(s, fcntl.F_DUPFD, 100) for t, s in fds.items()}
     for t, s in high.items():
         os.dup2(s, t)  # inheritable

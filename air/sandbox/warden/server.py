@@ -66,10 +66,13 @@ class Program:
         try:
             # The harness's own program gets the container's environment (the warden's), as `docker exec` did.
             env = dict(request.env) if request.in_cell else {**os.environ, **request.env}
-            if len(request.warm) == 3 and here is not None and self.uid:  # a fork of a warm interpreter
+            # The cell's last program is pid 1 of a namespace of its own (procs.program_as_init): only a fork starts
+            # it so.
+            last = self.end_cell and here is not None
+            if len(request.warm) == 3 and here is not None and self.uid and not last:  # a fork of a warm interpreter
                 self.pid = self._start_warm(request, env, fds)
             # Else a thread of the warden starts it (threadspawn.py: no fork of the warden), or a fork does.
-            if self.pid is None and threadspawn.usable(here, fds, None, confined):
+            if self.pid is None and not last and threadspawn.usable(here, fds, None, confined):
                 if request.files:  # laid down by the thread that starts the program, with the program's rights
                     prepare = lambda: files.unpack_problem(request.files_dest, request.files, request.as_root)  # noqa
                 started = threadspawn.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=env, fds=fds,
@@ -85,7 +88,7 @@ class Program:
                     prepare = lambda: files.lay_down(request.files_dest, request.files, request.as_root)  # noqa: E731
                 with outside(None if request.in_cell else warden.cell):
                     self.pid = procs.spawn(request.argv, uid=self.uid, cwd=request.cwd or "/", env=env,
-                                           fds=fds, cell=here, prepare=prepare, confined=confined)
+                                           fds=fds, cell=here, prepare=prepare, confined=confined, last=last)
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -149,8 +152,8 @@ class Program:
         self.warden.sel.unregister(self.pidfd)
         os.close(self.pidfd)
         if self.end_cell:
-            # Everything it left, root's daemons too, ends before its results are read; and before it is reaped, so
-            # that to the cell it has not ended yet (a zombie): nothing there can wait for its end and act then.
+            # Everything it left, root's daemons too, ended before it did (it was pid 1 of its namespace: nothing
+            # there saw it end); the rest of the cell ends before its results are read.
             self.status = _exit_status(os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT))
             self.warden.end_cell(reap=(self.pid,))
             self.finish()
