@@ -265,11 +265,15 @@ def looks_cached(names, kind, top=DENTRY_TOP):  # first lookups of `names` again
         return "uncached"  # tmpfs copy): every name is as new as the fresh ones, whatever the noise says
     return "cached" if median(first) < (median(uncached) + median(cached)) / 2 else "uncached"
 CONTROL_TOP = os.path.expanduser("~")  # the home: an overlay whose own dentries live as long as the cell
-control = ["%s/airfp-control-%s-%d" % (CONTROL_TOP, token, i) for i in range(64)]
-for p in control:
-    lookup_ns(p)
-dentries = {DENTRY_TOP: looks_cached(DENTRY_NAMES, "planted"),
-            "control": looks_cached(control, "control", CONTROL_TOP)}
+def control():  # names just looked up must look cached: up to three tries, new names each (a busy machine's noise
+    for attempt in range(3):  # once hid them in CI), where the planted names can be judged only once
+        names = ["%s/airfp-control-%s-%d-%d" % (CONTROL_TOP, token, attempt, i) for i in range(64)]
+        for p in names:
+            lookup_ns(p)
+        if looks_cached(names, "control%d" % attempt, CONTROL_TOP) == "cached":
+            return "cached"
+    return "uncached"
+dentries = {DENTRY_TOP: looks_cached(DENTRY_NAMES, "planted"), "control": control()}
 
 mask = os.umask(0)
 os.umask(mask)
