@@ -92,11 +92,13 @@ class InFlight:
             pass  # uvicorn's own graceful shutdown waits (and cancels) from here
 
 
-def run_app(app: Any, host: str, port: int, log_level: str, *,
+def run_app(app: Any, host: str, port: int, log_level: str, *, on_listening: Callable[[], None] | None = None,
             on_stop: Callable[[], Awaitable[None]] | None = None, **options: Any) -> None:
     """Serve `app` until a signal asks to stop, then: await `on_stop` (the service ends its work in flight, whose
     requests answer while their connections are open), shut down gracefully (up to 30 s for requests still in
-    flight) and re-raise the signal."""
+    flight) and re-raise the signal. `on_listening` (the service's ready line) is called once the port accepts
+    connections: uvicorn runs the app's lifespan, which starts the service, before it binds, and a client that
+    connected on a line said then was refused (it happened in CI, on a busy machine)."""
     import uvicorn
 
     from air.errors import Stopped
@@ -107,6 +109,11 @@ def run_app(app: Any, host: str, port: int, log_level: str, *,
         def handle_exit(self, sig, frame) -> None:
             stopped_by.append(sig)
             super().handle_exit(sig, frame)
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started and on_listening is not None:
+                on_listening()
 
         async def shutdown(self, sockets=None) -> None:
             if on_stop is not None:

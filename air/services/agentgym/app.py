@@ -25,10 +25,8 @@ from air.services.episodes import one_line
 from air.services.guard import Guard
 
 
-def create_app(config: AgentGymConfig | None = None, service: AgentGymService | None = None,
-               on_ready: Callable[[AgentGymService], None] | None = None):
-    """The FastAPI app; its lifespan starts the service (then calls on_ready) and gives back every sandbox at
-    shutdown."""
+def create_app(config: AgentGymConfig | None = None, service: AgentGymService | None = None):
+    """The FastAPI app; its lifespan starts the service and gives back every sandbox at shutdown."""
     from fastapi import FastAPI
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
@@ -39,8 +37,6 @@ def create_app(config: AgentGymConfig | None = None, service: AgentGymService | 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await service.start()
-        if on_ready is not None:
-            on_ready(service)
         try:
             yield
         finally:
@@ -140,5 +136,5 @@ def serve(config: AgentGymConfig, log_level: str = "info",
     from air.services.running import run_app
 
     service = service or AgentGymService(config)
-    run_app(create_app(config, service=service, on_ready=on_ready), config.host, config.port, log_level,
-            on_stop=service.stop)
+    run_app(create_app(config, service=service), config.host, config.port, log_level,
+            on_listening=None if on_ready is None else lambda: on_ready(service), on_stop=service.stop)

@@ -14,10 +14,9 @@ from air.services.openenv.config import OpenEnvConfig
 from air.services.openenv.environment import AirEnvironment, BadRequest, NoEpisode, Sessions
 
 
-def create_app(config: OpenEnvConfig | None = None, sessions: Sessions | None = None,
-               on_ready: Callable[[Sessions], None] | None = None):
-    """OpenEnv's FastAPI app for air's environment, behind air's guard. Its lifespan starts the core (then calls
-    on_ready) and, at shutdown, records live episodes interrupted and gives back every sandbox."""
+def create_app(config: OpenEnvConfig | None = None, sessions: Sessions | None = None):
+    """OpenEnv's FastAPI app for air's environment, behind air's guard. Its lifespan starts the core and, at
+    shutdown, records live episodes interrupted and gives back every sandbox."""
     from fastapi import Request
     from fastapi.responses import JSONResponse
     from openenv.core.env_server import ConcurrencyConfig, create_fastapi_app
@@ -36,8 +35,6 @@ def create_app(config: OpenEnvConfig | None = None, sessions: Sessions | None = 
         await sessions.start()
         try:
             async with openenv_lifespan(app_):
-                if on_ready is not None:
-                    on_ready(sessions)
                 yield
         finally:
             await sessions.close()
@@ -63,5 +60,6 @@ def serve(config: OpenEnvConfig, log_level: str = "info", on_ready: Callable[[Se
     from air.services.running import run_app
 
     sessions = sessions or Sessions(ServedEpisodes(config))
-    run_app(create_app(config, sessions=sessions, on_ready=on_ready), config.host, config.port, log_level,
-            on_stop=sessions.stop, ws_max_size=config.max_body_bytes)
+    run_app(create_app(config, sessions=sessions), config.host, config.port, log_level,
+            on_listening=None if on_ready is None else lambda: on_ready(sessions), on_stop=sessions.stop,
+            ws_max_size=config.max_body_bytes)

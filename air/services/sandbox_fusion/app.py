@@ -16,10 +16,8 @@ from air.services.sandbox_fusion.schema import (
 from air.services.sandbox_fusion.service import SandboxFusionService
 
 
-def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusionService | None = None,
-               on_ready: Callable[[], None] | None = None):
-    """The FastAPI app; its lifespan starts the service's sandbox pool (then calls on_ready) and removes every
-    container at shutdown."""
+def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusionService | None = None):
+    """The FastAPI app; its lifespan starts the service's sandbox pool and removes every container at shutdown."""
     from fastapi import FastAPI
 
     service = service or SandboxFusionService(config)
@@ -27,8 +25,6 @@ def create_app(config: SandboxFusionConfig | None = None, service: SandboxFusion
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         await service.start()
-        if on_ready is not None:
-            on_ready()
         try:
             yield
         finally:
@@ -64,5 +60,5 @@ def serve(config: SandboxFusionConfig, log_level: str = "info",
     SandboxError) and shut down the pool and its containers."""
     from air.services.running import run_app
 
-    app = create_app(config, on_ready=on_ready)
-    run_app(app, config.host, config.port, log_level, on_stop=app.state.service.stop)
+    app = create_app(config)
+    run_app(app, config.host, config.port, log_level, on_listening=on_ready, on_stop=app.state.service.stop)
