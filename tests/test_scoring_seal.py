@@ -143,6 +143,19 @@ async def test_a_daemon_left_by_the_tested_program_cannot_rewrite_the_reward(poo
     assert outcome.metrics == {"reward": 1.0}, outcome
 
 
+async def test_a_test_that_outlives_its_timeout_is_a_timeout_and_ends_with_all_it_started(pool, built, tmp_path):
+    """test.sh runs below a parent of the warden's (it is pid 1 of its own namespace): a test past its timeout, a
+    daemon of the submission's beside it, is killed through that parent and is the submission's timeout (no
+    infrastructure failure), and nothing of it outlives the test (the pool leaks no container)."""
+    root = copy_task(tmp_path, "runs-program", lambda text: text + "sleep 600\n")
+    toml = root / "runs-program" / "task.toml"
+    toml.write_text(toml.read_text().replace("[verifier]\ntimeout_sec = 60.0", "[verifier]\ntimeout_sec = 3.0"))
+    spec = spec_of("runs-program", root)
+    assert spec.evaluation.timeout == 3.0
+    outcome, _ = await play(pool, spec, daemon(wait_for_the_test=True))
+    assert outcome.status == "timeout", outcome
+
+
 SHIM = ("mv .venv .venv-image && mkdir -p .venv/bin && printf '#!/bin/sh\\nexit 0\\n' > .venv/bin/python3 && "
         "chmod +x .venv/bin/python3")
 

@@ -105,7 +105,7 @@ def program_as_init() -> None:
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             os.kill(os.getpid(), os.WTERMSIG(status))
     finally:
-        os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 1)
+        os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
 def cannot_start(name: str, exc: BaseException) -> None:

@@ -153,7 +153,8 @@ class Program:
         os.close(self.pidfd)
         if self.end_cell:
             # Everything it left, root's daemons too, ended before it did (it was pid 1 of its namespace: nothing
-            # there saw it end); the rest of the cell ends before its results are read.
+            # there saw it end); the rest of the cell ends before its results are read, and before its parent here
+            # is reaped, so that nothing else in the cell sees that end either (a zombie, not gone).
             self.status = _exit_status(os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOWAIT))
             self.warden.end_cell(reap=(self.pid,))
             self.finish()
