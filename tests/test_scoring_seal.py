@@ -91,7 +91,9 @@ def daemon(wait_for_the_test: bool) -> str:
     """A solve.py that prints a wrong answer and leaves a daemon (double fork, setsid, no stdout) that rewrites the
     reward: as soon as the test has ended (test.sh's process a zombie or gone, polled without a pause, the winning
     reward.json ready to be renamed into place), or at once and on. Waiting, it first writes a reward.json of its own
-    that says it is polling (reward.json comes before the test's reward.txt), so a probe that never ran shows."""
+    that says it is polling (reward.json comes before the test's reward.txt), so a probe that never ran shows. It
+    keeps the program's stdout open until then: the test reads that stdout to its end, so it cannot finish before the
+    probe is in place (on a busy machine, the daemon once ran only after the test had ended, and saw nothing)."""
     wait = ("        def cmdline(pid):\n"
             "            try:\n"
             "                return open('/proc/%s/cmdline' % pid, 'rb').read()\n"
@@ -102,6 +104,7 @@ def daemon(wait_for_the_test: bool) -> str:
             "        open('/logs/verifier/reward.json', 'w').write('{\"reward\": 0, \"polling\": 1}')\n"
             "        open('/logs/verifier/.r', 'w').write('{\"reward\": 1, \"polling\": 1}')\n"
             "        stat = os.open('/proc/%d/stat' % test, os.O_RDONLY)\n"
+            "        os.close(1)\n"
             "        while True:\n"
             "            try:\n"
             "                if os.pread(stat, 512, 0).rsplit(b')', 1)[1].split()[0] == b'Z':\n"
@@ -109,6 +112,7 @@ def daemon(wait_for_the_test: bool) -> str:
             "            except (OSError, IndexError):\n"
             "                break\n"
             "        os.replace('/logs/verifier/.r', '/logs/verifier/reward.json')\n")
+    close = "        os.close(1)\n"
     rewrite = ("        end = time.time() + 10\n"
                "        while time.time() < end:\n"
                "            try:\n"
@@ -123,8 +127,7 @@ def daemon(wait_for_the_test: bool) -> str:
             "if os.fork() == 0:\n"
             "    os.setsid()\n"
             "    if os.fork() == 0:\n"
-            "        os.close(1)\n"
-            f"{wait if wait_for_the_test else rewrite}"
+            f"{wait if wait_for_the_test else close + rewrite}"
             "    os._exit(0)\n"
             "EOF")
 
