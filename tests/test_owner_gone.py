@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -78,6 +79,55 @@ def test_a_sigkilled_owners_sandbox_ends_by_itself(route, images, docker_client,
         assert [c for c in _run_containers(docker_client, run_id) if c.labels.get(ROLE) == "claim"] == []
         sweep_dead_runs(docker_client)
         assert _run_containers(docker_client, run_id) == []
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        for c in _run_containers(docker_client, run_id):
+            c.remove(force=True)
+
+
+# A child air process that has its sandbox's container made (its warden the main process, on a host directory) and
+# is killed before it ever connects to the warden: killed while the daemon starts the container.
+_NEVER_CONNECTS = textwrap.dedent("""
+    import asyncio, sys
+    from air.sandbox.container import Sandbox, SandboxSpec
+    from air.sandbox.docker_api import Docker
+
+    async def main(run):
+        sandbox = await Sandbox.create(Docker(), SandboxSpec(image="air/base:latest", task="owner-gone"), run=run,
+                                       channel=True)
+        print(sandbox.container_id, sandbox.channel, flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main(sys.argv[1]))
+""")
+
+
+@pytest.mark.docker
+def test_a_sandbox_whose_owner_dies_before_connecting_ends_at_once(images, docker_client, run_id):
+    """The owner holds its host directory's lock from before the container exists until its warden is connected:
+    a warden still waiting finds it free once the owner is gone, and ends its container then, not after the
+    minute it would wait for a connection (ACCEPT_TIMEOUT)."""
+    from air.sandbox.warden.server import ACCEPT_TIMEOUT
+
+    owner = subprocess.Popen([sys.executable, "-c", _NEVER_CONNECTS, run_id], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        line = owner.stdout.readline().split()
+        assert line, f"the owner never made a sandbox: {owner.stderr.read()[-2000:]}"
+        container_id, directory = line[0], Path(line[1])
+        # The control: while its owner lives, the warden waits for it (the sandbox runs, unconnected).
+        time.sleep(3)
+        sandbox = docker_client.containers.get(container_id)
+        assert sandbox.status == "running" and (directory / "warden.sock").exists()
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        killed = time.monotonic()
+        while [c for c in _run_containers(docker_client, run_id) if c.id == container_id]:
+            # Generous (a busy machine), yet well short of the timeout, the only other way it ends.
+            assert time.monotonic() - killed < ACCEPT_TIMEOUT / 2, "the sandbox waited for a connection"
+            time.sleep(0.2)
+        assert "the host that made this container is gone" in (directory / "warden.log").read_text()
     finally:
         if owner.poll() is None:
             owner.kill()

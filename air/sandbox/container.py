@@ -36,6 +36,8 @@ from air.sandbox.labels import KEPT_PREFIX, KEY, OWNER, make_labels
 from air.sandbox import hostdir
 from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, SHM_MB, WARDEN_DIR, WORKSPACE
 from air.sandbox.spec import SandboxSpec
+from air.sandbox.warden.locks import hold
+from air.sandbox.warden.protocol import HOST_LOCK
 from air.sandbox.warden.rootcopy import ROOT_COPY
 
 REMOVE_PATIENCE = 90.0  # seconds a removal keeps retrying while the daemon is unreachable
@@ -77,6 +79,10 @@ class Sandbox:
     channel_secret: bytes = b""
     """What the host proves itself with on the warden's socket (the warden read it from the directory, and removed
     it, before anything else ran in the container)."""
+    channel_hold: int | None = None
+    """This process's lock on the host directory's `host.lock`, held from before the container exists until the
+    warden has its connection: a warden still waiting for it ends at once when the lock is free (this process was
+    killed meanwhile), not after ACCEPT_TIMEOUT."""
     _session: Shell | None = None
     _oom_kills: int = 0
     _oom_file: str | None = None
@@ -98,21 +104,30 @@ class Sandbox:
             kwargs["mounts"].append(docker.types.Mount(target=ROOT_COPY, source=root_copy, type="volume",
                                                        read_only=True))
         kwargs["labels"].update(labels or {})
-        directory, secret = None, b""
+        directory, secret, held = None, b"", None
         if channel:
-            directory, secret = _channel_dir(kwargs["name"])
+            directory, secret, held = _channel_dir(kwargs["name"])
             kwargs["command"] = ["python3", "-I", "-S", f"{WARDEN_DIR}/warden.py", "--listen", WARDEN_DIR]
             kwargs["mounts"].append(docker.types.Mount(target=WARDEN_DIR, source=str(directory), type="bind"))
         try:
             container = await docker_.call(docker_.client.containers.run, timeout=start_timeout, **kwargs)
-        except InfraError as exc:
-            if directory is not None:
-                shutil.rmtree(directory, ignore_errors=True)
-            if isinstance(exc.__cause__, docker.errors.ImageNotFound):
+        except BaseException as exc:
+            if directory is not None:  # nobody will connect: a container that starts all the same ends at once
+                os.close(held)
+                if isinstance(exc, InfraError):
+                    shutil.rmtree(directory, ignore_errors=True)
+            if isinstance(exc, InfraError) and isinstance(exc.__cause__, docker.errors.ImageNotFound):
                 raise ImageError.not_built(spec.image) from exc
             raise
         return cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""),
-                   agent_uid=agent_uid, cells=cells, pin_pages=pin_pages, channel=directory, channel_secret=secret)
+                   agent_uid=agent_uid, cells=cells, pin_pages=pin_pages, channel=directory, channel_secret=secret,
+                   channel_hold=held)
+
+    def release_channel_hold(self) -> None:
+        """The warden has its connection (or never will): its end is this link's end now. Idempotent."""
+        if self.channel_hold is not None:
+            os.close(self.channel_hold)
+            self.channel_hold = None
 
     async def rename(self, name: str) -> None:
         await self.docker.call(self.docker.api.rename, self.container_id, name, timeout=30)
@@ -126,6 +141,7 @@ class Sandbox:
         session = self._session
         if session is not None:
             await session.close()
+        self.release_channel_hold()
         try:
             async with asyncio.timeout(patience):
                 async for attempt in AsyncRetrying(wait=wait_exponential(multiplier=0.5, max=5), reraise=True,
@@ -389,8 +405,9 @@ def sweep_channel_dirs(docker_: Docker) -> list[str]:
     return removed
 
 
-def _channel_dir(name: str) -> tuple[Path, bytes]:
-    """A sandbox's host directory, with the warden's program and the secret its host will prove itself with."""
+def _channel_dir(name: str) -> tuple[Path, bytes, int]:
+    """A sandbox's host directory, with the warden's program, the secret its host will prove itself with, and
+    `host.lock`, held by this process (the fd returned) until its warden is connected: see Sandbox.channel_hold."""
     from air.sandbox.warden import warden_program
 
     directory = hostdir.private(hostdir.runtime_dir() / "sandboxes" / name)
@@ -399,7 +416,7 @@ def _channel_dir(name: str) -> tuple[Path, bytes]:
         fd = os.open(directory / file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-    return directory, secret
+    return directory, secret, hold(str(directory / HOST_LOCK))
 
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -49,7 +48,8 @@ from air.sandbox.labels import make_labels
 from air.sandbox.layout import AGENT_HOME, AIR_DIR
 from air.sandbox.spec import SandboxSpec
 from air.sandbox.warden import PIN_MODULES, bundle
-from air.sandbox.warden.pinner import HOST_DIR, lock_held
+from air.sandbox.warden.locks import hold, lock_held
+from air.sandbox.warden.pinner import HOST_DIR
 from air.sandbox.warden.rootcopy import ROOT_COPY
 
 log = logging.getLogger("air.pagecache")
@@ -142,10 +142,7 @@ class PageCachePins:
         directory = hostdir.private(hostdir.runtime_dir() / "pins" / pin.name)
         hostdir.private(directory / "holders")
         if pin.holder_fd is None:  # this process's hold, for as long as it lives (or until close)
-            fd = os.open(directory / "holders" / f"{os.getpid()}-{secrets.token_hex(4)}.lock",
-                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            pin.holder_fd = fd
+            pin.holder_fd = hold(str(directory / "holders" / f"{os.getpid()}-{secrets.token_hex(4)}.lock"))
         deadline = time.monotonic() + timeout
         while True:
             alive = lock_held(str(directory / "alive.lock"))

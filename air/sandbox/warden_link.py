@@ -102,6 +102,8 @@ class WardenLink:
         except BaseException:
             await link.close()
             raise
+        if sandbox.channel is not None:  # the warden has this connection: its end is the sandbox's end now
+            sandbox.release_channel_hold()
         return link, ready
 
     async def _connect(self, directory: Path, timeout: float

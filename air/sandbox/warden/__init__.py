@@ -61,6 +61,7 @@ MODULES = (  # in import order
     ("air.sandbox.warden.syscalls", _HERE / "syscalls.py"),
     ("air.sandbox.warden.seccomp", _HERE / "seccomp.py"),
     ("air.sandbox.warden.hostview", _HERE / "hostview.py"),
+    ("air.sandbox.warden.locks", _HERE / "locks.py"),
     ("air.sandbox.warden.mountapi", _HERE / "mountapi.py"),
     ("air.sandbox.warden.rootcopy", _HERE / "rootcopy.py"),
     ("air.sandbox.warden.cell", _HERE / "cell.py"),
@@ -104,7 +105,8 @@ ZYGOTE_MODULES = tuple(module for module in MODULES if module[0] in {
 _ZYGOTE = "sys.modules['air.sandbox.warden.zygote']"
 
 
-PIN_MODULES = (("air.sandbox.warden.pages", _HERE / "pages.py"), ("air.sandbox.warden.rootcopy", _HERE / "rootcopy.py"),
+PIN_MODULES = (("air.sandbox.warden.locks", _HERE / "locks.py"), ("air.sandbox.warden.pages", _HERE / "pages.py"),
+               ("air.sandbox.warden.rootcopy", _HERE / "rootcopy.py"),
                ("air.sandbox.warden.pinner", _HERE / "pinner.py"))
 """A page-cache pin's program (pinner.py): small enough to travel as its container's command line."""
 

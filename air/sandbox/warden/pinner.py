@@ -20,26 +20,11 @@ import os
 import sys
 import time
 
+from air.sandbox.warden.locks import lock_held
 from air.sandbox.warden.pages import PinError, files_under, hold_in_children
 from air.sandbox.warden.rootcopy import CopyError, make
 
 HOST_DIR = "/run/air-pin"
-
-
-def lock_held(path: str) -> bool:
-    """Is the lock file at path held by a live process? (A lock goes with its process; asking takes a shared lock,
-    so that two who ask at once never see each other.) Used by the pin, and by the air processes that rely on it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def _holders(directory: str) -> int:

@@ -23,6 +23,10 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import ClassVar, Dict, List, Optional, Tuple
 
+HOST_LOCK = "host.lock"
+"""In a sandbox's host directory (a daemon on this machine): the file its host holds locked until the warden has the
+host's connection. A warden that finds it free while it waits ends: nobody will connect (see locks.py)."""
+
 _HEAD = struct.Struct(">II")
 MAX_HEADER = 1 << 20
 """Bytes of JSON per frame: headers are small; a longer one is a broken stream."""

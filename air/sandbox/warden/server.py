@@ -20,10 +20,10 @@ import signal
 import socket
 import sys
 import time
-from typing import Dict, Optional, Tuple, Union
+from typing import Callable, Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
-from air.sandbox.warden import files, lower, mountapi, procs, protocol as p, snapshot, threadspawn, zygote
+from air.sandbox.warden import files, locks, lower, mountapi, procs, protocol as p, snapshot, threadspawn, zygote
 from air.sandbox.warden.cell import (Cell, CellError, Layout, Middle, _detach, become, fresh_tmpfs, home_over,
                                      mount, outside, prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
@@ -973,8 +973,10 @@ def _write(path: str, data: bytes) -> None:
 
 ACCEPT_TIMEOUT = 60.0
 """Seconds a warden that is its container's main process waits for its host's first connection, then ends (and
-its container with it): a host that died meanwhile (killed while the daemon started the container) leaves nothing
-running. The host connects as soon as the daemon says the container started; a minute covers a busy machine."""
+its container with it). A host that died meanwhile (killed while the daemon started the container) is seen sooner:
+its lock in the directory (p.HOST_LOCK) is free, and the warden ends at its next look (HOST_LOOK). The timeout is
+for a lock it cannot read. The host connects as soon as the daemon says the container started; a minute covers a
+busy machine."""
 LISTENING = False
 """The warden is its container's main process, reached on a socket in its host directory (not a `docker exec`)."""
 
@@ -1001,7 +1003,9 @@ def wait_for_host(directory: str) -> None:
         listener.bind(path)
     finally:
         os.umask(mask)
-    conn = _take_host(listener, secret, ACCEPT_TIMEOUT)
+    host_lock = os.path.join(directory, p.HOST_LOCK)
+    # A lock file that cannot be opened here (a daemon whose root is not the host's) tells nothing: the timeout then.
+    conn = _take_host(listener, secret, ACCEPT_TIMEOUT, host_alive=lambda: locks.lock_held(host_lock, unknown=True))
     os.unlink(path)
     _speak_on(conn)
 
@@ -1044,18 +1048,30 @@ def wait_on_port(port: int, secret_file: str, accept_timeout: float) -> None:
     _speak_on(conn)
 
 
-def _take_host(listener: socket.socket, secret: bytes, accept_timeout: Optional[float]) -> socket.socket:
+HOST_LOOK = 0.2
+"""Seconds between looks at the host's lock while the warden waits for its connection."""
+
+
+def _take_host(listener: socket.socket, secret: bytes, accept_timeout: Optional[float],
+               host_alive: Optional[Callable[[], bool]] = None) -> socket.socket:
     """The first connection that sends the secret (compared in constant time); any other is closed. The listener is
-    closed once the host is in: nobody can connect after it."""
+    closed once the host is in: nobody can connect after it. Waiting, it ends (exit 3) after `accept_timeout`, or as
+    soon as `host_alive` says the host that made the container is gone."""
     listener.listen(4)
     deadline = None if accept_timeout is None else time.monotonic() + accept_timeout
     while True:
-        listener.settimeout(None if deadline is None else max(0.1, deadline - time.monotonic()))
+        left = None if deadline is None else max(0.1, deadline - time.monotonic())
+        listener.settimeout(left if host_alive is None else min(left or HOST_LOOK, HOST_LOOK))
         try:
             conn, _ = listener.accept()
         except socket.timeout:
-            sys.stderr.write("air warden: no host connected within %gs\n" % accept_timeout)
-            os._exit(3)
+            if host_alive is not None and not host_alive():
+                sys.stderr.write("air warden: the host that made this container is gone\n")
+                os._exit(3)
+            if deadline is not None and time.monotonic() >= deadline:
+                sys.stderr.write("air warden: no host connected within %gs\n" % accept_timeout)
+                os._exit(3)
+            continue
         conn.settimeout(5)
         proof = b""
         try:
