@@ -49,14 +49,21 @@ async def test_a_separate_verifier_scores_in_the_image_built_from_tests(pool, im
     assert checked.status == "ok" and checked.got == 1.0, checked.message
 
 
-async def test_harbors_shared_pytest_template_scores_offline(pool, images, monkeypatch, tmp_path):
+async def test_harbors_shared_pytest_template_scores_offline(pool, images, monkeypatch, tmp_path, docker_client):
     """Harbor 0.25's shared-mode pytest template (`harbor init --task --verifier-mode shared`), test.sh verbatim
-    (apt-get install curl, uv's installer, `uvx --with pytest==8.4.1 --with pytest-json-ctrf==0.3.5 pytest`): uv and
-    those packages are in the scoring image, and the test runs in air's scoring cell, which has no network and a
-    read-only root."""
+    (apt-get update and install curl, uv's installer, `uvx --with pytest==8.4.1 --with pytest-json-ctrf==0.3.5
+    pytest`): uv and those packages are in the scoring image, and the test runs in air's scoring cell, which has no
+    network and a read-only root. Its `apt-get update` gives up at once there: apt's retries would wait 7 s."""
     spec = spec_of("shared-pytest")
     assert spec.verifier_installs and spec.verifier_image != spec.image
     build_task_image(spec)
+
+    def apt_retries(image: str) -> bytes:
+        return docker_client.containers.run(image, ["apt-config", "shell", "R", "Acquire::Retries"], remove=True,
+                                            network_mode="none").strip()
+
+    # The control: the agent's image keeps apt's own retries.
+    assert apt_retries(spec.verifier_image) == b"R='0'" and apt_retries(spec.image) == b""
     env = TaskEnvironment(spec, pool)
     async with env.lease() as sandbox:
         found = await sandbox.session.run("command -v uv uvx; ls /opt/air/harbor-warm 2>&1", timeout=30,

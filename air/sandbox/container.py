@@ -11,6 +11,7 @@ deadline, and maps a vanished container or a dead daemon to SandboxUnavailable s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import posixpath
@@ -124,8 +125,11 @@ class Sandbox:
                    channel_hold=held)
 
     def release_channel_hold(self) -> None:
-        """The warden has its connection (or never will): its end is this link's end now. Idempotent."""
+        """The warden has its connection (or never will): its end is this link's end now, and the lock goes (the
+        directory keeps only the warden's program and log). Idempotent."""
         if self.channel_hold is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.channel / HOST_LOCK)
             os.close(self.channel_hold)
             self.channel_hold = None
 

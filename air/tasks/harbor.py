@@ -32,8 +32,7 @@ from air.images.dockerfile import IMAGE_WORKSPACE, dockerfile_digest, workdir_pr
 from air.sandbox.layout import BASE_PATH, WORKSPACE
 from air.tasks.folder import links_out_problem
 from air.tasks.harbor_installs import BASH_ENV as INSTALLS_BASH_ENV
-from air.tasks.harbor_installs import VERSION as INSTALLS_VERSION
-from air.tasks.harbor_installs import read_installs
+from air.tasks.harbor_installs import read_installs, recipe
 from air.tasks.spec import (
     MAX_MEMORY_MB,
     Baseline,
@@ -266,7 +265,7 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
         verifier_build = ImageBuild(context=task_dir / "tests", dockerfile=None, base=image,
                                     timeout=env.build_timeout_sec)
         verifier_image = f"air/harbor-{_slug(ident)}-scoring:" + dockerfile_digest(
-            verifier_build.context, None, f"{image} {INSTALLS_VERSION}", None)
+            verifier_build.context, None, f"{image} {recipe(image, installs)}", None)
         verifier_env.setdefault("BASH_ENV", INSTALLS_BASH_ENV)
         notes.append(f"its test installs at verify time ({_said_installs(installs)}): air puts that in its scoring "
                      "image when it is built, and the test runs offline")
