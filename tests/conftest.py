@@ -145,29 +145,19 @@ def kubernetes_config(kubeconfig: str, **pool: object):
 
 # ----- the order test files start in ------------------------------------------------------------------------------
 MEASURED_SECONDS = {
-    # A file's time in the Docker lane (pytest-reportlog: two workers on the 2-core machine, 2026-11-26, session 57,
-    # test_faults and test_harbor_templates as they are since session 58; experiments.md). pytest-xdist hands whole
-    # files to the workers as they free up, by default the files with the most tests first, which put the few-test,
-    # minutes-long files last: one worker then ran them alone while the other idled. Longest first instead
-    # (`--no-loadscope-reorder` keeps this order), so the run ends on short files. Files not listed follow, most
-    # tests first, as before.
-    "test_vf_eval.py": 180, "test_audit.py": 171, "test_sandbox.py": 154, "test_env_server.py": 141,
-    "test_cli_failures.py": 98, "test_openenv.py": 84, "test_fork.py": 76, "test_trl_grpo.py": 75,
-    "test_honest_tasks.py": 73, "test_adversarial.py": 69, "test_integrity.py": 68, "test_cli_snapshots.py": 66,
-    "test_agentgym.py": 65, "test_tools_format.py": 65, "test_agentgym_trainers.py": 62,
-    "test_harbor_environment.py": 62, "test_harbor_runs.py": 56, "test_mlgym_data.py": 55, "test_fresh_cells.py": 54,
-    "test_sandbox_fusion_languages.py": 50, "test_run_endings.py": 47, "test_cli_research.py": 46, "test_mlgym.py": 44,
-    "test_scoring_seal.py": 40, "test_host_budget.py": 38, "test_sandbox_fusion_jupyter.py": 33,
-    "test_mlgym_bench.py": 31, "test_replay.py": 28, "test_harbor_oracle.py": 28, "test_images_cli.py": 26,
-    "test_page_cache.py": 26, "test_harbor_templates.py": 25, "test_engine.py": 24, "test_cli_round_three.py": 24,
-    "test_harbor_export.py": 24, "test_drawn_per_evaluation.py": 23, "test_sandbox_fusion.py": 23,
+    # A file's time in the Docker lane of `.ci/run` (its junit report: two workers on the 2-core machine,
+    # 2026-11-24; experiments.md). pytest-xdist hands whole files to the two workers as they free up, by default
+    # the files with the most tests first, which put the few-test, minutes-long files last: one worker then ran
+    # them alone while the other idled. Longest first instead (`--no-loadscope-reorder` keeps this order), so the
+    # run ends on short files. Files not listed follow, most tests first, as before.
+    "test_vf_eval.py": 219, "test_sandbox.py": 209, "test_env_server.py": 203, "test_cli_failures.py": 167,
+    "test_soak_host.py": 140, "test_trl_grpo.py": 95, "test_sandbox_fusion_languages.py": 90, "test_agentgym.py": 90,
+    "test_honest_tasks.py": 89, "test_fresh_cells.py": 80, "test_adversarial.py": 71, "test_openenv.py": 70,
+    "test_agentgym_trainers.py": 66, "test_integrity.py": 63, "test_serve_exits.py": 60, "test_tools_format.py": 58,
+    "test_run_endings.py": 49, "test_cli_research.py": 48, "test_harbor_runs.py": 45, "test_mlgym.py": 40,
+    "test_harbor_sandbox.py": 38, "test_sandbox_fusion_jupyter.py": 34, "test_replay.py": 32,
+    "test_mlgym_bench.py": 28, "test_harbor_environment.py": 28, "test_host_budget.py": 26, "test_images_cli.py": 25,
 }
-
-if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("PYTEST_XDIST_WORKER") == os.environ.get("CI_NICE_WORKER"):
-    # .ci/run's third Docker worker: at nice 10 it runs in the time the other two leave a core waiting, and yields
-    # the core to them otherwise (experiments.md, session 58). Its children (servers, CLIs) inherit it; the
-    # containers, started by the daemon, do not.
-    os.nice(10)
 
 
 def pytest_collection_modifyitems(config, items):
