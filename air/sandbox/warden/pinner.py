@@ -14,13 +14,12 @@ and its data into a tmpfs volume every such sandbox mounts (rootcopy.py: each ce
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sys
 import time
 
-from air.sandbox.warden.locks import lock_held
+from air.sandbox.warden.locks import hold, lock_held
 from air.sandbox.warden.pages import PinError, files_under, hold_in_children
 from air.sandbox.warden.rootcopy import CopyError, make
 
@@ -65,8 +64,7 @@ def main(config: dict) -> None:
         if seen != config["token"]:  # the daemon is not on the machine that made the directory
             print("air-pin-error this container does not see the host directory it was given", flush=True)
             sys.exit(3)
-        alive = os.open(os.path.join(host, "alive.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(alive, fcntl.LOCK_EX)  # held until this process ends
+        hold(os.path.join(host, "alive.lock"))  # held until this process ends
         for stale in ("ready", "closing"):  # a pin before this one's words
             try:
                 os.unlink(os.path.join(host, stale))
