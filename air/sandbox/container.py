@@ -160,12 +160,25 @@ class Sandbox:
                             if not conflict(exc):
                                 raise
                             # 409: its warden ended it when the link closed, and the daemon is removing it
-                            # (auto_remove).
+                            # (auto_remove). "Gone" must mean gone (a sweep or a leak check right after sees
+                            # nothing), so wait for the daemon to finish.
+                            await self._removed()
         except (asyncio.TimeoutError, InfraError):  # no answer, or one that is not "gone" (removal in progress)
             return False
         if self.channel is not None:
             shutil.rmtree(self.channel, ignore_errors=True)
         return True
+
+    async def _removed(self) -> None:
+        """Return once the daemon no longer knows the container (the caller's deadline bounds the wait). Polled
+        with inspect, not a long-polled `wait`: a call that runs out its bound marks the daemon stalled."""
+        while True:
+            try:
+                await self.docker.call(self.docker.api.inspect_container, self.container_id, idempotent=True,
+                                       timeout=BOUND)
+            except SandboxUnavailable:
+                return
+            await asyncio.sleep(0.1)
 
     @property
     def short_id(self) -> str:
