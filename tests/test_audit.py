@@ -75,14 +75,16 @@ async def test_the_outlive_probe_sees_marks_where_they_persist(pool, images):
 @pytest.mark.docker
 def test_the_bundled_tasks_competitions_and_mlgym_tasks_pass_their_audit(images, tmp_path):
     """The CI gate: `air tasks audit --all` exits 0 on the bundled tasks, with every family on every row; the
-    MLE-bench-style competition (Harbor's adapter layout) and the MLGym-style tasks too."""
+    MLE-bench-style competition (Harbor's adapter layout) and the MLGym-style tasks too. At `-c 2`: before each
+    task's hacks were bounded, seven of them leased agents from a pool of four and every validate waited forever
+    for a scorer."""
     from harbor_mlebench import make_competition
     from test_mlgym import write_tree
 
     make_competition(tmp_path / "mlebench")
     mlgym = write_tree(tmp_path / "MLGym")
     html = tmp_path / "audit.html"
-    result = subprocess.run([sys.executable, "-m", "air.cli.main", "tasks", "audit", "--all", "--json", "--html",
+    result = subprocess.run([sys.executable, "-m", "air.cli.main", "tasks", "audit", "--all", "--json", "-c", "2", "--html",
                              str(html), "--harbor-root", str(tmp_path / "mlebench"), "--mlgym-root", str(mlgym)],
                             capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])

@@ -82,8 +82,12 @@ def applies(hack: Hack, spec: TaskSpec) -> bool:
 
 
 async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, workdir: str | None = None,
-                     task_root: Path | None = None) -> TaskAudit:
+                     task_root: Path | None = None, concurrency: int = 4) -> TaskAudit:
+    """`concurrency` hacks are played at once. Each holds its agent's sandbox while its validate leases a scorer
+    from the same pool, so the pool needs room for two sandboxes per hack at once: with more hacks than that in
+    flight, every slot could hold an agent waiting for a scorer that can never start."""
     started = time.monotonic()
+    gate = asyncio.Semaphore(concurrency)
     env = TaskEnvironment(spec, pool)
     variables = _variables(spec, workdir)
     honest, _ = await _play(env, "true", variables)
@@ -101,10 +105,11 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     async def one(hack: Hack) -> HackResult:
         if not applies(hack, spec):
             return HackResult(name=hack.name, family=hack.family, status="n/a")
-        if hack.next:
-            outcome, found = await _play_and_look(spec, pool, hack, variables)
-        else:
-            outcome, found = (await _play(env, hack.script, variables))[0], []
+        async with gate:
+            if hack.next:
+                outcome, found = await _play_and_look(spec, pool, hack, variables)
+            else:
+                outcome, found = (await _play(env, hack.script, variables))[0], []
         score, gain = _score(spec, outcome), _gain(spec, outcome)
         margin = max(spec.baseline.tolerance, 1e-9 * max(1.0, abs(reference or 0.0)))
         paid = bool(found) or (gain is not None and floor is not None and gain - floor > margin)

@@ -430,7 +430,8 @@ def tasks_audit(
                     else (spec.evaluation_files[0].source.parent if spec.evaluation_files else None)
                 with _CheckProgress(f"{spec.id}: {len(hacks)} hacks") as progress:
                     progress("playing")
-                    found.append(await audit_task(spec, pool, hacks, workdir=image_workdir(spec), task_root=root))
+                    found.append(await audit_task(spec, pool, hacks, workdir=image_workdir(spec), task_root=root,
+                                                  concurrency=concurrency))
                 if not as_json:
                     out.print(f"{escape(spec.id)}: audited in {found[-1].seconds:.1f} s", soft_wrap=True)
         return found
