@@ -84,8 +84,9 @@ def test_the_bundled_tasks_competitions_and_mlgym_tasks_pass_their_audit(images,
     make_competition(tmp_path / "mlebench")
     mlgym = write_tree(tmp_path / "MLGym")
     html = tmp_path / "audit.html"
-    result = subprocess.run([sys.executable, "-m", "air.cli.main", "tasks", "audit", "--all", "--json", "-c", "2", "--html",
-                             str(html), "--harbor-root", str(tmp_path / "mlebench"), "--mlgym-root", str(mlgym)],
+    result = subprocess.run([sys.executable, "-m", "air.cli.main", "tasks", "audit", "--all", "--json", "-c", "2",
+                             "--html", str(html), "--harbor-root", str(tmp_path / "mlebench"), "--mlgym-root",
+                             str(mlgym)],
                             capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     audits = json.loads(result.stdout)

@@ -177,7 +177,7 @@ def test_a_dockerfile_that_downloads_builds_where_the_network_is(images, tmp_pat
     task = tmp_path / "dataset" / "downloads"
     shutil.copytree(FIXTURES / "hello-pass", task)
     (task / "environment" / "Dockerfile").write_text(
-        "FROM air/cpu:latest\nWORKDIR /app\nCOPY greeting.txt /app/greeting.txt\n"
+        "FROM air/base:latest\nWORKDIR /app\nCOPY greeting.txt /app/greeting.txt\n"
         f"RUN python3 -c \"import urllib.request; open('/app/fetched.txt', 'wb').write(urllib.request.urlopen("
         f"'{loopback_download}', timeout=20).read())\"\n")
     spec = spec_of("downloads", tmp_path / "dataset")

@@ -141,7 +141,7 @@ def collecting(tmp_path):
     (task / "task.toml").write_text(COLLECT_TOML)
     (task / "instruction.md").write_text("Write 42 into /app/answer.txt.\n")
     (task / "environment" / "Dockerfile").write_text(
-        "FROM air/cpu:latest\nWORKDIR /app\nCOPY export.sh answer.txt ./\n")
+        "FROM air/base:latest\nWORKDIR /app\nCOPY export.sh answer.txt ./\n")
     (task / "environment" / "export.sh").write_text(EXPORT_SH)
     (task / "environment" / "export.sh").chmod(0o755)
     (task / "environment" / "answer.txt").write_text("0\n")
