@@ -448,3 +448,24 @@ def test_the_warden_holds_its_own_mounts_files_and_leaves_the_images_and_the_ren
                  ("/run/air-warden", "rw", "tmpfs", "/run/air/sandboxes/x")]
     assert _own_mounts(inherited, hello) == ["/etc/hosts", "/usr/sbin/docker-init",
                                              "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.14"]
+
+
+def test_a_precompiled_warden_runs_the_hosts_bytecode_where_it_is_this_interpreters(tmp_path):
+    """The warden's file on this machine carries its modules as the host compiled them: an interpreter of the same
+    bytecode (magic number) runs those; one of other bytecode compiles the sources, to the same module."""
+    import importlib.util
+
+    probe = "print(len(_CODE), sys.modules['air.sandbox.warden.protocol'].HOST_LOCK)"
+    modules = MODULES[:2]
+    assert [name for name, _ in modules] == ["air.sandbox.output", "air.sandbox.warden.protocol"]
+    precompiled = bundle(probe, modules, precompiled=True)
+    magic = repr(importlib.util.MAGIC_NUMBER).encode()
+    assert precompiled.count(magic) == 1
+    programs = {"precompiled": precompiled, "plain": bundle(probe, modules),
+                "another interpreter's": precompiled.replace(magic, repr(b"\x00\x00\r\n").encode())}
+    said = {}
+    for name, program in programs.items():
+        (tmp_path / "warden.py").write_bytes(program)
+        said[name] = subprocess.run([sys.executable, "-I", "-S", str(tmp_path / "warden.py")], capture_output=True,
+                                    text=True, check=True).stdout
+    assert said == {"precompiled": "2 host.lock\n", "plain": "0 host.lock\n", "another interpreter's": "0 host.lock\n"}

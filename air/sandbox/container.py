@@ -429,7 +429,7 @@ def _channel_dir(name: str) -> tuple[Path, bytes, int]:
 
     directory = hostdir.private(hostdir.runtime_dir() / "sandboxes" / name)
     secret = secrets.token_bytes(32)
-    for file, data in (("warden.py", warden_program()), ("secret", secret)):
+    for file, data in (("warden.py", warden_program(precompiled=True)), ("secret", secret)):
         fd = os.open(directory / file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)

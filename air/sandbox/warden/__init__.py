@@ -51,7 +51,10 @@ other by their package names, which the bundle registers; this file's own code r
 
 from __future__ import annotations
 
+import binascii
 import functools
+import importlib.util
+import marshal
 from pathlib import Path
 
 _HERE = Path(__file__).parent
@@ -88,10 +91,12 @@ class _OnlyTheBundle:  # the warden imports nothing of air that the bundle does 
         if name == "air" or name.startswith("air."):
             raise ImportError("%s is not part of the warden's bundle" % name)
 sys.meta_path.insert(0, _OnlyTheBundle)
+_CODE = {}
 def _load(name, source):
     module = sys.modules[name] = types.ModuleType(name)
     module.__file__ = "<air-warden:%s>" % name
-    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    code = _CODE.get(name)
+    exec(code if code is not None else compile(source, module.__file__, "exec"), module.__dict__)
     parent, _, leaf = name.rpartition(".")
     setattr(sys.modules[parent], leaf, module)
 '''
@@ -112,14 +117,29 @@ PIN_MODULES = (("air.sandbox.warden.locks", _HERE / "locks.py"), ("air.sandbox.w
 
 
 @functools.cache
-def warden_program() -> bytes:
-    """The warden's bundle (read once per process), carrying its zygotes' program."""
+def warden_program(precompiled: bool = False) -> bytes:
+    """The warden's bundle (read once per process), carrying its zygotes' program; `precompiled` for one written to
+    a file on this machine (see `bundle`)."""
     zygote = bundle(f"{_ZYGOTE}.run(*{_ZYGOTE}.serve(4, _air))", ZYGOTE_MODULES)
-    return bundle(f"{_ZYGOTE}.PROGRAM = {zygote!r}\nsys.modules['air.sandbox.warden.server'].main()")
+    return bundle(f"{_ZYGOTE}.PROGRAM = {zygote!r}\nsys.modules['air.sandbox.warden.server'].main()",
+                  precompiled=precompiled)
 
 
-def bundle(run: str = "sys.modules['air.sandbox.warden.server'].main()", modules=MODULES) -> bytes:
+def bundle(run: str = "sys.modules['air.sandbox.warden.server'].main()", modules=MODULES,
+           precompiled: bool = False) -> bytes:
     """The warden (or another program of these modules) as one program for `python3 -I -S`: the loader, the
-    modules, then `run`."""
-    parts = [_LOADER] + [f"_load({name!r}, {path.read_text()!r})\n" for name, path in modules] + [run + "\n"]
+    modules, then `run`. `precompiled` adds the modules as this interpreter compiled them, which an interpreter
+    whose bytecode is this one's (the same magic number: the images air builds) runs instead of compiling them
+    again: a third of a warden's start (measured in experiments.md, session 59). It triples the program's size, so
+    it is for a local file, not for a stream or a Kubernetes ConfigMap."""
+    parts = [_LOADER]
+    if precompiled:
+        codes = {name: compile(path.read_text(), f"<air-warden:{name}>", "exec", dont_inherit=True)
+                 for name, path in modules}
+        parts.append(f"if getattr(sys.modules.get('_frozen_importlib_external'), 'MAGIC_NUMBER', None) == "
+                     f"{importlib.util.MAGIC_NUMBER!r}:\n"
+                     f"    import binascii, marshal\n"
+                     f"    _CODE = marshal.loads(binascii.a2b_base64("
+                     f"{binascii.b2a_base64(marshal.dumps(codes), newline=False)!r}))\n")
+    parts += [f"_load({name!r}, {path.read_text()!r})\n" for name, path in modules] + [run + "\n"]
     return "".join(parts).encode()
