@@ -146,18 +146,17 @@ def kubernetes_config(kubeconfig: str, **pool: object):
 # ----- the order test files start in ------------------------------------------------------------------------------
 MEASURED_SECONDS = {
     # A file's time in the Docker lane of `.ci/run` (its junit report: two workers on the 2-core machine,
-    # 2026-11-26; experiments.md). pytest-xdist hands whole files to the two workers as they free up, by default
+    # 2026-11-24; experiments.md). pytest-xdist hands whole files to the two workers as they free up, by default
     # the files with the most tests first, which put the few-test, minutes-long files last: one worker then ran
     # them alone while the other idled. Longest first instead (`--no-loadscope-reorder` keeps this order), so the
     # run ends on short files. Files not listed follow, most tests first, as before.
-    "test_vf_eval.py": 171, "test_sandbox.py": 148, "test_env_server.py": 131, "test_audit.py": 125,
-    "test_cli_failures.py": 93, "test_integrity.py": 91, "test_adversarial.py": 71, "test_trl_grpo.py": 70,
-    "test_cli_snapshots.py": 70, "test_honest_tasks.py": 69, "test_agentgym.py": 68, "test_fork.py": 67,
-    "test_tools_format.py": 63, "test_agentgym_trainers.py": 55, "test_harbor_environment.py": 54,
-    "test_fresh_cells.py": 52, "test_sandbox_fusion_languages.py": 50, "test_harbor_runs.py": 50,
-    "test_openenv.py": 45, "test_run_endings.py": 45, "test_cli_research.py": 41, "test_harbor_templates.py": 39,
-    "test_mlgym_data.py": 39, "test_scoring_seal.py": 39, "test_host_budget.py": 37, "test_mlgym.py": 34,
-    "test_sandbox_fusion_jupyter.py": 31, "test_mlgym_bench.py": 27, "test_harbor_export.py": 26,
+    "test_vf_eval.py": 219, "test_sandbox.py": 209, "test_env_server.py": 203, "test_cli_failures.py": 167,
+    "test_soak_host.py": 140, "test_trl_grpo.py": 95, "test_sandbox_fusion_languages.py": 90, "test_agentgym.py": 90,
+    "test_honest_tasks.py": 89, "test_fresh_cells.py": 80, "test_adversarial.py": 71, "test_openenv.py": 70,
+    "test_agentgym_trainers.py": 66, "test_integrity.py": 63, "test_serve_exits.py": 60, "test_tools_format.py": 58,
+    "test_run_endings.py": 49, "test_cli_research.py": 48, "test_harbor_runs.py": 45, "test_mlgym.py": 40,
+    "test_harbor_sandbox.py": 38, "test_sandbox_fusion_jupyter.py": 34, "test_replay.py": 32,
+    "test_mlgym_bench.py": 28, "test_harbor_environment.py": 28, "test_host_budget.py": 26, "test_images_cli.py": 25,
 }
 
 
