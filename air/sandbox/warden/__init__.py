@@ -132,14 +132,14 @@ def bundle(run: str = "sys.modules['air.sandbox.warden.server'].main()", modules
     whose bytecode is this one's (the same magic number: the images air builds) runs instead of compiling them
     again: 62 ms of CPU to load the warden instead of 81 (experiments.md, session 59). It more than doubles the
     program's size, so it is for a local file, not for a stream or a Kubernetes ConfigMap."""
+    sources = [(name, path.read_text()) for name, path in modules]
     parts = [_LOADER]
     if precompiled:
-        codes = {name: compile(path.read_text(), f"<air-warden:{name}>", "exec", dont_inherit=True)
-                 for name, path in modules}
+        codes = {name: compile(source, f"<air-warden:{name}>", "exec", dont_inherit=True) for name, source in sources}
         parts.append(f"if getattr(sys.modules.get('_frozen_importlib_external'), 'MAGIC_NUMBER', None) == "
                      f"{importlib.util.MAGIC_NUMBER!r}:\n"
                      f"    import binascii, marshal\n"
                      f"    _CODE = marshal.loads(binascii.a2b_base64("
                      f"{binascii.b2a_base64(marshal.dumps(codes), newline=False)!r}))\n")
-    parts += [f"_load({name!r}, {path.read_text()!r})\n" for name, path in modules] + [run + "\n"]
+    parts += [f"_load({name!r}, {source!r})\n" for name, source in sources] + [run + "\n"]
     return "".join(parts).encode()
