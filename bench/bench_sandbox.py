@@ -16,9 +16,12 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from air.sandbox import PoolConfig, SandboxPool, SandboxSpec, container_kwargs, list_air_containers
+from air.sandbox.container import HOSTS, without_network
 
 IMAGE = "air/base:latest"
 
@@ -94,9 +97,20 @@ async def main(runs: int) -> dict:
                                       labels={"air.run": "bench-fresh"})
             c.remove(force=True, v=True)
 
+        hosts = tempfile.NamedTemporaryFile(prefix="air-bench-hosts-")
+        hosts.write(HOSTS)
+        hosts.flush()
+
+        def fresh_unnetworked() -> None:  # the same without Docker's network setup, as air's sandboxes here start
+            kwargs = dict(image=IMAGE, command=["sleep", "infinity"], detach=True, network_mode="none", init=True,
+                          labels={"air.run": "bench-fresh"})
+            without_network(kwargs, Path(hosts.name))
+            client.containers.run(**kwargs).remove(force=True, v=True)
+
         def fresh_sandbox() -> None:  # the same with air's own container settings (volumes, tmpfs, limits)
-            c = client.containers.run(**container_kwargs(spec, run="bench-fresh", role="bench", gpu_ids=()))
-            c.remove(force=True, v=True)
+            kwargs = container_kwargs(spec, run="bench-fresh", role="bench", gpu_ids=())
+            without_network(kwargs, Path(hosts.name))
+            client.containers.run(**kwargs).remove(force=True, v=True)
 
         def fresh_staged() -> None:  # a fresh container is empty: a per-rollout design must also stage the 20 MB
             c = client.containers.run(IMAGE, ["sleep", "infinity"], detach=True, network_mode="none", init=True,
@@ -105,6 +119,7 @@ async def main(runs: int) -> dict:
             c.remove(force=True, v=True)
 
         fresh_ms = await timed(lambda: asyncio.to_thread(fresh_plain), max(runs // 2, 10))
+        unnetworked_ms = await timed(lambda: asyncio.to_thread(fresh_unnetworked), max(runs // 2, 10))
         fresh_staged_ms = await timed(lambda: asyncio.to_thread(fresh_staged), max(runs // 2, 10))
         fresh_air_ms = await timed(lambda: asyncio.to_thread(fresh_sandbox), max(runs // 2, 10))
         results["reset"] = {
@@ -113,6 +128,8 @@ async def main(runs: int) -> dict:
             "end_p50_ms": statistics.median(r.end_ms for _, r, _ in rows),
             "build_p50_ms": statistics.median(r.build_ms for _, r, _ in rows),
             "fresh_container_p50_ms": statistics.median(fresh_ms),
+            "fresh_container_without_network_setup_p50_ms": statistics.median(unnetworked_ms),
+            "network_setup_ratio": statistics.median(fresh_ms) / statistics.median(unnetworked_ms),
             "fresh_air_container_p50_ms": statistics.median(fresh_air_ms),
             "fresh_staged_container_p50_ms": statistics.median(fresh_staged_ms),
             "ratio": statistics.median(fresh_ms) / statistics.median(reset_ms),
@@ -171,6 +188,9 @@ def report(r: dict) -> None:
           f"{rs['fresh_container_p50_ms']:.0f} ms ({rs['ratio']:.1f}x) | fresh container with air's settings "
           f"{rs['fresh_air_container_p50_ms']:.0f} ms ({rs['ratio_vs_fresh_air_container']:.1f}x)  "
           f"restored {rs['workspace_after_reset']}")
+    print(f"                    fresh container without Docker's network setup (air's here) "
+          f"{rs['fresh_container_without_network_setup_p50_ms']:.0f} ms (the setup costs "
+          f"{rs['network_setup_ratio']:.2f}x)")
     print(f"                    fresh container + staging the 20 MB workspace "
           f"{rs['fresh_staged_container_p50_ms']:.0f} ms ({rs['ratio_vs_fresh_staged_container']:.1f}x)")
     print(f"                    new cell + the next command (which starts the agent's shell) "

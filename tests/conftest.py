@@ -61,7 +61,25 @@ def images(docker_client):
     """The CPU recipes built (or reused: a no-op when the README's set-up already built them)."""
     from air.images import ImageBuilder
 
-    return {b.recipe: b for b in ImageBuilder(docker_client).ensure(["base", "cpu"])}
+    built = {b.recipe: b for b in ImageBuilder(docker_client).ensure(["base", "cpu"])}
+    _hold_the_cpu_images_pin()
+    return built
+
+
+def _hold_the_cpu_images_pin() -> None:
+    """This worker holds the host's page-cache pin of air/cpu (its tmpfs copy, for sandboxes with cells) for the
+    whole session, as a long training run would. Without a holder it ends 120 s after the last test of the image
+    and the next one copies the 1.7 GB again: six copies a lane, 3-6 s of CPU each (experiments.md, session 60)."""
+    import asyncio
+    import atexit
+
+    from air.sandbox.docker_api import Docker
+    from air.sandbox.pagecache import PageCachePins
+    from air.sandbox.spec import SandboxSpec
+
+    pins = PageCachePins(Docker(), run="test-session")
+    asyncio.run(pins.ensure(SandboxSpec(image="air/cpu:latest"), copy=True))
+    atexit.register(lambda: asyncio.run(pins.close()))  # its lock goes with this process anyway
 
 
 @pytest.fixture(scope="session")

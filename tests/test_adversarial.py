@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from searches import everywhere
 
 from air import paths
 from air.errors import InfraError
@@ -176,14 +177,15 @@ async def test_searching_the_whole_filesystem_finds_no_secret(task_id, pool):
     env = TaskEnvironment(load_task(task_id), pool)
     async with env.lease() as sandbox:
         lines = secret_only_lines(env.spec)
-        search = ("grep -rlxF " + " ".join(f"-e {shlex.quote(line)}" for line in lines)
-                  + " / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev 2>/dev/null; true")
+        grep = "grep -rlxF " + " ".join(f"-e {shlex.quote(line)}" for line in lines)
+        search = everywhere(grep)
         await write(sandbox, "/tmp/control.txt", lines[0])
         found = await sandbox.session.run(search, timeout=120)
         assert found.stdout.split() == ["/tmp/control.txt"], found.stdout
         as_root = await sandbox.session.run_untrusted(["sh", "-c", search], user="root", cwd="/", timeout=120)
         assert as_root.stdout.split() == ["/tmp/control.txt"], as_root.stdout  # root in the agent's cell
-        everything = await sandbox.harness_exec(["sh", "-c", search], user="root", timeout=120)
+        everything = await sandbox.harness_exec(["sh", "-c", everywhere(grep, whole_container=True)], user="root",
+                                                timeout=120)
         assert everything.stdout.split() == [], everything.stdout  # the whole container (the cell's /tmp aside)
         names = await sandbox.session.run("find / -xdev \\( -name test_labels.csv -o -name opponents.py -o "
                                           "-name air_eval_kit.py -o -path '*/secret/*' \\) 2>/dev/null; true")

@@ -75,6 +75,21 @@ async def test_no_docker_socket_no_host_paths_no_network(pool, base_spec):
         assert r.stdout.split()[-1] == "lo"
 
 
+async def test_without_a_network_localhost_still_resolves_and_the_loopback_serves(pool, base_spec, docker_client):
+    """A sandbox on this machine's daemon has no network at all (Docker skips its network setup, and its /etc/hosts
+    with it): the sandbox's own /etc/hosts still names localhost, and a server on the loopback answers there."""
+    async with pool.lease(base_spec) as sb:
+        if sb.channel is not None:
+            assert docker_client.api.inspect_container(sb.container_id)["Config"].get("NetworkDisabled") is True
+        r = await sb.session.run(
+            "getent hosts localhost | sort | head -1; python3 -c 'import socket\n"
+            "s = socket.create_server((\"localhost\", 0))\n"
+            "c = socket.create_connection((\"localhost\", s.getsockname()[1]))\n"
+            "s.accept()[0].sendall(b\"hello\"); print(c.recv(5).decode())'")
+        assert r.stdout.split() == ["127.0.0.1", "localhost", "hello"] or \
+            r.stdout.split() == ["::1", "localhost", "ip6-localhost", "ip6-loopback", "hello"], r.stdout
+
+
 async def test_other_sandboxes_files_and_processes_are_invisible(pool, base_spec):
     other_spec = base_spec.model_copy(update={"task": "neighbour"})
     async with pool.lease(base_spec) as a, pool.lease(other_spec) as b:

@@ -21,6 +21,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from searches import everywhere
 from test_mlgym import write_tree, write_yaml
 from test_mlgym_bench import TRUE_MEAN, bench_root  # noqa: F401 - the toy MLGym tree with a noisy game
 
@@ -464,10 +465,10 @@ async def test_the_host_secret_and_seed_never_enter_the_agents_sandbox(pool):
     needles = [hidden.secret_file().read_text().strip(), str(seed)]
     async with env.lease() as sandbox:
         await sandbox.session.run(f"echo {needles[1]} > /tmp/control.txt")
-        search = ("grep -rlF " + " ".join(f"-e {n}" for n in needles)
-                  + " / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev 2>/dev/null; true")
-        found = await sandbox.session.run_untrusted(["sh", "-c", search], user="root", cwd="/", timeout=180)
-        container = await sandbox.harness_exec(["sh", "-c", search], user="root", timeout=180)
+        grep = "grep -rlF " + " ".join(f"-e {n}" for n in needles)
+        found = await sandbox.session.run_untrusted(["sh", "-c", everywhere(grep)], user="root", cwd="/", timeout=180)
+        container = await sandbox.harness_exec(["sh", "-c", everywhere(grep, whole_container=True)], user="root",
+                                               timeout=180)
     assert found.stdout.split() == ["/tmp/control.txt"], found.stdout  # root in the agent's cell
     assert container.stdout.split() == [], container.stdout  # root in the whole container
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from searches import everywhere
 
 from air.errors import TaskError
 from air.tasks.mlgym import load_mlgym_task
@@ -467,8 +468,7 @@ SUBMISSIONS = {
     # echo 0,5,0,5,0 (10), then its next forced defection locks both into 11 rounds of mutual defection (11)
     "pythonToy": ({"strategy.py": TIT_FOR_TAT}, {"Score": (12 + 10 + 11) / 20}),
 }
-GREP_SECRETS = ("grep -rlF " + " ".join(f"-e {m}" for m in SECRET_MARKS)
-                + " / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev 2>/dev/null; true")
+GREP_SECRETS = "grep -rlF " + " ".join(f"-e {m}" for m in SECRET_MARKS)
 FIND_SECRET_NAMES = ("find / -xdev \\( -name evaluate.py -o -name target.py -o -name ground_truth.csv "
                      "-o -name holdout.txt \\) -not -path '/opt/venv/lib/*' -not -path '/usr/lib/*' 2>/dev/null; true")
 
@@ -505,11 +505,13 @@ async def test_staged_task_hides_scorer_files_and_scores_like_mlgym(name, mlgym_
             assert r.exit_code == 0, (entry.dest, r.stderr)
         # Scorer-only files, by content and by name: as the agent, and as root (which can read everything).
         await run(f"printf '{TRUTH_MARK}' > /tmp/control")  # proves the search looks where the agent writes
-        found = await run(GREP_SECRETS, timeout=120)
+        found = await run(everywhere(GREP_SECRETS), timeout=120)
         assert found.stdout.split() == ["/tmp/control"], found.stdout
-        as_root = await sandbox.session.run_untrusted(["sh", "-c", GREP_SECRETS], user="root", cwd="/", timeout=120)
+        as_root = await sandbox.session.run_untrusted(["sh", "-c", everywhere(GREP_SECRETS)], user="root", cwd="/",
+                                                      timeout=120)
         assert as_root.stdout.split() == ["/tmp/control"], as_root.stdout  # root in the agent's cell
-        container = await sandbox.harness_exec(["sh", "-c", GREP_SECRETS], user="root", timeout=120)
+        container = await sandbox.harness_exec(["sh", "-c", everywhere(GREP_SECRETS, whole_container=True)],
+                                               user="root", timeout=120)
         assert container.stdout.split() == [], container.stdout  # and in the whole container
         names = await sandbox.harness_exec(["sh", "-c", FIND_SECRET_NAMES], user="root", timeout=60)
         assert names.stdout.split() == [], names.stdout

@@ -228,7 +228,7 @@ class PageCachePins:
             created = await self.docker.call(
                 api.create_container, image_id, ["python3", "-I", "-S", "-c", _PROGRAM, json.dumps(config)],
                 name=pin.name, user="0", labels=labels, stdin_open=tethered, detach=not tethered,  # StdinOnce
-                host_config=host_config, timeout=120)
+                network_disabled=True, host_config=host_config, timeout=120)  # no network setup at all
         except InfraError as exc:
             if conflict(exc):
                 raise _Exists() from None

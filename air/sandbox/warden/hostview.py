@@ -26,8 +26,12 @@ import os
 import re
 from typing import Dict, List, Optional, Tuple, Union
 
-PROC_FILES = ("stat", "meminfo", "vmstat", "loadavg", "buddyinfo", "zoneinfo", "pagetypeinfo", "diskstats",
-              "interrupts", "softirqs", "schedstat", "swaps", "sys/kernel/pty/nr")
+PROC_FILES = ("stat", "meminfo", "vmstat", "loadavg", "buddyinfo", "zoneinfo", "diskstats", "interrupts", "softirqs",
+              "schedstat", "swaps", "sys/kernel/pty/nr")
+UNREAD = ("/proc/pagetypeinfo",)
+"""Counter files shown empty, never read: reading /proc/pagetypeinfo walks every page block of the host's memory
+with the zone's lock held (65 ms of every warden's start on a 24 GB host, and more with more memory, while the host's
+allocations wait: experiments.md, session 60). It is root's alone, and no program of a task reads it."""
 TREES = ("/proc/sys/fs", "/proc/pressure", "/sys/devices/system/node", "/sys/devices/virtual/bdi",
          "/sys/kernel/mm/ksm", "/sys/kernel/mm/transparent_hugepage/khugepaged")
 """Directories shown as copies (settings as they are, counters zeroed: COUNTER)."""
@@ -120,6 +124,9 @@ def snapshot(memory_limit: Optional[int]) -> HostView:
         path = "/proc/" + name
         if os.path.isfile(path):  # an unreadable one (root's alone) is shown empty
             entries[path] = {"": zeroed(path, _read(path) or b"", memory_kb)}
+    for path in UNREAD:
+        if os.path.isfile(path):
+            entries[path] = {"": b""}
     for top in TREES:
         for path in sorted(glob.glob(top)):
             if os.path.isdir(path):
