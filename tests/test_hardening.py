@@ -77,7 +77,7 @@ async def test_no_docker_socket_no_host_paths_no_network(pool, base_spec):
 
 async def test_without_a_network_localhost_still_resolves_and_the_loopback_serves(pool, base_spec, docker_client):
     """A sandbox on this machine's daemon has no network at all (Docker skips its network setup, and its /etc/hosts
-    with it): the sandbox's own /etc/hosts still names localhost, and a server on the loopback answers there."""
+    with it): air's /etc/hosts still names localhost, and a server on the loopback answers there."""
     async with pool.lease(base_spec) as sb:
         if sb.channel is not None:
             assert docker_client.api.inspect_container(sb.container_id)["Config"].get("NetworkDisabled") is True

@@ -111,7 +111,7 @@ class Sandbox:
             kwargs["command"] = ["python3", "-I", "-S", f"{WARDEN_DIR}/warden.py", "--listen", WARDEN_DIR]
             kwargs["mounts"].append(docker.types.Mount(target=WARDEN_DIR, source=str(directory), type="bind"))
             if not spec.network:
-                without_network(kwargs, directory / "hosts")
+                without_network(kwargs, hosts_file())
         try:
             container = await docker_.call(docker_.client.containers.run, timeout=start_timeout, **kwargs)
         except BaseException as exc:
@@ -439,6 +439,24 @@ HOSTS = (b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00
 """A sandbox's /etc/hosts when it has no network: what Docker writes for `network_mode="none"`."""
 
 
+def hosts_file() -> Path:
+    """HOSTS as one file on this machine that every sandbox without a network mounts (read-only): written again
+    whenever it is missing or not HOSTS, atomically (other air processes may be reading it)."""
+    path = hostdir.runtime_dir() / "hosts"
+    try:
+        if path.read_bytes() == HOSTS:
+            return path
+    except OSError:
+        pass
+    new = path.with_name(f"hosts.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.fchmod(fd, 0o644)  # whatever the umask: every uid in the sandbox reads it
+    with os.fdopen(fd, "wb") as f:
+        f.write(HOSTS)
+    os.replace(new, path)
+    return path
+
+
 def _channel_dir(name: str) -> tuple[Path, bytes, int]:
     """A sandbox's host directory, with the warden's program, the secret its host will prove itself with, and
     `host.lock`, held by this process (the fd returned) until its warden is connected: see Sandbox.channel_hold."""
@@ -446,9 +464,8 @@ def _channel_dir(name: str) -> tuple[Path, bytes, int]:
 
     directory = hostdir.private(hostdir.runtime_dir() / "sandboxes" / name)
     secret = secrets.token_bytes(32)
-    for file, data, mode in (("warden.py", warden_program(precompiled=True), 0o600), ("secret", secret, 0o600),
-                             ("hosts", HOSTS, 0o644)):
-        fd = os.open(directory / file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    for file, data in (("warden.py", warden_program(precompiled=True)), ("secret", secret)):
+        fd = os.open(directory / file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
     return directory, secret, hold(str(directory / HOST_LOCK))
