@@ -98,3 +98,30 @@ async def test_a_sandbox_fusion_request_cannot_reach_the_next_request(images, ru
     finally:
         await service.close()
     assert_chance(sent, recovered(b.run_result.stdout), "SandboxFusion request to request")
+
+
+async def test_a_host_pin_that_closed_after_its_grace_is_replaced_without_a_sweep(images, docker_client, tmp_path):
+    """A host pin nobody held for its grace exits and stays, exited, until a sweep. The next process that needs it
+    (with no pool's start-up sweep before: the test session's own pin, or a race with one) starts a new pin instead
+    of reading the closed one's last words as its failure. Data of this test's own makes the pin this test's."""
+    import asyncio
+    import time
+
+    from air.sandbox import SandboxSpec
+    from air.sandbox.docker_api import Docker
+    from air.sandbox.pagecache import PageCachePins
+
+    spec = SandboxSpec(image="air/base:latest", task="pin-grace", read_only_mounts={"/srv/pin-grace": str(tmp_path)})
+    first = PageCachePins(Docker(docker_client), run="test-pin-grace", grace=0.5)
+    name = await first.ensure(spec)
+    await first.close()
+    deadline = time.monotonic() + 120
+    while docker_client.api.inspect_container(name)["State"]["Status"] != "exited":  # the case: closed, still there
+        assert time.monotonic() < deadline, "the pin never closed after its grace"
+        await asyncio.sleep(0.5)
+    second = PageCachePins(Docker(docker_client), run="test-pin-grace", grace=0.5)
+    try:
+        assert await second.ensure(spec, timeout=120) == name
+        assert docker_client.api.inspect_container(name)["State"]["Status"] == "running"
+    finally:
+        await second.close()

@@ -152,6 +152,8 @@ class PageCachePins:
                 state = await self._state(pin.name)
                 if state == "missing":
                     await self._start_host_pin(pin, image_id, spec, directory)
+                elif state in ("exited", "dead") and (directory / "closing").exists():
+                    await self._remove(pin.name)  # it closed by itself, unused for its grace: a new one replaces it
                 elif state in ("exited", "dead"):
                     problem = _read(directory / "error") or await self._problem(pin.name)
                     if "does not see the host directory" in problem:
