@@ -92,18 +92,19 @@ async def main(runs: int) -> dict:
             workspace_tar = await sb.get_archive("/srv/air/pristine/home/workspace", max_bytes=64 << 20)
         reset_ms = [ms for ms, _, _ in rows]
 
-        def fresh_plain() -> None:  # what a per-rollout harness does at least: create, start, remove
-            c = client.containers.run(IMAGE, ["sleep", "infinity"], detach=True, network_mode="none", init=True,
-                                      labels={"air.run": "bench-fresh"})
-            c.remove(force=True, v=True)
+        def plain() -> dict:  # what a per-rollout harness starts at least
+            return dict(image=IMAGE, command=["sleep", "infinity"], detach=True, network_mode="none", init=True,
+                        labels={"air.run": "bench-fresh"})
+
+        def fresh_plain() -> None:  # create, start, remove
+            client.containers.run(**plain()).remove(force=True, v=True)
 
         hosts = tempfile.NamedTemporaryFile(prefix="air-bench-hosts-")
         hosts.write(HOSTS)
         hosts.flush()
 
         def fresh_unnetworked() -> None:  # the same without Docker's network setup, as air's sandboxes here start
-            kwargs = dict(image=IMAGE, command=["sleep", "infinity"], detach=True, network_mode="none", init=True,
-                          labels={"air.run": "bench-fresh"})
+            kwargs = plain()
             without_network(kwargs, Path(hosts.name))
             client.containers.run(**kwargs).remove(force=True, v=True)
 
@@ -113,8 +114,7 @@ async def main(runs: int) -> dict:
             client.containers.run(**kwargs).remove(force=True, v=True)
 
         def fresh_staged() -> None:  # a fresh container is empty: a per-rollout design must also stage the 20 MB
-            c = client.containers.run(IMAGE, ["sleep", "infinity"], detach=True, network_mode="none", init=True,
-                                      labels={"air.run": "bench-fresh"})
+            c = client.containers.run(**plain())
             c.put_archive("/home/agent", workspace_tar)
             c.remove(force=True, v=True)
 

@@ -62,11 +62,11 @@ def images(docker_client):
     from air.images import ImageBuilder
 
     built = {b.recipe: b for b in ImageBuilder(docker_client).ensure(["base", "cpu"])}
-    _hold_the_cpu_images_pin()
+    _hold_the_cpu_images_pin(docker_client)
     return built
 
 
-def _hold_the_cpu_images_pin() -> None:
+def _hold_the_cpu_images_pin(client) -> None:
     """This worker holds the host's page-cache pin of air/cpu (its tmpfs copy, for sandboxes with cells) for the
     whole session, as a long training run would. Without a holder it ends 120 s after the last test of the image
     and the next one copies the 1.7 GB again: six copies a lane, 3-6 s of CPU each (experiments.md, session 60)."""
@@ -77,7 +77,7 @@ def _hold_the_cpu_images_pin() -> None:
     from air.sandbox.pagecache import PageCachePins
     from air.sandbox.spec import SandboxSpec
 
-    pins = PageCachePins(Docker(), run="test-session")
+    pins = PageCachePins(Docker(client), run="test-session")
     asyncio.run(pins.ensure(SandboxSpec(image="air/cpu:latest"), copy=True))
     atexit.register(lambda: asyncio.run(pins.close()))  # its lock goes with this process anyway
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from air.sandbox.container import CELL_CAPABILITIES, ROOT_CAPABILITIES
+from air.sandbox.container import CELL_CAPABILITIES, ROOT_CAPABILITIES, hosts_file
 from air.sandbox.warden import cell
 
 pytestmark = pytest.mark.docker
@@ -77,12 +77,19 @@ async def test_no_docker_socket_no_host_paths_no_network(pool, base_spec):
 
 async def test_without_a_network_localhost_still_resolves_and_the_loopback_serves(pool, base_spec, docker_client):
     """A sandbox on this machine's daemon has no network at all (Docker skips its network setup, and its /etc/hosts
-    with it): air's /etc/hosts still names localhost, and a server on the loopback answers there."""
+    with it): air's /etc/hosts still names localhost, and a server on the loopback answers there. That file is one
+    for every sandbox of the host: neither the agent nor root in a cell can write it (the control: the same write
+    to a file of /tmp lands)."""
     async with pool.lease(base_spec) as sb:
         if sb.channel is not None:
             assert docker_client.api.inspect_container(sb.container_id)["Config"].get("NetworkDisabled") is True
+        write = "for f in /etc/hosts /tmp/hosts; do echo planted >> $f && echo wrote $f; done 2>/dev/null; true"
+        assert (await sb.session.run(write)).stdout == "wrote /tmp/hosts\n"
+        as_root = await sb.session.run_untrusted(["sh", "-c", write], user="root", cwd="/")
+        assert as_root.stdout == "wrote /tmp/hosts\n", as_root.stdout
+        assert b"planted" not in hosts_file().read_bytes() if sb.channel is not None else True
         r = await sb.session.run(
-            "getent hosts localhost | sort | head -1; python3 -c 'import socket\n"
+            "getent hosts localhost; python3 -c 'import socket\n"
             "s = socket.create_server((\"localhost\", 0))\n"
             "c = socket.create_connection((\"localhost\", s.getsockname()[1]))\n"
             "s.accept()[0].sendall(b\"hello\"); print(c.recv(5).decode())'")
