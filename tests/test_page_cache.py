@@ -125,3 +125,42 @@ async def test_a_host_pin_that_closed_after_its_grace_is_replaced_without_a_swee
         assert docker_client.api.inspect_container(name)["State"]["Status"] == "running"
     finally:
         await second.close()
+
+
+async def test_a_host_pin_killed_after_it_held_is_replaced_and_one_that_fails_is_reported(images, docker_client,
+                                                                                          tmp_path, monkeypatch):
+    """A pin that a daemon restart, a reboot or the OOM killer ended stays, exited, without the `closing` its own end
+    leaves (CI's second run on one machine met the first run's, stopped with its daemon: every test errored). The
+    next process replaces it. Control: a pin started by this very call that fails is still the host's failure."""
+    import contextlib
+
+    import docker.errors
+
+    from air.errors import InfraError
+    from air.sandbox import SandboxSpec, pagecache
+    from air.sandbox.docker_api import Docker
+    from air.sandbox.pagecache import PageCachePins
+
+    spec = SandboxSpec(image="air/base:latest", task="pin-killed", read_only_mounts={"/srv/pin-killed": str(tmp_path)})
+    first = PageCachePins(Docker(docker_client), run="test-pin-killed")
+    name = await first.ensure(spec)
+    docker_client.api.kill(name)  # what a daemon's stop does to it
+    docker_client.api.wait(name, timeout=60)
+    assert "air-pinned " in docker_client.api.logs(name).decode()  # its last words: what was once read as failure
+    second = PageCachePins(Docker(docker_client), run="test-pin-killed")
+    try:
+        assert await second.ensure(spec, timeout=120) == name
+        assert docker_client.api.inspect_container(name)["State"]["Status"] == "running"
+    finally:
+        await second.close()
+        await first.close()
+        with contextlib.suppress(docker.errors.NotFound):
+            docker_client.api.remove_container(name, force=True)
+
+    monkeypatch.setattr(pagecache, "_PROGRAM", "print('air-pin-error a provoked failure', flush=True); exit(2)")
+    third = PageCachePins(Docker(docker_client), run="test-pin-killed")
+    try:
+        with pytest.raises(InfraError, match="pin of air/base:latest failed: a provoked failure"):
+            await third.ensure(spec, timeout=120)
+    finally:
+        await third.close()

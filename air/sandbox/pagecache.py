@@ -144,18 +144,24 @@ class PageCachePins:
         if pin.holder_fd is None:  # this process's hold, for as long as it lives (or until close)
             pin.holder_fd = hold(str(directory / "holders" / f"{os.getpid()}-{secrets.token_hex(4)}.lock"))
         deadline = time.monotonic() + timeout
+        # Only the end of a pin started while this call waited (by this process or another) is judged. One from
+        # before (closed after its grace, or ended by a daemon restart, a reboot, the OOM killer) is replaced unread:
+        # its last words are no news about the pin this call needs.
+        started = False
         while True:
             alive = lock_held(str(directory / "alive.lock"))
             if alive and (directory / "ready").exists():
                 return
-            if not alive:  # none yet, one starting, one that closed (or was killed), or one that failed
+            if not alive:  # none yet, one starting, one that ended, or one that failed
                 state = await self._state(pin.name)
                 if state == "missing":
                     await self._start_host_pin(pin, image_id, spec, directory)
-                elif state in ("exited", "dead") and (directory / "closing").exists():
-                    await self._remove(pin.name)  # it closed by itself, unused for its grace: a new one replaces it
+                    started = True
                 elif state in ("exited", "dead"):
-                    problem = _read(directory / "error") or await self._problem(pin.name)
+                    problem = ""
+                    if started and not (directory / "closing").exists():
+                        problem = (_read(directory / "error") or await self._problem(pin.name)
+                                   or "it ended without a word")
                     if "does not see the host directory" in problem:
                         raise _NotLocal()
                     await self._remove(pin.name)
@@ -263,6 +269,10 @@ class PageCachePins:
                                          timeout=30, idempotent=True)
         except SandboxUnavailable:
             return ""
+        except InfraError as exc:
+            if conflict(exc):  # another process is removing it: gone
+                return ""
+            raise
         return raw.decode("utf-8", "replace")
 
     async def _problem(self, name: str) -> str:
@@ -273,6 +283,9 @@ class PageCachePins:
             await self.docker.call(self.docker.api.remove_container, name, force=True, idempotent=True)
         except SandboxUnavailable:
             pass
+        except InfraError as exc:
+            if not conflict(exc):  # 409: another process's removal of it is under way
+                raise
         with contextlib.suppress(InfraError, SandboxUnavailable):  # its copy, unless sandboxes still use it (a sweep
             await self.docker.call(self.docker.api.remove_volume, name, timeout=60)  # takes it then)
 
