@@ -164,3 +164,34 @@ async def test_a_host_pin_killed_after_it_held_is_replaced_and_one_that_fails_is
             await third.ensure(spec, timeout=120)
     finally:
         await third.close()
+
+
+async def test_a_host_pin_whose_maker_died_before_starting_it_is_replaced(images, docker_client, tmp_path,
+                                                                          monkeypatch):
+    """A process killed between creating the host's pin and starting it (Ctrl-C at a first `air run`, a daemon
+    restart) leaves a pin that is created and never started. The next process waits a moment (its maker may be about
+    to start it) and then replaces it, where it waited out its whole timeout and failed before."""
+    import contextlib
+
+    import docker.errors
+
+    from air.sandbox import SandboxSpec, pagecache
+    from air.sandbox.docker_api import Docker
+    from air.sandbox.pagecache import PageCachePins
+
+    monkeypatch.setattr(pagecache, "UNSTARTED", 1.0)
+    spec = SandboxSpec(image="air/base:latest", task="pin-unstarted",
+                       read_only_mounts={"/srv/pin-unstarted": str(tmp_path)})
+    first = PageCachePins(Docker(docker_client), run="test-pin-unstarted", grace=0.5)
+    name = await first.ensure(spec)
+    await first.close()
+    docker_client.api.remove_container(name, force=True)
+    docker_client.api.create_container("air/base:latest", ["true"], name=name)  # what the dead maker left
+    second = PageCachePins(Docker(docker_client), run="test-pin-unstarted", grace=0.5)
+    try:
+        assert await second.ensure(spec, timeout=60) == name
+        assert docker_client.api.inspect_container(name)["State"]["Status"] == "running"
+    finally:
+        await second.close()
+        with contextlib.suppress(docker.errors.NotFound):
+            docker_client.api.remove_container(name, force=True)

@@ -67,6 +67,9 @@ GRACE = 120.0
 """Seconds a host pin outlives its last holder: the next `air run` or test finds it still pinned."""
 PIN_TIMEOUT = 900.0
 """How long the first pin of an image may take: reading a large image (air/toolchain: 4 GB) from a slow disk."""
+UNSTARTED = 30.0
+"""Seconds a host pin may stay created and not started before it is taken for a leftover: its maker starts it a
+moment after creating it, unless it died in between (Ctrl-C, a daemon restart)."""
 SKIP = ("/proc", "/sys", "/dev", HOST_DIR, AIR_DIR, AGENT_HOME, "/tmp", "/var/tmp", "/etc/hosts", "/etc/hostname",
         "/etc/resolv.conf", ROOT_COPY)
 """What a pin does not hold: pseudo-filesystems, what every sandbox gets new, and each container's own files (its
@@ -148,13 +151,17 @@ class PageCachePins:
         # before (closed after its grace, or ended by a daemon restart, a reboot, the OOM killer) is replaced unread:
         # its last words are no news about the pin this call needs.
         started = False
+        unstarted_since: float | None = None
         while True:
             alive = lock_held(str(directory / "alive.lock"))
             if alive and (directory / "ready").exists():
                 return
             if not alive:  # none yet, one starting, one that ended, or one that failed
                 state = await self._state(pin.name)
-                if state == "missing":
+                unstarted_since = (unstarted_since or time.monotonic()) if state == "created" else None
+                if state == "created" and time.monotonic() - unstarted_since > UNSTARTED:
+                    await self._remove(pin.name)  # its maker died between create and start (Ctrl-C, a restart)
+                elif state == "missing":
                     await self._start_host_pin(pin, image_id, spec, directory)
                     started = True
                 elif state in ("exited", "dead"):
