@@ -10,9 +10,17 @@ commands, or as code under evaluation through an ordinary submission. The writer
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+
+import docker.errors
 import pytest
 
-from air.sandbox import PoolConfig, SandboxPool
+from air.errors import InfraError
+from air.sandbox import PoolConfig, SandboxPool, SandboxSpec, pagecache
+from air.sandbox.docker_api import Docker
+from air.sandbox.pagecache import PageCachePins
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 from page_cache_channel import BITS, CHANCE_BOUND, agreement, command, message, recovered
@@ -100,18 +108,28 @@ async def test_a_sandbox_fusion_request_cannot_reach_the_next_request(images, ru
     assert_chance(sent, recovered(b.run_result.stdout), "SandboxFusion request to request")
 
 
+def pin_spec(tmp_path, task: str) -> SandboxSpec:
+    """A spec whose data is this test's own, so that its host pin is this test's alone."""
+    return SandboxSpec(image="air/base:latest", task=task, read_only_mounts={f"/srv/{task}": str(tmp_path)})
+
+
+async def a_later_process_replaces_it(docker_client, spec: SandboxSpec, name: str) -> None:
+    """What each leftover comes to: the next process that needs the pin gets it, running, in the leftover's place."""
+    later = PageCachePins(Docker(docker_client), run=f"test-{spec.task}", grace=0.5)
+    try:
+        assert await later.ensure(spec, timeout=120) == name
+        assert docker_client.api.inspect_container(name)["State"]["Status"] == "running"
+    finally:
+        await later.close()
+        with contextlib.suppress(docker.errors.NotFound):
+            docker_client.api.remove_container(name, force=True)
+
+
 async def test_a_host_pin_that_closed_after_its_grace_is_replaced_without_a_sweep(images, docker_client, tmp_path):
     """A host pin nobody held for its grace exits and stays, exited, until a sweep. The next process that needs it
     (with no pool's start-up sweep before: the test session's own pin, or a race with one) starts a new pin instead
-    of reading the closed one's last words as its failure. Data of this test's own makes the pin this test's."""
-    import asyncio
-    import time
-
-    from air.sandbox import SandboxSpec
-    from air.sandbox.docker_api import Docker
-    from air.sandbox.pagecache import PageCachePins
-
-    spec = SandboxSpec(image="air/base:latest", task="pin-grace", read_only_mounts={"/srv/pin-grace": str(tmp_path)})
+    of reading the closed one's last words as its failure."""
+    spec = pin_spec(tmp_path, "pin-grace")
     first = PageCachePins(Docker(docker_client), run="test-pin-grace", grace=0.5)
     name = await first.ensure(spec)
     await first.close()
@@ -119,12 +137,7 @@ async def test_a_host_pin_that_closed_after_its_grace_is_replaced_without_a_swee
     while docker_client.api.inspect_container(name)["State"]["Status"] != "exited":  # the case: closed, still there
         assert time.monotonic() < deadline, "the pin never closed after its grace"
         await asyncio.sleep(0.5)
-    second = PageCachePins(Docker(docker_client), run="test-pin-grace", grace=0.5)
-    try:
-        assert await second.ensure(spec, timeout=120) == name
-        assert docker_client.api.inspect_container(name)["State"]["Status"] == "running"
-    finally:
-        await second.close()
+    await a_later_process_replaces_it(docker_client, spec, name)
 
 
 async def test_a_host_pin_killed_after_it_held_is_replaced_and_one_that_fails_is_reported(images, docker_client,
@@ -132,30 +145,16 @@ async def test_a_host_pin_killed_after_it_held_is_replaced_and_one_that_fails_is
     """A pin that a daemon restart, a reboot or the OOM killer ended stays, exited, without the `closing` its own end
     leaves (CI's second run on one machine met the first run's, stopped with its daemon: every test errored). The
     next process replaces it. Control: a pin started by this very call that fails is still the host's failure."""
-    import contextlib
-
-    import docker.errors
-
-    from air.errors import InfraError
-    from air.sandbox import SandboxSpec, pagecache
-    from air.sandbox.docker_api import Docker
-    from air.sandbox.pagecache import PageCachePins
-
-    spec = SandboxSpec(image="air/base:latest", task="pin-killed", read_only_mounts={"/srv/pin-killed": str(tmp_path)})
+    spec = pin_spec(tmp_path, "pin-killed")
     first = PageCachePins(Docker(docker_client), run="test-pin-killed")
     name = await first.ensure(spec)
     docker_client.api.kill(name)  # what a daemon's stop does to it
     docker_client.api.wait(name, timeout=60)
     assert "air-pinned " in docker_client.api.logs(name).decode()  # its last words: what was once read as failure
-    second = PageCachePins(Docker(docker_client), run="test-pin-killed")
     try:
-        assert await second.ensure(spec, timeout=120) == name
-        assert docker_client.api.inspect_container(name)["State"]["Status"] == "running"
+        await a_later_process_replaces_it(docker_client, spec, name)
     finally:
-        await second.close()
         await first.close()
-        with contextlib.suppress(docker.errors.NotFound):
-            docker_client.api.remove_container(name, force=True)
 
     monkeypatch.setattr(pagecache, "_PROGRAM", "print('air-pin-error a provoked failure', flush=True); exit(2)")
     third = PageCachePins(Docker(docker_client), run="test-pin-killed")
@@ -171,27 +170,11 @@ async def test_a_host_pin_whose_maker_died_before_starting_it_is_replaced(images
     """A process killed between creating the host's pin and starting it (Ctrl-C at a first `air run`, a daemon
     restart) leaves a pin that is created and never started. The next process waits a moment (its maker may be about
     to start it) and then replaces it, where it waited out its whole timeout and failed before."""
-    import contextlib
-
-    import docker.errors
-
-    from air.sandbox import SandboxSpec, pagecache
-    from air.sandbox.docker_api import Docker
-    from air.sandbox.pagecache import PageCachePins
-
     monkeypatch.setattr(pagecache, "UNSTARTED", 1.0)
-    spec = SandboxSpec(image="air/base:latest", task="pin-unstarted",
-                       read_only_mounts={"/srv/pin-unstarted": str(tmp_path)})
+    spec = pin_spec(tmp_path, "pin-unstarted")
     first = PageCachePins(Docker(docker_client), run="test-pin-unstarted", grace=0.5)
     name = await first.ensure(spec)
     await first.close()
     docker_client.api.remove_container(name, force=True)
     docker_client.api.create_container("air/base:latest", ["true"], name=name)  # what the dead maker left
-    second = PageCachePins(Docker(docker_client), run="test-pin-unstarted", grace=0.5)
-    try:
-        assert await second.ensure(spec, timeout=60) == name
-        assert docker_client.api.inspect_container(name)["State"]["Status"] == "running"
-    finally:
-        await second.close()
-        with contextlib.suppress(docker.errors.NotFound):
-            docker_client.api.remove_container(name, force=True)
+    await a_later_process_replaces_it(docker_client, spec, name)
