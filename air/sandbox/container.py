@@ -395,9 +395,8 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
 def without_network(kwargs: dict, hosts: Path) -> None:
     """No network at all for the container of `kwargs`: Docker then skips its network setup (a hook that runs the
     daemon's own binary before the container starts: a start took 204 ms with it, 142 without, experiments.md,
-    session 60) and the
-    /etc/hosts it writes, so `hosts` (a file on the daemon's machine) is mounted there instead: "localhost" still
-    resolves. The network namespace is new either way, its loopback up (runc)."""
+    session 60) and the /etc/hosts it writes, so `hosts` (a file on the daemon's machine) is mounted there instead:
+    "localhost" still resolves. The network namespace is new either way, its loopback up (runc)."""
     kwargs["network_disabled"] = True
     kwargs.setdefault("mounts", []).append(docker.types.Mount(target="/etc/hosts", source=str(hosts), type="bind",
                                                               read_only=True))

@@ -44,7 +44,7 @@ from air.errors import InfraError, SandboxUnavailable
 from air.sandbox import hostdir
 from air.sandbox.cleanup import PIN_ROLE
 from air.sandbox.docker_api import Docker, conflict
-from air.sandbox.labels import make_labels
+from air.sandbox.labels import make_labels, remove_containers
 from air.sandbox.layout import AGENT_HOME, AIR_DIR
 from air.sandbox.spec import SandboxSpec
 from air.sandbox.warden import PIN_MODULES, bundle
@@ -286,13 +286,8 @@ class PageCachePins:
         return _problem_in(await self._logs(name))
 
     async def _remove(self, name: str) -> None:
-        try:
-            await self.docker.call(self.docker.api.remove_container, name, force=True, idempotent=True)
-        except SandboxUnavailable:
-            pass
-        except InfraError as exc:
-            if not conflict(exc):  # 409: another process's removal of it is under way
-                raise
+        # gone already, or another process's removal of it under way: the same to this caller
+        await self.docker.call(remove_containers, self.docker.client, [name], idempotent=True)
         with contextlib.suppress(InfraError, SandboxUnavailable):  # its copy, unless sandboxes still use it (a sweep
             await self.docker.call(self.docker.api.remove_volume, name, timeout=60)  # takes it then)
 
