@@ -167,6 +167,10 @@ def _table() -> dict[str, Variable]:
                  "the first agent uid (each sandbox's agent: this plus its slot); under rootless Docker, e.g. 20000"),
         Variable("AIR_APPARMOR", _profile, None, "an AppArmor profile name",
                  "the sandboxes' AppArmor profile (unset: the daemon's default; `unconfined` gives cells)"),
+        Variable("AIR_GPU_ACCESS", _choice("auto", "runtime", "cdi", "devices"), "auto",
+                 "`auto`, `runtime`, `cdi` or `devices`",
+                 "how GPUs reach a sandbox: the NVIDIA runtime, CDI, or device nodes (auto: the first the host has; "
+                 "docs/gpu.md)"),
         Variable("AIR_RESULT_CLOCK", _float(1.0, 10.0), 1.5, "1 to 10",
                  "the coarse clock's ratio for results of hidden-data evaluations; 1 turns it off (SECURITY.md)"),
         Variable("AIR_HIDDEN_DRAW", _choice("host", "reference"), "host", "`host` or `reference`",

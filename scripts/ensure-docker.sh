@@ -74,13 +74,27 @@ if ! command -v dockerd >/dev/null 2>&1 || { [ "$codename" = bookworm ] && [[ "$
   fi
 fi
 
+# A GPU node without the NVIDIA container toolkit: CDI on, and a spec of this machine's GPUs and driver files
+# (docs/gpu.md; a daemon already running takes it at its next start).
+cdi=false
+if [ -e /dev/nvidiactl ] && ! command -v nvidia-container-runtime-hook >/dev/null 2>&1; then
+  if python3 "$(dirname "$0")/../air/sandbox/gpus.py" cdi-spec /etc/cdi/air-nvidia.json; then
+    cdi=true
+  else
+    say "no CDI spec written: air passes GPUs as device nodes (air doctor)"
+  fi
+fi
+
 # live-restore: containers outlive a restart of the daemon (merged into an existing daemon.json, never replacing it).
-python3 - <<'AIR_EOF' || say "could not set live-restore in /etc/docker/daemon.json; sandboxes end when dockerd restarts"
+AIR_CDI=$cdi python3 - <<'AIR_EOF' || say "could not set live-restore in /etc/docker/daemon.json; sandboxes end when dockerd restarts"
 import json, os
 path = "/etc/docker/daemon.json"
 config = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
-if config.get("live-restore") is not True:
+cdi = os.environ.get("AIR_CDI") == "true" and config.get("features", {}).get("cdi") is not True
+if config.get("live-restore") is not True or cdi:
     config["live-restore"] = True
+    if cdi:
+        config.setdefault("features", {})["cdi"] = True
     os.makedirs("/etc/docker", exist_ok=True)
     with open(path + ".new", "w") as f:
         json.dump(config, f, indent=2)

@@ -45,7 +45,6 @@ def _docker_checks() -> list[Check]:
 
     from air.errors import DockerUnavailable
     from air.images import build_command, image_ref, load_recipes
-    from air.sandbox.claims import detect_gpus
     from air.sandbox.docker_api import connect, docker_host
 
     checks = [Check("sandbox backend", True, "docker (PoolConfig.backend; AIR_BACKEND=kubernetes for a cluster)",
@@ -76,15 +75,7 @@ def _docker_checks() -> list[Check]:
         Check("storage driver", True, str(info.get("Driver")), required=False),
         Check("runtimes", True, ", ".join(runtimes) or "none", required=False),
     ]
-    gpus = detect_gpus()
-    nvidia = "nvidia" in runtimes or any("nvidia" in r for r in runtimes)
-    checks.append(Check("GPUs", True, f"{len(gpus)} visible ({', '.join(gpus)})" if gpus else "none visible "
-                        "(CPU-only tasks still run)", required=False))
-    if gpus:
-        checks.append(Check("NVIDIA container runtime", nvidia,
-                            "present" if nvidia else "GPUs are visible but Docker has no nvidia runtime",
-                            "install nvidia-container-toolkit, then `nvidia-ctk runtime configure --runtime=docker`"
-                            " and restart dockerd"))
+    checks += _gpu_checks(client, info)
     for name, recipe in sorted(load_recipes().items()):
         ref = image_ref(name)
         # A stack only some tasks need (jax, hf) or a GPU one is optional: its row says which tasks want it.
@@ -98,6 +89,35 @@ def _docker_checks() -> list[Check]:
             checks.append(Check(f"image {name}", False, "not built" + what, build_command(recipe),
                                 required=required))
     return checks + _isolation_checks(info) + _sandbox_fusion_checks(client)
+
+
+def _gpu_checks(client, info: dict) -> list[Check]:
+    """The host's GPUs, and the way air passes them into sandboxes (gpus.py), with why each other way does not."""
+    import socket
+
+    from air import variables
+    from air.sandbox import gpus
+    from air.sandbox.claims import detect_gpus
+    from air.sandbox.docker_api import docker_host
+
+    found = detect_gpus()
+    rows = [Check("GPUs", True, f"{len(found)} visible ({', '.join(found)})" if found else "none visible "
+                  "(CPU-only tasks still run)", required=False)]
+    if not found:
+        return rows
+    try:
+        local = info.get("Name") == socket.gethostname() and not docker_host().startswith(("tcp:", "ssh:", "http"))
+        access = gpus.choose(info, local=local, gpu_ids=tuple(found), force=variables.value("AIR_GPU_ACCESS"))
+    except Exception as exc:  # noqa: BLE001 - a check reports, it does not stop the others
+        return rows + [Check("GPU access", False, f"could not be chosen: {str(exc).splitlines()[0]}")]
+    others = "; ".join(f"{way}: {why}" for way, why in access.why_not.items())
+    if access.way is None:
+        return rows + [Check("GPU access", False, f"no way to pass a GPU into a sandbox ({others})",
+                             "install nvidia-container-toolkit, or turn on Docker's CDI feature and write a spec "
+                             "(`python3 air/sandbox/gpus.py cdi-spec /etc/cdi/air-nvidia.json`), or use a daemon "
+                             "on this machine (device nodes); docs/gpu.md")]
+    return rows + [Check("GPU access", True, f"{access.way}" + (f" (not: {others})" if others else ""),
+                         required=False)]
 
 
 @app.command()

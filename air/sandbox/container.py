@@ -35,6 +35,7 @@ from air.sandbox.docker_api import BOUND, Docker, conflict
 from air.sandbox.interface import ArchiveUnreadable, ArchiveUnwritable, ExecResult, Shell
 from air.sandbox.labels import KEPT_PREFIX, KEY, OWNER, make_labels
 from air.sandbox import hostdir
+from air.sandbox.gpus import GpuAccess, sandbox_env
 from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, SHM_MB, WARDEN_DIR, WORKSPACE
 from air.sandbox.spec import SandboxSpec
 from air.sandbox.warden.locks import hold
@@ -60,6 +61,8 @@ class Sandbox:
     container_id: str
     name: str
     gpu_ids: tuple[str, ...] = ()
+    gpu_way: str | None = None
+    """How its GPUs were passed (gpus.py), which says what its processes' environment needs for them."""
     created_at: float = field(default_factory=time.monotonic)
     leases: int = 0
     broken: str | None = None
@@ -93,14 +96,18 @@ class Sandbox:
     @classmethod
     async def create(cls, docker_: Docker, spec: SandboxSpec, *, run: str | None = None, role: str = "agent",
                      gpu_ids: tuple[str, ...] = (), start_timeout: float = 60, labels: dict[str, str] | None = None,
-                     gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True,
+                     gpu_access: GpuAccess | None = None, agent_uid: int = AGENT_UID, cells: bool = True,
                      apparmor: str | None = None, pin_pages: bool = True, channel: bool = False,
                      root_copy: str | None = None) -> Sandbox:
         """Create and start it; with `channel` (a daemon on this machine), its warden is its main process, listening
         on a socket in a host directory of its own (see `channel`); with `root_copy`, the volume of its image's
-        tmpfs copy, its cells' root (warden/rootcopy.py)."""
-        kwargs = container_kwargs(spec, run=run, role=role, gpu_ids=gpu_ids, gpu_devices=gpu_devices,
-                                  agent_uid=agent_uid, cells=cells, apparmor=apparmor)
+        tmpfs copy, its cells' root (warden/rootcopy.py); with `gpu_access`, its GPUs passed that way (gpus.py;
+        None: only named, in labels and environment)."""
+        image_env: dict[str, str] = {}
+        if gpu_ids and gpu_access is not None and gpu_access.way != "runtime":  # the driver's folders join the image's
+            image_env = await _image_env(docker_, spec.image)
+        kwargs = container_kwargs(spec, run=run, role=role, gpu_ids=gpu_ids, gpu_access=gpu_access,
+                                  image_env=image_env, agent_uid=agent_uid, cells=cells, apparmor=apparmor)
         if root_copy:
             kwargs["mounts"].append(docker.types.Mount(target=ROOT_COPY, source=root_copy, type="volume",
                                                        read_only=True))
@@ -122,7 +129,9 @@ class Sandbox:
             if isinstance(exc, InfraError) and isinstance(exc.__cause__, docker.errors.ImageNotFound):
                 raise ImageError.not_built(spec.image) from exc
             raise
-        return cls(docker_, spec, container.id, kwargs["name"], gpu_ids, image_id=container.attrs.get("Image", ""),
+        way = gpu_access.way if gpu_ids and gpu_access is not None else None
+        return cls(docker_, spec, container.id, kwargs["name"], gpu_ids, gpu_way=way,
+                   image_id=container.attrs.get("Image", ""),
                    agent_uid=agent_uid, cells=cells, pin_pages=pin_pages, channel=directory, channel_secret=secret,
                    channel_hold=held)
 
@@ -315,12 +324,21 @@ def _oom_count(text: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def gpu_env(gpu_ids: tuple[str, ...]) -> dict[str, str]:
-    """Host ids for the NVIDIA runtime; inside the container the devices are renumbered from 0."""
-    if not gpu_ids:
-        return {}
-    return {"NVIDIA_VISIBLE_DEVICES": ",".join(gpu_ids),
-            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(gpu_ids)))}
+async def _image_env(docker_: Docker, image: str) -> dict[str, str]:
+    """The image's own environment (its PATH and LD_LIBRARY_PATH, which a GPU's driver folders are added to)."""
+    try:
+        attrs = await docker_.call(docker_.client.api.inspect_image, image, timeout=30, idempotent=True)
+    except InfraError as exc:
+        if isinstance(exc.__cause__, docker.errors.ImageNotFound):
+            raise ImageError.not_built(image) from exc
+        raise
+    pairs = (item.partition("=") for item in (attrs.get("Config") or {}).get("Env") or ())
+    return {name: value for name, _, value in pairs}
+
+
+def gpu_env(sandbox: Sandbox, base: dict[str, str]) -> dict[str, str]:
+    """What `sandbox`'s processes need for its GPUs over the environment `base` (gpus.sandbox_env)."""
+    return sandbox_env(base, sandbox.gpu_ids, sandbox.gpu_way)
 
 
 _AWAIT_WARDEN = ("import os, time\n"
@@ -341,18 +359,18 @@ killed while the daemon started it), so even that sandbox ends by itself."""
 
 
 def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: tuple[str, ...],
-                     gpu_devices: bool = True, agent_uid: int = AGENT_UID, cells: bool = True,
-                     apparmor: str | None = None) -> dict:
-    """Arguments of `containers.run` for a sandbox: limits, labels, no network, init, exclusive GPUs (the
-    device request left out with gpu_devices=False: tests on a machine without the NVIDIA runtime), the
-    capabilities the warden needs for cells when it is to build them."""
+                     gpu_access: GpuAccess | None = None, image_env: dict[str, str] | None = None,
+                     agent_uid: int = AGENT_UID, cells: bool = True, apparmor: str | None = None) -> dict:
+    """Arguments of `containers.run` for a sandbox: limits, labels, no network, init, exclusive GPUs passed the way
+    `gpu_access` says (gpus.py; None: named in labels and environment only, for tests and dry runs on a machine
+    without GPUs), the capabilities the warden needs for cells when it is to build them."""
     r = spec.resources
     name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or role).lower())[:24]}-{uuid.uuid4().hex[:8]}"
     kwargs: dict = dict(
         image=spec.image, command=["python3", "-I", "-S", "-c", _AWAIT_WARDEN], name=name, detach=True, init=True,
         network_mode="bridge" if spec.network else "none",
         labels=make_labels(role, spec.task, run, **{KEY.removeprefix("air."): _short_key(spec.key)}),
-        environment={"HOME": AGENT_HOME, **spec.env, **gpu_env(gpu_ids)}, working_dir=WORKSPACE,
+        environment={"HOME": AGENT_HOME, **spec.env, **sandbox_env({}, gpu_ids, None)}, working_dir=WORKSPACE,
         nano_cpus=int(r.cpus * 1e9), mem_limit=f"{spec.memory_limit_mb}m",
         memswap_limit=f"{spec.memory_limit_mb}m", shm_size=f"{SHM_MB}m",
         pids_limit=r.pids, stop_signal="SIGKILL",
@@ -384,9 +402,11 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
     kwargs.setdefault("mounts", []).extend(
         docker.types.Mount(target=target, source=source, type="bind", read_only=True)
         for target, source in sorted(spec.read_only_mounts.items()))
-    if gpu_ids and gpu_devices:
-        kwargs["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=list(gpu_ids),
-                                                                capabilities=[["gpu"]])]
+    if gpu_ids and gpu_access is not None:
+        passed = gpu_access.container_kwargs(gpu_ids, image_env or {})
+        kwargs["environment"].update(passed.pop("environment"))
+        kwargs["mounts"].extend(passed.pop("mounts", []))
+        kwargs.update(passed)
     if r.disk_mb:
         kwargs["storage_opt"] = {"size": f"{r.disk_mb}M"}
     return kwargs

@@ -52,6 +52,8 @@ from air.sandbox.session import sweep_staged
 from air.sandbox.docker_api import Docker, docker_host
 from air.sandbox.hostdir import is_local
 from air.sandbox.dentries import forget_names
+from air.sandbox import gpus
+from air.sandbox.gpus import GpuAccess
 from air.sandbox.labels import (
     GPUS,
     HOLDER,
@@ -114,6 +116,8 @@ class _Host:
     """Whether this pool warned that the host's wardens cannot forget looked-up names (once per host)."""
     said_lowers: bool = False
     """Whether this pool said that forks on the host copy the snapshot's home instead of sharing it (once)."""
+    gpu_access: GpuAccess | None = None
+    """How the host passes GPUs into sandboxes (gpus.py), known at its first GPU sandbox."""
 
     @property
     def name(self) -> str:
@@ -468,9 +472,10 @@ class SandboxPool:
                             if host.local is None:
                                 host.local = await host.docker.call(is_local, host.docker, timeout=30,
                                                                     idempotent=True)
+                            gpu_ids = lent_gpus or grant.gpu_ids
                             sandbox = await Sandbox.create(
-                                host.docker, spec, run=self.run_id, gpu_ids=lent_gpus or grant.gpu_ids,
-                                labels=labels, gpu_devices=self.config.request_gpu_devices,
+                                host.docker, spec, run=self.run_id, gpu_ids=gpu_ids, labels=labels,
+                                gpu_access=await self._gpu_access(host) if gpu_ids else None,
                                 agent_uid=self._agent_uid(grant), cells=cells, apparmor=self.config.apparmor,
                                 pin_pages=pinned, channel=host.local, root_copy=labels[PIN] if copy else None)
                         except DockerUnavailable as exc:  # the daemon went away (or stalled) since the claim: it
@@ -612,6 +617,21 @@ class SandboxPool:
         if held in self._spare:
             self._spare.remove(held)
             await self._give_back(*held)
+
+    async def _gpu_access(self, host: _Host) -> GpuAccess | None:
+        """The way `host` passes GPUs (chosen once per host: gpus.choose), or None where GPUs are only named
+        (request_gpu_devices=False). A host where no way works fails the lease in one line, as the host's failure."""
+        if not self.config.request_gpu_devices:
+            return None
+        if host.gpu_access is None:
+            info = await host.docker.call(host.docker.client.info, timeout=30, idempotent=True)
+            host.gpu_access = await asyncio.to_thread(gpus.choose, info, local=bool(host.local),
+                                                      gpu_ids=host.claims.gpu_ids, force=self.config.gpu_access)
+            log.info("Docker host %s passes GPUs by %s", host.name, host.gpu_access.describe())
+        if host.gpu_access.way is None:
+            raise InfraError(f"GPUs cannot be passed to a sandbox on Docker host {host.name}: "
+                             f"{host.gpu_access.describe()} (`air doctor` says more; docs/gpu.md)")
+        return host.gpu_access
 
     def _take_spare(self, gpus: int) -> tuple[_Host, Grant] | None:
         """A recycled sandbox's claim of a slot alone, on a host that answers (a sandbox without GPUs only)."""

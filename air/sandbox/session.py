@@ -147,9 +147,9 @@ class Session:
         return self._link is not None and self._link.alive
 
     def pristine_env(self) -> dict[str, str]:
-        return {"HOME": AGENT_HOME, "USER": self.user, "LOGNAME": self.user, "SHELL": "/bin/bash",
-                "PATH": BASE_PATH, "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.spec.env,
-                **gpu_env(self.sandbox.gpu_ids)}
+        env = {"HOME": AGENT_HOME, "USER": self.user, "LOGNAME": self.user, "SHELL": "/bin/bash",
+               "PATH": BASE_PATH, "LANG": "C.UTF-8", "TERM": "dumb", **self.sandbox.spec.env}
+        return {**env, **gpu_env(self.sandbox, env)}
 
     @property
     def cells(self) -> bool:
@@ -330,7 +330,7 @@ class Session:
         as one host file, linked into the sandbox's host directory where it has one (a local daemon), not sent.
         `lower`: a fork's shared home (air/sandbox/branches.py), `rest` a staged tar of the other places alone; the
         reply says whether the home was shared."""
-        env = {**snap.env, **gpu_env(self.sandbox.gpu_ids)}
+        env = {**snap.env, **gpu_env(self.sandbox, snap.env)}
         linked = self._linked(staged or (snap.staged.path if snap.staged is not None else None))
         rest_linked = self._linked(rest) if linked is not None and lower else None
         if linked is None and len(snap.files) > self._stream_limit():

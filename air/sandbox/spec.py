@@ -137,8 +137,13 @@ class PoolConfig(BaseModel):
     to every process on the host at once (a new container costs ~0.3 s, a GPU task minutes), and no worker that
     keeps being busy can starve the others of a GPU."""
     request_gpu_devices: bool = True
-    """Ask the NVIDIA runtime for each sandbox's GPUs. False assigns and labels them without a device request:
-    for tests and dry runs on a machine without the runtime, never for real GPU work."""
+    """Pass each sandbox's GPUs into it (`gpu_access`). False assigns and labels them without passing anything:
+    for tests and dry runs on a machine without GPUs, never for real GPU work."""
+    gpu_access: Literal["auto", "runtime", "cdi", "devices"] = Field(
+        default_factory=lambda: variables.value("AIR_GPU_ACCESS"))
+    """How GPUs reach a sandbox (air/sandbox/gpus.py): the NVIDIA container runtime, a CDI device, or the device
+    nodes and the driver's files bound read-only; "auto": the first of those the host has. AIR_GPU_ACCESS sets
+    the default."""
     run_id: str | None = None
     """Label for this pool's containers; default: one id per process."""
     sweep_dead_runs: bool = True
