@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 
 import pytest
@@ -88,6 +89,8 @@ def test_each_way_the_node_has_runs_cuda_in_a_cell_as_the_agent_on_exactly_its_g
 
         asyncio.run(check())
     assert ran, {w: a.why_not for w, a in ways.items()}
+    outside = subprocess.run([sys.executable, "-c", KERNEL], capture_output=True, text=True, timeout=120).stdout
+    say(f"outside any container (root, host): {outside.strip()}")
 
 
 def test_a_way_the_node_lacks_fails_the_lease_in_one_line(node, run_id):
@@ -173,23 +176,24 @@ async def test_a_sandbox_without_the_gpu_cannot_make_its_node_where_the_gpus_own
 
 
 async def test_a_gpu_leases_new_cell_against_a_new_gpu_container(node, run_id):
-    """Where a GPU lease's time goes: a new container per lease (the default: its GPU goes back to the host at
-    once) against a new cell of a warm GPU container (reuse_gpu_sandboxes) and a CPU lease's new cell."""
+    """Where a GPU lease's time goes: a new container per lease (gpu_warm_grace=0: 43ebb60's only way, its GPU
+    back to the host at once) against a new cell of a GPU container kept warm for its grace (the default), and a
+    CPU lease's new cell."""
     timings = {}
-    for name, spec, reuse in (("new container", GPU_SPEC, False), ("new cell, warm GPU container", GPU_SPEC, True),
-                              ("new cell, CPU", CPU_SPEC, True)):
+    for name, spec, grace in (("new container", GPU_SPEC, 0), ("new cell, warm GPU container", GPU_SPEC, 30),
+                              ("new cell, CPU", CPU_SPEC, 30)):
         async with SandboxPool(PoolConfig(run_id=f"{run_id}-{len(timings)}", gpu_ids=list(node), lease_timeout=300,
-                                          reuse_gpu_sandboxes=reuse)) as pool:
-            async with pool.lease(spec):
+                                          gpu_warm_grace=grace)) as pool:
+            async with pool.lease(spec) as sb:
                 pass
-            await pool.wait_idle()
+            await pool.settled(sb)
             took = []
             for _ in range(5):
                 start = time.perf_counter()
                 async with pool.lease(spec) as sb:
                     took.append(time.perf_counter() - start)
                     await sb.session.run("true")
-                await pool.wait_idle()
+                await pool.settled(sb)
             timings[name] = statistics.median(took)
     base = timings["new container"]
     say("lease medians: " + ", ".join(f"{k} {v * 1000:.0f} ms ({base / v:.1f}x faster than a new container)"

@@ -681,7 +681,8 @@ class SandboxPool:
             await asyncio.to_thread(forget_names)  # its warden was killed, not reset
             return
         reason = sandbox.broken or ("max_leases reached" if sandbox.leases >= self.config.max_leases else None) or (
-            "its GPUs go back to the host" if sandbox.gpu_ids and not self.config.reuse_gpu_sandboxes else None) or (
+            "its GPUs go back to the host" if sandbox.gpu_ids and not self.config.reuse_gpu_sandboxes
+            and not self.config.gpu_warm_grace else None) or (
             None if sandbox.session.cells else "used once: its host gives no cells")
         if reason is None:
             try:
@@ -707,6 +708,22 @@ class SandboxPool:
                 return
             self._idle.setdefault(sandbox.spec.key, deque()).append(sandbox)
             self._changed.notify_all()
+        if sandbox.gpu_ids and not self.config.reuse_gpu_sandboxes:
+            self._spawn(self._give_gpus_back(sandbox, sandbox.leases))
+
+    async def _give_gpus_back(self, sandbox: Sandbox, leases: int) -> None:
+        """Remove an idle GPU sandbox after `gpu_warm_grace` unless a lease took it meanwhile: its GPUs go back to
+        the host (reuse_gpu_sandboxes keeps it instead)."""
+        await asyncio.sleep(self.config.gpu_warm_grace)
+        async with self._changed:
+            idle = self._idle.get(sandbox.spec.key)
+            if self._closed or sandbox.leases != leases or idle is None or sandbox not in idle:
+                return
+            idle.remove(sandbox)
+        log.info("recycling sandbox %s: its GPUs go back to the host after %gs idle", sandbox.short_id,
+                 self.config.gpu_warm_grace)
+        self.stats.recycled += 1
+        await self._remove(sandbox)
 
     async def _refill(self, spec: SandboxSpec) -> None:
         """Create one idle sandbox if the key has fewer ready (or warming) than its warm target."""

@@ -133,9 +133,13 @@ class PoolConfig(BaseModel):
     a few Docker machines without a cluster; on a cluster, `backend="kubernetes"` places pods and the scheduler gives
     out slots and GPUs (docs/kubernetes.md)."""
     reuse_gpu_sandboxes: bool = False
-    """Keep released GPU sandboxes warm for this process. Off: they are removed on release, so their GPUs go back
-    to every process on the host at once (a new container costs ~0.3 s, a GPU task minutes), and no worker that
+    """Keep released GPU sandboxes warm for this process for good. Off: a released GPU sandbox stays warm only
+    `gpu_warm_grace` seconds, then is removed and its GPUs go back to every process on the host, so no worker that
     keeps being busy can starve the others of a GPU."""
+    gpu_warm_grace: float = Field(5.0, ge=0)
+    """Seconds a released GPU sandbox stays warm for this process's next lease of its task (a new cell in
+    milliseconds, where a new GPU container takes about half a second: docs/gpu.md) before its GPUs go back to the
+    host; 0: removed at once. Another process waiting for those GPUs waits at most this long."""
     request_gpu_devices: bool = True
     """Pass each sandbox's GPUs into it (`gpu_access`). False assigns and labels them without passing anything:
     for tests and dry runs on a machine without GPUs, never for real GPU work."""
