@@ -79,14 +79,19 @@ for d in "$venv/$site"/*.dist-info; do
   case "$(basename "$d" | tr 'A-Z_' 'a-z-')" in torch-*|nvidia-*|triton-*|numpy-*|sympy-*|mpmath-*|networkx-*|\
     filelock-*|fsspec-*|jinja2-*|markupsafe-*|typing-extensions-*) parts+=("${d#/}") ;; esac
 done
-roots=(usr etc "${venv#/}/bin" "${venv#/}/pyvenv.cfg")
+# The system's programs, libraries and Python, not its documentation, compilers' static archives or any CUDA
+# (the driver's files are bound in by air; torch brings its own CUDA libraries).
+roots=(etc usr/bin usr/sbin usr/lib64 usr/libexec usr/lib/os-release usr/share/zoneinfo usr/share/terminfo
+  "${venv#/}/bin" "${venv#/}/pyvenv.cfg")
+for d in /usr/lib/x86_64-linux-gnu /usr/lib/python3* /usr/lib/locale /usr/lib/ssl; do [ -e "$d" ] && roots+=("${d#/}"); done
 case "$interp" in /usr|/usr/*) ;; *) roots+=("${interp#/}") ;; esac
-du -sch "${roots[@]/#//}" "${parts[@]/#//}" 2>/dev/null | tail -1
+du -sch "${roots[@]/#//}" "${parts[@]/#//}" 2>/dev/null | sort -h | tail -6
 t0=$SECONDS
 # The node has no docker client: the SDK streams the tar to the daemon.
-tar -C / --numeric-owner -cf - --exclude=usr/local/cuda --exclude='usr/local/cuda-*' --exclude=usr/local/nvidia \
-  --exclude='usr/lib/x86_64-linux-gnu/libcuda*' --exclude='usr/lib/x86_64-linux-gnu/libnvidia*' \
-  --exclude=usr/share/doc --exclude=usr/share/man --exclude=usr/src --exclude=etc/ld.so.cache \
+tar -C / --numeric-owner -cf - --exclude='usr/lib/x86_64-linux-gnu/libcu*' --exclude='usr/lib/x86_64-linux-gnu/libnv*' \
+  --exclude='usr/lib/x86_64-linux-gnu/libnccl*' --exclude='usr/lib/x86_64-linux-gnu/*.a' \
+  --exclude='usr/lib/x86_64-linux-gnu/dri' --exclude='*/site-packages/torch/include' --exclude='*/nvidia/*/include' \
+  --exclude='usr/lib/python3*/test' --exclude=etc/ld.so.cache \
   "${roots[@]}" "${parts[@]}" bin lib lib64 sbin 2>"$OUT/tar.err" \
   | "$PY" -c "import docker, sys; print(docker.from_env(timeout=600).api.import_image_from_stream(sys.stdin.buffer, \
 repository='air/gpu-root', tag='node'))" | tail -c 300
@@ -94,7 +99,7 @@ echo "imported in $((SECONDS - t0)) s"
 mkdir -p "$T/ctx"
 cat >"$T/ctx/Dockerfile" <<EOF
 FROM air/gpu-root:node
-RUN u=\$(getent passwd 1000 | cut -d: -f1); if [ -n "\$u" ] && [ "\$u" != agent ]; then userdel -r "\$u" 2>/dev/null; \
+RUN mkdir -p /home /root /var/tmp /tmp /opt && u=\$(getent passwd 1000 | cut -d: -f1); if [ -n "\$u" ] && [ "\$u" != agent ]; then userdel "\$u" 2>/dev/null; \
     groupdel "\$u" 2>/dev/null; fi; (getent passwd agent || useradd --create-home --uid 1000 --user-group \
     --shell /bin/bash agent) && mkdir -p /home/agent/workspace /srv/air/etc /tmp /var/tmp && chmod 1777 /tmp /var/tmp \
  && chown -R agent:agent /home/agent && ln -sfn $venv /opt/venv && rm -f /home/agent/.bash_logout && ldconfig \

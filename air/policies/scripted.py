@@ -133,6 +133,17 @@ SCRIPTS: dict[str, Script] = {
         ),
         expected_scores=(0.7365, 0.815, 0.815),
     ),
+    "gpu-cnn-speedrun": Script(
+        turns=(
+            _bash("ls -la . data/ && nvidia-smi -L && head -20 train.py", "First, the files and the GPU."),
+            _bash("python train.py", "Train the baseline."),
+            VALIDATE_TURN,
+            _bash("python train.py --steps 4000 --budget 90 --width 64", "More steps and a wider net, same budget."),
+            VALIDATE_TURN,
+            SUBMIT_TURN,
+        ),
+        # No expected scores: cuDNN's kernels are not bit-exact from run to run.
+    ),
 }
 
 GENERIC = Script(turns=(_bash("ls -la"), VALIDATE_TURN, SUBMIT_TURN))
