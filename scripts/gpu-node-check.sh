@@ -122,11 +122,11 @@ stage "air doctor"
 timeout 60 "$PY" -m air.cli.main doctor 2>&1 | grep -iE "gpu|docker daemon" | head -8
 
 stage "the GPU-marked tests"
-timeout 200 "$PY" -m pytest -q -n0 -s -m gpu -p no:cacheprovider tests/test_gpu_node.py 2>&1 | tee "$OUT/tests.log" \
+timeout 170 "$PY" -m pytest -q -n0 -s -m gpu -p no:cacheprovider tests/test_gpu_node.py 2>&1 | tee "$OUT/tests.log" \
   | grep -E "GPU-CHECK|passed|failed|Error|error|assert" | head -60
 
 stage "one scripted episode of the GPU task"
-timeout 150 "$PY" -m air.cli.main run --task gpu-cnn-speedrun 2>&1 | tee "$OUT/episode.log" | tail -40
+timeout 130 "$PY" -m air.cli.main run --task gpu-cnn-speedrun 2>&1 | tee "$OUT/episode.log" | tail -40
 
 stage "summary"
 grep -h "GPU-CHECK" "$OUT/tests.log" | sed 's/^.*GPU-CHECK /- /'
