@@ -123,7 +123,7 @@ timeout 60 "$PY" -m air.cli.main doctor 2>&1 | grep -iE "gpu|docker daemon" | he
 
 stage "the GPU-marked tests"
 timeout 170 "$PY" -m pytest -q -n0 -s -m gpu -p no:cacheprovider tests/test_gpu_node.py 2>&1 | tee "$OUT/tests.log" \
-  | grep -E "GPU-CHECK|passed|failed|Error|error|assert" | head -60
+  | grep -E "GPU-CHECK|passed|failed|Error|error|assert"
 
 stage "one scripted episode of the GPU task"
 timeout 130 "$PY" -m air.cli.main run --task gpu-cnn-speedrun 2>&1 | tee "$OUT/episode.log" | tail -40
