@@ -51,7 +51,9 @@ command -v nvidia-ctk nvidia-container-runtime-hook || echo "no NVIDIA container
 stage "Docker from the staged binaries"
 [ -d "$STAGE" ] || { echo "gpu-node-check: no $STAGE (run scripts/gpu-node-check.sh --stage first)"; exit 2; }
 mkdir -p "$T/bin" "$T/cdi" "$T/data" "$T/exec" "$T/site"
-for b in $BINARIES; do xz -dc "$STAGE/$b.xz" >"$T/bin/$b" & done; wait
+unpacking=()
+for b in $BINARIES; do xz -dc "$STAGE/$b.xz" >"$T/bin/$b" & unpacking+=($!); done
+wait "${unpacking[@]}"  # by pid: a bare `wait` also waits for the log's tee, which never ends
 chmod +x "$T/bin"/*
 export PATH=$T/bin:$PATH
 "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$T/site" "$STAGE"/wheels/*.whl || exit 1
