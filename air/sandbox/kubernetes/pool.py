@@ -238,8 +238,11 @@ class KubernetesPool(SandboxPool):
                 self._changed.notify_all()
 
     async def _refill(self, spec: SandboxSpec) -> None:
-        _REFILLING.set(True)  # this task's own context: the leases' tasks are not refills
-        await super()._refill(spec)
+        refilling = _REFILLING.set(True)  # the refill's own task (spawned): no lease's
+        try:
+            await super()._refill(spec)
+        finally:
+            _REFILLING.reset(refilling)
 
     async def _new_pod(self, spec: SandboxSpec, deadline: float, room: bool = True) -> PodSandbox:
         """Create the pod (waiting while the namespace's quota is full), then its Secret, then wait for the watch to
