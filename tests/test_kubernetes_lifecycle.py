@@ -214,6 +214,22 @@ async def test_a_lease_of_another_key_deletes_an_idle_pod_for_the_quotas_slot(fa
         pool.release(b)
 
 
+async def test_sixteen_leases_at_once_on_eight_slots_all_run_in_eight_pods(fake):
+    """The conformance suite's burst that failed on a real cluster: 16 concurrent leases of one task, a quota of 8.
+    Eight wait for a slot and take the pods the first eight release."""
+    await quota(fake, 8)
+    async with pool_of(fake, max_sandboxes=16, lease_timeout=60) as pool:
+        async def one(i: int):
+            async with pool.lease(SPEC) as sb:
+                assert (await sb.session.run(f"echo {i}")).exit_code == 0
+                await asyncio.sleep(0.2)
+                return sb
+
+        held = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(16))), 50)
+        assert len(set(map(id, held))) <= 8 and pool.stats.created <= 8, "never a pod past the quota"
+        assert pool.room["taken"] >= 1
+
+
 async def test_a_refill_neither_waits_for_the_quota_nor_deletes_idle_pods(fake):
     """A refill (the key's `warm` target) that meets a full quota gives up at once: it holds no reservation for
     lease_timeout, takes no slot a lease waits for, and deletes no other key's idle pod to warm its own."""
