@@ -279,6 +279,27 @@ async def test_a_pod_no_node_has_cpu_for_deletes_the_pools_idle_pods_that_hold_i
             pool.release(b)
 
 
+async def test_a_pod_no_node_has_gpus_for_deletes_an_idle_pod_that_holds_one_not_one_that_holds_none():
+    """A node of 1 GPU, held by an idle GPU pod of task G; an idle CPU pod of task A, older. A GPU pod of task H is
+    unschedulable (Insufficient nvidia.com/gpu): deleting A's pod would free no GPU, so G's goes."""
+    with FakeCluster(kubelet="stub", node_gpus=1) as fake:
+        async with pool_of(fake, lease_timeout=120, reuse_gpu_sandboxes=True,
+                           kube={"ready_timeout": 60, "pod_attempts": 1}) as pool:
+            async with pool.lease(SPEC) as a:
+                pass
+            gpu = Resources(gpus=1)
+            async with pool.lease(SandboxSpec(image="air/base:latest", task="g", resources=gpu)) as g:
+                pass
+            await pool.wait_idle()
+            assert pool.idle == 2
+            h = await asyncio.wait_for(pool.acquire(SandboxSpec(image="air/base:latest", task="h", resources=gpu)), 30)
+            assert pool.room == {"evicted": 1} and pool.idle == 1
+            async with pool.lease(SPEC) as again:
+                assert again is a, "A's idle pod was left alone"
+            assert g not in pool._live
+            pool.release(h)
+
+
 async def test_a_pod_no_node_has_cpu_for_takes_the_pod_its_key_releases():
     """A node of 1 CPU: the second lease of a task waits unschedulable while the first holds the CPU, and takes the
     first's pod once it is released (idle, still holding the CPU)."""

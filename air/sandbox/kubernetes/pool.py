@@ -38,6 +38,7 @@ import contextlib
 import contextvars
 import logging
 import random
+import re
 import secrets
 import uuid
 from collections import Counter
@@ -283,7 +284,8 @@ class KubernetesPool(SandboxPool):
                 if not (room and _no_room(state.reason)):
                     continue
                 # The scheduler has no node for it, and this pool's idle pods may be what holds the nodes.
-                took, evicted = await self._make_room(spec, evict=loop.time() >= next_evict)
+                took, evicted = await self._make_room(spec, evict=loop.time() >= next_evict,
+                                                      gpus_only=_short_of_gpus_only(state.reason))
                 if took is not None:
                     await self._delete_pod(sandbox)
                     return took
@@ -294,15 +296,17 @@ class KubernetesPool(SandboxPool):
             raise
         return await self._ready(sandbox, state, f"pod {name}")
 
-    async def _make_room(self, spec: SandboxSpec, *, evict: bool = True) -> tuple[PodSandbox | None, bool]:
+    async def _make_room(self, spec: SandboxSpec, *, evict: bool = True, gpus_only: bool = False
+                         ) -> tuple[PodSandbox | None, bool]:
         """The cluster has no room for a pod of `spec` (its quota is full, or no node has its CPU): this pool's idle
         pods hold it. An idle sandbox of the key is taken (returned, once its shell answers); else, with `evict`, the
         least recently used idle pod of another key is deleted (the second value: whether one was), as a full Docker
-        pool evicts one for a lease."""
+        pool evicts one for a lease; with `gpus_only` (no node has the GPUs, the rest would fit) only one that holds
+        GPUs: deleting others would free nothing the pod waits for."""
         async with self._changed:
             idle = self._idle.get(spec.key)
             mine = idle.popleft() if idle else None
-            victim = None if mine is not None or not evict else self._evictable(spec.key)
+            victim = None if mine is not None or not evict else self._victim(spec.key, gpus_only)
         if mine is not None:
             if await self._healthy(mine):
                 self.room["taken"] += 1
@@ -377,6 +381,18 @@ class KubernetesPool(SandboxPool):
         sandbox.image_id = state.image_id or sandbox.image_id
         return sandbox
 
+    def _victim(self, key: str, gpus_only: bool) -> PodSandbox | None:
+        """The least recently used idle pod of another key (with GPUs, if `gpus_only`), taken out of the idle set
+        (caller holds the condition)."""
+        if not gpus_only:
+            return self._evictable(key)
+        for other, idle in self._idle.items():
+            found = next((sb for sb in idle if sb.gpu_ids), None) if other != key else None
+            if found is not None:
+                idle.remove(found)
+                return found
+        return None
+
     async def _create_within_quota(self, spec: SandboxSpec, body: dict, token: str, deadline: float,
                                    room: bool) -> dict | PodSandbox:
         """The created pod; while the namespace's quota is full, wait for a slot within `deadline` (with `room`:
@@ -447,6 +463,12 @@ def _no_room(reason: str) -> bool:
     """Whether a pending pod's reason is the scheduler finding no node with room for it ("0/3 nodes are available:
     3 Insufficient cpu.", "... Too many pods."), rather than one it may never fit (a taint, a selector)."""
     return reason.startswith("not scheduled") and ("Insufficient" in reason or "Too many pods" in reason)
+
+
+def _short_of_gpus_only(reason: str) -> bool:
+    """Whether the scheduler's reason names GPUs as the only resource no node has enough of."""
+    shortages = set(re.findall(r"Insufficient ([\w./-]*\w)", reason))
+    return shortages == {m.GPU_RESOURCE}
 
 
 def _kind(reason: str) -> str:
