@@ -1,9 +1,11 @@
 """The kubernetes backend's lifecycle against the FAKE API server of tests/kube_fake.py with its stub kubelet (a fake
 warden per pod: no Docker here, the control plane only; the real warden runs through the Docker kubelet in
 tests/test_sandbox.py and tests/test_kubernetes_security.py). Each test acts as the cluster would and checks what the
-pool does: API calls per lease, 429/409/410 and timeouts retried with bounds and named, the quota's slots, pods the
-cluster takes away (evicted, node lost, image not pulled, never scheduled) replaced or failed as infrastructure, the
-run's objects collected, and nothing left after the env server is SIGKILLed."""
+pool does: API calls per lease, 429/409/410 and timeouts retried with bounds and named (the quota's 409 Conflict
+among them, never read as the pod's existence), the quota's slots and the node's room (a waiting lease takes its key's
+released pod or deletes another key's idle one), pods the cluster takes away (evicted, node lost, image not pulled,
+never scheduled) replaced or failed as infrastructure, the run's objects collected, and nothing left after the env
+server is SIGKILLed."""
 
 from __future__ import annotations
 
