@@ -8,13 +8,19 @@ lifecycle runs end to end. What it does, and what it only pretends:
   selectors and a resourceVersion, merge-patch, delete (grace and propagation), deletecollection; watches streamed as
   the API server streams them (chunked JSON lines, bookmarks, `timeoutSeconds`), resumed from a resourceVersion, and
   410 Gone (an ERROR event) once that version left the kept history (`/fake/compact` drops it on demand).
-- Admission: a ResourceQuota's `pods` (pods not yet ended) refuses a create past it with 403 "exceeded quota".
+- Admission: a ResourceQuota's `pods` (pods not yet ended) refuses a create past it with 403 "exceeded quota", in
+  the API server's words; a pod deleted, or ended, is out of it at once (a real quota controller takes a moment).
+  `/fake/quota-conflicts` makes the next N pod creates that a quota admits fail as a real API server's do when
+  many race to update the quota's usage: 409 Conflict, reason "Conflict", 'Operation cannot be fulfilled on
+  resourcequotas "<name>": the object has been modified; ...' (the pod is not created).
 - Garbage collector: deleting an owner deletes its dependents (ownerReferences by uid), recursively, in background.
 - Throttling: `/fake/inject` makes the next N matching requests fail with a status (429 with Retry-After, 500, 409),
   or answer late (`delay`);
   `--qps` rejects requests past a rate with 429, as API Priority and Fairness would.
 - Scheduler: one fake node (or more: `--nodes`) with allocatable pods, CPU, memory and `nvidia.com/gpu` (0 here);
-  a pod that does not fit stays Pending with PodScheduled=False, Unschedulable.
+  a pod that does not fit stays Pending with PodScheduled=False, Unschedulable, naming what was short in the
+  scheduler's words ("0/1 nodes are available: 1 Insufficient cpu."), and is tried again whenever a pod is deleted
+  or ends, as the scheduler retries unschedulable pods when the cluster changes.
 - Kubelet, two kinds:
   * `docker`: each pod is a local Docker container (this machine's daemon) built from the PodSpec as a kubelet would:
     command, env, working dir, capabilities, read-only root, no_new_privs, AppArmor, CPU and memory limits, emptyDir
@@ -175,6 +181,9 @@ class Fake:
         self.controller = AgentSandboxController(self)
         self.tasks: set[asyncio.Task] = set()
         self.pod_faults: list[str] = []
+        self.quota_conflicts = 0
+        self.unscheduled: set[tuple[str, str]] = set()
+        """Pods the scheduler found no node for: tried again when a pod is deleted or ends."""
 
     def spawn(self, coro) -> None:
         task = asyncio.ensure_future(coro)
@@ -276,6 +285,12 @@ class Fake:
             refused = self.quota_refusal(namespace, obj)
             if refused:
                 return status(403, "Forbidden", refused)
+            quota = next((n for (pl, ns, n) in self.store.objects if pl == "resourcequotas" and ns == namespace), None)
+            if quota is not None and self.quota_conflicts > 0:
+                self.quota_conflicts -= 1
+                return status(409, "Conflict", f'Operation cannot be fulfilled on resourcequotas "{quota}": the object '
+                                               "has been modified; please apply your changes to the latest version "
+                                               "and try again")
         return web.json_response(self.add(prefix, plural, namespace, obj), status=201)
 
     def add(self, prefix: str, plural: str, namespace: str, obj: dict) -> dict:
@@ -320,6 +335,8 @@ class Fake:
             return
         if plural == "pods":
             self.kubelet.stop(namespace, name)
+            self.unscheduled.discard((namespace, name))
+            self.reschedule()
         if propagation != "Orphan":
             self.spawn(self.collect(obj["metadata"]["uid"]))
 
@@ -400,20 +417,46 @@ class Fake:
         pod["status"].update(changes)
         return self.store.put("pods", pod, "MODIFIED")
 
-    def schedule(self, pod: dict) -> str | None:
+    def reschedule(self) -> None:
+        """Something was freed: the pods no node had room for are tried again."""
+        waiting, self.unscheduled = self.unscheduled, set()
+        for namespace, name in waiting:
+            self.spawn(self.run_pod(namespace, name))
+
+    def shortage(self, pod: dict) -> str:
+        """What no node has enough of for `pod`, as the scheduler says it ("1 Insufficient cpu")."""
+        want = self.wanted(pod)
+        short = Counter()
+        for node in self.nodes:
+            used = self.used(node)
+            if used["pods"] >= self.nodes[node]["pods"]:
+                short["Too many pods"] += 1
+                continue
+            for k in ("nvidia.com/gpu", "cpu", "memory"):
+                if want[k] and used[k] + want[k] > self.nodes[node].get(k, 0):
+                    short[f"Insufficient {k}"] += 1
+        return ", ".join(f"{n} {what}" for what, n in sorted(short.items()))
+
+    @staticmethod
+    def wanted(pod: dict) -> Counter:
         want = Counter()
         for c in pod["spec"]["containers"]:
             for k, v in (c.get("resources", {}).get("requests") or {}).items():
                 want[k] += quantity(v)
+        return want
+
+    def used(self, node: str) -> Counter:
+        used = Counter()
+        for (pl, _, _), p in self.store.objects.items():
+            if pl == "pods" and p["spec"].get("nodeName") == node and p["status"]["phase"] in ("Pending", "Running"):
+                used["pods"] += 1
+                used.update(self.wanted(p))
+        return used
+
+    def schedule(self, pod: dict) -> str | None:
+        want = self.wanted(pod)
         for node, free in self.nodes.items():
-            used = Counter()
-            for (pl, _, _), p in self.store.objects.items():
-                if pl == "pods" and p["spec"].get("nodeName") == node and p["status"]["phase"] in ("Pending",
-                                                                                                   "Running"):
-                    used["pods"] += 1
-                    for c in p["spec"]["containers"]:
-                        for k, v in (c.get("resources", {}).get("requests") or {}).items():
-                            used[k] += quantity(v)
+            used = self.used(node)
             if used["pods"] < free["pods"] and all(used[k] + want[k] <= free.get(k, 0) for k in want
                                                    if k in ("cpu", "memory", "nvidia.com/gpu")):
                 return node
@@ -421,14 +464,16 @@ class Fake:
 
     async def run_pod(self, namespace: str, name: str) -> None:
         pod = self.pod(namespace, name)
+        if pod is None or pod["spec"].get("nodeName"):
+            return
         node = self.schedule(pod)
         if node is None:
-            gpus = any("nvidia.com/gpu" in (c.get("resources", {}).get("limits") or {})
-                       for c in pod["spec"]["containers"])
-            what = "Insufficient nvidia.com/gpu" if gpus else "Insufficient cpu or memory"
-            self.set_status(namespace, name, conditions=[{
-                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                "message": f"0/{len(self.nodes)} nodes are available: {len(self.nodes)} {what}."}])
+            self.unscheduled.add((namespace, name))
+            message = f"0/{len(self.nodes)} nodes are available: {self.shortage(pod)}."
+            if pod["status"].get("conditions") != [{"type": "PodScheduled", "status": "False",
+                                                    "reason": "Unschedulable", "message": message}]:
+                self.set_status(namespace, name, conditions=[{
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}])
             return
         pod = copy.deepcopy(pod)
         pod["spec"]["nodeName"] = node
@@ -493,6 +538,7 @@ class Fake:
                         containerStatuses=[{"name": "sandbox", "image": pod["spec"]["containers"][0]["image"],
                                             "ready": False, "restartCount": 0,
                                             "state": {"terminated": {"exitCode": exit_code, "reason": reason}}}])
+        self.reschedule()
 
     # ----- faults on demand ------------------------------------------------------------------------------------------
     async def control(self, request: web.Request) -> web.Response:
@@ -512,6 +558,9 @@ class Fake:
         if what == "pod-faults":  # the next pods started meet these, in order: "evict", "image", "lose-node"
             self.pod_faults.extend(body["faults"])
             return web.json_response({"ok": True})
+        if what == "quota-conflicts":  # the next N pod creates a quota admits meet 409 Conflict on the quota
+            self.quota_conflicts += int(body["count"])
+            return web.json_response({"ok": True})
         if what == "compact":
             self.store.history.clear()
             self.store.oldest = self.store.rv
@@ -521,6 +570,7 @@ class Fake:
             self.kubelet.stop(ns, name)
             self.set_status(ns, name, phase="Failed", reason="Evicted",
                             message=body.get("message", "The node was low on resource: memory."))
+            self.reschedule()
             return web.json_response({"ok": True})
         if what == "kill":
             self.kubelet.kill(ns, name)

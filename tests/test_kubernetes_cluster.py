@@ -1,7 +1,10 @@
-"""The kubernetes backend on a REAL cluster: run only where KUBECONFIG names one (skipped everywhere else, this
-machine and CI included; they have not run on a real cluster yet). The nodes must pull the image named by
-AIR_TEST_KUBERNETES_IMAGE (default air/base:latest: push air's base image to a registry they reach), and the
-namespace (AIR_KUBERNETES_NAMESPACE, default air) be set up (`air kubernetes setup --slots 16 | kubectl apply -f -`).
+"""The kubernetes backend on a REAL cluster: run only where KUBECONFIG names one (skipped everywhere else, CI
+included; they passed once on a one-node v1.34.2 cluster built by hand, docs/kubernetes.md). The nodes must pull the
+image named by AIR_TEST_KUBERNETES_IMAGE (default air/base:latest: push air's base image to a registry they reach),
+the namespace (AIR_KUBERNETES_NAMESPACE, default air) be set up (`air kubernetes setup --slots 16 | kubectl apply -f
+-`), and the PriorityClass `rollouts` and the RuntimeClass `gvisor` exist: some manifests of the first test name them,
+and an API server refuses a pod naming a class it lacks (docs/kubernetes.md has both objects; the RuntimeClass's
+handler need not be installed for a dry run).
 The lifecycle, conformance and attack tests run here against the fake (tests/kube_fake.py); these check what only a
 cluster can: that its API server admits every manifest (server-side dry run: schemas, the allowPrivilegeEscalation
 rule, Pod Security), and that a pod of its kubelet builds cells and gives the agent no network."""

@@ -1,9 +1,11 @@
 """The kubernetes backend's lifecycle against the FAKE API server of tests/kube_fake.py with its stub kubelet (a fake
 warden per pod: no Docker here, the control plane only; the real warden runs through the Docker kubelet in
 tests/test_sandbox.py and tests/test_kubernetes_security.py). Each test acts as the cluster would and checks what the
-pool does: API calls per lease, 429/409/410 and timeouts retried with bounds and named, the quota's slots, pods the
-cluster takes away (evicted, node lost, image not pulled, never scheduled) replaced or failed as infrastructure, the
-run's objects collected, and nothing left after the env server is SIGKILLed."""
+pool does: API calls per lease, 429/409/410 and timeouts retried with bounds and named (the quota's 409 Conflict
+among them, never read as the pod's existence), the quota's slots and the node's room (a waiting lease takes its key's
+released pod or deletes another key's idle one), pods the cluster takes away (evicted, node lost, image not pulled,
+never scheduled) replaced or failed as infrastructure, the run's objects collected, and nothing left after the env
+server is SIGKILLed."""
 
 from __future__ import annotations
 
@@ -172,6 +174,147 @@ async def test_the_quota_is_the_slots_a_lease_waits_for_one_and_says_so_when_non
         with pytest.raises(PoolExhausted, match="exceeded quota"):
             await pool.acquire(SandboxSpec(image="air/base:latest", task="third"))
         pool.release(second)
+
+
+async def quota(fake, pods: int) -> None:
+    api = await api_of(fake)
+    try:
+        await api.create("resourcequotas", m.resource_quota("air", pods=pods))
+    finally:
+        await api.close()
+
+
+async def test_a_lease_waiting_on_a_full_quota_takes_the_pod_its_key_releases(fake):
+    """Quota 1, two leases of one task: the second waits while the first holds the slot. Released, the first's pod
+    goes back idle, still counted by the quota, and the waiting lease takes it. (On a real cluster the waiting
+    lease only retried its create, and failed PoolExhausted after lease_timeout: issue 64.)"""
+    await quota(fake, 1)
+    async with pool_of(fake, lease_timeout=60) as pool:
+        first = await pool.acquire(SPEC)
+        waiting = asyncio.create_task(pool.acquire(SPEC))
+        assert await eventually(lambda: fake.stats()["requests"].get("POST pods", 0) >= 2), "the second tried"
+        assert not waiting.done(), "the second lease waits for the namespace's one slot"
+        pool.release(first)
+        second = await asyncio.wait_for(waiting, 30)
+        assert second is first, "the released pod itself, its cell new: no slot for another"
+        assert pool.room == {"taken": 1} and fake.stats()["objects"]["pods"] == 1
+        pool.release(second)
+
+
+async def test_a_lease_of_another_key_deletes_an_idle_pod_for_the_quotas_slot(fake):
+    """Quota 1, held by an idle pod of task A: a lease of task B deletes it (as a full Docker pool evicts another
+    key's idle sandbox) and gets its slot, instead of waiting for a slot nobody will free."""
+    await quota(fake, 1)
+    async with pool_of(fake, lease_timeout=60) as pool:
+        async with pool.lease(SPEC) as a:
+            pass
+        await pool.wait_idle()
+        assert pool.idle == 1
+        b = await asyncio.wait_for(pool.acquire(SandboxSpec(image="air/base:latest", task="other")), 30)
+        assert b is not a and pool.room == {"evicted": 1} and pool.idle == 0
+        assert await eventually(lambda: fake.stats()["objects"]["pods"] == 1), "A's pod went"
+        pool.release(b)
+
+
+async def test_sixteen_leases_at_once_on_eight_slots_all_run_in_eight_pods(fake):
+    """The conformance suite's burst that failed on a real cluster: 16 concurrent leases of one task, a quota of 8.
+    Eight wait for a slot and take the pods the first eight release."""
+    await quota(fake, 8)
+    async with pool_of(fake, max_sandboxes=16, lease_timeout=60) as pool:
+        async def one(i: int):
+            async with pool.lease(SPEC) as sb:
+                assert (await sb.session.run(f"echo {i}")).exit_code == 0
+                await asyncio.sleep(0.2)
+                return sb
+
+        held = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(16))), 50)
+        assert len(set(map(id, held))) <= 8 and pool.stats.created <= 8, "never a pod past the quota"
+        assert pool.room["taken"] >= 1
+
+
+async def test_a_refill_neither_waits_for_the_quota_nor_deletes_idle_pods(fake):
+    """A refill (the key's `warm` target) that meets a full quota gives up at once: it holds no reservation for
+    lease_timeout, takes no slot a lease waits for, and deletes no other key's idle pod to warm its own."""
+    await quota(fake, 1)
+    async with pool_of(fake, lease_timeout=60, warm=1) as pool:
+        async with pool.lease(SPEC):
+            pass
+        await asyncio.wait_for(pool.wait_idle(), 30)  # the refill during the lease met the full quota and ended
+        assert pool.idle == 1 and not pool.room
+        async with pool.lease(SandboxSpec(image="air/base:latest", task="other")):
+            pass
+        await asyncio.wait_for(pool.wait_idle(), 30)
+        assert pool.room == {"evicted": 1}, "the lease of B deleted A's idle pod; B's refill deleted nothing"
+
+
+async def test_a_conflict_on_the_quota_is_retried_never_taken_for_the_pods_existence(fake):
+    """Many creates at once make the API server's quota admission meet its own optimistic-concurrency conflict: 409
+    Conflict on the ResourceQuota (the pod not created). It is retried; it is not AlreadyExists, so the pool never
+    reads the pod as its own earlier create (a GET of a pod that does not exist: 404, the rollout lost)."""
+    await quota(fake, 8)
+    fake.control("quota-conflicts", count=2)
+    async with pool_of(fake) as pool:
+        async with pool.lease(SPEC) as sb:
+            assert (await sb.session.run("echo ok")).exit_code == 0
+        assert pool.api.retries["conflict (409)"] == 2
+        assert fake.stats()["requests"]["POST pods"] == 3
+        assert pool.api.calls["GET pods"] == 2, "the start's sweep and the watch's list: no GET of the pod"
+        fake.control("quota-conflicts", count=100)
+        with pytest.raises(SandboxUnavailable, match=r"6x conflict \(409\)"):
+            async with pool.lease(SandboxSpec(image="air/base:latest", task="other")):
+                pass
+
+
+async def test_a_pod_no_node_has_cpu_for_deletes_the_pools_idle_pods_that_hold_it():
+    """A node of 2 CPUs, held by two idle pods of task A: a pod of task B is unschedulable (Insufficient cpu). The
+    lease deletes one of A's idle pods, and the scheduler places B's, instead of waiting `ready_timeout` and losing
+    the rollout as PodLost while the pool's own idle pods hold the node (issue 64)."""
+    with FakeCluster(kubelet="stub", node_cpus=2) as fake:
+        async with pool_of(fake, lease_timeout=120, kube={"ready_timeout": 60, "pod_attempts": 1}) as pool:
+            a1, a2 = await pool.acquire(SPEC), await pool.acquire(SPEC)
+            pool.release(a1)
+            pool.release(a2)
+            await pool.wait_idle()
+            assert pool.idle == 2
+            b = await asyncio.wait_for(pool.acquire(SandboxSpec(image="air/base:latest", task="other")), 30)
+            assert pool.room == {"evicted": 1} and pool.idle == 1
+            pool.release(b)
+
+
+async def test_a_pod_no_node_has_gpus_for_deletes_an_idle_pod_that_holds_one_not_one_that_holds_none():
+    """A node of 1 GPU, held by an idle GPU pod of task G; an idle CPU pod of task A, older. A GPU pod of task H is
+    unschedulable (Insufficient nvidia.com/gpu): deleting A's pod would free no GPU, so G's goes."""
+    with FakeCluster(kubelet="stub", node_gpus=1) as fake:
+        async with pool_of(fake, lease_timeout=120, reuse_gpu_sandboxes=True,
+                           kube={"ready_timeout": 60, "pod_attempts": 1}) as pool:
+            async with pool.lease(SPEC) as a:
+                pass
+            gpu = Resources(gpus=1)
+            async with pool.lease(SandboxSpec(image="air/base:latest", task="g", resources=gpu)) as g:
+                pass
+            await pool.wait_idle()
+            assert pool.idle == 2
+            h = await asyncio.wait_for(pool.acquire(SandboxSpec(image="air/base:latest", task="h", resources=gpu)), 30)
+            assert pool.room == {"evicted": 1} and pool.idle == 1
+            async with pool.lease(SPEC) as again:
+                assert again is a, "A's idle pod was left alone"
+            assert g not in pool._live
+            pool.release(h)
+
+
+async def test_a_pod_no_node_has_cpu_for_takes_the_pod_its_key_releases():
+    """A node of 1 CPU: the second lease of a task waits unschedulable while the first holds the CPU, and takes the
+    first's pod once it is released (idle, still holding the CPU)."""
+    with FakeCluster(kubelet="stub", node_cpus=1) as fake:
+        async with pool_of(fake, lease_timeout=120, kube={"ready_timeout": 60, "pod_attempts": 1}) as pool:
+            first = await pool.acquire(SPEC)
+            waiting = asyncio.create_task(pool.acquire(SPEC))
+            assert await eventually(lambda: fake.stats()["objects"].get("pods", 0) == 2), "the second pod exists"
+            pool.release(first)
+            second = await asyncio.wait_for(waiting, 30)
+            assert second is first and pool.room == {"taken": 1}
+            assert await eventually(lambda: fake.stats()["objects"]["pods"] == 1), "the pending pod was deleted"
+            pool.release(second)
 
 
 @pytest.mark.parametrize("fault, kind", [("evict", "evicted"), ("image", "image"), ("lose-node", "node")])

@@ -3,7 +3,10 @@ auth, TLS, connection pool) with air's rules on top, as docker_api.py does for D
 
 - every request has a deadline and runs under a bound on requests in flight (`api_concurrency`);
 - engine failures are retried with bounds, and named when they stop: 429 (after its Retry-After), 5xx, timeouts and
-  dropped connections (`api_attempts` tries in all); 409 AlreadyExists of a create that a retry sent twice is the
+  dropped connections (`api_attempts` tries in all), and a 409 Conflict, the API server's optimistic concurrency
+  failing on some object the request touched (under many creates at once, the ResourceQuota's: 'Operation cannot be
+  fulfilled on resourcequotas "air-slots": the object has been modified'): air sends no resourceVersion, so the
+  same request again is right; a 409 AlreadyExists, and only that, of a create that a retry sent twice is the
   caller's own object (`create` answers it); 410 Gone ends a watch, which the caller lists anew;
 - pod creations go through a token bucket (`create_rate`), so a GRPO step's burst does not meet the API server's
   fairness limits as a storm of 429s;
@@ -39,6 +42,8 @@ KINDS = {  # plural -> API prefix
 }
 RETRIED = {429: "throttled (429)", 500: "server error (500)", 502: "bad gateway (502)", 503: "unavailable (503)",
            504: "gateway timeout (504)"}
+CONFLICTED = "conflict (409)"
+ALREADY_EXISTS = "AlreadyExists"
 
 
 class ApiError(InfraError):
@@ -54,7 +59,7 @@ class NotFound(ApiError):
 
 
 class Conflict(ApiError):
-    """409: AlreadyExists on a create, or a stale resourceVersion on an update."""
+    """409 AlreadyExists: a create of a name that is taken (a 409 Conflict, reason "Conflict", is retried)."""
 
 
 class Gone(ApiError):
@@ -92,6 +97,14 @@ def _check_kubeconfig(chosen: str, where: str) -> None:
 
 class ApiUnavailable(ApiError, SandboxUnavailable):
     """The API server did not answer within `api_attempts` tries (what was met is named)."""
+
+
+def _reason(body: bytes) -> str:
+    """A Status answer's reason ("" when the body is not one)."""
+    try:
+        return str(json.loads(body).get("reason") or "")
+    except (ValueError, AttributeError):
+        return ""
 
 
 def _error(status: int, body: bytes) -> ApiError:
@@ -203,9 +216,12 @@ class KubeApi:
             else:
                 if 200 <= status < 300:
                     return json.loads(data) if data else {}
-                if status not in RETRIED:
+                if status == 409 and _reason(data) != ALREADY_EXISTS:
+                    met.append(CONFLICTED)
+                elif status not in RETRIED:
                     raise _error(status, data)
-                met.append(RETRIED[status])
+                else:
+                    met.append(RETRIED[status])
             self.retries[met[-1]] += 1
             if attempt == self.config.api_attempts:
                 break
@@ -238,12 +254,13 @@ class KubeApi:
     # ----- verbs ------------------------------------------------------------------------------------------------------
     async def create(self, kind: str, body: dict, *, mine: str | None = None) -> dict:
         """Create; a 409 AlreadyExists is this caller's own object when a retry sent the create twice and the object
-        carries `mine` as its air/sandbox label (or `mine` is "*"): then it is read and returned."""
+        carries `mine` as its air/sandbox label (or `mine` is "*"): then it is read and returned. (A 409 Conflict
+        on another object, the quota's, never reaches here: `request` retries it.)"""
         namespace = body["metadata"].get("namespace")
         try:
             return await self.request("POST", self.path(kind, namespace=namespace), kind=kind, body=body)
-        except Conflict:
-            if mine is None:
+        except Conflict as exc:
+            if mine is None or exc.reason != ALREADY_EXISTS:
                 raise
             existing = await self.get(kind, body["metadata"]["name"], namespace=namespace)
             if mine != "*" and existing["metadata"].get("labels", {}).get("air/sandbox") != mine:

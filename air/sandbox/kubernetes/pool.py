@@ -6,7 +6,11 @@ target, a health check before a lease, a reset (a new cell) on release, recyclin
 OOM kill or `max_leases`, background work tracked by close(). What differs, and why:
 
 - Slots are the cluster's: a namespace's ResourceQuota refuses a pod past it (403 "exceeded quota"); the creation
-  waits, within `lease_timeout`, as a Docker lease waits for a host's slot. air makes no claim objects.
+  waits, within `lease_timeout`, as a Docker lease waits for a host's slot. air makes no claim objects. The pool's
+  own idle pods count against the quota and hold their node's CPU: a lease the cluster has no room for (the quota
+  full, or its pod unschedulable for lack of CPU, memory or GPUs) takes an idle pod of its own key that frees
+  meanwhile, or deletes the least recently used idle pod of another key, as a full Docker pool evicts (`_make_room`).
+  A refill never does either: it gives up when the quota is full.
 - GPUs are the scheduler's: a pod asks for `nvidia.com/gpu`, and the device plugin gives each GPU to one pod. A
   scoring sandbox that borrows its rollout's GPUs on Docker (`lease(gpus_of=...)`) asks for its own here.
 - Readiness and loss come from one watch of the run's pods (watch.py). A pod the cluster takes away before it served
@@ -31,8 +35,10 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import contextvars
 import logging
 import random
+import re
 import secrets
 import uuid
 from collections import Counter
@@ -55,6 +61,16 @@ UID_RANGE = 1 << 20
 """Agent uids are drawn from this many past the pool's base plus 65536 (a cluster has no host-wide slot numbers to
 derive them from): two pods on one node share one with probability about pods²/2²¹ (0.5% for 100 pods on a node),
 and then per-user kernel limits are shared between them; `user_namespaces` makes every pod's uids its own."""
+
+
+EVICT_PAUSE = 5.0
+"""Seconds between two idle pods one waiting lease deletes for room: an API server counts a deleted pod out of the
+quota, and a scheduler sees its CPU free, a moment after the DELETE (the quota controller's and the scheduler's own
+watches), so a lease that deleted one waits that long for it to count before it deletes another."""
+ROOM_POLL = 1.0
+"""Seconds between two looks (at the pool's idle pods, no API call) of a lease whose pod the scheduler cannot place."""
+_REFILLING: contextvars.ContextVar[bool] = contextvars.ContextVar("air_kubernetes_refilling", default=False)
+"""Set in a refill's task: a refill makes no room (it takes no idle pod and deletes none) and waits for no slot."""
 
 
 class PodLost(SandboxUnavailable):
@@ -84,6 +100,9 @@ class KubernetesPool(SandboxPool):
         self.cluster = _Cluster(name=self.kube.namespace)
         self.replaced: Counter[str] = Counter()
         """Pods replaced before they served, by what the cluster did (evicted, image, node, ...)."""
+        self.room: Counter[str] = Counter()
+        """Idle pods given up for leases the cluster had no room for (`_make_room`): "taken" by a lease of their own
+        key, "evicted" (deleted) for another key's."""
         self._pods: dict[str, PodSandbox] = {}
         self.claims = False
         """Warm pods come from agent-sandbox's controller (SandboxClaim), not from this pool's own creations."""
@@ -186,7 +205,9 @@ class KubernetesPool(SandboxPool):
             for attempt in range(1, attempts + 1):
                 sandbox: PodSandbox | None = None
                 try:
-                    sandbox = await self._new_pod(spec, deadline)
+                    sandbox = await self._new_pod(spec, deadline, room=not lent_gpus)
+                    if sandbox in self._live:  # an idle pod of the key, freed while this lease waited for room
+                        return sandbox
                     self.stats.created += 1
                     self._live.add(sandbox)
                     sandbox.attach(Session(sandbox))
@@ -217,11 +238,21 @@ class KubernetesPool(SandboxPool):
                 self._reserved -= 1
                 self._changed.notify_all()
 
-    async def _new_pod(self, spec: SandboxSpec, deadline: float) -> PodSandbox:
+    async def _refill(self, spec: SandboxSpec) -> None:
+        refilling = _REFILLING.set(True)  # the refill's own task (spawned): no lease's
+        try:
+            await super()._refill(spec)
+        finally:
+            _REFILLING.reset(refilling)
+
+    async def _new_pod(self, spec: SandboxSpec, deadline: float, room: bool = True) -> PodSandbox:
         """Create the pod (waiting while the namespace's quota is full), then its Secret, then wait for the watch to
-        see it running; or claim one of agent-sandbox's warm pods."""
+        see it running; or claim one of agent-sandbox's warm pods. With `room` (a lease's, not a refill's), the wait
+        for a slot or for a node with room makes room (`_make_room`): it may return an idle sandbox of the key (live,
+        its cell built) instead of a new pod."""
         if self.claims:
             return await self._claimed_pod(spec, deadline)
+        room = room and not _REFILLING.get()
         loop = asyncio.get_running_loop()
         name = f"{m.dns_name('air', spec.task or 'sandbox', limit=40)}-{uuid.uuid4().hex[:10]}"
         token, uid = uuid.uuid4().hex[:16], self.config.agent_uid_base + 65536 + random.randrange(UID_RANGE)
@@ -230,7 +261,9 @@ class KubernetesPool(SandboxPool):
         body = m.sandbox_pod(spec, self.kube, name=name, run=self.run_id, token=token, owner=self.run_lease.reference,
                              owner_token=owner_token(), agent_uid=uid, cells=cells, pin_pages=pin_pages,
                              apparmor=self.config.apparmor)
-        created = await self._create_within_quota(body, token, deadline)
+        created = await self._create_within_quota(spec, body, token, deadline, room)
+        if isinstance(created, PodSandbox):
+            return created
         secret = secrets.token_bytes(32)
         sandbox = PodSandbox(None, spec, created["metadata"]["uid"], name,
                              tuple(str(i) for i in range(spec.resources.gpus)), image_id=spec.image, agent_uid=uid,
@@ -241,11 +274,53 @@ class KubernetesPool(SandboxPool):
         try:
             await self.api.create("secrets", m.pod_secret(name, self.kube.namespace, self.run_id, secret,
                                                           m.owner_reference(created)), mine="*")
-            state, _ = await self.watch.wait(name, max(0.0, min(self.kube.ready_timeout, deadline - loop.time())))
+            until = loop.time() + max(0.0, min(self.kube.ready_timeout, deadline - loop.time()))
+            next_evict = 0.0
+            while True:
+                left = max(0.0, until - loop.time())
+                state, _ = await self.watch.wait(name, min(ROOM_POLL, left) if room else left)
+                if state.phase != "pending" or loop.time() >= until:
+                    break
+                if not (room and _no_room(state.reason)):
+                    continue
+                # The scheduler has no node for it, and this pool's idle pods may be what holds the nodes.
+                took, evicted = await self._make_room(spec, evict=loop.time() >= next_evict,
+                                                      gpus_only=_short_of_gpus_only(state.reason))
+                if took is not None:
+                    await self._delete_pod(sandbox)
+                    return took
+                if evicted:
+                    next_evict = loop.time() + EVICT_PAUSE
         except BaseException:
             await self._delete_pod(sandbox)
             raise
         return await self._ready(sandbox, state, f"pod {name}")
+
+    async def _make_room(self, spec: SandboxSpec, *, evict: bool = True, gpus_only: bool = False
+                         ) -> tuple[PodSandbox | None, bool]:
+        """The cluster has no room for a pod of `spec` (its quota is full, or no node has its CPU): this pool's idle
+        pods hold it. An idle sandbox of the key is taken (returned, once its shell answers); else, with `evict`, the
+        least recently used idle pod of another key is deleted (the second value: whether one was), as a full Docker
+        pool evicts one for a lease; with `gpus_only` (no node has the GPUs, the rest would fit) only one that holds
+        GPUs: deleting others would free nothing the pod waits for."""
+        async with self._changed:
+            idle = self._idle.get(spec.key)
+            mine = idle.popleft() if idle else None
+            victim = None if mine is not None or not evict else self._victim(spec.key, gpus_only)
+        if mine is not None:
+            if await self._healthy(mine):
+                self.room["taken"] += 1
+                return mine, False
+            self.stats.health_failures += 1
+            await self._remove(mine)
+            return None, True
+        if victim is None:
+            return None, False
+        log.info("deleting idle pod %s (%s): the cluster has no room for a pod of %s", victim.name,
+                 victim.spec.task or victim.spec.image, spec.task or spec.image)
+        self.room["evicted"] += 1
+        await self._remove(victim)
+        return None, True
 
     async def _template(self, spec: SandboxSpec) -> tuple[str, bytes]:
         """The key's SandboxTemplate and SandboxWarmPool (one name), made at its first lease, with the Secret their
@@ -306,16 +381,40 @@ class KubernetesPool(SandboxPool):
         sandbox.image_id = state.image_id or sandbox.image_id
         return sandbox
 
-    async def _create_within_quota(self, body: dict, token: str, deadline: float) -> dict:
+    def _victim(self, key: str, gpus_only: bool) -> PodSandbox | None:
+        """The least recently used idle pod of another key (with GPUs, if `gpus_only`), taken out of the idle set
+        (caller holds the condition)."""
+        if not gpus_only:
+            return self._evictable(key)
+        for other, idle in self._idle.items():
+            found = next((sb for sb in idle if sb.gpu_ids), None) if other != key else None
+            if found is not None:
+                idle.remove(found)
+                return found
+        return None
+
+    async def _create_within_quota(self, spec: SandboxSpec, body: dict, token: str, deadline: float,
+                                   room: bool) -> dict | PodSandbox:
+        """The created pod; while the namespace's quota is full, wait for a slot within `deadline` (with `room`:
+        making room, which may give an idle sandbox of the key instead). A refill (no `room`) does not wait."""
         loop = asyncio.get_running_loop()
+        next_evict = 0.0
         while True:
             await self.api.creates.take()
             try:
                 return await self.api.create("pods", body, mine=token)
             except QuotaExceeded as exc:
+                if not room:
+                    raise PoolExhausted(f"no slot free in namespace {self.kube.namespace}: {exc.message}") from None
                 if loop.time() >= deadline:
                     raise PoolExhausted(f"no slot free in namespace {self.kube.namespace} within "
                                         f"{self.config.lease_timeout:g}s: {exc.message}") from None
+            took, evicted = await self._make_room(spec, evict=loop.time() >= next_evict)
+            if took is not None:
+                return took
+            if evicted:  # try again at once: the deleted pod may already be out of the quota
+                next_evict = loop.time() + EVICT_PAUSE
+                continue
             async with self._changed:  # a release of ours frees a slot at once; other processes' after a while
                 with contextlib.suppress(asyncio.TimeoutError):
                     async with asyncio.timeout(min(random.uniform(0.5, 2.0), max(deadline - loop.time(), 0.01))):
@@ -358,6 +457,18 @@ class KubernetesPool(SandboxPool):
         sandbox.mark_broken("kept by its lessee")
         self._spawn(self.api.patch("pods", sandbox.name, {"metadata": {"labels": {m.KEPT: "true"},
                                                                          "ownerReferences": None}}))
+
+
+def _no_room(reason: str) -> bool:
+    """Whether a pending pod's reason is the scheduler finding no node with room for it ("0/3 nodes are available:
+    3 Insufficient cpu.", "... Too many pods."), rather than one it may never fit (a taint, a selector)."""
+    return reason.startswith("not scheduled") and ("Insufficient" in reason or "Too many pods" in reason)
+
+
+def _short_of_gpus_only(reason: str) -> bool:
+    """Whether the scheduler's reason names GPUs as the only resource no node has enough of."""
+    shortages = set(re.findall(r"Insufficient ([\w./-]*\w)", reason))
+    return shortages == {m.GPU_RESOURCE}
 
 
 def _kind(reason: str) -> str:

@@ -68,6 +68,7 @@ MODULES = (  # in import order
     ("air.sandbox.warden.mountapi", _HERE / "mountapi.py"),
     ("air.sandbox.warden.rootcopy", _HERE / "rootcopy.py"),
     ("air.sandbox.warden.cell", _HERE / "cell.py"),
+    ("air.sandbox.warden.atimes", _HERE / "atimes.py"),
     ("air.sandbox.warden.dentries", _HERE / "dentries.py"),
     ("air.sandbox.warden.pages", _HERE / "pages.py"),
     ("air.sandbox.warden.procs", _HERE / "procs.py"),

@@ -23,9 +23,10 @@ import time
 from typing import Callable, Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
-from air.sandbox.warden import files, locks, lower, mountapi, procs, protocol as p, snapshot, threadspawn, zygote
-from air.sandbox.warden.cell import (Cell, CellError, Layout, Middle, _detach, become, fresh_tmpfs, home_over,
-                                     mount, outside, prepare_confinement, supported)
+from air.sandbox.warden import (atimes, files, locks, lower, mountapi, procs, protocol as p, snapshot, threadspawn,
+                                zygote)
+from air.sandbox.warden.cell import (LIBC, Cell, CellError, Layout, Middle, _check, _detach, become, fresh_tmpfs,
+                                     home_over, mount, outside, prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
 from air.sandbox.warden.pages import PinError, Pins, files_under
 from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
@@ -369,6 +370,10 @@ class Warden:
         if why_not is None:
             try:
                 self.layout.prepare_hostview()
+                unsettled = atimes.settle([m[0] for m in self.layout.inherited], self.layout.scratch, mount,
+                                          lambda flags: _check(LIBC.unshare(flags), "unshare"))
+                if unsettled:  # the node may still move those times once, after the first cell (atimes.py)
+                    sys.stderr.write("air warden: the root's directory times were not settled: %s\n" % unsettled)
                 self.cell = Cell.build(self.layout)
             except (CellError, OSError) as exc:
                 why_not = str(exc)
