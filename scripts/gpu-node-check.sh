@@ -8,7 +8,9 @@
 #                                       with CDI on and air's own spec (air/sandbox/gpus.py cdi-spec), makes air/gpu
 #                                       offline from the node's own root and its torch venv, runs the GPU-marked
 #                                       tests (tests/test_gpu_node.py) and one scripted episode of the GPU task, and
-#                                       prints a summary. Logs go to $OUT (else ./gpu-node-out).
+#                                       prints a summary. Logs go to $OUT (else ./gpu-node-out). Run again on the
+#                                       same machine, it reuses the daemon and air/gpu it left (`--keep` leaves the
+#                                       daemon running: a second run then costs only the tests and the episode).
 # The node's facts (torch in /opt/torch/.venv, the driver in /usr/local/nvidia): ../shared/reference/gpu-node.md.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -34,6 +36,8 @@ if [ "${1:-}" = "--stage" ]; then
   exit 0
 fi
 
+keep=false
+[ "${1:-}" = "--keep" ] && keep=true
 OUT=${OUT:-$R/gpu-node-out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/check.log") 2>&1
@@ -59,17 +63,20 @@ export PATH=$T/bin:$PATH
 "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$T/site" "$STAGE"/wheels/*.whl || exit 1
 export PYTHONPATH=$R:$T/site
 "$PY" air/sandbox/gpus.py cdi-spec "$T/cdi/air-nvidia.json" || exit 1
-echo "{\"features\": {\"cdi\": true}, \"cdi-spec-dirs\": [\"$T/cdi\"]}" >"$T/daemon.json"
-setsid dockerd --config-file "$T/daemon.json" --iptables=false --ip6tables=false --bridge=none --userland-proxy=false \
-  --data-root "$T/data" --exec-root "$T/exec" --pidfile "$T/dockerd.pid" -H "unix://$T/docker.sock" \
-  >"$OUT/dockerd.log" 2>&1 </dev/null &
 export DOCKER_HOST=unix://$T/docker.sock
-for _ in $(seq 120); do "$PY" -c "import docker; docker.from_env().ping()" 2>/dev/null && break; sleep 0.25; done
+if ! "$PY" -c "import docker; docker.from_env().ping()" 2>/dev/null; then
+  echo "{\"features\": {\"cdi\": true}, \"cdi-spec-dirs\": [\"$T/cdi\"]}" >"$T/daemon.json"
+  setsid dockerd --config-file "$T/daemon.json" --iptables=false --ip6tables=false --bridge=none \
+    --userland-proxy=false --data-root "$T/data" --exec-root "$T/exec" --pidfile "$T/dockerd.pid" \
+    -H "unix://$T/docker.sock" >"$OUT/dockerd.log" 2>&1 </dev/null &
+  for _ in $(seq 120); do "$PY" -c "import docker; docker.from_env().ping()" 2>/dev/null && break; sleep 0.25; done
+fi
 "$PY" -c "import docker; i = docker.from_env().info(); print('dockerd', i['ServerVersion'], 'CDI', i.get('CDISpecDirs'), \
 'runtimes', sorted(i['Runtimes']))" || { tail -20 "$OUT/dockerd.log"; exit 1; }
-trap 'kill "$(cat "$T/dockerd.pid" 2>/dev/null)" 2>/dev/null' EXIT
+$keep || trap 'kill "$(cat "$T/dockerd.pid" 2>/dev/null)" 2>/dev/null' EXIT
 
 stage "air/gpu, offline, from the node's root and its torch venv"
+if ! "$PY" -c "import docker; docker.from_env().images.get('air/gpu:latest')" 2>/dev/null; then
 venv=$(dirname "$(dirname "$PY")")
 interp=$(dirname "$(dirname "$(readlink -f "$PY")")")
 site=$(cd "$venv" && ls -d lib/python3*/site-packages)
@@ -119,9 +126,15 @@ image.tag("air/base", "latest")
 print("air/gpu", image.short_id, f"{image.attrs['Size'] / 1e9:.1f} GB")
 EOF
 echo "air/gpu built at $((SECONDS - start)) s"
+else
+  echo "air/gpu is there from an earlier run"
+fi
 
 stage "air doctor"
-timeout 60 "$PY" -m air.cli.main doctor 2>&1 | grep -iE "gpu|docker daemon" | head -8
+timeout 60 "$PY" -m air.cli.main doctor --json 2>&1 | "$PY" -c "import json, sys
+for row in json.load(sys.stdin):
+    if 'GPU' in row.get('name', '') or row.get('name') == 'docker daemon':
+        print(row.get('name'), '|', row.get('ok'), '|', row.get('detail'), '|', row.get('fix', ''))"
 
 stage "the GPU-marked tests"
 timeout 170 "$PY" -m pytest -q -n0 -s -m gpu -p no:cacheprovider tests/test_gpu_node.py 2>&1 | tee "$OUT/tests.log" \
