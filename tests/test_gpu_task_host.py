@@ -59,3 +59,10 @@ def test_tasks_check_skips_a_gpu_task_on_a_host_without_a_gpu_saying_why(tmp_pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     [result] = json.loads(proc.stdout)
     assert result["status"] == "skipped" and result["message"] == f"cannot run here: {NO_GPU}", result
+
+
+def test_air_run_of_a_gpu_task_on_a_host_without_a_gpu_is_one_line_saying_why(tmp_path):
+    proc = air("run", "--task", GPU_TASK, "--out", str(tmp_path / "runs"), env=host(tmp_path, 0))
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr.strip() == f"air: error: task {GPU_TASK} cannot run here: it {NO_GPU} (`air tasks list` " \
+        "says which can)"
