@@ -27,7 +27,7 @@ from air.audit.runner import audit_task
 from air.sandbox import PoolConfig, SandboxPool
 from air.tasks.environment import TaskEnvironment
 from air.tasks.harbor import image_workdir, task_dirs
-from air.tasks.registry import bundled_ids, load_all, load_task
+from air.tasks.registry import bundled_here, load_all, load_task
 from air.tasks.task_images import build_task_image
 
 
@@ -83,7 +83,7 @@ def plain_docker(spec, task_dir: Path, runs: int = 5) -> float:
 
 
 async def main(args) -> dict:
-    specs = load_all(bundled_ids())
+    specs = load_all(bundled_here())  # a GPU task only on a GPU host
     root = Path(args.harbor_root).resolve()
     harbor = [(load_task(f"harbor:{name}", harbor_root=root), root / name) for name in task_dirs(root)
               if (root / name / "solution" / "solve.sh").is_file()]

@@ -19,7 +19,7 @@ import time
 from air.sandbox import PoolConfig, SandboxPool
 from air.tasks.environment import TaskEnvironment
 from air.tasks.hidden import per_evaluation
-from air.tasks.registry import bundled_ids, load_task
+from air.tasks.registry import bundled_here, load_task
 
 
 async def measure(task_id: str, runs: int, pool: SandboxPool, draw: str | None = None) -> dict:
@@ -67,7 +67,7 @@ if __name__ == "__main__":
                         help="tasks drawn per evaluation: also on their fixed reference draw, in the same run")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    ids = args.tasks or bundled_ids()
+    ids = args.tasks or bundled_here()  # a GPU task only on a GPU host
     rows = asyncio.run(main(args.runs, ids, args.compare_draws))
     if args.json:
         print(json.dumps(rows))

@@ -15,8 +15,9 @@ from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 
 DRAWN_PER_EVALUATION = {"battle-of-sexes", "cartpole-policy", "char-language-model", "colonel-blotto",
-                        "prisoners-dilemma"}
-"""Tasks whose hidden split is only the scorer's (opponents' seeds, episodes' seeds, held-out text)."""
+                        "gpu-cnn-speedrun", "prisoners-dilemma"}
+"""Tasks whose hidden split is only the scorer's (opponents' seeds, episodes' seeds, held-out text, the seed test
+images are drawn from)."""
 FIXED_PER_HOST = {"digits-classification", "regression-rmse", "tabular-classification"}
 """Tasks whose hidden split includes the test features the agent predicts on: drawn once per host."""
 

@@ -11,6 +11,7 @@ import re
 import tarfile
 
 import pytest
+from bundled_tasks import bundled_params
 
 from air.episode.loop import Episode, EpisodeConfig
 from air.episode.fork import fork
@@ -18,7 +19,7 @@ from air.episode.snapshot import Snapshot, dumps, load, loads, save, take
 from air.errors import SnapshotError
 from air.policies.scripted import SCRIPTS, VALIDATE
 from air.tasks.environment import TaskEnvironment
-from air.tasks.registry import bundled_ids, load_task
+from air.tasks.registry import load_task
 
 pytestmark = pytest.mark.docker
 KEY = b"k" * 32
@@ -62,7 +63,7 @@ def _bash(command: str) -> str:
     return f"```bash\n{command}\n```"
 
 
-@pytest.mark.parametrize("task", bundled_ids())
+@pytest.mark.parametrize("task", bundled_params())
 async def test_a_fork_at_turn_k_of_every_bundled_task_gives_branches_that_diverge_on_their_own(pool, task):
     env = TaskEnvironment(load_task(task), pool)
     async with env.lease() as sandbox:

@@ -148,3 +148,21 @@ def test_a_model_that_is_not_the_architecture_is_refused_with_its_reason(baselin
 def test_no_model_is_refused_saying_what_is_missing(tmp_path):
     (tmp_path / "submission").mkdir()
     refused(evaluate(tmp_path / "submission", tmp_path), "model.pt", "missing")
+
+
+def test_the_scripted_story_edits_the_starter_and_its_model_is_the_architecture(tmp_path):
+    """The scripted episode's improvement (air/policies/scripted.py) still applies to train.py: its sed matches
+    (AdamW and the schedule are in), and the trained net (fewer steps here) is one the evaluation loads."""
+    from air.policies.scripted import SCRIPTS
+
+    [improve] = [t.command for t in SCRIPTS["gpu-cnn-speedrun"].turns if "train.py --steps" in t.command]
+    work = tmp_path / "workspace"
+    work.mkdir()
+    shutil.copy(TASK / "starter" / "train.py", work)
+    os.symlink(TASK / "data", work / "data")
+    quick = improve.replace("--steps 2000", "--steps 4 --valid 100").replace("python ", f"{sys.executable} ")
+    proc = subprocess.run(quick, shell=True, cwd=work, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    source = (work / "train.py").read_text()
+    assert "torch.optim.AdamW" in source and "sched.step()" in source and "optim.SGD" not in source
+    assert checkpoint(work / "model.pt")["config"] == {"width": 64, "depth": 3}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from air.tasks.registry import bundled_ids
+from air.tasks.registry import bundled_ids, load_task
 import harbor_venvs
 
 pytestmark = pytest.mark.slow
@@ -50,6 +50,11 @@ print(json.dumps(out))
 """
 
 
+def image_of(task: str) -> str:
+    """The prebuilt image an exported bundled task names: its recipe's."""
+    return f"air/{load_task(task, draw='reference').image}:latest"
+
+
 def test_harbors_own_loader_reads_every_exported_bundled_task(exported):
     venv = harbor_venvs.venv("harbor-0.25.0")
     print(f"harbor 0.25.0 installed {harbor_venvs.installed_with(venv)}")
@@ -57,8 +62,8 @@ def test_harbors_own_loader_reads_every_exported_bundled_task(exported):
     assert proc.returncode == 0, proc.stderr[-3000:]
     tasks = json.loads(proc.stdout)
     assert sorted(tasks) == bundled_ids()
-    for name, task in tasks.items():
-        assert task["name"] == f"air/{name}" and task["image"] == "air/cpu:latest"
+    for name, task in tasks.items():  # each in its recipe's image (the GPU task in air/gpu)
+        assert task["name"] == f"air/{name}" and task["image"] == image_of(name)
         assert task["workdir"] == "/home/agent/workspace" and task["network"] == "no-network"
         assert task["test"].endswith(f"{name}/tests/test.sh") and task["solve"].endswith(f"{name}/solution/solve.sh")
 
@@ -85,9 +90,10 @@ def test_verifiers_harbor_taskset_loads_them(exported, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     tasks = json.loads(proc.stdout)
     assert sorted(tasks) == [f"air/{name}" for name in bundled_ids()]
-    for task in tasks.values():
+    for name, task in tasks.items():
         # A prebuilt image: verifiers uploads environment/ (the workspace's files) into the workdir at start.
-        assert task["image"] == "air/cpu:latest" and task["workdir"] == "/home/agent/workspace" and task["upload"]
+        assert task["image"] == image_of(name.removeprefix("air/"))
+        assert task["workdir"] == "/home/agent/workspace" and task["upload"]
         assert task["network"] == [] and task["scoring_timeout"] > 60
 
 

@@ -21,6 +21,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from bundled_tasks import bundled_params
 from searches import everywhere
 from test_mlgym import write_tree, write_yaml
 from test_mlgym_bench import TRUE_MEAN, bench_root  # noqa: F401 - the toy MLGym tree with a noisy game
@@ -333,7 +334,7 @@ async def digest_in_sandbox(sandbox, path: str) -> str:
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("task_id", bundled_ids())
+@pytest.mark.parametrize("task_id", bundled_params())
 async def test_the_public_generator_in_the_sandbox_reproduces_only_the_record(task_id, pool):
     """The agent runs the task's public generate.py in its sandbox: it writes exactly the record's files (so the
     agent has what a pretrained policy could have), and none of them is this host's hidden file, nor any drawn

@@ -14,6 +14,7 @@ import re
 
 import pytest
 from aiohttp import web
+from bundled_tasks import bundled_without_gpus
 
 from air.episode.config import EpisodeConfig
 from air.episode.recording import load_recordings
@@ -23,7 +24,7 @@ from air.episode.trajectory import read_trajectory
 from air.policies.openai_compat import OpenAIPolicy
 from air.policies.scripted_server import make_app
 from air.tasks.environment import TaskEnvironment
-from air.tasks.registry import bundled_ids, load_task
+from air.tasks.registry import load_task
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -48,7 +49,7 @@ async def test_every_bundled_task_earns_the_same_rewards_in_both_formats(pool, e
     policy = OpenAIPolicy(endpoint, "air-scripted")
     # The regression story's `sleep 600` outlives the cap; its training commands never come near it.
     config = {fmt: EpisodeConfig(command_timeout=30, action_format=fmt) for fmt in ("text", "tools")}
-    runs = [(task, fmt) for task in bundled_ids() for fmt in ("text", "tools")]
+    runs = [(task, fmt) for task in bundled_without_gpus() for fmt in ("text", "tools")]  # the pool lends no GPU
     gate = asyncio.Semaphore(4)
 
     async def play(task: str, fmt: str) -> list[dict]:
@@ -61,7 +62,7 @@ async def test_every_bundled_task_earns_the_same_rewards_in_both_formats(pool, e
         played = dict(zip(runs, await asyncio.gather(*(play(*run) for run in runs))))
     finally:
         await policy.aclose()
-    for task in bundled_ids():
+    for task in bundled_without_gpus():
         text, tools = played[(task, "text")], played[(task, "tools")]
         assert text[-1]["type"] == tools[-1]["type"] == "end", task
         assert tools[0]["action_format"] == "tools" and "action_format" not in text[0]

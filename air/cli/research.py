@@ -90,7 +90,8 @@ def debug(
 
 @app.command("eval")
 def eval_(
-    tasks: Annotated[list[str] | None, typer.Argument(help="Task ids (default: every bundled task).")] = None,
+    tasks: Annotated[list[str] | None, typer.Argument(
+        help="Task ids (default: every bundled task this host can run).")] = None,
     rollouts: Annotated[int, typer.Option("-n", "--rollouts", min=1, help="Rollouts per task.")] = 1,
     concurrency: Annotated[int, typer.Option("-c", "--concurrency", min=1, help="Rollouts at once.")] = 4,
     base_url: BaseUrl = None,
@@ -137,12 +138,13 @@ def eval_(
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import sandbox_spec
     from air.tasks.harbor_oracle import require_oracle
-    from air.tasks.registry import load_all
+    from air.tasks.registry import bundled_here, load_all
     from air.validation import config_of
 
     go_offline(offline)
     start, plan = snapshot_options(from_, snapshot_at, snapshot_cap, tasks)
-    specs = load_all([start.task] if start else tasks, mlgym_root, gpus_per_task, harbor_root=harbor_root)
+    specs = load_all([start.task] if start else tasks or bundled_here(), mlgym_root, gpus_per_task,
+                     harbor_root=harbor_root)
     for spec in specs:
         require_oracle(spec, allow_failed_oracle)
     if start is not None:

@@ -63,13 +63,16 @@ def run(
     from air.files import check_folder, free_name
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import TaskEnvironment
-    from air.tasks.registry import load_task
+    from air.errors import UsageError
+    from air.tasks.registry import load_task, why_not_here
     from air.validation import config_of
 
     from air.cli.research import snapshot_options
 
     _, plan = snapshot_options(None, snapshot_at, snapshot_cap, None)
     spec = load_task(task, mlgym_root, harbor_root=harbor_root)
+    if why := why_not_here(spec):  # said before an image build that could not succeed here
+        raise UsageError(f"task {spec.id} cannot run here: it {why} (`air tasks list` says which can)")
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
     check_folder(runs_dir)

@@ -47,9 +47,9 @@ def tasks_list(mlgym_root: MlgymRoot = None, harbor_root: HarborRoot = None, as_
     if mlgym_root:
         return _list_mlgym(Path(mlgym_root), as_json)
     from air.errors import TaskError, UsageError
-    from air.tasks.registry import bundled_ids, load_task
+    from air.tasks.registry import bundled_ids, gpus_here, load_task, why_not_here
 
-    rows = []
+    rows, gpus = [], gpus_here()
     for ref in bundled_ids():  # one task that does not load is its own line, never the end of the list
         try:
             t = load_task(ref)
@@ -58,7 +58,8 @@ def tasks_list(mlgym_root: MlgymRoot = None, harbor_root: HarborRoot = None, as_
             continue
         rows.append({"id": t.id, "name": t.name, "metric": t.primary.name, "direction": t.primary.direction,
                      "baseline": t.baseline_score, "submission": t.evaluation.submission, "image": t.image,
-                     "gpus": t.resources.gpus, "hidden": _hidden_kind(t), "error": None})
+                     "gpus": t.resources.gpus, "hidden": _hidden_kind(t), "why_not_here": why_not_here(t, gpus),
+                     "error": None})
     if as_json:
         print_json(rows)
         return
@@ -79,6 +80,9 @@ def tasks_list(mlgym_root: MlgymRoot = None, harbor_root: HarborRoot = None, as_
     for r in rows:
         if r["error"]:
             out.print(f"[bold]{escape(r['id'])}[/] [red]cannot load[/]: {escape(r['error'])}", overflow="fold")
+        elif r["why_not_here"]:
+            out.print(f"[bold]{escape(r['id'])}[/] [red]cannot run here[/]: {escape(r['why_not_here'])}",
+                      overflow="fold")
 
 
 def _hidden_kind(spec) -> str | None:
@@ -288,7 +292,8 @@ def tasks_check(
     air/tasks/baseline_stats.py). A bundled task with hidden data is checked twice: on the record's draw, exactly,
     and on this host's draw, against the spread of its baseline over recorded draws. A task that ships no baseline
     script reports "no baseline" (its evaluation is exercised on its reference submission, if it has one), one
-    that needs more than --budget "skipped": neither a pass nor a failure. A leaked answer key is said loudly.
+    that needs more than --budget, or a GPU this host lacks, "skipped": neither a pass nor a failure. A leaked
+    answer key is said loudly.
     A Harbor task is checked through its oracle, as Harbor users check a dataset: solution/solve.sh runs as root in
     the task's sandbox and its workspace is scored by the task's own test, which must pay reward 1; a failure shows
     what the test printed, and `air eval` then refuses the task (see docs/harbor.md).
@@ -297,9 +302,9 @@ def tasks_check(
     off its record, a baseline or evaluation that broke). Example: air tasks check prisoners-dilemma --runs 10
     """
     from air.sandbox import PoolConfig, SandboxPool
-    from air.tasks.environment import check_budget, check_task
+    from air.tasks.environment import CheckResult, check_budget, check_task
     from air.tasks.harbor_oracle import check_oracle, task_folder
-    from air.tasks.registry import load_all
+    from air.tasks.registry import gpus_here, load_all, why_not_here
 
     limit = _duration(budget, "--budget") if budget is not None else None
     go_offline(offline)
@@ -312,13 +317,24 @@ def tasks_check(
 
             raise UsageError(f"no task of {harbor_root} loads (`air tasks list --harbor-root {harbor_root}` says why)")
     specs = load_all(tasks, mlgym_root, gpus_per_task, harbor_root=harbor_root)
+    gpus = gpus_here()
+    not_here = {spec.id: why for spec in specs if (why := why_not_here(spec, gpus))}
     marks = {"ok": "[green]ok[/]         ", "failed": "[red]FAIL[/]       ", "no_baseline": "[yellow]no baseline[/]",
              "skipped": "[yellow]skipped[/]    "}
 
     async def check_all():
         results = []
-        async with SandboxPool(PoolConfig(gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
+        runnable = [spec for spec in specs if spec.id not in not_here]
+        async with SandboxPool(PoolConfig(gpu_ids=None if any(s.resources.gpus for s in runnable) else [])) as pool:
             for spec in specs:
+                if spec.id in not_here:  # a GPU task on a host without one: skipped, saying why (neither pass nor fail)
+                    found = [CheckResult(spec.id, spec.baseline_score, None, {}, 0.0,
+                                         f"cannot run here: {not_here[spec.id]}", status="skipped")]
+                    results += found
+                    if not as_json:
+                        out.print(f"{marks['skipped']} {escape(spec.id):<40} {escape(found[0].message)}",
+                                  soft_wrap=True)
+                    continue
                 training, (allowed, over) = spec.needs.training, check_budget(spec, limit)
                 if training and not over:  # said up front: this one takes a while (skipping says why itself)
                     where = f"on {spec.resources.gpus} GPU(s)" if spec.resources.gpus else \
@@ -351,7 +367,8 @@ def tasks_check(
         out.print(f"{counts['ok'] - oracles} reproduced, "
                   + (f"{oracles} Harbor oracle(s) passed, " if oracles else "")
                   + f"{counts['failed']} failed, {counts['no_baseline']} with no baseline "
-                  f"to reproduce" + (f", {counts['skipped']} skipped (over budget)" if counts["skipped"] else ""))
+                  f"to reproduce" + (f", {counts['skipped']} skipped (over budget, or not for this host)"
+                                   if counts["skipped"] else ""))
     if counts["failed"]:
         raise typer.Exit(1)
 
@@ -392,7 +409,7 @@ def tasks_audit(
     from air.errors import UsageError
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.harbor import image_workdir
-    from air.tasks.registry import bundled_ids, load_all
+    from air.tasks.registry import bundled_ids, gpus_here, load_all, why_not_here
 
     hacks = load_hacks(hacks_dir)
     if only:
@@ -413,6 +430,11 @@ def tasks_audit(
             refs += [f"mlgym:{row.config}" for row in survey(Path(mlgym_root), _host_facts()) if row.runs_here]
     refs = list(dict.fromkeys(refs)) or None
     specs = load_all(refs, mlgym_root, 0, harbor_root=harbor_root)
+    gpus = gpus_here()
+    for spec in specs:  # a GPU task on a host without one is not played, and said so (as `tasks list` says why)
+        if why := why_not_here(spec, gpus):
+            console.print(f"air: {escape(spec.id)}: not audited: {escape(why)}", soft_wrap=True)
+    specs = [spec for spec in specs if not why_not_here(spec, gpus)]
     if html_out is not None and (html_out.is_dir() or not html_out.parent.is_dir()):
         raise UsageError(f"--html {html_out}: " + ("is a folder; name the page to write" if html_out.is_dir() else
                                                    f"no folder {html_out.parent} to write it in"))

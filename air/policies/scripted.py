@@ -133,16 +133,22 @@ SCRIPTS: dict[str, Script] = {
         ),
         expected_scores=(0.7365, 0.815, 0.815),
     ),
+    # GPU results are not bit-exact (cuDNN picks its kernels per run): no expected scores. Measured on one H200: the
+    # baseline 0.43, the improvement 0.91 (12 s of training).
     "gpu-cnn-speedrun": Script(
         turns=(
-            _bash("ls -la . data/ && nvidia-smi -L && head -20 train.py", "First, the files and the GPU."),
-            _bash("python train.py", "Train the baseline."),
+            _bash("ls -la . data/ && sed -n 1,10p data/shapes.py && python -c \"import torch; "
+                  "print('cuda', torch.cuda.is_available())\"", "First, the files and the GPU."),
+            _bash("python train.py", "Run the baseline."),
             VALIDATE_TURN,
-            _bash("python train.py --steps 4000 --budget 90 --width 64", "More steps and a wider net, same budget."),
+            _bash("sed -i 's/opt = torch.optim.SGD(net.parameters(), lr=args.lr)/opt = torch.optim.AdamW("
+                  "net.parameters(), lr=args.lr, weight_decay=5e-4); sched = torch.optim.lr_scheduler.OneCycleLR("
+                  "opt, args.lr, total_steps=args.steps)/; s/        opt.step()$/        opt.step(); sched.step()/' "
+                  "train.py && python train.py --steps 2000 --lr 0.003 --width 64 --depth 3 --batch 256",
+                  "Plain SGD learns slowly: AdamW with a one-cycle schedule, a wider and deeper net, larger batches."),
             VALIDATE_TURN,
             SUBMIT_TURN,
         ),
-        # No expected scores: cuDNN's kernels are not bit-exact from run to run.
     ),
 }
 

@@ -78,7 +78,7 @@ class ServiceConfig(EpisodeSettings):
     port: int = Field(8000, ge=0, le=65535)
     """TCP port."""
     tasks: list[str] = []
-    """Tasks of the items: bundled ids or mlgym:tasks/<name>.yaml; none = every bundled task."""
+    """Tasks of the items: bundled ids or mlgym:tasks/<name>.yaml; none = every bundled task this host can run."""
     mlgym_root: str | None = None
     """MLGym checkout for mlgym: tasks."""
     harbor_root: str | None = None
@@ -139,9 +139,9 @@ class ServedEpisodes:
 
     def load_items(self) -> None:
         """The task items (tasks x examples); UsageError for an unknown task."""
-        from air.tasks.registry import bundled_ids
+        from air.tasks.registry import bundled_here
 
-        self.items = task_items(self.config.tasks or bundled_ids(), self.config.examples_per_task,
+        self.items = task_items(self.config.tasks or bundled_here(), self.config.examples_per_task,
                                 self.config.mlgym_root, harbor_root=self.config.harbor_root,
                                 allow_failed_oracle=self.config.allow_failed_oracle)
         self.items += snapshot_items(self.config.snapshots, len(self.items))

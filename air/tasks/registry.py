@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from air.tasks.mlgym import load_mlgym_task
 from air.tasks.spec import TaskSpec
 from air.tasks.stacks import on_gpus
 
+log = logging.getLogger("air.tasks")
 MLGYM_PREFIX = "mlgym:"
 HARBOR_PREFIX = "harbor:"
 
@@ -53,6 +55,44 @@ def _load(ref: str, mlgym_root: Path | str | None, draw: Draw | None, harbor_roo
     return load_air_task(paths.tasks_dir() / ref, draw)
 
 
+def gpus_here() -> int:
+    """The GPUs this host has (nvidia-smi): what a task's `[resources] gpus` is weighed against."""
+    from air.sandbox.claims import detect_gpus
+
+    return len(detect_gpus())
+
+
+def why_not_here(spec: TaskSpec, gpus: int | None = None) -> str | None:
+    """The one reason `spec` cannot run on this host (`gpus`: its GPUs, default nvidia-smi's count), or None. A task
+    that asks for GPUs (a bundled GPU task, or an MLGym task scored on CUDA) needs them: air never runs it without."""
+    need = max(spec.resources.gpus, 1 if spec.needs.gpu_evaluation else 0)
+    if not need:
+        return None
+    have = gpus_here() if gpus is None else gpus
+    if have >= need:
+        return None
+    return "needs a GPU; this host has none" if not have else f"needs {need} GPUs; this host has {have}"
+
+
+def bundled_here(gpus: int | None = None) -> list[str]:
+    """The bundled tasks this host can run (a GPU task only where there are GPUs): what a run or service that names
+    no task plays. A task that does not load is kept, so that loading it says what is wrong."""
+    from air.errors import TaskError
+
+    gpus = gpus_here() if gpus is None else gpus
+    kept = []
+    for ref in bundled_ids():
+        try:
+            why = why_not_here(load_air_task(paths.tasks_dir() / ref, "reference"), gpus)
+        except TaskError:
+            why = None
+        if why:
+            log.info("task %s is left out: it %s", ref, why)
+        else:
+            kept.append(ref)
+    return kept
+
+
 def require_known(ref: str) -> None:
     """UsageError unless `ref` names a bundled task or has the MLGym or Harbor form (read at load time)."""
     if not ref.startswith((MLGYM_PREFIX, HARBOR_PREFIX)) and not (paths.tasks_dir() / ref / "task.toml").is_file():
@@ -75,4 +115,5 @@ def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None
     return specs
 
 
-__all__ = ["HARBOR_PREFIX", "MLGYM_PREFIX", "load_task", "load_all", "bundled_ids", "require_known"]
+__all__ = ["HARBOR_PREFIX", "MLGYM_PREFIX", "load_task", "load_all", "bundled_ids", "require_known",
+           "bundled_here", "gpus_here", "why_not_here"]
