@@ -38,6 +38,8 @@ RULES: list[tuple[str, str, str]] = [
     (r"^uv run ", NOT_RUN, "prime-rl on a GPU node; its configs are validated by tests/test_configs.py"),
     (r"^vf-eval ", NOT_RUN, "starts Docker rollouts for minutes; tests/test_vf_eval.py runs vf-eval on air for real"),
     (r"^ruff check \.$", RUN, "lint, cheap"),
+    (r"^python3 air/sandbox/gpus\.py cdi-spec ", NOT_RUN, "writes /etc/cdi on a GPU node, as root; "
+                                                          "tests/test_gpu.py checks the spec it writes"),
     (r"^air tasks show mlgym:tasks/titanic\.yaml", PARSE, "needs a real MLGym checkout "
                                                           "(tests/test_mlgym_bench.py, with AIR_MLGYM_CHECKOUT)"),
     (r"^air (tasks (list|show)|view|--version)\b", RUN, "no Docker needed"),
