@@ -176,3 +176,43 @@ def test_a_restore_of_some_places_leaves_the_others_and_writers_copy_the_same_fi
     assert "tmp/stale" in got and "tmp/t" not in got  # the skipped place: untouched
     restore(dst_fds, UID, data, quota, places=PLACES, skip=("home/agent",))
     assert _tree(dst) == _tree(src)
+
+
+def test_a_hostile_count_is_refused_before_anything_is_written(places):
+    """200,001 entries, the home and 200,000 empty files (issue #63: refused only after 92 s of unpacking them): the
+    headers are walked first, so the refusal comes before the first file is made; the benign twin of 200,000 entries
+    is walked and accepted."""
+    from air.sandbox.warden.snapshot import MAX_ENTRIES, scan
+
+    _, dst_fds, _, dst = places
+    home, _ = _member("home/agent", tarfile.DIRTYPE)
+    one, _ = _member(H + "f")
+    head = home.tobuf(tarfile.PAX_FORMAT)
+    entries = [one.replace(name=f"{H}f{i}").tobuf(tarfile.PAX_FORMAT) for i in range(MAX_ENTRIES)]
+    hostile = head + b"".join(entries) + bytes(2 * tarfile.BLOCKSIZE)
+    with pytest.raises(Refused, match="more than 200000 entries"):
+        restore(dst_fds, UID, hostile, {"home/agent": 1 << 20, "tmp": 1 << 20}, places=PLACES)
+    assert os.listdir(os.path.join(dst, "home/agent")) == []
+    benign = head + b"".join(entries[:-1]) + bytes(2 * tarfile.BLOCKSIZE)
+    assert scan(benign, PLACES) == MAX_ENTRIES  # the home and 199,999 files
+
+
+def test_a_place_owned_otherwise_than_in_a_fresh_sandbox_is_refused(places):
+    """A home of root's in the snapshot (0700: the agent locked out of it) where the fresh sandbox's home is the
+    agent's: refused, the home left as it was; the agent's own home, 0700, is restored (the agent may do that)."""
+    _, dst_fds, _, dst = places
+    agent = 4321
+    os.chown(os.path.join(dst, "home/agent"), agent, agent)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_member("home/agent", tarfile.DIRTYPE, uid=0, mode=0o700)[0])
+    with pytest.raises(Refused, match="/home/agent: owned by uid 0"):
+        restore(dst_fds, agent, out.getvalue(), {"home/agent": 1 << 20}, places=PLACES)
+    st = os.lstat(os.path.join(dst, "home/agent"))
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) != (0, 0o700)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_member("home/agent", tarfile.DIRTYPE, mode=0o700)[0])
+    restore(dst_fds, agent, out.getvalue(), {"home/agent": 1 << 20}, places=PLACES)
+    st = os.lstat(os.path.join(dst, "home/agent"))
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (agent, 0o700)

@@ -32,25 +32,28 @@ import base64
 import hashlib
 import hmac
 import io
-import json
 import os
+import re
 import secrets
 import stat
 import tarfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from air import variables
 from air.errors import SnapshotError
 from air.paths import cache_dir
 from air.sandbox.session import ShellSnapshot, StagedFiles
+from air.sandbox.warden.snapshot import FRESH_OWNERS, Refused, scan
 
-FORMAT = 1
-"""The file format's version: a file of another is refused, naming both."""
+FORMAT = 2
+"""The file format's version: a file of another is refused, naming both. 2: each score's own draw's baseline
+(format 1 kept none, so a branch of a task drawn per evaluation could not be paid what its parent would be)."""
 MANIFEST, FILES, SEAL = "air-snapshot.json", "files.tar", "seal"
 MANIFEST_LIMIT = 256 << 20
+_FORMAT_AT = re.compile(rb'\{"format":(\d{1,6}),')
 DEFAULT_MAX_BYTES = 1 << 30
 """The agent's files a snapshot may hold by default (a run can set its own cap)."""
 
@@ -70,6 +73,10 @@ class EpisodeState(BaseModel):
     step_evaluated: list[bool]
     scores: list[float]
     """Every validated primary score in order; the last is the score the next delta reward is taken against."""
+    score_baselines: list[float | None]
+    """Each score's own draw's baseline, which it was normalised against (a task drawn per evaluation scores the
+    baseline beside every validation, air.tasks.draws); None: the episode's (`Snapshot.reward_baseline`). A branch
+    normalises each score again against it, so it is paid exactly what its parent would be."""
     best_score: float | None
     paid: float
     """The reward tracker's total so far (the return of the prefix)."""
@@ -78,6 +85,12 @@ class EpisodeState(BaseModel):
     """The episode's time used so far (its time limit goes on from here)."""
     messages: list[dict[str, Any]]
     """The conversation so far (system, prompt, every reply and answer), for the policy's next request."""
+
+    @model_validator(mode="after")
+    def _one_baseline_a_score(self) -> EpisodeState:
+        if len(self.score_baselines) != len(self.scores):
+            raise ValueError("score_baselines must hold one baseline (or null) per score")
+        return self
 
     @property
     def reference_score(self) -> float | None:
@@ -89,7 +102,7 @@ class Snapshot(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    format: Literal[1] = FORMAT
+    format: Literal[2] = FORMAT
     task: str
     task_version: str | None = None
     task_hash: str
@@ -281,23 +294,26 @@ def loads(data: bytes, spec=None, *, key: bytes | None = None, max_bytes: int = 
     if set(parts) != set(limits):
         raise SnapshotError(f"{what} is not an air snapshot (it lacks {', '.join(sorted(set(limits) - set(parts)))})")
     manifest = parts[MANIFEST]
-    try:
-        head = json.loads(manifest)
-    except ValueError:
-        raise SnapshotError(f"{what}: its manifest is not JSON") from None
-    if not isinstance(head, dict) or head.get("format") != FORMAT:
-        found = head.get("format") if isinstance(head, dict) else None
-        raise SnapshotError(f"{what} is of format {found!r}; this air reads format {FORMAT}")
+    # The seal is checked before the manifest is parsed (a parser is attack surface: JSON nested 100,000 deep), on
+    # its bytes alone. Its format is read first from its fixed start (dumps writes `{"format":N,` first), so that
+    # a file of another version is named as one rather than as tampered with.
+    found = _FORMAT_AT.match(manifest[:32])
+    if found and int(found.group(1)) != FORMAT:
+        raise SnapshotError(f"{what} is of format {int(found.group(1))}; this air reads format {FORMAT}")
     if not hmac.compare_digest(parts[SEAL], _seal(manifest, key or snapshot_key())):
         raise SnapshotError(f"{what} was changed after it was written, or written on a host with another key "
                             "(its seal does not match; AIR_SNAPSHOT_KEY shares one between hosts): refused, so that "
                             "it cannot claim scores it did not get")
     try:
-        snap = Snapshot.model_validate(head)
+        snap = Snapshot.model_validate_json(manifest)
     except ValidationError as exc:
         raise SnapshotError(f"{what}: its manifest is invalid ({exc.errors()[0]['msg']})") from None
     if hashlib.sha256(parts[FILES]).hexdigest() != snap.files_sha256:
         raise SnapshotError(f"{what}: its files are not the ones it was sealed with")
+    try:  # what a restore would refuse, refused here, before any sandbox (the warden checks again as it writes)
+        scan(parts[FILES], max_bytes=max_bytes, owners=FRESH_OWNERS)
+    except Refused as exc:
+        raise SnapshotError(f"{what} is refused: {exc}") from None
     snap.files = parts[FILES]
     if spec is not None:
         check_task(snap, spec)

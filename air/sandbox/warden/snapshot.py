@@ -204,6 +204,101 @@ def _add_file(tar: _TarOut, dfd: int, name: str, path: str) -> None:
         os.close(fd)
 
 
+# ----- the archive's headers, checked before anything is written ------------------------------------------------------
+_NAMED = {b"1": "a hard link", b"3": "a device node", b"4": "a device node", b"6": "a FIFO", b"S": "a sparse file",
+          b"7": "a contiguous file"}
+
+
+FRESH_OWNERS = {"home/agent": CANONICAL_UID, "tmp": 0, "var/tmp": 0, "dev/shm": 0}
+"""Each place's owner in every sandbox, as a snapshot records it: the home the agent's, the temp dirs root's."""
+
+
+def scan(data, places: Tuple[str, ...] = PLACES, max_bytes: Optional[int] = None,
+         owners: Optional[Dict[str, int]] = None) -> int:
+    """Check a snapshot's archive by its 512-byte headers alone, before anything is unpacked (the contents are
+    skipped, never read), so that a hostile count or size is refused in the time of a walk over headers, not after
+    the unpacking it would cost: at most MAX_ENTRIES entries, only directories, regular files and symlinks, no
+    sparse member, no more than max_bytes of contents (given), and each place itself owned as `owners` says (given;
+    FRESH_OWNERS: a home of root's would lock the agent out of it). Refused naming what; returns the number of
+    entries. restore keeps every check of its own (names, owners, quotas) as it writes."""
+    view = data  # bytes or an mmap: a slice is a small copy, faster here than a memoryview's
+    size = len(view)
+    pos = count = total = 0
+    pax = None
+    block = tarfile.BLOCKSIZE
+    try:
+        while pos + block <= size:
+            kind = view[pos + 156:pos + 157]
+            field = view[pos + 124:pos + 136]
+            if kind == b"\0" and not field.strip(b"\0") and not view[pos:pos + 100].strip(b"\0"):
+                break  # the end-of-archive block
+            length = int(field.rstrip(b"\0 ") or b"0", 8)
+            at = pos
+            pos += block + length + (-length) % block
+            if kind == b"x":
+                if pax is not None or length > 1 << 16:
+                    raise Refused("the snapshot's archive is damaged (a PAX header over 64 KB, or two in a row)")
+                pax = view[at + block:at + block + length]
+                continue
+            count += 1
+            if count > MAX_ENTRIES:
+                raise Refused("the snapshot holds more than %d entries" % MAX_ENTRIES)
+            if kind in (b"0", b"\0"):
+                total += length
+                if max_bytes is not None and total > max_bytes:
+                    raise Refused("the snapshot's files are larger than the %d MB a snapshot may hold"
+                                  % (max_bytes >> 20))
+                if pax is not None and (b"GNU.sparse" in pax or b" size=" in pax):
+                    raise Refused("%s: a sparse file, or one whose size is not its header's"
+                                  % _shown(_name(view, at, pax)))
+            elif kind == b"5":
+                name = _name(view, at, pax).rstrip("/") if owners else ""
+                if name in places and _uid(view, at, pax) != owners.get(name):
+                    raise Refused("/%s: owned by uid %d in the snapshot, where every sandbox has it %s's (a "
+                                  "restore would lock the agent out of it)" % (_shown(name), _uid(view, at, pax),
+                                                                              "the agent" if owners.get(name)
+                                                                              else "root"))
+            elif kind != b"2":
+                raise Refused("%s: %s" % (_shown(_name(view, at, pax)),
+                                          _NAMED.get(kind, "not a file, directory or symlink")))
+            pax = None
+        if pos > size:
+            raise Refused("the snapshot's archive ends inside an entry")
+    except ValueError as exc:
+        raise Refused("the snapshot's archive is damaged (%s)" % str(exc)[:200]) from None
+    return count
+
+
+def _records(pax: Optional[bytes]) -> Dict[bytes, bytes]:
+    """A PAX header's records ("LEN key=value\n")."""
+    out: Dict[bytes, bytes] = {}
+    at = 0
+    while pax and at < len(pax) and pax[at:at + 1] != b"\0":
+        space = pax.index(b" ", at)
+        length = int(pax[at:space])
+        if length <= space - at:
+            raise ValueError("a PAX record that is not one")
+        key, _, value = pax[space + 1:at + length].rstrip(b"\n").partition(b"=")
+        out[key] = value
+        at += length
+    return out
+
+
+def _name(view, at: int, pax: Optional[bytes]) -> str:
+    name = _records(pax).get(b"path")
+    if name is None:
+        prefix = view[at + 345:at + 500].split(b"\0", 1)[0]
+        name = view[at:at + 100].split(b"\0", 1)[0]
+        name = prefix + b"/" + name if prefix else name
+    return name.decode("utf-8", "surrogateescape")
+
+
+def _uid(view, at: int, pax: Optional[bytes]) -> int:
+    given = _records(pax).get(b"uid")
+    return int(given if given is not None else view[at + 108:at + 116].rstrip(b"\0 ") or b"0", 8
+               if given is None else 10)
+
+
 # ----- restore --------------------------------------------------------------------------------------------------------
 def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
             places: Tuple[str, ...] = PLACES, skip: Tuple[str, ...] = (), writers=None) -> None:
@@ -217,6 +312,7 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
     left alone: it stays in the overlay's lower layer, as in the parent, where a rewrite would copy it up (another
     device, other inode flags: a difference the agent could see). Everything else is replaced, and what the snapshot
     does not have is removed. Files are written straight from the buffer (tarfile only reads the headers)."""
+    scan(data, places, max_bytes=sum(quota.values()))  # every count, kind and size refused before a byte is written
     view = memoryview(data)
     fileobj = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
     by_place = {place: fd for place, fd in zip(places, fds) if place not in skip}
@@ -242,6 +338,9 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
                 if not parts:  # the place itself: its metadata, set last
                     if not member.isdir() or place in opened:
                         raise Refused("%s: not a directory, or twice in the snapshot" % _shown(member.name))
+                    if owner != os.fstat(fd).st_uid:  # the agent cannot chown its home, nor root's temp dirs
+                        raise Refused("/%s: owned by uid %d in the snapshot, not by its owner in a fresh sandbox (a "
+                                      "restore would lock the agent out of it)" % (place, member.uid))
                     opened[place] = os.dup(fd)
                     names[opened[place]] = set()
                     settle.append((opened[place], member))
@@ -418,4 +517,4 @@ def _shown(name: str) -> str:
     return name.encode("utf-8", "surrogateescape")[:300].decode("utf-8", "replace")
 
 
-__all__ = ["CANONICAL_UID", "PLACES", "Refused", "capture", "open_places", "restore"]
+__all__ = ["CANONICAL_UID", "FRESH_OWNERS", "PLACES", "Refused", "capture", "open_places", "restore", "scan"]
