@@ -370,3 +370,29 @@ async def test_the_shared_home_is_held_once_by_the_maker_and_goes_with_the_last_
     after = _shmem(branches[0].sandbox)
     assert during[0] > 64 << 20 and max(during[1:]) < 16 << 20, during  # the 64 MB are the maker's alone
     assert during[0] - after > 60 << 20, (during, after)  # and gone with the last cell holding them
+
+
+SPARSE = "truncate -s 900M ~/sparse && truncate -s 900M /tmp/sparse && echo tail >> ~/sparse"
+LOOK_SPARSE = "stat -c '%s %b' ~/sparse /tmp/sparse && tail -c 5 ~/sparse"
+
+
+async def test_holes_cost_no_snapshot_and_no_branch_memory(pool):
+    """`truncate -s 900M` in the home and in /tmp (issue #63: 900 MB in the snapshot, 901 MB of memory in every
+    branch, /tmp's copied even where the home is shared): the snapshot holds a few blocks, and every branch, copied
+    or on a shared home, sees both files at their size with their data, and holds under 10 MB of memory for them."""
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sandbox:
+        parent, messages, snap = await _snapshot_after(env, sandbox, [_bash(SPARSE)])
+        seen = (await sandbox.session.run(LOOK_SPARSE)).stdout
+    assert len(snap.files) < 10 << 20, len(snap.files)
+    size = str(900 << 20)
+    for n in (1, 3):  # a copy, then three branches on one shared home
+        async with fork(env, snap, n) as branches:
+            assert [b.shared for b in branches] == [n >= 3] * n
+            for branch in branches:
+                got = (await branch.sandbox.session.run(LOOK_SPARSE)).stdout
+                assert got == seen and got.split()[0] == str(int(size) + 5) and got.split()[2] == size, (got, seen)
+            memory = [_shmem(b.sandbox) for b in branches]
+            if None in memory:
+                pytest.skip("the containers' memory cgroups are not on this machine")
+            assert max(memory) < 10 << 20, memory

@@ -216,3 +216,42 @@ def test_a_place_owned_otherwise_than_in_a_fresh_sandbox_is_refused(places):
     restore(dst_fds, agent, out.getvalue(), {"home/agent": 1 << 20}, places=PLACES)
     st = os.lstat(os.path.join(dst, "home/agent"))
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (agent, 0o700)
+
+
+def test_holes_stay_holes_from_capture_to_restore(places):
+    """`truncate -s 900M` costs the agent nothing, and so it costs the snapshot nothing and the restored copy no
+    memory (issue #63: 900 MB in the snapshot, 901 MB in every branch): the file keeps its apparent size, its data
+    where it had some, and its holes; a file without holes is stored as before (the control)."""
+    src_fds, dst_fds, src, dst = places
+    sparse = os.path.join(src, "home/agent/sparse")
+    with open(sparse, "wb") as f:
+        f.truncate(900 << 20)
+        f.seek(300 << 20)
+        f.write(b"middle")
+        f.seek((900 << 20) - 5)
+        f.write(b"tail!")
+    with open(os.path.join(src, "tmp/dense"), "wb") as f:
+        f.write(b"\0" * (1 << 20))
+    data = _capture(src_fds)
+    assert len(data) < (1 << 20) + (64 << 10), len(data)  # the dense MB of zeros, and a few blocks for the rest
+    restore(dst_fds, UID, data, {"home/agent": 1 << 30, "tmp": 1 << 30}, places=PLACES)
+    got = os.path.join(dst, "home/agent/sparse")
+    st = os.stat(got)
+    assert st.st_size == 900 << 20 and st.st_blocks * 512 < 1 << 20, (st.st_size, st.st_blocks)
+    with open(got, "rb") as f:
+        f.seek((300 << 20) - 2)
+        assert f.read(10) == b"\0\0middle\0\0"
+        f.seek((900 << 20) - 5)
+        assert f.read() == b"tail!"
+    assert os.stat(os.path.join(dst, "tmp/dense")).st_blocks * 512 >= 1 << 20  # no hole made where there was none
+    assert _tree(dst)["home/agent/sparse"][:5] == _tree(src)["home/agent/sparse"][:5]
+
+
+@pytest.mark.parametrize("map_text", [b"1\n0 10\n", b"2\n0 4096\n100 4096\n", b"99999999\n", b"1\n-5 5\n"])
+def test_a_sparse_map_that_is_not_one_is_refused(places, map_text):
+    _, dst_fds, _, _ = places
+    body = map_text + bytes(-len(map_text) % 512) + b"x" * 5
+    info, _ = _member(H + "s", data=body)
+    info.pax_headers = {"AIR.sparse": str(1 << 20)}
+    with pytest.raises(Refused, match="a sparse file whose map is not one"):
+        restore(dst_fds, UID, _archive((info, body)), {"home/agent": 1 << 20}, places=PLACES)

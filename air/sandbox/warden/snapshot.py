@@ -12,9 +12,11 @@ swap mid-walk (a symlink where a directory was, a FIFO where a file was) is ever
 
 Restoring is unpacking agent-controlled data (a snapshot file is the agent's files), so `restore` accepts directories,
 regular files and symlinks only, each under a place, each name a plain name, owned by root or the agent; setuid and
-setgid bits are dropped, sparse members, hard links and devices refused, and the total is bounded by what the places
-hold. It runs in a new cell before any agent process exists there (no race), after emptying the places: the result is
-exactly the snapshot's files. A symlink is restored as a link and never followed (an entry below one is refused).
+setgid bits are dropped, tar's sparse members, hard links and devices refused, and the total is bounded by what the
+places hold. A file's holes are kept (SPARSE: its data and a map, never the zeros), so a hole costs no snapshot and no
+branch anything. It runs in a new cell before any agent process exists there (no race), after emptying the places:
+the result is exactly the snapshot's files. A symlink is restored as a link and never followed (an entry below one
+is refused).
 """
 
 from __future__ import annotations
@@ -132,11 +134,7 @@ def capture(fds: List[Optional[int]], out: int, max_bytes: int, deadline: float,
                     info.linkname = os.readlink(name, dir_fd=dfd)
                     tar.add(info)
                 elif stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-                    if total > max_bytes:
-                        raise Refused("the agent's files are larger than the %d MB a snapshot may hold"
-                                      % (max_bytes >> 20))
-                    _add_file(tar, dfd, name, path)
+                    total += _add_file(tar, dfd, name, path, max_bytes - total)
                 else:
                     skipped.append(path)
         finally:
@@ -172,34 +170,146 @@ class _TarOut:
     def add(self, info: tarfile.TarInfo) -> None:
         self.write(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
 
-    def contents(self, src: int, size: int) -> None:
-        """Exactly size bytes of src, padded to a block: what a lost process appends meanwhile is cut, what it
-        truncates reads as zeros."""
+    def contents(self, src: int, size: int, start: int = 0, pad: bool = True) -> None:
+        """Exactly size bytes of src from start, padded to a block (pad): what a lost process appends meanwhile is
+        cut, what it truncates reads as zeros."""
         offset = 0
         while offset < size:
-            sent = os.sendfile(self.fd, src, offset, size - offset)
+            sent = os.sendfile(self.fd, src, start + offset, size - offset)
             if not sent:
                 break
             offset += sent
-        self.write(bytes(size - offset + (-size) % tarfile.BLOCKSIZE))
+        self.write(bytes(size - offset + ((-size) % tarfile.BLOCKSIZE if pad else 0)))
 
     def close(self) -> None:
         self.write(bytes(2 * tarfile.BLOCKSIZE))
 
 
-def _add_file(tar: _TarOut, dfd: int, name: str, path: str) -> None:
+def _add_file(tar: _TarOut, dfd: int, name: str, path: str, room: int) -> int:
+    """Add a regular file; returns the bytes it takes in the snapshot (its data, not its holes), Refused past room.
+    A file with holes keeps them: what it costs the agent (a `truncate -s 900M` costs nothing) is what it costs the
+    snapshot and every branch (SPARSE)."""
     try:
         fd = os.open(name, OPEN_FILE, dir_fd=dfd)
     except OSError:
-        return  # swapped for a link or a FIFO, or removed, by a lost process: it is not the agent's file now
+        return 0  # swapped for a link or a FIFO, or removed, by a lost process: it is not the agent's file now
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return
+            return 0
         info = _info(path, st, tarfile.REGTYPE)
-        info.size = st.st_size
+        segments = _segments(fd, st.st_size)
+        holes = sum(length for _, length in segments) < st.st_size
+        head = _sparse_map(segments) if holes else b""
+        info.size = len(head) + sum(length for _, length in segments) if holes else st.st_size
+        if info.size > room:
+            raise Refused("the agent's files are larger than the %d MB a snapshot may hold"
+                          % ((room + info.size) >> 20))
+        if not holes:
+            tar.add(info)
+            tar.contents(fd, st.st_size)
+            return info.size
+        info.pax_headers = dict(info.pax_headers, **{SPARSE: str(st.st_size)})
         tar.add(info)
-        tar.contents(fd, st.st_size)
+        tar.write(head)
+        for offset, length in segments:
+            tar.contents(fd, length, offset, pad=False)
+        tar.write(bytes(-info.size % tarfile.BLOCKSIZE))
+        return info.size
+    finally:
+        os.close(fd)
+
+
+SPARSE = "AIR.sparse"
+"""A PAX key of a member with holes: its apparent size. Its data is the map of what is not a hole (a line with the
+count, then `offset length` a line, padded to a block), then those bytes in order: restore makes the holes again."""
+MAX_SEGMENTS = 1 << 14
+"""Data segments a sparse member lists at most: a file more fragmented is listed in coarser segments (holes
+between them stored as zeros, charged as bytes)."""
+MAX_APPARENT = 1 << 40
+"""The apparent size restore makes a sparse file up to (a hole is free; a size beyond any the agent could make is
+refused)."""
+
+
+def _segments(fd: int, size: int) -> List[Tuple[int, int]]:
+    """(offset, length) of what is not a hole in a file of size bytes, at most MAX_SEGMENTS; [(0, size)] where the
+    filesystem cannot say."""
+    out: List[Tuple[int, int]] = []
+    at = 0
+    try:
+        while at < size:
+            try:
+                start = os.lseek(fd, at, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # only a hole from here on
+                    break
+                raise
+            if start >= size:
+                break
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            out.append((start, end - start))
+            at = end
+    except OSError:
+        return [(0, size)] if size else []
+    grain = 1 << 12
+    while len(out) > MAX_SEGMENTS:  # coarser: each segment widened to the grain, neighbours joined
+        grain <<= 1
+        merged: List[Tuple[int, int]] = []
+        for start, length in out:
+            lo, hi = start - start % grain, min(size, -(-(start + length) // grain) * grain)
+            if merged and lo <= merged[-1][0] + merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(hi, merged[-1][0] + merged[-1][1]) - merged[-1][0])
+            else:
+                merged.append((lo, hi - lo))
+        out = merged
+    return out
+
+
+def _sparse_map(segments: List[Tuple[int, int]]) -> bytes:
+    text = ("%d\n" % len(segments) + "".join("%d %d\n" % pair for pair in segments)).encode()
+    return text + bytes(-len(text) % tarfile.BLOCKSIZE)
+
+
+def _read_map(content: memoryview, size: int, apparent: str, shown: str) -> Tuple[int, List[Tuple[int, int]]]:
+    """(where the data starts in content, the segments) of a sparse member; Refused for a map that is not one."""
+    try:
+        real = int(apparent)
+        line = bytes(content[:32]).split(b"\n", 1)[0]
+        count = int(line)
+        if not 0 <= count <= MAX_SEGMENTS or not 0 <= real <= MAX_APPARENT:
+            raise ValueError
+        end = bytes(content[:min(len(content), 48 * (count + 1))]).split(b"\n", count + 1)
+        pairs = [tuple(int(x) for x in row.split(b" ")) for row in end[1:count + 1]]
+        start = len(b"\n".join(end[:count + 1])) + 1
+        start += -start % tarfile.BLOCKSIZE
+        at = 0
+        for offset, length in pairs:
+            if offset < at or length <= 0 or offset + length > real:
+                raise ValueError
+            at = offset + length
+        if start + sum(length for _, length in pairs) != size:
+            raise ValueError
+    except ValueError:
+        raise Refused("%s: a sparse file whose map is not one (its apparent size at most %d GB)"
+                      % (shown, MAX_APPARENT >> 30)) from None
+    return start, [(offset, length) for offset, length in pairs]
+
+
+def _fill_sparse(fd: int, member: tarfile.TarInfo, content: memoryview, owner: int) -> None:
+    """A new file with the holes it had: its apparent size, then each segment at its offset; the descriptor is
+    closed."""
+    try:
+        start, segments = _read_map(content, member.size, member.pax_headers[SPARSE], _shown(member.name))
+        os.ftruncate(fd, int(member.pax_headers[SPARSE]))
+        at = start
+        for offset, length in segments:
+            done = 0
+            while done < length:
+                done += os.pwrite(fd, content[at + done:at + min(length, done + (1 << 24))], offset + done)
+            at += length
+        os.fchown(fd, owner, owner)
+        os.fchmod(fd, _mode(member))
+        os.utime(fd, ns=_times(member))
     finally:
         os.close(fd)
 
@@ -386,12 +496,16 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
                     if end > len(view):
                         raise Refused("%s: the archive ends inside it" % _shown(member.name))
                     content = view[member.offset_data:end]
-                    if there is not None and stat.S_ISREG(there.st_mode) and _same(there, member, owner) and \
-                            there.st_size == member.size and _same_bytes(parent, leaf, content):
+                    sparse = SPARSE in member.pax_headers
+                    if not sparse and there is not None and stat.S_ISREG(there.st_mode) and \
+                            _same(there, member, owner) and there.st_size == member.size and \
+                            _same_bytes(parent, leaf, content):
                         continue
                     _replace(parent, leaf, there)
                     out = os.open(leaf, NEW_FILE, 0o600, dir_fd=parent)
-                    if writers is not None and member.size >= PARALLEL_BYTES:
+                    if sparse:
+                        _fill_sparse(out, member, content, owner)
+                    elif writers is not None and member.size >= PARALLEL_BYTES:
                         writing.append((writers.submit(_fill, out, member, content, owner), out))
                     else:
                         _fill(out, member, content, owner)
