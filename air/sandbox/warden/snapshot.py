@@ -134,7 +134,7 @@ def capture(fds: List[Optional[int]], out: int, max_bytes: int, deadline: float,
                     info.linkname = os.readlink(name, dir_fd=dfd)
                     tar.add(info)
                 elif stat.S_ISREG(st.st_mode):
-                    total += _add_file(tar, dfd, name, path, max_bytes - total)
+                    total += _add_file(tar, dfd, name, path, max_bytes - total, max_bytes)
                 else:
                     skipped.append(path)
         finally:
@@ -185,7 +185,7 @@ class _TarOut:
         self.write(bytes(2 * tarfile.BLOCKSIZE))
 
 
-def _add_file(tar: _TarOut, dfd: int, name: str, path: str, room: int) -> int:
+def _add_file(tar: _TarOut, dfd: int, name: str, path: str, room: int, limit: int) -> int:
     """Add a regular file; returns the bytes it takes in the snapshot (its data, not its holes), Refused past room.
     A file with holes keeps them: what it costs the agent (a `truncate -s 900M` costs nothing) is what it costs the
     snapshot and every branch (SPARSE)."""
@@ -203,8 +203,7 @@ def _add_file(tar: _TarOut, dfd: int, name: str, path: str, room: int) -> int:
         head = _sparse_map(segments) if holes else b""
         info.size = len(head) + sum(length for _, length in segments) if holes else st.st_size
         if info.size > room:
-            raise Refused("the agent's files are larger than the %d MB a snapshot may hold"
-                          % ((room + info.size) >> 20))
+            raise Refused("the agent's files are larger than the %d MB a snapshot may hold" % (limit >> 20))
         if not holes:
             tar.add(info)
             tar.contents(fd, st.st_size)
