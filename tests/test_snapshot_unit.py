@@ -255,3 +255,18 @@ def test_a_sparse_map_that_is_not_one_is_refused(places, map_text):
     info.pax_headers = {"AIR.sparse": str(1 << 20)}
     with pytest.raises(Refused, match="a sparse file whose map is not one"):
         restore(dst_fds, UID, _archive((info, body)), {"home/agent": 1 << 20}, places=PLACES)
+
+
+def test_access_times_are_restored_to_the_nanosecond(places):
+    """A branch reads its files' access times as the parent left them (they were their modification times)."""
+    src_fds, dst_fds, src, dst = places
+    path = os.path.join(src, "home/agent/read")
+    with open(path, "w") as f:
+        f.write("x")
+    os.makedirs(os.path.join(src, "tmp/d"))
+    os.utime(path, ns=(1_600_000_000_123_456_789, 1_700_000_000_000_000_001))
+    os.utime(os.path.join(src, "tmp/d"), ns=(1_650_000_000_000_000_007, 1_700_000_000_000_000_003))
+    restore(dst_fds, UID, _capture(src_fds), {"home/agent": 1 << 20, "tmp": 1 << 20}, places=PLACES)
+    for rel in ("home/agent/read", "tmp/d"):
+        was, now = os.lstat(os.path.join(src, rel)), os.lstat(os.path.join(dst, rel))
+        assert (now.st_atime_ns, now.st_mtime_ns) == (was.st_atime_ns, was.st_mtime_ns), rel

@@ -86,9 +86,18 @@ def open_places(enter, places: Tuple[str, ...] = PLACES) -> List[Optional[int]]:
 
 def _open_dir(path: str) -> Optional[int]:
     try:
-        return os.open(path, DIR_FLAGS)
+        return _unread(path)
     except OSError:
         return None
+
+
+def _unread(name: str, dir_fd: Optional[int] = None) -> int:
+    """A directory opened so that listing it moves no access time (O_NOATIME): a capture leaves the parent's times as
+    they were. Plainly where the caller may not (EPERM without CAP_FOWNER over it)."""
+    try:
+        return os.open(name, DIR_FLAGS | getattr(os, "O_NOATIME", 0), dir_fd=dir_fd)
+    except PermissionError:
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
 
 
 # ----- capture --------------------------------------------------------------------------------------------------------
@@ -124,7 +133,7 @@ def capture(fds: List[Optional[int]], out: int, max_bytes: int, deadline: float,
                     continue  # a lost process removed it meanwhile
                 if stat.S_ISDIR(st.st_mode):
                     try:
-                        child = os.open(name, DIR_FLAGS, dir_fd=dfd)
+                        child = _unread(name, dfd)
                     except OSError:
                         continue
                     tar.add(_info(path, os.fstat(child), tarfile.DIRTYPE))
@@ -151,7 +160,9 @@ def _info(path: str, st: os.stat_result, kind: bytes) -> tarfile.TarInfo:
     info.uid = info.gid = 0 if st.st_uid == 0 else CANONICAL_UID  # the agent's, or root's (a pristine file's)
     info.uname = info.gname = ""
     info.mtime = st.st_mtime_ns // 10**9
-    info.pax_headers = {"mtime": "%d.%09d" % divmod(st.st_mtime_ns, 10**9)}  # exact: a float loses nanoseconds
+    # Exact (a float loses nanoseconds); the access time too, which a branch would otherwise read as its mtime.
+    info.pax_headers = {"mtime": "%d.%09d" % divmod(st.st_mtime_ns, 10**9),
+                        "atime": "%d.%09d" % divmod(st.st_atime_ns, 10**9)}
     return info
 
 
@@ -603,15 +614,20 @@ def _mode(member: tarfile.TarInfo) -> int:
 
 
 def _times(member: tarfile.TarInfo) -> Tuple[int, int]:
-    """The entry's modification time in ns, exactly from its PAX record where it has one (as capture writes)."""
-    text = member.pax_headers.get("mtime", "")
+    """The entry's (access, modification) times in ns, exactly from its PAX records where it has them (as capture
+    writes); the access time is the modification time where it has none."""
+    mtime = _ns(member.pax_headers.get("mtime", ""))
+    if mtime is None:
+        mtime = int(member.mtime * 1e9) if member.mtime == member.mtime and abs(member.mtime) < 1e11 else 0
+    atime = _ns(member.pax_headers.get("atime", ""))
+    return (mtime if atime is None else atime), mtime
+
+
+def _ns(text: str) -> Optional[int]:
     whole, _, fraction = text.partition(".")
     if whole.lstrip("-").isdigit() and len(whole) < 12 and (fraction.isdigit() or not fraction):
-        ns = int(whole) * 10**9 + int((fraction + "0" * 9)[:9] or 0) * (-1 if whole.startswith("-") else 1)
-    else:
-        mtime = member.mtime
-        ns = int(mtime * 1e9) if mtime == mtime and abs(mtime) < 1e11 else 0
-    return ns, ns
+        return int(whole) * 10**9 + int((fraction + "0" * 9)[:9] or 0) * (-1 if whole.startswith("-") else 1)
+    return None
 
 
 def _fill(fd: int, member: tarfile.TarInfo, content: memoryview, owner: int) -> None:
