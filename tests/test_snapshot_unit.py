@@ -270,3 +270,16 @@ def test_access_times_are_restored_to_the_nanosecond(places):
     for rel in ("home/agent/read", "tmp/d"):
         was, now = os.lstat(os.path.join(src, rel)), os.lstat(os.path.join(dst, rel))
         assert (now.st_atime_ns, now.st_mtime_ns) == (was.st_atime_ns, was.st_mtime_ns), rel
+
+
+def test_a_name_that_reads_like_a_header_record_is_only_a_name(places):
+    """A file named `a size=1 GNU.sparse` is restored (its name is in its PAX path record, not a record of its
+    own); the same words as records of the member are refused."""
+    _, dst_fds, _, dst = places
+    name = H + "a size=1 GNU.sparse.map " + "x" * 90
+    restore(dst_fds, UID, _archive(_member(name, data=b"x")), {"home/agent": 1 << 20}, places=PLACES)
+    assert os.listdir(os.path.join(dst, "home/agent")) == [name.split("/")[-1]]
+    info, data = _member(H + "s", data=b"x")
+    info.pax_headers = {"GNU.sparse.size": "4096", "GNU.sparse.map": "0,1"}
+    with pytest.raises(Refused, match="a sparse file"):
+        restore(dst_fds, UID, _archive((info, data)), {"home/agent": 1 << 20}, places=PLACES)

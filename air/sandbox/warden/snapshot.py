@@ -368,7 +368,8 @@ def scan(data, places: Tuple[str, ...] = PLACES, max_bytes: Optional[int] = None
                 if max_bytes is not None and total > max_bytes:
                     raise Refused("the snapshot's files are larger than the %d MB a snapshot may hold"
                                   % (max_bytes >> 20))
-                if pax is not None and (b"GNU.sparse" in pax or b" size=" in pax):
+                if pax is not None and (b"GNU.sparse" in pax or b"size=" in pax) and \
+                        any(key == b"size" or key.startswith(b"GNU.sparse") for key in _records(pax)):
                     raise Refused("%s: a sparse file, or one whose size is not its header's"
                                   % _shown(_name(view, at, pax)))
             elif kind == b"5":
