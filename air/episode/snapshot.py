@@ -10,20 +10,21 @@ What a snapshot holds:
 - the agent's files: every place it can write that a command of the next turn could see (its home, /tmp, /var/tmp,
   /dev/shm), with modes, symlinks, empty directories, sizes and times (air/sandbox/warden/snapshot.py);
 - the shell: its cwd and exported variables (air/sandbox/session.py's ShellSnapshot says what is not kept);
-- the episode: the turn, the messages so far, every step's reward and score, the validated scores (the last is what
-  the next delta reward is taken against), the best, and the budget used (actions, format errors, validations,
-  seconds).
+- the episode: the turn, the messages so far, every step's reward and score, the validated scores with their own draws'
+  baselines (the last is what the next delta reward is taken against), the best, and the budget used (actions, format
+  errors, validations, seconds).
 It never holds hidden data or anything a scorer wrote: scoring runs in a scoring sandbox of its own, and no place of
-the agent's sandbox holds either. Processes: a snapshot is refused while any besides the shell runs, unless they
-may be lost (`lose_processes`: named in `lost`, not in any branch). Checkpointing processes (CRIU) is not offered:
-it needs CAP_SYS_ADMIN and ptrace over the agent's processes in the cell (whose seccomp filter and empty bounding
-set deny both, on purpose), and a process restored twice duplicates its random state (docs/snapshots.md).
+the agent's sandbox holds either. Processes: a snapshot is refused while any besides the shell runs, unless they may be
+lost (`lose_processes`: named in `lost`, not in any branch). Checkpointing processes (CRIU) is not offered: it needs
+CAP_SYS_ADMIN and ptrace over the agent's processes in the cell (whose seccomp filter and empty bounding set deny both,
+on purpose), and a process restored twice duplicates its random state (docs/snapshots.md).
 
 The file: an uncompressed tar of three members, `air-snapshot.json` (the manifest: everything but the files, with the
 files' SHA-256), `files.tar` (the agent's files) and `seal` (HMAC-SHA256 of the manifest under this host's key,
-`snapshot_key()`), so that a file edited by hand, or made on a host that does not share the key, cannot claim a score
-it did not get. Restoring is unpacking agent-controlled data: the warden refuses what a submission's unpack would
-(names outside the places, hard links, devices, setuid bits, sparse or oversized files; warden/snapshot.py).
+`snapshot_key()`, checked before the manifest is parsed), so that a file edited by hand, or made on a host that does
+not share the key, cannot claim a score it did not get. Restoring is unpacking agent-controlled data: the warden
+refuses what a submission's unpack would (names outside the places, hard links, devices, setuid bits, sparse or
+oversized files; warden/snapshot.py).
 """
 
 from __future__ import annotations
