@@ -28,6 +28,8 @@ th{background:#f1f3f8} .num{text-align:right;font-variant-numeric:tabular-nums}
 svg{background:#fff;border:1px solid #dde;max-width:100%;height:auto}
 .charts{display:flex;flex-direction:column;gap:.6rem}
 .legend{color:#5a6272;font-size:12.5px;max-width:60rem;margin:.2rem 0 1rem}
+.tree,.tree ul{list-style:none;margin:.2rem 0;padding-left:1.2rem;border-left:1px solid #ccd}
+.tree li{margin:.25rem 0} .rewards{font-variant-numeric:tabular-nums;color:#5a6272;font-size:12.5px}
 """
 
 
@@ -314,23 +316,76 @@ def render(recordings: list[Recording], title: str = "air rollouts") -> str:
 
 
 def _branches(recordings: list[Recording]) -> str:
-    """Episodes started from snapshots, as a tree under the episode and turn they branched from: one row per parent
-    and turn, its branches linked with their returns; the parent linked where it is among the inputs."""
+    """Episodes started from snapshots, as a tree from their shared prefix: under each episode that was forked, one
+    node per turn it was forked after, holding the prefix once (its turns and what they paid, where the parent is
+    among the inputs) and every branch below it, linked, with what each paid from where it diverged and its return
+    (the prefix's included); a branch that was forked itself holds its own branches the same way."""
     index = {rec.episode: i for i, rec in enumerate(recordings) if rec.episode}
-    forks: dict[tuple[str, int], list[int]] = defaultdict(list)
+    forks: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
     for i, rec in enumerate(recordings):
         if isinstance(rec.parent, dict) and rec.parent.get("episode"):
-            forks[(str(rec.parent["episode"]), rec.parent.get("turn", 0))].append(i)
+            turn = rec.parent.get("turn", 0)
+            forks[str(rec.parent["episode"])][turn if isinstance(turn, int) else 0].append(i)
     if not forks:
         return ""
-    rows = []
-    for (parent, turn), children in sorted(forks.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-        where = f'<a href="#r{index[parent]}">#{index[parent]}</a> ' if parent in index else ""
-        links = ", ".join(f'<a href="#r{i}">#{i}</a> {_return(recordings[i]):+.4f}' for i in children)
-        rows.append(f'<tr><td>{where}{_esc(parent)}</td><td class="num">{_esc(turn)}</td>'
-                    f'<td class="num">{len(children)}</td><td>{links}</td></tr>')
-    return ('<h3>Branches</h3><table><tr><th>parent episode</th><th>after turn</th><th>branches</th>'
-            f'<th>each branch and its return (the prefix\'s included)</th></tr>{"".join(rows)}</table>')
+    branched = {rec.episode for rec in recordings if isinstance(rec.parent, dict) and rec.parent.get("episode")}
+    roots = [parent for parent in sorted(forks) if parent not in branched or parent not in index]
+    seen: set[str] = set()
+
+    def node(episode: str) -> str:
+        if episode in seen:  # a file that names itself as its ancestor: shown once
+            return ""
+        seen.add(episode)
+        items = []
+        for turn, children in sorted(forks[episode].items()):
+            paid = _paid_until(recordings, index, episode, turn)
+            prefix = "" if paid is None else f' <span class="rewards">{_rewards(paid)}</span>'
+            rows = "".join(_branch(i, recordings[i], node(recordings[i].episode)
+                                   if recordings[i].episode in forks else "") for i in children)
+            items.append(f'<li>turns 1–{_esc(turn)}, shared by {len(children)} branch(es){prefix}<ul>{rows}</ul></li>')
+        return f'<ul>{"".join(items)}</ul>'
+
+    trees = []
+    for root in roots:
+        where = f'<a href="#r{index[root]}">#{index[root]}</a> ' if root in index else ""
+        trees.append(f"<li>{where}{_esc(root)}{'' if root in index else ' (not among the inputs)'}{node(root)}</li>")
+    return ('<h3>Branches</h3><p class="legend">Each forked episode, then the turns its branches share (their '
+            'prefix, shown once, with what each of its turns paid), then every branch from where it diverged: its '
+            'own turns, what each paid, and its return (the prefix\'s included).</p>'
+            f'<ul class="tree">{"".join(trees)}</ul>')
+
+
+def _paid_until(recordings: list[Recording], index: dict, episode: str, turn: int) -> list[float] | None:
+    """What turns 1..turn of `episode` paid, its ancestors' turns included (a branch's file holds its own alone);
+    None where an ancestor is not among the inputs."""
+    own: list[float] = []
+    seen: set[str] = set()
+    while episode not in seen:
+        seen.add(episode)
+        if episode not in index:
+            return None
+        rec = recordings[index[episode]]
+        own = [s.reward or 0.0 for s in rec.steps if s.turn <= turn] + own
+        parent = rec.parent if isinstance(rec.parent, dict) else {}
+        if not parent.get("episode"):
+            return own
+        episode, turn = str(parent["episode"]), parent.get("turn", 0) if isinstance(parent.get("turn"), int) else 0
+    return None
+
+
+def _branch(i: int, rec: Recording, below: str) -> str:
+    paid = _rewards([s.reward or 0.0 for s in rec.steps])
+    return (f'<li><a href="#r{i}">#{i}</a> {_esc(rec.episode or "")}: {_span(rec)} <span class="rewards">{paid}'
+            f'</span>, return {_return(rec):+.4f}{below}</li>')
+
+
+def _span(rec: Recording) -> str:
+    turns = [s.turn for s in rec.steps]
+    return f"turns {min(turns)}–{max(turns)}" if turns else "no turn"
+
+
+def _rewards(paid: list[float]) -> str:
+    return "[" + " ".join(f"{r:+.3f}" for r in paid) + "]"
 
 
 def _return(rec: Recording) -> float:

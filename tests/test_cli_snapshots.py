@@ -16,9 +16,9 @@ import pytest
 pytestmark = pytest.mark.docker
 
 
-def air(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+def air(*args: str, stdin: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "air.cli.main", *args], input=stdin, capture_output=True, text=True,
-                          timeout=900, check=False, env={**os.environ, "COLUMNS": "200"})
+                          timeout=900, check=False, env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
 def test_snapshots_written_by_eval_are_replayed_from_run_from_and_debugged_from(images, tmp_path):
@@ -165,3 +165,49 @@ def test_air_run_snapshots_the_turns_asked_for_and_says_where(images, tmp_path):
     assert "snapshots: 2 written" in proc.stderr
     proc = air("run", "--snapshot-at", "0")
     assert proc.returncode == 2 and "--snapshot-at takes" in proc.stderr
+
+
+def test_rollouts_from_a_snapshot_are_paid_as_the_parent_would_be_on_the_host_draw(images, tmp_path):
+    """Under the draw users get (AIR_HIDDEN_DRAW=host: prisoners-dilemma scores every validation on a draw of its own,
+    the baseline beside it), through the commands: `air eval --from` the snapshot after the story's turn 2 (the
+    baseline validated) goes on with the story, each step paid against the snapshot's score on its own draw, and its
+    return telescopes to its last normalised score; `air debug --from` it and validate the baseline again: paid 0,
+    as the parent is (issue #63: the snapshot's scores normalised against the episode's baseline offset both)."""
+    host = {"AIR_HIDDEN_DRAW": "host"}
+    run = tmp_path / "run"
+    proc = air("eval", "prisoners-dilemma", "-n", "1", "--out", str(run), "--snapshot-at", "2", "--json", env=host)
+    assert proc.returncode == 0, proc.stderr
+    snap = run / "prisoners-dilemma" / "rollout-000.snapshots" / "turn-002.airsnap"
+    parent = [json.loads(line) for line in (run / "prisoners-dilemma" / "rollout-000.jsonl").open()]
+    assert parent[0]["reward_baseline"]["source"] == "each evaluation's draw", parent[0]
+    branches = tmp_path / "branches"
+    proc = air("eval", "--from", str(snap), "-n", "1", "--out", str(branches), "--json", env=host)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in (branches / "prisoners-dilemma" / "rollout-000.jsonl").open()]
+    scored = [r for r in lines if r.get("type") == "step" and r.get("normalized") is not None]
+    assert len(scored) >= 2 and all(r["draw_baseline"] is not None for r in scored), scored
+    assert lines[-1]["total_reward"] == pytest.approx(scored[-1]["normalized"], abs=1e-12), (lines[-1], scored[-1])
+    proc = air("debug", "--from", str(snap), "--json", stdin="validate\n", env=host)
+    assert proc.returncode == 0, proc.stderr
+    (step,) = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert step["turn"] == 3 and step["reward"] == 0.0, step
+
+
+def test_a_snapshot_its_sandbox_refuses_ends_air_eval_from_with_exit_2(images, tmp_path):
+    """What only the sandbox's restore checks (every name): `air eval --from` ends with exit 2 and one line, as `air
+    debug --from` does, not with N failed rollouts (exit 1); the benign twin runs."""
+    from test_snapshot_refusals import CANONICAL_UID, KEY_HEX, _files, _snapshot
+
+    stray = __import__("tarfile").TarInfo("home/other")
+    stray.uid = CANONICAL_UID
+    for extra, code in ((stray, 2), (None, 0)):
+        path = tmp_path / f"s{code}.airsnap"
+        path.write_bytes(_snapshot(_files(*([extra] if extra else []))))
+        key = {"AIR_SNAPSHOT_KEY": KEY_HEX}
+        proc = air("eval", "--from", str(path), "-n", "2", "--max-turns", "2", "--out", str(tmp_path / f"r{code}"),
+                   "--json", env=key)
+        assert proc.returncode == code, proc.stderr[-2000:]
+        if code:
+            assert "outside the places" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        proc = air("debug", "--from", str(path), "--json", stdin="ls\n", env=key)
+        assert proc.returncode == code, proc.stderr[-2000:]

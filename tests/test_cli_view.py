@@ -176,3 +176,43 @@ def test_turn_ticks_are_integers_that_do_not_crowd(turns):
     assert len(ticks) >= min(turns, 5)
     if turns <= 12:
         assert ticks == list(range(1, turns + 1))
+
+
+def _episode(path: Path, episode: str, turns: range, rewards: list[float], parent: dict | None = None,
+             before: float = 0.0) -> None:
+    """An episode's file as air writes it: its start (naming its parent where it is a branch), its steps, its end."""
+    start = {"type": "start", "task": "prisoners-dilemma", "task_hash": "abc", "episode": episode,
+             "baseline": {"Score": 2.6122}, "primary": {"name": "Score", "direction": "higher"},
+             **({"parent": parent} if parent else {})}
+    steps = [{"type": "step", "turn": t, "reply": f"reply {t}", "reward": r, "action": {"kind": "command"},
+              "observation": "ok", "exit_code": 0} for t, r in zip(turns, rewards)]
+    end = {"type": "end", "ended_by": "submitted", "total_reward": before + sum(rewards)}  # the prefix's too
+    path.write_text("".join(json.dumps(r) + "\n" for r in [start, *steps, end]))
+
+
+def test_branches_are_a_tree_from_their_shared_prefix(tmp_path):
+    """A GRPO-like group: a parent of 4 turns forked after turn 2 into two branches, one of which was forked again
+    after its turn 3. The report shows the parent once, the prefix its branches share once (turns 1-2 and what they
+    paid), each branch from where it diverged (its turns, what each paid, its return), and the second fork nested
+    under the branch it came from."""
+    run = tmp_path / "run"
+    run.mkdir()
+    _episode(run / "parent.jsonl", "p0", range(1, 5), [0.0, 0.25, 0.0, -0.5])
+    _episode(run / "b1.jsonl", "b1", range(3, 5), [0.0, 0.5], {"episode": "p0", "turn": 2}, before=0.25)
+    _episode(run / "b2.jsonl", "b2", range(3, 4), [-0.125], {"episode": "p0", "turn": 2}, before=0.25)
+    _episode(run / "c1.jsonl", "c1", range(4, 6), [0.75, 0.0], {"episode": "b1", "turn": 3}, before=0.25)
+    report = tmp_path / "report.html"
+    proc = air("view", str(run), "-o", str(report))
+    assert proc.returncode == 0, proc.stderr
+    tree = report.read_text().split("<h3>Branches</h3>")[1].split('<section class="rollout"')[0]
+    text = re.sub(r"<[^>]+>", "|", tree)
+    text = re.sub(r"\|+", "|", text)
+    assert text.count("p0") == 1 and text.count("turns 1–2, shared by 2 branch(es)") == 1, text
+    assert "[+0.000 +0.250]" in text  # the prefix, once
+    assert re.search(r"b1: turns 3–4 \|\[\+0\.000 \+0\.500\]\|, return \+0\.7500", text), text
+    assert re.search(r"b2: turns 3–3 \|\[-0\.125\]\|, return \+0\.1250", text), text
+    # The second fork, under the branch it came from, after that branch's turn 3: its prefix is p0's turns 1-2 and
+    # b1's turn 3.
+    nested = re.sub(r"\|+", "|", re.sub(r"<[^>]+>", "|", tree.split("b1: turns 3–4")[1].split("b2:")[0]))
+    assert "turns 1–3, shared by 1 branch(es) |[+0.000 +0.250 +0.000]" in nested, nested
+    assert re.search(r"c1: turns 4–5 \|\[\+0\.750 \+0\.000\]\|, return \+1\.0000", nested), nested

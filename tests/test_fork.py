@@ -25,6 +25,15 @@ pytestmark = pytest.mark.docker
 KEY = b"k" * 32
 
 
+@pytest.fixture(autouse=True, params=["reference", "host"])
+def draw(request, monkeypatch) -> str:
+    """Every test under both draws of hidden data: the suite's pinned reference draw (tests/conftest.py) and the
+    host's, which users get (where a task drawn per evaluation scores every validation on a draw of its own, the
+    baseline beside it: the rewards of a fork are exact only if each score keeps its own draw's baseline)."""
+    monkeypatch.setenv("AIR_HIDDEN_DRAW", request.param)
+    return request.param
+
+
 def _messages(episode: Episode) -> list[dict]:
     return [{"role": "system", "content": episode.system_prompt}, {"role": "user", "content": episode.prompt}]
 
@@ -85,43 +94,80 @@ async def test_a_fork_at_turn_k_of_every_bundled_task_gives_branches_that_diverg
         assert (await sandbox.session.run("test -e b.txt")).exit_code == 1  # the parent saw neither branch
 
 
-async def test_each_branch_takes_its_next_delta_against_the_snapshots_score_and_returns_telescope(pool, tmp_path):
-    """prisoners-dilemma's story: the baseline validated (2.61222), then defecting validated (2.0704), snapshot at
-    turn 4. One branch validates at once (its delta is 0: the snapshot's score again), the other plays tit-for-tat
-    (2.674): its delta is taken against 2.0704, not against the baseline."""
+async def test_each_branch_takes_its_next_delta_against_the_snapshots_score_and_returns_telescope(pool, tmp_path,
+                                                                                                 draw):
+    """prisoners-dilemma's story: the baseline validated (2.61222 on the record's draw), then defecting validated
+    (2.0704), snapshot at turn 4. One branch validates at once (on the record's draw its delta is 0: the snapshot's
+    score again), the other plays tit-for-tat (2.674): its delta is taken against the snapshot's score, each normalised
+    against its own draw's baseline (on the host's draw every validation is scored on a draw of its own)."""
+    from air.episode.trajectory import TrajectoryWriter
+
     spec = load_task("prisoners-dilemma")
     env = TaskEnvironment(spec, pool)
     story = SCRIPTS["prisoners-dilemma"]
     async with env.lease() as sandbox:
-        writer_path = tmp_path / "parent.jsonl"
-        from air.episode.trajectory import TrajectoryWriter
-
-        with TrajectoryWriter(writer_path) as writer:
+        with TrajectoryWriter(tmp_path / "parent.jsonl") as writer:
             parent = Episode(env, sandbox, EpisodeConfig(max_turns=20), writer)
             messages = _messages(parent)
             await _play(parent, messages, story.replies[:4])
             snap = await take(parent, messages)
-    assert snap.state.scores == pytest.approx([2.61222, 2.0704]) and snap.turn == 4
-    norm = parent.tracker._normalize
+    assert snap.turn == 4 and len(snap.state.scores) == 2
+    if draw == "reference":
+        assert snap.state.scores == pytest.approx([2.61222, 2.0704]) and snap.state.score_baselines == [None, None]
+    else:  # each validation's own draw: the baseline's score on it is the first's
+        assert snap.state.score_baselines[0] == snap.state.scores[0] and None not in snap.state.score_baselines
+    normalizer = parent.tracker._normalize
+
+    def norm(score: float, baseline: float | None) -> float:
+        return normalizer(score) if baseline is None else normalizer.model_copy(update={"baseline": baseline})(score)
+
+    last = norm(snap.state.scores[-1], snap.state.score_baselines[-1])
     save(snap, tmp_path / "turn4.airsnap", key=KEY)
     snap = load(tmp_path / "turn4.airsnap", spec, key=KEY)
-    from air.episode.trajectory import TrajectoryWriter
-
     writers = [TrajectoryWriter(tmp_path / f"branch{i}.jsonl") for i in range(2)]
     async with fork(env, snap, 2, writers=writers) as (same, better):
         (again,) = await _play(same.episode, same.messages, [VALIDATE])
         await _play(better.episode, better.messages, story.replies[5:7])  # tit-for-tat, then validate
-        assert again.reward == pytest.approx(0.0, abs=1e-9)
-        assert better.episode.step_rewards[-1] == pytest.approx(norm(2.674) - norm(2.0704))
-        for branch in (same, better):  # the return telescopes over prefix and branch alike
-            assert branch.episode.total_reward == pytest.approx(norm(branch.episode.tracker.last_score))
+        for branch in (same, better):  # paid against the snapshot's score on its own draw, as the parent would be
+            tracker = branch.episode.tracker
+            assert branch.episode.step_rewards[-1] == norm(tracker.history[-1], tracker.baselines[-1]) - last
+            # The return telescopes over prefix and branch alike.
+            assert branch.episode.total_reward == pytest.approx(tracker.last_normalized, abs=1e-12)
             assert sum(branch.episode.step_rewards[:4]) == pytest.approx(snap.state.paid)
+        if draw == "reference":
+            assert again.reward == 0.0
+            assert better.episode.step_rewards[-1] == pytest.approx(norm(2.674, None) - norm(2.0704, None))
     for w in writers:
         w.close()
     start = json.loads((tmp_path / "branch1.jsonl").read_text().splitlines()[0])
     assert start["parent"] == {"episode": snap.episode, "turn": 4}
     steps = [json.loads(line) for line in (tmp_path / "branch1.jsonl").read_text().splitlines()[1:]]
     assert [s["turn"] for s in steps if s.get("type") == "step"] == [5, 6]
+
+
+BLOTTO_EVEN = _bash("cp strategy.py baseline.py && printf 'def row_strategy(history):\\n    return [20] * 6\\n' "
+                    "> strategy.py")
+
+
+async def test_a_branch_validating_the_baseline_is_paid_what_its_parent_is_on_every_draw(pool, draw):
+    """colonel-blotto (issue #63): the parent validates an even split, then puts the baseline back; snapshot. The
+    parent and each branch then validate the baseline: each is paid exactly the same (minus the even split's
+    normalised score: the baseline's is 0 on every draw) and each return is the baseline's, 0. Scores normalised
+    against the episode's baseline instead of their own draw's paid a branch the difference of the two baselines
+    (+1.308 in the issue)."""
+    env = TaskEnvironment(load_task("colonel-blotto"), pool)
+    async with env.lease() as sandbox:
+        parent, messages, snap = await _snapshot_after(env, sandbox, [BLOTTO_EVEN, VALIDATE,
+                                                                      _bash("mv baseline.py strategy.py")])
+        even = parent.step_rewards[1]  # the even split's normalised score on its draw
+        assert snap.state.validations == 1 and parent.tracker.last_normalized == even, parent.step_rewards
+        async with fork(env, snap, 2) as branches:
+            paid = [(await _play(b.episode, b.messages, [VALIDATE]))[0].reward for b in branches]
+            returns = [b.episode.total_reward for b in branches]
+        (own,) = await _play(parent, messages, [VALIDATE])
+    assert paid == [own.reward] * 2 and own.reward == -even, (paid, own.reward, even)
+    assert returns == [parent.total_reward] * 2, (returns, parent.total_reward)
+    assert parent.total_reward == pytest.approx(0.0, abs=1e-12)
 
 
 async def test_a_snapshot_holds_no_hidden_data_and_a_tampered_or_foreign_file_is_refused(pool, tmp_path):
@@ -237,20 +283,21 @@ async def test_a_served_episode_resets_from_a_snapshot_item(pool, tmp_path):
     spec = load_task("prisoners-dilemma")
     env = TaskEnvironment(spec, pool)
     async with env.lease() as sandbox:
-        episode, messages, snap = await _snapshot_after(env, sandbox, SCRIPTS["prisoners-dilemma"].replies[:4])
-    save(snap, tmp_path / "turn4.airsnap")  # sealed with this host's key, as the server loads it
-    core = ServedEpisodes(ServiceConfig(tasks=["prisoners-dilemma"], snapshots=[str(tmp_path / "turn4.airsnap")]),
+        # The story's first two turns: the baseline validated, whose reward is 0 again on every draw.
+        episode, messages, snap = await _snapshot_after(env, sandbox, SCRIPTS["prisoners-dilemma"].replies[:2])
+    save(snap, tmp_path / "turn2.airsnap")  # sealed with this host's key, as the server loads it
+    core = ServedEpisodes(ServiceConfig(tasks=["prisoners-dilemma"], snapshots=[str(tmp_path / "turn2.airsnap")]),
                           pool=pool)
     await core.start()
     try:
         item = core.items[-1]
-        assert item.index == 1 and item.item_id == f"prisoners-dilemma#from-{snap.episode}-turn-4"
+        assert item.index == 1 and item.item_id == f"prisoners-dilemma#from-{snap.episode}-turn-2"
         assert item.next_message() == messages[-1]["content"]
         live = await core.open(item, {})
-        assert live.episode.turns == 4 and live.episode.start_record.parent["turn"] == 4
+        assert live.episode.turns == 2 and live.episode.start_record.parent["turn"] == 2
         live, result = await core.step(live, VALIDATE)
-        assert result.reward == pytest.approx(0.0, abs=1e-9) and live.episode.turns == 5
-        assert live.episode.total_reward == pytest.approx(snap.state.paid)
+        assert result.reward == 0.0 and live.episode.turns == 3
+        assert live.episode.total_reward == snap.state.paid
     finally:
         await core.close()
 
@@ -324,3 +371,29 @@ async def test_the_shared_home_is_held_once_by_the_maker_and_goes_with_the_last_
     after = _shmem(branches[0].sandbox)
     assert during[0] > 64 << 20 and max(during[1:]) < 16 << 20, during  # the 64 MB are the maker's alone
     assert during[0] - after > 60 << 20, (during, after)  # and gone with the last cell holding them
+
+
+SPARSE = "truncate -s 900M ~/sparse && truncate -s 900M /tmp/sparse && echo tail >> ~/sparse"
+LOOK_SPARSE = "stat -c '%s %b' ~/sparse /tmp/sparse && tail -c 5 ~/sparse"
+
+
+async def test_holes_cost_no_snapshot_and_no_branch_memory(pool):
+    """`truncate -s 900M` in the home and in /tmp (issue #63: 900 MB in the snapshot, 901 MB of memory in every
+    branch, /tmp's copied even where the home is shared): the snapshot holds a few blocks, and every branch, copied
+    or on a shared home, sees both files at their size with their data, and holds under 10 MB of memory for them."""
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sandbox:
+        parent, messages, snap = await _snapshot_after(env, sandbox, [_bash(SPARSE)])
+        seen = (await sandbox.session.run(LOOK_SPARSE)).stdout
+    assert len(snap.files) < 10 << 20, len(snap.files)
+    size = str(900 << 20)
+    for n in (1, 3):  # a copy, then three branches on one shared home
+        async with fork(env, snap, n) as branches:
+            assert [b.shared for b in branches] == [n >= 3] * n
+            for branch in branches:
+                got = (await branch.sandbox.session.run(LOOK_SPARSE)).stdout
+                assert got == seen and got.split()[0] == str(int(size) + 5) and got.split()[2] == size, (got, seen)
+            memory = [_shmem(b.sandbox) for b in branches]
+            if None in memory:
+                pytest.skip("the containers' memory cgroups are not on this machine")
+            assert max(memory) < 10 << 20, memory

@@ -10,6 +10,14 @@ DELTA = RewardConfig()
 BEST = RewardConfig(mode="best")
 
 
+@pytest.fixture(autouse=True, params=["reference", "host"])
+def draw(request, monkeypatch) -> str:
+    """Every test under both draws of hidden data: the suite's pinned reference draw (tests/conftest.py) and the
+    host's, which users get (where a task drawn per evaluation scores every validation on a draw of its own)."""
+    monkeypatch.setenv("AIR_HIDDEN_DRAW", request.param)
+    return request.param
+
+
 def run(tracker: RewardTracker, scores: list[float | None]) -> list[float]:
     return [tracker.on_failed_validation() if s is None else tracker.on_validation(s) for s in scores]
 
@@ -307,3 +315,62 @@ def test_results_on_hidden_data_come_on_the_coarse_clocks_ticks():
     assert all(b / a == pytest.approx(1.5) for a, b in zip(ticks, ticks[1:]))
     assert all(d / 100 <= release_time(d / 100) <= max(1.0, 1.5 * d / 100) for d in range(1, 30000))
     assert release_time(7.3, ratio=1.0) == 7.3
+
+
+# --- resuming (a snapshot's branch, air.episode.snapshot) ------------------------------------------------------
+
+
+def _draws(rng: random.Random, baseline: float, n: int) -> list[tuple[float | None, float | None]]:
+    """n validations of a task drawn per evaluation: each (score, its draw's baseline), None a failed one."""
+    out: list[tuple[float | None, float | None]] = []
+    for _ in range(n):
+        own = baseline + rng.uniform(-0.3, 0.3) * abs(baseline)
+        out.append((None, None) if rng.random() < 0.2 else (own + rng.uniform(-1, 1) * abs(baseline), own))
+    return out
+
+
+def _play(tracker: RewardTracker, steps) -> list[float]:
+    return [tracker.on_failed_validation() if s is None else tracker.on_validation(s, b) for s, b in steps]
+
+
+@pytest.mark.parametrize("config", [DELTA, BEST, RewardConfig(clip=0.3)])
+@pytest.mark.parametrize("per_draw", [True, False])
+def test_a_resumed_tracker_is_paid_exactly_what_the_uninterrupted_one_is(config: RewardConfig, per_draw: bool):
+    """Cut anywhere (a snapshot), a tracker resumed from the cut's scores, their own draws' baselines and the return
+    so far pays every later step exactly (==, not approximately) what the tracker that went on pays: a branch is
+    paid what its parent would be. Each score was normalised against its own draw's baseline; normalised again
+    against the episode's, a re-validation of the baseline was paid the difference of the two baselines."""
+    rng = random.Random(5)
+    for _ in range(60):
+        baseline = rng.choice([0.0373, 2.61222, -0.25, 130.0])
+        steps = _draws(rng, baseline, rng.randrange(1, 12))
+        if not per_draw:  # a task scored against the episode's baseline alone
+            steps = [(s, None) for s, _ in steps]
+        cut = rng.randrange(len(steps) + 1)
+        parent = RewardTracker(config, baseline, "higher")
+        _play(parent, steps[:cut])
+        branch = RewardTracker(config, baseline, "higher")
+        branch.resume(list(parent.history), list(parent.baselines), parent.total_reward)
+        assert (branch.last_normalized, branch.best_normalized, branch.best_score) == \
+            (parent.last_normalized, parent.best_normalized, parent.best_score)
+        assert _play(branch, steps[cut:]) == _play(parent, steps[cut:])
+        assert branch.total_reward == parent.total_reward
+
+
+def test_a_branch_that_validates_the_baseline_again_is_paid_what_its_parent_is():
+    """colonel-blotto's case (issue #63): the baseline scored 0.0201 on the draw of the parent's last validation and
+    the submission 0.0201 too (it is the baseline); on the branch's draw both score 0.0312. Each is paid 0."""
+    parent = RewardTracker(DELTA, 0.0373, "higher")
+    assert parent.on_validation(0.0201, 0.0201) == 0.0
+    branch = RewardTracker(DELTA, 0.0373, "higher")
+    branch.resume(list(parent.history), list(parent.baselines), parent.total_reward)
+    assert branch.on_validation(0.0312, 0.0312) == 0.0 == parent.on_validation(0.0312, 0.0312)
+    assert branch.total_reward == parent.total_reward == 0.0
+
+
+def test_a_resume_refuses_what_no_tracker_could_have_recorded():
+    tracker = RewardTracker(DELTA, 1.0, "higher")
+    for scores, baselines, paid in (([1.0], [], 0.0), ([math.nan], [None], 0.0), ([1.0], [math.inf], 0.0),
+                                    ([1.0], [None], math.nan)):
+        with pytest.raises(ValueError):
+            tracker.resume(scores, baselines, paid)

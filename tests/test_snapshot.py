@@ -110,7 +110,8 @@ HOSTILE = {
     "a name with ..": ([_entry(W + "../../../etc/evil", data=b"x")], [_entry(W + "evil", data=b"x")],
                        "not a plain path"),
     "a place the snapshot does not hold": (
-        [_entry("srv/air/x", data=b"x")], [_entry("tmp", tarfile.DIRTYPE, mode=0o1777), _entry("tmp/x", data=b"x")],
+        [_entry("srv/air/x", data=b"x")],
+        [_entry("tmp", tarfile.DIRTYPE, mode=0o1777, uid=0), _entry("tmp/x", data=b"x")],  # /tmp is root's
         "outside the places"),
     "a hard link": ([_entry(W + "a", data=b"x"), _entry(W + "b", tarfile.LNKTYPE, linkname=W + "a")],
                     [_entry(W + "a", data=b"x"), _entry(W + "b", data=b"x")], "a hard link"),

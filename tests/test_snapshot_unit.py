@@ -176,3 +176,110 @@ def test_a_restore_of_some_places_leaves_the_others_and_writers_copy_the_same_fi
     assert "tmp/stale" in got and "tmp/t" not in got  # the skipped place: untouched
     restore(dst_fds, UID, data, quota, places=PLACES, skip=("home/agent",))
     assert _tree(dst) == _tree(src)
+
+
+def test_a_hostile_count_is_refused_before_anything_is_written(places):
+    """200,001 entries, the home and 200,000 empty files (issue #63: refused only after 92 s of unpacking them): the
+    headers are walked first, so the refusal comes before the first file is made; the benign twin of 200,000 entries
+    is walked and accepted."""
+    from air.sandbox.warden.snapshot import MAX_ENTRIES, scan
+
+    _, dst_fds, _, dst = places
+    home, _ = _member("home/agent", tarfile.DIRTYPE)
+    one, _ = _member(H + "f")
+    head = home.tobuf(tarfile.PAX_FORMAT)
+    entries = [one.replace(name=f"{H}f{i}").tobuf(tarfile.PAX_FORMAT) for i in range(MAX_ENTRIES)]
+    hostile = head + b"".join(entries) + bytes(2 * tarfile.BLOCKSIZE)
+    with pytest.raises(Refused, match="more than 200000 entries"):
+        restore(dst_fds, UID, hostile, {"home/agent": 1 << 20, "tmp": 1 << 20}, places=PLACES)
+    assert os.listdir(os.path.join(dst, "home/agent")) == []
+    benign = head + b"".join(entries[:-1]) + bytes(2 * tarfile.BLOCKSIZE)
+    assert scan(benign, PLACES) == MAX_ENTRIES  # the home and 199,999 files
+
+
+def test_a_place_owned_otherwise_than_in_a_fresh_sandbox_is_refused(places):
+    """A home of root's in the snapshot (0700: the agent locked out of it) where the fresh sandbox's home is the
+    agent's: refused, the home left as it was; the agent's own home, 0700, is restored (the agent may do that)."""
+    _, dst_fds, _, dst = places
+    agent = 4321
+    os.chown(os.path.join(dst, "home/agent"), agent, agent)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_member("home/agent", tarfile.DIRTYPE, uid=0, mode=0o700)[0])
+    with pytest.raises(Refused, match="/home/agent: owned by uid 0"):
+        restore(dst_fds, agent, out.getvalue(), {"home/agent": 1 << 20}, places=PLACES)
+    st = os.lstat(os.path.join(dst, "home/agent"))
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) != (0, 0o700)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_member("home/agent", tarfile.DIRTYPE, mode=0o700)[0])
+    restore(dst_fds, agent, out.getvalue(), {"home/agent": 1 << 20}, places=PLACES)
+    st = os.lstat(os.path.join(dst, "home/agent"))
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (agent, 0o700)
+
+
+def test_holes_stay_holes_from_capture_to_restore(places):
+    """`truncate -s 900M` costs the agent nothing, and so it costs the snapshot nothing and the restored copy no
+    memory (issue #63: 900 MB in the snapshot, 901 MB in every branch): the file keeps its apparent size, its data
+    where it had some, and its holes; a file without holes is stored as before (the control)."""
+    src_fds, dst_fds, src, dst = places
+    sparse = os.path.join(src, "home/agent/sparse")
+    with open(sparse, "wb") as f:
+        f.truncate(900 << 20)
+        f.seek(300 << 20)
+        f.write(b"middle")
+        f.seek((900 << 20) - 5)
+        f.write(b"tail!")
+    with open(os.path.join(src, "tmp/dense"), "wb") as f:
+        f.write(b"\0" * (1 << 20))
+    data = _capture(src_fds)
+    assert len(data) < (1 << 20) + (64 << 10), len(data)  # the dense MB of zeros, and a few blocks for the rest
+    restore(dst_fds, UID, data, {"home/agent": 1 << 30, "tmp": 1 << 30}, places=PLACES)
+    got = os.path.join(dst, "home/agent/sparse")
+    st = os.stat(got)
+    assert st.st_size == 900 << 20 and st.st_blocks * 512 < 1 << 20, (st.st_size, st.st_blocks)
+    with open(got, "rb") as f:
+        f.seek((300 << 20) - 2)
+        assert f.read(10) == b"\0\0middle\0\0"
+        f.seek((900 << 20) - 5)
+        assert f.read() == b"tail!"
+    assert os.stat(os.path.join(dst, "tmp/dense")).st_blocks * 512 >= 1 << 20  # no hole made where there was none
+    assert _tree(dst)["home/agent/sparse"][:5] == _tree(src)["home/agent/sparse"][:5]
+
+
+@pytest.mark.parametrize("map_text", [b"1\n0 10\n", b"2\n0 4096\n100 4096\n", b"99999999\n", b"1\n-5 5\n"])
+def test_a_sparse_map_that_is_not_one_is_refused(places, map_text):
+    _, dst_fds, _, _ = places
+    body = map_text + bytes(-len(map_text) % 512) + b"x" * 5
+    info, _ = _member(H + "s", data=body)
+    info.pax_headers = {"AIR.sparse": str(1 << 20)}
+    with pytest.raises(Refused, match="a sparse file whose map is not one"):
+        restore(dst_fds, UID, _archive((info, body)), {"home/agent": 1 << 20}, places=PLACES)
+
+
+def test_access_times_are_restored_to_the_nanosecond(places):
+    """A branch reads its files' access times as the parent left them (they were their modification times)."""
+    src_fds, dst_fds, src, dst = places
+    path = os.path.join(src, "home/agent/read")
+    with open(path, "w") as f:
+        f.write("x")
+    os.makedirs(os.path.join(src, "tmp/d"))
+    os.utime(path, ns=(1_600_000_000_123_456_789, 1_700_000_000_000_000_001))
+    os.utime(os.path.join(src, "tmp/d"), ns=(1_650_000_000_000_000_007, 1_700_000_000_000_000_003))
+    restore(dst_fds, UID, _capture(src_fds), {"home/agent": 1 << 20, "tmp": 1 << 20}, places=PLACES)
+    for rel in ("home/agent/read", "tmp/d"):
+        was, now = os.lstat(os.path.join(src, rel)), os.lstat(os.path.join(dst, rel))
+        assert (now.st_atime_ns, now.st_mtime_ns) == (was.st_atime_ns, was.st_mtime_ns), rel
+
+
+def test_a_name_that_reads_like_a_header_record_is_only_a_name(places):
+    """A file named `a size=1 GNU.sparse` is restored (its name is in its PAX path record, not a record of its
+    own); the same words as records of the member are refused."""
+    _, dst_fds, _, dst = places
+    name = H + "a size=1 GNU.sparse.map " + "x" * 90
+    restore(dst_fds, UID, _archive(_member(name, data=b"x")), {"home/agent": 1 << 20}, places=PLACES)
+    assert os.listdir(os.path.join(dst, "home/agent")) == [name.split("/")[-1]]
+    info, data = _member(H + "s", data=b"x")
+    info.pax_headers = {"GNU.sparse.size": "4096", "GNU.sparse.map": "0,1"}
+    with pytest.raises(Refused, match="a sparse file"):
+        restore(dst_fds, UID, _archive((info, data)), {"home/agent": 1 << 20}, places=PLACES)

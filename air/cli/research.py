@@ -201,6 +201,14 @@ def eval_(
     full = next((r.error for r in results if not r.ok and (r.error or "").startswith(named)), None)
     if full is not None:
         raise DiskFull(full.removeprefix(named))
+    # A snapshot the sandbox refused (what only its warden can check: its quotas, every name): the command's input
+    # is refused, exit 2 as `air debug --from` ends, not N failed rollouts.
+    from air.errors import SnapshotError
+
+    refused = next((r.error for r in results if start is not None and not r.ok and
+                    (r.error or "").startswith(f"{SnapshotError.__name__}: ")), None)
+    if refused is not None:
+        raise SnapshotError(f"{from_}: {refused.removeprefix(f'{SnapshotError.__name__}: ')}")
     if not all(r.ok for r in results):
         raise rollouts_failed(results)
 

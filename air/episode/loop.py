@@ -138,6 +138,7 @@ class Episode:
                             validations=self.validations, failed_validations=self.failed_validations,
                             step_rewards=list(self.step_rewards), step_scores=list(self.step_scores),
                             step_evaluated=list(self.step_evaluated), scores=list(self.tracker.history),
+                            score_baselines=list(self.tracker.baselines),
                             best_score=self.tracker.best_score, paid=self.tracker.total_reward,
                             env_seconds=self.env_seconds, seconds=time.monotonic() - self.started,
                             messages=[dict(m) for m in messages])
@@ -165,7 +166,7 @@ class Episode:
         episode.step_rewards, episode.step_scores = list(s.step_rewards), list(s.step_scores)
         episode.step_evaluated, episode.env_seconds = list(s.step_evaluated), s.env_seconds
         episode.started = time.monotonic() - s.seconds
-        episode.tracker.resume(s.scores, s.best_score, s.paid)
+        episode.tracker.resume(s.scores, s.score_baselines, s.paid)
         episode.resumed_from = snap
         return episode
 

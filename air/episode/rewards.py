@@ -111,7 +111,8 @@ class RewardTracker:
         self._normalize = Normalizer.for_task(baseline, direction, scale, config.scale_floor,
                                               config.score_bound)
         self._history: list[float] = []
-        self._normalized: list[float] = []  # each against its own draw's baseline, where it had one
+        self._baselines: list[float | None] = []  # each score's own draw's baseline (None: the episode's)
+        self._normalized: list[float] = []
         self._best: float | None = None
         self._best_n = 0.0
         self._total = 0.0
@@ -126,30 +127,41 @@ class RewardTracker:
         """
         if not math.isfinite(score) or (baseline is not None and not math.isfinite(baseline)):
             raise ValueError(f"validation score must be finite, got {score!r} (baseline {baseline!r})")
-        n = self._normalize(score) if baseline is None else \
-            self._normalize.model_copy(update={"baseline": baseline})(score)
+        n = self._normalized_score(score, baseline)
         if self._config.mode == "delta":
             previous = self.last_normalized
             reward = n - (0.0 if previous is None else previous)
         else:
             best = self.best_normalized
             reward = max(0.0, n - max(0.0, 0.0 if best is None else best))
+        self._record(score, baseline, n)
+        return self._pay(reward)
+
+    def _normalized_score(self, score: float, baseline: float | None) -> float:
+        return self._normalize(score) if baseline is None else \
+            self._normalize.model_copy(update={"baseline": baseline})(score)
+
+    def _record(self, score: float, baseline: float | None, n: float) -> None:
         self._history.append(score)
+        self._baselines.append(baseline)
         self._normalized.append(n)
         if self._best is None or n > self._best_n:
             self._best, self._best_n = score, n
-        return self._pay(reward)
 
-    def resume(self, scores: list[float], best: float | None, paid: float) -> None:
-        """Continue from a snapshot's history (air.episode.snapshot): its validated scores, the best of them and the
-        rewards paid so far, so that the next delta is taken against its last score and returns keep telescoping."""
-        if not all(math.isfinite(s) for s in scores) or (best is not None and best not in scores):
-            raise ValueError("a snapshot's scores must be finite, its best one of them")
-        self._history, self._best, self._total = list(scores), best, float(paid)
-        # Normalised against the episode's baseline: a snapshot keeps no draw's own baseline (a task drawn per
-        # evaluation resumes against its recorded one).
-        self._normalized = [self._normalize(s) for s in scores]
-        self._best_n = self._normalize(best) if best is not None else 0.0
+    def resume(self, scores: list[float], baselines: list[float | None], paid: float) -> None:
+        """Continue from a snapshot's history (air.episode.snapshot): its validated scores, each one's own draw's
+        baseline (None: the episode's) and the rewards paid so far. Each score is normalised again exactly as
+        on_validation normalised it (against its own draw's baseline: a task drawn per evaluation scores every
+        validation on a draw of its own), so the next delta is the one the parent would have been paid and the
+        return keeps telescoping."""
+        if len(baselines) != len(scores) or not all(math.isfinite(s) for s in scores) or \
+                not all(b is None or math.isfinite(b) for b in baselines) or not math.isfinite(paid):
+            raise ValueError("a snapshot's scores and their baselines must be finite, one baseline a score")
+        self._history, self._baselines, self._normalized = [], [], []
+        self._best, self._best_n = None, 0.0
+        for score, baseline in zip(scores, baselines):
+            self._record(score, baseline, self._normalized_score(score, baseline))
+        self._total = float(paid)
 
     def on_failed_validation(self) -> float:
         """Return the (negative) reward for a validation that produced no score."""
@@ -186,6 +198,11 @@ class RewardTracker:
     def history(self) -> tuple[float, ...]:
         """Raw validated scores in order; failed validations are not scores."""
         return tuple(self._history)
+
+    @property
+    def baselines(self) -> tuple[float | None, ...]:
+        """Each validated score's own draw's baseline (None: normalised against the episode's), in order."""
+        return tuple(self._baselines)
 
 
 def rescore(

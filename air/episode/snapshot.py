@@ -10,20 +10,21 @@ What a snapshot holds:
 - the agent's files: every place it can write that a command of the next turn could see (its home, /tmp, /var/tmp,
   /dev/shm), with modes, symlinks, empty directories, sizes and times (air/sandbox/warden/snapshot.py);
 - the shell: its cwd and exported variables (air/sandbox/session.py's ShellSnapshot says what is not kept);
-- the episode: the turn, the messages so far, every step's reward and score, the validated scores (the last is what
-  the next delta reward is taken against), the best, and the budget used (actions, format errors, validations,
-  seconds).
+- the episode: the turn, the messages so far, every step's reward and score, the validated scores with their own draws'
+  baselines (the last is what the next delta reward is taken against), the best, and the budget used (actions, format
+  errors, validations, seconds).
 It never holds hidden data or anything a scorer wrote: scoring runs in a scoring sandbox of its own, and no place of
-the agent's sandbox holds either. Processes: a snapshot is refused while any besides the shell runs, unless they
-may be lost (`lose_processes`: named in `lost`, not in any branch). Checkpointing processes (CRIU) is not offered:
-it needs CAP_SYS_ADMIN and ptrace over the agent's processes in the cell (whose seccomp filter and empty bounding
-set deny both, on purpose), and a process restored twice duplicates its random state (docs/snapshots.md).
+the agent's sandbox holds either. Processes: a snapshot is refused while any besides the shell runs, unless they may be
+lost (`lose_processes`: named in `lost`, not in any branch). Checkpointing processes (CRIU) is not offered: it needs
+CAP_SYS_ADMIN and ptrace over the agent's processes in the cell (whose seccomp filter and empty bounding set deny both,
+on purpose), and a process restored twice duplicates its random state (docs/snapshots.md).
 
 The file: an uncompressed tar of three members, `air-snapshot.json` (the manifest: everything but the files, with the
 files' SHA-256), `files.tar` (the agent's files) and `seal` (HMAC-SHA256 of the manifest under this host's key,
-`snapshot_key()`), so that a file edited by hand, or made on a host that does not share the key, cannot claim a score
-it did not get. Restoring is unpacking agent-controlled data: the warden refuses what a submission's unpack would
-(names outside the places, hard links, devices, setuid bits, sparse or oversized files; warden/snapshot.py).
+`snapshot_key()`, checked before the manifest is parsed), so that a file edited by hand, or made on a host that does
+not share the key, cannot claim a score it did not get. Restoring is unpacking agent-controlled data: the warden
+refuses what a submission's unpack would (names outside the places, hard links, devices, setuid bits, sparse or
+oversized files; warden/snapshot.py).
 """
 
 from __future__ import annotations
@@ -32,25 +33,28 @@ import base64
 import hashlib
 import hmac
 import io
-import json
 import os
+import re
 import secrets
 import stat
 import tarfile
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from air import variables
 from air.errors import SnapshotError
 from air.paths import cache_dir
 from air.sandbox.session import ShellSnapshot, StagedFiles
+from air.sandbox.warden.snapshot import FRESH_OWNERS, Refused, scan
 
-FORMAT = 1
-"""The file format's version: a file of another is refused, naming both."""
+FORMAT = 2
+"""The file format's version: a file of another is refused, naming both. 2: each score's own draw's baseline
+(format 1 kept none, so a branch of a task drawn per evaluation could not be paid what its parent would be)."""
 MANIFEST, FILES, SEAL = "air-snapshot.json", "files.tar", "seal"
 MANIFEST_LIMIT = 256 << 20
+_FORMAT_AT = re.compile(rb'\{"format":(\d{1,6}),')
 DEFAULT_MAX_BYTES = 1 << 30
 """The agent's files a snapshot may hold by default (a run can set its own cap)."""
 
@@ -70,6 +74,10 @@ class EpisodeState(BaseModel):
     step_evaluated: list[bool]
     scores: list[float]
     """Every validated primary score in order; the last is the score the next delta reward is taken against."""
+    score_baselines: list[float | None]
+    """Each score's own draw's baseline, which it was normalised against (a task drawn per evaluation scores the
+    baseline beside every validation, air.tasks.draws); None: the episode's (`Snapshot.reward_baseline`). A branch
+    normalises each score again against it, so it is paid exactly what its parent would be."""
     best_score: float | None
     paid: float
     """The reward tracker's total so far (the return of the prefix)."""
@@ -78,6 +86,12 @@ class EpisodeState(BaseModel):
     """The episode's time used so far (its time limit goes on from here)."""
     messages: list[dict[str, Any]]
     """The conversation so far (system, prompt, every reply and answer), for the policy's next request."""
+
+    @model_validator(mode="after")
+    def _one_baseline_a_score(self) -> EpisodeState:
+        if len(self.score_baselines) != len(self.scores):
+            raise ValueError("score_baselines must hold one baseline (or null) per score")
+        return self
 
     @property
     def reference_score(self) -> float | None:
@@ -89,7 +103,7 @@ class Snapshot(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    format: Literal[1] = FORMAT
+    format: Literal[2] = FORMAT
     task: str
     task_version: str | None = None
     task_hash: str
@@ -271,33 +285,40 @@ def loads(data: bytes, spec=None, *, key: bytes | None = None, max_bytes: int = 
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
             for member in tar:
-                if member.name not in limits or member.name in parts or not member.isreg():
+                if member.name not in limits or member.name in parts or not member.isreg() or member.issparse():
                     raise SnapshotError(f"{what} is not an air snapshot (it holds {member.name[:80]!r})")
                 if member.size > limits[member.name]:
                     raise SnapshotError(f"{what}: its {member.name} is larger than {limits[member.name] >> 20} MB")
-                parts[member.name] = tar.extractfile(member).read()
+                # Its bytes as they are in the file, never expanded (a sparse member of 1 GiB was 2 GB of memory):
+                # a member the file does not hold whole is no member.
+                if member.offset_data + member.size > len(data):
+                    raise SnapshotError(f"{what} is not an air snapshot (its {member.name} is cut short)")
+                parts[member.name] = bytes(data[member.offset_data:member.offset_data + member.size])
     except tarfile.TarError as exc:
         raise SnapshotError(f"{what} is not an air snapshot ({exc})") from None
     if set(parts) != set(limits):
         raise SnapshotError(f"{what} is not an air snapshot (it lacks {', '.join(sorted(set(limits) - set(parts)))})")
     manifest = parts[MANIFEST]
-    try:
-        head = json.loads(manifest)
-    except ValueError:
-        raise SnapshotError(f"{what}: its manifest is not JSON") from None
-    if not isinstance(head, dict) or head.get("format") != FORMAT:
-        found = head.get("format") if isinstance(head, dict) else None
-        raise SnapshotError(f"{what} is of format {found!r}; this air reads format {FORMAT}")
+    # The seal is checked before the manifest is parsed (a parser is attack surface: JSON nested 100,000 deep), on
+    # its bytes alone. Its format is read first from its fixed start (dumps writes `{"format":N,` first), so that
+    # a file of another version is named as one rather than as tampered with.
+    found = _FORMAT_AT.match(manifest[:32])
+    if found and int(found.group(1)) != FORMAT:
+        raise SnapshotError(f"{what} is of format {int(found.group(1))}; this air reads format {FORMAT}")
     if not hmac.compare_digest(parts[SEAL], _seal(manifest, key or snapshot_key())):
         raise SnapshotError(f"{what} was changed after it was written, or written on a host with another key "
                             "(its seal does not match; AIR_SNAPSHOT_KEY shares one between hosts): refused, so that "
                             "it cannot claim scores it did not get")
     try:
-        snap = Snapshot.model_validate(head)
+        snap = Snapshot.model_validate_json(manifest)
     except ValidationError as exc:
         raise SnapshotError(f"{what}: its manifest is invalid ({exc.errors()[0]['msg']})") from None
     if hashlib.sha256(parts[FILES]).hexdigest() != snap.files_sha256:
         raise SnapshotError(f"{what}: its files are not the ones it was sealed with")
+    try:  # what a restore would refuse, refused here, before any sandbox (the warden checks again as it writes)
+        scan(parts[FILES], max_bytes=max_bytes, owners=FRESH_OWNERS)
+    except Refused as exc:
+        raise SnapshotError(f"{what} is refused: {exc}") from None
     snap.files = parts[FILES]
     if spec is not None:
         check_task(snap, spec)

@@ -12,9 +12,11 @@ swap mid-walk (a symlink where a directory was, a FIFO where a file was) is ever
 
 Restoring is unpacking agent-controlled data (a snapshot file is the agent's files), so `restore` accepts directories,
 regular files and symlinks only, each under a place, each name a plain name, owned by root or the agent; setuid and
-setgid bits are dropped, sparse members, hard links and devices refused, and the total is bounded by what the places
-hold. It runs in a new cell before any agent process exists there (no race), after emptying the places: the result is
-exactly the snapshot's files. A symlink is restored as a link and never followed (an entry below one is refused).
+setgid bits are dropped, tar's sparse members, hard links and devices refused, and the total is bounded by what the
+places hold. A file's holes are kept (SPARSE: its data and a map, never the zeros), so a hole costs no snapshot and no
+branch anything. It runs in a new cell before any agent process exists there (no race), after emptying the places:
+the result is exactly the snapshot's files. A symlink is restored as a link and never followed (an entry below one
+is refused).
 """
 
 from __future__ import annotations
@@ -84,9 +86,18 @@ def open_places(enter, places: Tuple[str, ...] = PLACES) -> List[Optional[int]]:
 
 def _open_dir(path: str) -> Optional[int]:
     try:
-        return os.open(path, DIR_FLAGS)
+        return _unread(path)
     except OSError:
         return None
+
+
+def _unread(name: str, dir_fd: Optional[int] = None) -> int:
+    """A directory opened so that listing it moves no access time (O_NOATIME): a capture leaves the parent's times as
+    they were. Plainly where the caller may not (EPERM without CAP_FOWNER over it)."""
+    try:
+        return os.open(name, DIR_FLAGS | getattr(os, "O_NOATIME", 0), dir_fd=dir_fd)
+    except PermissionError:
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
 
 
 # ----- capture --------------------------------------------------------------------------------------------------------
@@ -122,7 +133,7 @@ def capture(fds: List[Optional[int]], out: int, max_bytes: int, deadline: float,
                     continue  # a lost process removed it meanwhile
                 if stat.S_ISDIR(st.st_mode):
                     try:
-                        child = os.open(name, DIR_FLAGS, dir_fd=dfd)
+                        child = _unread(name, dfd)
                     except OSError:
                         continue
                     tar.add(_info(path, os.fstat(child), tarfile.DIRTYPE))
@@ -132,11 +143,7 @@ def capture(fds: List[Optional[int]], out: int, max_bytes: int, deadline: float,
                     info.linkname = os.readlink(name, dir_fd=dfd)
                     tar.add(info)
                 elif stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-                    if total > max_bytes:
-                        raise Refused("the agent's files are larger than the %d MB a snapshot may hold"
-                                      % (max_bytes >> 20))
-                    _add_file(tar, dfd, name, path)
+                    total += _add_file(tar, dfd, name, path, max_bytes - total, max_bytes)
                 else:
                     skipped.append(path)
         finally:
@@ -153,7 +160,9 @@ def _info(path: str, st: os.stat_result, kind: bytes) -> tarfile.TarInfo:
     info.uid = info.gid = 0 if st.st_uid == 0 else CANONICAL_UID  # the agent's, or root's (a pristine file's)
     info.uname = info.gname = ""
     info.mtime = st.st_mtime_ns // 10**9
-    info.pax_headers = {"mtime": "%d.%09d" % divmod(st.st_mtime_ns, 10**9)}  # exact: a float loses nanoseconds
+    # Exact (a float loses nanoseconds); the access time too, which a branch would otherwise read as its mtime.
+    info.pax_headers = {"mtime": "%d.%09d" % divmod(st.st_mtime_ns, 10**9),
+                        "atime": "%d.%09d" % divmod(st.st_atime_ns, 10**9)}
     return info
 
 
@@ -172,36 +181,243 @@ class _TarOut:
     def add(self, info: tarfile.TarInfo) -> None:
         self.write(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
 
-    def contents(self, src: int, size: int) -> None:
-        """Exactly size bytes of src, padded to a block: what a lost process appends meanwhile is cut, what it
-        truncates reads as zeros."""
+    def contents(self, src: int, size: int, start: int = 0, pad: bool = True) -> None:
+        """Exactly size bytes of src from start, padded to a block (pad): what a lost process appends meanwhile is
+        cut, what it truncates reads as zeros."""
         offset = 0
         while offset < size:
-            sent = os.sendfile(self.fd, src, offset, size - offset)
+            sent = os.sendfile(self.fd, src, start + offset, size - offset)
             if not sent:
                 break
             offset += sent
-        self.write(bytes(size - offset + (-size) % tarfile.BLOCKSIZE))
+        self.write(bytes(size - offset + ((-size) % tarfile.BLOCKSIZE if pad else 0)))
 
     def close(self) -> None:
         self.write(bytes(2 * tarfile.BLOCKSIZE))
 
 
-def _add_file(tar: _TarOut, dfd: int, name: str, path: str) -> None:
+def _add_file(tar: _TarOut, dfd: int, name: str, path: str, room: int, limit: int) -> int:
+    """Add a regular file; returns the bytes it takes in the snapshot (its data, not its holes), Refused past room.
+    A file with holes keeps them: what it costs the agent (a `truncate -s 900M` costs nothing) is what it costs the
+    snapshot and every branch (SPARSE)."""
     try:
         fd = os.open(name, OPEN_FILE, dir_fd=dfd)
     except OSError:
-        return  # swapped for a link or a FIFO, or removed, by a lost process: it is not the agent's file now
+        return 0  # swapped for a link or a FIFO, or removed, by a lost process: it is not the agent's file now
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return
+            return 0
         info = _info(path, st, tarfile.REGTYPE)
-        info.size = st.st_size
+        segments = _segments(fd, st.st_size)
+        holes = sum(length for _, length in segments) < st.st_size
+        head = _sparse_map(segments) if holes else b""
+        info.size = len(head) + sum(length for _, length in segments) if holes else st.st_size
+        if info.size > room:
+            raise Refused("the agent's files are larger than the %d MB a snapshot may hold" % (limit >> 20))
+        if not holes:
+            tar.add(info)
+            tar.contents(fd, st.st_size)
+            return info.size
+        info.pax_headers = dict(info.pax_headers, **{SPARSE: str(st.st_size)})
         tar.add(info)
-        tar.contents(fd, st.st_size)
+        tar.write(head)
+        for offset, length in segments:
+            tar.contents(fd, length, offset, pad=False)
+        tar.write(bytes(-info.size % tarfile.BLOCKSIZE))
+        return info.size
     finally:
         os.close(fd)
+
+
+SPARSE = "AIR.sparse"
+"""A PAX key of a member with holes: its apparent size. Its data is the map of what is not a hole (a line with the
+count, then `offset length` a line, padded to a block), then those bytes in order: restore makes the holes again."""
+MAX_SEGMENTS = 1 << 14
+"""Data segments a sparse member lists at most: a file more fragmented is listed in coarser segments (holes
+between them stored as zeros, charged as bytes)."""
+MAX_APPARENT = 1 << 40
+"""The apparent size restore makes a sparse file up to (a hole is free; a size beyond any the agent could make is
+refused)."""
+
+
+def _segments(fd: int, size: int) -> List[Tuple[int, int]]:
+    """(offset, length) of what is not a hole in a file of size bytes, at most MAX_SEGMENTS; [(0, size)] where the
+    filesystem cannot say."""
+    out: List[Tuple[int, int]] = []
+    at = 0
+    try:
+        while at < size:
+            try:
+                start = os.lseek(fd, at, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # only a hole from here on
+                    break
+                raise
+            if start >= size:
+                break
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            out.append((start, end - start))
+            at = end
+    except OSError:
+        return [(0, size)] if size else []
+    grain = 1 << 12
+    while len(out) > MAX_SEGMENTS:  # coarser: each segment widened to the grain, neighbours joined
+        grain <<= 1
+        merged: List[Tuple[int, int]] = []
+        for start, length in out:
+            lo, hi = start - start % grain, min(size, -(-(start + length) // grain) * grain)
+            if merged and lo <= merged[-1][0] + merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(hi, merged[-1][0] + merged[-1][1]) - merged[-1][0])
+            else:
+                merged.append((lo, hi - lo))
+        out = merged
+    return out
+
+
+def _sparse_map(segments: List[Tuple[int, int]]) -> bytes:
+    text = ("%d\n" % len(segments) + "".join("%d %d\n" % pair for pair in segments)).encode()
+    return text + bytes(-len(text) % tarfile.BLOCKSIZE)
+
+
+def _read_map(content: memoryview, size: int, apparent: str, shown: str) -> Tuple[int, List[Tuple[int, int]]]:
+    """(where the data starts in content, the segments) of a sparse member; Refused for a map that is not one."""
+    try:
+        real = int(apparent)
+        line = bytes(content[:32]).split(b"\n", 1)[0]
+        count = int(line)
+        if not 0 <= count <= MAX_SEGMENTS or not 0 <= real <= MAX_APPARENT:
+            raise ValueError
+        end = bytes(content[:min(len(content), 48 * (count + 1))]).split(b"\n", count + 1)
+        pairs = [tuple(int(x) for x in row.split(b" ")) for row in end[1:count + 1]]
+        start = len(b"\n".join(end[:count + 1])) + 1
+        start += -start % tarfile.BLOCKSIZE
+        at = 0
+        for offset, length in pairs:
+            if offset < at or length <= 0 or offset + length > real:
+                raise ValueError
+            at = offset + length
+        if start + sum(length for _, length in pairs) != size:
+            raise ValueError
+    except ValueError:
+        raise Refused("%s: a sparse file whose map is not one (its apparent size at most %d GB)"
+                      % (shown, MAX_APPARENT >> 30)) from None
+    return start, [(offset, length) for offset, length in pairs]
+
+
+def _fill_sparse(fd: int, member: tarfile.TarInfo, content: memoryview, owner: int) -> None:
+    """A new file with the holes it had: its apparent size, then each segment at its offset; the descriptor is
+    closed."""
+    try:
+        start, segments = _read_map(content, member.size, member.pax_headers[SPARSE], _shown(member.name))
+        os.ftruncate(fd, int(member.pax_headers[SPARSE]))
+        at = start
+        for offset, length in segments:
+            done = 0
+            while done < length:
+                done += os.pwrite(fd, content[at + done:at + min(length, done + (1 << 24))], offset + done)
+            at += length
+        os.fchown(fd, owner, owner)
+        os.fchmod(fd, _mode(member))
+        os.utime(fd, ns=_times(member))
+    finally:
+        os.close(fd)
+
+
+# ----- the archive's headers, checked before anything is written ------------------------------------------------------
+_NAMED = {b"1": "a hard link", b"3": "a device node", b"4": "a device node", b"6": "a FIFO", b"S": "a sparse file",
+          b"7": "a contiguous file"}
+
+
+FRESH_OWNERS = {"home/agent": CANONICAL_UID, "tmp": 0, "var/tmp": 0, "dev/shm": 0}
+"""Each place's owner in every sandbox, as a snapshot records it: the home the agent's, the temp dirs root's."""
+
+
+def scan(data, places: Tuple[str, ...] = PLACES, max_bytes: Optional[int] = None,
+         owners: Optional[Dict[str, int]] = None) -> int:
+    """Check a snapshot's archive by its 512-byte headers alone, before anything is unpacked (the contents are
+    skipped, never read), so that a hostile count or size is refused in the time of a walk over headers, not after
+    the unpacking it would cost: at most MAX_ENTRIES entries, only directories, regular files and symlinks, no
+    sparse member, no more than max_bytes of contents (given), and each place itself owned as `owners` says (given;
+    FRESH_OWNERS: a home of root's would lock the agent out of it). Refused naming what; returns the number of
+    entries. restore keeps every check of its own (names, owners, quotas) as it writes."""
+    view = data  # bytes or an mmap: a slice is a small copy, faster here than a memoryview's
+    size = len(view)
+    pos = count = total = 0
+    pax = None
+    block = tarfile.BLOCKSIZE
+    try:
+        while pos + block <= size:
+            kind = view[pos + 156:pos + 157]
+            field = view[pos + 124:pos + 136]
+            if kind == b"\0" and not field.strip(b"\0") and not view[pos:pos + 100].strip(b"\0"):
+                break  # the end-of-archive block
+            length = int(field.rstrip(b"\0 ") or b"0", 8)
+            at = pos
+            pos += block + length + (-length) % block
+            if kind == b"x":
+                if pax is not None or length > 1 << 16:
+                    raise Refused("the snapshot's archive is damaged (a PAX header over 64 KB, or two in a row)")
+                pax = view[at + block:at + block + length]
+                continue
+            count += 1
+            if count > MAX_ENTRIES:
+                raise Refused("the snapshot holds more than %d entries" % MAX_ENTRIES)
+            if kind in (b"0", b"\0"):
+                total += length
+                if max_bytes is not None and total > max_bytes:
+                    raise Refused("the snapshot's files are larger than the %d MB a snapshot may hold"
+                                  % (max_bytes >> 20))
+                if pax is not None and (b"GNU.sparse" in pax or b"size=" in pax) and \
+                        any(key == b"size" or key.startswith(b"GNU.sparse") for key in _records(pax)):
+                    raise Refused("%s: a sparse file, or one whose size is not its header's"
+                                  % _shown(_name(view, at, pax)))
+            elif kind == b"5":
+                name = _name(view, at, pax).rstrip("/") if owners else ""
+                if name in places and _uid(view, at, pax) != owners.get(name):
+                    raise Refused("/%s: owned by uid %d in the snapshot, where every sandbox has it %s's (a "
+                                  "restore would lock the agent out of it)" % (_shown(name), _uid(view, at, pax),
+                                                                              "the agent" if owners.get(name)
+                                                                              else "root"))
+            elif kind != b"2":
+                raise Refused("%s: %s" % (_shown(_name(view, at, pax)),
+                                          _NAMED.get(kind, "not a file, directory or symlink")))
+            pax = None
+        if pos > size:
+            raise Refused("the snapshot's archive ends inside an entry")
+    except ValueError as exc:
+        raise Refused("the snapshot's archive is damaged (%s)" % str(exc)[:200]) from None
+    return count
+
+
+def _records(pax: Optional[bytes]) -> Dict[bytes, bytes]:
+    """A PAX header's records ("LEN key=value\n")."""
+    out: Dict[bytes, bytes] = {}
+    at = 0
+    while pax and at < len(pax) and pax[at:at + 1] != b"\0":
+        space = pax.index(b" ", at)
+        length = int(pax[at:space])
+        if length <= space - at:
+            raise ValueError("a PAX record that is not one")
+        key, _, value = pax[space + 1:at + length].rstrip(b"\n").partition(b"=")
+        out[key] = value
+        at += length
+    return out
+
+
+def _name(view, at: int, pax: Optional[bytes]) -> str:
+    name = _records(pax).get(b"path")
+    if name is None:
+        prefix = view[at + 345:at + 500].split(b"\0", 1)[0]
+        name = view[at:at + 100].split(b"\0", 1)[0]
+        name = prefix + b"/" + name if prefix else name
+    return name.decode("utf-8", "surrogateescape")
+
+
+def _uid(view, at: int, pax: Optional[bytes]) -> int:
+    given = _records(pax).get(b"uid")
+    return int(given if given is not None else view[at + 108:at + 116].rstrip(b"\0 ") or b"0", 8
+               if given is None else 10)
 
 
 # ----- restore --------------------------------------------------------------------------------------------------------
@@ -217,6 +433,7 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
     left alone: it stays in the overlay's lower layer, as in the parent, where a rewrite would copy it up (another
     device, other inode flags: a difference the agent could see). Everything else is replaced, and what the snapshot
     does not have is removed. Files are written straight from the buffer (tarfile only reads the headers)."""
+    scan(data, places, max_bytes=sum(quota.values()))  # every count, kind and size refused before a byte is written
     view = memoryview(data)
     fileobj = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
     by_place = {place: fd for place, fd in zip(places, fds) if place not in skip}
@@ -242,6 +459,9 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
                 if not parts:  # the place itself: its metadata, set last
                     if not member.isdir() or place in opened:
                         raise Refused("%s: not a directory, or twice in the snapshot" % _shown(member.name))
+                    if owner != os.fstat(fd).st_uid:  # the agent cannot chown its home, nor root's temp dirs
+                        raise Refused("/%s: owned by uid %d in the snapshot, not by its owner in a fresh sandbox (a "
+                                      "restore would lock the agent out of it)" % (place, member.uid))
                     opened[place] = os.dup(fd)
                     names[opened[place]] = set()
                     settle.append((opened[place], member))
@@ -287,12 +507,16 @@ def restore(fds: List[Optional[int]], uid: int, data, quota: Dict[str, int],
                     if end > len(view):
                         raise Refused("%s: the archive ends inside it" % _shown(member.name))
                     content = view[member.offset_data:end]
-                    if there is not None and stat.S_ISREG(there.st_mode) and _same(there, member, owner) and \
-                            there.st_size == member.size and _same_bytes(parent, leaf, content):
+                    sparse = SPARSE in member.pax_headers
+                    if not sparse and there is not None and stat.S_ISREG(there.st_mode) and \
+                            _same(there, member, owner) and there.st_size == member.size and \
+                            _same_bytes(parent, leaf, content):
                         continue
                     _replace(parent, leaf, there)
                     out = os.open(leaf, NEW_FILE, 0o600, dir_fd=parent)
-                    if writers is not None and member.size >= PARALLEL_BYTES:
+                    if sparse:
+                        _fill_sparse(out, member, content, owner)
+                    elif writers is not None and member.size >= PARALLEL_BYTES:
                         writing.append((writers.submit(_fill, out, member, content, owner), out))
                     else:
                         _fill(out, member, content, owner)
@@ -391,15 +615,20 @@ def _mode(member: tarfile.TarInfo) -> int:
 
 
 def _times(member: tarfile.TarInfo) -> Tuple[int, int]:
-    """The entry's modification time in ns, exactly from its PAX record where it has one (as capture writes)."""
-    text = member.pax_headers.get("mtime", "")
+    """The entry's (access, modification) times in ns, exactly from its PAX records where it has them (as capture
+    writes); the access time is the modification time where it has none."""
+    mtime = _ns(member.pax_headers.get("mtime", ""))
+    if mtime is None:
+        mtime = int(member.mtime * 1e9) if member.mtime == member.mtime and abs(member.mtime) < 1e11 else 0
+    atime = _ns(member.pax_headers.get("atime", ""))
+    return (mtime if atime is None else atime), mtime
+
+
+def _ns(text: str) -> Optional[int]:
     whole, _, fraction = text.partition(".")
     if whole.lstrip("-").isdigit() and len(whole) < 12 and (fraction.isdigit() or not fraction):
-        ns = int(whole) * 10**9 + int((fraction + "0" * 9)[:9] or 0) * (-1 if whole.startswith("-") else 1)
-    else:
-        mtime = member.mtime
-        ns = int(mtime * 1e9) if mtime == mtime and abs(mtime) < 1e11 else 0
-    return ns, ns
+        return int(whole) * 10**9 + int((fraction + "0" * 9)[:9] or 0) * (-1 if whole.startswith("-") else 1)
+    return None
 
 
 def _fill(fd: int, member: tarfile.TarInfo, content: memoryview, owner: int) -> None:
@@ -418,4 +647,4 @@ def _shown(name: str) -> str:
     return name.encode("utf-8", "surrogateescape")[:300].decode("utf-8", "replace")
 
 
-__all__ = ["CANONICAL_UID", "PLACES", "Refused", "capture", "open_places", "restore"]
+__all__ = ["CANONICAL_UID", "FRESH_OWNERS", "PLACES", "Refused", "capture", "open_places", "restore", "scan"]
