@@ -131,3 +131,14 @@ def test_bad_audit_input_is_one_line_and_exit_2(args, says):
     result = subprocess.run([sys.executable, "-m", "air.cli.main", "tasks", "audit", *args], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1, result
+
+
+@pytest.mark.docker
+async def test_a_test_that_runs_the_submission_is_paid_by_its_plants_and_blamed_on_its_line(pool, images):
+    """Issue #62: a daemon the submission's program started rewrote the reward while the test still ran, and the
+    audit said all held (its daemon wrote reward.txt every 2 ms, and lost the race to the test's last write). Its
+    plants now write both reward files, reward.json first among them, while the test runs."""
+    audit = await audited("runs-program", pool)
+    paid = [r for r in audit.results if r.status == "paid"]
+    assert [r.name for r in paid] == ["submission-plants"], [(r.name, r.score) for r in paid]
+    assert any(b.startswith("tests/test.sh:4:") and "python3 solve.py" in b for b in paid[0].blame), paid[0].blame
