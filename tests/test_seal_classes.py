@@ -154,14 +154,14 @@ async def test_the_tests_home_is_roots_not_the_one_the_collect_commands_wrote(po
     assert await reward(pool, spec, "echo 'print(42)' > export.py") == 1.0
     # The test's HOME is root's and empty, and nothing the collect commands left is in the cell's temp places.
     root = copy_task(tmp_path, "collect-runs-script", lambda text: text.replace(
-        "if python3 /tests/check.py; then",
+        "if /usr/bin/python3 /tests/check.py; then",
         'if [ "$(stat -c %u "$HOME")" = 0 ] && [ -z "$(ls -A "$HOME")" ] && [ "$HOME" != /home/agent ] && '
         "! ls /tmp/planted /var/tmp/planted /dev/shm/planted 2>/dev/null; then"))
     assert await reward(pool, spec_of("collect-runs-script", root), PTH_EXPORT) == 1.0
     # Positive control: the agent's script did plant the .pth, and a python3 whose HOME is /home/agent runs it as
     # root (as the test's did), which pays.
     root = copy_task(tmp_path / "control", "collect-runs-script", lambda text: text.replace(
-        "if python3 /tests/check.py", "if HOME=/home/agent python3 /tests/check.py"))
+        "if /usr/bin/python3", "if HOME=/home/agent /usr/bin/python3"))
     assert await reward(pool, spec_of("collect-runs-script", root), PTH_EXPORT) == 1.0
 
 
