@@ -18,6 +18,12 @@ every other (AgentModules): a name nothing installed has, which the test imports
 mysolution`), is found there, and nothing scans it. Entries the environment named stay, behind installed modules
 (InstalledFirst). A `.pth` runs only from a site directory (the image's, or the user site under HOME, which the test
 gets fresh and root's); sitecustomize and usercustomize are imported before any implicit entry exists.
+
+Why this and not a switch: PYTEST_DISABLE_PLUGIN_AUTOLOAD closes pytest's door alone and also the image's own plugins
+(Terminal-Bench's `pytest --ctrf` needs pytest-json-ctrf); `-P`/PYTHONSAFEPATH (3.11 and later) drops the entry
+whole, and a test's `from solution import ...` with it, so right answers would score 0; PYTHONNOUSERSITE would drop
+what the image installed with `pip install --user`. Taking the one entry off and keeping its modules by name is
+exact: what was reachable by name stays so, and nothing scans what the test never named.
 """
 
 import os
