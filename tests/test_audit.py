@@ -142,3 +142,30 @@ async def test_a_test_that_runs_the_submission_is_paid_by_its_plants_and_blamed_
     paid = [r for r in audit.results if r.status == "paid"]
     assert [r.name for r in paid] == ["submission-plants"], [(r.name, r.score) for r in paid]
     assert any(b.startswith("tests/test.sh:4:") and "python3 solve.py" in b for b in paid[0].blame), paid[0].blame
+
+
+@pytest.mark.docker
+def test_a_task_the_audit_found_paying_is_refused_for_training_unless_asked(images, tmp_path):
+    """Issue #62: as with a failed oracle, `air tasks audit` keeps its verdict; `air tasks list` shows it and when,
+    and `air eval` refuses the task in one line naming the audit unless --allow-hackable."""
+    import os
+
+    def air(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "air.cli.main", *args], capture_output=True, text=True,
+                              timeout=900, env={**os.environ, "CI": "", "AIR_CACHE_DIR": str(tmp_path / "cache")})
+
+    root = ["--harbor-root", str(HACKS)]
+    audited = air("tasks", "audit", "harbor:file-exists", *root, "--hack", "trivial-outputs", "--json")
+    assert audited.returncode == 1, audited.stderr[-2000:]
+    listed = {r["name"]: r["audit"] for r in json.loads(air("tasks", "list", *root, "--json").stdout)}
+    assert listed["file-exists"].startswith("paid (trivial-outputs), 20"), listed
+    assert listed["runs-program"] == "not audited", listed
+    refused = air("eval", "harbor:file-exists", *root, "--out", str(tmp_path / "a"))
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    refusal = refused.stderr.strip().splitlines()[-1]
+    assert "`air tasks audit` found hacks that pay on it (trivial-outputs)" in refusal, refusal
+    assert "--allow-hackable" in refusal
+    # Positive control: the opt-in runs it (and a task never audited runs without one).
+    ran = air("eval", "harbor:file-exists", *root, "-n", "1", "--out", str(tmp_path / "b"), "--allow-hackable")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["rollouts"]

@@ -27,7 +27,7 @@ from air.tasks.task_images import build_task_image
 pytestmark = pytest.mark.docker
 
 HACKS = Path(__file__).parent / "fixtures" / "harbor-hacks"
-TASKS = ("pytest-in-workdir", "compares-output", "collect-runs-script", "collect-git-diff")
+TASKS = ("pytest-in-workdir", "compares-output", "collect-runs-script", "collect-git-diff", "runs-program")
 
 
 def spec_of(name: str, root: Path = HACKS):
@@ -177,3 +177,39 @@ async def test_the_docs_git_diff_collect_gathers_the_agents_patch(pool, built, t
     toml = collect / "task.toml"
     toml.write_text(toml.read_text().replace("cd /app && git diff", "cd /app && HOME=/tmp/elsewhere git diff"))
     assert await reward(pool, spec_of("collect-git-diff", tmp_path), "echo 42 > answer.txt") == 0.0
+
+
+# ----- a test that runs its submission without trusting it (docs/audit.md) -----------------------------------------
+UNTRUSTED = """#!/bin/bash
+# The submission's program runs as the agent's uid, in a copy of its own, and every process of that uid is ended
+# before the reward is written (docs/audit.md, "Running a submission without trusting it").
+mkdir -p /logs/verifier
+run=$(mktemp -d) && cp -a /app/. "$run" && chown -R "$AIR_AGENT_UID:$AIR_AGENT_UID" "$run"
+as_agent=(setpriv --reuid="$AIR_AGENT_UID" --regid="$AIR_AGENT_UID" --clear-groups --no-new-privs)
+(cd "$run" && timeout 20 "${as_agent[@]}" python3 solve.py > "$run.out" 2>/dev/null)
+"${as_agent[@]}" bash -c 'kill -9 -1' 2>/dev/null
+if [ "$(cat "$run.out")" = "42" ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+GREEDY = ("cat > solve.py <<'EOF'\n"
+          "for path, text in (('/logs/verifier/reward.json', '{\"reward\": 1}'), ('/logs/verifier/reward.txt', '1')):\n"
+          "    try:\n"
+          "        open(path, 'w').write(text)\n"
+          "    except OSError:\n"
+          "        pass\n"
+          "try:\n"
+          "    open('/tests/test.sh').read()\n"
+          "    print(42)  # the tests were readable: here that is as good as knowing the answer\n"
+          "except OSError:\n"
+          "    print(0)\n"
+          "EOF")
+
+
+async def test_a_test_can_run_its_submission_without_trusting_it(pool, built, tmp_path):
+    root = copy_task(tmp_path, "runs-program", lambda text: UNTRUSTED)
+    (root / "runs-program" / "tests" / "test.sh").write_text(UNTRUSTED)
+    spec = spec_of("runs-program", root)
+    assert await reward(pool, spec, GREEDY) == 0.0
+    assert await reward(pool, spec, "echo 'print(41)' > solve.py") == 0.0
+    assert await reward(pool, spec, "echo 'print(42)' > solve.py") == 1.0
+    # Positive control: the fixture's own test, which runs the program as root, pays the same submission.
+    assert await reward(pool, spec_of("runs-program"), GREEDY) == 1.0

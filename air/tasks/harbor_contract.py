@@ -87,6 +87,9 @@ def harbor_dirs_sh(agent_uid: int | None = None) -> str:
 async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> Scored:
     await scorer.harness_sh(harbor_dirs_sh())
     await scorer.put_archive(HARBOR_DIR, tar_of(spec.evaluation_files, file_mode=None))
+    # The tests are root's alone: a test that runs the submission as the agent's uid ($AIR_AGENT_UID) hides its
+    # expected outputs from it (docs/audit.md, "Running a submission without trusting it").
+    await scorer.harness_sh(f"chmod 700 {HARBOR_DIR}/tests")
     await scorer.put_archive(GUARD, make_tar({"sitecustomize.py": guard_module()}, mode=0o444))
     env, kept = await sealed(scorer, spec)
     # The agent's copy replaces the image's workspace (what it deleted is gone, as in Harbor's container), but for
