@@ -16,8 +16,12 @@ submission's failure, never infrastructure.
 What the agent wrote reaches the test only where the test looks for it (sealed()):
 - the image's PATH and PYTHONPATH entries inside the working directory (a venv at /app/.venv, a common pattern)
   are the image's own, not the agent's copy, unless a file of tests/ names them; relative entries are dropped;
-- the modules the interpreter has installed come before any file of the workspace (`python -m pytest` in the
-  working directory puts it first on sys.path): a guard on PYTHONPATH (GUARD) puts them first.
+- the working directory the interpreter itself puts first on sys.path (`python -m pytest` in it) is taken off at
+  the first import, its modules still importable by a name nothing installed has, and the modules the interpreter
+  has installed come before any file of the workspace: a guard on PYTHONPATH (GUARD, air/tasks/harbor_guard.py);
+- the test's HOME is a fresh directory of root's, made once the collect commands (the agent's) ran;
+- every link of the copy is judged in the cell by where it finally leads (air.tasks.links);
+- /tests is root's alone (0700), so a test can run its submission as $AIR_AGENT_UID without showing it the tests.
 A test that runs the submission's own code as root trusts that code, as Harbor does: `air tasks audit` says which.
 
 What the test printed may hold the tests' expectations, which the agent never sees: it goes to the operator's log,
@@ -101,10 +105,10 @@ async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> Score
         await scorer.session.unpack(WORKSPACE, _without(artefacts, kept), user="root")
     except ArchiveUnwritable:
         return Scored("invalid_submission", message="Your workspace could not be copied for the tests.")
-    links = _links_of(artefacts, kept)
-    for name in await refused_in_cell(scorer, links, WRITABLE_ROOTS, {"PATH": BASE_PATH}):
-        return Scored("invalid_submission", message=f"{WORKSPACE}/{shown(name)} is a link that leads outside the "
-                                                    "submission; submit a regular file.")
+    refused = await refused_in_cell(scorer, _links_of(artefacts, kept), WRITABLE_ROOTS, {"PATH": BASE_PATH})
+    if refused:
+        return Scored("invalid_submission", message=f"{WORKSPACE}/{shown(refused[0])} is a link that leads outside "
+                                                    "the submission; submit a regular file.")
     await run_collect(scorer, spec)  # Harbor's [[verifier.collect]], as the agent (air.tasks.harbor_collect)
     await _root_home(scorer)
     result = await scorer.session.run_untrusted(["bash", "/tests/test.sh"], user="root", cwd=WORKSPACE,
