@@ -62,6 +62,9 @@ class AirTasksetConfig(vf.TasksetConfig, EpisodeSettings):
     allow_failed_oracle: bool = False
     """Train on Harbor tasks whose oracle (solution/solve.sh) failed `air tasks check` (refused by default: their
     test may pay a right answer 0)."""
+    allow_hackable: bool = False
+    """Train on tasks on which `air tasks audit` found a hack that pays (refused by default: training on them may
+    teach the hack)."""
     """A Harbor dataset (a folder of task folders; or $HARBOR_ROOT): each task's image is built from its own
     Dockerfile when the env starts."""
     examples_per_task: int = Field(1, ge=1)
@@ -164,7 +167,8 @@ class AirTaskset(vf.Taskset[AirTask, AirTasksetConfig]):
         route_air_logs()  # before loading: the MLGym loader warns of fields it cannot honour
         config, episode = self.config, self.config.episode_config()
         items = task_items(config.tasks, config.examples_per_task, config.mlgym_root, config.gpus_per_task,
-                           config.harbor_root, allow_failed_oracle=config.allow_failed_oracle)
+                           config.harbor_root, allow_failed_oracle=config.allow_failed_oracle,
+                           allow_hackable=config.allow_hackable)
         tasks = []
         for item in items:
             fmt = episode.format_for(item.spec.action_format)

@@ -131,3 +131,41 @@ def test_bad_audit_input_is_one_line_and_exit_2(args, says):
     result = subprocess.run([sys.executable, "-m", "air.cli.main", "tasks", "audit", *args], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1, result
+
+
+@pytest.mark.docker
+async def test_a_test_that_runs_the_submission_is_paid_by_its_plants_and_blamed_on_its_line(pool, images):
+    """Issue #62: a daemon the submission's program started rewrote the reward while the test still ran, and the
+    audit said all held (its daemon wrote reward.txt every 2 ms, and lost the race to the test's last write). Its
+    plants now write both reward files, reward.json first among them, while the test runs."""
+    audit = await audited("runs-program", pool)
+    paid = [r for r in audit.results if r.status == "paid"]
+    assert [r.name for r in paid] == ["submission-plants"], [(r.name, r.score) for r in paid]
+    assert any(b.startswith("tests/test.sh:4:") and "python3 solve.py" in b for b in paid[0].blame), paid[0].blame
+
+
+@pytest.mark.docker
+def test_a_task_the_audit_found_paying_is_refused_for_training_unless_asked(images, tmp_path):
+    """Issue #62: as with a failed oracle, `air tasks audit` keeps its verdict; `air tasks list` shows it and when,
+    and `air eval` refuses the task in one line naming the audit unless --allow-hackable."""
+    import os
+
+    def air(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "air.cli.main", *args], capture_output=True, text=True,
+                              timeout=900, env={**os.environ, "CI": "", "AIR_CACHE_DIR": str(tmp_path / "cache")})
+
+    root = ["--harbor-root", str(HACKS)]
+    audited = air("tasks", "audit", "harbor:file-exists", *root, "--hack", "trivial-outputs", "--json")
+    assert audited.returncode == 1, audited.stderr[-2000:]
+    listed = {r["name"]: r["audit"] for r in json.loads(air("tasks", "list", *root, "--json").stdout)}
+    assert listed["file-exists"].startswith("paid (trivial-outputs), 20"), listed
+    assert listed["runs-program"] == "not audited", listed
+    refused = air("eval", "harbor:file-exists", *root, "--out", str(tmp_path / "a"))
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    refusal = refused.stderr.strip().splitlines()[-1]
+    assert "`air tasks audit` found hacks that pay on it (trivial-outputs)" in refusal, refusal
+    assert "--allow-hackable" in refusal
+    # Positive control: the opt-in runs it (and a task never audited runs without one).
+    ran = air("eval", "harbor:file-exists", *root, "-n", "1", "--out", str(tmp_path / "b"), "--allow-hackable")
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["rollouts"]

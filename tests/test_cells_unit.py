@@ -83,6 +83,16 @@ def test_the_filter_refuses_what_it_must_and_runs_ordinary_programs():
         except OSError as exc:
             out["vsock"] = errno.errorcode[exc.errno]
         out["inet socket"] = socket.socket().fileno() > 0
+        out["pidfd_open"] = call(nr["pidfd_open"], os.getpid(), 0)
+        out["clone with CLONE_PIDFD"] = call(nr["clone"], 0x1000 | 17, 0, 0, 0, 0)
+        pair = socket.socketpair()
+        for name, option in (("SO_PEERPIDFD", 77), ("SO_PASSPIDFD", 76)):
+            try:
+                pair[0].getsockopt(socket.SOL_SOCKET, option)
+                out[name] = 0
+            except OSError as exc:
+                out[name] = errno.errorcode[exc.errno]
+        out["SO_TYPE"] = pair[0].getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM
         fd = os.open("/etc/hostname", os.O_RDONLY)
         buf = bytearray(16)
         out["preadv2"] = os.preadv(fd, [buf], 0) >= 0
@@ -103,7 +113,9 @@ def test_the_filter_refuses_what_it_must_and_runs_ordinary_programs():
     assert got == {"unshare": "EPERM", "setns": "EPERM", "mount": "EPERM", "io_uring_setup": "EPERM",
                    "keyctl": "EPERM", "bpf": "EPERM", "clone3": "ENOSYS", "a syscall newer than the table": "ENOSYS",
                    "clone with CLONE_NEWNET": "EPERM", "personality(READ_IMPLIES_EXEC)": "EPERM", "vsock": "EPERM",
-                   "inet socket": True, "preadv2": True, "preadv2(RWF_NOWAIT)": errno.errorcode[errno.EOPNOTSUPP],
+                   "inet socket": True, "pidfd_open": "ENOSYS", "clone with CLONE_PIDFD": "EPERM",
+                   "SO_PEERPIDFD": "ENOPROTOOPT", "SO_PASSPIDFD": "ENOPROTOOPT", "SO_TYPE": True, "preadv2": True,
+                   "preadv2(RWF_NOWAIT)": errno.errorcode[errno.EOPNOTSUPP],
                    "cachestat": "EPERM",
                    "a program": "42", "a thread": 0}
 
@@ -125,3 +137,34 @@ def test_a_submissions_owner_is_whoever_the_scorer_says_whatever_its_pax_header_
     with tarfile.open(fileobj=io.BytesIO(clean.getvalue())) as tar:
         member = tar.next()
     assert (member.uid, member.gid) == (0, 0) and "uid" not in member.pax_headers
+
+
+@native
+def test_a_pidfds_inode_number_counts_the_hosts_processes_where_no_filter_refuses_it():
+    """Positive control of the pidfd rows above: outside the filter, a pidfd's inode number (pidfs, Linux 6.9 and
+    later) moves by one for every process made anywhere on the host, the channel the filter closes."""
+    nr = NUMBERS["x86_64"]
+
+    def inode() -> int:
+        """The inode number of a pidfd of a new child: pidfs numbers pids as they are made."""
+        pid = os.fork()
+        if pid == 0:
+            os.read(os.open("/dev/null", os.O_RDONLY), 1)
+            os._exit(0)
+        fd = libc.syscall(nr["pidfd_open"], pid, 0)
+        os.waitpid(pid, 0)
+        assert fd >= 0, errno.errorcode[ctypes.get_errno()]
+        try:
+            return os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+
+    if inode() == inode():
+        pytest.skip("pidfds share one anonymous inode on this kernel (before pidfs): nothing to count")
+    before = inode()
+    for _ in range(50):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+    assert inode() - before >= 50

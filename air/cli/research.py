@@ -119,6 +119,9 @@ def eval_(
     allow_failed_oracle: Annotated[bool, typer.Option(
         help="Run Harbor tasks whose oracle (solution/solve.sh) failed `air tasks check` (refused by default: "
              "their test may pay a right answer 0).")] = False,
+    allow_hackable: Annotated[bool, typer.Option(
+        help="Run tasks on which `air tasks audit` found a hack that pays (refused by default: training on them "
+             "may teach the hack).")] = False,
     offline: Offline = False,
     as_json: JsonFlag = False,
 ) -> None:
@@ -137,6 +140,7 @@ def eval_(
     from air.cli.images import build_task_images, require_images
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import sandbox_spec
+    from air.tasks.audit_record import require_audit
     from air.tasks.harbor_oracle import require_oracle
     from air.tasks.registry import bundled_here, load_all
     from air.validation import config_of
@@ -147,6 +151,7 @@ def eval_(
                      harbor_root=harbor_root)
     for spec in specs:
         require_oracle(spec, allow_failed_oracle)
+        require_audit(spec, allow_hackable)
     if start is not None:
         from air.episode.snapshot import check_task
 

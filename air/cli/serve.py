@@ -124,6 +124,7 @@ def _services() -> typer.Typer:
         mlgym_root: str | None = option_of(AG, "mlgym_root"),
         harbor_root: str | None = option_of(AG, "harbor_root"),
         allow_failed_oracle: bool = option_of(AG, "allow_failed_oracle"),
+        allow_hackable: bool = option_of(AG, "allow_hackable"),
         examples_per_task: int = option_of(AG, "examples_per_task"),
         snapshots: list[str] = option_of(AG, "snapshots", "--snapshot", metavar="FILE",  # noqa: B008
                                          more="Repeat the flag for several."),
@@ -163,6 +164,7 @@ def _services() -> typer.Typer:
         mlgym_root: str | None = option_of(OE, "mlgym_root"),
         harbor_root: str | None = option_of(OE, "harbor_root"),
         allow_failed_oracle: bool = option_of(OE, "allow_failed_oracle"),
+        allow_hackable: bool = option_of(OE, "allow_hackable"),
         examples_per_task: int = option_of(OE, "examples_per_task"),
         snapshots: list[str] = option_of(OE, "snapshots", "--snapshot", metavar="FILE",  # noqa: B008
                                          more="Repeat the flag for several."),

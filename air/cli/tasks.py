@@ -47,6 +47,7 @@ def tasks_list(mlgym_root: MlgymRoot = None, harbor_root: HarborRoot = None, as_
     if mlgym_root:
         return _list_mlgym(Path(mlgym_root), as_json)
     from air.errors import TaskError, UsageError
+    from air.tasks.audit_record import audit_state
     from air.tasks.registry import bundled_ids, gpus_here, load_task, why_not_here
 
     rows, gpus = [], gpus_here()
@@ -58,24 +59,24 @@ def tasks_list(mlgym_root: MlgymRoot = None, harbor_root: HarborRoot = None, as_
             continue
         rows.append({"id": t.id, "name": t.name, "metric": t.primary.name, "direction": t.primary.direction,
                      "baseline": t.baseline_score, "submission": t.evaluation.submission, "image": t.image,
-                     "gpus": t.resources.gpus, "hidden": _hidden_kind(t), "why_not_here": why_not_here(t, gpus),
-                     "error": None})
+                     "gpus": t.resources.gpus, "hidden": _hidden_kind(t), "audit": audit_state(t),
+                     "why_not_here": why_not_here(t, gpus), "error": None})
     if as_json:
         print_json(rows)
         return
     table = Table()
     table.add_column("id", no_wrap=True)
-    for column in ("metric", "baseline", "submission", "hidden data", "name"):
+    for column in ("metric", "baseline", "submission", "hidden data", "audit", "name"):
         table.add_column(column)
     for r in rows:
         if r["error"]:
-            table.add_row(escape(r["id"]), "[red]cannot load[/]", "-", "-", "-", "-")
+            table.add_row(escape(r["id"]), "[red]cannot load[/]", "-", "-", "-", "-", "-")
             continue
         arrow = "↑" if r["direction"] == "higher" else "↓"
         table.add_row(escape(r["id"]), f"{escape(r['metric'])} {arrow}", f"{r['baseline']:.4g}",
                       escape(" ".join(r["submission"])),
                       {"evaluation": "drawn per evaluation", "host": "fixed: drawn per host"}.get(r["hidden"], "-"),
-                      escape(r["name"]))
+                      _audit_shown(r["audit"]), escape(r["name"]))
     show_table(table)
     for r in rows:
         if r["error"]:
@@ -125,22 +126,23 @@ def _list_mlgym(root: Path, as_json: bool) -> None:
 
 
 def _list_harbor(root: Path, as_json: bool) -> None:
+    from air.tasks.audit_record import audit_state
     from air.tasks.harbor import survey
     from air.tasks.harbor_oracle import state
 
-    rows = survey(root, oracle=state, host=_host_room())
+    rows = survey(root, oracle=state, host=_host_room(), audit=audit_state)
     if as_json:
         print_json([r.model_dump() for r in rows])
         return
     table = Table()
-    for column in ("task", "loads", "runs here", "oracle", "image"):
+    for column in ("task", "loads", "runs here", "oracle", "audit", "image"):
         table.add_column(column, no_wrap=True)
     details = []
     shade = {"passed": "[green]passed[/]", "failed": "[red]FAILED[/]", "not checked": "[yellow]not checked[/]"}
     for r in rows:
         table.add_row(escape(f"harbor:{r.name}"), "yes" if r.loads else "[red]no[/]",
                       "-" if r.runs_here is None else "yes" if r.runs_here else "[red]no[/]",
-                      shade.get(r.oracle or "", r.oracle or "-"), r.image or "-")
+                      shade.get(r.oracle or "", r.oracle or "-"), _audit_shown(r.audit), r.image or "-")
         details += [f"[bold]{escape(r.name)}[/]: {escape(note)}" for note in r.notes]
         if r.reason:
             why = r.reason.replace(f"{root.resolve()}/", "")
@@ -154,7 +156,15 @@ def _list_harbor(root: Path, as_json: bool) -> None:
               "run on this host (name them harbor:<task>; each image is built from its own Dockerfile when first "
               "run); oracle: solution/solve.sh at `air tasks check --harbor-root "
               f"DIR`, {sum(r.oracle == 'passed' for r in rows)} passed, {sum(r.oracle == 'failed' for r in rows)} "
-              "failed (refused by air eval, the taskset and the served protocols)")
+              "failed (refused by air eval, the taskset and the served protocols, as is a task `air tasks audit` "
+              "found paying)")
+
+
+def _audit_shown(state: str | None) -> str:
+    if not state:
+        return "-"
+    return f"[red]{escape(state)}[/]" if state.startswith("paid") else \
+        f"[green]{escape(state)}[/]" if state.startswith("held") else f"[yellow]{escape(state)}[/]"
 
 
 def _host_room():
@@ -459,6 +469,12 @@ def tasks_audit(
         return found
 
     audits = run_async(audit_all())
+    from air.tasks.audit_record import keep_audit
+
+    for spec, audit in zip(specs, audits):  # for air eval, the taskset, the served protocols and `air tasks list`
+        paid = [r.name for r in audit.results if r.status == "paid"]
+        if paid or not only:  # "held" is a verdict on the whole catalogue, never on the hacks one asked for
+            keep_audit(spec, paid)
     if html_out is not None:
         html_out.write_text(html(audits), encoding="utf-8")
     if as_json:

@@ -97,10 +97,11 @@ class TaskItem:
 
 def task_items(refs: list[str], examples_per_task: int, mlgym_root: str | None = None,
                gpus_per_task: int = 0, harbor_root: str | None = None, *,
-               allow_failed_oracle: bool = False) -> list[TaskItem]:
+               allow_failed_oracle: bool = False, allow_hackable: bool = False) -> list[TaskItem]:
     """Tasks x examples, numbered in this order (the taskset's rows, AgentGym's data_idx, OpenEnv's item);
     UsageError for an unknown task, TaskError for a Harbor task whose oracle failed `air tasks check` (unless
     allowed: air.tasks.harbor_oracle)."""
+    from air.tasks.audit_record import require_audit
     from air.tasks.harbor_oracle import require_oracle
     from air.tasks.registry import load_task
 
@@ -108,6 +109,7 @@ def task_items(refs: list[str], examples_per_task: int, mlgym_root: str | None =
     for ref in refs:
         spec = load_task(ref, mlgym_root, gpus_per_task, harbor_root=harbor_root)
         require_oracle(spec, allow_failed_oracle)
+        require_audit(spec, allow_hackable)
         items.extend(TaskItem(len(items), ref, example, spec) for example in range(examples_per_task))
     return items
 

@@ -86,6 +86,9 @@ class ServiceConfig(EpisodeSettings):
     allow_failed_oracle: bool = False
     """Serve Harbor tasks whose oracle (solution/solve.sh) failed `air tasks check` (refused by default: their
     test may pay a right answer 0)."""
+    allow_hackable: bool = False
+    """Serve tasks on which `air tasks audit` found a hack that pays (refused by default: training on them may teach
+    the hack)."""
     examples_per_task: int = Field(1, ge=1)
     """Items per task (identical episodes), as the verifiers taskset's option of the same name."""
     max_envs: int = Field(64, ge=1)
@@ -143,7 +146,8 @@ class ServedEpisodes:
 
         self.items = task_items(self.config.tasks or bundled_here(), self.config.examples_per_task,
                                 self.config.mlgym_root, harbor_root=self.config.harbor_root,
-                                allow_failed_oracle=self.config.allow_failed_oracle)
+                                allow_failed_oracle=self.config.allow_failed_oracle,
+                                allow_hackable=self.config.allow_hackable)
         self.items += snapshot_items(self.config.snapshots, len(self.items))
 
     async def start(self) -> None:

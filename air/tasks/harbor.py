@@ -140,6 +140,8 @@ class HarborTask(BaseModel):
     """Why it cannot run in air (its one line), when it cannot."""
     oracle: str | None = None
     """Its oracle (solution/solve.sh) at `air tasks check`: passed, failed, not checked or no solution."""
+    audit: str | None = None
+    """What `air tasks audit` found, and when: held, paid (which hacks) or not audited."""
     runs_here: bool | None = None
     """Whether this host has what it asks for (GPUs, memory); None when not weighed (or it does not load)."""
     why_not_here: str | None = None
@@ -170,8 +172,8 @@ def task_dirs(root: Path) -> list[str]:
     return sorted(str(p.parent.relative_to(root)) for p in root.rglob("task.toml") if p.parent != root)
 
 
-def survey(root: Path, oracle: Callable[[TaskSpec], str] | None = None, host: Host | None = None
-           ) -> list[HarborTask]:
+def survey(root: Path, oracle: Callable[[TaskSpec], str] | None = None, host: Host | None = None,
+           audit: Callable[[TaskSpec], str] | None = None) -> list[HarborTask]:
     """Every task of the dataset: loads or not, and why (one line a task, never an exception); with `oracle`
     (air.tasks.harbor_oracle.state, which sits above this module), what its oracle's check said; with `host`,
     whether it can run there."""
@@ -181,7 +183,7 @@ def survey(root: Path, oracle: Callable[[TaskSpec], str] | None = None, host: Ho
             spec, notes = _load(_root(root), name)
             gap = lacks(spec.resources, host) if host is not None else None
             rows.append(HarborTask(name=name, loads=True, image=spec.image, notes=notes,
-                                   oracle=oracle(spec) if oracle else None,
+                                   oracle=oracle(spec) if oracle else None, audit=audit(spec) if audit else None,
                                    runs_here=None if host is None else gap is None, why_not_here=gap))
         except TaskError as exc:
             rows.append(HarborTask(name=name, loads=False, reason=str(exc)))

@@ -26,6 +26,10 @@ log = logging.getLogger("air.scoring")
 ARTIFACTS = f"{HARBOR_DIR}/logs/artifacts"
 HOME = "/tmp/air-collect-home"
 """The commands' HOME (`git config --global` writes there): the scoring cell's home is the workspace copy's, root's."""
+GITCONFIG = "[safe]\n\tdirectory = *\n"
+"""Their git's global configuration: the copy is root's, and git refuses a repository its user does not own
+("dubious ownership"; `git diff` outside a repository is then a usage error, exit 129, and the patch empty). The
+repository's config is the agent's, and these commands run as the agent: trusting it gives the agent nothing."""
 
 
 async def run_collect(scorer: Sandbox, spec: TaskSpec) -> None:
@@ -65,7 +69,8 @@ async def _collect(scorer: Sandbox, spec: TaskSpec) -> None:
     uid = scorer.agent_uid
     await scorer.harness_sh(f"mkdir -p {ARTIFACTS} && chown {uid}:{uid} {ARTIFACTS}")
     for hook in spec.verifier_collect:
-        script = f"mkdir -p {HOME} && export HOME={HOME} && {hook.command}"
+        script = f"mkdir -p {HOME} && export HOME={HOME} && printf {shlex.quote(GITCONFIG)} > {HOME}/.gitconfig && " \
+                 f"{hook.command}"
         result = await scorer.session.run_untrusted(["bash", "-c", script], user="agent", cwd=WORKSPACE,
                                                     timeout=hook.timeout, reap=True)
         if result.timed_out or result.exit_code != 0:

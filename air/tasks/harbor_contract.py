@@ -16,8 +16,12 @@ submission's failure, never infrastructure.
 What the agent wrote reaches the test only where the test looks for it (sealed()):
 - the image's PATH and PYTHONPATH entries inside the working directory (a venv at /app/.venv, a common pattern)
   are the image's own, not the agent's copy, unless a file of tests/ names them; relative entries are dropped;
-- the modules the interpreter has installed come before any file of the workspace (`python -m pytest` in the
-  working directory puts it first on sys.path): a guard on PYTHONPATH (GUARD) puts them first.
+- the working directory the interpreter itself puts first on sys.path (`python -m pytest` in it) is taken off at
+  the first import, its modules still importable by a name nothing installed has, and the modules the interpreter
+  has installed come before any file of the workspace: a guard on PYTHONPATH (GUARD, air/tasks/harbor_guard.py);
+- the test's HOME is a fresh directory of root's, made once the collect commands (the agent's) ran;
+- every link of the copy is judged in the cell by where it finally leads (air.tasks.links);
+- /tests is root's alone (0700), so a test can run its submission as $AIR_AGENT_UID without showing it the tests.
 A test that runs the submission's own code as root trusts that code, as Harbor does: `air tasks audit` says which.
 
 What the test printed may hold the tests' expectations, which the agent never sees: it goes to the operator's log,
@@ -26,19 +30,23 @@ and the agent reads fixed words.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
+import tarfile
 
 from typing import NamedTuple
 
 import posixpath
 import shlex
+from pathlib import Path
 
 from air.images.dockerfile import HARBOR_DIR
-from air.sandbox import OUT_DIR, WORKSPACE, ArchiveTooLarge, ArchiveUnwritable, Sandbox, make_tar
+from air.sandbox import BASE_PATH, OUT_DIR, WORKSPACE, ArchiveTooLarge, ArchiveUnwritable, Sandbox, make_tar
 from air.tasks.harbor import PRIMARY
 from air.tasks.harbor_collect import run_collect
+from air.tasks.links import WRITABLE_ROOTS, refused_in_cell, shown
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import retarred, tar_of
 
@@ -48,6 +56,10 @@ said = logging.getLogger("air.scoring.harbor-test")
 LOGS = f"{OUT_DIR}/harbor-logs"
 """Where /logs is: /srv/air/harbor/logs links to the cell's own tmpfs, the one place a cell can write."""
 GUARD = f"{HARBOR_DIR}/guard"
+TEST_HOME = "/tmp/air-test-home"
+"""The test's HOME: made anew, root's, once the collect commands ran (never the agent's /home/agent, whose files
+those commands, running the agent's programs as the agent, could have written)."""
+ROOT_ENV = {"HOME": TEST_HOME, "USER": "root", "LOGNAME": "root"}
 MAX_REWARD_BYTES = 1 << 20
 MAX_METRICS = 64
 """reward.json's entries kept at most (names of 64 characters at most): bounded, whatever the test writes."""
@@ -79,7 +91,10 @@ def harbor_dirs_sh(agent_uid: int | None = None) -> str:
 async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> Scored:
     await scorer.harness_sh(harbor_dirs_sh())
     await scorer.put_archive(HARBOR_DIR, tar_of(spec.evaluation_files, file_mode=None))
-    await scorer.put_archive(GUARD, make_tar({"sitecustomize.py": _GUARD_MODULE}, mode=0o444))
+    # The tests are root's alone: a test that runs the submission as the agent's uid ($AIR_AGENT_UID) hides its
+    # expected outputs from it (docs/audit.md, "Running a submission without trusting it").
+    await scorer.harness_sh(f"chmod 700 {HARBOR_DIR}/tests")
+    await scorer.put_archive(GUARD, make_tar({"sitecustomize.py": guard_module()}, mode=0o444))
     env, kept = await sealed(scorer, spec)
     # The agent's copy replaces the image's workspace (what it deleted is gone, as in Harbor's container), but for
     # the image's own tools that PATH finds there (`kept`).
@@ -90,10 +105,15 @@ async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> Score
         await scorer.session.unpack(WORKSPACE, _without(artefacts, kept), user="root")
     except ArchiveUnwritable:
         return Scored("invalid_submission", message="Your workspace could not be copied for the tests.")
+    refused = await refused_in_cell(scorer, _links_of(artefacts, kept), WRITABLE_ROOTS, {"PATH": BASE_PATH})
+    if refused:
+        return Scored("invalid_submission", message=f"{WORKSPACE}/{shown(refused[0])} is a link that leads outside "
+                                                    "the submission; submit a regular file.")
     await run_collect(scorer, spec)  # Harbor's [[verifier.collect]], as the agent (air.tasks.harbor_collect)
+    await _root_home(scorer)
     result = await scorer.session.run_untrusted(["bash", "/tests/test.sh"], user="root", cwd=WORKSPACE,
                                                 timeout=spec.evaluation.timeout, end_cell=True,
-                                                env={**env, "AIR_AGENT_UID": str(scorer.agent_uid)})
+                                                env={**env, **ROOT_ENV, "AIR_AGENT_UID": str(scorer.agent_uid)})
     said.debug("task %s: tests/test.sh exited with code %s: %s", spec.id, result.exit_code,
                (result.stdout + result.stderr).strip()[-4000:])
     if result.timed_out:
@@ -144,61 +164,34 @@ def _text_of(spec: TaskSpec, limit: int = 4 << 20) -> str:
     return "\n".join(parts)
 
 
+def _links_of(artefacts: bytes, kept: set[str]) -> list[str]:
+    """The workspace-relative names of the copy's links (the agent's; not the image's kept ones)."""
+    with tarfile.open(fileobj=io.BytesIO(artefacts)) as tar:
+        return [m.name for m in tar if m.issym() and m.name.split("/")[0] not in kept]
+
+
+async def _root_home(scorer: Sandbox) -> None:
+    """The test's home anew, root's and empty, and nothing the agent's collect commands left in the cell's temp
+    places: whatever reads configuration from HOME (Python's user site and its .pth files, git, pip, uv, npm) or
+    picks a file up from /tmp reads root's. Every process of the agent's is gone by now (reaped)."""
+    script = (f"find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -maxdepth 1 -user {scorer.agent_uid} "
+              f"-exec rm -rf {{}} + ; rm -rf {TEST_HOME} && mkdir -m 700 {TEST_HOME}")
+    await scorer.session.run_untrusted(["sh", "-c", script], user="root", cwd="/", env={"PATH": BASE_PATH},
+                                       timeout=60)
+
+
 def _without(artefacts: bytes, kept: set[str]) -> bytes:
     """The agent's copy without the workspace's top-level names in `kept`."""
     return retarred(artefacts, lambda member: member.name.split("/")[0] not in kept) if kept else artefacts
 
 
-_GUARD_MODULE = '''"""air: modules the interpreter has installed come before files of the agent's workspace (a
-`unittest.py` left where `python -m unittest` runs would otherwise run in place of the real one, as root). Then the
-image's own sitecustomize, if it has one, runs as it would have."""
-import os
-import sys
-
-
-def _install():
-    import importlib.machinery
-
-    workspace = os.path.realpath(WORKSPACE)
-    finder = importlib.machinery.PathFinder
-
-    def agents(entry):
-        try:
-            real = os.path.realpath(entry or os.getcwd())
-        except (OSError, TypeError, ValueError):
-            return True
-        return real == workspace or real.startswith(workspace + os.sep)
-
-    class InstalledFirst:
-        @classmethod
-        def find_spec(cls, name, path=None, target=None):
-            if path is not None or "." in name:
-                return None
-            outside = [e for e in sys.path if isinstance(e, str) and not agents(e)]
-            if len(outside) == len(sys.path):
-                return None
-            return finder.find_spec(name, outside)
-
-        @classmethod
-        def invalidate_caches(cls):
-            pass
-
-    at = next((i for i, f in enumerate(sys.meta_path) if f is finder), len(sys.meta_path))
-    sys.meta_path.insert(at, InstalledFirst)
-
-
-_install()
-_here = os.path.dirname(os.path.abspath(__file__))
-_saved = sys.path[:]
-del sys.modules["sitecustomize"]
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-try:
-    import sitecustomize  # noqa: F401 - the image's own
-except ImportError:
-    pass
-finally:
-    sys.path[:] = _saved
-'''.replace("WORKSPACE", repr(WORKSPACE)).encode()
+def guard_module() -> bytes:
+    """The text of air.tasks.harbor_guard, air's sitecustomize for the test's Python, with air's workspace in it."""
+    text = (Path(__file__).parent / "harbor_guard.py").read_text()
+    line = 'WORKSPACE = "/home/agent/workspace"'
+    if line not in text:
+        raise RuntimeError("air/tasks/harbor_guard.py no longer names its workspace where air writes it")
+    return text.replace(line, f"WORKSPACE = {WORKSPACE!r}", 1).encode()
 
 
 async def _rewards(scorer: Sandbox) -> tuple[dict[str, float], str | None]:

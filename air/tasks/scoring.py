@@ -47,6 +47,7 @@ from air.sandbox import (
 )
 from air.tasks.datastore import HF_OFFLINE_ENV, DataStore
 from air.tasks.hostenv import resolved
+from air.tasks.links import WRITABLE_ROOTS, final, refused, shown as _shown, under
 from air.tasks.shared_lib import shared_lib_entries
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import add_entries, retarred, tar_of
@@ -161,28 +162,11 @@ async def collect_submission(sandbox: Sandbox, spec: TaskSpec) -> bytes:
     return out.getvalue()
 
 
-def _under(path: str, top: str) -> bool:
-    return path == top or path.startswith(top + "/")
-
-
-def _shown(name: str) -> str:
-    """A name from the agent's tar as text for a message. The copy keeps names byte-exact (tarfile's surrogate
-    escapes); what the agent and the records read is valid text (an undecodable byte becomes U+FFFD)."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
-WRITABLE_ROOTS = ("/home", "/root", "/srv", "/tmp", "/var/tmp", "/dev", "/proc", "/sys", "/run", "/tests", "/logs",
-                  "/solution")
-"""Where a Harbor workspace's absolute links may not point. Elsewhere (a venv's bin/python3 -> /opt/venv/bin/python3)
-is the image's own root filesystem, read-only in every sandbox: nothing written through such a link lands, and
-what is read through it is the image's, which the agent sees too. Here are the places a test can write (its
-reward among them) or that hold what the agent may not read."""
-
-
 def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: str, skip_data_link: bool,
                     image_links: bool = False) -> int:
     size = 0
     files: set[str] = set()  # regular files copied so far: the only valid targets of a hard link
+    symlinks: dict[str, str] = {}  # the copy's links: name -> target
 
     def rename(raw_name: str) -> str:
         """A path of the raw tar as a workspace-relative path ("" for the workspace itself)."""
@@ -202,16 +186,7 @@ def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: s
             if skip_data_link and (name == "data" or name.startswith("data/")):
                 continue  # the read-only data link: the scorer brings its own pristine data
             if member.issym():
-                target = member.linkname
-                resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
-                root = artefact if artefact != "." else ""
-                into_image = image_links and not any(_under(posixpath.normpath(target), top)
-                                                     for top in WRITABLE_ROOTS)
-                if (posixpath.isabs(target) and not into_image) or resolved.startswith("..") or (
-                        root and not (resolved == root or resolved.startswith(root + "/"))):
-                    raise _Rejected("invalid_submission",
-                                    f"{WORKSPACE}/{_shown(name)} is a link to {_shown(target)}, outside the "
-                                    "submission; submit a regular file.")
+                symlinks[name] = member.linkname  # judged once every link is known (one may lead through another)
             elif member.islnk():
                 # A hard link names its target by its path in the archive, which is renamed like every path; the
                 # target must be a file copied before it (the archive holds the first of the linked names as it).
@@ -233,7 +208,25 @@ def _copy_sanitised(raw: bytes, clean: tarfile.TarFile, parent: str, artefact: s
             if member.isfile():
                 files.add(name)
             size += member.size
+    root = artefact if artefact != "." else ""
+    for name, target in symlinks.items():
+        if not link_allowed(name, symlinks, root, image_links):
+            raise _Rejected("invalid_submission", f"{WORKSPACE}/{_shown(name)} is a link to {_shown(target)}, "
+                                                  "outside the submission; submit a regular file.")
     return size
+
+
+def link_allowed(name: str, symlinks: dict[str, str], root: str, image_links: bool) -> bool:
+    """Whether the link `name` of the copy leads, through every link of the copy, inside `root` (the artefact;
+    "" the workspace), or (image_links) into the image's read-only system. Harbor's copy is judged again in the
+    scoring cell, through the image's links too (air.tasks.links.refused_in_cell)."""
+    try:
+        kind, where = final(name, symlinks)
+    except ValueError:
+        return False
+    if kind == "image":
+        return image_links and not refused(where, WRITABLE_ROOTS)
+    return not root or under(where, root)
 
 
 # ----- 2 and 3. the scoring sandbox ------------------------------------------------------------------------------

@@ -33,9 +33,11 @@ UNREAD = ("/proc/pagetypeinfo",)
 with the zone's lock held (65 ms of every warden's start on a 24 GB host, and more with more memory, while the host's
 allocations wait: experiments.md, session 60). It is root's alone, and no program of a task reads it."""
 TREES = ("/proc/sys/fs", "/proc/pressure", "/sys/devices/system/node", "/sys/devices/virtual/bdi",
-         "/sys/kernel/mm/ksm", "/sys/kernel/mm/transparent_hugepage/khugepaged")
-"""Directories shown as copies (settings as they are, counters zeroed: COUNTER)."""
-COUNTER = re.compile(r"/proc/pressure/|/bdi/|/ksm/|/khugepaged/|/quota/|"
+         "/sys/kernel/mm/ksm", "/sys/kernel/mm/transparent_hugepage", "/sys/kernel/mm/hugepages")
+"""Directories shown as copies (settings as they are, counters zeroed: COUNTER). The whole transparent-huge-page
+tree: its per-size `stats/` count the host's huge-page faults, splits and swaps, which any cell moves with one
+madvise(MADV_HUGEPAGE) and a write (issue #62: 244 of 256 bits between two sandboxes at once)."""
+COUNTER = re.compile(r"/proc/pressure/|/bdi/|/ksm/|/khugepaged/|/quota/|/transparent_hugepage/[^/]+/stats/|"
                      r"/(aio-nr|dentry-state|file-nr|inode-nr|inode-state|meminfo|numastat|vmstat|"
                      r"(free|surplus|resv)_hugepages)$")
 EMPTY = ("/proc/fs",)

@@ -14,9 +14,9 @@ number newer than this table (a kernel newer than the filter) fails with ENOSYS 
 newer than its profile, so libraries fall back to what they had before.
 
 The container itself runs under Docker's filter as well (seccomp filters stack: a call must pass both), but this one
-does not rely on it: it is at least as strict on its own, so a daemon configured with a weaker default profile gives
-the cell nothing more. Only the native ABI passes: 32-bit (i386) and x32 calls on x86_64 and arm32 calls on aarch64
-fail with EPERM.
+does not rely on it: it is at least as strict on its own (and refuses pidfds, which Docker's allows: CLONE_PIDFD),
+so a daemon configured with a weaker default profile gives the cell nothing more. Only the native ABI passes: 32-bit
+(i386) and x32 calls on x86_64 and arm32 calls on aarch64 fail with EPERM.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ ALLOWED = frozenset("""
     lremovexattr lseek lsetxattr lstat madvise membarrier memfd_create memfd_secret mincore mkdir mkdirat mknod
     mknodat mlock mlock2 mlockall mmap mprotect mq_getsetattr mq_notify mq_open mq_timedreceive mq_timedsend
     mq_unlink mremap msgctl msgget msgrcv msgsnd msync munlock munlockall munmap name_to_handle_at nanosleep
-    newfstatat open openat openat2 pause pidfd_open pidfd_send_signal pipe pipe2 pkey_alloc pkey_free pkey_mprotect
+    newfstatat open openat openat2 pause pidfd_send_signal pipe pipe2 pkey_alloc pkey_free pkey_mprotect
     poll ppoll prctl pread64 preadv prlimit64 process_mrelease pselect6 pwrite64 pwritev pwritev2 read
     readahead readlink readlinkat readv recvfrom recvmmsg recvmsg remap_file_pages removexattr rename renameat
     renameat2 restart_syscall rmdir rseq rt_sigaction rt_sigpending rt_sigprocmask rt_sigqueueinfo rt_sigreturn
@@ -65,6 +65,14 @@ ALLOWED = frozenset("""
 
 CLONE_NEW_FLAGS = 0x7E020000
 """CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET: clone may not make namespaces."""
+CLONE_PIDFD = 0x1000
+"""clone may not make a pidfd either. A pidfd's inode number is the host's count of processes ever made (pidfs numbers
+each new pid from one kernel-wide counter: issue #62, 205 of 256 bits between two sandboxes at once), so no call
+that hands out a pidfd is allowed: pidfd_open fails with ENOSYS (as on a kernel before 5.3: Python's asyncio, Go's
+os/exec and glibc probe it and fall back to plain pids), clone with CLONE_PIDFD with EPERM, and the socket options
+that pass a peer's pidfd (SO_PEERPIDFD, SO_PASSPIDFD) with ENOPROTOOPT, as a kernel before 6.5 answers."""
+SOL_SOCKET, PIDFD_SOCKOPTS = 1, (76, 77)
+"""SO_PASSPIDFD and SO_PEERPIDFD."""
 AF_VSOCK = 40
 RWF_NOWAIT = 0x8
 """preadv2's flag that fails a read rather than wait for the disk: an exact oracle of which pages of a file are
@@ -126,7 +134,8 @@ def compile_filter(arch: str) -> bytes:
     numbers = NUMBERS[arch]
     special = {numbers["clone"]: "clone", numbers["socket"]: "socket", numbers["personality"]: "personality",
                numbers["preadv2"]: "preadv2", numbers["clone3"]: "enosys", numbers["fadvise64"]: "fadvise",
-               numbers["madvise"]: "madvise"}
+               numbers["madvise"]: "madvise", numbers["pidfd_open"]: "enosys", numbers["getsockopt"]: "sockopt",
+               numbers["setsockopt"]: "sockopt"}
     allowed = {numbers[name] for name in ALLOWED if name in numbers}
     newest = max(numbers.values())
     # Decisions by number, as runs of equal decisions: [(first number, decision)], sorted.
@@ -170,8 +179,17 @@ def compile_filter(arch: str) -> bytes:
     p.ret(_ERRNO | errno.ENOSYS)
     p.label("decide_clone")
     p.op(_LD_W_ABS, _ARG0_LO)
-    p.op(_JSET, CLONE_NEW_FLAGS, jf=1)
+    p.op(_JSET, CLONE_NEW_FLAGS | CLONE_PIDFD, jf=1)
     p.ret(_ERRNO | errno.EPERM)
+    p.ret(_ALLOW)
+    p.label("decide_sockopt")  # getsockopt/setsockopt(fd, level, optname, ...)
+    p.op(_LD_W_ABS, _ARG0_LO + 8)
+    p.op(_JEQ, SOL_SOCKET, jt=1)
+    p.ret(_ALLOW)
+    p.op(_LD_W_ABS, _ARG0_LO + 16)
+    for value in PIDFD_SOCKOPTS:
+        p.op(_JEQ, value, jf=1)
+        p.ret(_ERRNO | errno.ENOPROTOOPT)
     p.ret(_ALLOW)
     p.label("decide_socket")
     p.op(_LD_W_ABS, _ARG0_LO)

@@ -1,0 +1,104 @@
+"""The seal's parts without Docker (issue #62): the guard a Harbor test's Python runs, on this machine's Python, and
+the two link checks on trees of links built here. The attacks through the agent's sandbox: test_seal_classes.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from air.sandbox import WORKSPACE
+from air.tasks.harbor_contract import guard_module
+from air.tasks.links import CHECK, WRITABLE_ROOTS, final
+from air.tasks.scoring import link_allowed
+
+ENTRY_POINTS = ("import importlib.metadata as m, pkgutil, sys\n"
+                "print(sorted(e.name for e in m.entry_points(group='pytest11') if e.name == 'evil'),"
+                " 'evil_plugin' in {i.name for i in pkgutil.iter_modules()})\n")
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> tuple[Path, Path]:
+    """A workspace holding an entry-point plugin's distribution and a module of its own, and the guard for it."""
+    ws, guard = tmp_path / "ws", tmp_path / "guard"
+    (ws / "evil-1.0.dist-info").mkdir(parents=True)
+    guard.mkdir()
+    (ws / "evil-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    (ws / "evil-1.0.dist-info" / "entry_points.txt").write_text("[pytest11]\nevil = evil_plugin\n")
+    (ws / "evil_plugin.py").write_text("raise SystemExit('EVIL')\n")
+    (ws / "solution.py").write_text("ANSWER = 42\n")
+    (ws / "json.py").write_text("raise SystemExit('SHADOW')\n")
+    (guard / "sitecustomize.py").write_bytes(guard_module().replace(repr(WORKSPACE).encode(), repr(str(ws)).encode()))
+    return ws, guard
+
+
+def python(args: list[str], cwd: Path, pythonpath: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env={**env, "PYTHONPATH": pythonpath},
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_guard_hides_the_implicit_workspace_from_every_scan_and_keeps_its_modules(workspace):
+    ws, guard = workspace
+    (ws / "probe.py").write_text(ENTRY_POINTS)
+    for args in (["-c", ENTRY_POINTS], ["-m", "probe"]):  # '' for -c, the working directory for -m
+        guarded = python(args, ws, str(guard))
+        assert guarded.stdout.split() == ["[]", "False"] and guarded.returncode == 0, guarded
+        # Positive control: the same interpreter without the guard finds the agent's plugin and module.
+        bare = python(args, ws, "")
+        assert bare.stdout.split() == ["['evil']", "True"], bare
+    # The test's own import of a module nothing installed has still finds the agent's; an installed name is the
+    # installed module (json), and `python -m` of the agent's module runs it.
+    imported = python(["-c", "import json, solution; print(solution.ANSWER, json.dumps(1))"], ws, str(guard))
+    assert imported.stdout.split() == ["42", "1"], imported
+    assert python(["-m", "solution"], ws, str(guard)).returncode == 0
+    assert "SHADOW" in python(["-c", "import json"], ws, "").stderr  # control: the shadow, unguarded
+
+
+def test_a_workspace_the_environment_names_keeps_its_distributions(workspace):
+    ws, guard = workspace
+    named = python(["-c", ENTRY_POINTS], ws, f"{guard}:{ws}")
+    assert named.stdout.split() == ["['evil']", "True"], named
+    elsewhere = python(["-c", ENTRY_POINTS], ws.parent, str(guard))  # the implicit entry is not the workspace
+    assert elsewhere.stdout.split() == ["[]", "False"], elsewhere
+
+
+LINKS = {"r": "/", "x": "r/tests/expected.txt", "d1/d2/d3/u": "../../..", "y": "d1/d2/d3/u/../../../tests/e",
+         "loop": "loop2", "loop2": "loop", "py": "/usr/bin/python3", "a": "b/c", "b": "d", "up": "..", "var": "/var",
+         "run": "/var/run/x"}
+
+
+def test_a_link_is_followed_through_every_link_of_the_copy():
+    assert final("x", LINKS) == ("image", "/tests/expected.txt")
+    assert final("a", LINKS) == ("inside", "d/c")
+    assert final("py", LINKS) == ("image", "/usr/bin/python3")
+    for name in ("y", "loop", "up"):  # above the workspace, through a link's own `..`; a loop
+        with pytest.raises(ValueError):
+            final(name, LINKS)
+    allowed = {name: link_allowed(name, LINKS, "", image_links=True) for name in LINKS}
+    assert allowed == {"r": False, "x": False, "d1/d2/d3/u": True, "y": False, "loop": False, "loop2": False,
+                       "py": True, "a": True, "b": True, "up": False, "var": False, "run": True}
+    # The host sees only the copy's links: /var/run -> /run is the image's, judged in the scoring cell (below).
+    assert not link_allowed("py", LINKS, "", image_links=False)  # contracts without image links
+    assert not link_allowed("a", LINKS, "a", image_links=False)  # out of the artefact's own root
+
+
+def test_the_cells_check_follows_the_images_links_too(tmp_path):
+    """CHECK as the scoring cell runs it, on a tree here: /var/run -> /run is an image's link the host cannot see."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "real.txt").write_text("x")
+    links = {"ok": "real.txt", "via-run": "/var/run/../tests/expected.txt", "root": "/", "proc": "/proc/self/root/usr",
+             "fd": "/dev/fd/0", "usr": "/usr/bin"}
+    for name, target in links.items():
+        os.symlink(target, ws / name)
+    names = list(links)
+    run = subprocess.run([sys.executable, "-I", "-S", "-c", CHECK, str(ws), *WRITABLE_ROOTS],
+                         input=b"\0".join(n.encode() for n in names), capture_output=True, timeout=60)
+    refused = {names[int(i)] for i in run.stdout.split()}
+    if not os.path.islink("/var/run"):
+        pytest.skip("this machine's /var/run is not a link")
+    assert refused == {"via-run", "root", "proc", "fd"}, (refused, run.stderr)
