@@ -94,7 +94,7 @@ def eval_(
     rollouts: Annotated[int, typer.Option("-n", "--rollouts", min=1, help="Rollouts per task.")] = 1,
     concurrency: Annotated[int, typer.Option("-c", "--concurrency", min=1, help="Rollouts at once.")] = 4,
     base_url: BaseUrl = None,
-    model: Model = "air-scripted",
+    model: Model = None,
     model_timeout: ModelTimeout = MODEL_TIMEOUT,
     max_turns: Annotated[int | None, typer.Option(min=1, help="Turn limit per episode (default 30; with --from, "
                                                   "the snapshot's).")] = None,
@@ -151,6 +151,12 @@ def eval_(
         check_task(start, specs[0])
         config = config_of(EpisodeConfig, {**start.config, **({"max_turns": max_turns} if max_turns else {}),
                                             **({"command_timeout": command_timeout} if command_timeout else {})})
+        if config.max_turns <= start.state.turn:  # a rollout from it would play one turn past its limit
+            from air.errors import UsageError
+
+            said = f"--max-turns {max_turns}" if max_turns else f"the snapshot's turn limit ({config.max_turns})"
+            raise UsageError(f"{said}: --from {from_} is after turn {start.state.turn}, so its rollouts play turn "
+                             f"{start.state.turn + 1} on; give a turn limit above {start.state.turn}")
     else:
         config = config_of(EpisodeConfig, {"max_turns": max_turns or 30, "command_timeout": command_timeout,
                                             "action_format": action_format})
@@ -299,6 +305,11 @@ def replay(
             from air.errors import UsageError
 
             raise UsageError(f"--rescore takes delta or best, not {rescore!r}")
+        if from_turn is not None:  # it would be ignored: the rescore reads every recorded turn, runs none
+            from air.errors import UsageError
+
+            raise UsageError(f"--from-turn {from_turn} with --rescore: a rescore recomputes every recorded turn's "
+                             "reward without containers and restores no snapshot; use one or the other")
         report = {rec.source: rescore_recording(rec, rescore) for rec in recordings}
         if as_json:
             print_json({src: [{"turn": t, "recorded": a, "rescored": b} for t, a, b in rows]
@@ -406,7 +417,7 @@ def view(
     Example: air view runs/eval-20261121-101500 -o report.html
     """
     from air.errors import UsageError
-    from air.files import input_files, output_file, write_atomically
+    from air.files import check_output, input_files, write_atomically
     from air.report import render
 
     # Checked before reading a large run, so that a typo in -o costs nothing, and before writing: never over an
@@ -416,7 +427,7 @@ def view(
                          f"e.g. {output / 'report.html'}")
     if not output.parent.is_dir():
         raise UsageError(f"cannot write {output}: directory {output.parent} does not exist")
-    output_file(output, input_files(sources))
+    check_output(output, input_files(sources))
     recordings = _recordings(sources)
     if not recordings:
         raise UsageError(f"no air trajectories or vf-eval traces of air found in {', '.join(map(str, sources))}")

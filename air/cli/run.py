@@ -20,8 +20,10 @@ from air.cli.app import (
     MlgymRoot,
     Model,
     ModelTimeout,
+    Offline,
     app,
     console,
+    go_offline,
     make_policy,
     out,
     policy_label,
@@ -35,7 +37,7 @@ from air.cli.images import build_missing, build_task_images
 def run(
     task: Annotated[str, typer.Option(help="Task id (bundled) or mlgym:tasks/<name>.yaml.")] = "prisoners-dilemma",
     base_url: BaseUrl = None,
-    model: Model = "air-scripted",
+    model: Model = None,
     model_timeout: ModelTimeout = MODEL_TIMEOUT,
     max_turns: Annotated[int, typer.Option(min=1, help="Turn limit of the episode.")] = 30,
     runs_dir: Annotated[Path, typer.Option("--out", **PATH, help="Where the trajectory is written.")] = Path("runs"),
@@ -46,6 +48,10 @@ def run(
                                                     "or turn numbers (3,5); saved beside the trajectory as "
                                                     "<trajectory>.snapshots/turn-NNN.airsnap.")] = None,
     snapshot_cap: Annotated[int, typer.Option(min=1, help="MB the snapshots may take on disk in all.")] = 1024,
+    allow_failed_oracle: Annotated[bool, typer.Option(
+        help="Run a Harbor task whose oracle (solution/solve.sh) failed `air tasks check` (refused by default, "
+             "as by air eval: its test may pay a right answer 0).")] = False,
+    offline: Offline = False,
     as_json: JsonFlag = False,
 ) -> None:
     """The main job on an embedded default: one real episode of a bundled task in a sandbox, played by the
@@ -63,13 +69,16 @@ def run(
     from air.files import check_folder, free_name
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import TaskEnvironment
+    from air.tasks.harbor_oracle import require_oracle
     from air.tasks.registry import load_task
     from air.validation import config_of
 
     from air.cli.research import snapshot_options
 
+    go_offline(offline)
     _, plan = snapshot_options(None, snapshot_at, snapshot_cap, None)
     spec = load_task(task, mlgym_root, harbor_root=harbor_root)
+    require_oracle(spec, allow_failed_oracle)  # as air eval: a failed oracle refused, an unchecked one said
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
     check_folder(runs_dir)

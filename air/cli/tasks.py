@@ -128,6 +128,11 @@ def _list_harbor(root: Path, as_json: bool) -> None:
     if as_json:
         print_json([r.model_dump() for r in rows])
         return
+    if not rows:  # "0 of 0 tasks load" said nothing of why
+        folders = sum(1 for p in root.iterdir() if p.is_dir())
+        out.print(f"no Harbor task under {escape(str(root))}: a task is a folder holding a task.toml, and none of "
+                  f"its {folders} folder(s) (nor any below them) holds one", soft_wrap=True)
+        return
     table = Table()
     for column in ("task", "loads", "runs here", "oracle", "image"):
         table.add_column(column, no_wrap=True)
@@ -416,6 +421,11 @@ def tasks_audit(
     if html_out is not None and (html_out.is_dir() or not html_out.parent.is_dir()):
         raise UsageError(f"--html {html_out}: " + ("is a folder; name the page to write" if html_out.is_dir() else
                                                    f"no folder {html_out.parent} to write it in"))
+    if html_out is not None:  # before the audit's minutes: never over a hack file or a task's own file
+        from air.files import check_output
+
+        check_output(html_out, [Path(h.source) for h in hacks if h.source],
+                     [root for spec in specs if (root := _task_root(spec)) is not None])
 
     async def audit_all():
         from air.tasks.task_images import build_task_image
@@ -426,8 +436,7 @@ def tasks_audit(
         async with SandboxPool(config) as pool:
             for spec in specs:
                 await asyncio.to_thread(build_task_image, spec)
-                root = spec.build.context.parent if spec.build is not None and spec.source.startswith("harbor:") \
-                    else (spec.evaluation_files[0].source.parent if spec.evaluation_files else None)
+                root = _task_root(spec)
                 with _CheckProgress(f"{spec.id}: {len(hacks)} hacks") as progress:
                     progress("playing")
                     found.append(await audit_task(spec, pool, hacks, workdir=image_workdir(spec), task_root=root,
@@ -442,7 +451,7 @@ def tasks_audit(
     if as_json:
         print_json([a.model_dump() for a in audits])
     else:
-        out.print(table(audits))
+        show_table(table(audits))  # in a pipe or a file, family names whole
         for line in details(audits):
             out.print(line, soft_wrap=True)
         paid = sum(a.paid for a in audits)
@@ -450,6 +459,14 @@ def tasks_audit(
                   f"{sum(bool(a.weak) for a in audits)} weak")
     if any(a.paid for a in audits):
         raise typer.Exit(1)
+
+
+def _task_root(spec) -> Path | None:
+    """The folder of a task's own files (a Harbor task's folder, a bundled task's), where hacks' blame is looked up
+    and no output of an audit may go."""
+    if spec.build is not None and spec.source.startswith("harbor:"):
+        return spec.build.context.parent
+    return spec.evaluation_files[0].source.parent if spec.evaluation_files else None
 
 
 def _duration(text: str, flag: str) -> float:

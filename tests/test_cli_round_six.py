@@ -1,0 +1,332 @@
+"""The CLI as a demanding user found it in round six (issue 65), from the outside: the audit's and the snapshot's
+command lines as careful as the rest. Each case failed on 43ebb60 (said per test where it is not plain).
+
+Docker-free unless marked: most cases are refused before any Docker work, and DOCKER_HOST names no daemon to show
+it (the old code got as far as Docker and ended exit 3)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import stat
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+from test_cli_failures import air
+from test_cli_round_five import ModelServer, _dataset, _unwritable
+from test_cli_round_three import episodes, one_line
+
+NO_DAEMON = {"DOCKER_HOST": "unix:///nonexistent/air-round-six.sock"}
+"""No Docker here: a command that reaches Docker ends exit 3, so exit 2 shows the case was said before it."""
+
+
+def _harbor(tmp_path) -> Path:
+    return _dataset(tmp_path)  # one task, `fine`
+
+
+# ----- outputs that are inputs, outputs checked before the work ----------------------------------------------------
+@pytest.mark.parametrize("target", ["hack", "instruction"])
+def test_audit_html_over_one_of_its_inputs_is_refused_before_any_work(tmp_path, target):
+    root = _harbor(tmp_path)
+    hacks = tmp_path / "hacks"
+    hacks.mkdir()
+    hack = hacks / "mine.toml"
+    hack.write_text('name = "mine"\nfamily = "trivial-outputs"\nsummary = "s"\nscript = "true"\n')
+    page = {"hack": hack, "instruction": root / "fine" / "instruction.md"}[target]
+    before = page.read_bytes()
+    proc = air("tasks", "audit", "harbor:fine", "--harbor-root", str(root), "--hacks", str(hacks), "--html",
+               str(page), cwd=tmp_path, timeout=120, env=NO_DAEMON)
+    one_line(proc, 2, "one of the inputs")
+    assert page.read_bytes() == before
+
+
+@pytest.mark.parametrize("where", ["proc", "read-only", "dev-full"])
+def test_audit_html_that_cannot_be_written_is_said_before_the_audit(tmp_path, where):
+    page = {"proc": "/proc/air-audit.html", "read-only": f"{_unwritable(tmp_path)}/audit.html",
+            "dev-full": "/dev/full"}[where]
+    proc = air("tasks", "audit", "prisoners-dilemma", "--html", page, cwd=tmp_path, timeout=120, env=NO_DAEMON)
+    one_line(proc, 2, page)
+
+
+def test_view_to_a_folder_that_cannot_be_written_is_said_before_reading(tmp_path):
+    episodes(tmp_path)
+    proc = air("view", "runs", "-o", "/proc/air-view.html", cwd=tmp_path, timeout=120)
+    one_line(proc, 2, "cannot write /proc/air-view.html")
+
+
+# ----- secrets -----------------------------------------------------------------------------------------------------
+SECRET = "s3cr3t-Pa55word"
+
+
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "table"])
+def test_doctor_never_prints_the_docker_host_password(tmp_path, as_json):
+    env = {"DOCKER_HOST": f"tcp://admin:{SECRET}@127.0.0.1:1"}
+    proc = air("doctor", *(["--json"] if as_json else []), cwd=tmp_path, timeout=120, env=env)
+    assert proc.returncode == 3, proc.stderr
+    assert "tcp://admin:***@127.0.0.1:1" in proc.stdout, proc.stdout
+    assert SECRET not in proc.stdout + proc.stderr
+
+
+def test_a_malformed_snapshot_key_is_refused_without_echoing_it(tmp_path):
+    proc = air("tasks", "list", cwd=tmp_path, timeout=120, env={"AIR_SNAPSHOT_KEY": SECRET})
+    one_line(proc, 2, "AIR_SNAPSHOT_KEY")
+    assert SECRET not in proc.stdout + proc.stderr
+
+
+def test_known_secrets_are_hidden_outside_urls_too(monkeypatch):
+    from air.secrets import redact_text
+
+    monkeypatch.setenv("DOCKER_HOST", f"tcp://admin:{SECRET}@10.0.0.1:2376")
+    monkeypatch.setenv("AIR_OPENENV_TOKEN", "tok-0123456789")
+    said = redact_text(f"Invalid bind address format: admin:{SECRET}@10.0.0.1 (token tok-0123456789)")
+    assert SECRET not in said and "tok-0123456789" not in said and "admin:***@10.0.0.1" in said
+
+
+# ----- inputs read bounded -----------------------------------------------------------------------------------------
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _zero(path: Path) -> None:
+    path.symlink_to("/dev/zero")
+
+
+def _huge(path: Path) -> None:
+    path.write_bytes(b"# " + b"x" * (2 << 20) + b"\n")
+
+
+@pytest.mark.parametrize("make, says", [(_fifo, "is a FIFO"), (_zero, "is a character device"),
+                                        (_huge, "is larger than 1024 KB")], ids=["fifo", "dev-zero", "huge"])
+def test_a_hack_file_that_is_not_a_small_regular_file_is_refused_at_once(tmp_path, make, says):
+    hacks = tmp_path / "hacks"
+    hacks.mkdir()
+    make(hacks / "x.toml")
+    proc = air("tasks", "audit", "prisoners-dilemma", "--hacks", str(hacks), cwd=tmp_path, timeout=60, env=NO_DAEMON)
+    one_line(proc, 2, f"x.toml {says}")
+
+
+def test_an_empty_hacks_folder_is_said(tmp_path):
+    (tmp_path / "hacks").mkdir()
+    proc = air("tasks", "audit", "prisoners-dilemma", "--hacks", "hacks", cwd=tmp_path, timeout=60, env=NO_DAEMON)
+    one_line(proc, 2, "--hacks hacks: no hack files (*.toml) in it")
+
+
+# ----- names bounded -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args", [
+    ["run", "--task", "{id}"], ["tasks", "show", "{id}"], ["tasks", "check", "{id}"], ["eval", "{id}"],
+    ["tasks", "audit", "{id}"], ["tasks", "show", "harbor:{id}", "--harbor-root", "."],
+], ids=["run", "show", "check", "eval", "audit", "harbor"])
+def test_a_task_id_longer_than_a_file_name_is_bad_input(tmp_path, args):
+    long_id = "t" * 300
+    proc = air(*(a.format(id=long_id) for a in args), cwd=tmp_path, timeout=120, env=NO_DAEMON)
+    line = one_line(proc, 2, "a name is at most 255 bytes")
+    assert len(line) < 300
+
+
+def test_a_path_too_long_is_one_line_wherever_it_surfaces():
+    import errno
+
+    from air.errors import UsageError
+    from air.failures import translate
+
+    said = translate(OSError(errno.ENAMETOOLONG, "File name too long", "/x/" + "y" * 5000))
+    assert isinstance(said, UsageError) and "too long a name" in str(said) and len(str(said)) < 300
+
+
+# ----- each silent case says what it did ---------------------------------------------------------------------------
+KEY = "00112233445566778899aabbccddeeff"
+
+
+def _snapshot_after_turn(tmp_path, turn: int) -> Path:
+    from air.episode.snapshot import EpisodeState, Snapshot, save
+    from air.tasks.registry import load_task
+
+    spec = load_task("prisoners-dilemma")
+    state = EpisodeState(turn=turn, actions=turn, format_errors=0, validations=0, failed_validations=0,
+                         step_rewards=[0.0] * turn, step_scores=[None] * turn, step_evaluated=[False] * turn,
+                         scores=[], best_score=None, paid=0.0, env_seconds=0.0, seconds=1.0, messages=[])
+    snap = Snapshot(task=spec.id, task_version=spec.version, task_hash=spec.content_hash, episode="e",
+                    config={"max_turns": 30}, reward_baseline=None, state=state, cwd="", env={},
+                    files_sha256=hashlib.sha256(b"").hexdigest())
+    path = tmp_path / f"turn-{turn:03d}.airsnap"
+    save(snap, path, key=bytes.fromhex(KEY))
+    return path
+
+
+def test_eval_from_a_snapshot_past_the_turn_limit_is_refused(tmp_path):
+    snap = _snapshot_after_turn(tmp_path, 4)
+    env = {**NO_DAEMON, "AIR_SNAPSHOT_KEY": KEY}
+    proc = air("eval", "--from", str(snap), "--max-turns", "2", "--out", "run", cwd=tmp_path, timeout=120, env=env)
+    one_line(proc, 2, "--max-turns 2: --from")
+    assert "after turn 4" in proc.stderr and "above 4" in proc.stderr
+
+
+def test_replay_from_turn_with_rescore_is_refused_not_ignored(tmp_path):
+    episodes(tmp_path)
+    proc = air("replay", "runs", "--rescore", "best", "--from-turn", "3", cwd=tmp_path, timeout=120)
+    one_line(proc, 2, "--from-turn 3 with --rescore")
+
+
+@pytest.mark.parametrize("command", [["tasks", "list"], ["tasks", "show", "harbor:fine"], ["run"]])
+def test_an_empty_harbor_root_is_refused_like_an_empty_out(tmp_path, command):
+    proc = air(*command, "--harbor-root", "", cwd=tmp_path, timeout=120, env=NO_DAEMON)
+    one_line(proc, 2, "an empty path names nothing")
+
+
+def test_a_root_variable_naming_a_file_is_said_naming_the_variable(tmp_path):
+    (tmp_path / "afile").write_text("")
+    for variable in ("MLGYM_ROOT", "HARBOR_ROOT"):
+        proc = air("tasks", "list", cwd=tmp_path, timeout=120, env={variable: str(tmp_path / "afile")})
+        one_line(proc, 2, f"{variable}={tmp_path / 'afile'} is a file")
+
+
+def _oracle_task(tmp_path) -> Path:
+    root = _harbor(tmp_path)
+    (root / "fine" / "solution").mkdir()
+    (root / "fine" / "solution" / "solve.sh").write_text("true\n")
+    return root
+
+
+def test_run_on_a_task_whose_oracle_failed_is_refused_as_eval_refuses(tmp_path, monkeypatch):
+    from air.tasks.harbor import load_harbor_task
+    from air.tasks.harbor_oracle import keep
+
+    root = _oracle_task(tmp_path)
+    env = {**NO_DAEMON, "AIR_CACHE_DIR": str(tmp_path / "cache")}
+    monkeypatch.setenv("AIR_CACHE_DIR", env["AIR_CACHE_DIR"])  # the check's record, where the command reads it
+    keep(load_harbor_task(root, "fine"), False, 0.0, "reward 0, not 1")
+    proc = air("run", "--task", "harbor:fine", "--harbor-root", str(root), cwd=tmp_path, timeout=120, env=env)
+    one_line(proc, 2, "its oracle (solution/solve.sh) failed `air tasks check`")
+
+
+def test_run_on_a_task_whose_oracle_was_never_checked_says_so(tmp_path):
+    root = _oracle_task(tmp_path)
+    env = {**NO_DAEMON, "AIR_CACHE_DIR": str(tmp_path / "cache")}
+    proc = air("run", "--task", "harbor:fine", "--harbor-root", str(root), cwd=tmp_path, timeout=120, env=env)
+    assert "its oracle (solution/solve.sh) was never checked" in proc.stderr, proc.stderr
+
+
+@pytest.mark.docker
+def test_an_apparmor_profile_on_a_host_without_apparmor_is_said(images, docker_client, tmp_path, run_id):
+    if any("apparmor" in option for option in docker_client.info().get("SecurityOptions") or []):
+        pytest.skip("this Docker host has AppArmor (the profile would be applied, or refused by Docker)")
+    proc = air("run", "--max-turns", "1", "--out", "runs", cwd=tmp_path, timeout=600,
+               env={"AIR_APPARMOR": "no-such-profile", "AIR_RUN_ID": run_id})
+    assert "AIR_APPARMOR=no-such-profile names an AppArmor profile, but the Docker host" in proc.stderr, proc.stderr
+
+
+# ----- unhelpful ----------------------------------------------------------------------------------------------------
+def test_a_harbor_root_of_empty_folders_says_why_no_task_is_listed(tmp_path):
+    root = tmp_path / "dataset"
+    for i in range(5):
+        (root / f"folder-{i}").mkdir(parents=True)
+    proc = air("tasks", "list", "--harbor-root", str(root), cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    shown = " ".join(proc.stdout.split())
+    assert "a task is a folder holding a task.toml, and none of its 5 folder(s)" in shown, shown
+
+
+def test_the_missing_image_hint_of_a_harbor_task_names_no_recipe_that_does_not_exist():
+    from air.errors import ImageError
+
+    said = str(ImageError.not_built("air/harbor-fine:0123abcd"))
+    assert "air images build harbor-fine" not in said and "air tasks check harbor:" in said
+    assert str(ImageError.not_built("air/cpu:latest")).endswith("run `air images build cpu`")
+
+
+def test_stdout_on_a_full_device_is_said_naming_it(tmp_path):
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "air.cli.main", "tasks", "list"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "writing standard output" in line, line
+
+
+def test_the_audit_table_in_a_pipe_shows_family_names_whole(monkeypatch):
+    from rich.console import Console
+
+    import air.cli.app as app_module
+    import air.cli.tasks as tasks_module
+    from air.audit.hacks import FAMILIES
+    from air.audit.runner import HackResult, TaskAudit
+    from air.cli.app import app, run_cli
+
+    audit = TaskAudit(task="prisoners-dilemma", contract="air", metric="Score", direction="higher", do_nothing=1.0,
+                      do_nothing_status="ok", baseline=1.0, reference=None, seconds=1.0,
+                      results=[HackResult(name=f"h-{f}", family=f, status="held", score=0.5) for f in FAMILIES])
+    piped = Console(file=io.StringIO(), width=80, highlight=False, emoji=False)
+    monkeypatch.setattr(app_module, "out", piped)
+    monkeypatch.setattr(tasks_module, "out", piped)
+
+    def ran(coro):
+        coro.close()
+        return [audit]
+
+    monkeypatch.setattr(tasks_module, "run_async", ran)
+    import air.cli.main  # noqa: F401 - registers the command groups
+
+    assert run_cli(app, ["tasks", "audit", "prisoners-dilemma"]) == 0
+    shown = piped.file.getvalue()
+    assert all(family in shown for family in FAMILIES) and "…" not in shown, shown
+
+
+# ----- daily use ---------------------------------------------------------------------------------------------------
+def test_run_takes_offline_as_eval_does(tmp_path):
+    proc = air("run", "--offline", "--out", "runs", cwd=tmp_path, timeout=120, env=NO_DAEMON)
+    assert proc.returncode == 3 and "No such option" not in proc.stderr, proc.stderr
+
+
+def test_the_model_defaults_to_the_one_the_endpoint_serves():
+    from air.cli.app import make_policy
+
+    with ModelServer((200, {})) as url:
+        policy, record = make_policy(url, None)
+    assert policy.model == "double" and record["model"] == "double"
+
+
+class _NoModels(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's name
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_without_a_model_an_endpoint_that_lists_none_is_told_to_name_one():
+    from air.cli.app import make_policy
+    from air.errors import UsageError
+
+    server = HTTPServer(("127.0.0.1", 0), _NoModels)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(UsageError, match="--model: name the model at"):
+            make_policy(f"http://127.0.0.1:{server.server_port}/v1", None)
+    finally:
+        server.shutdown()
+
+
+def test_modes_of_the_regular_file_checks():
+    """read_bounded decides on the open descriptor: a FIFO opened without a writer does not wait."""
+    import tempfile
+
+    from air.errors import UsageError
+    from air.files import read_bounded
+
+    with tempfile.TemporaryDirectory() as folder:
+        fifo = Path(folder) / "f"
+        os.mkfifo(fifo)
+        assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+        with pytest.raises(UsageError, match="is a FIFO"):
+            read_bounded(fifo, 10)
+        (Path(folder) / "small").write_bytes(b"12345")
+        assert read_bounded(Path(folder) / "small", 5) == b"12345"
+        with pytest.raises(UsageError, match="larger than"):
+            read_bounded(Path(folder) / "small", 4)
