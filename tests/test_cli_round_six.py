@@ -180,7 +180,7 @@ def test_a_root_variable_naming_a_file_is_said_naming_the_variable(tmp_path):
     (tmp_path / "afile").write_text("")
     for variable in ("MLGYM_ROOT", "HARBOR_ROOT"):
         proc = air("tasks", "list", cwd=tmp_path, timeout=120, env={variable: str(tmp_path / "afile")})
-        one_line(proc, 2, f"{variable}={tmp_path / 'afile'} is a file")
+        one_line(proc, 2, f"{variable}={tmp_path / 'afile'} is not a directory")
 
 
 def _oracle_task(tmp_path) -> Path:

@@ -73,7 +73,7 @@ def _root_folder(ctx: typer.Context, param, value: str | None) -> str | None:
     if value == "":
         raise typer.BadParameter("an empty path names nothing (an unset shell variable?)")
     if not Path(value).is_dir():
-        what = "is a file" if Path(value).exists() else "does not exist"
+        what = "is not a directory (a file)" if Path(value).exists() else "does not exist"
         raise UsageError(f"{said} {what}; it names a folder ({param.help.split(',')[0].split(' (')[0]})")
     return value
 
