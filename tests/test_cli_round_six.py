@@ -277,6 +277,19 @@ def test_the_audit_table_in_a_pipe_shows_family_names_whole(monkeypatch):
     assert all(family in shown for family in FAMILIES) and "…" not in shown, shown
 
 
+def test_a_dead_kubernetes_api_is_one_line_and_no_unclosed_session(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        'apiVersion: v1\nkind: Config\nclusters:\n- cluster: {server: "https://127.0.0.1:1"}\n  name: dead\n'
+        "contexts:\n- context: {cluster: dead, user: u}\n  name: dead\ncurrent-context: dead\n"
+        "users:\n- name: u\n  user: {token: abc}\n")
+    proc = air("run", "--out", "runs", cwd=tmp_path, timeout=300,
+               env={"AIR_BACKEND": "kubernetes", "KUBECONFIG": str(kubeconfig)})
+    assert proc.returncode == 3, proc.stderr
+    assert "Unclosed client session" not in proc.stderr and "client_session" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("air: error: Kubernetes API"), proc.stderr
+
+
 # ----- daily use ---------------------------------------------------------------------------------------------------
 def test_run_takes_offline_as_eval_does(tmp_path):
     proc = air("run", "--offline", "--out", "runs", cwd=tmp_path, timeout=120, env=NO_DAEMON)

@@ -331,7 +331,14 @@ class SandboxPool:
                          len(removed))
 
     async def __aenter__(self) -> SandboxPool:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            # `async with` calls no __aexit__ when entering failed: what start opened (an API client's session, a
+            # run's Lease, a host's pins) is closed here, briefly, and the start's own error is what is said.
+            with contextlib.suppress(Exception):
+                await self.close(INTERRUPTED_CLOSE)
+            raise
         return self
 
     async def __aexit__(self, kind: type | None, *exc: object) -> None:
