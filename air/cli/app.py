@@ -63,7 +63,7 @@ ActionFormatOption = Annotated[Literal["text", "tools"] | None, typer.Option(
                             "validate, submit); default: the task's own (text for the bundled and MLGym tasks).")]
 def _root_folder(ctx: typer.Context, param, value: str | None) -> str | None:
     """--mlgym-root / --harbor-root (or their variables): a folder. An empty flag is refused as `--out ''` is (it
-    was taken as unset); a file, or a folder that is not there, is said naming where the value came from."""
+    was taken as unset); a file is said naming where the value came from (the flag, or the variable)."""
     if value is None:
         return None
     flag, variable = param.opts[0], param.envvar
@@ -72,9 +72,9 @@ def _root_folder(ctx: typer.Context, param, value: str | None) -> str | None:
     said = f"{variable}={value}" if from_env else f"{flag} {value}"
     if value == "":
         raise typer.BadParameter("an empty path names nothing (an unset shell variable?)")
-    if not Path(value).is_dir():
-        what = "is not a directory (a file)" if Path(value).exists() else "does not exist"
-        raise UsageError(f"{said} {what}; it names a folder ({param.help.split(',')[0].split(' (')[0]})")
+    if Path(value).exists() and not Path(value).is_dir():  # one not there is said where the task is looked up
+        raise UsageError(f"{said} is not a directory (a file); it names a folder "
+                         f"({param.help.split(',')[0].split(' (')[0]})")
     return value
 
 
