@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import stat
 import threading
@@ -343,3 +344,128 @@ def test_modes_of_the_regular_file_checks():
         assert read_bounded(Path(folder) / "small", 5) == b"12345"
         with pytest.raises(UsageError, match="larger than"):
             read_bounded(Path(folder) / "small", 4)
+
+
+# ----- Harbor's rules exactly (harbor 0.25's own code: environments/definition.py, verifier/verifier.py) -----------
+def test_a_named_docker_image_is_the_image_and_its_dockerfile_is_not_built(tmp_path):
+    from test_harbor_tasks import _task
+
+    from air.tasks.harbor import load_harbor_task
+
+    root = tmp_path / "dataset"
+    _task(root, "both", '[environment]\ndocker_image = "air/cpu:latest"\n', dockerfile="FROM scratch\nRUN false\n")
+    _task(root, "dockerfile", "", dockerfile="FROM air/cpu:latest\n")
+    both, built = load_harbor_task(root, "both"), load_harbor_task(root, "dockerfile")
+    assert both.build.dockerfile is None and both.build.base == "air/cpu:latest"
+    assert built.build.dockerfile == "Dockerfile" and built.build.base is None
+
+
+def test_a_verifiers_docker_image_comes_before_its_tests_dockerfile(tmp_path):
+    from test_harbor_tasks import _task
+
+    from air.tasks.harbor import load_harbor_task
+
+    root = tmp_path / "dataset"
+    _task(root, "v", '[verifier.environment]\ndocker_image = "air/cpu:latest"\n',
+          files={"tests/Dockerfile": "FROM scratch\nRUN false\n"})
+    spec = load_harbor_task(root, "v")
+    assert spec.verifier_build.dockerfile is None and spec.verifier_build.base == "air/cpu:latest"
+
+
+@pytest.mark.docker
+def test_a_task_with_both_runs_from_the_image_without_building_its_dockerfile(images, tmp_path):
+    """The Dockerfile cannot build (`RUN false`, and FROM an image nobody has): building it would fail the task."""
+    from test_harbor_tasks import _task
+
+    from air.tasks.harbor import load_harbor_task
+    from air.tasks.task_images import build_task_image
+
+    root = tmp_path / "dataset"
+    _task(root, "both", '[environment]\ndocker_image = "air/cpu:latest"\n',
+          dockerfile="FROM example.invalid/never:1\nRUN false\n")
+    spec = load_harbor_task(root, "both")
+    build_task_image(spec)
+    import docker
+
+    assert docker.from_env().images.get(spec.image).id
+
+
+# The reward files as Harbor 0.25's verifier reads them: (reward.json's text or None, reward.txt's or None) ->
+# the reward, or None where Harbor's trial fails to parse them (no reward).
+REWARD_CASES = {
+    "json": ('{"reward": 1}', None, 1.0),
+    "json-metrics": ('{"reward": 0.5, "acc": 0.9}', None, 0.5),
+    "json-without-reward-txt-ignored": ('{"acc": 0.9}', "1", None),
+    "json-string-value": ('{"reward": "1"}', None, None),
+    "json-other-string": ('{"reward": 1, "note": "fine"}', None, None),
+    "json-null": ('{"reward": null}', None, None),
+    "json-nested": ('{"reward": 1, "per": {"a": 1}}', None, None),
+    "json-empty": ("", "1", None),
+    "json-not-json-txt-ignored": ("{", "1", None),
+    "json-list": ("[1]", None, None),
+    "json-number": ("0.5", None, None),
+    "json-nan": ('{"reward": NaN}', None, None),
+    "json-true": ('{"reward": true}', None, 1.0),
+    "json-overflow": ('{"reward": 1e309}', None, None),
+    "txt": (None, "0.75\n", 0.75),
+    "txt-spaces": (None, "  1  ", 1.0),
+    "txt-empty": (None, "", None),
+    "txt-words": (None, "passed", None),
+    "txt-inf": (None, "inf", None),
+}
+
+
+@pytest.mark.parametrize("case", list(REWARD_CASES))
+def test_reward_files_are_read_as_harbor_reads_them(case):
+    from air.tasks.harbor_contract import reward_metrics
+
+    reward_json, reward_txt, expected = REWARD_CASES[case]
+    found = {name: text for name, text in (("reward.json", reward_json), ("reward.txt", reward_txt))
+             if text is not None}
+    metrics, why = reward_metrics(found)
+    assert metrics.get("reward") == expected, (metrics, why)
+    assert (why is None) == (expected is not None)
+
+
+_HARBOR_PARSE = """
+import json, sys
+from pathlib import Path
+from types import SimpleNamespace
+from harbor.models.verifier.result import VerifierResult
+from harbor.verifier.verifier import Verifier
+out = {}
+for folder in sys.argv[1:]:
+    paths = SimpleNamespace(reward_json_path=Path(folder, "reward.json"), reward_text_path=Path(folder, "reward.txt"))
+    me = SimpleNamespace(trial_paths=paths)
+    try:  # Verifier.verify's last lines, on these files
+        if paths.reward_json_path.exists():
+            rewards = Verifier._parse_reward_json(me)
+        elif paths.reward_text_path.exists():
+            rewards = Verifier._parse_reward_text(me)
+        else:
+            raise FileNotFoundError
+        out[folder] = VerifierResult(rewards=rewards).rewards.get("reward")
+    except Exception:
+        out[folder] = None
+print(json.dumps(out))
+"""
+
+
+def test_reward_cases_are_what_harbors_own_parser_makes_of_the_same_files(tmp_path):
+    """harbor 0.25.0 itself, in the tests' own environment of it (tests/harbor_venvs.py; skipped only where PyPI
+    cannot be reached to make it)."""
+    from harbor_venvs import run, venv
+
+    harbor_env = venv("harbor-0.25.0")
+    folders = {}
+    for case, (reward_json, reward_txt, _) in REWARD_CASES.items():
+        folder = tmp_path / case
+        folder.mkdir()
+        for name, text in (("reward.json", reward_json), ("reward.txt", reward_txt)):
+            if text is not None:
+                (folder / name).write_text(text)
+        folders[str(folder)] = case
+    proc = run(harbor_env, _HARBOR_PARSE, *folders, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    harbor = {folders[f]: value for f, value in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+    assert harbor == {case: expected for case, (_, _, expected) in REWARD_CASES.items()}

@@ -247,9 +247,10 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
     if where and where != WORKSPACE:
         text += f"\n\n({where} is your workspace, the current directory.)"
     ident = name.replace("/", ".")
-    build = ImageBuild(context=task_dir / "environment", dockerfile=dockerfile,
-                       base=env.docker_image if dockerfile is None else None, workdir=env.workdir,
-                       timeout=env.build_timeout_sec)
+    # Harbor's rule (environments/definition.py: should_use_prebuilt_docker_image): a named docker_image is the
+    # image, the Dockerfile beside it only its recipe (built under --force-build alone); air layers on it.
+    build = ImageBuild(context=task_dir / "environment", dockerfile=None if env.docker_image else dockerfile,
+                       base=env.docker_image or None, workdir=env.workdir, timeout=env.build_timeout_sec)
     image = f"air/harbor-{_slug(ident)}:{dockerfile_digest(build.context, build.dockerfile, build.base, build.workdir)}"
     verifier_build = _verifier_build(task_dir, config, workdir)
     verifier_image = None if verifier_build is None else f"air/harbor-{_slug(ident)}-verifier:" + dockerfile_digest(
@@ -363,8 +364,8 @@ def separate(config: HarborToml) -> bool:
 
 
 def _verifier_build(task_dir: Path, config: HarborToml, workdir: str | None) -> ImageBuild | None:
-    """The verifier's own image, for a separate verifier that has one: tests/Dockerfile (built with tests/ as its
-    context, as Harbor builds it), else [verifier.environment].docker_image. None: a separate verifier without one
+    """The verifier's own image, for a separate verifier that has one: [verifier.environment].docker_image, else
+    tests/Dockerfile (built with tests/ as its context, as Harbor builds it). None: a separate verifier without one
     is a fresh sandbox of the agent's image, which is what air's scoring sandbox always is; so is a shared one.
     The agent's working directory is where air's layer links the workspace in it too, so that the copy of the
     agent's files is where the test looks (Harbor uploads artifacts at their paths in the agent's environment)."""
@@ -373,11 +374,12 @@ def _verifier_build(task_dir: Path, config: HarborToml, workdir: str | None) -> 
     tests, image = task_dir / "tests", (config.verifier.environment or {}).get("docker_image")
     timeout = float((config.verifier.environment or {}).get("build_timeout_sec") or config.environment
                     .build_timeout_sec)
-    if (tests / "Dockerfile").is_file():
-        return ImageBuild(context=tests, dockerfile="Dockerfile", workdir=workdir, timeout=timeout)
+    # Harbor's precedence (models/task/verifier_mode.py): the verifier's docker_image, then tests/Dockerfile.
     if isinstance(image, str) and image:
         return ImageBuild(context=task_dir / "tests" / ".air-none", dockerfile=None, base=image, workdir=workdir,
                           timeout=timeout)
+    if (tests / "Dockerfile").is_file():
+        return ImageBuild(context=tests, dockerfile="Dockerfile", workdir=workdir, timeout=timeout)
     return None
 
 
