@@ -469,3 +469,27 @@ def test_reward_cases_are_what_harbors_own_parser_makes_of_the_same_files(tmp_pa
     assert proc.returncode == 0, proc.stderr
     harbor = {folders[f]: value for f, value in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
     assert harbor == {case: expected for case, (_, _, expected) in REWARD_CASES.items()}
+
+
+def test_harbor_made_tasks_get_no_false_note_and_every_task_shows_its_verifier_mode():
+    """tests/fixtures/harbor-templates: what harbor 0.25's `harbor init --task` writes ([task] version = "1.0.0")."""
+    templates = Path(__file__).parent / "fixtures" / "harbor-templates"
+    proc = air("tasks", "list", "--harbor-root", str(templates), "--json", cwd=templates, timeout=120)
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert {name: r["verifier"] for name, r in rows.items()} == {"separate-checker": "separate",
+                                                                "shared-pytest": "shared"}
+    assert not any("unknown key" in note for r in rows.values() for note in r["notes"]), rows
+
+
+def test_a_separate_verifier_given_no_artifacts_is_not_said_to_score_a_copy_of_the_workspace(tmp_path):
+    from test_harbor_tasks import _task
+
+    from air.tasks.harbor import survey
+
+    root = tmp_path / "dataset"
+    toml = '[environment]\nworkdir = "/app"\n[verifier]\nenvironment_mode = "separate"\n'
+    _task(root, "none", "artifacts = []\n" + toml)
+    _task(root, "app", 'artifacts = ["/app"]\n' + toml)
+    notes = {r.name: " ".join(r.notes) for r in survey(root)}
+    assert "a copy of /app" not in notes["none"] and "on none of the agent's files" in notes["none"], notes
+    assert "on a copy of /app" in notes["app"], notes

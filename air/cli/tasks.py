@@ -134,14 +134,14 @@ def _list_harbor(root: Path, as_json: bool) -> None:
                   f"its {folders} folder(s) (nor any below them) holds one", soft_wrap=True)
         return
     table = Table()
-    for column in ("task", "loads", "runs here", "oracle", "image"):
+    for column in ("task", "loads", "runs here", "oracle", "verifier", "image"):
         table.add_column(column, no_wrap=True)
     details = []
     shade = {"passed": "[green]passed[/]", "failed": "[red]FAILED[/]", "not checked": "[yellow]not checked[/]"}
     for r in rows:
         table.add_row(escape(f"harbor:{r.name}"), "yes" if r.loads else "[red]no[/]",
                       "-" if r.runs_here is None else "yes" if r.runs_here else "[red]no[/]",
-                      shade.get(r.oracle or "", r.oracle or "-"), r.image or "-")
+                      shade.get(r.oracle or "", r.oracle or "-"), r.verifier or "-", r.image or "-")
         details += [f"[bold]{escape(r.name)}[/]: {escape(note)}" for note in r.notes]
         if r.reason:
             why = r.reason.replace(f"{root.resolve()}/", "")

@@ -61,6 +61,8 @@ class _Section(BaseModel):
 
 class _Package(_Section):
     name: str | None = None
+    version: str | None = None
+    """Harbor 0.25's PackageInfo.version (`harbor init` writes "1.0.0")."""
     description: str = ""
     authors: list[dict[str, Any]] = []
     keywords: list[str] = []
@@ -144,6 +146,9 @@ class HarborTask(BaseModel):
     """Whether this host has what it asks for (GPUs, memory); None when not weighed (or it does not load)."""
     why_not_here: str | None = None
     """What this host lacks, when it lacks something."""
+    verifier: str | None = None
+    """Its verifier's mode as Harbor resolves it: "shared" (the agent's environment) or "separate" (its own), for
+    every task that loads."""
 
 
 class Host(BaseModel):
@@ -180,8 +185,9 @@ def survey(root: Path, oracle: Callable[[TaskSpec], str] | None = None, host: Ho
         try:
             spec, notes = _load(_root(root), name)
             gap = lacks(spec.resources, host) if host is not None else None
+            mode = "separate" if separate(_parse(_root(root) / name / "task.toml")) else "shared"
             rows.append(HarborTask(name=name, loads=True, image=spec.image, notes=notes,
-                                   oracle=oracle(spec) if oracle else None,
+                                   oracle=oracle(spec) if oracle else None, verifier=mode,
                                    runs_here=None if host is None else gap is None, why_not_here=gap))
         except TaskError as exc:
             rows.append(HarborTask(name=name, loads=False, reason=str(exc)))
@@ -384,13 +390,21 @@ def _verifier_build(task_dir: Path, config: HarborToml, workdir: str | None) -> 
 
 
 def _separate_notes(config: HarborToml, workdir: str | None, build: ImageBuild | None) -> list[str]:
-    """What air's separate verifier does differently from Harbor's, said per task."""
+    """What air's separate verifier does differently from Harbor's, said per task (every task's mode: `verifier`)."""
     if not separate(config):
         return []
     where = (workdir or "the working directory").rstrip("/") or "/"
     image = "its own image" if build else "a fresh sandbox of the agent's image"
-    notes = [f"its verifier runs apart from the agent, in {image}, on a copy of {where} (the agent's workspace), as "
-             "Harbor uploads an artifact there"]
+    kept = _kept_artifacts(config, workdir)
+    if kept == []:  # `harbor init` writes `artifacts = []`: Harbor uploads nothing of the agent's to the verifier
+        sees = ("on none of the agent's files: its artifacts list names nothing of the workspace, so Harbor uploads "
+                "nothing to it and air gives it nothing (a test that reads the agent's files pays a right answer 0)")
+    elif kept is None or kept == ["."]:
+        sees = f"on a copy of {where} (the agent's workspace), as Harbor uploads an artifact there"
+    else:
+        sees = (f"on its artifacts of {where} (the agent's workspace) alone: {', '.join(kept)}, as Harbor uploads "
+                "them")
+    notes = [f"its verifier runs apart from the agent, in {image}, {sees}"]
     paths = _artifact_paths(config)
     outside = [a for a in paths if not _under(a, workdir) and not _under(a, "/logs/artifacts")]
     if outside:
