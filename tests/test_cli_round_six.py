@@ -493,3 +493,13 @@ def test_a_separate_verifier_given_no_artifacts_is_not_said_to_score_a_copy_of_t
     notes = {r.name: " ".join(r.notes) for r in survey(root)}
     assert "a copy of /app" not in notes["none"] and "on none of the agent's files" in notes["none"], notes
     assert "on a copy of /app" in notes["app"], notes
+
+
+def test_a_failed_builds_line_keeps_the_cause_at_the_end_of_its_output():
+    from air.images.dockerfile import _failed
+
+    cause = "urllib.error.URLError: <urlopen error [Errno 101] Network is unreachable>"
+    tail = ["Traceback (most recent call last):"] + [f'  File "/usr/lib/python3.11/urllib/request.py", line {n}, '
+                                                      "in do_open" for n in range(1300, 1310)] + [cause]
+    line = _failed("harbor:t", 2, 3, "RUN python3 fetch.py", "exit code 1", tail, (False, "--offline"))
+    assert cause in line and "\n" not in line and len(line) < 400, line
