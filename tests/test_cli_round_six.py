@@ -503,3 +503,23 @@ def test_a_failed_builds_line_keeps_the_cause_at_the_end_of_its_output():
                                                       "in do_open" for n in range(1300, 1310)] + [cause]
     line = _failed("harbor:t", 2, 3, "RUN python3 fetch.py", "exit code 1", tail, (False, "--offline"))
     assert cause in line and "\n" not in line and len(line) < 400, line
+
+
+# ----- what is printed means what is paid ------------------------------------------------------------------------
+@pytest.mark.docker
+def test_air_run_shows_each_validate_as_paid_and_a_curve_the_rewards_telescope(images, tmp_path, run_id):
+    """prisoners-dilemma is drawn per evaluation: a raw score is paid against its own draw's baseline, so the raw
+    curve (2.61 -> 1.93 -> 2.68 -> 2.73) does not say what was paid; the normalised one does."""
+    import re
+
+    proc = air("run", "--out", "runs", cwd=tmp_path, timeout=900, env={"AIR_RUN_ID": run_id})
+    assert proc.returncode == 0, proc.stderr
+    turns = [line for line in proc.stdout.splitlines() if line.startswith("turn ")]
+    validated = [line for line in turns if " validate " in line or " submit " in line]
+    assert validated and all("against its draw's baseline" in line for line in validated), proc.stdout
+    (curve,) = [line for line in proc.stdout.splitlines() if line.startswith("normalised score curve")]
+    points = [float(x) for x in re.findall(r"[+-]\d+\.\d{4}", curve.split(":", 1)[1])]
+    shown = [float(re.search(r", ([+-]\d+\.\d{4}) against", line).group(1)) for line in validated]
+    assert points == shown
+    rewards = [float(re.search(r"reward ([+-]\d+\.\d{4})", line).group(1)) for line in turns]
+    assert sum(rewards) == pytest.approx(points[-1], abs=1e-3)  # delta rewards telescope to the last point

@@ -91,20 +91,28 @@ def run(
     if not as_json:
         out.print(f"[bold]{escape(spec.id)}[/] played by {escape(policy_label(played_by))}", soft_wrap=True)
     rows: list[dict] = []
+    scored = [0]  # validated scores so far: a turn whose validation failed adds none (and shows no stale score)
+    # What a reward is the change of: the score normalised against the baseline, for a task drawn per evaluation
+    # the baseline's score on that evaluation's own draw (a higher raw score can be paid less on a harder draw).
+    against = "its draw's baseline" if spec.hidden is not None and spec.hidden.drawn == "evaluation" else "the baseline"
 
     def show(episode, reply, step) -> None:
         kinds = step.info.get("calls") or [step.info.get("action")]  # the tools format: each call's action
+        new = len(episode.tracker.history) > scored[0]
+        scored[0] = len(episode.tracker.history)
         record = {"turn": episode.turns, "action": "+".join(kinds), "reward": step.reward,
-                  "score": episode.tracker.last_score if {"validate", "submit"} & set(kinds) else None}
+                  "score": episode.tracker.last_score if new else None,
+                  "normalized": episode.tracker.last_normalized if new else None}
         rows.append(record)
         if not as_json:
             lines = step.observation.strip().splitlines() or [""]
             if record["score"] is not None:
-                detail = f"{spec.primary.name} = {display.score(record['score'])}"
+                detail = (f"{spec.primary.name} = {display.score(record['score'])}, "
+                          f"{record['normalized']:+.4f} against {against}")
             else:  # a command's exit note, or the first line of a failure or format error
                 detail = lines[-1] if kinds[-1] == "command" else lines[0]
             out.print(f"turn {episode.turns:>2}  {_kinds_shown(kinds):<12} reward {display.reward(step.reward)}  "
-                      f"{detail[:80]}", markup=False, highlight=False, soft_wrap=True)
+                      f"{detail[:100]}", markup=False, highlight=False, soft_wrap=True)
 
     async def main():
         async with SandboxPool(PoolConfig(gpu_ids=None if spec.resources.gpus else [])) as pool:
@@ -128,14 +136,15 @@ def run(
     if as_json:
         print_json({"summary": summary, "policy": played_by, "steps": rows, "trajectory": str(trajectory)})
         return
-    scores = [r["score"] for r in rows if r["score"] is not None]
+    normalized = [r["normalized"] for r in rows if r["normalized"] is not None]
     out.print(f"\n[bold]{escape(spec.id)}[/]: {summary['ended_by']} after {summary['turns']} turns; "
               f"baseline {spec.primary.name} {summary['baseline']:.6g}, "
               f"best {display.score(summary['best_score'])}, "
               f"return {display.reward(summary['total_reward'])}", soft_wrap=True)
-    if scores:
-        out.print(f"score curve ({spec.primary.direction} is better): {_sparkline(scores)}  "
-                  + " → ".join(f"{s:.4g}" for s in scores), soft_wrap=True)
+    if normalized:  # what the rewards telescope: each reward the change of it (delta), the return its last value
+        out.print(f"normalised score curve (each against {against}; higher is better; each validate's reward is "
+                  f"its change): {_sparkline(normalized)}  " + " → ".join(f"{n:+.4f}" for n in normalized),
+                  soft_wrap=True)
     out.print(f"trajectory: {trajectory}", soft_wrap=True)
 
 
