@@ -523,3 +523,38 @@ def test_air_run_shows_each_validate_as_paid_and_a_curve_the_rewards_telescope(i
     assert points == shown
     rewards = [float(re.search(r"reward ([+-]\d+\.\d{4})", line).group(1)) for line in turns]
     assert sum(rewards) == pytest.approx(points[-1], abs=1e-3)  # delta rewards telescope to the last point
+
+
+# ----- progress a log can read ---------------------------------------------------------------------------------------
+@pytest.mark.docker
+def test_eval_in_a_log_says_each_finished_rollout(images, tmp_path, run_id):
+    proc = air("eval", "prisoners-dilemma", "-n", "2", "-c", "2", "--out", "run", cwd=tmp_path, timeout=900,
+               env={"AIR_RUN_ID": run_id})  # stdout: a pipe
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "played by the scripted policy" in lines[0]
+    done = [line for line in lines if line.startswith("rollout ") and " done: prisoners-dilemma #" in line]
+    assert [line.split(" done")[0] for line in done] == ["rollout 1/2", "rollout 2/2"], proc.stdout
+    assert all(" ok, return " in line for line in done), done
+
+
+@pytest.mark.docker
+def test_audit_in_a_log_says_each_stage_and_each_finished_hack(images, tmp_path, run_id):
+    proc = air("tasks", "audit", "prisoners-dilemma", "--hack", "read-answers", "--hack", "trivial-outputs",
+               cwd=tmp_path, timeout=900, env={"AIR_RUN_ID": run_id})
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "prisoners-dilemma: 2 hacks: playing" in proc.stdout, proc.stdout
+    import re
+
+    heard = [re.match(r"prisoners-dilemma: hack (\d)/2 ([a-z-]+) \(", line) for line in proc.stdout.splitlines()]
+    heard = [m.groups() for m in heard if m]
+    assert sorted(n for n, _ in heard) == ["1", "2"], proc.stdout
+    assert {name for _, name in heard} == {"read-answers", "trivial-outputs"}, proc.stdout
+
+
+@pytest.mark.docker
+def test_tasks_check_in_a_log_says_each_step_as_it_starts(images, tmp_path, run_id):
+    proc = air("tasks", "check", "prisoners-dilemma", "--runs", "1", cwd=tmp_path, timeout=900,
+               env={"AIR_RUN_ID": run_id})
+    steps = [line for line in proc.stdout.splitlines() if line.startswith("prisoners-dilemma: ")]
+    assert steps, proc.stdout + proc.stderr

@@ -170,12 +170,17 @@ def eval_(
     total = len(specs) * rollouts
     finished: list[RolloutResult] = []
 
+    def on_result(result) -> None:
+        finished.append(result)
+        if not as_json and not out.is_terminal:  # a log or a pipe: a line per finished rollout (no live display)
+            out.print(escape(_finished_line(result, len(finished), total)), soft_wrap=True)
+
     async def main():
         async with SandboxPool(PoolConfig(max_sandboxes=max(2 * concurrency + 2, 4),
                                           gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
             parent = {"parent": {"snapshot": str(from_)}} if from_ is not None else {}  # what replay restores
             run = functools.partial(run_batch, specs, policy, pool, run_dir, rollouts, concurrency, config,
-                                    on_result=finished.append, meta={"policy": played_by, **parent}, start=start,
+                                    on_result=on_result, meta={"policy": played_by, **parent}, start=start,
                                     snapshots=plan)
             if as_json or not console.is_terminal:  # no live display when nobody watches it
                 return await run()
@@ -226,6 +231,17 @@ def rollouts_failed(results: list) -> Exception:
 
 def _subclasses(cls: type) -> list[type]:
     return [cls, *(sub for child in cls.__subclasses__() for sub in _subclasses(child))]
+
+
+def _finished_line(result, done: int, total: int) -> str:
+    """One finished rollout, for a log: `rollout 3/8 done: TASK #2 ok, return +0.0528 (9 turns)`."""
+    head = f"rollout {done}/{total} done: {result.task} #{result.index}"
+    if not result.ok:
+        return f"{head} failed: {' '.join((result.error or 'unknown').split())[:200]}"
+    summary = result.summary or {}
+    said = [f"return {display.reward(summary['total_reward'])}" if summary.get("total_reward") is not None else "",
+            f"{summary['turns']} turns" if summary.get("turns") is not None else ""]
+    return f"{head} ok" + (f", {', '.join(s for s in said if s)}" if any(said) else "")
 
 
 def snapshot_options(from_: Path | None, snapshot_at: str | None, cap_mb: int, tasks: list[str] | None):

@@ -7,6 +7,7 @@ import functools
 import json
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -330,7 +331,7 @@ def tasks_check(
                         f"about {display.seconds(training.cpu_seconds)} on this CPU ({training.basis})"
                     console.print(f"air: {escape(spec.id)}: its baseline trains {escape(training.declared)}: "
                                   f"{escape(where)}; it may run for {display.seconds(allowed)}", soft_wrap=True)
-                with _CheckProgress(spec.id) as progress:
+                with _CheckProgress(spec.id, _plain(as_json)) as progress:
                     if task_folder(spec) is not None:  # a Harbor task: its oracle, solution/solve.sh, must earn 1
                         found = [await check_oracle(spec, pool, progress=progress)]
                     else:
@@ -428,26 +429,37 @@ def tasks_audit(
                      [root for spec in specs if (root := _task_root(spec)) is not None])
 
     async def audit_all():
-        from air.tasks.task_images import build_task_image
+        from air.cli.images import build_task_images
 
         found = []
         config = PoolConfig(max_sandboxes=max(2, 2 * concurrency), gpu_ids=None if any(
             s.resources.gpus for s in specs) else [])
         async with SandboxPool(config) as pool:
+            say = _plain(as_json)
             for spec in specs:
-                await asyncio.to_thread(build_task_image, spec)
+                await asyncio.to_thread(build_task_images, [spec])  # its build's progress, as eval's
                 root = _task_root(spec)
-                with _CheckProgress(f"{spec.id}: {len(hacks)} hacks") as progress:
+                played = [0]
+
+                def heard(result, spec=spec, played=played) -> None:  # a line per finished hack, for a log
+                    played[0] += 1
+                    if say is not None:
+                        say(f"{spec.id}: hack {played[0]}/{len(hacks)} {result.name} ({result.family}): "
+                            f"{result.status}")
+
+                with _CheckProgress(f"{spec.id}: {len(hacks)} hacks", say) as progress:
                     progress("playing")
                     found.append(await audit_task(spec, pool, hacks, workdir=image_workdir(spec), task_root=root,
-                                                  concurrency=concurrency))
+                                                  concurrency=concurrency, on_hack=heard))
                 if not as_json:
                     out.print(f"{escape(spec.id)}: audited in {found[-1].seconds:.1f} s", soft_wrap=True)
         return found
 
     audits = run_async(audit_all())
     if html_out is not None:
-        html_out.write_text(html(audits), encoding="utf-8")
+        from air.files import write_atomically
+
+        write_atomically(html_out, html(audits))
     if as_json:
         print_json([a.model_dump() for a in audits])
     else:
@@ -459,6 +471,14 @@ def tasks_audit(
                   f"{sum(bool(a.weak) for a in audits)} weak")
     if any(a.paid for a in audits):
         raise typer.Exit(1)
+
+
+def _plain(as_json: bool) -> Callable[[str], None] | None:
+    """Where progress lines go when nobody watches a live display: stdout that is a log or a pipe (never under
+    --json, whose stdout is the JSON; never on a terminal, which gets the live status)."""
+    if as_json or out.is_terminal:
+        return None
+    return lambda line: out.print(escape(line), soft_wrap=True, highlight=False)
 
 
 def _task_root(spec) -> Path | None:
@@ -483,13 +503,17 @@ def _duration(text: str, flag: str) -> float:
 
 class _CheckProgress:
     """What a task's check is doing, for the person waiting: a live status line on a terminal; elsewhere (a log, a
-    pipe, --json) a line on stderr for every step that lasts past a minute, and every 5 minutes after."""
+    pipe, --json) a line on stderr for every step that lasts past a minute, and every 5 minutes after; and, given
+    `say` (stdout that is no terminal, without --json), a plain line as each step starts."""
 
-    def __init__(self, task: str):
+    def __init__(self, task: str, say: Callable[[str], None] | None = None):
         self.task, self.step, self.started, self.step_started = task, "starting", 0.0, 0.0
+        self.say = say
 
     def __call__(self, step: str) -> None:
         self.step, self.step_started = step, time.monotonic()
+        if self.say is not None and not console.is_terminal:
+            self.say(f"{self.task}: {step}")
 
     def _line(self) -> str:
         return f"{self.task}: {self.step} ({display.seconds(time.monotonic() - self.started)} in all)"
