@@ -305,7 +305,8 @@ async def test_a_submission_swapped_during_validation_scores_as_copied(pool):
 
 # ----- hanging and crashing evaluations -------------------------------------------------------------------------
 def scoring_containers(docker_client, run_id: str, task_id: str) -> list:
-    return docker_client.containers.list(filters={"label": [f"air.run={run_id}", f"air.task={task_id}.scoring"]})
+    return docker_client.containers.list(filters={"label": [f"air.run={run_id}", f"air.task={task_id}.scoring"]},
+                                         ignore_removed=True)
 
 
 @pytest.mark.slow
