@@ -576,3 +576,14 @@ def test_every_container_listing_of_the_tests_tolerates_a_container_removed_mean
                 if given.get("ignore_removed") != "True" and given.get("sparse") != "True":
                     bare.append(f"{path.name}:{node.lineno}")
     assert not bare, bare
+
+
+@pytest.mark.parametrize("make, says", [(_fifo, "is a FIFO"), (_zero, "is a character device")],
+                         ids=["fifo", "dev-zero"])
+def test_a_harbor_task_toml_that_is_not_a_regular_file_is_listed_as_not_loading_at_once(tmp_path, make, says):
+    root = _harbor(tmp_path)
+    (root / "odd").mkdir()
+    make(root / "odd" / "task.toml")
+    proc = air("tasks", "list", "--harbor-root", str(root), "--json", cwd=tmp_path, timeout=60)
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert not rows["odd"]["loads"] and says in rows["odd"]["reason"] and rows["fine"]["loads"], rows

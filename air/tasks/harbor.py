@@ -28,6 +28,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air.errors import TaskError, UsageError
+from air.files import read_bounded
 from air.images.dockerfile import IMAGE_WORKSPACE, dockerfile_digest, workdir_problem
 from air.sandbox.layout import BASE_PATH, WORKSPACE
 from air.tasks.folder import links_out_problem
@@ -317,10 +318,12 @@ def _instruction(path: Path, name: str) -> str:
 
 
 def _parse(path: Path) -> HarborToml:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    try:  # a regular file of at most 1 MB: a FIFO or a link to /dev/zero named task.toml is refused, never read
+        data = tomllib.loads(read_bounded(path, 1 << 20, "task.toml").decode("utf-8"))
     except FileNotFoundError:
         raise TaskError(f"{path}: no such file") from None
+    except UsageError as exc:
+        raise TaskError(str(exc)) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise TaskError(f"{path}: TOML syntax error: {exc}") from None
     try:
