@@ -6,8 +6,8 @@ import asyncio
 import functools
 import json
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -512,7 +512,7 @@ class _CheckProgress:
 
     def __call__(self, step: str) -> None:
         self.step, self.step_started = step, time.monotonic()
-        if self.say is not None and not console.is_terminal:
+        if self.say is not None:
             self.say(f"{self.task}: {step}")
 
     def _line(self) -> str:
