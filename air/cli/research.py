@@ -234,7 +234,7 @@ def _subclasses(cls: type) -> list[type]:
 
 
 def _finished_line(result, done: int, total: int) -> str:
-    """One finished rollout, for a log: `rollout 3/8 done: TASK #2 ok, return +0.0528 (9 turns)`."""
+    """One finished rollout, for a log: `rollout 3/8 done: TASK #2 ok, return +0.0528, 9 turns`."""
     head = f"rollout {done}/{total} done: {result.task} #{result.index}"
     if not result.ok:
         return f"{head} failed: {' '.join((result.error or 'unknown').split())[:200]}"
