@@ -27,6 +27,10 @@ class DaemonStalled(DockerUnavailable):
     what was waited for and its fix. Nothing is known to have happened, nor not to: a removal may be pending."""
 
 
+TASK_IMAGE_PREFIX = "harbor-"
+"""air/harbor-<task>: images built from a Harbor task's own Dockerfile (air.tasks.harbor), not from a recipe."""
+
+
 class ImageError(InfraError):
     """An image is missing or cannot be built."""
 
@@ -38,6 +42,10 @@ class ImageError(InfraError):
             return cls(f"image {image} is not on the Docker daemon; air builds only its own air/<recipe> images "
                        f"(`air images ls`): `docker pull {image}` or `docker load` it")
         recipe = image.removeprefix("air/").split(":")[0]
+        if recipe.startswith(TASK_IMAGE_PREFIX):  # no recipe of that name: `air images build` would refuse it
+            return cls(f"image {image} is not built; it is a Harbor task's own image, built from the task's "
+                       "environment/ when the task is first run or checked (`air tasks check harbor:<task> "
+                       "--harbor-root <dataset>`)")
         return cls(f"image {image} is not built; run `air images build {recipe}`")
 
 

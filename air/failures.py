@@ -8,6 +8,8 @@ alike (one line, the documented exit code) wherever in air it surfaced:
 | a full disk or quota                      | OSError ENOSPC, EDQUOT                     | DiskFull, the path | 3    |
 | undecodable input                         | UnicodeDecodeError                         | UsageError, the    | 2    |
 |                                           |                                            | file and the byte  |      |
+| a name longer than a file name may be     | OSError ENAMETOOLONG                       | UsageError, the    | 2    |
+| (a task id of 300 bytes, ...)             |                                            | name, shortened    |      |
 
 Two more classes have their one place in the layer that owns them: an option out of its range is
 `air.validation.config_of` (options are validated by the config model that declares them, before anything starts),
@@ -29,6 +31,9 @@ from pathlib import Path
 
 from air.errors import AirError, DiskFull, UsageError
 
+NAME_MAX = 255
+PATH_MAX = 4096
+"""Linux's limits on one name of a path and on the whole path, in bytes (a longer one is ENAMETOOLONG)."""
 _PATH = "air_path"
 """The attribute `about` sets on a decode error (an OSError keeps its path in `filename`)."""
 
@@ -46,6 +51,13 @@ def about(path: str | Path) -> Iterator[None]:
         if getattr(exc, _PATH, None) is None:
             setattr(exc, _PATH, str(path))
         raise
+
+
+def shortened(name: str, keep: int = 60) -> str:
+    """`name` as an error line shows it: whole when short, else its head, its length and its tail."""
+    if len(name) <= 2 * keep:
+        return name
+    return f"{name[:keep]}...({len(name.encode())} bytes)...{name[-20:]}"
 
 
 def translate(exc: BaseException) -> AirError | None:
@@ -78,9 +90,12 @@ def _os_error(exc: OSError) -> AirError | None:
     if isinstance(exc, FileExistsError):
         kind = "" if Path(path).is_dir() else " and is not a directory"
         return UsageError(f"{path} already exists{kind}")
+    if exc.errno == errno.ENAMETOOLONG:
+        return UsageError(f"{shortened(str(path))} is too long a name: a file name is at most {NAME_MAX} bytes and a "
+                          f"path at most {PATH_MAX} (a task id names a folder)")
     if isinstance(exc, PermissionError) or exc.errno == errno.EROFS:
         return UsageError(f"cannot write or read {path}: {exc.strerror}")
     return None
 
 
-__all__ = ["about", "translate"]
+__all__ = ["NAME_MAX", "PATH_MAX", "about", "shortened", "translate"]

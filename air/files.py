@@ -71,6 +71,48 @@ def input_files(paths: Iterable[Path], pattern: str = "*.jsonl") -> list[Path]:
     return list(dict.fromkeys(files))
 
 
+def read_bounded(path: Path, limit: int, what: str = "") -> bytes:
+    """The bytes of the regular file `path`, refused (a UsageError naming it) when it is anything else or holds
+    more than `limit` bytes. Opened without waiting (a FIFO's open would wait for a writer) and checked on the open
+    descriptor, so a link to /dev/zero or a FIFO swapped in after a look is refused too, and at most `limit` + 1
+    bytes are ever read."""
+    name = f"{what} {path}" if what else str(path)
+    with about(path):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise UsageError(f"{name} is {kind(mode)}; air reads only regular files there")
+            data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UsageError(f"{name} is larger than {limit >> 10} KB, more than such a file holds; name a smaller one")
+    return data
+
+
+def check_output(path: Path, inputs: Iterable[Path] = (), folders: Iterable[Path] = ()) -> Path:
+    """`output_file(path, inputs)`, also refused when it lies in one of `folders` (a task's own files are its
+    inputs, all of them), and tried before the work whose result it will hold: a file is made and removed where
+    the result will be written, so a read-only file system, /proc or a missing folder is said in a second, not
+    after the work. Returns the file that writing `path` replaces."""
+    target = output_file(path, inputs)
+    for folder in folders:
+        real = Path(os.path.realpath(folder))
+        if target == real or real in target.parents:
+            raise UsageError(f"{path} is inside {folder}, one of the inputs; write the output elsewhere")
+    probe = target.with_name(f".{target.name}.{os.getpid()}.probe")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            exc.filename = str(path)  # a full disk: the host's failure (air.failures), naming the user's path
+            raise
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}; name a file in a folder air can write"
+                         ) from None
+    os.close(fd)
+    os.unlink(probe)
+    return target
+
+
 def check_folder(path: Path) -> None:
     """Raise what making the folder `path` would raise (a file in its place, or on its way), without making it:
     a command that writes there at its end fails before it starts anything, and leaves no empty folder."""
@@ -132,5 +174,5 @@ def write_folder_atomically(path: Path, files: dict[str, str]) -> None:
             raise
 
 
-__all__ = ["check_folder", "free_name", "input_files", "kind", "output_file", "write_atomically",
-           "write_folder_atomically"]
+__all__ = ["check_folder", "check_output", "free_name", "input_files", "kind", "output_file", "read_bounded",
+           "write_atomically", "write_folder_atomically"]

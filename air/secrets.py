@@ -5,8 +5,11 @@ terminal, an error line, summary.json, a trajectory's start record, which travel
 
 from __future__ import annotations
 
+import os
 import re
 from urllib.parse import urlsplit, urlunsplit
+
+from air import variables
 
 HIDDEN = "***"
 _SECRET_KEY = re.compile(r"(key|token|secret|pass|password|passwd|pwd|auth|credential|signature|sig)$", re.I)
@@ -42,9 +45,28 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def known_secrets() -> list[str]:
+    """What this process was given as a secret, as text: the secret variables' values (air.variables) and the
+    password of a URL in DOCKER_HOST or AIR_BASE_URL. A library's error may quote one outside any URL (the docker
+    SDK's `Host='admin:PW@...'`), so what is printed is searched for the values themselves too."""
+    found = list(variables.secret_values())
+    for name in ("DOCKER_HOST", "AIR_BASE_URL"):
+        try:
+            parts = urlsplit(os.environ.get(name) or "")
+            found += [parts.password or "", (parts.username or "") if parts.password is None else ""]
+        except ValueError:
+            continue
+    # A short value would hide ordinary words: a secret of fewer than 4 characters is not searched for.
+    return sorted({value for value in found if len(value) >= 4}, key=len, reverse=True)
+
+
 def redact_text(text: str) -> str:
-    """`text` with every URL in it redacted (an error line that quotes a URL, whoever wrote it)."""
-    return _URL.sub(lambda m: redact_url(m.group(0)), text) if "://" in text else text
+    """`text` with every URL in it redacted, and every known secret (known_secrets) wherever it stands: an error
+    line or a report row that quotes one, whoever wrote it."""
+    text = _URL.sub(lambda m: redact_url(m.group(0)), text) if "://" in text else text
+    for value in known_secrets():
+        text = text.replace(value, HIDDEN)
+    return text
 
 
-__all__ = ["HIDDEN", "redact_text", "redact_url"]
+__all__ = ["HIDDEN", "known_secrets", "redact_text", "redact_url"]

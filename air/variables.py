@@ -44,6 +44,8 @@ class Variable:
     """The values it takes, as docs/variables.md says them."""
     what: str
     default_text: str = ""
+    secret: bool = False
+    """A key or token: a bad value is refused without quoting it (an error line travels into logs and issues)."""
 
     def __post_init__(self) -> None:
         if not self.default_text:
@@ -196,11 +198,11 @@ def _table() -> dict[str, Variable]:
         Variable("AIR_IMAGES_DIR", _path, None, "an existing folder", "the image recipes' folder",
                  default_text="air's own `images/`"),
         Variable("AIR_TRACEBACK", _text, None, "any non-empty text", "print the traceback of a bug in air (exit 4)"),
-        Variable("AIR_AGENTGYM_TOKEN", _text, None, "any text", "`air serve agentgym --token`'s default"),
-        Variable("AIR_OPENENV_TOKEN", _text, None, "any text", "`air serve openenv --token`'s default"),
+        Variable("AIR_AGENTGYM_TOKEN", _text, None, "any text", "`air serve agentgym --token`'s default", secret=True),
+        Variable("AIR_OPENENV_TOKEN", _text, None, "any text", "`air serve openenv --token`'s default", secret=True),
         Variable("AIR_SNAPSHOT_KEY", _hex_key, None, "at least 16 bytes in hex",
                  "the key that seals snapshots, shared by hosts that trust each other's (docs/snapshots.md)",
-                 default_text="a random key in air's cache folder"),
+                 default_text="a random key in air's cache folder", secret=True),
         Variable("AIR_OFFLINE", _text, None, "any text; unset, empty, 0, false or no is off",
                  "build task Dockerfiles without the network (`--offline`)",
                  default_text="unset: with the network where the host has a default route"),
@@ -225,7 +227,8 @@ def value(name: str) -> Any:
     try:
         return var.parse(text)
     except _Bad as exc:
-        raise UsageError(f"{name}={shlex.quote(text)} {exc}; unset it for the default ({var.default_text}), or see "
+        shown = f"{name} (its value not shown: a secret)" if var.secret else f"{name}={shlex.quote(text)}"
+        raise UsageError(f"{shown} {exc}; unset it for the default ({var.default_text}), or see "
                          "docs/variables.md") from None
 
 
@@ -235,4 +238,9 @@ def check_all() -> None:
         value(name)
 
 
-__all__ = ["AGENT_UID_BASE", "VARIABLES", "Variable", "check_all", "dns_label", "raw", "value"]
+def secret_values() -> list[str]:
+    """The values of the secret variables as set (what no line air prints may hold)."""
+    return [text for name, var in VARIABLES.items() if var.secret and (text := raw(name))]
+
+
+__all__ = ["AGENT_UID_BASE", "VARIABLES", "Variable", "check_all", "dns_label", "raw", "secret_values", "value"]

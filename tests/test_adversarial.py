@@ -305,7 +305,8 @@ async def test_a_submission_swapped_during_validation_scores_as_copied(pool):
 
 # ----- hanging and crashing evaluations -------------------------------------------------------------------------
 def scoring_containers(docker_client, run_id: str, task_id: str) -> list:
-    return docker_client.containers.list(filters={"label": [f"air.run={run_id}", f"air.task={task_id}.scoring"]})
+    return docker_client.containers.list(filters={"label": [f"air.run={run_id}", f"air.task={task_id}.scoring"]},
+                                         ignore_removed=True)
 
 
 @pytest.mark.slow
@@ -314,8 +315,9 @@ async def test_a_hanging_strategy_times_out_and_the_scorer_stays_usable(pool, do
     afterwards no process of it is left in the scoring sandbox, which is kept (not recycled) and scores the next
     submission correctly."""
     spec = load_task(PD)
-    # Short enough to wait out, long enough for the honest evaluations on a busy machine (8 s timed one out).
-    spec = spec.model_copy(update={"evaluation": spec.evaluation.model_copy(update={"timeout": 20.0})})
+    # The honest evaluations keep the task's own timeout (120 s: a loaded CI machine took 20 s over one); only the
+    # hung one gets a short one, short enough to wait out.
+    short = spec.model_copy(update={"evaluation": spec.evaluation.model_copy(update={"timeout": 20.0})})
     env = TaskEnvironment(spec, pool)
     baseline = (task_dir(PD) / "starter" / "strategy.py").read_text()
     async with env.lease() as sandbox:
@@ -325,10 +327,15 @@ async def test_a_hanging_strategy_times_out_and_the_scorer_stays_usable(pool, do
         scorers = {c.id for c in scoring_containers(docker_client, run_id, PD)}
         await write(sandbox, "strategy.py", "def row_strategy(history):\n    while True:\n        pass\n")
         started = time.monotonic()
-        hung = await env.evaluate(sandbox)
+        env.spec = short
+        try:
+            hung = await env.evaluate(sandbox)
+        finally:
+            env.spec = spec
         elapsed = time.monotonic() - started
         assert hung.status in ("timeout", "invalid_submission") and not hung.metrics, hung
-        assert elapsed < spec.evaluation.timeout + 15, elapsed
+        # Ended by its own 20 s, not the task's 120 s: the margin is the load's, never the verdict's.
+        assert elapsed < spec.evaluation.timeout, elapsed
         await pool.wait_idle()
         assert {c.id for c in scoring_containers(docker_client, run_id, PD)} == scorers, "the scorer was replaced"
         for scorer in scoring_containers(docker_client, run_id, PD):

@@ -257,7 +257,8 @@ def containers_of(run_id: str) -> list[str]:
     """The names of every container (claims included) of the run, [] where no daemon answers."""
     try:
         client = docker.from_env(timeout=30)
-        return [c.name for c in client.containers.list(all=True, filters={"label": f"air.run={run_id}"})]
+        return [c.name for c in client.containers.list(all=True, filters={"label": f"air.run={run_id}"},
+                                                       ignore_removed=True)]
     except docker.errors.DockerException:
         return []
 
@@ -266,7 +267,7 @@ def remove_run(run_id: str) -> None:
     """What a failing run left (the commit before the fix leaks), so that it burdens no later test."""
     with contextlib.suppress(docker.errors.DockerException):
         client = docker.from_env(timeout=30)
-        for c in client.containers.list(all=True, filters={"label": f"air.run={run_id}"}):
+        for c in client.containers.list(all=True, filters={"label": f"air.run={run_id}"}, ignore_removed=True):
             c.remove(force=True)
 
 
@@ -706,7 +707,7 @@ def _regression_recordings(root: Path) -> None:
 
 def _sleeping(run_id: str) -> bool:
     client = docker.from_env(timeout=30)
-    for c in client.containers.list(filters={"label": f"air.run={run_id}"}):
+    for c in client.containers.list(filters={"label": f"air.run={run_id}"}, ignore_removed=True):
         with contextlib.suppress(docker.errors.APIError):
             if any("sleep 600" in " ".join(row) for row in c.top().get("Processes") or []):
                 return True

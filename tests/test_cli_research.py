@@ -46,7 +46,7 @@ def test_debug_in_a_pty_validates_submits_and_leaves_no_container(images, docker
     finally:
         child.close()
     assert child.exitstatus == 0, child.before
-    left = docker_client.containers.list(all=True, filters={"label": f"air.run={run_id}"})
+    left = docker_client.containers.list(all=True, filters={"label": f"air.run={run_id}"}, ignore_removed=True)
     assert not left, f"air debug left its containers behind: {[c.name for c in left]}"
 
 

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
 def run_containers(docker_client, run_id: str) -> list:
-    return docker_client.containers.list(all=True, filters={"label": f"air.run={run_id}"})
+    return docker_client.containers.list(all=True, filters={"label": f"air.run={run_id}"}, ignore_removed=True)
 
 
 def owner_pid(container) -> int:
@@ -201,7 +201,7 @@ def test_a_killed_worker_loses_only_its_rollouts(scripted_server, tmp_path, imag
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 sleeping = [c for c in docker_client.containers.list(
-                    filters={"label": [f"air.run={server['run_id']}", "air.task=regression-rmse"]})
+                    filters={"label": [f"air.run={server['run_id']}", "air.task=regression-rmse"]}, ignore_removed=True)
                     if any("sleep 600" in " ".join(p)
                            for p in c.top(ps_args="-eo pid,args").get("Processes") or [])]
                 if len(sleeping) == rollouts:

@@ -26,19 +26,20 @@ def test_sigkilled_air_process_leaves_at_most_claims_that_clean_removes(images, 
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     label = {"label": f"air.run={env['AIR_RUN_ID']}"}
     deadline = time.monotonic() + 120
-    while not docker_client.containers.list(filters=label):
+    while not docker_client.containers.list(filters=label, ignore_removed=True):
         assert proc.poll() is None and time.monotonic() < deadline, "the eval never started a container"
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
     deadline = time.monotonic() + 60
-    while any(c.labels.get("air.role") != "claim" for c in docker_client.containers.list(all=True, filters=label)):
+    while any(c.labels.get("air.role") != "claim"
+              for c in docker_client.containers.list(all=True, filters=label, ignore_removed=True)):
         assert time.monotonic() < deadline, "the killed run's sandboxes did not end by themselves"
         time.sleep(0.5)
     clean = subprocess.run([sys.executable, "-m", "air.cli.main", "containers", "clean"], capture_output=True,
                            text=True, timeout=120)
     assert clean.returncode == 0, clean.stderr
-    assert docker_client.containers.list(all=True, filters=label) == []
+    assert docker_client.containers.list(all=True, filters=label, ignore_removed=True) == []
 
 
 async def test_a_full_workspace_is_the_agents_problem_and_reset_recovers(pool):

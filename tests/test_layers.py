@@ -4,7 +4,8 @@ module imports itself back through others. Anyone can check it: `python3 -m pyte
 Layers, bottom up (DESIGN.md): foundations (errors, paths, validation, display, files, failures), the sandbox
 runtime, the image builder and the policies (three that know nothing of each other), tasks, episodes, the
 integrations on top of episodes (verifiers, services, exports, reports), the CLI. Imports under
-`if TYPE_CHECKING:` are annotations only and are not counted.
+`if TYPE_CHECKING:` count as the others do: an annotation that names a module above, or one that imports this one
+back, is the same knot in the design even where Python never runs it (issue 65).
 """
 
 from __future__ import annotations
@@ -42,12 +43,8 @@ def modules() -> dict[str, Path]:
 def imports(path: Path, known: set[str]) -> set[str]:
     """The project's modules this file imports (names that are modules, or the module a name comes from)."""
     tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for part in node.body for n in ast.walk(part)}
     out = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
+    for node in ast.walk(tree):  # every import, those under `if TYPE_CHECKING:` included
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -96,6 +93,12 @@ def test_no_module_imports_itself_back():
         if module not in state:
             visit(module)
     assert not cycles, cycles
+
+
+def test_an_import_for_type_checking_only_is_counted(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from air.cli.app import app\n")
+    assert imports(module, {"air.cli.app"}) == {"air.cli.app"}
 
 
 def test_the_check_can_fail():

@@ -45,7 +45,7 @@ _OWNER = textwrap.dedent("""
 
 
 def _run_containers(docker_client, run: str) -> list:
-    return docker_client.containers.list(all=True, filters={"label": f"air.run={run}"})
+    return docker_client.containers.list(all=True, filters={"label": f"air.run={run}"}, ignore_removed=True)
 
 
 @pytest.mark.docker

@@ -428,7 +428,7 @@ def test_clean_removes_containers_of_dead_runs_only(images, docker_client, run_i
         assert [c.alive_owner for c in left] == [True]
         assert all(c.run == run_id for c in left) and RUN
     finally:
-        for c in docker_client.containers.list(all=True, filters={"label": f"{RUN}={run_id}"}):
+        for c in docker_client.containers.list(all=True, filters={"label": f"{RUN}={run_id}"}, ignore_removed=True):
             c.remove(force=True)
 
 

@@ -103,7 +103,7 @@ def kill_when_running(docker_client, labels: list[str], command: str, patience: 
     def killer() -> None:
         deadline = time.monotonic() + patience
         while time.monotonic() < deadline and not killed:
-            for c in docker_client.containers.list(filters={"label": labels}):
+            for c in docker_client.containers.list(filters={"label": labels}, ignore_removed=True):
                 top = c.top(ps_args="-eo pid,args").get("Processes") or []
                 if any(command in " ".join(p) for p in top):
                     c.kill()
@@ -118,7 +118,8 @@ def kill_when_running(docker_client, labels: list[str], command: str, patience: 
 
 def air_containers(docker_client, run: str) -> set[str]:
     """The containers of one run (AIR_RUN_ID): other processes on a shared daemon make their own meanwhile."""
-    return {c.id for c in docker_client.containers.list(all=True, filters={"label": f"air.run={run}"})}
+    return {c.id for c in docker_client.containers.list(all=True, filters={"label": f"air.run={run}"},
+                                                        ignore_removed=True)}
 
 
 # verifiers' null harness is also in test_vf_eval_in_the_tools_format_with_verifiers_harnesses[null]

@@ -28,12 +28,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air.errors import UsageError
+from air.files import read_bounded
 from air.validation import one_line
 
 Family = Literal["read-answers", "forge-result", "hijack-verifier", "trivial-outputs", "outlive-episode"]
 FAMILIES: tuple[str, ...] = Family.__args__  # type: ignore[attr-defined]
 BUNDLED = Path(__file__).parent / "hacks"
 FOUND = "AIR-AUDIT-FOUND"
+MAX_BYTES = 1 << 20
+"""The largest hack file read: a script of a few lines, not a FIFO's or /dev/zero's endless stream."""
 
 
 class Blame(BaseModel):
@@ -64,9 +67,13 @@ def load_hacks(extra: list[Path] | None = None) -> list[Hack]:
     for folder in [BUNDLED, *(extra or [])]:
         if not folder.is_dir():
             raise UsageError(f"--hacks {folder}: not a folder of hack files (*.toml)")
-        for path in sorted(folder.glob("*.toml")):
+        found = sorted(folder.glob("*.toml"))
+        if not found:
+            raise UsageError(f"--hacks {folder}: no hack files (*.toml) in it (docs/audit.md says what one holds)")
+        for path in found:
             try:
-                hack = Hack(**tomllib.loads(path.read_text(encoding="utf-8")), source=str(path))
+                text = read_bounded(path, MAX_BYTES, "the hack file").decode("utf-8")
+                hack = Hack(**tomllib.loads(text), source=str(path))
             except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
                 raise UsageError(f"{path}: not a TOML hack file: {exc}") from None
             except ValidationError as exc:
@@ -77,4 +84,4 @@ def load_hacks(extra: list[Path] | None = None) -> list[Hack]:
     return list(hacks.values())
 
 
-__all__ = ["BUNDLED", "FAMILIES", "FOUND", "Blame", "Family", "Hack", "load_hacks"]
+__all__ = ["BUNDLED", "FAMILIES", "FOUND", "MAX_BYTES", "Blame", "Family", "Hack", "load_hacks"]

@@ -16,6 +16,7 @@ import fnmatch
 import re
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -82,10 +83,12 @@ def applies(hack: Hack, spec: TaskSpec) -> bool:
 
 
 async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, workdir: str | None = None,
-                     task_root: Path | None = None, concurrency: int = 4) -> TaskAudit:
+                     task_root: Path | None = None, concurrency: int = 4,
+                     on_hack: Callable[[HackResult], None] | None = None) -> TaskAudit:
     """`concurrency` hacks are played at once. Each holds its agent's sandbox while its validate leases a scorer
     from the same pool, so the pool needs room for two sandboxes per hack at once: with more hacks than that in
-    flight, every slot could hold an agent waiting for a scorer that can never start."""
+    flight, every slot could hold an agent waiting for a scorer that can never start. `on_hack` hears each hack's
+    result as it is known (progress for a log)."""
     started = time.monotonic()
     gate = asyncio.Semaphore(concurrency)
     env = TaskEnvironment(spec, pool)
@@ -118,6 +121,8 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
         if paid:
             result.step = hack.script.strip()
             result.blame = _blame(hack, task_root)
+        if on_hack is not None:
+            on_hack(result)
         return result
 
     results = await asyncio.gather(*(one(h) for h in hacks))

@@ -61,9 +61,26 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable J
 ActionFormatOption = Annotated[Literal["text", "tools"] | None, typer.Option(
     "--action-format", help="How the model acts: text (one fenced block per reply) or tools (tool calls: bash, "
                             "validate, submit); default: the task's own (text for the bundled and MLGym tasks).")]
-MlgymRoot = Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROOT",
+def _root_folder(ctx: typer.Context, param, value: str | None) -> str | None:
+    """--mlgym-root / --harbor-root (or their variables): a folder. An empty flag is refused as `--out ''` is (it
+    was taken as unset); a file is said naming where the value came from (the flag, or the variable)."""
+    if value is None:
+        return None
+    flag, variable = param.opts[0], param.envvar
+    source = ctx.get_parameter_source(param.name)
+    from_env = getattr(source, "name", "") == "ENVIRONMENT"
+    said = f"{variable}={value}" if from_env else f"{flag} {value}"
+    if value == "":
+        raise typer.BadParameter("an empty path names nothing (an unset shell variable?)")
+    if Path(value).exists() and not Path(value).is_dir():  # one not there is said where the task is looked up
+        raise UsageError(f"{said} is not a directory (a file); it names a folder "
+                         f"({param.help.split(',')[0].split(' (')[0]})")
+    return value
+
+
+MlgymRoot = Annotated[str | None, typer.Option("--mlgym-root", envvar="MLGYM_ROOT", callback=_root_folder,
                                                help="MLGym checkout, for tasks named mlgym:tasks/<name>.yaml.")]
-HarborRoot = Annotated[str | None, typer.Option("--harbor-root", envvar="HARBOR_ROOT",
+HarborRoot = Annotated[str | None, typer.Option("--harbor-root", envvar="HARBOR_ROOT", callback=_root_folder,
                                                 help="Harbor dataset (a folder of task folders), for tasks named "
                                                      "harbor:<task folder>.")]
 Offline = Annotated[bool, typer.Option("--offline", help="Build Harbor tasks' Dockerfiles with the network off "
@@ -136,7 +153,8 @@ def show_table(table) -> None:
 BaseUrl = Annotated[str | None, typer.Option("--base-url", envvar="AIR_BASE_URL",
                                              help="OpenAI-compatible endpoint, http(s)://HOST[:PORT]/v1 (default: "
                                                   "the scripted policy); its API key in $OPENAI_API_KEY.")]
-Model = Annotated[str, typer.Option("--model", envvar="AIR_MODEL", help="Model name at --base-url.")]
+Model = Annotated[str | None, typer.Option("--model", envvar="AIR_MODEL", help=(
+    "Model name at --base-url (default: the one model its /models lists)."))]
 ModelTimeout = Annotated[float, typer.Option(
     "--model-timeout", min=0.1, help="Seconds each whole reply of the model at --base-url may take, first byte to "
                                      "last, retries of a busy endpoint included; past it the rollout fails as "
@@ -144,7 +162,7 @@ ModelTimeout = Annotated[float, typer.Option(
 MODEL_TIMEOUT = 600.0
 
 
-def make_policy(base_url: str | None, model: str, timeout: float = MODEL_TIMEOUT):
+def make_policy(base_url: str | None, model: str | None, timeout: float = MODEL_TIMEOUT):
     """The policy the flags name, and what runs record about it (`policy` in start records and summaries):
     {"kind": "scripted"} without --base-url, else {"kind": "openai-compatible", "model", "base_url"}. A
     --base-url that is given but empty or not an http(s) URL (an unset shell variable) is bad input, never a
@@ -163,8 +181,14 @@ def make_policy(base_url: str | None, model: str, timeout: float = MODEL_TIMEOUT
     from air.policies.openai_compat import OpenAIPolicy, check_reachable
 
     url = base_url.strip()
-    check_reachable(url)  # before any sandbox, image or baseline work: a typo costs seconds, not minutes
+    served = check_reachable(url)  # before any sandbox, image or baseline work: a typo costs seconds, not minutes
     from air.secrets import redact_url
+
+    if not model:  # the endpoint's one model; never a name of air's own that a real endpoint refuses or remaps
+        if served is None or len(served) != 1:
+            lists = f"it lists {len(served)}: {', '.join(served[:8])}" if served else "its /models lists none"
+            raise UsageError(f"--model: name the model at {redact_url(url)} ({lists})")
+        model = served[0]
 
     # The record is printed and written (summary.json, every start record): the URL without its secrets.
     return OpenAIPolicy(url, model, timeout=timeout), {"kind": "openai-compatible", "model": model,

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import typer
 from rich.table import Table
 
-from air.cli.app import JsonFlag, app, out, print_json
+from air.cli.app import JsonFlag, app, print_json, show_table
 from air.checks import Check
 from air.cli.images import sandbox_fusion_languages
-from air.secrets import redact_url
+from air.secrets import redact_text, redact_url
 
 
 
@@ -22,9 +23,12 @@ def run_checks() -> list[Check]:
 
     backend = PoolConfig().backend
     if backend == "kubernetes":  # sandboxes are pods: the cluster's rows, no Docker on this machine needed
-        return [Check("sandbox backend", True, "kubernetes (PoolConfig.backend; AIR_BACKEND)", required=False),
+        rows = [Check("sandbox backend", True, "kubernetes (PoolConfig.backend; AIR_BACKEND)", required=False),
                 _cache_check(), *_kubernetes_checks()]
-    return [_cache_check(), *_docker_checks()]
+    else:
+        rows = [_cache_check(), *_docker_checks()]
+    # Every row as printed holds no secret, whoever wrote its text (an SDK's error quotes DOCKER_HOST whole).
+    return [dataclasses.replace(row, detail=redact_text(row.detail), fix=redact_text(row.fix)) for row in rows]
 
 
 def _cache_check() -> Check:
@@ -136,7 +140,7 @@ def doctor(as_json: JsonFlag = False) -> None:
         for c in checks:
             status = "[green]ok[/]" if c.ok else ("[red]missing[/]" if c.required else "[yellow]optional[/]")
             table.add_row(c.name, status, c.detail, c.fix)
-        out.print(table)
+        show_table(table)  # in a pipe or a log, each row whole (a folded one splits what it quotes)
     if any(not c.ok and c.required for c in checks):
         raise typer.Exit(3)
 

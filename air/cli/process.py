@@ -36,9 +36,10 @@ class _Sturdy:
     """A standard stream that outlives its reader: once a write or flush finds the reader gone, the descriptor is
     pointed at /dev/null and what is written goes nowhere. Everything else is the stream's own."""
 
-    def __init__(self, stream: TextIO, gone: tuple[int, ...] = _GONE):
+    def __init__(self, stream: TextIO, gone: tuple[int, ...] = _GONE, name: str = "standard output"):
         self._stream = stream
         self._gone_errnos = gone
+        self._name = name
 
     def write(self, text: str) -> int:
         try:
@@ -55,7 +56,15 @@ class _Sturdy:
 
     def _gone(self, exc: OSError) -> None:
         if exc.errno not in self._gone_errnos:
+            # Said once, naming the stream (a write names no file): the rest goes nowhere, so Python's own flush
+            # at exit does not fail a second time after the one line.
+            if exc.filename is None:
+                exc.filename = self._name
+            self._to_devnull()
             raise exc
+        self._to_devnull()
+
+    def _to_devnull(self) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
             os.dup2(devnull, self._stream.fileno())
@@ -81,7 +90,8 @@ def sturdy_streams() -> None:
             stream = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - the process's stream, never closed
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
-        setattr(sys, name, _Sturdy(stream, _GONE + _FULL if name == "stderr" else _GONE))
+        setattr(sys, name, _Sturdy(stream, _GONE + _FULL if name == "stderr" else _GONE,
+                                   "standard error" if name == "stderr" else "standard output"))
 
 
 def end_like_ctrl_c() -> None:

@@ -95,7 +95,7 @@ def eval_(
     rollouts: Annotated[int, typer.Option("-n", "--rollouts", min=1, help="Rollouts per task.")] = 1,
     concurrency: Annotated[int, typer.Option("-c", "--concurrency", min=1, help="Rollouts at once.")] = 4,
     base_url: BaseUrl = None,
-    model: Model = "air-scripted",
+    model: Model = None,
     model_timeout: ModelTimeout = MODEL_TIMEOUT,
     max_turns: Annotated[int | None, typer.Option(min=1, help="Turn limit per episode (default 30; with --from, "
                                                   "the snapshot's).")] = None,
@@ -158,6 +158,12 @@ def eval_(
         check_task(start, specs[0])
         config = config_of(EpisodeConfig, {**start.config, **({"max_turns": max_turns} if max_turns else {}),
                                             **({"command_timeout": command_timeout} if command_timeout else {})})
+        if config.max_turns <= start.state.turn:  # a rollout from it would play one turn past its limit
+            from air.errors import UsageError
+
+            said = f"--max-turns {max_turns}" if max_turns else f"the snapshot's turn limit ({config.max_turns})"
+            raise UsageError(f"{said}: --from {from_} is after turn {start.state.turn}, so its rollouts play turn "
+                             f"{start.state.turn + 1} on; give a turn limit above {start.state.turn}")
     else:
         config = config_of(EpisodeConfig, {"max_turns": max_turns or 30, "command_timeout": command_timeout,
                                             "action_format": action_format})
@@ -171,12 +177,17 @@ def eval_(
     total = len(specs) * rollouts
     finished: list[RolloutResult] = []
 
+    def on_result(result) -> None:
+        finished.append(result)
+        if not as_json and not out.is_terminal:  # a log or a pipe: a line per finished rollout (no live display)
+            out.print(escape(_finished_line(result, len(finished), total)), soft_wrap=True)
+
     async def main():
         async with SandboxPool(PoolConfig(max_sandboxes=max(2 * concurrency + 2, 4),
                                           gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
             parent = {"parent": {"snapshot": str(from_)}} if from_ is not None else {}  # what replay restores
             run = functools.partial(run_batch, specs, policy, pool, run_dir, rollouts, concurrency, config,
-                                    on_result=finished.append, meta={"policy": played_by, **parent}, start=start,
+                                    on_result=on_result, meta={"policy": played_by, **parent}, start=start,
                                     snapshots=plan)
             if as_json or not console.is_terminal:  # no live display when nobody watches it
                 return await run()
@@ -235,6 +246,17 @@ def rollouts_failed(results: list) -> Exception:
 
 def _subclasses(cls: type) -> list[type]:
     return [cls, *(sub for child in cls.__subclasses__() for sub in _subclasses(child))]
+
+
+def _finished_line(result, done: int, total: int) -> str:
+    """One finished rollout, for a log: `rollout 3/8 done: TASK #2 ok, return +0.0528, 9 turns`."""
+    head = f"rollout {done}/{total} done: {result.task} #{result.index}"
+    if not result.ok:
+        return f"{head} failed: {' '.join((result.error or 'unknown').split())[:200]}"
+    summary = result.summary or {}
+    said = [f"return {display.reward(summary['total_reward'])}" if summary.get("total_reward") is not None else "",
+            f"{summary['turns']} turns" if summary.get("turns") is not None else ""]
+    return f"{head} ok" + (f", {', '.join(s for s in said if s)}" if any(said) else "")
 
 
 def snapshot_options(from_: Path | None, snapshot_at: str | None, cap_mb: int, tasks: list[str] | None):
@@ -314,6 +336,11 @@ def replay(
             from air.errors import UsageError
 
             raise UsageError(f"--rescore takes delta or best, not {rescore!r}")
+        if from_turn is not None:  # it would be ignored: the rescore reads every recorded turn, runs none
+            from air.errors import UsageError
+
+            raise UsageError(f"--from-turn {from_turn} with --rescore: a rescore recomputes every recorded turn's "
+                             "reward without containers and restores no snapshot; use one or the other")
         report = {rec.source: rescore_recording(rec, rescore) for rec in recordings}
         if as_json:
             print_json({src: [{"turn": t, "recorded": a, "rescored": b} for t, a, b in rows]
@@ -421,7 +448,7 @@ def view(
     Example: air view runs/eval-20261121-101500 -o report.html
     """
     from air.errors import UsageError
-    from air.files import input_files, output_file, write_atomically
+    from air.files import check_output, input_files, write_atomically
     from air.report import render
 
     # Checked before reading a large run, so that a typo in -o costs nothing, and before writing: never over an
@@ -431,7 +458,7 @@ def view(
                          f"e.g. {output / 'report.html'}")
     if not output.parent.is_dir():
         raise UsageError(f"cannot write {output}: directory {output.parent} does not exist")
-    output_file(output, input_files(sources))
+    check_output(output, input_files(sources))
     recordings = _recordings(sources)
     if not recordings:
         raise UsageError(f"no air trajectories or vf-eval traces of air found in {', '.join(map(str, sources))}")

@@ -20,8 +20,10 @@ from air.cli.app import (
     MlgymRoot,
     Model,
     ModelTimeout,
+    Offline,
     app,
     console,
+    go_offline,
     make_policy,
     out,
     policy_label,
@@ -35,7 +37,7 @@ from air.cli.images import build_missing, build_task_images
 def run(
     task: Annotated[str, typer.Option(help="Task id (bundled) or mlgym:tasks/<name>.yaml.")] = "prisoners-dilemma",
     base_url: BaseUrl = None,
-    model: Model = "air-scripted",
+    model: Model = None,
     model_timeout: ModelTimeout = MODEL_TIMEOUT,
     max_turns: Annotated[int, typer.Option(min=1, help="Turn limit of the episode.")] = 30,
     runs_dir: Annotated[Path, typer.Option("--out", **PATH, help="Where the trajectory is written.")] = Path("runs"),
@@ -46,6 +48,10 @@ def run(
                                                     "or turn numbers (3,5); saved beside the trajectory as "
                                                     "<trajectory>.snapshots/turn-NNN.airsnap.")] = None,
     snapshot_cap: Annotated[int, typer.Option(min=1, help="MB the snapshots may take on disk in all.")] = 1024,
+    allow_failed_oracle: Annotated[bool, typer.Option(
+        help="Run a Harbor task whose oracle (solution/solve.sh) failed `air tasks check` (refused by default, "
+             "as by air eval: its test may pay a right answer 0).")] = False,
+    offline: Offline = False,
     as_json: JsonFlag = False,
 ) -> None:
     """The main job on an embedded default: one real episode of a bundled task in a sandbox, played by the
@@ -64,15 +70,18 @@ def run(
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import TaskEnvironment
     from air.errors import UsageError
+    from air.tasks.harbor_oracle import require_oracle
     from air.tasks.registry import load_task, why_not_here
     from air.validation import config_of
 
     from air.cli.research import snapshot_options
 
+    go_offline(offline)
     _, plan = snapshot_options(None, snapshot_at, snapshot_cap, None)
     spec = load_task(task, mlgym_root, harbor_root=harbor_root)
     if why := why_not_here(spec):  # said before an image build that could not succeed here
         raise UsageError(f"task {spec.id} cannot run here: it {why} (`air tasks list` says which can)")
+    require_oracle(spec, allow_failed_oracle)  # as air eval: a failed oracle refused, an unchecked one said
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
     check_folder(runs_dir)
@@ -85,20 +94,28 @@ def run(
     if not as_json:
         out.print(f"[bold]{escape(spec.id)}[/] played by {escape(policy_label(played_by))}", soft_wrap=True)
     rows: list[dict] = []
+    scored = [0]  # validated scores so far: a turn whose validation failed adds none (and shows no stale score)
+    # What a reward is the change of: the score normalised against the baseline, for a task drawn per evaluation
+    # the baseline's score on that evaluation's own draw (a higher raw score can be paid less on a harder draw).
+    against = "its draw's baseline" if spec.hidden is not None and spec.hidden.drawn == "evaluation" else "the baseline"
 
     def show(episode, reply, step) -> None:
         kinds = step.info.get("calls") or [step.info.get("action")]  # the tools format: each call's action
+        new = len(episode.tracker.history) > scored[0]
+        scored[0] = len(episode.tracker.history)
         record = {"turn": episode.turns, "action": "+".join(kinds), "reward": step.reward,
-                  "score": episode.tracker.last_score if {"validate", "submit"} & set(kinds) else None}
+                  "score": episode.tracker.last_score if new else None,
+                  "normalized": episode.tracker.last_normalized if new else None}
         rows.append(record)
         if not as_json:
             lines = step.observation.strip().splitlines() or [""]
             if record["score"] is not None:
-                detail = f"{spec.primary.name} = {display.score(record['score'])}"
+                detail = (f"{spec.primary.name} = {display.score(record['score'])}, "
+                          f"{record['normalized']:+.4f} against {against}")
             else:  # a command's exit note, or the first line of a failure or format error
                 detail = lines[-1] if kinds[-1] == "command" else lines[0]
             out.print(f"turn {episode.turns:>2}  {_kinds_shown(kinds):<12} reward {display.reward(step.reward)}  "
-                      f"{detail[:80]}", markup=False, highlight=False, soft_wrap=True)
+                      f"{detail[:100]}", markup=False, highlight=False, soft_wrap=True)
 
     async def main():
         async with SandboxPool(PoolConfig(gpu_ids=None if spec.resources.gpus else [])) as pool:
@@ -122,14 +139,15 @@ def run(
     if as_json:
         print_json({"summary": summary, "policy": played_by, "steps": rows, "trajectory": str(trajectory)})
         return
-    scores = [r["score"] for r in rows if r["score"] is not None]
+    normalized = [r["normalized"] for r in rows if r["normalized"] is not None]
     out.print(f"\n[bold]{escape(spec.id)}[/]: {summary['ended_by']} after {summary['turns']} turns; "
               f"baseline {spec.primary.name} {summary['baseline']:.6g}, "
               f"best {display.score(summary['best_score'])}, "
               f"return {display.reward(summary['total_reward'])}", soft_wrap=True)
-    if scores:
-        out.print(f"score curve ({spec.primary.direction} is better): {_sparkline(scores)}  "
-                  + " → ".join(f"{s:.4g}" for s in scores), soft_wrap=True)
+    if normalized:  # what the rewards telescope: each reward the change of it (delta), the return its last value
+        out.print(f"normalised score curve (each against {against}; higher is better; each validate's reward is "
+                  f"its change): {_sparkline(normalized)}  " + " → ".join(f"{n:+.4f}" for n in normalized),
+                  soft_wrap=True)
     out.print(f"trajectory: {trajectory}", soft_wrap=True)
 
 

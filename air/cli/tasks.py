@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -134,15 +135,21 @@ def _list_harbor(root: Path, as_json: bool) -> None:
     if as_json:
         print_json([r.model_dump() for r in rows])
         return
+    if not rows:  # "0 of 0 tasks load" said nothing of why
+        folders = sum(1 for p in root.iterdir() if p.is_dir())
+        out.print(f"no Harbor task under {escape(str(root))}: a task is a folder holding a task.toml, and none of "
+                  f"its {folders} folder(s) (nor any below them) holds one", soft_wrap=True)
+        return
     table = Table()
-    for column in ("task", "loads", "runs here", "oracle", "audit", "image"):
+    for column in ("task", "loads", "runs here", "oracle", "audit", "verifier", "image"):
         table.add_column(column, no_wrap=True)
     details = []
     shade = {"passed": "[green]passed[/]", "failed": "[red]FAILED[/]", "not checked": "[yellow]not checked[/]"}
     for r in rows:
         table.add_row(escape(f"harbor:{r.name}"), "yes" if r.loads else "[red]no[/]",
                       "-" if r.runs_here is None else "yes" if r.runs_here else "[red]no[/]",
-                      shade.get(r.oracle or "", r.oracle or "-"), _audit_shown(r.audit), r.image or "-")
+                      shade.get(r.oracle or "", r.oracle or "-"), _audit_shown(r.audit), r.verifier or "-",
+                      r.image or "-")
         details += [f"[bold]{escape(r.name)}[/]: {escape(note)}" for note in r.notes]
         if r.reason:
             why = r.reason.replace(f"{root.resolve()}/", "")
@@ -351,7 +358,7 @@ def tasks_check(
                         f"about {display.seconds(training.cpu_seconds)} on this CPU ({training.basis})"
                     console.print(f"air: {escape(spec.id)}: its baseline trains {escape(training.declared)}: "
                                   f"{escape(where)}; it may run for {display.seconds(allowed)}", soft_wrap=True)
-                with _CheckProgress(spec.id) as progress:
+                with _CheckProgress(spec.id, _plain(as_json)) as progress:
                     if task_folder(spec) is not None:  # a Harbor task: its oracle, solution/solve.sh, must earn 1
                         found = [await check_oracle(spec, pool, progress=progress)]
                     else:
@@ -448,22 +455,35 @@ def tasks_audit(
     if html_out is not None and (html_out.is_dir() or not html_out.parent.is_dir()):
         raise UsageError(f"--html {html_out}: " + ("is a folder; name the page to write" if html_out.is_dir() else
                                                    f"no folder {html_out.parent} to write it in"))
+    if html_out is not None:  # before the audit's minutes: never over a hack file or a task's own file
+        from air.files import check_output
+
+        check_output(html_out, [Path(h.source) for h in hacks if h.source],
+                     [root for spec in specs if (root := _task_root(spec)) is not None])
 
     async def audit_all():
-        from air.tasks.task_images import build_task_image
+        from air.cli.images import build_task_images
 
         found = []
         config = PoolConfig(max_sandboxes=max(2, 2 * concurrency), gpu_ids=None if any(
             s.resources.gpus for s in specs) else [])
         async with SandboxPool(config) as pool:
+            say = _plain(as_json)
             for spec in specs:
-                await asyncio.to_thread(build_task_image, spec)
-                root = spec.build.context.parent if spec.build is not None and spec.source.startswith("harbor:") \
-                    else (spec.evaluation_files[0].source.parent if spec.evaluation_files else None)
-                with _CheckProgress(f"{spec.id}: {len(hacks)} hacks") as progress:
+                await asyncio.to_thread(build_task_images, [spec])  # its build's progress, as eval's
+                root = _task_root(spec)
+                played = [0]
+
+                def heard(result, spec=spec, played=played) -> None:  # a line per finished hack, for a log
+                    played[0] += 1
+                    if say is not None:
+                        say(f"{spec.id}: hack {played[0]}/{len(hacks)} {result.name} ({result.family}): "
+                            f"{result.status}")
+
+                with _CheckProgress(f"{spec.id}: {len(hacks)} hacks", say) as progress:
                     progress("playing")
                     found.append(await audit_task(spec, pool, hacks, workdir=image_workdir(spec), task_root=root,
-                                                  concurrency=concurrency))
+                                                  concurrency=concurrency, on_hack=heard))
                 if not as_json:
                     out.print(f"{escape(spec.id)}: audited in {found[-1].seconds:.1f} s", soft_wrap=True)
         return found
@@ -476,11 +496,13 @@ def tasks_audit(
         if paid or not only:  # "held" is a verdict on the whole catalogue, never on the hacks one asked for
             keep_audit(spec, paid)
     if html_out is not None:
-        html_out.write_text(html(audits), encoding="utf-8")
+        from air.files import write_atomically
+
+        write_atomically(html_out, html(audits))
     if as_json:
         print_json([a.model_dump() for a in audits])
     else:
-        out.print(table(audits))
+        show_table(table(audits))  # in a pipe or a file, family names whole
         for line in details(audits):
             out.print(line, soft_wrap=True)
         paid = sum(a.paid for a in audits)
@@ -488,6 +510,22 @@ def tasks_audit(
                   f"{sum(bool(a.weak) for a in audits)} weak")
     if any(a.paid for a in audits):
         raise typer.Exit(1)
+
+
+def _plain(as_json: bool) -> Callable[[str], None] | None:
+    """Where progress lines go when nobody watches a live display: stdout that is a log or a pipe (never under
+    --json, whose stdout is the JSON; never on a terminal, which gets the live status)."""
+    if as_json or out.is_terminal:
+        return None
+    return lambda line: out.print(escape(line), soft_wrap=True, highlight=False)
+
+
+def _task_root(spec) -> Path | None:
+    """The folder of a task's own files (a Harbor task's folder, a bundled task's), where hacks' blame is looked up
+    and no output of an audit may go."""
+    if spec.build is not None and spec.source.startswith("harbor:"):
+        return spec.build.context.parent
+    return spec.evaluation_files[0].source.parent if spec.evaluation_files else None
 
 
 def _duration(text: str, flag: str) -> float:
@@ -504,13 +542,17 @@ def _duration(text: str, flag: str) -> float:
 
 class _CheckProgress:
     """What a task's check is doing, for the person waiting: a live status line on a terminal; elsewhere (a log, a
-    pipe, --json) a line on stderr for every step that lasts past a minute, and every 5 minutes after."""
+    pipe, --json) a line on stderr for every step that lasts past a minute, and every 5 minutes after; and, given
+    `say` (stdout that is no terminal, without --json), a plain line as each step starts."""
 
-    def __init__(self, task: str):
+    def __init__(self, task: str, say: Callable[[str], None] | None = None):
         self.task, self.step, self.started, self.step_started = task, "starting", 0.0, 0.0
+        self.say = say
 
     def __call__(self, step: str) -> None:
         self.step, self.step_started = step, time.monotonic()
+        if self.say is not None:
+            self.say(f"{self.task}: {step}")
 
     def _line(self) -> str:
         return f"{self.task}: {self.step} ({display.seconds(time.monotonic() - self.started)} in all)"

@@ -263,14 +263,20 @@ def _failed(label: str, step: int, total: int, instruction: str, error: str, tai
     if "exit 97" in said or "air: " in said:
         return f"{label}: {_short(next((p for p in tail if p.startswith('air: ')), said), 200)}"
     on, why = network
+    # What a step printed last says why it failed (a traceback's cause is its last line): its end is kept.
     if on:
-        return f"{label}: {where} failed (built with the network: {why}): {_short(said or error, 200)}"
+        return f"{label}: {where} failed (built with the network: {why}): {_end(said or error, 200)}"
     return (f"{label}: {where} failed with the network off ({why or 'offline'}; a step that downloads needs a "
-            f"machine with the network): {_short(said or error, 200)}")
+            f"machine with the network): {_end(said or error, 200)}")
 
 
 def _short(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _end(text: str, limit: int) -> str:
+    """`text`'s last `limit` characters: a build's output ends with its error (a Python traceback with its cause)."""
+    return text if len(text) <= limit else "..." + text[-(limit - 3):]
 
 
 __all__ = ["DockerfileBuilder", "HARBOR_DIR", "IMAGE_WORKSPACE", "OFFLINE_VARIABLE", "air_layer", "build_network",

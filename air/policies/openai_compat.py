@@ -48,20 +48,35 @@ REACH_TIMEOUT = 10.0
 """Seconds `check_reachable` waits to connect: a typo in --base-url is said now, before any sandbox starts."""
 
 
-def check_reachable(base_url: str, timeout: float = REACH_TIMEOUT) -> None:
+def check_reachable(base_url: str, timeout: float = REACH_TIMEOUT) -> list[str] | None:
     """ModelUnavailable unless something answers HTTP at `base_url` (GET its /models, which OpenAI-compatible
     servers serve): a host that does not resolve, a port nobody listens on, or a connection that never completes
     is said before any sandbox, image or baseline work, not minutes later at the first reply. Any HTTP answer
-    passes (a server without /models, a slow one); so does a read that times out on a server that accepted."""
+    passes (a server without /models, a slow one); so does a read that times out on a server that accepted.
+    Returns the model ids the answer lists, None when it lists none readably."""
     url = base_url.rstrip("/") + "/models"
     key = os.environ.get(KEY_VARIABLE) or "EMPTY"
     try:
-        httpx.get(url, timeout=httpx.Timeout(timeout), headers={"Authorization": f"Bearer {key}"})
+        answer = httpx.get(url, timeout=httpx.Timeout(timeout), headers={"Authorization": f"Bearer {key}"})
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
         raise ModelUnavailable(f"model endpoint {redact_url(base_url)} unreachable ({type(exc).__name__}: "
                                f"{str(exc) or 'no detail'}); check --base-url (nothing was started)") from None
     except httpx.HTTPError:
-        return  # it accepted the connection: the replies will tell the rest
+        return None  # it accepted the connection: the replies will tell the rest
+    return _model_ids(answer)
+
+
+def _model_ids(answer: httpx.Response) -> list[str] | None:
+    """The ids of OpenAI's `{"data": [{"id": ...}, ...]}`, or None for any other answer (it is only a hint)."""
+    from air.text import loads
+
+    if answer.status_code != 200 or len(answer.content) > (1 << 20):
+        return None
+    try:
+        ids = [row["id"] for row in loads(answer.content)["data"]]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return [i for i in ids if isinstance(i, str) and i] or None
 
 
 class OpenAIPolicy:

@@ -23,7 +23,7 @@ over TCP.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from air.sandbox.layout import AGENT_USER, WORKSPACE
@@ -33,7 +33,30 @@ from air.sandbox.warden.protocol import WasReset
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from air.sandbox.session import ShellSnapshot
+
+class Staged(Protocol):
+    """Files of a snapshot already on the host, for a restore to link (session.py's StagedFiles)."""
+
+    path: Path
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class ShellSnapshot:
+    """A live shell's state at a turn boundary: the agent's files (a tar of warden/snapshot.py's PLACES), the cwd
+    (byte-exact) and the exported variables. Not kept: unexported variables, functions, aliases, options, traps,
+    history, the umask, limits, and every process (`lost` names those that ran). `staged`: the files already on the
+    host (session.py's StagedFiles), for every restore of it to link (a Snapshot stages its own once). Defined here,
+    with the Shell that takes and restores it: the interface owns the types it names, and imports no implementation
+    of itself (session.py imports this module)."""
+
+    files: bytes
+    cwd: bytes
+    env: dict[str, str]
+    lost: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    staged: Staged | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass

@@ -190,6 +190,15 @@ class SandboxPool:
         self._attach(host, docker)
         return True
 
+    async def _say_apparmor(self, host: _Host) -> None:
+        """A profile named on a host without AppArmor: Docker accepts `apparmor=NAME` there and confines nothing,
+        so the sandboxes would run without the profile asked for, silently. Said once per host."""
+        with contextlib.suppress(InfraError):
+            info = await host.docker.call(host.docker.client.info, timeout=30, idempotent=True)
+            if not any("apparmor" in option for option in info.get("SecurityOptions") or []):
+                log.warning("AIR_APPARMOR=%s names an AppArmor profile, but the Docker host %s has no AppArmor: its "
+                            "sandboxes run without that profile", self.config.apparmor, host.name)
+
     def _mark_down(self, host: _Host, exc: BaseException) -> None:
         loop = asyncio.get_running_loop()
         host.down_until, host.down_reason = loop.time() + self.config.host_retry, str(exc)
@@ -217,6 +226,9 @@ class SandboxPool:
         reachable = [h for h in self._hosts if await self._connect(h)]
         if not reachable:
             raise DockerUnavailable("; ".join(h.down_reason for h in self._hosts))
+        if self.config.apparmor not in (None, "unconfined"):
+            for host in reachable:
+                await self._say_apparmor(host)
         if self.config.sweep_dead_runs:
             for host in reachable:
                 try:
@@ -323,7 +335,14 @@ class SandboxPool:
                          len(removed))
 
     async def __aenter__(self) -> SandboxPool:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            # `async with` calls no __aexit__ when entering failed: what start opened (an API client's session, a
+            # run's Lease, a host's pins) is closed here, briefly, and the start's own error is what is said.
+            with contextlib.suppress(Exception):
+                await self.close(INTERRUPTED_CLOSE)
+            raise
         return self
 
     async def __aexit__(self, kind: type | None, *exc: object) -> None:

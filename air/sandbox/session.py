@@ -30,11 +30,11 @@ import secrets
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from dataclasses import dataclass, field
 
 from air.errors import SnapshotBusy, SnapshotError
 from air.sandbox.container import Sandbox, gpu_env
-from air.sandbox.interface import ArchiveTooLarge, ArchiveUnreadable, ArchiveUnwritable, CommandResult, ExecResult
+from air.sandbox.interface import (ArchiveTooLarge, ArchiveUnreadable, ArchiveUnwritable, CommandResult, ExecResult,
+                                   ShellSnapshot)
 from air.sandbox.hostdir import private, runtime_dir
 from air.sandbox.labels import owner_alive, owner_token
 from air.sandbox.layout import AGENT_HOME, AGENT_USER, BASE_PATH, WARDEN_DIR, WORKSPACE
@@ -52,21 +52,6 @@ STREAM_SNAPSHOT_LIMIT = 256 << 20
 Kubernetes), and at most a quarter of the sandbox's memory for processes: there the warden holds them in memory (a
 few copies, while the agent's processes are idle), charged to the sandbox's memory limit, so a larger home is a
 SnapshotError and never the warden's OOM kill."""
-
-
-@dataclass
-class ShellSnapshot:
-    """A live shell's state at a turn boundary: the agent's files (a tar of warden/snapshot.py's PLACES), the cwd
-    (byte-exact) and the exported variables. Not kept: unexported variables, functions, aliases, options, traps,
-    history, the umask, limits, and every process (`lost` names those that ran). `staged`: the files already on the
-    host as a StagedFiles, for every restore of it to link (a Snapshot stages its own once)."""
-
-    files: bytes
-    cwd: bytes
-    env: dict[str, str]
-    lost: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    staged: StagedFiles | None = field(default=None, compare=False, repr=False)
 
 
 class StagedFiles:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air.errors import TaskError, UsageError
+from air.files import read_bounded
 from air.images.dockerfile import IMAGE_WORKSPACE, dockerfile_digest, workdir_problem
 from air.sandbox.layout import BASE_PATH, WORKSPACE
 from air.tasks.folder import links_out_problem
@@ -61,6 +62,8 @@ class _Section(BaseModel):
 
 class _Package(_Section):
     name: str | None = None
+    version: str | None = None
+    """Harbor 0.25's PackageInfo.version (`harbor init` writes "1.0.0")."""
     description: str = ""
     authors: list[dict[str, Any]] = []
     keywords: list[str] = []
@@ -146,6 +149,9 @@ class HarborTask(BaseModel):
     """Whether this host has what it asks for (GPUs, memory); None when not weighed (or it does not load)."""
     why_not_here: str | None = None
     """What this host lacks, when it lacks something."""
+    verifier: str | None = None
+    """Its verifier's mode as Harbor resolves it: "shared" (the agent's environment) or "separate" (its own), for
+    every task that loads."""
 
 
 class Host(BaseModel):
@@ -182,8 +188,10 @@ def survey(root: Path, oracle: Callable[[TaskSpec], str] | None = None, host: Ho
         try:
             spec, notes = _load(_root(root), name)
             gap = lacks(spec.resources, host) if host is not None else None
+            mode = "separate" if separate(_parse(_root(root) / name / "task.toml")) else "shared"
             rows.append(HarborTask(name=name, loads=True, image=spec.image, notes=notes,
                                    oracle=oracle(spec) if oracle else None, audit=audit(spec) if audit else None,
+                                   verifier=mode,
                                    runs_here=None if host is None else gap is None, why_not_here=gap))
         except TaskError as exc:
             rows.append(HarborTask(name=name, loads=False, reason=str(exc)))
@@ -249,9 +257,10 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
     if where and where != WORKSPACE:
         text += f"\n\n({where} is your workspace, the current directory.)"
     ident = name.replace("/", ".")
-    build = ImageBuild(context=task_dir / "environment", dockerfile=dockerfile,
-                       base=env.docker_image if dockerfile is None else None, workdir=env.workdir,
-                       timeout=env.build_timeout_sec)
+    # Harbor's rule (environments/definition.py: should_use_prebuilt_docker_image): a named docker_image is the
+    # image, the Dockerfile beside it only its recipe (built under --force-build alone); air layers on it.
+    build = ImageBuild(context=task_dir / "environment", dockerfile=None if env.docker_image else dockerfile,
+                       base=env.docker_image or None, workdir=env.workdir, timeout=env.build_timeout_sec)
     image = f"air/harbor-{_slug(ident)}:{dockerfile_digest(build.context, build.dockerfile, build.base, build.workdir)}"
     verifier_build = _verifier_build(task_dir, config, workdir)
     verifier_image = None if verifier_build is None else f"air/harbor-{_slug(ident)}-verifier:" + dockerfile_digest(
@@ -312,10 +321,12 @@ def _instruction(path: Path, name: str) -> str:
 
 
 def _parse(path: Path) -> HarborToml:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    try:  # a regular file of at most 1 MB: a FIFO or a link to /dev/zero named task.toml is refused, never read
+        data = tomllib.loads(read_bounded(path, 1 << 20, "task.toml").decode("utf-8"))
     except FileNotFoundError:
         raise TaskError(f"{path}: no such file") from None
+    except UsageError as exc:
+        raise TaskError(str(exc)) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise TaskError(f"{path}: TOML syntax error: {exc}") from None
     try:
@@ -365,8 +376,8 @@ def separate(config: HarborToml) -> bool:
 
 
 def _verifier_build(task_dir: Path, config: HarborToml, workdir: str | None) -> ImageBuild | None:
-    """The verifier's own image, for a separate verifier that has one: tests/Dockerfile (built with tests/ as its
-    context, as Harbor builds it), else [verifier.environment].docker_image. None: a separate verifier without one
+    """The verifier's own image, for a separate verifier that has one: [verifier.environment].docker_image, else
+    tests/Dockerfile (built with tests/ as its context, as Harbor builds it). None: a separate verifier without one
     is a fresh sandbox of the agent's image, which is what air's scoring sandbox always is; so is a shared one.
     The agent's working directory is where air's layer links the workspace in it too, so that the copy of the
     agent's files is where the test looks (Harbor uploads artifacts at their paths in the agent's environment)."""
@@ -375,22 +386,31 @@ def _verifier_build(task_dir: Path, config: HarborToml, workdir: str | None) -> 
     tests, image = task_dir / "tests", (config.verifier.environment or {}).get("docker_image")
     timeout = float((config.verifier.environment or {}).get("build_timeout_sec") or config.environment
                     .build_timeout_sec)
-    if (tests / "Dockerfile").is_file():
-        return ImageBuild(context=tests, dockerfile="Dockerfile", workdir=workdir, timeout=timeout)
+    # Harbor's precedence (models/task/verifier_mode.py): the verifier's docker_image, then tests/Dockerfile.
     if isinstance(image, str) and image:
         return ImageBuild(context=task_dir / "tests" / ".air-none", dockerfile=None, base=image, workdir=workdir,
                           timeout=timeout)
+    if (tests / "Dockerfile").is_file():
+        return ImageBuild(context=tests, dockerfile="Dockerfile", workdir=workdir, timeout=timeout)
     return None
 
 
 def _separate_notes(config: HarborToml, workdir: str | None, build: ImageBuild | None) -> list[str]:
-    """What air's separate verifier does differently from Harbor's, said per task."""
+    """What air's separate verifier does differently from Harbor's, said per task (every task's mode: `verifier`)."""
     if not separate(config):
         return []
     where = (workdir or "the working directory").rstrip("/") or "/"
     image = "its own image" if build else "a fresh sandbox of the agent's image"
-    notes = [f"its verifier runs apart from the agent, in {image}, on a copy of {where} (the agent's workspace), as "
-             "Harbor uploads an artifact there"]
+    kept = _kept_artifacts(config, workdir)
+    if kept == []:  # `harbor init` writes `artifacts = []`: Harbor uploads nothing of the agent's to the verifier
+        sees = ("on none of the agent's files: its artifacts list names nothing of the workspace, so Harbor uploads "
+                "nothing to it and air gives it nothing (a test that reads the agent's files pays a right answer 0)")
+    elif kept is None or kept == ["."]:
+        sees = f"on a copy of {where} (the agent's workspace), as Harbor uploads an artifact there"
+    else:
+        sees = (f"on its artifacts of {where} (the agent's workspace) alone: {', '.join(kept)}, as Harbor uploads "
+                "them")
+    notes = [f"its verifier runs apart from the agent, in {image}, {sees}"]
     paths = _artifact_paths(config)
     outside = [a for a in paths if not _under(a, workdir) and not _under(a, "/logs/artifacts")]
     if outside:

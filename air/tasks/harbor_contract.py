@@ -7,9 +7,10 @@ where the image's working directory links, and an empty /logs/verifier is root's
 (/srv/air/out). `bash /tests/test.sh` runs as root there, as Harbor's verifier does by default, as pid 1 of a pid
 namespace of its own: when it exits, the kernel ends everything it started (a daemon the submission left) before its
 end can be seen, so nothing can wait for it and change the reward then; the whole cell ends, and
-/logs/verifier/reward.json (an object of numbers) and reward.txt (one number) are read, as Harbor reads them, from
-outside the cell: `reward` is the score (reward.json's, else reward.txt's), every other finite number of
-reward.json a metric beside it for the records (the agent sees `reward` alone). test.sh's exit status does not
+/logs/verifier/reward.json (an object of numbers) or reward.txt (one number) is read, as Harbor 0.25 reads them, from
+outside the cell: reward.json when it exists, and then only it (a non-numeric value, or no `reward` in it, is no
+reward; reward.txt is not read then), else reward.txt; `reward` is the score, every other number of reward.json a
+metric beside it for the records (the agent sees `reward` alone). test.sh's exit status does not
 count, as in Harbor; a test that writes no reward, or one that is not a regular file or too large, is the
 submission's failure, never infrastructure.
 
@@ -208,28 +209,56 @@ async def _rewards(scorer: Sandbox) -> tuple[dict[str, float], str | None]:
             return {}, f"wrote a {name} larger than {MAX_REWARD_BYTES >> 20} MB"
     if not found:
         return {}, "wrote no reward (/logs/verifier/reward.txt or reward.json)"
-    metrics: dict[str, float] = {}
+    return reward_metrics(found)
+
+
+def _finite(value: object) -> float | None:
+    """A JSON number as a finite float (true and false are Harbor's 1 and 0, as Python counts them); None for
+    anything else, an integer past any float included."""
+    if not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def reward_metrics(found: dict[str, str]) -> tuple[dict[str, float], str | None]:
+    """The reward files' texts (name -> text) read as Harbor 0.25's verifier reads them: reward.json when there is
+    one, and then only it (reward.txt is not looked at, whatever reward.json holds); else reward.txt. An empty file,
+    text that is not JSON or not one number, a value that is not a finite number, or reward.json without `reward`
+    is no reward (Harbor's trial fails to parse it). Metrics beyond `reward` are kept for the records, bounded."""
     if "reward.json" in found:
+        text = found["reward.json"]
+        if not text:
+            return {}, "wrote an empty reward.json"
         try:
-            data = json.loads(found["reward.json"])
+            data = json.loads(text)
         except ValueError:
             return {}, "wrote a reward.json that is not JSON"
         if not isinstance(data, dict):
             return {}, "wrote a reward.json that is not an object of numbers"
-        for key, value in list(data.items())[:MAX_METRICS]:
-            if isinstance(value, (int, float)) and math.isfinite(value) and len(str(key)) <= 64:
-                metrics[str(key)] = float(value)
-    if PRIMARY not in metrics and "reward.txt" in found:
-        try:
-            value = float(found["reward.txt"].strip())
-        except ValueError:
-            return {}, "wrote a reward.txt that is not a number"
-        if not math.isfinite(value):
-            return {}, "wrote a reward that is not finite"
-        metrics[PRIMARY] = value
-    if PRIMARY not in metrics:
-        return {}, "wrote no finite `reward`"
-    return metrics, None
+        numbers: dict[str, float] = {}
+        for key, value in data.items():  # every value, as Harbor checks them: one bad value fails the file
+            number = _finite(value)
+            if number is None:
+                return {}, f"wrote a reward.json whose {str(key)[:64]!r} is not a finite number"
+            numbers[str(key)] = number
+        if PRIMARY not in numbers:
+            return {}, "wrote a reward.json without `reward` (reward.txt is then not read, as in Harbor)"
+        metrics = {k: v for k, v in list(numbers.items())[:MAX_METRICS] if len(k) <= 64}
+        return {**metrics, PRIMARY: numbers[PRIMARY]}, None
+    text = found["reward.txt"]
+    if not text:
+        return {}, "wrote an empty reward.txt"
+    try:
+        value = float(text)
+    except ValueError:
+        return {}, "wrote a reward.txt that is not a number"
+    if not math.isfinite(value):
+        return {}, "wrote a reward that is not finite"
+    return {PRIMARY: value}, None
 
 
-__all__ = ["GUARD", "LOGS", "harbor_dirs_sh", "run_harbor", "sealed"]
+__all__ = ["GUARD", "LOGS", "harbor_dirs_sh", "reward_metrics", "run_harbor", "sealed"]

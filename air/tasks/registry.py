@@ -9,6 +9,7 @@ from pathlib import Path
 
 from air import paths
 from air.errors import UsageError
+from air.failures import NAME_MAX, shortened
 from air.tasks.air_format import load_air_task
 from air.tasks.hidden import Draw
 from air.tasks.mlgym import load_mlgym_task
@@ -38,7 +39,17 @@ def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0, dra
     return on_gpus(_load(ref, mlgym_root, draw, harbor_root), gpus)
 
 
+def check_name(ref: str) -> None:
+    """UsageError when a part of `ref` is longer than a file name may be: every task id names a file or folder, and
+    the file system's own refusal (ENAMETOOLONG) would come from wherever it is first used."""
+    for part in ref.removeprefix(MLGYM_PREFIX).removeprefix(HARBOR_PREFIX).split("/"):
+        if len(part.encode()) > NAME_MAX:
+            raise UsageError(f"task '{shortened(ref)}': a name of {len(part.encode())} bytes; a task id names a file "
+                             f"or folder, and a name is at most {NAME_MAX} bytes")
+
+
 def _load(ref: str, mlgym_root: Path | str | None, draw: Draw | None, harbor_root: Path | str | None) -> TaskSpec:
+    check_name(ref)
     if ref.startswith(MLGYM_PREFIX):
         root = mlgym_root or os.environ.get("MLGYM_ROOT")
         if not root:
@@ -95,6 +106,7 @@ def bundled_here(gpus: int | None = None) -> list[str]:
 
 def require_known(ref: str) -> None:
     """UsageError unless `ref` names a bundled task or has the MLGym or Harbor form (read at load time)."""
+    check_name(ref)
     if not ref.startswith((MLGYM_PREFIX, HARBOR_PREFIX)) and not (paths.tasks_dir() / ref / "task.toml").is_file():
         raise UsageError(f"unknown task '{ref}' (bundled: {', '.join(bundled_ids())}; MLGym tasks: "
                          "mlgym:tasks/<name>.yaml; Harbor tasks: harbor:<task folder>)")
@@ -115,5 +127,5 @@ def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None
     return specs
 
 
-__all__ = ["HARBOR_PREFIX", "MLGYM_PREFIX", "load_task", "load_all", "bundled_ids", "require_known",
+__all__ = ["HARBOR_PREFIX", "MLGYM_PREFIX", "load_task", "load_all", "bundled_ids", "check_name", "require_known",
            "bundled_here", "gpus_here", "why_not_here"]
