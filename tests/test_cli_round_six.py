@@ -148,7 +148,8 @@ def _snapshot_after_turn(tmp_path, turn: int) -> Path:
     spec = load_task("prisoners-dilemma")
     state = EpisodeState(turn=turn, actions=turn, format_errors=0, validations=0, failed_validations=0,
                          step_rewards=[0.0] * turn, step_scores=[None] * turn, step_evaluated=[False] * turn,
-                         scores=[], best_score=None, paid=0.0, env_seconds=0.0, seconds=1.0, messages=[])
+                         scores=[], score_baselines=[], best_score=None, paid=0.0, env_seconds=0.0, seconds=1.0,
+                         messages=[])
     snap = Snapshot(task=spec.id, task_version=spec.version, task_hash=spec.content_hash, episode="e",
                     config={"max_turns": 30}, reward_baseline=None, state=state, cwd="", env={},
                     files_sha256=hashlib.sha256(b"").hexdigest())
