@@ -21,8 +21,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
 COMPETITION = "toy-tabular-regression"
-RETURNS = {"hello-pass": 1.0, "hello-fail": 0.0, "multi-metric": 0.6, COMPETITION: 0.0}
-"""What the generic story earns: the reward of the untouched workspace (the competition's: no submission, 0)."""
+RETURNS = {"hello-pass": 1.0, "hello-fail": 0.0, "multi-metric": 0.6, COMPETITION: -0.2}
+"""What the generic story earns: the reward of the untouched workspace. The competition's has no submission, and
+its test then writes a reward.json with a string (`"error": "submission_not_found"`) and no `reward`: Harbor 0.25
+parses that as no reward (a non-numeric value fails the file, and reward.txt is not read when reward.json exists),
+so both validations of the story fail (-0.1 each: the failed-validation penalty)."""
 
 
 @pytest.fixture(scope="module")

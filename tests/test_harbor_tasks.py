@@ -200,8 +200,8 @@ def test_a_failed_oracle_is_refused_by_the_taskset_and_the_served_protocols(tmp_
 def test_a_separate_verifier_gets_its_own_image_as_harbor_resolves_it(tmp_path):
     """Harbor 0.25: `environment_mode` when given, else separate exactly when [verifier.environment] is; the image
     is [verifier.environment].docker_image, else tests/Dockerfile's (tests/ its context), else a fresh copy of the
-    agent's (tests/test_cli_round_six.py: the docker_image before a tests/Dockerfile). The agent's working directory
-    is linked to the workspace in the verifier's image too."""
+    agent's (tests/test_cli_round_six.py: the docker_image before a tests/Dockerfile). The agent's working
+    directory is linked to the workspace in the verifier's image too."""
     root = tmp_path / "dataset"
     docker = "FROM air/cpu:latest\nWORKDIR /app\n"
     _task(root, "own-dockerfile", '[verifier]\nenvironment_mode = "separate"\n', dockerfile=docker,
