@@ -37,13 +37,18 @@ timed() {  # STEP NAME: run it, append its wall time
   local name=$1 t0 t1; shift; t0=$(date +%s.%N); "$@"; t1=$(date +%s.%N)
   printf '%s %-10s %7.1f s\n' "$(date -u +%FT%TZ)" "$name" "$(echo "$t1 - $t0" | bc)" | tee -a "$W/timings.txt" >&2
 }
-until_ok() {  # WHAT SECONDS CMD...: poll once a second
+until_ok() {  # WHAT SECONDS CMD...: poll once a second; give up at once if the component died
   local what=$1 n=$2; shift 2
-  for _ in $(seq "$n"); do "$@" >/dev/null 2>&1 && return 0; sleep 1; done
+  for _ in $(seq "$n"); do
+    "$@" >/dev/null 2>&1 && return 0
+    [ -f "$R/$what.pid" ] && ! alive "$what" && { say "$what exited: $(tail -1 "$LOGS/$what.log")"; return 1; }
+    sleep 1
+  done
   say "gave up waiting for $what after ${n} s (logs: $LOGS)"; return 1
 }
-spawn() {  # NAME CMD...: in the background, its pid in $R/NAME.pid
+spawn() {  # NAME CMD...: in the background, its pid in $R/NAME.pid (unless it runs already: start again resumes)
   local name=$1; shift
+  alive "$name" && return
   (cd "$R" && exec "$@") >"$LOGS/$name.log" 2>&1 &
   echo $! >"$R/$name.pid"
 }
@@ -213,21 +218,25 @@ EOF
 cgroups() {  # cgroup v1 without systemd: the kubelet's cgroupRoot must exist in every hierarchy
   local h
   for h in /sys/fs/cgroup/*/; do
-    case $h in */unified/|*/systemd/) continue;; esac
+    case $h in */unified/) continue;; esac  # the kubelet checks the named systemd hierarchy too
     mkdir -p "$h/kubelocal"
     if [ -f "$h/cpuset.cpus" ]; then cat "$h/cpuset.cpus" >"$h/kubelocal/cpuset.cpus"
                                      cat "$h/cpuset.mems" >"$h/kubelocal/cpuset.mems"; fi
   done
 }
 
-start() {
-  alive kube-apiserver && { say "already running"; return; }
-  configs; cgroups
-  local d  # what the kubelet makes on the host whatever its --root-dir: clean removes only what was not there
-  for d in /var/lib/kubelet /var/log/pods /var/log/containers; do [ -e $d ] || echo $d; done >"$R/host-paths"
+containerd_() {  # our containerd alone (images can be imported while the binaries still build)
+  alive containerd && return
+  configs
   spawn containerd containerd --config "$R/containerd/config.toml"
   until_ok containerd 30 "${CTR[@]}" version
   "${CTR[@]}" images import "$W/pause/pause.tar" >/dev/null
+}
+
+start() {
+  containerd_; cgroups
+  local d  # what the kubelet makes on the host whatever its --root-dir: clean removes only what was not there
+  [ -f "$R/host-paths" ] || for d in /var/lib/kubelet /var/log/pods /var/log/containers; do [ -e $d ] || echo $d; done >"$R/host-paths"
   spawn etcd etcd --name kube-local --data-dir "$R/etcd/data" \
     --listen-client-urls http://127.0.0.1:23790 --advertise-client-urls http://127.0.0.1:23790 \
     --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
@@ -252,13 +261,13 @@ start() {
     --bind-address=127.0.0.1 --leader-elect=false
   # /etc/hosts may not name this machine "vm": the API server reaches the kubelet (exec, logs) by that name
   spawn kubelet "$BIN/kubelet" --config="$R/kubelet/config.yaml" --kubeconfig="$P/kubelet.kubeconfig" \
-    --root-dir="$R/kubelet/root" --cert-dir="$R/kubelet/pki" --hostname-override=vm --node-ip=127.0.0.1 --v=1
-  until_ok node-ready 300 sh -c "${KC[*]} get node vm -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+    --root-dir="$R/kubelet/root" --cert-dir="$R/kubelet/pki" --hostname-override=vm --v=1
+  until_ok kubelet 300 sh -c "${KC[*]} get node vm -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
   "${KC[@]}" get nodes -o wide
 }
 
 images() {  # from Docker's image store into our containerd (docker save only reads), under every tag it has there
-  local i                                                      # (air names task images by content tags too)
+  containerd_; local i  # (air names task images by content tags too)
   for i in $IMAGES; do
     # shellcheck disable=SC2046
     docker save $(docker image inspect --format '{{join .RepoTags " "}}' "$i") | "${CTR[@]}" images import - | tail -1
@@ -336,15 +345,17 @@ clean() {  # after stop: this cluster's mounts, network namespaces, bridge, cgro
   rm -rf "$R"
 }
 
+fn() { case $1 in containerd) echo containerd_;; *) echo "${1//-/_}";; esac; }
+
 mkdir -p "$W"
 [ $# -gt 0 ] || set -- status
 for s in "$@"; do
   case $s in
-    up) for t in deps src build pki start images air-setup; do timed "$t" "${t//-/_}"; done;;
+    up) for t in deps src build pki start images air-setup; do timed "$t" "$(fn "$t")"; done;;
     down) timed stop stop; timed clean clean;;
     env) env_;;
     status) status;;
-    deps|src|build|pki|start|images|air-setup|smoke|stop|clean) timed "$s" "${s//-/_}";;
+    deps|src|build|pki|containerd|start|images|air-setup|smoke|stop|clean) timed "$s" "$(fn "$s")";;
     *) say "unknown step: $s (deps src build pki start images air-setup status smoke env stop clean up down)"; exit 2;;
   esac
 done
