@@ -125,11 +125,15 @@ def base_spec():
 KUBERNETES_FAKE = os.environ.get("AIR_TEST_BACKEND") == "kubernetes-fake"
 """`AIR_TEST_BACKEND=kubernetes-fake pytest tests/test_hardening.py ...`: every pool the tests make (and every air
 process they start) runs on the kubernetes backend, through the fake API server below, its pods local containers."""
+KUBERNETES_REAL = os.environ.get("AIR_TEST_BACKEND") == "kubernetes"
+"""`AIR_TEST_BACKEND=kubernetes KUBECONFIG=... pytest ...`: the same on the real cluster KUBECONFIG names (its
+namespace set up, the task images on its nodes; scripts/kube-local.sh makes one here): every use of `kube_fake`
+gets it instead (tests/kube_real.py), and the fake's fault injection is skipped."""
 
 
-@pytest.fixture(scope="session", autouse=KUBERNETES_FAKE)
+@pytest.fixture(scope="session", autouse=KUBERNETES_FAKE or KUBERNETES_REAL)
 def kubernetes_everywhere(request):
-    if not KUBERNETES_FAKE:
+    if not (KUBERNETES_FAKE or KUBERNETES_REAL):
         yield None
         return
     fake = request.getfixturevalue("kube_fake")
@@ -146,7 +150,15 @@ def kubernetes_everywhere(request):
 @pytest.fixture(scope="session")
 def kube_fake(images):
     """A FAKE Kubernetes API server (tests/kube_fake.py) whose kubelet runs each pod as a container of this machine's
-    Docker daemon, with the real warden in it: the kubernetes backend's lifecycle end to end, without a cluster."""
+    Docker daemon, with the real warden in it: the kubernetes backend's lifecycle end to end, without a cluster.
+    With AIR_TEST_BACKEND=kubernetes, the real cluster instead."""
+    if KUBERNETES_REAL:
+        from kube_real import RealCluster
+
+        if not os.environ.get("KUBECONFIG"):
+            pytest.fail("AIR_TEST_BACKEND=kubernetes needs KUBECONFIG (scripts/kube-local.sh env)", pytrace=False)
+        yield RealCluster(os.environ["KUBECONFIG"])
+        return
     from kube_fake import FakeCluster
 
     with FakeCluster(kubelet="docker") as fake:

@@ -305,8 +305,10 @@ async def test_a_submission_swapped_during_validation_scores_as_copied(pool):
 
 # ----- hanging and crashing evaluations -------------------------------------------------------------------------
 def scoring_containers(docker_client, run_id: str, task_id: str) -> list:
-    return docker_client.containers.list(filters={"label": [f"air.run={run_id}", f"air.task={task_id}.scoring"]},
-                                         ignore_removed=True)
+    """The run's scoring containers (pods, on a real cluster)."""
+    from kube_real import sandbox_containers
+
+    return sandbox_containers(docker_client, run_id, f"{task_id}.scoring")
 
 
 @pytest.mark.slow

@@ -34,6 +34,11 @@ RUN, PARSE, HELP, NOT_RUN = "run", "parse", "help", "not run"
 RULES: list[tuple[str, str, str]] = [
     (r"^scripts/setup\.sh", NOT_RUN, "installs Docker and Debian packages as root; CI's set-up runs it (.ci/run)"),
     (r"^python3 -m pytest", NOT_RUN, "the test suite itself (.ci/run runs its lanes)"),
+    (r"^KUBE_LOCAL_MIRROR=\S+ scripts/kube-local\.sh up$", NOT_RUN, "builds and starts a Kubernetes cluster as root "
+                                                                "(a microshift mirror, 20 CPU-minutes); by hand"),
+    (r"^eval \"\$\(scripts/kube-local\.sh env\)\"$", NOT_RUN, "names the kubeconfig of the cluster above"),
+    (r"^AIR_TEST_BACKEND=kubernetes python3 -m pytest ", NOT_RUN, "the suite on the cluster kube-local.sh starts"),
+    (r"^scripts/kube-local\.sh down$", NOT_RUN, "stops the cluster kube-local.sh started"),
     (r"^git clone ", NOT_RUN, "the network (MLGym's checkout); the commands after it run on a fake checkout here"),
     (r"^uv run ", NOT_RUN, "prime-rl on a GPU node; its configs are validated by tests/test_configs.py"),
     (r"^vf-eval ", NOT_RUN, "starts Docker rollouts for minutes; tests/test_vf_eval.py runs vf-eval on air for real"),

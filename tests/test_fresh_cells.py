@@ -248,8 +248,9 @@ async def test_an_evaluation_leaves_nothing_a_later_evaluation_can_observe(image
             attack = await evaluated(env, sandbox, PLANT.replace("cd ~/workspace", "cd ~"), reports)
             assert "planted" in attack["output"] and "holder has" in attack["output"], attack["output"]
             after = (await evaluated(env, sandbox, probe, reports))["fingerprint"]
-        scorers = [c for c in docker_client.containers.list(filters={"label": f"air.run={pool.run_id}"},
-                                                            ignore_removed=True)
+        from kube_real import sandbox_containers
+
+        scorers = [c for c in sandbox_containers(docker_client, pool.run_id)
                    if c.labels.get("air.task", "").endswith(".scoring")]
         assert len(scorers) == 1, "every evaluation ran in the same scoring sandbox"
     async with SandboxPool(PoolConfig(max_sandboxes=4, gpu_ids=[], lease_timeout=300)) as pool:

@@ -228,7 +228,9 @@ async def test_code_under_evaluation_leaves_nothing_for_later_evaluations(pool, 
         attacked = await env.evaluate(sandbox)
         assert attacked.ok, attacked
     await pool.wait_idle()
-    scorers = [c for c in docker_client.containers.list(filters={"label": f"air.run={run_id}"}, ignore_removed=True)
+    from kube_real import sandbox_containers
+
+    scorers = [c for c in sandbox_containers(docker_client, run_id)
                if c.labels.get("air.task", "").endswith(".scoring")]
     assert scorers
     for scorer in scorers:

@@ -12,6 +12,7 @@ rule, Pod Security), and that a pod of its kubelet builds cells and gives the ag
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -71,3 +72,43 @@ async def test_a_lease_on_the_cluster_builds_cells_without_network(kubeconfig):
         await api.close()
     assert all(p["metadata"].get("deletionTimestamp") or p["status"]["phase"] in ("Succeeded", "Failed")
                for p in left.get("items", []))
+
+
+@pytest.fixture
+def one_slot(kubeconfig):
+    """A second ResourceQuota in the namespace that admits one pod (a pod must fit every quota of its namespace), for
+    the length of a test; the namespace must have no other pod."""
+    from kube_real import kubectl, live_pods
+
+    assert not live_pods(), "the namespace is not empty"
+    kubectl("apply", "-f", "-", stdin='{"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": '
+                                     '"air-test-one-slot"}, "spec": {"hard": {"pods": "1"}}}')
+    for _ in range(60):  # the API server admits against a quota only once its controller has counted
+        if kubectl("get", "resourcequota", "air-test-one-slot", "-o", "jsonpath={.status.hard.pods}") == "1":
+            break
+        time.sleep(0.5)
+    yield
+    kubectl("delete", "resourcequota", "air-test-one-slot")
+
+
+async def test_on_a_full_quota_a_lease_takes_the_room_of_the_pools_idle_pods(kubeconfig, one_slot):
+    """Issue 64: on one slot, a lease of task B while task A's released pod sits idle deletes that pod for its own,
+    and of two leases of one task at once the second takes the first's pod when it is released. At 43ebb60 the
+    waiting lease only retried its create, and failed PoolExhausted while the pool's idle pod held the slot."""
+    import asyncio
+
+    from conftest import kubernetes_config
+
+    a, b = SandboxSpec(image=IMAGE, task="one-slot-a"), SandboxSpec(image=IMAGE, task="one-slot-b")
+    async with SandboxPool(kubernetes_config(kubeconfig, max_sandboxes=4, lease_timeout=240)) as pool:
+        async with pool.lease(a) as sa:
+            assert (await sa.session.run("echo a")).stdout == "a\n"
+        async with pool.lease(b) as sb:
+            assert (await sb.session.run("echo b")).stdout == "b\n"
+
+        async def use(spec: SandboxSpec) -> str:
+            async with pool.lease(spec) as s:
+                await asyncio.sleep(2)
+                return (await s.session.run("echo ok")).stdout
+
+        assert await asyncio.gather(use(a), use(a)) == ["ok\n", "ok\n"]

@@ -139,3 +139,13 @@ def test_every_object_of_a_run_is_owned_by_its_lease_and_labels_hold_any_task_id
     assert labels[m.TASK] == "mlgym-tasks-prisonersDilemma.yaml"
     assert pod()["metadata"]["annotations"][m.TASK] == TASK.task
     assert m.label_value("::" + "x" * 100) == "x" * 63
+
+
+def test_the_termination_log_is_under_the_wardens_directory_not_in_dev():
+    """Issue 64: a kubelet binds a file of the node at the container's terminationMessagePath, /dev/termination-log by
+    default. On the real cluster that put a regular file, a mount of a path naming the pod, in the container's /dev:
+    a cell's /dev (device nodes only) differed from it (tests/test_hardening.py), and the fresh-cells fingerprint saw
+    the mount's source differ between scoring pods. Under the warden's directory, which every cell detaches, no cell
+    sees it."""
+    container = pod()["spec"]["containers"][0]
+    assert container["terminationMessagePath"].startswith(m.WARDEN_DIR + "/")

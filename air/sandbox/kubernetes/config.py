@@ -36,8 +36,9 @@ class KubernetesConfig(BaseModel):
     warm_pool: Literal["auto", "agent-sandbox", "pods"] = "auto"
     """Who keeps warm pods: "agent-sandbox" (its SandboxTemplate, SandboxWarmPool and SandboxClaim), "pods" (air's
     own pool of pods), "auto" (agent-sandbox where its CRDs are installed, else air's own)."""
-    runtime_class: str | None = None
-    """A RuntimeClass for the pods (gVisor's `runsc`, Kata): a stronger boundary than namespaces, where installed."""
+    runtime_class: str | None = Field(default_factory=lambda: variables.value("AIR_KUBERNETES_RUNTIME_CLASS"))
+    """A RuntimeClass for the pods (gVisor's `runsc`, Kata): a stronger boundary than namespaces, where installed
+    (AIR_KUBERNETES_RUNTIME_CLASS sets the default; docs/kubernetes.md has what gVisor costs)."""
     user_namespaces: bool = False
     """`hostUsers: false` (Kubernetes >= 1.30 with user namespaces on the nodes): every pod's uids map to a range of
     its own on the node, so per-user kernel limits are the pod's even where two pods drew the same agent uid."""

@@ -213,7 +213,10 @@ def pod_spec(spec: SandboxSpec, config: KubernetesConfig, *, run: str, cells: bo
         "ports": [{"name": "air-warden", "containerPort": config.warden_port, "protocol": "TCP"}],
         "resources": pod_resources(spec, config, spec.resources.gpus),
         "securityContext": security_context(cells, pin_pages, spec.read_only_root, apparmor),
-        "volumeMounts": mounts, "terminationMessagePolicy": "FallbackToLogsOnError",
+        # A kubelet binds a node file at this path (default /dev/termination-log): not in /dev, which a cell's
+        # must match device for device, but under the warden's directory, which every cell detaches.
+        "volumeMounts": mounts, "terminationMessagePath": f"{WARDEN_DIR}/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     pod: dict = {"containers": [container], "volumes": volumes, "restartPolicy": "Never",
                  "automountServiceAccountToken": False, "enableServiceLinks": False,
