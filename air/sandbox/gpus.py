@@ -132,7 +132,7 @@ def driver_files() -> dict[str, str]:
         listing = ""
     for line in listing.splitlines():
         match = re.match(r"\s*(\S+) \((.*)\) => (\S+)$", line)
-        if not match or "x86-64" not in match.group(2) and "64" not in match.group(2):
+        if not match or "64" not in match.group(2):  # 64-bit entries (x86-64, AArch64), not the 32-bit ones
             continue
         soname, path = match.group(1), match.group(3)
         if any(soname == lib or soname.startswith(lib + ".") for lib in DRIVER_LIBRARIES) and os.path.exists(path):
@@ -177,20 +177,16 @@ class GpuAccess:
         environment the driver's files need (added to the image's PATH and LD_LIBRARY_PATH, never replacing them)."""
         if self.way is None:
             raise GpuUnavailable(f"GPU {','.join(gpu_ids)} cannot be passed to a sandbox here: {self.describe()}")
+        import docker.types  # here, not at the top: `gpus.py cdi-spec` runs before air's dependencies are installed
+
         env = sandbox_env(image_env, gpu_ids, self.way)
         if self.way == "runtime":
-            import docker.types
-
             return {"device_requests": [docker.types.DeviceRequest(driver="nvidia", device_ids=list(gpu_ids),
                                                                    capabilities=[["gpu", "compute", "utility"]])],
                     "environment": env}
         if self.way == "cdi":
-            import docker.types
-
             return {"device_requests": [docker.types.DeviceRequest(
                 driver="cdi", device_ids=[f"{CDI_KIND}={i}" for i in gpu_ids])], "environment": env}
-        import docker.types
-
         assert self.host is not None
         nodes = [self.host.nodes[i] for i in gpu_ids] + list(self.host.shared)
         return {"devices": [f"{node}:/dev/{Path(node).name}:rwm" for node in nodes],
@@ -246,8 +242,8 @@ def choose(info: dict, *, local: bool, gpu_ids: tuple[str, ...], force: str = "a
         host = read_host(gpu_ids)
     if not local:
         why_not["devices"] = "the daemon is on another machine (device nodes and driver files are its own)"
-    elif host is not None and host.missing(gpu_ids):
-        why_not["devices"] = host.missing(gpu_ids) or ""
+    elif host is not None and (missing := host.missing(gpu_ids)):
+        why_not["devices"] = missing
     if force != "auto":
         if force not in WAYS:
             raise ValueError(f"unknown GPU access {force!r}: one of auto, {', '.join(WAYS)}")
@@ -255,7 +251,7 @@ def choose(info: dict, *, local: bool, gpu_ids: tuple[str, ...], force: str = "a
             return GpuAccess(None, {force: f"{why_not[force]} (AIR_GPU_ACCESS={force})"}, host)
         return GpuAccess(force, {w: "not chosen (AIR_GPU_ACCESS)" for w in WAYS if w != force}, host)
     way = next((w for w in WAYS if w not in why_not), None)
-    return GpuAccess(way, {w: r for w, r in why_not.items()}, host)
+    return GpuAccess(way, why_not, host)
 
 
 def cdi_devices(spec_dirs: list[str]) -> set[str]:
