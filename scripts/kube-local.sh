@@ -295,7 +295,7 @@ EOF
 status() {
   local n; for n in containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet; do
     if alive $n; then echo "$n: running (pid $(cat "$R/$n.pid"))"; else echo "$n: not running"; fi; done
-  alive kube-apiserver && "${KC[@]}" get nodes,pods -A -o wide || true
+  if alive kube-apiserver; then "${KC[@]}" get nodes,pods -A -o wide || true; fi
 }
 
 smoke() {  # one pod of air's base image, an exec into it, deleted
@@ -335,7 +335,9 @@ clean() {  # after stop: this cluster's mounts, network namespaces, bridge, cgro
   alive kube-apiserver && { say "running: stop first"; return 1; }
   grep -o " $R/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   local ns
-  for ns in $(ls /var/run/netns 2>/dev/null | grep '^cni-' || true); do
+  for ns in /var/run/netns/cni-*; do
+    [ -e "$ns" ] || continue
+    ns=${ns##*/}
     ip netns exec "$ns" ip -4 addr 2>/dev/null | grep -q ' 10\.244\.77\.' && ip netns delete "$ns"; done
   ip link show kubelocalbr0 >/dev/null 2>&1 && ip link delete kubelocalbr0
   local h

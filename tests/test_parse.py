@@ -217,7 +217,10 @@ ONE_MB = 1_000_000
     ids=lambda r: repr(r[:12]),
 )
 def test_megabyte_replies_parse_fast(reply: str) -> None:
-    start = time.perf_counter()
+    # The parser's own CPU time, not the wall clock: a busy machine (CI runs this lane at nice 10 beside the Docker
+    # lane) stretched 0.17 s to 1.4 s of wall time. A pattern gone quadratic on a megabyte takes minutes of CPU, so
+    # ten times the idle figure still catches it.
+    start = time.thread_time()
     action = parse_reply(reply)
-    assert time.perf_counter() - start < 0.5
+    assert time.thread_time() - start < 2.0
     assert isinstance(action, Command | Validate | Submit | FormatError)
