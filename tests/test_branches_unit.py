@@ -7,7 +7,7 @@ import io
 import tarfile
 from types import SimpleNamespace
 
-from air.sandbox.branches import _after_home, _say, why_not_shared
+from air.sandbox.branches import _after_shared, _say, why_not_shared
 from air.sandbox.warden import protocol as p
 
 
@@ -54,14 +54,14 @@ def _tar(*names: str) -> bytes:
     return out.getvalue()
 
 
-def test_a_branch_on_a_shared_home_reads_the_other_places_alone():
-    data = _tar("home/agent/", "home/agent/big", "home/agentx", "tmp/", "tmp/t", "dev/shm/")
-    rest = bytes(_after_home(data))
-    with tarfile.open(fileobj=io.BytesIO(rest)) as tar:  # a tar of its own, from the first member not the home's
-        assert [m.name for m in tar] == ["home/agentx", "tmp", "tmp/t", "dev/shm"]
-    with tarfile.open(fileobj=io.BytesIO(bytes(_after_home(_tar("home/agent/", "home/agent/a"))))) as tar:
-        assert list(tar) == []  # the home alone: an empty tar
-    assert _after_home(b"not a tar" * 100) is None  # unreadable here: each branch reads the whole archive
+def test_a_branch_on_a_shared_tree_reads_the_unshared_places_alone():
+    data = _tar("home/agent/", "home/agent/big", "tmp/", "tmp/t", "var/tmp/", "home/agentx", "dev/shm/", "tmp/late")
+    rest = bytes(_after_shared(data))
+    with tarfile.open(fileobj=io.BytesIO(rest)) as tar:  # a tar of its own, from the first member not shared
+        assert [m.name for m in tar] == ["home/agentx", "dev/shm", "tmp/late"]
+    with tarfile.open(fileobj=io.BytesIO(bytes(_after_shared(_tar("home/agent/", "home/agent/a", "tmp/"))))) as tar:
+        assert list(tar) == []  # the shared places alone: an empty tar
+    assert _after_shared(b"not a tar" * 100) is None  # unreadable here: each branch reads the whole archive
 
 
 def test_why_a_fork_copies_is_one_line_of_printable_text():

@@ -221,6 +221,13 @@ FORK_PREFIX = ("mkdir -p ~/workspace/out/empty && echo w > ~/workspace/out/w.txt
                "echo s > /dev/shm/s && touch -d @1700000000 /tmp/t && export BRANCHED=yes && cd ~/workspace/out")
 
 
+SHARED_TREE_SHOWS = [r"df:/home/agent", r"df:/(var/)?tmp", r"files:/(var/)?tmp:nlink", r"files:/(var/)?tmp/.*:dev"]
+"""What a branch on a shared tree sees of it, and no other sandbox does (docs/snapshots.md, "What a branch can tell"):
+each shared place's free space and inodes (its own layer holds none of the snapshot's files); and the temp dirs, plain
+tmpfs mounts in every other cell, are overlays: their files on the tree's device and their roots' link count 1."""
+SHARED_TEMP_MOUNTS = [r"mounts:/(var/)?tmp(#\d+)?:.*"]
+
+
 async def test_a_branch_fingerprints_as_its_parent_in_the_agents_state_and_as_a_fresh_sandbox_elsewhere(images):
     from fingerprint import AGENT_STATE, differences
     from test_fresh_cells import CELL_CLOCKS, CONTAINER_CLOCKS, HOST_GLOBAL, fingerprint_of_first_command
@@ -246,7 +253,7 @@ async def test_a_branch_fingerprints_as_its_parent_in_the_agents_state_and_as_a_
         # access times, which the parent's reads move).
         kept = differences(before, after, [r"files:.*:(ino|ctime|atime)", *CELL_CLOCKS, *CONTAINER_CLOCKS,
                                            *HOST_GLOBAL, r"pids:.*", r"processes", r"status:.*", r"limits_in_use",
-                                           *([r"df:/home/agent"] if on_shared_home else [])])
+                                           *(SHARED_TREE_SHOWS if on_shared_home else [])])
         mine = [d for d in kept if any(re.fullmatch(p, d.split(": ")[0]) for p in AGENT_STATE)]
         assert not mine, "the branch differs from its parent in the agent's state:\n" + "\n".join(mine[:60])
         if on_shared_home:  # its own layer holds none of the snapshot's files: they are in the shared one below it
@@ -255,7 +262,8 @@ async def test_a_branch_fingerprints_as_its_parent_in_the_agents_state_and_as_a_
             assert (bsize, free, avail, inodes, flags) == (was[0], was[2], was[3], was[4], was[6]), (was, now)
             assert blocks < was[1] and inodes_free > was[5], (was, now)  # the quota less the shared pages
         # Everything else: as a never-used sandbox's.
-        rest = differences(reference, after, [*AGENT_STATE, *CELL_CLOCKS, *CONTAINER_CLOCKS, *HOST_GLOBAL])
+        rest = differences(reference, after, [*AGENT_STATE, *CELL_CLOCKS, *CONTAINER_CLOCKS, *HOST_GLOBAL,
+                                              *(SHARED_TEMP_MOUNTS if on_shared_home else [])])
         assert not rest, "the branch differs from a never-used sandbox:\n" + "\n".join(rest[:60])
 
 
@@ -355,22 +363,35 @@ def _shmem(sandbox) -> int | None:
     return None
 
 
-async def test_the_shared_home_is_held_once_by_the_maker_and_goes_with_the_last_branch(pool):
-    """The tree's pages are the maker's (none in another branch, which holds no copy), and they are freed once the
-    last branch's cell has ended: fork() releases the maker after the others."""
+TEMP_FILES = ("head -c 67108864 /dev/urandom > big && head -c 33554432 /dev/urandom > /tmp/t && "
+              "head -c 16777216 /dev/urandom > /var/tmp/v")
+LOOK_TEMP = "stat -c '%a %U' /tmp /var/tmp && cat big /tmp/t /var/tmp/v | md5sum | cut -c1-8"
+
+
+async def test_the_shared_tree_is_held_once_by_the_maker_and_goes_with_the_last_branch(pool):
+    """The tree's pages, the home's and the temp dirs' (issue #63: /tmp and /var/tmp were copied into every branch),
+    are the maker's (none in another branch, which holds no copy), and they are freed once the last branch's cell
+    has ended: fork() releases the maker after the others. A branch's change to a temp file of the tree stays its
+    own (the positive control: it sees it), and the temp dirs are root's 1777 as in any cell."""
     env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
     async with env.lease() as sandbox:
-        parent, messages, snap = await _snapshot_after(env, sandbox, [_bash("head -c 67108864 /dev/urandom > big")])
+        parent, messages, snap = await _snapshot_after(env, sandbox, [_bash(TEMP_FILES)])
+        seen = (await sandbox.session.run(LOOK_TEMP)).stdout
+    assert seen.split("\n")[:2] == ["1777 root", "1777 root"], seen
     async with fork(env, snap, 3) as branches:
         assert all(b.shared for b in branches)
         during = [_shmem(b.sandbox) for b in branches]
         if None in during:
             pytest.skip("the containers' memory cgroups are not on this machine")
-        assert (await branches[1].sandbox.session.run("md5sum big | cut -c1-8")).exit_code == 0
+        for branch in branches:
+            assert (await branch.sandbox.session.run(LOOK_TEMP)).stdout == seen
+        changed = await branches[1].sandbox.session.run("echo x >> /tmp/t && echo y >> /var/tmp/v && " + LOOK_TEMP)
+        assert changed.stdout != seen, changed.stdout
+        assert (await branches[2].sandbox.session.run(LOOK_TEMP)).stdout == seen
     await pool.settled(branches[0].sandbox)
     after = _shmem(branches[0].sandbox)
-    assert during[0] > 64 << 20 and max(during[1:]) < 16 << 20, during  # the 64 MB are the maker's alone
-    assert during[0] - after > 60 << 20, (during, after)  # and gone with the last cell holding them
+    assert during[0] > 112 << 20 and max(during[1:]) < 16 << 20, during  # the 112 MB are the maker's alone
+    assert during[0] - after > 108 << 20, (during, after)  # and gone with the last cell holding them
 
 
 SPARSE = "truncate -s 900M ~/sparse && truncate -s 900M /tmp/sparse && echo tail >> ~/sparse"

@@ -26,12 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from air.sandbox.interface import Sandbox
-from air.sandbox.layout import AGENT_HOME, WARDEN_DIR
+from air.sandbox.layout import WARDEN_DIR
 from air.sandbox.session import ShellSnapshot, stage_files
+from air.sandbox.warden.snapshot import SHARED_PLACES
 
 log = logging.getLogger("air.fork")
-HOME = AGENT_HOME.strip("/")
-"""The home's name in a snapshot's tar (air/sandbox/warden/snapshot.py's first place)."""
 HANDOFF_TIMEOUT = 30.0
 SHARE_FROM = 3
 """The fewest branches that share one tree. The tree is one more copy, made before any branch can use it, so two
@@ -69,7 +68,7 @@ async def restore_all(sandboxes: Sequence[Sandbox], snap: ShellSnapshot, timeout
         if why:
             replies = await _all(sb.session.restore(snap, timeout, staged=staged) for sb in sandboxes)
             return Restored(_say(why) if _enough(sandboxes, share_from) else why, replies)
-        after = _after_home(snap.files)
+        after = _after_shared(snap.files)
         with contextlib.ExitStack() as held:
             try:
                 handoffs = [held.enter_context(_Handoff(sb)) for sb in sandboxes]
@@ -119,19 +118,19 @@ def _enough(sandboxes: Sequence[Sandbox], share_from: int) -> bool:
     return len(sandboxes) >= max(share_from, 2)
 
 
-def _after_home(files: bytes) -> bytes | memoryview | None:
-    """The tar's members after the home's: a tar of the other places alone (a tar is its members in a row, so any
-    member's start is a tar's), which a branch on the shared home reads instead of walking every header of the
-    home's. None where the archive cannot be read here: a branch then reads the whole of it. Either way a branch
-    restores only what its own restore accepts, and the maker checked the home's members."""
+def _after_shared(files: bytes) -> bytes | memoryview | None:
+    """The tar's members after the shared places' (the home's and the temp dirs'): a tar of /dev/shm's alone (a tar is
+    its members in a row, so any member's start is a tar's), which a branch on the shared tree reads instead of
+    walking every header of the others. None where the archive cannot be read here: a branch then reads the whole of
+    it. Either way a branch restores only what its own restore accepts, and the maker checked the shared members."""
     try:
         with tarfile.open(fileobj=io.BytesIO(files), mode="r:") as tar:
             for member in tar:
-                if member.name != HOME and not member.name.startswith(HOME + "/"):
+                if not any(member.name == p or member.name.startswith(p + "/") for p in SHARED_PLACES):
                     return memoryview(files)[member.offset:]
     except Exception:  # noqa: BLE001 - the agent's archive, unreadable here: each branch reads the whole of it
         return None
-    return bytes(2 * tarfile.BLOCKSIZE)  # the home alone: an empty tar
+    return bytes(2 * tarfile.BLOCKSIZE)  # the shared places alone: an empty tar
 
 
 async def _all(calls) -> list:

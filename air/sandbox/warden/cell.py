@@ -147,9 +147,9 @@ def _under(path: str, top: str) -> bool:
 
 
 class Middle(NamedTuple):
-    """A branch's middle layer (lower.py): `fd` a detached, read-only, idmapped mount of the snapshot's home (attached
-    by the cell's init), `top` its root's metadata (the home's own), `used` the bytes it holds (the home's quota
-    counts them, as the parent's did)."""
+    """A branch's middle layer for one place (lower.py): `fd` a detached, read-only, idmapped mount of the snapshot's
+    copy of that place (attached by the cell's init), `top` its root's metadata (the place's own), `used` the bytes
+    it holds (the place's quota counts them, as the parent's did)."""
     fd: int
     top: os.stat_result
     used: int
@@ -157,6 +157,8 @@ class Middle(NamedTuple):
 
 MIDDLE = "lower"
 """The middle layer's directory in the cell's scratch tmpfs (a name in every cell's mount table)."""
+TEMP_OWNER = 0
+"""/tmp's and /var/tmp's owner in every cell (root's, 1777): the tree shows them as no one's (root is not mapped)."""
 
 
 def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> None:
@@ -202,37 +204,51 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
             continue  # air's images link them there already: a mount would only add a mount point
         mount(text, "/etc/" + name, None, MS_BIND)
         mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
-    _mount_home(layout, None)  # the last mount: a branch's replaces it in place (home_over), the table's order kept
+    _mount_home(layout, None)  # the last mount: a branch's replaces it in place (places_over), the table's order kept
     _loopback_up()
 
 
 def _mount_home(layout: Layout, middle: Optional[Middle]) -> None:
     """The home: a new tmpfs over the middle layer (a branch's snapshot, else empty) over the pristine home, through
     an overlay. A branch's writable layer holds what its home's quota leaves after the snapshot's files."""
-    quota = layout.home_mb << 20
+    top = middle.top if middle is not None else os.lstat(layout.pristine_home)
+    _overlay(layout, layout.home, layout.home_mb << 20, top, (top.st_uid, top.st_gid), middle, layout.pristine_home)
+
+
+def _overlay(layout: Layout, target: str, quota: int, top: os.stat_result, owner: Tuple[int, int],
+             middle: Optional[Middle], below: str = "") -> None:
+    """target: an overlay of a new tmpfs (what quota leaves after the middle layer's files) over the middle layer
+    (or an empty directory) over `below` (if any); its root shows top's mode and times and owner's ids."""
     size = quota if middle is None else max(quota - middle.used, 4096)
     mount("cell", layout.scratch, "tmpfs", MS_NOSUID | MS_NODEV, mountapi.tmpfs_options(size=size, mode="700"))
     upper, work, lower = (layout.scratch + "/" + name for name in ("upper", "work", MIDDLE))
     for d in (upper, work, lower):
         os.mkdir(d, 0o700)
-    top = middle.top if middle is not None else os.lstat(layout.pristine_home)
-    os.chown(upper, top.st_uid, top.st_gid)
+    os.chown(upper, *owner)
     os.chmod(upper, stat.S_IMODE(top.st_mode))
+    lowers = (lower, below) if below else (lower,)
     if middle is not None:
         mountapi.attach(middle.fd, lower)
-        _pad(upper, middle.top.st_size, (lower, layout.pristine_home))
-    mount("overlay", layout.home, "overlay", MS_NOSUID | MS_NODEV, "lowerdir=%s:%s,upperdir=%s,workdir=%s,"
-          "redirect_dir=on" % (lower, layout.pristine_home, upper, work))
-    os.utime(layout.home, ns=(top.st_atime_ns, top.st_mtime_ns))
+        _pad(upper, middle.top.st_size, lowers)
+    mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, "lowerdir=%s,upperdir=%s,workdir=%s,"
+          "redirect_dir=on" % (":".join(lowers), upper, work))
+    os.utime(target, ns=(top.st_atime_ns, top.st_mtime_ns))
     _detach(layout.scratch)  # held by the overlay (the middle layer with it)
 
 
-def home_over(layout: Layout, middle: Middle) -> None:
-    """In a child of the warden that entered a fresh cell (one no agent process ever ran in): its home replaced by
-    one over `middle` (a fork's branch), as the cell's last mount, as Cell.build would have made it. The fresh home
-    goes with its last reference (nothing of the cell holds it)."""
-    _detach(layout.home)
-    _mount_home(layout, middle)
+def places_over(layout: Layout, middles: Dict[str, Middle]) -> None:
+    """In a child of the warden that entered a fresh cell (one no agent process ever ran in): each place of
+    `middles` (a fork's branch: "home/agent", "tmp", "var/tmp") replaced by an overlay over its middle layer, the
+    home as Cell.build would have made it over one. What the fresh cell had there goes with its last reference
+    (nothing of the cell holds it). The temp dirs are plain tmpfs mounts in every other cell: a branch's mount table
+    shows them as overlays (docs/snapshots.md)."""
+    for place, middle in middles.items():
+        target = "/" + place
+        _detach(target)
+        if target == layout.home:
+            _mount_home(layout, middle)
+        else:
+            _overlay(layout, target, layout.tmp_mb << 20, middle.top, (TEMP_OWNER, TEMP_OWNER), middle)
 
 
 def _pad(upper: str, size: int, lowers: Tuple[str, ...]) -> None:
@@ -789,5 +805,5 @@ def supported() -> Optional[str]:
 
 
 __all__ = ["Cell", "CellError", "Layout", "Middle", "ROOT_CAPABILITIES", "become", "become_thread", "confine",
-           "confine_thread", "home_over",
+           "confine_thread", "places_over",
            "limit_capabilities", "outside", "supported"]

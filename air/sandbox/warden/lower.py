@@ -1,5 +1,6 @@
-"""A fork's shared lower layer (issue #48): the snapshot's home unpacked once per fork, and every branch's home an
-overlay over it. Runs in the warden (stdlib only).
+"""A fork's shared lower layer (issue #48): the snapshot's home, /tmp and /var/tmp unpacked once per fork, and each
+of those places in every branch an overlay over its copy (issue #63: the temp dirs follow the home). Runs in the
+warden (stdlib only).
 
 Restoring a snapshot by copy writes its files into each branch's writable layer: a branch costs the home's bytes, in
 time and in memory. Here one sandbox of the fork, the *maker*, unpacks the home once into a tmpfs mounted nowhere
@@ -36,7 +37,7 @@ import concurrent.futures
 import os
 import socket
 import stat
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from air.sandbox.warden import mountapi, snapshot
 from air.sandbox.warden.cell import (CLONE_NEWNS, LIBC, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, Layout, Middle, _check,
@@ -45,6 +46,12 @@ from air.sandbox.warden.restore import DIR_FLAGS
 
 HOME, WORK = "home", "work"
 """The tree's directories: the snapshot's home (the layer the branches mount), the build overlay's work directory."""
+SHARED = dict(zip(snapshot.SHARED_PLACES, (HOME, "tmp", "var-tmp")))
+"""Each place a fork's branches share, and its directory in the tree."""
+TEMP = tuple(p for p in SHARED if p != snapshot.PLACES[0])
+USED = "used"
+"""A file at the tree's root (the maker's, root's alone, never in a branch): the bytes each shared place's copy holds,
+one line each, in SHARED's order."""
 HANDOFF_TIMEOUT = 30.0
 WAIT_TIMEOUT = 110.0
 """A branch's wait for the tree: the maker's unpack of the home (the host gives up on a restore after 120 s)."""
@@ -81,11 +88,12 @@ def probe(layout: Layout, maps: mountapi.Maps) -> str:
 
 
 # ----- the maker ------------------------------------------------------------------------------------------------------
-def make(layout: Layout, maps: mountapi.Maps, data, quota: int) -> int:
-    """The tree of the snapshot `data` (a tar, as restore takes it): an fd of its detached, sealed tmpfs, its home
-    in HOME, its files the canonical agent's. snapshot.Refused for a refused snapshot; Unshared where it cannot be
-    shared. The caller forks outside any cell's pid namespace (cell.outside)."""
-    tree = mountapi.detached_tmpfs(quota)
+def make(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int]) -> int:
+    """The tree of the snapshot `data` (a tar, as restore takes it): an fd of its detached, sealed tmpfs, each shared
+    place in its directory (SHARED), its files the canonical agent's; quota: each place's bytes. snapshot.Refused for
+    a refused snapshot; Unshared where it cannot be shared. The caller forks outside any cell's pid namespace
+    (cell.outside)."""
+    tree = mountapi.detached_tmpfs(sum(quota[place] for place in SHARED))
     try:
         r, w = os.pipe()
         pid = os.fork()
@@ -119,10 +127,10 @@ def make(layout: Layout, maps: mountapi.Maps, data, quota: int) -> int:
         raise
 
 
-def _unpack(layout: Layout, maps: mountapi.Maps, data, quota: int, tree: int) -> None:
-    """In the maker's child: the tree attached in a mount namespace of the child's own, and the snapshot's home
-    restored into an overlay of it over the pristine home (shown as the canonical uid's), exactly as into a fresh
-    cell's home."""
+def _unpack(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tree: int) -> None:
+    """In the maker's child: the tree attached in a mount namespace of the child's own, the snapshot's home restored
+    into an overlay of it over the pristine home (shown as the canonical uid's), exactly as into a fresh cell's home,
+    and its temp dirs into directories of their own (root's, as a fresh cell's are)."""
     _check(LIBC.unshare(CLONE_NEWNS), "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     scratch = layout.scratch  # root's alone (0700), and free in the warden's namespace: cells mount theirs inside
@@ -140,20 +148,35 @@ def _unpack(layout: Layout, maps: mountapi.Maps, data, quota: int, tree: int) ->
     mount("overlay", layout.home, "overlay", MS_NOSUID | MS_NODEV,
           "lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=on" % (layout.pristine_home, upper, work))
     os.utime(layout.home, ns=(top.st_atime_ns, top.st_mtime_ns))
-    home = os.open(layout.home, DIR_FLAGS)
+    temps = [scratch + "/" + SHARED[place] for place in TEMP]
+    for d in temps:
+        os.mkdir(d, 0o1777)
+    fds = [os.open(d, DIR_FLAGS) for d in [layout.home] + temps]
     try:
         places = snapshot.PLACES
         # The fork's critical path (every branch waits for it): large files are copied by two threads (a write
         # leaves Python's lock), so a second core, if free, halves it.
         with concurrent.futures.ThreadPoolExecutor(WRITERS) as writers:
-            snapshot.restore([home] + [None] * (len(places) - 1), maps.canonical, data, {places[0]: quota},
-                             skip=places[1:], writers=writers)
+            snapshot.restore(fds + [None] * (len(places) - len(fds)), maps.canonical, data, quota,
+                             skip=tuple(p for p in places if p not in SHARED), writers=writers)
     finally:
-        os.close(home)
-    foreign = _foreign(upper, maps.canonical)
-    if foreign is not None:
-        raise Unshared("the snapshot's home holds %s of uid %d, which a branch cannot be shown as its own (only the "
-                       "agent's files are mapped)" % (snapshot._shown(foreign[0]) or "/", foreign[1]))
+        for fd in fds:
+            os.close(fd)
+    for place, d in zip([snapshot.PLACES[0], *TEMP], [upper] + temps):
+        foreign = _foreign(d, maps.canonical, top_too=place == snapshot.PLACES[0])
+        if foreign is not None:
+            raise Unshared("the snapshot's %s holds %s of uid %d, which a branch cannot be shown as its own (only "
+                           "the agent's files are mapped)" % ("/" + place, snapshot._shown(foreign[0]) or "/",
+                                                              foreign[1]))
+    v = os.statvfs(scratch)  # before the usage file's own page
+    temp_used = [_bytes(d) for d in temps]
+    with open(scratch + "/" + USED, "w") as f:
+        f.write("".join("%d\n" % n for n in [(v.f_blocks - v.f_bfree) * v.f_frsize - sum(temp_used), *temp_used]))
+
+
+def _bytes(top: str) -> int:
+    """The bytes a directory's files hold in a tmpfs (their blocks)."""
+    return sum(os.lstat(os.path.join(d, n)).st_blocks * 512 for d, _, names in os.walk(top) for n in names)
 
 
 def _canonical_pristine(layout: Layout, maps: mountapi.Maps) -> int:
@@ -168,11 +191,12 @@ def _canonical_pristine(layout: Layout, maps: mountapi.Maps) -> int:
         raise
 
 
-def _foreign(top: str, uid: int) -> Optional[Tuple[str, int]]:
-    """(path below the home, owner) of the first entry of the tree not the agent's (uid and gid), whiteouts aside."""
+def _foreign(top: str, uid: int, *, top_too: bool = True) -> Optional[Tuple[str, int]]:
+    """(path below the place, owner) of the first entry of the tree not the agent's (uid and gid), whiteouts aside;
+    the place itself too where top_too (the home: the temp dirs are root's)."""
     first = os.open(top, DIR_FLAGS)
     st = os.fstat(first)
-    if st.st_uid != uid or st.st_gid != uid:
+    if top_too and (st.st_uid != uid or st.st_gid != uid):
         os.close(first)
         return "", st.st_uid
     pending: List[Tuple[int, str]] = [(first, "")]
@@ -197,25 +221,34 @@ def _foreign(top: str, uid: int) -> Optional[Tuple[str, int]]:
 
 
 # ----- every branch ---------------------------------------------------------------------------------------------------
-def middle(tree: int, maps: mountapi.Maps) -> Middle:
-    """This branch's middle layer: the tree's home, cloned, read-only, the canonical uid's files its agent's."""
+def middles(tree: int, maps: mountapi.Maps) -> Dict[str, Middle]:
+    """This branch's middle layers, by place: the tree's copy of each shared place, cloned, read-only, the canonical
+    uid's files its agent's, and the bytes it holds."""
     if mountapi.statfs_type(tree) != mountapi.TMPFS_MAGIC:
         raise Unshared("the tree handed over is not a tmpfs")
-    fd, top = _layer(tree, maps)
+    fd = os.open(USED, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=tree)
+    with os.fdopen(fd) as f:
+        used = dict(zip(SHARED, (int(n) for n in f.read(200).split())))
+    if len(used) != len(SHARED):
+        raise Unshared("the tree's usage file is not the maker's")
+    out: Dict[str, Middle] = {}
     try:
-        v = os.fstatvfs(tree)
-        return Middle(fd, top, (v.f_blocks - v.f_bfree) * v.f_frsize)
+        for place, name in SHARED.items():
+            fd, top = _layer(tree, maps, name, home=place == snapshot.PLACES[0])
+            out[place] = Middle(fd, top, used[place])
+        return out
     except BaseException:
-        os.close(fd)
+        for m in out.values():
+            os.close(m.fd)
         raise
 
 
-def _layer(tree: int, maps: mountapi.Maps) -> Tuple[int, os.stat_result]:
-    fd = mountapi.clone(tree, HOME)
+def _layer(tree: int, maps: mountapi.Maps, name: str = HOME, home: bool = True) -> Tuple[int, os.stat_result]:
+    fd = mountapi.clone(tree, name)
     try:
         mountapi.set_attrs(fd, MOUNT_ATTRS, maps.to_agent)
         top = os.fstat(fd)
-        if top.st_uid != maps.uid:
+        if home and top.st_uid != maps.uid:
             raise Unshared("the tree's home shows uid %d, not the agent's %d" % (top.st_uid, maps.uid))
         return fd, top
     except BaseException:
@@ -248,4 +281,4 @@ def receive(path: str, timeout: float = WAIT_TIMEOUT) -> int:
     return fds[0]
 
 
-__all__ = ["HOME", "Unshared", "make", "middle", "probe", "receive", "send"]
+__all__ = ["HOME", "SHARED", "Unshared", "make", "middles", "probe", "receive", "send"]

@@ -26,7 +26,7 @@ from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import (atimes, files, locks, lower, mountapi, procs, protocol as p, snapshot, threadspawn,
                                 zygote)
 from air.sandbox.warden.cell import (LIBC, Cell, CellError, Layout, Middle, _check, _detach, become, fresh_tmpfs,
-                                     home_over, mount, outside, prepare_confinement, supported)
+                                     mount, outside, places_over, prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
 from air.sandbox.warden.pages import PinError, Pins, files_under
 from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
@@ -702,7 +702,7 @@ class Warden:
 
     def op_restore(self, ident: int, request: p.Restore) -> p.Restored:
         """A fresh cell's places made a snapshot's, and the next shell's cwd and environment its. With `lower`, the
-        home is a fork's shared tree (lower.py): the cell's home remade over it, and the other places copied."""
+        home and temp dirs are a fork's shared tree (lower.py): the cell's remade over it, and /dev/shm copied."""
         c = self.config
         started = time.monotonic()
         if self.job is not None or self.shell is not None or procs.agent_pids(c.uid):
@@ -716,14 +716,14 @@ class Warden:
         copied, tree_bytes = "", 0
         try:
             if request.lower:
-                middle, copied = self._shared_home(request.lower, source, quota[snapshot.PLACES[0]])
-                if middle is not None:
-                    tree_bytes = middle.used
-                    fds, copied = self._places_over(middle)
+                middles, copied = self._shared_tree(request.lower, source, quota)
+                if middles:
+                    tree_bytes = sum(m.used for m in middles.values())
+                    fds, copied = self._places_over(middles)
             shared = bool(fds)
             fds = fds or self._places()
             if shared:  # the other places: from the tar of their members alone, where the host gave one
-                snapshot.restore(fds, c.uid, source if rest is None else rest, quota, skip=snapshot.PLACES[:1])
+                snapshot.restore(fds, c.uid, source if rest is None else rest, quota, skip=tuple(lower.SHARED))
             else:
                 snapshot.restore(fds, c.uid, source, quota)
         except snapshot.Refused as exc:
@@ -757,17 +757,18 @@ class Warden:
         finally:
             os.close(fd)
 
-    def _shared_home(self, spec: str, source, quota: int) -> Tuple[Optional[Middle], str]:
-        """A fork's shared tree as this cell's home's middle layer: made here first ("make:SOCKET", handed to the
-        host there) or taken from the host ("use:SOCKET"). (None, why) where it cannot be had: the home is then
-        copied as ever. snapshot.Refused for a refused snapshot (the maker's unpack is its check)."""
+    def _shared_tree(self, spec: str, source, quota: Dict[str, int]) -> Tuple[Dict[str, Middle], str]:
+        """A fork's shared tree as the middle layers of this cell's home and temp dirs: made here first
+        ("make:SOCKET", handed to the host there) or taken from the host ("use:SOCKET"). ({}, why) where it cannot be
+        had: the places are then copied as ever. snapshot.Refused for a refused snapshot (the maker's unpack is its
+        check)."""
         mode, _, path = spec.partition(":")
         if mode not in ("make", "use") or not self._own_file(path):
             raise RuntimeError("a shared home's socket must be in the warden's own directory")
         if self.lowers or self.maps is None:
             if mode == "make":
                 lower.send(path, None, self.lowers)
-            return None, self.lowers or "no cells"
+            return {}, self.lowers or "no cells"
         try:
             with outside(self.cell):  # the maker's child and a new user namespace's: none of them the cell's pids
                 if mode == "make":
@@ -783,26 +784,26 @@ class Warden:
                         raise
                     try:
                         lower.send(path, tree)
-                        return lower.middle(tree, self.maps), ""
+                        return lower.middles(tree, self.maps), ""
                     finally:
                         os.close(tree)
                 tree = lower.receive(path)
                 try:
-                    return lower.middle(tree, self.maps), ""
+                    return lower.middles(tree, self.maps), ""
                 finally:
                     os.close(tree)
-        except (lower.Unshared, OSError) as exc:
-            return None, str(exc)
+        except (lower.Unshared, OSError, ValueError) as exc:
+            return {}, str(exc)
 
-    def _places_over(self, middle: Middle) -> Tuple[list, str]:
-        """The places of the fresh cell (no agent process ever ran there) once its home is remade over the shared
-        tree, in place, by the child that opens them (cell.home_over: no cell rebuilt, nothing to forget). ([],
-        why) where that fails: a new plain cell then (its home is copied)."""
+    def _places_over(self, middles: Dict[str, Middle]) -> Tuple[list, str]:
+        """The places of the fresh cell (no agent process ever ran there) once its home and temp dirs are remade over
+        the shared tree, in place, by the child that opens them (cell.places_over: no cell rebuilt, nothing to
+        forget). ([], why) where that fails: a new plain cell then (its places are copied)."""
         r, w = os.pipe()
 
         def swap() -> None:
             try:
-                home_over(self.layout, middle)
+                places_over(self.layout, middles)
             except BaseException as exc:
                 os.write(w, ("%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace")[:900])
                 raise
@@ -813,7 +814,8 @@ class Warden:
             fds, why = [], str(exc)
         finally:
             os.close(w)
-            os.close(middle.fd)
+            for middle in middles.values():
+                os.close(middle.fd)
         with os.fdopen(r, "rb") as said:
             why = said.read(1000).decode("utf-8", "replace") or why
         if not fds:

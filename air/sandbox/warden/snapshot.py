@@ -34,6 +34,8 @@ from air.sandbox.warden.restore import DIR_FLAGS, remove_at
 
 PLACES = ("home/agent", "tmp", "var/tmp", "dev/shm")
 """Where the agent's files are, relative to the cell's root (its home, then its temp dirs), in archive order."""
+SHARED_PLACES = PLACES[:3]
+"""The places a fork's branches share (lower.py: the home and the temp dirs); /dev/shm is copied (IPC, small)."""
 CANONICAL_UID = 1000
 """The agent's uid inside a snapshot (each sandbox's agent has a uid of its own): AGENT_UID of air/sandbox/layout.py."""
 NAME_MAX = 255
