@@ -74,3 +74,43 @@ async def test_a_walk_of_the_writable_layer_moves_nothing_a_cell_reads(images, d
             assert again is sb
             assert (await again.session.run(STAT)).stdout == first
     assert first.startswith("/ "), first
+
+
+AIR_DIRS = ("/srv/air/cell", "/srv/air/hostview", "/srv/air/etc")
+AIR_STAT = "stat -c '%n %x' " + " ".join(AIR_DIRS) + " 2>/dev/null; true"
+
+
+def air_volume(docker_client, container: str) -> str:
+    """The host directory of the sandbox's /srv/air: a volume on Docker, the emptyDir a kubelet walks on a pod."""
+    for mount in docker_client.api.inspect_container(container)["Mounts"]:
+        if mount["Destination"] == "/srv/air" and os.path.isdir(mount.get("Source") or ""):
+            return mount["Source"]
+    pytest.skip("the sandbox's /srv/air is not a directory readable here")
+
+
+async def test_a_walk_of_airs_own_volume_moves_nothing_a_cell_reads(images, docker_client):
+    """On a real cluster two leases of one pod read other atimes of /srv/air/cell and /srv/air/hostview: the
+    kubelet walks every emptyDir from the node to measure it, under relatime, and the warden makes those directories
+    at its start. Walked here from this machine as the kubelet walks: the second lease reads what the first read.
+    Positive control: a directory made in the same volume from the host after the warden's start has its atime moved
+    by the same walk (the volume is relatime: the walk could move the warden's)."""
+    config = PoolConfig(max_sandboxes=1, gpu_ids=[], lease_timeout=300)
+    async with SandboxPool(config) as pool:
+        spec = SandboxSpec(image=IMAGE, task="air-atimes")
+        async with pool.lease(spec) as sb:
+            assert sb.session.cells
+            first = (await sb.session.run(AIR_STAT)).stdout
+            volume = air_volume(docker_client, sb.container_id)
+        await pool.wait_idle()  # the next cell built (a control made before the release was gone after it)
+        control = os.path.join(volume, f"control-{os.getpid()}")
+        os.mkdir(control)
+        try:
+            made = os.stat(control).st_atime_ns
+            assert walk_as_containerd(volume) >= len(AIR_DIRS)
+            assert os.stat(control).st_atime_ns != made, "the walk moved no time in the volume"
+        finally:
+            os.rmdir(control)
+        async with pool.lease(spec) as again:
+            assert again is sb
+            assert (await again.session.run(AIR_STAT)).stdout == first
+    assert first.count("/srv/air/") == len(AIR_DIRS), first

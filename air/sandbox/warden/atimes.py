@@ -9,11 +9,16 @@ pod's life. A pod's cells have the container's root as theirs (no image copy: ro
 walk read other atimes of /, /etc, /run and /run/air-warden than the cells after it: a mark of the pod's age, not
 one a lease can set (the root is read-only), but a difference between two leases of one pod all the same.
 
+A pod's disk-backed emptyDir (air's directory, /srv/air) is walked the same way by the kubelet, which measures every
+emptyDir's usage from the node: the directories the warden made there at its start (the cells' scratch point, the
+host view's copies) showed another atime to every cell after that walk than to the cells before it.
+
 The warden takes that step itself, before its first cell: in a child with a mount namespace of its own, it reads each
 such directory through a writable, relatime bind of the root alone (not its submounts: it sees the directories the
-mounts hide, as a cell that detached one does). Relatime then sets the atime of those whose atime is not after their
-mtime or ctime, and of no other, and the node's later walks find nothing to change, for 24 h: relatime refreshes an
-atime older than a day, so a pod that lives longer shows one more change a day.
+mounts hide, as a cell that detached one does), and every directory of air's own directory through a writable bind
+of it alone (what the node sees of it: none of the mounts inside). Relatime then sets the atime of those whose
+atime is not after their mtime or ctime, and of no other, and the node's later walks find nothing to change, for
+24 h: relatime refreshes an atime older than a day, so a pod that lives longer shows one more change a day.
 """
 
 from __future__ import annotations
@@ -37,11 +42,12 @@ def directories(points: Iterable[str]) -> List[str]:
     return sorted(found, key=lambda p: (p.count("/") if p != "/" else 0, p))
 
 
-def settle(points: Iterable[str], place: str, mount: Callable[..., None], unshare: Callable[[int], None]
-           ) -> Optional[str]:
+def settle(points: Iterable[str], place: str, mount: Callable[..., None], unshare: Callable[[int], None],
+           trees: Iterable[str] = ()) -> Optional[str]:
     """Read the directories of `points` (mount points of the container) through a writable bind of the root at
-    `place` (a directory of root's alone), in a child of its own mount namespace. None when done, else why not (the
-    root cannot be bound writable: a user namespace's locked mount, a runtime that refuses mounts)."""
+    `place` (a directory of root's alone), and every directory of each of `trees` (volumes a node walks) through a
+    writable bind of it, in a child of its own mount namespace. None when done, else why not (the root cannot be
+    bound writable: a user namespace's locked mount, a runtime that refuses mounts)."""
     wanted = directories(points)
     r, w = os.pipe()
     pid = os.fork()
@@ -58,6 +64,11 @@ def settle(points: Iterable[str], place: str, mount: Callable[..., None], unshar
                     os.listdir(place + d)  # a directory read is what relatime times
                 except OSError:
                     pass  # not on the root (made inside another mount), or not a directory
+            for tree in trees:  # each bound over the last: the tree alone, as the node has it
+                mount(tree, place, None, MS_BIND)
+                mount(None, place, None, MS_REMOUNT | MS_BIND)
+                for _ in os.walk(place):  # os.walk lists every directory: each read once
+                    pass
         except BaseException as exc:  # noqa: BLE001 - said to the warden, which goes on without
             code, said = 1, str(exc).encode("utf-8", "replace")
         finally:

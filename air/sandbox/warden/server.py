@@ -371,9 +371,10 @@ class Warden:
             try:
                 self.layout.prepare_hostview()
                 unsettled = atimes.settle([m[0] for m in self.layout.inherited], self.layout.scratch, mount,
-                                          lambda flags: _check(LIBC.unshare(flags), "unshare"))
+                                          lambda flags: _check(LIBC.unshare(flags), "unshare"), trees=[c.air])
                 if unsettled:  # the node may still move those times once, after the first cell (atimes.py)
                     sys.stderr.write("air warden: the root's directory times were not settled: %s\n" % unsettled)
+                os.utime(c.air, (c.epoch, c.epoch))  # read just now: its fixed time again
                 self.cell = Cell.build(self.layout)
             except (CellError, OSError) as exc:
                 why_not = str(exc)
