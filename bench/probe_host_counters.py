@@ -130,13 +130,13 @@ async def across_leases(pool, spec, channel: str, message: list[int]) -> dict:
     steps, pods = [], set()
     for bit in message:
         async with pool.lease(spec) as sandbox:
-            pods.add(sandbox.id)
+            pods.add(sandbox.name)
             before = value((await sandbox.session.run(READERS[channel], timeout=60, merge_stderr=True)).stdout)
             if bit:
                 await sandbox.session.run(WRITERS[channel], timeout=120, merge_stderr=True)
         await pool.wait_idle()
         async with pool.lease(spec) as sandbox:
-            pods.add(sandbox.id)
+            pods.add(sandbox.name)
             after = value((await sandbox.session.run(READERS[channel], timeout=60, merge_stderr=True)).stdout)
         await pool.wait_idle()
         steps.append(step(before, after))
