@@ -5,26 +5,30 @@
 # with no network (GOPROXY=off, -mod=vendor) with Debian trixie's golang-1.24; a mirror of kubernetes/kubernetes
 # itself is 1.9 GB, microshift's 249 MB.
 #
-#   KUBE_LOCAL_MIRROR=/path/to/microshift.git scripts/kube-local.sh up    deps src build pki start images air-setup
+#   KUBE_LOCAL_MIRROR=/path/to/microshift.git scripts/kube-local.sh up    deps src build gvisor pki start images air-setup
+#   KUBE_LOCAL_GVISOR_MIRROR=/path/to/gvisor.git scripts/kube-local.sh gvisor    gVisor's shim and runsc (else skipped)
 #   scripts/kube-local.sh env     prints `export KUBECONFIG=...` for the suite (tests/conftest.py: AIR_TEST_BACKEND)
 #   scripts/kube-local.sh down    stop, then clean: nothing of the cluster keeps running or stays mounted
-#   scripts/kube-local.sh STEP... any of: deps src build pki start images air-setup status smoke stop clean
+#   scripts/kube-local.sh STEP... any of: deps src build gvisor pki start images air-setup status smoke stop clean
 #
 # Everything lives under $KUBE_LOCAL_DIR (default ~/.cache/air-kube-local): the source, the Go build cache and the
 # binaries are kept across `clean` (a second `up` starts in seconds); the cluster's state (run/) is not.
 # Loopback only: etcd, the API server, the kubelet and containerd's stream server listen on 127.0.0.1; the pods sit
 # on a bridge of their own (kubelocalbr0, 10.244.77.0/24) with no masquerade. Docker's daemon and its containerd are
 # never touched: a containerd of our own (own config, root, state, socket) runs the pods, with runc, and with gVisor
-# (RuntimeClass handler `runsc`) where /usr/bin/runsc exists. Steps' wall times go to $KUBE_LOCAL_DIR/timings.txt.
+# (RuntimeClass `gvisor`, handler `runsc`) once the `gvisor` step has built gVisor's own containerd shim and runsc
+# (KUBE_LOCAL_GVISOR_MIRROR: a git directory of github.com/google/gvisor). Steps' wall times go to
+# $KUBE_LOCAL_DIR/timings.txt.
 set -euo pipefail
 
 W=${KUBE_LOCAL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/air-kube-local}
-SRC=$W/src/kubernetes BIN=$W/bin R=$W/run
+SRC=$W/src/kubernetes BIN=$W/bin R=$W/run GV=$W/gvisor
 P=$R/pki LOGS=$R/logs
 COMMIT=b0969b5cd4          # openshift/microshift, 2026-01-20: deps/github.com/openshift/kubernetes is v1.34.2, go 1.24.0
 TREE=deps/github.com/openshift/kubernetes
 VERSION=v1.34.2
 PAUSE=registry.k8s.io/pause:3.10.1
+GVISOR_GO=a2b0498dbe       # google/gvisor's go branch (Go-buildable) at release-20240729.0, Debian trixie's runsc
 IMAGES=${KUBE_LOCAL_IMAGES:-air/base:latest air/cpu:latest}
 SLOTS=${KUBE_LOCAL_SLOTS:-16}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -58,7 +62,7 @@ deps() {
   # trixie's Go (1.24) and etcd; the CNI plugins, containerd and runc from whichever suite has them; runsc for gVisor
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends golang-1.24-go golang-1.24-src \
     etcd-server/trixie containernetworking-plugins containerd runc runsc/trixie bc openssl gcc libc6-dev >/dev/null
-  go version; etcd --version | head -1; containerd --version; runsc --version | head -1
+  go version; etcd --version | sed -n 1p; containerd --version; runsc --version | sed -n 1p
 }
 
 src() {
@@ -95,6 +99,62 @@ build() {
     python3 "$HERE/kube_local_image.py" "$W/pause/pause" "$W/pause/pause.tar" "$PAUSE"
   fi
   ls -l "$BIN"
+}
+
+gvisor() {  # gVisor's own containerd shim and a runsc that runs in a pod's network namespace, built offline
+  if [ -x "$GV/bin/containerd-shim-runsc-v1" ] && [ -x "$GV/bin/runsc" ]; then say "gVisor already built in $GV/bin"; return; fi
+  [ -n "${KUBE_LOCAL_GVISOR_MIRROR:-}" ] || { say "no KUBE_LOCAL_GVISOR_MIRROR: gVisor not built, no runsc handler"; return; }
+  # The Go module proxy is out of reach, so GOPATH mode over Debian's Go source packages (as Debian builds runsc):
+  # runsc's dependencies from trixie; the shim's containerd v1.6 API (it was written against v1.4; trixie has 1.7,
+  # whose shim API moved to other protobuf types) and its dependencies from bookworm. Unpacked, never installed.
+  local t b d
+  t="golang-gvisor-gvisor-dev golang-github-cenkalti-backoff-dev golang-github-cilium-ebpf-dev golang-dbus-dev
+     golang-github-coreos-go-systemd-dev golang-github-gofrs-flock-dev golang-github-google-btree-dev
+     golang-github-google-subcommands-dev golang-github-kr-pty-dev golang-github-mohae-deepcopy-dev
+     golang-github-opencontainers-specs-dev golang-github-vishvananda-netlink-dev golang-github-vishvananda-netns-dev
+     golang-gocapability-dev golang-golang-x-exp-dev golang-golang-x-mod-dev golang-golang-x-sync-dev
+     golang-golang-x-sys-dev golang-golang-x-time-dev golang-google-protobuf-dev golang-github-bits-and-blooms-bitset-dev
+     golang-github-containerd-console-dev golang-github-containerd-fifo-dev golang-github-gogo-protobuf-dev
+     golang-github-burntsushi-toml-dev golang-github-golang-protobuf-1-5-dev"
+  b="golang-github-containerd-containerd-dev golang-github-containerd-cgroups-dev golang-github-containerd-typeurl-dev
+     golang-github-containerd-ttrpc-dev golang-github-containerd-go-runc-dev golang-github-docker-go-events-dev
+     golang-github-docker-go-units-dev golang-github-hashicorp-go-multierror-dev golang-github-hashicorp-errwrap-dev
+     golang-github-moby-sys-dev golang-github-opencontainers-go-digest-dev golang-github-opencontainers-image-spec-dev
+     golang-github-pkg-errors-dev golang-google-genproto-dev golang-google-grpc-dev golang-github-sirupsen-logrus-dev"
+  rm -rf "$GV/debs" "$GV/deps" "$GV/gopath"; mkdir -p "$GV/debs" "$GV/bin"
+  # shellcheck disable=SC2046,SC2086
+  (cd "$GV/debs" && apt-get -o APT::Sandbox::User=root download $(printf '%s/trixie ' $t) $(printf '%s/bookworm ' $b) >/dev/null)
+  for d in "$GV"/debs/*.deb; do dpkg -x "$d" "$GV/deps"; done
+  local src=$GV/gopath/src/gvisor.dev/gvisor
+  mkdir -p "$GV/gopath/src/gvisor.dev"
+  mv "$GV/deps/usr/share/gocode/src/gvisor.dev/gvisor" "$src"  # Debian's tree of release 20240729, its patches in
+  # Linux >= 6.11 has net.core.rmem_default in every network namespace, so this release's runsc took each pod's for
+  # the root one: "cannot run with network enabled in root network namespace". Upstream's fix (19f6b0c07, 2024-07-31)
+  sed -i 's#/proc/sys/net/core/rmem_default#/proc/sys/net/core/dev_weight#' "$src/runsc/sandbox/network.go"
+  # Debian's Go source package carries placeholders for what its own rules compile from C (the vDSO, systrap's
+  # signal-handler stub and its offsets, the XDP programs): a runsc built on them dies at once (no vDSO) or loses
+  # its first process ("systrap corrupted memory: subprocess died"). The go branch carries them built.
+  local f
+  for f in pkg/sentry/loader/vdsodata/vdso_amd64.so pkg/sentry/platform/systrap/sysmsg/sighandler.built-in.amd64.bin \
+           pkg/sentry/platform/systrap/sysmsg/sighandler_amd64.go runsc/sandbox/bpf/af_xdp_ebpf.o \
+           runsc/sandbox/bpf/tunnel_veth_ebpf.o; do
+    git --git-dir="$KUBE_LOCAL_GVISOR_MIRROR" show "$GVISOR_GO:$f" >"$src/$f"; done
+  # The shim, which Debian leaves out
+  git --git-dir="$KUBE_LOCAL_GVISOR_MIRROR" archive "$GVISOR_GO" shim pkg/shim | tar -x -C "$src"
+  # containerd v1.6's shim API, against the v1.4 one the shim was written for: a console's copy names its process,
+  # StartShim takes one options struct, and SetScore is AdjustOOMScore
+  sed -i 's/Platform\.CopyConsole(ctx, console, e\.stdio/Platform.CopyConsole(ctx, console, e.id, e.stdio/' "$src/pkg/shim/proc/exec.go"
+  sed -i 's/Platform\.CopyConsole(ctx, console, r\.Stdin/Platform.CopyConsole(ctx, console, p.id, r.Stdin/' "$src/pkg/shim/proc/init.go"
+  sed -i 's/CopyConsole(ctx context.Context, console console.Console, stdin,/CopyConsole(ctx context.Context, console console.Console, id, stdin,/' \
+    "$src/pkg/shim/runsc/service_linux.go"
+  sed -i -e 's/StartShim(ctx context.Context, id, containerdBinary, containerdAddress, containerdTTRPCAddress string) (string, error) {/StartShim(ctx context.Context, opts shim.StartOpts) (string, error) {\n\tid, containerdBinary, containerdAddress := opts.ID, opts.ContainerdBinary, opts.Address/' \
+    -e 's/shim\.SetScore(/shim.AdjustOOMScore(/' "$src/pkg/shim/service.go"
+  (cd "$src" && GO111MODULE=off GOPATH="$GV/gopath:$GV/deps/usr/share/gocode" GOCACHE=$W/gocache GOTOOLCHAIN=local \
+    GOFLAGS='' CGO_ENABLED=0 nice -n 19 go build -trimpath \
+      -ldflags "-X gvisor.dev/gvisor/runsc/version.version=release-20240729.0+debian+dev_weight" -o "$GV/bin/runsc" ./runsc &&
+   GO111MODULE=off GOPATH="$GV/gopath:$GV/deps/usr/share/gocode" GOCACHE=$W/gocache GOTOOLCHAIN=local \
+    GOFLAGS='' CGO_ENABLED=0 nice -n 19 go build -trimpath -o "$GV/bin/containerd-shim-runsc-v1" ./shim)
+  "$GV/bin/runsc" --version | sed -n 1p; ls -l "$GV/bin"
 }
 
 pki() {  # a CA of its own, valid 30 days, and a client or serving certificate per component
@@ -134,19 +194,20 @@ EOF
 configs() {
   mkdir -p "$R"/{containerd/root,containerd/state,cni/net.d,kubelet/root,kubelet/podlogs,etcd,runc,runsc} "$LOGS"
   local runsc=""
-  if [ -x /usr/bin/runsc ]; then
-    # gVisor through containerd's runc shim with runsc as its binary: Debian has no containerd-shim-runsc-v1. runsc
-    # itself reads the CRI's container-type annotations and puts a pod's containers in one sandbox.
+  if [ -x "$GV/bin/containerd-shim-runsc-v1" ]; then
+    # gVisor through its own shim (the `gvisor` step): one sandbox per pod, its containers inside it. Through
+    # containerd's runc shim with runsc as its binary the pod sandbox started only with --network=host, and its
+    # containers never did. KUBE_LOCAL_RUNSC_FLAGS: more of runsc's flags, "name = value" lines (e.g. platform = "ptrace")
     runsc="
       [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runsc]
-        runtime_type = \"io.containerd.runc.v2\"
+        runtime_type = \"io.containerd.runsc.v1\"
+        runtime_path = \"$GV/bin/containerd-shim-runsc-v1\"
         [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runsc.options]
-          BinaryName = \"$R/runsc-wrapper\"
-          Root = \"$R/runsc\"
-          SystemdCgroup = false"
-    printf '#!/bin/sh\nexec /usr/bin/runsc --debug-log=%s/runsc/ --ignore-cgroups=false %s "$@"\n' "$LOGS" \
-      "${KUBE_LOCAL_RUNSC_FLAGS:-}" >"$R/runsc-wrapper"
-    chmod +x "$R/runsc-wrapper"; mkdir -p "$LOGS/runsc"
+          TypeUrl = \"io.containerd.runsc.v1.options\"
+          ConfigPath = \"$R/runsc/runsc.toml\""
+    printf 'binary_name = "%s"\nroot = "%s"\nlog_path = "%s/runsc/"\n[runsc_config]\n%s\n' \
+      "$GV/bin/runsc" "$R/runsc/root" "$LOGS" "${KUBE_LOCAL_RUNSC_FLAGS:-}" >"$R/runsc/runsc.toml"
+    mkdir -p "$LOGS/runsc" "$R/runsc/root"
   fi
   cat >"$R/containerd/config.toml" <<EOF
 version = 2
@@ -353,11 +414,11 @@ mkdir -p "$W"
 [ $# -gt 0 ] || set -- status
 for s in "$@"; do
   case $s in
-    up) for t in deps src build pki start images air-setup; do timed "$t" "$(fn "$t")"; done;;
+    up) for t in deps src build gvisor pki start images air-setup; do timed "$t" "$(fn "$t")"; done;;
     down) timed stop stop; timed clean clean;;
     env) env_;;
     status) status;;
-    deps|src|build|pki|containerd|start|images|air-setup|smoke|stop|clean) timed "$s" "$(fn "$s")";;
-    *) say "unknown step: $s (deps src build pki start images air-setup status smoke env stop clean up down)"; exit 2;;
+    deps|src|build|gvisor|pki|containerd|start|images|air-setup|smoke|stop|clean) timed "$s" "$(fn "$s")";;
+    *) say "unknown step: $s (deps src build gvisor pki start images air-setup status smoke env stop clean up down)"; exit 2;;
   esac
 done

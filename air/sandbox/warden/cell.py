@@ -575,12 +575,23 @@ def become_thread(uid: int) -> None:
         _check(LIBC.syscall(numbers[name], *args), name)
 
 
+def nice_limit_zero() -> None:
+    """RLIMIT_NICE's hard limit 0: no process may raise its priority (nor leave SCHED_IDLE) without CAP_SYS_NICE.
+    gVisor refuses to set that limit at all (EPERM: only a few limits are settable there) and holds it at (0, 0) for
+    every process of the sandbox, which is the same: only a limit that is not already (0, 0) is an error."""
+    try:
+        resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+    except ValueError:  # Python's word for EPERM here
+        if resource.getrlimit(resource.RLIMIT_NICE) != (0, 0):
+            raise
+
+
 def prepare_confinement() -> None:
     """Work out once, in the warden, what every confine needs: its children inherit it instead of each computing
     it again between fork and exec (about a millisecond a program). And RLIMIT_NICE, which is per process: 0 for
     the warden and everything it starts (a thread that confines itself cannot set it for its program alone)."""
     _last_cap()
-    resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+    nice_limit_zero()
     try:
         _filter()
     except (KeyError, ValueError):  # an architecture without a table: confine says so, in the child that needs it

@@ -9,14 +9,16 @@ exec'd there is also confined (`confine`: no capability, no_new_privs, the secco
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import os
 import resource
 import signal
+import threading
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
-from air.sandbox.warden.cell import CLONE_NEWPID, Cell, become, confine
+from air.sandbox.warden.cell import CLONE_NEWPID, Cell, become, confine, nice_limit_zero
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 IPC_RMID = 0
@@ -31,8 +33,43 @@ def idle_class() -> None:
     of the agent or an evaluation spins or forks, at the cost of nothing while the warden sleeps. Leaving the class
     takes RLIMIT_NICE above the process's nice value or CAP_SYS_NICE: the hard limit is 0 and no process of a cell
     holds a capability, so none can."""
-    resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    nice_limit_zero()
+    sched_idle()
+
+
+def sched_idle() -> None:
+    """The calling thread into SCHED_IDLE. gVisor has one scheduling class (any other is EINVAL there, as it is only
+    on a Linux before 2.6.23): its sentry runs every task of the sandbox on Go's scheduler, where there is no class
+    to be idle in, and the nice value is all that is set."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+
+
+def exit_fd(pid: int) -> int:
+    """A descriptor that becomes readable once the child `pid` has exited, for the selector: its pidfd; where the
+    kernel has no pidfd_open (ENOSYS: gVisor before 2026, Linux before 5.3), a pipe that a thread of the warden
+    makes readable once the child is a zombie (waitid with WNOWAIT: the child stays for whoever reaps it)."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            raise
+    r, w = os.pipe2(os.O_CLOEXEC)
+
+    def watch() -> None:
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:  # reaped already
+            pass
+        finally:
+            os.write(w, b"x")
+            os.close(w)
+
+    threading.Thread(target=watch, name="exit-of-%d" % pid, daemon=True).start()
+    return r
 
 
 def enter_cwd(cwd, fallbacks: Sequence = ()) -> None:

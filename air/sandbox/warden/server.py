@@ -96,7 +96,7 @@ class Program:
             if self.not_started is not None:
                 for fd in (self.stdin, self.rout, self.rerr):
                     os.close(fd)
-        self.pidfd = os.pidfd_open(self.pid)
+        self.pidfd = procs.exit_fd(self.pid)
         sel = warden.sel
         for fd in (self.stdin, self.rout, self.rerr):
             os.set_blocking(fd, False)
@@ -344,6 +344,14 @@ class Warden:
         if not os.path.exists(c.shell):  # exec-only: the kernel then makes the shell non-dumpable
             shutil.copyfile("/bin/bash", c.shell + ".new")
             os.chmod(c.shell + ".new", 0o711)
+            if not _runs_exec_only(c.shell + ".new", c.uid):
+                # gVisor (its release of 2024-07 at least) reads a program as the caller to run it: an exec-only
+                # one fails with EACCES for the agent. Readable, bash stays dumpable there: the agent's processes
+                # may open its fds, which only lets them forge what a command's own builtins can already say
+                # (shell.py's idle probe decides when a command ended); rewards come from `Exec`'s waitpid.
+                os.chmod(c.shell + ".new", 0o755)
+                sys.stderr.write("air warden: the agent cannot run an exec-only program here (gVisor?): its shell "
+                                 "is readable, and dumpable\n")
             os.rename(c.shell + ".new", c.shell)
         if not os.path.lexists(c.pristine_home):  # first start: the image's home is the pristine one, the agent's
             os.mkdir(c.pristine_home, 0o755)
@@ -987,6 +995,23 @@ for a lock it cannot read. The host connects as soon as the daemon says the cont
 busy machine."""
 LISTENING = False
 """The warden is its container's main process, reached on a socket in its host directory (not a `docker exec`)."""
+
+
+def _runs_exec_only(path: str, uid: int) -> bool:
+    """Whether `uid`, holding no capability, can run the exec-only program at `path` (`path -c :`, bash)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            devnull = os.open("/dev/null", os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.execv(path, [path, "-c", ":"])
+        finally:
+            os._exit(127)
+    return os.waitpid(pid, 0)[1] == 0
 
 
 def wait_for_host(directory: str) -> None:

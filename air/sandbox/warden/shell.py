@@ -27,7 +27,7 @@ import time
 from typing import Callable, Optional, Tuple
 
 from air.sandbox.output import CappedBuffer
-from air.sandbox.warden.procs import read_chunk, spawn, write_some
+from air.sandbox.warden.procs import exit_fd, read_chunk, spawn, write_some
 from air.sandbox.warden.protocol import Run
 
 REPORT_LIMIT = 1 << 16  # bytes of report records that may wait for their NUL
@@ -105,7 +105,7 @@ class Shell:
                 os.close(fd)
         for fd in (self.stdin, self.out, self.err, self.rep):
             os.set_blocking(fd, False)
-        self.pidfd = os.pidfd_open(self.pid)
+        self.pidfd = exit_fd(self.pid)
         self.sel, self.on_output, self.on_record, self.on_gone = sel, on_output, on_record, on_gone
         self.outbox, self.reports = bytearray(PRELUDE), bytearray()
         self.exited = False

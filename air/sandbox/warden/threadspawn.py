@@ -30,7 +30,7 @@ import threading
 from typing import Callable, Dict, NamedTuple, Optional, Sequence, Union
 
 from air.sandbox.warden.cell import Cell, confine_thread, outside
-from air.sandbox.warden.procs import enter_cwd
+from air.sandbox.warden.procs import enter_cwd, sched_idle
 
 SHELL = "/bin/sh"
 OOM_STEP = "echo %d >/proc/self/oom_score_adj || exit 126; "
@@ -121,7 +121,7 @@ def _start(argv, uid, cwd, env, fds, oom_score, nice, cwd_fallbacks, prepare) ->
             raise _Refused(problem)
     enter_cwd(cwd, cwd_fallbacks)
     # Last: an idle thread runs only when nothing else in the container wants the CPU.
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    sched_idle()
     process = subprocess.Popen(_raising_oom(argv, oom_score), executable=SHELL, stdin=fds[0], stdout=fds[1],
                                stderr=fds[2], close_fds=True, env=env, start_new_session=True,
                                restore_signals=True)
