@@ -65,7 +65,7 @@ def make_probe_task(root: Path, hidden: str | None = None):
     if hidden is not None:
         (task / "secret").mkdir()
         (task / "secret" / "hidden.txt").write_text(hidden)
-    from air.tasks.air_format import load_air_task
+    from air.tasks.air_format.loader import load_air_task
 
     return load_air_task(task)
 

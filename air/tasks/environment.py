@@ -209,7 +209,7 @@ class CheckResult:
     draw: str | None = None
     """A task with hidden data: "reference" (the record's draw, held to the recorded score) or "host" (this host's
     draw, held to the spread of the recorded draws); "oracle" for a Harbor task's solution/solve.sh (held to the top
-    reward, air.tasks.harbor_oracle); None for other tasks."""
+    reward, air.tasks.harbor.oracle); None for other tasks."""
     warnings: list[str] = field(default_factory=list)
     """Leaked answer keys (air.tasks.leaks): said loudly, whatever the status."""
     ok: bool = field(init=False)

@@ -342,7 +342,7 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec,
             if spec.evaluation.contract == "air":
                 outcome = await _run_air(scorer, spec, artefacts, baseline)
             elif spec.evaluation.contract == "harbor":  # Harbor's tests/test.sh and reward files
-                from air.tasks.harbor_contract import run_harbor
+                from air.tasks.harbor.contract import run_harbor
 
                 outcome = EvalOutcome(**(await run_harbor(scorer, spec, artefacts))._asdict())
             else:

@@ -19,7 +19,7 @@ What the agent wrote reaches the test only where the test looks for it (sealed()
   are the image's own, not the agent's copy, unless a file of tests/ names them; relative entries are dropped;
 - the working directory the interpreter itself puts first on sys.path (`python -m pytest` in it) is taken off at
   the first import, its modules still importable by a name nothing installed has, and the modules the interpreter
-  has installed come before any file of the workspace: a guard on PYTHONPATH (GUARD, air/tasks/harbor_guard.py);
+  has installed come before any file of the workspace: a guard on PYTHONPATH (GUARD, air/tasks/harbor/guard.py);
 - the test's HOME is a fresh directory of root's, made once the collect commands (the agent's) ran;
 - every link of the copy is judged in the cell by where it finally leads (air.tasks.links);
 - /tests is root's alone (0700), so a test can run its submission as $AIR_AGENT_UID without showing it the tests.
@@ -45,8 +45,8 @@ from pathlib import Path
 
 from air.images.dockerfile import HARBOR_DIR
 from air.sandbox import BASE_PATH, OUT_DIR, WORKSPACE, ArchiveTooLarge, ArchiveUnwritable, Sandbox, make_tar
-from air.tasks.harbor import PRIMARY
-from air.tasks.harbor_collect import run_collect
+from air.tasks.harbor.loader import PRIMARY
+from air.tasks.harbor.collect import run_collect
 from air.tasks.links import WRITABLE_ROOTS, refused_in_cell, shown
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import retarred, tar_of
@@ -110,7 +110,7 @@ async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> Score
     if refused:
         return Scored("invalid_submission", message=f"{WORKSPACE}/{shown(refused[0])} is a link that leads outside "
                                                     "the submission; submit a regular file.")
-    await run_collect(scorer, spec)  # Harbor's [[verifier.collect]], as the agent (air.tasks.harbor_collect)
+    await run_collect(scorer, spec)  # Harbor's [[verifier.collect]], as the agent (air.tasks.harbor.collect)
     await _root_home(scorer)
     result = await scorer.session.run_untrusted(["bash", "/tests/test.sh"], user="root", cwd=WORKSPACE,
                                                 timeout=spec.evaluation.timeout, end_cell=True,
@@ -187,11 +187,11 @@ def _without(artefacts: bytes, kept: set[str]) -> bytes:
 
 
 def guard_module() -> bytes:
-    """The text of air.tasks.harbor_guard, air's sitecustomize for the test's Python, with air's workspace in it."""
-    text = (Path(__file__).parent / "harbor_guard.py").read_text()
+    """The text of air.tasks.harbor.guard, air's sitecustomize for the test's Python, with air's workspace in it."""
+    text = (Path(__file__).parent / "guard.py").read_text()
     line = 'WORKSPACE = "/home/agent/workspace"'
     if line not in text:
-        raise RuntimeError("air/tasks/harbor_guard.py no longer names its workspace where air writes it")
+        raise RuntimeError("air/tasks/harbor/guard.py no longer names its workspace where air writes it")
     return text.replace(line, f"WORKSPACE = {WORKSPACE!r}", 1).encode()
 
 
