@@ -34,7 +34,8 @@ from air.tasks.hidden import (
 from air.tasks.hostenv import resolved
 from air.tasks.leaks import LEAK, best_reached
 from air.tasks.draws import baseline_submission
-from air.tasks.scoring import EvalOutcome, Rejected, collect_submission, data_mounts, evaluate
+from air.tasks.scoring import Rejected, collect_submission, data_mounts, evaluate
+from air.tasks.scoring_cell import EvalOutcome
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import overlay_baseline, stage
 from air.tasks.task_images import ensure_task_image

@@ -6,7 +6,7 @@
   air's layer on top (air.images.dockerfile); its working directory becomes the agent's workspace, whose files
   the image holds, renewed every lease as the home is;
 - `tests/` and `solution/` never enter the agent's sandbox: the scorer gets `tests/` and runs `tests/test.sh` in
-  a scoring sandbox on a copy of the workspace (the `harbor` contract of air.tasks.scoring); `reward.txt` or
+  a scoring sandbox on a copy of the workspace (the `harbor` contract: air.tasks.harbor.contract); `reward.txt` or
   `reward.json` is the score: `reward` the primary metric, every other number a metric beside it;
 - `[agent]`/`[verifier]` timeouts, resources and GPUs map onto air's limits.
 
