@@ -51,6 +51,7 @@ CONTRACTS: dict[str, ScoringContract] = {name: contract for contract in (AIR, ML
 
 
 def contract_of(spec: TaskSpec) -> ScoringContract:
+    """The family's contract that scores this task."""
     return CONTRACTS[spec.evaluation.contract]
 
 
