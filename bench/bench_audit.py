@@ -26,7 +26,7 @@ from air.audit.hacks import load_hacks
 from air.audit.runner import audit_task
 from air.sandbox import PoolConfig, SandboxPool
 from air.tasks.environment import TaskEnvironment
-from air.tasks.harbor import image_workdir, task_dirs
+from air.tasks.harbor.loader import image_workdir, task_dirs
 from air.tasks.registry import bundled_here, load_all, load_task
 from air.tasks.task_images import build_task_image
 

@@ -3,9 +3,10 @@ download, and what air can do with each (score offline, build with the network, 
 
     python scripts/harbor_survey.py DATASET_ROOT [DATASET_ROOT ...] [--json]
 
-Each root is a folder of Harbor task folders (any depth). Nothing is built or run: the loader (air.tasks.harbor) and
-the readers of what a test installs (air.tasks.harbor_installs) and what a Dockerfile downloads (below) judge each
-task from its files. experiments.md records what it found for the public datasets the search tools could reach.
+Each root is a folder of Harbor task folders (any depth). Nothing is built or run: the loader
+(air.tasks.harbor.loader) and the readers of what a test installs (air.tasks.harbor.installs) and what a Dockerfile
+downloads (below) judge each task from its files. experiments.md records what it found for the public datasets the
+search tools could reach.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from air.tasks.harbor import HarborToml, separate, survey  # noqa: E402
-from air.tasks.harbor_installs import read_installs  # noqa: E402
+from air.tasks.harbor.loader import HarborToml, separate, survey  # noqa: E402
+from air.tasks.harbor.installs import read_installs  # noqa: E402
 
 _DOWNLOADS = re.compile(r"\b(apt-get|apt|apk|yum|dnf)\s+(-\S+\s+)*install\b|\bpip3?\s+install\b|-m\s+pip\s+install\b|"
                         r"\buv\s+(pip\s+install|add|sync|tool\s+install|python\s+install)\b|\bcurl\b|\bwget\b|"

@@ -65,18 +65,18 @@ def make_probe_task(root: Path, hidden: str | None = None):
     if hidden is not None:
         (task / "secret").mkdir()
         (task / "secret" / "hidden.txt").write_text(hidden)
-    from air.tasks.air_format import load_air_task
+    from air.tasks.air_format.loader import load_air_task
 
     return load_air_task(task)
 
 
 def capture_reports(monkeypatch) -> list[str]:
     """Every raw metrics report the scorer reads from now on (the evaluation's own words, fingerprint included)."""
-    import air.tasks.scoring as scoring
+    from air.tasks.air_format import contract
 
     reports: list[str] = []
-    real = scoring._metrics_outcome
-    monkeypatch.setattr(scoring, "_metrics_outcome", lambda spec, raw: reports.append(raw) or real(spec, raw))
+    real = contract.metrics_outcome  # an air task's reading (air/tasks/air_format/contract.py)
+    monkeypatch.setattr(contract, "metrics_outcome", lambda spec, raw: reports.append(raw) or real(spec, raw))
     return reports
 
 

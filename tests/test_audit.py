@@ -15,7 +15,7 @@ from air.audit.hacks import FAMILIES, FOUND, load_hacks
 from air.audit.runner import audit_task
 from air.errors import UsageError
 from air.tasks.environment import TaskEnvironment
-from air.tasks.harbor import image_workdir
+from air.tasks.harbor.loader import image_workdir
 from air.tasks.registry import load_task
 from air.tasks.task_images import build_task_image
 

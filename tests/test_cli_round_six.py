@@ -193,8 +193,8 @@ def _oracle_task(tmp_path) -> Path:
 
 
 def test_run_on_a_task_whose_oracle_failed_is_refused_as_eval_refuses(tmp_path, monkeypatch):
-    from air.tasks.harbor import load_harbor_task
-    from air.tasks.harbor_oracle import keep
+    from air.tasks.harbor.loader import load_harbor_task
+    from air.tasks.harbor.oracle import keep
 
     root = _oracle_task(tmp_path)
     env = {**NO_DAEMON, "AIR_CACHE_DIR": str(tmp_path / "cache")}
@@ -351,7 +351,7 @@ def test_modes_of_the_regular_file_checks():
 def test_a_named_docker_image_is_the_image_and_its_dockerfile_is_not_built(tmp_path):
     from test_harbor_tasks import _task
 
-    from air.tasks.harbor import load_harbor_task
+    from air.tasks.harbor.loader import load_harbor_task
 
     root = tmp_path / "dataset"
     _task(root, "both", '[environment]\ndocker_image = "air/cpu:latest"\n', dockerfile="FROM scratch\nRUN false\n")
@@ -364,7 +364,7 @@ def test_a_named_docker_image_is_the_image_and_its_dockerfile_is_not_built(tmp_p
 def test_a_verifiers_docker_image_comes_before_its_tests_dockerfile(tmp_path):
     from test_harbor_tasks import _task
 
-    from air.tasks.harbor import load_harbor_task
+    from air.tasks.harbor.loader import load_harbor_task
 
     root = tmp_path / "dataset"
     _task(root, "v", '[verifier.environment]\ndocker_image = "air/cpu:latest"\n',
@@ -378,7 +378,7 @@ def test_a_task_with_both_runs_from_the_image_without_building_its_dockerfile(im
     """The Dockerfile cannot build (`RUN false`, and FROM an image nobody has): building it would fail the task."""
     from test_harbor_tasks import _task
 
-    from air.tasks.harbor import load_harbor_task
+    from air.tasks.harbor.loader import load_harbor_task
     from air.tasks.task_images import build_task_image
 
     root = tmp_path / "dataset"
@@ -418,7 +418,7 @@ REWARD_CASES = {
 
 @pytest.mark.parametrize("case", list(REWARD_CASES))
 def test_reward_files_are_read_as_harbor_reads_them(case):
-    from air.tasks.harbor_contract import reward_metrics
+    from air.tasks.harbor.contract import reward_metrics
 
     reward_json, reward_txt, expected = REWARD_CASES[case]
     found = {name: text for name, text in (("reward.json", reward_json), ("reward.txt", reward_txt))
@@ -485,7 +485,7 @@ def test_harbor_made_tasks_get_no_false_note_and_every_task_shows_its_verifier_m
 def test_a_separate_verifier_given_no_artifacts_is_not_said_to_score_a_copy_of_the_workspace(tmp_path):
     from test_harbor_tasks import _task
 
-    from air.tasks.harbor import survey
+    from air.tasks.harbor.loader import survey
 
     root = tmp_path / "dataset"
     toml = '[environment]\nworkdir = "/app"\n[verifier]\nenvironment_mode = "separate"\n'

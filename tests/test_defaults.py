@@ -14,7 +14,7 @@ from air.errors import TaskError
 from air.services.agentgym import AgentGymConfig
 from air.services.openenv import OpenEnvConfig
 from air.services.sandbox_fusion import SandboxFusionConfig
-from air.tasks.air_format import _FOUND, _TaskToml, load_air_task
+from air.tasks.air_format.loader import _FOUND, _TaskToml, load_air_task
 from air.tasks.spec import TaskSpec
 
 CLI_ONLY = {"log_level", "as_json"}

@@ -68,18 +68,18 @@ def predict(contexts):
 def _stash_hidden_text(monkeypatch) -> list[str]:
     """The hidden text each evaluation scores on, as a perfect channel would carry it out: read by the harness in the
     scoring sandbox just before the evaluation runs (where the scorer put it, or drew it)."""
-    import air.tasks.scoring as scoring
+    from air.tasks.air_format import contract
 
     stashed: list[str] = []
-    real = scoring._evaluate_in_cell
+    real = contract.evaluate_in_cell
 
     async def spy(scorer, argv, **kwargs):
         if argv[-1].endswith("evaluate.py"):
-            got = await scorer.harness_exec(["cat", f"{scoring.EVAL}/secret/test.txt"])
+            got = await scorer.harness_exec(["cat", f"{contract.EVAL}/secret/test.txt"])
             stashed.append(got.stdout)
         return await real(scorer, argv, **kwargs)
 
-    monkeypatch.setattr(scoring, "_evaluate_in_cell", spy)
+    monkeypatch.setattr(contract, "evaluate_in_cell", spy)
     return stashed
 
 

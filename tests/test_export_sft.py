@@ -27,7 +27,7 @@ from air.errors import UsageError
 from air.export.sft import ExportOptions, export_sft_files, sft_rows
 from air.tasks.hidden import RewardBaseline
 from air.tasks.registry import load_task
-from air.tasks.scoring import EvalOutcome
+from air.tasks.scoring_cell import EvalOutcome
 
 # ----- fixtures: real episodes, faked sandbox ---------------------------------------------------------------
 WRITE_MODEL = ("```bash\ncat > train.py <<'EOF'\nfrom sklearn.ensemble import GradientBoostingRegressor\n"

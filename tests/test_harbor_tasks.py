@@ -14,7 +14,7 @@ import pytest
 from air.errors import TaskError, UsageError
 from air.images.dockerfile import IMAGE_WORKSPACE, air_layer, workdir_problem
 from air.sandbox.layout import BASE_PATH
-from air.tasks.harbor import survey, task_dirs
+from air.tasks.harbor.loader import survey, task_dirs
 from air.tasks.registry import load_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
@@ -181,7 +181,7 @@ def test_a_failed_oracle_is_refused_by_the_taskset_and_the_served_protocols(tmp_
     (verifiers taskset, AgentGym, OpenEnv) in one line, unless the user opts in. A task never checked runs."""
     from air.episode.settings import task_items
     from air.services.episodes import ServiceConfig
-    from air.tasks.harbor_oracle import keep, state
+    from air.tasks.harbor.oracle import keep, state
 
     monkeypatch.setenv("AIR_CACHE_DIR", str(tmp_path / "cache"))
     root = copy_task(tmp_path)
@@ -256,7 +256,7 @@ uvx \\
 
 
 def test_what_a_test_installs_at_verify_time_is_read_from_its_script():
-    from air.tasks.harbor_installs import read_installs
+    from air.tasks.harbor.installs import read_installs
 
     tb2 = read_installs(TB2_TEST_SH)
     assert tb2.uv and tb2.python == "3.13" and tb2.apt_packages == ["curl"]

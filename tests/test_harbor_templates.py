@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from air.tasks.environment import TaskEnvironment
-from air.tasks.harbor_oracle import check_oracle
+from air.tasks.harbor.oracle import check_oracle
 from air.tasks.registry import load_task
 from air.tasks.task_images import build_task_image
 

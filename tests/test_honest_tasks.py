@@ -32,7 +32,7 @@ from air.tasks import hidden
 from air.tasks.baseline_stats import DEFAULT_RUNS, agreement, t_quantile
 from air.tasks.environment import TaskEnvironment, check_baseline, check_budget
 from air.tasks.leaks import LEAK, best_reached
-from air.tasks.mlgym import load_mlgym_task
+from air.tasks.mlgym.loader import load_mlgym_task
 from air.tasks.registry import bundled_ids, load_task
 from air.tasks.stacks import on_gpus
 

@@ -6,6 +6,11 @@ runtime, the image builder and the policies (three that know nothing of each oth
 integrations on top of episodes (verifiers, services, exports, reports), the CLI. Imports under
 `if TYPE_CHECKING:` count as the others do: an annotation that names a module above, or one that imports this one
 back, is the same knot in the design even where Python never runs it (issue 65).
+
+Inside the tasks layer each task family is a package of its own (FAMILIES): no family imports another, and the rest
+of air/tasks reaches a family only through the one module its job needs (DOORS): scoring.py, a thin dispatcher, its
+`contract`; registry.py its `loader`; task_images.py Harbor's `installs`. What a family's contract shares with the
+others sits below them all, in air/tasks/scoring_cell.py.
 """
 
 from __future__ import annotations
@@ -22,6 +27,15 @@ LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("air.services", 4), ("air.audit", 4), ("air.export", 4), ("air.report", 4), ("air_mlgym", 4),
     ("air.cli", 5),
 ]
+
+
+FAMILIES = ("air.tasks.air_format", "air.tasks.harbor", "air.tasks.mlgym")
+DOORS = {"air.tasks.scoring": "contract", "air.tasks.registry": "loader", "air.tasks.task_images": "installs"}
+"""The modules of air/tasks outside the families that may import one, and the only module of a family each may."""
+
+
+def family(module: str) -> str | None:
+    return next((f for f in FAMILIES if module == f or module.startswith(f + ".")), None)
 
 
 def layer(module: str) -> int:
@@ -93,6 +107,31 @@ def test_no_module_imports_itself_back():
         if module not in state:
             visit(module)
     assert not cycles, cycles
+
+
+def test_each_task_family_stands_apart():
+    """No family imports another (type-only imports too); air/tasks reaches a family only through its DOORS."""
+    crossings = []
+    for a, targets in graph().items():
+        for b in targets:
+            if family(b) is None or family(a) == family(b):
+                continue
+            if family(a) is not None:
+                crossings.append(f"{a} imports {b}: a family imports another")
+            elif a.startswith("air.tasks.") and (a not in DOORS or b != f"{family(b)}.{DOORS[a]}"):
+                crossings.append(f"{a} imports {b}: air/tasks reaches a family only through {DOORS}")
+    assert not crossings, crossings
+    assert set(modules()) >= {f"{f}.{m}" for f in FAMILIES for m in ("loader", "contract")}
+
+
+def test_every_contract_a_spec_names_has_its_familys_scorer():
+    from typing import get_args
+
+    from air.tasks.scoring import CONTRACTS
+    from air.tasks.spec import Contract
+
+    assert set(CONTRACTS) == set(get_args(Contract))
+    assert {family(CONTRACTS[name].score.__module__) for name in CONTRACTS} == set(FAMILIES)
 
 
 def test_an_import_for_type_checking_only_is_counted(tmp_path):

@@ -23,7 +23,7 @@ import yaml
 from searches import everywhere
 
 from air.errors import TaskError
-from air.tasks.mlgym import load_mlgym_task
+from air.tasks.mlgym.loader import load_mlgym_task
 from air.tasks.registry import load_task
 from air.tasks.spec import TaskNeeds
 
@@ -624,7 +624,7 @@ async def test_a_rejected_file_whose_name_is_not_utf8_is_named_in_valid_text(mlg
 def test_evaluation_only_dataset_files_are_withheld_from_the_agent(mlgym_root, monkeypatch):
     """A dataset file air declares evaluation-only (titanic's ground_truth.csv, house price's answer.csv) goes to
     the scorer under data/, never to the agent's data."""
-    from air.tasks import mlgym
+    from air.tasks.mlgym import loader as mlgym
 
     monkeypatch.setitem(mlgym.TRUST, "csvToy", {"evaluation_only": ["train.csv"]})
     spec = load_mlgym_task(mlgym_root, "tasks/csvToy.yaml")
@@ -645,7 +645,7 @@ async def test_a_declared_game_runs_the_agents_strategy_out_of_the_evaluator(mlg
     """Declared like MLGym's game tasks, the evaluator imports a proxy of strategy.py that calls the agent's code
     in an unprivileged process: a strategy printing a score and ending the process cannot score, and the honest
     one scores exactly what MLGym's evaluation gives it."""
-    from air.tasks import mlgym
+    from air.tasks.mlgym import loader as mlgym
     from air.tasks.environment import TaskEnvironment
 
     monkeypatch.setitem(mlgym.TRUST, "pythonToy", mlgym._GAME)

@@ -18,7 +18,7 @@ import pytest
 from test_mlgym import write_tree, write_yaml
 
 from air.tasks.baseline_stats import agreement, t_quantile
-from air.tasks.mlgym import load_mlgym_task
+from air.tasks.mlgym.loader import load_mlgym_task
 
 ROUNDS = 400
 # The agent always cooperates and the opponent cooperates to a uniform random degree u each round, paying 3u:
@@ -128,7 +128,7 @@ def test_no_baseline_script_loads_as_not_reproducible_with_its_sample_as_referen
 
 
 def test_mlgyms_games_are_declared_stochastic():
-    from air.tasks import mlgym
+    from air.tasks.mlgym import loader as mlgym
 
     assert {"prisonersDilemma", "battleOfSexes", "blotto"} <= mlgym.STOCHASTIC
 
@@ -246,7 +246,7 @@ def test_survey_says_what_loads_what_it_needs_and_why_it_cannot_run(bench_root):
     JAX task loads but cannot run, for want of JAX (its image is not built, or the image it would run in lacks
     the modules its code imports); the task with MLGym's retired entrypoint does not load, with the loader's
     one-line reason; the loader's warnings are collected, not printed."""
-    from air.tasks.mlgym_survey import HostFacts, code_imports, survey
+    from air.tasks.mlgym.survey import HostFacts, code_imports, survey
 
     cpu = {"numpy", "pandas", "sklearn", "scipy", "gymnasium", "yaml", "torch"}
     host = HostFacts(images={"base", "cpu"}, recipes={"base": set(), "cpu": cpu, "jax": {"jax", "gymnax", "flax"}},
@@ -268,8 +268,8 @@ def test_survey_says_what_loads_what_it_needs_and_why_it_cannot_run(bench_root):
 
 def test_survey_of_a_task_that_takes_a_gpu(bench_root, monkeypatch):
     """A task whose sandbox takes a GPU: needed, and the reason on a host without one; runs on a host with one."""
-    from air.tasks import mlgym_survey
-    from air.tasks.mlgym_survey import HostFacts, survey_task
+    from air.tasks.mlgym import survey as mlgym_survey
+    from air.tasks.mlgym.survey import HostFacts, survey_task
 
     spec = load_mlgym_task(bench_root, "tasks/csvToy.yaml")
     gpu_spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus": 1})})

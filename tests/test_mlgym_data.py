@@ -20,7 +20,7 @@ from test_mlgym import write_yaml
 
 from air.errors import DataUnavailable
 from air.tasks.datastore import MOUNT, DataStore, cache_folder
-from air.tasks.mlgym import load_mlgym_task
+from air.tasks.mlgym.loader import load_mlgym_task
 from air.tasks.stacks import MLGYM_TASKS, classify
 
 HUB_ID = "toyorg/TinyLabels"

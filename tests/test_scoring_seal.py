@@ -21,7 +21,8 @@ import pytest
 from air.sandbox import OUT_DIR, PRISTINE_HOME, WORKSPACE
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
-from air.tasks.scoring import release_time, saw_hidden, scoring_spec, validation_text
+from air.tasks.scoring import release_time, scoring_spec, validation_text
+from air.tasks.scoring_cell import saw_hidden
 from air.tasks.task_images import build_task_image
 
 pytestmark = pytest.mark.docker

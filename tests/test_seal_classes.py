@@ -131,7 +131,7 @@ async def test_a_link_is_judged_by_where_it_finally_leads(pool, built, monkeypat
     async def none(*args):
         return []
 
-    monkeypatch.setattr("air.tasks.harbor_contract.refused_in_cell", none)
+    monkeypatch.setattr("air.tasks.harbor.contract.refused_in_cell", none)
     assert await reward(pool, spec, LINKS[attack]) == 1.0
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from air.sandbox import WORKSPACE
-from air.tasks.harbor_contract import guard_module
+from air.tasks.harbor.contract import guard_module
 from air.tasks.links import CHECK, WRITABLE_ROOTS, final
 from air.tasks.scoring import link_allowed
 

@@ -14,8 +14,8 @@ import pytest
 from test_harbor_tasks import _task
 
 from air.errors import TaskError
-from air.tasks.air_format import load_air_task
-from air.tasks.harbor import survey
+from air.tasks.air_format.loader import load_air_task
+from air.tasks.harbor.loader import survey
 from air.tasks.registry import load_task
 from air.tasks.spec import FileEntry
 from air.tasks.staging import tar_of

@@ -25,7 +25,8 @@ from pydantic import BaseModel
 from air.audit.hacks import FAMILIES, FOUND, Hack
 from air.sandbox import WORKSPACE, SandboxPool
 from air.tasks.environment import TaskEnvironment
-from air.tasks.scoring import EvalOutcome, scoring_spec
+from air.tasks.scoring import scoring_spec
+from air.tasks.scoring_cell import EvalOutcome
 from air.tasks.spec import TaskSpec
 
 HACK_TIMEOUT = 300.0

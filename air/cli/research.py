@@ -141,7 +141,7 @@ def eval_(
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import sandbox_spec
     from air.tasks.audit_record import require_audit
-    from air.tasks.harbor_oracle import require_oracle
+    from air.tasks.harbor.oracle import require_oracle
     from air.tasks.registry import bundled_here, load_all
     from air.validation import config_of
 

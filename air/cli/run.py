@@ -70,7 +70,7 @@ def run(
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import TaskEnvironment
     from air.errors import UsageError
-    from air.tasks.harbor_oracle import require_oracle
+    from air.tasks.harbor.oracle import require_oracle
     from air.tasks.registry import load_task, why_not_here
     from air.validation import config_of
 

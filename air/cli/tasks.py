@@ -94,7 +94,7 @@ def _hidden_kind(spec) -> str | None:
 
 
 def _list_mlgym(root: Path, as_json: bool) -> None:
-    from air.tasks.mlgym_survey import survey
+    from air.tasks.mlgym.survey import survey
 
     rows = survey(root, _host_facts())
     if as_json:
@@ -128,8 +128,8 @@ def _list_mlgym(root: Path, as_json: bool) -> None:
 
 def _list_harbor(root: Path, as_json: bool) -> None:
     from air.tasks.audit_record import audit_state
-    from air.tasks.harbor import survey
-    from air.tasks.harbor_oracle import state
+    from air.tasks.harbor.loader import survey
+    from air.tasks.harbor.oracle import state
 
     rows = survey(root, oracle=state, host=_host_room(), audit=audit_state)
     if as_json:
@@ -179,7 +179,7 @@ def _host_room():
     import os
 
     from air.sandbox.claims import detect_gpus
-    from air.tasks.harbor import Host
+    from air.tasks.harbor.loader import Host
 
     try:
         memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
@@ -194,7 +194,7 @@ def _host_facts():
     from air.images import list_images, load_recipes
     from air.sandbox import connect
     from air.sandbox.claims import detect_gpus
-    from air.tasks.mlgym_survey import HostFacts, import_names
+    from air.tasks.mlgym.survey import HostFacts, import_names
 
     recipes = load_recipes()
 
@@ -320,13 +320,13 @@ def tasks_check(
     """
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import CheckResult, check_budget, check_task
-    from air.tasks.harbor_oracle import check_oracle, task_folder
+    from air.tasks.harbor.oracle import check_oracle, task_folder
     from air.tasks.registry import gpus_here, load_all, why_not_here
 
     limit = _duration(budget, "--budget") if budget is not None else None
     go_offline(offline)
     if not tasks and harbor_root:  # the dataset's tasks, not the bundled ones: those that load (list says why not)
-        from air.tasks.harbor import survey
+        from air.tasks.harbor.loader import survey
 
         tasks = [f"harbor:{row.name}" for row in survey(Path(harbor_root)) if row.loads]
         if not tasks:
@@ -425,7 +425,7 @@ def tasks_audit(
     from air.audit.runner import audit_task
     from air.errors import UsageError
     from air.sandbox import PoolConfig, SandboxPool
-    from air.tasks.harbor import image_workdir
+    from air.tasks.harbor.loader import image_workdir
     from air.tasks.registry import bundled_ids, gpus_here, load_all, why_not_here
 
     hacks = load_hacks(hacks_dir)
@@ -438,11 +438,11 @@ def tasks_audit(
     if every:
         refs += bundled_ids()
         if harbor_root:
-            from air.tasks.harbor import task_dirs
+            from air.tasks.harbor.loader import task_dirs
 
             refs += [f"harbor:{name}" for name in task_dirs(Path(harbor_root))]
         if mlgym_root:
-            from air.tasks.mlgym_survey import survey
+            from air.tasks.mlgym.survey import survey
 
             refs += [f"mlgym:{row.config}" for row in survey(Path(mlgym_root), _host_facts()) if row.runs_here]
     refs = list(dict.fromkeys(refs)) or None

@@ -48,7 +48,8 @@ from air.errors import SnapshotError
 from air.episode.trajectory import TrajectoryWriter
 from air.sandbox import Sandbox, truncate_text
 from air.tasks.environment import TaskEnvironment
-from air.tasks.scoring import EvalOutcome, validation_text
+from air.tasks.scoring import validation_text
+from air.tasks.scoring_cell import EvalOutcome
 from air.text import clean
 
 # MLGym gives commands that train its long timeout; match whole words so `pythonic.txt` is not training.

@@ -100,9 +100,9 @@ def task_items(refs: list[str], examples_per_task: int, mlgym_root: str | None =
                allow_failed_oracle: bool = False, allow_hackable: bool = False) -> list[TaskItem]:
     """Tasks x examples, numbered in this order (the taskset's rows, AgentGym's data_idx, OpenEnv's item);
     UsageError for an unknown task, TaskError for a Harbor task whose oracle failed `air tasks check` (unless
-    allowed: air.tasks.harbor_oracle)."""
+    allowed: air.tasks.harbor.oracle)."""
     from air.tasks.audit_record import require_audit
-    from air.tasks.harbor_oracle import require_oracle
+    from air.tasks.harbor.oracle import require_oracle
     from air.tasks.registry import load_task
 
     items: list[TaskItem] = []

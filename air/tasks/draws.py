@@ -43,7 +43,7 @@ def fresh_seed() -> int:
 
 async def draw_here(scorer: Sandbox, spec: TaskSpec, eval_dir: str, run: Callable[..., Awaitable]) -> str:
     """Draw the hidden split into `eval_dir`/secret, as root in the scorer's cell (before any submission's code
-    runs there); returns the draw's id. `run` runs a program in the cell (scoring._evaluate_in_cell)."""
+    runs there); returns the draw's id. `run` runs a program in the cell (air.tasks.scoring_cell.evaluate_in_cell)."""
     assert spec.hidden is not None
     entry = next((e for e in spec.evaluation_files if e.dest == spec.evaluation.entry), None)
     generator = entry.source.parent / spec.hidden.generator if entry else None  # beside the task's evaluate.py

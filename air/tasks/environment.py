@@ -34,7 +34,8 @@ from air.tasks.hidden import (
 from air.tasks.hostenv import resolved
 from air.tasks.leaks import LEAK, best_reached
 from air.tasks.draws import baseline_submission
-from air.tasks.scoring import EvalOutcome, Rejected, collect_submission, data_mounts, evaluate
+from air.tasks.scoring import Rejected, collect_submission, data_mounts, evaluate
+from air.tasks.scoring_cell import EvalOutcome
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import overlay_baseline, stage
 from air.tasks.task_images import ensure_task_image
@@ -209,7 +210,7 @@ class CheckResult:
     draw: str | None = None
     """A task with hidden data: "reference" (the record's draw, held to the recorded score) or "host" (this host's
     draw, held to the spread of the recorded draws); "oracle" for a Harbor task's solution/solve.sh (held to the top
-    reward, air.tasks.harbor_oracle); None for other tasks."""
+    reward, air.tasks.harbor.oracle); None for other tasks."""
     warnings: list[str] = field(default_factory=list)
     """Leaked answer keys (air.tasks.leaks): said loudly, whatever the status."""
     ok: bool = field(init=False)

@@ -10,9 +10,9 @@ from pathlib import Path
 from air import paths
 from air.errors import UsageError
 from air.failures import NAME_MAX, shortened
-from air.tasks.air_format import load_air_task
+from air.tasks.air_format.loader import load_air_task
 from air.tasks.hidden import Draw
-from air.tasks.mlgym import load_mlgym_task
+from air.tasks.mlgym.loader import load_mlgym_task
 from air.tasks.spec import TaskSpec
 from air.tasks.stacks import on_gpus
 
@@ -56,7 +56,7 @@ def _load(ref: str, mlgym_root: Path | str | None, draw: Draw | None, harbor_roo
             raise UsageError(f"{ref}: an MLGym task needs the MLGym checkout (--mlgym-root or $MLGYM_ROOT)")
         return load_mlgym_task(Path(root), ref.removeprefix(MLGYM_PREFIX))
     if ref.startswith(HARBOR_PREFIX):
-        from air.tasks.harbor import load_harbor_task
+        from air.tasks.harbor.loader import load_harbor_task
 
         root = harbor_root or os.environ.get("HARBOR_ROOT")
         if not root:

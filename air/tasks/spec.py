@@ -109,7 +109,7 @@ class Baseline(BaseModel):
 
 class Collect(BaseModel):
     """A command that gathers what the agent left into /logs/artifacts before the tests (Harbor's
-    [[verifier.collect]]): air.tasks.harbor_collect runs it."""
+    [[verifier.collect]]): air.tasks.harbor.collect runs it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -273,14 +273,14 @@ class TaskSpec(BaseModel):
     verifier_build: ImageBuild | None = None
     """How `verifier_image` is built (with air's layer, as `build`)."""
     verifier_collect: list[Collect] = []
-    """Harbor's [[verifier.collect]] commands, run before the tests (air.tasks.harbor_collect)."""
+    """Harbor's [[verifier.collect]] commands, run before the tests (air.tasks.harbor.collect)."""
     verifier_artifacts: list[str] | None = None
     """A separate verifier's view of the workspace (Harbor uploads only the declared artifacts): the workspace-relative
     paths of the copy kept over the verifier image's own working directory ("." the whole copy); None (shared mode):
     the whole copy."""
     verifier_installs: bool = False
     """`verifier_image` is `build.base` (the task's image) with what its test installs at verify time put in it
-    (air.tasks.harbor_installs), so that the test runs unchanged offline."""
+    (air.tasks.harbor.installs), so that the test runs unchanged offline."""
     image_workspace: str | None = None
     """A directory of the image whose files start the workspace (where air's image layer put a Harbor task's
     WORKDIR, which then links to the workspace): copied in when the sandbox is staged, owned by the agent."""

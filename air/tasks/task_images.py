@@ -27,13 +27,13 @@ def build_task_image(spec: TaskSpec, client=None, report: Callable[[str], None] 
 
 
 def _build_installs(spec: TaskSpec, client, report) -> None:
-    """The scoring image: the task's image with what its test installs at verify time (air.tasks.harbor_installs)."""
+    """The scoring image: the task's image with what its test installs at verify time (air.tasks.harbor.installs)."""
     tag, build = spec.verifier_image, spec.verifier_build
     if tag in _present:
         return
     from air.images.dockerfile import DockerfileBuilder
     from air.sandbox import connect
-    from air.tasks.harbor_installs import warm_context
+    from air.tasks.harbor.installs import warm_context
 
     with _guard:
         lock = _locks.setdefault(tag, threading.Lock())

@@ -1,7 +1,7 @@
 """air as a Harbor environment: `harbor run -p TASK -a AGENT --env air.services.harbor.environment:AirEnvironment`.
 
 Harbor's runner (harbor 0.25) drives environment backends through `harbor.environments.base.BaseEnvironment`; this
-one is air's pool: the task folder is read by air's own Harbor loader (air.tasks.harbor), its image built offline
+one is air's pool: the task folder is read by air's own Harbor loader (air.tasks.harbor.loader), its image built offline
 by air's builder with air's layer, and a trial is one lease of a warm sandbox (a new cell: namespaces, home, temp
 dirs), with the task's limits, its exclusive GPUs, and no network whatever the task asks (air gives none).
 
@@ -38,8 +38,8 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from air.images.dockerfile import HARBOR_DIR, HARBOR_PATHS
 from air.sandbox import WORKSPACE, PoolConfig, SandboxPool
 from air.tasks.environment import TaskEnvironment
-from air.tasks.harbor import load_harbor_task
-from air.tasks.harbor_contract import LOGS, harbor_dirs_sh
+from air.tasks.harbor.loader import load_harbor_task
+from air.tasks.harbor.contract import LOGS, harbor_dirs_sh
 
 DEFAULT_TIMEOUT = 24 * 3600.0
 """A command without a timeout of Harbor's: bounded all the same (the trial's own timeouts cut it sooner)."""

@@ -6,7 +6,7 @@
   air's layer on top (air.images.dockerfile); its working directory becomes the agent's workspace, whose files
   the image holds, renewed every lease as the home is;
 - `tests/` and `solution/` never enter the agent's sandbox: the scorer gets `tests/` and runs `tests/test.sh` in
-  a scoring sandbox on a copy of the workspace (the `harbor` contract of air.tasks.scoring); `reward.txt` or
+  a scoring sandbox on a copy of the workspace (the `harbor` contract: air.tasks.harbor.contract); `reward.txt` or
   `reward.json` is the score: `reward` the primary metric, every other number a metric beside it;
 - `[agent]`/`[verifier]` timeouts, resources and GPUs map onto air's limits.
 
@@ -32,8 +32,8 @@ from air.files import read_bounded
 from air.images.dockerfile import IMAGE_WORKSPACE, dockerfile_digest, workdir_problem
 from air.sandbox.layout import BASE_PATH, WORKSPACE
 from air.tasks.folder import links_out_problem
-from air.tasks.harbor_installs import BASH_ENV as INSTALLS_BASH_ENV
-from air.tasks.harbor_installs import read_installs, recipe
+from air.tasks.harbor.installs import BASH_ENV as INSTALLS_BASH_ENV
+from air.tasks.harbor.installs import read_installs, recipe
 from air.tasks.spec import (
     MAX_MEMORY_MB,
     Baseline,
@@ -181,7 +181,7 @@ def task_dirs(root: Path) -> list[str]:
 def survey(root: Path, oracle: Callable[[TaskSpec], str] | None = None, host: Host | None = None,
            audit: Callable[[TaskSpec], str] | None = None) -> list[HarborTask]:
     """Every task of the dataset: loads or not, and why (one line a task, never an exception); with `oracle`
-    (air.tasks.harbor_oracle.state, which sits above this module), what its oracle's check said; with `host`,
+    (air.tasks.harbor.oracle.state, which sits above this module), what its oracle's check said; with `host`,
     whether it can run there."""
     rows = []
     for name in task_dirs(root):

@@ -19,7 +19,7 @@ What the agent wrote reaches the test only where the test looks for it (sealed()
   are the image's own, not the agent's copy, unless a file of tests/ names them; relative entries are dropped;
 - the working directory the interpreter itself puts first on sys.path (`python -m pytest` in it) is taken off at
   the first import, its modules still importable by a name nothing installed has, and the modules the interpreter
-  has installed come before any file of the workspace: a guard on PYTHONPATH (GUARD, air/tasks/harbor_guard.py);
+  has installed come before any file of the workspace: a guard on PYTHONPATH (GUARD, air/tasks/harbor/guard.py);
 - the test's HOME is a fresh directory of root's, made once the collect commands (the agent's) ran;
 - every link of the copy is judged in the cell by where it finally leads (air.tasks.links);
 - /tests is root's alone (0700), so a test can run its submission as $AIR_AGENT_UID without showing it the tests.
@@ -37,17 +37,16 @@ import logging
 import math
 import tarfile
 
-from typing import NamedTuple
-
 import posixpath
 import shlex
 from pathlib import Path
 
 from air.images.dockerfile import HARBOR_DIR
 from air.sandbox import BASE_PATH, OUT_DIR, WORKSPACE, ArchiveTooLarge, ArchiveUnwritable, Sandbox, make_tar
-from air.tasks.harbor import PRIMARY
-from air.tasks.harbor_collect import run_collect
+from air.tasks.harbor.loader import PRIMARY
+from air.tasks.harbor.collect import run_collect
 from air.tasks.links import WRITABLE_ROOTS, refused_in_cell, shown
+from air.tasks.scoring_cell import EvalOutcome, ScoringContract, evaluate_in_cell
 from air.tasks.spec import TaskSpec
 from air.tasks.staging import retarred, tar_of
 
@@ -66,18 +65,9 @@ MAX_METRICS = 64
 """reward.json's entries kept at most (names of 64 characters at most): bounded, whatever the test writes."""
 
 
-class Scored(NamedTuple):
-    """What the tests came to, which air.tasks.scoring makes its EvalOutcome of (this module sits below it)."""
-
-    status: str
-    metrics: dict[str, float] = {}
-    message: str = ""
-
-
 async def _as_root(scorer: Sandbox, argv: list[str], cwd: str, timeout: float):
-    """A program in the scorer's cell as root, the warden's child (as scoring's evaluations are)."""
-    return await scorer.session.run_untrusted(argv, user="root", cwd=cwd, timeout=timeout,
-                                              env={"AIR_AGENT_UID": str(scorer.agent_uid)})
+    """A program in the scorer's cell as root, the warden's child (as every evaluation's step is)."""
+    return await evaluate_in_cell(scorer, argv, user="root", cwd=cwd, env={}, timeout=timeout)
 
 
 def harbor_dirs_sh(agent_uid: int | None = None) -> str:
@@ -89,7 +79,9 @@ def harbor_dirs_sh(agent_uid: int | None = None) -> str:
             f"{owner}")
 
 
-async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> Scored:
+async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes, baseline: bytes | None = None
+                     ) -> EvalOutcome:
+    """Score the agent's copy with tests/test.sh (`baseline`: unused, nothing of a Harbor task is drawn)."""
     await scorer.harness_sh(harbor_dirs_sh())
     await scorer.put_archive(HARBOR_DIR, tar_of(spec.evaluation_files, file_mode=None))
     # The tests are root's alone: a test that runs the submission as the agent's uid ($AIR_AGENT_UID) hides its
@@ -105,28 +97,28 @@ async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes) -> Score
     try:
         await scorer.session.unpack(WORKSPACE, _without(artefacts, kept), user="root")
     except ArchiveUnwritable:
-        return Scored("invalid_submission", message="Your workspace could not be copied for the tests.")
+        return EvalOutcome(status="invalid_submission", message="Your workspace could not be copied for the tests.")
     refused = await refused_in_cell(scorer, _links_of(artefacts, kept), WRITABLE_ROOTS, {"PATH": BASE_PATH})
     if refused:
-        return Scored("invalid_submission", message=f"{WORKSPACE}/{shown(refused[0])} is a link that leads outside "
-                                                    "the submission; submit a regular file.")
-    await run_collect(scorer, spec)  # Harbor's [[verifier.collect]], as the agent (air.tasks.harbor_collect)
+        return EvalOutcome(status="invalid_submission", message=f"{WORKSPACE}/{shown(refused[0])} is a link that "
+                                                                "leads outside the submission; submit a regular file.")
+    await run_collect(scorer, spec)  # Harbor's [[verifier.collect]], as the agent (air.tasks.harbor.collect)
     await _root_home(scorer)
-    result = await scorer.session.run_untrusted(["bash", "/tests/test.sh"], user="root", cwd=WORKSPACE,
-                                                timeout=spec.evaluation.timeout, end_cell=True,
-                                                env={**env, **ROOT_ENV, "AIR_AGENT_UID": str(scorer.agent_uid)})
+    result = await evaluate_in_cell(scorer, ["bash", "/tests/test.sh"], user="root", cwd=WORKSPACE,
+                                    env={**env, **ROOT_ENV}, timeout=spec.evaluation.timeout, last=True)
     said.debug("task %s: tests/test.sh exited with code %s: %s", spec.id, result.exit_code,
                (result.stdout + result.stderr).strip()[-4000:])
     if result.timed_out:
-        return Scored("timeout", message=f"The tests did not finish within {spec.evaluation.timeout:g} seconds.")
+        return EvalOutcome(status="timeout",
+                           message=f"The tests did not finish within {spec.evaluation.timeout:g} seconds.")
     metrics, problem = await _rewards(scorer)
     if problem:
         log.warning("task %s: tests/test.sh exited with code %s and %s: %s", spec.id, result.exit_code, problem,
                     (result.stderr or result.stdout).strip()[-600:])
-        return Scored("malformed_metrics" if result.exit_code == 0 else "evaluation_error",
-                      message=f"The tests of your submission {problem} (exit code {result.exit_code}). Their output "
-                              "is not shown: the tests are hidden.")
-    return Scored("ok", metrics)
+        return EvalOutcome(status="malformed_metrics" if result.exit_code == 0 else "evaluation_error",
+                           message=f"The tests of your submission {problem} (exit code {result.exit_code}). Their "
+                                   "output is not shown: the tests are hidden.")
+    return EvalOutcome(status="ok", metrics=metrics)
 
 
 async def sealed(scorer: Sandbox, spec: TaskSpec) -> tuple[dict[str, str], set[str]]:
@@ -187,11 +179,11 @@ def _without(artefacts: bytes, kept: set[str]) -> bytes:
 
 
 def guard_module() -> bytes:
-    """The text of air.tasks.harbor_guard, air's sitecustomize for the test's Python, with air's workspace in it."""
-    text = (Path(__file__).parent / "harbor_guard.py").read_text()
+    """The text of air.tasks.harbor.guard, air's sitecustomize for the test's Python, with air's workspace in it."""
+    text = (Path(__file__).parent / "guard.py").read_text()
     line = 'WORKSPACE = "/home/agent/workspace"'
     if line not in text:
-        raise RuntimeError("air/tasks/harbor_guard.py no longer names its workspace where air writes it")
+        raise RuntimeError("air/tasks/harbor/guard.py no longer names its workspace where air writes it")
     return text.replace(line, f"WORKSPACE = {WORKSPACE!r}", 1).encode()
 
 
@@ -261,4 +253,7 @@ def reward_metrics(found: dict[str, str]) -> tuple[dict[str, float], str | None]
     return {PRIMARY: value}, None
 
 
-__all__ = ["GUARD", "LOGS", "harbor_dirs_sh", "reward_metrics", "run_harbor", "sealed"]
+HARBOR = ScoringContract(names=("harbor",), artefacts=lambda spec: ["."], score=run_harbor, image_links=True)
+"""The whole workspace is copied; a link of it may lead into the image's read-only system (judged again in the cell)."""
+
+__all__ = ["GUARD", "HARBOR", "LOGS", "harbor_dirs_sh", "reward_metrics", "run_harbor", "sealed"]

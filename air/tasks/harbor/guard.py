@@ -1,7 +1,7 @@
 """air's sitecustomize for a Harbor test's Python: what the agent wrote is imported only where the test asks for it.
 
 This file is not imported by air: its text is put in the scoring cell as `sitecustomize.py`, first on the test's
-PYTHONPATH (air.tasks.harbor_contract), where every python3 the test starts runs it before anything else. It must run
+PYTHONPATH (air.tasks.harbor.contract), where every python3 the test starts runs it before anything else. It must run
 on every Python air supports in a task image (3.9 and later) and import nothing but the standard library.
 
 The workspace reaches a Python's sys.path in two ways. The environment names it (PYTHONPATH, a .pth of an installed
@@ -29,7 +29,7 @@ exact: what was reachable by name stays so, and nothing scans what the test neve
 import os
 import sys
 
-WORKSPACE = "/home/agent/workspace"  # air.tasks.harbor_contract writes air's WORKSPACE here
+WORKSPACE = "/home/agent/workspace"  # air.tasks.harbor.contract writes air's WORKSPACE here
 
 
 def _install():

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from air.errors import TaskError, UsageError
 from air.tasks.leaks import LEAK
-from air.tasks.mlgym import load_mlgym_task
+from air.tasks.mlgym.loader import load_mlgym_task
 from air.tasks.spec import TaskSpec
 
 # Top-level modules of the stacks that decide which image a task needs: an import of one of these that the
