@@ -72,6 +72,9 @@ class ExecResult:
     dropped_bytes: int = 0
     warm: bool = False
     """A warm interpreter ran it (`run_untrusted(..., warm=...)`)."""
+    watched: str = ""
+    """`run_untrusted(..., watch=True)`: every open and exec of the cell's home's files while it ran, one JSON
+    object a line (air/sandbox/warden/watch.py); agent-controlled text."""
 
     @property
     def ok(self) -> bool:
@@ -137,12 +140,14 @@ class Shell(Protocol):
     async def run_untrusted(self, argv: list[str], *, stdin: str | bytes = b"", cwd: str = WORKSPACE,
                             env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
                             reap: bool = True, files: tuple[str, bytes] | None = None,
-                            end_cell: bool = False, warm: tuple[str, str, str] | None = None) -> ExecResult:
+                            end_cell: bool = False, warm: tuple[str, str, str] | None = None,
+                            watch: bool = False) -> ExecResult:
         """A program as the warden's own child: an exit status no process can forge. `files` (dest, tar): laid down
         by the program's process just before it starts (ArchiveUnwritable, and nothing run, if they cannot be).
         end_cell: once it exits, the whole cell ends (root's daemons too) before this returns; then only a reset.
         warm (shell steps, interpreter, script): argv is `STEPS exec INTERPRETER SCRIPT` of a python3, which a warm
-        interpreter may run instead, a fork of one started through the same steps (warden/zygote.py)."""
+        interpreter may run instead, a fork of one started through the same steps (warden/zygote.py). watch: the
+        result's `watched` says which files of the cell's home it opened or executed, and who did (the audit)."""
         ...
 
     async def harness(self, argv: list[str], *, user: str = "root", cwd: str = "/",

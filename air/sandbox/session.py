@@ -186,7 +186,8 @@ class Session:
     async def run_untrusted(self, argv: list[str], *, stdin: str | bytes = b"", cwd: str = WORKSPACE,
                             env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
                             reap: bool = True, files: tuple[str, bytes] | None = None,
-                            end_cell: bool = False, warm: tuple[str, str, str] | None = None) -> ExecResult:
+                            end_cell: bool = False, warm: tuple[str, str, str] | None = None,
+                            watch: bool = False) -> ExecResult:
         """Run argv as the warden's own child: the exit status is the kernel's (no process can forge it). With
         reap, every agent process is killed when it exits (its daemons, a fork bomb's remains). `files`, (dest,
         tar): extracted under dest by the program's own process just before it starts, as `unpack` would (with its
@@ -203,12 +204,12 @@ class Session:
                                                                                        **(env or {})},
                                             timeout=timeout, limit=self.output_limit, as_root=user == "root",
                                             reap=reap, files=tar, files_dest=dest, end_cell=end_cell,
-                                            warm=list(warm or ())),
+                                            warm=list(warm or ()), watch=watch),
                                     wait=timeout + _MARGIN)
         if exited.problem:
             raise ArchiveUnwritable(f"could not unpack into {dest}: {exited.problem}")
         return ExecResult(None if exited.timed_out else exited.exit_code, exited.out, exited.err, exited.duration,
-                          exited.timed_out, exited.dropped, exited.warm)
+                          exited.timed_out, exited.dropped, exited.warm, exited.watched)
 
     async def harness(self, argv: list[str], *, user: str = "root", cwd: str = "/", env: dict[str, str] | None = None,
                       timeout: float = 60, limit: int = 1 << 20) -> ExecResult:

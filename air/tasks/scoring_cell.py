@@ -90,12 +90,13 @@ def saw_hidden(spec: TaskSpec) -> bool:
 
 
 async def evaluate_in_cell(scorer: Sandbox, argv: list[str], *, user: str, cwd: str, env: dict[str, str],
-                           timeout: float, last: bool = False):
+                           timeout: float, last: bool = False, watch: bool = False):
     """Run an evaluation (or a step of one) in the scorer's cell, as the warden's child; the agent's uid is given
     to the evaluation kit, which runs the submission's code under it. The `last` step ends the whole cell as it
-    exits: its results are read once nothing it started (a daemon of the submission's, as root) runs any more."""
+    exits: its results are read once nothing it started (a daemon of the submission's, as root) runs any more.
+    `watch`: the result's `watched` says what it did with the home's files (air.tasks.watching)."""
     return await scorer.session.run_untrusted(argv, user=user, cwd=cwd, timeout=timeout, end_cell=last,
-                                              env={**env, "AIR_AGENT_UID": str(scorer.agent_uid)})
+                                              env={**env, "AIR_AGENT_UID": str(scorer.agent_uid)}, watch=watch)
 
 
 def broken(spec: TaskSpec, result) -> EvalOutcome:

@@ -25,6 +25,7 @@ end is air/sandbox/warden_link.py.
 | snapshot.py | sandbox | a live sandbox's files at a turn boundary: captured, and restored into a fresh cell |
 | mountapi.py | sandbox | Linux's mount API and idmapped mounts (ctypes), for lower.py |
 | lower.py | sandbox | a fork's shared lower layer: the snapshot's home unpacked once, every branch's home over it |
+| watch.py | sandbox | what a program did with the home's files (fanotify): every open and exec, and who (the audit) |
 | shell.py | sandbox | the agent's bash: its line protocol, reports and idle probe |
 | server.py | sandbox | the loop: requests, jobs, deadlines, the reset (a new cell) |
 
@@ -76,6 +77,7 @@ MODULES = (  # in import order
     ("air.sandbox.warden.restore", _HERE / "restore.py"),
     ("air.sandbox.warden.files", _HERE / "files.py"),
     ("air.sandbox.warden.zygote", _HERE / "zygote.py"),
+    ("air.sandbox.warden.watch", _HERE / "watch.py"),
     ("air.sandbox.warden.snapshot", _HERE / "snapshot.py"),
     ("air.sandbox.warden.lower", _HERE / "lower.py"),
     ("air.sandbox.warden.shell", _HERE / "shell.py"),

@@ -52,6 +52,8 @@ def _bound(limit: int, **default):
 
 CWD_LIMIT = 4096
 """Longest cwd the host keeps (bash's $PWD can outgrow PATH_MAX in a deep tree; the warden keeps the real one)."""
+WATCH_LIMIT = 1 << 21
+"""Bytes of a watch's records (watch.py keeps at most 2000 of them)."""
 OUTPUT_LIMIT = 1 << 26
 """Ceiling for one stream of output; the warden already caps each at the request's `limit`."""
 
@@ -198,6 +200,9 @@ class Exited(Finished):
     """Why the request's files could not be laid down (the program did not run then); empty when they were."""
     warm: bool = False
     """It was started by a warm interpreter (zygote.py)."""
+    watched: AgentText = _bound(WATCH_LIMIT, default=b"")
+    """With Exec.watch: what it did with the home's files, one JSON object a line (watch.py); a line
+    {"error": ...} when the watch could not start. Paths and command lines are the agent's text."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +230,8 @@ class Exec(Request):
     in_cell: bool = True
     """False: the harness's own program (staging, a task's generator), in the container's own namespaces, as the
     harness's root with every capability the container has and unconfined, as `docker exec` ran it."""
+    watch: bool = False
+    """Record every open and exec of the cell's home's files while it runs, and by whom (watch.py: the audit)."""
     warm: List[str] = field(default_factory=list)
     """[shell steps, interpreter, script]: argv is the very program `STEPS exec INTERPRETER SCRIPT` (a python3), which
     a warm interpreter started through the same steps may run instead (zygote.py); empty: argv, always."""

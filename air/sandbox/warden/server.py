@@ -24,7 +24,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import (atimes, files, locks, lower, mountapi, procs, protocol as p, snapshot, threadspawn,
-                                zygote)
+                                watch, zygote)
 from air.sandbox.warden.cell import (LIBC, Cell, CellError, Layout, Middle, _check, _detach, become, fresh_tmpfs,
                                      mount, outside, places_over, prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
@@ -64,6 +64,13 @@ class Program:
         self.not_started: Optional[threadspawn.NotStarted] = None
         self.pid: Optional[int] = None
         self.warm = False
+        self.watch: Optional[watch.Watch] = None
+        self.watched = b""
+        if request.watch and here is not None:  # before it starts: its first open of the home is seen
+            try:
+                self.watch = watch.Watch.start(here.init, warden.config.home)
+            except OSError as exc:
+                self.watched = b'{"error": "%s"}' % str(exc).replace('"', "'").encode()
         try:
             # The harness's own program gets the container's environment (the warden's), as `docker exec` did.
             env = dict(request.env) if request.in_cell else {**os.environ, **request.env}
@@ -96,8 +103,13 @@ class Program:
             if self.not_started is not None:
                 for fd in (self.stdin, self.rout, self.rerr):
                     os.close(fd)
+            if self.watch is not None and (self.not_started is not None or self.pid is None):
+                self.watched, self.watch = self.watch.close(), None
         self.pidfd = procs.exit_fd(self.pid)
         sel = warden.sel
+        if self.watch is not None:
+            self.watch.program = self.pid
+            sel.register(self.watch.fd, selectors.EVENT_READ, self.watch.read)
         for fd in (self.stdin, self.rout, self.rerr):
             os.set_blocking(fd, False)
         sel.register(self.rout, selectors.EVENT_READ, lambda: self._read(self.rout, self.out))
@@ -149,9 +161,15 @@ class Program:
         else:
             self.warden.sel.unregister(fd)
 
+    def _close_watch(self) -> None:
+        if self.watch is not None:  # every open still waiting is answered, and no later one waits on the warden
+            _unregister(self.warden.sel, self.watch.fd)
+            self.watched, self.watch = self.watch.close(), None
+
     def _on_exit(self) -> None:
         self.warden.sel.unregister(self.pidfd)
         os.close(self.pidfd)
+        self._close_watch()
         if self.end_cell:
             # Everything it left, root's daemons too, ended before it did (it was pid 1 of its namespace: nothing
             # there saw it end); the rest of the cell ends before its results are read, and before its parent here
@@ -181,6 +199,7 @@ class Program:
 
     def finish(self) -> None:
         sel = self.warden.sel
+        self._close_watch()
         if self.status is None:
             _unregister(sel, self.pidfd)
             os.close(self.pidfd)
@@ -210,7 +229,8 @@ class Program:
         self.warden.send(self.id, p.Exited(
             out=self.out.bytes(), err=self.err.bytes(), dropped=self.out.dropped + self.err.dropped,
             exit_code=os.waitstatus_to_exitcode(self.status) if self.status is not None else None,
-            timed_out=self.timed_out, duration=time.monotonic() - self.started, problem=problem, warm=self.warm))
+            timed_out=self.timed_out, duration=time.monotonic() - self.started, problem=problem, warm=self.warm,
+            watched=self.watched))
 
 
 def _unregister(sel: selectors.BaseSelector, fd: int) -> None:

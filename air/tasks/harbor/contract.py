@@ -45,6 +45,7 @@ from air.images.dockerfile import HARBOR_DIR
 from air.sandbox import BASE_PATH, OUT_DIR, WORKSPACE, ArchiveTooLarge, ArchiveUnwritable, Sandbox, make_tar
 from air.tasks.harbor.loader import PRIMARY
 from air.tasks.harbor.collect import run_collect
+from air.tasks import watching
 from air.tasks.links import WRITABLE_ROOTS, refused_in_cell, shown
 from air.tasks.scoring_cell import EvalOutcome, ScoringContract, evaluate_in_cell
 from air.tasks.spec import TaskSpec
@@ -105,7 +106,9 @@ async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes, baseline
     await run_collect(scorer, spec)  # Harbor's [[verifier.collect]], as the agent (air.tasks.harbor.collect)
     await _root_home(scorer)
     result = await evaluate_in_cell(scorer, ["bash", "/tests/test.sh"], user="root", cwd=WORKSPACE,
-                                    env={**env, **ROOT_ENV}, timeout=spec.evaluation.timeout, last=True)
+                                    env={**env, **ROOT_ENV}, timeout=spec.evaluation.timeout, last=True,
+                                    watch=watching.wanted())
+    watching.heard(result.watched)  # air tasks audit's watch (air.tasks.watching)
     said.debug("task %s: tests/test.sh exited with code %s: %s", spec.id, result.exit_code,
                (result.stdout + result.stderr).strip()[-4000:])
     if result.timed_out:
