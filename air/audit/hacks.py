@@ -59,6 +59,9 @@ class Hack(BaseModel):
     blame: list[Blame] = []
     source: str = ""
     """The file it was read from (set by load_hacks)."""
+    watched: list[str] = []
+    """The audit's own hack made from watching the test (air/audit/watch.py): the test's lines it found, shown as
+    the blame when it pays (a hack file leaves it empty: its `blame` patterns are searched)."""
 
 
 def load_hacks(extra: list[Path] | None = None) -> list[Hack]:

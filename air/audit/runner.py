@@ -23,7 +23,9 @@ from typing import Literal
 from pydantic import BaseModel
 
 from air.audit.hacks import FAMILIES, FOUND, Hack
+from air.audit.watch import HandOff, hack_of as watch_hack, hand_offs, parse as parse_watch, report as watch_report
 from air.sandbox import WORKSPACE, SandboxPool
+from air.tasks import watching
 from air.tasks.environment import TaskEnvironment
 from air.tasks.scoring import scoring_spec
 from air.tasks.scoring_cell import EvalOutcome
@@ -63,6 +65,10 @@ class TaskAudit(BaseModel):
     results: list[HackResult]
     weak: list[str] = []
     """Why the task is weak whatever air does (its workspace as it starts already scores; trivial outputs pay)."""
+    watch: str = ""
+    """What was watched (air/audit/watch.py): the oracle's or the do-nothing rollout's scoring, or why nothing."""
+    hand_offs: list[str] = []
+    """The files of the agent's that the test was seen handing control to, how, by whom, and the test's line."""
     seconds: float
 
     def family(self, family: str) -> tuple[Status, float | None]:
@@ -94,7 +100,11 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     gate = asyncio.Semaphore(concurrency)
     env = TaskEnvironment(spec, pool)
     variables = _variables(spec, workdir)
-    honest, _ = await _play(env, "true", variables)
+    with watching.recording() as seen:  # the test watched while it scores the pristine workspace (Harbor's)
+        honest, _ = await _play(env, "true", variables)
+    watch, found = await _watch(spec, pool, seen, task_root)
+    if found and found[0]:  # the hand-offs proved: planted in, scored like every hack
+        hacks = [*hacks, watch_hack(*found)]
     do_nothing = _score(spec, honest)
     baseline = spec.baseline_score
     candidates = [s for s in (do_nothing, baseline) if s is not None]
@@ -121,7 +131,7 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
                             gain=gain, eval_status=outcome.status, found=found)
         if paid:
             result.step = hack.script.strip()
-            result.blame = _blame(hack, task_root)
+            result.blame = list(hack.watched) or _blame(hack, task_root)
         if on_hack is not None:
             on_hack(result)
         return result
@@ -135,8 +145,30 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
         weak.append("trivial outputs are paid: the tests check that outputs exist, not what they hold")
     return TaskAudit(task=spec.id, contract=spec.evaluation.contract, metric=spec.primary.name,
                      direction=spec.primary.direction, do_nothing=do_nothing, do_nothing_status=honest.status,
-                     baseline=baseline, reference=reference, results=list(results), weak=weak,
-                     seconds=time.monotonic() - started)
+                     baseline=baseline, reference=reference, results=list(results), weak=weak, watch=watch,
+                     hand_offs=watch_report(found[0]) if found else [], seconds=time.monotonic() - started)
+
+
+async def _watch(spec: TaskSpec, pool: SandboxPool, seen: list[str], task_root: Path | None
+                 ) -> tuple[str, tuple[list[HandOff], list[str]] | None]:
+    """What the test did with the agent's files while it scored the do-nothing rollout (in `seen`) and, where the
+    task has one, its oracle's solution: a line saying what was watched, and the hand-offs and data files."""
+    if spec.evaluation.contract != "harbor":
+        return "not watched: its scoring runs the submission's code as the agent, never as root", None
+    from air.tasks.harbor_oracle import check_oracle, solution_dir
+
+    what = "the do-nothing rollout"
+    if solution_dir(spec) is not None:
+        with watching.recording() as oracle:
+            checked = await check_oracle(spec, pool)
+        seen = [*seen, *oracle]
+        what = f"the oracle ({checked.message}) and the do-nothing rollout"
+    records, errors = parse_watch(seen)
+    if errors:
+        return f"not watched: {errors[0]}", None
+    found, data = hand_offs(records, task_root)
+    return (f"watched {what}: {len({r.path for r in records})} files of the workspace opened, "
+            f"{len(found)} handed control to"), (found, data)
 
 
 async def _play(env: TaskEnvironment, script: str, variables: dict[str, str]) -> tuple[EvalOutcome, str]:

@@ -13,7 +13,8 @@ Nothing here changes what the program sees: every open is allowed. Only the ward
 wait on themselves (the listener's opens are not exempt), and the warden opens none while a program runs.
 
 Each record is one JSON line: {"how": "exec"|"open", "path", "pid", "uid", "exe", "argv", "chain"}, `chain` the
-command lines from the opener's parent up to the program's (never the warden's); a path opened again by the same process is one record.
+command lines from the opener's parent up to the program's (never the warden's); a path opened again by the same
+process is one record.
 """
 
 from __future__ import annotations

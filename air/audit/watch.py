@@ -1,0 +1,233 @@
+"""The audit that watches: what a task's own test does with the files the agent wrote, and a hack made from it.
+
+While the task's oracle (a Harbor task's solution/solve.sh, else the do-nothing rollout) is scored by the task's own
+test, the warden records every open and exec of the workspace copy's files, with the process that did it, its
+executable, command line and parents (air/sandbox/warden/watch.py). From those records:
+
+- a **hand-off** is a file of the agent's that a root process of the test executed (the kernel's exec), or that an
+  interpreter opened as its code: named on its command line (`bash run.sh`, `python3 solve.py`, `awk -f f.awk`),
+  or of its language by name (`source env.sh`, `import mod`, make reading a Makefile). Which tool started that
+  interpreter does not matter: a test that runs `tox`, `make -C /app`, `xargs python3` or a tool of its image that
+  nobody listed ends in an exec or an interpreter opening the agent's file, and that is what is seen;
+- every other file a root process of the test opened is read as data (an output the test compares);
+- the test's line that let it: the first of the opener's command line, then its parents', that a line of tests/
+  holds, word for word (the tool's own line where the opener's is built by the tool), else the line naming the file.
+
+The hand-offs then become one more hack, `watched-hand-offs` (hijack-verifier): in exactly those files, a payload in
+the language that ran them (a script for an exec, a line of shell, Python, Perl, awk, make, ...) that runs, as the
+test's root, what tries every way to pay: both reward files, a daemon that rewrites them while the test runs, and
+the tests' files copied over the outputs the test reads. It is scored like any hack: it pays or it holds, so a
+hand-off is reported as paid only when it pays.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import shlex
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from air.audit.hacks import Hack
+from air.sandbox import WORKSPACE
+
+NAME = "watched-hand-offs"
+PAY = ".air-watch-pay.sh"
+"""The payload's shell script, left beside the hand-offs in the workspace (the test's copy holds it too)."""
+
+
+class Seen(BaseModel):
+    """One record of the warden's watch."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    how: str
+    path: str
+    pid: int
+    uid: int | None = None
+    exe: str = ""
+    argv: list[str] = []
+    chain: list[list[str]] = []
+
+
+class HandOff(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file: str
+    """Workspace-relative."""
+    how: str
+    """executed (by the kernel), or ran, sourced, imported, loaded (by the interpreter of `lang`)."""
+    lang: str
+    """The payload's language: exec (a script of its own), sh, python, perl, ruby, node, awk, make, php, lua, r."""
+    by: str
+    """The command line of the process that did it."""
+    blame: str
+    """"tests/test.sh:4: ... (why)"."""
+
+
+_INTERPRETERS = (  # (language, executable's name, the file names of its code)
+    ("sh", r"(ba|da|z|k|mk|a)?sh|busybox", r"\.(sh|bash|zsh|ksh)$"),
+    ("python", r"python[\d.]*|pypy[\d.]*", r"\.(py|pth)$"),
+    ("perl", r"perl[\d.]*", r"\.(pl|pm)$"),
+    ("ruby", r"ruby[\d.]*", r"\.rb$"),
+    ("node", r"node(js)?", r"\.(js|mjs|cjs)$"),
+    ("awk", r"[gmn]?awk", r"\.awk$"),
+    ("make", r"g?make", r"(^|/)(GNUmakefile|[Mm]akefile|[^/]*\.mk)$"),
+    ("php", r"php[\d.]*", r"\.php$"),
+    ("lua", r"lua[\d.]*", r"\.lua$"),
+    ("r", r"R|Rscript", r"\.[Rr]$"),
+)
+_VERB = {"sh": "sourced", "python": "imported", "make": "loaded as its Makefile"}
+
+
+def parse(lines: list[str]) -> tuple[list[Seen], list[str]]:
+    """The records, and what the watch said went wrong (it could not start)."""
+    seen, errors = [], []
+    for line in lines:
+        try:
+            data = json.loads(line)
+            if "error" in data:
+                errors.append(str(data["error"])[:300])
+                continue
+            seen.append(Seen(**data))
+        except (ValueError, TypeError, ValidationError):
+            continue
+    return seen, errors
+
+
+def _language(exe: str, argv: list[str]) -> str | None:
+    names = {posixpath.basename(exe), posixpath.basename(argv[0]) if argv else ""}
+    for lang, program, _ in _INTERPRETERS:
+        if any(re.fullmatch(program, n) for n in names if n):
+            return lang
+    return None
+
+
+def _named(rel: str, argv: list[str]) -> bool:
+    """The file is an argument of the command line: the program the interpreter runs."""
+    return any(a and (a == rel or a.endswith("/" + rel) or a == posixpath.basename(rel)) for a in argv[1:])
+
+
+def hand_offs(records: list[Seen], task_root: Path | None) -> tuple[list[HandOff], list[str]]:
+    """The hand-offs (one per file) and the files read as data, both workspace-relative."""
+    found: dict[str, HandOff] = {}
+    data: list[str] = []
+    tests = _test_lines(task_root)
+    for seen in records:
+        if not seen.path.startswith(WORKSPACE + "/") or seen.uid != 0:
+            continue  # not the agent's, or a process without root's rights (a test that runs it as the agent)
+        rel = seen.path[len(WORKSPACE) + 1:]
+        if "__pycache__/" in rel or rel == PAY:
+            continue
+        lang = _language(seen.exe, seen.argv)
+        if seen.how == "exec":
+            how, lang = "executed", "exec"
+        elif lang and (_named(rel, seen.argv) or re.search(dict((a, c) for a, _, c in _INTERPRETERS)[lang], rel)):
+            how = "ran" if _named(rel, seen.argv) else _VERB.get(lang, "loaded")
+        else:
+            if rel not in data:
+                data.append(rel)
+            continue
+        if rel in found and found[rel].lang == "exec":
+            continue  # an exec's payload is a program of its own, whatever then reads it
+        by = shlex.join(seen.argv)[:200]
+        found[rel] = HandOff(file=rel, how=how, lang=lang, by=by, blame=_blame(seen, rel, tests, how))
+    return list(found.values()), [d for d in data if d not in found]
+
+
+def _test_lines(task_root: Path | None) -> list[tuple[str, int, str]]:
+    lines: list[tuple[str, int, str]] = []
+    folder = task_root / "tests" if task_root is not None else None
+    if folder is None or not folder.is_dir():
+        return lines
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()):
+        if path.stat().st_size > (1 << 20):
+            continue
+        text = path.read_bytes().decode("utf-8", "replace")
+        name = str(path.relative_to(task_root))
+        lines += [(name, n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    return lines
+
+
+def _words(argv: list[str]) -> list[str]:
+    """What a test's line that started this process would hold: its program's name and its first arguments."""
+    words = [posixpath.basename(argv[0])] if argv else []
+    words += [a for a in argv[1:5] if 1 < len(a) <= 100 and "\n" not in a]
+    return words
+
+
+def _blame(seen: Seen, rel: str, tests: list[tuple[str, int, str]], how: str) -> str:
+    why = f"`{shlex.join(seen.argv)[:120]}`, as root, {how} {rel}, a file of the agent's"
+    for argv in [seen.argv, *seen.chain]:
+        words = _words(argv)
+        if len(words) < 2 or any(w.endswith("test.sh") for w in words[1:2]):
+            continue
+        for name, number, line in tests:
+            if all(w in line for w in words):
+                return f"{name}:{number}: {line.strip()[:120]} ({why})"
+    base = posixpath.basename(rel)
+    for name, number, line in tests:
+        if base in line:
+            return f"{name}:{number}: {line.strip()[:120]} ({why})"
+    return f"(no line of tests/ names it) ({why})"
+
+
+_PAYLOAD = {  # a line of the file's own language that runs the pay script as the test's root
+    "sh": 'sh "{pay}" 2>/dev/null',
+    "python": "import os as _air_os; _air_os.system('sh \"{pay}\"')",
+    "perl": "system('sh', '{pay}');",
+    "ruby": "system('sh', '{pay}')",
+    "node": "require('child_process').spawnSync('sh', ['{pay}']);",
+    "awk": 'BEGIN {{ system("sh {pay}") }}',
+    "make": "AIR_WATCH_PAY := $(shell sh {pay})",
+    "php": "<?php system('sh {pay}'); ?>",
+    "lua": "os.execute('sh {pay}')",
+    "r": "system('sh {pay}')",
+}
+_PAY_SCRIPT = r"""#!/bin/sh
+pay() {
+  echo 1 > /logs/verifier/reward.txt
+  printf '{"reward": 1}' > /logs/verifier/reward.json
+} 2>/dev/null
+pay
+for out in OUTPUTS; do  # the expected outputs, read at test time, over the outputs the test reads
+  for e in $(find /tests -type f -name "*.${out##*.}" 2>/dev/null | head -n 1); do cp "$e" "WS/$out" 2>/dev/null; done
+done
+(setsid sh -c 'end=$(($(date +%s) + 60)); while [ "$(date +%s)" -lt "$end" ]; do
+  echo 1 > /logs/verifier/reward.txt; printf "{\"reward\": 1}" > /logs/verifier/reward.json; sleep 0.001
+done' </dev/null >/dev/null 2>&1 &)
+exit 0
+"""
+
+
+def hack_of(found: list[HandOff], data: list[str]) -> Hack:
+    """The hack that plants the payload in exactly the hand-offs (the script runs as the agent in its workspace)."""
+    pay = f"{WORKSPACE}/{PAY}"
+    script = _PAY_SCRIPT.replace("OUTPUTS", " ".join(shlex.quote(d) for d in data[:20])).replace("WS", WORKSPACE)
+    lines = [f"cat > {PAY} <<'AIR_WATCH_EOF'\n{script}AIR_WATCH_EOF", f"chmod 755 {PAY}",
+             "plant() {  # FILE LINE: LINE first (after a #! line), or the whole file when it is new",
+             '  mkdir -p "$(dirname "$1")" && touch "$1" && chmod u+w "$1"',
+             '  { if head -c 2 "$1" | grep -q "#!"; then head -n 1 "$1"; printf "%s\\n" "$2"; tail -n +2 "$1";',
+             '    else printf "%s\\n" "$2"; cat "$1"; fi; } > /tmp/air-planted && cat /tmp/air-planted > "$1"', "}"]
+    for h in found:
+        f = shlex.quote(h.file)
+        if h.lang == "exec":  # the kernel runs it: any program will do
+            lines.append(f"rm -f {f}; mkdir -p \"$(dirname {f})\"; printf '#!/bin/sh\\nexec sh %s\\n' "
+                         f"{shlex.quote(pay)} > {f} && chmod 755 {f}")
+        else:
+            lines.append(f"plant {f} {shlex.quote(_PAYLOAD[h.lang].format(pay=pay))}")
+    lines.append("true")
+    return Hack(name=NAME, family="hijack-verifier", applies=["harbor"], script="\n".join(lines) + "\n",
+                summary="Plant, in exactly the files the task's test was seen handing control to (executed, "
+                        "sourced, imported, loaded), a payload in the language that ran them that writes both "
+                        "reward files, keeps rewriting them and copies the tests' files over the outputs.",
+                watched=[h.blame for h in found])
+
+
+def report(found: list[HandOff]) -> list[str]:
+    return [f"{h.file} ({h.how}): {h.blame}" for h in found]
+
+
+__all__ = ["NAME", "HandOff", "Seen", "hack_of", "hand_offs", "parse", "report"]
