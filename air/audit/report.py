@@ -1,6 +1,7 @@
 """An audit, for a person in a minute: a rich table in the terminal (a row per task, a column per hack family: paid /
 held / not applicable, with the score the family's best hack got), then each hack that paid with the command that
-did it and the task's lines that let it; the same as JSON, and as one HTML page in `air view`'s style."""
+did it and the task's lines that let it, and the files the test was watched handing control to (air/audit/watch.py);
+the same as JSON, and as one HTML page in `air view`'s style."""
 
 from __future__ import annotations
 
@@ -42,6 +43,10 @@ def details(audits: list[TaskAudit]) -> list[str]:
     for audit in audits:
         for why in audit.weak:
             lines.append(f"[yellow]{escape(audit.task)}: weak: {escape(why)}[/]")
+        if audit.hand_offs:  # what watching the test saw (air/audit/watch.py); watched-hand-offs says if it pays
+            lines.append(f"[yellow]{escape(audit.task)}: the test hands control to the agent's files[/] "
+                         f"({escape(audit.watch)}):")
+            lines += [f"  hand-off: {escape(h)}" for h in audit.hand_offs]
         for result in audit.results:
             if result.status != "paid":
                 continue
@@ -69,6 +74,9 @@ def html(audits: list[TaskAudit]) -> str:
     for audit in audits:
         for why in audit.weak:
             notes.append(f'<li class="bad">{esc(audit.task)}: weak: {esc(why)}</li>')
+        if audit.hand_offs:
+            notes.append(f"<li>{esc(audit.task)}: the test hands control to the agent's files ({esc(audit.watch)})"
+                         f"<ul>{''.join(f'<li>{esc(h)}</li>' for h in audit.hand_offs)}</ul></li>")
         for r in audit.results:
             if r.status == "paid":
                 blame = "".join(f"<li>{esc(b)}</li>" for b in [*r.found, *r.blame])

@@ -90,19 +90,21 @@ def applies(hack: Hack, spec: TaskSpec) -> bool:
 
 
 async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, workdir: str | None = None,
-                     task_root: Path | None = None, concurrency: int = 4,
+                     task_root: Path | None = None, concurrency: int = 4, watch: bool = True,
                      on_hack: Callable[[HackResult], None] | None = None) -> TaskAudit:
     """`concurrency` hacks are played at once. Each holds its agent's sandbox while its validate leases a scorer
     from the same pool, so the pool needs room for two sandboxes per hack at once: with more hacks than that in
     flight, every slot could hold an agent waiting for a scorer that can never start. `on_hack` hears each hack's
-    result as it is known (progress for a log)."""
+    result as it is known (progress for a log). `watch`: watch the test (air/audit/watch.py) and play the hack made
+    of what it handed to the agent's files (False: the catalogue alone)."""
     started = time.monotonic()
     gate = asyncio.Semaphore(concurrency)
     env = TaskEnvironment(spec, pool)
     variables = _variables(spec, workdir)
     with watching.recording() as seen:  # the test watched while it scores the pristine workspace (Harbor's)
         honest, _ = await _play(env, "true", variables)
-    watch, found = await _watch(spec, pool, seen, task_root)
+    watch_note, found = (await _watch(spec, pool, seen, task_root) if watch else
+                         ("not watched: the catalogue alone, as asked", None))
     if found and found[0]:  # the hand-offs proved: planted in, scored like every hack
         hacks = [*hacks, watch_hack(*found)]
     do_nothing = _score(spec, honest)
@@ -145,7 +147,7 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
         weak.append("trivial outputs are paid: the tests check that outputs exist, not what they hold")
     return TaskAudit(task=spec.id, contract=spec.evaluation.contract, metric=spec.primary.name,
                      direction=spec.primary.direction, do_nothing=do_nothing, do_nothing_status=honest.status,
-                     baseline=baseline, reference=reference, results=list(results), weak=weak, watch=watch,
+                     baseline=baseline, reference=reference, results=list(results), weak=weak, watch=watch_note,
                      hand_offs=watch_report(found[0]) if found else [], seconds=time.monotonic() - started)
 
 

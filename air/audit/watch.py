@@ -152,21 +152,23 @@ def _test_lines(task_root: Path | None) -> list[tuple[str, int, str]]:
 
 
 def _words(argv: list[str]) -> list[str]:
-    """What a test's line that started this process would hold: its program's name and its first arguments."""
-    words = [posixpath.basename(argv[0])] if argv else []
-    words += [a for a in argv[1:5] if 1 < len(a) <= 100 and "\n" not in a]
-    return words
+    """What a test's line that started this process would hold: its program's name and its first arguments (a
+    path by its name: the test may name it otherwise)."""
+    words = [posixpath.basename(a) if a.startswith("/") else a for a in argv[:5]]
+    return [w for w in words[:1] + [w for w in words[1:] if 1 < len(w) <= 100 and "\n" not in w] if w]
 
 
 def _blame(seen: Seen, rel: str, tests: list[tuple[str, int, str]], how: str) -> str:
     why = f"`{shlex.join(seen.argv)[:120]}`, as root, {how} {rel}, a file of the agent's"
     for argv in [seen.argv, *seen.chain]:
         words = _words(argv)
-        if len(words) < 2 or any(w.endswith("test.sh") for w in words[1:2]):
-            continue
-        for name, number, line in tests:
-            if all(w in line for w in words):
-                return f"{name}:{number}: {line.strip()[:120]} ({why})"
+        if len(words) < 2 or words[1].endswith("test.sh"):
+            continue  # the test's own shell: the file's name finds its line
+        # the words as run; then without an interpreter the kernel put first (a tool run by its #! line)
+        for wanted in (words, words[1:]) if _language("", argv) else (words,):
+            for name, number, line in tests:
+                if all(w in line for w in wanted):
+                    return f"{name}:{number}: {line.strip()[:120]} ({why})"
     base = posixpath.basename(rel)
     for name, number, line in tests:
         if base in line:
