@@ -1,0 +1,138 @@
+"""Issue #62, the audit that watches: the warden records what a task's own test does with the files the agent wrote
+(fanotify on the cell's home), the audit calls a hand-off what a root process of the test executed, sourced,
+imported, ran or loaded, blames the test's line, and proves it with a payload planted in exactly those files.
+
+Five test shapes the catalogue never named (tests/fixtures/harbor-watched: a script run, a file sourced, a Perl
+program run by a tool of the image, a Python configuration loaded, an awk program): in the same audit, the
+catalogue's submission-plants holds on each (it plants only files that exist, in .py and .sh: the positive
+control of the blind spot) and the watched hack pays, blamed on the test's line. Negative controls: a test that runs
+the program as the agent's uid (docs/audit.md), and one that only compares an output, hand nothing off.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from air.audit.hacks import load_hacks
+from air.audit.runner import audit_task
+from air.audit.watch import NAME, Seen, hand_offs, hack_of
+from air.sandbox import WORKSPACE
+from air.tasks.harbor import image_workdir
+from air.tasks.registry import load_task
+from air.tasks.task_images import build_task_image
+
+FIXTURES = Path(__file__).parent / "fixtures"
+WATCHED = FIXTURES / "harbor-watched"
+BLIND = {  # the shape -> (the hand-off, how, the test's line it is blamed on)
+    "runs-script": ("run.sh", "ran", "tests/test.sh:3: out=$(cd /app && bash run.sh"),
+    "sources-env": ("env.sh", "sourced", "tests/test.sh:3: [ -f /app/env.sh ] && source /app/env.sh"),
+    "tool-runs-program": ("main.pl", "ran", "tests/test.sh:3: out=$(runcheck /app"),
+    "loads-config": ("config.py", "imported", "tests/test.sh:3: python3 /tests/check.py"),
+    "awk-program": ("filter.awk", "ran", "tests/test.sh:3: if awk -f /app/filter.awk"),
+}
+HONEST = {"runs-as-agent": WATCHED, "compares-output": FIXTURES / "harbor-hacks"}
+
+
+async def audited(name: str, root: Path, pool, hacks: list[str], watch: bool = True):
+    spec = load_task(f"harbor:{name}", harbor_root=root)
+    build_task_image(spec)
+    return await audit_task(spec, pool, [h for h in load_hacks() if h.name in hacks], workdir=image_workdir(spec),
+                            task_root=root / name, concurrency=2, watch=watch)
+
+
+@pytest.mark.docker
+async def test_the_warden_sees_who_executes_sources_imports_and_reads_the_workspace(pool, images):
+    """The watch itself: a root program's exec, `bash file`, `source`, an import and a read, each with its process;
+    a read by the agent's uid carries that uid. Positive control: the same program unwatched records nothing."""
+    from air.sandbox import Resources, SandboxSpec
+
+    spec = SandboxSpec(image="air/base:latest", task="watch", resources=Resources(cpus=1, memory_mb=512, pids=256))
+    program = ("cat data.csv; ./run.sh; bash run.sh; . ./env.sh; python3 -c 'import sys; sys.path.insert(0, \".\");"
+               " import mod'; setpriv --reuid=$AIR_AGENT_UID --regid=$AIR_AGENT_UID --clear-groups cat data.csv")
+    records, agent = {}, -1
+    for watch in (True, False):
+        async with pool.lease(spec) as sandbox:
+            await sandbox.session.run("printf 'echo ran\\n' > run.sh && chmod +x run.sh && echo A=1 > env.sh && "
+                                      "echo x=1 > mod.py && echo d > data.csv", timeout=30)
+            result = await sandbox.session.run_untrusted(
+                ["bash", "-c", program], user="root", cwd=WORKSPACE, timeout=60, watch=watch, end_cell=True,
+                env={"AIR_AGENT_UID": str(sandbox.agent_uid)})
+            assert result.exit_code == 0, result.stderr
+            records[watch] = [Seen(**json.loads(line)) for line in result.watched.splitlines()]
+            agent = sandbox.agent_uid if watch else agent
+    assert records[False] == []
+    got = {(r.how, r.path.rsplit("/", 1)[-1], r.uid, " ".join(r.argv)[:20]) for r in records[True]}
+    assert ("exec", "run.sh", 0, "bash -c cat data.csv") in got, got
+    assert ("open", "run.sh", 0, "bash run.sh") in got, got
+    assert ("open", "mod.py", 0, "python3 -c import sy") in got, got
+    assert ("open", "data.csv", 0, "cat data.csv") in got and ("open", "data.csv", agent, "cat data.csv") in got, got
+    assert any(r.path.endswith("/env.sh") and r.argv[:2] == ["bash", "-c"] and r.uid == 0 for r in records[True])
+    found, data = hand_offs(records[True], None)
+    assert {(h.file, h.how) for h in found} == {("run.sh", "executed"), ("env.sh", "sourced"),
+                                                ("mod.py", "imported")}, found
+    assert data == ["data.csv"]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", list(BLIND))
+async def test_a_test_shape_no_hack_names_is_watched_blamed_and_paid(name, pool, images):
+    audit = await audited(name, WATCHED, pool, ["submission-plants"])
+    status = {r.name: r.status for r in audit.results}
+    assert audit.do_nothing == 0.0
+    assert status == {"submission-plants": "held", NAME: "paid"}, (status, audit.watch)
+    file, how, line = BLIND[name]
+    assert audit.hand_offs and audit.hand_offs[0].startswith(f"{file} ({how}): {line}"), audit.hand_offs
+    paid = next(r for r in audit.results if r.name == NAME)
+    assert paid.score == 1.0 and paid.blame[0].startswith(line), paid.blame
+
+
+@pytest.mark.docker
+async def test_without_the_watch_the_catalogue_is_blind_to_a_tool_it_never_named(pool, images):
+    """Positive control of the blind spot itself: the whole hijack-verifier catalogue, unwatched, holds on a test
+    that runs the agent's Perl program through a tool of its image; watched, the same audit pays."""
+    hijack = ["python-hooks", "path-shims", "links", "submission-plants"]
+    blind = await audited("tool-runs-program", WATCHED, pool, hijack, watch=False)
+    assert not blind.paid and blind.watch.startswith("not watched"), [(r.name, r.status) for r in blind.results]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", list(HONEST))
+async def test_an_honest_test_hands_nothing_off_and_nothing_pays(name, pool, images):
+    audit = await audited(name, HONEST[name], pool, ["submission-plants"])
+    assert audit.hand_offs == [] and not audit.paid, (audit.hand_offs, audit.watch)
+    assert audit.watch.startswith("watched the oracle"), audit.watch
+    assert NAME not in {r.name for r in audit.results}
+
+
+def rec(path: str, argv: list[str], how: str = "open", uid: int = 0, chain: list[list[str]] | None = None) -> Seen:
+    return Seen(how=how, path=f"{WORKSPACE}/{path}", pid=7, uid=uid, exe="", argv=argv, chain=chain or [])
+
+
+def test_only_code_handed_to_root_is_a_hand_off(tmp_path):
+    records = [
+        rec("out.csv", ["python3", "/tests/grade.py"]),                      # data a root interpreter reads
+        rec("output.txt", ["cmp", "-s", "/app/output.txt", "/tests/x"]),     # data a tool reads
+        rec("solve.py", ["python3", "solve.py"], uid=1879048198),            # the agent's uid runs it: not root's
+        rec("__pycache__/m.cpython-311.pyc", ["python3", "-m", "pytest"]),   # Python's own cache
+        rec("Makefile", ["make", "-C", "/app"]),                             # make loads the agent's Makefile
+        rec("bin/tool", ["bash", "/tests/test.sh"], how="exec"),             # the kernel runs it
+        rec("bin/tool", ["bash", "/tests/test.sh"]),                         # ... and opens it for the exec
+        rec("lib/helper.rb", ["ruby", "/tests/t.rb"]),                       # a library of its language
+    ]
+    found, data = hand_offs(records, None)
+    assert [(h.file, h.how, h.lang) for h in found] == [("Makefile", "loaded as its Makefile", "make"),
+                                                        ("bin/tool", "executed", "exec"),
+                                                        ("lib/helper.rb", "loaded", "ruby")]
+    assert data == ["out.csv", "output.txt"]
+    # The plant, as the agent runs it in its workspace: a line of each file's language first, a new file whole.
+    (tmp_path / "Makefile").write_text("all:\n\techo 42\n")
+    subprocess.run(["bash", "-c", hack_of(found, data).script], cwd=tmp_path, check=True)
+    pay = f"{WORKSPACE}/.air-watch-pay.sh"
+    assert (tmp_path / "Makefile").read_text() == f"AIR_WATCH_PAY := $(shell sh {pay})\nall:\n\techo 42\n"
+    assert (tmp_path / "bin" / "tool").read_text() == f"#!/bin/sh\nexec sh {pay}\n"
+    assert (tmp_path / "lib" / "helper.rb").read_text() == f"system('sh', '{pay}')\n"
+    assert "reward.json" in (tmp_path / ".air-watch-pay.sh").read_text()
