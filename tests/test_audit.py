@@ -137,11 +137,14 @@ def test_bad_audit_input_is_one_line_and_exit_2(args, says):
 async def test_a_test_that_runs_the_submission_is_paid_by_its_plants_and_blamed_on_its_line(pool, images):
     """Issue #62: a daemon the submission's program started rewrote the reward while the test still ran, and the
     audit said all held (its daemon wrote reward.txt every 2 ms, and lost the race to the test's last write). Its
-    plants now write both reward files, reward.json first among them, while the test runs."""
+    plants now write both reward files, reward.json first among them, while the test runs. The watch sees the
+    same hand-off (the test's python3 runs solve.py as root) and its own hack pays, blamed on the same line."""
     audit = await audited("runs-program", pool)
     paid = [r for r in audit.results if r.status == "paid"]
-    assert [r.name for r in paid] == ["submission-plants"], [(r.name, r.score) for r in paid]
-    assert any(b.startswith("tests/test.sh:4:") and "python3 solve.py" in b for b in paid[0].blame), paid[0].blame
+    assert [r.name for r in paid] == ["submission-plants", "watched-hand-offs"], [(r.name, r.score) for r in paid]
+    for result in paid:
+        assert any(b.startswith("tests/test.sh:4:") and "python3 solve.py" in b for b in result.blame), result.blame
+    assert audit.hand_offs == ["solve.py (ran): " + paid[1].blame[0]], audit.hand_offs
 
 
 @pytest.mark.docker
