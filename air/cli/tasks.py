@@ -415,7 +415,9 @@ def tasks_audit(
     pays when its score beats an honest do-nothing rollout of the task (or its recorded baseline), or when what it
     left is found by the next rollout or evaluation. The table shows paid / held / n/a per family; each hack that
     paid is shown with its command and the task's lines that let it. A task that pays for nothing done, or for
-    trivial outputs, is flagged weak.
+    trivial outputs, is flagged weak. On a Harbor task the test is also watched while it scores the oracle's
+    solution: the files of the agent's it executes, sources, imports or loads as root are its hand-offs, each with
+    the test's line, and a payload planted in exactly those files (watched-hand-offs) says whether they pay.
 
     Exit code 0 when no hack paid, 1 when any did (a CI job can gate a dataset on it). Example:
     air tasks audit --all; air tasks audit harbor:my-task --harbor-root ~/datasets/tb2 --html audit.html
