@@ -21,7 +21,7 @@ from air.audit.hacks import load_hacks
 from air.audit.runner import audit_task
 from air.audit.watch import NAME, Seen, hand_offs, hack_of
 from air.sandbox import WORKSPACE
-from air.tasks.harbor import image_workdir
+from air.tasks.harbor.loader import image_workdir
 from air.tasks.registry import load_task
 from air.tasks.task_images import build_task_image
 

@@ -157,7 +157,7 @@ async def _watch(spec: TaskSpec, pool: SandboxPool, seen: list[str], task_root: 
     task has one, its oracle's solution: a line saying what was watched, and the hand-offs and data files."""
     if spec.evaluation.contract != "harbor":
         return "not watched: its scoring runs the submission's code as the agent, never as root", None
-    from air.tasks.harbor_oracle import check_oracle, solution_dir
+    from air.tasks.harbor.oracle import check_oracle, solution_dir
 
     what = "the do-nothing rollout"
     if solution_dir(spec) is not None:
