@@ -152,7 +152,9 @@ def test_served_rollouts_have_exact_rewards(pool, scripted_server, tmp_path, ima
     of the two tasks: as under prime-rl, the orchestrator owns the taskset and the server runs what it is
     sent."""
     tasks = ["prisoners-dilemma", "tabular-classification"]
-    with env_server(tmp_path, docker_client, tasks[:1], *POOLS[pool]) as server:
+    # Neither story outlives a command, so a long limit costs nothing; at 30 s a loaded machine (load 24, session 63)
+    # cut tabular-classification's second training, and its rollout was rightly paid 0 (the baseline's score again).
+    with env_server(tmp_path, docker_client, tasks[:1], *POOLS[pool], command_timeout=300) as server:
         episodes = asyncio.run(drive(server, scripted_server, load_tasks(tasks), rollouts=2, concurrency=4))
         owners = {owner_pid(c) for c in run_containers(docker_client, server["run_id"])}
         workers = {p for p in children(server["proc"].pid) if alive(p)}
