@@ -327,27 +327,32 @@ LOOK = ("cd ~/workspace/s && stat -c '%n %a %h' w.txt ro.txt h.txt && stat -c %Y
         "stat -c %d w.txt ro.txt h.txt k.txt u.txt d/* | sort -u | wc -l")
 
 
-async def test_a_branch_cannot_change_the_shared_home_its_siblings_see(pool):
+@pytest.mark.parametrize("where", ["~/workspace/s", "/tmp/s"], ids=["home", "tmp"])
+async def test_a_branch_cannot_change_the_shared_home_its_siblings_see(pool, where):
     """The agent of one branch attacks the files of the shared tree every way the kernel lets it touch a file it
     owns (write, chmod, rename, hard link, open O_RDWR, times) and looks for the tree itself: each change lands in
     its own layer (it sees them: the positive control), and its siblings, the maker among them, see the tree as it
-    was, all of it still below their own layers (its files on one device: none copied up)."""
+    was, all of it still below their own layers (its files on one device: none copied up). In the home and in /tmp,
+    which the tree holds too (issue #63)."""
+    def at(text: str) -> str:
+        return text.replace("~/workspace/s", where)
+
     env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
     async with env.lease() as sandbox:
-        parent, messages, snap = await _snapshot_after(env, sandbox, [_bash(SHARED_PREFIX)])
+        parent, messages, snap = await _snapshot_after(env, sandbox, [_bash(at(SHARED_PREFIX))])
     async with fork(env, snap, 3) as (maker, attacker, sibling):
         assert [b.shared for b in (maker, attacker, sibling)] == [True, True, True]
         tree = ["w.txt 644 1", "ro.txt 444 1", "h.txt 644 1", "1700000000", "w", "k", "x", "1"]
-        assert (await attacker.sandbox.session.run(LOOK)).stdout.split("\n")[:8] == tree  # before the attack
-        ran = await attacker.sandbox.session.run(ATTACK)
+        assert (await attacker.sandbox.session.run(at(LOOK))).stdout.split("\n")[:8] == tree  # before the attack
+        ran = await attacker.sandbox.session.run(at(ATTACK))
         assert ran.stdout.split("\n")[:3] == ["unlistable", "0", "unmountable"], ran.stdout
         # Its changes, in its own layer. Not on which device each copied-up file says it is: overlayfs answers that
         # from its inode cache, and twice in loaded CI runs (ccab27a, session 60) the attacker's files named two
         # devices once the cache had let some go (3 copied-up files on one, 3 on the other).
-        seen = (await attacker.sandbox.session.run(LOOK)).stdout.split("\n")[:8]
+        seen = (await attacker.sandbox.session.run(at(LOOK))).stdout.split("\n")[:8]
         assert seen == ["w.txt 644 1", "ro.txt 777 1", "h.txt 644 2", "1800000000", "w", "attack", "K", "y"], seen
         for other in (maker, sibling):
-            assert (await other.sandbox.session.run(LOOK)).stdout.split("\n")[:8] == tree
+            assert (await other.sandbox.session.run(at(LOOK))).stdout.split("\n")[:8] == tree
 
 
 def _shmem(sandbox) -> int | None:
