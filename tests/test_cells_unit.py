@@ -168,3 +168,103 @@ def test_a_pidfds_inode_number_counts_the_hosts_processes_where_no_filter_refuse
             os._exit(0)
         os.waitpid(pid, 0)
     assert inode() - before >= 50
+
+
+SO_COOKIE, SO_NETNS_COOKIE = 57, 71
+
+
+def _host_table_probe(disk_file: str) -> dict:
+    """What a process learns of the host's tables through the calls issue #75 names: a socket's cookie, the network
+    namespace's cookie, the socket-diagnostics netlink, and a read past the page cache (O_DIRECT: open, openat,
+    fcntl, and openat2 whose flags the filter cannot see). Each value is the call's result (True: it answered) or
+    the errno's name."""
+    def attempt(name, call):
+        try:
+            call()
+            out[name] = True
+        except OSError as exc:
+            out[name] = errno.errorcode[exc.errno]
+
+    out: dict = {}
+    sock = socket.socket()
+    attempt("SO_COOKIE", lambda: sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8))
+    attempt("SO_NETNS_COOKIE", lambda: sock.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8))
+    sock.close()
+    attempt("sock_diag netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4).close())
+    attempt("route netlink", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close())
+    attempt("open(O_DIRECT)", lambda: os.close(os.open(disk_file, os.O_RDONLY | os.O_DIRECT)))
+    fd = os.open(disk_file, os.O_RDONLY)
+    attempt("fcntl(F_SETFL, O_DIRECT)", lambda: fcntl_setfl(fd, os.O_DIRECT))
+    attempt("fcntl(F_SETFL, O_NONBLOCK)", lambda: fcntl_setfl(fd, os.O_NONBLOCK))
+    os.close(fd)
+    attempt("open", lambda: os.close(os.open(disk_file, os.O_RDONLY)))
+
+    class OpenHow(ctypes.Structure):
+        _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+    how = OpenHow(os.O_RDONLY | os.O_DIRECT, 0, 0)
+
+    def openat2():
+        got = libc.syscall(NUMBERS["x86_64"]["openat2"], -100, disk_file.encode(), ctypes.byref(how),
+                           ctypes.sizeof(how))
+        if got < 0:
+            raise OSError(ctypes.get_errno(), "openat2")
+        os.close(got)
+
+    attempt("openat2(O_DIRECT)", openat2)
+    return out
+
+
+def fcntl_setfl(fd: int, flag: int) -> None:
+    import fcntl
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | flag)
+
+
+DISK_FILE = str(Path(__file__).resolve())
+"""A file of this checkout: on the host's disk (tmpfs refuses O_DIRECT on older kernels, which would prove nothing)."""
+
+
+@native
+def test_a_cell_reads_no_socket_cookie_and_nothing_past_the_page_cache():
+    """Issue #75: the filter refuses the calls that read host-wide tables (socket and namespace cookies, the diag
+    netlink that hands out cookies) and reads that skip the pinned page cache (O_DIRECT, by open, openat, fcntl or
+    openat2), and lets their ordinary neighbours through. The positive control is the same probe unfiltered, which
+    gets every answer (where this kernel has the call at all)."""
+    unfiltered = _host_table_probe(DISK_FILE)
+    filtered = _in_a_filtered_child(lambda: _host_table_probe(DISK_FILE))
+    assert filtered == {"SO_COOKIE": "ENOPROTOOPT", "SO_NETNS_COOKIE": "ENOPROTOOPT",
+                        "sock_diag netlink": "EPROTONOSUPPORT", "route netlink": True, "open(O_DIRECT)": "EINVAL",
+                        "fcntl(F_SETFL, O_DIRECT)": "EINVAL", "fcntl(F_SETFL, O_NONBLOCK)": True, "open": True,
+                        "openat2(O_DIRECT)": "ENOSYS"}
+    # The control: outside the filter the same calls answer (a kernel too old for one says so as the filter would).
+    assert unfiltered["SO_COOKIE"] is True and unfiltered["sock_diag netlink"] is True, unfiltered
+    assert unfiltered["open(O_DIRECT)"] is True and unfiltered["fcntl(F_SETFL, O_DIRECT)"] is True, unfiltered
+    assert unfiltered["SO_NETNS_COOKIE"] in (True, "ENOPROTOOPT"), unfiltered
+    assert unfiltered["openat2(O_DIRECT)"] in (True, "ENOSYS"), unfiltered
+
+
+@native
+def test_a_sockets_cookie_counts_the_hosts_sockets_where_no_filter_refuses_it():
+    """Positive control of the cookie row: outside the filter, a new socket's cookie moves with every socket whose
+    cookie was taken anywhere on the host (another process here, on the same CPU), the channel the filter closes.
+    Cookies come from per-CPU batches of one global counter, so both processes run on one CPU."""
+    import struct
+
+    def cookie() -> int:
+        with socket.socket() as s:
+            return struct.unpack("Q", s.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8))[0]
+
+    cpu = min(os.sched_getaffinity(0))
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        before = cookie()
+        writer = subprocess.run(["python3", "-c", "import os, socket\nos.sched_setaffinity(0, {%d})\n"
+                                 "for _ in range(1000):\n    s = socket.socket(); s.getsockopt(1, 57, 8); s.close()"
+                                 % cpu])
+        after = cookie()
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert writer.returncode == 0
+    # 1000 taken by the writer, plus whatever else on this CPU took one meanwhile; a new batch jumps further.
+    assert after - before > 1000, (before, after)

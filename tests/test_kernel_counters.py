@@ -58,3 +58,28 @@ async def test_huge_page_fault_counters_carry_nothing_between_sandboxes(pool, ba
         pytest.skip(f"the host's own counters do not carry the writer's faults here ({host_agree}/{BITS}): THP off?")
     # The cell's copy never moves: it decodes every bit as 0, which agrees with half of a balanced message.
     assert in_cell == [0] * BITS and agree == BITS // 2, (in_cell, message)
+
+
+DISKS = "cat /sys/block/*/stat 2>/dev/null | awk '{s += $1 + $3} END {print s + 0}'"
+"""Reads and sectors read, summed over every disk: what a read of the host's disk moves."""
+DIRECT = "dd if=/etc/hosts of=/dev/null iflag=direct bs=4096 count=1"
+"""An O_DIRECT read of a file on the host's disk (Docker binds /etc/hosts from it): skips the page cache."""
+
+
+async def test_a_read_past_the_page_cache_is_refused_and_disk_statistics_hold_still_in_cells(pool, base_spec):
+    """Issue #75: in a cell, an O_DIRECT read fails (EINVAL: the filter) and /sys/block's statistics are the warden's
+    copies, which never move; the harness of the same sandbox (root, outside any cell) is the positive control: its
+    O_DIRECT read works and its view of the disks' statistics moves with each read."""
+    async with pool.lease(base_spec) as box:
+        refused = await box.session.run(DIRECT, timeout=30, merge_stderr=True)
+        assert refused.exit_code != 0 and "Invalid argument" in refused.stdout, refused.stdout
+        cell_before = (await box.session.run(DISKS, timeout=30)).stdout.strip()
+        host_before = int((await box.session.harness(["sh", "-c", DISKS])).stdout.strip())
+        for _ in range(5):
+            done = await box.session.harness(["sh", "-c", DIRECT])
+            assert done.exit_code == 0, done.stdout + done.stderr
+        host_after = int((await box.session.harness(["sh", "-c", DISKS])).stdout.strip())
+        cell_after = (await box.session.run(DISKS, timeout=30)).stdout.strip()
+    if host_after <= host_before:
+        pytest.skip("the host's disk statistics did not move with direct reads here (no block device in /sys?)")
+    assert cell_before == cell_after == "0", (cell_before, cell_after)

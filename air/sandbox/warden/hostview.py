@@ -11,9 +11,12 @@ MemTotal, MemFree and MemAvailable say the sandbox's memory limit, which is what
 by. Directories of settings with counters among them (/proc/sys/fs, /sys/devices/system/node) are shown as copies,
 settings as they were and counters zeroed.
 
+The disks' statistics (/proc/diskstats, and /sys/block/*/stat and inflight with their partitions') are copies too: a
+cell has no disk to write and every page it can read is pinned, and the filter refuses O_DIRECT (seccomp.py), but
+a read that reaches the host's disk from any other sandbox would show there (issue #75).
+
 Left as they are, and measured in SECURITY.md: what says how busy the host's CPUs are (/proc/uptime's idle time,
-cpuidle, cpufreq and per-interrupt statistics), which a program learns anyway by timing its own loops; disk
-statistics, which no cell can move (it has no disk to write and every page it can read is pinned); sysinfo(2).
+cpuidle, cpufreq and per-interrupt statistics), which a program learns anyway by timing its own loops; sysinfo(2).
 
 The copies are made once, in a small read-only tmpfs of the warden's; a cell binds them over the real files (about
 20 binds) and then loses the tmpfs from its own mounts.
@@ -40,6 +43,9 @@ madvise(MADV_HUGEPAGE) and a write (issue #62: 244 of 256 bits between two sandb
 COUNTER = re.compile(r"/proc/pressure/|/bdi/|/ksm/|/khugepaged/|/quota/|/transparent_hugepage/[^/]+/stats/|"
                      r"/(aio-nr|dentry-state|file-nr|inode-nr|inode-state|meminfo|numastat|vmstat|"
                      r"(free|surplus|resv)_hugepages)$")
+BLOCK_FILES = ("stat", "inflight")
+"""Each disk's and partition's statistics in sysfs (a row of numbers, no label). Disks of size 0 (loop devices with
+nothing attached) do no I/O and are left out: every copy is a bind in every cell."""
 EMPTY = ("/proc/fs",)
 """Directories shown empty: per-filesystem statistics that no program of a task needs."""
 KEEP = {"/proc/sys/fs/file-nr": {2}, "/proc/sys/fs/dentry-state": {2}}
@@ -62,7 +68,8 @@ def zeroed(path: str, text: bytes, memory_kb: Optional[int] = None) -> bytes:
     """The counter file's text with every number after each line's first field at 0 (but its `KEEP` fields, the
     boot time of /proc/stat, and the memory lines, which say `memory_kb`)."""
     keep = KEEP.get(path, set())
-    values = path == "/proc/loadavg" or path.startswith("/proc/sys/")  # a row of values, or labelled rows
+    # A row of values, or labelled rows
+    values = path == "/proc/loadavg" or path.startswith("/proc/sys/") or path.rsplit("/", 1)[-1] in BLOCK_FILES
     lines = []
     for line in text.split(b"\n"):
         if line.startswith(b"btime ") or line.startswith(b"Hugepagesize:"):
@@ -113,6 +120,18 @@ def _copy(top: str, memory_kb: Optional[int]) -> Dict[str, Entry]:
     return out
 
 
+def block_statistics() -> List[str]:
+    """The real paths (what /sys/block/* links to) of every disk's and partition's statistics files."""
+    out = set()
+    for disk in glob.glob("/sys/block/*"):
+        real = os.path.realpath(disk)
+        if (_read(real + "/size") or b"0").strip() in (b"0", b""):
+            continue
+        for top in [real] + [os.path.dirname(p) for p in glob.glob(real + "/*/partition")]:
+            out.update(p for p in (top + "/" + name for name in BLOCK_FILES) if os.path.isfile(p))
+    return sorted(out)
+
+
 def snapshot(memory_limit: Optional[int]) -> HostView:
     """The view, made once from the files' current text (their format and which of them exist); memory_limit: the
     sandbox's memory limit in bytes (None: the host's)."""
@@ -126,6 +145,8 @@ def snapshot(memory_limit: Optional[int]) -> HostView:
         path = "/proc/" + name
         if os.path.isfile(path):  # an unreadable one (root's alone) is shown empty
             entries[path] = {"": zeroed(path, _read(path) or b"", memory_kb)}
+    for path in block_statistics():
+        entries[path] = {"": zeroed(path, _read(path) or b"")}
     for path in UNREAD:
         if os.path.isfile(path):
             entries[path] = {"": b""}

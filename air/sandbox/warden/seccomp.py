@@ -5,7 +5,9 @@ The allowlist is Docker's default profile for a container with no extra capabili
 profiles/seccomp/default.json, with the syscalls it added for kernels up to 6.7), minus io_uring and cachestat (which
 tells which pages of any readable file are cached: the page cache is the host's). Three calls keep Docker's argument
 checks: `clone` without any namespace flag, `socket` of any family but AF_VSOCK, and `personality` with the five
-values Docker allows; `preadv2` may not ask RWF_NOWAIT; `fadvise64` and `madvise` answer 0 and do nothing when asked to
+values Docker allows; `preadv2` may not ask RWF_NOWAIT; host-wide tables stay out of reach (issue #75: socket and
+namespace cookies, the socket-diagnostics netlink, O_DIRECT reads past the pinned page cache: COOKIE_SOCKOPTS,
+NETLINK_SOCK_DIAG, O_DIRECT); `fadvise64` and `madvise` answer 0 and do nothing when asked to
 evict or age pages (EVICTING_FADVICE, EVICTING_MADVICE). Everything else (namespaces: unshare, setns, clone with
 CLONE_NEW*; mounts, old and new API; bpf, perf_event_open, keyrings, io_uring, ptrace's cousins that need
 capabilities...) fails with
@@ -73,7 +75,24 @@ os/exec and glibc probe it and fall back to plain pids), clone with CLONE_PIDFD 
 that pass a peer's pidfd (SO_PEERPIDFD, SO_PASSPIDFD) with ENOPROTOOPT, as a kernel before 6.5 answers."""
 SOL_SOCKET, PIDFD_SOCKOPTS = 1, (76, 77)
 """SO_PASSPIDFD and SO_PEERPIDFD."""
+COOKIE_SOCKOPTS = (57, 71)
+"""SO_COOKIE and SO_NETNS_COOKIE: a socket's cookie comes from one kernel-wide counter handed out in per-CPU batches,
+and a network namespace's from another, so reading them counts the sockets (or namespaces) made anywhere on the host
+since the last read: a channel between cells (issue #75: 36 of 36 bits lease to lease). Refused (ENOPROTOOPT, as a
+kernel before 4.12 answers); nothing a task runs needs a cookie."""
+REFUSED_SOCKOPTS = PIDFD_SOCKOPTS + COOKIE_SOCKOPTS
 AF_VSOCK = 40
+AF_NETLINK, NETLINK_SOCK_DIAG = 16, 4
+"""The socket-diagnostics netlink (what `ss` reads) hands out every socket's cookie too. Refused
+(EPROTONOSUPPORT, as a kernel without the diag modules answers); /proc/net/tcp still lists a cell's sockets."""
+O_DIRECT = {"x86_64": 0o40000, "aarch64": 0o200000}
+"""open's flag that reads past the page cache: a cell's every readable page is pinned in the cache (pages.py), so an
+ordinary read never reaches a disk, but an O_DIRECT read of a file on the host's disk (/etc/hosts, a lower layer)
+does, and moves the disk's statistics that every sandbox of the host could read (issue #75). open, openat and
+fcntl(F_SETFL) with it fail with EINVAL, as a file system without direct I/O answers (programs fall back to buffered
+reads); openat2, whose flags sit behind a pointer the filter cannot read, fails with ENOSYS, as before Linux 5.6, and
+the C library's open() never uses it."""
+F_SETFL = 4
 RWF_NOWAIT = 0x8
 """preadv2's flag that fails a read rather than wait for the disk: an exact oracle of which pages of a file are
 cached, and the page cache is shared by every cell and container of the host. Refused (EOPNOTSUPP, as a file
@@ -135,7 +154,10 @@ def compile_filter(arch: str) -> bytes:
     special = {numbers["clone"]: "clone", numbers["socket"]: "socket", numbers["personality"]: "personality",
                numbers["preadv2"]: "preadv2", numbers["clone3"]: "enosys", numbers["fadvise64"]: "fadvise",
                numbers["madvise"]: "madvise", numbers["pidfd_open"]: "enosys", numbers["getsockopt"]: "sockopt",
-               numbers["setsockopt"]: "sockopt"}
+               numbers["setsockopt"]: "sockopt", numbers["fcntl"]: "fcntl", numbers["openat"]: "openat",
+               numbers["openat2"]: "enosys"}
+    if "open" in numbers:  # aarch64 has only openat
+        special[numbers["open"]] = "open"
     allowed = {numbers[name] for name in ALLOWED if name in numbers}
     newest = max(numbers.values())
     # Decisions by number, as runs of equal decisions: [(first number, decision)], sorted.
@@ -187,14 +209,34 @@ def compile_filter(arch: str) -> bytes:
     p.op(_JEQ, SOL_SOCKET, jt=1)
     p.ret(_ALLOW)
     p.op(_LD_W_ABS, _ARG0_LO + 16)
-    for value in PIDFD_SOCKOPTS:
+    for value in REFUSED_SOCKOPTS:
         p.op(_JEQ, value, jf=1)
         p.ret(_ERRNO | errno.ENOPROTOOPT)
     p.ret(_ALLOW)
-    p.label("decide_socket")
+    p.label("decide_socket")  # socket(family, type, protocol)
     p.op(_LD_W_ABS, _ARG0_LO)
     p.op(_JEQ, AF_VSOCK, jf=1)
     p.ret(_ERRNO | errno.EPERM)
+    p.op(_JEQ, AF_NETLINK, jt=1)
+    p.ret(_ALLOW)
+    p.op(_LD_W_ABS, _ARG0_LO + 16)
+    p.op(_JEQ, NETLINK_SOCK_DIAG, jf=1)
+    p.ret(_ERRNO | errno.EPROTONOSUPPORT)
+    p.ret(_ALLOW)
+    direct = O_DIRECT[arch]
+    for call, arg in (("open", 1), ("openat", 2)):  # open(path, flags, mode); openat(dirfd, path, flags, mode)
+        p.label("decide_" + call)
+        p.op(_LD_W_ABS, _ARG0_LO + 8 * arg)
+        p.op(_JSET, direct, jf=1)
+        p.ret(_ERRNO | errno.EINVAL)
+        p.ret(_ALLOW)
+    p.label("decide_fcntl")  # fcntl(fd, cmd, arg): F_SETFL may add O_DIRECT to an open file
+    p.op(_LD_W_ABS, _ARG0_LO + 8)
+    p.op(_JEQ, F_SETFL, jt=1)
+    p.ret(_ALLOW)
+    p.op(_LD_W_ABS, _ARG0_LO + 16)
+    p.op(_JSET, direct, jf=1)
+    p.ret(_ERRNO | errno.EINVAL)
     p.ret(_ALLOW)
     p.label("decide_preadv2")  # preadv2(fd, iov, iovcnt, pos_l, pos_h, flags)
     p.op(_LD_W_ABS, _ARG0_LO + 8 * 5)
