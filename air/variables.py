@@ -125,6 +125,12 @@ def _profile(text: str) -> str:
     return text
 
 
+def _runtime(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}", text):
+        raise _Bad("is not a Docker runtime's name")
+    return text
+
+
 def _text(text: str) -> str:
     return text
 
@@ -169,6 +175,9 @@ def _table() -> dict[str, Variable]:
                  "the first agent uid (each sandbox's agent: this plus its slot); under rootless Docker, e.g. 20000"),
         Variable("AIR_APPARMOR", _profile, None, "an AppArmor profile name",
                  "the sandboxes' AppArmor profile (unset: the daemon's default; `unconfined` gives cells)"),
+        Variable("AIR_DOCKER_RUNTIME", _runtime, None, "a runtime the Docker daemon knows (e.g. `runsc`)",
+                 "the Docker backend's OCI runtime for every sandbox (`runsc`: gVisor; docs/gvisor.md)",
+                 default_text="the daemon's default (runc)"),
         Variable("AIR_GPU_ACCESS", _choice("auto", "runtime", "cdi", "devices"), "auto",
                  "`auto`, `runtime`, `cdi` or `devices`",
                  "how GPUs reach a sandbox: the NVIDIA runtime, CDI, or device nodes (auto: the first the host has; "

@@ -67,6 +67,11 @@ if [ -n "$extra" ]; then
   done
 fi
 
+if [ -n "$extra" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  # gVisor as a runtime of the daemon: the tests run sandboxes under it too (tests/test_gvisor.py, docs/gvisor.md).
+  scripts/gvisor-docker.sh
+fi
+
 say "installing air (pip install -e '.${extra}'; log: $AIR_SETUP_LOG)"
 # PIP_ROOT_USER_ACTION: as root on a throwaway machine, pip's advice to use a venv is noise.
 logged "pip install" env PIP_ROOT_USER_ACTION=ignore \

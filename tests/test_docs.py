@@ -55,6 +55,9 @@ RULES: list[tuple[str, str, str]] = [
     (r"^(python examples/trl_grpo_cpu\.py .*--out runs/seeds|done; done$)", NOT_RUN, "the loop above"),
     (r"^python examples/trl_grpo_cpu\.py", HELP, "trains for minutes with Docker (tests/test_trl_grpo.py runs it)"),
     (r"^python examples/fork_grpo\.py", HELP, "forks rollouts with Docker (tests/test_fork.py runs it)"),
+    (r"^scripts/gvisor-docker\.sh$", NOT_RUN, "installs runsc and gives it to dockerd, as root; "
+                                              "the test set-up runs it"),
+    (r"^AIR_DOCKER_RUNTIME=runsc air run ", NOT_RUN, "sandboxes under gVisor: tests/test_gvisor.py runs them"),
     (r"^PYTHONPATH=\$AIR harbor run ", NOT_RUN, "Harbor's runner in a Python 3.12 environment of its own; "
                                                "tests/test_harbor_environment.py runs exactly this for real"),
 ]

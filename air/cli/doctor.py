@@ -78,6 +78,7 @@ def _docker_checks() -> list[Check]:
               "restart dockerd", required=False),
         Check("storage driver", True, str(info.get("Driver")), required=False),
         Check("runtimes", True, ", ".join(runtimes) or "none", required=False),
+        _runtime_check(runtimes),
     ]
     checks += _gpu_checks(client, info)
     for name, recipe in sorted(load_recipes().items()):
@@ -93,6 +94,22 @@ def _docker_checks() -> list[Check]:
             checks.append(Check(f"image {name}", False, "not built" + what, build_command(recipe),
                                 required=required))
     return checks + _isolation_checks(info) + _sandbox_fusion_checks(client)
+
+
+def _runtime_check(runtimes: list[str]) -> Check:
+    """The runtime sandboxes run under (AIR_DOCKER_RUNTIME), and whether the daemon has it."""
+    from air import variables
+
+    runtime = variables.value("AIR_DOCKER_RUNTIME")
+    if runtime is None:
+        return Check("sandbox runtime", True, "the daemon's default (runc: the host's kernel; AIR_DOCKER_RUNTIME=runsc "
+                     "gives each sandbox gVisor's, docs/gvisor.md)", required=False)
+    if runtime not in runtimes:
+        return Check("sandbox runtime", False, f"AIR_DOCKER_RUNTIME={runtime}, which the daemon does not have",
+                     "scripts/gvisor-docker.sh adds runsc" if runtime == "runsc" else
+                     f"add {runtime} to /etc/docker/daemon.json's runtimes")
+    return Check("sandbox runtime", True, f"{runtime} (AIR_DOCKER_RUNTIME): a kernel of each sandbox's own, no cells "
+                 "(each sandbox used once), no page-cache pins (docs/gvisor.md)", required=False)
 
 
 def _gpu_checks(client, info: dict) -> list[Check]:

@@ -37,7 +37,7 @@ from air.sandbox.labels import KEPT_PREFIX, KEY, OWNER, make_labels
 from air.sandbox import hostdir
 from air.sandbox.gpus import GpuAccess, sandbox_env
 from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, SHM_MB, WARDEN_DIR, WORKSPACE
-from air.sandbox.spec import SandboxSpec
+from air.sandbox.spec import SandboxSpec, own_kernel
 from air.sandbox.warden.locks import hold
 from air.sandbox.warden.protocol import HOST_LOCK
 from air.sandbox.warden.rootcopy import ROOT_COPY
@@ -98,7 +98,7 @@ class Sandbox:
                      gpu_ids: tuple[str, ...] = (), start_timeout: float = 60, labels: dict[str, str] | None = None,
                      gpu_access: GpuAccess | None = None, agent_uid: int = AGENT_UID, cells: bool = True,
                      apparmor: str | None = None, pin_pages: bool = True, channel: bool = False,
-                     root_copy: str | None = None) -> Sandbox:
+                     root_copy: str | None = None, runtime: str | None = None) -> Sandbox:
         """Create and start it; with `channel` (a daemon on this machine), its warden is its main process, listening
         on a socket in a host directory of its own (see `channel`); with `root_copy`, the volume of its image's
         tmpfs copy, its cells' root (warden/rootcopy.py); with `gpu_access`, its GPUs passed that way (gpus.py;
@@ -112,10 +112,14 @@ class Sandbox:
             kwargs["mounts"].append(docker.types.Mount(target=ROOT_COPY, source=root_copy, type="volume",
                                                        read_only=True))
         kwargs["labels"].update(labels or {})
+        if runtime:  # runsc, unlike runc, does not make a missing working directory (the home is a new tmpfs)
+            kwargs.update(runtime=runtime, working_dir="/")
         directory, secret, held = None, b"", None
         if channel:
             directory, secret, held = _channel_dir(kwargs["name"])
             kwargs["command"] = ["python3", "-I", "-S", f"{WARDEN_DIR}/warden.py", "--listen", WARDEN_DIR]
+            if own_kernel(runtime):  # its file locks are its kernel's: the host's lock is not seen there
+                kwargs["command"].append("--host-lock-unseen")
             kwargs["mounts"].append(docker.types.Mount(target=WARDEN_DIR, source=str(directory), type="bind"))
             if not spec.network:
                 without_network(kwargs, hosts_file())
@@ -128,6 +132,9 @@ class Sandbox:
                     shutil.rmtree(directory, ignore_errors=True)
             if isinstance(exc, InfraError) and isinstance(exc.__cause__, docker.errors.ImageNotFound):
                 raise ImageError.not_built(spec.image) from exc
+            if runtime and isinstance(exc, InfraError) and "runtime name" in str(exc.__cause__):
+                raise SandboxUnavailable(f"the Docker daemon has no runtime {runtime!r} (AIR_DOCKER_RUNTIME, "
+                                         "PoolConfig.runtime): scripts/gvisor-docker.sh adds gVisor's runsc") from exc
             raise
         way = gpu_access.way if gpu_ids and gpu_access is not None else None
         return cls(docker_, spec, container.id, kwargs["name"], gpu_ids, gpu_way=way,

@@ -496,7 +496,8 @@ class SandboxPool:
                                 host.docker, spec, run=self.run_id, gpu_ids=gpu_ids, labels=labels,
                                 gpu_access=await self._gpu_access(host) if gpu_ids else None,
                                 agent_uid=self._agent_uid(grant), cells=cells, apparmor=self.config.apparmor,
-                                pin_pages=pinned, channel=host.local, root_copy=labels[PIN] if copy else None)
+                                pin_pages=pinned and not self.config.own_kernel, channel=host.local,
+                                root_copy=labels[PIN] if copy else None, runtime=self.config.runtime)
                         except DockerUnavailable as exc:  # the daemon went away (or stalled) since the claim: it
                             self._mark_down(host, exc)  # is waited for, within daemon_patience (_claim)
                             await self._give_back(host, grant)

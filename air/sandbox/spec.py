@@ -78,6 +78,13 @@ class DockerHost(BaseModel):
     """Containers at most on that host, across every air process; None = the pool's `host_budget`."""
 
 
+def own_kernel(runtime: str | None) -> bool:
+    """Whether a Docker runtime gives its containers a kernel of their own (any but runc: gVisor's runsc, Kata): their
+    page cache and file locks are that kernel's, so the warden pins nothing of the host's and cannot see the host's
+    lock on its directory (docs/gvisor.md)."""
+    return runtime not in (None, "runc")
+
+
 class PoolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -126,6 +133,16 @@ class PoolConfig(BaseModel):
     forbids mounts, so a host that applies it gets no cells (a container per lease instead, see `isolation`);
     "unconfined" gives them cells (the warden then holds CAP_SYS_ADMIN without AppArmor: SECURITY.md). AIR_APPARMOR
     sets the default."""
+    runtime: str | None = Field(default_factory=lambda: variables.value("AIR_DOCKER_RUNTIME"))
+    """The OCI runtime of every Docker sandbox, by the name the daemon knows it under (`docker info`'s Runtimes);
+    None: the daemon's default (runc). "runsc" (gVisor) gives each sandbox a kernel of its own, which owns the host
+    tables runc leaves shared (SECURITY.md); its sandboxes have no cells, so each is used once (docs/gvisor.md).
+    AIR_DOCKER_RUNTIME sets the default."""
+    @property
+    def own_kernel(self) -> bool:
+        """Whether sandboxes run under a kernel of their own (`own_kernel`)."""
+        return own_kernel(self.runtime)
+
     gpu_ids: list[str] | None = None
     """GPU ids of the local Docker host this pool may hand out; None = detect with nvidia-smi; [] = none."""
     hosts: list[DockerHost] = []

@@ -1034,7 +1034,7 @@ def _runs_exec_only(path: str, uid: int) -> bool:
     return os.waitpid(pid, 0)[1] == 0
 
 
-def wait_for_host(directory: str) -> None:
+def wait_for_host(directory: str, host_lock_seen: bool = True) -> None:
     """As its container's main process: take the one connection of the host that made the container, which proves
     itself with the secret it left in `directory` (read and removed here, before anything else in the container
     runs), then speak on it as on stdin/stdout. Nothing but root in the container, where only the harness runs, can
@@ -1057,8 +1057,10 @@ def wait_for_host(directory: str) -> None:
     finally:
         os.umask(mask)
     host_lock = os.path.join(directory, p.HOST_LOCK)
-    # A lock file that cannot be opened here (a daemon whose root is not the host's) tells nothing: the timeout then.
-    conn = _take_host(listener, secret, ACCEPT_TIMEOUT, host_alive=lambda: locks.lock_held(host_lock, unknown=True))
+    # A lock file that cannot be opened here (a daemon whose root is not the host's) tells nothing, nor one under a
+    # kernel of the sandbox's own (gVisor: its locks are its own, the host's always looks free): the timeout then.
+    alive = (lambda: locks.lock_held(host_lock, unknown=True)) if host_lock_seen else None
+    conn = _take_host(listener, secret, ACCEPT_TIMEOUT, host_alive=alive)
     os.unlink(path)
     _speak_on(conn)
 
@@ -1155,8 +1157,8 @@ def main() -> None:
     procs.LIBC.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: not even root without CAP_SYS_PTRACE may look inside
     if sys.argv[1:2] == ["--listen"] and sys.argv[2].startswith("tcp:"):  # --listen tcp:PORT SECRET_FILE TIMEOUT
         wait_on_port(int(sys.argv[2][4:]), sys.argv[3], float(sys.argv[4]))
-    elif sys.argv[1:2] == ["--listen"]:
-        wait_for_host(sys.argv[2])
+    elif sys.argv[1:2] == ["--listen"]:  # --listen DIR [--host-lock-unseen]
+        wait_for_host(sys.argv[2], host_lock_seen="--host-lock-unseen" not in sys.argv[3:])
     # Where it is stuck, for a person at 2 a.m.: `kill -USR2` (root) writes its stack to its log (warden.log).
     faulthandler.register(signal.SIGUSR2, all_threads=True)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)

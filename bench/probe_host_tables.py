@@ -1,0 +1,137 @@
+"""What one Docker sandbox's agent can still tell another through the host kernel's shared tables (issue #75), under
+runc (cells) and under gVisor (runsc), each with the host as its positive control:
+
+    python bench/probe_host_tables.py [--bits 16] [--runtime runc runsc] [--json out.json]
+
+For each table a writer's agent moves it for a 1 and a reader's agent reads it before and after; the reader's steps
+are decoded by rank (the largest half are 1s), so agreement with a balanced message is exact at BITS and about BITS/2
+by chance. "at once": writer and reader leased at the same time; "lease to lease": the writer's lease ends before the
+reader's begins (under runc the same warm sandbox, a new cell; under runsc a new sandbox). The host reader reads the
+same table from this process (outside any sandbox): whether the writer's acts reach the host's kernel at all. A reader
+that cannot read the table says why (refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import subprocess
+
+from air.sandbox import PoolConfig, Resources, SandboxPool, SandboxSpec
+
+SPEC = SandboxSpec(image="air/base:latest", task="probe-tables", resources=Resources(cpus=1, memory_mb=512, pids=256))
+PORT = 40123
+_LISTEN = ("import socket; srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+           f"srv.bind(('127.0.0.1', {PORT})); srv.listen(64)")
+TABLES = {
+    "tcp port table": (
+        f"python3 -c \"{_LISTEN}\nc = socket.socket(); c.connect(('127.0.0.1', {PORT})); print(c.getsockname()[1])\"",
+        f"python3 -c \"{_LISTEN}\nfor _ in range(40):\n    c = socket.socket(); c.connect(('127.0.0.1', {PORT}));"
+        " srv.accept()[0].close(); c.close()\""),
+    "socket cookie": (
+        "python3 -c \"import socket, struct\ntry:\n    print(struct.unpack('Q', socket.socket().getsockopt(1, 57, 8))[0])"
+        "\nexcept OSError as e:\n    print('refused', e.strerror)\"",
+        "python3 -c \"import socket\nfor _ in range(5000):\n    s = socket.socket()\n    try:\n"
+        "        s.getsockopt(1, 57, 8)\n    except OSError:\n        pass\n    s.close()\""),
+    "memfd inode": (
+        "python3 -c \"import os; print(os.fstat(os.memfd_create('r')).st_ino)\"",
+        "python3 -c \"import os\nfor _ in range(3000):\n    os.close(os.memfd_create('w'))\""),
+    "disk statistics": (
+        "cat /sys/block/*/stat 2>/dev/null | awk '{s += $1 + $3} END {print s + 0}'",
+        "for i in 1 2 3 4 5; do dd if=/etc/hosts of=/dev/null iflag=direct bs=4096 count=1 2>/dev/null; done; true"),
+    "inotify rename cookie": (
+        "python3 -c \"import ctypes, os, struct, tempfile\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "d = tempfile.mkdtemp(); fd = libc.inotify_init1(0); libc.inotify_add_watch(fd, d.encode(), 0xc0)\n"
+        "open(d + '/a', 'w').close(); os.rename(d + '/a', d + '/b')\n"
+        "print(struct.unpack_from('iIII', os.read(fd, 4096))[2])\"",
+        "python3 -c \"import os, tempfile\nd = tempfile.mkdtemp()\nopen(d + '/a', 'w').close()\n"
+        "for _ in range(200):\n    os.rename(d + '/a', d + '/b'); os.rename(d + '/b', d + '/a')\""),
+}
+
+
+def number(text: str) -> int | None:
+    try:
+        return int(text.strip().split()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+def decode(steps: list[int], message: list[int]) -> int:
+    ones = set(sorted(range(len(steps)), key=steps.__getitem__, reverse=True)[:len(steps) // 2])
+    return sum((i in ones) == bool(bit) for i, bit in enumerate(message))
+
+
+def host_read(read: str) -> int | None:
+    return number(subprocess.run(["sh", "-c", read], capture_output=True, text=True, timeout=60).stdout)
+
+
+async def probe(pool: SandboxPool, read: str, write: str, message: list[int], at_once: bool) -> dict:
+    agent, host = [], []
+    refused = None
+
+    async def agent_read(box) -> int | None:
+        nonlocal refused
+        out = (await box.session.run(read, timeout=60, merge_stderr=True)).stdout
+        if out.startswith("refused"):
+            refused = out.strip()
+        return number(out)
+
+    if at_once:
+        async with pool.lease(SPEC) as writer, pool.lease(SPEC) as reader:
+            for bit in message:
+                a, h = await agent_read(reader), host_read(read)
+                if bit:
+                    await writer.session.run(write, timeout=120)
+                b, k = await agent_read(reader), host_read(read)
+                agent.append((b - a) % (1 << 64) if a is not None and b is not None else 0)
+                host.append((k - h) % (1 << 64) if h is not None and k is not None else 0)
+    else:
+        async with pool.lease(SPEC) as box:
+            last = await agent_read(box)
+        for bit in message:
+            h = host_read(read)
+            if bit:
+                async with pool.lease(SPEC) as writer:
+                    await writer.session.run(write, timeout=120)
+            async with pool.lease(SPEC) as reader:
+                now = await agent_read(reader)
+            k = host_read(read)
+            agent.append((now - last) % (1 << 64) if now is not None and last is not None else 0)
+            host.append((k - h) % (1 << 64) if h is not None and k is not None else 0)
+            last = now
+    if refused:
+        return {"agent": refused, "host": decode(host, message)}
+    return {"agent": decode(agent, message), "host": decode(host, message)}
+
+
+async def main(bits: int, runtimes: list[str]) -> dict:
+    message = [1] * (bits // 2) + [0] * (bits // 2)
+    random.Random(75).shuffle(message)
+    out: dict = {"bits": bits}
+    for runtime in runtimes:
+        pool = SandboxPool(PoolConfig(run_id=f"probe-tables-{runtime}", warm=1, gpu_ids=[],
+                                      runtime=None if runtime == "runc" else runtime))
+        await pool.start()
+        try:
+            for table, (read, write) in TABLES.items():
+                for at_once in (True, False):
+                    key = f"{runtime} {'at once' if at_once else 'lease to lease'} {table}"
+                    out[key] = await probe(pool, read, write, message, at_once)
+                    print(key, out[key], flush=True)
+        finally:
+            await pool.close()
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bits", type=int, default=16)
+    parser.add_argument("--runtime", nargs="+", default=["runc", "runsc"])
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    result = asyncio.run(main(args.bits, args.runtime))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
