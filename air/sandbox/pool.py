@@ -399,7 +399,8 @@ class SandboxPool:
         lent = tuple(getattr(gpus_of, "gpu_ids", ()) or ()) if spec.resources.gpus else ()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.lease_timeout
-        if lent:  # a new sandbox with the lender's GPUs (see lease): only its slot is claimed
+        if lent or spec.join:  # a new sandbox with the lender's GPUs (see lease), or on another's network: only
+            # its slot is claimed, and it is removed on release
             await self._take_idle_or_reserve(spec, deadline, reuse_idle=False)
             sandbox = await self._create(spec, lent_gpus=lent)
             self._borrowers.add(sandbox)
@@ -411,7 +412,8 @@ class SandboxPool:
             sandbox = await self._take_idle_or_reserve(spec, deadline)
             if sandbox is None:  # a slot is reserved for us: create
                 sandbox = await self._create(spec)
-            elif not await self._healthy(sandbox):
+                await self._services_ready(sandbox, new=True)
+            elif not await self._healthy(sandbox) or not await self._services_ready(sandbox):
                 self.stats.health_failures += 1
                 await self._remove(sandbox)
                 continue
@@ -464,6 +466,23 @@ class SandboxPool:
         except InfraError:
             return False
 
+    async def _services_ready(self, sandbox: Sandbox, new: bool = False) -> bool:
+        """Wait for the sandbox's services (made, or made new at its last release) to be ready: True when they are
+        (or it has none). A new sandbox whose services never get ready fails the lease (the task's services or the
+        host are at fault, and another sandbox would fare no better); an idle one is replaced."""
+        if sandbox.services is None:
+            return True
+        try:
+            await sandbox.services.ready()
+            return True
+        except SandboxUnavailable as exc:
+            sandbox.mark_broken(str(exc))
+            if new:
+                self.release(sandbox)
+                raise
+            log.warning("%s; replacing the sandbox", exc)
+            return False
+
     async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> Sandbox:
         """Create a sandbox in a slot already reserved by the caller: claim a slot of a host's budget and its GPUs
         (waiting, bounded, while every host is full), then create it there. A sandbox whose first cell cannot be
@@ -496,7 +515,8 @@ class SandboxPool:
                                 host.docker, spec, run=self.run_id, gpu_ids=gpu_ids, labels=labels,
                                 gpu_access=await self._gpu_access(host) if gpu_ids else None,
                                 agent_uid=self._agent_uid(grant), cells=cells, apparmor=self.config.apparmor,
-                                pin_pages=pinned, channel=host.local, root_copy=labels[PIN] if copy else None)
+                                pin_pages=pinned, channel=host.local, root_copy=labels[PIN] if copy else None,
+                                services_timeout=self.config.services_timeout)
                         except DockerUnavailable as exc:  # the daemon went away (or stalled) since the claim: it
                             self._mark_down(host, exc)  # is waited for, within daemon_patience (_claim)
                             await self._give_back(host, grant)
@@ -710,6 +730,8 @@ class SandboxPool:
                 self.stats.resets += 1
             except (InfraError, asyncio.TimeoutError) as exc:
                 reason = f"reset failed: {exc}"
+        if reason is None and sandbox.services is not None and self.config.renew_services:
+            sandbox.services.renew()  # in the background: the next lease waits for it only if it is not done
         if reason is not None:
             log.info("recycling sandbox %s: %s", sandbox.short_id, reason)
             self.stats.recycled += 1

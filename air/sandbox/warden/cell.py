@@ -17,7 +17,9 @@ A cell is a process, its *init*, in new pid, network, IPC, UTS and mount namespa
 - the host's kernel-wide counters in /proc and /sys (CPU time, forks, free memory, dentries, interrupts, disk I/O,
   pressure) read 0, in their own format (hostview.py): code cannot move them for another sandbox to read;
 - /etc/passwd and /etc/group name the sandbox's own agent uid;
-- the network is loopback only, up.
+- the network is loopback only, up; but in a sandbox with services (a Harbor compose task), the cell keeps the
+  container's network namespace, whose one other interface is the sandbox's private network of its services
+  (air/sandbox/services.py, docs/harbor.md: what that shares between cells, and why).
 Every agent process (the shell, programs, file copies as the agent) is a child of the warden that joined the cell's
 namespaces before it dropped to the agent's uid (or, for a program, a child a thread of the warden started with vfork
 once the thread itself had joined and dropped: threadspawn.py): no capability (an empty bounding set), no_new_privs
@@ -90,13 +92,17 @@ class Layout:
     starts from, read once (the container's mounts and cgroup limits do not change while it lives)."""
 
     def __init__(self, *, uid: int, home: str, pristine_home: str, scratch: str, home_mb: int, tmp_mb: int,
-                 shm_mb: int, passwd: str, group: str, writable: List[str], hidden: List[str] = ()):
+                 shm_mb: int, passwd: str, group: str, writable: List[str], hidden: List[str] = (),
+                 share_net: bool = False):
         """passwd, group: files to show as /etc/passwd and /etc/group; writable: inherited mounts that stay
         writable (air's own directory: root's, the scorer's outputs); hidden: inherited mounts a cell does not have
         at all (the warden's host directory)."""
         self.uid, self.home, self.pristine_home, self.scratch = uid, home, pristine_home, scratch
         self.home_mb, self.tmp_mb, self.shm_mb = home_mb, tmp_mb, shm_mb
         self.passwd, self.group, self.writable, self.hidden = passwd, group, writable, list(hidden)
+        self.share_net = share_net
+        """Cells keep the container's network namespace (a sandbox with services): its only interfaces are `lo` and
+        the private network of the sandbox's services, which a cell of its own (loopback only) could not reach."""
         self.inherited = _mountinfo()
         if any(point == rootcopy.ROOT_COPY for point, _, _, _ in self.inherited):
             self.hidden.append(rootcopy.ROOT_COPY)
@@ -164,7 +170,8 @@ TEMP_OWNER = 0
 def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> None:
     """Make the namespaces and the mounts: in the cell's init, once it is pid 1 of its new pid namespace (a fork of
     the warden), or in a thread of the warden (_build_in_thread), whose mount_proc starts the init first."""
-    _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | (0 if layout.share_net else CLONE_NEWNET)),
+           "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     if layout.root_copy:  # the image's tmpfs copy as the root, the container's mounts carried onto it
         rootcopy.enter(layout.root_copy, layout.carried, layout.hidden + layout.copied, mount, _check)
@@ -205,7 +212,8 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
         mount(text, "/etc/" + name, None, MS_BIND)
         mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
     _mount_home(layout, None)  # the last mount: a branch's replaces it in place (places_over), the table's order kept
-    _loopback_up()
+    if not layout.share_net:
+        _loopback_up()
 
 
 def _mount_home(layout: Layout, middle: Optional[Middle]) -> None:

@@ -129,6 +129,8 @@ class Hello(Request):
     """Mounts no cell has (the warden's host directory)."""
     out_mb: int = 64
     """The size of `air`/out, the one place under `air` a cell can write: a new tmpfs for every cell."""
+    share_net: bool = False
+    """Cells keep the container's network namespace: the sandbox has services on its private network (Layout)."""
 
 
 @dataclass(frozen=True)

@@ -390,7 +390,8 @@ class Warden:
             self.forgetter.open(mount, _detach, c.air + "/cell")
         self.layout = Layout(uid=c.uid, home=c.home, pristine_home=c.pristine_home, scratch=c.air + "/cell",
                              home_mb=c.home_mb, tmp_mb=c.tmp_mb, shm_mb=c.shm_mb, passwd=c.air + "/etc/passwd",
-                             group=c.air + "/etc/group", writable=[c.air + "/out"], hidden=c.hidden)
+                             group=c.air + "/etc/group", writable=[c.air + "/out"], hidden=c.hidden,
+                             share_net=c.share_net)
         self.renew_out()
         self.own_mounts = _own_mounts(self.layout.inherited, c)
         self.hold_own_files()
