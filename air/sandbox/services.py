@@ -214,15 +214,16 @@ class Services:
 
     async def lost(self) -> str | None:
         """Why a service is not there as the rollout left it, when the infrastructure took it (its container gone,
-        or killed for memory); None otherwise. A service that exited by itself may have been told to by the agent
-        (through its API): that is the rollout's own doing, never the infrastructure's failure."""
+        or dead in the daemon's hands); None otherwise. A service that exited, even killed for memory within its own
+        limit, may have been made to by the agent (a request that stops it, rows until it runs out): that is the
+        rollout's own doing, never the infrastructure's failure, which the agent must not be able to cause."""
         for name, cid in self.ids.items():
             try:
                 info = await self.docker.call(self.docker.api.inspect_container, cid, timeout=30, idempotent=True)
             except SandboxUnavailable:
                 return f"service {name} ({cid[:12]}) is gone"
-            if info["State"].get("OOMKilled"):
-                return f"service {name} ({cid[:12]}) was killed for memory"
+            if info["State"].get("Status") in ("dead", "removing"):
+                return f"service {name} ({cid[:12]}) is {info['State']['Status']}"
         return None
 
     async def remove(self) -> None:

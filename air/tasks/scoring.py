@@ -25,7 +25,7 @@ import posixpath
 import tarfile
 import time
 
-from air.errors import TaskError
+from air.errors import SandboxUnavailable, TaskError
 from air.images import image_ref
 from air.sandbox import (
     WORKSPACE,
@@ -226,6 +226,12 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec,
         # a rollout never holds twice its GPUs nor waits for a second set (N rollouts on N GPUs would deadlock).
         services = getattr(agent_sandbox, "services", None)
         join = services.network if services is not None else None
+        if services is not None and (lost := await services.lost()):
+            # The test reads the rollout's services: one the infrastructure took (its container removed) would
+            # score what the agent never did. One that exited may have been made to by the agent (its own doing:
+            # scored as it stands).
+            agent_sandbox.mark_broken(lost)
+            raise SandboxUnavailable(f"{lost}: the rollout cannot be scored")
         async with pool.lease(scoring_spec(spec, join=join), gpus_of=agent_sandbox) as scorer:
             outcome = await contract.score(scorer, spec, artefacts, baseline)
         if saw_hidden(spec):  # its cell ended and what it looked up forgotten before the agent can look (#47)
