@@ -262,3 +262,53 @@ def test_a_service_image_that_cannot_be_had_is_refused_in_one_line(tmp_path, ima
     said = [line for line in (proc.stdout + proc.stderr).splitlines() if "none-such" in line]
     assert said and "is not on the Docker daemon, and air pulls none" in said[0], proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_kubernetes_backend_refuses_a_task_with_services_in_one_line():
+    import asyncio
+
+    from air.sandbox import PoolConfig, SandboxPool
+    from air.sandbox.spec import SandboxSpec, ServiceSpec
+
+    pool = SandboxPool(PoolConfig(backend="kubernetes"))
+    with pytest.raises(TaskError, match="the kubernetes backend does not run a task's services yet") as caught:
+        asyncio.run(pool.acquire(SandboxSpec(image="x", task="rows", services=[ServiceSpec(name="db", image="y")])))
+    assert "\n" not in str(caught.value)
+
+
+HOLDER = """
+import asyncio, sys
+from air.sandbox import PoolConfig, SandboxPool
+from air.tasks.environment import sandbox_spec
+from air.tasks.harbor.loader import load_harbor_task
+
+async def main():
+    pool = SandboxPool(PoolConfig(run_id=sys.argv[1], gpu_ids=[], sweep_dead_runs=False))
+    await pool.start()
+    sandbox = await pool.acquire(sandbox_spec(load_harbor_task(sys.argv[2], "rows")))
+    print("READY", sandbox.services.network, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.docker
+def test_what_a_killed_run_left_is_removed_by_air_containers_clean(spec, docker_client, run_id, tmp_path):
+    """SIGKILL the owner: its sandbox ends by itself (its warden), its services and their network stay until
+    `air containers clean` (they carry air's labels); then nothing of the run is left."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, run_id, str(FIXTURES)], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    try:
+        line = holder.stdout.readline()
+        assert line.startswith("READY"), line
+    finally:
+        holder.kill()
+        holder.wait()
+    label = {"label": f"air.run={run_id}"}
+    assert docker_client.containers.list(all=True, filters={"label": ["air.role=service", f"air.run={run_id}"]})
+    assert docker_client.networks.list(filters=label)
+    proc = air("containers", "clean", "--run", run_id, cache=tmp_path / "cache")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not docker_client.containers.list(all=True, filters=label)
+    assert not docker_client.networks.list(filters=label)

@@ -44,7 +44,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable, UsageError
+from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable, TaskError, UsageError
 from air.sandbox.claims import Grant, HostClaims
 from air.sandbox.cleanup import sweep_dead_runs
 from air.sandbox.container import Sandbox, SandboxSpec, sweep_channel_dirs
@@ -393,7 +393,12 @@ class SandboxPool:
         finally:
             self.release(sandbox)
 
+    SERVICES: str | None = None
+    """Why this backend cannot give a sandbox services (services.py); None: it can."""
+
     async def acquire(self, spec: SandboxSpec, gpus_of: Sandbox | None = None) -> Sandbox:
+        if (spec.services or spec.join) and self.SERVICES:
+            raise TaskError(f"task {spec.task or spec.image} has services (a Harbor compose task): {self.SERVICES}")
         if not self._started:
             raise RuntimeError("SandboxPool.start() was not awaited")
         lent = tuple(getattr(gpus_of, "gpu_ids", ()) or ()) if spec.resources.gpus else ()
