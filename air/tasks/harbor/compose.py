@@ -87,6 +87,9 @@ class _Service(_Strict):
 
 
 class _ComposeFile(_Strict):
+    model_config = ConfigDict(extra="forbid", frozen=True,
+                              title="what air runs of compose (docs/harbor.md, Tasks with services)")
+
     version: str | None = None
     name: str | None = None
     services: dict[str, _Service] = {}
