@@ -10,8 +10,9 @@
   `reward.json` is the score: `reward` the primary metric, every other number a metric beside it;
 - `[agent]`/`[verifier]` timeouts, resources and GPUs map onto air's limits.
 
-What air cannot honour either stops the task with one line saying why (a multi-step task, Windows, TPUs, Compose
-sidecars, a verifier image of its own) or is said as a note and the task runs anyway (air gives no network, the
+A task's `environment/docker-compose.yaml` gives it services beside the sandbox (compose.py; air.sandbox.services).
+What air cannot honour either stops the task with one line saying why (a multi-step task, Windows, TPUs, a compose
+key air does not take) or is said as a note and the task runs anyway (air gives no network, the
 agent is never root). Harbor's task.toml is parsed by models of Harbor 0.25's own TaskConfig (harbor/models/task/
 config.py); a key Harbor does not know is ignored by Harbor, so here it is a note, never an error.
 """
