@@ -312,3 +312,41 @@ def test_what_a_killed_run_left_is_removed_by_air_containers_clean(spec, docker_
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not docker_client.containers.list(all=True, filters=label)
     assert not docker_client.networks.list(filters=label)
+
+
+SEEDED = """
+  seed:
+    build:
+      context: ./db
+    command: ["python3", "-c", "print('seeded')"]
+"""
+
+
+@pytest.mark.docker
+async def test_depends_on_conditions_order_the_services_and_an_unhealthy_one_fails_the_lease(
+        tmp_path, images, docker_client, pool):
+    """`db` depends on `seed` completing successfully: seed has exited 0 before db starts, and main's lease waits
+    for db's health. A db whose health check never passes fails the lease in one line, as the infrastructure's
+    (the task's services, not the agent)."""
+    from air.errors import SandboxUnavailable
+    from air.tasks.environment import sandbox_spec
+    from air.tasks.task_images import build_task_image
+
+    root = copy_task(tmp_path, lambda t: t.replace("\n  db:\n", "\n  db:\n    depends_on:\n      seed:\n"
+                                                   "        condition: service_completed_successfully\n")
+                     + SEEDED)
+    spec = load_harbor_task(root, "rows")
+    build_task_image(spec, docker_client)
+    async with pool.lease(sandbox_spec(spec)) as sandbox:
+        seed = docker_client.api.inspect_container(sandbox.services.ids["seed"])["State"]
+        db = docker_client.api.inspect_container(sandbox.services.ids["db"])["State"]
+        assert seed["Status"] == "exited" and seed["ExitCode"] == 0
+        assert db["StartedAt"] > seed["FinishedAt"] and db["Health"]["Status"] == "healthy"
+        assert "rows 0" in await sh(sandbox, AGENT_ROWS)
+    sick = load_harbor_task(copy_task(tmp_path / "sick", lambda t: t.replace("7070), timeout=2)", "7071), timeout=2)")
+                                      .replace("retries: 30", "retries: 1")), "rows")
+    build_task_image(sick, docker_client)
+    with pytest.raises(SandboxUnavailable, match="service db is unhealthy by its own health check") as caught:
+        async with pool.lease(sandbox_spec(sick)):
+            pass
+    assert "\n" not in str(caught.value)
