@@ -108,6 +108,13 @@ def service_kwargs(spec: ServiceSpec, *, name: str, network: str, labels: dict[s
     return kwargs
 
 
+def _retrieved(task: asyncio.Task) -> None:
+    """A failure of services nobody leased again (the pool closed first) is no unretrieved error: `ready` says it
+    to the lease that waits for them."""
+    if not task.cancelled():
+        task.exception()
+
+
 def start_order(specs: tuple[ServiceSpec, ...]) -> list[ServiceSpec]:
     """Dependencies first (the loader refused cycles and unknown names)."""
     by_name, done, order = {s.name: s for s in specs}, set(), []
@@ -144,6 +151,7 @@ class Services:
     def start(self) -> None:
         """Make this generation's services, in the background (`ready` waits for them)."""
         self._pending = asyncio.ensure_future(self._start())
+        self._pending.add_done_callback(_retrieved)
 
     def renew(self) -> None:
         """Remove the services (what a rollout did to them goes) and make them again from their images, in the
@@ -157,6 +165,7 @@ class Services:
             await self.remove()
             await self._start()
         self._pending = asyncio.ensure_future(renew())
+        self._pending.add_done_callback(_retrieved)
 
     async def ready(self) -> None:
         """Return once the services are ready; SandboxUnavailable (the sandbox is not to be leased) when they could
