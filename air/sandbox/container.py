@@ -38,7 +38,7 @@ from air.sandbox.labels import KEPT_PREFIX, KEY, OWNER, make_labels
 from air.sandbox import hostdir
 from air.sandbox.gpus import GpuAccess, sandbox_env
 from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, SHM_MB, WARDEN_DIR, WORKSPACE
-from air.sandbox.services import Services, create_network, remove_network
+from air.sandbox.services import Services, create_network, joined_plan, remove_network
 from air.sandbox.spec import SandboxSpec
 from air.sandbox.warden.locks import hold
 from air.sandbox.warden.protocol import HOST_LOCK
@@ -92,6 +92,10 @@ class Sandbox:
     killed meanwhile), not after ACCEPT_TIMEOUT."""
     services: Services | None = None
     """Its services and their private network (a Harbor compose task's; services.py), None without."""
+    cell_net: str = ""
+    """Its cells' address on a private network (its own, or the one it joined), as CIDR; "" without one."""
+    cell_hosts: str = ""
+    """Its cells' /etc/hosts there (the services' names)."""
     _session: Shell | None = None
     _oom_kills: int = 0
     _oom_file: str | None = None
@@ -124,16 +128,21 @@ class Sandbox:
             kwargs["mounts"].append(docker.types.Mount(target=WARDEN_DIR, source=str(directory), type="bind"))
             if not spec.network and not spec.services and not spec.join:
                 without_network(kwargs, hosts_file())
-        network = None
+        network, plan, cell_net, cell_hosts = None, None, "", ""
         try:
             if spec.services:  # its private network, which it joins as `main` (services.py)
-                network = await create_network(docker_, f"{kwargs['name']}-net", kwargs["labels"])
+                network = f"{kwargs['name']}-net"
+                plan = await create_network(docker_, network, kwargs["labels"], [s.name for s in spec.services])
                 kwargs.pop("network_mode")
-                kwargs.update(network=network, networking_config={
-                    network: docker_.api.create_endpoint_config(aliases=["main"])})
+                kwargs.update(network=network, networking_config={network: docker_.api.create_endpoint_config(
+                    aliases=["main"], ipv4_address=plan.addresses["main"])})
+                cell_net, cell_hosts = plan.cell_net(), plan.hosts()
             elif spec.join:  # on another sandbox's network, beside its services (a scoring sandbox)
+                plan = await joined_plan(docker_, spec.join)
                 kwargs.pop("network_mode")
-                kwargs["network"] = spec.join
+                kwargs.update(network=spec.join, networking_config={spec.join: docker_.api.create_endpoint_config(
+                    ipv4_address=plan.addresses["scorer"])})
+                cell_net, cell_hosts = plan.cell_net("scorer-cell"), plan.hosts("scorer-cell")
             container = await docker_.call(docker_.client.containers.run, timeout=start_timeout, **kwargs)
         except BaseException as exc:
             if directory is not None:  # nobody will connect: a container that starts all the same ends at once
@@ -150,11 +159,11 @@ class Sandbox:
         sandbox = cls(docker_, spec, container.id, kwargs["name"], gpu_ids, gpu_way=way,
                       image_id=container.attrs.get("Image", ""),
                       agent_uid=agent_uid, cells=cells, pin_pages=pin_pages, channel=directory, channel_secret=secret,
-                      channel_hold=held)
+                      channel_hold=held, cell_net=cell_net, cell_hosts=cell_hosts)
         if network is not None:
             labels = {k: v for k, v in kwargs["labels"].items() if k != KEY}
-            sandbox.services = Services(docker_, spec.services, dict(spec.waits), network, kwargs["name"], labels,
-                                        timeout=services_timeout)
+            sandbox.services = Services(docker_, spec.services, dict(spec.waits), network, plan, kwargs["name"],
+                                        labels, timeout=services_timeout)
             sandbox.services.start()  # while its warden starts and builds the first cell
         return sandbox
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import logging
 import random
 from dataclasses import dataclass, field
@@ -56,23 +57,78 @@ NO_NET_RAW = ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SYS_CHROOT"]
 network (ARP, spoofed addresses); the others no service needs to serve."""
 
 
-def network_kwargs(name: str, labels: dict[str, str]) -> dict:
-    subnet = random.choice(list(SUBNETS.subnets(new_prefix=SUBNET_SIZE)))
-    return dict(name=name, driver="bridge", internal=True, labels={**labels, ROLE: NETWORK_ROLE},
+MAIN_AT, FIRST_SERVICE_AT, SCORER_AT, CELL_AT, SCORER_CELL_AT = 1, 2, 25, 28, 29
+"""Fixed places in a subnet's addresses (.1 is Docker's gateway, which no bridge address holds): `main` (the
+container), the services in their order, a scoring sandbox's container, the agent's cell, a scoring cell. Fixed, so
+that a renewed service keeps its address and every cell's /etc/hosts stays true (Docker's DNS is the container's,
+out of a cell's reach)."""
+MAX_SERVICES = SCORER_AT - FIRST_SERVICE_AT
+PLAN_LABEL = "air.addresses"
+"""On the network: the plan (name: address, the cells' too) as JSON, for a scoring sandbox that joins it."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where everything is on one sandbox's private network."""
+
+    prefix: int
+    addresses: dict[str, str]
+    """main, each service by name, "scorer"; and the cells': "cell", "scorer-cell"."""
+
+    @classmethod
+    def of(cls, subnet: ipaddress.IPv4Network, services: list[str]) -> Plan:
+        hosts = [str(a) for a in subnet.hosts()]
+        places = {"main": hosts[MAIN_AT], "scorer": hosts[SCORER_AT], "cell": hosts[CELL_AT],
+                  "scorer-cell": hosts[SCORER_CELL_AT]}
+        places.update({name: hosts[FIRST_SERVICE_AT + i] for i, name in enumerate(services)})
+        return cls(subnet.prefixlen, places)
+
+    def cell_net(self, role: str = "cell") -> str:
+        return f"{self.addresses[role]}/{self.prefix}"
+
+    def hosts(self, role: str = "cell") -> str:
+        """A cell's /etc/hosts: loopback, the services by name, `main` (the cell itself: where Harbor's agent, and its
+        verifier, run)."""
+        rows = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
+                f"{self.addresses[role]}\tmain"]
+        rows += [f"{address}\t{name}" for name, address in self.addresses.items()
+                 if name not in ("main", "scorer", "cell", "scorer-cell")]
+        return "\n".join(rows) + "\n"
+
+
+def network_kwargs(name: str, labels: dict[str, str], subnet: ipaddress.IPv4Network | None = None,
+                   plan: Plan | None = None) -> dict:
+    subnet = subnet or random.choice(list(SUBNETS.subnets(new_prefix=SUBNET_SIZE)))
+    extra = {PLAN_LABEL: json.dumps({"prefix": plan.prefix, "addresses": plan.addresses})} if plan else {}
+    return dict(name=name, driver="bridge", internal=True, labels={**labels, ROLE: NETWORK_ROLE, **extra},
                 options={"com.docker.network.bridge.inhibit_ipv4": "true"}, check_duplicate=True,
                 ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet))]))
 
 
-async def create_network(docker_: Docker, name: str, labels: dict[str, str], attempts: int = 8) -> str:
-    """The sandbox's private network `name`; a subnet another network holds is drawn again."""
+async def create_network(docker_: Docker, name: str, labels: dict[str, str], services: list[str],
+                         attempts: int = 8) -> Plan:
+    """The sandbox's private network `name` and where everything is on it; a subnet another network holds is drawn
+    again."""
+    if len(services) > MAX_SERVICES:
+        raise InfraError(f"{len(services)} services; a sandbox's private network holds {MAX_SERVICES} at most")
     for attempt in range(attempts):
+        subnet = random.choice(list(SUBNETS.subnets(new_prefix=SUBNET_SIZE)))
+        plan = Plan.of(subnet, services)
         try:
-            await docker_.call(docker_.client.networks.create, **network_kwargs(name, labels), timeout=30)
-            return name
+            await docker_.call(docker_.client.networks.create, **network_kwargs(name, labels, subnet, plan),
+                               timeout=30)
+            return plan
         except InfraError as exc:
             if "overlap" not in str(exc).lower() or attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+async def joined_plan(docker_: Docker, name: str) -> Plan:
+    """The plan of the network `name` (another sandbox's), for a sandbox that joins it."""
+    info = await docker_.call(docker_.api.inspect_network, name, timeout=30, idempotent=True)
+    plan = json.loads((info.get("Labels") or {})[PLAN_LABEL])
+    return Plan(plan["prefix"], plan["addresses"])
 
 
 async def remove_network(docker_: Docker, name: str) -> None:
@@ -83,13 +139,14 @@ async def remove_network(docker_: Docker, name: str) -> None:
     await docker_.call(remove, timeout=60, idempotent=True)
 
 
-def service_kwargs(spec: ServiceSpec, *, name: str, network: str, labels: dict[str, str], api, of: str) -> dict:
+def service_kwargs(spec: ServiceSpec, *, name: str, network: str, labels: dict[str, str], api, of: str,
+                   address: str | None = None) -> dict:
     """Arguments of `containers.run` for one service: its image's own process, on the private network alone under
     its name, with limits (compose sets none; air starts no container without them)."""
     kwargs: dict = dict(
         image=spec.image, name=name, detach=True, hostname=spec.name, environment=dict(spec.env),
         labels={**labels, ROLE: SERVICE_ROLE, SERVICE_LABEL: spec.name, OF_LABEL: of}, network=network,
-        networking_config={network: api.create_endpoint_config(aliases=[spec.name])},
+        networking_config={network: api.create_endpoint_config(aliases=[spec.name], ipv4_address=address)},
         nano_cpus=int(spec.cpus * 1e9), mem_limit=f"{spec.memory_mb}m", memswap_limit=f"{spec.memory_mb}m",
         pids_limit=1024, cap_drop=NO_NET_RAW, security_opt=["no-new-privileges"], stop_signal="SIGKILL")
     if spec.command is not None:
@@ -140,6 +197,7 @@ class Services:
     specs: tuple[ServiceSpec, ...]
     waits: dict[str, Condition]
     network: str
+    plan: Plan
     prefix: str
     """The sandbox's container name: its services are `<prefix>-<service>-<generation>`."""
     labels: dict[str, str]
@@ -185,7 +243,7 @@ class Services:
                     await self._met(dep, condition)
                 kwargs = service_kwargs(spec, name=f"{self.prefix}-{spec.name}-{self.generation}",
                                         network=self.network, labels=self.labels, api=self.docker.api,
-                                        of=self.prefix)
+                                        of=self.prefix, address=self.plan.addresses[spec.name])
                 container = await self.docker.call(self.docker.client.containers.run, timeout=60, **kwargs)
                 self.ids[spec.name] = container.id
             for name, condition in self.waits.items():
