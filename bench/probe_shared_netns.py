@@ -1,6 +1,7 @@
-"""What one lease of a sandbox with services leaves in its network namespace for the next lease of the same sandbox
-(its cells keep the container's namespace to reach the services: docs/harbor.md, "Tasks with services"; SECURITY.md's
-residual row), against a one-container task's sandbox, whose cells have namespaces of their own (the control).
+"""What one lease of a sandbox with services leaves in its cell's network namespace for the next lease of the same
+sandbox (docs/harbor.md, "Tasks with services"; SECURITY.md's row: 16 of 16 bits when such cells kept the container's
+namespace, chance since each has its own with a macvlan into the private network), beside a one-container task's
+sandbox (the control: cells with namespaces of their own, loopback only).
 
     python bench/probe_shared_netns.py [--bits 16]
 
@@ -49,7 +50,7 @@ async def channel(spec, bits: list[int]) -> tuple[int, list[int]]:
 
 def main(n: int) -> None:
     bits = [random.randrange(2) for _ in range(n)]
-    for label, spec in (("a task with services (the shared namespace)", load_harbor_task(FIXTURES / "harbor-compose",
+    for label, spec in (("a task with services", load_harbor_task(FIXTURES / "harbor-compose",
                                                                                           "rows")),
                         ("a one-container task (control: a namespace per cell)", load_harbor_task(
                             FIXTURES / "harbor", "hello-pass"))):
