@@ -35,7 +35,7 @@ import docker.errors
 import docker.types
 
 from air.errors import InfraError, SandboxUnavailable
-from air.sandbox.docker_api import Docker
+from air.sandbox.docker_api import Docker, conflict
 from air.sandbox.labels import ROLE
 from air.sandbox.spec import Condition, ServiceSpec
 
@@ -294,12 +294,29 @@ class Services:
         return None
 
     async def remove(self) -> None:
-        """Remove this generation's service containers (idempotent)."""
+        """Remove this generation's service containers (idempotent); one whose removal is under way already (a
+        renewal cancelled by the pool's close) is waited for."""
         ids, self.ids = list(self.ids.values()), {}
         for cid in ids:
-            with contextlib.suppress(SandboxUnavailable):
+            try:
                 await self.docker.call(self.docker.api.remove_container, cid, force=True, v=True, timeout=60,
                                        idempotent=True)
+            except SandboxUnavailable:
+                pass  # gone already
+            except InfraError as exc:
+                if not conflict(exc):
+                    raise
+                try:
+                    async with asyncio.timeout(60):
+                        while True:  # 409: the daemon is removing it
+                            try:
+                                await self.docker.call(self.docker.api.inspect_container, cid, timeout=30,
+                                                       idempotent=True)
+                            except SandboxUnavailable:
+                                break
+                            await asyncio.sleep(POLL)
+                except asyncio.TimeoutError:
+                    raise InfraError(f"service container {cid[:12]} was still being removed after 60 s") from None
 
     async def close(self) -> None:
         """Remove the services and the network (after the sandbox's own container is gone), and any service whose
