@@ -378,3 +378,19 @@ async def test_a_lease_leaves_nothing_in_the_network_namespace_for_the_next(spec
         assert int(await sh(second, LO_BYTES)) < 100_000
         assert int(await sh(second, TIME_WAIT)) == 0
         assert "rows 0" in await sh(second, AGENT_ROWS)
+
+
+def test_the_private_networks_addresses_are_fixed_and_every_cell_names_the_services():
+    import ipaddress
+
+    from air.sandbox.services import MAX_SERVICES, Plan
+
+    plan = Plan.of(ipaddress.ip_network("10.213.1.32/27"), ["db", "api"])
+    assert plan.addresses == {"main": "10.213.1.34", "db": "10.213.1.35", "api": "10.213.1.36",
+                              "scorer": "10.213.1.58", "cell": "10.213.1.61", "scorer-cell": "10.213.1.62"}
+    assert plan.cell_net() == "10.213.1.61/27" and plan.cell_net("scorer-cell") == "10.213.1.62/27"
+    hosts = plan.hosts().splitlines()
+    assert "10.213.1.61\tmain" in hosts and "10.213.1.35\tdb" in hosts and "10.213.1.36\tapi" in hosts
+    assert not any("scorer" in line or "cell" in line for line in hosts)
+    assert "10.213.1.62\tmain" in plan.hosts("scorer-cell")  # the verifier runs in `main`, as Harbor's
+    assert MAX_SERVICES == 23  # .3 to .25: the rest of the /27 is main's, the scorer's and the cells'

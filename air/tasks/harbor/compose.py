@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air.errors import TaskError
 from air.images.dockerfile import dockerfile_digest
+from air.sandbox.services import MAX_SERVICES
 from air.sandbox.spec import Condition, Healthcheck, ServiceSpec
 from air.tasks.spec import ImageBuild
 from air.validation import one_line
@@ -140,6 +141,8 @@ def read_compose(task_dir: Path, name: str, slug: str, *, main_image: str = "", 
     main = services.pop(MAIN, None)
     if not services:
         raise TaskError(f"{where} names no service besides main")
+    if len(services) > MAX_SERVICES:
+        raise TaskError(f"{where} names {len(services)} services; air runs {MAX_SERVICES} at most beside a sandbox")
     problems = _main_problems(main) + _dependency_problems(services, main)
     if problems:
         raise TaskError(f"{where}: {'; '.join(problems)}")
