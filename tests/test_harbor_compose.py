@@ -394,3 +394,25 @@ def test_the_private_networks_addresses_are_fixed_and_every_cell_names_the_servi
     assert not any("scorer" in line or "cell" in line for line in hosts)
     assert "10.213.1.62\tmain" in plan.hosts("scorer-cell")  # the verifier runs in `main`, as Harbor's
     assert MAX_SERVICES == 23  # .3 to .25: the rest of the /27 is main's, the scorer's and the cells'
+
+
+@pytest.mark.docker
+async def test_a_rollouts_evaluations_share_one_scoring_sandbox_each_in_a_new_cell(spec, pool, docker_client):
+    """The scoring sandbox on a rollout's network is kept for its next evaluation (a new cell each: Harbor's test
+    sees the services as they stand now) and goes before the rollout's sandbox does (its network with it)."""
+    from air.tasks.environment import TaskEnvironment
+
+    env = TaskEnvironment(spec, pool)
+    async with env.lease() as sandbox:
+        network = sandbox.services.network
+        assert (await env.evaluate(sandbox)).metrics["reward"] == 0.0
+        created = pool.stats.created
+        assert "OK" in await sh(sandbox, AGENT_PUT)
+        assert (await env.evaluate(sandbox)).metrics["reward"] == 1.0
+        assert pool.stats.created == created  # the same scoring sandbox, a new cell
+        scorers = [sb for idle in pool._idle.values() for sb in idle if sb.spec.join == network]
+        assert len(scorers) == 1
+    await pool.settled(sandbox)
+    await pool._remove(sandbox)  # as an eviction or max_leases would
+    assert not [sb for idle in pool._idle.values() for sb in idle if sb.spec.join == network]
+    assert not docker_client.networks.list(names=[network])

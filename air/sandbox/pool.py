@@ -404,15 +404,15 @@ class SandboxPool:
         lent = tuple(getattr(gpus_of, "gpu_ids", ()) or ()) if spec.resources.gpus else ()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.lease_timeout
-        if lent or spec.join:  # a new sandbox with the lender's GPUs (see lease), or on another's network: only
-            # its slot is claimed, and it is removed on release
+        if lent:  # a new sandbox with the lender's GPUs (see lease): only its slot is claimed
             await self._take_idle_or_reserve(spec, deadline, reuse_idle=False)
             sandbox = await self._create(spec, lent_gpus=lent)
             self._borrowers.add(sandbox)
             sandbox.leases += 1
             self.stats.leases += 1
             return sandbox
-        self._warm_target.setdefault(spec.key, self.config.warm)
+        # A sandbox on another's network holds a fixed address there: one at a time, never warmed ahead.
+        self._warm_target.setdefault(spec.key, 0 if spec.join else self.config.warm)
         while True:
             sandbox = await self._take_idle_or_reserve(spec, deadline)
             if sandbox is None:  # a slot is reserved for us: create
@@ -798,6 +798,8 @@ class SandboxPool:
     async def _remove(self, sandbox: Sandbox, patience: float | None = None, spare: bool = False) -> bool:
         """Remove it and give back its claims, within `patience` seconds each when given (a closing pool's); with
         `spare`, a claim of a slot alone is kept a while for the sandbox that replaces this one (SPARE_CLAIM)."""
+        if sandbox.services is not None:  # the idle scoring sandboxes on its network go first (it goes with it)
+            await self._remove_joined(sandbox.services.network, patience)
         try:
             return await (sandbox.remove() if patience is None else sandbox.remove(patience))
         finally:
@@ -815,6 +817,18 @@ class SandboxPool:
                 await self._give_back(*held, timeout=patience)
             async with self._changed:
                 self._changed.notify_all()
+
+    async def _remove_joined(self, network: str, patience: float | None) -> None:
+        """Remove the idle sandboxes made on `network` (a sandbox's private network: its scoring sandboxes, kept
+        for its next evaluation, a new cell each): nothing else can lease them once the network goes."""
+        async with self._changed:
+            doomed = []
+            for idle in self._idle.values():
+                doomed += [sb for sb in idle if sb.spec.join == network]
+                for sb in doomed:
+                    if sb in idle:
+                        idle.remove(sb)
+        await asyncio.gather(*(self._remove(sb, patience) for sb in doomed), return_exceptions=True)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)

@@ -132,10 +132,22 @@ async def joined_plan(docker_: Docker, name: str) -> Plan:
 
 
 async def remove_network(docker_: Docker, name: str) -> None:
-    """Remove it (idempotent); its containers must be gone first."""
+    """Remove it (idempotent). A container still on it (a scoring sandbox being removed beside it, as a pool
+    closes) is disconnected first: the network is its sandbox's, and goes with it."""
     def remove() -> None:
-        with contextlib.suppress(docker.errors.NotFound):
-            docker_.client.api.remove_network(name)
+        api = docker_.client.api
+        for attempt in range(3):
+            try:
+                api.remove_network(name)
+                return
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError as exc:
+                if "active endpoints" not in str(exc) or attempt == 2:
+                    raise
+            for container in (api.inspect_network(name).get("Containers") or {}):
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    api.disconnect_container_from_network(container, name, force=True)
     await docker_.call(remove, timeout=60, idempotent=True)
 
 

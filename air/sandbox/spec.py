@@ -92,8 +92,9 @@ class SandboxSpec(BaseModel):
     """What a lease waits for of its services (`main`'s depends_on); every service is at least started."""
     join: str | None = None
     """Another sandbox's private network (services.py) this one is made on, to reach its services: a scoring
-    sandbox of a task with services, scoring as Harbor's verifier does (in `main`, beside the rollout's services).
-    Such a sandbox is always new and removed on release (the network is one lease's)."""
+    sandbox of a task with services, scoring as Harbor's verifier does (in `main`, beside the rollout's services),
+    each evaluation in a new cell with an interface of its own there. Kept idle for that sandbox's next evaluation,
+    removed before it (its network goes with it)."""
     workspace_mb: int | None = Field(2048, ge=16)
     """The quota of the agent's home (the agent gets ENOSPC past it). The home then lives in memory (tmpfs), and
     the container's memory limit grows by the quota: a full disk never takes the processes' memory. None: an

@@ -234,7 +234,8 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec,
             raise SandboxUnavailable(f"{lost}: the rollout cannot be scored")
         async with pool.lease(scoring_spec(spec, join=join), gpus_of=agent_sandbox) as scorer:
             outcome = await contract.score(scorer, spec, artefacts, baseline)
-        if saw_hidden(spec):  # its cell ended and what it looked up forgotten before the agent can look (#47)
+        if saw_hidden(spec) or join:  # its cell ended and what it looked up forgotten before the agent can look
+            # (#47); on a rollout's network, it is idle again for the next evaluation, which takes its address
             await pool.settled(scorer)
     except _Rejected as rejected:
         outcome = EvalOutcome(status=rejected.status, message=rejected.message)
