@@ -416,3 +416,13 @@ async def test_a_rollouts_evaluations_share_one_scoring_sandbox_each_in_a_new_ce
     await pool._remove(sandbox)  # as an eviction or max_leases would
     assert not [sb for idle in pool._idle.values() for sb in idle if sb.spec.join == network]
     assert not docker_client.networks.list(names=[network])
+
+
+def test_health_checks_read_as_compose_reads_them():
+    from air.tasks.harbor.compose import _Health, _health
+
+    assert _health(None) is None  # the image's own HEALTHCHECK stays
+    assert _health(_Health(test="x", disable=True)).test == ("NONE",)  # off, the image's own too
+    check = _health(_Health(test="curl -f localhost", interval="1m30s", start_period="500ms", retries=2))
+    assert check.test == ("CMD-SHELL", "curl -f localhost") and check.interval == 90.0
+    assert check.start_period == 0.5 and check.retries == 2

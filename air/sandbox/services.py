@@ -169,7 +169,9 @@ def service_kwargs(spec: ServiceSpec, *, name: str, network: str, labels: dict[s
         kwargs["working_dir"] = spec.working_dir
     if spec.user:
         kwargs["user"] = spec.user
-    if (check := spec.healthcheck) is not None:
+    if (check := spec.healthcheck) is not None and check.test == ("NONE",):
+        kwargs["healthcheck"] = {"test": ["NONE"]}
+    elif check is not None:
         ns = 1_000_000_000
         kwargs["healthcheck"] = dict(test=list(check.test), interval=int(check.interval * ns),
                                      timeout=int(check.timeout * ns), retries=check.retries,

@@ -266,13 +266,13 @@ def _depends(value: list[str] | dict[str, _Dependency]) -> dict[str, Condition]:
 
 
 def _health(check: _Health | None) -> Healthcheck | None:
-    if check is None or check.disable:
-        return None
+    if check is None:
+        return None  # the image's own HEALTHCHECK, if it has one, as compose leaves it
     test = check.test
     if isinstance(test, str):
         test = ["CMD-SHELL", test]
-    if test and test[0] == "NONE":
-        return None
+    if check.disable or (test and test[0] == "NONE"):
+        return Healthcheck(test=("NONE",))  # off, the image's own included (compose's `disable: true`)
     if not test or test[0] not in ("CMD", "CMD-SHELL"):
         raise ValueError(f"healthcheck test {test!r} must start with CMD, CMD-SHELL or NONE")
     known = {k: _seconds(v) for k, v in (("interval", check.interval), ("timeout", check.timeout),
