@@ -85,7 +85,10 @@ CANNOT = {
     "multi-step": ('[[steps]]\nname = "one"\n', {}, "multi-step task"),
     "windows": ('[environment]\nos = "windows"\n', {}, "targets windows containers"),
     "tpu": ('[environment.tpu]\ntype = "v6e"\ntopology = "2x2"\n', {}, "asks for a TPU"),
-    "compose": ("", {"environment/docker-compose.yaml": "services: {}\n"}, "Docker Compose project"),
+    "compose": ("", {"environment/docker-compose.yaml": "services:\n  db:\n    image: x\n    volumes: [a:/b]\n"},
+                # a key air does not take (tests/test_harbor_compose.py has the rest)
+                "docker-compose.yaml: field 'services.db.volumes': Extra inputs are not permitted"),
+    "compose-empty": ("", {"environment/docker-compose.yaml": "services: {}\n"}, "names no service besides main"),
     "mcp": ('[[environment.mcp_servers]]\nname = "s"\nurl = "http://x"\n', {}, "MCP servers"),
     "collect": ('[[verifier.collect]]\ncommand = "true"\nservice = "db"\n', {}, "collects state from services (db)"),
     "system-workdir": ('[environment]\nworkdir = "/usr"\n', {}, "working directory /usr is a system directory"),

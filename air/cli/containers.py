@@ -56,6 +56,7 @@ def containers_clean(
     Example: air containers clean --kept
     """
     from air.sandbox import connect, list_air_containers, remove_containers, sweep_stale_claims
+    from air.sandbox.cleanup import sweep_dead_networks
 
     client = connect()
     rows = list_air_containers(client, run=run)
@@ -64,6 +65,7 @@ def containers_clean(
     if run or all_:  # the claims of what went are stale now, whoever made them
         removed += remove_containers(client, [r.id for r in rows if r.claim and r.id not in removed])
     removed += sweep_stale_claims(client)
+    removed += sweep_dead_networks(client, run=run, everything=all_)  # services' private networks (docs/harbor.md)
     left = [r for r in list_air_containers(client) if not r.claim]
     if as_json:
         print_json({"removed": removed, "kept": len(left)})

@@ -150,6 +150,16 @@ class DockerfileBuilder:
         self.report(f"[{label}] built {tag} in {time.monotonic() - started:.0f} s")
         return final
 
+    def ensure_plain(self, *, label: str, tag: str, context: Path, dockerfile: str) -> str:
+        """The image `tag` built from `context` as it is, without air's layer (a task's service: air runs nothing
+        in it), under the same rules for the network as a task's Dockerfile."""
+        if self.exists(tag):
+            return tag
+        started = time.monotonic()
+        self._build(label, None, context, dockerfile, tag=tag, labels={"air.task-image": label}, network=self.network)
+        self.report(f"[{label}] built {tag} in {time.monotonic() - started:.0f} s")
+        return tag
+
     def ensure_layer(self, *, label: str, tag: str, context: Callable[[], bytes]) -> str:
         """The image `tag` built from the tar `context()` makes (asked only when the image is not there), with the
         network where builds have it (its steps tolerate having none)."""

@@ -11,7 +11,16 @@ import time
 import docker
 import docker.errors
 
-from air.sandbox.labels import HOLDER, ROLE, SANDBOX, list_air_containers, remove_containers
+from air.sandbox.labels import (
+    HOLDER,
+    OWNER,
+    ROLE,
+    RUN,
+    SANDBOX,
+    list_air_containers,
+    owner_alive,
+    remove_containers,
+)
 
 PIN_ROLE = "pagecache"
 """The role label of page-cache pins and of their copies' volumes (air/sandbox/pagecache.py)."""
@@ -39,6 +48,32 @@ def sweep_dead_runs(client: docker.DockerClient) -> list[str]:
     copies = sweep_unused_copies(client)  # volumes, not containers: named in the log alone
     if copies:
         log.info("removed %d unused image copies: %s", len(copies), ", ".join(copies))
+    networks = sweep_dead_networks(client)
+    if networks:
+        log.info("removed %d sandboxes' private networks: %s", len(networks), ", ".join(networks))
+    return removed
+
+
+def sweep_dead_networks(client: docker.DockerClient, run: str | None = None, everything: bool = False) -> list[str]:
+    """Remove the private networks of sandboxes with services (services.py) whose owner process is dead (or of
+    `run`, or all of them): their containers went first, and a network nothing is on holds nothing."""
+    removed = []
+    try:
+        networks = client.api.networks(filters={"label": OWNER})
+    except docker.errors.APIError as exc:
+        log.warning("could not list the sandboxes' networks: %s", exc)
+        return removed
+    for network in networks:
+        labels = network.get("Labels") or {}
+        if not everything and labels.get(RUN) != run and owner_alive(labels.get(OWNER, "")):
+            continue
+        try:
+            client.api.remove_network(network["Id"])
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError:  # still in use (a container being removed): the next sweep takes it
+            continue
+        removed.append(network["Name"])
     return removed
 
 

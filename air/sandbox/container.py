@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import logging
 import os
 import posixpath
 import re
@@ -37,11 +38,13 @@ from air.sandbox.labels import KEPT_PREFIX, KEY, OWNER, make_labels
 from air.sandbox import hostdir
 from air.sandbox.gpus import GpuAccess, sandbox_env
 from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, SHM_MB, WARDEN_DIR, WORKSPACE
+from air.sandbox.services import Services, create_network, joined_plan, remove_network
 from air.sandbox.spec import SandboxSpec, own_kernel
 from air.sandbox.warden.locks import hold
 from air.sandbox.warden.protocol import HOST_LOCK
 from air.sandbox.warden.rootcopy import ROOT_COPY
 
+log = logging.getLogger("air.sandbox")
 REMOVE_PATIENCE = 90.0  # seconds a removal keeps retrying while the daemon is unreachable
 ROOT_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL", "SETPCAP", "IPC_LOCK"]
 """What root (the harness: the warden, staging and scoring execs) holds in every sandbox. SETPCAP lets the warden
@@ -87,6 +90,12 @@ class Sandbox:
     """This process's lock on the host directory's `host.lock`, held from before the container exists until the
     warden has its connection: a warden still waiting for it ends at once when the lock is free (this process was
     killed meanwhile), not after ACCEPT_TIMEOUT."""
+    services: Services | None = None
+    """Its services and their private network (a Harbor compose task's; services.py), None without."""
+    cell_net: str = ""
+    """Its cells' address on a private network (its own, or the one it joined), as CIDR; "" without one."""
+    cell_hosts: str = ""
+    """Its cells' /etc/hosts there (the services' names)."""
     _session: Shell | None = None
     _oom_kills: int = 0
     _oom_file: str | None = None
@@ -98,7 +107,8 @@ class Sandbox:
                      gpu_ids: tuple[str, ...] = (), start_timeout: float = 60, labels: dict[str, str] | None = None,
                      gpu_access: GpuAccess | None = None, agent_uid: int = AGENT_UID, cells: bool = True,
                      apparmor: str | None = None, pin_pages: bool = True, channel: bool = False,
-                     root_copy: str | None = None, runtime: str | None = None) -> Sandbox:
+                     root_copy: str | None = None, services_timeout: float = 300,
+                     runtime: str | None = None) -> Sandbox:
         """Create and start it; with `channel` (a daemon on this machine), its warden is its main process, listening
         on a socket in a host directory of its own (see `channel`); with `root_copy`, the volume of its image's
         tmpfs copy, its cells' root (warden/rootcopy.py); with `gpu_access`, its GPUs passed that way (gpus.py;
@@ -121,15 +131,32 @@ class Sandbox:
             if own_kernel(runtime):  # its file locks are its kernel's: the host's lock is not seen there
                 kwargs["command"].append("--host-lock-unseen")
             kwargs["mounts"].append(docker.types.Mount(target=WARDEN_DIR, source=str(directory), type="bind"))
-            if not spec.network:
+            if not spec.network and not spec.services and not spec.join:
                 without_network(kwargs, hosts_file())
+        network, plan, cell_net, cell_hosts = None, None, "", ""
         try:
+            if spec.services:  # its private network, which it joins as `main` (services.py)
+                network = f"{kwargs['name']}-net"
+                plan = await create_network(docker_, network, kwargs["labels"], [s.name for s in spec.services])
+                kwargs.pop("network_mode")
+                kwargs.update(network=network, networking_config={network: docker_.api.create_endpoint_config(
+                    aliases=["main"], ipv4_address=plan.addresses["main"])})
+                cell_net, cell_hosts = plan.cell_net(), plan.hosts()
+            elif spec.join:  # on another sandbox's network, beside its services (a scoring sandbox)
+                plan = await joined_plan(docker_, spec.join)
+                kwargs.pop("network_mode")
+                kwargs.update(network=spec.join, networking_config={spec.join: docker_.api.create_endpoint_config(
+                    ipv4_address=plan.addresses["scorer"])})
+                cell_net, cell_hosts = plan.cell_net("scorer-cell"), plan.hosts("scorer-cell")
             container = await docker_.call(docker_.client.containers.run, timeout=start_timeout, **kwargs)
         except BaseException as exc:
             if directory is not None:  # nobody will connect: a container that starts all the same ends at once
                 os.close(held)
                 if isinstance(exc, InfraError):
                     shutil.rmtree(directory, ignore_errors=True)
+            if network is not None:
+                with contextlib.suppress(Exception):
+                    await remove_network(docker_, network)
             if isinstance(exc, InfraError) and isinstance(exc.__cause__, docker.errors.ImageNotFound):
                 raise ImageError.not_built(spec.image) from exc
             if runtime and isinstance(exc, InfraError) and "runtime name" in str(exc.__cause__):
@@ -137,10 +164,16 @@ class Sandbox:
                                          "PoolConfig.runtime): scripts/gvisor-docker.sh adds gVisor's runsc") from exc
             raise
         way = gpu_access.way if gpu_ids and gpu_access is not None else None
-        return cls(docker_, spec, container.id, kwargs["name"], gpu_ids, gpu_way=way,
-                   image_id=container.attrs.get("Image", ""),
-                   agent_uid=agent_uid, cells=cells, pin_pages=pin_pages, channel=directory, channel_secret=secret,
-                   channel_hold=held)
+        sandbox = cls(docker_, spec, container.id, kwargs["name"], gpu_ids, gpu_way=way,
+                      image_id=container.attrs.get("Image", ""),
+                      agent_uid=agent_uid, cells=cells, pin_pages=pin_pages, channel=directory, channel_secret=secret,
+                      channel_hold=held, cell_net=cell_net, cell_hosts=cell_hosts)
+        if network is not None:
+            labels = {k: v for k, v in kwargs["labels"].items() if k != KEY}
+            sandbox.services = Services(docker_, spec.services, dict(spec.waits), network, plan, kwargs["name"],
+                                        labels, timeout=services_timeout)
+            sandbox.services.start()  # while its warden starts and builds the first cell
+        return sandbox
 
     def release_channel_hold(self) -> None:
         """The warden has its connection (or never will): its end is this link's end now, and the lock goes (the
@@ -183,6 +216,12 @@ class Sandbox:
                             await self._removed()
         except (asyncio.TimeoutError, InfraError):  # no answer, or one that is not "gone" (removal in progress)
             return False
+        if self.services is not None:  # then its services and their network (which it was on)
+            try:
+                await self.services.close()
+            except InfraError as exc:
+                log.warning("could not remove the services of %s: %s", self.name, exc)
+                return False
         if self.channel is not None:
             shutil.rmtree(self.channel, ignore_errors=True)
         return True

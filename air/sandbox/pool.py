@@ -44,7 +44,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable, UsageError
+from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable, TaskError, UsageError
 from air.sandbox.claims import Grant, HostClaims
 from air.sandbox.cleanup import sweep_dead_runs
 from air.sandbox.container import Sandbox, SandboxSpec, sweep_channel_dirs
@@ -393,7 +393,12 @@ class SandboxPool:
         finally:
             self.release(sandbox)
 
+    SERVICES: str | None = None
+    """Why this backend cannot give a sandbox services (services.py); None: it can."""
+
     async def acquire(self, spec: SandboxSpec, gpus_of: Sandbox | None = None) -> Sandbox:
+        if (spec.services or spec.join) and self.SERVICES:
+            raise TaskError(f"task {spec.task or spec.image} has services (a Harbor compose task): {self.SERVICES}")
         if not self._started:
             raise RuntimeError("SandboxPool.start() was not awaited")
         lent = tuple(getattr(gpus_of, "gpu_ids", ()) or ()) if spec.resources.gpus else ()
@@ -406,12 +411,14 @@ class SandboxPool:
             sandbox.leases += 1
             self.stats.leases += 1
             return sandbox
-        self._warm_target.setdefault(spec.key, self.config.warm)
+        # A sandbox on another's network holds a fixed address there: one at a time, never warmed ahead.
+        self._warm_target.setdefault(spec.key, 0 if spec.join else self.config.warm)
         while True:
             sandbox = await self._take_idle_or_reserve(spec, deadline)
             if sandbox is None:  # a slot is reserved for us: create
                 sandbox = await self._create(spec)
-            elif not await self._healthy(sandbox):
+                await self._services_ready(sandbox, new=True)
+            elif not await self._healthy(sandbox) or not await self._services_ready(sandbox):
                 self.stats.health_failures += 1
                 await self._remove(sandbox)
                 continue
@@ -464,6 +471,23 @@ class SandboxPool:
         except InfraError:
             return False
 
+    async def _services_ready(self, sandbox: Sandbox, new: bool = False) -> bool:
+        """Wait for the sandbox's services (made, or made new at its last release) to be ready: True when they are
+        (or it has none). A new sandbox whose services never get ready fails the lease (the task's services or the
+        host are at fault, and another sandbox would fare no better); an idle one is replaced."""
+        if sandbox.services is None:
+            return True
+        try:
+            await sandbox.services.ready()
+            return True
+        except SandboxUnavailable as exc:
+            sandbox.mark_broken(str(exc))
+            if new:
+                self.release(sandbox)
+                raise
+            log.warning("%s; replacing the sandbox", exc)
+            return False
+
     async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> Sandbox:
         """Create a sandbox in a slot already reserved by the caller: claim a slot of a host's budget and its GPUs
         (waiting, bounded, while every host is full), then create it there. A sandbox whose first cell cannot be
@@ -497,7 +521,8 @@ class SandboxPool:
                                 gpu_access=await self._gpu_access(host) if gpu_ids else None,
                                 agent_uid=self._agent_uid(grant), cells=cells, apparmor=self.config.apparmor,
                                 pin_pages=pinned and not self.config.own_kernel, channel=host.local,
-                                root_copy=labels[PIN] if copy else None, runtime=self.config.runtime)
+                                root_copy=labels[PIN] if copy else None, runtime=self.config.runtime,
+                                services_timeout=self.config.services_timeout)
                         except DockerUnavailable as exc:  # the daemon went away (or stalled) since the claim: it
                             self._mark_down(host, exc)  # is waited for, within daemon_patience (_claim)
                             await self._give_back(host, grant)
@@ -711,6 +736,8 @@ class SandboxPool:
                 self.stats.resets += 1
             except (InfraError, asyncio.TimeoutError) as exc:
                 reason = f"reset failed: {exc}"
+        if reason is None and sandbox.services is not None and self.config.renew_services:
+            sandbox.services.renew()  # in the background: the next lease waits for it only if it is not done
         if reason is not None:
             log.info("recycling sandbox %s: %s", sandbox.short_id, reason)
             self.stats.recycled += 1
@@ -772,6 +799,8 @@ class SandboxPool:
     async def _remove(self, sandbox: Sandbox, patience: float | None = None, spare: bool = False) -> bool:
         """Remove it and give back its claims, within `patience` seconds each when given (a closing pool's); with
         `spare`, a claim of a slot alone is kept a while for the sandbox that replaces this one (SPARE_CLAIM)."""
+        if sandbox.services is not None:  # the idle scoring sandboxes on its network go first (it goes with it)
+            await self._remove_joined(sandbox.services.network, patience)
         try:
             return await (sandbox.remove() if patience is None else sandbox.remove(patience))
         finally:
@@ -789,6 +818,18 @@ class SandboxPool:
                 await self._give_back(*held, timeout=patience)
             async with self._changed:
                 self._changed.notify_all()
+
+    async def _remove_joined(self, network: str, patience: float | None) -> None:
+        """Remove the idle sandboxes made on `network` (a sandbox's private network: its scoring sandboxes, kept
+        for its next evaluation, a new cell each): nothing else can lease them once the network goes."""
+        async with self._changed:
+            doomed = []
+            for idle in self._idle.values():
+                doomed += [sb for sb in idle if sb.spec.join == network]
+                for sb in doomed:
+                    if sb in idle:
+                        idle.remove(sb)
+        await asyncio.gather(*(self._remove(sb, patience) for sb in doomed), return_exceptions=True)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.ensure_future(coro)

@@ -4,6 +4,8 @@ hosts `DockerHost`). Plain pydantic models: configs can be validated where Docke
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -28,6 +30,43 @@ class Resources(BaseModel):
     """Writable-layer quota; only honoured by storage drivers that support it (overlay2 on xfs with pquota)."""
 
 
+Condition = Literal["service_started", "service_healthy", "service_completed_successfully"]
+"""A `depends_on` condition, as Docker Compose names them."""
+
+
+class Healthcheck(BaseModel):
+    """A service's health check, as Docker runs it (compose's `healthcheck`, durations in seconds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    test: tuple[str, ...]
+    """Docker's form: ("CMD", argv...), ("CMD-SHELL", "script") or ("NONE",)."""
+    interval: float = Field(30.0, gt=0)
+    timeout: float = Field(30.0, gt=0)
+    retries: int = Field(3, ge=1)
+    start_period: float = Field(0.0, ge=0)
+
+
+class ServiceSpec(BaseModel):
+    """One service beside a sandbox (a Harbor compose task's sidecar): a container of its own image on the
+    sandbox's private network, found there by `name` (air/sandbox/services.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+    image: str
+    command: tuple[str, ...] | None = None
+    entrypoint: tuple[str, ...] | None = None
+    env: dict[str, str] = {}
+    working_dir: str | None = None
+    user: str | None = None
+    healthcheck: Healthcheck | None = None
+    depends_on: dict[str, Condition] = {}
+    cpus: float = Field(1.0, gt=0)
+    memory_mb: int = Field(1024, ge=16)
+    """Limits of its own (compose gives none by default; air never starts a container without them)."""
+
+
 class SandboxSpec(BaseModel):
     """What a rollout asks the pool for. Sandboxes of equal `key` are interchangeable."""
 
@@ -46,6 +85,16 @@ class SandboxSpec(BaseModel):
     """Root filesystem read-only; the agent's home, /srv/air (air's own files) and the temp dirs stay writable."""
     tmp_mb: int = Field(512, ge=16)
     """Size of each in-memory temp dir (/tmp, /var/tmp)."""
+    services: tuple[ServiceSpec, ...] = ()
+    """Services beside the sandbox (a Harbor compose task's): the sandbox and they share a private network of their
+    own and nothing else (services.py); made new for every lease (PoolConfig.renew_services)."""
+    waits: dict[str, Condition] = {}
+    """What a lease waits for of its services (`main`'s depends_on); every service is at least started."""
+    join: str | None = None
+    """Another sandbox's private network (services.py) this one is made on, to reach its services: a scoring
+    sandbox of a task with services, scoring as Harbor's verifier does (in `main`, beside the rollout's services),
+    each evaluation in a new cell with an interface of its own there. Kept idle for that sandbox's next evaluation,
+    removed before it (its network goes with it)."""
     workspace_mb: int | None = Field(2048, ge=16)
     """The quota of the agent's home (the agent gets ENOSPC past it). The home then lives in memory (tmpfs), and
     the container's memory limit grows by the quota: a full disk never takes the processes' memory. None: an
@@ -61,7 +110,11 @@ class SandboxSpec(BaseModel):
     @property
     def key(self) -> str:
         mounts = f"|ro={sorted(self.read_only_mounts.items())}" if self.read_only_mounts else ""
-        return f"{self.image}|{self.task}|{self.resources.model_dump_json()}|net={self.network}{mounts}"
+        # Hashed: a service's environment may hold a host's secret, filled in when the spec was made (hostenv).
+        services = "|svc=" + hashlib.sha256(json.dumps([[s.model_dump_json() for s in self.services], sorted(
+            self.waits.items())]).encode()).hexdigest()[:16] if self.services else ""
+        services += f"|join={self.join}" if self.join else ""
+        return f"{self.image}|{self.task}|{self.resources.model_dump_json()}|net={self.network}{mounts}{services}"
 
 
 class DockerHost(BaseModel):
@@ -105,6 +158,11 @@ class PoolConfig(BaseModel):
     lease_timeout: float = Field(600, gt=0)
     """How long a lease may wait for capacity or GPUs before PoolExhausted."""
     reset_timeout: float = Field(60, gt=0)
+    renew_services: bool = True
+    """A sandbox's services (services.py) are made new from their images when a lease ends, so nothing a rollout did
+    to them reaches the next. Off only as the tests' positive control (the same services seen by every lease)."""
+    services_timeout: float = Field(300, gt=0)
+    """Seconds a sandbox's services may take to be ready (started, healthy as their checks say)."""
     close_timeout: float = Field(60, gt=0)
     """How long closing the pool waits for the Docker daemon to remove its sandboxes (their wardens have ended them
     by then: with a daemon on this machine they are stopped); the rest is left for the next sweep, and said so.

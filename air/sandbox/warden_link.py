@@ -54,7 +54,8 @@ def hello(sandbox: Sandbox) -> p.Hello:
                    epoch=FIXED_MTIME, out_mb=OUT_MB,
                    cells=sandbox.cells, home_mb=spec.workspace_mb or 2048, tmp_mb=spec.tmp_mb, shm_mb=SHM_MB,
                    pin_pages=sandbox.pin_pages, pinned_elsewhere=sorted(spec.read_only_mounts),
-                   hidden=[WARDEN_DIR] if sandbox.channel is not None or _address(sandbox) else [])
+                   hidden=[WARDEN_DIR] if sandbox.channel is not None or _address(sandbox) else [],
+                   cell_net=getattr(sandbox, "cell_net", ""), hosts=getattr(sandbox, "cell_hosts", ""))
 
 
 def _address(sandbox: Sandbox) -> tuple[str, int] | None:

@@ -47,8 +47,12 @@ def sandbox_spec(spec: TaskSpec) -> SandboxSpec:
     r = spec.resources
     mounts = data_mounts(spec)
     env = {**resolved(spec.env, spec.id), **mounts.pop("env", {})}
+    # Services' templates as compose fills them: a variable the host lacks is empty (a warning in compose).
+    services = tuple(s.model_copy(update={"env": resolved(s.env, f"{spec.id} service {s.name}", unset="")})
+                     for s in spec.services)
     return SandboxSpec(image=image_ref(spec.image), task=spec.id,
                        resources=Resources(cpus=r.cpus, memory_mb=r.memory_mb, gpus=r.gpus), env=env,
+                       services=services, waits=dict(spec.service_waits),
                        **({"workspace_mb": r.workspace_mb} if r.workspace_mb else {}), **mounts)
 
 

@@ -25,7 +25,7 @@ import posixpath
 import tarfile
 import time
 
-from air.errors import TaskError
+from air.errors import SandboxUnavailable, TaskError
 from air.images import image_ref
 from air.sandbox import (
     WORKSPACE,
@@ -201,14 +201,16 @@ def data_mounts(spec: TaskSpec) -> dict:
     return {"read_only_mounts": {target: source}, "env": dict(HF_OFFLINE_ENV)}
 
 
-def scoring_spec(spec: TaskSpec) -> SandboxSpec:
-    """The scoring sandbox: the task's image, limits and GPUs (lent by the agent's sandbox, see evaluate)."""
+def scoring_spec(spec: TaskSpec, join: str | None = None) -> SandboxSpec:
+    """The scoring sandbox: the task's image, limits and GPUs (lent by the agent's sandbox, see evaluate); with
+    `join`, on the agent's sandbox's private network, beside the rollout's services (a task with services: its test
+    reaches them by name, as Harbor's verifier in `main` does)."""
     r = spec.resources
     mounts = data_mounts(spec)
     env = {**resolved(spec.env, spec.id), **resolved(spec.evaluation.env, spec.id), **mounts.pop("env", {})}
     return SandboxSpec(image=image_ref(spec.verifier_image or spec.image), task=f"{spec.id}.scoring",
                        resources=Resources(cpus=r.cpus, memory_mb=r.memory_mb, pids=1024, gpus=r.gpus), env=env,
-                       **({"workspace_mb": r.workspace_mb} if r.workspace_mb else {}), **mounts)
+                       join=join, **({"workspace_mb": r.workspace_mb} if r.workspace_mb else {}), **mounts)
 
 
 async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec,
@@ -222,9 +224,18 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec,
         artefacts = await collect_submission(agent_sandbox, spec)
         # The task's GPUs are the agent's sandbox's: lent to the scorer while the agent waits for its score, so
         # a rollout never holds twice its GPUs nor waits for a second set (N rollouts on N GPUs would deadlock).
-        async with pool.lease(scoring_spec(spec), gpus_of=agent_sandbox) as scorer:
+        services = getattr(agent_sandbox, "services", None)
+        join = services.network if services is not None else None
+        if services is not None and (lost := await services.lost()):
+            # The test reads the rollout's services: one the infrastructure took (its container removed) would
+            # score what the agent never did. One that exited may have been made to by the agent (its own doing:
+            # scored as it stands).
+            agent_sandbox.mark_broken(lost)
+            raise SandboxUnavailable(f"{lost}: the rollout cannot be scored")
+        async with pool.lease(scoring_spec(spec, join=join), gpus_of=agent_sandbox) as scorer:
             outcome = await contract.score(scorer, spec, artefacts, baseline)
-        if saw_hidden(spec):  # its cell ended and what it looked up forgotten before the agent can look (#47)
+        if saw_hidden(spec) or join:  # its cell ended and what it looked up forgotten before the agent can look
+            # (#47); on a rollout's network, it is idle again for the next evaluation, which takes its address
             await pool.settled(scorer)
     except _Rejected as rejected:
         outcome = EvalOutcome(status=rejected.status, message=rejected.message)

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from air.actions import ActionFormat
+from air.sandbox.spec import Condition, ServiceSpec
 
 Direction = Literal["higher", "lower"]
 Contract = Literal["air", "mlgym-csv", "mlgym-model", "mlgym-lm", "mlgym-python", "harbor"]
@@ -24,7 +25,8 @@ Contract = Literal["air", "mlgym-csv", "mlgym-model", "mlgym-lm", "mlgym-python"
 
 _LATER_FIELDS = {"action_format": "text", "build": None, "image_workspace": None, "env": {}, "verifier_image": None,
                  "verifier_build": None, "verifier_installs": False,
-                 "verifier_collect": [], "verifier_artifacts": None}
+                 "verifier_collect": [], "verifier_artifacts": None, "services": [], "service_builds": {},
+                 "service_waits": {}}
 """TaskSpec's fields that joined after task hashes were recorded (trajectories, host baselines), with defaults."""
 
 
@@ -284,6 +286,13 @@ class TaskSpec(BaseModel):
     image_workspace: str | None = None
     """A directory of the image whose files start the workspace (where air's image layer put a Harbor task's
     WORKDIR, which then links to the workspace): copied in when the sandbox is staged, owned by the agent."""
+    services: list[ServiceSpec] = []
+    """Services beside the agent's sandbox (a Harbor compose task's; air.sandbox.services), on its private network;
+    their environment's templates are filled when a sandbox is made, as `env`'s."""
+    service_builds: dict[str, ImageBuild] = {}
+    """Service images built from the task's folder ({tag: how}), as the task's own image is (no air layer)."""
+    service_waits: dict[str, Condition] = {}
+    """What a lease waits for of the services (compose's `main` depends_on)."""
     env: dict[str, str] = {}
     """Variables of the agent's shell and of the evaluation (Harbor's [environment].env and its Dockerfile's ENV);
     `${VAR}` and `${VAR:-default}` are taken from the host's environment when a sandbox is made."""

@@ -20,10 +20,38 @@ def build_task_image(spec: TaskSpec, client=None, report: Callable[[str], None] 
     """Build `spec.image` from the task's Dockerfile, and its verifier's image where it has one of its own, unless
     they are on the daemon (ImageError naming the failed step); one build per image at a time in this process."""
     _build(spec.source, spec.image, spec.build, client, report)
+    _services(spec, client, report)
     if spec.verifier_installs:
         _build_installs(spec, client, report)
     elif spec.verifier_image is not None:
         _build(f"{spec.source} (verifier)", spec.verifier_image, spec.verifier_build, client, report)
+
+
+def _services(spec: TaskSpec, client, report) -> None:
+    """The images of the task's services: built from the task's folder, or named, and then on the daemon already
+    (air pulls nothing: a registry is not assumed); ImageError in one line for one that is not."""
+    if not spec.services:
+        return
+    from air.errors import ImageError
+    from air.images.dockerfile import DockerfileBuilder
+    from air.sandbox import connect
+
+    for service in spec.services:
+        tag, build = service.image, spec.service_builds.get(service.image)
+        if tag in _present:
+            continue
+        with _guard:
+            lock = _locks.setdefault(tag, threading.Lock())
+        with lock:
+            builder = DockerfileBuilder(client or connect(), report, timeout=build.timeout if build else 600)
+            if build is not None:
+                builder.ensure_plain(label=f"{spec.source} (service {service.name})", tag=tag, context=build.context,
+                                     dockerfile=build.dockerfile or "Dockerfile")
+            elif not builder.exists(tag):
+                raise ImageError(f"{spec.source}: service {service.name}'s image {tag} is not on the Docker daemon, "
+                                 "and air pulls none (no registry is assumed): `docker pull` or `docker load` it "
+                                 "there first")
+            _present.add(tag)
 
 
 def _build_installs(spec: TaskSpec, client, report) -> None:
@@ -65,7 +93,7 @@ def build_task_images(specs: Iterable[TaskSpec], report: Callable[[str], None] |
 
 
 async def ensure_task_image(spec: TaskSpec, client=None) -> None:
-    if spec.build is not None or spec.verifier_build is not None:
+    if spec.build is not None or spec.verifier_build is not None or spec.services:
         await asyncio.to_thread(build_task_image, spec, client)
 
 

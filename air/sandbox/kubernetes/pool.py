@@ -90,6 +90,9 @@ class _Cluster:
 
 
 class KubernetesPool(SandboxPool):
+    SERVICES = ("the kubernetes backend does not run a task's services yet (docs/kubernetes.md); run it on Docker "
+                "(AIR_BACKEND=docker)")
+
     def __init__(self, config: PoolConfig | None = None, docker: object = None):
         config = config or PoolConfig(backend="kubernetes")
         super().__init__(config)
@@ -100,6 +103,7 @@ class KubernetesPool(SandboxPool):
         self.cluster = _Cluster(name=self.kube.namespace)
         self.replaced: Counter[str] = Counter()
         """Pods replaced before they served, by what the cluster did (evicted, image, node, ...)."""
+
         self.room: Counter[str] = Counter()
         """Idle pods given up for leases the cluster had no room for (`_make_room`): "taken" by a lease of their own
         key, "evicted" (deleted) for another key's."""

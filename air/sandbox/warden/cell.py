@@ -17,7 +17,9 @@ A cell is a process, its *init*, in new pid, network, IPC, UTS and mount namespa
 - the host's kernel-wide counters in /proc and /sys (CPU time, forks, free memory, dentries, interrupts, disk I/O,
   pressure) read 0, in their own format (hostview.py): code cannot move them for another sandbox to read;
 - /etc/passwd and /etc/group name the sandbox's own agent uid;
-- the network is loopback only, up.
+- the network is loopback only, up; in a sandbox with services (a Harbor compose task), also a macvlan of the
+  container's interface on the sandbox's private network, with the cell's address and the services' names in its
+  /etc/hosts (netlink.py, air/sandbox/services.py, docs/harbor.md).
 Every agent process (the shell, programs, file copies as the agent) is a child of the warden that joined the cell's
 namespaces before it dropped to the agent's uid (or, for a program, a child a thread of the warden started with vfork
 once the thread itself had joined and dropped: threadspawn.py): no capability (an empty bounding set), no_new_privs
@@ -49,7 +51,7 @@ import subprocess
 import threading
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from air.sandbox.warden import hostview, mountapi, rootcopy, seccomp
+from air.sandbox.warden import hostview, mountapi, netlink, rootcopy, seccomp
 from air.sandbox.warden.syscalls import NUMBERS
 
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -90,13 +92,22 @@ class Layout:
     starts from, read once (the container's mounts and cgroup limits do not change while it lives)."""
 
     def __init__(self, *, uid: int, home: str, pristine_home: str, scratch: str, home_mb: int, tmp_mb: int,
-                 shm_mb: int, passwd: str, group: str, writable: List[str], hidden: List[str] = ()):
+                 shm_mb: int, passwd: str, group: str, writable: List[str], hidden: List[str] = (),
+                 cell_net: Optional[Tuple[str, int]] = None, hosts: Optional[str] = None):
         """passwd, group: files to show as /etc/passwd and /etc/group; writable: inherited mounts that stay
         writable (air's own directory: root's, the scorer's outputs); hidden: inherited mounts a cell does not have
         at all (the warden's host directory)."""
         self.uid, self.home, self.pristine_home, self.scratch = uid, home, pristine_home, scratch
         self.home_mb, self.tmp_mb, self.shm_mb = home_mb, tmp_mb, shm_mb
         self.passwd, self.group, self.writable, self.hidden = passwd, group, writable, list(hidden)
+        self.cell_net = cell_net
+        """A sandbox with services: every cell's address (and prefix) on the sandbox's private network, on a macvlan
+        of the container's interface made into the cell (netlink.py); None: loopback only."""
+        self.hosts = hosts
+        """A file to show as /etc/hosts (the services' names and addresses: Docker's DNS is the container's, out of a
+        cell's reach); None: the container's."""
+        self.parent = socket.if_nametoindex(netlink.CELL_IFNAME) if cell_net else 0
+        """The container's interface on that network, the macvlans' parent."""
         self.inherited = _mountinfo()
         if any(point == rootcopy.ROOT_COPY for point, _, _, _ in self.inherited):
             self.hidden.append(rootcopy.ROOT_COPY)
@@ -164,7 +175,16 @@ TEMP_OWNER = 0
 def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> None:
     """Make the namespaces and the mounts: in the cell's init, once it is pid 1 of its new pid namespace (a fork of
     the warden), or in a thread of the warden (_build_in_thread), whose mount_proc starts the init first."""
+    route = netlink.route_socket() if layout.cell_net else None  # the container's namespace's, made before unshare
     _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    if route is not None:
+        with route:
+            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                netlink.macvlan_into(route, layout.parent, fd)
+            finally:
+                os.close(fd)
+        netlink.configure(netlink.CELL_IFNAME, *layout.cell_net)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     if layout.root_copy:  # the image's tmpfs copy as the root, the container's mounts carried onto it
         rootcopy.enter(layout.root_copy, layout.carried, layout.hidden + layout.copied, mount, _check)
@@ -199,8 +219,8 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
     if layout.hostview_binds:
         hostview.install(layout.hostview_binds, layout.hostview_root, mount, _detach)
     _cgroup_limits(layout.cgroup)
-    for name, text in (("passwd", layout.passwd), ("group", layout.group)):
-        if os.path.realpath("/etc/" + name) == os.path.realpath(text):
+    for name, text in (("passwd", layout.passwd), ("group", layout.group), ("hosts", layout.hosts)):
+        if text is None or os.path.realpath("/etc/" + name) == os.path.realpath(text):
             continue  # air's images link them there already: a mount would only add a mount point
         mount(text, "/etc/" + name, None, MS_BIND)
         mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
@@ -655,8 +675,8 @@ class Cell:
     NAMESPACES = (("mnt", CLONE_NEWNS), ("net", CLONE_NEWNET), ("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS))
     NAMES = ("pid", "mnt", "net", "ipc", "uts")
 
-    def __init__(self, init: int, ns_fds: Dict[str, int]):
-        self.init, self.ns_fds = init, ns_fds
+    def __init__(self, init: int, ns_fds: Dict[str, int], linked: bool = False):
+        self.init, self.ns_fds, self.linked = init, ns_fds, linked
 
     @classmethod
     def build(cls, layout: Layout) -> "Cell":
@@ -708,7 +728,7 @@ class Cell:
             _children_in(None)
             _end(pid)
             raise CellError("the cell could not be built: " + answer.decode("utf-8", "replace"))
-        cell = cls(pid, dict(zip(cls.NAMES, fds)))
+        cell = cls(pid, dict(zip(cls.NAMES, fds)), linked=bool(layout.cell_net))
         _children_in(cell.ns_fds["pid"])  # from now on, every child of the warden is born in the cell
         return cell
 
@@ -734,7 +754,7 @@ class Cell:
         if "cell" not in outcome:
             raise CellError("the cell could not be built: " + outcome.get("error", "the builder ended"))
         init, fds = outcome["cell"]
-        cell = cls(init, dict(zip(cls.NAMES, fds)))
+        cell = cls(init, dict(zip(cls.NAMES, fds)), linked=bool(layout.cell_net))
         _children_in(cell.ns_fds["pid"])  # from now on, every child of the warden is born in the cell
         return cell
 
@@ -763,10 +783,32 @@ class Cell:
         """Kill everything in the cell and wait until it is gone. `reap`: the warden's own children in the cell,
         which only it can reap (the kernel's teardown waits for them)."""
         _children_in(None)
+        if self.linked and "net" in self.ns_fds:
+            _unlink(self.ns_fds["net"])
         for fd in self.ns_fds.values():
             os.close(fd)
         self.ns_fds = {}
         _end(self.init, reap)
+
+
+def _unlink(netns: int) -> None:
+    """Delete a cell's interface on the private network now, from a thread that joins its network namespace: the
+    namespace itself goes only when the kernel gets to it, and until then would still answer for the address the
+    next cell takes."""
+    failed: list = []
+
+    def work() -> None:
+        try:
+            _check(LIBC.setns(netns, CLONE_NEWNET), "setns net")
+            with netlink.route_socket() as route:
+                netlink.delete_link(route, socket.if_nametoindex(netlink.CELL_IFNAME))
+        except OSError as exc:
+            failed.append(exc)
+    thread = threading.Thread(target=work, name="air-cell-unlink")
+    thread.start()
+    thread.join()
+    if failed and failed[0].errno not in (19, 6):  # ENODEV, ENXIO: gone already
+        raise CellError("the cell's network interface could not be deleted: %s" % failed[0])
 
 
 def _end(init: int, reap: Tuple[int, ...] = ()) -> None:

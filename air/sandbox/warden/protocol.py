@@ -129,6 +129,10 @@ class Hello(Request):
     """Mounts no cell has (the warden's host directory)."""
     out_mb: int = 64
     """The size of `air`/out, the one place under `air` a cell can write: a new tmpfs for every cell."""
+    cell_net: str = ""
+    """A sandbox with services: every cell's address on its private network, as CIDR (cell.Layout.cell_net)."""
+    hosts: str = ""
+    """With `cell_net`: the /etc/hosts of every cell (the services' names and addresses)."""
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ import time
 from typing import Callable, Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
-from air.sandbox.warden import (atimes, files, locks, lower, mountapi, procs, protocol as p, snapshot, threadspawn,
-                                watch, zygote)
+from air.sandbox.warden import (atimes, files, locks, lower, mountapi, netlink, procs, protocol as p, snapshot,
+                                threadspawn, watch, zygote)
 from air.sandbox.warden.cell import (LIBC, Cell, CellError, Layout, Middle, _check, _detach, become, fresh_tmpfs,
                                      mount, outside, places_over, prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
@@ -382,6 +382,8 @@ class Warden:
                 os.chown(d, c.uid, c.uid)
         for name in ("passwd", "group"):
             _write(c.air + "/etc/" + name, _with_agent(name, c.image_uid, c.uid))
+        if c.hosts:
+            _write(c.air + "/etc/hosts", c.hosts.encode())
         prepare_confinement()
         # /srv/air's time says when the container was made: fixed, so that no two sandboxes (or a replay) differ.
         os.utime(c.air, (c.epoch, c.epoch))
@@ -390,7 +392,8 @@ class Warden:
             self.forgetter.open(mount, _detach, c.air + "/cell")
         self.layout = Layout(uid=c.uid, home=c.home, pristine_home=c.pristine_home, scratch=c.air + "/cell",
                              home_mb=c.home_mb, tmp_mb=c.tmp_mb, shm_mb=c.shm_mb, passwd=c.air + "/etc/passwd",
-                             group=c.air + "/etc/group", writable=[c.air + "/out"], hidden=c.hidden)
+                             group=c.air + "/etc/group", writable=[c.air + "/out"], hidden=c.hidden,
+                             cell_net=netlink.split(c.cell_net), hosts=c.air + "/etc/hosts" if c.hosts else None)
         self.renew_out()
         self.own_mounts = _own_mounts(self.layout.inherited, c)
         self.hold_own_files()

@@ -10,8 +10,9 @@
   `reward.json` is the score: `reward` the primary metric, every other number a metric beside it;
 - `[agent]`/`[verifier]` timeouts, resources and GPUs map onto air's limits.
 
-What air cannot honour either stops the task with one line saying why (a multi-step task, Windows, TPUs, Compose
-sidecars, a verifier image of its own) or is said as a note and the task runs anyway (air gives no network, the
+A task's `environment/docker-compose.yaml` gives it services beside the sandbox (compose.py; air.sandbox.services).
+What air cannot honour either stops the task with one line saying why (a multi-step task, Windows, TPUs, a compose
+key air does not take) or is said as a note and the task runs anyway (air gives no network, the
 agent is never root). Harbor's task.toml is parsed by models of Harbor 0.25's own TaskConfig (harbor/models/task/
 config.py); a key Harbor does not know is ignored by Harbor, so here it is a note, never an error.
 """
@@ -24,6 +25,7 @@ import shlex
 import tomllib
 from pathlib import Path
 from typing import Any, Callable, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,6 +34,7 @@ from air.files import read_bounded
 from air.images.dockerfile import IMAGE_WORKSPACE, dockerfile_digest, workdir_problem
 from air.sandbox.layout import BASE_PATH, WORKSPACE
 from air.tasks.folder import links_out_problem
+from air.tasks.harbor.compose import COMPOSE_FILE, has_compose, read_compose
 from air.tasks.harbor.installs import BASH_ENV as INSTALLS_BASH_ENV
 from air.tasks.harbor.installs import read_installs, recipe
 from air.tasks.spec import (
@@ -262,6 +265,13 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
     build = ImageBuild(context=task_dir / "environment", dockerfile=None if env.docker_image else dockerfile,
                        base=env.docker_image or None, workdir=env.workdir, timeout=env.build_timeout_sec)
     image = f"air/harbor-{_slug(ident)}:{dockerfile_digest(build.context, build.dockerfile, build.base, build.workdir)}"
+    compose = None
+    if has_compose(task_dir):  # Harbor's base file for `main`, then the task's over it (compose.py)
+        resources = _resources(env)
+        compose = read_compose(task_dir, name, _slug(ident), main_image=image, cpus=resources.cpus,
+                               memory_mb=resources.memory_mb)
+        notes.append(f"its services ({', '.join(s.name for s in compose.services)}) run beside the sandbox on a "
+                     "private network of their own, made new for every rollout")
     verifier_build = _verifier_build(task_dir, config, workdir)
     verifier_image = None if verifier_build is None else f"air/harbor-{_slug(ident)}-verifier:" + dockerfile_digest(
         verifier_build.context, verifier_build.dockerfile, verifier_build.base, verifier_build.workdir)
@@ -293,7 +303,9 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
             verifier_collect=[Collect(command=c["command"], timeout=c.get("timeout_sec") or 300)
                               for c in config.verifier.collect],
             verifier_installs=verifier_build is not None and verifier_build.base == image,
-            env={**static_env, **env.env},
+            env={**static_env, **(compose.main_env if compose else {}), **env.env},
+            services=compose.services if compose else [], service_builds=compose.builds if compose else {},
+            service_waits=compose.waits if compose else {},
             evaluation_files=_tests(task_dir),
             evaluation=Evaluation(contract="harbor", entry="tests/test.sh", submission=["."],
                                   timeout=config.verifier.timeout_sec, env=verifier_env),
@@ -353,12 +365,10 @@ def _cannot(task_dir: Path, config: HarborToml) -> list[str]:
         why.append(f"it targets {env.os} containers")
     if env.tpu:
         why.append("it asks for a TPU")
-    if (task_dir / "environment" / "docker-compose.yaml").is_file():
-        why.append("its environment is a Docker Compose project (sidecar services)")
-    elif not (task_dir / "environment" / "Dockerfile").is_file() and not env.docker_image:
+    if not (task_dir / "environment" / "Dockerfile").is_file() and not env.docker_image:
         why.append("it has neither environment/Dockerfile nor [environment].docker_image")
-    if env.mcp_servers:
-        why.append("it declares MCP servers, which need the network")
+    if outside := _mcp_outside(task_dir, env):
+        why.append(f"it declares MCP servers outside its services ({', '.join(outside)}), which need the network")
     verifier = config.verifier
     services = {str(c.get("service")) for c in verifier.collect if c.get("service") not in (None, "main")}
     if services:
@@ -366,6 +376,25 @@ def _cannot(task_dir: Path, config: HarborToml) -> list[str]:
     if any(not isinstance(c.get("command"), str) or not c.get("command") for c in verifier.collect):
         why.append("a [[verifier.collect]] has no command")
     return why
+
+
+def _mcp_outside(task_dir: Path, env: _Environment) -> list[str]:
+    """The MCP servers a task declares that are not among its compose services (which the sandbox reaches by name
+    on its private network: air.sandbox.services); every other one needs the network."""
+    names = set()
+    if has_compose(task_dir):
+        try:
+            import yaml
+            names = set((yaml.safe_load((task_dir / "environment" / COMPOSE_FILE).read_text()) or {})
+                        .get("services") or {})
+        except Exception:  # noqa: BLE001 - read_compose says what is wrong with it
+            pass
+    outside = []
+    for server in env.mcp_servers:
+        host = urlsplit(str(server.get("url") or "")).hostname
+        if host is None or host not in names - {"main"}:
+            outside.append(str(server.get("name") or server.get("url") or "?"))
+    return outside
 
 
 def separate(config: HarborToml) -> bool:
@@ -481,7 +510,7 @@ def _notes(config: HarborToml) -> list[str]:
     if env.gpu_types:
         notes.append(f"it prefers GPUs {', '.join(env.gpu_types)}; air gives any of the host's")
     if env.healthcheck:
-        notes.append("its healthcheck is not run (air starts no services in the sandbox)")
+        notes.append("its [environment].healthcheck is not run (its compose services' health checks are)")
     if env.skills_dir:
         notes.append("its skills_dir is not copied anywhere")
     if config.artifacts and not separate(config):

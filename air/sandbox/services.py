@@ -1,0 +1,350 @@
+"""A sandbox's services (a Harbor compose task's sidecars: a database, an API, a simulated user): containers of their
+own images beside the sandbox, on a private network that joins the sandbox and them and nothing else, made new for
+every lease. Created with air's own Docker calls (no compose binary), with air's labels, so the sweeps and `air
+containers clean` remove what a killed run left.
+
+The network (`create_network`): a Docker bridge network per sandbox,
+- `internal`: Docker gives its containers no default route and drops what would leave the bridge, so nothing on it
+  reaches the internet, the host's other networks or another sandbox's network;
+- with no address of the host's on its bridge (`inhibit_ipv4`): on a plain internal network the bridge holds the
+  gateway's address, and every container on it reaches whatever on the host listens on all addresses there
+  (measured: docs/harbor.md, "Tasks with services");
+- a small subnet (SUBNET_SIZE) drawn from SUBNETS: Docker's own pools give every network a /16 and run out after about
+  thirty; without an address on the bridge the host has no route to it either, so the range collides with nothing.
+Names resolve through Docker's embedded DNS (127.0.0.11 in each container on a user network): each service under its
+compose name (its alias there), the sandbox as `main`; an internal network's DNS forwards no other name.
+
+Fresh per lease (`renew`): at release every service container is removed (what the rollout wrote in it goes with
+it: rows, files, processes) and made again from its image, in the background while the sandbox's cell is rebuilt;
+the next lease waits only if they are not ready (`ready`), which means every service started and the conditions
+`main`'s depends_on names met (healthy by its own check, completed successfully), each service started only once its
+own depends_on are met.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+
+import docker.errors
+import docker.types
+
+from air.errors import InfraError, SandboxUnavailable
+from air.sandbox.docker_api import Docker, conflict
+from air.sandbox.labels import ROLE
+from air.sandbox.spec import Condition, ServiceSpec
+
+log = logging.getLogger("air.services")
+
+SUBNETS = ipaddress.ip_network("10.213.0.0/16")
+"""Where the sandboxes' private networks take their subnets (no route to them exists outside their containers)."""
+SUBNET_SIZE = 27
+"""32 addresses: Docker's gateway reservation, `main` and up to 29 services."""
+SERVICE_ROLE = "service"
+NETWORK_ROLE = "network"
+SERVICE_LABEL = "air.service"
+OF_LABEL = "air.services-of"
+"""On every service container: its sandbox's container name (a service made while its sandbox went is still found)."""
+POLL = 0.1
+"""Seconds between looks at a service's state while a lease waits for it."""
+NO_NET_RAW = ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SYS_CHROOT"]
+"""Dropped from Docker's default capabilities in a service: raw sockets would let one forge traffic on the private
+network (ARP, spoofed addresses); the others no service needs to serve."""
+
+
+MAIN_AT, FIRST_SERVICE_AT, SCORER_AT, CELL_AT, SCORER_CELL_AT = 1, 2, 25, 28, 29
+"""Fixed places in a subnet's addresses (.1 is Docker's gateway, which no bridge address holds): `main` (the
+container), the services in their order, a scoring sandbox's container, the agent's cell, a scoring cell. Fixed, so
+that a renewed service keeps its address and every cell's /etc/hosts stays true (Docker's DNS is the container's,
+out of a cell's reach)."""
+MAX_SERVICES = SCORER_AT - FIRST_SERVICE_AT
+PLAN_LABEL = "air.addresses"
+"""On the network: the plan (name: address, the cells' too) as JSON, for a scoring sandbox that joins it."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where everything is on one sandbox's private network."""
+
+    prefix: int
+    addresses: dict[str, str]
+    """main, each service by name, "scorer"; and the cells': "cell", "scorer-cell"."""
+
+    @classmethod
+    def of(cls, subnet: ipaddress.IPv4Network, services: list[str]) -> Plan:
+        hosts = [str(a) for a in subnet.hosts()]
+        places = {"main": hosts[MAIN_AT], "scorer": hosts[SCORER_AT], "cell": hosts[CELL_AT],
+                  "scorer-cell": hosts[SCORER_CELL_AT]}
+        places.update({name: hosts[FIRST_SERVICE_AT + i] for i, name in enumerate(services)})
+        return cls(subnet.prefixlen, places)
+
+    def cell_net(self, role: str = "cell") -> str:
+        return f"{self.addresses[role]}/{self.prefix}"
+
+    def hosts(self, role: str = "cell") -> str:
+        """A cell's /etc/hosts: loopback, the services by name, `main` (the cell itself: where Harbor's agent, and its
+        verifier, run)."""
+        rows = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
+                f"{self.addresses[role]}\tmain"]
+        rows += [f"{address}\t{name}" for name, address in self.addresses.items()
+                 if name not in ("main", "scorer", "cell", "scorer-cell")]
+        return "\n".join(rows) + "\n"
+
+
+def network_kwargs(name: str, labels: dict[str, str], subnet: ipaddress.IPv4Network | None = None,
+                   plan: Plan | None = None) -> dict:
+    subnet = subnet or random.choice(list(SUBNETS.subnets(new_prefix=SUBNET_SIZE)))
+    extra = {PLAN_LABEL: json.dumps({"prefix": plan.prefix, "addresses": plan.addresses})} if plan else {}
+    return dict(name=name, driver="bridge", internal=True, labels={**labels, ROLE: NETWORK_ROLE, **extra},
+                options={"com.docker.network.bridge.inhibit_ipv4": "true"}, check_duplicate=True,
+                ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet))]))
+
+
+async def create_network(docker_: Docker, name: str, labels: dict[str, str], services: list[str],
+                         attempts: int = 8) -> Plan:
+    """The sandbox's private network `name` and where everything is on it; a subnet another network holds is drawn
+    again."""
+    if len(services) > MAX_SERVICES:
+        raise InfraError(f"{len(services)} services; a sandbox's private network holds {MAX_SERVICES} at most")
+    for attempt in range(attempts):
+        subnet = random.choice(list(SUBNETS.subnets(new_prefix=SUBNET_SIZE)))
+        plan = Plan.of(subnet, services)
+        try:
+            await docker_.call(docker_.client.networks.create, **network_kwargs(name, labels, subnet, plan),
+                               timeout=30)
+            return plan
+        except InfraError as exc:
+            if "overlap" not in str(exc).lower() or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def joined_plan(docker_: Docker, name: str) -> Plan:
+    """The plan of the network `name` (another sandbox's), for a sandbox that joins it."""
+    info = await docker_.call(docker_.api.inspect_network, name, timeout=30, idempotent=True)
+    plan = json.loads((info.get("Labels") or {})[PLAN_LABEL])
+    return Plan(plan["prefix"], plan["addresses"])
+
+
+async def remove_network(docker_: Docker, name: str) -> None:
+    """Remove it (idempotent). A container still on it (a scoring sandbox being removed beside it, as a pool
+    closes) is disconnected first: the network is its sandbox's, and goes with it."""
+    def remove() -> None:
+        api = docker_.client.api
+        for attempt in range(3):
+            try:
+                api.remove_network(name)
+                return
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError as exc:
+                if "active endpoints" not in str(exc) or attempt == 2:
+                    raise
+            for container in (api.inspect_network(name).get("Containers") or {}):
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    api.disconnect_container_from_network(container, name, force=True)
+    await docker_.call(remove, timeout=60, idempotent=True)
+
+
+def service_kwargs(spec: ServiceSpec, *, name: str, network: str, labels: dict[str, str], api, of: str,
+                   address: str | None = None) -> dict:
+    """Arguments of `containers.run` for one service: its image's own process, on the private network alone under
+    its name, with limits (compose sets none; air starts no container without them)."""
+    kwargs: dict = dict(
+        image=spec.image, name=name, detach=True, hostname=spec.name, environment=dict(spec.env),
+        labels={**labels, ROLE: SERVICE_ROLE, SERVICE_LABEL: spec.name, OF_LABEL: of}, network=network,
+        networking_config={network: api.create_endpoint_config(aliases=[spec.name], ipv4_address=address)},
+        nano_cpus=int(spec.cpus * 1e9), mem_limit=f"{spec.memory_mb}m", memswap_limit=f"{spec.memory_mb}m",
+        pids_limit=1024, cap_drop=NO_NET_RAW, security_opt=["no-new-privileges"], stop_signal="SIGKILL")
+    if spec.command is not None:
+        kwargs["command"] = list(spec.command)
+    if spec.entrypoint is not None:
+        kwargs["entrypoint"] = list(spec.entrypoint)
+    if spec.working_dir:
+        kwargs["working_dir"] = spec.working_dir
+    if spec.user:
+        kwargs["user"] = spec.user
+    if (check := spec.healthcheck) is not None and check.test == ("NONE",):
+        kwargs["healthcheck"] = {"test": ["NONE"]}
+    elif check is not None:
+        ns = 1_000_000_000
+        kwargs["healthcheck"] = dict(test=list(check.test), interval=int(check.interval * ns),
+                                     timeout=int(check.timeout * ns), retries=check.retries,
+                                     start_period=int(check.start_period * ns))
+    return kwargs
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """A failure of services nobody leased again (the pool closed first) is no unretrieved error: `ready` says it
+    to the lease that waits for them."""
+    if not task.cancelled():
+        task.exception()
+
+
+def start_order(specs: tuple[ServiceSpec, ...]) -> list[ServiceSpec]:
+    """Dependencies first (the loader refused cycles and unknown names)."""
+    by_name, done, order = {s.name: s for s in specs}, set(), []
+
+    def visit(spec: ServiceSpec) -> None:
+        if spec.name in done:
+            return
+        done.add(spec.name)
+        for dep in spec.depends_on:
+            if dep in by_name:
+                visit(by_name[dep])
+        order.append(spec)
+    for spec in specs:
+        visit(spec)
+    return order
+
+
+@dataclass(eq=False)
+class Services:
+    """The services of one sandbox: made with it, renewed at each release, removed with it."""
+
+    docker: Docker
+    specs: tuple[ServiceSpec, ...]
+    waits: dict[str, Condition]
+    network: str
+    plan: Plan
+    prefix: str
+    """The sandbox's container name: its services are `<prefix>-<service>-<generation>`."""
+    labels: dict[str, str]
+    timeout: float = 300.0
+    generation: int = 0
+    ids: dict[str, str] = field(default_factory=dict)
+    _pending: asyncio.Task | None = None
+
+    def start(self) -> None:
+        """Make this generation's services, in the background (`ready` waits for them)."""
+        self._pending = asyncio.ensure_future(self._start())
+        self._pending.add_done_callback(_retrieved)
+
+    def renew(self) -> None:
+        """Remove the services (what a rollout did to them goes) and make them again from their images, in the
+        background; `ready` waits for it."""
+        previous = self._pending
+
+        async def renew() -> None:
+            if previous is not None:
+                with contextlib.suppress(Exception):
+                    await previous
+            await self.remove()
+            await self._start()
+        self._pending = asyncio.ensure_future(renew())
+        self._pending.add_done_callback(_retrieved)
+
+    async def ready(self) -> None:
+        """Return once the services are ready; SandboxUnavailable (the sandbox is not to be leased) when they could
+        not be made or did not become ready within `timeout`."""
+        if self._pending is None:
+            self.start()
+        try:
+            await asyncio.shield(self._pending)
+        except (InfraError, asyncio.TimeoutError) as exc:
+            raise SandboxUnavailable(f"the services of {self.prefix} are not ready: {exc}") from exc
+
+    async def _start(self) -> None:
+        self.generation += 1
+        async with asyncio.timeout(self.timeout):
+            for spec in start_order(self.specs):
+                for dep, condition in spec.depends_on.items():
+                    await self._met(dep, condition)
+                kwargs = service_kwargs(spec, name=f"{self.prefix}-{spec.name}-{self.generation}",
+                                        network=self.network, labels=self.labels, api=self.docker.api,
+                                        of=self.prefix, address=self.plan.addresses[spec.name])
+                container = await self.docker.call(self.docker.client.containers.run, timeout=60, **kwargs)
+                self.ids[spec.name] = container.id
+            for name, condition in self.waits.items():
+                await self._met(name, condition)
+
+    async def _state(self, name: str) -> dict:
+        info = await self.docker.call(self.docker.api.inspect_container, self.ids[name], timeout=30, idempotent=True)
+        return info["State"]
+
+    async def _met(self, name: str, condition: Condition) -> None:
+        """Wait until service `name` meets `condition`; InfraError once it never can (it ended, it is unhealthy)."""
+        while True:
+            state = await self._state(name)
+            status, health = state.get("Status"), (state.get("Health") or {}).get("Status")
+            if condition == "service_completed_successfully":
+                if status == "exited":
+                    if state.get("ExitCode") == 0:
+                        return
+                    raise InfraError(f"service {name} exited with {state.get('ExitCode')} (its dependents need it "
+                                     "to complete successfully)")
+            elif status in ("exited", "dead"):
+                raise InfraError(f"service {name} ended (exit code {state.get('ExitCode')}"
+                                 f"{', OOM-killed' if state.get('OOMKilled') else ''}) before it was ready")
+            elif condition == "service_started" and state.get("Running"):
+                return
+            elif condition == "service_healthy":
+                if health == "healthy":
+                    return
+                if health == "unhealthy":
+                    raise InfraError(f"service {name} is unhealthy by its own health check")
+                if health is None and state.get("Running"):
+                    raise InfraError(f"service {name} has no health check, and a dependent waits for it to be "
+                                     "healthy")
+            await asyncio.sleep(POLL)
+
+    async def lost(self) -> str | None:
+        """Why a service is not there as the rollout left it, when the infrastructure took it (its container gone,
+        or dead in the daemon's hands); None otherwise. A service that exited, even killed for memory within its own
+        limit, may have been made to by the agent (a request that stops it, rows until it runs out): that is the
+        rollout's own doing, never the infrastructure's failure, which the agent must not be able to cause."""
+        for name, cid in self.ids.items():
+            try:
+                info = await self.docker.call(self.docker.api.inspect_container, cid, timeout=30, idempotent=True)
+            except SandboxUnavailable:
+                return f"service {name} ({cid[:12]}) is gone"
+            if info["State"].get("Status") in ("dead", "removing"):
+                return f"service {name} ({cid[:12]}) is {info['State']['Status']}"
+        return None
+
+    async def remove(self) -> None:
+        """Remove this generation's service containers (idempotent); one whose removal is under way already (a
+        renewal cancelled by the pool's close) is waited for."""
+        ids, self.ids = list(self.ids.values()), {}
+        for cid in ids:
+            try:
+                await self.docker.call(self.docker.api.remove_container, cid, force=True, v=True, timeout=60,
+                                       idempotent=True)
+            except SandboxUnavailable:
+                pass  # gone already
+            except InfraError as exc:
+                if not conflict(exc):
+                    raise
+                try:
+                    async with asyncio.timeout(60):
+                        while True:  # 409: the daemon is removing it
+                            try:
+                                await self.docker.call(self.docker.api.inspect_container, cid, timeout=30,
+                                                       idempotent=True)
+                            except SandboxUnavailable:
+                                break
+                            await asyncio.sleep(POLL)
+                except asyncio.TimeoutError:
+                    raise InfraError(f"service container {cid[:12]} was still being removed after 60 s") from None
+
+    async def close(self) -> None:
+        """Remove the services and the network (after the sandbox's own container is gone), and any service whose
+        creation was still under way (found by its label)."""
+        if self._pending is not None:
+            self._pending.cancel()
+            with contextlib.suppress(BaseException):
+                await self._pending
+        await self.remove()
+        rows = await self.docker.call(self.docker.api.containers, all=True, timeout=30, idempotent=True,
+                                      filters={"label": f"{OF_LABEL}={self.prefix}"})
+        self.ids = {f"left-{i}": row["Id"] for i, row in enumerate(rows)}
+        await self.remove()
+        await remove_network(self.docker, self.network)
+
+
+__all__ = ["Services", "create_network", "remove_network", "service_kwargs", "start_order"]

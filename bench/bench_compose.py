@@ -1,0 +1,152 @@
+"""A Harbor task with services (tests/fixtures/harbor-compose/rows: a database-like `db`, `main` waiting for it to be
+healthy) run as air runs it, against what `docker compose up` + `down` per rollout does, made with plain SDK calls
+(this machine has no compose v2), and a one-container task's lease beside them, in one run.
+
+    python bench/bench_compose.py [--runs 5]
+
+Per rollout, each way: the lease (air: a warm sandbox's new cell, its services made new at the last release; plain:
+network, db created and healthy, main created and started), the agent's write into db, the test reading it back
+(air: a scoring sandbox on the rollout's network; plain: an exec in main, as Harbor's verifier), and the end (air:
+the release, its reset and the services' renewal settled; plain: every container and the network removed). Figures:
+medians, and air's over plain's. Needs air/base (the fixture's images are built here offline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from pathlib import Path
+
+import docker
+
+from air.sandbox import PoolConfig, SandboxPool
+from air.sandbox.services import network_kwargs
+from air.tasks.environment import TaskEnvironment
+from air.tasks.harbor.loader import load_harbor_task
+from air.tasks.task_images import build_task_image
+
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
+PUT = ("python3 -c \"import socket; s = socket.create_connection(('db', 7070), timeout=10); "
+       "s.sendall(b'PUT hello\\n'); s.makefile().readline()\"")
+READ = ("python3 -c \"import socket; s = socket.create_connection(('db', 7070), timeout=10); s.sendall(b'ROWS\\n'); "
+        "print(s.makefile().readline())\"")
+
+
+async def air_rollouts(spec, runs: int) -> tuple[list[float], ...]:
+    """Each lease's wait, each whole rollout (lease, write, score, release settled with its services renewed), each
+    scoring, and each renewal of the services after the release settled."""
+    async with SandboxPool(PoolConfig(gpu_ids=[], lease_timeout=300)) as pool:
+        env = TaskEnvironment(spec, pool)
+        async with env.lease() as sandbox:  # the first container, its images' pins: out of the figures
+            pass
+        await pool.settled(sandbox)
+        await sandbox.services.ready()
+        leases, whole, scoring, renewals = [], [], [], []
+        for _ in range(runs):
+            start = time.perf_counter()
+            async with env.lease() as sandbox:
+                leases.append(time.perf_counter() - start)
+                await sandbox.session.run(PUT, timeout=60)
+                scored = time.perf_counter()
+                outcome = await env.evaluate(sandbox)
+                scoring.append(time.perf_counter() - scored)
+                assert outcome.ok and outcome.metrics["reward"] == 1.0, outcome
+            await pool.settled(sandbox)
+            released = time.perf_counter()
+            await sandbox.services.ready()  # renewed: what the next lease would otherwise wait for
+            renewals.append(time.perf_counter() - released)
+            whole.append(time.perf_counter() - start)
+        waits = []  # a lease as soon as the release settled: it waits for the services' renewal
+        for _ in range(runs):
+            async with env.lease() as sandbox:
+                pass
+            await pool.settled(sandbox)
+            start = time.perf_counter()
+            async with env.lease() as again:
+                waits.append(time.perf_counter() - start)
+                assert again is sandbox
+            await pool.settled(again)
+            await again.services.ready()
+        return leases, whole, scoring, renewals, waits
+
+
+def plain_rollouts(spec, runs: int) -> tuple[list[float], list[float]]:
+    """The same rollouts as compose up + down would make them: plain SDK calls, nothing kept between rollouts."""
+    client = docker.from_env()
+    (db,) = spec.services
+    check = db.healthcheck
+    ns = 1_000_000_000
+    labels = {"air.role": "bench-plain"}
+    ups, whole = [], []
+    for i in range(runs):
+        start = time.perf_counter()
+        net = client.networks.create(**network_kwargs(f"air-bench-plain-{i}", labels))
+        service = main = None
+        try:
+            service = client.containers.run(
+                db.image, detach=True, name=f"air-bench-plain-db-{i}", network=net.name, labels=labels,
+                networking_config={net.name: client.api.create_endpoint_config(aliases=["db"])},
+                healthcheck=dict(test=list(check.test), interval=int(check.interval * ns),
+                                 timeout=int(check.timeout * ns), retries=check.retries,
+                                 start_period=int(check.start_period * ns)))
+            while client.api.inspect_container(service.id)["State"].get("Health", {}).get("Status") != "healthy":
+                time.sleep(0.1)
+            main = client.containers.run(spec.image, ["sleep", "infinity"], detach=True, network=net.name,
+                                         name=f"air-bench-plain-main-{i}", labels=labels)
+            ups.append(time.perf_counter() - start)
+            main.exec_run(["sh", "-c", PUT])
+            got = main.exec_run(["sh", "-c", READ]).output.decode()
+            assert "hello" in got, got
+        finally:
+            for container in (main, service):
+                if container is not None:
+                    container.remove(force=True)
+            net.remove()
+        whole.append(time.perf_counter() - start)
+    return ups, whole
+
+
+async def one_container_leases(spec, runs: int) -> list[float]:
+    async with SandboxPool(PoolConfig(gpu_ids=[], lease_timeout=300)) as pool:
+        env = TaskEnvironment(spec, pool)
+        async with env.lease() as sandbox:
+            pass
+        await pool.settled(sandbox)
+        took = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            async with env.lease() as sandbox:
+                took.append(time.perf_counter() - start)
+            await pool.settled(sandbox)
+        return took
+
+
+def main(runs: int) -> None:
+    compose = load_harbor_task(FIXTURES / "harbor-compose", "rows")
+    single = load_harbor_task(FIXTURES / "harbor", "hello-pass")
+    for spec in (compose, single):
+        build_task_image(spec)
+    air_lease, air_whole, air_scoring, air_renewal, air_waits = asyncio.run(air_rollouts(compose, runs))
+    plain_up, plain_whole = plain_rollouts(compose, runs)
+    single_lease = asyncio.run(one_container_leases(single, runs))
+    med = statistics.median
+    print(f"runs: {runs} (medians)")
+    print(f"lease   air, a task with services:   {med(air_lease) * 1000:8.1f} ms")
+    print(f"up      plain SDK (compose up):      {med(plain_up) * 1000:8.1f} ms   ratio air/plain "
+          f"{med(air_lease) / med(plain_up):.3f}")
+    print(f"lease   air, as soon as the last release settled (its services still renewing): "
+          f"{med(air_waits) * 1000:8.1f} ms")
+    print(f"lease   air, a one-container task:   {med(single_lease) * 1000:8.1f} ms")
+    print(f"rollout air (lease..renewed):        {med(air_whole) * 1000:8.1f} ms")
+    print(f"rollout plain SDK (up..down):        {med(plain_whole) * 1000:8.1f} ms   ratio air/plain "
+          f"{med(air_whole) / med(plain_whole):.3f}")
+    print(f"  of which air's scoring (a new scoring sandbox on the network): {med(air_scoring) * 1000:8.1f} ms")
+    print(f"  of which air's services renewed after the release settled:    {med(air_renewal) * 1000:8.1f} ms")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    main(parser.parse_args().runs)
