@@ -15,6 +15,7 @@ plant. Under air's scoring, with the guard: none.
 from __future__ import annotations
 
 import logging
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -47,9 +48,9 @@ class Said(logging.Handler):
         self.lines.append(record.getMessage())
 
     def field(self, name: str) -> list[str]:
-        text = self.lines[-1]
-        value = text.split(f"{name}: ", 1)[1].split("\n", 1)[0]
-        return [item for item in value.split(",") if item]
+        found = re.search(rf"\b{name}:(.*)$", self.lines[-1], re.MULTILINE)
+        assert found, self.lines[-1]
+        return [item.strip() for item in found.group(1).split(",") if item.strip()]
 
 
 @pytest.fixture
