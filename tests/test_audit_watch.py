@@ -136,3 +136,24 @@ def test_only_code_handed_to_root_is_a_hand_off(tmp_path):
     assert (tmp_path / "bin" / "tool").read_text() == f"#!/bin/sh\nexec sh {pay}\n"
     assert (tmp_path / "lib" / "helper.rb").read_text() == f"system('sh', '{pay}')\n"
     assert "reward.json" in (tmp_path / ".air-watch-pay.sh").read_text()
+
+
+@pytest.mark.docker
+def test_past_the_watchs_bound_the_audit_says_what_it_did_not_follow_and_exits_1(images, tmp_path):
+    """Issue #72: the watch keeps MAX_RECORDS records; a test that reads 2,100 workspace files (the image's data)
+    before it sources the agent's env.sh and runs its run.sh is past it. The run.sh it names on a command line is
+    still kept (flagged, paid); the sourcing is not, and the audit says how many opens it did not follow and exits
+    1 even where nothing paid (here with the watched hack alone, which pays: exit 1 either way; the JSON says both)."""
+    import os
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "air.cli.main", "tasks", "audit", "harbor:many-reads",
+                           "--harbor-root", str(WATCHED), "--hack", "submission-plants", "--json", "-c", "1"],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "CI": "", "AIR_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    audit = json.loads(proc.stdout)[0]
+    assert "past the watch's bound of 2000 records were not recorded" in audit["unfollowed"], audit
+    assert audit["hand_offs"] and audit["hand_offs"][0].startswith("run.sh (ran): tests/test.sh:5:"), audit
+    assert not any(h.startswith("env.sh") for h in audit["hand_offs"]), audit  # the one lost past the bound
+    assert {r["name"]: r["status"] for r in audit["results"]}[NAME] == "paid", audit["results"]

@@ -43,6 +43,8 @@ def details(audits: list[TaskAudit]) -> list[str]:
     for audit in audits:
         for why in audit.weak:
             lines.append(f"[yellow]{escape(audit.task)}: weak: {escape(why)}[/]")
+        if audit.unfollowed:  # the verdict is not whole: said, and the audit exits 1
+            lines.append(f"[red]{escape(audit.task)}: not followed[/]: {escape(audit.unfollowed)}")
         if audit.hand_offs:  # what watching the test saw (air/audit/watch.py); watched-hand-offs says if it pays
             lines.append(f"[yellow]{escape(audit.task)}: the test hands control to the agent's files[/] "
                          f"({escape(audit.watch)}):")

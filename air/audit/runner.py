@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from air.audit.hacks import FAMILIES, FOUND, Hack
 from air.audit.watch import HandOff, hack_of as watch_hack, hand_offs, parse as parse_watch, report as watch_report
 from air.sandbox import WORKSPACE, SandboxPool
+from air.sandbox.warden.watch import MAX_RECORDS
 from air.tasks import watching
 from air.tasks.environment import TaskEnvironment
 from air.tasks.scoring import scoring_spec
@@ -69,6 +70,8 @@ class TaskAudit(BaseModel):
     """What was watched (air/audit/watch.py): the oracle's or the do-nothing rollout's scoring, or why nothing."""
     hand_offs: list[str] = []
     """The files of the agent's that the test was seen handing control to, how, by whom, and the test's line."""
+    unfollowed: str = ""
+    """What the audit did not follow (the watch's bound): the verdict is then not whole, and the audit exits 1."""
     seconds: float
 
     def family(self, family: str) -> tuple[Status, float | None]:
@@ -103,8 +106,8 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     variables = _variables(spec, workdir)
     with watching.recording() as seen:  # the test watched while it scores the pristine workspace (Harbor's)
         honest, _ = await _play(env, "true", variables)
-    watch_note, found = (await _watch(spec, pool, seen, task_root) if watch else
-                         ("not watched: the catalogue alone, as asked", None))
+    watch_note, found, unfollowed = (await _watch(spec, pool, seen, task_root) if watch else
+                                     ("not watched: the catalogue alone, as asked", None, ""))
     if found and found[0]:  # the hand-offs proved: planted in, scored like every hack
         hacks = [*hacks, watch_hack(*found)]
     do_nothing = _score(spec, honest)
@@ -148,15 +151,17 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     return TaskAudit(task=spec.id, contract=spec.evaluation.contract, metric=spec.primary.name,
                      direction=spec.primary.direction, do_nothing=do_nothing, do_nothing_status=honest.status,
                      baseline=baseline, reference=reference, results=list(results), weak=weak, watch=watch_note,
-                     hand_offs=watch_report(found[0]) if found else [], seconds=time.monotonic() - started)
+                     hand_offs=watch_report(found[0]) if found else [], seconds=time.monotonic() - started,
+                     unfollowed=unfollowed)
 
 
 async def _watch(spec: TaskSpec, pool: SandboxPool, seen: list[str], task_root: Path | None
-                 ) -> tuple[str, tuple[list[HandOff], list[str]] | None]:
+                 ) -> tuple[str, tuple[list[HandOff], list[str]] | None, str]:
     """What the test did with the agent's files while it scored the do-nothing rollout (in `seen`) and, where the
-    task has one, its oracle's solution: a line saying what was watched, and the hand-offs and data files."""
+    task has one, its oracle's solution: a line saying what was watched, the hand-offs and data files, and what the
+    watch did not follow ("" when it followed everything)."""
     if spec.evaluation.contract != "harbor":
-        return "not watched: its scoring runs the submission's code as the agent, never as root", None
+        return "not watched: its scoring runs the submission's code as the agent, never as root", None, ""
     from air.tasks.harbor.oracle import check_oracle, solution_dir
 
     what = "the do-nothing rollout"
@@ -165,12 +170,15 @@ async def _watch(spec: TaskSpec, pool: SandboxPool, seen: list[str], task_root: 
             checked = await check_oracle(spec, pool)
         seen = [*seen, *oracle]
         what = f"the oracle ({checked.message}) and the do-nothing rollout"
-    records, errors = parse_watch(seen)
+    records, errors, dropped = parse_watch(seen)
     if errors:
-        return f"not watched: {errors[0]}", None
+        return f"not watched: {errors[0]}", None, ""
     found, data = hand_offs(records, task_root)
+    unfollowed = (f"{dropped} opens of the workspace's files past the watch's bound of {MAX_RECORDS} records were "
+                  "not recorded (past it, only execs and files named on their opener's command line are): a "
+                  "hand-off among them is not seen") if dropped else ""
     return (f"watched {what}: {len({r.path for r in records})} files of the workspace opened, "
-            f"{len(found)} handed control to"), (found, data)
+            f"{len(found)} handed control to"), (found, data), unfollowed
 
 
 async def _play(env: TaskEnvironment, script: str, variables: dict[str, str]) -> tuple[EvalOutcome, str]:

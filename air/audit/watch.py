@@ -82,19 +82,23 @@ _INTERPRETERS = (  # (language, executable's name, the file names of its code)
 _VERB = {"sh": "sourced", "python": "imported", "make": "loaded as its Makefile"}
 
 
-def parse(lines: list[str]) -> tuple[list[Seen], list[str]]:
-    """The records, and what the watch said went wrong (it could not start)."""
-    seen, errors = [], []
+def parse(lines: list[str]) -> tuple[list[Seen], list[str], int]:
+    """The records, what the watch said went wrong (it could not start), and how many opens past its bound it did
+    not record (air/sandbox/warden/watch.py: MAX_RECORDS)."""
+    seen, errors, dropped = [], [], 0
     for line in lines:
         try:
             data = json.loads(line)
             if "error" in data:
                 errors.append(str(data["error"])[:300])
                 continue
+            if "dropped" in data:
+                dropped += int(data["dropped"])
+                continue
             seen.append(Seen(**data))
         except (ValueError, TypeError, ValidationError):
             continue
-    return seen, errors
+    return seen, errors, dropped
 
 
 def _language(exe: str, argv: list[str]) -> str | None:
