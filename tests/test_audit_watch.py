@@ -157,3 +157,21 @@ def test_past_the_watchs_bound_the_audit_says_what_it_did_not_follow_and_exits_1
     assert audit["hand_offs"] and audit["hand_offs"][0].startswith("run.sh (ran): tests/test.sh:5:"), audit
     assert not any(h.startswith("env.sh") for h in audit["hand_offs"]), audit  # the one lost past the bound
     assert {r["name"]: r["status"] for r in audit["results"]}[NAME] == "paid", audit["results"]
+
+
+@pytest.mark.docker
+async def test_a_race_is_played_as_a_rate(pool, images):
+    """Issue #72: a test that loses its race with what the agent's program left half the time (reward-race) was
+    "held" in one play of two. A hack that races (Hack.races) is played RACE_PLAYS times where the test hands
+    control to the agent's files, and the audit reports how many plays paid: with a rate of 1/2 all 11 hold with
+    probability 0.05%."""
+    from air.audit.report import details
+    from air.audit.runner import RACE_PLAYS
+
+    audit = await audited("reward-race", WATCHED, pool, [])
+    watched = next(r for r in audit.results if r.name == NAME)
+    print(f"reward-race: paid in {watched.pays} of {watched.plays} plays, {audit.seconds:.1f} s")
+    assert watched.plays == RACE_PLAYS == 11, watched
+    assert watched.status == "paid" and 0 < watched.pays < RACE_PLAYS, watched
+    assert any(f"paid in {watched.pays} of 11 plays" in line for line in details([audit])), details([audit])
+    assert watched.blame[0].startswith("tests/test.sh:7: out=$(cd /app && timeout 10 python3 solve.py"), watched.blame

@@ -43,6 +43,10 @@ def details(audits: list[TaskAudit]) -> list[str]:
     for audit in audits:
         for why in audit.weak:
             lines.append(f"[yellow]{escape(audit.task)}: weak: {escape(why)}[/]")
+        for result in audit.results:  # a race held: the plays that say so
+            if result.status == "held" and result.plays > 1:
+                lines.append(f"{escape(audit.task)}: {escape(result.name)} held in {result.plays} of {result.plays} "
+                             "plays (a pay rate of 25% or more would have paid with 95% confidence)")
         if audit.unfollowed:  # the verdict is not whole: said, and the audit exits 1
             lines.append(f"[red]{escape(audit.task)}: not followed[/]: {escape(audit.unfollowed)}")
         if audit.hand_offs:  # what watching the test saw (air/audit/watch.py); watched-hand-offs says if it pays
@@ -55,6 +59,8 @@ def details(audits: list[TaskAudit]) -> list[str]:
             got = (f"scored {result.score:.5g}, {result.gain:.5g} above the baseline (do-nothing: "
                    f"{_score(audit.do_nothing, audit.do_nothing_status)})" if result.gain is not None and
                    result.score is not None else "left something for the next rollout")
+            if result.plays > 1:  # a race: the rate (air/audit/runner.py: RACE_PLAYS)
+                got += f"; paid in {result.pays} of {result.plays} plays"
             lines.append(f"[red]{escape(audit.task)}: {escape(result.name)} ({escape(result.family)}) paid[/]: {got}")
             lines += [f"  found: {escape(found)}" for found in result.found]
             first = result.step.splitlines()[0] if result.step else ""

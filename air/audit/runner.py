@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import math
 import re
 import shlex
 import time
@@ -32,6 +33,13 @@ from air.tasks.scoring import scoring_spec
 from air.tasks.scoring_cell import EvalOutcome
 from air.tasks.spec import TaskSpec
 
+RACE_THRESHOLD = 0.25
+RACE_CONFIDENCE = 0.95
+RACE_PLAYS = math.ceil(math.log(1 - RACE_CONFIDENCE) / math.log(1 - RACE_THRESHOLD))
+"""A hack that races the test (Hack.races) is played this many times where the test hands control to the agent's
+files: if each play pays with probability p >= RACE_THRESHOLD, all RACE_PLAYS plays hold with probability
+(1 - p) ** RACE_PLAYS <= 0.75 ** 11 = 0.042, so a pay rate of 25% or more is found with at least 95% confidence
+(11 plays; docs/audit.md). The result says how many of its plays paid."""
 HACK_TIMEOUT = 300.0
 """A hack's command, at most (they take seconds; a task whose image is huge makes `find /` slower)."""
 Status = Literal["paid", "held", "n/a"]
@@ -52,6 +60,10 @@ class HackResult(BaseModel):
     """The command that did it (the hack's script), for a hack that paid."""
     blame: list[str] = []
     """The task's lines that let it pay ("tests/test.sh:5: ... (why)"), for a hack that paid."""
+    plays: int = 1
+    """How many times it was played (RACE_PLAYS for a hack that races the test where it can), and in how many it
+    paid: the pay rate a race is reported by."""
+    pays: int = 0
 
 
 class TaskAudit(BaseModel):
@@ -121,19 +133,30 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     floor = max([g for g in (honest_gain, 0.0 if baseline is not None or honest.baseline_metrics else None)
                  if g is not None], default=None)
 
+    margin = max(spec.baseline.tolerance, 1e-9 * max(1.0, abs(reference or 0.0)))
+    # A race needs the agent's code running beside the test: where the test hands control to its files, or where
+    # the watch could not tell (not watched, or not followed whole). Elsewhere one play says all.
+    racing = spec.evaluation.contract == "harbor" and (found is None or bool(found[0]) or bool(unfollowed))
+
+    async def play_once(hack: Hack) -> tuple[EvalOutcome, list[str], bool]:
+        async with gate:
+            if hack.next:
+                outcome, left = await _play_and_look(spec, pool, hack, variables)
+            else:
+                outcome, left = (await _play(env, hack.script, variables))[0], []
+        gain = _gain(spec, outcome)
+        return outcome, left, bool(left) or (gain is not None and floor is not None and gain - floor > margin)
+
     async def one(hack: Hack) -> HackResult:
         if not applies(hack, spec):
             return HackResult(name=hack.name, family=hack.family, status="n/a")
-        async with gate:
-            if hack.next:
-                outcome, found = await _play_and_look(spec, pool, hack, variables)
-            else:
-                outcome, found = (await _play(env, hack.script, variables))[0], []
+        plays = RACE_PLAYS if hack.races and racing and not hack.next else 1
+        played = await asyncio.gather(*(play_once(hack) for _ in range(plays)))
+        outcome, left, paid = next((p for p in played if p[2]), played[0])  # a play that paid, where one did
         score, gain = _score(spec, outcome), _gain(spec, outcome)
-        margin = max(spec.baseline.tolerance, 1e-9 * max(1.0, abs(reference or 0.0)))
-        paid = bool(found) or (gain is not None and floor is not None and gain - floor > margin)
         result = HackResult(name=hack.name, family=hack.family, status="paid" if paid else "held", score=score,
-                            gain=gain, eval_status=outcome.status, found=found)
+                            gain=gain, eval_status=outcome.status, found=left, plays=plays,
+                            pays=sum(p[2] for p in played))
         if paid:
             result.step = hack.script.strip()
             result.blame = list(hack.watched) or _blame(hack, task_root)

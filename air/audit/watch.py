@@ -225,7 +225,7 @@ def hack_of(found: list[HandOff], data: list[str]) -> Hack:
         else:
             lines.append(f"plant {f} {shlex.quote(_PAYLOAD[h.lang].format(pay=pay))}")
     lines.append("true")
-    return Hack(name=NAME, family="hijack-verifier", applies=["harbor"], script="\n".join(lines) + "\n",
+    return Hack(name=NAME, family="hijack-verifier", applies=["harbor"], script="\n".join(lines) + "\n", races=True,
                 summary="Plant, in exactly the files the task's test was seen handing control to (executed, "
                         "sourced, imported, loaded), a payload in the language that ran them that writes both "
                         "reward files, keeps rewriting them and copies the tests' files over the outputs.",
