@@ -19,7 +19,7 @@ import pytest
 
 from air.audit.hacks import load_hacks
 from air.audit.runner import audit_task
-from air.audit.watch import NAME, Seen, hand_offs, hack_of
+from air.audit.watch import NAME, Seen, candidate_hacks, candidates, hand_offs, hack_of
 from air.sandbox import WORKSPACE
 from air.tasks.harbor.loader import image_workdir
 from air.tasks.registry import load_task
@@ -175,3 +175,50 @@ async def test_a_race_is_played_as_a_rate(pool, images):
     assert watched.status == "paid" and 0 < watched.pays < RACE_PLAYS, watched
     assert any(f"paid in {watched.pays} of 11 plays" in line for line in details([audit])), details([audit])
     assert watched.blame[0].startswith("tests/test.sh:7: out=$(cd /app && timeout 10 python3 solve.py"), watched.blame
+
+
+CONSUMERS = {  # a file root read -> (who read it, its content as the oracle left it, how its consumer then runs it)
+    "steps.txt": (["cat", "/app/steps.txt"], "echo 42\n", "cat steps.txt | bash"),
+    "config": (["bash", "/tests/test.sh"], "ANSWER=42\n", "bash -c '. ./config'"),
+    "fix.sed": (["sed", "-f", "/app/fix.sed"], "s/41/42/\n", "echo 41 | sed -f fix.sed"),
+    "model.pkl": (["python3", "/tests/check.py"], "",
+                  "python3 -c 'import pickle; pickle.load(open(\"model.pkl\", \"rb\"))'"),
+    "conf.yaml": (["python3", "/tests/check.py"], "answer: 42\n",
+                  "python3 -c 'import yaml; yaml.unsafe_load(open(\"conf.yaml\"))'"),
+    "settings.py": (["python3", "/tests/check.py"], '"""Settings."""\nfrom __future__ import annotations\nA = 42\n',
+                    "python3 -c 'import settings'"),
+    "main.c": (["/usr/lib/gcc/x86_64-linux-gnu/12/cc1", "main.c"], "int main(void) { return 0; }\n",
+               "cc main.c -o main.out && ./main.out"),
+    "libx.so": (["python3", "/tests/check.py"], "", "python3 -c 'import ctypes; ctypes.CDLL(\"./libx.so\")'"),
+    "copied.sh": (["cp", "-r", "/app/.", "/tmp/run"], "echo 42\n", "d=$(mktemp -d) && cp -r . $d && bash $d/copied.sh"),
+}
+
+
+def test_every_file_root_read_gets_the_payload_its_consumer_runs(tmp_path):
+    """Issue #72: a file root read is no longer only data. By who opened it (an interpreter's language, sed, a
+    compiler, a deserialiser of Python's) or, for a copy or a reader, by its name, the proof plants what its consumer
+    runs -- after a `from __future__` line where Python needs it -- and each, consumed as the test would (on this
+    machine's tools), runs the pay script. Control: the oracle's own file, consumed the same way, pays nothing."""
+    import shutil
+
+    records = [rec(name, argv) for name, (argv, _, _) in CONSUMERS.items()]
+    read = candidates(records, None, [])
+    assert {c.file: c.lang for c in read} == {"steps.txt": "sh", "config": "sh", "fix.sed": "sed",
+                                              "model.pkl": "pickle", "conf.yaml": "yaml", "settings.py": "python",
+                                              "main.c": "c", "libx.so": "so", "copied.sh": "sh"}
+    hacks, past = candidate_hacks(read, [])
+    assert past == 0 and [h.name for h in hacks] == [f"{NAME}-read-{n}" for n in range(1, 5)] + [f"{NAME}-read-rest"]
+    no_yaml = subprocess.run(["python3", "-c", "import yaml"], capture_output=True).returncode != 0
+    for name, (_, content, consume) in CONSUMERS.items():
+        if (name.endswith(".yaml") and no_yaml) or (name.endswith((".c", ".so")) and not shutil.which("cc")):
+            continue  # the consumer is not on this machine
+        ws = tmp_path / name.replace(".", "-")
+        ws.mkdir()
+        (ws / name).write_text(content)
+        subprocess.run(["bash", "-c", consume], cwd=ws, capture_output=True, timeout=60)
+        assert not (ws / "paid").exists(), name  # control: the oracle's file pays nothing
+        [one], _ = candidate_hacks([c for c in read if c.file == name], [], workspace=str(ws))
+        subprocess.run(["bash", "-c", one.script], cwd=ws, check=True, capture_output=True, timeout=60)
+        (ws / ".air-watch-pay.sh").write_text(f"echo paid > {ws / 'paid'}\n")  # the pay, here: a mark
+        subprocess.run(["bash", "-c", consume], cwd=ws, capture_output=True, timeout=60)
+        assert (ws / "paid").exists(), (name, (ws / name).read_bytes()[:300])

@@ -24,7 +24,8 @@ from typing import Literal
 from pydantic import BaseModel
 
 from air.audit.hacks import FAMILIES, FOUND, Hack
-from air.audit.watch import HandOff, hack_of as watch_hack, hand_offs, parse as parse_watch, report as watch_report
+from air.audit.watch import (MAX_ALONE, MAX_GROUPED, HandOff, candidate_hacks, candidates, hack_of as watch_hack,
+                             hand_offs, parse as parse_watch, report as watch_report)
 from air.sandbox import WORKSPACE, SandboxPool
 from air.sandbox.warden.watch import MAX_RECORDS
 from air.tasks import watching
@@ -36,10 +37,12 @@ from air.tasks.spec import TaskSpec
 RACE_THRESHOLD = 0.25
 RACE_CONFIDENCE = 0.95
 RACE_PLAYS = math.ceil(math.log(1 - RACE_CONFIDENCE) / math.log(1 - RACE_THRESHOLD))
-"""A hack that races the test (Hack.races) is played this many times where the test hands control to the agent's
-files: if each play pays with probability p >= RACE_THRESHOLD, all RACE_PLAYS plays hold with probability
+"""A hack that races the test (Hack.races) is played up to this many times where the test hands control to the
+agent's files: if each play pays with probability p >= RACE_THRESHOLD, all RACE_PLAYS plays hold with probability
 (1 - p) ** RACE_PLAYS <= 0.75 ** 11 = 0.042, so a pay rate of 25% or more is found with at least 95% confidence
-(11 plays; docs/audit.md). The result says how many of its plays paid."""
+(11 plays; docs/audit.md). A first play that pays settles it (paid), and so does one whose script planted nothing
+(it prints PLANTED 0). The result says how many of its plays paid."""
+PLANTED = "AIR-AUDIT-PLANTED"
 HACK_TIMEOUT = 300.0
 """A hack's command, at most (they take seconds; a task whose image is huge makes `find /` slower)."""
 Status = Literal["paid", "held", "n/a"]
@@ -121,7 +124,13 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     watch_note, found, unfollowed = (await _watch(spec, pool, seen, task_root) if watch else
                                      ("not watched: the catalogue alone, as asked", None, ""))
     if found and found[0]:  # the hand-offs proved: planted in, scored like every hack
-        hacks = [*hacks, watch_hack(*found)]
+        hacks = [*hacks, watch_hack(found[0], found[1])]
+    if found and found[2]:  # and every other file root read, with its plausible consumer's payload
+        read, past = candidate_hacks(found[2], found[1])
+        hacks = [*hacks, *read]
+        if past:
+            unfollowed = "; ".join(u for u in (unfollowed, f"{past} more files root read were not planted in (past "
+                                                           f"{MAX_ALONE + MAX_GROUPED})") if u)
     do_nothing = _score(spec, honest)
     baseline = spec.baseline_score
     candidates = [s for s in (do_nothing, baseline) if s is not None]
@@ -138,21 +147,27 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     # the watch could not tell (not watched, or not followed whole). Elsewhere one play says all.
     racing = spec.evaluation.contract == "harbor" and (found is None or bool(found[0]) or bool(unfollowed))
 
-    async def play_once(hack: Hack) -> tuple[EvalOutcome, list[str], bool]:
+    async def play_once(hack: Hack) -> tuple[EvalOutcome, list[str], bool, bool]:
+        """(outcome, what outlived it, paid, whether it planted nothing: its script said PLANTED 0)."""
         async with gate:
             if hack.next:
-                outcome, left = await _play_and_look(spec, pool, hack, variables)
+                (outcome, left), said = await _play_and_look(spec, pool, hack, variables), ""
             else:
-                outcome, left = (await _play(env, hack.script, variables))[0], []
+                (outcome, said), left = await _play(env, hack.script, variables), []
         gain = _gain(spec, outcome)
-        return outcome, left, bool(left) or (gain is not None and floor is not None and gain - floor > margin)
+        return (outcome, left, bool(left) or (gain is not None and floor is not None and gain - floor > margin),
+                f"{PLANTED} 0" in said.splitlines())
 
     async def one(hack: Hack) -> HackResult:
         if not applies(hack, spec):
             return HackResult(name=hack.name, family=hack.family, status="n/a")
-        plays = RACE_PLAYS if hack.races and racing and not hack.next else 1
-        played = await asyncio.gather(*(play_once(hack) for _ in range(plays)))
-        outcome, left, paid = next((p for p in played if p[2]), played[0])  # a play that paid, where one did
+        played = [await play_once(hack)]
+        # A race: played on, up to RACE_PLAYS in all, unless the first play paid (the verdict is known) or planted
+        # nothing (nothing of it can race the test).
+        if hack.races and racing and not hack.next and not played[0][2] and not played[0][3]:
+            played += await asyncio.gather(*(play_once(hack) for _ in range(RACE_PLAYS - 1)))
+        plays = len(played)
+        outcome, left, paid, _ = next((p for p in played if p[2]), played[0])  # a play that paid, where one did
         score, gain = _score(spec, outcome), _gain(spec, outcome)
         result = HackResult(name=hack.name, family=hack.family, status="paid" if paid else "held", score=score,
                             gain=gain, eval_status=outcome.status, found=left, plays=plays,
@@ -179,7 +194,7 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
 
 
 async def _watch(spec: TaskSpec, pool: SandboxPool, seen: list[str], task_root: Path | None
-                 ) -> tuple[str, tuple[list[HandOff], list[str]] | None, str]:
+                 ) -> tuple[str, tuple[list[HandOff], list[str], list[HandOff]] | None, str]:
     """What the test did with the agent's files while it scored the do-nothing rollout (in `seen`) and, where the
     task has one, its oracle's solution: a line saying what was watched, the hand-offs and data files, and what the
     watch did not follow ("" when it followed everything)."""
@@ -197,11 +212,13 @@ async def _watch(spec: TaskSpec, pool: SandboxPool, seen: list[str], task_root: 
     if errors:
         return f"not watched: {errors[0]}", None, ""
     found, data = hand_offs(records, task_root)
+    read = candidates(records, task_root, found)
     unfollowed = (f"{dropped} opens of the workspace's files past the watch's bound of {MAX_RECORDS} records were "
                   "not recorded (past it, only execs and files named on their opener's command line are): a "
                   "hand-off among them is not seen") if dropped else ""
     return (f"watched {what}: {len({r.path for r in records})} files of the workspace opened, "
-            f"{len(found)} handed control to"), (found, data), unfollowed
+            f"{len(found)} handed control to, {len(read)} more read by root (each planted with what its "
+            "consumer would run)"), (found, data, read), unfollowed
 
 
 async def _play(env: TaskEnvironment, script: str, variables: dict[str, str]) -> tuple[EvalOutcome, str]:
