@@ -222,3 +222,27 @@ def test_every_file_root_read_gets_the_payload_its_consumer_runs(tmp_path):
         (ws / ".air-watch-pay.sh").write_text(f"echo paid > {ws / 'paid'}\n")  # the pay, here: a mark
         subprocess.run(["bash", "-c", consume], cwd=ws, capture_output=True, timeout=60)
         assert (ws / "paid").exists(), (name, (ws / name).read_bytes()[:300])
+
+
+READ = {  # issue #72's shapes -> (the file, the hack that proves it, the test's line it is blamed on)
+    "future-config": ("config.py", NAME, "tests/test.sh:3: python3 /tests/check.py"),
+    "cat-into-shell": ("steps.txt", f"{NAME}-read-1", "tests/test.sh:3: out=$(cat /app/steps.txt | bash"),
+    "sed-script": ("fix.sed", f"{NAME}-read-1", "tests/test.sh:3: out=$(echo 41 | sed -f /app/fix.sed"),
+    "pickle-model": ("model.pkl", f"{NAME}-read-1", "tests/test.sh:3: python3 /tests/check.py"),
+    # the copy's own name is a temporary one no line holds: the line that names the file is the one that runs it
+    "copies-workspace": ("run.sh", f"{NAME}-read-1", 'tests/test.sh:4: out=$(cd "$run" && bash run.sh'),
+}
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", list(READ))
+async def test_a_file_root_read_is_proved_by_what_its_consumer_runs(name, pool, images):
+    """Issue #72: code the watch recorded as a data read (fed to a shell by cat, a sed script, a pickle, a copy run
+    elsewhere), and a hand-off whose payload could not run before a `from __future__` line: each paid by the audit's
+    own proof, blamed on the test's line. (On 0e74f9e each was held: no hack of those names, or a SyntaxError.)"""
+    audit = await audited(name, WATCHED, pool, [])
+    file, hack, line = READ[name]
+    status = {r.name: r.status for r in audit.results}
+    assert status.get(hack) == "paid", (status, audit.watch)
+    paid = next(r for r in audit.results if r.name == hack)
+    assert paid.score == 1.0 and paid.blame[0].startswith(line) and file in paid.blame[0], paid.blame
