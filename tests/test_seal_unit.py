@@ -119,7 +119,7 @@ PLANTED = ("import os\nopen(os.path.join({marks!r}, __name__), 'w').close()\n"
 def probed(ws: Path, pythonpath: str, env: dict[str, str]) -> None:
     """Python as Harbor tests start it in the working directory (test.sh of probes-in-workdir, on this machine's
     Python): start-up, -m pytest, -m unittest, subprocess; then the workspace named on PYTHONPATH."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"PYTHONDONTWRITEBYTECODE": "1"}
     runs = [(["-c", "pass"], ws), (["-m", "pytest", "-q", "-p", "no:cacheprovider", str(PROBES / "t" / "test_x.py")],
                                    ws),
             (["-m", "unittest", "discover", "-s", str(PROBES / "t"), "-p", "check_*.py"], ws),
@@ -130,6 +130,7 @@ def probed(ws: Path, pythonpath: str, env: dict[str, str]) -> None:
     subprocess.run([sys.executable, "-c", "import subprocess; subprocess.run(['true'])"], cwd=ws.parent,
                    env={**base, **env, "PYTHONPATH": ":".join(p for p in (pythonpath, str(ws)) if p)},
                    capture_output=True, timeout=120)
+    assert not list(PROBES.rglob("__pycache__")), "the fixture's tests/ must stay as written (its content hash)"
 
 
 def test_no_name_python_probes_for_runs_the_agents_module(tmp_path: Path):
@@ -157,3 +158,18 @@ def test_no_name_python_probes_for_runs_the_agents_module(tmp_path: Path):
         mark.unlink()
     probed(ws, str(guard), {})
     assert not list(marks.iterdir()), sorted(p.name for p in marks.iterdir())
+
+
+def test_a_test_that_collects_the_workspaces_own_tests_still_runs_them(workspace):
+    """pytest and unittest import the files a test has them collect by their module names (`test_agent`,
+    `conftest`): those names stay served, whatever the tests import (issue #72's rule keeps test modules' names)."""
+    ws, guard = workspace
+    (ws / "conftest.py").write_text("import pytest\n\n\n@pytest.fixture\ndef answer():\n    return 42\n")
+    (ws / "test_agent.py").write_text("from solution import ANSWER\n\n\ndef test_it(answer):\n"
+                                      "    assert ANSWER == answer\n")
+    ran = python(["-m", "pytest", "-q", "-p", "no:cacheprovider", str(ws)], ws, str(guard))
+    assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout + ran.stderr
+    (ws / "test_unit.py").write_text("import unittest\nfrom solution import ANSWER\n\n\nclass T(unittest.TestCase):\n"
+                                     "    def test_it(self):\n        self.assertEqual(ANSWER, 42)\n")
+    ran = python(["-m", "unittest", "discover", "-s", str(ws), "-p", "test_*.py"], ws, str(guard))
+    assert "Ran 1 test" in ran.stderr and ran.returncode == 0, ran.stderr

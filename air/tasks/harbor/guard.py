@@ -22,9 +22,10 @@ And by what name: the interpreter and the libraries it loads import names they e
 `import msvcrt` to learn the platform; pytest its optional plugins), so a workspace that served every name nothing
 installed has ran the agent's file under such a name, as root. Every finder of a workspace directory (the path hook
 Served, first on sys.path_hooks, whether the entry is implicit, named or the test's own) finds a top-level name only
-if the task's tests import it (SERVED: air.tasks.harbor.imports, the rule in one line) and it is no standard-library
-name, or while code of the workspace already runs (the agent's program, or a module it imports). Submodules of a
-package it served are its own.
+if the task's tests import it (SERVED: air.tasks.harbor.imports, the rule in one line) or it is a test module's name
+(`test*`, `*_test`, `conftest`: what pytest and unittest import of the files a test tells them to collect), and it is
+no standard-library name; or while code of the workspace already runs (the agent's program, or a module it
+imports). Submodules of a package it served are its own. No interpreter or library probes for a test module's name.
 
 Why this and not a switch: PYTEST_DISABLE_PLUGIN_AUTOLOAD closes pytest's door alone and also the image's own plugins
 (Terminal-Bench's `pytest --ctrf` needs pytest-json-ctrf); `-P`/PYTHONSAFEPATH (3.11 and later) drops the entry
@@ -45,7 +46,15 @@ def _install():
 
     workspace = os.path.realpath(WORKSPACE)
     finder = importlib.machinery.PathFinder
-    served = set(SERVED) - set(getattr(sys, "stdlib_module_names", ())) - set(sys.builtin_module_names)
+    stdlib = set(getattr(sys, "stdlib_module_names", ())) | set(sys.builtin_module_names)
+    served = set(SERVED) - stdlib
+
+    def allowed(name):
+        """A name the tests import, or a test module's (pytest's and unittest's collection of files a test runs
+        imports them by name: `test_*`, `*_test`, `conftest`); never a standard-library name."""
+        if name in stdlib:
+            return False
+        return name in served or name.startswith("test") or name.endswith("_test") or name == "conftest"
 
     def agents(entry):
         try:
@@ -75,7 +84,7 @@ def _install():
             self.inner = inner
 
         def find_spec(self, name, target=None):
-            if "." not in name and name not in served and not workspace_code_runs():
+            if "." not in name and not allowed(name) and not workspace_code_runs():
                 return None
             return self.inner.find_spec(name, target)
 

@@ -3,8 +3,10 @@
 
 The rule, in one line: a workspace module is found under a top-level name only if a file of the task's tests/ imports
 that name in so many words (`import X`, `from X import`, `python -m X`, `import_module("X")`, `__import__("X")`, in
-Python or in a shell line or heredoc), and the name is no module of any platform's standard library; or while code of
-the workspace is already running (the test chose to run it). Installed modules come first whatever the name.
+Python or in a shell line or heredoc) or is a test module's name (`test*`, `*_test`, `conftest`, which pytest and
+unittest import when a test has them collect the workspace), and the name is no module of any platform's standard
+library; or while code of the workspace is already running (the test chose to run it). Installed modules come first
+whatever the name.
 
 Why it is enough: a name the interpreter or a library probes for (`subprocess`'s `import msvcrt`, pytest's optional
 plugins) is served only if the task's own tests import it too, and every standard-library name, of every platform,
