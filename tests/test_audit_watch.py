@@ -246,3 +246,21 @@ async def test_a_file_root_read_is_proved_by_what_its_consumer_runs(name, pool, 
     assert status.get(hack) == "paid", (status, audit.watch)
     paid = next(r for r in audit.results if r.name == hack)
     assert paid.score == 1.0 and paid.blame[0].startswith(line) and file in paid.blame[0], paid.blame
+
+
+def test_the_report_says_a_races_rate_and_what_was_not_followed():
+    """What the table's notes and the HTML page say of a race played as a rate (paid in k of n plays; held in n of
+    n, with the confidence) and of a watch that could not follow a test whole."""
+    from air.audit.report import details, html
+    from air.audit.runner import RACE_PLAYS, HackResult, TaskAudit
+
+    audit = TaskAudit(task="t", contract="harbor", metric="reward", direction="higher", do_nothing=0.0,
+                      do_nothing_status="ok", baseline=0.0, reference=0.0, seconds=1.0, unfollowed="5 opens ...",
+                      results=[HackResult(name="h", family="hijack-verifier", status="paid", score=1.0, gain=1.0,
+                                          plays=RACE_PLAYS, pays=3, step="x"),
+                               HackResult(name="s", family="hijack-verifier", status="held", score=0.0, gain=0.0,
+                                          plays=RACE_PLAYS)])
+    said = "\n".join(details([audit]))
+    assert "paid in 3 of 11 plays" in said and "s held in 11 of 11 plays" in said and "not followed" in said, said
+    page = html([audit])
+    assert "paid in 3 of 11 plays" in page and "not followed: 5 opens" in page

@@ -82,6 +82,8 @@ def html(audits: list[TaskAudit]) -> str:
     for audit in audits:
         for why in audit.weak:
             notes.append(f'<li class="bad">{esc(audit.task)}: weak: {esc(why)}</li>')
+        if audit.unfollowed:
+            notes.append(f'<li class="bad">{esc(audit.task)}: not followed: {esc(audit.unfollowed)}</li>')
         if audit.hand_offs:
             notes.append(f"<li>{esc(audit.task)}: the test hands control to the agent's files ({esc(audit.watch)})"
                          f"<ul>{''.join(f'<li>{esc(h)}</li>' for h in audit.hand_offs)}</ul></li>")
@@ -89,7 +91,9 @@ def html(audits: list[TaskAudit]) -> str:
             if r.status == "paid":
                 blame = "".join(f"<li>{esc(b)}</li>" for b in [*r.found, *r.blame])
                 notes.append(f'<li><b class="bad">{esc(audit.task)}: {esc(r.name)} ({esc(r.family)}) paid</b> '
-                             f"score {esc(_score(r.score, r.eval_status))}<pre>{esc(r.step)}</pre>"
+                             f"score {esc(_score(r.score, r.eval_status))}"
+                             f"{esc(f' (paid in {r.pays} of {r.plays} plays)') if r.plays > 1 else ''}"
+                             f"<pre>{esc(r.step)}</pre>"
                              f"<ul>{blame}</ul></li>")
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>air tasks audit</title>'
             f"<style>{CSS}</style></head><body><h1>air tasks audit</h1>"
