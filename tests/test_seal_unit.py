@@ -173,3 +173,13 @@ def test_a_test_that_collects_the_workspaces_own_tests_still_runs_them(workspace
                                      "    def test_it(self):\n        self.assertEqual(ANSWER, 42)\n")
     ran = python(["-m", "unittest", "discover", "-s", str(ws), "-p", "test_*.py"], ws, str(guard))
     assert "Ran 1 test" in ran.stderr and ran.returncode == 0, ran.stderr
+
+
+def test_the_names_the_tests_import_are_read_from_python_and_shell_alike():
+    from air.tasks.harbor.imports import imported
+
+    text = ("from solution.core import f\nimport helpers as h, mylib.sub\nimport json, msvcrt\n"
+            "python3 -m mysolution --fast\nPYTHONPATH=/app python3 -X dev -m runner\n"
+            "m = importlib.import_module('plugin_a'); __import__(\"plugin_b\")\nfrom . import local\n"
+            "grep -m 1 pattern file\n")
+    assert imported([text]) == {"solution", "helpers", "mylib", "mysolution", "runner", "plugin_a", "plugin_b"}

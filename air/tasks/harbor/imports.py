@@ -20,10 +20,12 @@ import sys
 from collections.abc import Iterable
 
 NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+FROM = re.compile(rf"\bfrom\s+(\.*)({NAME})?(?:\.{NAME})*\s+import\b[^\n;]*")
+"""`from X import a, b`: X, none for a relative import (the statement is then taken out, so that `import a` is not
+read in it)."""
 IMPORTS = (
     re.compile(rf"\bimport\s+({NAME}(?:\.{NAME})*(?:\s+as\s+{NAME})?(?:\s*,\s*{NAME}(?:\.{NAME})*(?:\s+as\s+{NAME})?)*)"),
-    re.compile(rf"\bfrom\s+({NAME})(?:\.{NAME})*\s+import\b"),
-    re.compile(rf"\bpython[0-9.]*\s+(?:-[A-Za-z]+\s+)*-m\s*({NAME})"),
+    re.compile(rf"\bpython[0-9.]*\s+(?:-\S+(?:\s+[^-\s]\S*)?\s+)*?-m\s*({NAME})"),
     re.compile(rf"\b(?:import_module|__import__)\(\s*[\"']({NAME})"),
 )
 STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | frozenset(sys.builtin_module_names)
@@ -35,6 +37,8 @@ def imported(texts: Iterable[str]) -> frozenset[str]:
     """The top-level names the texts import, standard-library names left out."""
     names: set[str] = set()
     for text in texts:
+        names.update(match.group(2) for match in FROM.finditer(text) if not match.group(1) and match.group(2))
+        text = FROM.sub(" ", text)
         for pattern in IMPORTS:
             for match in pattern.finditer(text):
                 for part in match.group(1).split(","):
