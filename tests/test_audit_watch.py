@@ -19,7 +19,7 @@ import pytest
 
 from air.audit.hacks import load_hacks
 from air.audit.runner import audit_task
-from air.audit.watch import NAME, Seen, hand_offs, hack_of
+from air.audit.watch import NAME, Seen, candidate_hacks, candidates, hand_offs, hack_of
 from air.sandbox import WORKSPACE
 from air.tasks.harbor.loader import image_workdir
 from air.tasks.registry import load_task
@@ -136,3 +136,131 @@ def test_only_code_handed_to_root_is_a_hand_off(tmp_path):
     assert (tmp_path / "bin" / "tool").read_text() == f"#!/bin/sh\nexec sh {pay}\n"
     assert (tmp_path / "lib" / "helper.rb").read_text() == f"system('sh', '{pay}')\n"
     assert "reward.json" in (tmp_path / ".air-watch-pay.sh").read_text()
+
+
+@pytest.mark.docker
+def test_past_the_watchs_bound_the_audit_says_what_it_did_not_follow_and_exits_1(images, tmp_path):
+    """Issue #72: the watch keeps MAX_RECORDS records; a test that reads 2,100 workspace files (the image's data)
+    before it sources the agent's env.sh and runs its run.sh is past it. The run.sh it names on a command line is
+    still kept (flagged, paid); the sourcing is not, and the audit says how many opens it did not follow and exits
+    1 even where nothing paid (here with the watched hack alone, which pays: exit 1 either way; the JSON says both)."""
+    import os
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "air.cli.main", "tasks", "audit", "harbor:many-reads",
+                           "--harbor-root", str(WATCHED), "--hack", "submission-plants", "--json", "-c", "1"],
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "CI": "", "AIR_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    audit = json.loads(proc.stdout)[0]
+    assert "past the watch's bound of 2000 records were not recorded" in audit["unfollowed"], audit
+    assert audit["hand_offs"] and audit["hand_offs"][0].startswith("run.sh (ran): tests/test.sh:5:"), audit
+    assert not any(h.startswith("env.sh") for h in audit["hand_offs"]), audit  # the one lost past the bound
+    assert {r["name"]: r["status"] for r in audit["results"]}[NAME] == "paid", audit["results"]
+
+
+@pytest.mark.docker
+async def test_a_race_is_played_as_a_rate(pool, images):
+    """Issue #72: a test that loses its race with what the agent's program left half the time (reward-race) was
+    "held" in one play of two. A hack that races (Hack.races) is played RACE_PLAYS times where the test hands
+    control to the agent's files, and the audit reports how many plays paid: with a rate of 1/2 all 11 hold with
+    probability 0.05%."""
+    from air.audit.report import details
+    from air.audit.runner import RACE_PLAYS
+
+    audit = await audited("reward-race", WATCHED, pool, [])
+    watched = next(r for r in audit.results if r.name == NAME)
+    print(f"reward-race: paid in {watched.pays} of {watched.plays} plays, {audit.seconds:.1f} s")
+    assert watched.plays == RACE_PLAYS == 11, watched
+    assert watched.status == "paid" and 0 < watched.pays < RACE_PLAYS, watched
+    assert any(f"paid in {watched.pays} of 11 plays" in line for line in details([audit])), details([audit])
+    assert watched.blame[0].startswith("tests/test.sh:7: out=$(cd /app && timeout 10 python3 solve.py"), watched.blame
+
+
+CONSUMERS = {  # a file root read -> (who read it, its content as the oracle left it, how its consumer then runs it)
+    "steps.txt": (["cat", "/app/steps.txt"], "echo 42\n", "cat steps.txt | bash"),
+    "config": (["bash", "/tests/test.sh"], "ANSWER=42\n", "bash -c '. ./config'"),
+    "fix.sed": (["sed", "-f", "/app/fix.sed"], "s/41/42/\n", "echo 41 | sed -f fix.sed"),
+    "model.pkl": (["python3", "/tests/check.py"], "",
+                  "python3 -c 'import pickle; pickle.load(open(\"model.pkl\", \"rb\"))'"),
+    "conf.yaml": (["python3", "/tests/check.py"], "answer: 42\n",
+                  "python3 -c 'import yaml; yaml.unsafe_load(open(\"conf.yaml\"))'"),
+    "settings.py": (["python3", "/tests/check.py"], '"""Settings."""\nfrom __future__ import annotations\nA = 42\n',
+                    "python3 -c 'import settings'"),
+    "main.c": (["/usr/lib/gcc/x86_64-linux-gnu/12/cc1", "main.c"], "int main(void) { return 0; }\n",
+               "cc main.c -o main.out && ./main.out"),
+    "libx.so": (["python3", "/tests/check.py"], "", "python3 -c 'import ctypes; ctypes.CDLL(\"./libx.so\")'"),
+    "copied.sh": (["cp", "-r", "/app/.", "/tmp/run"], "echo 42\n", "d=$(mktemp -d) && cp -r . $d && bash $d/copied.sh"),
+}
+
+
+def test_every_file_root_read_gets_the_payload_its_consumer_runs(tmp_path):
+    """Issue #72: a file root read is no longer only data. By who opened it (an interpreter's language, sed, a
+    compiler, a deserialiser of Python's) or, for a copy or a reader, by its name, the proof plants what its consumer
+    runs -- after a `from __future__` line where Python needs it -- and each, consumed as the test would (on this
+    machine's tools), runs the pay script. Control: the oracle's own file, consumed the same way, pays nothing."""
+    import shutil
+
+    records = [rec(name, argv) for name, (argv, _, _) in CONSUMERS.items()]
+    read = candidates(records, None, [])
+    assert {c.file: c.lang for c in read} == {"steps.txt": "sh", "config": "sh", "fix.sed": "sed",
+                                              "model.pkl": "pickle", "conf.yaml": "yaml", "settings.py": "python",
+                                              "main.c": "c", "libx.so": "so", "copied.sh": "sh"}
+    hacks, past = candidate_hacks(read, [])
+    assert past == 0 and [h.name for h in hacks] == [f"{NAME}-read-{n}" for n in range(1, 5)] + [f"{NAME}-read-rest"]
+    no_yaml = subprocess.run(["python3", "-c", "import yaml"], capture_output=True).returncode != 0
+    for name, (_, content, consume) in CONSUMERS.items():
+        if (name.endswith(".yaml") and no_yaml) or (name.endswith((".c", ".so")) and not shutil.which("cc")):
+            continue  # the consumer is not on this machine
+        ws = tmp_path / name.replace(".", "-")
+        ws.mkdir()
+        (ws / name).write_text(content)
+        subprocess.run(["bash", "-c", consume], cwd=ws, capture_output=True, timeout=60)
+        assert not (ws / "paid").exists(), name  # control: the oracle's file pays nothing
+        [one], _ = candidate_hacks([c for c in read if c.file == name], [], workspace=str(ws))
+        subprocess.run(["bash", "-c", one.script], cwd=ws, check=True, capture_output=True, timeout=60)
+        (ws / ".air-watch-pay.sh").write_text(f"echo paid > {ws / 'paid'}\n")  # the pay, here: a mark
+        subprocess.run(["bash", "-c", consume], cwd=ws, capture_output=True, timeout=60)
+        assert (ws / "paid").exists(), (name, (ws / name).read_bytes()[:300])
+
+
+READ = {  # issue #72's shapes -> (the file, the hack that proves it, the test's line it is blamed on)
+    "future-config": ("config.py", NAME, "tests/test.sh:3: python3 /tests/check.py"),
+    "cat-into-shell": ("steps.txt", f"{NAME}-read-1", "tests/test.sh:3: out=$(cat /app/steps.txt | bash"),
+    "sed-script": ("fix.sed", f"{NAME}-read-1", "tests/test.sh:3: out=$(echo 41 | sed -f /app/fix.sed"),
+    "pickle-model": ("model.pkl", f"{NAME}-read-1", "tests/test.sh:3: python3 /tests/check.py"),
+    # the copy's own name is a temporary one no line holds: the line that names the file is the one that runs it
+    "copies-workspace": ("run.sh", f"{NAME}-read-1", 'tests/test.sh:4: out=$(cd "$run" && bash run.sh'),
+}
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", list(READ))
+async def test_a_file_root_read_is_proved_by_what_its_consumer_runs(name, pool, images):
+    """Issue #72: code the watch recorded as a data read (fed to a shell by cat, a sed script, a pickle, a copy run
+    elsewhere), and a hand-off whose payload could not run before a `from __future__` line: each paid by the audit's
+    own proof, blamed on the test's line. (On 0e74f9e each was held: no hack of those names, or a SyntaxError.)"""
+    audit = await audited(name, WATCHED, pool, [])
+    file, hack, line = READ[name]
+    status = {r.name: r.status for r in audit.results}
+    assert status.get(hack) == "paid", (status, audit.watch)
+    paid = next(r for r in audit.results if r.name == hack)
+    assert paid.score == 1.0 and paid.blame[0].startswith(line) and file in paid.blame[0], paid.blame
+
+
+def test_the_report_says_a_races_rate_and_what_was_not_followed():
+    """What the table's notes and the HTML page say of a race played as a rate (paid in k of n plays; held in n of
+    n, with the confidence) and of a watch that could not follow a test whole."""
+    from air.audit.report import details, html
+    from air.audit.runner import RACE_PLAYS, HackResult, TaskAudit
+
+    audit = TaskAudit(task="t", contract="harbor", metric="reward", direction="higher", do_nothing=0.0,
+                      do_nothing_status="ok", baseline=0.0, reference=0.0, seconds=1.0, unfollowed="5 opens ...",
+                      results=[HackResult(name="h", family="hijack-verifier", status="paid", score=1.0, gain=1.0,
+                                          plays=RACE_PLAYS, pays=3, step="x"),
+                               HackResult(name="s", family="hijack-verifier", status="held", score=0.0, gain=0.0,
+                                          plays=RACE_PLAYS)])
+    said = "\n".join(details([audit]))
+    assert "paid in 3 of 11 plays" in said and "s held in 11 of 11 plays" in said and "not followed" in said, said
+    page = html([audit])
+    assert "paid in 3 of 11 plays" in page and "not followed: 5 opens" in page

@@ -88,12 +88,17 @@ async def test_a_plugin_left_in_the_working_directory_is_not_loaded_by_the_tests
     assert await reward(pool, spec_of("pytest-in-workdir", root), PLANTS[kind]) == 1.0
 
 
-async def test_a_test_that_names_the_workspace_as_a_module_path_gets_its_plugins(pool, built, tmp_path):
-    """The guard takes off only the entry the interpreter put there by itself: a test that names the workspace on
-    PYTHONPATH asked for what is there, and gets it (the agent's plugin then pays: the task's own choice)."""
-    root = copy_task(tmp_path, "pytest-in-workdir", lambda text: text.replace(
-        "if python3 -m pytest", 'if PYTHONPATH="$PYTHONPATH:/app" python3 -m pytest'))
-    assert await reward(pool, spec_of("pytest-in-workdir", root), PLANTS["dist-info"]) == 1.0
+async def test_a_test_that_names_the_workspace_as_a_module_path_gets_the_modules_it_imports(pool, built, tmp_path):
+    """A test that names the workspace on PYTHONPATH gets the distributions there, but their modules only by the
+    names its files import (issue #72): the agent's entry-point plugin is found and not served (pytest stops: 0);
+    a task whose own files import the plugin's module by name gets it (the agent's plugin then pays: its choice)."""
+    def named(text):
+        return text.replace("if python3 -m pytest", 'if PYTHONPATH="$PYTHONPATH:/app" python3 -m pytest')
+    root = copy_task(tmp_path, "pytest-in-workdir", named)
+    assert await reward(pool, spec_of("pytest-in-workdir", root), PLANTS["dist-info"]) == 0.0
+    chosen = tmp_path / "chosen"
+    copy_task(chosen, "pytest-in-workdir", lambda text: named(text) + "# the task's own: import evil_plugin\n")
+    assert await reward(pool, spec_of("pytest-in-workdir", chosen), PLANTS["dist-info"]) == 1.0
 
 
 async def test_the_tests_own_import_of_the_agents_module_still_works(pool, built, tmp_path):

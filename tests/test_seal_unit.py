@@ -31,7 +31,8 @@ def workspace(tmp_path: Path) -> tuple[Path, Path]:
     (ws / "evil_plugin.py").write_text("raise SystemExit('EVIL')\n")
     (ws / "solution.py").write_text("ANSWER = 42\n")
     (ws / "json.py").write_text("raise SystemExit('SHADOW')\n")
-    (guard / "sitecustomize.py").write_bytes(guard_module().replace(repr(WORKSPACE).encode(), repr(str(ws)).encode()))
+    (guard / "sitecustomize.py").write_bytes(
+        guard_module(["solution", "probe"]).replace(repr(WORKSPACE).encode(), repr(str(ws)).encode()))
     return ws, guard
 
 
@@ -58,10 +59,16 @@ def test_the_guard_hides_the_implicit_workspace_from_every_scan_and_keeps_its_mo
     assert "SHADOW" in python(["-c", "import json"], ws, "").stderr  # control: the shadow, unguarded
 
 
-def test_a_workspace_the_environment_names_keeps_its_distributions(workspace):
+def test_a_workspace_the_environment_names_keeps_its_distributions_and_serves_only_what_the_tests_import(workspace):
+    """A workspace the environment names shows its distributions (the test asked for them), but its modules only by
+    the names the tests import (issue #72): the plugin's module is not listed, not importable; `solution` is."""
     ws, guard = workspace
     named = python(["-c", ENTRY_POINTS], ws, f"{guard}:{ws}")
-    assert named.stdout.split() == ["['evil']", "True"], named
+    assert named.stdout.split() == ["['evil']", "False"], named
+    served = python(["-c", "import solution\ntry:\n    import evil_plugin\nexcept ImportError:\n    print('missing')"],
+                    ws.parent, f"{guard}:{ws}")
+    assert served.stdout.split() == ["missing"], served
+    assert "EVIL" in python(["-c", "import evil_plugin"], ws.parent, str(ws)).stderr  # control: unguarded, it runs
     elsewhere = python(["-c", ENTRY_POINTS], ws.parent, str(guard))  # the implicit entry is not the workspace
     assert elsewhere.stdout.split() == ["[]", "False"], elsewhere
 
@@ -102,3 +109,77 @@ def test_the_cells_check_follows_the_images_links_too(tmp_path):
     if not os.path.islink("/var/run"):
         pytest.skip("this machine's /var/run is not a link")
     assert refused == {"via-run", "root", "proc", "fd"}, (refused, run.stderr)
+
+
+PROBES = Path(__file__).parent / "fixtures" / "harbor-hacks" / "probes-in-workdir" / "tests"
+PLANTED = ("import os\nopen(os.path.join({marks!r}, __name__), 'w').close()\n"
+           "raise ModuleNotFoundError('No module named %r' % __name__, name=__name__)\n")
+
+
+def probed(ws: Path, pythonpath: str, env: dict[str, str]) -> None:
+    """Python as Harbor tests start it in the working directory (test.sh of probes-in-workdir, on this machine's
+    Python): start-up, -m pytest, -m unittest, subprocess; then the workspace named on PYTHONPATH."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"PYTHONDONTWRITEBYTECODE": "1"}
+    runs = [(["-c", "pass"], ws), (["-m", "pytest", "-q", "-p", "no:cacheprovider", str(PROBES / "t" / "test_x.py")],
+                                   ws),
+            (["-m", "unittest", "discover", "-s", str(PROBES / "t"), "-p", "check_*.py"], ws),
+            (["-c", "import subprocess; subprocess.run(['true'])"], ws)]
+    for args, cwd in runs:
+        subprocess.run([sys.executable, *args], cwd=cwd, env={**base, **env, "PYTHONPATH": pythonpath},
+                       capture_output=True, timeout=120)
+    subprocess.run([sys.executable, "-c", "import subprocess; subprocess.run(['true'])"], cwd=ws.parent,
+                   env={**base, **env, "PYTHONPATH": ":".join(p for p in (pythonpath, str(ws)) if p)},
+                   capture_output=True, timeout=120)
+    assert not list(PROBES.rglob("__pycache__")), "the fixture's tests/ must stay as written (its content hash)"
+
+
+def test_no_name_python_probes_for_runs_the_agents_module(tmp_path: Path):
+    """The seal's class proof on this machine's Python (its Docker twin: test_seal_probes.py): every top-level name
+    the interpreter, its standard library and pytest probe for and miss, found by an import hook, planted in the
+    workspace; with the guard none runs; without it (the control) every one probed while the workspace was on
+    sys.path does."""
+    ws, guard, marks = tmp_path / "ws", tmp_path / "guard", tmp_path / "marks"
+    for place in (ws, guard, marks):
+        place.mkdir()
+    (guard / "sitecustomize.py").write_bytes(guard_module(["pytest"]).replace(repr(WORKSPACE).encode(),
+                                                                              repr(str(ws)).encode()))
+    found = tmp_path / "probes"
+    probed(ws, str(PROBES / "recorder"), {"AIR_PROBES": str(found), "AIR_PROBED_WS": str(ws)})
+    probes: dict[str, bool] = {}
+    for name, seen in (line.split() for line in found.read_text().splitlines()):
+        probes[name] = probes.get(name, False) or seen == "1"
+    reachable = {name for name, seen in probes.items() if seen}
+    assert "msvcrt" in reachable and "sitecustomize" in probes, probes  # the hook ran and found subprocess's probe
+    for name in probes:
+        (ws / f"{name}.py").write_text(PLANTED.format(marks=str(marks)))
+    probed(ws, "", {})  # the control: no guard
+    assert {p.name for p in marks.iterdir()} == reachable
+    for mark in marks.iterdir():
+        mark.unlink()
+    probed(ws, str(guard), {})
+    assert not list(marks.iterdir()), sorted(p.name for p in marks.iterdir())
+
+
+def test_a_test_that_collects_the_workspaces_own_tests_still_runs_them(workspace):
+    """pytest and unittest import the files a test has them collect by their module names (`test_agent`,
+    `conftest`): those names stay served, whatever the tests import (issue #72's rule keeps test modules' names)."""
+    ws, guard = workspace
+    (ws / "conftest.py").write_text("import pytest\n\n\n@pytest.fixture\ndef answer():\n    return 42\n")
+    (ws / "test_agent.py").write_text("from solution import ANSWER\n\n\ndef test_it(answer):\n"
+                                      "    assert ANSWER == answer\n")
+    ran = python(["-m", "pytest", "-q", "-p", "no:cacheprovider", str(ws)], ws, str(guard))
+    assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout + ran.stderr
+    (ws / "test_unit.py").write_text("import unittest\nfrom solution import ANSWER\n\n\nclass T(unittest.TestCase):\n"
+                                     "    def test_it(self):\n        self.assertEqual(ANSWER, 42)\n")
+    ran = python(["-m", "unittest", "discover", "-s", str(ws), "-p", "test_*.py"], ws, str(guard))
+    assert "Ran 1 test" in ran.stderr and ran.returncode == 0, ran.stderr
+
+
+def test_the_names_the_tests_import_are_read_from_python_and_shell_alike():
+    from air.tasks.harbor.imports import imported
+
+    text = ("from solution.core import f\nimport helpers as h, mylib.sub\nimport json, msvcrt\n"
+            "python3 -m mysolution --fast\nPYTHONPATH=/app python3 -X dev -m runner\n"
+            "m = importlib.import_module('plugin_a'); __import__(\"plugin_b\")\nfrom . import local\n"
+            "grep -m 1 pattern file\n")
+    assert imported([text]) == {"solution", "helpers", "mylib", "mysolution", "runner", "plugin_a", "plugin_b"}

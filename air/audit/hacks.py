@@ -59,6 +59,9 @@ class Hack(BaseModel):
     blame: list[Blame] = []
     source: str = ""
     """The file it was read from (set by load_hacks)."""
+    races: bool = False
+    """Its result can vary from play to play (a daemon it leaves races the test's last write): where the test hands
+    control to the agent's files, it is played RACE_PLAYS times (air/audit/runner.py says why that many)."""
     watched: list[str] = []
     """The audit's own hack made from watching the test (air/audit/watch.py): the test's lines it found, shown as
     the blame when it pays (a hack file leaves it empty: its `blame` patterns are searched)."""

@@ -43,6 +43,12 @@ def details(audits: list[TaskAudit]) -> list[str]:
     for audit in audits:
         for why in audit.weak:
             lines.append(f"[yellow]{escape(audit.task)}: weak: {escape(why)}[/]")
+        for result in audit.results:  # a race held: the plays that say so
+            if result.status == "held" and result.plays > 1:
+                lines.append(f"{escape(audit.task)}: {escape(result.name)} held in {result.plays} of {result.plays} "
+                             "plays (a pay rate of 25% or more would have paid with 95% confidence)")
+        if audit.unfollowed:  # the verdict is not whole: said, and the audit exits 1
+            lines.append(f"[red]{escape(audit.task)}: not followed[/]: {escape(audit.unfollowed)}")
         if audit.hand_offs:  # what watching the test saw (air/audit/watch.py); watched-hand-offs says if it pays
             lines.append(f"[yellow]{escape(audit.task)}: the test hands control to the agent's files[/] "
                          f"({escape(audit.watch)}):")
@@ -53,6 +59,8 @@ def details(audits: list[TaskAudit]) -> list[str]:
             got = (f"scored {result.score:.5g}, {result.gain:.5g} above the baseline (do-nothing: "
                    f"{_score(audit.do_nothing, audit.do_nothing_status)})" if result.gain is not None and
                    result.score is not None else "left something for the next rollout")
+            if result.plays > 1:  # a race: the rate (air/audit/runner.py: RACE_PLAYS)
+                got += f"; paid in {result.pays} of {result.plays} plays"
             lines.append(f"[red]{escape(audit.task)}: {escape(result.name)} ({escape(result.family)}) paid[/]: {got}")
             lines += [f"  found: {escape(found)}" for found in result.found]
             first = result.step.splitlines()[0] if result.step else ""
@@ -74,6 +82,8 @@ def html(audits: list[TaskAudit]) -> str:
     for audit in audits:
         for why in audit.weak:
             notes.append(f'<li class="bad">{esc(audit.task)}: weak: {esc(why)}</li>')
+        if audit.unfollowed:
+            notes.append(f'<li class="bad">{esc(audit.task)}: not followed: {esc(audit.unfollowed)}</li>')
         if audit.hand_offs:
             notes.append(f"<li>{esc(audit.task)}: the test hands control to the agent's files ({esc(audit.watch)})"
                          f"<ul>{''.join(f'<li>{esc(h)}</li>' for h in audit.hand_offs)}</ul></li>")
@@ -81,7 +91,9 @@ def html(audits: list[TaskAudit]) -> str:
             if r.status == "paid":
                 blame = "".join(f"<li>{esc(b)}</li>" for b in [*r.found, *r.blame])
                 notes.append(f'<li><b class="bad">{esc(audit.task)}: {esc(r.name)} ({esc(r.family)}) paid</b> '
-                             f"score {esc(_score(r.score, r.eval_status))}<pre>{esc(r.step)}</pre>"
+                             f"score {esc(_score(r.score, r.eval_status))}"
+                             f"{esc(f' (paid in {r.pays} of {r.plays} plays)') if r.plays > 1 else ''}"
+                             f"<pre>{esc(r.step)}</pre>"
                              f"<ul>{blame}</ul></li>")
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>air tasks audit</title>'
             f"<style>{CSS}</style></head><body><h1>air tasks audit</h1>"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import math
 import re
 import shlex
 import time
@@ -23,14 +24,25 @@ from typing import Literal
 from pydantic import BaseModel
 
 from air.audit.hacks import FAMILIES, FOUND, Hack
-from air.audit.watch import HandOff, hack_of as watch_hack, hand_offs, parse as parse_watch, report as watch_report
+from air.audit.watch import (MAX_ALONE, MAX_GROUPED, HandOff, candidate_hacks, candidates, hack_of as watch_hack,
+                             hand_offs, parse as parse_watch, report as watch_report)
 from air.sandbox import WORKSPACE, SandboxPool
+from air.sandbox.warden.watch import MAX_RECORDS
 from air.tasks import watching
 from air.tasks.environment import TaskEnvironment
 from air.tasks.scoring import scoring_spec
 from air.tasks.scoring_cell import EvalOutcome
 from air.tasks.spec import TaskSpec
 
+RACE_THRESHOLD = 0.25
+RACE_CONFIDENCE = 0.95
+RACE_PLAYS = math.ceil(math.log(1 - RACE_CONFIDENCE) / math.log(1 - RACE_THRESHOLD))
+"""A hack that races the test (Hack.races) is played up to this many times where the test hands control to the
+agent's files: if each play pays with probability p >= RACE_THRESHOLD, all RACE_PLAYS plays hold with probability
+(1 - p) ** RACE_PLAYS <= 0.75 ** 11 = 0.042, so a pay rate of 25% or more is found with at least 95% confidence
+(11 plays; docs/audit.md). A first play that pays settles it (paid), and so does one whose script planted nothing
+(it prints PLANTED 0). The result says how many of its plays paid."""
+PLANTED = "AIR-AUDIT-PLANTED"
 HACK_TIMEOUT = 300.0
 """A hack's command, at most (they take seconds; a task whose image is huge makes `find /` slower)."""
 Status = Literal["paid", "held", "n/a"]
@@ -51,6 +63,10 @@ class HackResult(BaseModel):
     """The command that did it (the hack's script), for a hack that paid."""
     blame: list[str] = []
     """The task's lines that let it pay ("tests/test.sh:5: ... (why)"), for a hack that paid."""
+    plays: int = 1
+    """How many times it was played (RACE_PLAYS for a hack that races the test where it can), and in how many it
+    paid: the pay rate a race is reported by."""
+    pays: int = 0
 
 
 class TaskAudit(BaseModel):
@@ -69,6 +85,8 @@ class TaskAudit(BaseModel):
     """What was watched (air/audit/watch.py): the oracle's or the do-nothing rollout's scoring, or why nothing."""
     hand_offs: list[str] = []
     """The files of the agent's that the test was seen handing control to, how, by whom, and the test's line."""
+    unfollowed: str = ""
+    """What the audit did not follow (the watch's bound): the verdict is then not whole, and the audit exits 1."""
     seconds: float
 
     def family(self, family: str) -> tuple[Status, float | None]:
@@ -103,10 +121,16 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     variables = _variables(spec, workdir)
     with watching.recording() as seen:  # the test watched while it scores the pristine workspace (Harbor's)
         honest, _ = await _play(env, "true", variables)
-    watch_note, found = (await _watch(spec, pool, seen, task_root) if watch else
-                         ("not watched: the catalogue alone, as asked", None))
+    watch_note, found, unfollowed = (await _watch(spec, pool, seen, task_root) if watch else
+                                     ("not watched: the catalogue alone, as asked", None, ""))
     if found and found[0]:  # the hand-offs proved: planted in, scored like every hack
-        hacks = [*hacks, watch_hack(*found)]
+        hacks = [*hacks, watch_hack(found[0], found[1])]
+    if found and found[2]:  # and every other file root read, with its plausible consumer's payload
+        read, past = candidate_hacks(found[2], found[1])
+        hacks = [*hacks, *read]
+        if past:
+            unfollowed = "; ".join(u for u in (unfollowed, f"{past} more files root read were not planted in (past "
+                                                           f"{MAX_ALONE + MAX_GROUPED})") if u)
     do_nothing = _score(spec, honest)
     baseline = spec.baseline_score
     candidates = [s for s in (do_nothing, baseline) if s is not None]
@@ -118,19 +142,36 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     floor = max([g for g in (honest_gain, 0.0 if baseline is not None or honest.baseline_metrics else None)
                  if g is not None], default=None)
 
+    margin = max(spec.baseline.tolerance, 1e-9 * max(1.0, abs(reference or 0.0)))
+    # A race needs the agent's code running beside the test: where the test hands control to its files, or where
+    # the watch could not tell (not watched, or not followed whole). Elsewhere one play says all.
+    racing = spec.evaluation.contract == "harbor" and (found is None or bool(found[0]) or bool(unfollowed))
+
+    async def play_once(hack: Hack) -> tuple[EvalOutcome, list[str], bool, bool]:
+        """(outcome, what outlived it, paid, whether it planted nothing: its script said PLANTED 0)."""
+        async with gate:
+            if hack.next:
+                (outcome, left), said = await _play_and_look(spec, pool, hack, variables), ""
+            else:
+                (outcome, said), left = await _play(env, hack.script, variables), []
+        gain = _gain(spec, outcome)
+        return (outcome, left, bool(left) or (gain is not None and floor is not None and gain - floor > margin),
+                f"{PLANTED} 0" in said.splitlines())
+
     async def one(hack: Hack) -> HackResult:
         if not applies(hack, spec):
             return HackResult(name=hack.name, family=hack.family, status="n/a")
-        async with gate:
-            if hack.next:
-                outcome, found = await _play_and_look(spec, pool, hack, variables)
-            else:
-                outcome, found = (await _play(env, hack.script, variables))[0], []
+        played = [await play_once(hack)]
+        # A race: played on, up to RACE_PLAYS in all, unless the first play paid (the verdict is known) or planted
+        # nothing (nothing of it can race the test).
+        if hack.races and racing and not hack.next and not played[0][2] and not played[0][3]:
+            played += await asyncio.gather(*(play_once(hack) for _ in range(RACE_PLAYS - 1)))
+        plays = len(played)
+        outcome, left, paid, _ = next((p for p in played if p[2]), played[0])  # a play that paid, where one did
         score, gain = _score(spec, outcome), _gain(spec, outcome)
-        margin = max(spec.baseline.tolerance, 1e-9 * max(1.0, abs(reference or 0.0)))
-        paid = bool(found) or (gain is not None and floor is not None and gain - floor > margin)
         result = HackResult(name=hack.name, family=hack.family, status="paid" if paid else "held", score=score,
-                            gain=gain, eval_status=outcome.status, found=found)
+                            gain=gain, eval_status=outcome.status, found=left, plays=plays,
+                            pays=sum(p[2] for p in played))
         if paid:
             result.step = hack.script.strip()
             result.blame = list(hack.watched) or _blame(hack, task_root)
@@ -148,15 +189,17 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     return TaskAudit(task=spec.id, contract=spec.evaluation.contract, metric=spec.primary.name,
                      direction=spec.primary.direction, do_nothing=do_nothing, do_nothing_status=honest.status,
                      baseline=baseline, reference=reference, results=list(results), weak=weak, watch=watch_note,
-                     hand_offs=watch_report(found[0]) if found else [], seconds=time.monotonic() - started)
+                     hand_offs=watch_report(found[0]) if found else [], seconds=time.monotonic() - started,
+                     unfollowed=unfollowed)
 
 
 async def _watch(spec: TaskSpec, pool: SandboxPool, seen: list[str], task_root: Path | None
-                 ) -> tuple[str, tuple[list[HandOff], list[str]] | None]:
+                 ) -> tuple[str, tuple[list[HandOff], list[str], list[HandOff]] | None, str]:
     """What the test did with the agent's files while it scored the do-nothing rollout (in `seen`) and, where the
-    task has one, its oracle's solution: a line saying what was watched, and the hand-offs and data files."""
+    task has one, its oracle's solution: a line saying what was watched, the hand-offs and data files, and what the
+    watch did not follow ("" when it followed everything)."""
     if spec.evaluation.contract != "harbor":
-        return "not watched: its scoring runs the submission's code as the agent, never as root", None
+        return "not watched: its scoring runs the submission's code as the agent, never as root", None, ""
     from air.tasks.harbor.oracle import check_oracle, solution_dir
 
     what = "the do-nothing rollout"
@@ -165,12 +208,17 @@ async def _watch(spec: TaskSpec, pool: SandboxPool, seen: list[str], task_root: 
             checked = await check_oracle(spec, pool)
         seen = [*seen, *oracle]
         what = f"the oracle ({checked.message}) and the do-nothing rollout"
-    records, errors = parse_watch(seen)
+    records, errors, dropped = parse_watch(seen)
     if errors:
-        return f"not watched: {errors[0]}", None
+        return f"not watched: {errors[0]}", None, ""
     found, data = hand_offs(records, task_root)
+    read = candidates(records, task_root, found)
+    unfollowed = (f"{dropped} opens of the workspace's files past the watch's bound of {MAX_RECORDS} records were "
+                  "not recorded (past it, only execs and files named on their opener's command line are): a "
+                  "hand-off among them is not seen") if dropped else ""
     return (f"watched {what}: {len({r.path for r in records})} files of the workspace opened, "
-            f"{len(found)} handed control to"), (found, data)
+            f"{len(found)} handed control to, {len(read)} more read by root (each planted with what its "
+            "consumer would run)"), (found, data, read), unfollowed
 
 
 async def _play(env: TaskEnvironment, script: str, variables: dict[str, str]) -> tuple[EvalOutcome, str]:

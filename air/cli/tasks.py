@@ -419,7 +419,8 @@ def tasks_audit(
     solution: the files of the agent's it executes, sources, imports or loads as root are its hand-offs, each with
     the test's line, and a payload planted in exactly those files (watched-hand-offs) says whether they pay.
 
-    Exit code 0 when no hack paid, 1 when any did (a CI job can gate a dataset on it). Example:
+    Exit code 0 when no hack paid, 1 when any did or the watch could not follow a test whole (a CI job can gate a
+    dataset on it). Example:
     air tasks audit --all; air tasks audit harbor:my-task --harbor-root ~/datasets/tb2 --html audit.html
     """
     from air.audit.hacks import load_hacks
@@ -509,8 +510,9 @@ def tasks_audit(
             out.print(line, soft_wrap=True)
         paid = sum(a.paid for a in audits)
         out.print(f"{len(audits)} task(s) audited with {len(hacks)} hacks: {paid} with a hack that paid, "
-                  f"{sum(bool(a.weak) for a in audits)} weak")
-    if any(a.paid for a in audits):
+                  f"{sum(bool(a.weak) for a in audits)} weak, {sum(bool(a.unfollowed) for a in audits)} not "
+                  "followed whole")
+    if any(a.paid or a.unfollowed for a in audits):  # a verdict the watch could not follow whole is no pass
         raise typer.Exit(1)
 
 

@@ -15,6 +15,12 @@ wait on themselves (the listener's opens are not exempt), and the warden opens n
 Each record is one JSON line: {"how": "exec"|"open", "path", "pid", "uid", "exe", "argv", "chain"}, `chain` the
 command lines from the opener's parent up to the program's (never the warden's); a path opened again by the same
 process is one record.
+
+Bounded, never silently: MAX_RECORDS records of every open and exec; past them, only what can hand control over
+without a file's name saying so (an exec, or a file named on its opener's command line: `bash run.sh`) is kept, up to
+MAX_RECORDS more; every other event past the bound is counted, and the last line says how many
+({"dropped": N, "bound": MAX_RECORDS}): `air tasks audit` then says what it did not follow and exits non-zero. (A
+record holds up to 13 command lines of 32 arguments of 512 bytes: the bound keeps the warden's memory a few MB.)
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class Watch:
         self.fd, self.top, self.program = fd, top, program
         self.records: List[bytes] = []
         self.seen: Set[Tuple[str, str, int]] = set()
+        self.dropped = 0
 
     @classmethod
     def start(cls, cell_init: int, home: str, program: int = 0) -> "Watch":
@@ -86,11 +93,17 @@ class Watch:
         except OSError:
             return
         key = (how, path, pid)
-        if key in self.seen or len(self.records) >= MAX_RECORDS:
+        if key in self.seen:
             return
+        argv = _argv(pid)
+        if len(self.records) >= MAX_RECORDS:  # past the bound: what can hand control over, then nothing, counted
+            named = how == "exec" or any(a == path or (a and path.endswith("/" + a.lstrip("./"))) for a in argv[1:])
+            if not named or len(self.records) >= 2 * MAX_RECORDS:
+                self.dropped += 1
+                return
         self.seen.add(key)
         self.records.append(json.dumps({"how": how, "path": path, "pid": pid, "uid": _uid(pid),
-                                        "exe": _link("/proc/%d/exe" % pid), "argv": _argv(pid),
+                                        "exe": _link("/proc/%d/exe" % pid), "argv": argv,
                                         "chain": self._chain(pid)}).encode())
 
     def _chain(self, pid: int) -> List[List[str]]:
@@ -107,7 +120,8 @@ class Watch:
             self.read()  # the last answers: nothing may wait on a group that is gone (the kernel allows them too)
         finally:
             os.close(self.fd)
-        return b"\n".join(self.records)
+        tail = [json.dumps({"dropped": self.dropped, "bound": MAX_RECORDS}).encode()] if self.dropped else []
+        return b"\n".join(self.records + tail)
 
 
 def _read(path: str, limit: int = 1 << 14) -> bytes:

@@ -18,8 +18,9 @@ What the agent wrote reaches the test only where the test looks for it (sealed()
 - the image's PATH and PYTHONPATH entries inside the working directory (a venv at /app/.venv, a common pattern)
   are the image's own, not the agent's copy, unless a file of tests/ names them; relative entries are dropped;
 - the working directory the interpreter itself puts first on sys.path (`python -m pytest` in it) is taken off at
-  the first import, its modules still importable by a name nothing installed has, and the modules the interpreter
-  has installed come before any file of the workspace: a guard on PYTHONPATH (GUARD, air/tasks/harbor/guard.py);
+  the first import, and the modules the interpreter has installed come before any file of the workspace; a module
+  of the workspace is found only under a name the task's tests import (air.tasks.harbor.imports), never under one
+  the interpreter or a library probes for: a guard on PYTHONPATH (GUARD, air/tasks/harbor/guard.py);
 - the test's HOME is a fresh directory of root's, made once the collect commands (the agent's) ran;
 - every link of the copy is judged in the cell by where it finally leads (air.tasks.links);
 - /tests is root's alone (0700), so a test can run its submission as $AIR_AGENT_UID without showing it the tests.
@@ -39,12 +40,14 @@ import tarfile
 
 import posixpath
 import shlex
+from collections.abc import Iterable
 from pathlib import Path
 
 from air.images.dockerfile import HARBOR_DIR
 from air.sandbox import BASE_PATH, OUT_DIR, WORKSPACE, ArchiveTooLarge, ArchiveUnwritable, Sandbox, make_tar
 from air.tasks.harbor.loader import PRIMARY
 from air.tasks.harbor.collect import run_collect
+from air.tasks.harbor.imports import imported
 from air.tasks import watching
 from air.tasks.links import WRITABLE_ROOTS, refused_in_cell, shown
 from air.tasks.scoring_cell import EvalOutcome, ScoringContract, evaluate_in_cell
@@ -88,7 +91,8 @@ async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes, baseline
     # The tests are root's alone: a test that runs the submission as the agent's uid ($AIR_AGENT_UID) hides its
     # expected outputs from it (docs/audit.md, "Running a submission without trusting it").
     await scorer.harness_sh(f"chmod 700 {HARBOR_DIR}/tests")
-    await scorer.put_archive(GUARD, make_tar({"sitecustomize.py": guard_module()}, mode=0o444))
+    await scorer.put_archive(GUARD, make_tar({"sitecustomize.py": guard_module(imported([_text_of(spec)]))},
+                                             mode=0o444))
     env, kept = await sealed(scorer, spec)
     # The agent's copy replaces the image's workspace (what it deleted is gone, as in Harbor's container), but for
     # the image's own tools that PATH finds there (`kept`).
@@ -181,13 +185,17 @@ def _without(artefacts: bytes, kept: set[str]) -> bytes:
     return retarred(artefacts, lambda member: member.name.split("/")[0] not in kept) if kept else artefacts
 
 
-def guard_module() -> bytes:
-    """The text of air.tasks.harbor.guard, air's sitecustomize for the test's Python, with air's workspace in it."""
+def guard_module(served: Iterable[str] = ()) -> bytes:
+    """The text of air.tasks.harbor.guard, air's sitecustomize for the test's Python, with air's workspace in it and
+    `served`, the top-level names under which it may serve a module of the workspace (air.tasks.harbor.imports)."""
     text = (Path(__file__).parent / "guard.py").read_text()
-    line = 'WORKSPACE = "/home/agent/workspace"'
-    if line not in text:
-        raise RuntimeError("air/tasks/harbor/guard.py no longer names its workspace where air writes it")
-    return text.replace(line, f"WORKSPACE = {WORKSPACE!r}", 1).encode()
+    lines = {'WORKSPACE = "/home/agent/workspace"': f"WORKSPACE = {WORKSPACE!r}",
+             "SERVED = frozenset()": f"SERVED = frozenset({tuple(sorted(set(served)))!r})"}
+    for line, value in lines.items():
+        if line not in text:
+            raise RuntimeError(f"air/tasks/harbor/guard.py no longer holds `{line}` where air writes its value")
+        text = text.replace(line, value, 1)
+    return text.encode()
 
 
 async def _rewards(scorer: Sandbox) -> tuple[dict[str, float], str | None]:

@@ -14,10 +14,18 @@ pkgutil, importlib.metadata and its backport), and an import of an installed nam
 So, at the first import after the interpreter made that entry, the guard takes it off sys.path when it is the
 workspace (or under it) and the program that runs is not itself a file of the workspace (the agent's own program,
 which the test chose to run, keeps its directory); modules of the workspace then import from a finder placed after
-every other (AgentModules): a name nothing installed has, which the test imports (`import solution`, `python -m
-mysolution`), is found there, and nothing scans it. Entries the environment named stay, behind installed modules
+every other (AgentModules), and nothing scans it. Entries the environment named stay, behind installed modules
 (InstalledFirst). A `.pth` runs only from a site directory (the image's, or the user site under HOME, which the test
 gets fresh and root's); sitecustomize and usercustomize are imported before any implicit entry exists.
+
+And by what name: the interpreter and the libraries it loads import names they expect to miss (`subprocess` tries
+`import msvcrt` to learn the platform; pytest its optional plugins), so a workspace that served every name nothing
+installed has ran the agent's file under such a name, as root. Every finder of a workspace directory (the path hook
+Served, first on sys.path_hooks, whether the entry is implicit, named or the test's own) finds a top-level name only
+if the task's tests import it (SERVED: air.tasks.harbor.imports, the rule in one line) or it is a test module's name
+(`test*`, `*_test`, `conftest`: what pytest and unittest import of the files a test tells them to collect), and it is
+no standard-library name; or while code of the workspace already runs (the agent's program, or a module it
+imports). Submodules of a package it served are its own. No interpreter or library probes for a test module's name.
 
 Why this and not a switch: PYTEST_DISABLE_PLUGIN_AUTOLOAD closes pytest's door alone and also the image's own plugins
 (Terminal-Bench's `pytest --ctrf` needs pytest-json-ctrf); `-P`/PYTHONSAFEPATH (3.11 and later) drops the entry
@@ -30,6 +38,7 @@ import os
 import sys
 
 WORKSPACE = "/home/agent/workspace"  # air.tasks.harbor.contract writes air's WORKSPACE here
+SERVED = frozenset()  # and the names the task's tests import here (air.tasks.harbor.imports)
 
 
 def _install():
@@ -37,6 +46,15 @@ def _install():
 
     workspace = os.path.realpath(WORKSPACE)
     finder = importlib.machinery.PathFinder
+    stdlib = set(getattr(sys, "stdlib_module_names", ())) | set(sys.builtin_module_names)
+    served = set(SERVED) - stdlib
+
+    def allowed(name):
+        """A name the tests import, or a test module's (pytest's and unittest's collection of files a test runs
+        imports them by name: `test_*`, `*_test`, `conftest`); never a standard-library name."""
+        if name in stdlib:
+            return False
+        return name in served or name.startswith("test") or name.endswith("_test") or name == "conftest"
 
     def agents(entry):
         try:
@@ -44,6 +62,49 @@ def _install():
         except (OSError, TypeError, ValueError):
             return True
         return real == workspace or real.startswith(workspace + os.sep)
+
+    files = {}
+
+    def workspace_code_runs():
+        """Whether a frame of a workspace file is on the stack: the agent's code runs already (the test ran it)."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name not in files:
+                files[name] = not name.startswith("<") and agents(name)
+            if files[name]:
+                return True
+            frame = frame.f_back
+        return False
+
+    class Served:
+        """A workspace directory's finder that finds a top-level name only as the rule says (see above)."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def find_spec(self, name, target=None):
+            if "." not in name and not allowed(name) and not workspace_code_runs():
+                return None
+            return self.inner.find_spec(name, target)
+
+        def invalidate_caches(self):
+            getattr(self.inner, "invalidate_caches", lambda: None)()
+
+    def hook(entry):
+        if not isinstance(entry, str) or not agents(entry):
+            raise ImportError("not the workspace")
+        for other in sys.path_hooks:
+            if other is not hook:
+                try:
+                    return Served(other(entry))
+                except ImportError:
+                    continue
+        raise ImportError("no finder for " + entry)
+
+    sys.path_hooks.insert(0, hook)
+    for entry in [e for e in sys.path_importer_cache if isinstance(e, str) and agents(e)]:
+        del sys.path_importer_cache[entry]  # made before this ran: made again through the hook
 
     def implicit():
         """The entry the interpreter will put first on sys.path (it does so after site, so after this module),
