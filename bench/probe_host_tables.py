@@ -31,8 +31,9 @@ TABLES = {
         f"python3 -c \"{_LISTEN}\nfor _ in range(40):\n    c = socket.socket(); c.connect(('127.0.0.1', {PORT}));"
         " srv.accept()[0].close(); c.close()\""),
     "socket cookie": (
-        "python3 -c \"import socket, struct\ntry:\n    print(struct.unpack('Q', socket.socket().getsockopt(1, 57, 8))[0])"
-        "\nexcept OSError as e:\n    print('refused', e.strerror)\"",
+        "python3 -c \"import socket, struct\ntry:\n"
+        "    print(struct.unpack('Q', socket.socket().getsockopt(1, 57, 8))[0])\n"
+        "except OSError as e:\n    print('refused', e.strerror)\"",
         "python3 -c \"import socket\nfor _ in range(5000):\n    s = socket.socket()\n    try:\n"
         "        s.getsockopt(1, 57, 8)\n    except OSError:\n        pass\n    s.close()\""),
     "memfd inode": (
