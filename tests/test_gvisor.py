@@ -101,3 +101,13 @@ async def test_a_runtime_the_daemon_lacks_is_one_line_naming_it(images, run_id, 
                 pass
     finally:
         await pool.close()
+
+
+async def test_a_task_with_services_is_refused_under_runsc_in_one_line(runsc_pool):
+    from air.errors import TaskError
+    from air.sandbox import SandboxSpec
+
+    spec = SandboxSpec(image="air/base:latest", task="with-services", join="some-network")
+    with pytest.raises(TaskError, match="has services .* under the runtime runsc do not run yet"):
+        async with runsc_pool.lease(spec):
+            pass

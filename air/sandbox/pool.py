@@ -399,6 +399,10 @@ class SandboxPool:
     async def acquire(self, spec: SandboxSpec, gpus_of: Sandbox | None = None) -> Sandbox:
         if (spec.services or spec.join) and self.SERVICES:
             raise TaskError(f"task {spec.task or spec.image} has services (a Harbor compose task): {self.SERVICES}")
+        if (spec.services or spec.join) and self.config.own_kernel:  # the runtime runs with --network=none
+            raise TaskError(f"task {spec.task or spec.image} has services (a Harbor compose task), which sandboxes "
+                            f"under the runtime {self.config.runtime} do not run yet (docs/gvisor.md); unset "
+                            "AIR_DOCKER_RUNTIME")
         if not self._started:
             raise RuntimeError("SandboxPool.start() was not awaited")
         lent = tuple(getattr(gpus_of, "gpu_ids", ()) or ()) if spec.resources.gpus else ()
