@@ -22,6 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from air import progress
 from air.audit.hacks import FAMILIES, FOUND, Hack
 from air.audit.watch import HandOff, hack_of as watch_hack, hand_offs, parse as parse_watch, report as watch_report
 from air.sandbox import WORKSPACE, SandboxPool
@@ -101,8 +102,11 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     gate = asyncio.Semaphore(concurrency)
     env = TaskEnvironment(spec, pool)
     variables = _variables(spec, workdir)
+    progress.stage(f"audit {spec.id}: the do-nothing rollout, then {len(hacks)} hack(s), {concurrency} at once")
     with watching.recording() as seen:  # the test watched while it scores the pristine workspace (Harbor's)
+        watch = progress.rollout(spec.id, "do-nothing")
         honest, _ = await _play(env, "true", variables)
+        watch.done(f"score {_score(spec, honest)} ({honest.status})")
     watch_note, found = (await _watch(spec, pool, seen, task_root) if watch else
                          ("not watched: the catalogue alone, as asked", None))
     if found and found[0]:  # the hand-offs proved: planted in, scored like every hack
@@ -122,6 +126,7 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
         if not applies(hack, spec):
             return HackResult(name=hack.name, family=hack.family, status="n/a")
         async with gate:
+            watch = progress.rollout(spec.id, f"hack {hack.name}")
             if hack.next:
                 outcome, found = await _play_and_look(spec, pool, hack, variables)
             else:
@@ -134,6 +139,7 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
         if paid:
             result.step = hack.script.strip()
             result.blame = list(hack.watched) or _blame(hack, task_root)
+        watch.done(f"{result.status}, score {score} ({outcome.status})")
         if on_hack is not None:
             on_hack(result)
         return result
@@ -175,8 +181,13 @@ async def _watch(spec: TaskSpec, pool: SandboxPool, seen: list[str], task_root: 
 
 async def _play(env: TaskEnvironment, script: str, variables: dict[str, str]) -> tuple[EvalOutcome, str]:
     """One rollout's end: the script as one command of the agent's shell, then a validate."""
+    watch = progress.current()
     async with env.lease() as sandbox:
+        if watch is not None:
+            watch.doing("command", script.strip().splitlines()[0] if script.strip() else "")
         ran = await sandbox.session.run(_command(script, variables), timeout=HACK_TIMEOUT, merge_stderr=True)
+        if watch is not None:
+            watch.doing("scoring")
         outcome = await env.evaluate(sandbox)
     return outcome, ran.stdout
 

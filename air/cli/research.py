@@ -27,6 +27,7 @@ from air.cli.app import (
     Model,
     ModelTimeout,
     Offline,
+    Quiet,
     app,
     console,
     given_path,
@@ -35,6 +36,7 @@ from air.cli.app import (
     out,
     policy_label,
     print_json,
+    progress_lines,
     run_async,
 )
 
@@ -123,7 +125,9 @@ def eval_(
         help="Run tasks on which `air tasks audit` found a hack that pays (refused by default: training on them "
              "may teach the hack).")] = False,
     offline: Offline = False,
+    quiet: Quiet = False,
     as_json: JsonFlag = False,
+    ctx: typer.Context = None,
 ) -> None:
     """Run N rollouts of each task against an OpenAI-compatible endpoint (or the scripted policy), with live
     progress, a results table, and trajectories in a run directory (then: air view RUN_DIR).
@@ -170,6 +174,10 @@ def eval_(
     policy, played_by = make_policy(base_url, model, model_timeout)
     if out_dir is not None:  # the command's own mistake (exit 2) before the host's state (images: exit 3)
         check_folder(out_dir)
+    from air import progress
+
+    reporter = ctx.with_resource(progress_lines(quiet))
+    progress.stage(f"checking the images of {len(specs)} task(s)")
     build_task_images(specs)  # a Harbor task's own image: built now, or its failed step said now
     require_images(sandbox_spec(spec).image for spec in specs)  # missing: exit 3 now, not N failed rollouts
     policy = WatchedPolicy(policy)
@@ -183,15 +191,17 @@ def eval_(
             out.print(escape(_finished_line(result, len(finished), total)), soft_wrap=True)
 
     async def main():
+        progress.stage("starting the sandbox pool")
         async with SandboxPool(PoolConfig(max_sandboxes=max(2 * concurrency + 2, 4),
                                           gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
+            progress.stage(f"sandbox pool ready; {total} rollout(s), {min(concurrency, total)} at once")
             parent = {"parent": {"snapshot": str(from_)}} if from_ is not None else {}  # what replay restores
             run = functools.partial(run_batch, specs, policy, pool, run_dir, rollouts, concurrency, config,
                                     on_result=on_result, meta={"policy": played_by, **parent}, start=start,
                                     snapshots=plan)
             if as_json or not console.is_terminal:  # no live display when nobody watches it
                 return await run()
-            view = LiveView(run_dir, total, policy)
+            view = LiveView(run_dir, total, policy, reporter)
             with Live(view, console=console, transient=True, refresh_per_second=2):
                 return await run(on_progress=view.update)
 

@@ -21,6 +21,7 @@ from air.cli.app import (
     Model,
     ModelTimeout,
     Offline,
+    Quiet,
     app,
     console,
     go_offline,
@@ -28,6 +29,7 @@ from air.cli.app import (
     out,
     policy_label,
     print_json,
+    progress_lines,
     run_async,
 )
 from air.cli.images import build_missing, build_task_images
@@ -52,7 +54,9 @@ def run(
         help="Run a Harbor task whose oracle (solution/solve.sh) failed `air tasks check` (refused by default, "
              "as by air eval: its test may pay a right answer 0).")] = False,
     offline: Offline = False,
+    quiet: Quiet = False,
     as_json: JsonFlag = False,
+    ctx: typer.Context = None,
 ) -> None:
     """The main job on an embedded default: one real episode of a bundled task in a sandbox, played by the
     scripted policy (or any OpenAI-compatible endpoint), with its score curve and rewards.
@@ -88,6 +92,10 @@ def run(
     policy = WatchedPolicy(policy)
     if base_url is not None and console.is_terminal and not console.is_dumb_terminal:
         WaitStatus(policy, console, played_by["base_url"], model_timeout)
+    from air import progress
+
+    ctx.with_resource(progress_lines(quiet))
+    progress.stage(f"checking the image of {spec.id}")
     build_task_images([spec])
     build_missing([spec.image])
     trajectory = free_name(runs_dir, f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}", ".jsonl")
@@ -118,6 +126,7 @@ def run(
                       f"{detail[:100]}", markup=False, highlight=False, soft_wrap=True)
 
     async def main():
+        progress.stage("starting the sandbox pool")
         async with SandboxPool(PoolConfig(gpu_ids=None if spec.resources.gpus else [])) as pool:
             return await run_episode(TaskEnvironment(spec, pool), policy, config, trajectory=trajectory,
                                      on_step=show, meta={"policy": played_by}, snapshots=plan)
