@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from air import progress
 from air.progress import MAX_NAMED, Reporter
 
 ROOT = Path(__file__).resolve().parents[1]

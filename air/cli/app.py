@@ -110,6 +110,10 @@ def progress_lines(quiet: bool = False) -> Iterator:
         progress.install(previous)
 
 
+AtifFlag = Annotated[bool, typer.Option("--atif", help="Also write each rollout as an ATIF v1.8 trajectory (as `air "
+                                                     "export atif` does; docs/atif.md).")]
+
+
 def go_offline(offline: bool) -> None:
     """--offline: every task image this process (and what it starts) builds, builds with the network off."""
     if offline:

@@ -28,6 +28,7 @@ from air.cli.app import (
     ModelTimeout,
     Offline,
     Quiet,
+    AtifFlag,
     app,
     console,
     given_path,
@@ -126,6 +127,7 @@ def eval_(
              "may teach the hack).")] = False,
     offline: Offline = False,
     quiet: Quiet = False,
+    atif: AtifFlag = False,
     as_json: JsonFlag = False,
     ctx: typer.Context = None,
 ) -> None:
@@ -218,6 +220,13 @@ def eval_(
         finally:
             if plan is not None:  # where and how large, said on stderr under --json (stdout holds the JSON)
                 (console if as_json else out).print(escape(plan.said()), soft_wrap=True)
+    if atif and any(r.trajectory for r in results):  # beside the trajectories: <run>/atif/<task>/rollout-NNN.json
+        from air.export.atif import export
+
+        written = export([Path(r.trajectory) for r in results if r.trajectory], run_dir / "atif",
+                         lambda text: console.print(f"[yellow]warning:[/] {escape(text)}", soft_wrap=True))
+        (console if as_json else out).print(f"ATIF: {len(written)} trajectories under {run_dir / 'atif'}",
+                                            soft_wrap=True)
     _show_results(results, run_dir, as_json)
     # A rollout that could not write its trajectory: the run's record is incomplete, whatever else fit (the host's
     # failure, exit 3, as when the summary itself cannot be written). run_batch names a known failure by its class.

@@ -22,6 +22,7 @@ from air.cli.app import (
     ModelTimeout,
     Offline,
     Quiet,
+    AtifFlag,
     app,
     console,
     go_offline,
@@ -55,6 +56,7 @@ def run(
              "as by air eval: its test may pay a right answer 0).")] = False,
     offline: Offline = False,
     quiet: Quiet = False,
+    atif: AtifFlag = False,
     as_json: JsonFlag = False,
     ctx: typer.Context = None,
 ) -> None:
@@ -145,6 +147,9 @@ def run(
         raise
     if plan is not None:  # where and how large (stderr under --json)
         (console if as_json else out).print(escape(plan.said()), soft_wrap=True)
+    atif_file = _write_atif(trajectory) if atif else None
+    if atif_file is not None:
+        (console if as_json else out).print(f"ATIF: {atif_file}", soft_wrap=True)
     if as_json:
         print_json({"summary": summary, "policy": played_by, "steps": rows, "trajectory": str(trajectory)})
         return
@@ -158,6 +163,19 @@ def run(
                   f"its change): {_sparkline(normalized)}  " + " → ".join(f"{n:+.4f}" for n in normalized),
                   soft_wrap=True)
     out.print(f"trajectory: {trajectory}", soft_wrap=True)
+
+
+def _write_atif(trajectory: Path) -> Path:
+    """`--atif`: the episode as an ATIF trajectory beside its file (<trajectory>.atif.json)."""
+    import json
+
+    from air.export.atif import read_rollouts, trajectory as atif_of
+    from air.files import write_atomically
+
+    (rollout,) = read_rollouts(trajectory, lambda text: console.print(f"[yellow]warning:[/] {escape(text)}"))
+    target = trajectory.with_suffix(".atif.json")
+    write_atomically(target, json.dumps(atif_of(rollout), indent=2, default=str))
+    return target
 
 
 def _kinds_shown(kinds: list[str], width: int = 30) -> str:
