@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from air import display, variables
+from air import display, tracing, variables
 
 Level = Literal["off", "stages", "rollouts", "turns"]
 LEVELS: tuple[Level, ...] = ("off", "stages", "rollouts", "turns")
@@ -69,14 +69,20 @@ class Rollout:
     stalled_said: bool = False
     claimed: bool = False
     """An Episode took it as its own (one rollout, one episode: a fork's branches start their own)."""
+    spans: tracing.RolloutSpans | None = None
+    """Its OpenTelemetry spans, where the standard variables turn them on (air.tracing)."""
 
     @property
     def name(self) -> str:
         return f"{self.task} {self.label}".strip()
 
     def doing(self, what: Doing, detail: str = "") -> None:
+        if self.over:
+            return
+        if self.spans is not None:
+            self.spans.stage(what, detail, self.turn)
         reporter = self.reporter
-        if reporter is None or self.over:
+        if reporter is None:
             return
         now = reporter.clock()
         if what == "model" and self.doing_now == "sandbox" and self.turn == 0:
@@ -85,14 +91,20 @@ class Rollout:
 
     def stepped(self, turn: int, action: str, reward: float, total_reward: float) -> None:
         """A turn done (level `turns` says each)."""
-        if self.reporter is None or self.over:
+        if self.over:
             return
         self.turn, self.total_reward = turn, total_reward
+        if self.reporter is None:
+            return
         self.reporter.rollout_line(self, f"turn {turn}: {action}, reward {display.reward(reward)}", "turns")
 
     def validated(self, turn: int, status: str, score: float | None, normalized: float | None,
-                  reward: float) -> None:
-        if self.reporter is None or self.over:
+                  reward: float, draw: str | None = None) -> None:
+        if self.over:
+            return
+        if self.spans is not None:
+            self.spans.validated(status, score, normalized, reward, draw)
+        if self.reporter is None:
             return
         self.turn, self.score = turn, score if score is not None else self.score
         said = (f"score {display.score(score)}" + (f" ({normalized:+.4f} against the baseline)"
@@ -102,25 +114,41 @@ class Rollout:
                                    "rollouts")
 
     def ended(self, ended_by: str | None, turns: int, total_reward: float) -> None:
+        if self.spans is not None and not self.over:
+            self.spans.end("ok", ended_by=ended_by, turns=turns, total_reward=total_reward)
+            self.spans = None
         self.done(f"ended ({ended_by}) after {turns} turn(s), return {display.reward(total_reward)}")
 
     def done(self, what: str) -> None:
         """Its end, said with its time (`ended` for an episode; an audit's hack says paid or held)."""
-        if self.reporter is None or self.over:
+        if self.over:
             return
         self.over = True
+        if self.spans is not None:  # an end said by `done` alone (an audit's hack): the span ends with it
+            self.spans.end("ok", outcome=what)
+        if self.reporter is None:
+            return
         seconds = display.seconds_fine(self.reporter.clock() - self.started)
         self.reporter.rollout_line(self, f"{what}, {seconds}", "rollouts")
         self.reporter.forget(self)
 
     def failed(self, kind: str, error: str) -> None:
-        if self.reporter is None or self.over:
+        if self.over:
             return
         self.over = True
+        if self.spans is not None:
+            self.spans.end("failed", error, failure=kind, turns=self.turn)
+        if self.reporter is None:
+            return
         seconds = display.seconds_fine(self.reporter.clock() - self.started)
         self.reporter.rollout_line(self, f"failed ({kind}) at turn {self.turn} after {seconds}: "
                                          f"{' '.join(error.split())[:200]}", "rollouts")
         self.reporter.forget(self)
+
+    def episode(self, episode_id: str) -> None:
+        """The episode that plays it (its trajectory's id), for its spans."""
+        if self.spans is not None:
+            self.spans.episode(episode_id)
 
     def waiting_text(self, now: float) -> str:
         what = WAITS_ON[self.doing_now] + (f" `{self.detail}`" if self.doing_now == "command" and self.detail else "")
@@ -278,10 +306,16 @@ def stage(text: str) -> None:
         r.line(text)
 
 
-def rollout(task: str, label: str = "") -> Rollout:
-    """A rollout starting now, made the current one of this asyncio task (an Episode made in it adopts it)."""
+def rollout(task: str, label: str = "", *, carrier: dict[str, str] | None = None,
+            model: str | None = None) -> Rollout:
+    """A rollout starting now, made the current one of this asyncio task (an Episode made in it adopts it).
+    `carrier`: the request's headers where a caller's trace context may be (`traceparent`); `model`: the model
+    that plays it, where air asks one (for its spans)."""
     r = reporter()
     handle = r.start(task, label) if r is not None else Rollout(None, task, label, 0.0)
+    handle.spans = tracing.rollout_spans(task, label, carrier, model)
+    if handle.spans is not None:
+        handle.spans.stage(handle.doing_now, "", 0)
     _current.set(handle)
     return handle
 

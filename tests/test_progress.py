@@ -185,6 +185,7 @@ def test_eval_with_stderr_to_a_file_says_each_stage_and_rollout_as_it_happens(tm
                      str(tmp_path / "run")], err)
         stdout, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, (stdout, log.read_text())
+    print(log.read_text())  # shown when it fails
     events = _events(log.read_text())
     said = [text for _, text in events]
     assert any(t.startswith("checking the images") for t in said) and "starting the sandbox pool" in said, said
@@ -197,7 +198,7 @@ def test_eval_with_stderr_to_a_file_says_each_stage_and_rollout_as_it_happens(tm
         assert kinds[0] == "started" and kinds[1] == "sandbox" and kinds[-1] == "ended", mine
         assert "validate" in kinds and all(re.search(r"score \S+|evaluation \w+", t) and "reward " in t
                                            for _, t in mine if t.startswith("turn ")), mine
-        assert re.search(r"return [+-]\d\.\d{4}, \d+\.\ds$", mine[-1][1]), mine[-1]
+        assert re.search(r"return [+-]\d\.\d{4}, (\d+\.\ds|\d+m\d\ds)$", mine[-1][1]), mine[-1]
         when[(task, i)] = {"started": mine[0][0], "ended": mine[-1][0]}
     # Written as it happened: with 2 at once, the later rollouts start after the first ones ended, so an `ended`
     # line comes before a `started` one in the file (lines printed at the end could not show this).

@@ -129,6 +129,7 @@ class Episode:
         # What a log shows of it (air.progress): the driver's rollout when one was started for it before the lease.
         index = (meta or {}).get("rollout")
         self.progress = progress.adopt(self.spec.id, f"#{index}" if isinstance(index, int) else self.id)
+        self.progress.episode(self.id)
         self.progress.doing("model")
 
     def _config_record(self) -> dict[str, Any]:
@@ -276,7 +277,7 @@ class Episode:
         outcome = await self.task_env.evaluate(self.sandbox)
         reward = self._score(outcome)
         self.progress.validated(self.turns, outcome.status, outcome.metrics.get(self.spec.primary.name),
-                                self.tracker.last_normalized if outcome.ok else None, reward)
+                                self.tracker.last_normalized if outcome.ok else None, reward, outcome.draw)
         happened = self._evaluation(outcome).model_dump(exclude_unset=True)
         if isinstance(action, Submit):
             self._end("submitted")
@@ -373,7 +374,7 @@ class Episode:
         self.final_status = outcome.status
         reward = self._score(outcome)
         self.progress.validated(self.turns, outcome.status, outcome.metrics.get(self.spec.primary.name),
-                                self.tracker.last_normalized if outcome.ok else None, reward)
+                                self.tracker.last_normalized if outcome.ok else None, reward, outcome.draw)
         text = f"Episode over ({reason.replace('_', ' ')} reached); your current submission was evaluated:\n" \
                f"{validation_text(self.spec, outcome)}"
         return text, reward, self._evaluation(outcome)

@@ -31,7 +31,8 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
     episode: Episode | None = None
     index = (meta or {}).get("rollout")
     # Started before the lease: waiting for a sandbox (a pool warming, a baseline measured) is said too.
-    watch = progress.rollout(task_env.spec.id, f"#{index}" if isinstance(index, int) else "")
+    watch = progress.rollout(task_env.spec.id, f"#{index}" if isinstance(index, int) else "",
+                             model=getattr(getattr(policy, "policy", policy), "model", None))
     try:
         async with task_env.lease() as sandbox:
             if start is not None:
