@@ -17,6 +17,7 @@ span, so a trainer's trace reaches into air.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import os
 import threading
 from collections.abc import Mapping
@@ -140,10 +141,24 @@ class RolloutSpans:
             self.child = None
 
 
+incoming: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("air_trace_incoming", default=None)
+"""The trace context of the request being served (air/services/guard.py sets it): rollouts it starts are its
+children."""
+
+
+def trace_headers(headers: Mapping[bytes, bytes]) -> dict[str, str] | None:
+    """W3C trace context among raw ASGI headers (`traceparent`, `tracestate`), bounded; None without one."""
+    found = {name: headers[name.encode()].decode("latin-1")[:512] for name in ("traceparent", "tracestate")
+             if name.encode() in headers}
+    return found if "traceparent" in found else None
+
+
 def rollout_spans(task: str, label: str, carrier: Mapping[str, str] | None = None,
                   model: str | None = None) -> RolloutSpans | None:
     t = tracer()
-    return RolloutSpans(t, task, label, carrier, model) if t is not None else None
+    if t is None:
+        return None
+    return RolloutSpans(t, task, label, carrier or incoming.get(), model)
 
 
 __all__ = ["RolloutSpans", "enabled", "flush", "rollout_spans", "tracer"]

@@ -210,3 +210,47 @@ def test_eval_spans_read_back_from_phoenix_parent_and_child_with_rewards(tmp_pat
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+SERVED = """
+import asyncio, httpx
+from fastapi import FastAPI
+from air import progress, tracing
+from air.services.guard import Guard
+
+api = FastAPI()
+
+@api.post("/reset")
+async def reset():  # as a served episode is opened: inside the request
+    r = progress.rollout("regression-rmse", "served")
+    r.ended("closed", 0, 0.0)
+    return {}
+
+async def main():
+    transport = httpx.ASGITransport(app=Guard(api, 1 << 20, None))
+    async with httpx.AsyncClient(transport=transport, base_url="http://air") as client:
+        answer = await client.post("/reset", headers={
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+        assert answer.status_code == 200, answer.text
+
+asyncio.run(main())
+tracing.flush()
+"""
+
+
+def test_a_served_request_s_trace_context_is_the_rollouts_parent():
+    """`air serve agentgym|openenv`: a trainer that sends `traceparent` with its request sees air's rollout span
+    in its own trace (the guard in front of every served app takes it)."""
+    server, got = _receiver()
+    try:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        proc = subprocess.run([sys.executable, "-c", SERVED], capture_output=True, text=True, timeout=120,
+                              env={**clean, "PYTHONPATH": str(ROOT),
+                                   "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.server_port}"})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert proc.returncode == 0, proc.stderr
+    (root,) = [s for s in _spans(got) if s.name == "invoke_agent air"]
+    assert root.trace_id.hex() == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert root.parent_span_id.hex() == "00f067aa0ba902b7"
