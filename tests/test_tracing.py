@@ -169,7 +169,9 @@ def test_eval_spans_read_back_from_phoenix_parent_and_child_with_rewards(tmp_pat
     python = _phoenix()
     port, grpc = _free_port(), _free_port()
     env = {**os.environ, "PHOENIX_WORKING_DIR": str(tmp_path / "phoenix"), "PHOENIX_PORT": str(port),
-           "PHOENIX_GRPC_PORT": str(grpc), "PHOENIX_HOST": "127.0.0.1"}
+           "PHOENIX_GRPC_PORT": str(grpc), "PHOENIX_HOST": "127.0.0.1",
+           # Only loopback here: no telemetry pixels, fonts or downloads of its own.
+           "PHOENIX_TELEMETRY_ENABLED": "false", "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false"}
     server = subprocess.Popen([str(python), "-m", "phoenix.server.main", "serve"], env=env,
                               stdout=subprocess.DEVNULL, stderr=open(tmp_path / "phoenix.log", "w"))
     try:
