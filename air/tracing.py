@@ -48,6 +48,17 @@ def tracer():
     return _tracer
 
 
+def reset() -> None:
+    """Forget whether tracing is on, so that the next rollout reads the variables again (a bench or test that
+    changes them in one process); what was batched is sent first."""
+    global _tracer, _provider, _decided
+    with _lock:
+        if _provider is not None:
+            _provider.shutdown()
+        _tracer = _provider = None
+        _decided = False
+
+
 def _setup():
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
