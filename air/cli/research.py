@@ -179,7 +179,6 @@ def eval_(
     from air import progress
 
     reporter = ctx.with_resource(progress_lines(quiet))
-    progress.stage(f"checking the images of {len(specs)} task(s)")
     build_task_images(specs)  # a Harbor task's own image: built now, or its failed step said now
     require_images(sandbox_spec(spec).image for spec in specs)  # missing: exit 3 now, not N failed rollouts
     policy = WatchedPolicy(policy)
@@ -193,7 +192,7 @@ def eval_(
             out.print(escape(_finished_line(result, len(finished), total)), soft_wrap=True)
 
     async def main():
-        progress.stage("starting the sandbox pool")
+        # Said once the pool is up: a command that fails before (no daemon, an image missing) is one line.
         async with SandboxPool(PoolConfig(max_sandboxes=max(2 * concurrency + 2, 4),
                                           gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
             progress.stage(f"sandbox pool ready; {total} rollout(s), {min(concurrency, total)} at once")

@@ -97,7 +97,6 @@ def run(
     from air import progress
 
     ctx.with_resource(progress_lines(quiet))
-    progress.stage(f"checking the image of {spec.id}")
     build_task_images([spec])
     build_missing([spec.image])
     trajectory = free_name(runs_dir, f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}", ".jsonl")
@@ -128,8 +127,8 @@ def run(
                       f"{detail[:100]}", markup=False, highlight=False, soft_wrap=True)
 
     async def main():
-        progress.stage("starting the sandbox pool")
         async with SandboxPool(PoolConfig(gpu_ids=None if spec.resources.gpus else [])) as pool:
+            progress.stage(f"sandbox pool ready; {spec.id}, played by {policy_label(played_by)}")
             return await run_episode(TaskEnvironment(spec, pool), policy, config, trajectory=trajectory,
                                      on_step=show, meta={"policy": played_by}, snapshots=plan)
 
