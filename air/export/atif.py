@@ -108,6 +108,13 @@ def _air_step(step: StepRecord) -> dict[str, Any]:
                            **_fields(step, _EVALUATION)}
     if step.final_evaluation is not None:
         air["final_evaluation"] = step.final_evaluation.model_dump(exclude_none=True)
+    last = step.last_evaluation  # the step's score as the summary counts it (a call's, in the tools format)
+    if last is not None:
+        air.setdefault("eval_status", last.eval_status)
+        if last.score is not None:
+            air.setdefault("score", last.score)
+        if last.normalized is not None:
+            air.setdefault("normalized", last.normalized)
     if step.seconds is not None:
         air["seconds"] = step.seconds
     return {k: v for k, v in air.items() if v is not None}
