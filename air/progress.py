@@ -77,7 +77,7 @@ class Rollout:
         return f"{self.task} {self.label}".strip()
 
     def doing(self, what: Doing, detail: str = "") -> None:
-        if self.over:
+        if self.over or (what == "model" == self.doing_now):  # still the same wait (an episode adopting it)
             return
         if self.spans is not None:
             self.spans.stage(what, detail, self.turn)
@@ -307,12 +307,13 @@ def stage(text: str) -> None:
 
 
 def rollout(task: str, label: str = "", *, carrier: dict[str, str] | None = None,
-            model: str | None = None) -> Rollout:
+            model: str | None = None, stage: Doing = "sandbox") -> Rollout:
     """A rollout starting now, made the current one of this asyncio task (an Episode made in it adopts it).
     `carrier`: the request's headers where a caller's trace context may be (`traceparent`); `model`: the model
     that plays it, where air asks one (for its spans)."""
     r = reporter()
     handle = r.start(task, label) if r is not None else Rollout(None, task, label, 0.0)
+    handle.doing_now = stage
     handle.spans = tracing.rollout_spans(task, label, carrier, model)
     if handle.spans is not None:
         handle.spans.stage(handle.doing_now, "", 0)
@@ -329,7 +330,7 @@ def adopt(task: str, label: str) -> Rollout:
     else a new one."""
     handle = _current.get()
     if handle is None or handle.over or handle.claimed or handle.task != task:
-        handle = rollout(task, label)
+        handle = rollout(task, label, stage="model")  # its sandbox was leased before anyone said so
     handle.claimed = True
     return handle
 

@@ -263,3 +263,41 @@ def test_a_model_that_stops_answering_is_reported_stalled_within_the_limit(tmp_p
     # The stall is said once the model has been awaited past the limit (3 s), a heartbeat before it.
     assert beats[0][0] < stalled[0][0] and (stalled[0][0] - waiting).total_seconds() >= 3, (waiting, stalled)
     assert "AIR_PROGRESS_STALL=3 s" in stalled[0][1]
+
+
+@pytest.mark.docker
+def test_serve_sandbox_fusion_says_its_warm_up_before_it_is_ready(tmp_path):
+    """Issue 73: `air serve sandbox-fusion` said nothing for over 25 s before its ready line."""
+    log = tmp_path / "log"
+    with log.open("w") as err:
+        proc = _air(["serve", "sandbox-fusion", "--port", "0", "--pool-size", "2", "--concurrency", "2"], err)
+        try:
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and "SandboxFusion's API on" not in log.read_text() \
+                    and proc.poll() is None:
+                time.sleep(0.5)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=120)
+    text = log.read_text()
+    ready = next(i for i, line in enumerate(text.splitlines()) if "SandboxFusion's API on" in line)
+    said = [t for _, t in _events("\n".join(text.splitlines()[:ready]))]
+    assert any(t.startswith("sandbox pool: warming 2 sandbox(es) of ") for t in said), text
+    assert any(t.startswith("sandbox pool: warm in ") for t in said), text
+    assert any(t.startswith("sandbox-fusion: finding the languages") for t in said), text
+
+
+@pytest.mark.docker
+def test_the_fork_example_in_a_pipe_says_each_rollout_as_it_happens(tmp_path):
+    """Issue 73: examples/fork_grpo.py said nothing for 69 s with its output in a pipe (air used as a library: the
+    first rollout installs the reporter on a stderr that is not a terminal)."""
+    example = ROOT / "examples" / "fork_grpo.py"
+    proc = subprocess.run([sys.executable, str(example), "-k", "4", "-n", "3"], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = _events(proc.stderr)
+    started = [(w, t) for w, t in events if t.startswith("rollout prisoners-dilemma ") and t.endswith(": started")]
+    ended = [(w, t) for w, t in events if t.startswith("rollout prisoners-dilemma ") and ": ended (" in t]
+    assert len(started) >= 4 and len(ended) >= 3, proc.stderr[-3000:]  # the prefix and its 3 branches
+    validates = [w for w, t in events if ": validate, score " in t]
+    assert validates and min(validates) < max(w for w, _ in ended), events  # said as they came, not at the end
