@@ -148,9 +148,9 @@ def test_eval_runs_text_and_tools_export_as_atif_harbor_and_atif_accept(tmp_path
         assert scored and all("reward" in s for s in scored), t.steps
     for t in _accepted_by_atif(tools_files):
         agent = [s for s in t.steps if s.source == "agent"]
-        assert agent and all(s.tool_calls for s in agent)
-        names = {c.function_name for s in agent for c in s.tool_calls}
+        assert agent and any(s.tool_calls for s in agent)
+        names = {c.function_name for s in agent for c in s.tool_calls or ()}
         assert "bash" in names and names & {"validate", "submit"}, names
         assert all(r.source_call_id in {c.tool_call_id for c in s.tool_calls}
-                   for s in agent for r in s.observation.results)
+                   for s in agent if s.tool_calls for r in s.observation.results)
     _harbor_accepts(text_files + tools_files)
