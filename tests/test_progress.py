@@ -301,3 +301,18 @@ def test_the_fork_example_in_a_pipe_says_each_rollout_as_it_happens(tmp_path):
     assert len(started) >= 4 and len(ended) >= 3, proc.stderr[-3000:]  # the prefix and its 3 branches
     validates = [w for w, t in events if ": validate, score " in t]
     assert validates and min(validates) < max(w for w, _ in ended), events  # said as they came, not at the end
+
+
+@pytest.mark.docker
+def test_audit_with_stderr_to_a_file_says_each_task_and_hack_with_timestamps(tmp_path):
+    log = tmp_path / "log"
+    with log.open("w") as err:
+        proc = _air(["tasks", "audit", "prisoners-dilemma", "--hack", "read-answers", "--hack", "trivial-outputs"],
+                    err, AIR_CACHE_DIR=str(tmp_path / "cache"))
+        proc.communicate(timeout=900)
+    assert proc.returncode in (0, 1), log.read_text()
+    said = [t for _, t in _events(log.read_text())]
+    assert said[0].startswith("audit prisoners-dilemma: the do-nothing rollout, then 2 hack(s)"), said
+    for who in ("do-nothing", "hack read-answers", "hack trivial-outputs"):
+        mine = [t for t in said if t.startswith(f"rollout prisoners-dilemma {who}: ")]
+        assert mine[0].endswith(": started") and re.search(r": (held|paid|score)", mine[-1]), (who, said)
