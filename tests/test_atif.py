@@ -154,3 +154,17 @@ def test_eval_runs_text_and_tools_export_as_atif_harbor_and_atif_accept(tmp_path
         assert all(r.source_call_id in {c.tool_call_id for c in s.tool_calls}
                    for s in agent if s.tool_calls for r in s.observation.results)
     _harbor_accepts(text_files + tools_files)
+
+
+@pytest.mark.docker
+def test_run_atif_writes_the_episode_beside_its_trajectory(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AIR_PROGRESS": "off"}
+    proc = subprocess.run([sys.executable, "-m", "air.cli.main", "run", "--task", "prisoners-dilemma", "--atif",
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (trajectory,) = tmp_path.glob("*.jsonl")
+    written = trajectory.with_suffix(".atif.json")
+    assert f"ATIF: {written}" in proc.stdout
+    (t,) = _accepted_by_atif([written])
+    assert t.extra["air"]["task"] == "prisoners-dilemma" and t.extra["air"]["status"] == "ok"
+    assert t.final_metrics.total_steps == len(t.steps)
