@@ -15,7 +15,8 @@ reaches; the rest is air's host side, Docker and the machine's other work.
 --observe: what watching a run costs (docs/progress.md, docs/tracing.md). The warm pool's rollouts with progress
 off (AIR_PROGRESS=off, no OTLP endpoint) against the same with progress lines on (level `turns`, a heartbeat every
 second, written to /dev/null) and OpenTelemetry spans on (batched OTLP/HTTP to a receiver in this process that
-reads and drops them), alternating off, on, off, on after one warm-up wave; the ratio of rollouts per minute. Then
+reads and drops them), alternating off, on, off, on after one warm-up wave; the ratios of rollouts per minute and of
+air's own process CPU per rollout (what watching adds to, less noisy on a shared machine than throughput). Then
 the heartbeat alone: one look over 64 rollouts in flight (every one due, so each look formats and writes its
 bounded lines), timed, as CPU per second of run at the heartbeat thread's one look per second.
 """
@@ -123,6 +124,7 @@ async def observe(concurrency: int) -> None:
     policy = ScriptedPolicy(only=GENERIC)
     port = _sink()
     rates: dict[str, list[float]] = {"off": [], "on": []}
+    cpu_ms: dict[str, list[float]] = {"off": [], "on": [], "warm-up": []}
     try:
         async def wave(tag: str) -> float:
             errors = []
@@ -133,12 +135,14 @@ async def observe(concurrency: int) -> None:
                                       meta={"rollout": i})
                 except AirError as exc:
                     errors.append(repr(exc))
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             await asyncio.gather(*(rollout(i) for i in range(concurrency)))
             await pool.wait_idle()
             rate = 60 * concurrency / (time.perf_counter() - started)
+            host_ms = 1000 * (time.process_time() - cpu) / concurrency  # air's own process: what watching adds to
             print(json.dumps({"mode": tag, "concurrency": concurrency, "rollouts_per_min": round(rate, 1),
-                              "errors": len(errors)}), flush=True)
+                              "air_cpu_ms_per_rollout": round(host_ms, 1), "errors": len(errors)}), flush=True)
+            cpu_ms[tag].append(host_ms)
             return rate
 
         _observed(False, port)
@@ -151,6 +155,8 @@ async def observe(concurrency: int) -> None:
         await pool.close()
     off, on = sum(rates["off"]) / 2, sum(rates["on"]) / 2
     print(f"\nprogress + spans: off {off:.1f} rollouts/min, on {on:.1f} rollouts/min, on / off {on / off:.3f}")
+    off_ms, on_ms = sum(cpu_ms["off"]) / 2, sum(cpu_ms["on"]) / 2
+    print(f"air's process CPU per rollout: off {off_ms:.1f} ms, on {on_ms:.1f} ms, on / off {on_ms / off_ms:.3f}")
 
     # The heartbeat alone: 64 rollouts in flight, each look with every one of them due.
     null = open(os.devnull, "w")  # noqa: SIM115
