@@ -181,6 +181,8 @@ class Reporter:
 
     def _emit(self, text: str) -> None:
         assert self.write is not None
+        # A command's text is the agent's: no escape sequence of its reaches a terminal that shows the log later.
+        text = text if text.isprintable() else "".join(c if c.isprintable() else "?" for c in text)
         try:
             self.write(f"{timestamp(self.wall())} air: {text}")
         except (OSError, ValueError):  # a closed or full stderr must not fail a rollout

@@ -90,6 +90,21 @@ def test_the_heartbeat_names_stage_turn_and_elapsed_and_says_stalled_with_what_i
     assert "running a command `sleep 1000` for 30s" in beat and "STALLED" not in beat
 
 
+def test_an_agents_command_cannot_put_escape_sequences_into_the_log():
+    """The heartbeat names the command a rollout runs: the agent's text. A command that clears the screen or
+    rewrites the line of whoever `tail`s the log is shown with its control characters replaced."""
+    r, lines, clock = reporter(heartbeat=1)
+    a = r.start("t", "#0")
+    hostile = "echo \x1b[2J\x1b[1;1H\rrollout t #0: ended (submitted) after 1 turn(s), return +9.0000\x07"
+    a.doing("command", hostile)
+    clock.now += 2
+    (beat,) = r.beat()
+    assert "\x1b[2J" in beat  # positive control: the line as made holds the agent's escape sequences
+    written = lines[-1]
+    assert "running a command `echo ?[2J?[1;1H rollout t #0" in written, written  # as written: shown, not obeyed
+    assert all(c.isprintable() for line in lines for c in line)
+
+
 def test_the_heartbeat_is_bounded_however_many_rollouts_are_in_flight():
     r, lines, clock = reporter(heartbeat=30, stall=120)
     held = [r.start("t", f"#{i}") for i in range(64)]
