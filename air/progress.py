@@ -82,10 +82,8 @@ class Rollout:
         if self.spans is not None:
             self.spans.stage(what, detail, self.turn)
         reporter = self.reporter
-        if reporter is None:
-            return
-        now = reporter.clock()
-        if what == "model" and self.doing_now == "sandbox" and self.turn == 0:
+        now = reporter.clock() if reporter is not None else 0.0
+        if reporter is not None and what == "model" and self.doing_now == "sandbox" and self.turn == 0:
             reporter.rollout_line(self, f"sandbox ready in {display.seconds_fine(now - self.started)}", "rollouts")
         self.doing_now, self.detail, self.since, self.stalled_said = what, " ".join(detail.split())[:80], now, False
 
@@ -104,9 +102,9 @@ class Rollout:
             return
         if self.spans is not None:
             self.spans.validated(status, score, normalized, reward, draw)
+        self.turn, self.score = turn, score if score is not None else self.score
         if self.reporter is None:
             return
-        self.turn, self.score = turn, score if score is not None else self.score
         said = (f"score {display.score(score)}" + (f" ({normalized:+.4f} against the baseline)"
                                                       if normalized is not None else "")
                 if status == "ok" else f"evaluation {status}")
