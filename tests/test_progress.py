@@ -331,3 +331,18 @@ def test_audit_with_stderr_to_a_file_says_each_task_and_hack_with_timestamps(tmp
     for who in ("do-nothing", "hack read-answers", "hack trivial-outputs"):
         mine = [t for t in said if t.startswith(f"rollout prisoners-dilemma {who}: ")]
         assert mine[0].endswith(": started") and re.search(r": (held|paid|score)", mine[-1]), (who, said)
+
+
+def test_quiet_turns_the_lines_off_and_a_terminal_gets_none_written(monkeypatch):
+    from air import progress
+    from air.cli import app as cli
+
+    monkeypatch.setattr(type(cli.console), "is_terminal", property(lambda self: False))
+    with cli.progress_lines(quiet=True) as r:
+        assert progress.reporter() is r and r.level == "off" and not r.shows("stages")
+    with cli.progress_lines(quiet=False) as r:
+        assert r.level == "rollouts" and r.shows("rollouts")  # positive control: the same, not quiet
+    monkeypatch.setattr(type(cli.console), "is_terminal", property(lambda self: True))
+    monkeypatch.setattr(type(cli.console), "is_dumb_terminal", property(lambda self: False))
+    with cli.progress_lines(quiet=False) as r:
+        assert r.write is None and not r.shows("stages")  # a terminal: the live view reads it, nothing written
