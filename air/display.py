@@ -24,3 +24,8 @@ def seconds(value: float) -> str:
     if value < 3600:
         return f"{value // 60}m{value % 60:02d}s"
     return f"{value // 3600}h{value % 3600 // 60:02d}m"
+
+
+def seconds_fine(value: float) -> str:
+    """Elapsed time as `0.4s` under a minute (a sandbox leased, a short rollout), else as `seconds`."""
+    return f"{value:.1f}s" if value < 60 else seconds(value)

@@ -215,6 +215,15 @@ def _table() -> dict[str, Variable]:
         Variable("AIR_SNAPSHOT_KEY", _hex_key, None, "at least 16 bytes in hex",
                  "the key that seals snapshots, shared by hosts that trust each other's (docs/snapshots.md)",
                  default_text="a random key in air's cache folder", secret=True),
+        Variable("AIR_PROGRESS", _choice("off", "stages", "rollouts", "turns"), "rollouts",
+                 "`off`, `stages`, `rollouts` or `turns`",
+                 "what progress lines say when stderr is not a terminal: nothing, the command's stages, also each "
+                 "rollout's events and heartbeat, also each turn (docs/progress.md; `--quiet` is off)"),
+        Variable("AIR_PROGRESS_HEARTBEAT", _float(0.1, 3600.0), 30.0, "0.1 to 3600 (seconds)",
+                 "a heartbeat line for each rollout in flight that no line named for this long"),
+        Variable("AIR_PROGRESS_STALL", _float(0.1, 86400.0), 120.0, "0.1 to 86400 (seconds)",
+                 "a rollout waiting this long on one thing (the model, a command, scoring, a sandbox) is said "
+                 "STALLED, with what it waits on"),
         Variable("AIR_OFFLINE", _text, None, "any text; unset, empty, 0, false or no is off",
                  "build task Dockerfiles without the network (`--offline`)",
                  default_text="unset: with the network where the host has a default route"),

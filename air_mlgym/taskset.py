@@ -291,6 +291,9 @@ class AirEnv(vf.Env[AirEnvConfig]):
         # The format the task's prompt told the model (the orchestrator's taskset made it, when served).
         config = self.episode_config.model_copy(update={"action_format": task.data.action_format})
         writer = episode = calls = None
+        from air import progress
+
+        watch = progress.rollout(spec.id)  # said from the lease on: a log sees the sandbox awaited too
         try:
             async with task_env.lease() as sandbox:
                 async with agents.agent.interaction(task) as interaction:
@@ -326,6 +329,7 @@ class AirEnv(vf.Env[AirEnvConfig]):
                             raise stepper.failure
                         if not episode.done:
                             if trace.errors:  # the model endpoint or the harness failed: failed, nothing scored
+                                watch.failed("infrastructure", _errors(trace))
                                 if writer is not None:
                                     record_failure(writer, episode, "infrastructure", _errors(trace))
                                 return
@@ -337,8 +341,9 @@ class AirEnv(vf.Env[AirEnvConfig]):
                         if calls is not None:
                             self.channel.close(calls)
         except BaseException as exc:
+            cause = exc.__cause__ if isinstance(exc, SandboxError) and exc.__cause__ is not None else exc
+            watch.failed(failure_kind(cause), f"{type(cause).__name__}: {cause}")
             if writer is not None and not (episode is not None and episode.done):
-                cause = exc.__cause__ if isinstance(exc, SandboxError) and exc.__cause__ is not None else exc
                 record_failure(writer, episode, failure_kind(cause), f"{type(cause).__name__}: {cause}")
             if isinstance(exc, InfraError):  # leasing or staging failed before the exchange began
                 raise SandboxError(f"air: {exc}") from exc

@@ -27,6 +27,7 @@ import docker.errors
 import pexpect
 import pytest
 from aiohttp import web
+from progress_lines import without_progress
 
 from air.policies.scripted import SCRIPTS, ScriptedPolicy
 from air.sandbox.claims import detect_gpus
@@ -554,7 +555,7 @@ def test_a_full_disk_is_one_line_naming_the_path_and_leaves_no_partial_file(smal
         remove_run(run_id)
     assert proc.returncode == code, proc.stderr
     assert "a bug in air" not in proc.stderr and "Traceback" not in proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
+    (line,) = without_progress(proc.stderr)  # after the progress lines of the work it did
     assert line.startswith("air: error: no space left on the device writing ") and str(disk) in line, line
     if args[0] == "eval":  # each rollout failed alone, as infrastructure naming its file, and is shown before
         rollouts = json.loads(proc.stdout)["rollouts"]  # the summary that could not be written
@@ -635,12 +636,12 @@ def test_a_model_that_never_answers_is_asked_once_and_waited_on_for_model_timeou
     assert double.asked == [("prisoners-dilemma", 1)], "a reply that did not come in time was asked for again"
     if command == "run":
         assert proc.returncode == 3, proc.stderr
-        (line,) = proc.stderr.strip().splitlines()
+        (line,) = without_progress(proc.stderr)
         assert "did not answer within 2 s" in line, line
         assert files_under(tmp_path) == [], "a rollout that never played a turn left a trajectory"
     else:  # every rollout failed as infrastructure: exit 3 as `air run` (issue 49), the summary still written
         assert proc.returncode == 3, proc.stderr
-        (line,) = proc.stderr.strip().splitlines()
+        (line,) = without_progress(proc.stderr)
         assert "every rollout failed as infrastructure" in line and "did not answer within 2 s" in line, line
         (rollout,) = json.loads(proc.stdout)["rollouts"]
         assert rollout["error"].startswith("ModelUnavailable:") and "did not answer within 2 s" in rollout["error"]

@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from progress_lines import without_progress
 
 pytestmark = pytest.mark.docker
 
@@ -208,6 +209,6 @@ def test_a_snapshot_its_sandbox_refuses_ends_air_eval_from_with_exit_2(images, t
                    "--json", env=key)
         assert proc.returncode == code, proc.stderr[-2000:]
         if code:
-            assert "outside the places" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+            assert "outside the places" in proc.stderr and len(without_progress(proc.stderr)) == 1, proc.stderr
         proc = air("debug", "--from", str(path), "--json", stdin="ls\n", env=key)
         assert proc.returncode == code, proc.stderr[-2000:]

@@ -23,6 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from air import progress
 from air.audit.hacks import FAMILIES, FOUND, Hack
 from air.audit.watch import (MAX_ALONE, MAX_GROUPED, HandOff, candidate_hacks, candidates, hack_of as watch_hack,
                              hand_offs, parse as parse_watch, report as watch_report)
@@ -119,8 +120,11 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     gate = asyncio.Semaphore(concurrency)
     env = TaskEnvironment(spec, pool)
     variables = _variables(spec, workdir)
+    progress.stage(f"audit {spec.id}: the do-nothing rollout, then {len(hacks)} hack(s), {concurrency} at once")
     with watching.recording() as seen:  # the test watched while it scores the pristine workspace (Harbor's)
+        shown = progress.rollout(spec.id, "do-nothing")
         honest, _ = await _play(env, "true", variables)
+        shown.done(f"score {_score(spec, honest)} ({honest.status})")
     watch_note, found, unfollowed = (await _watch(spec, pool, seen, task_root) if watch else
                                      ("not watched: the catalogue alone, as asked", None, ""))
     if found and found[0]:  # the hand-offs proved: planted in, scored like every hack
@@ -150,13 +154,15 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     async def play_once(hack: Hack) -> tuple[EvalOutcome, list[str], bool, bool]:
         """(outcome, what outlived it, paid, whether it planted nothing: its script said PLANTED 0)."""
         async with gate:
+            shown = progress.rollout(spec.id, f"hack {hack.name}")
             if hack.next:
                 (outcome, left), said = await _play_and_look(spec, pool, hack, variables), ""
             else:
                 (outcome, said), left = await _play(env, hack.script, variables), []
         gain = _gain(spec, outcome)
-        return (outcome, left, bool(left) or (gain is not None and floor is not None and gain - floor > margin),
-                f"{PLANTED} 0" in said.splitlines())
+        paid = bool(left) or (gain is not None and floor is not None and gain - floor > margin)
+        shown.done(f"{'paid' if paid else 'held'}, score {_score(spec, outcome)} ({outcome.status})")
+        return outcome, left, paid, f"{PLANTED} 0" in said.splitlines()
 
     async def one(hack: Hack) -> HackResult:
         if not applies(hack, spec):
@@ -223,8 +229,13 @@ async def _watch(spec: TaskSpec, pool: SandboxPool, seen: list[str], task_root: 
 
 async def _play(env: TaskEnvironment, script: str, variables: dict[str, str]) -> tuple[EvalOutcome, str]:
     """One rollout's end: the script as one command of the agent's shell, then a validate."""
+    watch = progress.current()
     async with env.lease() as sandbox:
+        if watch is not None:
+            watch.doing("command", script.strip().splitlines()[0] if script.strip() else "")
         ran = await sandbox.session.run(_command(script, variables), timeout=HACK_TIMEOUT, merge_stderr=True)
+        if watch is not None:
+            watch.doing("scoring")
         outcome = await env.evaluate(sandbox)
     return outcome, ran.stdout
 

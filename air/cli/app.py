@@ -4,8 +4,10 @@ every failure into one line on stderr with the documented exit code (0 ok, 1 a c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -86,6 +88,30 @@ HarborRoot = Annotated[str | None, typer.Option("--harbor-root", envvar="HARBOR_
 Offline = Annotated[bool, typer.Option("--offline", help="Build Harbor tasks' Dockerfiles with the network off "
                                                          "(as AIR_OFFLINE=1; default: with it, where the host has "
                                                          "a default route).")]
+
+
+Quiet = Annotated[bool, typer.Option("--quiet", help="No progress lines on stderr while it runs (as AIR_PROGRESS=off; "
+                                                     "docs/progress.md); results and errors are still said.")]
+
+
+@contextlib.contextmanager
+def progress_lines(quiet: bool = False) -> Iterator:
+    """The command's progress reporter (air.progress) for as long as it runs: timestamped lines on stderr when that
+    is not a terminal (a log, a pipe, CI); on a terminal it writes nothing and a live view reads its rollouts."""
+    from air import progress
+
+    terminal = console.is_terminal and not console.is_dumb_terminal
+    reporter = progress.Reporter.from_variables(None if terminal else progress.stderr_line, quiet)
+    previous = progress.install(reporter)
+    try:
+        yield reporter
+    finally:
+        reporter.close()
+        progress.install(previous)
+
+
+AtifFlag = Annotated[bool, typer.Option("--atif", help="Also write each rollout as an ATIF v1.8 trajectory (as `air "
+                                                     "export atif` does; docs/atif.md).")]
 
 
 def go_offline(offline: bool) -> None:

@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from air import display
+from air import display, progress
 from air.cli.model_wait import SHOWN_AFTER, WatchedPolicy
 from air.episode.batch import BatchProgress, RolloutResult
 
@@ -19,8 +19,9 @@ MAX_LIVE_ROWS = 12  # more rollouts in flight than this are summed up in one lin
 class LiveView:
     """A renderable re-drawn by rich's Live a few times a second, so elapsed times move between turns."""
 
-    def __init__(self, run_dir: Path, total: int, model: WatchedPolicy | None = None):
-        self.run_dir, self.started, self.model = run_dir, time.monotonic(), model
+    def __init__(self, run_dir: Path, total: int, model: WatchedPolicy | None = None,
+                 reporter: progress.Reporter | None = None):
+        self.run_dir, self.started, self.model, self.reporter = run_dir, time.monotonic(), model, reporter
         self.progress = BatchProgress(total=total)
 
     def update(self, progress: BatchProgress) -> None:
@@ -33,13 +34,19 @@ class LiveView:
                              f" · {display.seconds(now - self.started)}")
         table = Table(box=None, pad_edge=False, header_style="dim")
         for column, justify in (("task", "left"), ("#", "right"), ("turns", "right"), ("score", "right"),
-                                ("return", "right"), ("elapsed", "right")):
+                                ("return", "right"), ("elapsed", "right"), ("now", "left")):
             table.add_column(column, justify=justify, no_wrap=True, overflow="ellipsis",
-                             max_width=28 if column == "task" else None)
+                             max_width=28 if column in ("task", "now") else None)
         live = sorted(p.live.values(), key=lambda r: (r.task, r.index))
+        # What each rollout waits on (air.progress): the model, a command, scoring, a sandbox; red once stalled.
+        doing = {(r.task, r.label): r for r in self.reporter.running()} if self.reporter is not None else {}
         for r in live[:MAX_LIVE_ROWS]:
+            watch = doing.get((r.task, f"#{r.index}"))
+            now_text = Text(progress.WAITS_ON[watch.doing_now].removeprefix("waiting for ") + " "
+                            + display.seconds(now - watch.since),
+                            style="red" if now - watch.since >= self.reporter.stall else "") if watch else Text("")
             table.add_row(r.task, str(r.index), str(r.turns), display.score(r.score), display.reward(r.reward),
-                          display.seconds(now - r.started))
+                          display.seconds(now - r.started), now_text)
         parts: list = [head, table]
         waiting, longest = self.model.waiting() if self.model is not None else (0, 0.0)
         if waiting and longest >= SHOWN_AFTER:

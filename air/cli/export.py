@@ -22,13 +22,14 @@ out = Console(highlight=False, emoji=False)
 MAX_WARNINGS_SHOWN = 20
 
 export_app = typer.Typer(help="Export air episodes into other tools' formats (an SFT dataset for prime-rl, "
-                                      "MLGym results).",
+                                      "MLGym results, ATIF trajectories).",
                          no_args_is_help=True, rich_markup_mode=None)
 
 
 @export_app.callback()
 def _export() -> None:
-    """Export air episodes into other tools' formats (an SFT dataset for prime-rl, MLGym results)."""
+    """Export air episodes into other tools' formats (an SFT dataset for prime-rl, MLGym results, ATIF
+    trajectories)."""
 
 
 @export_app.command("sft")
@@ -124,6 +125,52 @@ def mlgym_results(
     if not result.runs and not result.existing:
         console.print("air: no finished episode to write", soft_wrap=True)
         raise typer.Exit(1)
+
+
+@export_app.command("atif")
+def atif(
+    inputs: Annotated[list[Path], typer.Argument(
+        parser=given_path, help="air trajectory .jsonl files or run directories (searched for *.jsonl).",
+        show_default=False)],
+    out_dir: Annotated[Path, typer.Option("--out", **PATH, help="A new or empty folder for the ATIF files "
+                                          "(<task>/<rollout>.json).", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")] = False,
+) -> None:
+    """Write each rollout as an ATIF v1.8 trajectory (Harbor's Agent Trajectory Interchange Format, which Harbor,
+    Arize Phoenix and other trajectory viewers read): the model's replies and tool calls, the observations, and
+    air's rewards, scores, draws and statuses in each step's `extra` (docs/atif.md).
+
+    Example: air export atif runs/eval-20261121-101500 --out atif/
+    """
+    from air.export.atif import export
+
+    written = export(inputs, fresh_folder(out_dir), _warner())
+    if as_json:
+        print(json.dumps({"files": [str(p) for p in written]}, indent=2))
+    else:
+        out.print(f"wrote {len(written)} ATIF trajectories under {out_dir}", soft_wrap=True)
+
+
+def fresh_folder(out_dir: Path) -> Path:
+    """An output folder that is new or empty: an export never mixes with, or
+    writes over, what is there."""
+    from air.errors import UsageError
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file; name a new or empty folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        raise UsageError(f"--out {out_dir} is not empty; name a new or empty folder")
+    return out_dir
+
+
+def _warner():
+    shown = [0]
+
+    def warn(text: str) -> None:
+        shown[0] += 1
+        if shown[0] <= MAX_WARNINGS_SHOWN:
+            console.print(f"[yellow]warning:[/] {escape(text)}", soft_wrap=True)
+    return warn
 
 
 @export_app.command("harbor")

@@ -27,6 +27,8 @@ from air.cli.app import (
     Model,
     ModelTimeout,
     Offline,
+    Quiet,
+    AtifFlag,
     app,
     console,
     given_path,
@@ -35,6 +37,7 @@ from air.cli.app import (
     out,
     policy_label,
     print_json,
+    progress_lines,
     run_async,
 )
 
@@ -123,7 +126,10 @@ def eval_(
         help="Run tasks on which `air tasks audit` found a hack that pays (refused by default: training on them "
              "may teach the hack).")] = False,
     offline: Offline = False,
+    quiet: Quiet = False,
+    atif: AtifFlag = False,
     as_json: JsonFlag = False,
+    ctx: typer.Context = None,
 ) -> None:
     """Run N rollouts of each task against an OpenAI-compatible endpoint (or the scripted policy), with live
     progress, a results table, and trajectories in a run directory (then: air view RUN_DIR).
@@ -170,6 +176,9 @@ def eval_(
     policy, played_by = make_policy(base_url, model, model_timeout)
     if out_dir is not None:  # the command's own mistake (exit 2) before the host's state (images: exit 3)
         check_folder(out_dir)
+    from air import progress
+
+    reporter = ctx.with_resource(progress_lines(quiet))
     build_task_images(specs)  # a Harbor task's own image: built now, or its failed step said now
     require_images(sandbox_spec(spec).image for spec in specs)  # missing: exit 3 now, not N failed rollouts
     policy = WatchedPolicy(policy)
@@ -183,15 +192,17 @@ def eval_(
             out.print(escape(_finished_line(result, len(finished), total)), soft_wrap=True)
 
     async def main():
+        # Said once the pool is up: a command that fails before (no daemon, an image missing) is one line.
         async with SandboxPool(PoolConfig(max_sandboxes=max(2 * concurrency + 2, 4),
                                           gpu_ids=None if any(s.resources.gpus for s in specs) else [])) as pool:
+            progress.stage(f"sandbox pool ready; {total} rollout(s), {min(concurrency, total)} at once")
             parent = {"parent": {"snapshot": str(from_)}} if from_ is not None else {}  # what replay restores
             run = functools.partial(run_batch, specs, policy, pool, run_dir, rollouts, concurrency, config,
                                     on_result=on_result, meta={"policy": played_by, **parent}, start=start,
                                     snapshots=plan)
             if as_json or not console.is_terminal:  # no live display when nobody watches it
                 return await run()
-            view = LiveView(run_dir, total, policy)
+            view = LiveView(run_dir, total, policy, reporter)
             with Live(view, console=console, transient=True, refresh_per_second=2):
                 return await run(on_progress=view.update)
 
@@ -208,6 +219,13 @@ def eval_(
         finally:
             if plan is not None:  # where and how large, said on stderr under --json (stdout holds the JSON)
                 (console if as_json else out).print(escape(plan.said()), soft_wrap=True)
+    if atif and any(r.trajectory for r in results):  # beside the trajectories: <run>/atif/<task>/rollout-NNN.json
+        from air.export.atif import export
+
+        written = export([Path(r.trajectory) for r in results if r.trajectory], run_dir / "atif",
+                         lambda text: console.print(f"[yellow]warning:[/] {escape(text)}", soft_wrap=True))
+        (console if as_json else out).print(f"ATIF: {len(written)} trajectories under {run_dir / 'atif'}",
+                                            soft_wrap=True)
     _show_results(results, run_dir, as_json)
     # A rollout that could not write its trajectory: the run's record is incomplete, whatever else fit (the host's
     # failure, exit 3, as when the summary itself cannot be written). run_batch names a known failure by its class.

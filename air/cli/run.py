@@ -21,6 +21,8 @@ from air.cli.app import (
     Model,
     ModelTimeout,
     Offline,
+    Quiet,
+    AtifFlag,
     app,
     console,
     go_offline,
@@ -28,6 +30,7 @@ from air.cli.app import (
     out,
     policy_label,
     print_json,
+    progress_lines,
     run_async,
 )
 from air.cli.images import build_missing, build_task_images
@@ -52,7 +55,10 @@ def run(
         help="Run a Harbor task whose oracle (solution/solve.sh) failed `air tasks check` (refused by default, "
              "as by air eval: its test may pay a right answer 0).")] = False,
     offline: Offline = False,
+    quiet: Quiet = False,
+    atif: AtifFlag = False,
     as_json: JsonFlag = False,
+    ctx: typer.Context = None,
 ) -> None:
     """The main job on an embedded default: one real episode of a bundled task in a sandbox, played by the
     scripted policy (or any OpenAI-compatible endpoint), with its score curve and rewards.
@@ -88,6 +94,9 @@ def run(
     policy = WatchedPolicy(policy)
     if base_url is not None and console.is_terminal and not console.is_dumb_terminal:
         WaitStatus(policy, console, played_by["base_url"], model_timeout)
+    from air import progress
+
+    ctx.with_resource(progress_lines(quiet))
     build_task_images([spec])
     build_missing([spec.image])
     trajectory = free_name(runs_dir, f"{_time.strftime('%Y%m%d-%H%M%S')}-{spec.id}", ".jsonl")
@@ -119,6 +128,7 @@ def run(
 
     async def main():
         async with SandboxPool(PoolConfig(gpu_ids=None if spec.resources.gpus else [])) as pool:
+            progress.stage(f"sandbox pool ready; {spec.id}, played by {policy_label(played_by)}")
             return await run_episode(TaskEnvironment(spec, pool), policy, config, trajectory=trajectory,
                                      on_step=show, meta={"policy": played_by}, snapshots=plan)
 
@@ -136,6 +146,9 @@ def run(
         raise
     if plan is not None:  # where and how large (stderr under --json)
         (console if as_json else out).print(escape(plan.said()), soft_wrap=True)
+    atif_file = _write_atif(trajectory) if atif else None
+    if atif_file is not None:
+        (console if as_json else out).print(f"ATIF: {atif_file}", soft_wrap=True)
     if as_json:
         print_json({"summary": summary, "policy": played_by, "steps": rows, "trajectory": str(trajectory)})
         return
@@ -149,6 +162,19 @@ def run(
                   f"its change): {_sparkline(normalized)}  " + " → ".join(f"{n:+.4f}" for n in normalized),
                   soft_wrap=True)
     out.print(f"trajectory: {trajectory}", soft_wrap=True)
+
+
+def _write_atif(trajectory: Path) -> Path:
+    """`--atif`: the episode as an ATIF trajectory beside its file (<trajectory>.atif.json)."""
+    import json
+
+    from air.export.atif import read_rollouts, trajectory as atif_of
+    from air.files import write_atomically
+
+    (rollout,) = read_rollouts(trajectory, lambda text: console.print(f"[yellow]warning:[/] {escape(text)}"))
+    target = trajectory.with_suffix(".atif.json")
+    write_atomically(target, json.dumps(atif_of(rollout), indent=2, default=str))
+    return target
 
 
 def _kinds_shown(kinds: list[str], width: int = 30) -> str:

@@ -22,10 +22,12 @@ from air.cli.app import (
     PATH,
     MlgymRoot,
     Offline,
+    Quiet,
     console,
     go_offline,
     out,
     print_json,
+    progress_lines,
     run_async,
     show_table,
 )
@@ -407,7 +409,9 @@ def tasks_audit(
                                              help="Rollouts at once on the warm pool.")] = 4,
     html_out: Annotated[Path | None, typer.Option("--html", **PATH, help="Also write the report as one HTML page.")] \
     = None,
+    quiet: Quiet = False,
     as_json: JsonFlag = False,
+    ctx: typer.Context = None,
 ) -> None:
     """Play the known reward hacks against each task and score them with the task's own scorer, exactly as a
     rollout is scored: read the answers, forge the result, hijack the verifier (Python hooks, PATH shims, links,
@@ -463,6 +467,8 @@ def tasks_audit(
 
         check_output(html_out, [Path(h.source) for h in hacks if h.source],
                      [root for spec in specs if (root := _task_root(spec)) is not None])
+
+    ctx.with_resource(progress_lines(quiet))
 
     async def audit_all():
         from air.cli.images import build_task_images

@@ -35,10 +35,15 @@ async def fork(task_env, snap: Snapshot, n: int, *, config=None, writers=None,
         others += await asyncio.gather(*(stack.enter_async_context(task_env.lease()) for _ in range(n - 1)))
         sandboxes = [maker, *others]
         restored = await restore_all(sandboxes, snap.shell, share_from=share_from)
-        yield [Branch(sb, Episode.resume(task_env, sb, snap, config=config,
-                                         writer=writers[i] if writers else None, meta=meta),
-                      shared=getattr(restored.replies[i], "shared", False))
-               for i, sb in enumerate(sandboxes)]
+        branches = [Branch(sb, Episode.resume(task_env, sb, snap, config=config,
+                                              writer=writers[i] if writers else None, meta=meta),
+                           shared=getattr(restored.replies[i], "shared", False))
+                    for i, sb in enumerate(sandboxes)]
+        try:
+            yield branches
+        finally:  # a branch its driver left unfinished is over with its sandbox (what progress says of it)
+            for b in branches:
+                b.episode.progress.ended("closed", b.episode.turns, b.episode.total_reward)
 
 
 async def _settled(pool, sandboxes: list) -> None:

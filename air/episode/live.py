@@ -116,19 +116,23 @@ class LiveEpisode:
         if not self.over:
             if how == "interrupted":
                 self.failure = "interrupted"
+                episode.progress.failed("interrupted", why)
                 if self.sandbox is not None:
                     self.sandbox.mark_broken(why)
                 if self.writer is not None:
                     record_failure(self.writer, episode, "interrupted", why)
-            elif self.writer is not None and episode.turns == 0:
-                self.writer.discard()
-            elif self.writer is not None:
-                summary = {**episode.summary(), "ended_by": "closed"}
-                self.writer.write(EndRecord(episode=episode.id, **summary, closed_by=why))
+            else:
+                episode.progress.ended("closed", episode.turns, episode.total_reward)
+                if self.writer is not None and episode.turns == 0:
+                    self.writer.discard()
+                elif self.writer is not None:
+                    summary = {**episode.summary(), "ended_by": "closed"}
+                    self.writer.write(EndRecord(episode=episode.id, **summary, closed_by=why))
         await self._release()
 
     async def _fail(self, exc: BaseException) -> None:
         self.failure = failure_kind(exc)
+        self.episode.progress.failed(self.failure, f"{type(exc).__name__}: {exc}")
         if self.sandbox is not None and self.failure != "error":
             self.sandbox.mark_broken(f"{self.failure} during the episode: {exc}")
         if self.failure == "error":

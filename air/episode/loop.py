@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from air import progress
 from air.actions import FORMAT_RULES, TOOL_RULES, Reply, openai_tools, reply_text
 from air.episode.config import EpisodeConfig
 from air.episode.parse import Action, Command, FormatError, Submit, parse_reply
@@ -125,6 +126,11 @@ class Episode:
             system_prompt=self.system_prompt, prompt=self.prompt,
             **({"action_format": "tools", "tools": self.tools} if self.tools else {}), **(meta or {}))
         self._write(self.start_record)
+        # What a log shows of it (air.progress): the driver's rollout when one was started for it before the lease.
+        index = (meta or {}).get("rollout")
+        self.progress = progress.adopt(self.spec.id, f"#{index}" if isinstance(index, int) else self.id)
+        self.progress.episode(self.id)
+        self.progress.doing("model")
 
     def _config_record(self) -> dict[str, Any]:
         config = self.config.model_dump()
@@ -224,10 +230,13 @@ class Episode:
         self.env_seconds += seconds
         self.step_rewards.append(reward)
         retried = {"model_retries": model_retries} if model_retries else {}
+        kinds = [c.action.kind if c.action else "not_run" for c in fields.get("tool_calls", ())]
+        self.progress.stepped(self.turns, "+".join(kinds) or fields["action"]["kind"], reward, self.total_reward)
         self._record_step(StepRecord(turn=self.turns, reply=reply_text(reply), **fields, seconds=round(seconds, 4),
                                      observation=observation, reward=reward, done=self.done,
                                      total_reward=self.total_reward, **retried))
-        kinds = [c.action.kind if c.action else "not_run" for c in fields.get("tool_calls", ())]
+        if not self.done:
+            self.progress.doing("model")
         return StepResult(observation, reward, self.done,
                           {"action": fields["action"]["kind"], **({"calls": kinds} if kinds else {})},
                           answers or [{"role": "user", "content": observation}])
@@ -264,8 +273,11 @@ class Episode:
         if isinstance(action, Command):
             observation, run = await self._run_command(action.text, action.timeout)
             return observation, 0.0, run.model_dump()
+        self.progress.doing("scoring")
         outcome = await self.task_env.evaluate(self.sandbox)
         reward = self._score(outcome)
+        self.progress.validated(self.turns, outcome.status, outcome.metrics.get(self.spec.primary.name),
+                                self.tracker.last_normalized if outcome.ok else None, reward, outcome.draw)
         happened = self._evaluation(outcome).model_dump(exclude_unset=True)
         if isinstance(action, Submit):
             self._end("submitted")
@@ -282,6 +294,7 @@ class Episode:
         left = max(self.config.max_seconds - (time.monotonic() - self.started), MIN_COMMAND_SECONDS)
         by_episode = left < timeout  # the episode's time limit comes first: the command gets what is left of it
         timeout = min(timeout, left)
+        self.progress.doing("command", text)
         result = await self.sandbox.session.run(text, timeout=timeout, merge_stderr=True)
         output = truncate_text(result.stdout, self.config.observation_chars)
         notes = []
@@ -356,9 +369,12 @@ class Episode:
     async def _final_evaluation(self, reason: EndReason) -> tuple[str, float, Evaluation]:
         """MLGym's autosubmission: the episode ended on a limit, so score what is there."""
         self._end(reason)
+        self.progress.doing("scoring")
         outcome = await self.task_env.evaluate(self.sandbox)
         self.final_status = outcome.status
         reward = self._score(outcome)
+        self.progress.validated(self.turns, outcome.status, outcome.metrics.get(self.spec.primary.name),
+                                self.tracker.last_normalized if outcome.ok else None, reward, outcome.draw)
         text = f"Episode over ({reason.replace('_', ' ')} reached); your current submission was evaluated:\n" \
                f"{validation_text(self.spec, outcome)}"
         return text, reward, self._evaluation(outcome)
@@ -394,6 +410,7 @@ class Episode:
         self._write(record)
         if self.done:
             self._write(EndRecord(episode=self.id, **self.summary()))
+            self.progress.ended(self.ended_by, self.turns, self.total_reward)
 
     def _write(self, record: Record) -> None:
         if self.writer is not None:

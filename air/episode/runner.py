@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from air import progress
 from air.actions import Reply, reply_text
 from air.episode.live import failure_kind, record_failure
 from air.episode.loop import Episode, EpisodeConfig, StepResult
@@ -28,6 +29,10 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
     beside the trajectory."""
     writer = TrajectoryWriter(trajectory) if trajectory else None
     episode: Episode | None = None
+    index = (meta or {}).get("rollout")
+    # Started before the lease: waiting for a sandbox (a pool warming, a baseline measured) is said too.
+    watch = progress.rollout(task_env.spec.id, f"#{index}" if isinstance(index, int) else "",
+                             model=getattr(getattr(policy, "policy", policy), "model", None))
     try:
         async with task_env.lease() as sandbox:
             if start is not None:
@@ -57,8 +62,9 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
                         writer.check_kept()  # a run directory deleted meanwhile: no result points at nothing
                     return episode.summary()
     except BaseException as exc:
+        shown = translate(exc) or exc  # a full disk is the machine's failure, not an error of the episode
+        watch.failed(failure_kind(shown), f"{type(shown).__name__}: {shown}")
         if writer is not None:
-            shown = translate(exc) or exc  # a full disk is the machine's failure, not an error of the episode
             record_failure(writer, episode, failure_kind(shown), f"{type(shown).__name__}: {shown}")
         raise
     finally:

@@ -44,6 +44,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from air import progress
 from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable, TaskError, UsageError
 from air.sandbox.claims import Grant, HostClaims
 from air.sandbox.cleanup import sweep_dead_runs
@@ -258,9 +259,13 @@ class SandboxPool:
         self._started = True
         for spec in warm_specs:
             self._warm_target[spec.key] = max(self.config.warm, 1)
+            progress.stage(f"sandbox pool: warming {self._warm_target[spec.key]} sandbox(es) of {spec.image}")
             for _ in range(self._warm_target[spec.key]):
                 self._spawn(self._refill(spec))
+        began = asyncio.get_running_loop().time()
         await self.wait_idle()
+        if warm_specs:
+            progress.stage(f"sandbox pool: warm in {asyncio.get_running_loop().time() - began:.1f} s")
 
     async def close(self, timeout: float | None = None) -> list[str]:
         """Wait for background work, then end every sandbox and give back every claim, within `timeout` seconds

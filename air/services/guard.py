@@ -25,6 +25,8 @@ from typing import Any
 
 from starlette.websockets import WebSocketDisconnect
 
+from air import tracing
+
 
 def json_response(status: int, body: Any) -> tuple[dict, dict]:
     data = json.dumps(body).encode()
@@ -90,6 +92,8 @@ class Guard:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
+        # A caller's W3C trace context (a trainer's span): an episode this request opens is a child of it.
+        tracing.incoming.set(tracing.trace_headers(headers))
         await self.app(scope, replay, send)
 
     def _refuse_token(self, scope, headers: dict) -> str | None:
@@ -110,6 +114,7 @@ class Guard:
             return await self._deny(scope, send, 429, f"client {client} holds {self.websockets[client]} open "
                                                       "sessions, its cap (max_envs_per_client); close some first")
         self.websockets[client] += 1
+        tracing.incoming.set(tracing.trace_headers(dict(scope.get("headers") or [])))
         try:
             await self.app(scope, receive, send)
         except WebSocketDisconnect:

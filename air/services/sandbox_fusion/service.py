@@ -11,6 +11,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from air import progress
 from air.errors import InfraError
 from air.sandbox import (
     AGENT_HOME,
@@ -141,6 +142,7 @@ class SandboxFusionService:
             await self.pool.close()
 
     async def _probe_languages(self) -> None:
+        progress.stage(f"sandbox-fusion: finding the languages {self.config.image} has")
         async with self.pool.lease(self.spec) as sb:
             result = await sb.session.run_untrusted(probe_argv(), timeout=60)
             self._captured = getattr(sb.session, "output_limit", self._captured)
