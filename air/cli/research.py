@@ -66,7 +66,7 @@ def debug(
     from air.cli.debug_console import run_debug
     from air.episode.config import EpisodeConfig
     from air.errors import UsageError
-    from air.tasks.registry import load_task
+    from air.tasks.registry import load_task, require_here
     from air.validation import config_of
 
     if sys.stdin is None or sys.stdin.closed:  # `<&-`: there is nothing to read what to type from
@@ -81,10 +81,16 @@ def debug(
     if task is None:
         raise UsageError("name a task (or a snapshot with --from)")
     spec = load_task(task, mlgym_root, harbor_root=harbor_root)
+    require_here(spec)  # as run and eval say it, before a sandbox or an image
     if start is not None:
         check_task(start, spec)
     # Before a sandbox starts.
-    config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
+    config = config_of(EpisodeConfig, {"max_turns": max_turns or (start.config.get("max_turns") if start else None),
+                                        "action_format": action_format})
+    if start is not None and config.max_turns <= start.state.turn:  # as eval --from refuses it
+        said = f"--max-turns {max_turns}" if max_turns else f"the snapshot's turn limit ({config.max_turns})"
+        raise UsageError(f"{said}: --from {from_} is after turn {start.state.turn}, so it would play turn "
+                         f"{start.state.turn + 1} on; give a turn limit above {start.state.turn}")
     run_debug(spec, keep=keep, config=config, json_lines=as_json, start=start)
 
 
@@ -142,7 +148,7 @@ def eval_(
     from air.tasks.environment import sandbox_spec
     from air.tasks.audit_record import require_audit
     from air.tasks.harbor.oracle import require_oracle
-    from air.tasks.registry import bundled_here, load_all
+    from air.tasks.registry import bundled_here, load_all, require_here
     from air.validation import config_of
 
     go_offline(offline)
@@ -150,6 +156,8 @@ def eval_(
     specs = load_all([start.task] if start else tasks or bundled_here(), mlgym_root, gpus_per_task,
                      harbor_root=harbor_root)
     for spec in specs:
+        if not gpus_per_task:  # GPUs asked for explicitly are the user's word (a remote Docker host's)
+            require_here(spec)
         require_oracle(spec, allow_failed_oracle)
         require_audit(spec, allow_hackable)
     if start is not None:

@@ -69,9 +69,8 @@ def run(
     from air.files import check_folder, free_name
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import TaskEnvironment
-    from air.errors import UsageError
     from air.tasks.harbor.oracle import require_oracle
-    from air.tasks.registry import load_task, why_not_here
+    from air.tasks.registry import load_task, require_here
     from air.validation import config_of
 
     from air.cli.research import snapshot_options
@@ -79,8 +78,7 @@ def run(
     go_offline(offline)
     _, plan = snapshot_options(None, snapshot_at, snapshot_cap, None)
     spec = load_task(task, mlgym_root, harbor_root=harbor_root)
-    if why := why_not_here(spec):  # said before an image build that could not succeed here
-        raise UsageError(f"task {spec.id} cannot run here: it {why} (`air tasks list` says which can)")
+    require_here(spec)  # said before an image build that could not succeed here
     require_oracle(spec, allow_failed_oracle)  # as air eval: a failed oracle refused, an unchecked one said
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)

@@ -90,6 +90,8 @@ class _Cluster:
 
 
 class KubernetesPool(SandboxPool):
+    host_word = "Kubernetes cluster"  # its messages name the API server and namespace, never a "Docker host"
+
     def __init__(self, config: PoolConfig | None = None, docker: object = None):
         config = config or PoolConfig(backend="kubernetes")
         super().__init__(config)
