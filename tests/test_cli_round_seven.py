@@ -1,0 +1,235 @@
+"""The CLI as a demanding user found it in round seven (issue 73), from the outside: no output written over a file
+air or the user made, one line and the right one, start states and rewards a researcher can explain. Each case
+failed on 0e74f9e (said per test where it is not plain). The two shell scripts' cases are in test_shell_scripts.py.
+
+Docker-free unless marked: most cases are refused before any Docker work, and DOCKER_HOST names no daemon to show
+it (the old code got as far as Docker and ended exit 3)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from test_cli_failures import air
+from test_cli_round_six import KEY, NO_DAEMON, _harbor, _snapshot_after_turn
+from test_cli_round_three import episodes, one_line
+
+
+def _loop(tmp_path: Path) -> Path:
+    """A symbolic link that leads back to itself through another."""
+    (tmp_path / "loop-a").symlink_to(tmp_path / "loop-b")
+    (tmp_path / "loop-b").symlink_to(tmp_path / "loop-a")
+    return tmp_path / "loop-a"
+
+
+def _run_folder(tmp_path: Path) -> Path:
+    """A run folder as `air eval` leaves it: its summary, a trajectory and a snapshot."""
+    runs = episodes(tmp_path)
+    run = tmp_path / "run"
+    (run / "rollout-000.snapshots").mkdir(parents=True)
+    shutil.copy(runs / "a.jsonl", run / "rollout-000.jsonl")
+    (run / "summary.json").write_text('{"tasks": {}}\n')
+    (run / "rollout-000.snapshots" / "turn-001.airsnap").write_bytes(b"AIRSNAP not really\n")
+    return run
+
+
+# ----- 1. an output written over something air or the user made ---------------------------------------------------
+@pytest.mark.parametrize("target", ["summary", "snapshot", "trajectory", "link to the summary", "audit verdict"])
+@pytest.mark.parametrize("command", ["view", "export sft"])
+def test_an_output_over_a_file_air_made_is_refused_before_any_work(tmp_path, target, command):
+    run = _run_folder(tmp_path)
+    cache = tmp_path / "cache"
+    (cache / "audit").mkdir(parents=True)
+    (cache / "audit" / "0123456789abcdef.json").write_text('{"task": "x"}\n')
+    (tmp_path / "link.jsonl").symlink_to(run / "summary.json")
+    path = {"summary": run / "summary.json", "snapshot": run / "rollout-000.snapshots" / "turn-001.airsnap",
+            "trajectory": tmp_path / "runs" / "b.jsonl", "link to the summary": tmp_path / "link.jsonl",
+            "audit verdict": cache / "audit" / "0123456789abcdef.json"}[target]
+    before = path.read_bytes()
+    argv = (["view", "runs/a.jsonl", "-o", str(path)] if command == "view" else
+            ["export", "sft", "runs/a.jsonl", "--out", str(path)])
+    if command == "export sft" and path.suffix != ".jsonl":
+        pytest.skip("export sft writes only .jsonl files")
+    proc = air(*argv, cwd=tmp_path, timeout=120, env={"AIR_CACHE_DIR": str(cache)})
+    one_line(proc, 2, "air never writes a report over it")
+    assert path.read_bytes() == before
+
+
+def test_a_report_over_an_earlier_report_is_still_written(tmp_path):
+    episodes(tmp_path)  # the control: only what air made as a record is refused, never a report over a report
+    for _ in range(2):
+        proc = air("view", "runs", "-o", "report.html", cwd=tmp_path, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+    run = _run_folder(tmp_path / "r")
+    for _ in range(2):
+        proc = air("view", str(run), "-o", str(run / "report.html"), cwd=tmp_path, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("how", ["directly", "through a link"])
+def test_audit_html_over_a_file_of_hacks_is_refused_even_when_only_another_hack_is_played(tmp_path, how):
+    # Round six checked only the hacks played: `--hack` chose another, and the page replaced this one.
+    root = _harbor(tmp_path)
+    hacks = tmp_path / "hacks"
+    hacks.mkdir()
+    for name in ("mine", "other"):
+        (hacks / f"{name}.toml").write_text(f'name = "{name}"\nfamily = "trivial-outputs"\nsummary = "s"\n'
+                                            'script = "true"\n')
+    page = hacks / "mine.toml"
+    if how == "through a link":
+        (tmp_path / "page.html").symlink_to(page)
+    before = page.read_bytes()
+    proc = air("tasks", "audit", "harbor:fine", "--harbor-root", str(root), "--hacks", str(hacks), "--hack",
+               "other", "--html", str(page if how == "directly" else tmp_path / "page.html"), cwd=tmp_path,
+               timeout=120, env=NO_DAEMON)
+    one_line(proc, 2, "one of the inputs")
+    assert page.read_bytes() == before
+
+
+def test_kubernetes_setup_onto_a_full_device_is_a_full_disk_not_success(tmp_path):
+    with open("/dev/full", "w") as full:
+        import subprocess
+        import sys
+
+        proc = subprocess.run([sys.executable, "-m", "air.cli.main", "kubernetes", "setup", "--slots", "3"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert "no space left on the device writing standard output" in proc.stderr
+
+
+def test_the_audit_prints_its_table_before_a_full_disk_costs_the_page(monkeypatch, tmp_path, capsys):
+    # In process, the sandboxes and the hacks' play stood in for (what is tested is the order of the command's
+    # last steps): the page's write finds the disk full. The old code wrote the page first, and the table was lost.
+    import errno
+
+    import air.audit.runner as runner
+    import air.cli.images as images
+    import air.files as files
+    import air.sandbox as sandbox
+    from air.audit.runner import HackResult, TaskAudit
+    from air.cli.main import app
+    from air.cli.app import run_cli
+
+    class Pool:
+        def __init__(self, config):
+            pass
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+    async def audit_task(spec, pool, hacks, **kw):
+        return TaskAudit(task=spec.id, contract="c", metric="m", direction="higher", do_nothing=0.0,
+                         do_nothing_status="ok", baseline=None, reference=None, seconds=1.0,
+                         results=[HackResult(name="forge-result", family="forge-result", status="held")])
+
+    import air.tasks.audit_record  # noqa: F401  (bound to the real write before the stand-in below)
+
+    real = files.write_atomically
+
+    def full(path, text):  # the page's disk is full; the verdict in air's cache is written
+        if Path(path).suffix == ".html":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, text)
+
+    monkeypatch.setattr(sandbox, "SandboxPool", Pool)
+    monkeypatch.setattr(runner, "audit_task", audit_task)
+    monkeypatch.setattr(images, "build_task_images", lambda specs: None)
+    monkeypatch.setattr(files, "write_atomically", full)
+    monkeypatch.setenv("AIR_CACHE_DIR", str(tmp_path / "cache"))
+    code = run_cli(app, ["tasks", "audit", "prisoners-dilemma", "--hack", "forge-result", "--html",
+                         str(tmp_path / "audit.html")])
+    captured = capsys.readouterr()
+    assert code == 3 and "no space left on the device" in captured.err, captured
+    assert "forge-result" in captured.out and "1 task(s) audited" in captured.out, captured.out
+
+
+# ----- 3. one line, the right one ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv", [
+    ["replay", "{loop}"], ["view", "{loop}"], ["view", "runs", "-o", "{loop}"],
+    ["export", "sft", "{loop}", "--out", "x.jsonl"], ["tasks", "list", "--harbor-root", "{loop}"],
+], ids=["replay", "view", "view -o", "export sft", "--harbor-root"])
+def test_a_symbolic_link_loop_is_one_line_of_bad_input(tmp_path, argv):
+    episodes(tmp_path)
+    loop = _loop(tmp_path)
+    proc = air(*[a.format(loop=loop) for a in argv], cwd=tmp_path, timeout=120, env=NO_DAEMON)
+    one_line(proc, 2, "a loop of symbolic links")
+
+
+def _no_gpu_host(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'no devices' >&2\nexit 9\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    return {**NO_DAEMON, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("argv", [["run", "--task"], ["eval"], ["debug"], ["serve", "agentgym", "--task"],
+                                  ["serve", "openenv", "--task"]], ids=lambda a: " ".join(a[:2]))
+def test_a_gpu_task_on_a_cpu_host_needs_a_gpu_in_every_command(tmp_path, argv):
+    proc = air(*argv, "gpu-cnn-speedrun", cwd=tmp_path, timeout=120, env=_no_gpu_host(tmp_path))
+    one_line(proc, 2, "gpu-cnn-speedrun cannot run here: it needs a GPU")
+
+
+def test_debug_from_a_snapshot_past_the_turn_limit_is_refused_as_eval_refuses(tmp_path):
+    snap = _snapshot_after_turn(tmp_path, 4)
+    proc = air("debug", "--from", str(snap), "--max-turns", "2", cwd=tmp_path, timeout=120,
+               env={**NO_DAEMON, "AIR_SNAPSHOT_KEY": KEY})
+    one_line(proc, 2, "--max-turns 2: --from")
+    assert "after turn 4" in proc.stderr and "above 4" in proc.stderr
+
+
+def test_one_broken_task_does_not_stop_audit_all(tmp_path):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    shutil.copytree(Path(__file__).resolve().parent.parent / "tasks" / "prisoners-dilemma", tasks / "prisoners-dilemma")
+    (tasks / "broken").mkdir()
+    (tasks / "broken" / "task.toml").write_text("id = \n")
+    proc = air("tasks", "audit", "--all", cwd=tmp_path, timeout=120, env={**NO_DAEMON, "AIR_TASKS_DIR": str(tasks)})
+    # It said the broken one and went on to audit the other: as far as Docker, which is not there (exit 3).
+    assert "broken: not audited: it does not load" in proc.stderr, proc.stderr
+    assert proc.returncode == 3 and "cannot reach the Docker daemon" in proc.stderr, proc.stderr
+
+
+def test_an_audit_verdict_made_by_another_user_or_host_says_whose(tmp_path, monkeypatch):
+    from air.tasks import audit_record
+    from air.tasks.registry import load_task
+
+    monkeypatch.setenv("AIR_CACHE_DIR", str(tmp_path / "cache"))
+    spec = load_task("prisoners-dilemma")
+    audit_record.keep_audit(spec, [])
+    assert audit_record.audit_state(spec).startswith("held, ") and "not here" not in audit_record.audit_state(spec)
+    path = audit_record._path(spec)
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "host": "another-host"}))
+    assert "on another-host, not here" in audit_record.audit_state(spec)
+    if os.geteuid() != 0:
+        return
+    path.write_text(json.dumps(record))
+    os.chown(path, 4242, 4242)
+    assert ", not here" in audit_record.audit_state(spec)  # by the file's owner, whose name this host may not know
+
+
+def test_no_cells_on_kubernetes_names_the_cluster_not_a_docker_host(caplog):
+    from air.sandbox.kubernetes.pool import KubernetesPool, _Cluster
+    from air.sandbox.pool import SandboxPool
+
+    cluster = _Cluster(name="https://127.0.0.1:6443 namespace air")
+    sandbox = SimpleNamespace(cells=True, short_id="abc", session=SimpleNamespace(
+        cells=False, ready=SimpleNamespace(why_not="no user namespaces")))
+    for pool_class, word in ((KubernetesPool, "Kubernetes cluster"), (SandboxPool, "Docker host")):
+        pool = SimpleNamespace(config=SimpleNamespace(isolation="auto"), host_word=pool_class.host_word)
+        cluster.cells = None
+        with caplog.at_level(logging.WARNING, logger="air"):
+            caplog.clear()
+            SandboxPool._learn_cells(pool, cluster, sandbox)
+        [line] = [r.getMessage() for r in caplog.records]
+        assert line.startswith(f"{word} https://127.0.0.1:6443 namespace air cannot give sandboxes cells"), line
+
