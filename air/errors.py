@@ -46,6 +46,11 @@ class ImageError(InfraError):
             return cls(f"image {image} is not built; it is a Harbor task's own image, built from the task's "
                        "environment/ when the task is first run or checked (`air tasks check harbor:<task> "
                        "--harbor-root <dataset>`)")
+        from air import paths
+
+        if not (paths.images_dir() / recipe / "recipe.toml").is_file():  # `air images build` would refuse it too
+            return cls(f"image {image} is not built, and air has no recipe '{recipe}' to build it from (`air images "
+                       "ls` lists them): the task names an image that does not exist; fix its image")
         return cls(f"image {image} is not built; run `air images build {recipe}`")
 
 

@@ -233,3 +233,45 @@ def test_no_cells_on_kubernetes_names_the_cluster_not_a_docker_host(caplog):
         [line] = [r.getMessage() for r in caplog.records]
         assert line.startswith(f"{word} https://127.0.0.1:6443 namespace air cannot give sandboxes cells"), line
 
+
+
+def test_eval_out_a_folder_of_the_users_gives_the_true_reason_before_any_work(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    proc = air("eval", "prisoners-dilemma", "--out", str(mine), cwd=tmp_path, timeout=120, env=NO_DAEMON)
+    line = one_line(proc, 2, "is not empty (it holds notes.txt) and is no run of air's")  # old: exit 3, Docker
+    assert "another `air eval`" not in line
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_a_run_folder_is_still_said_to_hold_a_run(tmp_path):
+    from air.episode.batch import check_run_dir
+    from air.errors import UsageError
+
+    (tmp_path / "summary.json").write_text("{}")
+    with pytest.raises(UsageError, match="already holds a run"):
+        check_run_dir(tmp_path)
+    check_run_dir(tmp_path / "new")  # a new folder, and an empty one, are a run's
+    (tmp_path / "empty").mkdir()
+    check_run_dir(tmp_path / "empty")
+
+
+def test_an_image_recipe_that_does_not_exist_is_not_told_to_build_it():
+    from air.errors import ImageError
+
+    line = str(ImageError.not_built("air/no-such-recipe:latest"))
+    assert "air images build" not in line and "no recipe 'no-such-recipe'" in line, line
+    assert str(ImageError.not_built("air/cpu:latest")).endswith("run `air images build cpu`")  # the control
+
+
+def test_a_dead_http_proxy_is_named_as_the_proxy_not_the_models_url(tmp_path):
+    env = {**NO_DAEMON, "HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}  # port 9: nobody listens (loopback)
+    proc = air("eval", "prisoners-dilemma", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", cwd=tmp_path,
+               timeout=120, env=env)
+    one_line(proc, 3, "unreachable through the HTTP proxy http://127.0.0.1:9 (HTTP_PROXY)")
+    # The control: without a proxy the model's URL is what is said.
+    proc = air("eval", "prisoners-dilemma", "--base-url", "http://127.0.0.1:1/v1", "--model", "m", cwd=tmp_path,
+               timeout=120, env={**NO_DAEMON, "HTTP_PROXY": "", "http_proxy": "", "ALL_PROXY": "", "all_proxy": ""})
+    line = one_line(proc, 3, "model endpoint http://127.0.0.1:1/v1 unreachable")
+    assert "proxy" not in line

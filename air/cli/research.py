@@ -177,7 +177,10 @@ def eval_(
                                             "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
     if out_dir is not None:  # the command's own mistake (exit 2) before the host's state (images: exit 3)
+        from air.episode.batch import check_run_dir
+
         check_folder(out_dir)
+        check_run_dir(out_dir)
     build_task_images(specs)  # a Harbor task's own image: built now, or its failed step said now
     require_images(sandbox_spec(spec).image for spec in specs)  # missing: exit 3 now, not N failed rollouts
     policy = WatchedPolicy(policy)
