@@ -275,3 +275,70 @@ def test_a_dead_http_proxy_is_named_as_the_proxy_not_the_models_url(tmp_path):
                timeout=120, env={**NO_DAEMON, "HTTP_PROXY": "", "http_proxy": "", "ALL_PROXY": "", "all_proxy": ""})
     line = one_line(proc, 3, "model endpoint http://127.0.0.1:1/v1 unreachable")
     assert "proxy" not in line
+
+
+# ----- 4. start states -----------------------------------------------------------------------------------------------
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _write(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _paid(records: list[dict]) -> None:
+    """Each evaluated step's reward as air pays it (against its draw's baseline where it has one), the end record
+    made to agree: what a run on a task drawn per evaluation writes."""
+    from air.episode.rewards import RewardConfig, RewardTracker
+
+    start = records[0]
+    tracker = RewardTracker(RewardConfig(), start["reward_baseline"]["score"], start["primary"]["direction"])
+    parent = start.get("parent", {})
+    for score, own in zip(parent.get("scores", []), parent.get("score_baselines", [])):
+        tracker.on_validation(score, own)
+    steps = [r for r in records if r["type"] == "step"]
+    for step in steps:
+        step["reward"] = tracker.on_validation(step["score"], step.get("draw_baseline")) if "score" in step else 0.0
+    end = records[-1]
+    end["step_rewards"] = end["step_rewards"][:len(end["step_rewards"]) - len(steps)] + [s["reward"] for s in steps]
+    end["total_reward"] = sum(end["step_rewards"])
+
+
+def test_rescore_delta_measures_each_reward_against_its_draws_baseline(tmp_path):
+    runs = episodes(tmp_path)
+    records = _lines(runs / "a.jsonl")
+    for record, own in zip((r for r in records if r.get("score") is not None), (100.0, 140.0)):
+        record["draw"], record["draw_baseline"] = f"draw-{own:g}", own
+    _paid(records)
+    _write(runs / "a.jsonl", records)
+    proc = air("replay", str(runs / "a.jsonl"), "--rescore", "delta", "--json", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    [rows] = json.loads(proc.stdout).values()
+    assert len(rows) == 2 and all(r["rescored"] == pytest.approx(r["recorded"], abs=1e-12) for r in rows), rows
+
+
+def test_rescore_of_a_branch_goes_on_from_its_prefix(tmp_path):
+    runs = episodes(tmp_path)
+    records = _lines(runs / "a.jsonl")
+    start, steps, end = records[0], [r for r in records if r["type"] == "step"], records[-1]
+    # The branch of turn 4's snapshot: its parent validated 86.8 there; the branch submits 80.0 at turn 5.
+    start["parent"] = {"episode": "p", "turn": 4, "scores": [86.8], "score_baselines": [None]}
+    branch = [start, steps[-1], end]
+    _paid(branch)
+    _write(runs / "a.jsonl", branch)
+    (runs / "b.jsonl").unlink()
+    proc = air("replay", str(runs / "a.jsonl"), "--rescore", "delta", "--json", cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    [[row]] = json.loads(proc.stdout).values()
+    assert row["recorded"] == pytest.approx(0.05234033936817861) and row["rescored"] == pytest.approx(row["recorded"])
+
+
+def test_rescore_of_a_branch_without_its_prefixs_scores_is_refused_not_paid_from_nothing(tmp_path):
+    runs = episodes(tmp_path)
+    records = _lines(runs / "a.jsonl")
+    records[0]["parent"] = {"episode": "p", "turn": 4}
+    branch = [records[0], [r for r in records if r["type"] == "step"][-1], records[-1]]
+    _paid(branch)
+    _write(runs / "a.jsonl", branch)
+    one_line(air("replay", str(runs / "a.jsonl"), "--rescore", "delta", cwd=tmp_path, timeout=120), 2,
+             "does not hold its prefix's scores")
