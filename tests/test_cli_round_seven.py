@@ -342,3 +342,41 @@ def test_rescore_of_a_branch_without_its_prefixs_scores_is_refused_not_paid_from
     _write(runs / "a.jsonl", branch)
     one_line(air("replay", str(runs / "a.jsonl"), "--rescore", "delta", cwd=tmp_path, timeout=120), 2,
              "does not hold its prefix's scores")
+
+
+def _harbor_snapshot(tmp_path: Path, turn: int = 1) -> tuple[Path, Path]:
+    """A Harbor dataset and a snapshot of its task `fine` after `turn` turns, as air takes one (its source kept)."""
+    import hashlib
+
+    from air.episode.snapshot import EpisodeState, Snapshot, save
+    from air.tasks.registry import load_task
+
+    root = _harbor(tmp_path)
+    spec = load_task("harbor:fine", harbor_root=root)
+    state = EpisodeState(turn=turn, actions=turn, format_errors=0, validations=0, failed_validations=0,
+                         step_rewards=[0.0] * turn, step_scores=[None] * turn, step_evaluated=[False] * turn,
+                         scores=[], score_baselines=[], best_score=None, paid=0.0, env_seconds=0.0, seconds=1.0,
+                         messages=[])
+    snap = Snapshot(task=spec.id, task_source=spec.source, task_version=spec.version, task_hash=spec.content_hash,
+                    episode="e", config={"max_turns": 30}, reward_baseline=None, state=state, cwd="", env={},
+                    files_sha256=hashlib.sha256(b"").hexdigest())
+    path = tmp_path / "turn-001.airsnap"
+    save(snap, path, key=bytes.fromhex(KEY))
+    return root, path
+
+
+def test_eval_from_a_harbor_snapshot_loads_its_task_by_its_family_qualified_id(tmp_path):
+    root, snap = _harbor_snapshot(tmp_path)
+    proc = air("eval", "--from", str(snap), "--harbor-root", str(root), "--out", "run", cwd=tmp_path, timeout=120,
+               env={**NO_DAEMON, "AIR_SNAPSHOT_KEY": KEY})
+    # The task loaded (the old code: "unknown task fine", exit 2); the run then needs Docker, which is not here.
+    assert "unknown task" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3 and "Docker daemon" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_snapshot_of_an_older_air_without_a_source_still_names_its_bundled_task(tmp_path):
+    from air.episode.snapshot import load
+
+    snap = load(_snapshot_after_turn(tmp_path, 1), key=bytes.fromhex(KEY))
+    assert snap.task_source is None and snap.task_ref == "prisoners-dilemma"

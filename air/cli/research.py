@@ -77,7 +77,7 @@ def debug(
         from air.episode.snapshot import check_task, load
 
         start = load(from_)
-        task = task or start.task
+        task = task or start.task_ref
     if task is None:
         raise UsageError("name a task (or a snapshot with --from)")
     spec = load_task(task, mlgym_root, harbor_root=harbor_root)
@@ -153,7 +153,7 @@ def eval_(
 
     go_offline(offline)
     start, plan = snapshot_options(from_, snapshot_at, snapshot_cap, tasks)
-    specs = load_all([start.task] if start else tasks or bundled_here(), mlgym_root, gpus_per_task,
+    specs = load_all([start.task_ref] if start else tasks or bundled_here(), mlgym_root, gpus_per_task,
                      harbor_root=harbor_root)
     for spec in specs:
         if not gpus_per_task:  # GPUs asked for explicitly are the user's word (a remote Docker host's)
@@ -278,7 +278,7 @@ def snapshot_options(from_: Path | None, snapshot_at: str | None, cap_mb: int, t
     start = None
     if from_ is not None:
         start = load(from_)
-        if tasks and tasks != [start.task]:
+        if tasks and tasks not in ([start.task], [start.task_ref]):
             raise UsageError(f"--from {from_} is a snapshot of task {start.task}; name no other task")
     plan = None
     if snapshot_at is not None:
