@@ -380,3 +380,79 @@ def test_a_snapshot_of_an_older_air_without_a_source_still_names_its_bundled_tas
 
     snap = load(_snapshot_after_turn(tmp_path, 1), key=bytes.fromhex(KEY))
     assert snap.task_source is None and snap.task_ref == "prisoners-dilemma"
+
+
+def test_a_sparse_file_no_restore_accepts_is_refused_at_capture(tmp_path):
+    # The agent's `truncate -s 2T` made its episode unforkable: captured and saved, then refused by every restore.
+    from air.sandbox.warden.snapshot import MAX_APPARENT, PLACES, Refused, capture
+
+    for place in PLACES:
+        (tmp_path / place).mkdir(parents=True)
+    big = tmp_path / "home/agent/big"
+    try:
+        big.touch()
+        os.truncate(big, 2 * MAX_APPARENT)
+    except OSError as exc:
+        pytest.skip(f"this file system cannot hold a {2 * MAX_APPARENT >> 30} GB sparse file: {exc}")
+    fds = [os.open(tmp_path / place, os.O_RDONLY | os.O_DIRECTORY) for place in PLACES]
+    out = os.memfd_create("snapshot")
+    try:
+        with pytest.raises(Refused, match="home/agent/big: a file of 2048 GB .* more than the 1024 GB"):
+            capture(fds, out, 1 << 30, 1e18)
+        big.unlink()  # the control: a file of the largest size restore makes is captured
+        (tmp_path / "home/agent/ok").touch()
+        os.truncate(tmp_path / "home/agent/ok", MAX_APPARENT)
+        capture(fds, out, 1 << 30, 1e18)
+    finally:
+        for fd in (*fds, out):
+            os.close(fd)
+
+
+def _sparse_member_tar(apparent: int) -> bytes:
+    """An archive as an older air captured it: the places, and one sparse member of `apparent` bytes (no data)."""
+    import io
+    import tarfile
+
+    from air.sandbox.warden.snapshot import PLACES, SPARSE
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for place in PLACES:
+            info = tarfile.TarInfo(place)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            info.uid = info.gid = 0 if place != "home/agent" else 1000
+            if place in ("tmp", "var/tmp"):
+                info.mode = 0o1777
+            tar.addfile(info)
+        body = b"0\n" + bytes(tarfile.BLOCKSIZE - 2)
+        info = tarfile.TarInfo("home/agent/big")
+        info.size, info.mode, info.uid, info.gid = len(body), 0o644, 1000, 1000
+        info.pax_headers = {SPARSE: str(apparent)}
+        tar.addfile(info, io.BytesIO(body))
+    return buffer.getvalue()
+
+
+def test_eval_from_a_snapshot_holding_a_sparse_file_too_large_is_refused_before_a_run_folder(tmp_path):
+    import hashlib
+
+    from air.episode.snapshot import Snapshot, load, save
+    from air.errors import SnapshotError
+    from air.sandbox.warden.snapshot import MAX_APPARENT
+
+    template = load(_snapshot_after_turn(tmp_path, 1), key=bytes.fromhex(KEY))
+    for apparent, refused in ((MAX_APPARENT, False), (2 * MAX_APPARENT, True)):
+        files = _sparse_member_tar(apparent)
+        snap = Snapshot(**{**template.model_dump(), "files_sha256": hashlib.sha256(files).hexdigest(),
+                           "files_size": len(files)})
+        snap.files = files
+        path = tmp_path / f"sparse-{apparent}.airsnap"
+        save(snap, path, key=bytes.fromhex(KEY))
+        if not refused:  # the control: the largest size restore makes loads
+            load(path, key=bytes.fromhex(KEY))
+            continue
+        with pytest.raises(SnapshotError, match="a sparse file larger than the 1024 GB"):
+            load(path, key=bytes.fromhex(KEY))
+        proc = air("eval", "--from", str(path), "--out", "run", cwd=tmp_path, timeout=120,
+                   env={**NO_DAEMON, "AIR_SNAPSHOT_KEY": KEY})
+        one_line(proc, 2, "a sparse file larger than the 1024 GB a snapshot restores")
+        assert not (tmp_path / "run").exists()

@@ -158,7 +158,8 @@ async def take(episode, messages: list[dict[str, Any]], *, lose_processes: bool 
     (unless lose_processes), SnapshotError when the agent's files exceed max_bytes."""
     shell = await episode.sandbox.session.capture(max_bytes=max_bytes, lose_processes=lose_processes)
     spec = episode.spec
-    return Snapshot(task=spec.id, task_source=spec.source, task_version=spec.version, task_hash=spec.content_hash, episode=episode.id,
+    return Snapshot(task=spec.id, task_source=spec.source, task_version=spec.version, task_hash=spec.content_hash,
+                    episode=episode.id,
                     config=episode.config.model_dump(), reward_baseline=episode.baseline.score,
                     state=episode.state(messages), cwd=base64.b64encode(shell.cwd).decode(), env=shell.env,
                     lost=shell.lost, skipped=shell.skipped, files=shell.files,
