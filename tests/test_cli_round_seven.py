@@ -456,3 +456,22 @@ def test_eval_from_a_snapshot_holding_a_sparse_file_too_large_is_refused_before_
                    env={**NO_DAEMON, "AIR_SNAPSHOT_KEY": KEY})
         one_line(proc, 2, "a sparse file larger than the 1024 GB a snapshot restores")
         assert not (tmp_path / "run").exists()
+
+
+# ----- 5. a reward a researcher can explain ----------------------------------------------------------------------
+@pytest.mark.docker
+def test_air_run_says_which_baseline_each_reward_is_measured_against(images, tmp_path, run_id):
+    """prisoners-dilemma is drawn per evaluation: the summary printed one baseline (this host's draw's) while each
+    reward was paid against its validate's own draw's; now each turn names its baseline and the summary lists them."""
+    import re
+
+    # This host's draws, as a user's run has them (the tests' default is the record's draw, the same for all)
+    proc = air("run", "--out", "runs", cwd=tmp_path, timeout=900, env={"AIR_RUN_ID": run_id, "AIR_HIDDEN_DRAW": "host"})
+    assert proc.returncode == 0, proc.stderr
+    validated = [line for line in proc.stdout.splitlines() if line.startswith("turn ") and
+                 (" validate " in line or " submit " in line)]
+    per_turn = [re.search(r"against its draw's baseline (\S+)$", line).group(1) for line in validated]
+    (summary,) = [line for line in proc.stdout.splitlines() if line.startswith("prisoners-dilemma: ")]
+    listed = re.search(r"rewards against each validate's draw's baseline \S+ \(([^;]+);", summary).group(1)
+    assert listed.split(", ") == per_turn, (summary, per_turn)
+    assert len(set(per_turn)) > 1  # draws differ: one baseline for all would have been wrong
