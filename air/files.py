@@ -96,17 +96,17 @@ _TRAJECTORY_HEAD = re.compile(rb'^\{"time": [0-9.e+]+, "type": "start", "episode
 
 def made_by_air(target: Path) -> str | None:
     """What air made the existing file `target` (a resolved path) as, for an error line; None when air did not make
-    it. Told from where it lies and how it begins, never from a list kept somewhere: a run folder (its summary.json)
-    with its trajectories and snapshots, a snapshot anywhere (.airsnap), a trajectory anywhere (its first record),
-    air's cache (audit verdicts, oracle records) and air's own folders (bundled tasks, recipes, hack files)."""
+    it. Told from its name, where it lies and how it begins, never from a list kept somewhere: a snapshot
+    (.airsnap, or in a rollout's .snapshots folder), a run's summary.json, a trajectory anywhere (its first record),
+    and anything in air's cache (audit verdicts, oracle records) or air's own folders (bundled tasks, recipes, hack
+    files). A report air wrote is none of these: writing a report over an earlier one is what -o is for."""
     from air import paths
 
     if target.suffix == ".airsnap" or target.parent.name.endswith(".snapshots"):
         return "a snapshot air saved"
-    folder = next((f for f in (target.parent, target.parent.parent) if (f / "summary.json").is_file()), None)
-    if target.name == "summary.json" or (folder is not None and target.suffix != ".html"):  # a report over a report
-        return f"a file of the run folder {folder or target.parent}"
-    roots = {"air's cache": paths.cache_dir(), "air's own files": Path(__file__).resolve().parent,
+    if target.name == "summary.json":
+        return f"the summary of the run folder {target.parent}"
+    roots = {"air's cache": paths.cache_path(), "air's own files": Path(__file__).resolve().parent,
              "air's tasks": paths.tasks_dir(), "air's image recipes": paths.images_dir()}
     for what, root in roots.items():
         real = Path(os.path.realpath(root))
