@@ -60,6 +60,16 @@ def test_an_output_over_a_file_air_made_is_refused_before_any_work(tmp_path, tar
     assert path.read_bytes() == before
 
 
+@pytest.mark.parametrize("target", ["summary", "snapshot"])
+def test_audit_html_over_a_runs_summary_or_snapshot_is_refused_before_the_audit(tmp_path, target):
+    run = _run_folder(tmp_path)
+    path = {"summary": run / "summary.json", "snapshot": run / "rollout-000.snapshots" / "turn-001.airsnap"}[target]
+    before = path.read_bytes()
+    proc = air("tasks", "audit", "prisoners-dilemma", "--html", str(path), cwd=tmp_path, timeout=120, env=NO_DAEMON)
+    one_line(proc, 2, "air never writes a report over it")  # old: Docker first (exit 3), then replaced
+    assert path.read_bytes() == before
+
+
 def test_a_report_over_an_earlier_report_is_still_written(tmp_path):
     episodes(tmp_path)  # the control: only what air made as a record is refused, never a report over a report
     for _ in range(2):
