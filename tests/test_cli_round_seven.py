@@ -196,6 +196,12 @@ def test_debug_from_a_snapshot_past_the_turn_limit_is_refused_as_eval_refuses(tm
     assert "after turn 4" in proc.stderr and "above 4" in proc.stderr
 
 
+def test_debug_from_a_snapshot_at_its_own_turn_limit_names_the_snapshots_limit(tmp_path):
+    snap = _snapshot_after_turn(tmp_path, 30)  # its config's max_turns is 30
+    proc = air("debug", "--from", str(snap), cwd=tmp_path, timeout=120, env={**NO_DAEMON, "AIR_SNAPSHOT_KEY": KEY})
+    one_line(proc, 2, "the snapshot's turn limit (30): --from")
+
+
 def test_one_broken_task_does_not_stop_audit_all(tmp_path):
     tasks = tmp_path / "tasks"
     tasks.mkdir()

@@ -48,7 +48,8 @@ def debug(
     from_: Annotated[Path | None, typer.Option("--from", **PATH, help="Open the sandbox in a snapshot's state (a "
                                                ".airsnap file, e.g. runs/X/<task>/rollout-000.snapshots/"
                                                "turn-037.airsnap): its files, cwd, exports, turn and rewards.")] = None,
-    max_turns: Annotated[int, typer.Option(help="Turn limit, as in a rollout.")] = 30,
+    max_turns: Annotated[int | None, typer.Option(min=1, help="Turn limit, as in a rollout (default 30; with --from, "
+                                                              "the snapshot's).")] = None,
     mlgym_root: MlgymRoot = None,
     harbor_root: HarborRoot = None,
     action_format: ActionFormatOption = None,
@@ -85,8 +86,8 @@ def debug(
     if start is not None:
         check_task(start, spec)
     # Before a sandbox starts.
-    config = config_of(EpisodeConfig, {"max_turns": max_turns or (start.config.get("max_turns") if start else None),
-                                        "action_format": action_format})
+    config = config_of(EpisodeConfig, {"max_turns": max_turns or (start.config.get("max_turns") if start else None)
+                                        or 30, "action_format": action_format})
     if start is not None and config.max_turns <= start.state.turn:  # as eval --from refuses it
         said = f"--max-turns {max_turns}" if max_turns else f"the snapshot's turn limit ({config.max_turns})"
         raise UsageError(f"{said}: --from {from_} is after turn {start.state.turn}, so it would play turn "
