@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 
 class AirError(Exception):
     """Base of every error air raises on purpose; `str(err)` is a one-line message for humans."""
@@ -46,7 +49,19 @@ class ImageError(InfraError):
             return cls(f"image {image} is not built; it is a Harbor task's own image, built from the task's "
                        "environment/ when the task is first run or checked (`air tasks check harbor:<task> "
                        "--harbor-root <dataset>`)")
+        if not _has_recipe(recipe):  # `air images build` would refuse it too: never told to run it
+            return cls(f"image {image} is not built, and air has no recipe '{recipe}' to build it from (`air images "
+                       "ls` lists them): the task names an image that does not exist; fix its image")
         return cls(f"image {image} is not built; run `air images build {recipe}`")
+
+
+def _has_recipe(name: str) -> bool:
+    """Whether air's image recipes hold `name`: air.paths.images_dir()'s folder, looked up here without importing
+    air.paths (which imports this module): $AIR_IMAGES_DIR, else the checkout's images/ or the wheel's copy."""
+    package = Path(__file__).resolve().parent
+    chosen = os.environ.get("AIR_IMAGES_DIR")
+    roots = [Path(chosen)] if chosen else [package.parent / "images", package / "_bundled" / "images"]
+    return any((root / name / "recipe.toml").is_file() for root in roots)
 
 
 class SandboxUnavailable(InfraError):

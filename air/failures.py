@@ -70,7 +70,14 @@ def translate(exc: BaseException) -> AirError | None:
         where = getattr(exc, _PATH, None) or "the input"
         byte = exc.object[exc.start:exc.start + 1].hex() if isinstance(exc.object, bytes) else "?"
         return UsageError(f"{where} is not UTF-8 text (byte 0x{byte} at offset {exc.start})")
+    if isinstance(exc, RuntimeError) and str(exc).startswith("Symlink loop from "):  # Path.resolve() before 3.13
+        return _loop(str(exc).removeprefix("Symlink loop from ").strip("'"))
     return None
+
+
+def _loop(path: str) -> UsageError:
+    return UsageError(f"{path} is a loop of symbolic links (a link that leads back to itself); name a file or "
+                      "folder that exists")
 
 
 def _is_network(exc: OSError) -> bool:
@@ -90,6 +97,8 @@ def _os_error(exc: OSError) -> AirError | None:
     if isinstance(exc, FileExistsError):
         kind = "" if Path(path).is_dir() else " and is not a directory"
         return UsageError(f"{path} already exists{kind}")
+    if exc.errno == errno.ELOOP:
+        return _loop(str(path))
     if exc.errno == errno.ENAMETOOLONG:
         return UsageError(f"{shortened(str(path))} is too long a name: a file name is at most {NAME_MAX} bytes and a "
                           f"path at most {PATH_MAX} (a task id names a folder)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterable
@@ -89,16 +90,56 @@ def read_bounded(path: Path, limit: int, what: str = "") -> bytes:
     return data
 
 
-def check_output(path: Path, inputs: Iterable[Path] = (), folders: Iterable[Path] = ()) -> Path:
+_TRAJECTORY_HEAD = re.compile(rb'^\{"time": [0-9.e+]+, "type": "start", "episode": ')
+"""How every trajectory air writes begins (air.episode.trajectory: its first record is the episode's start)."""
+
+
+def made_by_air(target: Path) -> str | None:
+    """What air made the existing file `target` (a resolved path) as, for an error line; None when air did not make
+    it. Told from its name, where it lies and how it begins, never from a list kept somewhere: a snapshot
+    (.airsnap, or in a rollout's .snapshots folder), a run's summary.json, a trajectory anywhere (its first record),
+    and anything in air's cache (audit verdicts, oracle records) or air's own folders (bundled tasks, recipes, hack
+    files). A report air wrote is none of these: writing a report over an earlier one is what -o is for."""
+    from air import paths
+
+    if target.suffix == ".airsnap" or target.parent.name.endswith(".snapshots"):
+        return "a snapshot air saved"
+    if target.name == "summary.json":
+        return f"the summary of the run folder {target.parent}"
+    roots = {"air's cache": paths.cache_path(), "air's own files": Path(__file__).resolve().parent,
+             "air's tasks": paths.tasks_dir(), "air's image recipes": paths.images_dir()}
+    for what, root in roots.items():
+        real = Path(os.path.realpath(root))
+        if real in target.parents:
+            return f"one of {what} ({real})"
+    try:
+        with open(target, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    return "a trajectory air wrote" if _TRAJECTORY_HEAD.match(head) else None
+
+
+def guard_output(path: Path, inputs: Iterable[Path] = (), folders: Iterable[Path] = ()) -> Path:
     """`output_file(path, inputs)`, also refused when it lies in one of `folders` (a task's own files are its
-    inputs, all of them), and tried before the work whose result it will hold: a file is made and removed where
-    the result will be written, so a read-only file system, /proc or a missing folder is said in a second, not
-    after the work. Returns the file that writing `path` replaces."""
+    inputs, all of them) or is a file air made (`made_by_air`: a snapshot, a run's summary or trajectory, an audit
+    verdict, a hack file), links followed. Returns the file that writing `path` replaces. Every command that writes
+    a file the user names checks it here (or in `check_output`), before it reads or plays anything."""
     target = output_file(path, inputs)
     for folder in folders:
         real = Path(os.path.realpath(folder))
         if target == real or real in target.parents:
             raise UsageError(f"{path} is inside {folder}, one of the inputs; write the output elsewhere")
+    if os.path.lexists(target) and (what := made_by_air(target)):
+        raise UsageError(f"{path} is {what}; air never writes a report over it: write the output elsewhere")
+    return target
+
+
+def check_output(path: Path, inputs: Iterable[Path] = (), folders: Iterable[Path] = ()) -> Path:
+    """`guard_output`, and tried before the work whose result it will hold: a file is made and removed where the
+    result will be written, so a read-only file system, /proc or a missing folder is said in a second, not after
+    the work. Returns the file that writing `path` replaces."""
+    target = guard_output(path, inputs, folders)
     probe = target.with_name(f".{target.name}.{os.getpid()}.probe")
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -174,5 +215,5 @@ def write_folder_atomically(path: Path, files: dict[str, str]) -> None:
             raise
 
 
-__all__ = ["check_folder", "check_output", "free_name", "input_files", "kind", "output_file", "read_bounded",
-           "write_atomically", "write_folder_atomically"]
+__all__ = ["check_folder", "check_output", "free_name", "guard_output", "input_files", "kind", "made_by_air",
+           "output_file", "read_bounded", "write_atomically", "write_folder_atomically"]

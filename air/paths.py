@@ -37,15 +37,18 @@ def _chosen(variable: str) -> Path | None:
     return Path(value)
 
 
+def cache_path() -> Path:
+    """Where air's cache folder is ($AIR_CACHE_DIR, else $XDG_CACHE_HOME/air, else ~/.cache/air), not made."""
+    return Path(variables.raw("AIR_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "air"))
+
+
 def cache_dir() -> Path:
-    """air's cache folder ($AIR_CACHE_DIR, else $XDG_CACHE_HOME/air, else ~/.cache/air), made if missing; one that
-    cannot be made is bad input naming the variable it came from, not an error wherever it is first used."""
+    """air's cache folder (`cache_path`), made if missing; one that cannot be made is bad input naming the variable
+    it came from, not an error wherever it is first used."""
     variable = "AIR_CACHE_DIR" if variables.raw("AIR_CACHE_DIR") else \
         "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else None
-    root = variables.raw("AIR_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "air"
-    )
-    path = Path(root)
+    path = cache_path()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

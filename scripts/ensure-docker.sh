@@ -19,6 +19,12 @@ TIMEOUT="${AIR_DOCKERD_TIMEOUT:-60}"
 DOCKERD_LOG="${AIR_DOCKERD_LOG:-/var/log/air-dockerd.log}"
 
 say() { echo "ensure-docker: $*" >&2; }
+for arg in "$@"; do  # it takes no arguments: a typo is said before anything is installed or started
+  case "$arg" in
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) say "unknown option $arg (it takes none; --help says what it does)"; exit 2 ;;
+  esac
+done
 
 # Called on its own, the log is this script's (rewritten per run); under setup.sh, setup's log, appended to.
 setup_log() {

@@ -11,6 +11,9 @@
 #                                       prints a summary. Logs go to $OUT (else ./gpu-node-out). Run again on the
 #                                       same machine, it reuses the daemon and air/gpu it left (`--keep` leaves the
 #                                       daemon running: a second run then costs only the tests and the episode).
+#   scripts/gpu-node-check.sh --help    this text
+# An earlier check's logs in $OUT are kept (check.log becomes check.log.1, ...), never written over. On a host with
+# no GPU the check says so in one line and does nothing.
 # The node's facts (torch in /opt/torch/.venv, the driver in /usr/local/nvidia): ../shared/reference/gpu-node.md.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -19,7 +22,20 @@ STAGE=$R/.gpu-node
 BINARIES="dockerd containerd containerd-shim-runc-v2 runc docker-init"
 WHEELS="docker tenacity pydantic pydantic-core annotated-types typing-inspection pytest-asyncio"
 
-if [ "${1:-}" = "--stage" ]; then
+say() { echo "gpu-node-check: $*" >&2; }
+# Every argument checked before anything is done
+mode=check
+for a in "$@"; do
+  case $a in
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0;;
+    --stage) mode=stage;;
+    --keep) mode=keep;;
+    *) say "unknown argument: $a (--stage, --keep or none; --help says which)"; exit 2;;
+  esac
+done
+[ $# -le 1 ] || { say "one argument at most (--stage, --keep or none), not $*"; exit 2; }
+
+if [ "$mode" = stage ]; then
   mkdir -p "$STAGE/wheels"
   for b in $BINARIES; do
     path=$(readlink -f "$(command -v "$b")") || { echo "gpu-node-check: $b not found (run scripts/setup.sh)"; exit 2; }
@@ -37,9 +53,19 @@ if [ "${1:-}" = "--stage" ]; then
 fi
 
 keep=false
-[ "${1:-}" = "--keep" ] && keep=true
+[ "$mode" = keep ] && keep=true
+# The check is for a GPU node: on any other host it would unpack Docker into /tmp and fail at nvidia-smi
+if ! command -v nvidia-smi >/dev/null && ! [ -e /dev/nvidia0 ] && ! [ -e /dev/nvidiactl ]; then
+  say "this host has no GPU (no nvidia-smi, no /dev/nvidia0): run the check on a GPU node (--stage runs here)"
+  exit 2
+fi
 OUT=${OUT:-$R/gpu-node-out}
-mkdir -p "$OUT"
+mkdir -p "$OUT" || exit 2
+for f in check.log dockerd.log tar.err tests.log episode.log; do  # an earlier check's logs are kept, never replaced
+  [ -e "$OUT/$f" ] || continue
+  n=1; while [ -e "$OUT/$f.$n" ]; do n=$((n + 1)); done
+  mv -- "$OUT/$f" "$OUT/$f.$n" && say "kept the earlier $OUT/$f as $f.$n"
+done
 exec > >(tee "$OUT/check.log") 2>&1
 T=/tmp/air-gpu
 PY=/opt/torch/.venv/bin/python3

@@ -10,6 +10,8 @@
 #   scripts/kube-local.sh env     prints `export KUBECONFIG=...` for the suite (tests/conftest.py: AIR_TEST_BACKEND)
 #   scripts/kube-local.sh down    stop, then clean: nothing of the cluster keeps running or stays mounted
 #   scripts/kube-local.sh STEP... any of: deps src build gvisor pki start images air-setup status smoke stop clean
+#   scripts/kube-local.sh --help  this text
+# Every step named is checked before the first runs (a typo in the last is said before the first builds).
 #
 # Everything lives under $KUBE_LOCAL_DIR (default ~/.cache/air-kube-local): the source, the Go build cache and the
 # binaries are kept across `clean` (a second `up` starts in seconds); the cluster's state (run/) is not.
@@ -56,7 +58,45 @@ spawn() {  # NAME CMD...: in the background, its pid in $R/NAME.pid (unless it r
   (cd "$R" && exec "$@") >"$LOGS/$name.log" 2>&1 &
   echo $! >"$R/$name.pid"
 }
-alive() { [ -f "$R/$1.pid" ] && kill -0 "$(cat "$R/$1.pid")" 2>/dev/null; }
+program() {  # PID: the name of the program it runs (its argv[0] without the folder), empty when it is gone
+  local argv0
+  argv0=$(head -z -n 1 "/proc/$1/cmdline" 2>/dev/null | tr -d '\0') || true
+  echo "${argv0##*/}"
+}
+alive() {  # NAME: the pid recorded for it runs, and runs that program (a pid reused by another is not ours)
+  local pid
+  [ -f "$R/$1.pid" ] && pid=$(cat "$R/$1.pid") && [ -n "$pid" ] && [ "$(program "$pid")" = "$1" ]
+}
+ours() {  # PIDFILE PREFIX: the pid a component of ours recorded there, when its program's name starts with PREFIX
+  local pid
+  pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && case $(program "$pid") in "$2"*) echo "$pid";; *) false;; esac
+}
+need() {  # PROGRAM...: each on PATH, else one line naming it and the step that installs it
+  local c
+  for c in "$@"; do command -v "$c" >/dev/null || { say "$c is not installed (scripts/kube-local.sh deps installs it)"; exit 2; }; done
+}
+kube_chains() {  # "TOOL TABLE CHAIN" for every KUBE-* chain there is (the kubelet makes them; so may others)
+  local tool t
+  for tool in iptables ip6tables; do
+    command -v "$tool" >/dev/null || continue
+    for t in filter nat mangle; do
+      { "$tool" -t "$t" -S 2>/dev/null || true; } | awk -v tool="$tool" -v t="$t" '$1 == "-N" && $2 ~ /^KUBE-/ {print tool, t, $2}'
+    done
+  done
+}
+drop_chains() {  # the KUBE-* chains that were not there before start (the kubelet's), and every rule jumping to one
+  [ -f "$R/host-chains" ] || return 0
+  local new tool t c rule
+  new=$(kube_chains | grep -vxF -f "$R/host-chains" || true)
+  [ -n "$new" ] || return 0
+  while read -r tool t c; do  # the jumps first (from the built-in chains too: INPUT, OUTPUT), then its rules
+    { "$tool" -t "$t" -S | grep -E -- "-j $c( |\$)" || true; } | while read -r rule; do
+      xargs "$tool" -t "$t" <<<"-D ${rule#-A }" || true; done
+    "$tool" -t "$t" -F "$c" || true
+  done <<<"$new"
+  while read -r tool t c; do "$tool" -t "$t" -X "$c" || true; done <<<"$new"
+  say "removed the kubelet's iptables chains: $(awk '{print $3}' <<<"$new" | sort -u | tr '\n' ' ')"
+}
 
 deps() {
   # trixie's Go (1.24) and etcd; the CNI plugins, containerd and runc from whichever suite has them; runsc for gVisor
@@ -159,6 +199,7 @@ gvisor() {  # gVisor's own containerd shim and a runsc that runs in a pod's netw
 
 pki() {  # a CA of its own, valid 30 days, and a client or serving certificate per component
   [ -f "$P/ca.crt" ] && return
+  need openssl
   mkdir -p "$P"; cd "$P"
   openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 30 -subj "/CN=air-kube-local-ca" 2>/dev/null
   issue() {  # NAME SUBJECT USAGE [SANS]
@@ -288,6 +329,9 @@ cgroups() {  # cgroup v1 without systemd: the kubelet's cgroupRoot must exist in
 
 containerd_() {  # our containerd alone (images can be imported while the binaries still build)
   alive containerd && return
+  # The sandbox image comes from build: without it containerd would start and be left running for nothing
+  [ -f "$W/pause/pause.tar" ] || { say "not built yet: run scripts/kube-local.sh build first (or up)"; exit 2; }
+  need containerd ctr
   configs
   spawn containerd containerd --config "$R/containerd/config.toml"
   until_ok containerd 30 "${CTR[@]}" version
@@ -295,7 +339,14 @@ containerd_() {  # our containerd alone (images can be imported while the binari
 }
 
 start() {
+  local c
+  for c in kube-apiserver kubelet kube-scheduler kube-controller-manager; do
+    [ -x "$BIN/$c" ] || { say "not built yet: no $BIN/$c (run scripts/kube-local.sh build first, or up)"; exit 2; }; done
+  [ -f "$P/ca.crt" ] || { say "no certificates yet: run scripts/kube-local.sh pki first (or up)"; exit 2; }
+  need etcd curl
   containerd_; cgroups
+  # the KUBE-* chains already there (another cluster's): clean removes only the ones the kubelet adds
+  [ -f "$R/host-chains" ] || kube_chains >"$R/host-chains"
   local d  # what the kubelet makes on the host whatever its --root-dir: clean removes only what was not there
   [ -f "$R/host-paths" ] || for d in /var/lib/kubelet /var/log/pods /var/log/containers; do [ -e $d ] || echo $d; done >"$R/host-paths"
   spawn etcd etcd --name kube-local --data-dir "$R/etcd/data" \
@@ -367,58 +418,80 @@ smoke() {  # one pod of air's base image, an exec into it, deleted
   "${KC[@]}" -n default delete pod kube-local-smoke --now
 }
 
-env_() { echo "export KUBECONFIG=$P/admin.kubeconfig"; }
+env_() { printf 'export KUBECONFIG=%q\n' "$P/admin.kubeconfig"; }  # quoted: a path with a space stays one word
 
 stop() {  # by pid only; the pods first, so that the kubelet takes their sandboxes down
+  [ -d "$R" ] || { say "no cluster in $R: nothing to stop"; return 0; }
   if alive kube-apiserver && alive kubelet; then
     "${KC[@]}" delete pods --all -A --now --wait=false >/dev/null 2>&1 || true
     for _ in $(seq 30); do [ -z "$("${CTR[@]}" tasks ls -q 2>/dev/null)" ] && break; sleep 1; done
   fi
   local n
   for n in kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do
-    alive $n && kill "$(cat "$R/$n.pid")"; rm -f "$R/$n.pid"; done
+    if alive $n; then kill "$(cat "$R/$n.pid")" || true; fi; rm -f "$R/$n.pid"; done
   if alive containerd; then  # whatever the kubelet left, through OUR containerd's socket
     local t c
     for t in $("${CTR[@]}" tasks ls -q 2>/dev/null); do "${CTR[@]}" tasks kill -s KILL "$t" 2>/dev/null || true; done
     sleep 2
     for t in $("${CTR[@]}" tasks ls -q 2>/dev/null); do "${CTR[@]}" tasks delete -f "$t" >/dev/null 2>&1 || true; done
     for c in $("${CTR[@]}" containers ls -q 2>/dev/null); do "${CTR[@]}" containers delete "$c" >/dev/null 2>&1 || true; done
-    kill "$(cat "$R/containerd.pid")"
+    kill "$(cat "$R/containerd.pid")" || true
     for _ in $(seq 20); do alive containerd || break; sleep 0.5; done
   fi
   rm -f "$R/containerd.pid"
-  # shims and gVisor sandboxes whose containerd is gone: only those whose command line names our state directory
-  local pid
-  for pid in $(pgrep -f -- "$R/" || true); do kill -9 "$pid" 2>/dev/null || true; done
+  # shims whose containerd is gone: only those whose pid our containerd recorded (shim.pid in its state), never a
+  # process found by its command line (a `tail -f` of our logs is not ours to end)
+  local f pid
+  for f in "$R"/containerd/state/io.containerd.runtime.v2.task/*/*/shim.pid; do
+    [ -f "$f" ] || continue
+    pid=$(ours "$f" containerd-shim) && { kill -9 "$pid" 2>/dev/null || true; }
+  done
+  say "stopped"
 }
 
 clean() {  # after stop: this cluster's mounts, network namespaces, bridge, cgroups and state; the build stays
+  [ -d "$R" ] || { say "no cluster in $R: nothing to clean"; return 0; }
   alive kube-apiserver && { say "running: stop first"; return 1; }
-  grep -o " $R/[^ ]*" /proc/mounts | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  { grep -o " $R/[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   local ns
   for ns in /var/run/netns/cni-*; do
     [ -e "$ns" ] || continue
     ns=${ns##*/}
-    ip netns exec "$ns" ip -4 addr 2>/dev/null | grep -q ' 10\.244\.77\.' && ip netns delete "$ns"; done
-  ip link show kubelocalbr0 >/dev/null 2>&1 && ip link delete kubelocalbr0
+    if ip netns exec "$ns" ip -4 addr 2>/dev/null | grep -q ' 10\.244\.77\.'; then ip netns delete "$ns" || true; fi; done
+  if ip link show kubelocalbr0 >/dev/null 2>&1; then ip link delete kubelocalbr0 || true; fi
+  drop_chains
   local h
   for h in /sys/fs/cgroup/*/kubelocal; do [ -d "$h" ] && find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null; done || true
   for h in /var/log/containers/*; do [ -L "$h" ] && readlink "$h" | grep -q "^$R/" && rm -f "$h"; done 2>/dev/null || true
   if [ -f "$R/host-paths" ]; then while read -r h; do rm -rf "$h"; done <"$R/host-paths"; fi
   rm -rf "$R"
+  say "cleaned"
 }
 
 fn() { case $1 in containerd) echo containerd_;; *) echo "${1//-/_}";; esac; }
+STEPS="deps src build gvisor pki containerd start images air-setup status smoke env stop clean up down"
 
-mkdir -p "$W"
-[ $# -gt 0 ] || set -- status
-for s in "$@"; do
-  case $s in
-    up) for t in deps src build gvisor pki start images air-setup; do timed "$t" "$(fn "$t")"; done;;
-    down) timed stop stop; timed clean clean;;
-    env) env_;;
-    status) status;;
-    deps|src|build|gvisor|pki|containerd|start|images|air-setup|smoke|stop|clean) timed "$s" "$(fn "$s")";;
-    *) say "unknown step: $s (deps src build gvisor pki start images air-setup status smoke env stop clean up down)"; exit 2;;
-  esac
-done
+main() {
+  local s t
+  for s in "$@"; do  # every step checked before the first runs
+    case $s in
+      -h|--help|help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0;;
+      up|down|env|status|deps|src|build|gvisor|pki|containerd|start|images|air-setup|smoke|stop|clean) ;;
+      *) say "unknown step: $s (one of: $STEPS; --help says what each does)"; exit 2;;
+    esac
+  done
+  [ $# -gt 0 ] || set -- status
+  mkdir -p "$W"
+  for s in "$@"; do
+    case $s in
+      up) for t in deps src build gvisor pki start images air-setup; do timed "$t" "$(fn "$t")"; done;;
+      down) timed stop stop; timed clean clean;;
+      env) env_;;
+      status) status;;
+      *) timed "$s" "$(fn "$s")";;
+    esac
+  done
+}
+
+# Sourced (the tests call its functions), it runs nothing
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then main "$@"; fi

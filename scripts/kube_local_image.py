@@ -63,6 +63,9 @@ def main(binary: str, out: str, name: str) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(__doc__)
+        sys.exit(0)
     if len(sys.argv) != 4:
         sys.exit(__doc__)
     main(*sys.argv[1:])

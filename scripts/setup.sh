@@ -18,7 +18,8 @@ for arg in "$@"; do
   case "$arg" in
     --test) extra="[test]" ;;
     --images-later) images=later ;;
-    *) say "unknown option $arg (--test, --images-later)"; exit 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) say "unknown option $arg (--test, --images-later, --help)"; exit 2 ;;
   esac
 done
 

@@ -39,4 +39,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:]:  # it takes no arguments: --help prints what it does, anything else is refused
+        print(__doc__, file=sys.stdout if sys.argv[1:] in (["-h"], ["--help"]) else sys.stderr)
+        sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
     main()

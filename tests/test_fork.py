@@ -140,9 +140,18 @@ async def test_each_branch_takes_its_next_delta_against_the_snapshots_score_and_
     for w in writers:
         w.close()
     start = json.loads((tmp_path / "branch1.jsonl").read_text().splitlines()[0])
-    assert start["parent"] == {"episode": snap.episode, "turn": 4}
+    assert start["parent"] == {"episode": snap.episode, "turn": 4, "scores": snap.state.scores,
+                               "score_baselines": snap.state.score_baselines}
     steps = [json.loads(line) for line in (tmp_path / "branch1.jsonl").read_text().splitlines()[1:]]
     assert [s["turn"] for s in steps if s.get("type") == "step"] == [5, 6]
+    # `air replay --rescore delta` pays each branch exactly as it was paid: from its prefix's scores, each reward
+    # against its own draw's baseline (issue 73: the old rescore started from nothing and against the episode's)
+    from air.episode.replay import load_recordings, rescore_recording
+
+    for name in ("branch0", "branch1"):
+        (recording,) = load_recordings(tmp_path / f"{name}.jsonl")
+        rows = rescore_recording(recording, "delta")
+        assert rows and all(rescored == pytest.approx(recorded, abs=1e-12) for _, recorded, rescored in rows), rows
 
 
 BLOTTO_EVEN = _bash("cp strategy.py baseline.py && printf 'def row_strategy(history):\\n    return [20] * 6\\n' "

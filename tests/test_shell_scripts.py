@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,176 @@ def test_the_language_probe_ships_as_package_data_and_prints_what_is_there():
     probe = [*argv[:4], "python3", "py:json", "no-such-tool-air", "py:no_such_module_air", "sh"]
     result = subprocess.run(probe, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.split() == ["python3", "py:json", "sh"]
+
+
+# ----- every script in scripts/: --help, a refused typo, executable (issue 73) -------------------------------------
+RUNNABLE = sorted(p for p in (ROOT / "scripts").iterdir()
+                  if p.suffix in (".sh", ".py") and p.read_text().startswith("#!"))
+"""What a person runs (logged.sh, sourced by the others, has no #! line and is not one)."""
+
+
+def test_every_script_with_a_shebang_is_executable_as_the_docs_write_it():
+    assert {p.name for p in RUNNABLE} >= {"gpu-node-check.sh", "kube-local.sh", "setup.sh"}
+    for script in RUNNABLE:
+        if script.suffix == ".sh":
+            assert script.stat().st_mode & 0o111 == 0o111, f"{script.name} is not executable"
+
+
+@pytest.mark.parametrize("script", RUNNABLE, ids=lambda p: p.name)
+def test_every_script_says_what_it_does_on_help_and_does_nothing(script: Path, tmp_path):
+    argv = [str(script)] if script.suffix == ".sh" else [sys.executable, str(script)]
+    env = {**os.environ, "KUBE_LOCAL_DIR": str(tmp_path / "kube"), "OUT": str(tmp_path / "out")}
+    result = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) >= 2 and result.stderr == ""
+    assert not (tmp_path / "kube").exists() and not (tmp_path / "out").exists()
+
+
+SHELL = [p for p in RUNNABLE if p.suffix == ".sh"]
+
+
+@pytest.mark.parametrize("script", SHELL, ids=lambda p: p.name)
+def test_every_shell_script_refuses_an_unknown_option_in_one_line_before_any_work(script: Path, tmp_path):
+    env = {**os.environ, "KUBE_LOCAL_DIR": str(tmp_path / "kube"), "OUT": str(tmp_path / "out")}
+    result = subprocess.run([str(script), "--no-such-option"], capture_output=True, text=True, timeout=60, env=env,
+                            cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == "", result
+    assert len(result.stderr.splitlines()) == 1 and "--no-such-option" in result.stderr, result.stderr
+    assert not (tmp_path / "kube").exists() and not (tmp_path / "out").exists()
+
+
+# ----- gpu-node-check.sh on a host with no GPU ----------------------------------------------------------------------
+GPU_CHECK = ROOT / "scripts" / "gpu-node-check.sh"
+NO_GPU = shutil.which("nvidia-smi") is None and not Path("/dev/nvidia0").exists()
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this host has a GPU: the check would run")
+def test_gpu_node_check_on_a_cpu_host_says_there_is_no_gpu_and_leaves_nothing(tmp_path):
+    before = set(os.listdir("/tmp"))
+    result = subprocess.run([str(GPU_CHECK)], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "OUT": str(tmp_path / "out")}, cwd=tmp_path)
+    assert result.returncode == 2, result
+    assert result.stderr.splitlines() == [result.stderr.strip()] and "no GPU" in result.stderr, result.stderr
+    assert not (tmp_path / "out").exists() and "air-gpu" not in set(os.listdir("/tmp")) - before
+
+
+def test_gpu_node_check_keeps_an_earlier_check_log(tmp_path):
+    # The keeping is the first thing done after the GPU test: shown here with a stand-in nvidia-smi and no staged
+    # binaries, so the check stops right after it ("no .gpu-node"), or at the node's first stage.
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "check.log").write_text("the user's own log\n")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    stage = ROOT / ".gpu-node"
+    if stage.exists():
+        pytest.skip(".gpu-node is staged here: the check would start Docker")
+    result = subprocess.run([str(GPU_CHECK)], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "OUT": str(out), "PATH": f"{fake}:{os.environ['PATH']}"}, cwd=tmp_path)
+    assert "kept the earlier" in result.stdout + result.stderr, result
+    assert (out / "check.log.1").read_text() == "the user's own log\n"
+    shutil.rmtree("/tmp/air-gpu", ignore_errors=True)
+
+
+# ----- kube-local.sh without a cluster --------------------------------------------------------------------------------
+KUBE_LOCAL = ROOT / "scripts" / "kube-local.sh"
+
+
+def _kube_local(*steps: str, home: Path, env: dict | None = None, timeout: float = 60):
+    return subprocess.run([str(KUBE_LOCAL), *steps], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "KUBE_LOCAL_DIR": str(home), **(env or {})})
+
+
+def test_kube_local_checks_every_step_before_running_the_first(tmp_path):
+    result = _kube_local("env", "no-such-step", home=tmp_path / "kube")
+    assert result.returncode == 2 and result.stdout == "", result  # env printed nothing: nothing ran
+    assert "unknown step: no-such-step" in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_kube_local_env_quotes_a_path_with_a_space(tmp_path):
+    home = tmp_path / "a folder"
+    line = _kube_local("env", home=home).stdout
+    got = subprocess.run(["bash", "-c", line + '\nprintf %s "$KUBECONFIG"'], capture_output=True, text=True).stdout
+    assert got == f"{home}/run/pki/admin.kubeconfig"
+
+
+def _tail(path: Path) -> subprocess.Popen:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("a log\n")
+    return subprocess.Popen(["tail", "-f", str(path)], stdout=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("state", ["no run folder", "stale run folder"])
+def test_kube_local_stop_clean_down_with_no_cluster_end_nothing_of_anothers(tmp_path, state):
+    home = tmp_path / "kube.local"  # a dot: matched as a regex, the old stop found "kubeXlocal"'s tail too
+    tails = [_tail(tmp_path / "kubeXlocal" / "run" / "logs" / "kubelet.log")]
+    if state == "stale run folder":
+        tails.append(_tail(home / "run" / "logs" / "kubelet.log"))
+        (home / "run" / "kubelet.pid").write_text(f"{tails[-1].pid}\n")  # a pid since reused by another program
+    try:
+        for step in ("stop", "clean", "down"):
+            result = _kube_local(step, home=home)
+            assert result.returncode == 0, (step, result)
+            assert "kube-local: " in result.stderr, (step, result)
+            assert all(t.poll() is None for t in tails), (step, "a process that is not the cluster's was ended")
+    finally:
+        for t in tails:
+            t.kill()
+            t.wait()
+
+
+def test_kube_local_start_before_build_starts_nothing(tmp_path):
+    home = tmp_path / "kube"
+    for step in ("start", "images", "containerd"):
+        result = _kube_local(step, home=home)
+        assert result.returncode == 2 and "build first" in result.stderr, (step, result)
+        assert not list(home.glob("run/*.pid")), step
+
+
+def test_kube_local_without_openssl_says_so_in_one_line(tmp_path):
+    bin_ = tmp_path / "bin"  # this PATH: every program there is but openssl
+    bin_.mkdir()
+    for folder in ("/usr/local/bin", "/usr/bin", "/bin", "/usr/sbin", "/sbin"):
+        for program in Path(folder).iterdir() if Path(folder).is_dir() else ():
+            if program.name != "openssl" and not (bin_ / program.name).exists():
+                (bin_ / program.name).symlink_to(program)
+    result = _kube_local("pki", home=tmp_path / "kube", env={"PATH": str(bin_)})
+    assert result.returncode == 2, result
+    assert "openssl is not installed" in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def _unshare_net() -> bool:
+    return shutil.which("unshare") is not None and shutil.which("iptables") is not None and subprocess.run(
+        ["unshare", "-n", "iptables", "-S"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _unshare_net(), reason="needs root and `unshare -n` with iptables (a network namespace of "
+                                                "its own, so that the host's rules are never touched)")
+def test_kube_local_clean_removes_the_kubelets_iptables_chains_and_only_those(tmp_path):
+    # In a network namespace of its own: a chain that was there before start (another cluster's) stays; the ones
+    # the kubelet makes (KUBE-FIREWALL, which drops packets to 127.0.0.0/8 from other sources, jumped to from INPUT
+    # and OUTPUT; its canaries in every table) go, with every jump to them.
+    run = tmp_path / "kube" / "run"
+    script = f"""
+source {KUBE_LOCAL}
+R={run}; mkdir -p "$R"
+iptables -N KUBE-ELSEWHERE; iptables -A FORWARD -j KUBE-ELSEWHERE
+kube_chains >"$R/host-chains"
+iptables -N KUBE-FIREWALL
+iptables -A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet" -j DROP
+iptables -I INPUT -j KUBE-FIREWALL; iptables -I OUTPUT -j KUBE-FIREWALL
+for t in filter nat mangle; do iptables -t $t -N KUBE-KUBELET-CANARY; ip6tables -t $t -N KUBE-KUBELET-CANARY; done
+iptables -t mangle -N KUBE-IPTABLES-HINT
+echo BEFORE; iptables-save; ip6tables-save
+clean
+echo AFTER; iptables-save; ip6tables-save
+"""
+    result = subprocess.run(["unshare", "-n", "bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result
+    before, after = result.stdout.split("AFTER")
+    assert "-A INPUT -j KUBE-FIREWALL" in before and ":KUBE-KUBELET-CANARY" in before  # the positive control
+    assert "KUBE-FIREWALL" not in after and "KUBE-KUBELET-CANARY" not in after and "KUBE-IPTABLES-HINT" not in after
+    assert ":KUBE-ELSEWHERE" in after and "-A FORWARD -j KUBE-ELSEWHERE" in after
+    assert "removed the kubelet's iptables chains" in result.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 
 import typer
 import yaml
@@ -42,7 +43,10 @@ def setup(namespace: str = typer.Option("air", help="where air's pods go"),
     if as_json:
         print_json(documents)
     else:
-        typer.echo(yaml.safe_dump_all(documents, sort_keys=False), nl=False)
+        # Through sys.stdout and flushed here (click's echo went past it to the buffer, and a full device at exit
+        # was never said): `> /dev/full` is a full disk, exit 3, as for every other command's output
+        sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False))
+        sys.stdout.flush()
 
 
 _SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

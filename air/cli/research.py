@@ -51,7 +51,8 @@ def debug(
     from_: Annotated[Path | None, typer.Option("--from", **PATH, help="Open the sandbox in a snapshot's state (a "
                                                ".airsnap file, e.g. runs/X/<task>/rollout-000.snapshots/"
                                                "turn-037.airsnap): its files, cwd, exports, turn and rewards.")] = None,
-    max_turns: Annotated[int, typer.Option(help="Turn limit, as in a rollout.")] = 30,
+    max_turns: Annotated[int | None, typer.Option(min=1, help="Turn limit, as in a rollout (default 30; with --from, "
+                                                              "the snapshot's).")] = None,
     mlgym_root: MlgymRoot = None,
     harbor_root: HarborRoot = None,
     action_format: ActionFormatOption = None,
@@ -69,7 +70,7 @@ def debug(
     from air.cli.debug_console import run_debug
     from air.episode.config import EpisodeConfig
     from air.errors import UsageError
-    from air.tasks.registry import load_task
+    from air.tasks.registry import load_task, require_here
     from air.validation import config_of
 
     if sys.stdin is None or sys.stdin.closed:  # `<&-`: there is nothing to read what to type from
@@ -80,14 +81,20 @@ def debug(
         from air.episode.snapshot import check_task, load
 
         start = load(from_)
-        task = task or start.task
+        task = task or start.task_ref
     if task is None:
         raise UsageError("name a task (or a snapshot with --from)")
     spec = load_task(task, mlgym_root, harbor_root=harbor_root)
+    require_here(spec)  # as run and eval say it, before a sandbox or an image
     if start is not None:
         check_task(start, spec)
     # Before a sandbox starts.
-    config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
+    config = config_of(EpisodeConfig, {"max_turns": max_turns or (start.config.get("max_turns") if start else None)
+                                        or 30, "action_format": action_format})
+    if start is not None and config.max_turns <= start.state.turn:  # as eval --from refuses it
+        said = f"--max-turns {max_turns}" if max_turns else f"the snapshot's turn limit ({config.max_turns})"
+        raise UsageError(f"{said}: --from {from_} is after turn {start.state.turn}, so it would play turn "
+                         f"{start.state.turn + 1} on; give a turn limit above {start.state.turn}")
     run_debug(spec, keep=keep, config=config, json_lines=as_json, start=start)
 
 
@@ -148,14 +155,16 @@ def eval_(
     from air.tasks.environment import sandbox_spec
     from air.tasks.audit_record import require_audit
     from air.tasks.harbor.oracle import require_oracle
-    from air.tasks.registry import bundled_here, load_all
+    from air.tasks.registry import bundled_here, load_all, require_here
     from air.validation import config_of
 
     go_offline(offline)
     start, plan = snapshot_options(from_, snapshot_at, snapshot_cap, tasks)
-    specs = load_all([start.task] if start else tasks or bundled_here(), mlgym_root, gpus_per_task,
+    specs = load_all([start.task_ref] if start else tasks or bundled_here(), mlgym_root, gpus_per_task,
                      harbor_root=harbor_root)
     for spec in specs:
+        if not gpus_per_task:  # GPUs asked for explicitly are the user's word (a remote Docker host's)
+            require_here(spec)
         require_oracle(spec, allow_failed_oracle)
         require_audit(spec, allow_hackable)
     if start is not None:
@@ -175,7 +184,10 @@ def eval_(
                                             "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
     if out_dir is not None:  # the command's own mistake (exit 2) before the host's state (images: exit 3)
+        from air.episode.batch import check_run_dir
+
         check_folder(out_dir)
+        check_run_dir(out_dir)
     from air import progress
 
     reporter = ctx.with_resource(progress_lines(quiet))
@@ -285,7 +297,7 @@ def snapshot_options(from_: Path | None, snapshot_at: str | None, cap_mb: int, t
     start = None
     if from_ is not None:
         start = load(from_)
-        if tasks and tasks != [start.task]:
+        if tasks and tasks not in ([start.task], [start.task_ref]):
             raise UsageError(f"--from {from_} is a snapshot of task {start.task}; name no other task")
     plan = None
     if snapshot_at is not None:

@@ -75,9 +75,8 @@ def run(
     from air.files import check_folder, free_name
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.environment import TaskEnvironment
-    from air.errors import UsageError
     from air.tasks.harbor.oracle import require_oracle
-    from air.tasks.registry import load_task, why_not_here
+    from air.tasks.registry import load_task, require_here
     from air.validation import config_of
 
     from air.cli.research import snapshot_options
@@ -85,8 +84,7 @@ def run(
     go_offline(offline)
     _, plan = snapshot_options(None, snapshot_at, snapshot_cap, None)
     spec = load_task(task, mlgym_root, harbor_root=harbor_root)
-    if why := why_not_here(spec):  # said before an image build that could not succeed here
-        raise UsageError(f"task {spec.id} cannot run here: it {why} (`air tasks list` says which can)")
+    require_here(spec)  # said before an image build that could not succeed here
     require_oracle(spec, allow_failed_oracle)  # as air eval: a failed oracle refused, an unchecked one said
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
@@ -112,15 +110,17 @@ def run(
         kinds = step.info.get("calls") or [step.info.get("action")]  # the tools format: each call's action
         new = len(episode.tracker.history) > scored[0]
         scored[0] = len(episode.tracker.history)
+        own = episode.tracker.baselines[-1] if new else None  # its draw's baseline; None: the episode's
         record = {"turn": episode.turns, "action": "+".join(kinds), "reward": step.reward,
                   "score": episode.tracker.last_score if new else None,
-                  "normalized": episode.tracker.last_normalized if new else None}
+                  "normalized": episode.tracker.last_normalized if new else None,
+                  "baseline": (own if own is not None else episode.baseline.score) if new else None}
         rows.append(record)
         if not as_json:
             lines = step.observation.strip().splitlines() or [""]
             if record["score"] is not None:
                 detail = (f"{spec.primary.name} = {display.score(record['score'])}, "
-                          f"{record['normalized']:+.4f} against {against}")
+                          f"{record['normalized']:+.4f} against {against} {display.score(record['baseline'])}")
             else:  # a command's exit note, or the first line of a failure or format error
                 detail = lines[-1] if kinds[-1] == "command" else lines[0]
             out.print(f"turn {episode.turns:>2}  {_kinds_shown(kinds):<12} reward {display.reward(step.reward)}  "
@@ -153,8 +153,15 @@ def run(
         print_json({"summary": summary, "policy": played_by, "steps": rows, "trajectory": str(trajectory)})
         return
     normalized = [r["normalized"] for r in rows if r["normalized"] is not None]
-    out.print(f"\n[bold]{escape(spec.id)}[/]: {summary['ended_by']} after {summary['turns']} turns; "
-              f"baseline {spec.primary.name} {summary['baseline']:.6g}, "
+    # Which baseline each reward is measured against: the episode's, or (a task drawn per evaluation) each
+    # validate's own draw's, listed, so that no reward is read against a baseline it was not paid on
+    owns = [r["baseline"] for r in rows if r["normalized"] is not None]
+    if against == "the baseline" or not owns:
+        baseline = f"baseline {spec.primary.name} {summary['baseline']:.6g} (every reward against it)"
+    else:
+        baseline = (f"rewards against each validate's draw's baseline {spec.primary.name} "
+                    f"({', '.join(display.score(b) for b in owns)}; this host's draw's is {summary['baseline']:.6g})")
+    out.print(f"\n[bold]{escape(spec.id)}[/]: {summary['ended_by']} after {summary['turns']} turns; {baseline}, "
               f"best {display.score(summary['best_score'])}, "
               f"return {display.reward(summary['total_reward'])}", soft_wrap=True)
     if normalized:  # what the rewards telescope: each reward the change of it (delta), the return its last value

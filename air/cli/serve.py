@@ -244,8 +244,12 @@ def _check_episode_server(config, core) -> None:
     task is a usage error now, not a failed reset later), their images built; an open address without a token is
     warned of."""
     from air.tasks.environment import sandbox_spec
+    from air.tasks.registry import require_here
 
     core.load_items()
+    if not getattr(config, "gpus_per_task", 0):  # as run, eval and debug say it (GPUs asked for are the user's word)
+        for item in core.items:
+            require_here(item.spec)
     build_task_images(item.spec for item in core.items)
     require_images(sandbox_spec(item.spec).image for item in core.items)
     if config.host not in LOOPBACK and not config.token:

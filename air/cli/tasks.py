@@ -424,7 +424,8 @@ def tasks_audit(
     the test's line, and a payload planted in exactly those files (watched-hand-offs) says whether they pay.
 
     Exit code 0 when no hack paid, 1 when any did or the watch could not follow a test whole (a CI job can gate a
-    dataset on it). Example:
+    dataset on it); with --all, 2 when no hack paid but a task did not load (it is said, and the rest are audited).
+    Example:
     air tasks audit --all; air tasks audit harbor:my-task --harbor-root ~/datasets/tb2 --html audit.html
     """
     from air.audit.hacks import load_hacks
@@ -453,6 +454,24 @@ def tasks_audit(
 
             refs += [f"mlgym:{row.config}" for row in survey(Path(mlgym_root), _host_facts()) if row.runs_here]
     refs = list(dict.fromkeys(refs)) or None
+    broken = 0
+    if every:  # one task that does not load is said and passed over, as `tasks list` lists the rest (exit 2 at the end)
+        from air.errors import AirError
+        from air.tasks.registry import load_task
+
+        loaded = []
+        for ref in refs or []:
+            try:
+                load_task(ref, mlgym_root, 0, harbor_root=harbor_root)
+            except AirError as exc:
+                broken += 1
+                console.print(f"air: {escape(ref)}: not audited: it does not load: {escape(str(exc))}",
+                              soft_wrap=True)
+                continue
+            loaded.append(ref)
+        if not loaded:
+            raise UsageError(f"no task loads: {broken} tried, each said above")
+        refs = loaded
     specs = load_all(refs, mlgym_root, 0, harbor_root=harbor_root)
     gpus = gpus_here()
     for spec in specs:  # a GPU task on a host without one is not played, and said so (as `tasks list` says why)
@@ -465,8 +484,8 @@ def tasks_audit(
     if html_out is not None:  # before the audit's minutes: never over a hack file or a task's own file
         from air.files import check_output
 
-        check_output(html_out, [Path(h.source) for h in hacks if h.source],
-                     [root for spec in specs if (root := _task_root(spec)) is not None])
+        check_output(html_out, [Path(h.source) for h in hacks if h.source],  # every --hacks folder, not only --hack's
+                     [*(hacks_dir or []), *(root for spec in specs if (root := _task_root(spec)) is not None)])
 
     ctx.with_resource(progress_lines(quiet))
 
@@ -504,10 +523,6 @@ def tasks_audit(
         paid = [r.name for r in audit.results if r.status == "paid"]
         if paid or not only:  # "held" is a verdict on the whole catalogue, never on the hacks one asked for
             keep_audit(spec, paid)
-    if html_out is not None:
-        from air.files import write_atomically
-
-        write_atomically(html_out, html(audits))
     if as_json:
         print_json([a.model_dump() for a in audits])
     else:
@@ -518,8 +533,16 @@ def tasks_audit(
         out.print(f"{len(audits)} task(s) audited with {len(hacks)} hacks: {paid} with a hack that paid, "
                   f"{sum(bool(a.weak) for a in audits)} weak, {sum(bool(a.unfollowed) for a in audits)} not "
                   "followed whole")
+    if html_out is not None:  # after the table: a full disk then costs the page, never the audit's results
+        from air.files import write_atomically
+
+        write_atomically(html_out, html(audits))
     if any(a.paid or a.unfollowed for a in audits):  # a verdict the watch could not follow whole is no pass
         raise typer.Exit(1)
+    if broken:
+        console.print(f"air: {broken} task(s) of --all did not load (said above); the rest were audited",
+                      soft_wrap=True)
+        raise typer.Exit(2)
 
 
 def _plain(as_json: bool) -> Callable[[str], None] | None:

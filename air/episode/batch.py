@@ -73,14 +73,11 @@ def claim_run_dir(run_dir: Path, meta: dict[str, Any]) -> Iterator[None]:
     summary = run_dir / SUMMARY
     with about(run_dir):
         run_dir.mkdir(parents=True, exist_ok=True)
-        taken = UsageError(f"{run_dir} already holds a run (another `air eval` wrote or is writing there); "
-                           "name a new or empty directory with --out")
-        if any(run_dir.iterdir()):
-            raise taken
+        check_run_dir(run_dir)
         try:
             fd = os.open(summary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
-            raise taken from None
+            raise _taken(run_dir) from None
     claim = {"running": True, "pid": os.getpid(), "started": time.time(), **meta}
     try:
         with about(summary), os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -92,6 +89,28 @@ def claim_run_dir(run_dir: Path, meta: dict[str, Any]) -> Iterator[None]:
             if made:
                 run_dir.rmdir()
         raise
+
+
+def _taken(run_dir: Path) -> UsageError:
+    return UsageError(f"{run_dir} already holds a run (another `air eval` wrote or is writing there); name a new or "
+                      "empty directory with --out")
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """UsageError, with the true reason, when `run_dir` is not a folder a run can own: one holding a run (its
+    summary.json), or one holding anything else (files of the user's, named). Said before any work, and again when
+    the run claims it."""
+    with about(run_dir):
+        if not run_dir.is_dir():
+            return
+        names = sorted(p.name for p in run_dir.iterdir())
+    if not names:
+        return
+    if SUMMARY in names:
+        raise _taken(run_dir)
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    raise UsageError(f"{run_dir} is not empty (it holds {shown}) and is no run of air's: a run owns its folder, so "
+                     "name a new or empty directory with --out")
 
 
 def _still_claimed(summary: Path, claim: dict[str, Any]) -> bool:

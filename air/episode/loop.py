@@ -162,7 +162,10 @@ class Episode:
                                 f"this host's is {task_env.baseline.score}: its rewards cannot continue here")
         config = config or EpisodeConfig.model_validate(snap.config)
         meta = dict(meta or {})
-        parent = {"episode": snap.episode, "turn": snap.turn, **meta.pop("parent", {})}
+        # The prefix's validated scores (and each one's draw's baseline) go with it: `air replay --rescore` rescores
+        # the branch from them, as its rewards were paid, never from nothing.
+        parent = {"episode": snap.episode, "turn": snap.turn, "scores": list(snap.state.scores),
+                  "score_baselines": list(snap.state.score_baselines), **meta.pop("parent", {})}
         # The conversation goes on from the snapshot's messages whoever drives it (runner, fork, air's verifiers
         # rows): recorded whole, so the branch's file holds the context of its turns.
         episode = cls(task_env, sandbox, config, writer, episode_id=episode_id,

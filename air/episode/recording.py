@@ -103,6 +103,9 @@ class RecordedStep(BaseModel):
     metrics: dict[str, float] | None = None
     """Every metric of that evaluation (air's files; a vf-eval trace records only the primary score)."""
     reward: float | None = None
+    draw_baseline: float | None = None
+    """A task drawn per evaluation: the baseline's primary score on this evaluation's draw, which its reward was
+    measured against (None: the episode's baseline; air's files)."""
     problems: list[str] = []
     """What went wrong in it, for reports: format error, timeout, failed evaluation, ... (air's files)."""
 
@@ -481,6 +484,7 @@ def _air_step(record: StepRecord) -> RecordedStep:
                         command=record.action.text if record.action is not None else None,
                         exit_code=exit_code, evaluated=last is not None, reward=record.reward,
                         score=last.score if last is not None else None, problems=problems,
+                        draw_baseline=last.draw_baseline if last is not None else None,
                         metrics=last.metrics if last is not None else None,
                         tool_calls=[RecordedCall(id=c.id, name=c.name, arguments=c.arguments,
                                                  observation=c.observation, action=c.action.kind if c.action else "",

@@ -153,8 +153,15 @@ def rescore_recording(recording: Recording, mode: str) -> list[tuple[int, float 
     evaluated = [s for s in recording.all_steps if s.evaluated]
     if recording.baseline is None:
         raise UsageError(f"{recording.source}: the recording has no baseline to normalise against")
+    prefix: list[tuple[float, float | None]] = []
+    if isinstance(recording.parent, dict) and recording.parent.get("turn"):  # a branch: from its prefix's scores
+        scores, baselines = recording.parent.get("scores"), recording.parent.get("score_baselines")
+        if not isinstance(scores, list) or not isinstance(baselines, list) or len(scores) != len(baselines):
+            raise UsageError(f"{recording.source}: a branch whose file does not hold its prefix's scores (written "
+                             "before air kept them), so its rewards cannot be rescored alone; rescore its parent's")
+        prefix = list(zip(scores, baselines))
     rewards = rescore([s.score for s in evaluated], RewardConfig(mode=mode), recording.baseline,
-                      recording.direction, draw_baselines=[getattr(s, "draw_baseline", None) for s in evaluated])
+                      recording.direction, draw_baselines=[s.draw_baseline for s in evaluated], prefix=prefix)
     return [(s.turn, s.reward, r) for s, r in zip(evaluated, rewards)]
 
 

@@ -212,13 +212,17 @@ def rescore(
     direction: Direction,
     scale: float | None = None,
     draw_baselines: list[float | None] | None = None,
+    prefix: list[tuple[float, float | None]] = (),
 ) -> list[float]:
     """Step rewards for a recorded sequence (None = a failed validation); `draw_baselines`: each evaluation's
-    own baseline, for a task drawn per evaluation.
+    own baseline, for a task drawn per evaluation; `prefix`: a branch's parent's validated scores before it (each
+    with its draw's baseline), which the tracker sees first and whose rewards are not returned.
 
     Replays the sequence through a RewardTracker so that offline rescoring can
     never drift from the rewards paid during training.
     """
     tracker = RewardTracker(config, baseline, direction, scale)
+    for score, own_baseline in prefix:
+        tracker.on_validation(score, own_baseline)
     own = draw_baselines or [None] * len(scores)
     return [tracker.on_failed_validation() if s is None else tracker.on_validation(s, b) for s, b in zip(scores, own)]

@@ -123,7 +123,7 @@ def snapshot_items(paths: list[str], first: int, gpus_per_task: int = 0) -> list
     items: list[TaskItem] = []
     for path in paths:
         snap = load(path)
-        spec = load_task(snap.task, gpus=gpus_per_task)
+        spec = load_task(snap.task_ref, gpus=gpus_per_task)  # a Harbor or MLGym task by its source
         check_task(snap, spec)
         items.append(TaskItem(first + len(items), snap.task, 0, spec, snap))
     return items

@@ -105,6 +105,9 @@ class Snapshot(BaseModel):
 
     format: Literal[2] = FORMAT
     task: str
+    task_source: str | None = None
+    """Where the task was loaded from (TaskSpec.source: "air", "harbor:<task>", "mlgym:<yaml>"); None in snapshots
+    of older air versions."""
     task_version: str | None = None
     task_hash: str
     episode: str
@@ -125,6 +128,13 @@ class Snapshot(BaseModel):
     @property
     def turn(self) -> int:
         return self.state.turn
+
+    @property
+    def task_ref(self) -> str:
+        """The task as a command names it to load it again: a Harbor or MLGym task by its family-qualified source
+        (its bare id is no bundled task), a bundled one by its id."""
+        source = self.task_source or ""
+        return source if source.startswith(("harbor:", "mlgym:")) else self.task
 
     _staged: StagedFiles | None = PrivateAttr(default=None)
 
@@ -148,7 +158,8 @@ async def take(episode, messages: list[dict[str, Any]], *, lose_processes: bool 
     (unless lose_processes), SnapshotError when the agent's files exceed max_bytes."""
     shell = await episode.sandbox.session.capture(max_bytes=max_bytes, lose_processes=lose_processes)
     spec = episode.spec
-    return Snapshot(task=spec.id, task_version=spec.version, task_hash=spec.content_hash, episode=episode.id,
+    return Snapshot(task=spec.id, task_source=spec.source, task_version=spec.version, task_hash=spec.content_hash,
+                    episode=episode.id,
                     config=episode.config.model_dump(), reward_baseline=episode.baseline.score,
                     state=episode.state(messages), cwd=base64.b64encode(shell.cwd).decode(), env=shell.env,
                     lost=shell.lost, skipped=shell.skipped, files=shell.files,

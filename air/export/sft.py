@@ -62,7 +62,7 @@ from typing import Any
 from air.episode.recording import Recording, file_lines, read_lines
 from air.errors import UsageError
 from air.failures import about
-from air.files import input_files, output_file, write_atomically
+from air.files import guard_output, input_files, write_atomically
 from air.text import loads
 
 
@@ -213,7 +213,7 @@ def export_sft_files(paths: Iterable[str | Path], out: str | Path,
         raise UsageError(f"{out}: the output must be a .jsonl file (prime-rl loads its directory with HF "
                          "datasets, which picks the JSON reader by extension)")
     files = recording_files(paths)
-    output_file(out, files)  # before reading: an input is never written over, nor a device
+    guard_output(out, files)  # before reading: never over an input, a device or a file air made
     result = sft_rows(((str(f), _lines(f)) for f in files), options)
     if result.rows:
         with about(out):

@@ -59,11 +59,34 @@ def check_reachable(base_url: str, timeout: float = REACH_TIMEOUT) -> list[str] 
     try:
         answer = httpx.get(url, timeout=httpx.Timeout(timeout), headers={"Authorization": f"Bearer {key}"})
     except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as exc:
+        if proxy := proxy_for(url):
+            raise ModelUnavailable(f"model endpoint {redact_url(base_url)} unreachable through {proxy} "
+                                   f"({type(exc).__name__}: {str(exc) or 'no detail'}); check that proxy, or "
+                                   "name the endpoint's host in NO_PROXY (nothing was started)") from None
         raise ModelUnavailable(f"model endpoint {redact_url(base_url)} unreachable ({type(exc).__name__}: "
                                f"{str(exc) or 'no detail'}); check --base-url (nothing was started)") from None
     except httpx.HTTPError:
         return None  # it accepted the connection: the replies will tell the rest
     return _model_ids(answer)
+
+
+def proxy_for(url: str) -> str | None:
+    """"the HTTP proxy URL (HTTP_PROXY)" when httpx sends a request for `url` through a proxy from the environment
+    (as it does by default), else None: a dead proxy is said as the proxy, never as the model's URL."""
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if urllib.request.proxy_bypass_environment(host):
+        return None
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy:
+        return None
+    named = next((name for name in (f"{parts.scheme.upper()}_PROXY", f"{parts.scheme}_proxy", "ALL_PROXY",
+                                    "all_proxy") if os.environ.get(name)), "the environment")
+    return f"the HTTP proxy {redact_url(proxy)} ({named})"
 
 
 def _model_ids(answer: httpx.Response) -> list[str] | None:
@@ -116,7 +139,9 @@ class OpenAIPolicy:
             raise ModelUnavailable(f"{self._where} answered HTTP {exc.status} (busy) {why}: {exc.text}") from None
         except httpx.TransportError as exc:  # down, refused, reset: the server's failure, not the agent's
             attempts = retrying.statistics.get("attempt_number", 1)
-            raise ModelUnavailable(f"{self._where} unreachable after {attempts} attempt(s) "
+            proxy = proxy_for(str(self._client.base_url))
+            through = f" through {proxy}" if proxy and isinstance(exc, (httpx.ConnectError, httpx.ProxyError)) else ""
+            raise ModelUnavailable(f"{self._where} unreachable{through} after {attempts} attempt(s) "
                                    f"({type(exc).__name__}: {str(exc) or 'no detail'})") from exc
         return self._read(status, headers, answer, tools=bool(tools))
 

@@ -632,6 +632,9 @@ class SandboxPool:
             return self.config.agent_uid_base + grant.slot
         return self.config.agent_uid_base + 65536 + random.randrange(1 << 20)
 
+    host_word = "Docker host"
+    """What this backend's place for sandboxes is called in what the pool says (a Kubernetes pool's is a cluster)."""
+
     def _wants_cells(self, host: _Host) -> bool:
         return self.config.isolation == "cells" or (self.config.isolation == "auto" and host.cells is not False)
 
@@ -645,21 +648,21 @@ class SandboxPool:
                 kept = session.ready.names_kept if session.ready else ""
                 if kept and not host.said_names_kept:
                     host.said_names_kept = True
-                    log.warning("Docker host %s: a cell's looked-up names cannot be forgotten when it ends (%s): "
+                    log.warning("%s %s: a cell's looked-up names cannot be forgotten when it ends (%s): "
                                 "the kernel's dentries stay a channel from one lease to the next (SECURITY.md)",
-                                host.name, kept)
+                                self.host_word, host.name, kept)
                 lowers = session.ready.lowers if session.ready else ""
                 if lowers and host.local and not host.said_lowers:
                     host.said_lowers = True
-                    log.info("Docker host %s: a fork's branches copy the snapshot's files instead of sharing its home "
-                             "as a read-only lower layer (%s)", host.name, lowers)
+                    log.info("%s %s: a fork's branches copy the snapshot's files instead of sharing its home "
+                             "as a read-only lower layer (%s)", self.host_word, host.name, lowers)
             return
         why = session.ready.why_not if session.ready else "unknown"
         if self.config.isolation == "cells" or host.cells:
             raise CellFailed(f"sandbox {sandbox.short_id} could not build a cell: {why}")
         host.cells = False
-        log.warning("Docker host %s cannot give sandboxes cells (%s): each sandbox is used once instead "
-                    "(slower; `air doctor` says more)", host.name, why)
+        log.warning("%s %s cannot give sandboxes cells (%s): each sandbox is used once instead "
+                    "(slower; `air doctor` says more)", self.host_word, host.name, why)
 
     def _load(self, host: _Host) -> float:
         """This pool's share of a host's budget in use: where the next sandbox goes (least loaded first)."""

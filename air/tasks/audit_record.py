@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import pwd
+import socket
 import time
 from pathlib import Path
 
@@ -35,6 +38,8 @@ class AuditRecord(BaseModel):
     paid: list[str]
     """The hacks that paid (empty: every hack played held)."""
     audited: float
+    host: str | None = None
+    """The machine the audit ran on (a cache shared between hosts shows whose verdict it is); None in older records."""
 
 
 def audit_key(spec: TaskSpec) -> str:
@@ -55,7 +60,8 @@ def recorded_audit(spec: TaskSpec) -> AuditRecord | None:
 
 
 def keep_audit(spec: TaskSpec, paid: list[str]) -> AuditRecord:
-    record = AuditRecord(task=spec.source, key=audit_key(spec), paid=sorted(paid), audited=round(time.time(), 3))
+    record = AuditRecord(task=spec.source, key=audit_key(spec), paid=sorted(paid), audited=round(time.time(), 3),
+                         host=socket.gethostname())
     path = _path(spec)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, record.model_dump_json(indent=2) + "\n")
@@ -67,8 +73,26 @@ def audit_state(spec: TaskSpec) -> str:
     record = recorded_audit(spec)
     if record is None:
         return "not audited"
-    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.audited))
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(record.audited)) + _whose(spec, record)
     return f"paid ({', '.join(record.paid)}), {when}" if record.paid else f"held, {when}"
+
+
+def _whose(spec: TaskSpec, record: AuditRecord) -> str:
+    """", by alice" / ", on other-host" when the verdict was not made here by this user (a cache shared on a host, or
+    between hosts): the file's owner says who wrote it, which no record's content can claim."""
+    try:
+        owner = _path(spec).stat().st_uid
+    except OSError:
+        return ""
+    parts = []
+    if owner != os.geteuid():
+        try:
+            parts.append(f"by {pwd.getpwuid(owner).pw_name}")
+        except KeyError:
+            parts.append(f"by uid {owner}")
+    if record.host is not None and record.host != socket.gethostname():
+        parts.append(f"on {record.host}")
+    return f", {' '.join(parts)}, not here" if parts else ""
 
 
 def require_audit(spec: TaskSpec, allow_hackable: bool = False) -> None:

@@ -85,6 +85,13 @@ def why_not_here(spec: TaskSpec, gpus: int | None = None) -> str | None:
     return "needs a GPU; this host has none" if not have else f"needs {need} GPUs; this host has {have}"
 
 
+def require_here(spec: TaskSpec, gpus: int | None = None) -> None:
+    """UsageError when `spec` cannot run on this host (`why_not_here`): every command that plays a task (run, eval,
+    debug, the served protocols) says it in the same line, before an image build that could not succeed here."""
+    if why := why_not_here(spec, gpus):
+        raise UsageError(f"task {spec.id} cannot run here: it {why} (`air tasks list` says which can)")
+
+
 def bundled_here(gpus: int | None = None) -> list[str]:
     """The bundled tasks this host can run (a GPU task only where there are GPUs): what a run or service that names
     no task plays. A task that does not load is kept, so that loading it says what is wrong."""
@@ -128,4 +135,4 @@ def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None
 
 
 __all__ = ["HARBOR_PREFIX", "MLGYM_PREFIX", "load_task", "load_all", "bundled_ids", "check_name", "require_known",
-           "bundled_here", "gpus_here", "why_not_here"]
+           "bundled_here", "gpus_here", "require_here", "why_not_here"]

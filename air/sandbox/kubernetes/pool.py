@@ -92,6 +92,7 @@ class _Cluster:
 class KubernetesPool(SandboxPool):
     SERVICES = ("the kubernetes backend does not run a task's services yet (docs/kubernetes.md); run it on Docker "
                 "(AIR_BACKEND=docker)")
+    host_word = "Kubernetes cluster"  # its messages name the API server and namespace, never a "Docker host"
 
     def __init__(self, config: PoolConfig | None = None, docker: object = None):
         config = config or PoolConfig(backend="kubernetes")

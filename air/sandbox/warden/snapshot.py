@@ -215,6 +215,9 @@ def _add_file(tar: _TarOut, dfd: int, name: str, path: str, room: int, limit: in
         holes = sum(length for _, length in segments) < st.st_size
         head = _sparse_map(segments) if holes else b""
         info.size = len(head) + sum(length for _, length in segments) if holes else st.st_size
+        if st.st_size > MAX_APPARENT:  # refused now: a snapshot no restore accepts would make the episode unforkable
+            raise Refused("%s: a file of %d GB (its apparent size, holes included) is more than the %d GB a snapshot "
+                          "restores" % (_shown(path), st.st_size >> 30, MAX_APPARENT >> 30))
         if info.size > room:
             raise Refused("the agent's files are larger than the %d MB a snapshot may hold" % (limit >> 20))
         if not holes:
@@ -370,6 +373,11 @@ def scan(data, places: Tuple[str, ...] = PLACES, max_bytes: Optional[int] = None
                 if max_bytes is not None and total > max_bytes:
                     raise Refused("the snapshot's files are larger than the %d MB a snapshot may hold"
                                   % (max_bytes >> 20))
+                if pax is not None and SPARSE.encode() in pax:  # a size restore would refuse, said before it
+                    apparent = _records(pax).get(SPARSE.encode(), b"0")
+                    if not apparent.isdigit() or int(apparent) > MAX_APPARENT:
+                        raise Refused("%s: a sparse file larger than the %d GB a snapshot restores"
+                                      % (_shown(_name(view, at, pax)), MAX_APPARENT >> 30))
                 if pax is not None and (b"GNU.sparse" in pax or b"size=" in pax) and \
                         any(key == b"size" or key.startswith(b"GNU.sparse") for key in _records(pax)):
                     raise Refused("%s: a sparse file, or one whose size is not its header's"
