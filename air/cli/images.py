@@ -175,6 +175,28 @@ def images_ls(as_json: JsonFlag = False) -> None:
         out.print(f"SandboxFusion languages: {line}", overflow="fold")
 
 
+@images_app.command("export-squashfs")
+def images_export_squashfs(
+    images: Annotated[list[str], typer.Argument(help="Image references (air/cpu:latest, a Harbor task's, ...).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Write images as squashfs files for the enroot backend (AIR_SQUASHFS_DIR; a node without Docker runs them).
+
+    Example: air images export-squashfs air/base:latest air/cpu:latest
+    """
+    from air.images.squashfs import export
+    from air.sandbox import connect
+
+    client = connect()
+    done = [export(client, ref) for ref in images]
+    if as_json:
+        print_json([{**d.__dict__, "path": str(d.path)} for d in done])
+        return
+    for d in done:
+        verb = "reused" if d.reused else "made"
+        out.print(f"{verb:>6}  {d.ref:<28} {d.path}  {d.size / 1e6:6.0f} MB  {d.seconds:5.1f} s", overflow="fold")
+
+
 def sandbox_fusion_languages(client, tag: str) -> list[str]:
     from air.services.sandbox_fusion.recipes import image_languages
 
