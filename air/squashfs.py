@@ -2,12 +2,14 @@
 per image reference to it. Written by `air images export-squashfs` (air/images/squashfs.py, on a machine with Docker),
 read by air/sandbox/enroot/ (on a node without): this module is where both agree on names.
 
-    $AIR_SQUASHFS_DIR/sha256-<image id>.sqsh        the image's files, owners kept (cached by content)
+    $AIR_SQUASHFS_DIR/air1-sha256-<image id>.sqsh   the image's files, owners kept (cached by content and FORMAT)
+    $AIR_SQUASHFS_DIR/air1-sha256-<image id>.json   what the file cannot hold: the image's Env and WorkingDir
     $AIR_SQUASHFS_DIR/refs/<reference, quoted>      a link to the file the reference named when it was exported
 """
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.parse
 from pathlib import Path
@@ -16,6 +18,8 @@ from air import variables
 from air.errors import ImageError, UsageError
 
 DEFAULT = Path("/var/cache/air/squashfs")
+FORMAT = "air1"
+"""What the export leaves out or changes (air/images/squashfs.py: no device nodes): a change gives new names."""
 
 
 def folder(create: bool = False) -> Path:
@@ -35,7 +39,28 @@ def folder(create: bool = False) -> Path:
 
 def by_content(image_id: str, base: Path | None = None) -> Path:
     """Where the image of content id `image_id` (sha256:...) is kept."""
-    return (base or folder()) / (image_id.replace(":", "-") + ".sqsh")
+    return (base or folder()) / f"{FORMAT}-{image_id.replace(':', '-')}.sqsh"
+
+
+def config_of(image: Path) -> Path:
+    """The image's configuration beside its file (what `docker export` leaves out: Env, WorkingDir), as JSON."""
+    return image.with_suffix(".json")
+
+
+def write_config(image: Path, config: dict) -> None:
+    tmp = config_of(image).with_name(f".{image.stem}.{os.getpid()}.json")
+    tmp.write_text(json.dumps(config, indent=1))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, config_of(image))
+
+
+def image_env(image: Path) -> dict[str, str]:
+    """The image's own environment variables (empty when its configuration is missing or unreadable)."""
+    try:
+        env = json.loads(config_of(image).read_text()).get("Env") or []
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return dict(item.partition("=")[::2] for item in env if isinstance(item, str) and "=" in item)
 
 
 def ref_link(ref: str, base: Path | None = None) -> Path:
@@ -64,4 +89,4 @@ def resolve(ref: str) -> tuple[Path, str]:
             from None
     if not target.is_file():
         raise ImageError(f"{link_path} names {target.name}, which is missing: export {ref} again")
-    return target, target.name.removesuffix(".sqsh").replace("-", ":", 1)
+    return target, target.name.removesuffix(".sqsh").removeprefix(f"{FORMAT}-").replace("-", ":", 1)

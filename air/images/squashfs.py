@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +44,12 @@ def export(client, ref: str, base: Path | None = None) -> Exported:
         raise ImageError.not_built(ref) from None
     target = squashfs.by_content(image.id, base)
     started = time.monotonic()
-    reused = target.is_file()
+    reused = target.is_file() and squashfs.config_of(target).is_file()
     if not reused:
         _write(client, image.id, target)
+        # What `docker export` leaves out: the image's environment (its PATH: /opt/venv/bin first) and workdir.
+        config = image.attrs.get("Config") or {}
+        squashfs.write_config(target, {"Env": config.get("Env") or [], "WorkingDir": config.get("WorkingDir") or ""})
     squashfs.link(ref, image.id, base)
     return Exported(ref, image.id, target, target.stat().st_size, time.monotonic() - started, reused)
 
@@ -60,8 +64,7 @@ def _write(client, image_id: str, target: Path) -> None:
         sqfstar = subprocess.Popen(["sqfstar", "-quiet", "-no-progress", "-comp", "zstd", "-force", str(partial)],
                                    stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            for chunk in container.export(chunk_size=1 << 20):
-                sqfstar.stdin.write(chunk)
+            _copy_without_devices(_Chunks(container.export(chunk_size=1 << 20)), sqfstar.stdin)
         finally:
             sqfstar.stdin.close()
             err = sqfstar.stderr.read().decode(errors="replace")
@@ -74,3 +77,30 @@ def _write(client, image_id: str, target: Path) -> None:
         container.remove(force=True)
         if partial.exists():
             partial.unlink()
+
+
+class _Chunks:
+    """An iterator of bytes as a file that tarfile's stream mode reads."""
+
+    def __init__(self, chunks):
+        self.chunks, self.rest = iter(chunks), b""
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self.rest) < size:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                break
+            self.rest += chunk
+        out, self.rest = (self.rest, b"") if size < 0 else (self.rest[:size], self.rest[size:])
+        return out
+
+
+def _copy_without_devices(source, sink) -> None:
+    """The tar stream minus its device nodes (Docker's /dev entries): a user namespace cannot make one, so `enroot
+    create` would fail on them; every sandbox gets the node's /dev anyway."""
+    with tarfile.open(fileobj=source, mode="r|") as tin, tarfile.open(fileobj=sink, mode="w|",
+                                                                       format=tarfile.PAX_FORMAT) as tout:
+        for member in tin:
+            if member.ischr() or member.isblk():
+                continue
+            tout.addfile(member, tin.extractfile(member) if member.isfile() else None)

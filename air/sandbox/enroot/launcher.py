@@ -46,8 +46,10 @@ class Launcher(Protocol):
         """A container root called `name` from the squashfs `image` (owners kept, in the user namespace)."""
         ...
 
-    def start(self, name: str, argv: list[str], *, binds: list[tuple[str, str]], env: dict[str, str]) -> list[str]:
-        """Run argv as the container's main process, with host folders bound (source, target) and env set."""
+    def start(self, name: str, argv: list[str], *, binds: list[tuple[str, str, bool]], env: dict[str, str]
+              ) -> list[str]:
+        """Run argv as the container's main process, with host folders bound (source, target, read-only) and env
+        set."""
         ...
 
     def remove(self, name: str) -> list[str]: ...
@@ -113,10 +115,11 @@ class Enroot:
     def create(self, image: Path, name: str) -> list[str]:
         return [*USERNS, "enroot", "create", "--force", "--name", name, str(image)]
 
-    def start(self, name: str, argv: list[str], *, binds: list[tuple[str, str]], env: dict[str, str]) -> list[str]:
+    def start(self, name: str, argv: list[str], *, binds: list[tuple[str, str, bool]], env: dict[str, str]
+              ) -> list[str]:
         out = [*USERNS, "enroot", "start", "--rw"]
-        for source, target in binds:
-            out += ["--mount", f"{source}:{target}:x-create=dir,bind,rw,nosuid,nodev"]
+        for source, target, read_only in binds:
+            out += ["--mount", f"{source}:{target}:x-create=dir,bind,{'ro' if read_only else 'rw'},nosuid,nodev"]
         for key, value in env.items():
             out += ["--env", f"{key}={value}"]
         return [*out, name, *argv]
