@@ -76,7 +76,11 @@ def missing_images(images: Iterable[str]) -> list[str]:
     import docker.errors
 
     from air.images import image_ref
-    from air.sandbox import connect
+    from air.sandbox import PoolConfig, connect
+
+    if PoolConfig().backend == "enroot":  # no daemon: the squashfs files are the images; none is built here
+        enroot_images([image_ref(image) for image in images])
+        return []
 
     client = connect()
     try:
@@ -89,6 +93,15 @@ def missing_images(images: Iterable[str]) -> list[str]:
         return missing
     finally:
         client.close()
+
+
+def enroot_images(refs: list[str]) -> None:
+    """The enroot backend's images are squashfs files made where Docker is (`air images export-squashfs`): a missing
+    one is one line naming that command (ImageError), before any rollout."""
+    from air import squashfs
+
+    for ref in dict.fromkeys(refs):
+        squashfs.resolve(ref)
 
 
 def build_task_images(specs) -> None:
