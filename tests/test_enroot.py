@@ -111,11 +111,29 @@ def _image(ref: str) -> None:
         pytest.skip(str(exc))
 
 
-def _as_user(argv: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(ROOT), "DOCKER_HOST": "unix:///nonexistent", "AIR_BACKEND": "enroot",
-            **env}
+def _as_user(argv: list[str], timeout: float, via: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """argv run by the user's python (through `via`, a launcher such as srun, when given)."""
+    full = {**os.environ, "PYTHONPATH": str(ROOT), "DOCKER_HOST": "unix:///nonexistent", "AIR_BACKEND": "enroot"}
     full.pop("AIR_RUNTIME_DIR", None)  # the user's own
-    return subprocess.run([*_runner(), *argv], capture_output=True, text=True, timeout=timeout, env=full, cwd="/tmp")
+    runner = _runner()
+    return subprocess.run([*runner[:-1], *via, runner[-1], *argv], capture_output=True, text=True, timeout=timeout,
+                          env=full, cwd="/tmp")
+
+
+def _episode(via: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """prisoners-dilemma played by the scripted policy, as the user, with Docker unreachable."""
+    _image("air/cpu:latest")
+    out = tempfile.mkdtemp(prefix="air-enroot-run-")  # pytest's own are root's alone
+    os.chmod(out, 0o777)
+    try:
+        result = _as_user(["-c", "import sys; from air.cli.main import main; sys.argv = ['air', 'run', '--task', "
+                           f"'prisoners-dilemma', '--out', '{out}']; sys.exit(main())"], 900, via)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "prisoners-dilemma: submitted after" in result.stdout and "return" in result.stdout
+    assert "validate" in result.stdout and "Score =" in result.stdout
+    return result
 
 
 @pytest.mark.enroot
@@ -158,14 +176,13 @@ def test_a_cell_as_the_agent_sees_lo_alone_no_node_process_and_bounded_processes
 @pytest.mark.enroot
 @pytest.mark.slow
 def test_a_task_runs_end_to_end_as_a_user_without_docker():
-    _image("air/cpu:latest")
-    out = tempfile.mkdtemp(prefix="air-enroot-run-")  # pytest's own are root's alone
-    os.chmod(out, 0o777)
-    try:
-        result = _as_user(["-c", "import sys; from air.cli.main import main; sys.argv = ['air', 'run', '--task', "
-                           f"'prisoners-dilemma', '--out', '{out}']; sys.exit(main())"], 900)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert "prisoners-dilemma: submitted after" in result.stdout and "return" in result.stdout
-    assert "validate" in result.stdout and "Score =" in result.stdout
+    _episode()
+
+
+@pytest.mark.enroot
+@pytest.mark.slow
+def test_an_episode_runs_through_srun_on_a_slurm_node():
+    if shutil.which("srun") is None or not (os.environ.get("SLURM_CONF") or os.path.exists("/etc/slurm/slurm.conf")):
+        pytest.skip("no Slurm here: `scripts/slurm-local.sh deps up` starts a one-node cluster (root), and "
+                    "`scripts/slurm-local.sh env` names its SLURM_CONF")
+    _episode(via=("srun", "--ntasks=1", "--cpus-per-task=2"))
