@@ -60,7 +60,6 @@ class EnrootPool(SandboxPool):
     def __init__(self, config: PoolConfig | None = None, docker: object = None):
         super().__init__(config or PoolConfig(backend="enroot"))
         self.launcher: Launcher = Enroot(enroot_root())
-        self.cells: bool | None = None
         self.limit_parents = cgroups.delegated()
         self._environ: dict[str, str] = {}
 
