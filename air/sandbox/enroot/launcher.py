@@ -46,10 +46,11 @@ class Launcher(Protocol):
         """A container root called `name` from the squashfs `image` (owners kept, in the user namespace)."""
         ...
 
-    def start(self, name: str, argv: list[str], *, binds: list[tuple[str, str, bool]], env: dict[str, str]
-              ) -> list[str]:
+    def start(self, name: str, argv: list[str], *, binds: list[tuple[str, str, bool]], env: dict[str, str],
+              layers: tuple[str, str, str] | None = None) -> list[str]:
         """Run argv as the container's main process, with host folders bound (source, target, read-only) and env
-        set."""
+        set. `layers` (a shared image root, this container's upper and work folders): its root is an overlay of them,
+        mounted in the launcher's own mount namespace, instead of a root of its own."""
         ...
 
     def remove(self, name: str) -> list[str]: ...
@@ -115,9 +116,13 @@ class Enroot:
     def create(self, image: Path, name: str) -> list[str]:
         return [*USERNS, "enroot", "create", "--force", "--name", name, str(image)]
 
-    def start(self, name: str, argv: list[str], *, binds: list[tuple[str, str, bool]], env: dict[str, str]
-              ) -> list[str]:
+    def start(self, name: str, argv: list[str], *, binds: list[tuple[str, str, bool]], env: dict[str, str],
+              layers: tuple[str, str, str] | None = None) -> list[str]:
         out = [*USERNS, "enroot", "start", "--rw"]
+        if layers is not None:  # the overlay on the container's (empty) root folder, then enroot in that namespace
+            out = [*USERNS[:-1], "--mount", "--", "sh", "-c", 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,'
+                   'workdir=$3,userxattr" "$4" && shift 4 && exec "$@"', "air-overlay", *layers,
+                   str(self.root / "data" / name), "enroot", "start", "--rw"]
         for source, target, read_only in binds:
             out += ["--mount", f"{source}:{target}:x-create=dir,bind,{'ro' if read_only else 'rw'},nosuid,nodev"]
         for key, value in env.items():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import fcntl
 import logging
 import os
 import random
@@ -34,7 +35,7 @@ from air.errors import InfraError, SandboxUnavailable, UsageError
 from air.sandbox import hostdir
 from air.sandbox.container import _channel_dir
 from air.sandbox.enroot import cgroups
-from air.sandbox.enroot.launcher import Enroot, Launcher, Userns
+from air.sandbox.enroot.launcher import USERNS, Enroot, Launcher, Userns
 from air.sandbox.enroot.sandbox import EnrootSandbox, run_launcher
 from air.sandbox.layout import AGENT_HOME, BASE_PATH, WARDEN_DIR
 from air.sandbox.pool import CellFailed, SandboxPool
@@ -49,6 +50,13 @@ AGENT_UIDS = range(20000, 60000)
 under the 65536 that launcher.UID_SPAN_MIN asks, above the images' own users."""
 CREATE_TIMEOUT = 300.0
 """Seconds `enroot create` may take (it unpacks the squashfs: seconds for air/cpu on a quiet node)."""
+
+
+def _locked(path: Path) -> int:
+    """An fd holding an exclusive lock on path (blocks until it is free)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
 
 
 def enroot_root() -> Path:
@@ -115,13 +123,13 @@ class EnrootPool(SandboxPool):
         gone = []
         sandboxes = hostdir.runtime_dir() / "sandboxes"
         for name in await asyncio.to_thread(self.launcher.names):
-            if not name.startswith("air-"):
+            if not name.startswith("air-") or name.startswith("air-image-"):  # an image's root is a cache
                 continue
             directory = sandboxes / name
             if directory.is_dir() and (lock_held(str(directory / HOST_LOCK), unknown=True)
                                        or (directory / "warden.sock").exists()):
                 continue  # a live sandbox of another process (its lock, or its warden waiting)
-            if await run_launcher(self.launcher.remove(name), self._environ) == 0:
+            if await self._remove_root(name):
                 gone.append(name)
                 shutil.rmtree(directory, ignore_errors=True)
         return gone
@@ -161,26 +169,28 @@ class EnrootPool(SandboxPool):
         if spec.network:
             raise UsageError("the enroot backend gives cells no network but `lo`: a task that asks for the network "
                              "runs on Docker")
-        image, _ = squashfs.resolve(spec.image)
+        image, image_id = squashfs.resolve(spec.image)
+        lower = await self._image_root(spec.image, image, image_id)
         name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or 'sandbox').lower())[:24]}-{uuid.uuid4().hex[:8]}"
-        code = await run_launcher(self.launcher.create(image, name), self._environ, timeout=CREATE_TIMEOUT)
-        if code != 0:
-            await run_launcher(self.launcher.remove(name), self._environ)
-            raise SandboxUnavailable(f"`enroot create` of {spec.image} failed (exit {code}); the log says why")
+        layers = enroot_root() / "layers" / name
+        for d in (layers / "upper", layers / "work", Path(self._environ["ENROOT_DATA_PATH"]) / name):
+            d.mkdir(parents=True, mode=0o755)
         directory, secret, held = _channel_dir(name)
         limits = cgroups.Limits()
         try:
             r = spec.resources
             limits = cgroups.Limits.make(name, memory_mb=spec.memory_limit_mb, pids=r.pids, cpus=r.cpus,
                                          parents=self.limit_parents)
-            env = {**squashfs.image_env(image), "HOME": AGENT_HOME, **spec.env}
+            # AIR_WARDEN_USERNS: the warden may build cells with a user namespace's fallbacks (cell.py).
+            env = {**squashfs.image_env(image), "HOME": AGENT_HOME, **spec.env, "AIR_WARDEN_USERNS": "1"}
             env.setdefault("PATH", BASE_PATH)
             if "pids" not in self.limit_parents:  # the fallback: the agent's own uid, its processes counted
                 env["AIR_AGENT_PIDS"] = str(r.pids)
             binds = [(str(directory), WARDEN_DIR, False)] + [
                 (host, inside, True) for inside, host in sorted(spec.read_only_mounts.items())]
             argv = self.launcher.start(name, ["python3", "-I", "-S", f"{WARDEN_DIR}/warden.py", "--listen",
-                                              WARDEN_DIR], binds=binds, env=env)
+                                              WARDEN_DIR], binds=binds, env=env,
+                                       layers=(str(lower), str(layers / "upper"), str(layers / "work")))
             log_fd = os.open(directory / "launcher.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 # The launcher joins the sandbox's cgroups before it execs: everything it starts is inside them.
@@ -196,13 +206,41 @@ class EnrootPool(SandboxPool):
             os.close(held)
             limits.remove()
             shutil.rmtree(directory, ignore_errors=True)
-            await run_launcher(self.launcher.remove(name), self._environ)
+            await self._remove_root(name)
             raise
-        _, image_id = squashfs.resolve(spec.image)
         return EnrootSandbox(None, spec, name, name, image_id=image_id, agent_uid=self._agent_uid_here(),
                              cells=True, pin_pages=False, channel=directory, channel_secret=secret,
                              channel_hold=held, launcher=self.launcher, process=process, environ=self._environ,
-                             limits=limits)
+                             limits=limits, remover=self._remove_root)
+
+    async def _image_root(self, ref: str, image: Path, image_id: str) -> Path:
+        """The image's root, unpacked once per image content and node user (`enroot create`), shared read-only by
+        every sandbox of the image as the lower layer of its own overlay (the first sandbox of an image waits for
+        it; others of this user, in any process, wait on its lock)."""
+        name = f"air-image-{image_id.split(':')[-1][:16]}"
+        root = Path(self._environ["ENROOT_DATA_PATH"]) / name
+        done = enroot_root() / "images" / f"{name}.done"
+        if done.exists():
+            return root
+        done.parent.mkdir(exist_ok=True)
+        lock = await asyncio.to_thread(_locked, done.with_suffix(".lock"))
+        try:
+            if not done.exists():
+                code = await run_launcher(self.launcher.create(image, name), self._environ, timeout=CREATE_TIMEOUT)
+                if code != 0:
+                    await run_launcher(self.launcher.remove(name), self._environ)
+                    raise SandboxUnavailable(f"`enroot create` of {ref} failed (exit {code}); the log says why")
+                done.touch()
+        finally:
+            os.close(lock)
+        return root
+
+    async def _remove_root(self, name: str) -> bool:
+        """A sandbox's root folder (its overlay's mount point) and its layers, removed in the user namespace (their
+        files belong to its uids). True when both went."""
+        layers = enroot_root() / "layers" / name
+        gone = await run_launcher([*USERNS, "rm", "-rf", str(layers)], self._environ) == 0
+        return await run_launcher(self.launcher.remove(name), self._environ) == 0 and gone
 
     def _agent_uid_here(self) -> int:
         taken = {sb.agent_uid for sb in self._live}

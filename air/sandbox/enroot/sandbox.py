@@ -29,6 +29,8 @@ class EnrootSandbox(Sandbox):
     """`enroot start` (in its user namespace), the container's main process being the warden."""
     environ: dict[str, str] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
+    remover: object = None
+    """The pool's coroutine function that removes the container's root and layers by name."""
 
     async def remove(self, patience: float = 60) -> bool:
         """End the warden's link (the warden then ends the cell and exits, and the container with it), end the
@@ -46,7 +48,7 @@ class EnrootSandbox(Sandbox):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 await process.wait()
-        gone = await run_launcher(self.launcher.remove(self.name), self.environ, timeout=max(patience, 30)) == 0
+        gone = await self.remover(self.name)
         self.limits.remove()
         if self.channel is not None:
             shutil.rmtree(self.channel, ignore_errors=True)

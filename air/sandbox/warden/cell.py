@@ -58,6 +58,23 @@ CLONE_NEWPID, CLONE_NEWNET, CLONE_FS = 0x20000000, 0x40000000, 0x200
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_NOATIME, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x400, 0x4000, 0x40000
 MS_RELATIME, MS_STRICTATIME = 0x200000, 0x1000000
+
+
+def _userns_fallbacks() -> bool:
+    """Whether cells may be built with the user namespace's fallbacks (docs/hpc.md: the node's atime mode kept, device
+    nodes bound, an overlay without redirect_dir): only where the host asked for them (the enroot backend sets
+    AIR_WARDEN_USERNS=1) and the warden is in a user namespace that is not the node's. Elsewhere (rootless Docker) a
+    cell that needs one is not built, as before: the sandbox is used once instead."""
+    if os.environ.get("AIR_WARDEN_USERNS") != "1":
+        return False
+    try:
+        with open("/proc/self/uid_map") as f:
+            return f.read().split() != ["0", "0", "4294967295"]
+    except OSError:
+        return False
+
+
+USERNS_FALLBACKS = _userns_fallbacks()
 MNT_DETACH = 2
 _FLAG_OF = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME}
 CAP = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8}
@@ -188,6 +205,8 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
         try:
             mount(None, point, None, flags)
         except PermissionError:
+            if not USERNS_FALLBACKS:
+                raise
             # In a user namespace (enroot: docs/hpc.md) a mount copied from the node's keeps the atime mode the node
             # gave it (the kernel locks it): read-only all the same, with that mode (relatime: a read may still set
             # an atime that a later cell sees, once a day at most; atimes.settle read each directory already).
@@ -247,6 +266,8 @@ def _overlay(layout: Layout, target: str, quota: int, top: os.stat_result, owner
     try:
         mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, options + ",redirect_dir=on")
     except PermissionError:
+        if not USERNS_FALLBACKS:
+            raise
         # A user namespace (enroot) refuses redirect_dir: renaming a directory of the pristine home then fails with
         # EXDEV (mv copies instead), and overlayfs keeps its own marks in user.* xattrs of the cell's tmpfs.
         mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, options + ",userxattr")
@@ -443,6 +464,8 @@ def _new_dev(layout: Layout) -> None:
                 try:
                     os.mknod(path, mode, rdev)
                 except PermissionError:  # a user namespace makes no device node (enroot): the container's is bound
+                    if not USERNS_FALLBACKS:
+                        raise
                     _bind_device(old, rel, path)
                     continue
             os.chown(path, uid, gid)
