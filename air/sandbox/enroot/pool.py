@@ -188,8 +188,9 @@ class EnrootPool(SandboxPool):
                 env["AIR_AGENT_PIDS"] = str(r.pids)
             binds = [(str(directory), WARDEN_DIR, False)] + [
                 (host, inside, True) for inside, host in sorted(spec.read_only_mounts.items())]
-            argv = self.launcher.start(name, ["python3", "-I", "-S", f"{WARDEN_DIR}/warden.py", "--listen",
-                                              WARDEN_DIR], binds=binds, env=env,
+            # enroot sets PATH itself whatever --env says: the image's (its venv first) is given through env(1).
+            argv = self.launcher.start(name, ["env", f"PATH={env['PATH']}", "python3", "-I", "-S",
+                                              f"{WARDEN_DIR}/warden.py", "--listen", WARDEN_DIR], binds=binds, env=env,
                                        layers=(str(lower), str(layers / "upper"), str(layers / "work")))
             log_fd = os.open(directory / "launcher.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
