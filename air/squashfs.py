@@ -19,7 +19,7 @@ from air.errors import ImageError, UsageError
 
 DEFAULT = Path("/var/cache/air/squashfs")
 FORMAT = "air1"
-"""What the export leaves out or changes (air/images/squashfs.py: no device nodes): a change gives new names."""
+"""What the export leaves out or changes (air/images/squashfs.py: nothing under /dev): a change gives new names."""
 
 
 def folder(create: bool = False) -> Path:

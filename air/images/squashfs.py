@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,11 +59,15 @@ def _write(client, image_id: str, target: Path) -> None:
                                          network_disabled=True)
     partial = target.with_name(f".{target.name}.{os.getpid()}")
     try:
-        # -no-strip keeps "./" paths as they come; the tar's owners and modes are the image's (no -all-root).
-        sqfstar = subprocess.Popen(["sqfstar", "-quiet", "-no-progress", "-comp", "zstd", "-force", str(partial)],
-                                   stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # The tar's owners and modes are the image's (no -all-root). /dev's entries stay out (`dev/*`): Docker's
+        # device nodes, which a user namespace cannot make (`enroot create` would fail on them); every sandbox has
+        # the node's /dev bound there anyway.
+        sqfstar = subprocess.Popen(["sqfstar", "-quiet", "-no-progress", "-comp", "zstd", "-force", str(partial),
+                                    "dev/*"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.PIPE)
         try:
-            _copy_without_devices(_Chunks(container.export(chunk_size=1 << 20)), sqfstar.stdin)
+            for chunk in container.export(chunk_size=1 << 20):
+                sqfstar.stdin.write(chunk)
         finally:
             sqfstar.stdin.close()
             err = sqfstar.stderr.read().decode(errors="replace")
@@ -78,29 +81,3 @@ def _write(client, image_id: str, target: Path) -> None:
         if partial.exists():
             partial.unlink()
 
-
-class _Chunks:
-    """An iterator of bytes as a file that tarfile's stream mode reads."""
-
-    def __init__(self, chunks):
-        self.chunks, self.rest = iter(chunks), b""
-
-    def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self.rest) < size:
-            chunk = next(self.chunks, None)
-            if chunk is None:
-                break
-            self.rest += chunk
-        out, self.rest = (self.rest, b"") if size < 0 else (self.rest[:size], self.rest[size:])
-        return out
-
-
-def _copy_without_devices(source, sink) -> None:
-    """The tar stream minus its device nodes (Docker's /dev entries): a user namespace cannot make one, so `enroot
-    create` would fail on them; every sandbox gets the node's /dev anyway."""
-    with tarfile.open(fileobj=source, mode="r|") as tin, tarfile.open(fileobj=sink, mode="w|",
-                                                                       format=tarfile.PAX_FORMAT) as tout:
-        for member in tin:
-            if member.ischr() or member.isblk():
-                continue
-            tout.addfile(member, tin.extractfile(member) if member.isfile() else None)
