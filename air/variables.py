@@ -169,8 +169,9 @@ def _folder(text: str) -> str:
 
 def _table() -> dict[str, Variable]:
     rows = [
-        Variable("AIR_BACKEND", _choice("docker", "kubernetes"), "docker", "`docker` or `kubernetes`",
-                 "where sandboxes run (PoolConfig.backend's default; docs/kubernetes.md)"),
+        Variable("AIR_BACKEND", _choice("docker", "kubernetes", "enroot"), "docker",
+                 "`docker`, `kubernetes` or `enroot`",
+                 "where sandboxes run (PoolConfig.backend's default; docs/kubernetes.md, docs/hpc.md)"),
         Variable("AIR_AGENT_UID_BASE", _int(1000, AGENT_UID_MAX), AGENT_UID_BASE, f"1000 to {AGENT_UID_MAX}",
                  "the first agent uid (each sandbox's agent: this plus its slot); under rootless Docker, e.g. 20000"),
         Variable("AIR_APPARMOR", _profile, None, "an AppArmor profile name",
@@ -205,6 +206,9 @@ def _table() -> dict[str, Variable]:
         Variable("AIR_RUNTIME_DIR", _folder, None, "a folder air can write",
                  "sandboxes' host directories (the wardens' sockets)",
                  default_text="`/run/air` as root, else `$XDG_RUNTIME_DIR/air`, else `/tmp/air-UID`"),
+        Variable("AIR_SQUASHFS_DIR", _path, None, "an existing folder",
+                 "the enroot backend's images: squashfs files `air images export-squashfs` made (docs/hpc.md)",
+                 default_text="`/var/cache/air/squashfs`"),
         Variable("AIR_TASKS_DIR", _path, None, "an existing folder", "the bundled tasks' folder",
                  default_text="air's own `tasks/`"),
         Variable("AIR_IMAGES_DIR", _path, None, "an existing folder", "the image recipes' folder",

@@ -39,6 +39,17 @@ RULES: list[tuple[str, str, str]] = [
     (r"^eval \"\$\(scripts/kube-local\.sh env\)\"$", NOT_RUN, "names the kubeconfig of the cluster above"),
     (r"^AIR_TEST_BACKEND=kubernetes python3 -m pytest ", NOT_RUN, "the suite on the cluster kube-local.sh starts"),
     (r"^scripts/kube-local\.sh down$", NOT_RUN, "stops the cluster kube-local.sh started"),
+    (r"^scripts/enroot-build\.sh deps$", NOT_RUN, "installs Debian packages as root (scripts/enroot-build.sh --help is "
+                                                  "checked by tests/test_shell_scripts.py's shellcheck)"),
+    (r"^ENROOT_SRC=\S+ MAKESELF_SRC=\S+ scripts/enroot-build\.sh build$", NOT_RUN,
+     "needs copies of enroot's and makeself's sources, which CI cannot have (docs/hpc.md)"),
+    (r"^eval \"\$\(scripts/enroot-build\.sh env\)\"$", NOT_RUN, "names the enroot the build above made"),
+    (r"^AIR_BACKEND=enroot air (doctor|run)\b", NOT_RUN, "needs enroot, subordinate uids and squashfs images: "
+                                                        "tests/test_enroot.py runs both as a non-root user"),
+    (r"^scripts/slurm-local\.sh deps up$", NOT_RUN, "installs and starts a Slurm cluster as root; by hand"),
+    (r"^eval \"\$\(scripts/slurm-local\.sh env\)\"$", NOT_RUN, "names the cluster above's slurm.conf"),
+    (r"^sbatch examples/slurm/episode\.sbatch", NOT_RUN, "needs the cluster above and enroot; ran by hand "
+                                                       "(docs/hpc.md), and tests/test_enroot.py runs it through srun"),
     (r"^git clone ", NOT_RUN, "the network (MLGym's checkout); the commands after it run on a fake checkout here"),
     (r"^uv run ", NOT_RUN, "prime-rl on a GPU node; its configs are validated by tests/test_configs.py"),
     (r"^vf-eval ", NOT_RUN, "starts Docker rollouts for minutes; tests/test_vf_eval.py runs vf-eval on air for real"),

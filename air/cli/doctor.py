@@ -25,6 +25,10 @@ def run_checks() -> list[Check]:
     if backend == "kubernetes":  # sandboxes are pods: the cluster's rows, no Docker on this machine needed
         rows = [Check("sandbox backend", True, "kubernetes (PoolConfig.backend; AIR_BACKEND)", required=False),
                 _cache_check(), *_kubernetes_checks()]
+    elif backend == "enroot":  # enroot containers of this user: the node's rows, no Docker needed (docs/hpc.md)
+        from air.sandbox.enroot.probe import probe
+
+        rows = [_cache_check(), *probe()]
     else:
         rows = [_cache_check(), *_docker_checks()]
     # Every row as printed holds no secret, whoever wrote its text (an SDK's error quotes DOCKER_HOST whole).

@@ -76,7 +76,11 @@ def missing_images(images: Iterable[str]) -> list[str]:
     import docker.errors
 
     from air.images import image_ref
-    from air.sandbox import connect
+    from air.sandbox import PoolConfig, connect
+
+    if PoolConfig().backend == "enroot":  # no daemon: the squashfs files are the images; none is built here
+        enroot_images([image_ref(image) for image in images])
+        return []
 
     client = connect()
     try:
@@ -89,6 +93,15 @@ def missing_images(images: Iterable[str]) -> list[str]:
         return missing
     finally:
         client.close()
+
+
+def enroot_images(refs: list[str]) -> None:
+    """The enroot backend's images are squashfs files made where Docker is (`air images export-squashfs`): a missing
+    one is one line naming that command (ImageError), before any rollout."""
+    from air import squashfs
+
+    for ref in dict.fromkeys(refs):
+        squashfs.resolve(ref)
 
 
 def build_task_images(specs) -> None:
@@ -173,6 +186,28 @@ def images_ls(as_json: JsonFlag = False) -> None:
         out.print(f"{r['recipe']} is not built: {r['build']}", overflow="fold")
     for line in languages:
         out.print(f"SandboxFusion languages: {line}", overflow="fold")
+
+
+@images_app.command("export-squashfs")
+def images_export_squashfs(
+    images: Annotated[list[str], typer.Argument(help="Image references (air/cpu:latest, a Harbor task's, ...).")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Write images as squashfs files for the enroot backend (AIR_SQUASHFS_DIR; a node without Docker runs them).
+
+    Example: air images export-squashfs air/base:latest air/cpu:latest
+    """
+    from air.images.squashfs import export
+    from air.sandbox import connect
+
+    client = connect()
+    done = [export(client, ref) for ref in images]
+    if as_json:
+        print_json([{**d.__dict__, "path": str(d.path)} for d in done])
+        return
+    for d in done:
+        verb = "reused" if d.reused else "made"
+        out.print(f"{verb:>6}  {d.ref:<28} {d.path}  {d.size / 1e6:6.0f} MB  {d.seconds:5.1f} s", overflow="fold")
 
 
 def sandbox_fusion_languages(client, tag: str) -> list[str]:

@@ -141,10 +141,11 @@ def own_kernel(runtime: str | None) -> bool:
 class PoolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["docker", "kubernetes"] = Field(
+    backend: Literal["docker", "kubernetes", "enroot"] = Field(
         default_factory=lambda: variables.value("AIR_BACKEND"))
     """Where sandboxes run: containers of Docker daemons ("docker": this machine's, or `hosts`), or pods of a
-    Kubernetes cluster ("kubernetes", set up by `kubernetes`; docs/kubernetes.md). AIR_BACKEND sets the default."""
+    Kubernetes cluster ("kubernetes", set up by `kubernetes`; docs/kubernetes.md), or enroot containers a non-root user
+    starts on this machine ("enroot": a Slurm node without Docker; docs/hpc.md). AIR_BACKEND sets the default."""
     kubernetes: KubernetesConfig = KubernetesConfig()
     warm: int = Field(0, ge=0)
     """Idle sandboxes kept ready per key once a key has been used (or pre-warmed at start)."""
@@ -238,6 +239,6 @@ class PoolConfig(BaseModel):
 
     @model_validator(mode="after")
     def _hosts_are_dockers(self) -> PoolConfig:
-        if self.backend == "kubernetes" and self.hosts:
-            raise ValueError("`hosts` names Docker daemons; with backend=\"kubernetes\" the cluster places pods")
+        if self.backend != "docker" and self.hosts:
+            raise ValueError(f"`hosts` names Docker daemons; with backend=\"{self.backend}\" there is none")
         return self

@@ -131,6 +131,9 @@ class WardenLink:
             await asyncio.sleep(0.005)
 
     async def _container_exists(self) -> bool:
+        exists = getattr(self.sandbox, "exists", None)  # a backend without a daemon knows itself (enroot's process)
+        if exists is not None:
+            return await exists()
         docker = self.sandbox.docker
         try:
             await docker.call(docker.api.inspect_container, self.sandbox.container_id, timeout=30, idempotent=True)

@@ -59,6 +59,24 @@ CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET, CLONE_FS = 0x20000000, 0x40000000, 0x200
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_NOATIME, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x400, 0x4000, 0x40000
+MS_RELATIME, MS_STRICTATIME = 0x200000, 0x1000000
+
+
+def _userns_fallbacks() -> bool:
+    """Whether cells may be built with the user namespace's fallbacks (docs/hpc.md: the node's atime mode kept, device
+    nodes bound, an overlay without redirect_dir): only where the host asked for them (the enroot backend sets
+    AIR_WARDEN_USERNS=1) and the warden is in a user namespace that is not the node's. Elsewhere (rootless Docker) a
+    cell that needs one is not built, as before: the sandbox is used once instead."""
+    if os.environ.get("AIR_WARDEN_USERNS") != "1":
+        return False
+    try:
+        with open("/proc/self/uid_map") as f:
+            return f.read().split() != ["0", "0", "4294967295"]
+    except OSError:
+        return False
+
+
+USERNS_FALLBACKS = _userns_fallbacks()
 MNT_DETACH = 2
 _FLAG_OF = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME}
 CAP = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8}
@@ -204,7 +222,15 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
         flags |= sum(_FLAG_OF.get(o, 0) for o in options.split(",") if o != "noatime")
         if not any(_under(point, w) for w in layout.writable):
             flags |= MS_RDONLY
-        mount(None, point, None, flags)
+        try:
+            mount(None, point, None, flags)
+        except PermissionError:
+            if not USERNS_FALLBACKS:
+                raise
+            # In a user namespace (enroot: docs/hpc.md) a mount copied from the node's keeps the atime mode the node
+            # gave it (the kernel locks it): read-only all the same, with that mode (relatime: a read may still set
+            # an atime that a later cell sees, once a day at most; atimes.settle read each directory already).
+            mount(None, point, None, (flags & ~MS_NOATIME) | _atime_mode(options))
 
     for d in ("/tmp", "/var/tmp"):
         mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV,
@@ -226,6 +252,12 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
         mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
     _mount_home(layout, None)  # the last mount: a branch's replaces it in place (places_over), the table's order kept
     _loopback_up()
+
+
+def _atime_mode(options: str) -> int:
+    """The MS_ flag of a mount's atime mode as its mountinfo options name it."""
+    names = options.split(",")
+    return MS_NOATIME if "noatime" in names else MS_RELATIME if "relatime" in names else MS_STRICTATIME
 
 
 def _mount_home(layout: Layout, middle: Optional[Middle]) -> None:
@@ -250,8 +282,15 @@ def _overlay(layout: Layout, target: str, quota: int, top: os.stat_result, owner
     if middle is not None:
         mountapi.attach(middle.fd, lower)
         _pad(upper, middle.top.st_size, lowers)
-    mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, "lowerdir=%s,upperdir=%s,workdir=%s,"
-          "redirect_dir=on" % (":".join(lowers), upper, work))
+    options = "lowerdir=%s,upperdir=%s,workdir=%s" % (":".join(lowers), upper, work)
+    try:
+        mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, options + ",redirect_dir=on")
+    except PermissionError:
+        if not USERNS_FALLBACKS:
+            raise
+        # A user namespace (enroot) refuses redirect_dir: renaming a directory of the pristine home then fails with
+        # EXDEV (mv copies instead), and overlayfs keeps its own marks in user.* xattrs of the cell's tmpfs.
+        mount("overlay", target, "overlay", MS_NOSUID | MS_NODEV, options + ",userxattr")
     os.utime(target, ns=(top.st_atime_ns, top.st_mtime_ns))
     _detach(layout.scratch)  # held by the overlay (the middle layer with it)
 
@@ -430,25 +469,44 @@ def _dev_snapshot(top: str = "/dev") -> List[Tuple[str, int, int, int, int, str]
 def _new_dev(layout: Layout) -> None:
     """A new /dev with the container's device nodes (whose times the agent can set: they must be the cell's own),
     directories and links, and new devpts, shm and mqueue mounts."""
-    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
-    for rel, mode, rdev, uid, gid, target in layout.devices:
-        path = "/dev/" + rel
-        if target:
-            os.symlink(target, path)
-            os.chown(path, uid, gid, follow_symlinks=False)
-            continue
-        if stat.S_ISDIR(mode):
-            os.mkdir(path)
-        else:
-            os.mknod(path, mode, rdev)
-        os.chown(path, uid, gid)
-        os.chmod(path, stat.S_IMODE(mode))
+    old = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the container's, for nodes it cannot make
+    try:
+        mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
+        for rel, mode, rdev, uid, gid, target in layout.devices:
+            path = "/dev/" + rel
+            if target:
+                os.symlink(target, path)
+                os.chown(path, uid, gid, follow_symlinks=False)
+                continue
+            if stat.S_ISDIR(mode):
+                os.mkdir(path)
+            else:
+                try:
+                    os.mknod(path, mode, rdev)
+                except PermissionError:  # a user namespace makes no device node (enroot): the container's is bound
+                    if not USERNS_FALLBACKS:
+                        raise
+                    _bind_device(old, rel, path)
+                    continue
+            os.chown(path, uid, gid)
+            os.chmod(path, stat.S_IMODE(mode))
+    finally:
+        os.close(old)
     for d in DEV_MOUNTS:
         os.mkdir("/dev/" + d, 0o755)
     mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,gid=5,mode=620,ptmxmode=666")
     mount("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
           mountapi.tmpfs_options(size="%dm" % layout.shm_mb, mode="1777"))
     mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _bind_device(old_dev: int, rel: str, path: str) -> None:
+    """The container's node `rel` (under the directory fd old_dev) bound at path, read-only: its data (a device's
+    reads and writes) as the container's, its times unchangeable (utimes needs a writable mount), so not a channel
+    between cells even though every cell shares the node."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    mount("/proc/self/fd/%d/%s" % (old_dev, rel), path, None, MS_BIND)
+    mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
 
 
 def _masks(inherited: List[Tuple[str, str, str, str]]) -> None:

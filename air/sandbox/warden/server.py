@@ -1037,6 +1037,15 @@ def _runs_exec_only(path: str, uid: int) -> bool:
     return os.waitpid(pid, 0)[1] == 0
 
 
+def _limit_agent_processes() -> None:
+    """AIR_AGENT_PIDS (a pod's, or an enroot container's without a delegated pids cgroup): every process the warden
+    starts inherits RLIMIT_NPROC, which the kernel counts per real uid, so the agent (and code under evaluation), under
+    the sandbox's own uid, may have the task's number of processes; root, the warden and the harness, is exempt."""
+    pids = int(os.environ.get("AIR_AGENT_PIDS") or 0)
+    if pids:
+        resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+
+
 def wait_for_host(directory: str, host_lock_seen: bool = True) -> None:
     """As its container's main process: take the one connection of the host that made the container, which proves
     itself with the secret it left in `directory` (read and removed here, before anything else in the container
@@ -1044,6 +1053,7 @@ def wait_for_host(directory: str, host_lock_seen: bool = True) -> None:
     reach the directory (and cells do not even have it); the socket is gone once the host is connected."""
     global LISTENING
     LISTENING = True
+    _limit_agent_processes()
     log = os.open(os.path.join(directory, "warden.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 2)
     os.close(log)
@@ -1077,12 +1087,7 @@ def wait_on_port(port: int, secret_file: str, accept_timeout: float) -> None:
     agent-sandbox warm pool waits for its claim); the run's Lease and its sweep bound such a pod's life instead."""
     global LISTENING
     LISTENING = True
-    # A pod has no pids limit of its own (the node's kubelet sets one for every pod): every process the warden starts
-    # inherits this, and the kernel counts it per real uid, so the agent (and code under evaluation), under the
-    # sandbox's own uid, may have the task's number of processes; root, the warden and the harness, is exempt.
-    pids = int(os.environ.get("AIR_AGENT_PIDS") or 0)
-    if pids:
-        resource.setrlimit(resource.RLIMIT_NPROC, (pids, pids))
+    _limit_agent_processes()  # a pod has no pids limit of its own (the node's kubelet sets one for every pod)
     with open(secret_file, "rb") as f:
         secret = f.read()
     procs.LIBC.umount2(os.path.dirname(secret_file).encode(), 2)  # MNT_DETACH; failing is fine (see above)

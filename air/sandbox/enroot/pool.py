@@ -1,0 +1,257 @@
+"""`EnrootPool`: the warm pool of air/sandbox/pool.py with enroot containers for Docker's (`PoolConfig(backend=
+"enroot")`, AIR_BACKEND=enroot), started by this process's own (non-root) user on this machine: a Slurm node without
+Docker.
+
+What it keeps of the Docker pool (inherited): leases and waits, idle sandboxes per key with a warm target, a health
+check before a lease, a reset (a new cell) on release, recycling after an infrastructure error or `max_leases`.
+What differs, and why:
+- A sandbox is a container root made from the image's squashfs (air/squashfs.py: `air images export-squashfs` on a
+  machine with Docker) by `enroot create`, and a launcher process (`enroot start`) whose main process is the warden,
+  in a user namespace of the user's subordinate uids (launcher.py): the agent's uid is a host uid of its own.
+- Slots are this pool's (`max_sandboxes`): no host-wide claims (they are Docker objects); a Slurm allocation bounds
+  the node's share. Agent uids are drawn from the namespace's range, distinct among this pool's live sandboxes.
+- No GPUs yet (a GPU task is refused in one line), no network for the container's cells but `lo` (the container
+  itself shares the node's network: only the harness's own programs run there), no page-cache pins, no `--keep`.
+- Limits come from cgroups the node delegated to the user (cgroups.py); `air doctor` names each one missing.
+- Cleanup: close() ends every warden (each container then ends) and removes each root; a SIGKILLed run's roots and
+  host directories are removed by the next pool's start (their host lock is free).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import fcntl
+import logging
+import os
+import random
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+from air import squashfs
+from air.errors import InfraError, SandboxUnavailable, UsageError
+from air.sandbox import hostdir
+from air.sandbox.container import _channel_dir
+from air.sandbox.enroot import cgroups
+from air.sandbox.enroot.launcher import USERNS, Enroot, Launcher, Userns
+from air.sandbox.enroot.sandbox import EnrootSandbox, run_launcher
+from air.sandbox.layout import AGENT_HOME, BASE_PATH, WARDEN_DIR
+from air.sandbox.pool import CellFailed, SandboxPool
+from air.sandbox.session import Session
+from air.sandbox.spec import PoolConfig, SandboxSpec
+from air.sandbox.warden.locks import lock_held
+from air.sandbox.warden.protocol import HOST_LOCK
+
+log = logging.getLogger("air.enroot")
+AGENT_UIDS = range(20000, 60000)
+"""The agents' uids inside the user namespace (uid N there is the host's subordinate uid N-1 of the user's range):
+under the 65536 that launcher.UID_SPAN_MIN asks, above the images' own users."""
+CREATE_TIMEOUT = 300.0
+"""Seconds `enroot create` may take (it unpacks the squashfs: seconds for air/cpu on a quiet node)."""
+
+
+def _locked(path: Path) -> int:
+    """An fd holding an exclusive lock on path (blocks until it is free)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def enroot_root() -> Path:
+    """This user's enroot folders: beside the sandboxes' host directories (air's runtime folder)."""
+    return hostdir.private(hostdir.runtime_dir() / "enroot")
+
+
+class EnrootPool(SandboxPool):
+    def __init__(self, config: PoolConfig | None = None, docker: object = None):
+        super().__init__(config or PoolConfig(backend="enroot"))
+        self.launcher: Launcher = Enroot(enroot_root())
+        self.limit_parents = cgroups.delegated()
+        self._environ: dict[str, str] = {}
+
+    @property
+    def docker(self):
+        raise InfraError("this pool's sandboxes are enroot containers: there is no Docker daemon")
+
+    @property
+    def gpu_ids(self) -> tuple[str, ...]:
+        return ()
+
+    async def page_cache_pins(self) -> list[dict]:
+        return []
+
+    # ----- lifecycle --------------------------------------------------------------------------------------------
+    async def start(self, warm_specs: list[SandboxSpec] = ()) -> None:
+        """Check the node (the launcher installed, a user namespace of several uids), sweep what dead runs left,
+        then warm `warm_specs`."""
+        why = Userns.probe().check()
+        if why is None and await asyncio.to_thread(self.launcher.version) is None:
+            why = f"{self.launcher.name} is not installed (scripts/enroot-build.sh builds it; docs/hpc.md)"
+        if why is not None:
+            raise SandboxUnavailable(f"the enroot backend cannot run here: {why}")
+        self._environ = await asyncio.to_thread(self.launcher.environ)
+        if self.config.sweep_dead_runs:
+            swept = await self._sweep()
+            if swept:
+                log.warning("removed %d enroot container(s) left by dead runs", len(swept))
+        await self._serve(warm_specs)
+
+    async def close(self, timeout: float | None = None) -> list[str]:
+        if self._closed:
+            return self.left_behind
+        loop = asyncio.get_running_loop()
+        deadline, doomed = await self._end_wardens(timeout)
+        removed = await asyncio.gather(*(self._remove(sb, patience=max(0.1, deadline - loop.time()))
+                                         for sb in doomed), return_exceptions=True)
+        self.left_behind = [sb.name for sb, gone in zip(doomed, removed) if gone is not True]
+        self._idle.clear()
+        if self.left_behind:
+            log.warning("%d enroot container(s) left for the next pool's sweep", len(self.left_behind))
+        atexit.unregister(self._atexit_backstop)
+        return self.left_behind
+
+    def _atexit_backstop(self) -> None:
+        # Without close(): the wardens end with this process (their host's link closes); the roots stay for the
+        # next start's sweep.
+        return None
+
+    async def _sweep(self) -> list[str]:
+        """Remove container roots (and host directories) of sandboxes whose owner is gone: its host lock is free,
+        and the warden, waiting for its host or speaking to it, has ended."""
+        gone = []
+        sandboxes = hostdir.runtime_dir() / "sandboxes"
+        for name in await asyncio.to_thread(self.launcher.names):
+            if not name.startswith("air-") or name.startswith("air-image-"):  # an image's root is a cache
+                continue
+            directory = sandboxes / name
+            if directory.is_dir() and (lock_held(str(directory / HOST_LOCK), unknown=True)
+                                       or (directory / "warden.sock").exists()):
+                continue  # a live sandbox of another process (its lock, or its warden waiting)
+            if await self._remove_root(name):
+                gone.append(name)
+                shutil.rmtree(directory, ignore_errors=True)
+        return gone
+
+    # ----- one sandbox ------------------------------------------------------------------------------------------
+    async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> EnrootSandbox:
+        """A ready sandbox in the slot the caller reserved: its root, its launcher, its warden's first cell."""
+        try:
+            sandbox = None
+            try:
+                sandbox = await self._new(spec)
+                self.stats.created += 1
+                self._live.add(sandbox)
+                sandbox.attach(Session(sandbox))
+                try:
+                    await sandbox.session.reset()
+                except InfraError as exc:
+                    if not sandbox.session.cells:
+                        raise
+                    raise CellFailed(f"enroot sandbox {sandbox.name} could not build a cell: {exc}") from exc
+                if not sandbox.session.cells:  # a user namespace gives root every capability cells need
+                    why = sandbox.session.ready.why_not if sandbox.session.ready else "unknown"
+                    raise CellFailed(f"enroot sandbox {sandbox.name} builds no cells: {why}")
+                return sandbox
+            except BaseException:
+                if sandbox is not None:
+                    await self._remove(sandbox)
+                raise
+        finally:
+            async with self._changed:
+                self._reserved -= 1
+                self._changed.notify_all()
+
+    async def _new(self, spec: SandboxSpec) -> EnrootSandbox:
+        if spec.resources.gpus:
+            raise UsageError("the enroot backend passes no GPUs yet (docs/hpc.md): run GPU tasks on Docker")
+        if spec.network:
+            raise UsageError("the enroot backend gives cells no network but `lo`: a task that asks for the network "
+                             "runs on Docker")
+        image, image_id = squashfs.resolve(spec.image)
+        lower = await self._image_root(spec.image, image, image_id)
+        name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or 'sandbox').lower())[:24]}-{uuid.uuid4().hex[:8]}"
+        layers = enroot_root() / "layers" / name
+        for d in (layers / "upper", layers / "work", Path(self._environ["ENROOT_DATA_PATH"]) / name):
+            d.mkdir(parents=True, mode=0o755)
+        directory, secret, held = _channel_dir(name)
+        limits = cgroups.Limits()
+        try:
+            r = spec.resources
+            limits = cgroups.Limits.make(name, memory_mb=spec.memory_limit_mb, pids=r.pids, cpus=r.cpus,
+                                         parents=self.limit_parents)
+            # AIR_WARDEN_USERNS: the warden may build cells with a user namespace's fallbacks (cell.py).
+            env = {**squashfs.image_env(image), "HOME": AGENT_HOME, **spec.env, "AIR_WARDEN_USERNS": "1"}
+            env.setdefault("PATH", BASE_PATH)
+            if "pids" not in self.limit_parents:  # the fallback: the agent's own uid, its processes counted
+                env["AIR_AGENT_PIDS"] = str(r.pids)
+            binds = [(str(directory), WARDEN_DIR, False)] + [
+                (host, inside, True) for inside, host in sorted(spec.read_only_mounts.items())]
+            # enroot sets PATH itself whatever --env says: the image's (its venv first) is given through env(1).
+            argv = self.launcher.start(name, ["env", f"PATH={env['PATH']}", "python3", "-I", "-S",
+                                              f"{WARDEN_DIR}/warden.py", "--listen", WARDEN_DIR], binds=binds, env=env,
+                                       layers=(str(lower), str(layers / "upper"), str(layers / "work")))
+            log_fd = os.open(directory / "launcher.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            try:
+                # The launcher joins the sandbox's cgroups before it execs: everything it starts is inside them.
+                joins = limits.procs_files()
+                wrapped = ["sh", "-c", 'for f; do [ "$f" = -- ] && break; echo $$ > "$f"; shift; done; shift; '
+                           'exec "$@"', "air-enroot", *joins, "--", *argv]
+                process = await asyncio.create_subprocess_exec(
+                    *wrapped, env={**os.environ, **self._environ}, stdin=asyncio.subprocess.DEVNULL, stdout=log_fd,
+                    stderr=log_fd, start_new_session=True)
+            finally:
+                os.close(log_fd)
+        except BaseException:
+            os.close(held)
+            limits.remove()
+            shutil.rmtree(directory, ignore_errors=True)
+            await self._remove_root(name)
+            raise
+        return EnrootSandbox(None, spec, name, name, image_id=image_id, agent_uid=self._agent_uid_here(),
+                             cells=True, pin_pages=False, channel=directory, channel_secret=secret,
+                             channel_hold=held, launcher=self.launcher, process=process, environ=self._environ,
+                             limits=limits, remover=self._remove_root)
+
+    async def _image_root(self, ref: str, image: Path, image_id: str) -> Path:
+        """The image's root, unpacked once per image content and node user (`enroot create`), shared read-only by
+        every sandbox of the image as the lower layer of its own overlay (the first sandbox of an image waits for
+        it; others of this user, in any process, wait on its lock)."""
+        name = f"air-image-{image_id.split(':')[-1][:16]}"
+        root = Path(self._environ["ENROOT_DATA_PATH"]) / name
+        done = enroot_root() / "images" / f"{name}.done"
+        if done.exists():
+            return root
+        done.parent.mkdir(exist_ok=True)
+        lock = await asyncio.to_thread(_locked, done.with_suffix(".lock"))
+        try:
+            if not done.exists():
+                code = await run_launcher(self.launcher.create(image, name), self._environ, timeout=CREATE_TIMEOUT)
+                if code != 0:
+                    await run_launcher(self.launcher.remove(name), self._environ)
+                    raise SandboxUnavailable(f"`enroot create` of {ref} failed (exit {code}); the log says why")
+                done.touch()
+        finally:
+            os.close(lock)
+        return root
+
+    async def _remove_root(self, name: str) -> bool:
+        """A sandbox's root folder (its overlay's mount point) and its layers, removed in the user namespace (their
+        files belong to its uids). True when both went."""
+        layers = enroot_root() / "layers" / name
+        gone = await run_launcher([*USERNS, "rm", "-rf", str(layers)], self._environ) == 0
+        return await run_launcher(self.launcher.remove(name), self._environ) == 0 and gone
+
+    def _agent_uid_here(self) -> int:
+        taken = {sb.agent_uid for sb in self._live}
+        while True:
+            uid = random.choice(AGENT_UIDS)
+            if uid not in taken:
+                return uid
+
+    def forget(self, sandbox: EnrootSandbox) -> None:
+        raise UsageError("`air debug --keep` is not offered on the enroot backend (its container ends with air)")
+
+
+POOL = EnrootPool

@@ -1,0 +1,114 @@
+#!/bin/bash
+# slurm-local.sh: a one-node Slurm cluster on this machine (Debian's slurm-wlm 22.05 and munge), for running air's
+# enroot backend through `srun` and `sbatch` as a Slurm node would (docs/hpc.md, "Slurm"). Not part of CI. As root.
+#
+#   scripts/slurm-local.sh deps       Debian's slurm-wlm and munge
+#   scripts/slurm-local.sh up         its configuration, then munged, slurmctld and slurmd started; waits for the node
+#   scripts/slurm-local.sh env        prints `export SLURM_CONF=...` for srun, sbatch and sinfo (any user)
+#   scripts/slurm-local.sh status     the daemons and `sinfo`
+#   scripts/slurm-local.sh down       the daemons stopped, the cluster's state removed (the configuration stays)
+#
+# Everything lives under $SLURM_LOCAL_DIR (default /var/lib/air-slurm-local, readable by every user: its slurm.conf).
+# Loopback only: the node's address and the controller's are 127.0.0.1. The simplest plugins that run in a container
+# without systemd: processes tracked by parentage (proctrack/linuxproc), no task plugin, no accounting; a job's
+# limits are then air's own (cgroups the node delegates to the user; docs/hpc.md).
+set -euo pipefail
+
+W=${SLURM_LOCAL_DIR:-/var/lib/air-slurm-local}
+CONF=$W/slurm.conf
+NODE=$(hostname -s)
+
+say() { echo "slurm-local: $*" >&2; }
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
+alive() { [ -f "$W/$1.pid" ] && kill -0 "$(cat "$W/$1.pid")" 2>/dev/null; }
+root() { [ "$(id -u)" -eq 0 ] || { say "$1 needs root"; exit 1; }; }
+
+deps() {
+  root deps
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null
+  say "installed: $(slurmd -V), munge $(munged -V 2>&1 | head -1)"
+}
+
+config() {
+  mkdir -p "$W/state" "$W/spool" "$W/log"
+  chmod 755 "$W"
+  local cpus mem
+  cpus=$(nproc)
+  mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
+  cat >"$CONF" <<EOF
+ClusterName=airlocal
+SlurmctldHost=$NODE(127.0.0.1)
+SlurmUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+StateSaveLocation=$W/state
+SlurmdSpoolDir=$W/spool
+SlurmctldPidFile=$W/slurmctld.pid
+SlurmdPidFile=$W/slurmd.pid
+SlurmctldLogFile=$W/log/slurmctld.log
+SlurmdLogFile=$W/log/slurmd.log
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
+PartitionName=air Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
+EOF
+  chmod 644 "$CONF"
+}
+
+up() {
+  root up
+  command -v slurmctld >/dev/null || { say "slurm-wlm is missing: scripts/slurm-local.sh deps"; exit 1; }
+  config
+  if ! pgrep -x munged >/dev/null; then
+    [ -f /etc/munge/munge.key ] || { mungekey --create 2>/dev/null || create-munge-key; }
+    mkdir -p /run/munge && chown munge: /run/munge
+    runuser -u munge -- /usr/sbin/munged
+  fi
+  alive slurmctld || SLURM_CONF=$CONF slurmctld
+  alive slurmd || SLURM_CONF=$CONF slurmd
+  for _ in $(seq 30); do
+    if SLURM_CONF=$CONF sinfo -h -o '%T' 2>/dev/null | grep -qx idle; then status; return; fi
+    sleep 1
+  done
+  say "the node did not become idle in 30 s (logs: $W/log)"; exit 1
+}
+
+status() {
+  local d
+  for d in slurmctld slurmd; do if alive "$d"; then say "$d running ($(cat "$W/$d.pid"))"; else say "$d stopped"; fi; done
+  SLURM_CONF=$CONF sinfo
+}
+
+env_() { [ -f "$CONF" ] || { say "not set up: scripts/slurm-local.sh up"; exit 1; }; echo "export SLURM_CONF=$CONF"; }
+
+down() {
+  root down
+  local d
+  for d in slurmd slurmctld; do
+    if alive "$d"; then kill "$(cat "$W/$d.pid")"; fi
+    for _ in $(seq 20); do alive "$d" || break; sleep 0.5; done
+    rm -f "$W/$d.pid"
+  done
+  rm -rf "$W/state" "$W/spool"
+  say "stopped (munged, shared with other users of munge, is left running)"
+}
+
+[ $# -gt 0 ] || { usage; exit 2; }
+for s in "$@"; do  # every argument first: a typo runs nothing
+  case $s in
+    -h|--help) usage; exit 0;;
+    deps|up|env|status|down) ;;
+    *) say "unknown step: $s (deps up env status down; --help)"; exit 2;;
+  esac
+done
+for s in "$@"; do
+  case $s in
+    deps) deps;; up) up;; env) env_;; status) status;; down) down;;
+  esac
+done
