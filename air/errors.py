@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -55,12 +55,15 @@ class ImageError(InfraError):
         return cls(f"image {image} is not built; run `air images build {recipe}`")
 
 
+recipes_dir: Callable[[], Path] | None = None
+"""Where air's image recipes are (air.paths.images_dir: AIR_IMAGES_DIR's folder, else the checkout's or the wheel's),
+set by air.paths when it is imported: this module is below it (air.paths imports it)."""
+
+
 def _has_recipe(name: str) -> bool:
-    """Whether air's image recipes hold `name`: air.paths.images_dir()'s folder, looked up here without importing
-    air.paths (which imports this module): $AIR_IMAGES_DIR, else the checkout's images/ or the wheel's copy."""
+    """Whether air's image recipes hold `name` (before air.paths is imported: the checkout's or the wheel's)."""
     package = Path(__file__).resolve().parent
-    chosen = os.environ.get("AIR_IMAGES_DIR")
-    roots = [Path(chosen)] if chosen else [package.parent / "images", package / "_bundled" / "images"]
+    roots = [recipes_dir()] if recipes_dir else [package.parent / "images", package / "_bundled" / "images"]
     return any((root / name / "recipe.toml").is_file() for root in roots)
 
 

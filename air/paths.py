@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from air import variables
+from air import errors, variables
 from air.errors import UsageError
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -19,6 +19,9 @@ def _bundled(name: str) -> Path:
 
 def images_dir() -> Path:
     return _chosen("AIR_IMAGES_DIR") or _bundled("images")
+
+
+errors.recipes_dir = images_dir  # ImageError's hint looks its recipes up here (air.errors is below this module)
 
 
 def tasks_dir() -> Path:
