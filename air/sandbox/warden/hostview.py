@@ -31,10 +31,12 @@ from typing import Dict, List, Optional, Tuple, Union
 
 PROC_FILES = ("stat", "meminfo", "vmstat", "loadavg", "buddyinfo", "zoneinfo", "diskstats", "interrupts", "softirqs",
               "schedstat", "swaps", "sys/kernel/pty/nr")
-UNREAD = ("/proc/pagetypeinfo",)
-"""Counter files shown empty, never read: reading /proc/pagetypeinfo walks every page block of the host's memory
-with the zone's lock held (65 ms of every warden's start on a 24 GB host, and more with more memory, while the host's
-allocations wait: experiments.md, session 60). It is root's alone, and no program of a task reads it."""
+UNREAD = ("/proc/pagetypeinfo", "/proc/locks")
+"""Files shown empty, never read. Reading /proc/pagetypeinfo walks every page block of the host's memory with the
+zone's lock held (65 ms of every warden's start on a 24 GB host, and more with more memory, while the host's
+allocations wait: experiments.md, session 60); it is root's alone, and no program of a task reads it. /proc/locks
+lists only the locks of processes a cell can see, but numbers its lines over every lock of the host: a cell's own lock
+on line 8 says 7 others are held, which another sandbox moves by taking locks (issue #75); only `lslocks` reads it."""
 TREES = ("/proc/sys/fs", "/proc/pressure", "/sys/devices/system/node", "/sys/devices/virtual/bdi",
          "/sys/kernel/mm/ksm", "/sys/kernel/mm/transparent_hugepage", "/sys/kernel/mm/hugepages")
 """Directories shown as copies (settings as they are, counters zeroed: COUNTER). The whole transparent-huge-page
