@@ -306,11 +306,12 @@ def test_what_a_killed_run_left_is_removed_by_air_containers_clean(spec, docker_
         holder.kill()
         holder.wait()
     label = {"label": f"air.run={run_id}"}
-    assert docker_client.containers.list(all=True, filters={"label": ["air.role=service", f"air.run={run_id}"]})
+    services = {"label": ["air.role=service", f"air.run={run_id}"]}
+    assert docker_client.containers.list(all=True, ignore_removed=True, filters=services)
     assert docker_client.networks.list(filters=label)
     proc = air("containers", "clean", "--run", run_id, cache=tmp_path / "cache")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert not docker_client.containers.list(all=True, filters=label)
+    assert not docker_client.containers.list(all=True, ignore_removed=True, filters=label)
     assert not docker_client.networks.list(filters=label)
 
 
