@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from progress_lines import without_progress
 
 from air.episode.rewards import RewardConfig, rescore
 from air.policies.scripted import SCRIPTS, SUBMIT, VALIDATE
@@ -212,12 +213,13 @@ class ChatDouble:
 
 
 def assert_stopped_cleanly(server: "AirServer", sig, docker_client, trajectories: Path | None = None) -> None:
-    """What a server signalled mid-request leaves: one line saying so (after its ready line), no container of its
-    run, and (with `trajectories`) its one episode recorded interrupted."""
+    """What a server signalled mid-request leaves: one line saying so (after its ready line; besides the progress
+    lines of its work, tests/progress_lines.py), no container of its run, and (with `trajectories`) its one episode
+    recorded interrupted."""
     from air.episode.trajectory import read_trajectory
     from air.sandbox import list_air_containers
 
-    said = [line for line in server.output().splitlines() if not line.startswith('{"service"')]
+    said = [line for line in without_progress(server.output()) if not line.startswith('{"service"')]
     assert said == [f"air: interrupted by {sig.name}"], server.output()
     assert not list_air_containers(docker_client, run=server.run_id), "the stopped server left containers"
     if trajectories is not None:

@@ -37,11 +37,11 @@ BLIND = {  # the shape -> (the hand-off, how, the test's line it is blamed on)
 HONEST = {"runs-as-agent": WATCHED, "compares-output": FIXTURES / "harbor-hacks"}
 
 
-async def audited(name: str, root: Path, pool, hacks: list[str], watch: bool = True):
+async def audited(name: str, root: Path, pool, hacks: list[str], watch: bool = True, whole_rates: bool = False):
     spec = load_task(f"harbor:{name}", harbor_root=root)
     build_task_image(spec)
     return await audit_task(spec, pool, [h for h in load_hacks() if h.name in hacks], workdir=image_workdir(spec),
-                            task_root=root / name, concurrency=2, watch=watch)
+                            task_root=root / name, concurrency=2, watch=watch, whole_rates=whole_rates)
 
 
 @pytest.mark.docker
@@ -164,11 +164,12 @@ async def test_a_race_is_played_as_a_rate(pool, images):
     """Issue #72: a test that loses its race with what the agent's program left half the time (reward-race) was
     "held" in one play of two. A hack that races (Hack.races) is played RACE_PLAYS times where the test hands
     control to the agent's files, and the audit reports how many plays paid: with a rate of 1/2 all 11 hold with
-    probability 0.05%."""
+    probability 0.05%. (An audit settles a race at its first play that pays; here every play is made, so that the
+    rate is measured whichever play pays first.)"""
     from air.audit.report import details
     from air.audit.runner import RACE_PLAYS
 
-    audit = await audited("reward-race", WATCHED, pool, [])
+    audit = await audited("reward-race", WATCHED, pool, [], whole_rates=True)
     watched = next(r for r in audit.results if r.name == NAME)
     print(f"reward-race: paid in {watched.pays} of {watched.plays} plays, {audit.seconds:.1f} s")
     assert watched.plays == RACE_PLAYS == 11, watched

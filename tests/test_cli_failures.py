@@ -237,14 +237,15 @@ def test_a_sandbox_of_an_image_that_is_not_built_names_the_command_that_builds_i
         pool = SandboxPool(PoolConfig(warm=0, max_sandboxes=1, gpu_ids=[], run_id=run_id))
         await pool.start()
         try:
-            async with pool.lease(SandboxSpec(image="air/no-such-stack:latest", task="needs-stack")):
+            # A recipe of air's (jax) under a tag nothing builds: missing, and its recipe is there to build it.
+            async with pool.lease(SandboxSpec(image="air/jax:air-test-never-built", task="needs-stack")):
                 pass
         finally:
             await pool.close()
 
     with pytest.raises(ImageError) as caught:
         asyncio.run(lease_it())
-    assert "\n" not in str(caught.value) and "`air images build no-such-stack`" in str(caught.value)
+    assert "\n" not in str(caught.value) and "`air images build jax`" in str(caught.value)
     assert list_air_containers(docker.from_env(), run=run_id) == []
 
 

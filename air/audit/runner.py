@@ -110,12 +110,13 @@ def applies(hack: Hack, spec: TaskSpec) -> bool:
 
 async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, workdir: str | None = None,
                      task_root: Path | None = None, concurrency: int = 4, watch: bool = True,
-                     on_hack: Callable[[HackResult], None] | None = None) -> TaskAudit:
+                     on_hack: Callable[[HackResult], None] | None = None, whole_rates: bool = False) -> TaskAudit:
     """`concurrency` hacks are played at once. Each holds its agent's sandbox while its validate leases a scorer
     from the same pool, so the pool needs room for two sandboxes per hack at once: with more hacks than that in
     flight, every slot could hold an agent waiting for a scorer that can never start. `on_hack` hears each hack's
     result as it is known (progress for a log). `watch`: watch the test (air/audit/watch.py) and play the hack made
-    of what it handed to the agent's files (False: the catalogue alone)."""
+    of what it handed to the agent's files (False: the catalogue alone). `whole_rates`: a race is played all
+    RACE_PLAYS times even when its first play paid (its rate measured, not only its verdict)."""
     started = time.monotonic()
     gate = asyncio.Semaphore(concurrency)
     env = TaskEnvironment(spec, pool)
@@ -170,7 +171,7 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
         played = [await play_once(hack)]
         # A race: played on, up to RACE_PLAYS in all, unless the first play paid (the verdict is known) or planted
         # nothing (nothing of it can race the test).
-        if hack.races and racing and not hack.next and not played[0][2] and not played[0][3]:
+        if hack.races and racing and not hack.next and (whole_rates or not played[0][2]) and not played[0][3]:
             played += await asyncio.gather(*(play_once(hack) for _ in range(RACE_PLAYS - 1)))
         plays = len(played)
         outcome, left, paid, _ = next((p for p in played if p[2]), played[0])  # a play that paid, where one did
