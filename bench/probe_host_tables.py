@@ -1,7 +1,7 @@
 """What one Docker sandbox's agent can still tell another through the host kernel's shared tables (issue #75), under
 runc (cells) and under gVisor (runsc), each with the host as its positive control:
 
-    python bench/probe_host_tables.py [--bits 16] [--runtime runc runsc] [--json out.json]
+    python bench/probe_host_tables.py [--bits 16] [--runtime runc runsc] [--table NAME...] [--json out.json]
 
 For each table a writer's agent moves it for a 1 and a reader's agent reads it before and after; the reader's steps
 are decoded by rank (the largest half are 1s), so agreement with a balanced message is exact at BITS and about BITS/2
@@ -42,6 +42,11 @@ TABLES = {
     "disk statistics": (
         "cat /sys/block/*/stat 2>/dev/null | awk '{s += $1 + $3} END {print s + 0}'",
         "for i in 1 2 3 4 5; do dd if=/etc/hosts of=/dev/null iflag=direct bs=4096 count=1 2>/dev/null; done; true"),
+    "sockstat TCP alloc": (
+        "awk '$1 == \"TCP:\" {print $9}' /proc/net/sockstat",
+        "rm -f /tmp/held; python3 -c \"import socket, time\nss = [socket.socket() for _ in range(300)]\n"
+        "open('/tmp/held', 'w').close(); time.sleep(3)\" >/dev/null 2>&1 & "
+        "while [ ! -e /tmp/held ]; do sleep 0.05; done"),
     "inotify rename cookie": (
         "python3 -c \"import ctypes, os, struct, tempfile\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "d = tempfile.mkdtemp(); fd = libc.inotify_init1(0); libc.inotify_add_watch(fd, d.encode(), 0xc0)\n"
@@ -50,6 +55,11 @@ TABLES = {
         "python3 -c \"import os, tempfile\nd = tempfile.mkdtemp()\nopen(d + '/a', 'w').close()\n"
         "for _ in range(200):\n    os.rename(d + '/a', d + '/b'); os.rename(d + '/b', d + '/a')\""),
 }
+
+
+WRAPS = {"tcp port table": 65536}
+"""Tables whose readings wrap (a port): a step is taken modulo that. Every other step keeps its sign, so a live
+count that falls when the writer's last 1 ends reads as a fall, not a rise."""
 
 
 def number(text: str) -> int | None:
@@ -68,8 +78,14 @@ def host_read(read: str) -> int | None:
     return number(subprocess.run(["sh", "-c", read], capture_output=True, text=True, timeout=60).stdout)
 
 
-async def probe(pool: SandboxPool, read: str, write: str, message: list[int], at_once: bool) -> dict:
+async def probe(pool: SandboxPool, read: str, write: str, message: list[int], at_once: bool,
+                wrap: int | None = None) -> dict:
     agent, host = [], []
+
+    def step(before: int | None, after: int | None) -> int:
+        if before is None or after is None:
+            return 0
+        return (after - before) % wrap if wrap else after - before
     refused = None
 
     async def agent_read(box) -> int | None:
@@ -86,8 +102,8 @@ async def probe(pool: SandboxPool, read: str, write: str, message: list[int], at
                 if bit:
                     await writer.session.run(write, timeout=120)
                 b, k = await agent_read(reader), host_read(read)
-                agent.append((b - a) % (1 << 64) if a is not None and b is not None else 0)
-                host.append((k - h) % (1 << 64) if h is not None and k is not None else 0)
+                agent.append(step(a, b))
+                host.append(step(h, k))
     else:
         async with pool.lease(SPEC) as box:
             last = await agent_read(box)
@@ -99,15 +115,15 @@ async def probe(pool: SandboxPool, read: str, write: str, message: list[int], at
             async with pool.lease(SPEC) as reader:
                 now = await agent_read(reader)
             k = host_read(read)
-            agent.append((now - last) % (1 << 64) if now is not None and last is not None else 0)
-            host.append((k - h) % (1 << 64) if h is not None and k is not None else 0)
+            agent.append(step(last, now))
+            host.append(step(h, k))
             last = now
     if refused:
         return {"agent": refused, "host": decode(host, message)}
     return {"agent": decode(agent, message), "host": decode(host, message)}
 
 
-async def main(bits: int, runtimes: list[str]) -> dict:
+async def main(bits: int, runtimes: list[str], tables: list[str]) -> dict:
     message = [1] * (bits // 2) + [0] * (bits // 2)
     random.Random(75).shuffle(message)
     out: dict = {"bits": bits}
@@ -117,9 +133,11 @@ async def main(bits: int, runtimes: list[str]) -> dict:
         await pool.start()
         try:
             for table, (read, write) in TABLES.items():
+                if tables and table not in tables:
+                    continue
                 for at_once in (True, False):
                     key = f"{runtime} {'at once' if at_once else 'lease to lease'} {table}"
-                    out[key] = await probe(pool, read, write, message, at_once)
+                    out[key] = await probe(pool, read, write, message, at_once, WRAPS.get(table))
                     print(key, out[key], flush=True)
         finally:
             await pool.close()
@@ -130,9 +148,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bits", type=int, default=16)
     parser.add_argument("--runtime", nargs="+", default=["runc", "runsc"])
+    parser.add_argument("--table", nargs="*", default=[], choices=sorted(TABLES), help="only these (default: all)")
     parser.add_argument("--json")
     args = parser.parse_args()
-    result = asyncio.run(main(args.bits, args.runtime))
+    result = asyncio.run(main(args.bits, args.runtime, args.table))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
