@@ -1064,9 +1064,14 @@ def wait_for_host(directory: str, host_lock_seen: bool = True) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     mask = os.umask(0o177)
     try:
-        if os.path.lexists(path):
-            os.unlink(path)
-        listener.bind(path)
+        for stale in (path, path + ".new"):
+            if os.path.lexists(stale):
+                os.unlink(stale)
+        # Bound under another name and listening before it takes its name: whoever sees the socket can connect (a
+        # connect between a bind and a listen is refused).
+        listener.bind(path + ".new")
+        listener.listen(4)
+        os.rename(path + ".new", path)
     finally:
         os.umask(mask)
     host_lock = os.path.join(directory, p.HOST_LOCK)
