@@ -543,15 +543,7 @@ class SandboxPool:
                         break
                     self.stats.created += 1
                     self._live.add(sandbox)
-                    sandbox.attach(Session(sandbox))
-                    # The warden starts (its first cell says whether cells work here), then the first lease starts
-                    # where every later one does: in a cell built by a reset, no shell until the first command.
-                    try:
-                        await sandbox.session.reset()
-                    except InfraError as exc:
-                        if not sandbox.session.cells:
-                            raise
-                        raise CellFailed(f"sandbox {sandbox.short_id} could not build a cell: {exc}") from exc
+                    await self._first_reset(sandbox, f"sandbox {sandbox.short_id}")
                     self._learn_cells(host, sandbox)
                     return sandbox
                 except CellFailed as exc:
@@ -634,6 +626,19 @@ class SandboxPool:
 
     host_word = "Docker host"
     """What this backend's place for sandboxes is called in what the pool says (a Kubernetes pool's is a cluster)."""
+
+    @staticmethod
+    async def _first_reset(sandbox: Sandbox, what: str) -> None:
+        """A new sandbox's session: the warden starts (its first cell says whether cells work here), then the first
+        lease starts where every later one does: in a cell built by a reset, no shell until the first command. A
+        warden that builds cells and failed to is CellFailed, naming the sandbox as `what`."""
+        sandbox.attach(Session(sandbox))
+        try:
+            await sandbox.session.reset()
+        except InfraError as exc:
+            if not sandbox.session.cells:
+                raise
+            raise CellFailed(f"{what} could not build a cell: {exc}") from exc
 
     def _wants_cells(self, host: _Host) -> bool:
         return self.config.isolation == "cells" or (self.config.isolation == "auto" and host.cells is not False)

@@ -39,7 +39,6 @@ from air.sandbox.enroot.launcher import USERNS, Enroot, Launcher, Userns
 from air.sandbox.enroot.sandbox import EnrootSandbox, run_launcher
 from air.sandbox.layout import AGENT_HOME, BASE_PATH, WARDEN_DIR
 from air.sandbox.pool import CellFailed, SandboxPool
-from air.sandbox.session import Session
 from air.sandbox.spec import PoolConfig, SandboxSpec
 from air.sandbox.warden.locks import lock_held
 from air.sandbox.warden.protocol import HOST_LOCK
@@ -143,13 +142,7 @@ class EnrootPool(SandboxPool):
                 sandbox = await self._new(spec)
                 self.stats.created += 1
                 self._live.add(sandbox)
-                sandbox.attach(Session(sandbox))
-                try:
-                    await sandbox.session.reset()
-                except InfraError as exc:
-                    if not sandbox.session.cells:
-                        raise
-                    raise CellFailed(f"enroot sandbox {sandbox.name} could not build a cell: {exc}") from exc
+                await self._first_reset(sandbox, f"enroot sandbox {sandbox.name}")
                 if not sandbox.session.cells:  # a user namespace gives root every capability cells need
                     why = sandbox.session.ready.why_not if sandbox.session.ready else "unknown"
                     raise CellFailed(f"enroot sandbox {sandbox.name} builds no cells: {why}")
