@@ -92,20 +92,10 @@ if [ -e /dev/nvidiactl ] && ! command -v nvidia-container-runtime-hook >/dev/nul
 fi
 
 # live-restore: containers outlive a restart of the daemon (merged into an existing daemon.json, never replacing it).
-AIR_CDI=$cdi python3 - <<'AIR_EOF' || say "could not set live-restore in /etc/docker/daemon.json; sandboxes end when dockerd restarts"
-import json, os
-path = "/etc/docker/daemon.json"
-config = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
-cdi = os.environ.get("AIR_CDI") == "true" and config.get("features", {}).get("cdi") is not True
-if config.get("live-restore") is not True or cdi:
-    config["live-restore"] = True
-    if cdi:
-        config.setdefault("features", {})["cdi"] = True
-    os.makedirs("/etc/docker", exist_ok=True)
-    with open(path + ".new", "w") as f:
-        json.dump(config, f, indent=2)
-    os.replace(path + ".new", path)
-AIR_EOF
+settings='{"live-restore": true}'
+$cdi && settings='{"live-restore": true, "features": {"cdi": true}}'
+python3 "$(dirname "$0")/daemon_json.py" "$settings" >/dev/null \
+  || say "could not set live-restore in /etc/docker/daemon.json; sandboxes end when dockerd restarts"
 
 if ! pgrep -x dockerd >/dev/null 2>&1; then
   say "starting dockerd (log: $DOCKERD_LOG)"

@@ -56,18 +56,9 @@ if ! command -v runsc >/dev/null 2>&1; then
   fi
 fi
 
-RUNSC=$(command -v runsc) python3 - <<'AIR_EOF'
-import json, os
-path = "/etc/docker/daemon.json"
-config = json.load(open(path)) if os.path.exists(path) and os.path.getsize(path) else {}
-want = {"path": os.environ["RUNSC"], "runtimeArgs": ["--network=none", "--host-uds=create"]}
-if config.get("runtimes", {}).get("runsc") != want:
-    config.setdefault("runtimes", {})["runsc"] = want
-    os.makedirs("/etc/docker", exist_ok=True)
-    with open(path + ".new", "w") as f:
-        json.dump(config, f, indent=2)
-    os.replace(path + ".new", path)
-AIR_EOF
+runsc_path=$(command -v runsc)
+python3 "$(dirname "$0")/daemon_json.py" >/dev/null \
+  "{\"runtimes\": {\"runsc\": {\"path\": \"$runsc_path\", \"runtimeArgs\": [\"--network=none\", \"--host-uds=create\"]}}}" || exit 1
 
 if ! has_runtime; then
   pid=$(pgrep -xo dockerd || true)

@@ -220,3 +220,36 @@ echo AFTER; iptables-save; ip6tables-save
     assert "KUBE-FIREWALL" not in after and "KUBE-KUBELET-CANARY" not in after and "KUBE-IPTABLES-HINT" not in after
     assert ":KUBE-ELSEWHERE" in after and "-A FORWARD -j KUBE-ELSEWHERE" in after
     assert "removed the kubelet's iptables chains" in result.stderr
+
+
+# ----- daemon_json.py: the one merge into Docker's daemon.json that ensure-docker.sh and gvisor-docker.sh share ------
+def _daemon_json(tmp_path, settings: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "scripts/daemon_json.py"), settings,
+                           "--file", str(tmp_path / "daemon.json")], capture_output=True, text=True, timeout=60)
+
+
+def test_daemon_json_merges_into_what_is_there_and_writes_only_a_change(tmp_path):
+    import json
+
+    path = tmp_path / "daemon.json"
+    path.write_text(json.dumps({"log-driver": "local", "features": {"buildkit": True},
+                                "runtimes": {"kata": {"path": "/usr/bin/kata"}}}))
+    runsc = '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}}'
+    assert _daemon_json(tmp_path, runsc).stdout == "changed\n"
+    assert _daemon_json(tmp_path, '{"live-restore": true, "features": {"cdi": true}}').stdout == "changed\n"
+    assert json.loads(path.read_text()) == {
+        "log-driver": "local", "live-restore": True, "features": {"buildkit": True, "cdi": True},
+        "runtimes": {"kata": {"path": "/usr/bin/kata"},
+                     "runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}}
+    before = path.stat().st_mtime_ns, path.stat().st_ino
+    assert _daemon_json(tmp_path, runsc).stdout == "unchanged\n"
+    assert (path.stat().st_mtime_ns, path.stat().st_ino) == before
+
+
+def test_daemon_json_refuses_a_file_that_is_not_json_in_one_line_and_leaves_it(tmp_path):
+    path = tmp_path / "daemon.json"
+    path.write_text("{not json")
+    result = _daemon_json(tmp_path, '{"live-restore": true}')
+    assert result.returncode == 1 and len(result.stderr.splitlines()) == 1 and result.stdout == ""
+    assert path.read_text() == "{not json"
+    assert _daemon_json(tmp_path, "[1]").returncode == 1  # settings that are no object: refused too
