@@ -17,7 +17,8 @@ time. `--programs same` sends one program, as verl does for a program's test cas
   binary, in a temporary directory): no container, no isolation, no HTTP, the floor SandboxFusion's default
   `isolation: none` sits on;
 - sandbox-fusion (with --sandbox-fusion-url): SandboxFusion's own server, started by you (its CPU is found by
-  the port it listens on).
+  the port it listens on): `scripts/sandbox-fusion-upstream.sh prepare` then `serve 8080` sets up and runs
+  upstream 469de08 from a copy of its source tree, as every figure in experiments.md was measured.
 
 Each concurrency level runs every side twice in alternation (halves of --requests each), so a shared machine's
 changing load falls on all of them alike. CPU per request is the CPU time of the side's own processes over its
