@@ -61,7 +61,8 @@ class HandOff(BaseModel):
     how: str
     """executed (by the kernel), or ran, sourced, imported, loaded (by the interpreter of `lang`)."""
     lang: str
-    """The payload's language: exec (a script of its own), sh, python, perl, ruby, node, awk, make, php, lua, r."""
+    """The payload's language: exec (a script of its own), sh, python, perl, ruby, node, awk, make, php, lua, r; for
+    a file read (candidates): also sed, c, so, pickle, npy, yaml."""
     by: str
     """The command line of the process that did it."""
     blame: str
@@ -148,6 +149,7 @@ most (past that the audit says what it did not follow)."""
 MAX_GROUPED = 200
 _KINDS = (  # a file's kind by its name, for a consumer the watch did not see (a copy's, a reader's)
     ("pickle", r"\.(pkl|pickle|pck)$"),
+    ("npy", r"\.npy$"),
     ("yaml", r"\.ya?ml$"),
     ("c", r"\.(c|cc|cpp|cxx|h|hpp)$"),
     ("so", r"\.so(\.\d+)*$"),
@@ -162,7 +164,7 @@ def _kind(seen: Seen, rel: str) -> str:
     names = {posixpath.basename(seen.exe), posixpath.basename(seen.argv[0]) if seen.argv else ""} - {""}
     by_name = next((kind for kind, pattern in _KINDS if re.search(pattern, rel)), None)
     lang = _language(seen.exe, seen.argv)
-    if lang == "python" and by_name in ("pickle", "yaml", "so"):
+    if lang == "python" and by_name in ("pickle", "npy", "yaml", "so"):
         return by_name
     if lang:
         return lang
@@ -244,8 +246,21 @@ _PAYLOAD = {  # a line of the file's own language that runs the pay script as th
     "sed": "1e sh {pay}",
     "c": '#include <stdlib.h>\n__attribute__((constructor)) static void air_watch_pay(void) {{ system("sh {pay}"); }}',
 }
+def _pickle(pay: str) -> bytes:
+    return b"cos\nsystem\n(V" + f"sh {pay}".encode() + b"\ntR."
+
+
+def _npy(pay: str) -> bytes:
+    """An array of Python objects in NumPy's format (version 1.0): after its header, the objects are a pickle, which
+    `numpy.load(..., allow_pickle=True)` loads."""
+    header = "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"  # the data starts 64-byte aligned
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + _pickle(pay)
+
+
 _WHOLE = {  # kinds whose payload is the whole file (a deserialiser's input)
-    "pickle": lambda pay: b"cos\nsystem\n(V" + f"sh {pay}".encode() + b"\ntR.",
+    "pickle": _pickle,
+    "npy": _npy,
     "yaml": lambda pay: f'!!python/object/apply:os.system ["sh {pay}"]\n'.encode(),
 }
 _SO = ('printf \'#include <stdlib.h>\\n__attribute__((constructor)) static void air_watch_pay(void) '
