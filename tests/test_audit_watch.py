@@ -195,6 +195,8 @@ CONSUMERS = {  # a file root read -> (who read it, its content as the oracle lef
                "cc main.c -o main.out && ./main.out"),
     "libx.so": (["python3", "/tests/check.py"], "", "python3 -c 'import ctypes; ctypes.CDLL(\"./libx.so\")'"),
     "copied.sh": (["cp", "-r", "/app/.", "/tmp/run"], "echo 42\n", "d=$(mktemp -d) && cp -r . $d && bash $d/copied.sh"),
+    # a copy fed to a consumer its name does not tell (text, read by cp: what a shell or Python runs)
+    "answer.txt": (["cp", "/app/answer.txt", "/tmp/run.py"], "print(42)\n", "cp answer.txt run.py && python3 run.py"),
 }
 
 
@@ -205,10 +207,10 @@ def test_every_file_root_read_gets_the_payload_its_consumer_runs(tmp_path):
     machine's tools), runs the pay script. Control: the oracle's own file, consumed the same way, pays nothing."""
     records = [rec(name, argv) for name, (argv, _, _) in CONSUMERS.items()]
     read = candidates(records, None, [])
-    assert {c.file: c.lang for c in read} == {"steps.txt": "sh", "config": "sh", "fix.sed": "sed",
+    assert {c.file: c.lang for c in read} == {"steps.txt": "text", "config": "sh", "fix.sed": "sed",
                                               "model.pkl": "pickle", "answer.npy": "npy", "conf.yaml": "yaml",
                                               "settings.py": "python", "main.c": "c", "libx.so": "so",
-                                              "copied.sh": "sh"}
+                                              "copied.sh": "sh", "answer.txt": "text"}
     hacks, past = candidate_hacks(read, [])
     assert past == 0 and [h.name for h in hacks] == [f"{NAME}-read-{n}" for n in range(1, 5)] + [f"{NAME}-read-rest"]
     def missing(module: str) -> bool:
@@ -238,6 +240,8 @@ READ = {  # issue #72's shapes -> (the file, the hack that proves it, the test's
     "pickle-model": ("model.pkl", f"{NAME}-read-1", "tests/test.sh:3: python3 /tests/check.py"),
     # the copy's own name is a temporary one no line holds: the line that names the file is the one that runs it
     "copies-workspace": ("run.sh", f"{NAME}-read-1", 'tests/test.sh:4: out=$(cd "$run" && bash run.sh'),
+    # a copy under another name, run by a consumer its name does not tell (text to a shell, Python to Python)
+    "copy-renamed": ("answer.txt", f"{NAME}-read-1", "tests/test.sh:3: cp /app/answer.txt /tmp/answer.py"),
 }
 
 

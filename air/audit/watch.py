@@ -62,7 +62,7 @@ class HandOff(BaseModel):
     """executed (by the kernel), or ran, sourced, imported, loaded (by the interpreter of `lang`)."""
     lang: str
     """The payload's language: exec (a script of its own), sh, python, perl, ruby, node, awk, make, php, lua, r; for
-    a file read (candidates): also sed, c, so, pickle, npy, yaml."""
+    a file read (candidates): also sed, c, so, pickle, npy, yaml, and text (a line of both shell and Python)."""
     by: str
     """The command line of the process that did it."""
     blame: str
@@ -160,7 +160,8 @@ _TOOLS = (("sed", r"g?sed"), ("c", r"cc1(plus)?|g?cc(-\d+)?|g\+\+(-\d+)?|c\+\+|c
 def _kind(seen: Seen, rel: str) -> str:
     """What a consumer of the file would run, by who opened it: an interpreter runs its language (a pickle or YAML
     file opened by Python is its deserialiser's), sed a sed script, a compiler C; a file any other program read (a
-    copy, `cat ... | bash`) is judged by its name, else taken for shell text."""
+    copy, `cat ... | bash`) is judged by its name, else taken for text that a shell or Python may run (a copy can be
+    renamed: `cp /app/answer.txt /tmp/run.py`)."""
     names = {posixpath.basename(seen.exe), posixpath.basename(seen.argv[0]) if seen.argv else ""} - {""}
     by_name = next((kind for kind, pattern in _KINDS if re.search(pattern, rel)), None)
     lang = _language(seen.exe, seen.argv)
@@ -173,7 +174,7 @@ def _kind(seen: Seen, rel: str) -> str:
             return kind
     if by_name:
         return by_name
-    return next((lang for lang, _, ext in _INTERPRETERS if re.search(ext, rel)), "sh")
+    return next((lang for lang, _, ext in _INTERPRETERS if re.search(ext, rel)), "text")
 
 
 def candidates(records: list[Seen], task_root: Path | None, found: list[HandOff]) -> list[HandOff]:
@@ -234,6 +235,9 @@ def _blame(seen: Seen, rel: str, tests: list[tuple[str, int, str]], how: str) ->
 
 _PAYLOAD = {  # a line of the file's own language that runs the pay script as the test's root
     "sh": 'sh "{pay}" 2>/dev/null',
+    # a line both a shell and Python run: for sh `""""` is `:` and `#` starts a comment; for Python a string, then
+    # the call (no `from __future__` line follows text a shell was meant to run)
+    "text": '"""":; sh "{pay}" 2>/dev/null #"""; __import__("os").system(\'sh "{pay}"\')',
     "python": "import os as _air_os; _air_os.system('sh \"{pay}\"')",
     "perl": "system('sh', '{pay}');",
     "ruby": "system('sh', '{pay}')",
