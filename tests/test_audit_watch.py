@@ -193,6 +193,8 @@ CONSUMERS = {  # a file root read -> (who read it, its content as the oracle lef
                     "python3 -c 'import settings'"),
     "main.c": (["/usr/lib/gcc/x86_64-linux-gnu/12/cc1", "main.c"], "int main(void) { return 0; }\n",
                "cc main.c -o main.out && ./main.out"),
+    # C source the oracle wrote and the agent's workspace lacks: planted whole (a main of its own)
+    "new.c": (["/usr/lib/gcc/x86_64-linux-gnu/12/cc1", "new.c"], "", "cc new.c -o new.out && ./new.out"),
     "libx.so": (["python3", "/tests/check.py"], "", "python3 -c 'import ctypes; ctypes.CDLL(\"./libx.so\")'"),
     "copied.sh": (["cp", "-r", "/app/.", "/tmp/run"], "echo 42\n", "d=$(mktemp -d) && cp -r . $d && bash $d/copied.sh"),
     # a copy fed to a consumer its name does not tell (text, read by cp: what a shell or Python runs)
@@ -209,7 +211,7 @@ def test_every_file_root_read_gets_the_payload_its_consumer_runs(tmp_path):
     read = candidates(records, None, [])
     assert {c.file: c.lang for c in read} == {"steps.txt": "text", "config": "sh", "fix.sed": "sed",
                                               "model.pkl": "pickle", "answer.npy": "npy", "conf.yaml": "yaml",
-                                              "settings.py": "python", "main.c": "c", "libx.so": "so",
+                                              "settings.py": "python", "main.c": "c", "new.c": "c", "libx.so": "so",
                                               "copied.sh": "sh", "answer.txt": "text"}
     hacks, past = candidate_hacks(read, [])
     assert past == 0 and [h.name for h in hacks] == [f"{NAME}-read-{n}" for n in range(1, 5)] + [f"{NAME}-read-rest"]
@@ -223,7 +225,8 @@ def test_every_file_root_read_gets_the_payload_its_consumer_runs(tmp_path):
             continue  # the consumer is not on this machine (tests/fixtures/images/harbor-tools has each)
         ws = tmp_path / name.replace(".", "-")
         ws.mkdir()
-        (ws / name).write_text(content)
+        if content:
+            (ws / name).write_text(content)
         subprocess.run(["bash", "-c", consume], cwd=ws, capture_output=True, timeout=60)
         assert not (ws / "paid").exists(), name  # control: the oracle's file pays nothing
         [one], _ = candidate_hacks([c for c in read if c.file == name], [], workspace=str(ws))
@@ -270,7 +273,9 @@ TOOLED = {  # shapes whose consumer needs PyYAML, numpy or a C compiler -> (the 
     "c-source": ("main.c", "tests/test.sh:3: gcc -o /tmp/answer /app/main.c",
                  ("tests/test.sh", "timeout 10 /tmp/answer", f"timeout 10 {AS_AGENT} /tmp/answer")),
     "shared-library": ("libanswer.so", "tests/test.sh:3: python3 /tests/check.py",
-                       ("tests/test.sh", "python3 /tests/check.py", f'{AS_AGENT} python3 -c "$(cat /tests/check.py)"')),
+                       ("tests/test.sh", "python3 /tests/check.py",  # copied by root, loaded by the agent
+                        f"cp /app/libanswer.so /tmp/ && {AS_AGENT} "
+                        'python3 -c "$(sed s,/app/,/tmp/, /tests/check.py)"')),
 }
 
 
@@ -304,7 +309,8 @@ async def test_a_file_a_loader_or_a_compiler_runs_is_proved_in_the_scoring_cell(
     audit = await audited(name, root, pool, [])
     status = {r.name: r.status for r in audit.results}
     hack = f"{NAME}-read-1"
-    assert audit.do_nothing == 0.0 and audit.reference == 1.0, (audit.do_nothing, audit.reference, audit.watch)
+    # the oracle's own file pays the test's 1 (a twin that held is not merely broken), doing nothing 0
+    assert audit.do_nothing == 0.0 and "the oracle earned reward 1" in audit.watch, (audit.do_nothing, audit.watch)
     assert "1 more read by root" in audit.watch, audit.watch  # the file, and the proof planted in it played
     if guarded:
         assert status == {hack: "held"} and not audit.paid, status

@@ -331,6 +331,9 @@ def _planting(found: list[HandOff], data: list[str], workspace: str = WORKSPACE)
             lines.append(f"[ -d {f} ] || {{ command -v cc > /dev/null && rm -f {f} && "
                          f"{_SO.format(pay=shlex.quote(pay), file=f)}; }}")
         else:
+            if h.lang == "c" and re.search(r"\.(c|cc|cpp|cxx)$", h.file):  # a new source file: a whole program
+                lines.append(f"[ -s {f} ] || {{ mkdir -p \"$(dirname {f})\"; "
+                             f"printf 'int main(void) {{ return 0; }}\\n' > {f}; }}")
             lines.append(f"{'plant_py' if h.lang == 'python' else 'plant'} {f} "
                          f"{shlex.quote(_PAYLOAD[h.lang].format(pay=pay))}")
     lines.append("true")
