@@ -158,8 +158,8 @@ _TOOLS = (("sed", r"g?sed"), ("c", r"cc1(plus)?|g?cc(-\d+)?|g\+\+(-\d+)?|c\+\+|c
 
 
 def _kind(seen: Seen, rel: str) -> str:
-    """What a consumer of the file would run, by who opened it: an interpreter runs its language (a pickle or YAML
-    file opened by Python is its deserialiser's), sed a sed script, a compiler C; a file any other program read (a
+    """What a consumer of the file would run, by who opened it: an interpreter runs its language (a pickle, `.npy` or
+    YAML file opened by Python is its deserialiser's), sed a sed script, a compiler C; a file any other program read (a
     copy, `cat ... | bash`) is judged by its name, else taken for text that a shell or Python may run (a copy can be
     renamed: `cp /app/answer.txt /tmp/run.py`)."""
     names = {posixpath.basename(seen.exe), posixpath.basename(seen.argv[0]) if seen.argv else ""} - {""}
@@ -250,6 +250,8 @@ _PAYLOAD = {  # a line of the file's own language that runs the pay script as th
     "sed": "1e sh {pay}",
     "c": '#include <stdlib.h>\n__attribute__((constructor)) static void air_watch_pay(void) {{ system("sh {pay}"); }}',
 }
+
+
 def _pickle(pay: str) -> bytes:
     return b"cos\nsystem\n(V" + f"sh {pay}".encode() + b"\ntR."
 
