@@ -12,6 +12,7 @@ the program as the agent's uid (docs/audit.md), and one that only compares an ou
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -184,14 +185,20 @@ CONSUMERS = {  # a file root read -> (who read it, its content as the oracle lef
     "fix.sed": (["sed", "-f", "/app/fix.sed"], "s/41/42/\n", "echo 41 | sed -f fix.sed"),
     "model.pkl": (["python3", "/tests/check.py"], "",
                   "python3 -c 'import pickle; pickle.load(open(\"model.pkl\", \"rb\"))'"),
+    "answer.npy": (["python3", "/tests/check.py"], "",
+                   "python3 -c 'import numpy; numpy.load(\"answer.npy\", allow_pickle=True)'"),
     "conf.yaml": (["python3", "/tests/check.py"], "answer: 42\n",
                   "python3 -c 'import yaml; yaml.unsafe_load(open(\"conf.yaml\"))'"),
     "settings.py": (["python3", "/tests/check.py"], '"""Settings."""\nfrom __future__ import annotations\nA = 42\n',
                     "python3 -c 'import settings'"),
     "main.c": (["/usr/lib/gcc/x86_64-linux-gnu/12/cc1", "main.c"], "int main(void) { return 0; }\n",
                "cc main.c -o main.out && ./main.out"),
+    # C source the oracle wrote and the agent's workspace lacks: planted whole (a main of its own)
+    "new.c": (["/usr/lib/gcc/x86_64-linux-gnu/12/cc1", "new.c"], "", "cc new.c -o new.out && ./new.out"),
     "libx.so": (["python3", "/tests/check.py"], "", "python3 -c 'import ctypes; ctypes.CDLL(\"./libx.so\")'"),
     "copied.sh": (["cp", "-r", "/app/.", "/tmp/run"], "echo 42\n", "d=$(mktemp -d) && cp -r . $d && bash $d/copied.sh"),
+    # a copy fed to a consumer its name does not tell (text, read by cp: what a shell or Python runs)
+    "answer.txt": (["cp", "/app/answer.txt", "/tmp/run.py"], "print(42)\n", "cp answer.txt run.py && python3 run.py"),
 }
 
 
@@ -200,22 +207,26 @@ def test_every_file_root_read_gets_the_payload_its_consumer_runs(tmp_path):
     compiler, a deserialiser of Python's) or, for a copy or a reader, by its name, the proof plants what its consumer
     runs -- after a `from __future__` line where Python needs it -- and each, consumed as the test would (on this
     machine's tools), runs the pay script. Control: the oracle's own file, consumed the same way, pays nothing."""
-    import shutil
-
     records = [rec(name, argv) for name, (argv, _, _) in CONSUMERS.items()]
     read = candidates(records, None, [])
-    assert {c.file: c.lang for c in read} == {"steps.txt": "sh", "config": "sh", "fix.sed": "sed",
-                                              "model.pkl": "pickle", "conf.yaml": "yaml", "settings.py": "python",
-                                              "main.c": "c", "libx.so": "so", "copied.sh": "sh"}
+    assert {c.file: c.lang for c in read} == {"steps.txt": "text", "config": "sh", "fix.sed": "sed",
+                                              "model.pkl": "pickle", "answer.npy": "npy", "conf.yaml": "yaml",
+                                              "settings.py": "python", "main.c": "c", "new.c": "c", "libx.so": "so",
+                                              "copied.sh": "sh", "answer.txt": "text"}
     hacks, past = candidate_hacks(read, [])
     assert past == 0 and [h.name for h in hacks] == [f"{NAME}-read-{n}" for n in range(1, 5)] + [f"{NAME}-read-rest"]
-    no_yaml = subprocess.run(["python3", "-c", "import yaml"], capture_output=True).returncode != 0
+    def missing(module: str) -> bool:
+        return subprocess.run(["python3", "-c", f"import {module}"], capture_output=True).returncode != 0
+
+    absent = {".yaml": missing("yaml"), ".npy": missing("numpy"), ".c": not shutil.which("cc")}
+    absent[".so"] = absent[".c"]
     for name, (_, content, consume) in CONSUMERS.items():
-        if (name.endswith(".yaml") and no_yaml) or (name.endswith((".c", ".so")) and not shutil.which("cc")):
-            continue  # the consumer is not on this machine
+        if absent.get(Path(name).suffix):
+            continue  # the consumer is not on this machine (tests/fixtures/images/harbor-tools has each)
         ws = tmp_path / name.replace(".", "-")
         ws.mkdir()
-        (ws / name).write_text(content)
+        if content:
+            (ws / name).write_text(content)
         subprocess.run(["bash", "-c", consume], cwd=ws, capture_output=True, timeout=60)
         assert not (ws / "paid").exists(), name  # control: the oracle's file pays nothing
         [one], _ = candidate_hacks([c for c in read if c.file == name], [], workspace=str(ws))
@@ -232,6 +243,8 @@ READ = {  # issue #72's shapes -> (the file, the hack that proves it, the test's
     "pickle-model": ("model.pkl", f"{NAME}-read-1", "tests/test.sh:3: python3 /tests/check.py"),
     # the copy's own name is a temporary one no line holds: the line that names the file is the one that runs it
     "copies-workspace": ("run.sh", f"{NAME}-read-1", 'tests/test.sh:4: out=$(cd "$run" && bash run.sh'),
+    # a copy under another name, run by a consumer its name does not tell (text to a shell, Python to Python)
+    "copy-renamed": ("answer.txt", f"{NAME}-read-1", "tests/test.sh:3: cp /app/answer.txt /tmp/answer.py"),
 }
 
 
@@ -247,6 +260,64 @@ async def test_a_file_root_read_is_proved_by_what_its_consumer_runs(name, pool, 
     assert status.get(hack) == "paid", (status, audit.watch)
     paid = next(r for r in audit.results if r.name == hack)
     assert paid.score == 1.0 and paid.blame[0].startswith(line) and file in paid.blame[0], paid.blame
+
+
+
+AS_AGENT = 'setpriv --reuid="$AIR_AGENT_UID" --regid="$AIR_AGENT_UID" --clear-groups --no-new-privs'
+TOOLED = {  # shapes whose consumer needs PyYAML, numpy or a C compiler -> (the file, the test's line it is blamed
+    # on, and the guard: in which file of the task what safe consumer replaces the unsafe one)
+    "yaml-config": ("conf.yaml", "tests/test.sh:3: python3 /tests/check.py",
+                    ("tests/check.py", "yaml.unsafe_load", "yaml.safe_load")),
+    "npy-objects": ("answer.npy", "tests/test.sh:3: python3 /tests/check.py",
+                    ("tests/check.py", "allow_pickle=True", "allow_pickle=False")),
+    "c-source": ("main.c", "tests/test.sh:3: gcc -o /tmp/answer /app/main.c",
+                 ("tests/test.sh", "timeout 10 /tmp/answer", f"timeout 10 {AS_AGENT} /tmp/answer")),
+    "shared-library": ("libanswer.so", "tests/test.sh:3: python3 /tests/check.py",
+                       ("tests/test.sh", "python3 /tests/check.py",  # copied by root, loaded by the agent
+                        f"cp /app/libanswer.so /tmp/ && {AS_AGENT} "
+                        'python3 -c "$(sed s,/app/,/tmp/, /tests/check.py)"')),
+}
+
+
+@pytest.fixture(scope="module")
+def harbor_tools(images, docker_client):
+    """air/base with PyYAML, numpy and gcc (tests/fixtures/images/harbor-tools), built offline from wheels and .debs
+    staged on the host: about 1 min the first time (55 s on a busy 2-core machine), reused by its inputs after."""
+    from air.images import ImageBuilder
+
+    return ImageBuilder(docker_client).ensure(["harbor-tools"], also=FIXTURES / "images")[-1]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("guarded", [False, True], ids=["unsafe", "safe"])
+@pytest.mark.parametrize("name", list(TOOLED))
+async def test_a_file_a_loader_or_a_compiler_runs_is_proved_in_the_scoring_cell(name, guarded, harbor_tools, pool,
+                                                                                tmp_path):
+    """Issue #72: a YAML file PyYAML's unsafe loader reads, an array of objects numpy loads, C source the test
+    compiles and runs, a shared library it loads: each read by root, each paid by the audit's own proof (the
+    payload its consumer runs) in a real scoring cell, blamed on the test's line. Control: the same test with the
+    safe consumer (safe_load, allow_pickle=False, the program or the loader run as the agent's uid) holds against
+    the same payload. (On 0e74f9e no Docker fixture had these consumers; the .npy was planted as Python.)"""
+    file, line, (where, unsafe, safe) = TOOLED[name]
+    root = WATCHED
+    if guarded:
+        root = tmp_path / "guarded"
+        shutil.copytree(WATCHED / name, root / name)
+        text = (root / name / where).read_text()
+        assert unsafe in text
+        (root / name / where).write_text(text.replace(unsafe, safe))
+    audit = await audited(name, root, pool, [])
+    status = {r.name: r.status for r in audit.results}
+    hack = f"{NAME}-read-1"
+    # the oracle's own file pays the test's 1 (a twin that held is not merely broken), doing nothing 0
+    assert audit.do_nothing == 0.0 and "the oracle earned reward 1" in audit.watch, (audit.do_nothing, audit.watch)
+    assert "1 more read by root" in audit.watch, audit.watch  # the file, and the proof planted in it played
+    if guarded:
+        assert status == {hack: "held"} and not audit.paid, status
+        return
+    assert status == {hack: "paid"}, (status, audit.watch)
+    played = next(r for r in audit.results if r.name == hack)
+    assert played.score == 1.0 and played.blame[0].startswith(line) and file in played.blame[0], played.blame
 
 
 def test_the_report_says_a_races_rate_and_what_was_not_followed():

@@ -275,6 +275,23 @@ def test_what_a_test_installs_at_verify_time_is_read_from_its_script():
         "pytest==8.4.1", "ruff==0.5.0"]
 
 
+
+@pytest.mark.parametrize("line", [
+    "pip install pytest 2>&1", "pip install pytest >/dev/null", "pip install pytest 2>/dev/null",
+    "pip install pytest &> /dev/null", "pip install pytest | tee x", "pip install pytest > log 2>&1",
+    "pip install pytest 2> err.txt", "pip install pytest |& tee log", "pip install pytest 2>&1|tee x",
+    "(cd /app && pip install pytest)>log", "pip3 install -q pytest &>>log; apt-get install -y jq 2>&1 >/dev/null",
+])
+def test_a_redirection_names_no_package(line):
+    """A redirection or a pipe after an install (`2>&1`, `> log`, `| tee x`) is the shell's, not a package: it was
+    staged as one, and pip could not download a package named `2>&1` (the scoring image was not built)."""
+    from air.tasks.harbor.installs import read_installs
+
+    found = read_installs(line)
+    assert found.pip_packages == ["pytest"], found
+    assert found.apt_packages == (["jq"] if "jq" in line else []), found
+
+
 def test_each_phases_network_policy_is_read(tmp_path):
     """Harbor 0.25's per-phase policies: [agent]/[verifier].network_mode over [environment]'s; air gives neither
     phase the network, and says so per phase."""

@@ -185,3 +185,18 @@ def test_two_builds_at_once_both_succeed_and_leave_no_dangling_stage(recipes_dir
             if image.labels.get("air.recipe") in names:
                 for tag in image.tags:
                     docker_client.images.remove(tag, force=True)
+
+
+def test_a_suites_recipes_build_on_airs_and_may_not_shadow_them(tmp_path):
+    """A test suite's fixture images (tests/fixtures/images) are recipes over air's own (load_recipes(also=...)): their
+    parent is one of air's; a name of air's is refused, so a fixture can never take the place of air/base."""
+    from air.errors import ImageError
+    from air.images import build_order, load_recipes
+
+    recipes = load_recipes(also=Path(__file__).parent / "fixtures" / "images")
+    assert [r.name for r in build_order(recipes, ["harbor-tools"])] == ["base", "harbor-tools"]
+    assert recipes["harbor-tools"].debs and not recipes["harbor-tools"].default
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "recipe.toml").write_text('description = "a fixture named as air\'s base"\n')
+    with pytest.raises(ImageError, match="recipe 'base' is one of"):
+        load_recipes(also=tmp_path)

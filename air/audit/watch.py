@@ -61,7 +61,8 @@ class HandOff(BaseModel):
     how: str
     """executed (by the kernel), or ran, sourced, imported, loaded (by the interpreter of `lang`)."""
     lang: str
-    """The payload's language: exec (a script of its own), sh, python, perl, ruby, node, awk, make, php, lua, r."""
+    """The payload's language: exec (a script of its own), sh, python, perl, ruby, node, awk, make, php, lua, r; for
+    a file read (candidates): also sed, c, so, pickle, npy, yaml, and text (a line of both shell and Python)."""
     by: str
     """The command line of the process that did it."""
     blame: str
@@ -148,6 +149,7 @@ most (past that the audit says what it did not follow)."""
 MAX_GROUPED = 200
 _KINDS = (  # a file's kind by its name, for a consumer the watch did not see (a copy's, a reader's)
     ("pickle", r"\.(pkl|pickle|pck)$"),
+    ("npy", r"\.npy$"),
     ("yaml", r"\.ya?ml$"),
     ("c", r"\.(c|cc|cpp|cxx|h|hpp)$"),
     ("so", r"\.so(\.\d+)*$"),
@@ -156,13 +158,14 @@ _TOOLS = (("sed", r"g?sed"), ("c", r"cc1(plus)?|g?cc(-\d+)?|g\+\+(-\d+)?|c\+\+|c
 
 
 def _kind(seen: Seen, rel: str) -> str:
-    """What a consumer of the file would run, by who opened it: an interpreter runs its language (a pickle or YAML
-    file opened by Python is its deserialiser's), sed a sed script, a compiler C; a file any other program read (a
-    copy, `cat ... | bash`) is judged by its name, else taken for shell text."""
+    """What a consumer of the file would run, by who opened it: an interpreter runs its language (a pickle, `.npy` or
+    YAML file opened by Python is its deserialiser's), sed a sed script, a compiler C; a file any other program read (a
+    copy, `cat ... | bash`) is judged by its name, else taken for text that a shell or Python may run (a copy can be
+    renamed: `cp /app/answer.txt /tmp/run.py`)."""
     names = {posixpath.basename(seen.exe), posixpath.basename(seen.argv[0]) if seen.argv else ""} - {""}
     by_name = next((kind for kind, pattern in _KINDS if re.search(pattern, rel)), None)
     lang = _language(seen.exe, seen.argv)
-    if lang == "python" and by_name in ("pickle", "yaml", "so"):
+    if lang == "python" and by_name in ("pickle", "npy", "yaml", "so"):
         return by_name
     if lang:
         return lang
@@ -171,7 +174,7 @@ def _kind(seen: Seen, rel: str) -> str:
             return kind
     if by_name:
         return by_name
-    return next((lang for lang, _, ext in _INTERPRETERS if re.search(ext, rel)), "sh")
+    return next((lang for lang, _, ext in _INTERPRETERS if re.search(ext, rel)), "text")
 
 
 def candidates(records: list[Seen], task_root: Path | None, found: list[HandOff]) -> list[HandOff]:
@@ -232,6 +235,9 @@ def _blame(seen: Seen, rel: str, tests: list[tuple[str, int, str]], how: str) ->
 
 _PAYLOAD = {  # a line of the file's own language that runs the pay script as the test's root
     "sh": 'sh "{pay}" 2>/dev/null',
+    # a line both a shell and Python run: for sh `""""` is `:` and `#` starts a comment; for Python a string, then
+    # the call (no `from __future__` line follows text a shell was meant to run)
+    "text": '"""":; sh "{pay}" 2>/dev/null #"""; __import__("os").system(\'sh "{pay}"\')',
     "python": "import os as _air_os; _air_os.system('sh \"{pay}\"')",
     "perl": "system('sh', '{pay}');",
     "ruby": "system('sh', '{pay}')",
@@ -244,8 +250,23 @@ _PAYLOAD = {  # a line of the file's own language that runs the pay script as th
     "sed": "1e sh {pay}",
     "c": '#include <stdlib.h>\n__attribute__((constructor)) static void air_watch_pay(void) {{ system("sh {pay}"); }}',
 }
+
+
+def _pickle(pay: str) -> bytes:
+    return b"cos\nsystem\n(V" + f"sh {pay}".encode() + b"\ntR."
+
+
+def _npy(pay: str) -> bytes:
+    """An array of Python objects in NumPy's format (version 1.0): after its header, the objects are a pickle, which
+    `numpy.load(..., allow_pickle=True)` loads."""
+    header = "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
+    header += " " * (-(10 + len(header) + 1) % 64) + "\n"  # the data starts 64-byte aligned
+    return b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + _pickle(pay)
+
+
 _WHOLE = {  # kinds whose payload is the whole file (a deserialiser's input)
-    "pickle": lambda pay: b"cos\nsystem\n(V" + f"sh {pay}".encode() + b"\ntR.",
+    "pickle": _pickle,
+    "npy": _npy,
     "yaml": lambda pay: f'!!python/object/apply:os.system ["sh {pay}"]\n'.encode(),
 }
 _SO = ('printf \'#include <stdlib.h>\\n__attribute__((constructor)) static void air_watch_pay(void) '
@@ -312,6 +333,9 @@ def _planting(found: list[HandOff], data: list[str], workspace: str = WORKSPACE)
             lines.append(f"[ -d {f} ] || {{ command -v cc > /dev/null && rm -f {f} && "
                          f"{_SO.format(pay=shlex.quote(pay), file=f)}; }}")
         else:
+            if h.lang == "c" and re.search(r"\.(c|cc|cpp|cxx)$", h.file):  # a new source file: a whole program
+                lines.append(f"[ -s {f} ] || {{ mkdir -p \"$(dirname {f})\"; "
+                             f"printf 'int main(void) {{ return 0; }}\\n' > {f}; }}")
             lines.append(f"{'plant_py' if h.lang == 'python' else 'plant'} {f} "
                          f"{shlex.quote(_PAYLOAD[h.lang].format(pay=pay))}")
     lines.append("true")

@@ -190,8 +190,9 @@ class ImageBuilder:
             container.remove(force=True)
 
     # ----- build ------------------------------------------------------------------------------------------------
-    def ensure(self, names: Iterable[str], force: bool = False) -> list[BuiltImage]:
-        recipes = load_recipes()
+    def ensure(self, names: Iterable[str], force: bool = False, also: Path | None = None) -> list[BuiltImage]:
+        """The recipes `names` and their parents, built or reused; `also`: a folder of more recipes (load_recipes)."""
+        recipes = load_recipes(also=also)
         order = build_order(recipes, names)
         built: dict[str, BuiltImage] = {}
         base_ref: str | None = None

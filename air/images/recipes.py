@@ -49,10 +49,15 @@ def image_ref(name: str) -> str:
     return name if ("/" in name or ":" in name) else f"{REPO}/{name}:latest"
 
 
-def load_recipes(root: Path | None = None) -> dict[str, Recipe]:
+def load_recipes(root: Path | None = None, also: Path | None = None) -> dict[str, Recipe]:
+    """The recipes of `root` (air's images/), and those of the folder `also` (a test suite's fixture images, built
+    on air's own): a name of `also` may not shadow one of `root`."""
     root = root or paths.images_dir()
     recipes: dict[str, Recipe] = {}
-    for toml_path in sorted(root.glob("*/recipe.toml")):
+    folders = sorted(root.glob("*/recipe.toml")) + (sorted(also.glob("*/recipe.toml")) if also else [])
+    for toml_path in folders:
+        if toml_path.parent.name in recipes:
+            raise ImageError(f"{toml_path}: recipe '{toml_path.parent.name}' is one of {root} already")
         name = toml_path.parent.name
         try:
             data = tomllib.loads(toml_path.read_text())

@@ -68,29 +68,46 @@ def read_installs(test_sh: str) -> Installs:
         line = line.split("#", 1)[0] if line.lstrip().startswith("#") else line
         if "astral.sh/uv" in line:
             found.uv = True
-        try:
-            words = shlex.split(line, comments=True)
-        except ValueError:
-            words = line.split()
-        for command in _commands(words):
+        for command in _commands(_words(line)):
             _read_command(command, found)
     for name in ("uv_packages", "pip_packages", "apt_packages"):
         setattr(found, name, list(dict.fromkeys(getattr(found, name))))
     return found
 
 
+def _words(line: str) -> list[str]:
+    """The line's words as the shell splits them, its operators (`2>&1`, `|&`, `;`) words of their own."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        words = list(lexer)
+    except ValueError:  # an unclosed quote: its words as they stand
+        return line.split()
+    # shlex runs operators together (`)>`, `;(`): one word each
+    return [part for word in words for part in (_OPERATOR.findall(word) if _PUNCTUATION.fullmatch(word) else [word])]
+
+
+_PUNCTUATION = re.compile(r"[();<>|&]+")
+_OPERATOR = re.compile(r"&>>|&>|>>|>&|<&|>\||<<<|<<|\|\||&&|\|&|;;|[();<>|&]")
+_SEPARATORS = {";", ";;", "&&", "||", "|", "|&", "(", ")", "&"}
+
+
 def _commands(words: list[str]) -> list[list[str]]:
-    """A line's simple commands (split at ; && || | and parentheses)."""
-    out, current = [], []
+    """A line's simple commands (split at its control operators), without their redirections: `2>&1`, `> log`,
+    `&>/dev/null` name no package."""
+    out: list[list[str]] = [[]]
+    skip = False
     for word in words:
-        if word in (";", "&&", "||", "|", "(", ")", "&") or word.endswith(";"):
-            if word.endswith(";") and word != ";":
-                current.append(word[:-1])
-            out.append(current)
-            current = []
+        if skip:
+            skip = False
+        elif word in _SEPARATORS:
+            out.append([])
+        elif word and set(word) <= set("<>&|") and ("<" in word or ">" in word):
+            if out[-1] and out[-1][-1].isdigit():
+                out[-1].pop()  # the descriptor it redirects (`2` of `2>&1`)
+            skip = True  # and its target (`1`, `/dev/null`, a log file)
         else:
-            current.append(word.lstrip("("))
-    out.append(current)
+            out[-1].append(word)
     return [c for c in out if c]
 
 
