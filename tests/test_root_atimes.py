@@ -36,11 +36,16 @@ def walk_as_containerd(upper: str) -> int:
 
 
 def first_pid(docker_client, sandbox) -> int:
-    """The pid, on this machine, of the first process of a sandbox's container (a Docker container's, or in the
-    cluster lane its pod's): its mounts say where the container's directories are here."""
-    if kube_real.REAL:
-        return kube_real.container_pid(sandbox.name)
-    return docker_client.api.inspect_container(sandbox.container_id)["State"]["Pid"]
+    """The pid, on this machine, of the first process of a sandbox's container (a Docker container's; a pod's in
+    the cluster lane; through the fake API server, the Docker container its kubelet made of the pod): its mounts say
+    where the container's directories are here."""
+    container = sandbox.container_id
+    if getattr(sandbox, "pod_uid", None):  # a pod: its uid names no container
+        if kube_real.REAL:
+            return kube_real.container_pid(sandbox.name)
+        [container] = [c.id for c in docker_client.containers.list(filters={"name": sandbox.name})
+                       if c.name.endswith("-" + sandbox.name)]
+    return docker_client.api.inspect_container(container)["State"]["Pid"]
 
 
 def host_dir(pid: int, target: str) -> str:
