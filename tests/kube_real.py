@@ -90,3 +90,27 @@ def sandbox_containers(docker_client, run_id: str, task: str | None = None) -> l
         return [h for h in handles if task is None or h.labels.get("air.task") == task]
     labels = [f"air.run={run_id}"] + ([f"air.task={task}"] if task else [])
     return docker_client.containers.list(filters={"label": labels}, ignore_removed=True)
+
+
+def container_pid(pod: str, container: str = "sandbox") -> int:
+    """The node's pid of a pod's container's first process (the warden), where the node is this machine: the
+    process whose cgroup names the container's id and whose parent's does not (its runtime's shim). Skips where no
+    process here has it (a node elsewhere)."""
+    status = json.loads(kubectl("get", "pod", pod, "-o", "json"))["status"]
+    [cid] = [s["containerID"].split("://")[-1] for s in status.get("containerStatuses", []) if s["name"] == container]
+    pids = set()
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and cid in open(f"/proc/{entry}/cgroup").read():
+                pids.add(int(entry))
+        except OSError:  # gone meanwhile
+            continue
+
+    def parent(pid: int) -> int:
+        with open(f"/proc/{pid}/status") as f:
+            return int(next(line.split()[1] for line in f if line.startswith("PPid:")))
+
+    firsts = [p for p in pids if parent(p) not in pids]
+    if len(firsts) != 1:
+        pytest.skip(f"pod {pod}'s container {cid[:12]} has no one first process on this machine ({firsts})")
+    return firsts[0]

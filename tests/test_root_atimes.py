@@ -6,15 +6,21 @@ something in them, when it started), and containerd measures that layer by walki
 filesystem is relatime: its first walk, seconds into the pod's life, set their atime. A Docker daemon does not walk,
 so the fake never showed it; this test walks the writable layer as containerd does, from this machine (the daemon's
 own, where its directories can be read), and the warden's settling of those times (warden/atimes.py) must leave
-nothing for the walk to move. Positive control: a container without a warden, whose walked layer shows the change."""
+nothing for the walk to move. Positive control: a container without a warden, whose walked layer shows the change.
+
+In the cluster lane (AIR_TEST_BACKEND=kubernetes, the one-node cluster of scripts/kube-local.sh on this machine) the
+sandboxes are pods: their directories are found the same way, from the mounts of the container's first process on
+the node (tests/kube_real.py: container_pid), and walked as containerd and the kubelet walk them."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
 
+import kube_real
 from air.sandbox import PoolConfig, SandboxPool, SandboxSpec
 
 pytestmark = pytest.mark.docker
@@ -29,12 +35,45 @@ def walk_as_containerd(upper: str) -> int:
     return sum(1 for _ in os.walk(upper))
 
 
-def upper_dir(docker_client, container: str) -> str:
-    data = docker_client.api.inspect_container(container)["GraphDriver"]
-    upper = (data.get("Data") or {}).get("UpperDir", "")
-    if data.get("Name") != "overlay2" or not os.path.isdir(upper):
-        pytest.skip(f"the daemon's writable layers are not readable here (driver {data.get('Name')}, {upper!r})")
-    return upper
+def first_pid(docker_client, sandbox) -> int:
+    """The pid, on this machine, of the first process of a sandbox's container (a Docker container's; a pod's in
+    the cluster lane; through the fake API server, the Docker container its kubelet made of the pod): its mounts say
+    where the container's directories are here."""
+    container = sandbox.container_id
+    if getattr(sandbox, "pod_uid", None):  # a pod: its uid names no container
+        if kube_real.REAL:
+            return kube_real.container_pid(sandbox.name)
+        [container] = [c.id for c in docker_client.containers.list(filters={"name": sandbox.name})
+                       if c.name.endswith("-" + sandbox.name)]
+    return docker_client.api.inspect_container(container)["State"]["Pid"]
+
+
+def host_dir(pid: int, target: str) -> str:
+    """The directory of this machine that is `target` in the container of `pid`: for "/", its overlay's upper
+    directory (the writable layer: Docker's and containerd's alike); else the directory mounted there (a volume, an
+    emptyDir), when it is one of this machine's. Skips where the container's directories cannot be read here."""
+    def unescape(field: str) -> str:
+        return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+    try:
+        with open(f"/proc/{pid}/mountinfo") as f:
+            mounts = [line.split() for line in f]
+    except OSError as exc:
+        pytest.skip(f"the container's mounts are not readable here ({exc}): its daemon runs elsewhere")
+    found = ""
+    for fields in mounts:
+        if unescape(fields[4]) != target:
+            continue
+        rest = fields[fields.index("-") + 1:]  # fstype, source, super options
+        if target == "/":
+            opts = dict(o.partition("=")[::2] for o in rest[2].split(","))
+            found = unescape(opts.get("upperdir", "")) if rest[0] == "overlay" else ""
+        else:
+            found = unescape(fields[3])
+    inside = os.stat(f"/proc/{pid}/root{target}") if target != "/" else None
+    if not found or not os.path.isdir(found) or (inside and os.stat(found).st_ino != inside.st_ino):
+        pytest.skip(f"{target} of the container is not a directory readable here ({found!r})")
+    return found
 
 
 def test_a_walk_of_the_writable_layer_moves_the_roots_atime_where_nothing_settled_it(images, docker_client):
@@ -50,7 +89,8 @@ def test_a_walk_of_the_writable_layer_moves_the_roots_atime_where_nothing_settle
             return subprocess.run(["docker", "exec", name, "sh", "-c", STAT], check=True, capture_output=True,
                                   text=True).stdout
 
-        upper = upper_dir(docker_client, name)
+        pid = docker_client.api.inspect_container(name)["State"]["Pid"]
+        upper = host_dir(pid, "/")
         before = times()
         assert walk_as_containerd(upper) >= 2, "the runtime made /run (for the tmpfs's mount point) in the layer"
         assert times() != before, before
@@ -67,7 +107,7 @@ async def test_a_walk_of_the_writable_layer_moves_nothing_a_cell_reads(images, d
         async with pool.lease(spec) as sb:
             assert sb.session.cells
             first = (await sb.session.run(STAT)).stdout
-            upper = upper_dir(docker_client, sb.container_id)
+            upper = host_dir(first_pid(docker_client, sb), "/")
         await pool.wait_idle()
         assert walk_as_containerd(upper) >= 1
         async with pool.lease(spec) as again:
@@ -78,14 +118,6 @@ async def test_a_walk_of_the_writable_layer_moves_nothing_a_cell_reads(images, d
 
 AIR_DIRS = ("/srv/air/cell", "/srv/air/hostview", "/srv/air/etc")
 AIR_STAT = "stat -c '%n %x' " + " ".join(AIR_DIRS) + " 2>/dev/null; true"
-
-
-def air_volume(docker_client, container: str) -> str:
-    """The host directory of the sandbox's /srv/air: a volume on Docker, the emptyDir a kubelet walks on a pod."""
-    for mount in docker_client.api.inspect_container(container)["Mounts"]:
-        if mount["Destination"] == "/srv/air" and os.path.isdir(mount.get("Source") or ""):
-            return mount["Source"]
-    pytest.skip("the sandbox's /srv/air is not a directory readable here")
 
 
 async def test_a_walk_of_airs_own_volume_moves_nothing_a_cell_reads(images, docker_client):
@@ -100,7 +132,7 @@ async def test_a_walk_of_airs_own_volume_moves_nothing_a_cell_reads(images, dock
         async with pool.lease(spec) as sb:
             assert sb.session.cells
             first = (await sb.session.run(AIR_STAT)).stdout
-            volume = air_volume(docker_client, sb.container_id)
+            volume = host_dir(first_pid(docker_client, sb), "/srv/air")  # a volume; on a pod, an emptyDir
         await pool.wait_idle()  # the next cell built (a control made before the release was gone after it)
         control = os.path.join(volume, f"control-{os.getpid()}")
         os.mkdir(control)

@@ -52,7 +52,6 @@ from air.sandbox.kubernetes.sweep import RunLease, sweep
 from air.sandbox.kubernetes.watch import PodState, PodWatch
 from air.sandbox.labels import owner_token
 from air.sandbox.pool import CellFailed, SandboxPool
-from air.sandbox.session import Session
 from air.sandbox.spec import PoolConfig, SandboxSpec
 from air.sandbox.warden import warden_program
 
@@ -215,15 +214,12 @@ class KubernetesPool(SandboxPool):
                         return sandbox
                     self.stats.created += 1
                     self._live.add(sandbox)
-                    sandbox.attach(Session(sandbox))
                     try:
-                        await sandbox.session.reset()
-                    except InfraError as exc:
+                        await self._first_reset(sandbox, f"pod {sandbox.name}")
+                    except InfraError as exc:  # CellFailed among them: a pod the cluster took away is PodLost
                         if sandbox.lost is not None:
                             raise PodLost(f"pod {sandbox.name}: {sandbox.lost.reason}") from exc
-                        if not sandbox.session.cells:
-                            raise
-                        raise CellFailed(f"pod {sandbox.name} could not build a cell: {exc}") from exc
+                        raise
                     self._learn_cells(self.cluster, sandbox)
                     return sandbox
                 except (PodLost, CellFailed) as exc:
