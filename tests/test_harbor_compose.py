@@ -427,3 +427,36 @@ def test_health_checks_read_as_compose_reads_them():
     check = _health(_Health(test="curl -f localhost", interval="1m30s", start_period="500ms", retries=2))
     assert check.test == ("CMD-SHELL", "curl -f localhost") and check.interval == 90.0
     assert check.start_period == 0.5 and check.retries == 2
+
+
+@pytest.mark.docker
+def test_a_service_that_copies_several_files_into_its_workdir_builds_and_keeps_its_dockerignore(
+        images, docker_client, tmp_path):
+    """BuildKit (compose's, so Harbor's builder) takes `COPY a b .`; air's legacy build does too, with the context's
+    .dockerignore honoured and air's rewritten file left out of the image. Control: the same Dockerfile as written,
+    sent to the legacy builder, is refused."""
+    import docker.errors
+
+    from air.images.dockerfile import DockerfileBuilder
+
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "b.txt").write_text("b")
+    (tmp_path / "secret.txt").write_text("s")
+    (tmp_path / ".dockerignore").write_text("secret.txt\n")
+    (tmp_path / "Dockerfile").write_text("FROM air/base:latest\nWORKDIR /srv/app\nCOPY a.txt b.txt .\nCOPY . /all/\n")
+    tag = f"air/test-issue69-copy:{os.getpid()}"
+    try:
+        DockerfileBuilder(docker_client, network=(False, "test")).ensure_plain(label="copy", tag=tag,
+                                                                               context=tmp_path, dockerfile="Dockerfile")
+        out = docker_client.containers.run(tag, ["sh", "-c", "ls /srv/app; echo --; ls -a /all"], remove=True,
+                                           network_mode="none", labels={"air.role": "test-issue69"}).decode()
+        mine, everything = out.split("--")
+        assert mine.split() == ["a.txt", "b.txt"]
+        assert "secret.txt" not in everything and ".air.Dockerfile" not in everything and "Dockerfile" in everything
+        with pytest.raises(docker.errors.BuildError, match="must be a directory and end with a /"):
+            docker_client.images.build(path=str(tmp_path), tag=f"{tag}-control", network_mode="none", rm=True,
+                                       labels={"air.role": "test-issue69"})
+    finally:
+        for name in (tag, f"{tag}-control"):
+            with __import__("contextlib").suppress(docker.errors.ImageNotFound):
+                docker_client.images.remove(name, force=True)

@@ -286,3 +286,17 @@ def test_each_phases_network_policy_is_read(tmp_path):
     assert notes["verifier-only"] == ["its verifier asks for the network (allowlist: pypi.org, files.pythonhosted.org);"
                                       " air scores offline (what its test installs is put in its scoring image)"]
     assert notes["none"] == []
+
+
+def test_a_copy_of_several_sources_into_the_working_directory_is_built_as_buildkit_reads_it(tmp_path):
+    """`COPY a b .` (harbor-cookbook's simulated-user) is BuildKit's and the legacy builder refuses it: air's build
+    gets `./`; nothing else of the file changes (a one-source copy, an exec form, a RUN)."""
+    from air.images.dockerfile import _as_buildkit_reads
+
+    path = tmp_path / "Dockerfile"
+    path.write_text("FROM x\nCOPY server.py persona.md .\nADD --chown=1:1 a b ..\nCOPY a ./x\n"
+                    'COPY ["a", "b", "."]\nRUN cp a b .\n')
+    assert _as_buildkit_reads(path) == ("FROM x\nCOPY server.py persona.md ./\nADD --chown=1:1 a b ../\nCOPY a ./x\n"
+                                        'COPY ["a", "b", "."]\nRUN cp a b .\n')
+    path.write_text("FROM x\nCOPY a ./\nCOPY a b ./\n")
+    assert _as_buildkit_reads(path) is None  # as written: built from the folder itself
