@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -460,3 +461,50 @@ def test_a_service_that_copies_several_files_into_its_workdir_builds_and_keeps_i
         for name in (tag, f"{tag}-control"):
             with __import__("contextlib").suppress(docker.errors.ImageNotFound):
                 docker_client.images.remove(name, force=True)
+
+
+def _vf_eval(tmp_path: Path, name: str, stories: dict | None, rollouts: int) -> list[dict]:
+    """vf-eval through air's environment (air-mlgym) on the fixture, against air's scripted test double of an LLM
+    (a story of the test's own where given); the traces it writes."""
+    port_file, out = tmp_path / f"{name}.port", tmp_path / name
+    server_args = [sys.executable, "-m", "air.policies.scripted_server", "--port", "0", "--port-file", str(port_file)]
+    if stories is not None:
+        (tmp_path / f"{name}.json").write_text(json.dumps(stories))
+        server_args += ["--stories", str(tmp_path / f"{name}.json")]
+    server = subprocess.Popen(server_args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if port_file.exists() and port_file.read_text():
+                break
+            time.sleep(0.1)
+        cmd = ["vf-eval", "air-mlgym", "-n", "1", "-r", str(rollouts), "-c", "1", "-m", "air-scripted",
+               "--client.base-url", f"http://127.0.0.1:{port_file.read_text()}/v1",
+               "--env.taskset.tasks", '["harbor:rows"]', "--env.taskset.harbor-root", str(FIXTURES),
+               "--no-push", "--no-rich", "-o", str(out)]
+        ran = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "CI": ""})
+        assert ran.returncode == 0, ran.stderr[-3000:]
+    finally:
+        server.terminate()
+        server.wait(10)
+    (traces_file,) = out.rglob("traces.jsonl")
+    return [t for line in traces_file.read_text().splitlines() for t in json.loads(line)["traces"]]
+
+
+def _reward(trace: dict) -> float:
+    return sum(r["score"] * r["weight"] for r in trace["rewards"].values())
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_vf_eval_runs_a_compose_task_through_air(spec, tmp_path):
+    """Two rollouts, one after the other on air's warm sandbox, each counting db's rows and writing one: both
+    scored 1, and the second saw no row of the first (its services made new). The do-nothing rollout: 0."""
+    traces = _vf_eval(tmp_path, "put", {"rows": [f"{AGENT_ROWS}; {AGENT_PUT}"]}, rollouts=2)
+    assert len(traces) == 2
+    for trace in traces:
+        assert trace["ok"], trace.get("errors")
+        said = json.dumps(trace["nodes"])
+        assert "rows 0" in said and "rows 1" not in said and "Evaluation Score: {'reward': 1.0}" in said
+        assert _reward(trace) > 0
+    (idle,) = _vf_eval(tmp_path, "idle", None, rollouts=1)
+    assert idle["ok"] and "Evaluation Score: {'reward': 0.0}" in json.dumps(idle["nodes"]) and _reward(idle) == 0.0

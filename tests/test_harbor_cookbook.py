@@ -51,7 +51,7 @@ def test_the_oracle_scores_1_and_doing_nothing_0(dataset, tmp_path):
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
     results = {r["task"]: r for r in json.loads(checked.stdout)}
     for name in RECIPES:
-        result = results[f"harbor:{name}"]
+        result = results[name]
         assert result["status"] == "ok" and result["got"] == 1.0, result
     ran = air("eval", *(f"harbor:{name}" for name in RECIPES), "--harbor-root", str(dataset), "-n", "1",
               "--out", str(tmp_path / "run"), cache=cache)
