@@ -447,8 +447,8 @@ def test_a_service_that_copies_several_files_into_its_workdir_builds_and_keeps_i
     (tmp_path / "Dockerfile").write_text("FROM air/base:latest\nWORKDIR /srv/app\nCOPY a.txt b.txt .\nCOPY . /all/\n")
     tag = f"air/test-issue69-copy:{os.getpid()}"
     try:
-        DockerfileBuilder(docker_client, network=(False, "test")).ensure_plain(label="copy", tag=tag,
-                                                                               context=tmp_path, dockerfile="Dockerfile")
+        builder = DockerfileBuilder(docker_client, network=(False, "test"))
+        builder.ensure_plain(label="copy", tag=tag, context=tmp_path, dockerfile="Dockerfile")
         out = docker_client.containers.run(tag, ["sh", "-c", "ls /srv/app; echo --; ls -a /all"], remove=True,
                                            network_mode="none", labels={"air.role": "test-issue69"}).decode()
         mine, everything = out.split("--")
@@ -508,3 +508,106 @@ def test_vf_eval_runs_a_compose_task_through_air(spec, tmp_path):
         assert _reward(trace) > 0
     (idle,) = _vf_eval(tmp_path, "idle", None, rollouts=1)
     assert idle["ok"] and "Evaluation Score: {'reward': 0.0}" in json.dumps(idle["nodes"]) and _reward(idle) == 0.0
+
+
+# ----- per-service collect and copy ([[verifier.collect]] with `service`, artifacts of a service) -------------------
+ARTIFACTS = 'artifacts = [{ source = "/tmp/dump", service = "db", destination = "db" }]\n'
+DUMP = ("mkdir -p /tmp/dump && python3 -c \"import socket; f = socket.create_connection(('localhost', 7070))"
+        ".makefile('rw'); f.write('ROWS\\n'); f.flush(); "
+        "open('/tmp/dump/rows.txt', 'w').writelines(iter(f.readline, '.\\n'))\"")
+HOOKS = f"""
+[[verifier.collect]]
+service = "db"
+command = '''{DUMP}'''
+timeout_sec = 30
+
+[[verifier.collect]]
+service = "db"
+command = "ln -sf /etc/passwd /tmp/dump/passwd && echo done > /tmp/dump/hook.txt"
+"""
+FROM_ARTIFACTS = """#!/bin/bash
+# The reward: 1 when the rows the collect hook dumped in db hold "hello" (the file, not the live service).
+mkdir -p /logs/verifier
+ls -la /logs/artifacts/db > /logs/verifier/listing.txt 2>&1
+if grep -qx hello /logs/artifacts/db/rows.txt 2>/dev/null; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+def collecting_task(tmp_path: Path) -> Path:
+    root = copy_task(tmp_path)
+    toml = root / "rows" / "task.toml"
+    toml.write_text(ARTIFACTS + toml.read_text() + HOOKS)
+    (root / "rows" / "tests" / "test.sh").write_text(FROM_ARTIFACTS)
+    return root
+
+
+def test_a_collect_hook_and_an_artifact_of_a_service_load_as_harbor_reads_them(tmp_path):
+    spec = load_harbor_task(collecting_task(tmp_path), "rows")
+    assert [(h.service, h.timeout) for h in spec.service_collect] == [("db", 30.0), ("db", 60.0)]
+    assert not spec.verifier_collect  # main's hooks only
+    (artifact,) = spec.service_artifacts
+    assert (artifact.service, artifact.source, artifact.destination) == ("db", "/tmp/dump", "db")
+
+
+@pytest.mark.docker
+async def test_the_verifier_reads_what_a_hook_collected_in_the_rollouts_own_service(tmp_path, images, docker_client,
+                                                                                   pool, monkeypatch):
+    """The hook runs in this rollout's `db` and dumps its rows; the dump is copied out to /logs/artifacts/db for the
+    test: the row the agent wrote pays 1, none pays 0. A link in the service's folder is not followed nor copied
+    (the test lists the folder). Over the limit, the artifact is left out (0 where the row is there): the control
+    of the bound is the first rollout, under the default limit."""
+    from air.tasks.environment import TaskEnvironment
+    from air.tasks.harbor import collect
+    from air.tasks.task_images import build_task_image
+
+    spec = load_harbor_task(collecting_task(tmp_path), "rows")
+    build_task_image(spec, docker_client)
+    env = TaskEnvironment(spec, pool)
+    async with env.lease() as sandbox:
+        assert (await env.evaluate(sandbox)).metrics["reward"] == 0.0
+        assert "OK" in await sh(sandbox, AGENT_PUT)
+        assert (await env.evaluate(sandbox)).metrics["reward"] == 1.0
+        gathered = await collect.from_services(sandbox.services, spec)
+        import io
+        import tarfile
+        with tarfile.open(fileobj=io.BytesIO(gathered)) as tar:
+            names = {m.name: m for m in tar}
+        assert set(names) == {"db", "db/rows.txt", "db/hook.txt"}  # the link db/passwd is left out
+        assert all(m.uid == 0 and not m.issym() for m in names.values())
+        monkeypatch.setattr(collect, "FROM_SERVICES_LIMIT", 100)
+        assert "OK" in await sh(sandbox, AGENT_PUT.replace("PUT hello", "PUT " + "x" * 200))
+        assert (await env.evaluate(sandbox)).metrics["reward"] == 0.0
+
+
+def test_a_services_tar_is_taken_as_regular_files_under_its_destination():
+    """What a service holds is the rollout's: a tar of it with a link, a hard link, a device, a `..` name and an
+    absolute one keeps only its regular files and folders, under the destination. Control: the hostile tar holds
+    them all."""
+    import io
+    import tarfile
+
+    from air.tasks.harbor.collect import _take
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        def add(name, kind=tarfile.REGTYPE, data=b"x", link=""):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.size = kind, link, len(data) if kind == tarfile.REGTYPE else 0
+            info.uid = 1000
+            tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+        add("dump", tarfile.DIRTYPE)
+        add("dump/rows.txt", data=b"hello\n")
+        add("dump/reward.txt", tarfile.SYMTYPE, link="/logs/verifier/reward.txt")
+        add("dump/hard", tarfile.LNKTYPE, link="dump/rows.txt")
+        add("dump/null", tarfile.CHRTYPE)
+        add("dump/../../verifier/reward.txt", data=b"1\n")
+        add("/logs/verifier/reward.txt", data=b"1\n")
+    hostile = raw.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(hostile)) as tar:
+        assert len(tar.getmembers()) == 7  # control
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as into:
+        assert _take(hostile, "db", into) == len(b"hello\n")
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        taken = {m.name: (m.type, m.uid) for m in tar}
+    assert taken == {"db": (tarfile.DIRTYPE, 0), "db/rows.txt": (tarfile.REGTYPE, 0)}

@@ -90,7 +90,11 @@ CANNOT = {
                 "docker-compose.yaml: field 'services.db.volumes': Extra inputs are not permitted"),
     "compose-empty": ("", {"environment/docker-compose.yaml": "services: {}\n"}, "names no service besides main"),
     "mcp": ('[[environment.mcp_servers]]\nname = "s"\nurl = "http://x"\n', {}, "MCP servers"),
-    "collect": ('[[verifier.collect]]\ncommand = "true"\nservice = "db"\n', {}, "collects state from services (db)"),
+    "collect": ('[[verifier.collect]]\ncommand = "true"\nservice = "db"\n', {},
+                "collects from services its compose file does not run (db)"),
+    "artifact-relative": ('artifacts = [{ source = "rows.txt", service = "db" }]\n', {}, "is not an absolute path"),
+    "artifact-escapes": ('artifacts = [{ source = "/x", destination = "../../tests/x" }]\n', {},
+                         "is not a relative path inside /logs/artifacts"),
     "system-workdir": ('[environment]\nworkdir = "/usr"\n', {}, "working directory /usr is a system directory"),
     "bad-type": ('[verifier]\ntimeout_sec = "soon"\n', {}, "timeout_sec"),
 }
