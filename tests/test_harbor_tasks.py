@@ -95,6 +95,9 @@ CANNOT = {
     "artifact-relative": ('artifacts = [{ source = "rows.txt", service = "db" }]\n', {}, "is not an absolute path"),
     "artifact-escapes": ('artifacts = [{ source = "/x", destination = "../../tests/x" }]\n', {},
                          "is not a relative path inside /logs/artifacts"),
+    "verifier-compose": ('[verifier]\nenvironment_mode = "separate"\n',
+                         {"tests/docker-compose.yaml": "services:\n  main:\n    cap_add: [SYS_ADMIN]\n"},
+                         "separate verifier has a compose environment of its own (tests/docker-compose.yaml)"),
     "system-workdir": ('[environment]\nworkdir = "/usr"\n', {}, "working directory /usr is a system directory"),
     "bad-type": ('[verifier]\ntimeout_sec = "soon"\n', {}, "timeout_sec"),
 }
@@ -304,3 +307,11 @@ def test_a_copy_of_several_sources_into_the_working_directory_is_built_as_buildk
                                         'COPY ["a", "b", "."]\nRUN cp a b .\n')
     path.write_text("FROM x\nCOPY a ./\nCOPY a b ./\n")
     assert _as_buildkit_reads(path) is None  # as written: built from the folder itself
+
+
+def test_a_shared_verifier_ignores_a_compose_file_among_its_tests(tmp_path):
+    """Control of the refusal above: in shared mode (the verifier runs where the agent did) Harbor builds no verifier
+    environment, and a tests/docker-compose.yaml is only a file of the tests: the task loads."""
+    root = tmp_path / "dataset"
+    _task(root, "shared", "", files={"tests/docker-compose.yaml": "services:\n  main:\n    cap_add: [SYS_ADMIN]\n"})
+    assert load_task("harbor:shared", harbor_root=root).source == "harbor:shared"

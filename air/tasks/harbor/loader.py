@@ -382,6 +382,11 @@ def _cannot(task_dir: Path, config: HarborToml) -> list[str]:
     if outside := _mcp_outside(task_dir, env):
         why.append(f"it declares MCP servers outside its services ({', '.join(outside)}), which need the network")
     verifier = config.verifier
+    if separate(config) and (task_dir / "tests" / COMPOSE_FILE).is_file():
+        # Seen in real tasks: a verifier that drives sibling containers (the host's docker.sock mounted, SYS_ADMIN),
+        # which no scoring sandbox of air's may have; scored without it, a right answer could be paid 0.
+        why.append(f"its separate verifier has a compose environment of its own (tests/{COMPOSE_FILE}), which air "
+                   "does not run")
     wanted = {str(c.get("service")) for c in verifier.collect if c.get("service") not in (None, "main")}
     wanted |= {str(a["service"]) for a in config.artifacts if isinstance(a, dict) and a.get("service")
                not in (None, "main")}
