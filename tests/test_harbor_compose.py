@@ -611,3 +611,23 @@ def test_a_services_tar_is_taken_as_regular_files_under_its_destination():
     with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
         taken = {m.name: (m.type, m.uid) for m in tar}
     assert taken == {"db": (tarfile.DIRTYPE, 0), "db/rows.txt": (tarfile.REGTYPE, 0)}
+
+
+@pytest.mark.parametrize("command", [["eval", "harbor:rows", "-n", "1"], ["run", "--task", "harbor:rows"]])
+def test_a_task_with_services_takes_no_snapshot_and_says_so_in_one_line(tmp_path, command):
+    """A snapshot holds the agent's files and shell, not what the services hold: asked for on a task with services,
+    the command stops before any sandbox (exit 2), in one line; so does the library's `take`. Control: the same
+    check passes a task without services."""
+    from air.errors import SnapshotError
+    from air.episode.snapshot import check_snapshottable
+    from air.tasks.registry import load_task
+
+    proc = air(*command, "--harbor-root", str(FIXTURES), "--snapshot-at", "validate", cache=tmp_path / "cache",
+               timeout=300)
+    said = [line for line in proc.stderr.splitlines() if "snapshot" in line]
+    assert proc.returncode == 2 and said, proc.stderr[-2000:]
+    assert "task rows has services (db): a snapshot holds the agent's files and shell" in said[0]
+    assert "Traceback" not in proc.stderr
+    with pytest.raises(SnapshotError):
+        check_snapshottable(load_harbor_task(FIXTURES, "rows"))
+    check_snapshottable(load_task("prisoners-dilemma"))
