@@ -631,3 +631,15 @@ def test_a_task_with_services_takes_no_snapshot_and_says_so_in_one_line(tmp_path
     with pytest.raises(SnapshotError):
         check_snapshottable(load_harbor_task(FIXTURES, "rows"))
     check_snapshottable(load_task("prisoners-dilemma"))
+
+
+def test_air_export_harbor_of_a_harbor_task_says_its_folder_is_the_export(tmp_path):
+    """A task with services is a Harbor task folder (air's own tasks have none): `air export harbor` says to copy it
+    as it is, in one line, exit 2, and writes nothing. Control: a bundled task is written."""
+    out = tmp_path / "out"
+    proc = air("export", "harbor", "harbor:rows", "--out", str(out), cache=tmp_path / "cache", timeout=300)
+    assert proc.returncode == 2 and not out.exists(), proc.stderr[-2000:]
+    (line,) = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "harbor:rows is a Harbor task folder already: copy it as it is" in line
+    proc = air("export", "harbor", "prisoners-dilemma", "--out", str(out), cache=tmp_path / "cache", timeout=300)
+    assert proc.returncode == 0 and (out / "prisoners-dilemma" / "task.toml").is_file(), proc.stderr[-2000:]
