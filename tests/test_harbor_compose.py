@@ -643,3 +643,16 @@ def test_air_export_harbor_of_a_harbor_task_says_its_folder_is_the_export(tmp_pa
     assert "harbor:rows is a Harbor task folder already: copy it as it is" in line
     proc = air("export", "harbor", "prisoners-dilemma", "--out", str(out), cache=tmp_path / "cache", timeout=300)
     assert proc.returncode == 0 and (out / "prisoners-dilemma" / "task.toml").is_file(), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("content, said", [(None, "No such file"), ("[1, 2]", "not a mapping"),
+                                           ('{"rows": "echo"}', "not a mapping"), ("{", "Expecting")])
+def test_a_bad_stories_file_is_one_line_and_exit_2(tmp_path, content, said):
+    """The scripted test double's --stories (the vf-eval test's own story): bad input stops it before it serves."""
+    path = tmp_path / "stories.json"
+    if content is not None:
+        path.write_text(content)
+    proc = subprocess.run([sys.executable, "-m", "air.policies.scripted_server", "--port", "0", "--stories",
+                           str(path)], capture_output=True, text=True, timeout=60)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "--stories" in last and said in last and "Traceback" not in proc.stderr
