@@ -73,6 +73,7 @@ def ensure_standins(client) -> None:
     import docker.errors
 
     from air.images import ImageBuilder
+    from air.images.dockerfile import TASK_IMAGE_LABELS
     from air.images.recipes import Recipe
 
     builder = ImageBuilder(client)
@@ -93,6 +94,7 @@ def ensure_standins(client) -> None:
                 "RUN pip install --no-index --no-cache-dir --find-links /tmp/wheels -r /tmp/wheels/requirements.txt"
                 " && rm -rf /tmp/wheels\n")
             repository, tag = name.split(":")
+            # Not air/base's recipe labels (which it would inherit): the recipe builder finds its builds by them.
             image, _ = client.images.build(path=str(context), tag=name, network_mode="none", rm=True,
-                                           labels={STANDIN: name, "air.role": "test-standin"})
+                                           labels={**TASK_IMAGE_LABELS, STANDIN: name, "air.role": "test-standin"})
             assert image.tags and f"{repository}:{tag}" in image.tags
