@@ -463,9 +463,10 @@ def test_a_service_that_copies_several_files_into_its_workdir_builds_and_keeps_i
                 docker_client.images.remove(name, force=True)
 
 
-def _vf_eval(tmp_path: Path, name: str, stories: dict | None, rollouts: int) -> list[dict]:
-    """vf-eval through air's environment (air-mlgym) on the fixture, against air's scripted test double of an LLM
-    (a story of the test's own where given); the traces it writes."""
+def _vf_eval(tmp_path: Path, name: str, stories: dict | None, rollouts: int, task: str = "harbor:rows",
+             root: Path = FIXTURES) -> list[dict]:
+    """vf-eval through air's environment (air-mlgym) on a Harbor task (the fixture's by default), against air's
+    scripted test double of an LLM (a story of the test's own where given); the traces it writes."""
     port_file, out = tmp_path / f"{name}.port", tmp_path / name
     server_args = [sys.executable, "-m", "air.policies.scripted_server", "--port", "0", "--port-file", str(port_file)]
     if stories is not None:
@@ -479,7 +480,7 @@ def _vf_eval(tmp_path: Path, name: str, stories: dict | None, rollouts: int) -> 
             time.sleep(0.1)
         cmd = ["vf-eval", "air-mlgym", "-n", "1", "-r", str(rollouts), "-c", "1", "-m", "air-scripted",
                "--client.base-url", f"http://127.0.0.1:{port_file.read_text()}/v1",
-               "--env.taskset.tasks", '["harbor:rows"]', "--env.taskset.harbor-root", str(FIXTURES),
+               "--env.taskset.tasks", json.dumps([task]), "--env.taskset.harbor-root", str(root),
                "--no-push", "--no-rich", "-o", str(out)]
         ran = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "CI": ""})
         assert ran.returncode == 0, ran.stderr[-3000:]
