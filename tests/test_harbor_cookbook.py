@@ -1,7 +1,7 @@
 """harbor-cookbook's compose recipes (multi-container, mcp-tools, simulated-user) under air, their compose files,
 task.toml and tests as the recipes have them: the oracle scores 1 at `air tasks check`, the scripted do-nothing
-rollout 0 under `air eval`, and multi-container under verifiers' vf-eval through air. Where the recipes come from, the stand-in base images and the one recipe's download
-lines changed: tests/harbor_cookbook.py."""
+rollout 0 under `air eval`, and multi-container under verifiers' vf-eval through air. Where the recipes come from,
+the stand-in base images and the one recipe's download lines changed: tests/harbor_cookbook.py."""
 
 from __future__ import annotations
 
