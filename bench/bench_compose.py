@@ -24,7 +24,9 @@ import docker
 from air.sandbox import PoolConfig, SandboxPool
 from air.sandbox.services import network_kwargs
 from air.tasks.environment import TaskEnvironment
+from air.tasks.harbor.collect import from_services
 from air.tasks.harbor.loader import load_harbor_task
+from air.tasks.spec import ServiceArtifact, ServiceCollect
 from air.tasks.task_images import build_task_image
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
@@ -32,6 +34,9 @@ PUT = ("python3 -c \"import socket; s = socket.create_connection(('db', 7070), t
        "s.sendall(b'PUT hello\\n'); s.makefile().readline()\"")
 READ = ("python3 -c \"import socket; s = socket.create_connection(('db', 7070), timeout=10); s.sendall(b'ROWS\\n'); "
         "print(s.makefile().readline())\"")
+DUMP = ("mkdir -p /tmp/dump && python3 -c \"import socket; f = socket.create_connection(('localhost', 7070))"
+        ".makefile('rw'); f.write('ROWS\\n'); f.flush(); "
+        "open('/tmp/dump/rows.txt', 'w').writelines(iter(f.readline, '.\\n'))\"")
 
 
 async def air_rollouts(spec, runs: int) -> tuple[list[float], ...]:
@@ -69,7 +74,18 @@ async def air_rollouts(spec, runs: int) -> tuple[list[float], ...]:
                 assert again is sandbox
             await pool.settled(again)
             await again.services.ready()
-        return leases, whole, scoring, renewals, waits
+        collects = []  # Harbor's per-service exec and copy: one hook that dumps db's rows, the dump copied out
+        hooked = spec.replace(service_collect=[ServiceCollect(service="db", command=DUMP)],
+                              service_artifacts=[ServiceArtifact(service="db", source="/tmp/dump", destination="db")])
+        async with env.lease() as sandbox:
+            await sandbox.session.run(PUT, timeout=60)
+            for _ in range(runs):
+                start = time.perf_counter()
+                gathered = await from_services(sandbox.services, hooked)
+                collects.append(time.perf_counter() - start)
+                assert gathered and b"hello" in gathered, gathered
+        await pool.settled(sandbox)
+        return leases, whole, scoring, renewals, waits, collects
 
 
 def plain_rollouts(spec, runs: int) -> tuple[list[float], list[float]]:
@@ -128,7 +144,7 @@ def main(runs: int) -> None:
     single = load_harbor_task(FIXTURES / "harbor", "hello-pass")
     for spec in (compose, single):
         build_task_image(spec)
-    air_lease, air_whole, air_scoring, air_renewal, air_waits = asyncio.run(air_rollouts(compose, runs))
+    air_lease, air_whole, air_scoring, air_renewal, air_waits, air_collect = asyncio.run(air_rollouts(compose, runs))
     plain_up, plain_whole = plain_rollouts(compose, runs)
     single_lease = asyncio.run(one_container_leases(single, runs))
     med = statistics.median
@@ -144,6 +160,8 @@ def main(runs: int) -> None:
           f"{med(air_whole) / med(plain_whole):.3f}")
     print(f"  of which air's scoring (a new scoring sandbox on the network): {med(air_scoring) * 1000:8.1f} ms")
     print(f"  of which air's services renewed after the release settled:    {med(air_renewal) * 1000:8.1f} ms")
+    print(f"per-service collect and copy (a hook in db, its dump copied out): {med(air_collect) * 1000:8.1f} ms, "
+          f"{med(air_collect) / med(air_scoring):.3f} of an evaluation")
 
 
 if __name__ == "__main__":

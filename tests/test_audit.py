@@ -172,3 +172,22 @@ def test_a_task_the_audit_found_paying_is_refused_for_training_unless_asked(imag
     ran = air("eval", "harbor:file-exists", *root, "-n", "1", "--out", str(tmp_path / "b"), "--allow-hackable")
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["rollouts"]
+
+
+COMPOSE = Path(__file__).parent / "fixtures"
+
+
+@pytest.mark.docker
+async def test_a_score_a_service_holds_is_forged_through_the_service_and_blamed_on_the_test(pool, images):
+    """A task with services whose test pays what its `board` service holds, which anyone on the network may set
+    (weak on purpose): forge-service pays, blamed on the test's line that reads the board, and no other hack does.
+    Control: on the rows fixture, whose test pays only the row the task asks for, the same hack (every row it
+    writes into `db`) pays nothing."""
+    audit = await audited("scoreboard", pool, COMPOSE / "harbor-compose-hacks")
+    assert audit.do_nothing == 0.0
+    paid = [r for r in audit.results if r.status == "paid"]
+    assert [r.name for r in paid] == ["forge-service"], [(r.name, r.status, r.score) for r in audit.results]
+    assert any("create_connection" in b for b in paid[0].blame), paid[0].blame
+    rows = await audited("rows", pool, COMPOSE / "harbor-compose")
+    assert rows.do_nothing == 0.0 and not rows.paid, [(r.name, r.status) for r in rows.results]
+    assert "forge-service" in {r.name for r in rows.results}

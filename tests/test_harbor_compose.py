@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -427,3 +428,232 @@ def test_health_checks_read_as_compose_reads_them():
     check = _health(_Health(test="curl -f localhost", interval="1m30s", start_period="500ms", retries=2))
     assert check.test == ("CMD-SHELL", "curl -f localhost") and check.interval == 90.0
     assert check.start_period == 0.5 and check.retries == 2
+
+
+@pytest.mark.docker
+def test_a_service_that_copies_several_files_into_its_workdir_builds_and_keeps_its_dockerignore(
+        images, docker_client, tmp_path):
+    """BuildKit (compose's, so Harbor's builder) takes `COPY a b .`; air's legacy build does too, with the context's
+    .dockerignore honoured and air's rewritten file left out of the image. Control: the same Dockerfile as written,
+    sent to the legacy builder, is refused."""
+    import docker.errors
+
+    from air.images.dockerfile import DockerfileBuilder
+
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "b.txt").write_text("b")
+    (tmp_path / "secret.txt").write_text("s")
+    (tmp_path / ".dockerignore").write_text("secret.txt\n")
+    (tmp_path / "Dockerfile").write_text("FROM air/base:latest\nWORKDIR /srv/app\nCOPY a.txt b.txt .\nCOPY . /all/\n")
+    tag = f"air/test-issue69-copy:{os.getpid()}"
+    try:
+        builder = DockerfileBuilder(docker_client, network=(False, "test"))
+        builder.ensure_plain(label="copy", tag=tag, context=tmp_path, dockerfile="Dockerfile")
+        out = docker_client.containers.run(tag, ["sh", "-c", "ls /srv/app; echo --; ls -a /all"], remove=True,
+                                           network_mode="none", labels={"air.role": "test-issue69"}).decode()
+        mine, everything = out.split("--")
+        assert mine.split() == ["a.txt", "b.txt"]
+        assert "secret.txt" not in everything and ".air.Dockerfile" not in everything and "Dockerfile" in everything
+        with pytest.raises(docker.errors.BuildError, match="must be a directory and end with a /"):
+            docker_client.images.build(path=str(tmp_path), tag=f"{tag}-control", network_mode="none", rm=True,
+                                       labels={"air.role": "test-issue69"})
+    finally:
+        for name in (tag, f"{tag}-control"):
+            with __import__("contextlib").suppress(docker.errors.ImageNotFound):
+                docker_client.images.remove(name, force=True)
+
+
+def _vf_eval(tmp_path: Path, name: str, stories: dict | None, rollouts: int, task: str = "harbor:rows",
+             root: Path = FIXTURES) -> list[dict]:
+    """vf-eval through air's environment (air-mlgym) on a Harbor task (the fixture's by default), against air's
+    scripted test double of an LLM (a story of the test's own where given); the traces it writes."""
+    port_file, out = tmp_path / f"{name}.port", tmp_path / name
+    server_args = [sys.executable, "-m", "air.policies.scripted_server", "--port", "0", "--port-file", str(port_file)]
+    if stories is not None:
+        (tmp_path / f"{name}.json").write_text(json.dumps(stories))
+        server_args += ["--stories", str(tmp_path / f"{name}.json")]
+    server = subprocess.Popen(server_args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            if port_file.exists() and port_file.read_text():
+                break
+            time.sleep(0.1)
+        cmd = ["vf-eval", "air-mlgym", "-n", "1", "-r", str(rollouts), "-c", "1", "-m", "air-scripted",
+               "--client.base-url", f"http://127.0.0.1:{port_file.read_text()}/v1",
+               "--env.taskset.tasks", json.dumps([task]), "--env.taskset.harbor-root", str(root),
+               "--no-push", "--no-rich", "-o", str(out)]
+        ran = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "CI": ""})
+        assert ran.returncode == 0, ran.stderr[-3000:]
+    finally:
+        server.terminate()
+        server.wait(10)
+    (traces_file,) = out.rglob("traces.jsonl")
+    return [t for line in traces_file.read_text().splitlines() for t in json.loads(line)["traces"]]
+
+
+def _reward(trace: dict) -> float:
+    return sum(r["score"] * r["weight"] for r in trace["rewards"].values())
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_vf_eval_runs_a_compose_task_through_air(spec, tmp_path):
+    """Two rollouts, one after the other on air's warm sandbox, each counting db's rows and writing one: both
+    scored 1, and the second saw no row of the first (its services made new). The do-nothing rollout: 0."""
+    traces = _vf_eval(tmp_path, "put", {"rows": [f"{AGENT_ROWS}; {AGENT_PUT}"]}, rollouts=2)
+    assert len(traces) == 2
+    for trace in traces:
+        assert trace["ok"], trace.get("errors")
+        said = json.dumps(trace["nodes"])
+        assert "rows 0" in said and "rows 1" not in said and "Evaluation Score: {'reward': 1.0}" in said
+        assert _reward(trace) > 0
+    (idle,) = _vf_eval(tmp_path, "idle", None, rollouts=1)
+    assert idle["ok"] and "Evaluation Score: {'reward': 0.0}" in json.dumps(idle["nodes"]) and _reward(idle) == 0.0
+
+
+# ----- per-service collect and copy ([[verifier.collect]] with `service`, artifacts of a service) -------------------
+ARTIFACTS = 'artifacts = [{ source = "/tmp/dump", service = "db", destination = "db" }]\n'
+DUMP = ("mkdir -p /tmp/dump && python3 -c \"import socket; f = socket.create_connection(('localhost', 7070))"
+        ".makefile('rw'); f.write('ROWS\\n'); f.flush(); "
+        "open('/tmp/dump/rows.txt', 'w').writelines(iter(f.readline, '.\\n'))\"")
+HOOKS = f"""
+[[verifier.collect]]
+service = "db"
+command = '''{DUMP}'''
+timeout_sec = 30
+
+[[verifier.collect]]
+service = "db"
+command = "ln -sf /etc/passwd /tmp/dump/passwd && echo done > /tmp/dump/hook.txt"
+"""
+FROM_ARTIFACTS = """#!/bin/bash
+# The reward: 1 when the rows the collect hook dumped in db hold "hello" (the file, not the live service).
+mkdir -p /logs/verifier
+ls -la /logs/artifacts/db > /logs/verifier/listing.txt 2>&1
+if grep -qx hello /logs/artifacts/db/rows.txt 2>/dev/null; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+"""
+
+
+def collecting_task(tmp_path: Path) -> Path:
+    root = copy_task(tmp_path)
+    toml = root / "rows" / "task.toml"
+    toml.write_text(ARTIFACTS + toml.read_text() + HOOKS)
+    (root / "rows" / "tests" / "test.sh").write_text(FROM_ARTIFACTS)
+    return root
+
+
+def test_a_collect_hook_and_an_artifact_of_a_service_load_as_harbor_reads_them(tmp_path):
+    spec = load_harbor_task(collecting_task(tmp_path), "rows")
+    assert [(h.service, h.timeout) for h in spec.service_collect] == [("db", 30.0), ("db", 60.0)]
+    assert not spec.verifier_collect  # main's hooks only
+    (artifact,) = spec.service_artifacts
+    assert (artifact.service, artifact.source, artifact.destination) == ("db", "/tmp/dump", "db")
+
+
+@pytest.mark.docker
+async def test_the_verifier_reads_what_a_hook_collected_in_the_rollouts_own_service(tmp_path, images, docker_client,
+                                                                                   pool, monkeypatch):
+    """The hook runs in this rollout's `db` and dumps its rows; the dump is copied out to /logs/artifacts/db for the
+    test: the row the agent wrote pays 1, none pays 0. A link in the service's folder is not followed nor copied
+    (the test lists the folder). Over the limit, the artifact is left out (0 where the row is there): the control
+    of the bound is the first rollout, under the default limit."""
+    from air.tasks.environment import TaskEnvironment
+    from air.tasks.harbor import collect
+    from air.tasks.task_images import build_task_image
+
+    spec = load_harbor_task(collecting_task(tmp_path), "rows")
+    build_task_image(spec, docker_client)
+    env = TaskEnvironment(spec, pool)
+    async with env.lease() as sandbox:
+        assert (await env.evaluate(sandbox)).metrics["reward"] == 0.0
+        assert "OK" in await sh(sandbox, AGENT_PUT)
+        assert (await env.evaluate(sandbox)).metrics["reward"] == 1.0
+        gathered = await collect.from_services(sandbox.services, spec)
+        import io
+        import tarfile
+        with tarfile.open(fileobj=io.BytesIO(gathered)) as tar:
+            names = {m.name: m for m in tar}
+        assert set(names) == {"db", "db/rows.txt", "db/hook.txt"}  # the link db/passwd is left out
+        assert all(m.uid == 0 and not m.issym() for m in names.values())
+        monkeypatch.setattr(collect, "FROM_SERVICES_LIMIT", 100)
+        assert "OK" in await sh(sandbox, AGENT_PUT.replace("PUT hello", "PUT " + "x" * 200))
+        assert (await env.evaluate(sandbox)).metrics["reward"] == 0.0
+
+
+def test_a_services_tar_is_taken_as_regular_files_under_its_destination():
+    """What a service holds is the rollout's: a tar of it with a link, a hard link, a device, a `..` name and an
+    absolute one keeps only its regular files and folders, under the destination. Control: the hostile tar holds
+    them all."""
+    import io
+    import tarfile
+
+    from air.tasks.harbor.collect import _take
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        def add(name, kind=tarfile.REGTYPE, data=b"x", link=""):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.size = kind, link, len(data) if kind == tarfile.REGTYPE else 0
+            info.uid = 1000
+            tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+        add("dump", tarfile.DIRTYPE)
+        add("dump/rows.txt", data=b"hello\n")
+        add("dump/reward.txt", tarfile.SYMTYPE, link="/logs/verifier/reward.txt")
+        add("dump/hard", tarfile.LNKTYPE, link="dump/rows.txt")
+        add("dump/null", tarfile.CHRTYPE)
+        add("dump/../../verifier/reward.txt", data=b"1\n")
+        add("/logs/verifier/reward.txt", data=b"1\n")
+    hostile = raw.getvalue()
+    with tarfile.open(fileobj=io.BytesIO(hostile)) as tar:
+        assert len(tar.getmembers()) == 7  # control
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as into:
+        assert _take(hostile, "db", into) == len(b"hello\n")
+    with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
+        taken = {m.name: (m.type, m.uid) for m in tar}
+    assert taken == {"db": (tarfile.DIRTYPE, 0), "db/rows.txt": (tarfile.REGTYPE, 0)}
+
+
+@pytest.mark.parametrize("command", [["eval", "harbor:rows", "-n", "1"], ["run", "--task", "harbor:rows"]])
+def test_a_task_with_services_takes_no_snapshot_and_says_so_in_one_line(tmp_path, command):
+    """A snapshot holds the agent's files and shell, not what the services hold: asked for on a task with services,
+    the command stops before any sandbox (exit 2), in one line; so does the library's `take`. Control: the same
+    check passes a task without services."""
+    from air.errors import SnapshotError
+    from air.episode.snapshot import check_snapshottable
+    from air.tasks.registry import load_task
+
+    proc = air(*command, "--harbor-root", str(FIXTURES), "--snapshot-at", "validate", cache=tmp_path / "cache",
+               timeout=300)
+    said = [line for line in proc.stderr.splitlines() if "snapshot" in line]
+    assert proc.returncode == 2 and said, proc.stderr[-2000:]
+    assert "task rows has services (db): a snapshot holds the agent's files and shell" in said[0]
+    assert "Traceback" not in proc.stderr
+    with pytest.raises(SnapshotError):
+        check_snapshottable(load_harbor_task(FIXTURES, "rows"))
+    check_snapshottable(load_task("prisoners-dilemma"))
+
+
+def test_air_export_harbor_of_a_harbor_task_says_its_folder_is_the_export(tmp_path):
+    """A task with services is a Harbor task folder (air's own tasks have none): `air export harbor` says to copy it
+    as it is, in one line, exit 2, and writes nothing. Control: a bundled task is written."""
+    out = tmp_path / "out"
+    proc = air("export", "harbor", "harbor:rows", "--out", str(out), cache=tmp_path / "cache", timeout=300)
+    assert proc.returncode == 2 and not out.exists(), proc.stderr[-2000:]
+    (line,) = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "harbor:rows is a Harbor task folder already: copy it as it is" in line
+    proc = air("export", "harbor", "prisoners-dilemma", "--out", str(out), cache=tmp_path / "cache", timeout=300)
+    assert proc.returncode == 0 and (out / "prisoners-dilemma" / "task.toml").is_file(), proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("content, said", [(None, "No such file"), ("[1, 2]", "not a mapping"),
+                                           ('{"rows": "echo"}', "not a mapping"), ("{", "Expecting")])
+def test_a_bad_stories_file_is_one_line_and_exit_2(tmp_path, content, said):
+    """The scripted test double's --stories (the vf-eval test's own story): bad input stops it before it serves."""
+    path = tmp_path / "stories.json"
+    if content is not None:
+        path.write_text(content)
+    proc = subprocess.run([sys.executable, "-m", "air.policies.scripted_server", "--port", "0", "--stories",
+                           str(path)], capture_output=True, text=True, timeout=60)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "--stories" in last and said in last and "Traceback" not in proc.stderr

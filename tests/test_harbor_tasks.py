@@ -90,7 +90,14 @@ CANNOT = {
                 "docker-compose.yaml: field 'services.db.volumes': Extra inputs are not permitted"),
     "compose-empty": ("", {"environment/docker-compose.yaml": "services: {}\n"}, "names no service besides main"),
     "mcp": ('[[environment.mcp_servers]]\nname = "s"\nurl = "http://x"\n', {}, "MCP servers"),
-    "collect": ('[[verifier.collect]]\ncommand = "true"\nservice = "db"\n', {}, "collects state from services (db)"),
+    "collect": ('[[verifier.collect]]\ncommand = "true"\nservice = "db"\n', {},
+                "collects from services its compose file does not run (db)"),
+    "artifact-relative": ('artifacts = [{ source = "rows.txt", service = "db" }]\n', {}, "is not an absolute path"),
+    "artifact-escapes": ('artifacts = [{ source = "/x", destination = "../../tests/x" }]\n', {},
+                         "is not a relative path inside /logs/artifacts"),
+    "verifier-compose": ('[verifier]\nenvironment_mode = "separate"\n',
+                         {"tests/docker-compose.yaml": "services:\n  main:\n    cap_add: [SYS_ADMIN]\n"},
+                         "separate verifier has a compose environment of its own (tests/docker-compose.yaml)"),
     "system-workdir": ('[environment]\nworkdir = "/usr"\n', {}, "working directory /usr is a system directory"),
     "bad-type": ('[verifier]\ntimeout_sec = "soon"\n', {}, "timeout_sec"),
 }
@@ -303,3 +310,25 @@ def test_each_phases_network_policy_is_read(tmp_path):
     assert notes["verifier-only"] == ["its verifier asks for the network (allowlist: pypi.org, files.pythonhosted.org);"
                                       " air scores offline (what its test installs is put in its scoring image)"]
     assert notes["none"] == []
+
+
+def test_a_copy_of_several_sources_into_the_working_directory_is_built_as_buildkit_reads_it(tmp_path):
+    """`COPY a b .` (harbor-cookbook's simulated-user) is BuildKit's and the legacy builder refuses it: air's build
+    gets `./`; nothing else of the file changes (a one-source copy, an exec form, a RUN)."""
+    from air.images.dockerfile import _as_buildkit_reads
+
+    path = tmp_path / "Dockerfile"
+    path.write_text("FROM x\nCOPY server.py persona.md .\nADD --chown=1:1 a b ..\nCOPY a ./x\n"
+                    'COPY ["a", "b", "."]\nRUN cp a b .\n')
+    assert _as_buildkit_reads(path) == ("FROM x\nCOPY server.py persona.md ./\nADD --chown=1:1 a b ../\nCOPY a ./x\n"
+                                        'COPY ["a", "b", "."]\nRUN cp a b .\n')
+    path.write_text("FROM x\nCOPY a ./\nCOPY a b ./\n")
+    assert _as_buildkit_reads(path) is None  # as written: built from the folder itself
+
+
+def test_a_shared_verifier_ignores_a_compose_file_among_its_tests(tmp_path):
+    """Control of the refusal above: in shared mode (the verifier runs where the agent did) Harbor builds no verifier
+    environment, and a tests/docker-compose.yaml is only a file of the tests: the task loads."""
+    root = tmp_path / "dataset"
+    _task(root, "shared", "", files={"tests/docker-compose.yaml": "services:\n  main:\n    cap_add: [SYS_ADMIN]\n"})
+    assert load_task("harbor:shared", harbor_root=root).source == "harbor:shared"

@@ -190,9 +190,16 @@ def harbor(
 
     Example: air export harbor regression-rmse tabular-classification --out datasets/air
     """
+    from air.errors import UsageError
     from air.export.harbor import export_harbor
     from air.tasks.registry import load_all
 
+    if folders := [t for t in tasks if t.startswith("harbor:")]:
+        # A task with services is one of these (air's own tasks have none): its folder, compose file and services'
+        # build contexts included, is the Harbor task as it is.
+        raise UsageError(f"{folders[0]} is a Harbor task folder already: copy it as it is (its "
+                         "environment/docker-compose.yaml and services with it); air export harbor writes air's own "
+                         "and MLGym tasks")
     specs = load_all(tasks, mlgym_root, draw="reference")
     written = export_harbor(specs, out_dir)
     if as_json:

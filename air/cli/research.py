@@ -167,6 +167,10 @@ def eval_(
             require_here(spec)
         require_oracle(spec, allow_failed_oracle)
         require_audit(spec, allow_hackable)
+        if plan is not None:
+            from air.episode.snapshot import check_snapshottable
+
+            check_snapshottable(spec)
     if start is not None:
         from air.episode.snapshot import check_task
 

@@ -86,6 +86,10 @@ def run(
     spec = load_task(task, mlgym_root, harbor_root=harbor_root)
     require_here(spec)  # said before an image build that could not succeed here
     require_oracle(spec, allow_failed_oracle)  # as air eval: a failed oracle refused, an unchecked one said
+    if plan is not None:
+        from air.episode.snapshot import check_snapshottable
+
+        check_snapshottable(spec)
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
     policy, played_by = make_policy(base_url, model, model_timeout)
     check_folder(runs_dir)

@@ -156,14 +156,23 @@ async def take(episode, messages: list[dict[str, Any]], *, lose_processes: bool 
                max_bytes: int = DEFAULT_MAX_BYTES) -> Snapshot:
     """A snapshot of a live episode between turns (Episode.state): SnapshotBusy while a background process runs
     (unless lose_processes), SnapshotError when the agent's files exceed max_bytes."""
-    shell = await episode.sandbox.session.capture(max_bytes=max_bytes, lose_processes=lose_processes)
     spec = episode.spec
+    check_snapshottable(spec)
+    shell = await episode.sandbox.session.capture(max_bytes=max_bytes, lose_processes=lose_processes)
     return Snapshot(task=spec.id, task_source=spec.source, task_version=spec.version, task_hash=spec.content_hash,
                     episode=episode.id,
                     config=episode.config.model_dump(), reward_baseline=episode.baseline.score,
                     state=episode.state(messages), cwd=base64.b64encode(shell.cwd).decode(), env=shell.env,
                     lost=shell.lost, skipped=shell.skipped, files=shell.files,
                     files_sha256=hashlib.sha256(shell.files).hexdigest(), files_size=len(shell.files))
+
+
+def check_snapshottable(spec) -> None:
+    """SnapshotError (one line) for a task with services: a snapshot holds the agent's files and shell, not what its
+    services hold (rows it wrote), and a fork's services would be new ones, so its state would not be the turn's."""
+    if spec.services:
+        raise SnapshotError(f"task {spec.id} has services ({', '.join(s.name for s in spec.services)}): a snapshot "
+                            "holds the agent's files and shell, not their state, so air takes none of such a task")
 
 
 def check_task(snap: Snapshot, spec) -> None:
@@ -352,5 +361,6 @@ def load(path: str | os.PathLike, spec=None, *, key: bytes | None = None,
     return loads(path.read_bytes(), spec, key=key, max_bytes=max_bytes, what=str(path))
 
 
-__all__ = ["EpisodeState", "FORMAT", "Snapshot", "SnapshotPlan", "check_task", "dumps", "load", "loads", "save",
+__all__ = ["EpisodeState", "FORMAT", "Snapshot", "SnapshotPlan", "check_snapshottable", "check_task", "dumps",
+           "load", "loads", "save",
            "snapshot_key", "snapshot_path", "snapshots_dir", "take"]

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import docker
 import docker.errors
+import docker.utils
 import requests.exceptions
 
 from air.errors import ImageError
@@ -185,6 +186,8 @@ class DockerfileBuilder:
                tag: str | None = None, labels: dict[str, str] | None = None, network: bool = False) -> str:
         """One build, with the daemon's default network or none; the image id, or ImageError naming the step that
         failed."""
+        if fileobj is None and context is not None and (text := _as_buildkit_reads(context / dockerfile)):
+            fileobj, dockerfile = _rewritten_context(context, text), REWRITTEN
         kwargs = dict(fileobj=io.BytesIO(fileobj), custom_context=True, dockerfile=dockerfile) \
             if fileobj is not None else dict(path=str(context), dockerfile=dockerfile)
         # An image inherits its parent's labels: one built on air/cpu would carry `air.recipe=cpu` and the cpu
@@ -221,6 +224,33 @@ class DockerfileBuilder:
         if image_id is None:
             raise ImageError(f"{label}: the build ended without an image")
         return image_id
+
+
+_COPY_INTO_DOT = re.compile(r"^(\s*(?:COPY|ADD)\s(?:[^\[\n].*?)\s)(\.{1,2})[ \t]*$", re.IGNORECASE | re.MULTILINE)
+REWRITTEN = ".air.Dockerfile"
+
+
+def _as_buildkit_reads(path: Path) -> str | None:
+    """The Dockerfile with what BuildKit takes and the legacy builder refuses made explicit; None when nothing is.
+    Harbor builds with compose, so with BuildKit; air builds with the daemon's legacy builder (docker-py has no
+    BuildKit session). One difference is in real tasks (harbor-cookbook's simulated-user): `COPY a b .`, several
+    sources into the working directory, which the legacy builder refuses ("the destination must be a directory and
+    end with a /"); BuildKit reads `.` as the directory it is. Such a line gets the slash."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None  # the build says what is wrong with it
+    rewritten = _COPY_INTO_DOT.sub(lambda m: f"{m.group(1)}{m.group(2)}/", text)
+    return rewritten if rewritten != text else None
+
+
+def _rewritten_context(context: Path, dockerfile: str) -> bytes:
+    """The context as docker-py sends a folder (its .dockerignore honoured), with `dockerfile` beside it as
+    REWRITTEN, which COPY leaves out (docker-py's own way for a Dockerfile given as text)."""
+    ignore = context / ".dockerignore"
+    exclude = [line.strip() for line in ignore.read_text().splitlines() if line.strip() and
+               not line.strip().startswith("#")] if ignore.is_file() else None
+    return docker.utils.tar(str(context), exclude=exclude, dockerfile=(REWRITTEN, dockerfile)).read()
 
 
 def air_layer(image: str, workdir: str) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from air.actions import Reply
-from air.policies.scripted import TRIVIAL, ScriptedPolicy
+from air.policies.scripted import SCRIPTS, SUBMIT_TURN, TRIVIAL, VALIDATE_TURN, Script, ScriptedPolicy, _bash
 
 MODEL = "air-scripted"
 
@@ -76,8 +76,24 @@ def make_app(policy: ScriptedPolicy | None = None) -> web.Application:
     return app
 
 
-async def serve(port: int, port_file: Path | None = None, trivial: bool = False) -> None:
-    runner = web.AppRunner(make_app(ScriptedPolicy(only=TRIVIAL) if trivial else None))
+def stories(path: Path) -> dict[str, Script]:
+    """A test's own stories, `{"task id": ["command", ...]}`: each command a bash turn, then validate and submit
+    (a task without a script of air's, e.g. a Harbor task a test brings); ValueError (one line) otherwise."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--stories {path}: {exc}") from None
+    if not isinstance(data, dict) or not all(isinstance(v, list) and all(isinstance(c, str) for c in v)
+                                              for v in data.values()):
+        raise ValueError(f"--stories {path}: not a mapping of task ids to lists of commands")
+    return {task: Script(turns=(*(_bash(c) for c in commands), VALIDATE_TURN, SUBMIT_TURN))
+            for task, commands in data.items()}
+
+
+async def serve(port: int, port_file: Path | None = None, trivial: bool = False,
+                scripts: dict[str, Script] | None = None) -> None:
+    policy = ScriptedPolicy(only=TRIVIAL) if trivial else ScriptedPolicy({**SCRIPTS, **scripts}) if scripts else None
+    runner = web.AppRunner(make_app(policy))
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
@@ -93,8 +109,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--port-file", type=Path)
     parser.add_argument("--trivial", action="store_true", help="answer every task with 40 turns of `true`")
+    parser.add_argument("--stories", type=Path, help='JSON {"task id": ["command", ...]}: stories of your own '
+                        "(each command, then validate and submit)")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.port_file, args.trivial))
+    try:
+        scripts = stories(args.stories) if args.stories else None
+    except ValueError as exc:
+        parser.error(str(exc))
+    asyncio.run(serve(args.port, args.port_file, args.trivial, scripts))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ NETWORK_ROLE = "network"
 SERVICE_LABEL = "air.service"
 OF_LABEL = "air.services-of"
 """On every service container: its sandbox's container name (a service made while its sandbox went is still found)."""
+OUTPUT_TAIL = 4096
+"""Bytes of a collect hook's output kept (for the log)."""
 POLL = 0.1
 """Seconds between looks at a service's state while a lease waits for it."""
 NO_NET_RAW = ["NET_RAW", "MKNOD", "AUDIT_WRITE", "SETFCAP", "SYS_CHROOT"]
@@ -292,6 +294,45 @@ class Services:
                     raise InfraError(f"service {name} has no health check, and a dependent waits for it to be "
                                      "healthy")
             await asyncio.sleep(POLL)
+
+    async def exec(self, name: str, command: str, *, user: str | None, timeout: float) -> tuple[int | None, str]:
+        """`sh -c command` in this generation's service `name`, as Harbor's per-service exec runs a collect hook:
+        (its exit code, None when it outran `timeout`; the last OUTPUT_TAIL bytes of its output). One that outruns
+        it is left to end with its service, which is made new at the release."""
+        cid, api = self.ids[name], self.docker.api
+
+        def run() -> tuple[int | None, str]:
+            made = api.exec_create(cid, ["sh", "-c", command], user=user or "", stdout=True, stderr=True)
+            tail = b""
+            for chunk in api.exec_start(made["Id"], stream=True):
+                tail = (tail + chunk)[-OUTPUT_TAIL:]
+            return api.exec_inspect(made["Id"]).get("ExitCode"), tail.decode(errors="replace")
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(run), timeout)
+        except asyncio.TimeoutError:
+            return None, f"did not finish within {timeout:g} s"
+        except docker.errors.DockerException as exc:
+            return -1, f"could not be run: {exc}"
+
+    async def archive(self, name: str, path: str, limit: int) -> bytes | None:
+        """The tar Docker makes of `path` in service `name` (what Harbor's per-service copy downloads); None when
+        there is no such path or the tar is over `limit` bytes (what a service holds is the rollout's doing: never
+        more than the limit is read)."""
+        cid, api = self.ids[name], self.docker.api
+
+        def read() -> bytes | None:
+            try:
+                stream, _ = api.get_archive(cid, path, chunk_size=1 << 20)
+            except docker.errors.NotFound:
+                return None
+            data = bytearray()
+            for chunk in stream:
+                data += chunk
+                if len(data) > limit:
+                    stream.close()
+                    return None
+            return bytes(data)
+        return await self.docker.call(read, timeout=120)
 
     async def lost(self) -> str | None:
         """Why a service is not there as the rollout left it, when the infrastructure took it (its container gone,

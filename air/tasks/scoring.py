@@ -232,8 +232,12 @@ async def evaluate(pool: SandboxPool, agent_sandbox: Sandbox, spec: TaskSpec,
             # scored as it stands).
             agent_sandbox.mark_broken(lost)
             raise SandboxUnavailable(f"{lost}: the rollout cannot be scored")
+        # Harbor's per-service collect and copy, in the rollout's own services (air.tasks.harbor.collect).
+        gathered = await contract.from_services(services, spec) if services is not None and \
+            contract.from_services is not None else None
         async with pool.lease(scoring_spec(spec, join=join), gpus_of=agent_sandbox) as scorer:
-            outcome = await contract.score(scorer, spec, artefacts, baseline)
+            outcome = await (contract.score(scorer, spec, artefacts, baseline, from_services=gathered) if gathered
+                             is not None else contract.score(scorer, spec, artefacts, baseline))
         if saw_hidden(spec) or join:  # its cell ended and what it looked up forgotten before the agent can look
             # (#47); on a rollout's network, it is idle again for the next evaluation, which takes its address
             await pool.settled(scorer)

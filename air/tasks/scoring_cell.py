@@ -16,7 +16,7 @@ import math
 import re
 import tarfile
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal
 
 from pydantic import BaseModel
 
@@ -75,6 +75,9 @@ class ScoringContract:
     task drawn per evaluation (a family that draws nothing ignores it)."""
     image_links: bool = False
     """A link of the copy may lead into the image's read-only system (air.tasks.scoring.link_allowed)."""
+    from_services: Callable[[Any, TaskSpec], Awaitable[bytes | None]] | None = None
+    """What of the rollout's services (air.sandbox.services.Services) the scorer is given, gathered before it is
+    leased and passed to `score` as `from_services` when not None (a Harbor task's per-service collect)."""
 
 
 def declared(spec: TaskSpec) -> list[str]:

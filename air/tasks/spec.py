@@ -26,7 +26,7 @@ Contract = Literal["air", "mlgym-csv", "mlgym-model", "mlgym-lm", "mlgym-python"
 _LATER_FIELDS = {"action_format": "text", "build": None, "image_workspace": None, "env": {}, "verifier_image": None,
                  "verifier_build": None, "verifier_installs": False,
                  "verifier_collect": [], "verifier_artifacts": None, "services": [], "service_builds": {},
-                 "service_waits": {}}
+                 "service_waits": {}, "service_collect": [], "service_artifacts": []}
 """TaskSpec's fields that joined after task hashes were recorded (trajectories, host baselines), with defaults."""
 
 
@@ -107,6 +107,29 @@ class Baseline(BaseModel):
     """False: the task ships nothing that produces its baseline (MLGym's titanic): its scores are a record that
     cannot be reproduced, and the check only exercises the evaluation on `baseline_files` (a reference
     submission) when the task has one."""
+
+
+class ServiceCollect(BaseModel):
+    """A [[verifier.collect]] command Harbor runs in one of the task's services (`service = "db"`): air runs it
+    there too, in the rollout's own service container (air.tasks.harbor.collect.from_services)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    service: str
+    command: str
+    timeout: float = Field(60, gt=0)
+    user: str | None = None
+
+
+class ServiceArtifact(BaseModel):
+    """A file or folder of a service (Harbor's artifact with `service`, its `source` absolute there) that the
+    verifier finds at /logs/artifacts/`destination`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    service: str
+    source: str = Field(pattern=r"^/")
+    destination: str
 
 
 class Collect(BaseModel):
@@ -293,6 +316,10 @@ class TaskSpec(BaseModel):
     """Service images built from the task's folder ({tag: how}), as the task's own image is (no air layer)."""
     service_waits: dict[str, Condition] = {}
     """What a lease waits for of the services (compose's `main` depends_on)."""
+    service_collect: list[ServiceCollect] = []
+    """[[verifier.collect]] commands of a service, run in the rollout's service before each evaluation."""
+    service_artifacts: list[ServiceArtifact] = []
+    """What of the rollout's services the test finds under /logs/artifacts (copied out after service_collect)."""
     env: dict[str, str] = {}
     """Variables of the agent's shell and of the evaluation (Harbor's [environment].env and its Dockerfile's ENV);
     `${VAR}` and `${VAR:-default}` are taken from the host's environment when a sandbox is made."""

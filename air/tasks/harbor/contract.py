@@ -46,7 +46,7 @@ from pathlib import Path
 from air.images.dockerfile import HARBOR_DIR
 from air.sandbox import BASE_PATH, OUT_DIR, WORKSPACE, ArchiveTooLarge, ArchiveUnwritable, Sandbox, make_tar
 from air.tasks.harbor.loader import PRIMARY
-from air.tasks.harbor.collect import run_collect
+from air.tasks.harbor.collect import from_services, run_collect
 from air.tasks.harbor.imports import imported
 from air.tasks import watching
 from air.tasks.links import WRITABLE_ROOTS, refused_in_cell, shown
@@ -83,9 +83,10 @@ def harbor_dirs_sh(agent_uid: int | None = None) -> str:
             f"{owner}")
 
 
-async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes, baseline: bytes | None = None
-                     ) -> EvalOutcome:
-    """Score the agent's copy with tests/test.sh (`baseline`: unused, nothing of a Harbor task is drawn)."""
+async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes, baseline: bytes | None = None,
+                     from_services: bytes | None = None) -> EvalOutcome:
+    """Score the agent's copy with tests/test.sh (`baseline`: unused, nothing of a Harbor task is drawn;
+    `from_services`: what of the rollout's services the test finds under /logs/artifacts, air.tasks.harbor.collect)."""
     await scorer.harness_sh(harbor_dirs_sh())
     await scorer.put_archive(HARBOR_DIR, tar_of(spec.evaluation_files, file_mode=None))
     # The tests are root's alone: a test that runs the submission as the agent's uid ($AIR_AGENT_UID) hides its
@@ -108,6 +109,8 @@ async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes, baseline
         return EvalOutcome(status="invalid_submission", message=f"{WORKSPACE}/{shown(refused[0])} is a link that "
                                                                 "leads outside the submission; submit a regular file.")
     await run_collect(scorer, spec)  # Harbor's [[verifier.collect]], as the agent (air.tasks.harbor.collect)
+    if from_services:  # the services' artifacts, after main's (Harbor's order); root's
+        await scorer.session.unpack(f"{LOGS}/artifacts", from_services, user="root")
     await _root_home(scorer)
     result = await evaluate_in_cell(scorer, ["bash", "/tests/test.sh"], user="root", cwd=WORKSPACE,
                                     env={**env, **ROOT_ENV}, timeout=spec.evaluation.timeout, last=True,
@@ -264,7 +267,8 @@ def reward_metrics(found: dict[str, str]) -> tuple[dict[str, float], str | None]
     return {PRIMARY: value}, None
 
 
-HARBOR = ScoringContract(names=("harbor",), artefacts=lambda spec: ["."], score=run_harbor, image_links=True)
+HARBOR = ScoringContract(names=("harbor",), artefacts=lambda spec: ["."], score=run_harbor, image_links=True,
+                         from_services=from_services)
 """The whole workspace is copied; a link of it may lead into the image's read-only system (judged again in the cell)."""
 
 __all__ = ["GUARD", "HARBOR", "LOGS", "harbor_dirs_sh", "reward_metrics", "run_harbor", "sealed"]

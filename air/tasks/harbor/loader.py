@@ -23,10 +23,11 @@ import logging
 import re
 import shlex
 import tomllib
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Literal
 from urllib.parse import urlsplit
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air.errors import TaskError, UsageError
@@ -44,6 +45,8 @@ from air.tasks.spec import (
     Evaluation,
     ImageBuild,
     Metric,
+    ServiceArtifact,
+    ServiceCollect,
     TaskResources,
     TaskSpec,
     Timeouts,
@@ -276,10 +279,14 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
     verifier_image = None if verifier_build is None else f"air/harbor-{_slug(ident)}-verifier:" + dockerfile_digest(
         verifier_build.context, verifier_build.dockerfile, verifier_build.base, verifier_build.workdir)
     notes += _separate_notes(config, workdir, verifier_build)
-    if config.verifier.collect:
-        notes.append(f"its {len(config.verifier.collect)} [[verifier.collect]] command(s) run before the tests in the "
+    main_hooks = [c for c in config.verifier.collect if c.get("service") in (None, "main")]
+    if main_hooks:
+        notes.append(f"its {len(main_hooks)} [[verifier.collect]] command(s) run before the tests in the "
                      "scoring cell, on the copy of the workspace, as the agent (Harbor runs them in the agent's "
                      "environment, as root)")
+    if len(main_hooks) < len(config.verifier.collect) or _service_artifacts(config):
+        notes.append("its [[verifier.collect]] commands and artifacts of services run in and are copied out of the "
+                     "rollout's own services before each evaluation, into /logs/artifacts")
     installs = read_installs((task_dir / "tests" / "test.sh").read_text(encoding="utf-8", errors="replace"))
     verifier_env = dict(config.verifier.env)
     if installs.any and verifier_build is None:  # the scoring image: the task's, with the test's installs in it
@@ -301,7 +308,12 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
             verifier_image=verifier_image, verifier_build=verifier_build,
             verifier_artifacts=_kept_artifacts(config, workdir),
             verifier_collect=[Collect(command=c["command"], timeout=c.get("timeout_sec") or 300)
-                              for c in config.verifier.collect],
+                              for c in config.verifier.collect if c.get("service") in (None, "main")],
+            service_collect=[ServiceCollect(service=str(c["service"]), command=c["command"],
+                                            timeout=c.get("timeout_sec") or 60,
+                                            user=None if c.get("user") is None else str(c["user"]))
+                             for c in config.verifier.collect if c.get("service") not in (None, "main")],
+            service_artifacts=_service_artifacts(config),
             verifier_installs=verifier_build is not None and verifier_build.base == image,
             env={**static_env, **(compose.main_env if compose else {}), **env.env},
             services=compose.services if compose else [], service_builds=compose.builds if compose else {},
@@ -370,9 +382,24 @@ def _cannot(task_dir: Path, config: HarborToml) -> list[str]:
     if outside := _mcp_outside(task_dir, env):
         why.append(f"it declares MCP servers outside its services ({', '.join(outside)}), which need the network")
     verifier = config.verifier
-    services = {str(c.get("service")) for c in verifier.collect if c.get("service") not in (None, "main")}
-    if services:
-        why.append(f"it collects state from services ({', '.join(sorted(services))}) ([[verifier.collect]])")
+    if separate(config) and (task_dir / "tests" / COMPOSE_FILE).is_file():
+        # Seen in real tasks: a verifier that drives sibling containers (the host's docker.sock mounted, SYS_ADMIN),
+        # which no scoring sandbox of air's may have; scored without it, a right answer could be paid 0.
+        why.append(f"its separate verifier has a compose environment of its own (tests/{COMPOSE_FILE}), which air "
+                   "does not run")
+    wanted = {str(c.get("service")) for c in verifier.collect if c.get("service") not in (None, "main")}
+    wanted |= {str(a["service"]) for a in config.artifacts if isinstance(a, dict) and a.get("service")
+               not in (None, "main")}
+    if unknown := sorted(wanted - _service_names(task_dir)):
+        why.append(f"it collects from services its compose file does not run ({', '.join(unknown)}) "
+                   "([[verifier.collect]], artifacts)")
+    for item in config.artifacts:
+        if isinstance(item, dict) and item.get("service") not in (None, "main") and \
+                not str(item.get("source", "")).startswith("/"):
+            why.append(f"its artifact {item.get('source')!r} of service {item['service']} is not an absolute path")
+        elif isinstance(item, dict) and not _relative(item.get("destination")):
+            why.append(f"its artifact destination {item.get('destination')!r} is not a relative path inside "
+                       "/logs/artifacts")
     if any(not isinstance(c.get("command"), str) or not c.get("command") for c in verifier.collect):
         why.append("a [[verifier.collect]] has no command")
     return why
@@ -468,9 +495,40 @@ def _kept_artifacts(config: HarborToml, workdir: str | None) -> list[str] | None
     return kept
 
 
+def _service_names(task_dir: Path) -> set[str]:
+    """The services the task's compose file names (main aside); read loosely: read_compose says what is wrong."""
+    if not has_compose(task_dir):
+        return set()
+    try:
+        raw = yaml.safe_load((task_dir / "environment" / COMPOSE_FILE).read_text(encoding="utf-8")) or {}
+        return {str(name) for name in (raw.get("services") or {})} - {"main"}
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError, OSError):
+        return set()
+
+
+def _relative(destination: Any) -> bool:
+    """Harbor's rule for an artifact's destination: a relative path, without `..`, not manifest.json."""
+    if destination is None:
+        return True
+    path = PurePosixPath(str(destination))
+    return bool(path.parts) and not path.is_absolute() and ".." not in path.parts and \
+        path.as_posix() != "manifest.json" and "\\" not in str(destination)
+
+
+def _service_artifacts(config: HarborToml) -> list[ServiceArtifact]:
+    """Artifacts of a service: where Harbor puts them (its `destination`, else the source's own path) under
+    /logs/artifacts."""
+    return [ServiceArtifact(service=str(a["service"]), source=str(a["source"]),
+                            destination=str(a.get("destination") or str(a["source"]).lstrip("/")))
+            for a in config.artifacts if isinstance(a, dict) and a.get("service") not in (None, "main")]
+
+
 def _artifact_paths(config: HarborToml) -> list[str]:
+    """The agent's environment's artifacts (a service's are its own: _service_artifacts)."""
     found = []
     for item in config.artifacts:
+        if isinstance(item, dict) and item.get("service") not in (None, "main"):
+            continue
         path = item if isinstance(item, str) else item.get("source") if isinstance(item, dict) else None
         if isinstance(path, str):
             found.append(path)
@@ -513,7 +571,7 @@ def _notes(config: HarborToml) -> list[str]:
         notes.append("its [environment].healthcheck is not run (its compose services' health checks are)")
     if env.skills_dir:
         notes.append("its skills_dir is not copied anywhere")
-    if config.artifacts and not separate(config):
+    if _artifact_paths(config) and not separate(config):
         notes.append("its artifacts are not collected (air keeps the trajectory instead)")
     return notes
 
