@@ -166,7 +166,7 @@ class EnrootPool(SandboxPool):
         lower = await self._image_root(spec.image, image, image_id)
         name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or 'sandbox').lower())[:24]}-{uuid.uuid4().hex[:8]}"
         layers = enroot_root() / "layers" / name
-        for d in (layers / "upper", layers / "work", Path(self._environ["ENROOT_DATA_PATH"]) / name):
+        for d in (layers / "upper", layers / "work", layers / "home", Path(self._environ["ENROOT_DATA_PATH"]) / name):
             d.mkdir(parents=True, mode=0o755)
         directory, secret, held = _channel_dir(name)
         limits = cgroups.Limits()
@@ -181,6 +181,8 @@ class EnrootPool(SandboxPool):
                 env["AIR_AGENT_PIDS"] = str(r.pids)
             binds = [(str(directory), WARDEN_DIR, False)] + [
                 (host, inside, True) for inside, host in sorted(spec.read_only_mounts.items())]
+            if spec.workspace_mb:  # as on Docker, whose home is then a new tmpfs: the image's home files are hidden
+                binds.append((str(layers / "home"), AGENT_HOME, False))
             # enroot sets PATH itself whatever --env says: the image's (its venv first) is given through env(1).
             argv = self.launcher.start(name, ["env", f"PATH={env['PATH']}", "python3", "-I", "-S",
                                               f"{WARDEN_DIR}/warden.py", "--listen", WARDEN_DIR], binds=binds, env=env,
