@@ -77,6 +77,15 @@ def test_a_missing_squashfs_is_one_line_naming_the_export(tmp_path, monkeypatch)
     assert image_id == "sha256:" + "ab" * 32 and squashfs.image_env(path) == {"PATH": "/opt/venv/bin:/bin"}
 
 
+def test_a_warden_in_a_user_namespace_keeps_dockers_capabilities_only():
+    from air.sandbox.container import CELL_CAPABILITIES, ROOT_CAPABILITIES
+    from air.sandbox.warden import cell
+
+    # The bounding set a warden on enroot cuts itself to (root there holds every capability of the namespace).
+    assert sorted(cell.HARNESS_CAPABILITIES) == sorted(ROOT_CAPABILITIES + CELL_CAPABILITIES)
+    assert all(name in cell.CAP for name in cell.HARNESS_CAPABILITIES)
+
+
 def test_each_undelegated_limit_is_named_in_one_line(tmp_path):
     from air.sandbox.enroot import cgroups
 

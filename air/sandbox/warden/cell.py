@@ -79,7 +79,13 @@ def _userns_fallbacks() -> bool:
 USERNS_FALLBACKS = _userns_fallbacks()
 MNT_DETACH = 2
 _FLAG_OF = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME}
-CAP = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8}
+CAP = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8, "NET_ADMIN": 12,
+       "IPC_LOCK": 14, "SYS_CHROOT": 18, "SYS_ADMIN": 21, "MKNOD": 27}
+HARNESS_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL", "SETPCAP", "IPC_LOCK",
+                        "SYS_ADMIN", "NET_ADMIN", "SYS_CHROOT", "MKNOD")
+"""What Docker leaves a sandbox's root (container.py: ROOT_CAPABILITIES and CELL_CAPABILITIES): in a user namespace
+(enroot), where root holds every capability of the namespace, the warden's bounding set at its start, so that the
+harness's commands hold no more than on Docker."""
 ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL")
 """What root keeps in a cell: scoring's own files and the evaluation kit's drop to the agent (as in air's containers
 before cells); never a namespace, mount or network capability."""
@@ -625,6 +631,12 @@ def _capset(keep: Tuple[str, ...]) -> None:
     mask = sum(1 << CAP[name] for name in keep)
     data = (_CapData * 2)(_CapData(mask, mask, mask), _CapData(0, 0, 0))
     _check(LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data), "capset")  # _LINUX_CAPABILITY_VERSION_3
+
+
+def harness_bounding_set() -> None:
+    """In a user namespace of the enroot backend: the warden's bounding set cut to Docker's (HARNESS_CAPABILITIES)."""
+    if USERNS_FALLBACKS:
+        _drop_bounding(HARNESS_CAPABILITIES)
 
 
 def limit_capabilities(keep: Tuple[str, ...]) -> None:
