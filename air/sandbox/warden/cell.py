@@ -238,6 +238,8 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
             # an atime that a later cell sees, once a day at most; atimes.settle read each directory already).
             mount(None, point, None, (flags & ~MS_NOATIME) | _atime_mode(options))
 
+    if USERNS_FALLBACKS:
+        _own_sysfs()
     for d in ("/tmp", "/var/tmp"):
         mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV,
               mountapi.tmpfs_options(size="%dm" % layout.tmp_mb, mode="1777"))
@@ -513,6 +515,20 @@ def _bind_device(old_dev: int, rel: str, path: str) -> None:
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
     mount("/proc/self/fd/%d/%s" % (old_dev, rel), path, None, MS_BIND)
     mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+
+
+SYSFS_MASKS = ("/sys/firmware", "/sys/devices/virtual/powercap")
+"""What Docker hides of /sys (its default masked paths): hidden in a cell's own sysfs too."""
+
+
+def _own_sysfs() -> None:
+    """A sysfs of the cell's network namespace over /sys, read-only, with Docker's masks. An enroot container shares
+    the node's network namespace and binds the node's /sys, whose /sys/class/net names the node's interfaces; a
+    Docker container's sysfs is its own namespace's (lo alone), and so is this."""
+    mount("sysfs", "/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for point in SYSFS_MASKS:
+        if os.path.isdir(point):
+            mount("tmpfs", point, "tmpfs", MS_RDONLY, "size=0")
 
 
 def _masks(inherited: List[Tuple[str, str, str, str]]) -> None:
