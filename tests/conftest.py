@@ -114,6 +114,14 @@ def run_id() -> str:
     return f"test-{uuid.uuid4().hex[:10]}"
 
 
+@pytest.fixture(autouse=ENROOT)
+def _enroot_has_cells_only(request):
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("isolation") == "containers":
+        pytest.skip(NOT_ON_ENROOT + 'isolation="containers" (a Docker host that forbids cells): every enroot sandbox '
+                    "has cells, and the backend refuses it (tests/test_enroot.py)")
+
+
 def enroot_ready() -> dict:
     """The enroot lane's set-up, checked once: not root, the backend's own check of the node, air/base's squashfs
     file (a test of air/cpu without its file fails in one line naming the export). A missing part fails the lane in

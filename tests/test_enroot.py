@@ -86,6 +86,17 @@ def test_a_warden_in_a_user_namespace_keeps_dockers_capabilities_only():
     assert all(name in cell.CAP for name in cell.HARNESS_CAPABILITIES)
 
 
+def test_isolation_by_containers_is_refused_on_enroot():
+    from pydantic import ValidationError
+
+    from air.sandbox import PoolConfig
+
+    with pytest.raises(ValidationError, match="every enroot sandbox has cells"):
+        PoolConfig(backend="enroot", isolation="containers")
+    assert PoolConfig(backend="enroot", isolation="cells").isolation == "cells"
+    assert PoolConfig(backend="docker", isolation="containers").isolation == "containers"
+
+
 def test_each_undelegated_limit_is_named_in_one_line(tmp_path):
     from air.sandbox.enroot import cgroups
 

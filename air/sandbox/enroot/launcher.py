@@ -71,7 +71,8 @@ tmpfs /var/tmp tmpfs x-create=dir,rw,nosuid,nodev,mode=1777 0 -1
 tmpfs /dev/shm tmpfs x-create=dir,rw,nosuid,nodev,mode=1777,size=64m 0 -1
 """
 """air's enroot mounts (its own, not enroot's mounts.d): a procfs of the container's own pid namespace, the host's
-/sys read-only and /dev (enroot's), new /tmp, /var/tmp and /dev/shm (Docker's tmpfs mounts). No /etc/hosts, resolv.conf or home of the host's."""
+/sys read-only and /dev (enroot's), new /tmp, /var/tmp and /dev/shm (Docker's tmpfs mounts). No /etc/hosts,
+resolv.conf or home of the host's."""
 
 
 @dataclass
