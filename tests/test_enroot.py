@@ -236,3 +236,26 @@ def test_a_rollout_leaves_a_later_lease_nothing_but_the_named_differences():
     # Pinned, not fixed: the attacker's inotify instances (held by a process that outlived its lease until the reset)
     # were the never-used sandbox's too: the node user's limit is shared by every sandbox of the user.
     assert any(d.startswith(SHARED_INOTIFY + ": 0 != ") for d in seen["never_used"]), seen["never_used"]
+
+
+@pytest.mark.enroot
+@pytest.mark.slow
+def test_air_containers_lists_and_cleans_a_killed_runs_enroot_sandbox_and_spares_a_live_one():
+    """A run SIGKILLed mid-lease leaves its container root, host directory and cgroup folders: `air containers ls`
+    names it dead, `air containers clean` removes all three. The positive control, a run alive throughout: listed
+    alive, left alone."""
+    _image("air/base:latest")
+    result = _as_user([str(ROOT / "tests" / "enroot_leftovers.py")], 600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    before = {r["name"]: r for r in seen["before"]}
+    dead, live = before[seen["dead"]], before[seen["live"]]
+    assert not dead["alive"] and dead["root"] and dead["directory"] and dead["task"] == "crashed", dead
+    assert live["alive"] and live["root"], live
+    assert seen["dead"] in seen["clean"]["removed"] and seen["live"] not in seen["clean"]["removed"]
+    assert [r["name"] for r in seen["after"]] == [seen["live"]]
+    assert seen["gone"] == {"directory": True, "cgroups": []}
+    if any("/memory/" in c for c in live["cgroups"]):  # delegated: the crashed one's folders were there, and went
+        assert len(dead["cgroups"]) == len(live["cgroups"])
+    code, said = seen["run"]
+    assert code == 2 and said.count("\n") == 1 and "no run id" in said, said

@@ -34,14 +34,12 @@ from air import squashfs
 from air.errors import InfraError, SandboxUnavailable, UsageError
 from air.sandbox import hostdir
 from air.sandbox.container import _channel_dir
-from air.sandbox.enroot import cgroups
+from air.sandbox.enroot import cgroups, leftovers
 from air.sandbox.enroot.launcher import USERNS, Enroot, Launcher, Userns
 from air.sandbox.enroot.sandbox import EnrootSandbox, run_launcher
 from air.sandbox.layout import AGENT_HOME, BASE_PATH, WARDEN_DIR
 from air.sandbox.pool import CellFailed, SandboxPool
 from air.sandbox.spec import PoolConfig, SandboxSpec
-from air.sandbox.warden.locks import lock_held
-from air.sandbox.warden.protocol import HOST_LOCK
 
 log = logging.getLogger("air.enroot")
 AGENT_UIDS = range(20000, 60000)
@@ -117,21 +115,9 @@ class EnrootPool(SandboxPool):
         return None
 
     async def _sweep(self) -> list[str]:
-        """Remove container roots (and host directories) of sandboxes whose owner is gone: its host lock is free,
-        and the warden, waiting for its host or speaking to it, has ended."""
-        gone = []
-        sandboxes = hostdir.runtime_dir() / "sandboxes"
-        for name in await asyncio.to_thread(self.launcher.names):
-            if not name.startswith("air-") or name.startswith("air-image-"):  # an image's root is a cache
-                continue
-            directory = sandboxes / name
-            if directory.is_dir() and (lock_held(str(directory / HOST_LOCK), unknown=True)
-                                       or (directory / "warden.sock").exists()):
-                continue  # a live sandbox of another process (its lock, or its warden waiting)
-            if await self._remove_root(name):
-                gone.append(name)
-                shutil.rmtree(directory, ignore_errors=True)
-        return gone
+        """Remove what sandboxes whose owner is gone left (leftovers.py): their roots, host directories and cgroup
+        folders."""
+        return await sweep(self.launcher, self._environ, self.limit_parents)
 
     # ----- one sandbox ------------------------------------------------------------------------------------------
     async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> EnrootSandbox:
@@ -196,6 +182,7 @@ class EnrootPool(SandboxPool):
                 process = await asyncio.create_subprocess_exec(
                     *wrapped, env={**os.environ, **self._environ}, stdin=asyncio.subprocess.DEVNULL, stdout=log_fd,
                     stderr=log_fd, start_new_session=True)
+                leftovers.record_launcher(directory, process.pid)  # whether it lives, for a later sweep
             finally:
                 os.close(log_fd)
         except BaseException:
@@ -247,6 +234,24 @@ class EnrootPool(SandboxPool):
 
     def forget(self, sandbox: EnrootSandbox) -> None:
         raise UsageError("`air debug --keep` is not offered on the enroot backend (its container ends with air)")
+
+
+async def sweep(launcher: Launcher, environ: dict[str, str], parents: dict[str, Path] | None = None, *,
+                everything: bool = False) -> list[str]:
+    """Remove this user's dead sandboxes (every one, live included, with `everything`); the names that went."""
+    found = await asyncio.to_thread(leftovers.find, launcher, parents)
+    gone = []
+    for left in found:
+        if (everything or not left.alive) and await leftovers.remove(launcher, environ, left,
+                                                                      enroot_root() / "layers"):
+            gone.append(left.name)
+    return gone
+
+
+def housekeeping() -> tuple[Launcher, dict[str, str]]:
+    """This user's launcher and its environment, for `air containers` (nothing started)."""
+    launcher = Enroot(enroot_root())
+    return launcher, launcher.environ()
 
 
 POOL = EnrootPool
