@@ -214,7 +214,8 @@ def test_an_episode_runs_through_srun_on_a_slurm_node():
 # kernel counts for all of the user's sandboxes together.
 NO_PINS = r"page_cache:"
 NODE_DISK = r"df:/\.lock"
-MADE_BY_ENROOT = r"(files|mounts|df):/(\.lock|srv|var|var/log|var/log/wtmp)(#\d)?:(atime|mtime|ctime|ino|super)"
+MADE_BY_ENROOT = (r"(files|mounts|df):/(\.lock|srv|var|var/log|var/log/wtmp)(#\d)?:(atime|mtime|ctime|ino|super)"
+                  r"|mounts:/home/agent#1:root")  # the home: the sandbox's own empty folder (Docker's: a new tmpfs)
 SHARED_INOTIFY = "limits_in_use:inotify_instances_left"
 NAMES_KEPT = r"dentries:/usr/lib:"
 """The names a cell looked up stay cached: the warden may not drop the kernel's dentries (vm.drop_caches is the node's
