@@ -85,8 +85,8 @@ async def test_the_agent_cannot_see_connect_to_or_forge_the_wardens_channel(imag
     async with SandboxPool(config) as pool:
         async with pool.lease(SandboxSpec(image="air/base:latest", task="channel")) as sb:
             assert sb.channel is not None, "a daemon on this machine: the warden listens in a host directory"
-            # (on enroot, the launcher's own output beside them: the host writes it, no secret is in it)
-            expected = ["launcher.log"] * ENROOT + ["warden.log", "warden.py"]
+            # (on enroot, the launcher's output and pid beside them: the host writes both, no secret is in them)
+            expected = ["launcher.log", "launcher.pid"] * ENROOT + ["warden.log", "warden.py"]
             assert sorted(os.listdir(sb.channel)) == expected, "secret and socket are gone"
             r = await sb.session.run(CHANNEL_PROBE)
             out = r.stdout
