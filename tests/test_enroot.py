@@ -97,6 +97,27 @@ def test_isolation_by_containers_is_refused_on_enroot():
     assert PoolConfig(backend="docker", isolation="containers").isolation == "containers"
 
 
+async def test_a_harbor_tasks_image_is_not_built_on_enroot_but_resolved_from_its_squashfs(tmp_path, monkeypatch):
+    """No Docker on a Slurm node: a lease of a task with its own Dockerfile takes the exported squashfs (the pool
+    resolves it, a missing one in one line naming the export) instead of building, which needs a daemon."""
+    from air.errors import DockerUnavailable, ImageError
+    from air.tasks.registry import load_task
+    from air.tasks.task_images import ensure_task_image
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent")
+    monkeypatch.setenv("AIR_SQUASHFS_DIR", str(tmp_path))
+    spec = load_task("harbor:runs-program", harbor_root=ROOT / "tests" / "fixtures" / "harbor-hacks")
+    assert spec.build is not None
+    await ensure_task_image(spec, backend="enroot")  # nothing asked of Docker
+    with pytest.raises(DockerUnavailable):  # the control: Docker's backend builds, and needs its daemon
+        await ensure_task_image(spec, backend="docker")
+    monkeypatch.setenv("AIR_BACKEND", "enroot")
+    from air.cli.images import build_task_images
+
+    with pytest.raises(ImageError, match=f"air images export-squashfs {spec.image}"):
+        build_task_images([spec])  # `air run`'s first step: one line naming the export
+
+
 def test_each_undelegated_limit_is_named_in_one_line(tmp_path):
     from air.sandbox.enroot import cgroups
 
