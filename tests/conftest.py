@@ -146,6 +146,25 @@ def enroot_ready() -> dict:
     return {}
 
 
+def task_images(specs) -> None:
+    """Tasks' own images (Harbor tasks' Dockerfiles) built; on enroot, their squashfs files present (no Docker to
+    build with: exported where Docker built them), else the test skips naming the export."""
+    from air.tasks.task_images import build_task_image
+
+    for spec in specs:
+        if not ENROOT:
+            build_task_image(spec)
+            continue
+        from air import squashfs
+        from air.errors import ImageError
+
+        try:
+            for ref in filter(None, (spec.image, spec.verifier_image)):  # the scoring image, where it has its own
+                squashfs.resolve(ref)
+        except ImageError as exc:
+            pytest.skip(NOT_ON_ENROOT + str(exc))
+
+
 def enroot_sandboxes() -> set[str]:
     """This user's enroot container roots of sandboxes (an image's unpacked root is a cache, not a sandbox)."""
     from air.sandbox.enroot.launcher import Enroot
