@@ -27,6 +27,8 @@ usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 deps() {
   [ "$(id -u)" -eq 0 ] || { say "deps installs Debian packages: run it as root"; exit 1; }
+  # A new machine's package lists may be empty (a container's image ships none): read them first.
+  apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${DEPS[@]}" >/dev/null
   say "installed: ${DEPS[*]}"
 }
@@ -67,7 +69,7 @@ build() {
   version=$("$prefix/bin/enroot" version)
   commit=$(git -C "$ENROOT_SRC" rev-parse --short HEAD 2>/dev/null || echo "a tree without git")
   printf 'enroot %s\nsource %s (%s)\nbuilt %s in %.1f s\n' "$version" "$ENROOT_SRC" "$commit" \
-    "$(date -u +%FT%TZ)" "$(echo "$(date +%s.%N) - $t0" | bc)" >"$prefix/VERSION"
+    "$(date -u +%FT%TZ)" "$(awk "BEGIN { print $(date +%s.%N) - $t0 }")" >"$prefix/VERSION"
   cat "$prefix/VERSION" >&2
   say "built: $prefix/bin/enroot (scripts/enroot-build.sh env prints its PATH)"
 }

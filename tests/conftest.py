@@ -34,6 +34,16 @@ signal.signal(signal.SIGHUP, signal.SIG_DFL)
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+ENROOT = os.environ.get("AIR_TEST_BACKEND") == "enroot"
+"""`AIR_TEST_BACKEND=enroot pytest tests/test_hardening.py ...`, run as a user who is not root, with subordinate uids,
+enroot on PATH and the images' squashfs files (docs/hpc.md): every pool the tests make (and every air process they
+start) runs on the enroot backend, with Docker unreachable. A test that speaks to Docker's daemon itself (the
+`docker_client` fixture) skips and says so; a difference from Docker is skipped or pinned where the test stands."""
+if ENROOT:
+    os.environ["AIR_BACKEND"] = "enroot"
+    os.environ["DOCKER_HOST"] = "unix:///nonexistent"  # nothing reaches a daemon by accident
+NOT_ON_ENROOT = "AIR_TEST_BACKEND=enroot: "
+"""How every skip of the enroot lane starts: the reason follows."""
 BASE_IMAGE = "air/base:latest"
 CPU_IMAGE = "air/cpu:latest"
 
@@ -46,6 +56,9 @@ def _no_docker(reason: str):
 
 @pytest.fixture(scope="session")
 def docker_client():
+    if ENROOT:
+        pytest.skip(NOT_ON_ENROOT + "the test speaks to Docker's daemon itself (its containers, its API); enroot has "
+                    "no daemon")
     from air.sandbox import connect
 
     try:
@@ -57,8 +70,12 @@ def docker_client():
 
 
 @pytest.fixture(scope="session")
-def images(docker_client):
-    """The CPU recipes built (or reused: a no-op when the README's set-up already built them)."""
+def images(request):
+    """The CPU recipes built (or reused: a no-op when the README's set-up already built them); on enroot, their
+    squashfs files present and the node able to run the backend."""
+    if ENROOT:
+        return enroot_ready()
+    docker_client = request.getfixturevalue("docker_client")
     from air.images import ImageBuilder
 
     built = {b.recipe: b for b in ImageBuilder(docker_client).ensure(["base", "cpu"])}
@@ -97,22 +114,108 @@ def run_id() -> str:
     return f"test-{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-async def pool(images, docker_client, run_id):
-    """A pool for one test; afterwards not one container of its run may remain."""
-    from air.sandbox import PoolConfig, SandboxPool, list_air_containers
+@pytest.fixture(autouse=ENROOT)
+def _enroot_has_cells_only(request):
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and callspec.params.get("isolation") == "containers":
+        pytest.skip(NOT_ON_ENROOT + 'isolation="containers" (a Docker host that forbids cells): every enroot sandbox '
+                    "has cells, and the backend refuses it (tests/test_enroot.py)")
 
-    p = SandboxPool(PoolConfig(run_id=run_id, max_sandboxes=24, gpu_ids=[], lease_timeout=120))
-    await p.start()
-    yield p
+
+def enroot_ready() -> dict:
+    """The enroot lane's set-up, checked once: not root, the backend's own check of the node, air/base's squashfs
+    file (a test of air/cpu without its file fails in one line naming the export). A missing part fails the lane in
+    one line: it was asked for by name."""
+    from air import squashfs
+    from air.errors import ImageError
+    from air.sandbox.enroot.launcher import Enroot, Userns
+
+    why = None
+    if os.geteuid() == 0:
+        why = "run the suite as a user who is not root (the backend's user; docs/hpc.md)"
+    elif Enroot(root=None).version() is None:
+        why = "enroot is not on PATH (scripts/enroot-build.sh)"
+    else:
+        why = Userns.probe().check()
+    try:
+        squashfs.resolve(BASE_IMAGE)
+    except ImageError as exc:
+        why = why or str(exc)
+    if why:
+        pytest.fail(f"AIR_TEST_BACKEND=enroot cannot run here: {why}", pytrace=False)
+    return {}
+
+
+def task_images(specs) -> None:
+    """Tasks' own images (Harbor tasks' Dockerfiles) built; on enroot, their squashfs files present (no Docker to
+    build with: exported where Docker built them), else the test skips naming the export."""
+    from air.tasks.task_images import build_task_image
+
+    for spec in specs:
+        if not ENROOT:
+            build_task_image(spec)
+            continue
+        from air import squashfs
+        from air.errors import ImageError
+
+        try:
+            for ref in filter(None, (spec.image, spec.verifier_image)):  # the scoring image, where it has its own
+                squashfs.resolve(ref)
+        except ImageError as exc:
+            pytest.skip(NOT_ON_ENROOT + str(exc))
+
+
+def enroot_sandboxes() -> set[str]:
+    """This user's enroot container roots of sandboxes (an image's unpacked root is a cache, not a sandbox)."""
+    from air.sandbox.enroot.launcher import Enroot
+    from air.sandbox.enroot.pool import enroot_root
+
+    return {n for n in Enroot(enroot_root()).names() if not n.startswith("air-image-")}
+
+
+async def closed_leaving_nothing(p, client, before: set[str] | None = None) -> None:
+    """Close a pool; afterwards not one container of its run may remain (on enroot, where `client` is None: no
+    container root the test added)."""
     await p.close()
-    left = list_air_containers(docker_client, run=run_id)
+    if ENROOT:
+        left = enroot_sandboxes() - (before or set())
+        assert not left and not p.left_behind, f"enroot containers leaked by the test: {sorted(left)}"
+        return
+    from air.sandbox import list_air_containers
+
+    left = list_air_containers(client, run=p.run_id)
     for _ in range(20):  # an ended sandbox the daemon is still removing (auto_remove) goes within moments
         if not left or any(c.status not in ("removing", "exited", "dead") for c in left):
             break
         time.sleep(0.5)
-        left = list_air_containers(docker_client, run=run_id)
+        left = list_air_containers(client, run=p.run_id)
     assert not left, f"containers leaked by the test: {[(c.name, c.status) for c in left]}"
+
+
+@pytest.fixture
+def leftovers(request, run_id):
+    """What the test's run left behind, when called: Docker's containers of run_id, or on enroot the container roots
+    added since the test began."""
+    if ENROOT:
+        before = enroot_sandboxes()
+        return lambda: sorted(enroot_sandboxes() - before)
+    from air.sandbox import list_air_containers
+
+    client = request.getfixturevalue("docker_client")
+    return lambda: list_air_containers(client, run=run_id)
+
+
+@pytest.fixture
+async def pool(request, images, run_id):
+    """A pool for one test; afterwards not one container of its run may remain."""
+    from air.sandbox import PoolConfig, SandboxPool
+
+    client = None if ENROOT else request.getfixturevalue("docker_client")
+    before = enroot_sandboxes() if ENROOT else None
+    p = SandboxPool(PoolConfig(run_id=run_id, max_sandboxes=24, gpu_ids=[], lease_timeout=120))
+    await p.start()
+    yield p
+    await closed_leaving_nothing(p, client, before)
 
 
 @pytest.fixture
@@ -152,6 +255,8 @@ def kube_fake(images):
     """A FAKE Kubernetes API server (tests/kube_fake.py) whose kubelet runs each pod as a container of this machine's
     Docker daemon, with the real warden in it: the kubernetes backend's lifecycle end to end, without a cluster.
     With AIR_TEST_BACKEND=kubernetes, the real cluster instead."""
+    if ENROOT:
+        pytest.skip(NOT_ON_ENROOT + "the kubernetes backend's pods run on Docker here")
     if KUBERNETES_REAL:
         from kube_real import RealCluster
 

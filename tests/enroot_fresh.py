@@ -35,7 +35,7 @@ async def main() -> dict:
         async with env.lease() as one, env.lease() as other:
             again = one if one.name == name else other
             after = await t.fingerprint_of_first_command(again)
-    return {"planted": planted, "same": again.name == name,
+    return {"planted": planted, "same": again.name == name, "names_kept": again.session.ready.names_kept,
             "controls": [fp["dentries"]["control"] for fp in (before, reference, after)],
             "next_lease": t.differences(before, after, t.CELL_CLOCKS + t.HOST_GLOBAL),
             "never_used": t.differences(reference, after, t.CELL_CLOCKS + t.CONTAINER_CLOCKS + t.HOST_GLOBAL)}

@@ -44,6 +44,8 @@ RULES: list[tuple[str, str, str]] = [
     (r"^ENROOT_SRC=\S+ MAKESELF_SRC=\S+ scripts/enroot-build\.sh build$", NOT_RUN,
      "needs copies of enroot's and makeself's sources, which CI cannot have (docs/hpc.md)"),
     (r"^eval \"\$\(scripts/enroot-build\.sh env\)\"$", NOT_RUN, "names the enroot the build above made"),
+    (r"^AIR_TEST_BACKEND=enroot python3 -m pytest\b", NOT_RUN, "the suite's enroot lane, as the backend's non-root "
+                                                               "user (docs/hpc.md; its counts: experiments.md)"),
     (r"^AIR_BACKEND=enroot air (doctor|run)\b", NOT_RUN, "needs enroot, subordinate uids and squashfs images: "
                                                         "tests/test_enroot.py runs both as a non-root user"),
     (r"^scripts/slurm-local\.sh deps up$", NOT_RUN, "installs and starts a Slurm cluster as root; by hand"),

@@ -77,6 +77,47 @@ def test_a_missing_squashfs_is_one_line_naming_the_export(tmp_path, monkeypatch)
     assert image_id == "sha256:" + "ab" * 32 and squashfs.image_env(path) == {"PATH": "/opt/venv/bin:/bin"}
 
 
+def test_a_warden_in_a_user_namespace_keeps_dockers_capabilities_only():
+    from air.sandbox.container import CELL_CAPABILITIES, ROOT_CAPABILITIES
+    from air.sandbox.warden import cell
+
+    # The bounding set a warden on enroot cuts itself to (root there holds every capability of the namespace).
+    assert sorted(cell.HARNESS_CAPABILITIES) == sorted(ROOT_CAPABILITIES + CELL_CAPABILITIES)
+    assert all(name in cell.CAP for name in cell.HARNESS_CAPABILITIES)
+
+
+def test_isolation_by_containers_is_refused_on_enroot():
+    from pydantic import ValidationError
+
+    from air.sandbox import PoolConfig
+
+    with pytest.raises(ValidationError, match="every enroot sandbox has cells"):
+        PoolConfig(backend="enroot", isolation="containers")
+    assert PoolConfig(backend="enroot", isolation="cells").isolation == "cells"
+    assert PoolConfig(backend="docker", isolation="containers").isolation == "containers"
+
+
+async def test_a_harbor_tasks_image_is_not_built_on_enroot_but_resolved_from_its_squashfs(tmp_path, monkeypatch):
+    """No Docker on a Slurm node: a lease of a task with its own Dockerfile takes the exported squashfs (the pool
+    resolves it, a missing one in one line naming the export) instead of building, which needs a daemon."""
+    from air.errors import DockerUnavailable, ImageError
+    from air.tasks.registry import load_task
+    from air.tasks.task_images import ensure_task_image
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent")
+    monkeypatch.setenv("AIR_SQUASHFS_DIR", str(tmp_path))
+    spec = load_task("harbor:runs-program", harbor_root=ROOT / "tests" / "fixtures" / "harbor-hacks")
+    assert spec.build is not None
+    await ensure_task_image(spec, backend="enroot")  # nothing asked of Docker
+    with pytest.raises(DockerUnavailable):  # the control: Docker's backend builds, and needs its daemon
+        await ensure_task_image(spec, backend="docker")
+    monkeypatch.setenv("AIR_BACKEND", "enroot")
+    from air.cli.images import build_task_images
+
+    with pytest.raises(ImageError, match=f"air images export-squashfs {spec.image}"):
+        build_task_images([spec])  # `air run`'s first step: one line naming the export
+
+
 def test_each_undelegated_limit_is_named_in_one_line(tmp_path):
     from air.sandbox.enroot import cgroups
 
@@ -188,13 +229,18 @@ def test_an_episode_runs_through_srun_on_a_slurm_node():
     _episode(via=("srun", "--ntasks=1", "--cpus-per-task=2"))
 
 
-# What differs on enroot, each named (docs/hpc.md): pages of the image in the node's page cache (no pins), the node's
-# disk space under the root, the files enroot itself writes when it starts a container (its lock, wtmp), and the
-# node user's inotify instances, which the kernel counts for all of the user's sandboxes together.
+# What differs on enroot, each named (docs/hpc.md): pages of the image in the node's page cache (no pins), the names
+# looked up in the image's root (the kernel's dentries, not dropped), the node's disk space under the root, the files
+# enroot itself writes when it starts a container (its lock, wtmp), and the node user's inotify instances, which the
+# kernel counts for all of the user's sandboxes together.
 NO_PINS = r"page_cache:"
 NODE_DISK = r"df:/\.lock"
-MADE_BY_ENROOT = r"(files|mounts|df):/(\.lock|srv|var|var/log|var/log/wtmp)(#\d)?:(atime|mtime|ctime|ino|super)"
+MADE_BY_ENROOT = (r"(files|mounts|df):/(\.lock|srv|var|var/log|var/log/wtmp)(#\d)?:(atime|mtime|ctime|ino|super)"
+                  r"|mounts:/home/agent#1:root")  # the home: the sandbox's own empty folder (Docker's: a new tmpfs)
 SHARED_INOTIFY = "limits_in_use:inotify_instances_left"
+NAMES_KEPT = r"dentries:/usr/lib:"
+"""The names a cell looked up stay cached: the warden may not drop the kernel's dentries (vm.drop_caches is the node's
+root's), and the image's root is the node's disk, under an overlay of the sandbox's own (no tmpfs copy)."""
 
 
 @pytest.mark.enroot
@@ -208,11 +254,35 @@ def test_a_rollout_leaves_a_later_lease_nothing_but_the_named_differences():
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert "planted" in seen["planted"] and "holder has" in seen["planted"], seen["planted"]
     assert seen["same"] and seen["controls"] == ["cached"] * 3
-    unnamed = [d for d in seen["next_lease"] if not re.match(f"{NO_PINS}|{NODE_DISK}", d)]
+    assert "vm.drop_caches" in seen["names_kept"], seen["names_kept"]  # the cause of NAMES_KEPT, as the warden says
+    unnamed = [d for d in seen["next_lease"] if not re.match(f"{NO_PINS}|{NODE_DISK}|{NAMES_KEPT}", d)]
     assert not unnamed, unnamed  # the same sandbox at its next lease: new in everything but the page cache
     unnamed = [d for d in seen["never_used"]
-               if not re.match(f"{NO_PINS}|{NODE_DISK}|{MADE_BY_ENROOT}|{SHARED_INOTIFY}", d)]
+               if not re.match(f"{NO_PINS}|{NODE_DISK}|{MADE_BY_ENROOT}|{SHARED_INOTIFY}|{NAMES_KEPT}", d)]
     assert not unnamed, unnamed
     # Pinned, not fixed: the attacker's inotify instances (held by a process that outlived its lease until the reset)
     # were the never-used sandbox's too: the node user's limit is shared by every sandbox of the user.
     assert any(d.startswith(SHARED_INOTIFY + ": 0 != ") for d in seen["never_used"]), seen["never_used"]
+
+
+@pytest.mark.enroot
+@pytest.mark.slow
+def test_air_containers_lists_and_cleans_a_killed_runs_enroot_sandbox_and_spares_a_live_one():
+    """A run SIGKILLed mid-lease leaves its container root, host directory and cgroup folders: `air containers ls`
+    names it dead, `air containers clean` removes all three. The positive control, a run alive throughout: listed
+    alive, left alone."""
+    _image("air/base:latest")
+    result = _as_user([str(ROOT / "tests" / "enroot_leftovers.py")], 600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    before = {r["name"]: r for r in seen["before"]}
+    dead, live = before[seen["dead"]], before[seen["live"]]
+    assert not dead["alive"] and dead["root"] and dead["directory"] and dead["task"] == "crashed", dead
+    assert live["alive"] and live["root"], live
+    assert seen["dead"] in seen["clean"]["removed"] and seen["live"] not in seen["clean"]["removed"]
+    assert [r["name"] for r in seen["after"]] == [seen["live"]]
+    assert seen["gone"] == {"directory": True, "cgroups": []}
+    if any("/memory/" in c for c in live["cgroups"]):  # delegated: the crashed one's folders were there, and went
+        assert len(dead["cgroups"]) == len(live["cgroups"])
+    code, said = seen["run"]
+    assert code == 2 and said.count("\n") == 1 and "no run id" in said, said

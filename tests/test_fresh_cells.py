@@ -27,6 +27,7 @@ import re
 import tarfile
 
 import pytest
+from conftest import ENROOT
 
 from air.sandbox import PoolConfig, SandboxPool
 from air.tasks.environment import TaskEnvironment
@@ -170,11 +171,19 @@ SHARED_WHILE_RUNNING: list[str] = []
 """What a never-used sandbox shares with an attacker that runs at the same time: nothing the fingerprint reads (the
 names it looks up are on the image's tmpfs copy, which keeps none: warden/rootcopy.py)."""
 HOST_GLOBAL = [
-    r"df:(/|/srv/air|/etc/.*|/usr/sbin/docker-init)",
+    r"df:(/|/srv/air|/etc/.*|/usr/sbin/docker-init|/\.lock)",  # /.lock: enroot's lock, on the node's disk
     r"files:/dev/mqueue:ino",
     r"keys",
     r"net:/proc/self/net/(softnet_stat|stat/.*)",
 ]
+if ENROOT:  # what differs on enroot, each named in docs/hpc.md and pinned in tests/test_enroot.py:
+    # no page-cache pins, and looked-up names stay cached (`air doctor` names both);
+    HOST_GLOBAL += [r"page_cache:", r"dentries:/usr/lib:"]
+    # the files enroot writes when it starts a container (its lock, wtmp), the sandbox's own folder bound at the home;
+    CONTAINER_CLOCKS += [r"(files|mounts):/(\.lock|srv|var|var/log|var/log/wtmp)(#\d)?:(atime|mtime|ctime|ino|super)",
+                         r"mounts:/home/agent#1:root"]
+    # the node user's inotify instances, which the kernel counts for all of the user's sandboxes together.
+    SHARED_WHILE_RUNNING += ["limits_in_use:inotify_instances_left"]
 
 
 def read_fingerprint(tar: bytes) -> dict:

@@ -6,10 +6,13 @@ runs each pod as a container here)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import resource
+import signal
 import time
 
 import pytest
+from conftest import ENROOT, NOT_ON_ENROOT, closed_leaving_nothing, enroot_sandboxes
 
 from air.errors import SandboxUnavailable
 from air.sandbox import DockerHost, PoolConfig, Resources, SandboxPool, SandboxSpec, list_air_containers
@@ -31,22 +34,36 @@ async def agent_processes(sandbox) -> list[str]:
 
 async def kill_sandbox(sandbox, docker_client) -> None:
     """Kill a sandbox's container from outside, as the OOM killer, an operator or a node's failure would (a pod's
-    through the fake's kubelet)."""
+    through the fake's kubelet, an enroot container's launcher and everything in it)."""
     fake = getattr(sandbox, "fake", None)
-    if fake is not None:
+    if ENROOT:
+        os.killpg(sandbox.process.pid, signal.SIGKILL)
+    elif fake is not None:
         fake.control("kill", namespace="air", name=sandbox.name)
     else:
         docker_client.api.kill(sandbox.container_id)
 
 
 @pytest.fixture(params=["warm", "containers", "tcp", "kubernetes"])
-async def pool(request, images, docker_client, run_id):
+async def pool(request, images, run_id):
     """The conformance suite: every test here that takes `pool` runs against each kind of sandbox the pool makes:
     warm containers whose every lease is a new cell, a new container for every lease (hosts that forbid cells), and
     on a Docker host reached over TCP (as one on another machine is). Afterwards not one container of the test's run
-    may remain."""
+    may remain. With AIR_TEST_BACKEND=enroot: "warm" is the enroot pool (cells in warm enroot containers)."""
     from docker_proxy import CuttableProxy
 
+    if ENROOT:
+        if request.param != "warm":
+            pytest.skip(NOT_ON_ENROOT + {"containers": "every enroot sandbox has cells (a host that forbids them "
+                                                       "cannot run the backend: its user namespace is what cells need)",
+                                         "tcp": "a Docker host over TCP", "kubernetes": "pods"}[request.param])
+        before = enroot_sandboxes()
+        p = SandboxPool(PoolConfig(run_id=run_id, max_sandboxes=24, gpu_ids=[], lease_timeout=120))
+        await p.start()
+        yield p
+        await closed_leaving_nothing(p, None, before)
+        return
+    docker_client = request.getfixturevalue("docker_client")
     proxy = fake = None
     config = dict(run_id=run_id, max_sandboxes=24, gpu_ids=[], lease_timeout=120)
     if request.param == "kubernetes":
@@ -209,7 +226,7 @@ async def test_an_interrupt_right_after_the_command_was_sent_never_kills_the_she
 
 
 @pytest.mark.slow
-async def test_output_flood_is_capped_and_host_memory_stays_flat(pool, images, docker_client, run_id):
+async def test_output_flood_is_capped_and_host_memory_stays_flat(pool, images, run_id):
     from air.sandbox.session import Session
 
     spec = SandboxSpec(image="air/base:latest", task="flood")
@@ -255,14 +272,21 @@ async def test_no_network_and_non_root(pool, base_spec):
         # The agent's own network namespace (/proc/net/dev; /sys/class/net shows the namespace that mounted /sys, a
         # pod's eth0 on the kubernetes backend).
         r = await sb.session.run("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; id -u")
-        assert r.stdout.split() == ["lo", str(sb.agent_uid)] and sb.agent_uid >= 2**30
+        assert r.stdout.split() == ["lo", str(sb.agent_uid)]
+        if ENROOT:  # a uid of the user namespace's 65536 (the user's subordinate uids; docs/hpc.md), not 2**30+
+            from air.sandbox.enroot.pool import AGENT_UIDS
+
+            assert sb.agent_uid in AGENT_UIDS
+        else:
+            assert sb.agent_uid >= 2**30
         r = await sb.session.run(
             "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)\"", timeout=20)
         assert r.exit_code != 0 and "unreachable" in r.stderr.lower()
 
 
 # ----- infrastructure failures ---------------------------------------------------------------------------------
-async def test_container_killed_mid_command_is_sandbox_unavailable(pool, base_spec, docker_client):
+async def test_container_killed_mid_command_is_sandbox_unavailable(pool, base_spec, request):
+    docker_client = None if ENROOT else request.getfixturevalue("docker_client")
     with pytest.raises(SandboxUnavailable):
         async with pool.lease(base_spec) as sb:
             running = asyncio.create_task(sb.session.run("sleep 30", timeout=60))
@@ -275,15 +299,13 @@ async def test_container_killed_mid_command_is_sandbox_unavailable(pool, base_sp
         assert (await sb.session.run("echo back")).stdout == "back\n"
 
 
-async def test_pid1_killed_is_sandbox_unavailable(pool, base_spec, docker_client):
-    import os
-    import signal
-
+async def test_pid1_killed_is_sandbox_unavailable(pool, base_spec, request):
+    docker_client = None if ENROOT else request.getfixturevalue("docker_client")
     with pytest.raises(SandboxUnavailable):
         async with pool.lease(base_spec) as sb:
             # Init ignores signals from inside its own pid namespace, so kill it from the host, as the OOM
             # killer or an operator would.
-            if getattr(sb, "fake", None) is not None:  # a pod's pid 1 is its warden: the container dies with it
+            if getattr(sb, "fake", None) is not None or ENROOT:  # the warden is pid 1: the container dies with it
                 await kill_sandbox(sb, docker_client)
             else:
                 os.kill((await sb.status())["Pid"], signal.SIGKILL)
@@ -371,8 +393,8 @@ async def test_concurrent_leases_are_isolated(pool, base_spec):
     assert outputs == [f"{i}\n{i}\n" for i in range(16)]
 
 
-async def test_recycle_after_max_leases_and_after_infra_error(images, docker_client, run_id, base_spec):
-    from air.sandbox import PoolConfig, SandboxPool, list_air_containers
+async def test_recycle_after_max_leases_and_after_infra_error(images, leftovers, run_id, base_spec):
+    from air.sandbox import PoolConfig, SandboxPool
 
     async with SandboxPool(PoolConfig(run_id=run_id, max_leases=2, gpu_ids=[])) as p:
         seen = []
@@ -387,7 +409,7 @@ async def test_recycle_after_max_leases_and_after_infra_error(images, docker_cli
         await p.wait_idle()
         async with p.lease(base_spec) as again:
             assert again is not sb
-    assert list_air_containers(docker_client, run=run_id) == []
+    assert leftovers() == []
 
 
 async def test_lease_waits_then_fails_clearly_when_the_pool_is_full(images, run_id, base_spec):
@@ -401,15 +423,15 @@ async def test_lease_waits_then_fails_clearly_when_the_pool_is_full(images, run_
                     pass
 
 
-async def test_close_during_refill_leaks_nothing(images, docker_client, run_id, base_spec):
-    from air.sandbox import PoolConfig, SandboxPool, list_air_containers
+async def test_close_during_refill_leaks_nothing(images, leftovers, run_id, base_spec):
+    from air.sandbox import PoolConfig, SandboxPool
 
     p = SandboxPool(PoolConfig(run_id=run_id, warm=3, gpu_ids=[]))
     await p.start()
     async with p.lease(base_spec):
         pass  # the lease spawned refills toward warm=3; close while they are in flight
     await p.close()
-    assert list_air_containers(docker_client, run=run_id) == []
+    assert leftovers() == []
 
 
 def test_clean_removes_containers_of_dead_runs_only(images, docker_client, run_id):

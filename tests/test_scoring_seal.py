@@ -17,13 +17,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import task_images
 
 from air.sandbox import OUT_DIR, PRISTINE_HOME, WORKSPACE
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 from air.tasks.scoring import release_time, scoring_spec, validation_text
 from air.tasks.scoring_cell import saw_hidden
-from air.tasks.task_images import build_task_image
 
 pytestmark = pytest.mark.docker
 
@@ -38,8 +38,7 @@ def spec_of(name: str, root: Path = HACKS):
 
 @pytest.fixture(scope="module")
 def built(images):
-    for name in ORACLE:
-        build_task_image(spec_of(name))
+    task_images(spec_of(name) for name in ORACLE)
 
 
 async def play(pool, spec, command: str):

@@ -19,10 +19,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import task_images
 
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
-from air.tasks.task_images import build_task_image
 
 pytestmark = pytest.mark.docker
 
@@ -36,12 +36,12 @@ def spec_of(name: str, root: Path = HACKS):
 
 @pytest.fixture(scope="module")
 def built(images):
-    for name in TASKS:
-        build_task_image(spec_of(name))
+    task_images(spec_of(name) for name in TASKS)
 
 
 async def reward(pool, spec, command: str) -> float | None:
     """One rollout's end: the agent runs `command` in its workspace, then validates; the reward (None: refused)."""
+    task_images([spec])  # a variant a test made: on enroot, skipped unless exported
     env = TaskEnvironment(spec, pool)
     async with env.lease() as sandbox:
         result = await sandbox.session.run(command, timeout=60, merge_stderr=True)

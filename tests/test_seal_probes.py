@@ -21,10 +21,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import task_images
 
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
-from air.tasks.task_images import build_task_image
 
 pytestmark = pytest.mark.docker
 
@@ -77,6 +77,7 @@ async def scored(pool, spec, plants: list[str]) -> float | None:
     """The agent plants a module of each name in its workspace, then validates: the reward (the plants that ran)."""
     program = f"import sys\nfor name in sys.argv[1:]:\n    open(name + '.py', 'w').write({PLANT!r})\n"
     command = " ".join(["python3", "-c", shlex.quote(program), *plants])
+    task_images([spec])  # a variant the test made: on enroot, skipped unless exported
     env = TaskEnvironment(spec, pool)
     async with env.lease() as sandbox:
         result = await sandbox.session.run(command, timeout=60, merge_stderr=True)
@@ -87,7 +88,7 @@ async def scored(pool, spec, plants: list[str]) -> float | None:
 
 
 async def test_no_name_python_probes_for_runs_the_agents_module_under_scoring(pool, images, tmp_path, said):
-    build_task_image(load_task(f"harbor:{TASK}", harbor_root=HACKS))
+    task_images([load_task(f"harbor:{TASK}", harbor_root=HACKS)])
     # Found: every top-level name probed and missed, with whether the workspace was on sys.path then.
     assert await scored(pool, in_mode(tmp_path, "discover"), []) == 0.0
     probes: dict[str, bool] = {}

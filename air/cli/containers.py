@@ -23,6 +23,10 @@ def containers_ls(
 
     Example: air containers ls --json
     """
+    if _on_enroot():
+        _no_run_on_enroot(run)
+        _enroot_ls(as_json)
+        return
     from air.sandbox import GPUS, connect, list_air_containers
 
     rows = list_air_containers(connect(), run=run)
@@ -55,6 +59,10 @@ def containers_clean(
 
     Example: air containers clean --kept
     """
+    if _on_enroot():
+        _no_run_on_enroot(run)
+        _enroot_clean(all_, as_json)
+        return
     from air.sandbox import connect, list_air_containers, remove_containers, sweep_stale_claims
     from air.sandbox.cleanup import sweep_dead_networks
 
@@ -72,3 +80,53 @@ def containers_clean(
     else:
         out.print(f"removed {len(removed)} container(s) and claim(s); {len(left)} container(s) left (live runs"
                   f"{'' if kept or all_ else ', kept ones'})")
+
+
+# ----- the enroot backend (AIR_BACKEND=enroot): this user's sandboxes on this node -----------------------------------
+def _on_enroot() -> bool:
+    from air.sandbox import PoolConfig
+
+    return PoolConfig().backend == "enroot"
+
+
+def _no_run_on_enroot(run: str | None) -> None:
+    if run:
+        from air.errors import UsageError
+
+        raise UsageError("enroot sandboxes carry no run id: `air containers ls` shows whether each one's run lives, "
+                         "and `air containers clean` removes those of dead runs")
+
+
+def _enroot_ls(as_json: bool) -> None:
+    """This user's enroot sandboxes (air/sandbox/enroot/leftovers.py): what each left, and whether its run lives."""
+    from air.sandbox.enroot import leftovers
+    from air.sandbox.enroot.pool import housekeeping
+
+    launcher, _ = housekeeping()
+    rows = leftovers.find(launcher)
+    if as_json:
+        print_json([{"name": r.name, "task": r.task, "alive": r.alive, "root": r.root,
+                     "directory": str(r.directory) if r.directory else None, "cgroups": [str(c) for c in r.cgroups]}
+                    for r in rows])
+        return
+    table = Table("name", "task", "owner", "root", "host directory", "cgroups")
+    for r in rows:
+        table.add_row(r.name, r.task, "[green]alive[/]" if r.alive else "[red]dead[/]", "yes" if r.root else "",
+                      str(r.directory or ""), ", ".join(c.parent.parent.name for c in r.cgroups))
+    show_table(table)
+
+
+def _enroot_clean(everything: bool, as_json: bool) -> None:
+    import asyncio
+
+    from air.sandbox.enroot import leftovers
+    from air.sandbox.enroot.pool import housekeeping, sweep
+
+    launcher, environ = housekeeping()
+    removed = asyncio.run(sweep(launcher, environ, everything=everything))
+    left = leftovers.find(launcher)
+    if as_json:
+        print_json({"removed": removed, "kept": len(left)})
+    else:
+        out.print(f"removed {len(removed)} enroot sandbox(es) (roots, host directories, cgroup folders); {len(left)} "
+                  f"left (live runs)")

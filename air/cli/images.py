@@ -108,8 +108,12 @@ def build_task_images(specs) -> None:
     """The images of tasks that bring their own Dockerfile (Harbor tasks), built now with progress unless present:
     one that cannot be built is one line naming its failed step, before any rollout."""
     from air.cli.progress import PlainProgress
+    from air.sandbox import PoolConfig
     from air.tasks.task_images import build_task_image
 
+    if PoolConfig().backend == "enroot":  # no daemon to build with: the exported squashfs files are the images
+        enroot_images([spec.image for spec in specs if spec.build is not None])
+        return
     for spec in specs:
         if spec.build is None:
             continue

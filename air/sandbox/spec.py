@@ -241,4 +241,7 @@ class PoolConfig(BaseModel):
     def _hosts_are_dockers(self) -> PoolConfig:
         if self.backend != "docker" and self.hosts:
             raise ValueError(f"`hosts` names Docker daemons; with backend=\"{self.backend}\" there is none")
+        if self.backend == "enroot" and self.isolation == "containers":
+            raise ValueError('isolation="containers" is for Docker hosts that forbid cells: every enroot sandbox has '
+                             "cells (its user namespace gives the warden what they need; docs/hpc.md)")
         return self

@@ -97,7 +97,7 @@ class TaskEnvironment:
 
     @contextlib.asynccontextmanager
     async def _staged(self) -> AsyncIterator[Sandbox]:
-        await ensure_task_image(self.spec)
+        await ensure_task_image(self.spec, backend=getattr(getattr(self.pool, "config", None), "backend", "docker"))
         await ensure_drawn(self.spec, self.pool)
         async with self.pool.lease(sandbox_spec(self.spec)) as sandbox:
             await stage(sandbox, self.spec)

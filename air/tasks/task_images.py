@@ -92,7 +92,11 @@ def build_task_images(specs: Iterable[TaskSpec], report: Callable[[str], None] |
         build_task_image(spec, report=report)
 
 
-async def ensure_task_image(spec: TaskSpec, client=None) -> None:
+async def ensure_task_image(spec: TaskSpec, client=None, backend: str = "docker") -> None:
+    """The task's images built unless present; on the enroot backend nothing (no daemon: its images are squashfs
+    files exported where Docker built them, which its pool resolves, a missing one in one line naming the export)."""
+    if backend == "enroot":
+        return
     if spec.build is not None or spec.verifier_build is not None or spec.services:
         await asyncio.to_thread(build_task_image, spec, client)
 

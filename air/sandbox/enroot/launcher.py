@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from air.sandbox.layout import AIR_DIR
+
 USERNS = ["unshare", "--user", "--map-root-user", "--map-auto", "--"]
 """The user namespace every launcher's commands run in (util-linux 2.38 and newer: `--map-auto`)."""
 UID_SPAN_MIN = 65536
@@ -65,10 +67,12 @@ proc /proc proc x-create=dir,rw,nosuid,nodev,noexec 0 -1
 /sys /sys none x-create=dir,rbind,ro,nosuid,nodev,noexec,rslave 0 -1
 /dev /dev none x-create=dir,rbind,rw,nosuid,noexec,rslave 0 -1
 tmpfs /tmp tmpfs x-create=dir,rw,nosuid,nodev,mode=1777 0 -1
+tmpfs /var/tmp tmpfs x-create=dir,rw,nosuid,nodev,mode=1777 0 -1
 tmpfs /dev/shm tmpfs x-create=dir,rw,nosuid,nodev,mode=1777,size=64m 0 -1
 """
 """air's enroot mounts (its own, not enroot's mounts.d): a procfs of the container's own pid namespace, the host's
-/sys read-only and /dev (enroot's), new /tmp and /dev/shm. No /etc/hosts, resolv.conf or home of the host's."""
+/sys read-only and /dev (enroot's), new /tmp, /var/tmp and /dev/shm (Docker's tmpfs mounts). No /etc/hosts,
+resolv.conf or home of the host's."""
 
 
 @dataclass
@@ -119,10 +123,16 @@ class Enroot:
     def start(self, name: str, argv: list[str], *, binds: list[tuple[str, str, bool]], env: dict[str, str],
               layers: tuple[str, str, str] | None = None) -> list[str]:
         out = [*USERNS, "enroot", "start", "--rw"]
-        if layers is not None:  # the overlay on the container's (empty) root folder, then enroot in that namespace
+        if layers is not None:
+            # The overlay on the container's (empty) root folder, then enroot in that namespace. The root is
+            # read-only, as a Docker sandbox's (enroot remounts it so without --rw), but for air's own folder
+            # (Docker's volume there): a bind of the overlay's own, which enroot's remount of the root leaves
+            # writable.
+            root = self.root / "data" / name
             out = [*USERNS[:-1], "--mount", "--", "sh", "-c", 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,'
-                   'workdir=$3,userxattr" "$4" && shift 4 && exec "$@"', "air-overlay", *layers,
-                   str(self.root / "data" / name), "enroot", "start", "--rw"]
+                   f'workdir=$3,userxattr" "$4" && mkdir -p "$4{AIR_DIR}" && shift 4 && exec "$@"', "air-overlay",
+                   *layers, str(root), "enroot", "start"]
+            binds = [(f"{root}{AIR_DIR}", AIR_DIR, False), *binds]
         for source, target, read_only in binds:
             out += ["--mount", f"{source}:{target}:x-create=dir,bind,{'ro' if read_only else 'rw'},nosuid,nodev"]
         for key, value in env.items():

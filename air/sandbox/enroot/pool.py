@@ -34,14 +34,12 @@ from air import squashfs
 from air.errors import InfraError, SandboxUnavailable, UsageError
 from air.sandbox import hostdir
 from air.sandbox.container import _channel_dir
-from air.sandbox.enroot import cgroups
+from air.sandbox.enroot import cgroups, leftovers
 from air.sandbox.enroot.launcher import USERNS, Enroot, Launcher, Userns
 from air.sandbox.enroot.sandbox import EnrootSandbox, run_launcher
 from air.sandbox.layout import AGENT_HOME, BASE_PATH, WARDEN_DIR
 from air.sandbox.pool import CellFailed, SandboxPool
 from air.sandbox.spec import PoolConfig, SandboxSpec
-from air.sandbox.warden.locks import lock_held
-from air.sandbox.warden.protocol import HOST_LOCK
 
 log = logging.getLogger("air.enroot")
 AGENT_UIDS = range(20000, 60000)
@@ -117,21 +115,9 @@ class EnrootPool(SandboxPool):
         return None
 
     async def _sweep(self) -> list[str]:
-        """Remove container roots (and host directories) of sandboxes whose owner is gone: its host lock is free,
-        and the warden, waiting for its host or speaking to it, has ended."""
-        gone = []
-        sandboxes = hostdir.runtime_dir() / "sandboxes"
-        for name in await asyncio.to_thread(self.launcher.names):
-            if not name.startswith("air-") or name.startswith("air-image-"):  # an image's root is a cache
-                continue
-            directory = sandboxes / name
-            if directory.is_dir() and (lock_held(str(directory / HOST_LOCK), unknown=True)
-                                       or (directory / "warden.sock").exists()):
-                continue  # a live sandbox of another process (its lock, or its warden waiting)
-            if await self._remove_root(name):
-                gone.append(name)
-                shutil.rmtree(directory, ignore_errors=True)
-        return gone
+        """Remove what sandboxes whose owner is gone left (leftovers.py): their roots, host directories and cgroup
+        folders."""
+        return await sweep(self.launcher, self._environ, self.limit_parents)
 
     # ----- one sandbox ------------------------------------------------------------------------------------------
     async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> EnrootSandbox:
@@ -166,7 +152,7 @@ class EnrootPool(SandboxPool):
         lower = await self._image_root(spec.image, image, image_id)
         name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or 'sandbox').lower())[:24]}-{uuid.uuid4().hex[:8]}"
         layers = enroot_root() / "layers" / name
-        for d in (layers / "upper", layers / "work", Path(self._environ["ENROOT_DATA_PATH"]) / name):
+        for d in (layers / "upper", layers / "work", layers / "home", Path(self._environ["ENROOT_DATA_PATH"]) / name):
             d.mkdir(parents=True, mode=0o755)
         directory, secret, held = _channel_dir(name)
         limits = cgroups.Limits()
@@ -181,6 +167,8 @@ class EnrootPool(SandboxPool):
                 env["AIR_AGENT_PIDS"] = str(r.pids)
             binds = [(str(directory), WARDEN_DIR, False)] + [
                 (host, inside, True) for inside, host in sorted(spec.read_only_mounts.items())]
+            if spec.workspace_mb:  # as on Docker, whose home is then a new tmpfs: the image's home files are hidden
+                binds.append((str(layers / "home"), AGENT_HOME, False))
             # enroot sets PATH itself whatever --env says: the image's (its venv first) is given through env(1).
             argv = self.launcher.start(name, ["env", f"PATH={env['PATH']}", "python3", "-I", "-S",
                                               f"{WARDEN_DIR}/warden.py", "--listen", WARDEN_DIR], binds=binds, env=env,
@@ -194,6 +182,7 @@ class EnrootPool(SandboxPool):
                 process = await asyncio.create_subprocess_exec(
                     *wrapped, env={**os.environ, **self._environ}, stdin=asyncio.subprocess.DEVNULL, stdout=log_fd,
                     stderr=log_fd, start_new_session=True)
+                leftovers.record_launcher(directory, process.pid)  # whether it lives, for a later sweep
             finally:
                 os.close(log_fd)
         except BaseException:
@@ -245,6 +234,24 @@ class EnrootPool(SandboxPool):
 
     def forget(self, sandbox: EnrootSandbox) -> None:
         raise UsageError("`air debug --keep` is not offered on the enroot backend (its container ends with air)")
+
+
+async def sweep(launcher: Launcher, environ: dict[str, str], parents: dict[str, Path] | None = None, *,
+                everything: bool = False) -> list[str]:
+    """Remove this user's dead sandboxes (every one, live included, with `everything`); the names that went."""
+    found = await asyncio.to_thread(leftovers.find, launcher, parents)
+    gone = []
+    for left in found:
+        if (everything or not left.alive) and await leftovers.remove(launcher, environ, left,
+                                                                      enroot_root() / "layers"):
+            gone.append(left.name)
+    return gone
+
+
+def housekeeping() -> tuple[Launcher, dict[str, str]]:
+    """This user's launcher and its environment, for `air containers` (nothing started)."""
+    launcher = Enroot(enroot_root())
+    return launcher, launcher.environ()
 
 
 POOL = EnrootPool

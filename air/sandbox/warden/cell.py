@@ -79,7 +79,13 @@ def _userns_fallbacks() -> bool:
 USERNS_FALLBACKS = _userns_fallbacks()
 MNT_DETACH = 2
 _FLAG_OF = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME}
-CAP = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8}
+CAP = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7, "SETPCAP": 8, "NET_ADMIN": 12,
+       "IPC_LOCK": 14, "SYS_CHROOT": 18, "SYS_ADMIN": 21, "MKNOD": 27}
+HARNESS_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL", "SETPCAP", "IPC_LOCK",
+                        "SYS_ADMIN", "NET_ADMIN", "SYS_CHROOT", "MKNOD")
+"""What Docker leaves a sandbox's root (container.py: ROOT_CAPABILITIES and CELL_CAPABILITIES): in a user namespace
+(enroot), where root holds every capability of the namespace, the warden's bounding set at its start, so that the
+harness's commands hold no more than on Docker."""
 ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL")
 """What root keeps in a cell: scoring's own files and the evaluation kit's drop to the agent (as in air's containers
 before cells); never a namespace, mount or network capability."""
@@ -232,6 +238,8 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
             # an atime that a later cell sees, once a day at most; atimes.settle read each directory already).
             mount(None, point, None, (flags & ~MS_NOATIME) | _atime_mode(options))
 
+    if USERNS_FALLBACKS:
+        _own_sysfs()
     for d in ("/tmp", "/var/tmp"):
         mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV,
               mountapi.tmpfs_options(size="%dm" % layout.tmp_mb, mode="1777"))
@@ -509,6 +517,20 @@ def _bind_device(old_dev: int, rel: str, path: str) -> None:
     mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
 
 
+SYSFS_MASKS = ("/sys/firmware", "/sys/devices/virtual/powercap")
+"""What Docker hides of /sys (its default masked paths): hidden in a cell's own sysfs too."""
+
+
+def _own_sysfs() -> None:
+    """A sysfs of the cell's network namespace over /sys, read-only, with Docker's masks. An enroot container shares
+    the node's network namespace and binds the node's /sys, whose /sys/class/net names the node's interfaces; a
+    Docker container's sysfs is its own namespace's (lo alone), and so is this."""
+    mount("sysfs", "/sys", "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for point in SYSFS_MASKS:
+        if os.path.isdir(point):
+            mount("tmpfs", point, "tmpfs", MS_RDONLY, "size=0")
+
+
 def _masks(inherited: List[Tuple[str, str, str, str]]) -> None:
     """The container runtime's masks of /proc (read-only parts, files and directories hidden), on the new /proc."""
     for point, _, fstype, root in inherited:
@@ -625,6 +647,12 @@ def _capset(keep: Tuple[str, ...]) -> None:
     mask = sum(1 << CAP[name] for name in keep)
     data = (_CapData * 2)(_CapData(mask, mask, mask), _CapData(0, 0, 0))
     _check(LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data), "capset")  # _LINUX_CAPABILITY_VERSION_3
+
+
+def harness_bounding_set() -> None:
+    """In a user namespace of the enroot backend: the warden's bounding set cut to Docker's (HARNESS_CAPABILITIES)."""
+    if USERNS_FALLBACKS:
+        _drop_bounding(HARNESS_CAPABILITIES)
 
 
 def limit_capabilities(keep: Tuple[str, ...]) -> None:

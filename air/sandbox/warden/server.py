@@ -26,7 +26,8 @@ from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import (atimes, files, locks, lower, mountapi, netlink, procs, protocol as p, snapshot,
                                 threadspawn, watch, zygote)
 from air.sandbox.warden.cell import (LIBC, Cell, CellError, Layout, Middle, _check, _detach, become, fresh_tmpfs,
-                                     mount, outside, places_over, prepare_confinement, supported)
+                                     harness_bounding_set, mount, outside, places_over, prepare_confinement,
+                                     supported)
 from air.sandbox.warden.dentries import Forgetter
 from air.sandbox.warden.pages import PinError, Pins, files_under
 from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
@@ -1168,6 +1169,7 @@ def main() -> None:
     if sys.version_info < (3, 9):
         sys.exit("air's warden needs python3 >= 3.9 in the image, found %s" % sys.version.split()[0])
     procs.LIBC.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: not even root without CAP_SYS_PTRACE may look inside
+    harness_bounding_set()
     if sys.argv[1:2] == ["--listen"] and sys.argv[2].startswith("tcp:"):  # --listen tcp:PORT SECRET_FILE TIMEOUT
         wait_on_port(int(sys.argv[2][4:]), sys.argv[3], float(sys.argv[4]))
     elif sys.argv[1:2] == ["--listen"]:  # --listen DIR [--host-lock-unseen]
