@@ -105,3 +105,36 @@ def test_harbors_runner_runs_a_compose_recipe_on_airs_environment(agent, reward,
     result = harbor_run(venv, tasks / "multi-container", tmp_path / "jobs", agent=agent)
     assert result.get("exception_info") is None, result["exception_info"]
     assert result["verifier_result"]["rewards"] == {"reward": reward}
+
+
+SERVICE_ARTIFACTS = ('artifacts = [{ source = "/tmp/items", service = "api-server", destination = "api-items" },\n'
+                     '             { source = "/tmp/items/items.json", service = "api-server", '
+                     'destination = "items.json" }]\n')
+SERVICE_HOOK = """
+[[verifier.collect]]
+service = "api-server"
+command = '''mkdir -p /tmp/items && python3 -c "import urllib.request; open('/tmp/items/items.json', 'wb').write(urllib.request.urlopen('http://localhost:5000/items').read())"'''
+"""
+
+
+@pytest.mark.parametrize("agent, named", [("oracle", True), ("nop", False)])
+def test_harbors_runner_collects_from_a_service_of_airs_environment(agent, named, tmp_path, images, docker_client):
+    """Harbor's per-service operations on air's services, driven by Harbor's own trial code: multi-container with a
+    `[[verifier.collect]]` hook in api-server (what the server holds, dumped to a file there) and two artifacts of
+    that service (the folder, and the file), added to its task.toml here. Harbor's runner copies them out of this
+    trial's api-server: after the oracle the dump names its "harbor" item; after doing nothing (a new trial, new
+    services) it does not."""
+    from harbor_cookbook import copy_recipes, ensure_standins
+
+    venv = harbor_venvs.venv("harbor-0.25.0")
+    ensure_standins(docker_client)
+    task = copy_recipes(["multi-container"], tmp_path / "tasks") / "multi-container"
+    toml = (task / "task.toml").read_text()
+    (task / "task.toml").write_text(toml.replace('version = "1.0"\n', f'version = "1.0"\n{SERVICE_ARTIFACTS}', 1)
+                                    + SERVICE_HOOK)
+    harbor_run(venv, task, tmp_path / "jobs", agent=agent)
+    (folder,) = tmp_path.glob("jobs/*/*/artifacts/api-items/items.json")
+    (file,) = tmp_path.glob("jobs/*/*/artifacts/items.json")
+    assert folder.read_text() == file.read_text()
+    names = [item["name"] for item in json.loads(file.read_text())]
+    assert ("harbor" in names) == named, names
