@@ -53,6 +53,8 @@ from air.tasks.harbor.installs import BASH_ENV
 from air.tasks.harbor.loader import load_harbor_task
 from air.tasks.task_images import ensure_task_image
 
+VERIFIER_HOME = "/tmp/air-verifier-home"
+"""HOME of the verifier's commands (root's, made when the agent's phase ends): never the agent's home."""
 DEFAULT_TIMEOUT = 24 * 3600.0
 """A command without a timeout of Harbor's: bounded all the same (the trial's own timeouts cut it sooner)."""
 
@@ -106,7 +108,7 @@ class AirEnvironment(BaseEnvironment):
         await self.sandbox.harness_sh(harbor_dirs_sh(self.sandbox.agent_uid))
         if bundled:  # no agent ever works here: Harbor's default user is the verifier's, root
             await self._unpack("/tests", _tar({p.name: p for p in sorted(env_dir.iterdir())}))
-            self._reaped = True
+            await self._end_agent()
 
     async def stop(self, delete: bool) -> None:
         lease, self._lease = getattr(self, "_lease", None), None
@@ -125,13 +127,27 @@ class AirEnvironment(BaseEnvironment):
         # once the verifier has begun (its tests uploaded), as Harbor's verifier runs by default.
         as_root = user in ("root", 0, "0") or (user is None and self._reaped)
         env = self._merge_env(env) or {}
-        if self._bash_env and self._reaped and as_root:  # the verifier's commands: its installs, offline
-            env = {"BASH_ENV": BASH_ENV, **env}
+        if self._reaped and as_root:  # the verifier's commands: a home of their own; the test's installs, offline
+            env = {"HOME": VERIFIER_HOME, **({"BASH_ENV": BASH_ENV} if self._bash_env else {}), **env}
         result = await self.sandbox.session.run_untrusted(
             ["bash", "-c", command], cwd=cwd or WORKSPACE, env=env,
             timeout=float(timeout_sec or DEFAULT_TIMEOUT), user="root" if as_root else "agent", reap=False)
         code = 124 if result.timed_out else result.exit_code
         return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=code)
+
+    async def _end_agent(self) -> None:
+        """The agent's phase is over: every process it left ends (reap kills them all as it returns), and the
+        verifier's commands get a home of root's own, made now: the cell's HOME is the agent's, where it could leave
+        what test.sh runs as root (uv's installer's `~/.local/bin/env`, which test.sh sources; a `uvx` there)."""
+        if self._reaped:
+            return
+        await self.sandbox.session.run_untrusted(["true"], user="agent", reap=True)
+        made = await self.sandbox.session.run_untrusted(
+            ["sh", "-c", f"rm -rf {VERIFIER_HOME} && mkdir -m 700 {VERIFIER_HOME}"], user="root", cwd="/",
+            timeout=60, reap=False)
+        if made.exit_code != 0:
+            raise RuntimeError(f"the verifier's home {VERIFIER_HOME} could not be made: {made.stderr.strip()}")
+        self._reaped = True
 
     # ----- a compose task's services (Harbor's per-service operations) -----------------------------------------
     def _service(self, service: str) -> str:
@@ -183,8 +199,7 @@ class AirEnvironment(BaseEnvironment):
 
     async def stop_service(self, service: str) -> None:
         if self.is_main_service(service):  # main is the agent's cell: every process it left ends
-            await self.sandbox.session.run_untrusted(["true"], user="agent", reap=True)
-            self._reaped = True
+            await self._end_agent()
             return
         services = self.sandbox.services
         await services.docker.call(services.docker.api.stop, self._service(service), timeout=60)
@@ -196,9 +211,7 @@ class AirEnvironment(BaseEnvironment):
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         if _real(target_dir).startswith(f"{HARBOR_DIR}/tests") and not self._reaped:
-            # The verifier begins: end every process the agent left running (reap kills them all as it returns).
-            await self.sandbox.session.run_untrusted(["true"], user="agent", reap=True)
-            self._reaped = True
+            await self._end_agent()  # the verifier begins
         source = Path(source_dir)
         await self._unpack(target_dir, _tar({p.name: p for p in sorted(source.iterdir())}))
 
