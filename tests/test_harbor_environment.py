@@ -1,6 +1,7 @@
 """air as a Harbor environment, judged by Harbor's own runner: `harbor run -p TASK -a oracle --env
 air.services.harbor.environment:AirEnvironment` (harbor 0.25.0 from PyPI) runs a trial of an exported air task end
-to end on air's pool, and its reward is the one air pays the same submission."""
+to end on air's pool, and its reward is the one air pays the same submission; a compose task (harbor-cookbook's
+multi-container) runs with air's services, Harbor's per-service operations on them."""
 
 from __future__ import annotations
 
@@ -162,3 +163,19 @@ def test_under_harbors_runner_the_agents_home_is_not_the_verifiers(tmp_path, ima
     result = harbor_run(venv, task, tmp_path / "jobs")
     assert result.get("exception_info") is None, result["exception_info"]
     assert result["verifier_result"]["rewards"] == {"reward": 0}
+
+
+def test_harbors_extra_compose_files_are_refused_not_ignored(tmp_path):
+    """`--extra-docker-compose` (Harbor's overlays over a task's compose file) is not read by air's loader: the
+    environment refuses it, naming the option, rather than running the task without them."""
+    from harbor_cookbook import copy_recipes
+
+    venv = harbor_venvs.venv("harbor-0.25.0")
+    task = copy_recipes(["multi-container"], tmp_path / "tasks") / "multi-container"
+    (tmp_path / "extra.yaml").write_text("services: {}\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True", "CI": "", "COLUMNS": "200"}
+    proc = subprocess.run([str(venv / "bin" / "harbor"), "run", "-p", str(task), "-a", "oracle", "--env",
+                           ENVIRONMENT, "--extra-docker-compose", str(tmp_path / "extra.yaml"), "-o",
+                           str(tmp_path / "jobs"), "-y"], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode != 0 and "does not read --extra-docker-compose" in " ".join((proc.stdout + proc.stderr)
+                                                                                          .split()), proc.stdout

@@ -74,6 +74,12 @@ class AirEnvironment(BaseEnvironment):
     def _uses_compose(self) -> bool:
         return (self.environment_dir / "docker-compose.yaml").is_file()
 
+    def _validate_extra_docker_compose_support(self) -> None:
+        # Harbor's base allows them with the capability; air's loader reads the task's own compose file alone.
+        if self.extra_docker_compose_paths:
+            raise ValueError("the air environment does not read --extra-docker-compose files (only the task's own "
+                             "environment/docker-compose.yaml)")
+
     def _validate_definition(self) -> None:
         if not (self.environment_dir / "Dockerfile").is_file() and not self.task_env_config.docker_image:
             raise FileNotFoundError(f"{self.environment_dir}: no Dockerfile and no [environment].docker_image")
