@@ -93,17 +93,20 @@ def test_harbors_runner_scores_a_separate_verifier_in_the_image_built_from_tests
 
 
 @pytest.mark.parametrize("agent, reward", [("oracle", 1), ("nop", 0)])
-def test_harbors_runner_runs_a_compose_recipe_on_airs_environment(agent, reward, tmp_path, images, docker_client):
-    """harbor-cookbook's multi-container (its compose file, task.toml and tests as the recipe has them; stand-in
-    base images: tests/harbor_cookbook.py) through Harbor's own trial code with air as its environment: the api-server
-    service is air's, on the sandbox's private network; the oracle's solve.sh reaches it by name (1), doing nothing
-    scores 0. The test installs pytest with uv at verify time: offline here, from air's scoring image."""
+@pytest.mark.parametrize("recipe", ["multi-container", "mcp-tools", "simulated-user"])
+def test_harbors_runner_runs_a_compose_recipe_on_airs_environment(recipe, agent, reward, tmp_path, images,
+                                                                   docker_client):
+    """harbor-cookbook's compose recipes (their compose files, task.toml and tests as the recipes have them;
+    stand-in base images and mcp-tools' download lines: tests/harbor_cookbook.py) through Harbor's own trial code with
+    air as its environment: each service is air's, on the sandbox's private network; the oracle's solve.sh reaches it
+    by name (1), doing nothing scores 0. The tests install pytest with uv at verify time: offline here, from air's
+    scoring image."""
     from harbor_cookbook import copy_recipes, ensure_standins
 
     venv = harbor_venvs.venv("harbor-0.25.0")
     ensure_standins(docker_client)
-    tasks = copy_recipes(["multi-container"], tmp_path / "tasks")
-    result = harbor_run(venv, tasks / "multi-container", tmp_path / "jobs", agent=agent)
+    tasks = copy_recipes([recipe], tmp_path / "tasks")
+    result = harbor_run(venv, tasks / recipe, tmp_path / "jobs", agent=agent)
     assert result.get("exception_info") is None, result["exception_info"]
     assert result["verifier_result"]["rewards"] == {"reward": reward}
 
