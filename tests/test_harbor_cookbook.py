@@ -1,6 +1,7 @@
 """harbor-cookbook's compose recipes (multi-container, mcp-tools, simulated-user) under air, their compose files,
 task.toml and tests as the recipes have them: the oracle scores 1 at `air tasks check`, the scripted do-nothing
-rollout 0 under `air eval`, and multi-container under verifiers' vf-eval through air. Where the recipes come from,
+rollout 0 under `air eval`, and under verifiers' vf-eval through air each recipe's solve.sh played as the agent's
+commands 1, doing nothing 0. Where the recipes come from,
 the stand-in base images and the one recipe's download lines changed: tests/harbor_cookbook.py."""
 
 from __future__ import annotations
@@ -62,19 +63,27 @@ def test_the_oracle_scores_1_and_doing_nothing_0(dataset, tmp_path):
     assert all(r["ok"] and r["summary"]["total_reward"] == 0.0 for r in rollouts), rollouts
 
 
+SHOWN = {
+    # After the oracle's steps, a command whose output shows they did what the instruction asks.
+    "multi-container": ("cat /app/items.json", '\\"harbor\\"'),
+    "mcp-tools": ("cat /app/secret.txt", "cookbook-mcp-secret-42"),
+    "simulated-user": ("printf 'name,age\\nAda,36\\n' | python3 /app/convert.py", '\\"name\\": \\"Ada\\"'),
+}
+
+
 @pytest.mark.docker
 @pytest.mark.slow
-def test_vf_eval_through_air_pays_the_recipes_solution_and_not_doing_nothing(dataset, tmp_path):
-    """multi-container under verifiers' vf-eval through air: a story that does what the instruction asks (the
-    recipe's solve.sh, as the agent's commands) scores 1; the do-nothing story 0."""
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_vf_eval_through_air_pays_the_recipes_solution_and_not_doing_nothing(recipe, dataset, tmp_path):
+    """Each recipe under verifiers' vf-eval through air: a story whose first command is the recipe's own solve.sh
+    (as copied: mcp-tools' without its downloads) scores 1; the do-nothing story 0."""
     from test_harbor_compose import _reward, _vf_eval
 
-    story = {"multi-container": [
-        "curl -s -X POST http://api-server:5000/items -H 'Content-Type: application/json' -d '{\"name\": \"harbor\"}'"
-        " && curl -s http://api-server:5000/items > /app/items.json && cat /app/items.json"]}
-    (solved,) = _vf_eval(tmp_path, "solved", story, 1, task="harbor:multi-container", root=dataset)
+    show, shown = SHOWN[recipe]
+    story = {recipe: [(dataset / recipe / "solution" / "solve.sh").read_text(), show]}
+    (solved,) = _vf_eval(tmp_path, "solved", story, 1, task=f"harbor:{recipe}", root=dataset)
     said = json.dumps(solved["nodes"])
-    assert solved["ok"] and '\\"harbor\\"' in said and "Evaluation Score: {'reward': 1.0}" in said, said[-3000:]
+    assert solved["ok"] and shown in said and "Evaluation Score: {'reward': 1.0}" in said, said[-3000:]
     assert _reward(solved) > 0
-    (idle,) = _vf_eval(tmp_path, "idle", None, 1, task="harbor:multi-container", root=dataset)
+    (idle,) = _vf_eval(tmp_path, "idle", None, 1, task=f"harbor:{recipe}", root=dataset)
     assert idle["ok"] and "Evaluation Score: {'reward': 0.0}" in json.dumps(idle["nodes"]) and _reward(idle) == 0.0

@@ -19,6 +19,15 @@ How Harbor's calls map:
 - The verifier runs in the agent's cell, as Harbor's runner does by default (shared mode); a task that asks for a
   separate verifier gets a second lease from Harbor's runner itself: a fresh sandbox of the same image, or of the
   verifier's own image (tests/Dockerfile, built by air's builder) with tests/ at /tests, as that image holds them.
+  A test that installs its tools at verify time (`apt-get install`, uv's installer, `uvx --with pytest`) finds them
+  as under `air eval`: the sandbox is of air's scoring image (the task's, with those put in it when built:
+  air.tasks.harbor.installs) and the verifier's commands read its BASH_ENV (offline uv and pip).
+- A compose task (environment/docker-compose.yaml: Harbor's `docker_compose` capability): its services are air's, as
+  under `air eval` (air.sandbox.services): made for the lease's sandbox on a private network of its own (no route
+  out, no other sandbox's services), the agent's cell reaching them by name. Harbor's per-service operations
+  (`service_exec`, `service_download_*` for `[[verifier.collect]]` hooks and artifacts of a service) run in this
+  rollout's service containers; `stop_service("main")` ends every process the agent left (the cell is main's
+  container here), a service's stops its container.
 
 Harbor is not a dependency of air: this module is imported by Harbor's runner, in an environment holding harbor
 (Python >= 3.12) and air (`pip install harbor air-mlgym`; docs/harbor.md).
@@ -32,15 +41,20 @@ import shlex
 import tarfile
 from pathlib import Path
 
-from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.base import BaseEnvironment, ExecResult, ServiceOperationsUnsupportedError
 from harbor.environments.capabilities import EnvironmentCapabilities
 
 from air.images.dockerfile import HARBOR_DIR, HARBOR_PATHS
 from air.sandbox import WORKSPACE, PoolConfig, SandboxPool
 from air.tasks.environment import TaskEnvironment
-from air.tasks.harbor.loader import load_harbor_task
+from air.tasks.harbor.collect import FROM_SERVICES_LIMIT
 from air.tasks.harbor.contract import LOGS, harbor_dirs_sh
+from air.tasks.harbor.installs import BASH_ENV
+from air.tasks.harbor.loader import load_harbor_task
+from air.tasks.task_images import ensure_task_image
 
+VERIFIER_HOME = "/tmp/air-verifier-home"
+"""HOME of the verifier's commands (root's, made when the agent's phase ends): never the agent's home."""
 DEFAULT_TIMEOUT = 24 * 3600.0
 """A command without a timeout of Harbor's: bounded all the same (the trial's own timeouts cut it sooner)."""
 
@@ -54,7 +68,17 @@ class AirEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        return EnvironmentCapabilities(gpus=True, disable_internet=True)
+        return EnvironmentCapabilities(gpus=True, disable_internet=True, docker_compose=True)
+
+    @property
+    def _uses_compose(self) -> bool:
+        return (self.environment_dir / "docker-compose.yaml").is_file()
+
+    def _validate_extra_docker_compose_support(self) -> None:
+        # Harbor's base allows them with the capability; air's loader reads the task's own compose file alone.
+        if self.extra_docker_compose_paths:
+            raise ValueError("the air environment does not read --extra-docker-compose files (only the task's own "
+                             "environment/docker-compose.yaml)")
 
     def _validate_definition(self) -> None:
         if not (self.environment_dir / "Dockerfile").is_file() and not self.task_env_config.docker_image:
@@ -75,7 +99,13 @@ class AirEnvironment(BaseEnvironment):
             "cpus": float(self.task_env_config.cpus or spec.resources.cpus),
             "memory_mb": self.task_env_config.memory_mb or spec.resources.memory_mb,
             "gpus": self.task_env_config.gpus or 0})
-        self.spec = spec.replace(resources=resources, env={**spec.env, **self._persistent_env})
+        spec = spec.replace(resources=resources, env={**spec.env, **self._persistent_env})
+        self._bash_env = spec.verifier_installs
+        if spec.verifier_installs:  # the sandbox is of the scoring image (built here, over the task's, first)
+            await ensure_task_image(spec)
+            spec = spec.replace(image=spec.verifier_image, build=None, verifier_image=None, verifier_build=None,
+                                verifier_installs=False)
+        self.spec = spec
         self.pool = SandboxPool(PoolConfig(max_sandboxes=2, gpu_ids=None if resources.gpus else []))
         await self.pool.start()
         self._lease = TaskEnvironment(self.spec, self.pool).lease()
@@ -84,7 +114,7 @@ class AirEnvironment(BaseEnvironment):
         await self.sandbox.harness_sh(harbor_dirs_sh(self.sandbox.agent_uid))
         if bundled:  # no agent ever works here: Harbor's default user is the verifier's, root
             await self._unpack("/tests", _tar({p.name: p for p in sorted(env_dir.iterdir())}))
-            self._reaped = True
+            await self._end_agent()
 
     async def stop(self, delete: bool) -> None:
         lease, self._lease = getattr(self, "_lease", None), None
@@ -102,11 +132,83 @@ class AirEnvironment(BaseEnvironment):
         # No user is Harbor's "the container's default" (root in Docker): air's agent while the agent works, root
         # once the verifier has begun (its tests uploaded), as Harbor's verifier runs by default.
         as_root = user in ("root", 0, "0") or (user is None and self._reaped)
+        env = self._merge_env(env) or {}
+        if self._reaped and as_root:  # the verifier's commands: a home of their own; the test's installs, offline
+            env = {"HOME": VERIFIER_HOME, **({"BASH_ENV": BASH_ENV} if self._bash_env else {}), **env}
         result = await self.sandbox.session.run_untrusted(
-            ["bash", "-c", command], cwd=cwd or WORKSPACE, env=self._merge_env(env) or {},
+            ["bash", "-c", command], cwd=cwd or WORKSPACE, env=env,
             timeout=float(timeout_sec or DEFAULT_TIMEOUT), user="root" if as_root else "agent", reap=False)
         code = 124 if result.timed_out else result.exit_code
         return ExecResult(stdout=result.stdout, stderr=result.stderr, return_code=code)
+
+    async def _end_agent(self) -> None:
+        """The agent's phase is over: every process it left ends (reap kills them all as it returns), and the
+        verifier's commands get a home of root's own, made now: the cell's HOME is the agent's, where it could leave
+        what test.sh runs as root (uv's installer's `~/.local/bin/env`, which test.sh sources; a `uvx` there)."""
+        if self._reaped:
+            return
+        await self.sandbox.session.run_untrusted(["true"], user="agent", reap=True)
+        made = await self.sandbox.session.run_untrusted(
+            ["sh", "-c", f"rm -rf {VERIFIER_HOME} && mkdir -m 700 {VERIFIER_HOME}"], user="root", cwd="/",
+            timeout=60, reap=False)
+        if made.exit_code != 0:
+            raise RuntimeError(f"the verifier's home {VERIFIER_HOME} could not be made: {made.stderr.strip()}")
+        self._reaped = True
+
+    # ----- a compose task's services (Harbor's per-service operations) -----------------------------------------
+    def _service(self, service: str) -> str:
+        """The container of this rollout's service `service`."""
+        services = getattr(self.sandbox, "services", None)
+        if services is None or service not in services.ids:
+            known = ", ".join(sorted(services.ids)) if services is not None else "none"
+            raise ServiceOperationsUnsupportedError(f"this task has no service {service!r} (its services: {known})")
+        return services.ids[service]
+
+    async def service_exec(self, command: str, *, service: str | None = None, cwd: str | None = None,
+                           env: dict[str, str] | None = None, timeout_sec: int | None = None,
+                           user: str | int | None = None) -> ExecResult:
+        if self.is_main_service(service):
+            return await self.exec(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+        self._service(service)
+        # As Harbor's docker does: the service's own workdir, user and environment unless given.
+        prefix = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
+        prefix += f"cd {shlex.quote(cwd)} && " if cwd else ""
+        code, output = await self.sandbox.services.exec(service, prefix + command, user=None if user is None else
+                                                        str(user), timeout=float(timeout_sec or DEFAULT_TIMEOUT))
+        return ExecResult(stdout=output, stderr="", return_code=124 if code is None else code)
+
+    async def _service_tar(self, service: str, path: str) -> bytes:
+        self._service(service)
+        got = await self.sandbox.services.archive(service, path, FROM_SERVICES_LIMIT)
+        if got is None:
+            raise FileNotFoundError(f"service {service}: no {path}, or over {FROM_SERVICES_LIMIT >> 20} MB")
+        return got
+
+    async def service_download_file(self, source_path: str, target_path: Path | str, *,
+                                    service: str | None = None) -> None:
+        if self.is_main_service(service):
+            return await self.download_file(source_path, target_path)
+        with tarfile.open(fileobj=io.BytesIO(await self._service_tar(service, source_path))) as tar:
+            member = next((m for m in tar.getmembers() if m.isfile()), None)
+            if member is None:
+                raise IsADirectoryError(f"service {service}: {source_path} is not a regular file")
+            Path(target_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(target_path).write_bytes(tar.extractfile(member).read())
+
+    async def service_download_dir(self, source_dir: str, target_dir: Path | str, *,
+                                   service: str | None = None) -> None:
+        if self.is_main_service(service):
+            return await self.download_dir(source_dir, target_dir)
+        # Docker's tar names the folder itself first: its contents go under target_dir, as Harbor's copy puts them.
+        _extract(await self._service_tar(service, source_dir), Path(target_dir),
+                 posixpath.basename(posixpath.normpath(source_dir)) + "/")
+
+    async def stop_service(self, service: str) -> None:
+        if self.is_main_service(service):  # main is the agent's cell: every process it left ends
+            await self._end_agent()
+            return
+        services = self.sandbox.services
+        await services.docker.call(services.docker.api.stop, self._service(service), timeout=60)
 
     # ----- files -----------------------------------------------------------------------------------------------
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
@@ -115,9 +217,7 @@ class AirEnvironment(BaseEnvironment):
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
         if _real(target_dir).startswith(f"{HARBOR_DIR}/tests") and not self._reaped:
-            # The verifier begins: end every process the agent left running (reap kills them all as it returns).
-            await self.sandbox.session.run_untrusted(["true"], user="agent", reap=True)
-            self._reaped = True
+            await self._end_agent()  # the verifier begins
         source = Path(source_dir)
         await self._unpack(target_dir, _tar({p.name: p for p in sorted(source.iterdir())}))
 
@@ -152,19 +252,24 @@ class AirEnvironment(BaseEnvironment):
         else:
             real = await self._linked(real)
             raw = await self.sandbox.session.pack(["."], root=real)
-        strip = posixpath.basename(real.rstrip("/")) + "/"  # either way, the folder comes under its own name
-        target = Path(target_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
-            members = []
-            for member in tar.getmembers():
-                name = member.name.removeprefix("./")
-                name = name.removeprefix(strip) if strip and name.startswith(strip) else name
-                if not name or name in (".", strip.rstrip("/")):
-                    continue
-                member.name = name
-                members.append(member)
-            tar.extractall(target, members=members, filter="data")
+        # either way, the folder comes under its own name
+        _extract(raw, Path(target_dir), posixpath.basename(real.rstrip("/")) + "/")
+
+
+def _extract(raw: bytes, target: Path, strip: str) -> None:
+    """A tar of a folder, its contents (without the folder's own name, `strip`) into `target`; only what stays in
+    `target` (tarfile's data filter)."""
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        members = []
+        for member in tar.getmembers():
+            name = member.name.removeprefix("./")
+            name = name.removeprefix(strip) if strip and name.startswith(strip) else name
+            if not name or name in (".", strip.rstrip("/")):
+                continue
+            member.name = name
+            members.append(member)
+        tar.extractall(target, members=members, filter="data")
 
 
 def _real(path: str) -> str:
