@@ -374,9 +374,10 @@ class Session:
             await self._link.call(p.Interrupt(), wait=_MARGIN)
 
     # ----- reset ------------------------------------------------------------------------------------------------
-    async def reset(self, timeout: float = 30) -> None:
-        """A fresh sandbox's state: a new cell with the home as staged (the pristine copy), a fresh shell next."""
+    async def reset(self, timeout: float = 30, profile: bool = False) -> None:
+        """A fresh sandbox's state: a new cell with the home as staged (the pristine copy), a fresh shell next.
+        `profile`: last_reset.spans says where the warden's time went (bench/profile_cell.py)."""
         async with self._lock:
             link = await self._warden()
-            self.last_reset = await link.call(p.Reset(env=self.pristine_env()), wait=timeout)
+            self.last_reset = await link.call(p.Reset(env=self.pristine_env(), profile=profile), wait=timeout)
             self.cwd = WORKSPACE

@@ -24,9 +24,9 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import (atimes, files, locks, lower, mountapi, netlink, procs, protocol as p, snapshot,
-                                threadspawn, watch, zygote)
-from air.sandbox.warden.cell import (LIBC, Cell, CellError, Layout, Middle, _check, _detach, become, fresh_tmpfs,
-                                     mount, outside, places_over, prepare_confinement, supported)
+                                spans, threadspawn, watch, zygote)
+from air.sandbox.warden.cell import (LIBC, Cell, CellError, Layout, Middle, _check, _children_in, _detach, become,
+                                     fresh_tmpfs, mount, outside, places_over, prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
 from air.sandbox.warden.pages import PinError, Pins, files_under
 from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
@@ -275,6 +275,12 @@ class Warden:
         self.lowers = "cells were not asked for"
         """"" when this sandbox's forks can share the snapshot's home (lower.py), else why not."""
         self.tree_ms = 0.0
+        self.spare: Optional[Cell] = None
+        """The next cell, built ahead while the warden had nothing to do (make_spare): a reset takes it instead of
+        building one, where nothing it carries from the warden's namespace has changed since (_next_cell)."""
+        self.spare_wanted = False
+        self.profile_ahead = False
+        self.ahead_spans: Dict[str, float] = {}
 
     # ----- the host's stream ------------------------------------------------------------------------------------
     def send(self, ident: int, message: p.Message) -> None:
@@ -298,6 +304,7 @@ class Warden:
 
     def shutdown(self) -> None:
         # The host went away: leave nothing of the agent running behind it (a kept cell stays, empty of processes).
+        self.drop_spare()
         if self.shell:
             self.shell.kill()
         if self.cell is not None and not self.kept:
@@ -343,10 +350,15 @@ class Warden:
             timeout = None
             if self.job is not None:
                 timeout = max(0.0, self.job.next_deadline() - time.monotonic())
-            for key, _ in self.sel.select(timeout):
+            elif self.spare_wanted:
+                timeout = 0  # see what is waiting first: the next cell is built only when nothing is
+            events = self.sel.select(timeout)
+            for key, _ in events:
                 if self.sel.get_map().get(key.fd) is not key:
                     continue  # unregistered by an earlier callback of this batch (its job finished)
                 key.data()
+            if not events and self.job is None and self.spare_wanted:
+                self.make_spare()
             if self.job is not None and time.monotonic() >= self.job.next_deadline():
                 self.expire()
 
@@ -410,6 +422,7 @@ class Warden:
             except (CellError, OSError) as exc:
                 why_not = str(exc)
         self.cells = self.cell is not None
+        self.spare_wanted = self.spare_allowed()
         if self.cells:
             with outside(self.cell):  # their children are none of the cell's pids
                 try:
@@ -503,6 +516,8 @@ class Warden:
         """A fresh sandbox's state: the cell ended and a new one built; without cells, no agent process, IPC object
         or temp file, and the home copied from the pristine one."""
         c = self.config
+        if request.profile:
+            spans.begin()
         started = time.monotonic()
         if self.job is not None:
             raise RuntimeError("reset while a command runs")
@@ -510,12 +525,17 @@ class Warden:
         if any(name not in c.keep for name in os.listdir(c.air)):  # what staging left (untouched: no ctime)
             empty(c.air, keep=c.keep)
             os.utime(c.air, (c.epoch, c.epoch))
-        self.renew_out()
-        if self.staged:  # what staging put under air's kept names since the last reset
+            spans.mark("end: staging removed")
+        renewed = self.renew_out()
+        spans.mark("end: /srv/air/out")
+        staged = self.staged
+        if staged:  # what staging put under air's kept names since the last reset
             self.hold_own_files()
+            spans.mark("end: page-cache pins")
         ended = time.monotonic()
         if self.cells:
-            self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
+            # CellError: the host's failure (the sandbox is replaced)
+            self.cell = self._next_cell(usable=not renewed and not staged)
         else:
             self._reset_in_place()
         self.carry = {1: CappedBuffer(CARRY_LIMIT), 2: CappedBuffer(CARRY_LIMIT)}
@@ -523,8 +543,58 @@ class Warden:
         # for one, and until then no agent process exists at all.
         self.env, self.cwd = dict(request.env), os.fsencode(c.workspace)
         ms = lambda a, b: (b - a) * 1000  # noqa: E731
-        return p.WasReset(cell=self.cells, end_ms=ms(started, ended), build_ms=ms(ended, time.monotonic()),
-                          ms=ms(started, time.monotonic()))
+        done = time.monotonic()
+        profile = {**spans.take(), **{"ahead: " + name: v for name, v in self.ahead_spans.items()}}
+        self.ahead_spans, self.profile_ahead = {}, request.profile
+        self.spare_wanted = self.spare_allowed()
+        return p.WasReset(cell=self.cells, end_ms=ms(started, ended), build_ms=ms(ended, done), ms=ms(started, done),
+                          spans=profile)
+
+    def spare_allowed(self) -> bool:
+        """Whether the next cell may be built ahead: not in a sandbox with services, whose cells take one address
+        on its network (two cells would answer for it), nor once a person holds the cell."""
+        return self.cells and self.spare is None and not self.kept and self.layout.cell_net is None
+
+    def make_spare(self) -> None:
+        """Build the next cell now, while nothing waits on the warden (serve): a reset then only swaps it in. It is
+        built as a reset would build it, from the same layout and the same pristine home; no agent process, nor any
+        process of the current cell, can reach it (its namespaces are held by the warden alone). Where it cannot be
+        built, the next reset builds one and reports why."""
+        self.spare_wanted = False
+        if self.profile_ahead:
+            spans.begin()
+        try:
+            self.spare = Cell.build(self.layout)
+        except (CellError, OSError) as exc:
+            sys.stderr.write("air warden: the next cell could not be built ahead: %s\n" % exc)
+        finally:
+            if self.cell is not None:  # the warden's children are born in the current cell again
+                _children_in(self.cell.ns_fds["pid"])
+            else:
+                _children_in(None)
+            if self.profile_ahead:
+                self.ahead_spans = spans.take()
+
+    def _next_cell(self, usable: bool) -> Cell:
+        """The next cell: the one built ahead where `usable` (since it was built, no staging changed the sandbox's
+        files, whose pristine home lies under its overlay, and /srv/air/out, which it carries, was not made new) and
+        its init still runs; else a new one, built now."""
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            if usable and spare.alive():
+                _children_in(spare.ns_fds["pid"])
+                spans.mark("build: the cell built ahead taken")
+                return spare
+            spare.end()
+            spans.mark("build: a stale cell built ahead ended")
+        return Cell.build(self.layout)
+
+    def drop_spare(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            spare.end()
+            if self.cell is not None:
+                _children_in(self.cell.ns_fds["pid"])
 
     def end_cell(self, reap: Tuple[int, ...] = ()) -> None:
         """Kill everything the agent or an evaluation runs: the cell (and the shell in it); without cells, every
@@ -533,13 +603,17 @@ class Warden:
         shell, self.shell = self.shell, None
         if shell is not None:
             shell.close()  # killed and reaped: the cell's teardown waits for the warden's own children in it
+            spans.mark("end: the shell killed and reaped")
         if self.cell is not None:
             if self.zygotes.lost:  # a program a failed zygote may have started: the teardown waits for its reaping
-                reap = tuple(set(reap) | {pid for pid in _own_children() if pid != self.cell.init and _in_a_cell(pid)})
+                inits = {self.cell.init, self.spare.init if self.spare is not None else 0}
+                reap = tuple(set(reap) | {pid for pid in _own_children() if pid not in inits and _in_a_cell(pid)})
                 self.zygotes.lost = False
             self.cell.end(reap)
             self.cell = None
+            spans.mark("end: the cell killed and its processes waited for")
             self.forgetter.forget()  # before anything else may look a name up: what the cell looked up is forgotten
+            spans.mark("end: dentries forgotten")
             return
         for pid in reap:
             os.waitpid(pid, 0)
@@ -551,13 +625,14 @@ class Warden:
         if in_cell and self.cells and self.cell is None:
             raise RuntimeError("the cell has ended (an evaluation's last step): reset the sandbox first")
 
-    def renew_out(self) -> None:
+    def renew_out(self) -> bool:
         """A new /srv/air/out for the next cell (layout.OUT_DIR): the previous one's files go with it. Where the
-        warden may not mount (no cells: a container used once), the directory is emptied instead."""
+        warden may not mount (no cells: a container used once), the directory is emptied instead. False where it was
+        left as it was."""
         c = self.config
         out = c.air + "/out"
         if self.out_mounted and self.out_stat == _root_stat(out) and not os.listdir(out):
-            return  # untouched since it was made (a tmpfs root's ctime moves with any change): left as it is, so
+            return False  # untouched since it was made (a tmpfs root's ctime moves with any change): left as it is, so
             # that its times tell no later cell when the last one ended
         try:
             fresh_tmpfs(out, c.out_mb, self.out_mounted)
@@ -568,6 +643,7 @@ class Warden:
             empty(out)
         os.utime(out, (c.epoch, c.epoch))
         self.out_stat = _root_stat(out)
+        return True
 
     def hold_own_files(self) -> None:
         """Every page of the files this sandbox alone has (its staged home and data, the shell's copy, the passwd
