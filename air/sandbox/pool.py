@@ -750,6 +750,10 @@ class SandboxPool:
             try:
                 async with asyncio.timeout(self.config.reset_timeout + 10):
                     await sandbox.session.reset(timeout=self.config.reset_timeout)
+                    # The warden forgets the ended cell's names after the reset's reply, before it answers anything
+                    # else: settled (a scorer's hidden lookups forgotten before its result goes out) waits for that.
+                    if not await sandbox.session.ping(timeout=self.config.reset_timeout):
+                        raise InfraError("the warden did not answer after its reset")
                 self.stats.resets += 1
             except (InfraError, asyncio.TimeoutError) as exc:
                 reason = f"reset failed: {exc}"

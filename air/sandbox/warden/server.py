@@ -279,6 +279,9 @@ class Warden:
         """The next cell, built ahead while the warden had nothing to do (make_spare): a reset takes it instead of
         building one, where nothing it carries from the warden's namespace has changed since (_next_cell)."""
         self.spare_wanted = False
+        self.forget_pending = False
+        """A cell ended by a reset whose names are not forgotten yet: done before the next request is handled and as
+        soon as nothing waits on the warden (settle), after the reset's reply."""
         self.profile_ahead = False
         self.ahead_spans: Dict[str, float] = {}
 
@@ -295,6 +298,7 @@ class Warden:
         for head, body in self.frames.feed(data):
             ident, request = p.decode(head, body, p.REQUESTS)
             try:
+                self.settle()  # the last cell's names forgotten before anything of this request runs
                 handler = getattr(self, "op_" + request.op.replace("-", "_"))
                 reply = handler(ident, request)
             except Exception as exc:  # noqa: BLE001 - the host turns it into an infrastructure error
@@ -304,6 +308,7 @@ class Warden:
 
     def shutdown(self) -> None:
         # The host went away: leave nothing of the agent running behind it (a kept cell stays, empty of processes).
+        self.settle()
         self.drop_spare()
         if self.shell:
             self.shell.kill()
@@ -350,15 +355,18 @@ class Warden:
             timeout = None
             if self.job is not None:
                 timeout = max(0.0, self.job.next_deadline() - time.monotonic())
-            elif self.spare_wanted:
-                timeout = 0  # see what is waiting first: the next cell is built only when nothing is
+            elif self.spare_wanted or self.forget_pending:
+                timeout = 0  # see what is waiting first: the work after a reply is done when nothing is
             events = self.sel.select(timeout)
             for key, _ in events:
                 if self.sel.get_map().get(key.fd) is not key:
                     continue  # unregistered by an earlier callback of this batch (its job finished)
                 key.data()
-            if not events and self.job is None and self.spare_wanted:
-                self.make_spare()
+            if not events and self.job is None:
+                if self.forget_pending:
+                    self.settle()
+                elif self.spare_wanted:
+                    self.make_spare()
             if self.job is not None and time.monotonic() >= self.job.next_deadline():
                 self.expire()
 
@@ -521,7 +529,7 @@ class Warden:
         started = time.monotonic()
         if self.job is not None:
             raise RuntimeError("reset while a command runs")
-        self.end_cell()
+        self.end_cell(defer_forget=True)
         if any(name not in c.keep for name in os.listdir(c.air)):  # what staging left (untouched: no ctime)
             empty(c.air, keep=c.keep)
             os.utime(c.air, (c.epoch, c.epoch))
@@ -555,6 +563,20 @@ class Warden:
         on its network (two cells would answer for it), nor once a person holds the cell."""
         return self.cells and self.spare is None and not self.kept and self.layout.cell_net is None
 
+    def settle(self) -> None:
+        """The names the cell a reset ended looked up, forgotten (dentries.py): after the reset's reply (nothing of the
+        next cell has run yet: it runs only on a request, and every request settles first), and before the pool
+        calls the sandbox settled (its recycling pings the warden after the reset)."""
+        if not self.forget_pending:
+            return
+        if self.profile_ahead:
+            spans.begin()
+        self.forget_pending = False
+        self.forgetter.forget()
+        if self.profile_ahead:
+            spans.mark("after the reply: dentries forgotten")
+            self.ahead_spans.update(spans.take())
+
     def make_spare(self) -> None:
         """Build the next cell now, while nothing waits on the warden (serve): a reset then only swaps it in. It is
         built as a reset would build it, from the same layout and the same pristine home; no agent process, nor any
@@ -573,7 +595,7 @@ class Warden:
             else:
                 _children_in(None)
             if self.profile_ahead:
-                self.ahead_spans = spans.take()
+                self.ahead_spans.update(spans.take())
 
     def _next_cell(self, usable: bool) -> Cell:
         """The next cell: the one built ahead where `usable` (since it was built, no staging changed the sandbox's
@@ -596,10 +618,11 @@ class Warden:
             if self.cell is not None:
                 _children_in(self.cell.ns_fds["pid"])
 
-    def end_cell(self, reap: Tuple[int, ...] = ()) -> None:
+    def end_cell(self, reap: Tuple[int, ...] = (), defer_forget: bool = False) -> None:
         """Kill everything the agent or an evaluation runs: the cell (and the shell in it); without cells, every
         process of the agent (a root program's daemons there outlive it: SECURITY.md). `reap`: the warden's own
-        children in the cell not reaped yet."""
+        children in the cell not reaped yet. `defer_forget` (a reset): the names the cell looked up are forgotten
+        after the reply (settle), else now."""
         shell, self.shell = self.shell, None
         if shell is not None:
             shell.close()  # killed and reaped: the cell's teardown waits for the warden's own children in it
@@ -612,6 +635,9 @@ class Warden:
             self.cell.end(reap)
             self.cell = None
             spans.mark("end: the cell killed and its processes waited for")
+            if defer_forget:
+                self.forget_pending = True
+                return
             self.forgetter.forget()  # before anything else may look a name up: what the cell looked up is forgotten
             spans.mark("end: dentries forgotten")
             return
