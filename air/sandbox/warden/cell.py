@@ -857,12 +857,26 @@ class Cell:
     def end(self, reap: Tuple[int, ...] = ()) -> None:
         """Kill everything in the cell and wait until it is gone. `reap`: the warden's own children in the cell,
         which only it can reap (the kernel's teardown waits for them)."""
+        self.kill()
+        self.wait(reap)
+
+    def kill(self) -> None:
+        """`end`'s first half: every process of the cell killed (its init, and with it the kernel kills the rest),
+        nothing waited for."""
         _children_in(None)
         if self.linked and "net" in self.ns_fds:
             _unlink(self.ns_fds["net"])
         for fd in self.ns_fds.values():
             os.close(fd)
         self.ns_fds = {}
+        try:
+            os.kill(self.init, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def wait(self, reap: Tuple[int, ...] = ()) -> None:
+        """`end`'s second half: the warden's own children in the cell reaped, then its init (its pid namespace's
+        teardown waits for both: when this returns, nothing of the cell runs)."""
         _end(self.init, reap)
 
 

@@ -279,9 +279,13 @@ class Warden:
         """The next cell, built ahead while the warden had nothing to do (make_spare): a reset takes it instead of
         building one, where nothing it carries from the warden's namespace has changed since (_next_cell)."""
         self.spare_wanted = False
-        self.forget_pending = False
-        """A cell ended by a reset whose names are not forgotten yet: done before the next request is handled and as
-        soon as nothing waits on the warden (settle), after the reset's reply."""
+        self.unsettled = False
+        """A reset took the cell built ahead and replied: the rest of it is done before the next request is handled,
+        as soon as nothing waits on the warden (settle)."""
+        self.ending: Optional[Tuple[Cell, Tuple[int, ...]]] = None
+        """The cell that reset killed, and the warden's children in it to reap."""
+        self.cell_lost = ""
+        """Why the cell settle had to build could not be built ("" where nothing is wrong)."""
         self.profile_ahead = False
         self.ahead_spans: Dict[str, float] = {}
 
@@ -355,7 +359,7 @@ class Warden:
             timeout = None
             if self.job is not None:
                 timeout = max(0.0, self.job.next_deadline() - time.monotonic())
-            elif self.spare_wanted or self.forget_pending:
+            elif self.spare_wanted or self.unsettled:
                 timeout = 0  # see what is waiting first: the work after a reply is done when nothing is
             events = self.sel.select(timeout)
             for key, _ in events:
@@ -363,7 +367,7 @@ class Warden:
                     continue  # unregistered by an earlier callback of this batch (its job finished)
                 key.data()
             if not events and self.job is None:
-                if self.forget_pending:
+                if self.unsettled:
                     self.settle()
                 elif self.spare_wanted:
                     self.make_spare()
@@ -453,6 +457,8 @@ class Warden:
                        lowers=self.lowers)
 
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
+        if self.cell_lost:
+            raise RuntimeError(self.cell_lost)
         if self.cell is not None and not self.cell.alive():
             raise RuntimeError("the cell's init is gone")
         return p.ShellState(alive=self.shell is None or self.shell.alive)  # none yet: the next command starts one
@@ -522,30 +528,44 @@ class Warden:
 
     def op_reset(self, ident: int, request: p.Reset) -> p.WasReset:
         """A fresh sandbox's state: the cell ended and a new one built; without cells, no agent process, IPC object
-        or temp file, and the home copied from the pristine one."""
+        or temp file, and the home copied from the pristine one.
+
+        Where the warden built the next cell ahead (make_spare) and no staging changed the sandbox's files since, the
+        reply comes once every process of the last cell is killed and that cell swapped in; the rest (the killed
+        processes reaped, their names forgotten, /srv/air/out made new) is done after the reply (settle), before
+        anything else: nothing of the new cell runs until the next request, and every request settles first."""
         c = self.config
         if request.profile:
             spans.begin()
         started = time.monotonic()
         if self.job is not None:
             raise RuntimeError("reset while a command runs")
-        self.end_cell(defer_forget=True)
-        if any(name not in c.keep for name in os.listdir(c.air)):  # what staging left (untouched: no ctime)
-            empty(c.air, keep=c.keep)
-            os.utime(c.air, (c.epoch, c.epoch))
-            spans.mark("end: staging removed")
-        renewed = self.renew_out()
-        spans.mark("end: /srv/air/out")
-        staged = self.staged
-        if staged:  # what staging put under air's kept names since the last reset
-            self.hold_own_files()
-            spans.mark("end: page-cache pins")
-        ended = time.monotonic()
-        if self.cells:
-            # CellError: the host's failure (the sandbox is replaced)
-            self.cell = self._next_cell(usable=not renewed and not staged)
+        spare, self.spare = self.spare, None
+        if spare is not None and not spare.alive():
+            spare.end()
+            spare = None
+        self.cell_lost = ""
+        if spare is not None and not self.staged:
+            self.ending = self.kill_cell(spare)
+            ended = time.monotonic()
+            self.cell = spare
+            _children_in(spare.ns_fds["pid"])  # from now on, every child of the warden is born in the new cell
+            spans.mark("build: the cell built ahead taken")
+            self.unsettled = True
         else:
-            self._reset_in_place()
+            if spare is not None:  # staging changed the pristine home under its overlay: a new cell, built now
+                spare.end()
+                spans.mark("end: the cell built ahead (before staging) ended")
+            self.end_cell()
+            self.renew_parts()
+            if self.staged:  # what staging put under air's kept names since the last reset
+                self.hold_own_files()
+                spans.mark("end: page-cache pins")
+            ended = time.monotonic()
+            if self.cells:
+                self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
+            else:
+                self._reset_in_place()
         self.carry = {1: CappedBuffer(CARRY_LIMIT), 2: CappedBuffer(CARRY_LIMIT)}
         # The next command starts the shell (op_run): a sandbox that only runs programs (SandboxFusion) never pays
         # for one, and until then no agent process exists at all.
@@ -558,23 +578,68 @@ class Warden:
         return p.WasReset(cell=self.cells, end_ms=ms(started, ended), build_ms=ms(ended, done), ms=ms(started, done),
                           spans=profile)
 
+    def renew_parts(self) -> bool:
+        """What a reset makes new besides the cell: air's directory without what staging left, a new /srv/air/out.
+        True where /srv/air/out was made new (a cell built before carries the last one)."""
+        c = self.config
+        if any(name not in c.keep for name in os.listdir(c.air)):  # what staging left (untouched: no ctime)
+            empty(c.air, keep=c.keep)
+            os.utime(c.air, (c.epoch, c.epoch))
+            spans.mark("end: staging removed")
+        renewed = self.renew_out()
+        spans.mark("end: /srv/air/out")
+        return renewed
+
     def spare_allowed(self) -> bool:
         """Whether the next cell may be built ahead: not in a sandbox with services, whose cells take one address
         on its network (two cells would answer for it), nor once a person holds the cell."""
         return self.cells and self.spare is None and not self.kept and self.layout.cell_net is None
 
+    def kill_cell(self, spare: Cell) -> Optional[Tuple[Cell, Tuple[int, ...]]]:
+        """end_cell's first half, for a reset that takes the cell built ahead (`spare`): the shell and every process
+        of the cell killed, nothing waited for. The cell and the warden's own children in it to reap (settle)."""
+        shell, self.shell = self.shell, None
+        reap: Tuple[int, ...] = ()
+        if shell is not None:
+            pid = shell.close(wait=False)
+            reap = () if shell.exited else (pid,)  # an exited shell was reaped: its pid may be another's now
+        cell, self.cell = self.cell, None
+        if cell is None:
+            return None
+        if self.zygotes.lost:  # a program a failed zygote may have started: the teardown waits for its reaping
+            reap = tuple(set(reap) | {pid for pid in _own_children()
+                                      if pid not in (cell.init, spare.init) and _in_a_cell(pid)})
+            self.zygotes.lost = False
+        cell.kill()
+        spans.mark("end: the shell and the cell killed")
+        return cell, reap
+
     def settle(self) -> None:
-        """The names the cell a reset ended looked up, forgotten (dentries.py): after the reset's reply (nothing of the
-        next cell has run yet: it runs only on a request, and every request settles first), and before the pool
-        calls the sandbox settled (its recycling pings the warden after the reset)."""
-        if not self.forget_pending:
+        """The rest of a reset that took the cell built ahead, after its reply and before anything else (serve,
+        on_host): the last cell's processes reaped (its teardown done), the names it looked up forgotten
+        (dentries.py), what staging left removed and a new /srv/air/out, which the cell taken did not have: that
+        cell is ended and another one built now (a failure is the next request's, and the pool's ping after a
+        reset, so the sandbox is replaced). The pool calls a sandbox settled only after that ping."""
+        if not self.unsettled:
             return
+        self.unsettled = False
         if self.profile_ahead:
             spans.begin()
-        self.forget_pending = False
-        self.forgetter.forget()
-        if self.profile_ahead:
+        ending, self.ending = self.ending, None
+        if ending is not None:
+            ending[0].wait(ending[1])
+            spans.mark("after the reply: the last cell's processes reaped")
+            self.forgetter.forget()  # before anything else may look a name up: what the cell looked up is forgotten
             spans.mark("after the reply: dentries forgotten")
+        if self.renew_parts() and self.cell is not None:
+            self.cell.end()  # nothing of it ever ran
+            self.cell = None
+            try:
+                self.cell = Cell.build(self.layout)
+            except (CellError, OSError) as exc:
+                self.cell_lost = "the cell could not be built: %s" % exc
+            spans.mark("after the reply: a cell with the new /srv/air/out")
+        if self.profile_ahead:
             self.ahead_spans.update(spans.take())
 
     def make_spare(self) -> None:
@@ -590,54 +655,32 @@ class Warden:
         except (CellError, OSError) as exc:
             sys.stderr.write("air warden: the next cell could not be built ahead: %s\n" % exc)
         finally:
-            if self.cell is not None:  # the warden's children are born in the current cell again
-                _children_in(self.cell.ns_fds["pid"])
-            else:
-                _children_in(None)
+            _children_in(self.cell.ns_fds["pid"] if self.cell is not None else None)  # the current cell's again
             if self.profile_ahead:
                 self.ahead_spans.update(spans.take())
-
-    def _next_cell(self, usable: bool) -> Cell:
-        """The next cell: the one built ahead where `usable` (since it was built, no staging changed the sandbox's
-        files, whose pristine home lies under its overlay, and /srv/air/out, which it carries, was not made new) and
-        its init still runs; else a new one, built now."""
-        spare, self.spare = self.spare, None
-        if spare is not None:
-            if usable and spare.alive():
-                _children_in(spare.ns_fds["pid"])
-                spans.mark("build: the cell built ahead taken")
-                return spare
-            spare.end()
-            spans.mark("build: a stale cell built ahead ended")
-        return Cell.build(self.layout)
 
     def drop_spare(self) -> None:
         spare, self.spare = self.spare, None
         if spare is not None:
             spare.end()
-            if self.cell is not None:
-                _children_in(self.cell.ns_fds["pid"])
+            _children_in(self.cell.ns_fds["pid"] if self.cell is not None and self.cell.ns_fds else None)
 
-    def end_cell(self, reap: Tuple[int, ...] = (), defer_forget: bool = False) -> None:
+    def end_cell(self, reap: Tuple[int, ...] = ()) -> None:
         """Kill everything the agent or an evaluation runs: the cell (and the shell in it); without cells, every
         process of the agent (a root program's daemons there outlive it: SECURITY.md). `reap`: the warden's own
-        children in the cell not reaped yet. `defer_forget` (a reset): the names the cell looked up are forgotten
-        after the reply (settle), else now."""
+        children in the cell not reaped yet."""
         shell, self.shell = self.shell, None
         if shell is not None:
             shell.close()  # killed and reaped: the cell's teardown waits for the warden's own children in it
             spans.mark("end: the shell killed and reaped")
         if self.cell is not None:
             if self.zygotes.lost:  # a program a failed zygote may have started: the teardown waits for its reaping
-                inits = {self.cell.init, self.spare.init if self.spare is not None else 0}
-                reap = tuple(set(reap) | {pid for pid in _own_children() if pid not in inits and _in_a_cell(pid)})
+                reap = tuple(set(reap) | {pid for pid in _own_children() if pid != self.cell.init and _in_a_cell(pid)
+                                          and (self.spare is None or pid != self.spare.init)})
                 self.zygotes.lost = False
             self.cell.end(reap)
             self.cell = None
             spans.mark("end: the cell killed and its processes waited for")
-            if defer_forget:
-                self.forget_pending = True
-                return
             self.forgetter.forget()  # before anything else may look a name up: what the cell looked up is forgotten
             spans.mark("end: dentries forgotten")
             return
@@ -648,6 +691,8 @@ class Warden:
 
     def need_cell(self, in_cell: bool) -> None:
         """Nothing of the agent's runs outside a cell where there are cells: after end_cell, only a reset."""
+        if self.cell_lost:
+            raise RuntimeError(self.cell_lost)
         if in_cell and self.cells and self.cell is None:
             raise RuntimeError("the cell has ended (an evaluation's last step): reset the sandbox first")
 
