@@ -30,6 +30,11 @@ its network namespace (sockets in TIME_WAIT included), IPC objects and mounts go
 Nothing of a cell is checked or repaired: the next one is built from nothing but the pristine home (and, in a fork's
 branch, the snapshot's files).
 
+The warden builds the next cell ahead, while the current one runs and nothing waits on it (server.Warden.make_spare:
+issue 74), so that a reset only kills the last cell and swaps the next in; what it carries from the warden's
+namespace must not have changed since (staging under the pristine home, a new /srv/air/out): where it has, the reset
+builds another (server.Warden.op_reset, settle). A build can be timed part by part (spans.py).
+
 Programs that run as root in a cell (an evaluation reading hidden data) keep only the capabilities air's scoring
 needs (ROOT_CAPABILITIES) and the same seccomp filter: they cannot leave the cell either.
 """
