@@ -40,6 +40,15 @@ def pct(values: list[float], q: float) -> float:
     return values[min(int(q * len(values)), len(values) - 1)]
 
 
+async def stage_home(sb) -> None:
+    """A pristine 20 MB home (200 files of 100 KB, all the agent's), in place for the next cell."""
+    uid = sb.agent_uid
+    await sb.harness_sh("mkdir -p /srv/air/pristine/home/workspace/data && cd /srv/air/pristine/home/workspace/data && "
+                        "for i in $(seq 1 200); do head -c 102400 /dev/urandom > f$i.bin; done && "
+                        f"chown -R {uid}:{uid} /srv/air/pristine/home")
+    await sb.session.reset()
+
+
 async def measure(runs: int, gap_ms: float) -> dict:
     """The loop, in this process's tree of air (PYTHONPATH decides which)."""
     from air.sandbox import PoolConfig, SandboxPool, SandboxSpec
@@ -49,12 +58,7 @@ async def measure(runs: int, gap_ms: float) -> dict:
     rows = []
     try:
         async with pool.lease(SandboxSpec(image=IMAGE, task="bench-profile")) as sb:
-            uid = sb.agent_uid
-            await sb.harness_sh("mkdir -p /srv/air/pristine/home/workspace/data && "
-                                "cd /srv/air/pristine/home/workspace/data && "
-                                "for i in $(seq 1 200); do head -c 102400 /dev/urandom > f$i.bin; done && "
-                                f"chown -R {uid}:{uid} /srv/air/pristine/home")
-            await sb.session.reset()
+            await stage_home(sb)
             profiled = "profile" in inspect.signature(sb.session.reset).parameters
             for i in range(runs + 2):  # the first two warm up (the first takes a cell built before the staging)
                 cycle = time.perf_counter()
