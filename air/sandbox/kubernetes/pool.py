@@ -217,7 +217,7 @@ class KubernetesPool(SandboxPool):
                     self._live.add(sandbox)
                     sandbox.attach(Session(sandbox))
                     try:
-                        await sandbox.session.reset()
+                        await sandbox.session.reset(settle=True)
                     except InfraError as exc:
                         if sandbox.lost is not None:
                             raise PodLost(f"pod {sandbox.name}: {sandbox.lost.reason}") from exc
