@@ -534,12 +534,27 @@ class Warden:
         reply comes once every process of the last cell is killed and that cell swapped in; the rest (the killed
         processes reaped, their names forgotten, /srv/air/out made new) is done after the reply (settle), before
         anything else: nothing of the new cell runs until the next request, and every request settles first."""
-        c = self.config
-        if request.profile:
-            spans.begin()
-        started = time.monotonic()
         if self.job is not None:
             raise RuntimeError("reset while a command runs")
+        taken: Dict[str, float] = {}
+        started = time.monotonic()
+        with spans.recording(request.profile, taken):
+            ended = self._reset()
+        c = self.config
+        self.carry = {1: CappedBuffer(CARRY_LIMIT), 2: CappedBuffer(CARRY_LIMIT)}
+        # The next command starts the shell (op_run): a sandbox that only runs programs (SandboxFusion) never pays
+        # for one, and until then no agent process exists at all.
+        self.env, self.cwd = dict(request.env), os.fsencode(c.workspace)
+        ms = lambda a, b: (b - a) * 1000  # noqa: E731
+        done = time.monotonic()
+        profile = {**taken, **{"ahead: " + name: v for name, v in self.ahead_spans.items()}}
+        self.ahead_spans, self.profile_ahead = {}, request.profile
+        self.spare_wanted = self.spare_allowed()
+        return p.WasReset(cell=self.cells, end_ms=ms(started, ended), build_ms=ms(ended, done), ms=ms(started, done),
+                          spans=profile)
+
+    def _reset(self) -> float:
+        """op_reset's work; when the last cell ended (time.monotonic)."""
         spare, self.spare = self.spare, None
         if spare is not None and not spare.alive():
             spare.end()
@@ -566,17 +581,7 @@ class Warden:
                 self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
             else:
                 self._reset_in_place()
-        self.carry = {1: CappedBuffer(CARRY_LIMIT), 2: CappedBuffer(CARRY_LIMIT)}
-        # The next command starts the shell (op_run): a sandbox that only runs programs (SandboxFusion) never pays
-        # for one, and until then no agent process exists at all.
-        self.env, self.cwd = dict(request.env), os.fsencode(c.workspace)
-        ms = lambda a, b: (b - a) * 1000  # noqa: E731
-        done = time.monotonic()
-        profile = {**spans.take(), **{"ahead: " + name: v for name, v in self.ahead_spans.items()}}
-        self.ahead_spans, self.profile_ahead = {}, request.profile
-        self.spare_wanted = self.spare_allowed()
-        return p.WasReset(cell=self.cells, end_ms=ms(started, ended), build_ms=ms(ended, done), ms=ms(started, done),
-                          spans=profile)
+        return ended
 
     def renew_parts(self) -> bool:
         """What a reset makes new besides the cell: air's directory without what staging left, a new /srv/air/out.
@@ -623,8 +628,10 @@ class Warden:
         if not self.unsettled:
             return
         self.unsettled = False
-        if self.profile_ahead:
-            spans.begin()
+        with spans.recording(self.profile_ahead, self.ahead_spans):
+            self._settle()
+
+    def _settle(self) -> None:
         ending, self.ending = self.ending, None
         if ending is not None:
             ending[0].wait(ending[1])
@@ -639,8 +646,6 @@ class Warden:
             except (CellError, OSError) as exc:
                 self.cell_lost = "the cell could not be built: %s" % exc
             spans.mark("after the reply: a cell with the new /srv/air/out")
-        if self.profile_ahead:
-            self.ahead_spans.update(spans.take())
 
     def make_spare(self) -> None:
         """Build the next cell now, while nothing waits on the warden (serve): a reset then only swaps it in. It is
@@ -648,16 +653,13 @@ class Warden:
         process of the current cell, can reach it (its namespaces are held by the warden alone). Where it cannot be
         built, the next reset builds one and reports why."""
         self.spare_wanted = False
-        if self.profile_ahead:
-            spans.begin()
         try:
-            self.spare = Cell.build(self.layout)
+            with spans.recording(self.profile_ahead, self.ahead_spans):
+                self.spare = Cell.build(self.layout)
         except (CellError, OSError) as exc:
             sys.stderr.write("air warden: the next cell could not be built ahead: %s\n" % exc)
         finally:
             _children_in(self.cell.ns_fds["pid"] if self.cell is not None else None)  # the current cell's again
-            if self.profile_ahead:
-                self.ahead_spans.update(spans.take())
 
     def drop_spare(self) -> None:
         spare, self.spare = self.spare, None

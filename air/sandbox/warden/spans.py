@@ -8,8 +8,9 @@ whole: `take` returns them in milliseconds, in the order first seen.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 _marks: Optional[List[Tuple[str, int]]] = None
 
@@ -24,6 +25,19 @@ def mark(name: str) -> None:
     """The time since the previous mark (or `begin`) was spent on `name`."""
     if _marks is not None:
         _marks.append((name, time.perf_counter_ns()))
+
+
+@contextlib.contextmanager
+def recording(on: bool, into: Dict[str, float]) -> Iterator[None]:
+    """`with recording(on, into):` the spans of the block added to `into` where `on`; recording is off after it
+    whatever happens in it (nothing is kept for a later block that did not ask)."""
+    if on:
+        begin()
+    try:
+        yield
+    finally:
+        if on:
+            into.update(take())
 
 
 def take() -> Dict[str, float]:
