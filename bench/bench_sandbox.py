@@ -3,7 +3,8 @@
     python bench/bench_sandbox.py [--runs 50] [--json]
 
 1. command round trip: air's session vs plain `docker exec` (CLI) and the SDK's exec_run, same command;
-2. a new cell for a leased sandbox holding a 20 MB home vs a fresh container (create + start + remove);
+2. a new cell for a leased sandbox holding a 20 MB home vs a fresh container (create + start + remove); where each
+   of its milliseconds goes, and this tree against another in alternation: bench/profile_cell.py;
 3. lease latency from a warm pool (p50, p90);
 4. 32 concurrent lease-run-release cycles: errors, leaked containers, throughput.
 """
