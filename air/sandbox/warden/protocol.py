@@ -146,6 +146,9 @@ class ShellState(Message):
 class Ping(Request):
     op: ClassVar[str] = "ping"
     Reply: ClassVar[type] = ShellState
+    prepare: bool = False
+    """Answer once what the last reset left for after its reply is done and the next cell is built ahead (a pool's
+    reset at release: the sandbox is then idle with nothing left to do when its next lease comes)."""
 
 
 @dataclass(frozen=True)

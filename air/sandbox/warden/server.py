@@ -459,6 +459,8 @@ class Warden:
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
         if self.cell_lost:
             raise RuntimeError(self.cell_lost)
+        if request.prepare and self.spare_wanted and self.job is None:
+            self.make_spare()
         if self.cell is not None and not self.cell.alive():
             raise RuntimeError("the cell's init is gone")
         return p.ShellState(alive=self.shell is None or self.shell.alive)  # none yet: the next command starts one
