@@ -146,9 +146,6 @@ class ShellState(Message):
 class Ping(Request):
     op: ClassVar[str] = "ping"
     Reply: ClassVar[type] = ShellState
-    prepare: bool = False
-    """Answer once what the last reset left for after its reply is done and the next cell is built ahead (a pool's
-    reset at release: the sandbox is then idle with nothing left to do when its next lease comes)."""
 
 
 @dataclass(frozen=True)
@@ -268,6 +265,10 @@ class Reset(Request):
     env: Dict[str, str]
     profile: bool = False
     """Time the reset's parts (WasReset.spans); off, the warden records nothing."""
+    settle: bool = False
+    """Reply only once the rest is done too (the last cell's names forgotten, a new /srv/air/out) and the next cell
+    is built ahead: a pool's reset at release, so that the sandbox it calls settled or hands out has nothing left to
+    do when its next lease comes. Without it the warden replies as soon as the new cell is in place."""
 
 
 @dataclass(frozen=True)

@@ -459,8 +459,6 @@ class Warden:
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
         if self.cell_lost:
             raise RuntimeError(self.cell_lost)
-        if request.prepare and self.spare_wanted and self.job is None:
-            self.make_spare()
         if self.cell is not None and not self.cell.alive():
             raise RuntimeError("the cell's init is gone")
         return p.ShellState(alive=self.shell is None or self.shell.alive)  # none yet: the next command starts one
@@ -548,10 +546,16 @@ class Warden:
         # for one, and until then no agent process exists at all.
         self.env, self.cwd = dict(request.env), os.fsencode(c.workspace)
         ms = lambda a, b: (b - a) * 1000  # noqa: E731
-        done = time.monotonic()
         profile = {**taken, **{"ahead: " + name: v for name, v in self.ahead_spans.items()}}
         self.ahead_spans, self.profile_ahead = {}, request.profile
         self.spare_wanted = self.spare_allowed()
+        if request.settle:
+            self.settle()
+            if self.spare_wanted:
+                self.make_spare()
+            if self.cell_lost:
+                raise RuntimeError(self.cell_lost)
+        done = time.monotonic()
         return p.WasReset(cell=self.cells, end_ms=ms(started, ended), build_ms=ms(ended, done), ms=ms(started, done),
                           spans=profile)
 
