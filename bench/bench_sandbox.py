@@ -3,7 +3,8 @@
     python bench/bench_sandbox.py [--runs 50] [--json]
 
 1. command round trip: air's session vs plain `docker exec` (CLI) and the SDK's exec_run, same command;
-2. a new cell for a leased sandbox holding a 20 MB home vs a fresh container (create + start + remove);
+2. a new cell for a leased sandbox holding a 20 MB home vs a fresh container (create + start + remove); where each
+   of its milliseconds goes, and this tree against another in alternation: bench/profile_cell.py;
 3. lease latency from a warm pool (p50, p90);
 4. 32 concurrent lease-run-release cycles: errors, leaked containers, throughput.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from air.sandbox import PoolConfig, SandboxPool, SandboxSpec, container_kwargs, list_air_containers
 from air.sandbox.container import HOSTS, without_network
+from profile_cell import ROLLOUT, stage_home  # bench/, this script's directory
 
 IMAGE = "air/base:latest"
 
@@ -69,17 +71,11 @@ async def main(runs: int) -> dict:
         # one, writes a 5 MB checkpoint, leaves a process and a changed cwd and environment behind. The reset ends
         # its cell and builds the next one (the home an overlay of the pristine one): its cost does not depend on
         # the home's size.
-        rollout = ("echo edit >> data/f1.bin; echo edit >> data/f2.bin; rm data/f3.bin; "
-                   "head -c 5000000 /dev/zero > model.ckpt; sleep 300 & export X=1; cd /tmp")
+        rollout = ROLLOUT
         await pool.wait_idle()
         rows = []
         async with pool.lease(spec) as sb:
-            uid = sb.agent_uid
-            await sb.harness_sh("mkdir -p /srv/air/pristine/home/workspace/data && "
-                                "cd /srv/air/pristine/home/workspace/data && "
-                                "for i in $(seq 1 200); do head -c 102400 /dev/urandom > f$i.bin; done && "
-                                f"chown -R {uid}:{uid} /srv/air/pristine/home")
-            await sb.session.reset()
+            await stage_home(sb)
             for _ in range(max(runs // 2, 10)):
                 await sb.session.run(rollout)
                 t = time.perf_counter()

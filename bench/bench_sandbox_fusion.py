@@ -24,7 +24,9 @@ Each concurrency level runs every side twice in alternation (halves of --request
 changing load falls on all of them alike. CPU per request is the CPU time of the side's own processes over its
 phases divided by its requests (/proc and cgroup counters): the side's server process tree (for the subprocess
 side: this process's reaped children, i.e. the programs), the sandboxes (air's containers, cgroup cpuacct),
-Docker (dockerd, containerd, and the shims with the runc calls they reaped) and this process (the client).
+Docker (dockerd, containerd, and the shims with the runc calls they reaped) and this process (the client). A column
+says "n/a" where its counters cannot: a container or shim that went away between a phase's samples took its CPU with
+it (under runsc every sandbox is used once and removed), or a container has no cgroup v1 cpuacct counter.
 "machine" is the machine's busy time (/proc/stat) per request, which on a shared host includes others' work.
 "srv core" is the server's CPU per wall second: near 1.0, its single event loop is the limit.
 """
@@ -43,8 +45,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import math
 import uuid
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
@@ -93,26 +97,48 @@ def machine_busy() -> float:
     return (user + nice + system + irq + softirq + steal) / TICK
 
 
-def docker_cpu(procs: list[tuple[int, int, str]]) -> float:
+class Counted(NamedTuple):
+    """CPU seconds of a set of processes or containers, and which they were: a counter that went away between two
+    samples (a container removed, a shim that ended) took its CPU with it, so their difference means nothing."""
+    seconds: float
+    members: frozenset
+    readable: bool = True
+
+
+def docker_cpu(procs: list[tuple[int, int, str]]) -> Counted:
     """dockerd and containerd (with what they reaped), and each shim alone (its runc calls, not the container's
     processes, which the cgroups count)."""
-    total = 0.0
+    total, members = 0.0, set()
     for pid, _, comm in procs:
         if comm in ("dockerd", "containerd") or comm.startswith("containerd-shim"):
             total += proc_cpu(pid)
-    return total
+            members.add(pid)
+    return Counted(total, frozenset(members))
 
 
-def containers_cpu(run_ids: list[str]) -> float:
-    """CPU of these runs' live containers (cgroup v1 cpuacct; 0 where the hierarchy differs)."""
-    total = 0
+def containers_cpu(run_ids: list[str]) -> Counted:
+    """CPU of these runs' live containers (cgroup v1 cpuacct under docker/<id>); not readable where a container has
+    no such counter (cgroup v2, a runtime that accounts elsewhere)."""
+    total, members, readable = 0, set(), True
     for run_id in run_ids:
         ids = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter", f"label=air.run={run_id}"],
                              capture_output=True, text=True, check=False).stdout.split()
         for cid in ids:
-            with contextlib.suppress(OSError, ValueError):
+            members.add(cid)
+            try:
                 total += int(Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage").read_text())
-    return total / 1e9
+            except (OSError, ValueError):
+                readable = False
+    return Counted(total / 1e9, frozenset(members), readable)
+
+
+def spent(before: Counted, after: Counted) -> float:
+    """CPU seconds between two samples; NaN ("n/a") where a counter could not be read or one went away between
+    them. Under runsc every sandbox is used once and removed (its CPU leaves with it, and the difference came out
+    negative); this reads no counter of gVisor's own."""
+    if not (before.readable and after.readable) or not before.members <= after.members:
+        return math.nan
+    return after.seconds - before.seconds
 
 
 def listener_pid(port: int) -> int | None:
@@ -161,7 +187,10 @@ class Meter:
         yield
         after = self.sample()
         for key in self.total:
-            self.total[key] += after[key] - before[key]
+            if isinstance(before[key], Counted):
+                self.total[key] += spent(before[key], after[key])
+            else:
+                self.total[key] += after[key] - before[key]
 
 
 # ----- the sides -------------------------------------------------------------------------------------------------
@@ -321,6 +350,20 @@ async def main(args: argparse.Namespace) -> dict:
     return figures
 
 
+def without_nan(value):
+    """The figures as JSON can hold them: null for a CPU column that could not say (spent)."""
+    if isinstance(value, dict):
+        return {k: without_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_nan(v) for v in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def cpu(ms: float | None) -> str:
+    """A CPU column: "n/a" where its counters could not say (spent)."""
+    return "n/a" if ms is None or math.isnan(ms) else f"{ms:.1f}"
+
+
 def report(f: dict) -> None:
     load = " / ".join(f"{x:.1f}" for x in f["load_before"])
     print(f"{f['requests']} requests per side, language and concurrency ({f['programs']} program), "
@@ -332,9 +375,9 @@ def report(f: dict) -> None:
     for level, rows in f["levels"].items():
         for name, r in rows.items():
             print(f"{level:<13} {name:<15} {r['rps']:7.1f} {r['ratio']:7.2f}x {r['p50_ms']:7.1f} "
-                  f"{r['p95_ms']:7.1f} {r['own_cpu_ms']:10.1f} {r['server_cpu_ms']:7.1f} "
-                  f"{r['sandboxes_cpu_ms']:7.1f} {r['docker_cpu_ms']:7.1f} {r['client_cpu_ms']:7.1f} "
-                  f"{r['machine_cpu_ms']:8.1f} {r['server_core']:8.2f}")
+                  f"{r['p95_ms']:7.1f} {cpu(r['own_cpu_ms']):>10} {cpu(r['server_cpu_ms']):>7} "
+                  f"{cpu(r['sandboxes_cpu_ms']):>7} {cpu(r['docker_cpu_ms']):>7} {cpu(r['client_cpu_ms']):>7} "
+                  f"{cpu(r['machine_cpu_ms']):>8} {r['server_core']:8.2f}")
     print(f"CPU ms/req = server (the side's server process tree; subprocess: the programs) + sandbox (its "
           f"containers) + docker (dockerd, containerd, shims) + client (this process); machine = every busy CPU "
           f"second of the machine per request, others' work included. Load average after "
@@ -361,4 +404,4 @@ if __name__ == "__main__":
     if args.requests < 2 or min(args.concurrency) < 1 or min(args.pool_size) < 1:
         parser.error("--requests >= 2, --concurrency and --pool-size >= 1")
     figures = asyncio.run(main(args))
-    print(json.dumps(figures, indent=2)) if args.json else report(figures)
+    print(json.dumps(without_nan(figures), indent=2)) if args.json else report(figures)

@@ -311,3 +311,29 @@ async def test_randomised_hostile_rollouts_leave_nothing_behind(pool, base_spec)
                 assert after[key] == fresh[key], (
                     f"AIR_HOSTILE_SEED={seed} round {round_}: {key} differs after the reset "
                     f"(the program changed {len(changed)} pristine entries)")
+
+
+# ----- the cell built ahead (issue 74) --------------------------------------------------------------------------------
+async def test_the_cell_built_ahead_has_a_new_out_and_the_staged_home(pool, base_spec):
+    """The next cell is built while the last one runs (server.make_spare; a settled reset builds it before its reply),
+    so it was made from what the sandbox held then: root in the last cell writes /srv/air/out, which that cell built
+    ahead carried, and the harness stages a new pristine file after it was built. The next lease sees neither the old
+    out's file nor a home without the staged file: the reset builds another cell where either changed
+    (server.settle, op_reset)."""
+    async with pool.lease(base_spec) as sb:
+        await stage(sb)
+        await sb.session.reset(settle=True)  # the next cell built ahead before the reply
+        r = await sb.session.run_untrusted(["sh", "-c", "echo stash > /srv/air/out/stash; ls /srv/air/out"],
+                                           user="root", cwd="/")
+        assert r.stdout == "stash\n", r.stderr  # positive control: the cell writes there
+        await sb.session.reset(profile=True)
+        assert "build: the cell built ahead taken" in sb.session.last_reset.spans, sb.session.last_reset.spans
+        after = await sb.session.run_untrusted(["ls", "-A", "/srv/air/out"], user="root", cwd="/")
+        assert after.exit_code == 0 and after.stdout == "", after.stdout
+        await sb.session.reset(settle=True)
+        assert "ahead: after the reply: a cell with the new /srv/air/out" in sb.session.last_reset.spans
+
+        await sb.harness_sh(f"echo staged > {STARTER}/late.txt && chown {sb.agent_uid} {STARTER}/late.txt")
+        await sb.session.reset(profile=True)  # staging came after the cell built ahead (by the settled reset)
+        assert "end: the cell built ahead (before staging) ended" in sb.session.last_reset.spans
+        assert (await sb.session.run("cat late.txt")).stdout == "staged\n"

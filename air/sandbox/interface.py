@@ -172,8 +172,10 @@ class Shell(Protocol):
         a place cannot be written)."""
         ...
 
-    async def reset(self, timeout: float = 30) -> None:
-        """Back to the state of a fresh sandbox of the same task: a new cell (new namespaces, home, temp dirs)."""
+    async def reset(self, timeout: float = 30, profile: bool = False, settle: bool = False) -> None:
+        """Back to the state of a fresh sandbox of the same task: a new cell (new namespaces, home, temp dirs).
+        `profile`: last_reset.spans says where the warden's time went; `settle`: wait until the warden finished
+        what it does after the reply (the last cell's names forgotten)."""
         ...
 
     async def capture(self, *, max_bytes: int = 1 << 30, timeout: float = 120,

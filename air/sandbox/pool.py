@@ -634,7 +634,7 @@ class SandboxPool:
         warden that builds cells and failed to is CellFailed, naming the sandbox as `what`."""
         sandbox.attach(Session(sandbox))
         try:
-            await sandbox.session.reset()
+            await sandbox.session.reset(settle=True)
         except InfraError as exc:
             if not sandbox.session.cells:
                 raise
@@ -749,7 +749,9 @@ class SandboxPool:
         if reason is None:
             try:
                 async with asyncio.timeout(self.config.reset_timeout + 10):
-                    await sandbox.session.reset(timeout=self.config.reset_timeout)
+                    # settle: the ended cell's names forgotten before the sandbox is called settled (a scorer's hidden
+                    # lookups forgotten before its result goes out) or leased again
+                    await sandbox.session.reset(timeout=self.config.reset_timeout, settle=True)
                 self.stats.resets += 1
             except (InfraError, asyncio.TimeoutError) as exc:
                 reason = f"reset failed: {exc}"

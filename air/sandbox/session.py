@@ -374,9 +374,15 @@ class Session:
             await self._link.call(p.Interrupt(), wait=_MARGIN)
 
     # ----- reset ------------------------------------------------------------------------------------------------
-    async def reset(self, timeout: float = 30) -> None:
-        """A fresh sandbox's state: a new cell with the home as staged (the pristine copy), a fresh shell next."""
+    async def reset(self, timeout: float = 30, profile: bool = False, settle: bool = False) -> None:
+        """A fresh sandbox's state: a new cell with the home as staged (the pristine copy), a fresh shell next.
+        `profile`: last_reset.spans says where the warden's time went (bench/profile_cell.py). The warden may answer
+        once the last cell is killed and the next swapped in, and finish the rest (the last cell's names forgotten
+        host-wide, a new /srv/air/out) before its next request; `settle` waits for that too, and for the next cell
+        built ahead (the pool's resets, so that a sandbox it calls settled or hands out has it all done and its next
+        lease's requests never wait for a build)."""
         async with self._lock:
             link = await self._warden()
-            self.last_reset = await link.call(p.Reset(env=self.pristine_env()), wait=timeout)
+            self.last_reset = await link.call(p.Reset(env=self.pristine_env(), profile=profile, settle=settle),
+                                              wait=timeout)
             self.cwd = WORKSPACE

@@ -63,6 +63,7 @@ _HERE = Path(__file__).parent
 MODULES = (  # in import order
     ("air.sandbox.output", _HERE.parent / "output.py"),
     ("air.sandbox.warden.protocol", _HERE / "protocol.py"),
+    ("air.sandbox.warden.spans", _HERE / "spans.py"),
     ("air.sandbox.warden.syscalls", _HERE / "syscalls.py"),
     ("air.sandbox.warden.seccomp", _HERE / "seccomp.py"),
     ("air.sandbox.warden.hostview", _HERE / "hostview.py"),
@@ -108,9 +109,9 @@ def _load(name, source):
 
 
 ZYGOTE_MODULES = tuple(module for module in MODULES if module[0] in {
-    "air.sandbox.warden.syscalls", "air.sandbox.warden.seccomp", "air.sandbox.warden.hostview",
-    "air.sandbox.warden.mountapi", "air.sandbox.warden.rootcopy", "air.sandbox.warden.netlink",
-    "air.sandbox.warden.cell",
+    "air.sandbox.warden.spans", "air.sandbox.warden.syscalls", "air.sandbox.warden.seccomp",
+    "air.sandbox.warden.hostview", "air.sandbox.warden.mountapi", "air.sandbox.warden.rootcopy",
+    "air.sandbox.warden.netlink", "air.sandbox.warden.cell",
     "air.sandbox.warden.procs", "air.sandbox.warden.restore", "air.sandbox.warden.files", "air.sandbox.warden.zygote"})
 """A warm interpreter's program (zygote.py): what it needs to confine its children and lay down their files."""
 _ZYGOTE = "sys.modules['air.sandbox.warden.zygote']"

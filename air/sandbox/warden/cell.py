@@ -30,6 +30,11 @@ its network namespace (sockets in TIME_WAIT included), IPC objects and mounts go
 Nothing of a cell is checked or repaired: the next one is built from nothing but the pristine home (and, in a fork's
 branch, the snapshot's files).
 
+The warden builds the next cell ahead, while the current one runs and nothing waits on it (server.Warden.make_spare:
+issue 74), so that a reset only kills the last cell and swaps the next in; what it carries from the warden's
+namespace must not have changed since (staging under the pristine home, a new /srv/air/out): where it has, the reset
+builds another (server.Warden.op_reset, settle). A build can be timed part by part (spans.py).
+
 Programs that run as root in a cell (an evaluation reading hidden data) keep only the capabilities air's scoring
 needs (ROOT_CAPABILITIES) and the same seccomp filter: they cannot leave the cell either.
 """
@@ -52,6 +57,7 @@ import threading
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from air.sandbox.warden import hostview, mountapi, netlink, rootcopy, seccomp
+from air.sandbox.warden.spans import mark
 from air.sandbox.warden.syscalls import NUMBERS
 
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -200,7 +206,9 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
     """Make the namespaces and the mounts: in the cell's init, once it is pid 1 of its new pid namespace (a fork of
     the warden), or in a thread of the warden (_build_in_thread), whose mount_proc starts the init first."""
     route = netlink.route_socket() if layout.cell_net else None  # the container's namespace's, made before unshare
+    mark("build: start")
     _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    mark("build: namespaces")
     if route is not None:
         with route:
             fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
@@ -212,6 +220,7 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     if layout.root_copy:  # the image's tmpfs copy as the root, the container's mounts carried onto it
         rootcopy.enter(layout.root_copy, layout.carried, layout.hidden + layout.copied, mount, _check)
+    mark("build: root copy")
     inherited = layout.inherited
     renewed = ("/proc", "/dev", "/tmp", "/var/tmp", layout.home)
     # Inherited mounts: read-only (but air's own directory) and noatime, their other flags kept.
@@ -237,29 +246,40 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
             # gave it (the kernel locks it): read-only all the same, with that mode (relatime: a read may still set
             # an atime that a later cell sees, once a day at most; atimes.settle read each directory already).
             mount(None, point, None, (flags & ~MS_NOATIME) | _atime_mode(options))
+    mark("build: inherited mounts read-only")
 
     if USERNS_FALLBACKS:
         _own_sysfs()
     for d in ("/tmp", "/var/tmp"):
         mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV,
               mountapi.tmpfs_options(size="%dm" % layout.tmp_mb, mode="1777"))
+    mark("build: temp dirs")
     _new_dev(layout)
+    mark("build: /dev")
     if mount_proc is None:
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     else:
         mount_proc()
+    mark("build: /proc")
     _limit_ipc(layout.shm_mb)  # before the masks make /proc/sys read-only
+    mark("build: ipc limits")
     _masks(inherited)
+    mark("build: /proc masks")
     if layout.hostview_binds:
         hostview.install(layout.hostview_binds, layout.hostview_root, mount, _detach)
+    mark("build: host view")
     _cgroup_limits(layout.cgroup)
+    mark("build: cgroup limits")
     for name, text in (("passwd", layout.passwd), ("group", layout.group), ("hosts", layout.hosts)):
         if text is None or os.path.realpath("/etc/" + name) == os.path.realpath(text):
             continue  # air's images link them there already: a mount would only add a mount point
         mount(text, "/etc/" + name, None, MS_BIND)
         mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
+    mark("build: /etc files")
     _mount_home(layout, None)  # the last mount: a branch's replaces it in place (places_over), the table's order kept
+    mark("build: home overlay")
     _loopback_up()
+    mark("build: loopback")
 
 
 def _atime_mode(options: str) -> int:
@@ -386,6 +406,7 @@ def _build_in_thread(layout: Layout) -> Tuple[int, List[int]]:
             said = init.stdout.readline() if select.select([init.stdout], [], [], BUILD_TIMEOUT)[0] else b""
         if said != b"ready\n":
             raise CellError("the cell's init did not start: %r" % said[:200])
+        mark("build: init (a vfork'd shell)")
         started["pid"] = os.open("/proc/thread-self/ns/pid_for_children", os.O_RDONLY | os.O_CLOEXEC)
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, PROC_OPTIONS % started["pid"])
         # A kernel that took the option and ignored it would show the container's processes: the cell's pid 1 must
@@ -837,6 +858,7 @@ class Cell:
         finally:
             if collecting:
                 gc.enable()
+        mark("build: thread's end")
         if "cell" not in outcome:
             raise CellError("the cell could not be built: " + outcome.get("error", "the builder ended"))
         init, fds = outcome["cell"]
@@ -868,12 +890,26 @@ class Cell:
     def end(self, reap: Tuple[int, ...] = ()) -> None:
         """Kill everything in the cell and wait until it is gone. `reap`: the warden's own children in the cell,
         which only it can reap (the kernel's teardown waits for them)."""
+        self.kill()
+        self.wait(reap)
+
+    def kill(self) -> None:
+        """`end`'s first half: every process of the cell killed (its init, and with it the kernel kills the rest),
+        nothing waited for."""
         _children_in(None)
         if self.linked and "net" in self.ns_fds:
             _unlink(self.ns_fds["net"])
         for fd in self.ns_fds.values():
             os.close(fd)
         self.ns_fds = {}
+        try:
+            os.kill(self.init, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def wait(self, reap: Tuple[int, ...] = ()) -> None:
+        """`end`'s second half: the warden's own children in the cell reaped, then its init (its pid namespace's
+        teardown waits for both: when this returns, nothing of the cell runs)."""
         _end(self.init, reap)
 
 

@@ -249,8 +249,11 @@ class WasReset(Message):
     end_ms: float
     """Ending what the last lease had (the cell and everything in it)."""
     build_ms: float
-    """Making the next one."""
+    """Making the next one (or taking the one the warden built ahead, while it had nothing else to do)."""
     ms: float
+    spans: Dict[str, float] = field(default_factory=dict)
+    """With Reset.profile: where the reset's milliseconds went, by part (warden/spans.py); "ahead: ..." the parts of
+    the cell this reset took, built ahead after the previous reset."""
 
 
 @dataclass(frozen=True)
@@ -260,6 +263,12 @@ class Reset(Request):
     op: ClassVar[str] = "reset"
     Reply: ClassVar[type] = WasReset
     env: Dict[str, str]
+    profile: bool = False
+    """Time the reset's parts (WasReset.spans); off, the warden records nothing."""
+    settle: bool = False
+    """Reply only once the rest is done too (the last cell's names forgotten, a new /srv/air/out) and the next cell
+    is built ahead: a pool's reset at release, so that the sandbox it calls settled or hands out has nothing left to
+    do when its next lease comes. Without it the warden replies as soon as the new cell is in place."""
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import (atimes, files, locks, lower, mountapi, netlink, procs, protocol as p, snapshot,
-                                threadspawn, watch, zygote)
-from air.sandbox.warden.cell import (LIBC, Cell, CellError, Layout, Middle, _check, _detach, become, fresh_tmpfs,
-                                     harness_bounding_set, mount, outside, places_over, prepare_confinement,
-                                     supported)
+                                spans, threadspawn, watch, zygote)
+from air.sandbox.warden.cell import (LIBC, Cell, CellError, Layout, Middle, _check, _children_in, _detach, become,
+                                     fresh_tmpfs, harness_bounding_set, mount, outside, places_over,
+                                     prepare_confinement, supported)
 from air.sandbox.warden.dentries import Forgetter
 from air.sandbox.warden.pages import PinError, Pins, files_under
 from air.sandbox.warden.restore import copy_tree, empty, remove_at, DIR_FLAGS
@@ -276,6 +276,19 @@ class Warden:
         self.lowers = "cells were not asked for"
         """"" when this sandbox's forks can share the snapshot's home (lower.py), else why not."""
         self.tree_ms = 0.0
+        self.spare: Optional[Cell] = None
+        """The next cell, built ahead while the warden had nothing to do (make_spare): a reset takes it instead of
+        building one, where nothing it carries from the warden's namespace has changed since (_next_cell)."""
+        self.spare_wanted = False
+        self.unsettled = False
+        """A reset took the cell built ahead and replied: the rest of it is done before the next request is handled,
+        as soon as nothing waits on the warden (settle)."""
+        self.ending: Optional[Tuple[Cell, Tuple[int, ...]]] = None
+        """The cell that reset killed, and the warden's children in it to reap."""
+        self.cell_lost = ""
+        """Why the cell settle had to build could not be built ("" where nothing is wrong)."""
+        self.profile_ahead = False
+        self.ahead_spans: Dict[str, float] = {}
 
     # ----- the host's stream ------------------------------------------------------------------------------------
     def send(self, ident: int, message: p.Message) -> None:
@@ -290,6 +303,7 @@ class Warden:
         for head, body in self.frames.feed(data):
             ident, request = p.decode(head, body, p.REQUESTS)
             try:
+                self.settle()  # the last cell's names forgotten before anything of this request runs
                 handler = getattr(self, "op_" + request.op.replace("-", "_"))
                 reply = handler(ident, request)
             except Exception as exc:  # noqa: BLE001 - the host turns it into an infrastructure error
@@ -299,6 +313,8 @@ class Warden:
 
     def shutdown(self) -> None:
         # The host went away: leave nothing of the agent running behind it (a kept cell stays, empty of processes).
+        self.settle()
+        self.drop_spare()
         if self.shell:
             self.shell.kill()
         if self.cell is not None and not self.kept:
@@ -344,10 +360,18 @@ class Warden:
             timeout = None
             if self.job is not None:
                 timeout = max(0.0, self.job.next_deadline() - time.monotonic())
-            for key, _ in self.sel.select(timeout):
+            elif self.spare_wanted or self.unsettled:
+                timeout = 0  # see what is waiting first: the work after a reply is done when nothing is
+            events = self.sel.select(timeout)
+            for key, _ in events:
                 if self.sel.get_map().get(key.fd) is not key:
                     continue  # unregistered by an earlier callback of this batch (its job finished)
                 key.data()
+            if not events and self.job is None:
+                if self.unsettled:
+                    self.settle()
+                elif self.spare_wanted:
+                    self.make_spare()
             if self.job is not None and time.monotonic() >= self.job.next_deadline():
                 self.expire()
 
@@ -411,6 +435,7 @@ class Warden:
             except (CellError, OSError) as exc:
                 why_not = str(exc)
         self.cells = self.cell is not None
+        self.spare_wanted = self.spare_allowed()
         if self.cells:
             with outside(self.cell):  # their children are none of the cell's pids
                 try:
@@ -433,6 +458,8 @@ class Warden:
                        lowers=self.lowers)
 
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
+        if self.cell_lost:
+            raise RuntimeError(self.cell_lost)
         if self.cell is not None and not self.cell.alive():
             raise RuntimeError("the cell's init is gone")
         return p.ShellState(alive=self.shell is None or self.shell.alive)  # none yet: the next command starts one
@@ -502,30 +529,150 @@ class Warden:
 
     def op_reset(self, ident: int, request: p.Reset) -> p.WasReset:
         """A fresh sandbox's state: the cell ended and a new one built; without cells, no agent process, IPC object
-        or temp file, and the home copied from the pristine one."""
-        c = self.config
-        started = time.monotonic()
+        or temp file, and the home copied from the pristine one.
+
+        Where the warden built the next cell ahead (make_spare) and no staging changed the sandbox's files since, the
+        reply comes once every process of the last cell is killed and that cell swapped in; the rest (the killed
+        processes reaped, their names forgotten, /srv/air/out made new) is done after the reply (settle), before
+        anything else: nothing of the new cell runs until the next request, and every request settles first."""
         if self.job is not None:
             raise RuntimeError("reset while a command runs")
-        self.end_cell()
-        if any(name not in c.keep for name in os.listdir(c.air)):  # what staging left (untouched: no ctime)
-            empty(c.air, keep=c.keep)
-            os.utime(c.air, (c.epoch, c.epoch))
-        self.renew_out()
-        if self.staged:  # what staging put under air's kept names since the last reset
-            self.hold_own_files()
-        ended = time.monotonic()
-        if self.cells:
-            self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
-        else:
-            self._reset_in_place()
+        taken: Dict[str, float] = {}
+        started = time.monotonic()
+        with spans.recording(request.profile, taken):
+            ended = self._reset()
+        c = self.config
         self.carry = {1: CappedBuffer(CARRY_LIMIT), 2: CappedBuffer(CARRY_LIMIT)}
         # The next command starts the shell (op_run): a sandbox that only runs programs (SandboxFusion) never pays
         # for one, and until then no agent process exists at all.
         self.env, self.cwd = dict(request.env), os.fsencode(c.workspace)
         ms = lambda a, b: (b - a) * 1000  # noqa: E731
-        return p.WasReset(cell=self.cells, end_ms=ms(started, ended), build_ms=ms(ended, time.monotonic()),
-                          ms=ms(started, time.monotonic()))
+        profile = {**taken, **{"ahead: " + name: v for name, v in self.ahead_spans.items()}}
+        self.ahead_spans, self.profile_ahead = {}, request.profile
+        self.spare_wanted = self.spare_allowed()
+        if request.settle:
+            self.settle()
+            if self.spare_wanted:
+                self.make_spare()
+            if self.cell_lost:
+                raise RuntimeError(self.cell_lost)
+        done = time.monotonic()
+        return p.WasReset(cell=self.cells, end_ms=ms(started, ended), build_ms=ms(ended, done), ms=ms(started, done),
+                          spans=profile)
+
+    def _reset(self) -> float:
+        """op_reset's work; when the last cell ended (time.monotonic)."""
+        spare, self.spare = self.spare, None
+        if spare is not None and not spare.alive():
+            spare.end()
+            spare = None
+        self.cell_lost = ""
+        if spare is not None and not self.staged:
+            self.ending = self.kill_cell(spare)
+            ended = time.monotonic()
+            self.cell = spare
+            _children_in(spare.ns_fds["pid"])  # from now on, every child of the warden is born in the new cell
+            spans.mark("build: the cell built ahead taken")
+            self.unsettled = True
+        else:
+            if spare is not None:  # staging changed the pristine home under its overlay: a new cell, built now
+                spare.end()
+                spans.mark("end: the cell built ahead (before staging) ended")
+            self.end_cell()
+            self.renew_parts()
+            if self.staged:  # what staging put under air's kept names since the last reset
+                self.hold_own_files()
+                spans.mark("end: page-cache pins")
+            ended = time.monotonic()
+            if self.cells:
+                self.cell = Cell.build(self.layout)  # CellError: the host's failure (the sandbox is replaced)
+            else:
+                self._reset_in_place()
+        return ended
+
+    def renew_parts(self) -> bool:
+        """What a reset makes new besides the cell: air's directory without what staging left, a new /srv/air/out.
+        True where /srv/air/out was made new (a cell built before carries the last one)."""
+        c = self.config
+        if any(name not in c.keep for name in os.listdir(c.air)):  # what staging left (untouched: no ctime)
+            empty(c.air, keep=c.keep)
+            os.utime(c.air, (c.epoch, c.epoch))
+            spans.mark("end: staging removed")
+        renewed = self.renew_out()
+        spans.mark("end: /srv/air/out")
+        return renewed
+
+    def spare_allowed(self) -> bool:
+        """Whether the next cell may be built ahead: not in a sandbox with services, whose cells take one address
+        on its network (two cells would answer for it), nor once a person holds the cell."""
+        return self.cells and self.spare is None and not self.kept and self.layout.cell_net is None
+
+    def kill_cell(self, spare: Cell) -> Optional[Tuple[Cell, Tuple[int, ...]]]:
+        """end_cell's first half, for a reset that takes the cell built ahead (`spare`): the shell and every process
+        of the cell killed, nothing waited for. The cell and the warden's own children in it to reap (settle)."""
+        shell, self.shell = self.shell, None
+        reap: Tuple[int, ...] = ()
+        if shell is not None:
+            pid = shell.close(wait=False)
+            reap = () if shell.exited else (pid,)  # an exited shell was reaped: its pid may be another's now
+        cell, self.cell = self.cell, None
+        if cell is None:
+            return None
+        if self.zygotes.lost:  # a program a failed zygote may have started: the teardown waits for its reaping
+            reap = tuple(set(reap) | {pid for pid in _own_children()
+                                      if pid not in (cell.init, spare.init) and _in_a_cell(pid)})
+            self.zygotes.lost = False
+        cell.kill()
+        spans.mark("end: the shell and the cell killed")
+        return cell, reap
+
+    def settle(self) -> None:
+        """The rest of a reset that took the cell built ahead, after its reply and before anything else (serve,
+        on_host): the last cell's processes reaped (its teardown done), the names it looked up forgotten
+        (dentries.py), what staging left removed and a new /srv/air/out, which the cell taken did not have: that
+        cell is ended and another one built now (a failure is the next request's, and the pool's ping after a
+        reset, so the sandbox is replaced). The pool calls a sandbox settled only after that ping."""
+        if not self.unsettled:
+            return
+        self.unsettled = False
+        with spans.recording(self.profile_ahead, self.ahead_spans):
+            self._settle()
+
+    def _settle(self) -> None:
+        ending, self.ending = self.ending, None
+        if ending is not None:
+            ending[0].wait(ending[1])
+            spans.mark("after the reply: the last cell's processes reaped")
+            self.forgetter.forget()  # before anything else may look a name up: what the cell looked up is forgotten
+            spans.mark("after the reply: dentries forgotten")
+        if self.renew_parts() and self.cell is not None:
+            self.cell.end()  # nothing of it ever ran
+            self.cell = None
+            try:
+                self.cell = Cell.build(self.layout)
+            except (CellError, OSError) as exc:
+                self.cell_lost = "the cell could not be built: %s" % exc
+            spans.mark("after the reply: a cell with the new /srv/air/out")
+
+    def make_spare(self) -> None:
+        """Build the next cell now, while nothing waits on the warden (serve): a reset then only swaps it in. It is
+        built as a reset would build it, from the same layout and the same pristine home; no agent process, nor any
+        process of the current cell, can reach it (its namespaces are held by the warden alone). Where it cannot be
+        built, the next reset builds one and reports why."""
+        self.spare_wanted = False
+        try:
+            with spans.recording(self.profile_ahead, self.ahead_spans):
+                self.spare = Cell.build(self.layout)
+        except (CellError, OSError) as exc:
+            sys.stderr.write("air warden: the next cell could not be built ahead: %s\n" % exc)
+        finally:
+            _children_in(self.cell.ns_fds["pid"] if self.cell is not None else None)  # the current cell's again
+
+    def drop_spare(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            spare.end()
+            _children_in(self.cell.ns_fds["pid"] if self.cell is not None and self.cell.ns_fds else None)
 
     def end_cell(self, reap: Tuple[int, ...] = ()) -> None:
         """Kill everything the agent or an evaluation runs: the cell (and the shell in it); without cells, every
@@ -534,13 +681,17 @@ class Warden:
         shell, self.shell = self.shell, None
         if shell is not None:
             shell.close()  # killed and reaped: the cell's teardown waits for the warden's own children in it
+            spans.mark("end: the shell killed and reaped")
         if self.cell is not None:
             if self.zygotes.lost:  # a program a failed zygote may have started: the teardown waits for its reaping
-                reap = tuple(set(reap) | {pid for pid in _own_children() if pid != self.cell.init and _in_a_cell(pid)})
+                reap = tuple(set(reap) | {pid for pid in _own_children() if pid != self.cell.init and _in_a_cell(pid)
+                                          and (self.spare is None or pid != self.spare.init)})
                 self.zygotes.lost = False
             self.cell.end(reap)
             self.cell = None
+            spans.mark("end: the cell killed and its processes waited for")
             self.forgetter.forget()  # before anything else may look a name up: what the cell looked up is forgotten
+            spans.mark("end: dentries forgotten")
             return
         for pid in reap:
             os.waitpid(pid, 0)
@@ -549,16 +700,19 @@ class Warden:
 
     def need_cell(self, in_cell: bool) -> None:
         """Nothing of the agent's runs outside a cell where there are cells: after end_cell, only a reset."""
+        if self.cell_lost:
+            raise RuntimeError(self.cell_lost)
         if in_cell and self.cells and self.cell is None:
             raise RuntimeError("the cell has ended (an evaluation's last step): reset the sandbox first")
 
-    def renew_out(self) -> None:
+    def renew_out(self) -> bool:
         """A new /srv/air/out for the next cell (layout.OUT_DIR): the previous one's files go with it. Where the
-        warden may not mount (no cells: a container used once), the directory is emptied instead."""
+        warden may not mount (no cells: a container used once), the directory is emptied instead. False where it was
+        left as it was."""
         c = self.config
         out = c.air + "/out"
         if self.out_mounted and self.out_stat == _root_stat(out) and not os.listdir(out):
-            return  # untouched since it was made (a tmpfs root's ctime moves with any change): left as it is, so
+            return False  # untouched since it was made (a tmpfs root's ctime moves with any change): left as it is, so
             # that its times tell no later cell when the last one ended
         try:
             fresh_tmpfs(out, c.out_mb, self.out_mounted)
@@ -569,6 +723,7 @@ class Warden:
             empty(out)
         os.utime(out, (c.epoch, c.epoch))
         self.out_stat = _root_stat(out)
+        return True
 
     def hold_own_files(self) -> None:
         """Every page of the files this sandbox alone has (its staged home and data, the shell's copy, the passwd

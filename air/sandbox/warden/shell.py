@@ -195,7 +195,8 @@ class Shell:
             except OSError:
                 pass
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> int:
+        """Kill it and close its pipes; reaped unless `wait` is False (the caller reaps the pid returned)."""
         self.kill()
         for fd in (self.stdin, self.out, self.err, self.rep, self.pidfd):
             try:
@@ -203,7 +204,9 @@ class Shell:
             except (KeyError, ValueError):
                 pass
             os.close(fd)
-        try:
-            os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
+        if wait:
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+        return self.pid
