@@ -286,3 +286,66 @@ def test_air_containers_lists_and_cleans_a_killed_runs_enroot_sandbox_and_spares
         assert len(dead["cgroups"]) == len(live["cgroups"])
     code, said = seen["run"]
     assert code == 2 and said.count("\n") == 1 and "no run id" in said, said
+
+
+NVIDIA_MAJOR = 195
+STAND_INS = (("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255), ("nvidia-uvm", 254), ("nvidia-uvm-tools", 253))
+
+
+@pytest.fixture
+def node_stand_in_gpus():
+    """Two GPUs' stand-in nodes of the NVIDIA major in the node's own /dev (as tests/test_gpu.py makes them in a
+    folder: a plain `enroot start` binds the node's /dev, so they must be there for its control), and a driver folder
+    the user can read; removed after. Root only, and never over a real GPU's nodes."""
+    if os.geteuid() != 0:
+        pytest.skip("stand-in device nodes in /dev are root's to make (mknod): run the enroot tests as root with "
+                    "AIR_TEST_ENROOT_USER")
+    if any(Path("/dev", name).exists() for name, _ in STAND_INS):
+        pytest.skip("this node has NVIDIA device nodes of its own: the stand-ins would hide them")
+    import stat
+
+    made, driver = [], Path(tempfile.mkdtemp(prefix="air-enroot-driver-"))
+    try:
+        for name, minor in STAND_INS:
+            os.mknod(f"/dev/{name}", stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, minor))
+            made.append(Path("/dev", name))
+            made[-1].chmod(0o666)  # as the driver makes them (mknod's mode is under the umask)
+        (driver / "lib64").mkdir()
+        (driver / "bin").mkdir()
+        (driver / "lib64" / "libcuda.so.1").write_text("stand-in driver\n")
+        (driver / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho \"GPU $NVIDIA_VISIBLE_DEVICES: stand-in\"\n")
+        for path in (driver, driver / "lib64", driver / "bin", driver / "bin" / "nvidia-smi"):
+            path.chmod(0o755)
+        yield driver
+    finally:
+        for path in made:
+            path.unlink(missing_ok=True)
+        shutil.rmtree(driver, ignore_errors=True)
+
+
+@pytest.mark.enroot
+@pytest.mark.slow
+def test_a_gpu_sandbox_on_enroot_has_its_own_gpus_nodes_and_no_others(node_stand_in_gpus):
+    """Two one-GPU sandboxes at once on GPUs 0 and 1, and one without GPUs. The attack, as the agent in its cell and
+    as root of its container (the warden's side): list /dev, open the other GPU's node, make it (mknod). The positive
+    controls: a plain `enroot start` of the image sees every GPU's node (the node's /dev), and the sandbox's own GPU's
+    node opens as far as the driver (ENXIO: none behind the stand-in), where the other's is absent (ENOENT)."""
+    import errno
+
+    _image("air/base:latest")
+    result = _as_user([str(ROOT / "tests" / "enroot_gpu.py"), "air/base:latest", str(node_stand_in_gpus)], 600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    every = sorted(name for name, _ in STAND_INS)
+    assert sorted(seen["plain"]) == every, seen["plain"]
+    a, b, none = seen["a"], seen["b"], seen["none"]
+    assert {tuple(a["gpu_ids"]), tuple(b["gpu_ids"])} == {("0",), ("1",)}
+    for mine in (a, b):
+        own = mine["gpu_ids"][0]
+        nodes = sorted([f"nvidia{own}", "nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"])
+        assert mine["cell_nodes"] == nodes and mine["root_nodes"] == nodes, mine
+        assert mine["cell_open_own"] == str(errno.ENXIO) and mine["cell_open_other"] == str(errno.ENOENT), mine
+        assert "rc=0" not in mine["cell_mknod_other"] and "rc=0" not in mine["root_mknod_other"], mine
+        assert mine["cell_env"] == f"{own}/0" and f"GPU {own}: stand-in" in mine["smi"], mine
+    assert none["cell_nodes"] == [] and none["root_nodes"] == [] and none["cell_env"] == "/", none
+    assert none["cell_open_other"] == str(errno.ENOENT), none
