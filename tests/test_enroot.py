@@ -34,7 +34,8 @@ def test_the_launcher_runs_enroot_as_the_user_namespaces_root_with_airs_own_conf
     # No user namespace of enroot's own (it would map one uid, and its seccomp filter fakes setuid's success):
     assert env["ENROOT_ALLOW_SUPERUSER"] == "y" and env["ENROOT_UNSHARE_PID"] == "y"
     assert env["ENROOT_MOUNT_HOME"] == "n" and Path(env["ENROOT_SYSCONF_PATH"], "hooks.d").is_dir()
-    assert not list(Path(env["ENROOT_SYSCONF_PATH"], "hooks.d").iterdir())  # no shadow, home or NVIDIA hook
+    hooks = [h.name for h in Path(env["ENROOT_SYSCONF_PATH"], "hooks.d").iterdir()]
+    assert hooks == ["10-air-dev.sh"]  # air's /dev links alone: no shadow, home or NVIDIA hook
     mounts = Path(env["ENROOT_SYSCONF_PATH"], "mounts.d", "10-air.fstab").read_text()
     assert mounts.startswith("proc /proc proc ")  # its own procfs, not the node's /proc bound
     argv = enroot.start("c", ["python3", "w.py"], binds=[("/h", "/run/x", False), ("/d", "/data", True)],
@@ -43,6 +44,10 @@ def test_the_launcher_runs_enroot_as_the_user_namespaces_root_with_airs_own_conf
     assert "/h:/run/x:x-create=dir,bind,rw,nosuid,nodev" in argv
     assert "/d:/data:x-create=dir,bind,ro,nosuid,nodev" in argv
     assert argv[-3:] == ["c", "python3", "w.py"]
+    # /dev: Docker's nodes and no other of the node's (its GPUs' nodes are bound one by one, for a GPU sandbox)
+    assert "/dev /dev none" not in mounts and "tmpfs /dev tmpfs " in mounts
+    argv = enroot.start("c", ["true"], binds=[], env={}, devices=("/dev/nvidia1", "/dev/nvidiactl"))
+    assert "/dev/nvidia1:/dev/nvidia1:x-create=file,bind,rw,nosuid,noexec" in argv
 
 
 def test_subordinate_uids_are_read_for_the_user_by_name_or_uid(tmp_path):
