@@ -132,6 +132,54 @@ def test_each_undelegated_limit_is_named_in_one_line(tmp_path):
     assert "memory" in cgroups.missing({"pids": tmp_path, "cpu": tmp_path})[0]
 
 
+def test_gpu_claims_on_a_node_hold_each_gpu_once_share_apart_and_come_back_from_a_killed_holder(tmp_path):
+    """claims.py's rules by lock files: no GPU twice, exclusive and shared never together, a SIGKILLed process's
+    GPUs free at once (its locks go with it), and none held by a claim that could not be met whole."""
+    import signal
+
+    from air.sandbox.enroot.gpuclaims import GpuLocks
+
+    locks = GpuLocks(tmp_path / "claims", ("0", "1"))
+    a = locks.try_take(1)
+    b = locks.try_take(1)
+    assert a and b and {a.gpu_ids, b.gpu_ids} == {("0",), ("1",)}
+    assert locks.try_take(1) is None and locks.try_take(1, share=True) is None
+    a.release()
+    assert locks.try_take(2) is None  # b holds one: nothing taken, nothing kept
+    shared = [locks.try_take(1, share=True) for _ in range(2)]
+    assert [h.gpu_ids for h in shared] == [a.gpu_ids] * 2  # sharers together, on the free GPU alone
+    assert locks.try_take(1) is None  # no exclusive claim beside them
+    for hold in (b, *shared):
+        hold.release()
+    child = subprocess.Popen([shutil.which("python3"), "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+                              "from pathlib import Path; from air.sandbox.enroot.gpuclaims import GpuLocks; "
+                              "h = GpuLocks(Path(sys.argv[2]), ('0', '1')).try_take(2); print(h.gpu_ids, flush=True); "
+                              "time.sleep(600)", str(ROOT), str(tmp_path / "claims")], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "('0', '1')"
+        assert locks.try_take(1) is None
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert locks.try_take(2).gpu_ids == ("0", "1")
+
+
+def test_a_gpu_task_asking_more_than_the_nodes_gpus_is_one_line(tmp_path, monkeypatch):
+    import asyncio
+
+    from air.errors import PoolExhausted
+    from air.sandbox import PoolConfig, Resources, SandboxSpec
+    from air.sandbox.enroot import pool as enroot_pool
+
+    monkeypatch.setattr(enroot_pool, "enroot_root", lambda: tmp_path)
+    pool = enroot_pool.EnrootPool(PoolConfig(backend="enroot", gpu_ids=["0"]))
+    assert pool.gpu_ids == ("0",)
+    spec = SandboxSpec(image="air/base:latest", task="t", resources=Resources(gpus=2))
+    with pytest.raises(PoolExhausted, match=r"2 GPU\(s\) asked for, but this node's pool has \['0'\]"):
+        asyncio.run(pool._take_gpus(spec))
+
+
 # ----- on a node with enroot ------------------------------------------------------------------------------------------
 def _runner() -> list[str]:
     """How to run a python program as the non-root user that owns the containers (skips with the reason)."""
