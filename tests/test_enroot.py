@@ -180,6 +180,22 @@ def test_a_gpu_task_asking_more_than_the_nodes_gpus_is_one_line(tmp_path, monkey
         asyncio.run(pool._take_gpus(spec))
 
 
+def test_a_gpu_the_node_has_no_node_for_fails_the_lease_as_the_nodes_fault_in_one_line(tmp_path, monkeypatch):
+    """Never a sandbox without its GPU: a GPU id without its /dev/nvidiaN (or a node without the driver) is the
+    node's failure, said once, before anything starts."""
+    from air.sandbox import PoolConfig, gpus
+    from air.sandbox.enroot import pool as enroot_pool
+
+    monkeypatch.setattr(enroot_pool, "enroot_root", lambda: tmp_path)
+    monkeypatch.setattr(gpus, "DEV_DIR", tmp_path)
+    monkeypatch.setattr(gpus, "DRIVER_SEARCH", (tmp_path,))
+    monkeypatch.setattr(gpus, "gpu_minors", lambda: {})
+    pool = enroot_pool.EnrootPool(PoolConfig(backend="enroot", gpu_ids=["0"]))
+    with pytest.raises(gpus.GpuUnavailable) as failed:
+        pool._gpu_devices(("0",))
+    assert str(failed.value) == f"GPU 0 cannot be passed to an enroot sandbox: no device node for GPU 0 in {tmp_path}"
+
+
 # ----- on a node with enroot ------------------------------------------------------------------------------------------
 def _runner() -> list[str]:
     """How to run a python program as the non-root user that owns the containers (skips with the reason)."""
