@@ -254,6 +254,9 @@ def test_air_doctor_says_what_the_node_gives():
     assert rows["user namespaces"]["ok"], rows["user namespaces"]
     assert rows["network namespaces"]["ok"] and rows["network namespaces"]["detail"] == "a new one has only lo"
     assert "cgroup delegation" in rows and "not on enroot" in rows
+    assert rows["GPUs"]["detail"].startswith(("none visible", "1 ", "2 ", "3 ", "4 ", "8 ")), rows["GPUs"]
+    listed = json.loads(result.stdout[result.stdout.index("["):])
+    assert not [r for r in listed if r["name"] == "not on enroot" and "GPU" in r["detail"]]  # GPUs pass now
     assert result.returncode == 0, result.stdout + result.stderr
 
 
