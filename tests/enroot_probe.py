@@ -63,6 +63,15 @@ async def in_cell(image: str, pids: int, memory_mb: int) -> dict:
 
 def plain(image: str, pids: int, memory_mb: int) -> dict:
     """The same probes in a plain `enroot start` (enroot's own mounts: the node's /proc, its network), no air."""
+    interfaces, processes, host_pid, forks = plain_sh(image, [INTERFACES, PROCESSES, HOST_PID.format(pid=os.getpid()),
+                                                              FORKS.format(most=4 * pids)])
+    return {"interfaces": interfaces.split(), "processes": int(processes), "host_pid": host_pid,
+            "forks": int(forks or -1)}
+
+
+def plain_sh(image: str, scripts: list[str]) -> list[str]:
+    """Each script's output in a plain `enroot start` of the image: enroot's own system mounts (the node's /proc,
+    /dev and network), as the user namespace's root, no air."""
     from air import squashfs
     from air.sandbox.enroot.launcher import USERNS
 
@@ -80,15 +89,9 @@ def plain(image: str, pids: int, memory_mb: int) -> dict:
                "ENROOT_TEMP_PATH": tmp, "ENROOT_ALLOW_SUPERUSER": "y", "ENROOT_MOUNT_HOME": "n"}
         subprocess.run([*USERNS, "enroot", "create", "--name", "plain", str(path)], env=env, check=True,
                        capture_output=True)
-
-        def sh(script: str) -> str:
-            return subprocess.run([*USERNS, "enroot", "start", "--rw", "plain", "sh", "-c", script], env=env,
-                                  capture_output=True, text=True, timeout=180).stdout.strip()
-
         try:
-            return {"interfaces": sh(INTERFACES).split(), "processes": int(sh(PROCESSES)),
-                    "host_pid": sh(HOST_PID.format(pid=os.getpid())),
-                    "forks": int(sh(FORKS.format(most=4 * pids)) or -1)}
+            return [subprocess.run([*USERNS, "enroot", "start", "--rw", "plain", "sh", "-c", script], env=env,
+                                   capture_output=True, text=True, timeout=180).stdout.strip() for script in scripts]
         finally:
             subprocess.run([*USERNS, "enroot", "remove", "--force", "plain"], env=env, capture_output=True)
 

@@ -34,7 +34,8 @@ def test_the_launcher_runs_enroot_as_the_user_namespaces_root_with_airs_own_conf
     # No user namespace of enroot's own (it would map one uid, and its seccomp filter fakes setuid's success):
     assert env["ENROOT_ALLOW_SUPERUSER"] == "y" and env["ENROOT_UNSHARE_PID"] == "y"
     assert env["ENROOT_MOUNT_HOME"] == "n" and Path(env["ENROOT_SYSCONF_PATH"], "hooks.d").is_dir()
-    assert not list(Path(env["ENROOT_SYSCONF_PATH"], "hooks.d").iterdir())  # no shadow, home or NVIDIA hook
+    hooks = [h.name for h in Path(env["ENROOT_SYSCONF_PATH"], "hooks.d").iterdir()]
+    assert hooks == ["10-air-dev.sh"]  # air's /dev links alone: no shadow, home or NVIDIA hook
     mounts = Path(env["ENROOT_SYSCONF_PATH"], "mounts.d", "10-air.fstab").read_text()
     assert mounts.startswith("proc /proc proc ")  # its own procfs, not the node's /proc bound
     argv = enroot.start("c", ["python3", "w.py"], binds=[("/h", "/run/x", False), ("/d", "/data", True)],
@@ -43,6 +44,10 @@ def test_the_launcher_runs_enroot_as_the_user_namespaces_root_with_airs_own_conf
     assert "/h:/run/x:x-create=dir,bind,rw,nosuid,nodev" in argv
     assert "/d:/data:x-create=dir,bind,ro,nosuid,nodev" in argv
     assert argv[-3:] == ["c", "python3", "w.py"]
+    # /dev: Docker's nodes and no other of the node's (its GPUs' nodes are bound one by one, for a GPU sandbox)
+    assert "/dev /dev none" not in mounts and "tmpfs /dev tmpfs " in mounts
+    argv = enroot.start("c", ["true"], binds=[], env={}, devices=("/dev/nvidia1", "/dev/nvidiactl"))
+    assert "/dev/nvidia1:/dev/nvidia1:x-create=file,bind,rw,nosuid,noexec" in argv
 
 
 def test_subordinate_uids_are_read_for_the_user_by_name_or_uid(tmp_path):
@@ -127,6 +132,70 @@ def test_each_undelegated_limit_is_named_in_one_line(tmp_path):
     assert "memory" in cgroups.missing({"pids": tmp_path, "cpu": tmp_path})[0]
 
 
+def test_gpu_claims_on_a_node_hold_each_gpu_once_share_apart_and_come_back_from_a_killed_holder(tmp_path):
+    """claims.py's rules by lock files: no GPU twice, exclusive and shared never together, a SIGKILLed process's
+    GPUs free at once (its locks go with it), and none held by a claim that could not be met whole."""
+    import signal
+
+    from air.sandbox.enroot.gpuclaims import GpuLocks
+
+    locks = GpuLocks(tmp_path / "claims", ("0", "1"))
+    a = locks.try_take(1)
+    b = locks.try_take(1)
+    assert a and b and {a.gpu_ids, b.gpu_ids} == {("0",), ("1",)}
+    assert locks.try_take(1) is None and locks.try_take(1, share=True) is None
+    a.release()
+    assert locks.try_take(2) is None  # b holds one: nothing taken, nothing kept
+    shared = [locks.try_take(1, share=True) for _ in range(2)]
+    assert [h.gpu_ids for h in shared] == [a.gpu_ids] * 2  # sharers together, on the free GPU alone
+    assert locks.try_take(1) is None  # no exclusive claim beside them
+    for hold in (b, *shared):
+        hold.release()
+    child = subprocess.Popen([shutil.which("python3"), "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+                              "from pathlib import Path; from air.sandbox.enroot.gpuclaims import GpuLocks; "
+                              "h = GpuLocks(Path(sys.argv[2]), ('0', '1')).try_take(2); print(h.gpu_ids, flush=True); "
+                              "time.sleep(600)", str(ROOT), str(tmp_path / "claims")], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "('0', '1')"
+        assert locks.try_take(1) is None
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert locks.try_take(2).gpu_ids == ("0", "1")
+
+
+def test_a_gpu_task_asking_more_than_the_nodes_gpus_is_one_line(tmp_path, monkeypatch):
+    import asyncio
+
+    from air.errors import PoolExhausted
+    from air.sandbox import PoolConfig, Resources, SandboxSpec
+    from air.sandbox.enroot import pool as enroot_pool
+
+    monkeypatch.setattr(enroot_pool, "enroot_root", lambda: tmp_path)
+    pool = enroot_pool.EnrootPool(PoolConfig(backend="enroot", gpu_ids=["0"]))
+    assert pool.gpu_ids == ("0",)
+    spec = SandboxSpec(image="air/base:latest", task="t", resources=Resources(gpus=2))
+    with pytest.raises(PoolExhausted, match=r"2 GPU\(s\) asked for, but this node's pool has \['0'\]"):
+        asyncio.run(pool._take_gpus(spec))
+
+
+def test_a_gpu_the_node_has_no_node_for_fails_the_lease_as_the_nodes_fault_in_one_line(tmp_path, monkeypatch):
+    """Never a sandbox without its GPU: a GPU id without its /dev/nvidiaN (or a node without the driver) is the
+    node's failure, said once, before anything starts."""
+    from air.sandbox import PoolConfig, gpus
+    from air.sandbox.enroot import pool as enroot_pool
+
+    monkeypatch.setattr(enroot_pool, "enroot_root", lambda: tmp_path)
+    monkeypatch.setattr(gpus, "DEV_DIR", tmp_path)
+    monkeypatch.setattr(gpus, "DRIVER_SEARCH", (tmp_path,))
+    monkeypatch.setattr(gpus, "gpu_minors", lambda: {})
+    pool = enroot_pool.EnrootPool(PoolConfig(backend="enroot", gpu_ids=["0"]))
+    with pytest.raises(gpus.GpuUnavailable) as failed:
+        pool._gpu_devices(("0",))
+    assert str(failed.value) == f"GPU 0 cannot be passed to an enroot sandbox: no device node for GPU 0 in {tmp_path}"
+
+
 # ----- on a node with enroot ------------------------------------------------------------------------------------------
 def _runner() -> list[str]:
     """How to run a python program as the non-root user that owns the containers (skips with the reason)."""
@@ -185,6 +254,9 @@ def test_air_doctor_says_what_the_node_gives():
     assert rows["user namespaces"]["ok"], rows["user namespaces"]
     assert rows["network namespaces"]["ok"] and rows["network namespaces"]["detail"] == "a new one has only lo"
     assert "cgroup delegation" in rows and "not on enroot" in rows
+    assert rows["GPUs"]["detail"].startswith(("none visible", "1 ", "2 ", "3 ", "4 ", "8 ")), rows["GPUs"]
+    listed = json.loads(result.stdout[result.stdout.index("["):])
+    assert not [r for r in listed if r["name"] == "not on enroot" and "GPU" in r["detail"]]  # GPUs pass now
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -286,3 +358,66 @@ def test_air_containers_lists_and_cleans_a_killed_runs_enroot_sandbox_and_spares
         assert len(dead["cgroups"]) == len(live["cgroups"])
     code, said = seen["run"]
     assert code == 2 and said.count("\n") == 1 and "no run id" in said, said
+
+
+NVIDIA_MAJOR = 195
+STAND_INS = (("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255), ("nvidia-uvm", 254), ("nvidia-uvm-tools", 253))
+
+
+@pytest.fixture
+def node_stand_in_gpus():
+    """Two GPUs' stand-in nodes of the NVIDIA major in the node's own /dev (as tests/test_gpu.py makes them in a
+    folder: a plain `enroot start` binds the node's /dev, so they must be there for its control), and a driver folder
+    the user can read; removed after. Root only, and never over a real GPU's nodes."""
+    if os.geteuid() != 0:
+        pytest.skip("stand-in device nodes in /dev are root's to make (mknod): run the enroot tests as root with "
+                    "AIR_TEST_ENROOT_USER")
+    if any(Path("/dev", name).exists() for name, _ in STAND_INS):
+        pytest.skip("this node has NVIDIA device nodes of its own: the stand-ins would hide them")
+    import stat
+
+    made, driver = [], Path(tempfile.mkdtemp(prefix="air-enroot-driver-"))
+    try:
+        for name, minor in STAND_INS:
+            os.mknod(f"/dev/{name}", stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, minor))
+            made.append(Path("/dev", name))
+            made[-1].chmod(0o666)  # as the driver makes them (mknod's mode is under the umask)
+        (driver / "lib64").mkdir()
+        (driver / "bin").mkdir()
+        (driver / "lib64" / "libcuda.so.1").write_text("stand-in driver\n")
+        (driver / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho \"GPU $NVIDIA_VISIBLE_DEVICES: stand-in\"\n")
+        for path in (driver, driver / "lib64", driver / "bin", driver / "bin" / "nvidia-smi"):
+            path.chmod(0o755)
+        yield driver
+    finally:
+        for path in made:
+            path.unlink(missing_ok=True)
+        shutil.rmtree(driver, ignore_errors=True)
+
+
+@pytest.mark.enroot
+@pytest.mark.slow
+def test_a_gpu_sandbox_on_enroot_has_its_own_gpus_nodes_and_no_others(node_stand_in_gpus):
+    """Two one-GPU sandboxes at once on GPUs 0 and 1, and one without GPUs. The attack, as the agent in its cell and
+    as root of its container (the warden's side): list /dev, open the other GPU's node, make it (mknod). The positive
+    controls: a plain `enroot start` of the image sees every GPU's node (the node's /dev), and the sandbox's own GPU's
+    node opens as far as the driver (ENXIO: none behind the stand-in), where the other's is absent (ENOENT)."""
+    import errno
+
+    _image("air/base:latest")
+    result = _as_user([str(ROOT / "tests" / "enroot_gpu.py"), "air/base:latest", str(node_stand_in_gpus)], 600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    every = sorted(name for name, _ in STAND_INS)
+    assert sorted(seen["plain"]) == every, seen["plain"]
+    a, b, none = seen["a"], seen["b"], seen["none"]
+    assert {tuple(a["gpu_ids"]), tuple(b["gpu_ids"])} == {("0",), ("1",)}
+    for mine in (a, b):
+        own = mine["gpu_ids"][0]
+        nodes = sorted([f"nvidia{own}", "nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"])
+        assert mine["cell_nodes"] == nodes and mine["root_nodes"] == nodes, mine
+        assert mine["cell_open_own"] == str(errno.ENXIO) and mine["cell_open_other"] == str(errno.ENOENT), mine
+        assert "rc=0" not in mine["cell_mknod_other"] and "rc=0" not in mine["root_mknod_other"], mine
+        assert mine["cell_env"] == f"{own}/0" and f"GPU {own}: stand-in" in mine["smi"], mine
+    assert none["cell_nodes"] == [] and none["root_nodes"] == [] and none["cell_env"] == "/", none
+    assert none["cell_open_other"] == str(errno.ENOENT), none

@@ -10,7 +10,8 @@ second uid to give the agent, and the backend refuses to start (docs/hpc.md says
 
 Enroot runs as that namespace's root (ENROOT_ALLOW_SUPERUSER: it then makes no user namespace of its own, which would
 map a single uid) with a configuration of air's own (`sysconf`): a new pid namespace and its own procfs (not the
-host's /proc, which enroot binds by default), no host home, no host passwd (enroot's shadow hook), no NVIDIA hook.
+host's /proc, which enroot binds by default), no host home, no host passwd (enroot's shadow hook), no NVIDIA hook
+(air binds a GPU's nodes itself: pool.py), a /dev of Docker's nodes alone (not the node's whole /dev).
 Apptainer or Charliecloud would be another `Launcher`: none ships here that has not run here (docs/hpc.md).
 """
 
@@ -49,10 +50,11 @@ class Launcher(Protocol):
         ...
 
     def start(self, name: str, argv: list[str], *, binds: list[tuple[str, str, bool]], env: dict[str, str],
-              layers: tuple[str, str, str] | None = None) -> list[str]:
+              layers: tuple[str, str, str] | None = None, devices: tuple[str, ...] = ()) -> list[str]:
         """Run argv as the container's main process, with host folders bound (source, target, read-only) and env
         set. `layers` (a shared image root, this container's upper and work folders): its root is an overlay of them,
-        mounted in the launcher's own mount namespace, instead of a root of its own."""
+        mounted in the launcher's own mount namespace, instead of a root of its own. `devices`: the node's device
+        nodes (a GPU's) to add to the container's /dev, under their names; it has no other but Docker's set."""
         ...
 
     def remove(self, name: str) -> list[str]: ...
@@ -65,14 +67,33 @@ class Launcher(Protocol):
 MOUNTS = """\
 proc /proc proc x-create=dir,rw,nosuid,nodev,noexec 0 -1
 /sys /sys none x-create=dir,rbind,ro,nosuid,nodev,noexec,rslave 0 -1
-/dev /dev none x-create=dir,rbind,rw,nosuid,noexec,rslave 0 -1
+tmpfs /dev tmpfs x-create=dir,rw,nosuid,noexec,mode=755 0 -1
+/dev/null /dev/null none x-create=file,bind,rw,nosuid,noexec 0 -1
+/dev/zero /dev/zero none x-create=file,bind,rw,nosuid,noexec 0 -1
+/dev/full /dev/full none x-create=file,bind,rw,nosuid,noexec 0 -1
+/dev/random /dev/random none x-create=file,bind,rw,nosuid,noexec 0 -1
+/dev/urandom /dev/urandom none x-create=file,bind,rw,nosuid,noexec 0 -1
+/dev/tty /dev/tty none x-create=file,bind,rw,nosuid,noexec 0 -1
+devpts /dev/pts devpts x-create=dir,rw,nosuid,noexec,newinstance,ptmxmode=0666,mode=620 0 -1
+tmpfs /dev/shm tmpfs x-create=dir,rw,nosuid,nodev,mode=1777,size=64m 0 -1
 tmpfs /tmp tmpfs x-create=dir,rw,nosuid,nodev,mode=1777 0 -1
 tmpfs /var/tmp tmpfs x-create=dir,rw,nosuid,nodev,mode=1777 0 -1
-tmpfs /dev/shm tmpfs x-create=dir,rw,nosuid,nodev,mode=1777,size=64m 0 -1
 """
 """air's enroot mounts (its own, not enroot's mounts.d): a procfs of the container's own pid namespace, the host's
-/sys read-only and /dev (enroot's), new /tmp, /var/tmp and /dev/shm (Docker's tmpfs mounts). No /etc/hosts,
-resolv.conf or home of the host's."""
+/sys read-only, a new /dev holding Docker's set of nodes (the node's own bound: a user namespace makes none) and no
+other, so none of the node's GPUs but those `start` binds (`devices`), and new /tmp, /var/tmp and /dev/shm (Docker's
+tmpfs mounts). No /etc/hosts, resolv.conf or home of the host's."""
+DEV_LINKS = """\
+#!/bin/sh
+# air: /dev's links, as Docker makes them (an fstab makes no link)
+set -e
+ln -s /proc/self/fd "$ENROOT_ROOTFS/dev/fd"
+ln -s /dev/pts/ptmx "$ENROOT_ROOTFS/dev/ptmx"
+ln -s /proc/self/fd/0 "$ENROOT_ROOTFS/dev/stdin"
+ln -s /proc/self/fd/1 "$ENROOT_ROOTFS/dev/stdout"
+ln -s /proc/self/fd/2 "$ENROOT_ROOTFS/dev/stderr"
+"""
+"""air's one enroot hook (hooks.d; none of enroot's own, the NVIDIA one included: air binds a GPU's nodes itself)."""
 
 
 @dataclass
@@ -96,14 +117,16 @@ class Enroot:
         return out.stdout.strip() or None
 
     def sysconf(self) -> Path:
-        """air's enroot configuration folder (written once, the same every time): its mounts, no hooks."""
+        """air's enroot configuration folder (written once, the same every time): its mounts and its one hook."""
         conf = self.root / "conf"
         for sub in ("mounts.d", "hooks.d", "environ.d", "enroot.conf.d"):
             (conf / sub).mkdir(parents=True, exist_ok=True)
         (conf / "enroot.conf").touch()
-        mounts = conf / "mounts.d" / "10-air.fstab"
-        if not mounts.exists() or mounts.read_text() != MOUNTS:
-            mounts.write_text(MOUNTS)
+        for path, text in ((conf / "mounts.d" / "10-air.fstab", MOUNTS),
+                           (conf / "hooks.d" / "10-air-dev.sh", DEV_LINKS)):
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+            path.chmod(0o755 if path.suffix == ".sh" else 0o644)
         return conf
 
     def environ(self) -> dict[str, str]:
@@ -121,7 +144,7 @@ class Enroot:
         return [*USERNS, "enroot", "create", "--force", "--name", name, str(image)]
 
     def start(self, name: str, argv: list[str], *, binds: list[tuple[str, str, bool]], env: dict[str, str],
-              layers: tuple[str, str, str] | None = None) -> list[str]:
+              layers: tuple[str, str, str] | None = None, devices: tuple[str, ...] = ()) -> list[str]:
         out = [*USERNS, "enroot", "start", "--rw"]
         if layers is not None:
             # The overlay on the container's (empty) root folder, then enroot in that namespace. The root is
@@ -134,7 +157,10 @@ class Enroot:
                    *layers, str(root), "enroot", "start"]
             binds = [(f"{root}{AIR_DIR}", AIR_DIR, False), *binds]
         for source, target, read_only in binds:
-            out += ["--mount", f"{source}:{target}:x-create=dir,bind,{'ro' if read_only else 'rw'},nosuid,nodev"]
+            kind = "file" if os.path.isfile(source) else "dir"  # a driver's library is bound alone (gpus.py)
+            out += ["--mount", f"{source}:{target}:x-create={kind},bind,{'ro' if read_only else 'rw'},nosuid,nodev"]
+        for node in devices:  # a node of the node's (a user namespace makes none), on the container's own /dev
+            out += ["--mount", f"{node}:/dev/{Path(node).name}:x-create=file,bind,rw,nosuid,noexec"]
         for key, value in env.items():
             out += ["--env", f"{key}={value}"]
         return [*out, name, *argv]

@@ -10,7 +10,10 @@ What differs, and why:
   in a user namespace of the user's subordinate uids (launcher.py): the agent's uid is a host uid of its own.
 - Slots are this pool's (`max_sandboxes`): no host-wide claims (they are Docker objects); a Slurm allocation bounds
   the node's share. Agent uids are drawn from the namespace's range, distinct among this pool's live sandboxes.
-- No GPUs yet (a GPU task is refused in one line), no network for the container's cells but `lo` (the container
+- GPUs: the pool's `gpu_ids` (nvidia-smi's without them; on Slurm, the job's), each claimed by a lock file
+  (gpuclaims.py: claims.py's rules, one user's processes); a GPU sandbox's /dev holds its GPUs' nodes and the
+  driver's shared ones (bound: a user namespace makes no node) and no other GPU's, the driver's files bound
+  read-only, as Docker's "devices" way (gpus.py). No network for the container's cells but `lo` (the container
   itself shares the node's network: only the harness's own programs run there), no page-cache pins, no `--keep`.
 - Limits come from cgroups the node delegated to the user (cgroups.py); `air doctor` names each one missing.
 - Cleanup: close() ends every warden (each container then ends) and removes each root; a SIGKILLed run's roots and
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import fcntl
 import logging
 import os
@@ -31,10 +35,12 @@ import uuid
 from pathlib import Path
 
 from air import squashfs
-from air.errors import InfraError, SandboxUnavailable, UsageError
-from air.sandbox import hostdir
+from air.errors import InfraError, PoolExhausted, SandboxUnavailable, UsageError
+from air.sandbox import gpus, hostdir
+from air.sandbox.claims import detect_gpus
 from air.sandbox.container import _channel_dir
 from air.sandbox.enroot import cgroups, leftovers
+from air.sandbox.enroot.gpuclaims import GpuHold, GpuLocks
 from air.sandbox.enroot.launcher import USERNS, Enroot, Launcher, Userns
 from air.sandbox.enroot.sandbox import EnrootSandbox, run_launcher
 from air.sandbox.layout import AGENT_HOME, BASE_PATH, WARDEN_DIR
@@ -67,6 +73,10 @@ class EnrootPool(SandboxPool):
         self.launcher: Launcher = Enroot(enroot_root())
         self.limit_parents = cgroups.delegated()
         self._environ: dict[str, str] = {}
+        ids = self.config.gpu_ids if self.config.gpu_ids is not None else detect_gpus()
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"duplicate GPU ids in {list(ids)}")
+        self.gpu_locks = GpuLocks(enroot_root() / "claims", tuple(str(i) for i in ids))
 
     @property
     def docker(self):
@@ -74,7 +84,7 @@ class EnrootPool(SandboxPool):
 
     @property
     def gpu_ids(self) -> tuple[str, ...]:
-        return ()
+        return self.gpu_locks.gpu_ids
 
     async def page_cache_pins(self) -> list[dict]:
         return []
@@ -125,7 +135,7 @@ class EnrootPool(SandboxPool):
         try:
             sandbox = None
             try:
-                sandbox = await self._new(spec)
+                sandbox = await self._new(spec, lent_gpus)
                 self.stats.created += 1
                 self._live.add(sandbox)
                 await self._first_reset(sandbox, f"enroot sandbox {sandbox.name}")
@@ -142,9 +152,50 @@ class EnrootPool(SandboxPool):
                 self._reserved -= 1
                 self._changed.notify_all()
 
-    async def _new(self, spec: SandboxSpec) -> EnrootSandbox:
-        if spec.resources.gpus:
-            raise UsageError("the enroot backend passes no GPUs yet (docs/hpc.md): run GPU tasks on Docker")
+    async def _take_gpus(self, spec: SandboxSpec) -> GpuHold:
+        """The spec's GPUs, claimed (waiting, bounded by lease_timeout, while another sandbox holds them)."""
+        count, locks = spec.resources.gpus, self.gpu_locks
+        if count > len(locks.gpu_ids):
+            raise PoolExhausted(f"{count} GPU(s) asked for, but this node's pool has {list(locks.gpu_ids)}; set "
+                                "gpu_ids (on Slurm, the job's GPUs) or lower the task's gpus")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.lease_timeout
+        while (hold := locks.try_take(count, spec.resources.share_gpus)) is None:
+            if loop.time() >= deadline:
+                raise PoolExhausted(f"no GPU free on this node within {self.config.lease_timeout:g}s (held by this "
+                                    "user's other sandboxes)")
+            async with self._changed:  # a release here wakes us at once; another process's after a short poll
+                with contextlib.suppress(asyncio.TimeoutError):
+                    async with asyncio.timeout(random.uniform(0.2, 1.0)):
+                        await self._changed.wait()
+        return hold
+
+    def _gpu_devices(self, gpu_ids: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, str]]:
+        """The device nodes of these GPUs and the driver's shared ones, and the driver's files (a path inside ->
+        the node's), as gpus.py's "devices" way; one line naming what is missing."""
+        host = gpus.read_host(gpu_ids)
+        why = host.missing(gpu_ids)
+        if why is not None:
+            raise gpus.GpuUnavailable(f"GPU {','.join(gpu_ids)} cannot be passed to an enroot sandbox: {why}")
+        return tuple(host.nodes[i] for i in gpu_ids) + host.shared, host.driver
+
+    async def _new(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> EnrootSandbox:
+        hold = GpuHold(lent_gpus)  # lent: the lender holds their claims
+        if spec.resources.gpus and not lent_gpus:
+            hold = await self._take_gpus(spec)
+        try:
+            return await self._new_with(spec, hold)
+        except BaseException:
+            hold.release()
+            raise
+
+    async def _new_with(self, spec: SandboxSpec, hold: GpuHold) -> EnrootSandbox:
+        devices, driver = (), {}
+        if hold.gpu_ids and self.config.request_gpu_devices:
+            try:
+                devices, driver = self._gpu_devices(hold.gpu_ids)
+            except gpus.GpuUnavailable as exc:
+                raise InfraError(str(exc)) from None
         if spec.network:
             raise UsageError("the enroot backend gives cells no network but `lo`: a task that asks for the network "
                              "runs on Docker")
@@ -163,16 +214,18 @@ class EnrootPool(SandboxPool):
             # AIR_WARDEN_USERNS: the warden may build cells with a user namespace's fallbacks (cell.py).
             env = {**squashfs.image_env(image), "HOME": AGENT_HOME, **spec.env, "AIR_WARDEN_USERNS": "1"}
             env.setdefault("PATH", BASE_PATH)
+            env.update(gpus.sandbox_env(env, hold.gpu_ids, "devices" if devices else None))
             if "pids" not in self.limit_parents:  # the fallback: the agent's own uid, its processes counted
                 env["AIR_AGENT_PIDS"] = str(r.pids)
             binds = [(str(directory), WARDEN_DIR, False)] + [
-                (host, inside, True) for inside, host in sorted(spec.read_only_mounts.items())]
+                (host, inside, True) for inside, host in sorted({**spec.read_only_mounts, **driver}.items())]
             if spec.workspace_mb:  # as on Docker, whose home is then a new tmpfs: the image's home files are hidden
                 binds.append((str(layers / "home"), AGENT_HOME, False))
             # enroot sets PATH itself whatever --env says: the image's (its venv first) is given through env(1).
             argv = self.launcher.start(name, ["env", f"PATH={env['PATH']}", "python3", "-I", "-S",
                                               f"{WARDEN_DIR}/warden.py", "--listen", WARDEN_DIR], binds=binds, env=env,
-                                       layers=(str(lower), str(layers / "upper"), str(layers / "work")))
+                                       layers=(str(lower), str(layers / "upper"), str(layers / "work")),
+                                       devices=devices)
             log_fd = os.open(directory / "launcher.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
             try:
                 # The launcher joins the sandbox's cgroups before it execs: everything it starts is inside them.
@@ -191,7 +244,8 @@ class EnrootPool(SandboxPool):
             shutil.rmtree(directory, ignore_errors=True)
             await self._remove_root(name)
             raise
-        return EnrootSandbox(None, spec, name, name, image_id=image_id, agent_uid=self._agent_uid_here(),
+        return EnrootSandbox(None, spec, name, name, hold.gpu_ids, gpu_way="devices" if devices else None,
+                             gpu_hold=hold, image_id=image_id, agent_uid=self._agent_uid_here(),
                              cells=True, pin_pages=False, channel=directory, channel_secret=secret,
                              channel_hold=held, launcher=self.launcher, process=process, environ=self._environ,
                              limits=limits, remover=self._remove_root)

@@ -22,7 +22,6 @@ MISSING_GUARANTEES = (
     "atimes: the container's root keeps the node's relatime (a user namespace cannot make it noatime); a cell's read "
     "can set an atime a later cell sees, once a day at most",
     "fanotify audit: `run_untrusted(watch=True)` needs CAP_SYS_ADMIN of the node, which a user namespace lacks",
-    "GPUs: none passed yet",
 )
 """What a sandbox on enroot lacks against one on Docker, besides the limits cgroups.missing() names (docs/hpc.md)."""
 
@@ -49,6 +48,7 @@ def probe(images: tuple[str, ...] = ("air/base:latest", "air/cpu:latest")) -> li
     for line in lines:
         rows.append(Check("limit missing", False, line, f"as root, once: {cgroups.delegate_command()}",
                           required=False))
+    rows.append(_gpus())
     for line in MISSING_GUARANTEES:
         rows.append(Check("not on enroot", False, line, "docs/hpc.md", required=False))
     for ref in images:
@@ -80,3 +80,17 @@ def _netns() -> Check:
     return Check("network namespaces", ok, "a new one has only lo" if ok else
                  f"unshare --net failed: {(out.stderr or out.stdout).strip()[-200:]}",
                  "" if ok else "the node forbids network namespaces to users: cells cannot be built")
+
+
+def _gpus() -> Check:
+    """The node's GPUs (nvidia-smi's; on Slurm, the job's) and whether their device nodes and the driver's files are
+    there to bind (gpus.py's "devices" way: the only one on enroot)."""
+    from air.sandbox import gpus
+    from air.sandbox.claims import detect_gpus
+
+    found = tuple(detect_gpus())
+    if not found:
+        return Check("GPUs", True, "none visible (nvidia-smi): GPU tasks need a GPU node", required=False)
+    why = gpus.read_host(found).missing(found)
+    return Check("GPUs", why is None, f"{len(found)} ({', '.join(found)}): each sandbox's own nodes bound"
+                 if why is None else why, "" if why is None else "docs/hpc.md (GPUs)", required=False)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from air.errors import SandboxUnavailable
 from air.sandbox.container import Sandbox, _oom_count
 from air.sandbox.enroot.cgroups import Limits
+from air.sandbox.enroot.gpuclaims import GpuHold
 from air.sandbox.enroot.launcher import Launcher
 
 EXIT_PATIENCE = 10.0
@@ -31,6 +32,8 @@ class EnrootSandbox(Sandbox):
     limits: Limits = field(default_factory=Limits)
     remover: object = None
     """The pool's coroutine function that removes the container's root and layers by name."""
+    gpu_hold: GpuHold = field(default_factory=GpuHold)
+    """Its GPUs' claims (gpuclaims.py), given back once the container has ended."""
 
     async def remove(self, patience: float = 60) -> bool:
         """End the warden's link (the warden then ends the cell and exits, and the container with it), end the
@@ -48,6 +51,7 @@ class EnrootSandbox(Sandbox):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 await process.wait()
+        self.gpu_hold.release()  # the container (its processes, the GPUs' users) has ended
         gone = await self.remover(self.name)
         self.limits.remove()
         if self.channel is not None:
