@@ -198,6 +198,7 @@ class KubernetesPool(SandboxPool):
             return self.left_behind
         deadline, doomed = await self._end_wardens(timeout)
         self.stats.removed += len(doomed)
+        self._pins.clear()  # deleted with the run's pods below: no loss to report, none to replace
         self._live.clear()
         self._idle.clear()
         try:
