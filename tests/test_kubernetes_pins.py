@@ -136,7 +136,7 @@ async def test_pins_are_outside_a_quota_scoped_not_best_effort_and_refused_by_an
     api = await api_of(fake)
     try:
         await api.create("resourcequotas", m.resource_quota("air", pods=1))
-        # two runs, two run ids (the suite gives a test's pools one: the second would adopt the first's objects, which
+        # two runs, two run ids (AIR_RUN_ID gives every pool of the suite one: the second would adopt the first's objects, which
         # the garbage collector is deleting with the first's Lease)
         async with pool_of(fake, run_id="pins-scoped") as pool:
             async with pool.lease(SPEC):
