@@ -136,8 +136,8 @@ async def test_pins_are_outside_a_quota_scoped_not_best_effort_and_refused_by_an
     api = await api_of(fake)
     try:
         await api.create("resourcequotas", m.resource_quota("air", pods=1))
-        # two runs, two run ids (AIR_RUN_ID gives every pool of the suite one: the second would adopt the first's objects, which
-        # the garbage collector is deleting with the first's Lease)
+        # two runs, two run ids (AIR_RUN_ID gives every pool of the suite one: the second would adopt the first's
+        # objects, which the garbage collector is deleting with the first's Lease)
         async with pool_of(fake, run_id="pins-scoped") as pool:
             async with pool.lease(SPEC):
                 assert len(await pods(api, "pin")) == 1 and len(await pods(api, "agent")) == 1
