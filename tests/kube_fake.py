@@ -33,7 +33,11 @@ lifecycle runs end to end. What it does, and what it only pretends:
     secret-first handshake and answers the protocol with canned replies. For the control plane at scale (bench/).
 - Faults on demand: `/fake/evict` (phase Failed, reason Evicted), `/fake/lose-node` (the node's pods get a
   DisruptionTarget condition and are deleted, as the taint manager does), `/fake/kill` (the pod's container dies),
-  images listed by `--unpullable` (ErrImagePull).
+  images listed by `--unpullable` (ErrImagePull), `/fake/pin-words` (what the stub kubelet's page-cache pin pods,
+  pods with no Secret, write to their log: by default the `air-pinned` line of air's pin program).
+- Pod logs (`.../pods/<name>/log`, text): the container's output (Docker), or the stub's words.
+- Quota scopes: `NotBestEffort` and `BestEffort` (pods with or without a CPU or memory request or limit).
+- A pod created with a `nodeName` is started there without the scheduler.
 - `/fake/stats`: requests by verb and kind, objects by kind, containers running.
 
 Run: `python tests/kube_fake.py --kubelet docker --kubeconfig /tmp/k.yaml` prints one JSON line (url, kubeconfig)
@@ -250,6 +254,8 @@ class Fake:
         if target is None:
             return status(404, "NotFound", f"the server could not find the requested resource ({path})")
         prefix, plural, namespace, name = target
+        if plural == "pods" and name and path.endswith(f"/pods/{name}/log"):
+            return await self.log(namespace, name)
         if name is None:
             if request.method == "POST":
                 return await self.create(request, prefix, plural, namespace)
@@ -272,6 +278,16 @@ class Fake:
             self.delete(plural, namespace, name, body.get("propagationPolicy", "Background"))
             return web.json_response({"kind": "Status", "status": "Success"})
         return status(405, "MethodNotAllowed", request.method)
+
+    async def log(self, namespace: str, name: str) -> web.Response:
+        """The pod log subresource: what the pod's container wrote (text/plain), as a kubelet serves it."""
+        pod = self.pod(namespace, name)
+        if pod is None:
+            return status(404, "NotFound", f'pods "{name}" not found')
+        if pod["status"].get("phase") == "Pending":
+            return status(400, "BadRequest", f'container "{pod["spec"]["containers"][0]["name"]}" in pod "{name}" '
+                                             "is waiting to start: ContainerCreating")
+        return web.Response(text=await self.kubelet.logs(namespace, name), content_type="text/plain")
 
     # ----- verbs ------------------------------------------------------------------------------------------------------
     async def create(self, request: web.Request, prefix: str, plural: str, namespace: str) -> web.Response:
@@ -315,13 +331,32 @@ class Fake:
             if plural != "resourcequotas" or ns != namespace:
                 continue
             hard = quota.get("spec", {}).get("hard", {})
+            counted = self.best_effort_counted(quota)
+            if not counted(pod):
+                continue
             if "pods" in hard:
                 used = sum(1 for (pl, n, _), p in self.store.objects.items() if pl == "pods" and n == namespace
-                           and p["status"]["phase"] not in ("Succeeded", "Failed"))
+                           and p["status"]["phase"] not in ("Succeeded", "Failed") and counted(p))
                 if used + 1 > int(hard["pods"]):
                     return (f'pods "{pod["metadata"]["name"]}" is forbidden: exceeded quota: {name}, requested: '
                             f'pods=1, used: pods={used}, limited: pods={hard["pods"]}')
         return ""
+
+    @staticmethod
+    def best_effort_counted(quota: dict):
+        """Which pods a quota counts, by its scopes: `NotBestEffort` (pods with a request or limit of CPU or memory)
+        and `BestEffort` (pods with none), as the API server's quota admission reads them; others are refused."""
+        scopes = set(quota.get("spec", {}).get("scopes") or ())
+        unknown = scopes - {"NotBestEffort", "BestEffort"}
+        if unknown:
+            raise ValueError(f"the fake supports no quota scope {sorted(unknown)}")
+
+        def best_effort(pod: dict) -> bool:
+            return not any(k in (c.get("resources") or {}).get(field, {}) for c in pod["spec"]["containers"]
+                           for field in ("requests", "limits") for k in ("cpu", "memory"))
+
+        return lambda pod: ("NotBestEffort" not in scopes or not best_effort(pod)) and (
+            "BestEffort" not in scopes or best_effort(pod))
 
     def list(self, prefix: str, plural: str, namespace: str, selector: str) -> web.Response:
         items = [o for (pl, ns, _), o in self.store.objects.items()
@@ -464,9 +499,11 @@ class Fake:
 
     async def run_pod(self, namespace: str, name: str) -> None:
         pod = self.pod(namespace, name)
-        if pod is None or pod["spec"].get("nodeName"):
+        if pod is None or any(c.get("type") == "PodScheduled" and c.get("status") == "True"
+                              for c in pod["status"].get("conditions", [])):
             return
-        node = self.schedule(pod)
+        # A pod created with its nodeName is the kubelet's at once: the scheduler never sees it.
+        node = pod["spec"].get("nodeName") or self.schedule(pod)
         if node is None:
             self.unscheduled.add((namespace, name))
             message = f"0/{len(self.nodes)} nodes are available: {self.shortage(pod)}."
@@ -560,6 +597,9 @@ class Fake:
             return web.json_response({"ok": True})
         if what == "quota-conflicts":  # the next N pod creates a quota admits meet 409 Conflict on the quota
             self.quota_conflicts += int(body["count"])
+            return web.json_response({"ok": True})
+        if what == "pin-words":  # what the stub kubelet's pin pods started from now on write ("" : nothing yet)
+            self.kubelet.pin_words = body["words"]
             return web.json_response({"ok": True})
         if what == "compact":
             self.store.history.clear()
@@ -662,6 +702,9 @@ class StubKubelet:
         self.live: set[tuple[str, str]] = set()
         """Pods whose fake warden listens or is connected (as a container would be running)."""
         self.addresses = (str(ipaddress.ip_address("127.1.0.0") + i) for i in itertools.count(1))
+        self.said: dict[tuple[str, str], str] = {}
+        """What each pod's container wrote (the log subresource)."""
+        self.pin_words = 'air-pinned {"files": 3, "bytes": 12288, "seconds": 0.001}\n'
 
     async def has_image(self, image: str) -> bool:
         return True
@@ -672,9 +715,18 @@ class StubKubelet:
     def running(self) -> int:
         return len(self.live)
 
+    async def logs(self, namespace: str, name: str) -> str:
+        """A pin (a pod with no warden) says it holds its pages, as air's pin program does; a sandbox says nothing."""
+        return self.said.get((namespace, name), "")
+
     async def start(self, namespace: str, name: str, pod: dict) -> str:
         from air.sandbox.warden import protocol as p
 
+        key = (namespace, name)
+        if not any("secret" in v for v in pod["spec"].get("volumes", [])):  # a page-cache pin: nothing to serve
+            self.live.add(key)
+            self.said[key] = self.pin_words
+            return str(next(self.addresses))
         secret_name = next(v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v)
         secret = base64.b64decode(self.fake.store.objects[("secrets", namespace, secret_name)]["data"]["secret"])
         port = int(next(c["containerPort"] for c in pod["spec"]["containers"][0]["ports"]))
@@ -687,7 +739,6 @@ class StubKubelet:
                                           duration=0.0, cwd=b"/home/agent/workspace", restarted=False),
                    "exec": lambda r: p.Exited(out=b"", err=b"", dropped=0, exit_code=0, timed_out=False,
                                               duration=0.0, problem=b"")}
-        key = (namespace, name)
 
         async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
@@ -885,6 +936,19 @@ class DockerKubelet:
         cid = self.containers.pop((namespace, name), None)
         if cid is not None:
             self.loop.run_in_executor(self.pool, self._remove, cid, self.files / namespace / name)
+
+    async def logs(self, namespace: str, name: str) -> str:
+        cid = self.containers.get((namespace, name))
+        if cid is None:
+            return ""
+
+        def read() -> str:
+            try:
+                return self.client.api.logs(cid, stdout=True, stderr=True, tail=20).decode("utf-8", "replace")
+            except Exception:  # noqa: BLE001 - gone already
+                return ""
+
+        return await self.loop.run_in_executor(self.pool, read)
 
     def kill(self, namespace: str, name: str) -> None:
         cid = self.containers.get((namespace, name))

@@ -77,12 +77,14 @@ async def test_a_lease_on_the_cluster_builds_cells_without_network(kubeconfig):
 @pytest.fixture
 def one_slot(kubeconfig):
     """A second ResourceQuota in the namespace that admits one pod (a pod must fit every quota of its namespace), for
-    the length of a test; the namespace must have no other pod."""
+    the length of a test; the namespace must have no other pod. Scoped as `air kubernetes setup` scopes its own: the
+    pool's page-cache pins (BestEffort pods) are outside the slots."""
     from kube_real import kubectl, live_pods
 
     assert not live_pods(), "the namespace is not empty"
     kubectl("apply", "-f", "-", stdin='{"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": '
-                                     '"air-test-one-slot"}, "spec": {"hard": {"pods": "1"}}}')
+                                     '"air-test-one-slot"}, "spec": {"hard": {"pods": "1"}, '
+                                     '"scopes": ["NotBestEffort"]}}')
     for _ in range(60):  # the API server admits against a quota only once its controller has counted
         if kubectl("get", "resourcequota", "air-test-one-slot", "-o", "jsonpath={.status.hard.pods}") == "1":
             break

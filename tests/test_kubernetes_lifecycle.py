@@ -42,6 +42,8 @@ def fake():
 
 def pool_of(fake, **options) -> SandboxPool:
     kube = options.pop("kube", {})
+    # No page-cache pins here (their pods would add calls to every count): tests/test_kubernetes_pins.py has them.
+    options.setdefault("page_cache", "shared")
     config = kubernetes_config(fake.kubeconfig, max_sandboxes=options.pop("max_sandboxes", 8), **options)
     config.kubernetes = config.kubernetes.model_copy(update=kube)
     return SandboxPool(config)
@@ -394,7 +396,8 @@ KILLED = textwrap.dedent("""
     from conftest import kubernetes_config
 
     async def main():
-        config = kubernetes_config({kubeconfig!r}, max_sandboxes=8, warm=4, run_id="killed")
+        # no pins: a pin has no connection to end with (it goes with the sweep: tests/test_kubernetes_pins.py)
+        config = kubernetes_config({kubeconfig!r}, max_sandboxes=8, warm=4, run_id="killed", page_cache="shared")
         config.kubernetes = config.kubernetes.model_copy(update={{"run_lease_seconds": 10}})
         pool = SandboxPool(config)
         await pool.start([SandboxSpec(image="air/base:latest", task="killed")])

@@ -49,7 +49,10 @@ def every_manifest() -> dict[str, dict]:
         "pod with everything the cluster config sets": pod(config=full, apparmor="air-sandbox"),
         "pod secret": m.pod_secret("air-t-0123456789", "air", RUN, b"s" * 32, OWNER),
         **{f"setup {o['kind']}": o for o in m.cluster_setup("air", slots=256, sa_namespace="trainer")},
-        "quota with every resource": m.resource_quota("air", pods=64, cpu=128, memory_gb=512, gpus=8),
+        "quota with every resource": m.resource_quota("air", pods=64, cpu=128, memory_gb=512),
+        "GPU quota": m.gpu_quota("air", 8),
+        "page-cache pin with data and tolerations": m.pin_pod(GPU_TASK, full, name="air-pin-0123456789", node="n1",
+                                                              run=RUN, owner=OWNER, command=["python3", "-c", "1"]),
         # agent-sandbox's kinds are CRDs (no schema here): their pod template is checked as the Pod it becomes.
         "agent-sandbox template's pod": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
                                           **template["spec"]["podTemplate"]},

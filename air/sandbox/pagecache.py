@@ -78,6 +78,12 @@ _PROGRAM = bundle(run="import json; sys.modules['air.sandbox.warden.pinner'].mai
                   modules=PIN_MODULES).decode()
 
 
+def pin_command(roots: list[str]) -> list[str]:
+    """A pin's command where it has no host directory and no tether (a pod's pin on a cluster node): it holds every
+    page under `roots` (but SKIP), prints `air-pinned {...}` and holds until its container is removed."""
+    return ["python3", "-I", "-S", "-c", _PROGRAM, json.dumps({"roots": roots, "skip": list(SKIP), "host_dir": None})]
+
+
 @dataclass
 class _Pin:
     name: str

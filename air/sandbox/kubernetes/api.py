@@ -202,19 +202,23 @@ class KubeApi:
         return path + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
 
     async def request(self, method: str, path: str, *, kind: str, query: dict | None = None, body: object = None,
-                      content_type: str = "application/json", timeout: float | None = None) -> dict:
-        """One request, retried on what the engine may get over (see the module's docstring); the JSON answer, or
-        the ApiError of a refusal."""
+                      content_type: str = "application/json", timeout: float | None = None, text: bool = False
+                      ) -> dict | str:
+        """One request, retried on what the engine may get over (see the module's docstring); the JSON answer (with
+        `text`: the answer as text), or the ApiError of a refusal."""
         met: list[str] = []
         for attempt in range(1, self.config.api_attempts + 1):
             try:
-                status, data, retry_after = await self._send(method, path, query, body, content_type, kind, timeout)
+                status, data, retry_after = await self._send(method, path, query, body, content_type, kind, timeout,
+                                                             "*/*" if text else "application/json")
             except (asyncio.TimeoutError, OSError, _client_errors()) as exc:
                 what = "timeout" if isinstance(exc, asyncio.TimeoutError) else f"connection ({type(exc).__name__})"
                 met.append(what)
                 retry_after = None
             else:
                 if 200 <= status < 300:
+                    if text:
+                        return data.decode("utf-8", "replace")
                     return json.loads(data) if data else {}
                 if status == 409 and _reason(data) != ALREADY_EXISTS:
                     met.append(CONFLICTED)
@@ -232,7 +236,7 @@ class KubeApi:
                              + ", ".join(f"{n}x {what}" for what, n in counts.items()))
 
     async def _send(self, method: str, path: str, query: dict | None, body: object, content_type: str, kind: str,
-                    timeout: float | None) -> tuple[int, bytes, float | None]:
+                    timeout: float | None, accept: str = "application/json") -> tuple[int, bytes, float | None]:
         import aiohttp
 
         if self._client is None:
@@ -241,7 +245,7 @@ class KubeApi:
         async with self._gate:
             response = await self._client.call_api(
                 path, method, query_params=list((query or {}).items()),
-                header_params={"Accept": "application/json", "Content-Type": content_type}, body=body,
+                header_params={"Accept": accept, "Content-Type": content_type}, body=body,
                 auth_settings=["BearerToken"], _preload_content=False,
                 _request_timeout=aiohttp.ClientTimeout(total=timeout or self.config.request_timeout))
             try:
@@ -269,6 +273,11 @@ class KubeApi:
 
     async def get(self, kind: str, name: str, *, namespace: str | None = None) -> dict:
         return await self.request("GET", self.path(kind, name, namespace), kind=kind)
+
+    async def log(self, pod: str, *, tail: int = 20) -> str:
+        """The last `tail` lines a pod's container wrote (the pod's log subresource)."""
+        return await self.request("GET", self.path("pods", pod, sub="log"), kind="pods/log",
+                                  query={"tailLines": str(tail)}, text=True)
 
     async def list(self, kind: str, selector: str = "", *, namespace: str | None = None) -> dict:
         query = {"labelSelector": selector} if selector else {}

@@ -248,6 +248,38 @@ def sandbox_pod(spec: SandboxSpec, config: KubernetesConfig, *, name: str, run: 
                              secret=name, accept_timeout=accept_timeout)}
 
 
+PIN_CAPABILITIES = ["IPC_LOCK", "DAC_READ_SEARCH", "DAC_OVERRIDE"]
+"""A pin's root: lock pages, and read every file of the image whatever its mode (a Docker host's pin holds the same)."""
+
+
+def pin_pod(spec: SandboxSpec, config: KubernetesConfig, *, name: str, node: str, run: str, owner: dict,
+            command: list[str]) -> dict:
+    """A page-cache pin on one node (pagecache.pin_command): a pod of the sandbox's image bound to its node by
+    `nodeName`, holding the pages of every file of the image and of its read-only data mounts in the node's page
+    cache. BestEffort (no requests or limits), so a ResourceQuota scoped `NotBestEffort` (`resource_quota`) does not
+    count it among the slots; the locked pages are charged to its cgroup, never to a sandbox's. No network (the run's
+    NetworkPolicy selects it), no token; never the runtime class of the sandboxes: it must hold the node's own page
+    cache, which runc sandboxes (and gVisor's gofers) read through."""
+    volumes, mounts = [], []
+    for i, (target, source) in enumerate(sorted(spec.read_only_mounts.items())):
+        volumes.append({"name": f"air-data-{i}", "hostPath": {"path": source, "type": "Directory"}})
+        mounts.append({"name": f"air-data-{i}", "mountPath": target, "readOnly": True})
+    container = {"name": "pin", "image": spec.image, "imagePullPolicy": config.image_pull_policy, "command": command,
+                 "workingDir": "/", "volumeMounts": mounts,
+                 "securityContext": {"privileged": False, "readOnlyRootFilesystem": True, "runAsUser": 0,
+                                     "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+                                     "capabilities": {"drop": ["ALL"], "add": list(PIN_CAPABILITIES)},
+                                     "seccompProfile": {"type": "RuntimeDefault"}}}
+    pod: dict = {"nodeName": node, "containers": [container], "volumes": volumes, "restartPolicy": "Never",
+                 "automountServiceAccountToken": False, "enableServiceLinks": False,
+                 "terminationGracePeriodSeconds": 0}
+    if config.tolerations:  # a NoExecute taint the sandboxes tolerate would evict an untolerating pin
+        pod["tolerations"] = config.tolerations
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": _meta(name, config.namespace, run, "pin", [owner], annotations={TASK: spec.task}),
+            "spec": pod}
+
+
 def pod_secret(name: str, namespace: str, run: str, secret: bytes, owner: dict) -> dict:
     """What the env server proves itself with on the pod's port; owned by the pod, so it goes with it."""
     return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
@@ -262,23 +294,30 @@ def namespace(name: str) -> dict:
             "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "privileged"}}}
 
 
-def resource_quota(namespace_: str, *, pods: int, cpu: float | None = None, memory_gb: float | None = None,
-                   gpus: int | None = None) -> dict:
+def resource_quota(namespace_: str, *, pods: int, cpu: float | None = None, memory_gb: float | None = None
+                   ) -> dict:
     """The slots: the cluster's own count of what the namespace may run at once, across every env server (a create
-    past it is refused with 403 and waits, as a lease waits on Docker)."""
+    past it is refused with 403 and waits, as a lease waits on Docker). Scoped `NotBestEffort`: sandboxes (requests
+    equal to limits) count, the pool's page-cache pins (`pin_pod`, BestEffort) do not. That scope may track pods,
+    CPU and memory only, so GPUs have a quota of their own (`gpu_quota`)."""
     hard = {"pods": str(pods)}
     if cpu is not None:
         hard["limits.cpu"] = hard["requests.cpu"] = cpu_quantity(cpu)
     if memory_gb is not None:
         hard["limits.memory"] = hard["requests.memory"] = f"{int(memory_gb * 1024)}Mi"
-    if gpus is not None:
-        hard[f"requests.{GPU_RESOURCE}"] = str(gpus)
     return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "air-slots", "namespace": namespace_},
-            "spec": {"hard": hard}}
+            "spec": {"hard": hard, "scopes": ["NotBestEffort"]}}
+
+
+def gpu_quota(namespace_: str, gpus: int) -> dict:
+    """The namespace's GPUs at once (unscoped: a pin asks for none)."""
+    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "air-gpus", "namespace": namespace_},
+            "spec": {"hard": {f"requests.{GPU_RESOURCE}": str(gpus)}}}
 
 
 ENV_SERVER_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete", "patch"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],

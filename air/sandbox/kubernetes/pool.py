@@ -23,8 +23,12 @@ OOM kill or `max_leases`, background work tracked by close(). What differs, and 
   controller hands over a warm pod, labelled with the claim's token, which the watch finds), deleting the claim
   removes the pod. Those pods wait for their claim without end (their warden's accept timeout is off): the run's
   Lease bounds their life instead.
-- No page-cache pins of the image: on Docker a pin container per image and host holds its pages; a cluster would
-  need one per image and node (a DaemonSet). Not built: docs/kubernetes.md says what stays open.
+- Page-cache pins (`page_cache="pinned"`): as a Docker host has a pin container per image, a node has a pin pod
+  per image (and read-only data mounts) and run, made once a sandbox's pod is on the node and ready before that
+  sandbox's first cell: the image's pages stay in the node's page cache whatever a sandbox does. BestEffort, so a
+  quota scoped NotBestEffort leaves them out of the slots; watched with the run's pods: one the cluster takes away
+  (a BestEffort pod is the first evicted) is no longer reported as holding pages (`page_cache_pins`) and is
+  replaced, `PIN_REPLACEMENTS` times at most. Removed with the run's pods (close, the Lease, sweeps).
 
 The inherited methods rely on `_create` releasing the slot it was given (`_reserved`) and on `_remove` calling
 `sandbox.remove()`, as the Docker pool's own do; tests/test_kubernetes_lifecycle.py runs them against the fake.
@@ -36,6 +40,7 @@ import asyncio
 import atexit
 import contextlib
 import contextvars
+import json
 import logging
 import random
 import re
@@ -51,6 +56,7 @@ from air.sandbox.kubernetes.sandbox import PodSandbox
 from air.sandbox.kubernetes.sweep import RunLease, sweep
 from air.sandbox.kubernetes.watch import PodState, PodWatch
 from air.sandbox.labels import owner_token
+from air.sandbox.pagecache import PIN_TIMEOUT, pin_command
 from air.sandbox.pool import CellFailed, SandboxPool
 from air.sandbox.spec import PoolConfig, SandboxSpec
 from air.sandbox.warden import warden_program
@@ -70,6 +76,28 @@ ROOM_POLL = 1.0
 """Seconds between two looks (at the pool's idle pods, no API call) of a lease whose pod the scheduler cannot place."""
 _REFILLING: contextvars.ContextVar[bool] = contextvars.ContextVar("air_kubernetes_refilling", default=False)
 """Set in a refill's task: a refill makes no room (it takes no idle pod and deletes none) and waits for no slot."""
+
+
+PIN_REPLACEMENTS = 3
+"""Pins of one image and node made again after the cluster took them away, per run: a node whose memory pressure
+evicts each new pin at once stops getting more (its pages are then not claimed held)."""
+PIN_FIX = ('give the pool\'s pods CAP_IPC_LOCK (a Pod Security level of "privileged" on the namespace) and leave '
+           'BestEffort pods out of its ResourceQuota (`air kubernetes setup` scopes it NotBestEffort), or set '
+           'PoolConfig.page_cache = "shared" to run without pins (the page cache is then a channel between '
+           'sandboxes: SECURITY.md)')
+
+
+@dataclass
+class _Pin:
+    """A page-cache pin pod on one node (pagecache.pin_command)."""
+
+    name: str
+    spec: SandboxSpec
+    node: str
+    held: dict | None = None
+    """Its `air-pinned` report once it holds the pages; None before, and once it was lost."""
+    lost: str = ""
+    replaced: int = 0
 
 
 class PodLost(SandboxUnavailable):
@@ -112,6 +140,11 @@ class KubernetesPool(SandboxPool):
         """Warm pods come from agent-sandbox's controller (SandboxClaim), not from this pool's own creations."""
         self._templates: dict[str, tuple[str, bytes]] = {}  # key -> (template and warm pool name, their secret)
         self._template_lock = asyncio.Lock()
+        self._pins: dict[str, _Pin] = {}
+        """The page-cache pins, by image, data mounts and node (`_pin_key`)."""
+        self._pin_locks: dict[str, asyncio.Lock] = {}
+        self.pins_lost = 0
+        """Pins the cluster took away during the run."""
 
     @property
     def docker(self):
@@ -122,7 +155,9 @@ class KubernetesPool(SandboxPool):
         return ()
 
     async def page_cache_pins(self) -> list[dict]:
-        return []
+        """The pins that hold their pages now, and what each holds (one the cluster took away is not among them)."""
+        return [{"name": pin.name, "scope": "run", "node": pin.node, **pin.held}
+                for pin in self._pins.values() if pin.held is not None]
 
     # ----- lifecycle --------------------------------------------------------------------------------------------
     async def start(self, warm_specs: list[SandboxSpec] = ()) -> None:
@@ -151,7 +186,7 @@ class KubernetesPool(SandboxPool):
                                                                 owner), mine="*")
         await self.api.create("networkpolicies", m.network_policy(self.run_id, self.kube.namespace, self.kube,
                                                                   owner), mine="*")
-        self.watch = PodWatch(self.api, f"{m.RUN}={m.label_value(self.run_id)},{m.ROLE}=agent", self._on_lost)
+        self.watch = PodWatch(self.api, f"{m.RUN}={m.label_value(self.run_id)}", self._on_lost)  # sandboxes, pins
         await self.watch.start()
         await self._serve(warm_specs)
 
@@ -163,6 +198,7 @@ class KubernetesPool(SandboxPool):
             return self.left_behind
         deadline, doomed = await self._end_wardens(timeout)
         self.stats.removed += len(doomed)
+        self._pins.clear()  # deleted with the run's pods below: no loss to report, none to replace
         self._live.clear()
         self._idle.clear()
         try:
@@ -214,6 +250,7 @@ class KubernetesPool(SandboxPool):
                         return sandbox
                     self.stats.created += 1
                     self._live.add(sandbox)
+                    await self._pin(sandbox.spec, sandbox.node)  # the node's page cache held before the first cell
                     try:
                         await self._first_reset(sandbox, f"pod {sandbox.name}")
                     except InfraError as exc:  # CellFailed among them: a pod the cluster took away is PodLost
@@ -421,6 +458,92 @@ class KubernetesPool(SandboxPool):
                     async with asyncio.timeout(min(random.uniform(0.5, 2.0), max(deadline - loop.time(), 0.01))):
                         await self._changed.wait()
 
+    # ----- page-cache pins --------------------------------------------------------------------------------------------
+    @staticmethod
+    def _pin_key(spec: SandboxSpec, node: str) -> str:
+        return json.dumps([spec.image, sorted(spec.read_only_mounts.items()), node])
+
+    async def _pin(self, spec: SandboxSpec, node: str) -> None:
+        """Make sure a pin of spec's image holds its pages on `node` (made and waited for if needed); InfraError,
+        naming the fix, when it cannot, or when the node took `PIN_REPLACEMENTS` of them away. Nothing with
+        page_cache="shared", or where the pod's node is unknown."""
+        if self.config.page_cache != "pinned" or not node:
+            return
+        key = self._pin_key(spec, node)
+        async with self._pin_locks.setdefault(key, asyncio.Lock()):
+            pin = self._pins.get(key)
+            if pin is not None and pin.held is not None:
+                return
+            if pin is not None and pin.replaced >= PIN_REPLACEMENTS:
+                raise InfraError(f"the page-cache pin of {spec.image} on node {node} was taken away "
+                                 f"{pin.replaced + 1} times, the last: {pin.lost}; {PIN_FIX}")
+            name = f"{m.dns_name('air-pin', m.short_key(key), limit=40)}-{uuid.uuid4().hex[:10]}"
+            pin = self._pins[key] = _Pin(name, spec, node, replaced=pin.replaced + 1 if pin is not None else 0)
+            try:
+                await self._start_pin(pin)
+            except BaseException:
+                # Never held: the next sandbox of the node tries anew (and fails the same way, as infrastructure).
+                pin.lost = pin.lost or "it never held the pages"
+                self._pins.pop(key, None)
+                await self._delete_pin(pin)
+                raise
+
+    async def _start_pin(self, pin: _Pin) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PIN_TIMEOUT
+        body = m.pin_pod(pin.spec, self.kube, name=pin.name, node=pin.node, run=self.run_id,
+                         owner=self.run_lease.reference, command=pin_command(["/", *sorted(pin.spec.read_only_mounts)]))
+        what = f"the page-cache pin of {pin.spec.image} on node {pin.node} (pod {pin.name})"
+        try:
+            await self.api.create("pods", body, mine="*")
+        except QuotaExceeded as exc:
+            raise InfraError(f"{what} was refused by the namespace's quota ({exc.message}); {PIN_FIX}") from None
+        pause = 0.1
+        while True:
+            state, _ = await self.watch.wait(pin.name, max(0.0, deadline - loop.time()))
+            if pin.lost or state.phase == "lost":
+                raise InfraError(f"{what} failed: {pin.lost or state.reason}; {PIN_FIX}")
+            if state.phase == "ready":
+                logs = await self.api.log(pin.name)
+                report = next((line.removeprefix("air-pinned ") for line in logs.splitlines()
+                               if line.startswith("air-pinned ")), None)
+                if report is not None:
+                    pin.held = json.loads(report)
+                    log.info("pinned the page cache of %s on node %s: %s", pin.spec.image, pin.node, report)
+                    return
+                problem = next((line for line in logs.splitlines() if line.startswith("air-pin-error ")), "")
+                if problem:
+                    raise InfraError(f"{what} failed: {problem.removeprefix('air-pin-error ')}; {PIN_FIX}")
+            if loop.time() >= deadline:
+                raise InfraError(f"{what} did not hold the image's pages within {PIN_TIMEOUT:g}s ({state.reason}); "
+                                 f"{PIN_FIX}")
+            await asyncio.sleep(pause)
+            pause = min(1.0, pause * 2)
+
+    async def _delete_pin(self, pin: _Pin) -> None:
+        if self.watch is not None:
+            self.watch.forget(pin.name)
+        try:
+            await self.api.delete("pods", pin.name)
+        except ApiError as exc:  # the run's Lease owns it: the garbage collector takes it with the run
+            log.warning("could not delete pod %s: %s", pin.name, exc)
+
+    def _pin_lost(self, pin: _Pin, state: PodState) -> None:
+        """The cluster took a pin away: its pages are no longer claimed held; one that held them is replaced (`_pin`
+        says when no more are made)."""
+        held, pin.held, pin.lost = pin.held, None, state.reason
+        self.pins_lost += 1
+        log.warning("the page-cache pin %s on node %s was lost (%s)", pin.name, pin.node, state.reason)
+        self._spawn(self._delete_pin(pin))
+        if held is not None and not self._closed:
+            self._spawn(self._replace_pin(pin))
+
+    async def _replace_pin(self, pin: _Pin) -> None:
+        try:
+            await self._pin(pin.spec, pin.node)
+        except InfraError as exc:
+            log.warning("%s", exc)
+
     async def _delete_pod(self, sandbox: PodSandbox) -> bool:
         """One DELETE (its Secret follows by ownerReference); whether it went. A failure is logged: the run's Lease
         owns the pod, so the garbage collector takes it with the run at the latest."""
@@ -439,6 +562,9 @@ class KubernetesPool(SandboxPool):
 
     def _on_lost(self, name: str, state: PodState) -> None:
         """The watch saw the cluster take a pod away: whatever waits on its warden fails now, as infrastructure."""
+        pin = next((p for p in self._pins.values() if p.name == name), None)
+        if pin is not None and not pin.lost:
+            self._pin_lost(pin, state)
         sandbox = self._pods.get(name)
         if sandbox is None:
             return

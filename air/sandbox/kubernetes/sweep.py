@@ -5,7 +5,7 @@ Secrets, ConfigMap and NetworkPolicy to the garbage collector. A run SIGKILLed m
 - its wardens' connections closed by the kernel: every warden ends, so its pod completes and holds no CPU, memory or
   slot of the ResourceQuota (which counts pods that have not ended) within a second;
 - objects for at most `run_lease_seconds` plus the time until the next sweep (any pool's start, or
-  `air containers clean --kubernetes`).
+  `air kubernetes clean`).
 
 The label sweep also takes what outlives its owner: pods of a run whose Lease is gone (an owner deleted with orphan
 propagation, a collector that lags), never pods labelled kept (`air debug --keep`).
