@@ -43,7 +43,7 @@ def first_pid(docker_client, sandbox) -> int:
     if getattr(sandbox, "pod_uid", None):  # a pod: its uid names no container
         if kube_real.REAL:
             return kube_real.container_pid(sandbox.name)
-        [container] = [c.id for c in docker_client.containers.list(filters={"name": sandbox.name})
+        [container] = [c.id for c in docker_client.containers.list(filters={"name": sandbox.name}, ignore_removed=True)
                        if c.name.endswith("-" + sandbox.name)]
     return docker_client.api.inspect_container(container)["State"]["Pid"]
 
