@@ -618,10 +618,7 @@ class Warden:
         cell, self.cell = self.cell, None
         if cell is None:
             return None
-        if self.zygotes.lost:  # a program a failed zygote may have started: the teardown waits for its reaping
-            reap = tuple(set(reap) | {pid for pid in _own_children()
-                                      if pid not in (cell.init, spare.init) and _in_a_cell(pid)})
-            self.zygotes.lost = False
+        reap = tuple(set(reap) | self.lost_programs(cell, spare))
         cell.kill()
         spans.mark("end: the shell and the cell killed")
         return cell, reap
@@ -666,13 +663,26 @@ class Warden:
         except (CellError, OSError) as exc:
             sys.stderr.write("air warden: the next cell could not be built ahead: %s\n" % exc)
         finally:
-            _children_in(self.cell.ns_fds["pid"] if self.cell is not None else None)  # the current cell's again
+            self.children_in_cell()  # the current cell's again
 
     def drop_spare(self) -> None:
         spare, self.spare = self.spare, None
         if spare is not None:
             spare.end()
-            _children_in(self.cell.ns_fds["pid"] if self.cell is not None and self.cell.ns_fds else None)
+            self.children_in_cell()
+
+    def children_in_cell(self) -> None:
+        """The warden's children are born in the current cell's pid namespace again (none: in its own)."""
+        _children_in(self.cell.ns_fds["pid"] if self.cell is not None and self.cell.ns_fds else None)
+
+    def lost_programs(self, *cells: Optional[Cell]) -> set:
+        """The warden's children in a cell that a failed zygote may have started (none unless one failed): the
+        teardown waits for their reaping. Each of `cells`' own init is not one of them."""
+        if not self.zygotes.lost:
+            return set()
+        self.zygotes.lost = False
+        inits = {cell.init for cell in cells if cell is not None}
+        return {pid for pid in _own_children() if pid not in inits and _in_a_cell(pid)}
 
     def end_cell(self, reap: Tuple[int, ...] = ()) -> None:
         """Kill everything the agent or an evaluation runs: the cell (and the shell in it); without cells, every
@@ -683,11 +693,7 @@ class Warden:
             shell.close()  # killed and reaped: the cell's teardown waits for the warden's own children in it
             spans.mark("end: the shell killed and reaped")
         if self.cell is not None:
-            if self.zygotes.lost:  # a program a failed zygote may have started: the teardown waits for its reaping
-                reap = tuple(set(reap) | {pid for pid in _own_children() if pid != self.cell.init and _in_a_cell(pid)
-                                          and (self.spare is None or pid != self.spare.init)})
-                self.zygotes.lost = False
-            self.cell.end(reap)
+            self.cell.end(tuple(set(reap) | self.lost_programs(self.cell, self.spare)))
             self.cell = None
             spans.mark("end: the cell killed and its processes waited for")
             self.forgetter.forget()  # before anything else may look a name up: what the cell looked up is forgotten
