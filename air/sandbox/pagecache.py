@@ -305,8 +305,7 @@ class PageCachePins:
                 report = _read(hostdir.runtime_dir() / "pins" / pin.name / "ready")
             else:
                 logs = await self._logs(pin.name)
-                report = next((line.removeprefix("air-pinned ") for line in logs.splitlines()
-                               if line.startswith("air-pinned ")), "")
+                report = pinned_report(logs) or ""
             out.append({"name": pin.name, "scope": pin.scope, **(json.loads(report) if report else {})})
         return out
 
@@ -349,9 +348,22 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _problem_in(logs: str) -> str:
+def pinned_report(logs: str) -> str | None:
+    """What a pin's `air-pinned` line reports it holds (JSON), from its output; None before it holds the pages."""
+    return next((line.removeprefix("air-pinned ") for line in logs.splitlines() if line.startswith("air-pinned ")),
+                None)
+
+
+def pin_error(logs: str) -> str:
+    """Why a pin failed, by its own `air-pin-error` line; "" where it printed none."""
     for line in reversed(logs.splitlines()):
         if line.startswith("air-pin-error "):
             return line.removeprefix("air-pin-error ").strip()
+    return ""
+
+
+def _problem_in(logs: str) -> str:
+    if problem := pin_error(logs):
+        return problem
     tail = logs.strip().splitlines()
     return tail[-1][:300] if tail else ""

@@ -56,7 +56,7 @@ from air.sandbox.kubernetes.sandbox import PodSandbox
 from air.sandbox.kubernetes.sweep import RunLease, sweep
 from air.sandbox.kubernetes.watch import PodState, PodWatch
 from air.sandbox.labels import owner_token
-from air.sandbox.pagecache import PIN_TIMEOUT, pin_command
+from air.sandbox.pagecache import PIN_TIMEOUT, pin_command, pin_error, pinned_report
 from air.sandbox.pool import CellFailed, SandboxPool
 from air.sandbox.spec import PoolConfig, SandboxSpec
 from air.sandbox.warden import warden_program
@@ -505,15 +505,13 @@ class KubernetesPool(SandboxPool):
                 raise InfraError(f"{what} failed: {pin.lost or state.reason}; {PIN_FIX}")
             if state.phase == "ready":
                 logs = await self.api.log(pin.name)
-                report = next((line.removeprefix("air-pinned ") for line in logs.splitlines()
-                               if line.startswith("air-pinned ")), None)
+                report = pinned_report(logs)
                 if report is not None:
                     pin.held = json.loads(report)
                     log.info("pinned the page cache of %s on node %s: %s", pin.spec.image, pin.node, report)
                     return
-                problem = next((line for line in logs.splitlines() if line.startswith("air-pin-error ")), "")
-                if problem:
-                    raise InfraError(f"{what} failed: {problem.removeprefix('air-pin-error ')}; {PIN_FIX}")
+                if problem := pin_error(logs):
+                    raise InfraError(f"{what} failed: {problem}; {PIN_FIX}")
             if loop.time() >= deadline:
                 raise InfraError(f"{what} did not hold the image's pages within {PIN_TIMEOUT:g}s ({state.reason}); "
                                  f"{PIN_FIX}")
