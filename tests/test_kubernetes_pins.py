@@ -160,6 +160,9 @@ async def test_a_run_that_died_leaves_its_pins_to_the_sweep(fake):
         async with pool_of(fake) as pool:
             async with pool.lease(SPEC):
                 pin = (await pods(api, "pin"))[0]["metadata"]["name"]
+                # A dead run watches nothing: a live pool's watch would see the sweep take its pin and replace it
+                # (a race that made the next line see the replacement on a busy machine)
+                await pool.watch.close()
                 await api.delete("leases", m.run_lease_name(pool.run_id), grace=None, propagation="Orphan")
                 gone = await sweep(api)
                 assert pin in gone
