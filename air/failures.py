@@ -14,7 +14,7 @@ alike (one line, the documented exit code) wherever in air it surfaced:
 Two more classes have their one place in the layer that owns them: an option out of its range is
 `air.validation.config_of` (options are validated by the config model that declares them, before anything starts),
 and a Docker daemon too slow to answer (the SDK's HTTP timeout) or gone in mid-command is
-`air.sandbox.docker_api.sdk_failure` (InfraError saying what it waited for, exit 3). The CLI's top-level handler
+`air.sandbox.docker.docker_api.sdk_failure` (InfraError saying what it waited for, exit 3). The CLI's top-level handler
 asks both `translate` and `sdk_failure`.
 
 Python's errors often lack the path (a write that finds the disk full names no file, a decode error never
@@ -81,7 +81,7 @@ def _loop(path: str) -> UsageError:
 
 
 def _is_network(exc: OSError) -> bool:
-    # requests' errors are OSErrors too: they are the Docker daemon's (air.sandbox.docker_api.sdk_failure).
+    # requests' errors are OSErrors too: they are the Docker daemon's (air.sandbox.docker.docker_api.sdk_failure).
     return type(exc).__module__.split(".")[0] in ("requests", "urllib3", "docker")
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import docker
 
 from air.sandbox import PoolConfig, SandboxPool
-from air.sandbox.services import network_kwargs
+from air.sandbox.docker.services import network_kwargs
 from air.tasks.environment import TaskEnvironment
 from air.tasks.harbor.collect import from_services
 from air.tasks.harbor.loader import load_harbor_task

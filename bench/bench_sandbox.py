@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from air.sandbox import PoolConfig, SandboxPool, SandboxSpec, container_kwargs, list_air_containers
-from air.sandbox.container import HOSTS, without_network
+from air.sandbox.docker.container import HOSTS, without_network
 from profile_cell import ROLLOUT, stage_home  # bench/, this script's directory
 
 IMAGE = "air/base:latest"

@@ -90,8 +90,8 @@ def _hold_the_cpu_images_pin(client) -> None:
     import asyncio
     import atexit
 
-    from air.sandbox.docker_api import Docker
-    from air.sandbox.pagecache import PageCachePins
+    from air.sandbox.docker.docker_api import Docker
+    from air.sandbox.docker.pagecache import PageCachePins
     from air.sandbox.spec import SandboxSpec
 
     pins = PageCachePins(Docker(client), run="test-session")

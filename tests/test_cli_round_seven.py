@@ -235,7 +235,7 @@ def test_an_audit_verdict_made_by_another_user_or_host_says_whose(tmp_path, monk
 
 def test_no_cells_on_kubernetes_names_the_cluster_not_a_docker_host(caplog):
     from air.sandbox.kubernetes.pool import KubernetesPool, _Cluster
-    from air.sandbox.pool import SandboxPool
+    from air.sandbox.docker.pool import SandboxPool
 
     cluster = _Cluster(name="https://127.0.0.1:6443 namespace air")
     sandbox = SimpleNamespace(cells=True, short_id="abc", session=SimpleNamespace(

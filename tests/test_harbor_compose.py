@@ -1,6 +1,6 @@
 """Harbor tasks with services (environment/docker-compose.yaml): read as Harbor merges them, refused in one line where
 air cannot honour a key, run with services of their own for every rollout on a private network that reaches nothing
-else (air/sandbox/services.py, air/tasks/harbor/compose.py; docs/harbor.md, "Tasks with services").
+else (air/sandbox/docker/services.py, air/tasks/harbor/compose.py; docs/harbor.md, "Tasks with services").
 
 The fixture (tests/fixtures/harbor-compose/rows) is air's own: a database-like service (`db`, rows in memory, one
 request a line) built offline from air/base under a name of its own, `main` waiting for it to be healthy, as
@@ -181,7 +181,7 @@ async def test_the_cell_reaches_its_services_by_name_and_nothing_else(spec, pool
     address, another sandbox's service: no; no default route. Controls: a plain container on Docker's default
     bridge reaches the host's docker0 address, and one on a plain internal network (without air's
     `inhibit_ipv4`) reaches that network's gateway address on the host, where the same listener answers."""
-    from air.sandbox.services import network_kwargs
+    from air.sandbox.docker.services import network_kwargs
     from air.tasks.environment import sandbox_spec
 
     listener = Listener()
@@ -385,7 +385,7 @@ async def test_a_lease_leaves_nothing_in_the_network_namespace_for_the_next(spec
 def test_the_private_networks_addresses_are_fixed_and_every_cell_names_the_services():
     import ipaddress
 
-    from air.sandbox.services import MAX_SERVICES, Plan
+    from air.sandbox.docker.services import MAX_SERVICES, Plan
 
     plan = Plan.of(ipaddress.ip_network("10.213.1.32/27"), ["db", "api"])
     assert plan.addresses == {"main": "10.213.1.34", "db": "10.213.1.35", "api": "10.213.1.36",

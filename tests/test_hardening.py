@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from air.sandbox.container import CELL_CAPABILITIES, HOSTS, ROOT_CAPABILITIES
+from air.sandbox.docker.container import CELL_CAPABILITIES, HOSTS, ROOT_CAPABILITIES
 from air.sandbox.warden import cell
 from conftest import ENROOT
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from air.sandbox.cleanup import sweep_dead_runs, sweep_stale_claims
+from air.sandbox.docker.cleanup import sweep_dead_runs, sweep_stale_claims
 from air.sandbox.labels import OWNER, ROLE, make_labels, owner_alive, owner_token
 
 GONE_WITHIN = 60.0
@@ -90,8 +90,8 @@ def test_a_sigkilled_owners_sandbox_ends_by_itself(route, images, docker_client,
 # is killed before it ever connects to the warden: killed while the daemon starts the container.
 _NEVER_CONNECTS = textwrap.dedent("""
     import asyncio, sys
-    from air.sandbox.container import Sandbox, SandboxSpec
-    from air.sandbox.docker_api import Docker
+    from air.sandbox.docker.container import Sandbox, SandboxSpec
+    from air.sandbox.docker.docker_api import Docker
 
     async def main(run):
         sandbox = await Sandbox.create(Docker(), SandboxSpec(image="air/base:latest", task="owner-gone"), run=run,
@@ -149,7 +149,8 @@ def test_an_owner_in_another_pid_namespace_is_never_taken_for_dead():
     assert owner_alive(f"elsewhere@{namespace}:999999:1") and not owner_alive("garbage")
 
 
-_SWEEP = "import docker; from air.sandbox.cleanup import sweep_dead_runs; print(sweep_dead_runs(docker.from_env()))"
+_SWEEP = ("import docker; from air.sandbox.docker.cleanup import sweep_dead_runs; "
+          "print(sweep_dead_runs(docker.from_env()))")
 
 
 @pytest.mark.docker
@@ -186,7 +187,7 @@ def test_a_killed_owners_host_directories_are_swept_and_a_live_ones_kept(images,
     import asyncio
 
     from air.sandbox import PoolConfig, SandboxPool, SandboxSpec, hostdir
-    from air.sandbox.container import CHANNEL_DIR_GRACE
+    from air.sandbox.docker.container import CHANNEL_DIR_GRACE
 
     root = hostdir.runtime_dir() / "sandboxes"
     orphan = hostdir.private(root / f"air-owner-gone-{run_id}")

@@ -18,9 +18,10 @@ import docker.errors
 import pytest
 
 from air.errors import InfraError
-from air.sandbox import PoolConfig, SandboxPool, SandboxSpec, pagecache
-from air.sandbox.docker_api import Docker
-from air.sandbox.pagecache import PageCachePins
+from air.sandbox import PoolConfig, SandboxPool, SandboxSpec
+from air.sandbox.docker import pagecache
+from air.sandbox.docker.docker_api import Docker
+from air.sandbox.docker.pagecache import PageCachePins
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 from page_cache_channel import BITS, CHANCE_BOUND, agreement, command, message, recovered

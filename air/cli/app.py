@@ -127,7 +127,7 @@ def go_offline(offline: bool) -> None:
 def _gpus_here(gpus: int) -> int:
     """--gpus-per-task N on a host with fewer GPUs is refused before any rollout starts (not N failures)."""
     if gpus:
-        from air.sandbox.claims import detect_gpus
+        from air.sandbox.docker.claims import detect_gpus
 
         found = len(detect_gpus())
         if found < gpus:
@@ -146,7 +146,7 @@ def run_async(coro):
     """Run a coroutine; Ctrl-C and SIGTERM unwind through its finally blocks (pools close, containers go)."""
     import asyncio
 
-    from air.sandbox.pool import unwind_on_sigterm
+    from air.sandbox.docker.pool import unwind_on_sigterm
 
     unwind_on_sigterm()
     return asyncio.run(coro)
@@ -263,7 +263,7 @@ def run_cli(typer_app: typer.Typer, args: list[str] | None = None) -> int:
             process.note(exc.signum)
         return _interrupted()
     except Exception as exc:  # noqa: BLE001 - what air knows (air.failures) is one line; anything else a bug
-        from air.sandbox.docker_api import sdk_failure
+        from air.sandbox.docker.docker_api import sdk_failure
 
         known = translate(exc) or sdk_failure(exc)
         if known is not None:

@@ -64,7 +64,7 @@ def containers_clean(
         _enroot_clean(all_, as_json)
         return
     from air.sandbox import connect, list_air_containers, remove_containers, sweep_stale_claims
-    from air.sandbox.cleanup import sweep_dead_networks
+    from air.sandbox.docker.cleanup import sweep_dead_networks
 
     client = connect()
     rows = list_air_containers(client, run=run)

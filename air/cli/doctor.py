@@ -53,7 +53,7 @@ def _docker_checks() -> list[Check]:
 
     from air.errors import DockerUnavailable
     from air.images import build_command, image_ref, load_recipes
-    from air.sandbox.docker_api import connect, docker_host
+    from air.sandbox.docker.docker_api import connect, docker_host
 
     checks = [Check("sandbox backend", True, "docker (PoolConfig.backend; AIR_BACKEND=kubernetes for a cluster)",
                     required=False),
@@ -122,8 +122,8 @@ def _gpu_checks(client, info: dict) -> list[Check]:
 
     from air import variables
     from air.sandbox import gpus
-    from air.sandbox.claims import detect_gpus
-    from air.sandbox.docker_api import docker_host
+    from air.sandbox.docker.claims import detect_gpus
+    from air.sandbox.docker.docker_api import docker_host
 
     found = detect_gpus()
     rows = [Check("GPUs", True, f"{len(found)} visible ({', '.join(found)})" if found else "none visible "
@@ -195,7 +195,7 @@ def _engine_check(version: dict) -> Check:
 def _wedged(client, exc: BaseException) -> Check:
     """The daemon answered a ping but not /info: if it still lists containers, its network controller is wedged
     (the libnetwork deadlock of moby/moby#46661: `docker ps` answers, `docker info` and `inspect` hang)."""
-    from air.sandbox.docker_api import docker_host
+    from air.sandbox.docker.docker_api import docker_host
 
     try:
         client.api.containers(limit=1)

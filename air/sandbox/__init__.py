@@ -40,12 +40,12 @@ _LAZY = {
     "Sandbox": "interface", "Shell": "interface", "CommandResult": "interface", "ExecResult": "interface",
     "ArchiveTooLarge": "interface", "ArchiveUnreadable": "interface", "ArchiveUnwritable": "interface",
     "Resources": "spec", "SandboxSpec": "spec",
-    "PoolConfig": "spec", "DockerHost": "spec", "SandboxPool": "pool", "PoolStats": "pool",
+    "PoolConfig": "spec", "DockerHost": "spec", "SandboxPool": "docker.pool", "PoolStats": "docker.pool",
     # helpers of the layers above
-    "make_tar": "container", "gpu_env": "container", "container_kwargs": "container",
-    "connect": "docker_api", "Docker": "docker_api",
+    "make_tar": "docker.container", "gpu_env": "docker.container", "container_kwargs": "docker.container",
+    "connect": "docker.docker_api", "Docker": "docker.docker_api",
     "list_air_containers": "labels", "remove_containers": "labels", "make_labels": "labels", "GPUS": "labels",
-    "sweep_dead_runs": "cleanup", "sweep_stale_claims": "cleanup",
+    "sweep_dead_runs": "docker.cleanup", "sweep_stale_claims": "docker.cleanup",
     "truncate_text": "output",
 }
 
@@ -69,9 +69,9 @@ def __getattr__(name: str):
 
 
 if TYPE_CHECKING:  # for type checkers and editors: the same names, eagerly
-    from air.sandbox.cleanup import sweep_dead_runs, sweep_stale_claims
-    from air.sandbox.container import container_kwargs, gpu_env, make_tar
-    from air.sandbox.docker_api import Docker, connect
+    from air.sandbox.docker.cleanup import sweep_dead_runs, sweep_stale_claims
+    from air.sandbox.docker.container import container_kwargs, gpu_env, make_tar
+    from air.sandbox.docker.docker_api import Docker, connect
     from air.sandbox.interface import (
         ArchiveTooLarge,
         ArchiveUnreadable,
@@ -83,5 +83,5 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, eagerly
     )
     from air.sandbox.labels import GPUS, list_air_containers, make_labels, remove_containers
     from air.sandbox.output import truncate_text
-    from air.sandbox.pool import PoolStats, SandboxPool
+    from air.sandbox.docker.pool import PoolStats, SandboxPool
     from air.sandbox.spec import DockerHost, PoolConfig, Resources, SandboxSpec

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from air import variables
 from air.errors import UsageError
-from air.sandbox.docker_api import Docker
+from air.sandbox.docker.docker_api import Docker
 
 
 def runtime_dir() -> Path:

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from air.errors import SnapshotBusy, SnapshotError
-from air.sandbox.container import Sandbox, gpu_env
+from air.sandbox.docker.container import Sandbox, gpu_env
 from air.sandbox.interface import (ArchiveTooLarge, ArchiveUnreadable, ArchiveUnwritable, CommandResult, ExecResult,
                                    ShellSnapshot)
 from air.sandbox.hostdir import private, runtime_dir

@@ -49,7 +49,7 @@ class Healthcheck(BaseModel):
 
 class ServiceSpec(BaseModel):
     """One service beside a sandbox (a Harbor compose task's sidecar): a container of its own image on the
-    sandbox's private network, found there by `name` (air/sandbox/services.py)."""
+    sandbox's private network, found there by `name` (air/sandbox/docker/services.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -176,7 +176,7 @@ class PoolConfig(BaseModel):
     architecture): that host then gets "containers", said once in the log and by `air doctor`."""
     page_cache: Literal["pinned", "shared"] = "pinned"
     """"pinned": before a sandbox of an image runs, every page of the files it can read is held in the host's page
-    cache (a page-cache pin per image and host, and each sandbox's warden for its own files: air/sandbox/pagecache.py),
+    cache (a page-cache pin per image and host, and each sandbox's warden for its own files: docker/pagecache.py),
     so that nothing an agent or an evaluation does to the cache can be read by another sandbox; with cells, the pin
     holds a tmpfs copy of the image that is every cell's root (warden/rootcopy.py), so that no name a cell looks up
     leaves a dentry another sandbox can time either. It costs the image's size in locked memory once per host.

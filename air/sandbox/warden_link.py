@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from air.errors import InfraError, SandboxUnavailable
-from air.sandbox.container import Sandbox
+from air.sandbox.docker.container import Sandbox
 from air.sandbox.layout import (
     AGENT_HOME,
     AGENT_UID,

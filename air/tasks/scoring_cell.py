@@ -76,7 +76,7 @@ class ScoringContract:
     image_links: bool = False
     """A link of the copy may lead into the image's read-only system (air.tasks.scoring.link_allowed)."""
     from_services: Callable[[Any, TaskSpec], Awaitable[bytes | None]] | None = None
-    """What of the rollout's services (air.sandbox.services.Services) the scorer is given, gathered before it is
+    """What of the rollout's services (air.sandbox.docker.services.Services) the scorer is given, gathered before it is
     leased and passed to `score` as `from_services` when not None (a Harbor task's per-service collect)."""
 
 

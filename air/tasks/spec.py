@@ -310,7 +310,7 @@ class TaskSpec(BaseModel):
     """A directory of the image whose files start the workspace (where air's image layer put a Harbor task's
     WORKDIR, which then links to the workspace): copied in when the sandbox is staged, owned by the agent."""
     services: list[ServiceSpec] = []
-    """Services beside the agent's sandbox (a Harbor compose task's; air.sandbox.services), on its private network;
+    """Services beside the agent's sandbox (a Harbor compose task's: sandbox/docker/services.py) on its private network;
     their environment's templates are filled when a sandbox is made, as `env`'s."""
     service_builds: dict[str, ImageBuild] = {}
     """Service images built from the task's folder ({tag: how}), as the task's own image is (no air layer)."""

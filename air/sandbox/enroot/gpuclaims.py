@@ -1,4 +1,4 @@
-"""A node's GPUs among one user's air processes on enroot, by the claims' rules of air/sandbox/claims.py (a GPU held
+"""A node's GPUs among one user's air processes on enroot, by the claims' rules of docker/claims.py (a GPU held
 exclusively, or shared by several sandboxes that asked to share, never both; taken atomically; given back by a
 crash) with a lock file per GPU where Docker's claims are containers: `flock` of `gpu-<id>.lock` in the user's
 enroot folder, exclusive or shared. The kernel arbitrates (no two exclusive holders, no exclusive beside a shared

@@ -1,4 +1,4 @@
-"""`EnrootPool`: the warm pool of air/sandbox/pool.py with enroot containers for Docker's (`PoolConfig(backend=
+"""`EnrootPool`: the warm pool of air/sandbox/docker/pool.py with enroot containers for Docker's (`PoolConfig(backend=
 "enroot")`, AIR_BACKEND=enroot), started by this process's own (non-root) user on this machine: a Slurm node without
 Docker.
 
@@ -37,14 +37,14 @@ from pathlib import Path
 from air import squashfs
 from air.errors import InfraError, PoolExhausted, SandboxUnavailable, UsageError
 from air.sandbox import gpus, hostdir
-from air.sandbox.claims import detect_gpus
-from air.sandbox.container import _channel_dir
+from air.sandbox.docker.claims import detect_gpus
+from air.sandbox.docker.container import _channel_dir
 from air.sandbox.enroot import cgroups, leftovers
 from air.sandbox.enroot.gpuclaims import GpuHold, GpuLocks
 from air.sandbox.enroot.launcher import USERNS, Enroot, Launcher, Userns
 from air.sandbox.enroot.sandbox import EnrootSandbox, run_launcher
 from air.sandbox.layout import AGENT_HOME, BASE_PATH, WARDEN_DIR
-from air.sandbox.pool import CellFailed, SandboxPool
+from air.sandbox.docker.pool import CellFailed, SandboxPool
 from air.sandbox.spec import PoolConfig, SandboxSpec
 
 log = logging.getLogger("air.enroot")

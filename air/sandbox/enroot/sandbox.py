@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass, field
 
 from air.errors import SandboxUnavailable
-from air.sandbox.container import Sandbox, _oom_count
+from air.sandbox.docker.container import Sandbox, _oom_count
 from air.sandbox.enroot.cgroups import Limits
 from air.sandbox.enroot.gpuclaims import GpuHold
 from air.sandbox.enroot.launcher import Launcher

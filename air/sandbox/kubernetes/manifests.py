@@ -15,7 +15,7 @@ import datetime
 import hashlib
 import re
 
-from air.sandbox.container import CELL_CAPABILITIES, ROOT_CAPABILITIES
+from air.sandbox.docker.container import CELL_CAPABILITIES, ROOT_CAPABILITIES
 from air.sandbox.kubernetes.config import KubernetesConfig
 from air.sandbox.layout import AGENT_HOME, AIR_DIR, SHM_MB, WARDEN_DIR
 from air.sandbox.spec import SandboxSpec

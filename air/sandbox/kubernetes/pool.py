@@ -1,4 +1,4 @@
-"""`KubernetesPool`: the warm pool of air/sandbox/pool.py with pods for containers. `SandboxPool(config)` makes one
+"""`KubernetesPool`: the warm pool of docker/pool.py with pods for containers. `SandboxPool(config)` makes one
 when `config.backend == "kubernetes"`, so every caller (tasks, services, the CLI, the verifiers taskset) is unchanged.
 
 What it keeps of the Docker pool (the subclass inherits it): leases and waits, idle sandboxes per key with a warm
@@ -56,8 +56,8 @@ from air.sandbox.kubernetes.sandbox import PodSandbox
 from air.sandbox.kubernetes.sweep import RunLease, sweep
 from air.sandbox.kubernetes.watch import PodState, PodWatch
 from air.sandbox.labels import owner_token
-from air.sandbox.pagecache import PIN_TIMEOUT, pin_command, pin_error, pinned_report
-from air.sandbox.pool import CellFailed, SandboxPool
+from air.sandbox.docker.pagecache import PIN_TIMEOUT, pin_command, pin_error, pinned_report
+from air.sandbox.docker.pool import CellFailed, SandboxPool
 from air.sandbox.spec import PoolConfig, SandboxSpec
 from air.sandbox.warden import warden_program
 
@@ -607,4 +607,4 @@ def _kind(reason: str) -> str:
 
 
 POOL = KubernetesPool
-"""What `SandboxPool(config)` makes when `config.backend == "kubernetes"` (air/sandbox/pool.py)."""
+"""What `SandboxPool(config)` makes when `config.backend == "kubernetes"` (air/sandbox/docker/pool.py)."""

@@ -9,7 +9,7 @@ import asyncio
 from dataclasses import dataclass
 
 from air.errors import SandboxUnavailable
-from air.sandbox.container import Sandbox
+from air.sandbox.docker.container import Sandbox
 from air.sandbox.kubernetes.watch import PodState
 
 

@@ -17,7 +17,7 @@ end is air/sandbox/warden_link.py.
 | netlink.py | sandbox | a cell's own interface on its sandbox's private network (a macvlan made into it) |
 | dentries.py | sandbox | the names a cell looked up (the kernel's dentries) forgotten when it ends |
 | pages.py | sandbox | the sandbox's own files held in the host's page cache, so that nobody can change what is cached |
-| pinner.py | a pin | a page-cache pin's program (air/sandbox/pagecache.py): an image's files held for every sandbox |
+| pinner.py | a pin | a page-cache pin's program (docker/pagecache.py): an image's files held for every sandbox |
 | procs.py | sandbox | starting the agent's processes in the cell, killing them (fork bombs too), IPC removal |
 | threadspawn.py | sandbox | a program started in the cell by a confined thread of the warden (vfork: no fork of it) |
 | restore.py | sandbox | copying a trusted tree (the pristine home), removing the agent's trees without recursion |

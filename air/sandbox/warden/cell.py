@@ -19,7 +19,7 @@ A cell is a process, its *init*, in new pid, network, IPC, UTS and mount namespa
 - /etc/passwd and /etc/group name the sandbox's own agent uid;
 - the network is loopback only, up; in a sandbox with services (a Harbor compose task), also a macvlan of the
   container's interface on the sandbox's private network, with the cell's address and the services' names in its
-  /etc/hosts (netlink.py, air/sandbox/services.py, docs/harbor.md).
+  /etc/hosts (netlink.py, air/sandbox/docker/services.py, docs/harbor.md).
 Every agent process (the shell, programs, file copies as the agent) is a child of the warden that joined the cell's
 namespaces before it dropped to the agent's uid (or, for a program, a child a thread of the warden started with vfork
 once the thread itself had joined and dropped: threadspawn.py): no capability (an empty bounding set), no_new_privs

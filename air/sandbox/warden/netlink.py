@@ -1,4 +1,4 @@
-"""A cell's own interface on its sandbox's private network (a sandbox with services: air/sandbox/services.py): a
+"""A cell's own interface on its sandbox's private network (a sandbox with services: air/sandbox/docker/services.py): a
 macvlan of the container's interface, made straight into the cell's network namespace, with the cell's address, up,
 and no route but its subnet's; deleted before the cell ends, so that no dying namespace answers for the address.
 Stdlib only (the warden's): rtnetlink messages by hand, addresses and flags by ioctl."""

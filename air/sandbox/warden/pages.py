@@ -1,6 +1,6 @@
 """Pinned pages: every page of a file held in the host's page cache, mapped and locked, for as long as the holder
 lives. Runs in the sandbox (stdlib only): in the warden, for the files of its own container, and as the program of a
-page-cache pin (air/sandbox/pagecache.py), for the files of an image.
+page-cache pin (air/sandbox/docker/pagecache.py), for the files of an image.
 
 Why: the page cache is the host's, and every container of an image reads the image's files through the same pages
 (overlay2's lower layers are shared inodes). Code that can read a file can evict its pages

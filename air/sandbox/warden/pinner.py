@@ -1,4 +1,4 @@
-"""The program of a page-cache pin (air/sandbox/pagecache.py): a container of an image that holds every page of the
+"""The program of a page-cache pin (docker/pagecache.py): a container of an image that holds every page of the
 image's files in the host's page cache, for every sandbox of the image on the host. Runs in the pin's container
 (stdlib only), as root with CAP_IPC_LOCK and nothing that could reach another container.
 

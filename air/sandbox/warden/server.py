@@ -735,7 +735,7 @@ class Warden:
         """Every page of the files this sandbox alone has (its staged home and data, the shell's copy, the passwd
         files, Docker's per-container files, a GPU runtime's driver files) held in the host's page cache, so that no
         agent or evaluation can change which are cached (pages.py); files that went since are let go. The image's
-        files are the page-cache pin's (air/sandbox/pagecache.py)."""
+        files are the page-cache pin's (air/sandbox/docker/pagecache.py)."""
         c = self.config
         self.staged = False
         if not c.pin_pages:

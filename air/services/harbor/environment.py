@@ -23,7 +23,7 @@ How Harbor's calls map:
   as under `air eval`: the sandbox is of air's scoring image (the task's, with those put in it when built:
   air.tasks.harbor.installs) and the verifier's commands read its BASH_ENV (offline uv and pip).
 - A compose task (environment/docker-compose.yaml: Harbor's `docker_compose` capability): its services are air's, as
-  under `air eval` (air.sandbox.services): made for the lease's sandbox on a private network of its own (no route
+  under `air eval` (air.sandbox.docker.services): made for the lease's sandbox on a private network of its own (no route
   out, no other sandbox's services), the agent's cell reaching them by name. Harbor's per-service operations
   (`service_exec`, `service_download_*` for `[[verifier.collect]]` hooks and artifacts of a service) run in this
   rollout's service containers; `stop_service("main")` ends every process the agent left (the cell is main's

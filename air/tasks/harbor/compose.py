@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air.errors import TaskError
 from air.images.dockerfile import dockerfile_digest
-from air.sandbox.services import MAX_SERVICES
+from air.sandbox.docker.services import MAX_SERVICES
 from air.sandbox.spec import Condition, Healthcheck, ServiceSpec
 from air.tasks.spec import ImageBuild
 from air.validation import one_line

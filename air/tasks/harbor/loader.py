@@ -10,7 +10,7 @@
   `reward.json` is the score: `reward` the primary metric, every other number a metric beside it;
 - `[agent]`/`[verifier]` timeouts, resources and GPUs map onto air's limits.
 
-A task's `environment/docker-compose.yaml` gives it services beside the sandbox (compose.py; air.sandbox.services).
+A task's `environment/docker-compose.yaml` gives it services beside the sandbox (compose.py; air/sandbox/docker/).
 What air cannot honour either stops the task with one line saying why (a multi-step task, Windows, TPUs, a compose
 key air does not take) or is said as a note and the task runs anyway (air gives no network, the
 agent is never root). Harbor's task.toml is parsed by models of Harbor 0.25's own TaskConfig (harbor/models/task/
@@ -407,7 +407,7 @@ def _cannot(task_dir: Path, config: HarborToml) -> list[str]:
 
 def _mcp_outside(task_dir: Path, env: _Environment) -> list[str]:
     """The MCP servers a task declares that are not among its compose services (which the sandbox reaches by name
-    on its private network: air.sandbox.services); every other one needs the network."""
+    on its private network: air.sandbox.docker.services); every other one needs the network."""
     names = set()
     if has_compose(task_dir):
         try:

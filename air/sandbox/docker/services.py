@@ -35,7 +35,7 @@ import docker.errors
 import docker.types
 
 from air.errors import InfraError, SandboxUnavailable
-from air.sandbox.docker_api import Docker, conflict
+from air.sandbox.docker.docker_api import Docker, conflict
 from air.sandbox.labels import ROLE
 from air.sandbox.spec import Condition, ServiceSpec
 

@@ -46,11 +46,11 @@ from dataclasses import dataclass
 
 from air import progress
 from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable, TaskError, UsageError
-from air.sandbox.claims import Grant, HostClaims
-from air.sandbox.cleanup import sweep_dead_runs
-from air.sandbox.container import Sandbox, SandboxSpec, sweep_channel_dirs
+from air.sandbox.docker.claims import Grant, HostClaims
+from air.sandbox.docker.cleanup import sweep_dead_runs
+from air.sandbox.docker.container import Sandbox, SandboxSpec, sweep_channel_dirs
 from air.sandbox.session import sweep_staged
-from air.sandbox.docker_api import Docker, docker_host
+from air.sandbox.docker.docker_api import Docker, docker_host
 from air.sandbox.hostdir import is_local
 from air.sandbox.dentries import forget_names
 from air.sandbox import gpus
@@ -66,7 +66,7 @@ from air.sandbox.labels import (
     owner_token,
     remove_containers,
 )
-from air.sandbox.pagecache import PIN, PageCachePins
+from air.sandbox.docker.pagecache import PIN, PageCachePins
 from air.sandbox.session import Session
 from air.sandbox.spec import DockerHost, PoolConfig
 
@@ -168,7 +168,7 @@ class SandboxPool:
     def _attach(self, host: _Host, docker: Docker) -> None:
         ids = host.config.gpu_ids
         if ids is None:
-            from air.sandbox.claims import detect_gpus
+            from air.sandbox.docker.claims import detect_gpus
 
             ids = detect_gpus()
         if len(set(ids)) != len(ids):

@@ -23,7 +23,7 @@ from air.sandbox.labels import (
 )
 
 PIN_ROLE = "pagecache"
-"""The role label of page-cache pins and of their copies' volumes (air/sandbox/pagecache.py)."""
+"""The role label of page-cache pins and of their copies' volumes (air/sandbox/docker/pagecache.py)."""
 
 log = logging.getLogger("air.cleanup")
 

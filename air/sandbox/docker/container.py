@@ -32,13 +32,13 @@ import docker.types
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from air.errors import DockerUnavailable, ImageError, InfraError, SandboxUnavailable
-from air.sandbox.docker_api import BOUND, Docker, conflict
+from air.sandbox.docker.docker_api import BOUND, Docker, conflict
 from air.sandbox.interface import ArchiveUnreadable, ArchiveUnwritable, ExecResult, Shell
 from air.sandbox.labels import KEPT_PREFIX, KEY, OWNER, make_labels
 from air.sandbox import hostdir
 from air.sandbox.gpus import GpuAccess, sandbox_env
 from air.sandbox.layout import AGENT_HOME, AGENT_UID, AIR_DIR, SHM_MB, WARDEN_DIR, WORKSPACE
-from air.sandbox.services import Services, create_network, joined_plan, remove_network
+from air.sandbox.docker.services import Services, create_network, joined_plan, remove_network
 from air.sandbox.spec import SandboxSpec, own_kernel
 from air.sandbox.warden.locks import hold
 from air.sandbox.warden.protocol import HOST_LOCK

@@ -42,8 +42,8 @@ import docker.types
 
 from air.errors import InfraError, SandboxUnavailable
 from air.sandbox import hostdir
-from air.sandbox.cleanup import PIN_ROLE
-from air.sandbox.docker_api import Docker, conflict
+from air.sandbox.docker.cleanup import PIN_ROLE
+from air.sandbox.docker.docker_api import Docker, conflict
 from air.sandbox.labels import make_labels, remove_containers
 from air.sandbox.layout import AGENT_HOME, AIR_DIR
 from air.sandbox.spec import SandboxSpec

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import docker.errors
 
 from air.errors import ImageError, SandboxUnavailable
-from air.sandbox.docker_api import Docker
+from air.sandbox.docker.docker_api import Docker
 from air.sandbox.labels import CLAIM, HOLDER, make_labels
 
 log = logging.getLogger("air.claims")
@@ -123,7 +123,7 @@ class HostClaims:
 
     async def sweep_stale(self) -> list[str]:
         """Remove claims whose holder is gone (past the grace) or whose owner is provably dead."""
-        from air.sandbox.cleanup import sweep_stale_claims
+        from air.sandbox.docker.cleanup import sweep_stale_claims
 
         removed = await self.docker.call(sweep_stale_claims, self.docker.client, timeout=120, idempotent=True)
         if removed:
