@@ -30,7 +30,7 @@ from aiohttp import web
 from progress_lines import without_progress
 
 from air.policies.scripted import SCRIPTS, ScriptedPolicy
-from air.sandbox.docker.claims import detect_gpus
+from air.sandbox.gpus import detect_gpus
 
 
 def air(*args: str, cwd: Path, timeout: float = 900, env: dict[str, str] | None = None

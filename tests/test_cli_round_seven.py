@@ -235,12 +235,13 @@ def test_an_audit_verdict_made_by_another_user_or_host_says_whose(tmp_path, monk
 
 def test_no_cells_on_kubernetes_names_the_cluster_not_a_docker_host(caplog):
     from air.sandbox.kubernetes.pool import KubernetesPool, _Cluster
-    from air.sandbox.docker.pool import SandboxPool
+    from air.sandbox.base_pool import SandboxPool
+    from air.sandbox.docker.pool import DockerPool
 
     cluster = _Cluster(name="https://127.0.0.1:6443 namespace air")
     sandbox = SimpleNamespace(cells=True, short_id="abc", session=SimpleNamespace(
         cells=False, ready=SimpleNamespace(why_not="no user namespaces")))
-    for pool_class, word in ((KubernetesPool, "Kubernetes cluster"), (SandboxPool, "Docker host")):
+    for pool_class, word in ((KubernetesPool, "Kubernetes cluster"), (DockerPool, "Docker host")):
         pool = SimpleNamespace(config=SimpleNamespace(isolation="auto"), host_word=pool_class.host_word)
         cluster.cells = None
         with caplog.at_level(logging.WARNING, logger="air"):

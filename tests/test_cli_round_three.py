@@ -331,7 +331,7 @@ def test_a_recipe_built_before_is_reused_on_an_empty_cache_with_nothing_staged(i
 
 
 @pytest.mark.docker
-@pytest.mark.skipif(bool(__import__("air.sandbox.docker.claims", fromlist=["detect_gpus"]).detect_gpus()),
+@pytest.mark.skipif(bool(__import__("air.sandbox.gpus", fromlist=["detect_gpus"]).detect_gpus()),
                     reason="this host has GPUs")
 def test_run_of_a_task_on_a_cuda_image_is_refused_on_a_cpu_host_with_its_build_command(images, tmp_path):
     from air import paths

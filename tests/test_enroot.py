@@ -83,7 +83,7 @@ def test_a_missing_squashfs_is_one_line_naming_the_export(tmp_path, monkeypatch)
 
 
 def test_a_warden_in_a_user_namespace_keeps_dockers_capabilities_only():
-    from air.sandbox.docker.container import CELL_CAPABILITIES, ROOT_CAPABILITIES
+    from air.sandbox.base_sandbox import CELL_CAPABILITIES, ROOT_CAPABILITIES
     from air.sandbox.warden import cell
 
     # The bounding set a warden on enroot cuts itself to (root there holds every capability of the namespace).

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from air.sandbox.docker.container import CELL_CAPABILITIES, HOSTS, ROOT_CAPABILITIES
+from air.sandbox.base_sandbox import CELL_CAPABILITIES, ROOT_CAPABILITIES
+from air.sandbox.docker.container import HOSTS
 from air.sandbox.warden import cell
 from conftest import ENROOT
 

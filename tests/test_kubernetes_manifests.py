@@ -10,7 +10,7 @@ import copy
 import kubernetes_validate
 import pytest
 
-from air.sandbox.docker.container import CELL_CAPABILITIES, ROOT_CAPABILITIES
+from air.sandbox.base_sandbox import CELL_CAPABILITIES, ROOT_CAPABILITIES
 from air.sandbox.kubernetes import manifests as m
 from air.sandbox.kubernetes.config import KubernetesConfig
 from air.sandbox.spec import Resources, SandboxSpec

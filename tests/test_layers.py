@@ -11,6 +11,11 @@ Inside the tasks layer each task family is a package of its own (FAMILIES): no f
 of air/tasks reaches a family only through the one module its job needs (DOORS): scoring.py, a thin dispatcher, its
 `contract`; registry.py its `loader`; task_images.py Harbor's `installs`. What a family's contract shares with the
 others sits below them all, in air/tasks/scoring_cell.py.
+
+Inside the sandbox layer each backend (each engine `PoolConfig.backend` names: docker, kubernetes, enroot) is a
+package of its own, air/sandbox/<backend>/, over the parts every backend shares at the top of air/sandbox (the
+interface, the warden and its link, the base sandbox and pool, claims of GPUs, the spec): no backend imports another,
+and the shared parts import no backend (but the package's door, `air.sandbox`, and SHARED_DOORS).
 """
 
 from __future__ import annotations
@@ -32,6 +37,24 @@ LAYERS = [  # (module prefix, layer); the longest matching prefix wins
 FAMILIES = ("air.tasks.air_format", "air.tasks.harbor", "air.tasks.mlgym")
 DOORS = {"air.tasks.scoring": "contract", "air.tasks.registry": "loader", "air.tasks.task_images": "installs"}
 """The modules of air/tasks outside the families that may import one, and the only module of a family each may."""
+
+
+SHARED_DOORS = {"air.sandbox.spec": {"air.sandbox.kubernetes.config"}}
+"""The shared modules that may import a backend's module, and which: PoolConfig carries the kubernetes backend's
+config (a pydantic model of its own, which imports nothing of the backend)."""
+
+
+def backends() -> tuple[str, ...]:
+    """The sandbox backends, as PoolConfig names them: each is the package air.sandbox.<name>."""
+    from typing import get_args
+
+    from air.sandbox.spec import PoolConfig
+
+    return tuple(f"air.sandbox.{name}" for name in get_args(PoolConfig.model_fields["backend"].annotation))
+
+
+def backend(module: str) -> str | None:
+    return next((b for b in backends() if module == b or module.startswith(b + ".")), None)
 
 
 def family(module: str) -> str | None:
@@ -124,6 +147,44 @@ def test_each_task_family_stands_apart():
     assert set(modules()) >= {f"{f}.{m}" for f in FAMILIES for m in ("loader", "contract")}
 
 
+def test_each_backend_is_a_package_of_its_own():
+    """Every engine PoolConfig names is a package air.sandbox.<name> whose pool module names its pool (POOL, the
+    class `SandboxPool(config)` makes for that backend)."""
+    import importlib
+
+    found = modules()
+    loose = [p for p in backends() if p not in found or found[p].name != "__init__.py"]
+    assert not loose, f"not a package of its own: {loose}"
+    from air.sandbox.base_pool import SandboxPool
+
+    for package in backends():
+        pool = importlib.import_module(f"{package}.pool").POOL
+        assert issubclass(pool, SandboxPool), pool
+
+
+def backend_crossings(edges: dict[str, set[str]]) -> list[str]:
+    """Each import of `edges` that goes from a backend to another, or from a shared part of the sandbox to a backend
+    (but through the package's door, `air.sandbox`, and SHARED_DOORS)."""
+    crossings = []
+    for a, targets in edges.items():
+        if not a.startswith("air.sandbox."):
+            continue
+        for b in targets:
+            if backend(b) is None or backend(b) == backend(a):
+                continue
+            if backend(a) is not None:
+                crossings.append(f"{a} imports {b}: a backend imports another")
+            elif b not in SHARED_DOORS.get(a, ()):
+                crossings.append(f"{a} imports {b}: a shared module imports a backend")
+    return crossings
+
+
+def test_no_backend_imports_another():
+    """A backend imports its own modules and the shared ones (type-only imports too), never another backend's; the
+    shared parts import no backend."""
+    assert not backend_crossings(graph()), backend_crossings(graph())
+
+
 def test_every_contract_a_spec_names_has_its_familys_scorer():
     from typing import get_args
 
@@ -142,5 +203,8 @@ def test_an_import_for_type_checking_only_is_counted(tmp_path):
 
 def test_the_check_can_fail():
     """The layer table knows every package, and a made-up upward import is seen as one."""
-    assert layer("air.cli.main") > layer("air.episode.loop") > layer("air.tasks.spec") > layer("air.sandbox.pool")
+    assert layer("air.cli.main") > layer("air.episode.loop") > layer("air.tasks.spec") > layer("air.sandbox.base_pool")
     assert set(modules()) >= {"air.sandbox.warden.server", "air.cli.main", "air_mlgym.taskset"}
+    made_up = {"air.sandbox.kubernetes.pool": {"air.sandbox.docker.container"},
+               "air.sandbox.session": {"air.sandbox.enroot.sandbox"}, "air.sandbox.docker.pool": {"air.sandbox.spec"}}
+    assert len(backend_crossings(made_up)) == 2

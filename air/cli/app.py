@@ -127,7 +127,7 @@ def go_offline(offline: bool) -> None:
 def _gpus_here(gpus: int) -> int:
     """--gpus-per-task N on a host with fewer GPUs is refused before any rollout starts (not N failures)."""
     if gpus:
-        from air.sandbox.docker.claims import detect_gpus
+        from air.sandbox.gpus import detect_gpus
 
         found = len(detect_gpus())
         if found < gpus:
@@ -146,7 +146,7 @@ def run_async(coro):
     """Run a coroutine; Ctrl-C and SIGTERM unwind through its finally blocks (pools close, containers go)."""
     import asyncio
 
-    from air.sandbox.docker.pool import unwind_on_sigterm
+    from air.sandbox.base_pool import unwind_on_sigterm
 
     unwind_on_sigterm()
     return asyncio.run(coro)

@@ -122,7 +122,7 @@ def _gpu_checks(client, info: dict) -> list[Check]:
 
     from air import variables
     from air.sandbox import gpus
-    from air.sandbox.docker.claims import detect_gpus
+    from air.sandbox.gpus import detect_gpus
     from air.sandbox.docker.docker_api import docker_host
 
     found = detect_gpus()

@@ -137,7 +137,7 @@ def build_missing(images: list[str]) -> None:
     is refused with the command that builds it on purpose."""
     from air.errors import ImageError
     from air.images import image_ref, load_recipes
-    from air.sandbox.docker.claims import detect_gpus
+    from air.sandbox.gpus import detect_gpus
 
     missing = missing_images(images)
     recipes = load_recipes()

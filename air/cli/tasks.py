@@ -180,7 +180,7 @@ def _host_room():
     """This host's GPUs (nvidia-smi) and memory, which a Harbor task's resources are weighed against."""
     import os
 
-    from air.sandbox.docker.claims import detect_gpus
+    from air.sandbox.gpus import detect_gpus
     from air.tasks.harbor.loader import Host
 
     try:
@@ -195,7 +195,7 @@ def _host_facts():
     from air.errors import InfraError
     from air.images import list_images, load_recipes
     from air.sandbox import connect
-    from air.sandbox.docker.claims import detect_gpus
+    from air.sandbox.gpus import detect_gpus
     from air.tasks.mlgym.survey import HostFacts, import_names
 
     recipes = load_recipes()

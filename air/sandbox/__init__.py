@@ -1,5 +1,5 @@
-"""Layer 1, the sandbox: Docker containers, the agent's shell, warm pools, host-wide claims. It knows nothing about
-tasks or RL; the layers above import from here, never from its modules.
+"""Layer 1, the sandbox: containers, the agent's shell, warm pools, host-wide claims. It knows nothing about tasks or
+RL; the layers above import from here, never from its modules.
 
     pool = SandboxPool(PoolConfig(max_sandboxes=16))        # a warm pool (several Docker hosts: `hosts=`)
     async with pool, pool.lease(SandboxSpec(image="air/cpu:latest", task="t")) as sandbox:
@@ -13,6 +13,10 @@ The interface: `Sandbox` and `Shell` (protocols, interface.py), `SandboxSpec`/`R
 `ArchiveUnreadable`/`ArchiveUnwritable` (plus air.errors: InfraError and its kind for everything that is
 infrastructure), the layout inside every sandbox (layout.py), and the tools of the CLI and services: labels and
 cleanup, Docker. Images are built by air.images; a sandbox needs only their reference.
+
+Each backend (`PoolConfig.backend`) is a package of its own over the parts every backend shares, which lie here at
+the top (the interface, base_sandbox.py and base_pool.py, the warden and its link, the spec, GPUs, pins): docker/
+(the default), kubernetes/, enroot/. No backend imports another (tests/test_layers.py).
 Names load on first use, so that importing a config class does not import the Docker SDK.
 """
 
@@ -40,9 +44,9 @@ _LAZY = {
     "Sandbox": "interface", "Shell": "interface", "CommandResult": "interface", "ExecResult": "interface",
     "ArchiveTooLarge": "interface", "ArchiveUnreadable": "interface", "ArchiveUnwritable": "interface",
     "Resources": "spec", "SandboxSpec": "spec",
-    "PoolConfig": "spec", "DockerHost": "spec", "SandboxPool": "docker.pool", "PoolStats": "docker.pool",
+    "PoolConfig": "spec", "DockerHost": "spec", "SandboxPool": "base_pool", "PoolStats": "base_pool",
     # helpers of the layers above
-    "make_tar": "docker.container", "gpu_env": "docker.container", "container_kwargs": "docker.container",
+    "make_tar": "base_sandbox", "gpu_env": "base_sandbox", "container_kwargs": "docker.container",
     "connect": "docker.docker_api", "Docker": "docker.docker_api",
     "list_air_containers": "labels", "remove_containers": "labels", "make_labels": "labels", "GPUS": "labels",
     "sweep_dead_runs": "docker.cleanup", "sweep_stale_claims": "docker.cleanup",
@@ -69,8 +73,10 @@ def __getattr__(name: str):
 
 
 if TYPE_CHECKING:  # for type checkers and editors: the same names, eagerly
+    from air.sandbox.base_pool import PoolStats, SandboxPool
+    from air.sandbox.base_sandbox import gpu_env, make_tar
     from air.sandbox.docker.cleanup import sweep_dead_runs, sweep_stale_claims
-    from air.sandbox.docker.container import container_kwargs, gpu_env, make_tar
+    from air.sandbox.docker.container import container_kwargs
     from air.sandbox.docker.docker_api import Docker, connect
     from air.sandbox.interface import (
         ArchiveTooLarge,
@@ -83,5 +89,4 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, eagerly
     )
     from air.sandbox.labels import GPUS, list_air_containers, make_labels, remove_containers
     from air.sandbox.output import truncate_text
-    from air.sandbox.docker.pool import PoolStats, SandboxPool
     from air.sandbox.spec import DockerHost, PoolConfig, Resources, SandboxSpec

@@ -71,6 +71,18 @@ class HostGpus:
         return None
 
 
+def detect_gpus() -> list[str]:
+    """GPU indices nvidia-smi reports on the host; empty without a GPU or driver."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
 def read_host(gpu_ids: tuple[str, ...] | None = None) -> HostGpus:
     """This machine's GPU device nodes (by the driver's minor numbers), shared nodes and driver files."""
     minors = gpu_minors()

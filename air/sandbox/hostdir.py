@@ -1,5 +1,6 @@
-"""Directories air shares with its containers through the Docker host's filesystem (bind mounts): the lock files of a
-page-cache pin (pagecache.py). Only a daemon that runs on this machine sees them; `is_local` says whether one does.
+"""Directories air shares with its containers through this machine's filesystem (bind mounts): a sandbox's warden's
+socket, the lock files of a page-cache pin (docker/pagecache.py). Only an engine on this machine sees them (a Docker
+daemon here: docker_api.is_local says whether it is; enroot always).
 
 They live under one runtime directory per user on this machine, so every air process of the user finds the same
 ones: `$AIR_RUNTIME_DIR`, else /run/air for root, else `$XDG_RUNTIME_DIR/air`, else /tmp/air-<uid>. Each is 0700:
@@ -9,13 +10,10 @@ nobody else on the host, and nobody in a container but root, can look inside.
 from __future__ import annotations
 
 import os
-import socket
-import urllib.parse
 from pathlib import Path
 
 from air import variables
 from air.errors import UsageError
-from air.sandbox.docker.docker_api import Docker
 
 
 def runtime_dir() -> Path:
@@ -40,17 +38,3 @@ def private(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(path, 0o700)
     return path
-
-
-def is_local(docker_: Docker) -> bool:
-    """Does the daemon run on this machine, seeing its files? Its socket is a local one and it names itself as this
-    machine does (Docker Desktop's VM, a remote or ssh daemon do not). The first container that relies on it checks
-    it again, with a token only this process wrote."""
-    url = urllib.parse.urlparse(docker_.host)
-    if url.scheme not in ("unix", "http+unix", "npipe") and docker_.host.startswith(("tcp:", "ssh:", "http")):
-        return False
-    try:
-        name = docker_.client.info().get("Name", "")
-    except Exception:  # noqa: BLE001 - a daemon that cannot say is treated as elsewhere
-        return False
-    return name == socket.gethostname()

@@ -4,7 +4,7 @@ Every container carries `air.run`, `air.task`, `air.role` and `air.owner` = "<ho
 start time>". A run is dead when its owner process no longer exists on this host in its pid namespace (the start time
 guards against pid reuse), so `air containers clean` finds the leftovers of a SIGKILLed run with no state file at all.
 An owner in another pid namespace (another container with the same hostname, sharing the daemon) is never taken for
-dead: its pid means nothing here. Its sandboxes end by themselves anyway, with their owner's channel (container.py).
+dead: its pid means nothing here. Its sandboxes end by themselves anyway, with their owner's channel (base_sandbox.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ LABEL_PREFIX = "air."
 RUN, TASK, ROLE, OWNER, KEY = "air.run", "air.task", "air.role", "air.owner", "air.pool-key"
 SANDBOX = "air.sandbox"  # a sandbox's own token, which its host-wide claims name as their holder
 GPUS, SLOT = "air.gpus", "air.slot"  # what a sandbox holds: observable with or without an NVIDIA runtime
-CLAIM, HOLDER = "air.claim", "air.holder"  # on claims (see claims.py): their kind and the sandbox holding them
+CLAIM, HOLDER = "air.claim", "air.holder"  # on claims (docker/claims.py): their kind and the sandbox holding them
 KEPT_PREFIX = "air-kept-"
 """`air debug --keep` renames its container with this prefix (labels cannot change after creation): sweeps leave
 it alone until `air containers clean --kept`."""
@@ -108,7 +108,7 @@ class AirContainer:
 
     @property
     def host_pin(self) -> bool:
-        """A page-cache pin every air process on the host shares (pagecache.py): it outlives its maker, and exits
+        """A page-cache pin every air process on the host shares (docker/pagecache.py): it outlives its maker, and exits
         by itself once no process holds it; only an exited one is anybody's to remove."""
         return self.role == "pagecache" and self.labels.get("air.pin-scope") == "host"
 

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from air.errors import SnapshotBusy, SnapshotError
-from air.sandbox.docker.container import Sandbox, gpu_env
+from air.sandbox.base_sandbox import BaseSandbox, gpu_env
 from air.sandbox.interface import (ArchiveTooLarge, ArchiveUnreadable, ArchiveUnwritable, CommandResult, ExecResult,
                                    ShellSnapshot)
 from air.sandbox.hostdir import private, runtime_dir
@@ -112,7 +112,7 @@ def stage_files(snap: ShellSnapshot) -> Iterator[Path]:
 class Session:
     """A persistent bash in a sandbox, run as the agent user by the sandbox's warden. One command at a time."""
 
-    def __init__(self, sandbox: Sandbox, *, user: str = AGENT_USER, output_limit: int = 1 << 20):
+    def __init__(self, sandbox: BaseSandbox, *, user: str = AGENT_USER, output_limit: int = 1 << 20):
         self.sandbox = sandbox
         self.user = user
         self.output_limit = output_limit

@@ -87,11 +87,11 @@ class SandboxSpec(BaseModel):
     """Size of each in-memory temp dir (/tmp, /var/tmp)."""
     services: tuple[ServiceSpec, ...] = ()
     """Services beside the sandbox (a Harbor compose task's): the sandbox and they share a private network of their
-    own and nothing else (services.py); made new for every lease (PoolConfig.renew_services)."""
+    own and nothing else (docker/services.py); made new for every lease (PoolConfig.renew_services)."""
     waits: dict[str, Condition] = {}
     """What a lease waits for of its services (`main`'s depends_on); every service is at least started."""
     join: str | None = None
-    """Another sandbox's private network (services.py) this one is made on, to reach its services: a scoring
+    """Another sandbox's private network (docker/services.py) this one is made on, to reach its services: a scoring
     sandbox of a task with services, scoring as Harbor's verifier does (in `main`, beside the rollout's services),
     each evaluation in a new cell with an interface of its own there. Kept idle for that sandbox's next evaluation,
     removed before it (its network goes with it)."""
@@ -160,8 +160,8 @@ class PoolConfig(BaseModel):
     """How long a lease may wait for capacity or GPUs before PoolExhausted."""
     reset_timeout: float = Field(60, gt=0)
     renew_services: bool = True
-    """A sandbox's services (services.py) are made new from their images when a lease ends, so nothing a rollout did
-    to them reaches the next. Off only as the tests' positive control (the same services seen by every lease)."""
+    """A sandbox's services (docker/services.py) are made new from their images when a lease ends, so nothing a rollout
+    did to them reaches the next. Off only as the tests' positive control (the same services seen by every lease)."""
     services_timeout: float = Field(300, gt=0)
     """Seconds a sandbox's services may take to be ready (started, healthy as their checks say)."""
     close_timeout: float = Field(60, gt=0)

@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from air.errors import InfraError, SandboxUnavailable
-from air.sandbox.docker.container import Sandbox
+from air.sandbox.base_sandbox import BaseSandbox
 from air.sandbox.layout import (
     AGENT_HOME,
     AGENT_UID,
@@ -46,7 +46,7 @@ _BOOT = ("import os\n"
          "exec(compile(r(int(r(10))),'air-warden','exec'),{'__name__':'air_warden'})\n")
 
 
-def hello(sandbox: Sandbox) -> p.Hello:
+def hello(sandbox: BaseSandbox) -> p.Hello:
     spec = sandbox.spec
     return p.Hello(uid=sandbox.agent_uid, image_uid=AGENT_UID, home=AGENT_HOME, workspace=WORKSPACE, air=AIR_DIR,
                    pristine_home=PRISTINE_HOME, shell=f"{AIR_DIR}/bin/bash",
@@ -58,7 +58,7 @@ def hello(sandbox: Sandbox) -> p.Hello:
                    cell_net=getattr(sandbox, "cell_net", ""), hosts=getattr(sandbox, "cell_hosts", ""))
 
 
-def _address(sandbox: Sandbox) -> tuple[str, int] | None:
+def _address(sandbox: BaseSandbox) -> tuple[str, int] | None:
     """A pod's IP and port, where its warden listens (air/sandbox/kubernetes/); None for a Docker container."""
     return getattr(sandbox, "warden_address", None)
 
@@ -68,7 +68,7 @@ class WardenGone(SandboxUnavailable):
 
 
 class WardenLink:
-    def __init__(self, sandbox: Sandbox):
+    def __init__(self, sandbox: BaseSandbox):
         self.sandbox = sandbox
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
@@ -80,7 +80,7 @@ class WardenLink:
         self.closed = asyncio.Event()
 
     @classmethod
-    async def open(cls, sandbox: Sandbox, timeout: float = 60) -> tuple[WardenLink, p.Ready]:
+    async def open(cls, sandbox: BaseSandbox, timeout: float = 60) -> tuple[WardenLink, p.Ready]:
         """The link, and what the warden said it set up (whether it builds cells, and if not why not). A sandbox with
         a host directory (a daemon on this machine) has its warden as its main process, reached on its socket there:
         the Docker daemon carries nothing. Elsewhere the warden is a `docker exec` and speaks on its stream."""
@@ -157,7 +157,7 @@ class WardenLink:
                                      f"{address[1]} within {timeout:g}s: {exc}") from None
             await asyncio.sleep(0.02)
 
-    async def _exec(self, sandbox: Sandbox) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _exec(self, sandbox: BaseSandbox) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         docker = sandbox.docker
         exec_id = (await docker.call(
             docker.api.exec_create, sandbox.container_id, ["python3", "-I", "-S", "-c", _BOOT], stdin=True,

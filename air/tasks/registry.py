@@ -68,7 +68,7 @@ def _load(ref: str, mlgym_root: Path | str | None, draw: Draw | None, harbor_roo
 
 def gpus_here() -> int:
     """The GPUs this host has (nvidia-smi): what a task's `[resources] gpus` is weighed against."""
-    from air.sandbox.docker.claims import detect_gpus
+    from air.sandbox.gpus import detect_gpus
 
     return len(detect_gpus())
 

@@ -24,8 +24,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 
 import docker.errors
@@ -172,16 +170,4 @@ class HostClaims:
         return await self.docker.call(count, timeout=30, idempotent=True)
 
 
-def detect_gpus() -> list[str]:
-    """GPU indices nvidia-smi reports on the host; empty without a GPU or driver."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
-
-
-__all__ = ["Grant", "HostClaims", "PREFIX", "detect_gpus"]
+__all__ = ["Grant", "HostClaims", "PREFIX"]

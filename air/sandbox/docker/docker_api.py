@@ -15,6 +15,8 @@ import importlib.util
 import os
 import re
 import shutil
+import socket
+import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -213,3 +215,17 @@ class _TransientFailure(Exception):
     def __init__(self, error: InfraError):
         super().__init__(str(error))
         self.error = error
+
+
+def is_local(docker_: Docker) -> bool:
+    """Does the daemon run on this machine, seeing its files? Its socket is a local one and it names itself as this
+    machine does (Docker Desktop's VM, a remote or ssh daemon do not). The first container that relies on it checks
+    it again, with a token only this process wrote."""
+    url = urllib.parse.urlparse(docker_.host)
+    if url.scheme not in ("unix", "http+unix", "npipe") and docker_.host.startswith(("tcp:", "ssh:", "http")):
+        return False
+    try:
+        name = docker_.client.info().get("Name", "")
+    except Exception:  # noqa: BLE001 - a daemon that cannot say is treated as elsewhere
+        return False
+    return name == socket.gethostname()

@@ -8,7 +8,7 @@ host: the image's pages are shared by every container of the image, so one holde
 the pages take is charged to the pin's container, never to a sandbox's limit. The files a sandbox has of its own
 (its staged home and data, Docker's per-container files, a GPU's driver files) its warden holds (warden/pages.py).
 
-- **A daemon on this machine** (hostdir.is_local): one pin per image serves every air process on the host. Each
+- **A daemon on this machine** (docker_api.is_local): one pin per image serves every air process on the host. Each
   process that relies on it holds a lock file in the pin's host directory; the pin exits by itself once it has had
   no live holder for `grace` seconds (a process killed with SIGKILL lets go with its lock).
 - **A daemon elsewhere**: each pool has its own pins, removed with it (and by sweeps, as the run's leftovers).
@@ -43,11 +43,10 @@ import docker.types
 from air.errors import InfraError, SandboxUnavailable
 from air.sandbox import hostdir
 from air.sandbox.docker.cleanup import PIN_ROLE
-from air.sandbox.docker.docker_api import Docker, conflict
+from air.sandbox.docker.docker_api import Docker, conflict, is_local
 from air.sandbox.labels import make_labels, remove_containers
-from air.sandbox.layout import AGENT_HOME, AIR_DIR
+from air.sandbox.pins import PIN_TIMEOUT, PROGRAM, SKIP, pinned_report, problem_in
 from air.sandbox.spec import SandboxSpec
-from air.sandbox.warden import PIN_MODULES, bundle
 from air.sandbox.warden.locks import hold, lock_held
 from air.sandbox.warden.pinner import HOST_DIR
 from air.sandbox.warden.rootcopy import ROOT_COPY
@@ -65,23 +64,9 @@ COPY_VOLUME = {"type": "tmpfs", "device": "tmpfs", "o": "mode=0755,huge=within_s
 text and libraries: fewer page faults and TLB misses for every program a cell starts)."""
 GRACE = 120.0
 """Seconds a host pin outlives its last holder: the next `air run` or test finds it still pinned."""
-PIN_TIMEOUT = 900.0
-"""How long the first pin of an image may take: reading a large image (air/toolchain: 4 GB) from a slow disk."""
 UNSTARTED = 30.0
 """Seconds a host pin may stay created and not started before it is taken for a leftover: its maker starts it a
 moment after creating it, unless it died in between (Ctrl-C, a daemon restart)."""
-SKIP = ("/proc", "/sys", "/dev", HOST_DIR, AIR_DIR, AGENT_HOME, "/tmp", "/var/tmp", "/etc/hosts", "/etc/hostname",
-        "/etc/resolv.conf", ROOT_COPY)
-"""What a pin does not hold: pseudo-filesystems, what every sandbox gets new, and each container's own files (its
-warden holds those)."""
-_PROGRAM = bundle(run="import json; sys.modules['air.sandbox.warden.pinner'].main(json.loads(sys.argv[1]))",
-                  modules=PIN_MODULES).decode()
-
-
-def pin_command(roots: list[str]) -> list[str]:
-    """A pin's command where it has no host directory and no tether (a pod's pin on a cluster node): it holds every
-    page under `roots` (but SKIP), prints `air-pinned {...}` and holds until its container is removed."""
-    return ["python3", "-I", "-S", "-c", _PROGRAM, json.dumps({"roots": roots, "skip": list(SKIP), "host_dir": None})]
 
 
 @dataclass
@@ -122,7 +107,7 @@ class PageCachePins:
             if pin is not None and pin.ready:
                 return pin.name
             if self._local is None:
-                self._local = await self.docker.call(hostdir.is_local, self.docker, timeout=30, idempotent=True)
+                self._local = await self.docker.call(is_local, self.docker, timeout=30, idempotent=True)
             digest = hashlib.sha256(key.encode()).hexdigest()[:12]
             if self._local:
                 pin = self._pins.setdefault(key, _Pin(PREFIX + digest, "host", copy))
@@ -211,7 +196,7 @@ class PageCachePins:
             if "air-pinned " in logs:
                 return
             if "air-pin-error " in logs or await self._state(pin.name) in ("exited", "dead"):
-                raise InfraError(f"the page-cache pin of {spec.image} failed: {_problem_in(logs)}; {_FIX}")
+                raise InfraError(f"the page-cache pin of {spec.image} failed: {problem_in(logs)}; {_FIX}")
             if time.monotonic() > deadline:
                 raise InfraError(f"the page-cache pin of {spec.image} did not hold the image's pages within "
                                  f"{timeout:g}s; {_FIX}")
@@ -247,7 +232,7 @@ class PageCachePins:
             security_opt=["no-new-privileges"], pids_limit=64, mounts=mounts)
         try:
             created = await self.docker.call(
-                api.create_container, image_id, ["python3", "-I", "-S", "-c", _PROGRAM, json.dumps(config)],
+                api.create_container, image_id, ["python3", "-I", "-S", "-c", PROGRAM, json.dumps(config)],
                 name=pin.name, user="0", labels=labels, stdin_open=tethered, detach=not tethered,  # StdinOnce
                 network_disabled=True, host_config=host_config, timeout=120)  # no network setup at all
         except InfraError as exc:
@@ -289,7 +274,7 @@ class PageCachePins:
         return raw.decode("utf-8", "replace")
 
     async def _problem(self, name: str) -> str:
-        return _problem_in(await self._logs(name))
+        return problem_in(await self._logs(name))
 
     async def _remove(self, name: str) -> None:
         # gone already, or another process's removal of it under way: the same to this caller
@@ -346,24 +331,3 @@ def _read(path: Path) -> str:
         return path.read_text(errors="replace").strip()
     except OSError:
         return ""
-
-
-def pinned_report(logs: str) -> str | None:
-    """What a pin's `air-pinned` line reports it holds (JSON), from its output; None before it holds the pages."""
-    return next((line.removeprefix("air-pinned ") for line in logs.splitlines() if line.startswith("air-pinned ")),
-                None)
-
-
-def pin_error(logs: str) -> str:
-    """Why a pin failed, by its own `air-pin-error` line; "" where it printed none."""
-    for line in reversed(logs.splitlines()):
-        if line.startswith("air-pin-error "):
-            return line.removeprefix("air-pin-error ").strip()
-    return ""
-
-
-def _problem_in(logs: str) -> str:
-    if problem := pin_error(logs):
-        return problem
-    tail = logs.strip().splitlines()
-    return tail[-1][:300] if tail else ""

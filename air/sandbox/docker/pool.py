@@ -1,23 +1,10 @@
-"""A warm pool of sandboxes: lease in a millisecond, reset on release, recycle what is suspect.
+"""The Docker backend's pool (`DockerPool`, what `SandboxPool(config)` makes for `backend="docker"`): the shared warm
+pool of base_pool.py over one Docker host or several.
 
-    pool = SandboxPool(PoolConfig(max_sandboxes=16))
-    await pool.start()
-    async with pool.lease(SandboxSpec(image="air/cpu:latest", task="t")) as sandbox:
-        await sandbox.session.run("python train.py", timeout=600)
-    await pool.close()
+    pool = SandboxPool(PoolConfig(max_sandboxes=16))   # a DockerPool (several Docker hosts: `hosts=`)
 
-- Sandboxes are interchangeable per `spec.key` (image, task, resources, network). A lease takes an idle one
-  (after a sub-millisecond health check of its shell) or creates one, within `max_sandboxes`; when the pool is
-  full, an idle sandbox of another key is evicted, else the lease waits up to `lease_timeout`.
-- Release hands the sandbox to a background reset (session.reset, done by the sandbox's root warden: the lease's
-  cell ends, with every process, socket, IPC object, temp file and change to the home in it, and a new cell is
-  built; the next command starts a fresh shell) and back to the idle set. After an infrastructure error, an OOM
-  kill, or `max_leases` uses it is removed instead, and a replacement is warmed when the key wants `warm` idle
-  sandboxes. On a Docker host that forbids cells (`PoolConfig.isolation`), every sandbox is used once.
 - Every sandbox's agent has a uid of its own (`agent_uid_base` + its host-wide slot): per-user kernel limits are
   never shared with another sandbox or a host user.
-- Background work is tracked: `close()` waits for it, so a refill can never create a container after the pool
-  closed (a prototype leaked containers that way); a late creation sees `closed` and removes its container.
 - Every container is labelled with this run and owner; `start()` sweeps containers of dead runs, and an atexit
   backstop removes this run's containers if the process exits without `close()`.
 - Host-wide limits hold across processes: each sandbox first claims a slot of its Docker host's budget and its
@@ -33,26 +20,19 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import importlib
 import logging
 import random
-import signal
 import threading
 import uuid
-import weakref
-from collections import Counter, OrderedDict, deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from air import progress
-from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable, TaskError, UsageError
+from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable, UsageError
+from air.sandbox.base_pool import CELL_ATTEMPTS, INTERRUPTED_CLOSE, CellFailed, SandboxPool
 from air.sandbox.docker.claims import Grant, HostClaims
 from air.sandbox.docker.cleanup import sweep_dead_runs
 from air.sandbox.docker.container import Sandbox, SandboxSpec, sweep_channel_dirs
 from air.sandbox.session import sweep_staged
-from air.sandbox.docker.docker_api import Docker, docker_host
-from air.sandbox.hostdir import is_local
-from air.sandbox.dentries import forget_names
+from air.sandbox.docker.docker_api import Docker, docker_host, is_local
 from air.sandbox import gpus
 from air.sandbox.gpus import GpuAccess
 from air.sandbox.labels import (
@@ -62,12 +42,10 @@ from air.sandbox.labels import (
     SANDBOX,
     SLOT,
     list_air_containers,
-    new_run_id,
     owner_token,
     remove_containers,
 )
 from air.sandbox.docker.pagecache import PIN, PageCachePins
-from air.sandbox.session import Session
 from air.sandbox.spec import DockerHost, PoolConfig
 
 log = logging.getLogger("air.pool")
@@ -75,25 +53,6 @@ SPARE_CLAIM = 10.0
 """Seconds a recycled sandbox's claim (its host-wide slot) waits for the sandbox that replaces it, before it is
 given back: a replacement takes it over instead of creating a claim container of its own, which halves the
 containers a recycle creates and removes (churn is what trips an engine)."""
-INTERRUPTED_CLOSE = 8.0
-"""Seconds an interrupted pool's close gives the daemon to remove its sandboxes (their wardens have ended them) and
-what calls in flight made: the command ends within 10 s of Ctrl-C, SIGTERM or SIGHUP, whatever the daemon does."""
-CELL_ATTEMPTS = 3
-"""New sandboxes tried when their first cell fails where cells work, before the lease fails as infrastructure."""
-
-
-class CellFailed(SandboxUnavailable):
-    """A sandbox could not build its cell where cells work (the host's failure, never the agent's)."""
-
-
-@dataclass
-class PoolStats:
-    created: int = 0
-    removed: int = 0
-    leases: int = 0
-    resets: int = 0
-    recycled: int = 0
-    health_failures: int = 0
 
 
 @dataclass(eq=False)
@@ -128,39 +87,18 @@ class _Host:
         return self.docker is not None and now >= self.down_until
 
 
-class SandboxPool:
-    def __new__(cls, config: PoolConfig | None = None, docker: Docker | None = None):
-        """`PoolConfig.backend` picks the engine: every caller makes `SandboxPool(config)`, and gets the kubernetes
-        backend's subclass when the config asks for it. Resolved by name (a plugin lookup, as inspect's sandbox
-        providers are), so that this module never imports a backend built on it."""
-        if cls is SandboxPool and (config or PoolConfig()).backend != "docker":
-            cls = importlib.import_module(f"air.sandbox.{(config or PoolConfig()).backend}.pool").POOL
-        return super().__new__(cls)
+class DockerPool(SandboxPool):
+    host_word = "Docker host"
 
     def __init__(self, config: PoolConfig | None = None, docker: Docker | None = None):
-        self.config = config or PoolConfig()
-        self.run_id = self.config.run_id or new_run_id()
+        super().__init__(config)
         hosts = self.config.hosts or [DockerHost(url=None, gpu_ids=self.config.gpu_ids)]
         self._hosts = [_Host(h) for h in hosts]
         if docker is not None:  # a caller's own client for the (first) host
             self._attach(self._hosts[0], docker)
-        self.stats = PoolStats()
-        self._idle: OrderedDict[str, deque[Sandbox]] = OrderedDict()
-        self._live: set[Sandbox] = set()
         self._held: dict[Sandbox, tuple[_Host, Grant]] = {}  # each sandbox's host and host-wide claims
-        self._borrowers: set[Sandbox] = set()  # sandboxes whose GPUs another sandbox holds (lease's gpus_of)
-        self._reserved = 0  # slots held by creations in flight
-        self._warm_target: dict[str, int] = {}
-        self._warming: Counter[str] = Counter()
-        self._changed = asyncio.Condition()
-        self._background: set[asyncio.Task] = set()
-        self._settling: weakref.WeakKeyDictionary[Sandbox, asyncio.Task] = weakref.WeakKeyDictionary()
         self._holders: set[str] = set()  # every sandbox token this pool claimed for: what close() may remove
         self._kept: set[str] = set()  # ... but not those of sandboxes handed over for good (forget)
-        self._closed = False
-        self._started = False
-        self.left_behind: list[str] = []
-        """Sandboxes `close` could not remove in time (the next sweep takes them)."""
         self._spare: list[tuple[_Host, Grant]] = []
         """Claims of recycled sandboxes, kept a few seconds for the sandbox that replaces each (SPARE_CLAIM)."""
         self._spare_timers: set[asyncio.Task] = set()
@@ -168,7 +106,7 @@ class SandboxPool:
     def _attach(self, host: _Host, docker: Docker) -> None:
         ids = host.config.gpu_ids
         if ids is None:
-            from air.sandbox.docker.claims import detect_gpus
+            from air.sandbox.gpus import detect_gpus
 
             ids = detect_gpus()
         if len(set(ids)) != len(ids):
@@ -251,22 +189,6 @@ class SandboxPool:
                     log.info("removed %d staged snapshot(s) of dead air processes", len(staged))
         await self._serve(warm_specs)
 
-    async def _serve(self, warm_specs: list[SandboxSpec]) -> None:
-        """The engine is reached: the exit backstop, SIGTERM's unwinding if asked, then `warm_specs` warmed."""
-        atexit.register(self._atexit_backstop)
-        if self.config.unwind_on_sigterm:
-            unwind_on_sigterm()
-        self._started = True
-        for spec in warm_specs:
-            self._warm_target[spec.key] = max(self.config.warm, 1)
-            progress.stage(f"sandbox pool: warming {self._warm_target[spec.key]} sandbox(es) of {spec.image}")
-            for _ in range(self._warm_target[spec.key]):
-                self._spawn(self._refill(spec))
-        began = asyncio.get_running_loop().time()
-        await self.wait_idle()
-        if warm_specs:
-            progress.stage(f"sandbox pool: warm in {asyncio.get_running_loop().time() - began:.1f} s")
-
     async def close(self, timeout: float | None = None) -> list[str]:
         """Wait for background work, then end every sandbox and give back every claim, within `timeout` seconds
         (PoolConfig.close_timeout). Every warden is told first: with a daemon on this machine its sandbox then stops
@@ -297,24 +219,6 @@ class SandboxPool:
         atexit.unregister(self._atexit_backstop)
         return self.left_behind
 
-    async def _end_wardens(self, timeout: float | None) -> tuple[float, list[Sandbox]]:
-        """The first half of every backend's close: no more work starts, background work gets until the deadline,
-        and every live sandbox's warden is told to end it (it then stops, whatever the engine does). The deadline
-        (the loop's time) and the sandboxes that were live."""
-        self._closed = True
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self.config.close_timeout if timeout is None else timeout)
-        async with self._changed:
-            self._changed.notify_all()
-        with contextlib.suppress(asyncio.TimeoutError):
-            async with asyncio.timeout_at(deadline):
-                while self._background:
-                    await asyncio.gather(*list(self._background), return_exceptions=True)
-        doomed = list(self._live)
-        await asyncio.gather(*(sb.session.close() for sb in doomed if sb._session is not None),
-                             return_exceptions=True)
-        return deadline, doomed
-
     async def _remove_stragglers(self) -> None:
         """Remove what Docker calls abandoned by their callers (Ctrl-C, a deadline) created after all: a claim
         or a container whose creation was still running in a worker thread when its rollout was cancelled. They
@@ -339,28 +243,6 @@ class SandboxPool:
                 log.info("removed %d container(s) and claim(s) created after their rollout was cancelled",
                          len(removed))
 
-    async def __aenter__(self) -> SandboxPool:
-        try:
-            await self.start()
-        except BaseException:
-            # `async with` calls no __aexit__ when entering failed: what start opened (an API client's session, a
-            # run's Lease, a host's pins) is closed here, briefly, and the start's own error is what is said.
-            with contextlib.suppress(Exception):
-                await self.close(INTERRUPTED_CLOSE)
-            raise
-        return self
-
-    async def __aexit__(self, kind: type | None, *exc: object) -> None:
-        # Interrupted (Ctrl-C, SIGTERM, SIGHUP, a cancelled task): every command ends within seconds, even with the
-        # daemon stalled; what it did not remove by then is the next sweep's.
-        interrupted = kind is not None and issubclass(kind, (KeyboardInterrupt, SystemExit, asyncio.CancelledError))
-        await self.close(INTERRUPTED_CLOSE if interrupted else None)
-
-    async def wait_idle(self) -> None:
-        """Wait until no reset or refill is in flight (tests and benchmarks use this)."""
-        while self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
-
     def _atexit_backstop(self) -> None:
         # The process is exiting without close() (an unhandled exception, SIGTERM): remove what we own (sandboxes
         # and claims), sync, for a few seconds at most (a stalled daemon must not hold the exit: the next sweep
@@ -384,119 +266,6 @@ class SandboxPool:
         worker.join(INTERRUPTED_CLOSE)
 
     # ----- leasing ----------------------------------------------------------------------------------------------
-    @contextlib.asynccontextmanager
-    async def lease(self, spec: SandboxSpec, gpus_of: Sandbox | None = None) -> AsyncIterator[Sandbox]:
-        """A sandbox for `spec`. `gpus_of`: a sandbox the caller holds leased whose GPUs this one borrows for the
-        lease (a scoring sandbox gets its rollout's GPUs): it claims a slot but no GPU, is always new, and is
-        removed on release, so the GPUs never outlive the lender's lease in another sandbox."""
-        sandbox = await self.acquire(spec, gpus_of=gpus_of)
-        try:
-            yield sandbox
-        except InfraError as exc:
-            sandbox.mark_broken(f"infrastructure error during lease: {exc}")
-            raise
-        finally:
-            self.release(sandbox)
-
-    SERVICES: str | None = None
-    """Why this backend cannot give a sandbox services (services.py); None: it can."""
-
-    async def acquire(self, spec: SandboxSpec, gpus_of: Sandbox | None = None) -> Sandbox:
-        if (spec.services or spec.join) and self.SERVICES:
-            raise TaskError(f"task {spec.task or spec.image} has services (a Harbor compose task): {self.SERVICES}")
-        if (spec.services or spec.join) and self.config.own_kernel:  # the runtime runs with --network=none
-            raise TaskError(f"task {spec.task or spec.image} has services (a Harbor compose task), which sandboxes "
-                            f"under the runtime {self.config.runtime} do not run yet (docs/gvisor.md); unset "
-                            "AIR_DOCKER_RUNTIME")
-        if not self._started:
-            raise RuntimeError("SandboxPool.start() was not awaited")
-        lent = tuple(getattr(gpus_of, "gpu_ids", ()) or ()) if spec.resources.gpus else ()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.lease_timeout
-        if lent:  # a new sandbox with the lender's GPUs (see lease): only its slot is claimed
-            await self._take_idle_or_reserve(spec, deadline, reuse_idle=False)
-            sandbox = await self._create(spec, lent_gpus=lent)
-            self._borrowers.add(sandbox)
-            sandbox.leases += 1
-            self.stats.leases += 1
-            return sandbox
-        # A sandbox on another's network holds a fixed address there: one at a time, never warmed ahead.
-        self._warm_target.setdefault(spec.key, 0 if spec.join else self.config.warm)
-        while True:
-            sandbox = await self._take_idle_or_reserve(spec, deadline)
-            if sandbox is None:  # a slot is reserved for us: create
-                sandbox = await self._create(spec)
-                await self._services_ready(sandbox, new=True)
-            elif not await self._healthy(sandbox) or not await self._services_ready(sandbox):
-                self.stats.health_failures += 1
-                await self._remove(sandbox)
-                continue
-            sandbox.leases += 1
-            self.stats.leases += 1
-            self._spawn(self._refill(spec))  # keep the key's warm target while this one is out
-            return sandbox
-
-    async def _take_idle_or_reserve(self, spec: SandboxSpec, deadline: float, reuse_idle: bool = True
-                                    ) -> Sandbox | None:
-        """An idle sandbox of `spec` (unless not `reuse_idle`), else None with a slot reserved for the caller to
-        create one in; waits, evicting other keys' idle sandboxes, until `deadline`."""
-        loop = asyncio.get_running_loop()
-        async with self._changed:
-            while True:
-                if self._closed:
-                    raise SandboxUnavailable("the sandbox pool is closed")
-                idle = self._idle.get(spec.key) if reuse_idle else None
-                if idle:
-                    self._idle.move_to_end(spec.key)
-                    return idle.popleft()
-                if len(self._live) + self._reserved < self.config.max_sandboxes:
-                    self._reserved += 1
-                    return None
-                victim = self._evictable(spec.key)
-                if victim is not None:
-                    self._spawn(self._remove(victim))
-                    continue
-                remaining = deadline - loop.time()
-                try:
-                    async with asyncio.timeout(max(remaining, 0)):
-                        await self._changed.wait()
-                except asyncio.TimeoutError:
-                    raise PoolExhausted(
-                        f"no sandbox free within {self.config.lease_timeout:g}s: {len(self._live)} live of "
-                        f"max_sandboxes={self.config.max_sandboxes}, all leased") from None
-
-    def _evictable(self, key: str) -> Sandbox | None:
-        """The least recently used idle sandbox of another key (caller holds the condition)."""
-        for other, idle in self._idle.items():
-            if other != key and idle:
-                return idle.popleft()
-        return None
-
-    async def _healthy(self, sandbox: Sandbox) -> bool:
-        if sandbox.broken:
-            return False
-        try:
-            return await sandbox.session.ping(timeout=10)
-        except InfraError:
-            return False
-
-    async def _services_ready(self, sandbox: Sandbox, new: bool = False) -> bool:
-        """Wait for the sandbox's services (made, or made new at its last release) to be ready: True when they are
-        (or it has none). A new sandbox whose services never get ready fails the lease (the task's services or the
-        host are at fault, and another sandbox would fare no better); an idle one is replaced."""
-        if sandbox.services is None:
-            return True
-        try:
-            await sandbox.services.ready()
-            return True
-        except SandboxUnavailable as exc:
-            sandbox.mark_broken(str(exc))
-            if new:
-                self.release(sandbox)
-                raise
-            log.warning("%s; replacing the sandbox", exc)
-            return False
-
     async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> Sandbox:
         """Create a sandbox in a slot already reserved by the caller: claim a slot of a host's budget and its GPUs
         (waiting, bounded, while every host is full), then create it there. A sandbox whose first cell cannot be
@@ -624,51 +393,6 @@ class SandboxPool:
             return self.config.agent_uid_base + grant.slot
         return self.config.agent_uid_base + 65536 + random.randrange(1 << 20)
 
-    host_word = "Docker host"
-    """What this backend's place for sandboxes is called in what the pool says (a Kubernetes pool's is a cluster)."""
-
-    @staticmethod
-    async def _first_reset(sandbox: Sandbox, what: str) -> None:
-        """A new sandbox's session: the warden starts (its first cell says whether cells work here), then the first
-        lease starts where every later one does: in a cell built by a reset, no shell until the first command. A
-        warden that builds cells and failed to is CellFailed, naming the sandbox as `what`."""
-        sandbox.attach(Session(sandbox))
-        try:
-            await sandbox.session.reset(settle=True)
-        except InfraError as exc:
-            if not sandbox.session.cells:
-                raise
-            raise CellFailed(f"{what} could not build a cell: {exc}") from exc
-
-    def _wants_cells(self, host: _Host) -> bool:
-        return self.config.isolation == "cells" or (self.config.isolation == "auto" and host.cells is not False)
-
-    def _learn_cells(self, host: _Host, sandbox: Sandbox) -> None:
-        """What a sandbox's warden said about cells: the first word of a host decides the host's mode (auto); a
-        sandbox without cells where they were demanded, or where the host builds them, is a failure."""
-        session = sandbox.session
-        if not sandbox.cells or session.cells:
-            if session.cells:
-                host.cells = True
-                kept = session.ready.names_kept if session.ready else ""
-                if kept and not host.said_names_kept:
-                    host.said_names_kept = True
-                    log.warning("%s %s: a cell's looked-up names cannot be forgotten when it ends (%s): "
-                                "the kernel's dentries stay a channel from one lease to the next (SECURITY.md)",
-                                self.host_word, host.name, kept)
-                lowers = session.ready.lowers if session.ready else ""
-                if lowers and host.local and not host.said_lowers:
-                    host.said_lowers = True
-                    log.info("%s %s: a fork's branches copy the snapshot's files instead of sharing its home "
-                             "as a read-only lower layer (%s)", self.host_word, host.name, lowers)
-            return
-        why = session.ready.why_not if session.ready else "unknown"
-        if self.config.isolation == "cells" or host.cells:
-            raise CellFailed(f"sandbox {sandbox.short_id} could not build a cell: {why}")
-        host.cells = False
-        log.warning("%s %s cannot give sandboxes cells (%s): each sandbox is used once instead "
-                    "(slower; `air doctor` says more)", self.host_word, host.name, why)
-
     def _load(self, host: _Host) -> float:
         """This pool's share of a host's budget in use: where the next sandbox goes (least loaded first)."""
         live = sum(1 for h, _ in self._held.values() if h is host)
@@ -723,152 +447,21 @@ class SandboxPool:
         sandbox.mark_broken("kept by its lessee")
         self._spawn(sandbox.rename(KEPT_PREFIX + sandbox.name.removeprefix("air-")))
 
-    def release(self, sandbox: Sandbox) -> None:
-        """Give a leased sandbox back; reset or removal happens in the background."""
-        self._settling[sandbox] = self._spawn(self._recycle(sandbox))
+    async def _let_go(self, sandbox: Sandbox, patience: float | None, spare: bool) -> None:
+        """Its claims given back; with `spare`, a claim of a slot alone is kept a while for the sandbox that replaces
+        this one (SPARE_CLAIM)."""
+        held = self._held.pop(sandbox, None)
+        if held is not None and spare and not held[1].gpu_ids and not self._closed:
+            self._spare.append(held)
+            timer = asyncio.ensure_future(self._expire_spare(held))  # not background work: close cancels it
+            self._spare_timers.add(timer)
+            timer.add_done_callback(self._spare_timers.discard)
+        elif held is not None:
+            await self._give_back(*held, timeout=patience)
 
-    async def settled(self, sandbox: Sandbox) -> None:
-        """Wait until a released sandbox's reset (or removal) is done: its cell has ended and the names it looked up
-        are forgotten (dentries.py). A scorer that saw hidden data is settled before its result reaches the agent."""
-        task = self._settling.get(sandbox)
-        if task is not None:
-            await asyncio.shield(task)
-
-    async def _recycle(self, sandbox: Sandbox) -> None:
-        if self._closed or sandbox not in self._live:
-            return  # close() removes every live sandbox; a forgotten one belongs to its lessee
-        if sandbox in self._borrowers:  # its GPUs are the lender's: never kept, never refilled
-            self.stats.recycled += 1
-            await self._remove(sandbox)
-            await asyncio.to_thread(forget_names)  # its warden was killed, not reset
-            return
-        reason = sandbox.broken or ("max_leases reached" if sandbox.leases >= self.config.max_leases else None) or (
-            "its GPUs go back to the host" if sandbox.gpu_ids and not self.config.reuse_gpu_sandboxes
-            and not self.config.gpu_warm_grace else None) or (
-            None if sandbox.session.cells else "used once: its host gives no cells")
-        if reason is None:
-            try:
-                async with asyncio.timeout(self.config.reset_timeout + 10):
-                    # settle: the ended cell's names forgotten before the sandbox is called settled (a scorer's hidden
-                    # lookups forgotten before its result goes out) or leased again
-                    await sandbox.session.reset(timeout=self.config.reset_timeout, settle=True)
-                self.stats.resets += 1
-            except (InfraError, asyncio.TimeoutError) as exc:
-                reason = f"reset failed: {exc}"
-        if reason is None and sandbox.services is not None and self.config.renew_services:
-            sandbox.services.renew()  # in the background: the next lease waits for it only if it is not done
-        if reason is not None:
-            log.info("recycling sandbox %s: %s", sandbox.short_id, reason)
-            self.stats.recycled += 1
-            await self._remove(sandbox, spare=True)
-            if not sandbox.session.cells:  # no warden of its own dropped what it looked up: the host does
-                await asyncio.to_thread(forget_names)
-            if not sandbox.session.cells:  # without cells, the next lease of the key waits in a container started now
-                key = sandbox.spec.key
-                self._warm_target[key] = max(self._warm_target.get(key, 0), 1)
-            if not sandbox.gpu_ids or self.config.reuse_gpu_sandboxes:
-                self._spawn(self._refill(sandbox.spec))
-            return
-        async with self._changed:
-            if self._closed:
-                return
-            self._idle.setdefault(sandbox.spec.key, deque()).append(sandbox)
-            self._changed.notify_all()
-        if sandbox.gpu_ids and not self.config.reuse_gpu_sandboxes:
-            self._spawn(self._give_gpus_back(sandbox, sandbox.leases))
-
-    async def _give_gpus_back(self, sandbox: Sandbox, leases: int) -> None:
-        """Remove an idle GPU sandbox after `gpu_warm_grace` unless a lease took it meanwhile: its GPUs go back to
-        the host (reuse_gpu_sandboxes keeps it instead)."""
-        await asyncio.sleep(self.config.gpu_warm_grace)
-        async with self._changed:
-            idle = self._idle.get(sandbox.spec.key)
-            if self._closed or sandbox.leases != leases or idle is None or sandbox not in idle:
-                return
-            idle.remove(sandbox)
-        log.info("recycling sandbox %s: its GPUs go back to the host after %gs idle", sandbox.short_id,
-                 self.config.gpu_warm_grace)
-        self.stats.recycled += 1
-        await self._remove(sandbox)
-
-    async def _refill(self, spec: SandboxSpec) -> None:
-        """Create one idle sandbox if the key has fewer ready (or warming) than its warm target."""
-        key = spec.key
-        async with self._changed:
-            ready = len(self._idle.get(key, ())) + self._warming[key]
-            if (self._closed or ready >= self._warm_target.get(key, 0)
-                    or len(self._live) + self._reserved >= self.config.max_sandboxes):
-                return
-            self._reserved += 1
-            self._warming[key] += 1
-        try:
-            sandbox = await self._create(spec)
-        except Exception as exc:  # noqa: BLE001 - a failed refill must not kill the pool; leases will retry
-            log.warning("refill of %s failed: %s", spec.task or spec.image, exc)
-            return
-        finally:
-            self._warming[key] -= 1
-        async with self._changed:
-            if not self._closed:
-                self._idle.setdefault(key, deque()).append(sandbox)
-                self._changed.notify_all()
-                return
-        await self._remove(sandbox)  # the pool closed while we were creating: never leak it
-
-    async def _remove(self, sandbox: Sandbox, patience: float | None = None, spare: bool = False) -> bool:
-        """Remove it and give back its claims, within `patience` seconds each when given (a closing pool's); with
-        `spare`, a claim of a slot alone is kept a while for the sandbox that replaces this one (SPARE_CLAIM)."""
-        if sandbox.services is not None:  # the idle scoring sandboxes on its network go first (it goes with it)
-            await self._remove_joined(sandbox.services.network, patience)
-        try:
-            return await (sandbox.remove() if patience is None else sandbox.remove(patience))
-        finally:
-            if sandbox in self._live:
-                self._live.discard(sandbox)
-                self.stats.removed += 1
-            self._borrowers.discard(sandbox)
-            held = self._held.pop(sandbox, None)
-            if held is not None and spare and not held[1].gpu_ids and not self._closed:
-                self._spare.append(held)
-                timer = asyncio.ensure_future(self._expire_spare(held))  # not background work: close cancels it
-                self._spare_timers.add(timer)
-                timer.add_done_callback(self._spare_timers.discard)
-            elif held is not None:
-                await self._give_back(*held, timeout=patience)
-            async with self._changed:
-                self._changed.notify_all()
-
-    async def _remove_joined(self, network: str, patience: float | None) -> None:
-        """Remove the idle sandboxes made on `network` (a sandbox's private network: its scoring sandboxes, kept
-        for its next evaluation, a new cell each): nothing else can lease them once the network goes."""
-        async with self._changed:
-            doomed = []
-            for idle in self._idle.values():
-                doomed += [sb for sb in idle if sb.spec.join == network]
-                for sb in doomed:
-                    if sb in idle:
-                        idle.remove(sb)
-        await asyncio.gather(*(self._remove(sb, patience) for sb in doomed), return_exceptions=True)
-
-    def _spawn(self, coro) -> asyncio.Task:
-        task = asyncio.ensure_future(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
-
-    # ----- introspection ----------------------------------------------------------------------------------------
     async def page_cache_pins(self) -> list[dict]:
         """The page-cache pins this pool relies on, on every host, and what each holds (pagecache.py)."""
         return [row for host in self._hosts if host.pins is not None for row in await host.pins.held()]
-
-    @property
-    def live(self) -> int:
-        return len(self._live)
-
-    @property
-    def idle(self) -> int:
-        return sum(len(q) for q in self._idle.values())
-
 
 def _grant_labels(grant: Grant) -> dict[str, str]:
     """A sandbox names its claims' holder token and shows what it holds (GPUs readable without the runtime)."""
@@ -878,16 +471,4 @@ def _grant_labels(grant: Grant) -> dict[str, str]:
     return labels
 
 
-def unwind_on_sigterm() -> None:
-    """Make SIGTERM unwind like Ctrl-C (finally blocks, atexit: a pool's clean-up runs), unless something already
-    handles it. A process-wide choice: the CLI makes it; a library pool only with `PoolConfig.unwind_on_sigterm`."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        def _exit(signum: int, frame: object) -> None:
-            raise SystemExit(128 + signum)
-
-        signal.signal(signal.SIGTERM, _exit)
-
-
-__all__ = ["DockerHost", "PoolConfig", "PoolStats", "SandboxPool", "unwind_on_sigterm"]
+POOL = DockerPool

@@ -1,8 +1,8 @@
-"""`EnrootPool`: the warm pool of air/sandbox/docker/pool.py with enroot containers for Docker's (`PoolConfig(backend=
+"""`EnrootPool`: the warm pool of air/sandbox/base_pool.py with enroot containers for Docker's (`PoolConfig(backend=
 "enroot")`, AIR_BACKEND=enroot), started by this process's own (non-root) user on this machine: a Slurm node without
 Docker.
 
-What it keeps of the Docker pool (inherited): leases and waits, idle sandboxes per key with a warm target, a health
+What it keeps of the shared pool (inherited): leases and waits, idle sandboxes per key with a warm target, a health
 check before a lease, a reset (a new cell) on release, recycling after an infrastructure error or `max_leases`.
 What differs, and why:
 - A sandbox is a container root made from the image's squashfs (air/squashfs.py: `air images export-squashfs` on a
@@ -37,14 +37,14 @@ from pathlib import Path
 from air import squashfs
 from air.errors import InfraError, PoolExhausted, SandboxUnavailable, UsageError
 from air.sandbox import gpus, hostdir
-from air.sandbox.docker.claims import detect_gpus
-from air.sandbox.docker.container import _channel_dir
+from air.sandbox.gpus import detect_gpus
+from air.sandbox.base_sandbox import _channel_dir
 from air.sandbox.enroot import cgroups, leftovers
 from air.sandbox.enroot.gpuclaims import GpuHold, GpuLocks
 from air.sandbox.enroot.launcher import USERNS, Enroot, Launcher, Userns
 from air.sandbox.enroot.sandbox import EnrootSandbox, run_launcher
 from air.sandbox.layout import AGENT_HOME, BASE_PATH, WARDEN_DIR
-from air.sandbox.docker.pool import CellFailed, SandboxPool
+from air.sandbox.base_pool import CellFailed, SandboxPool
 from air.sandbox.spec import PoolConfig, SandboxSpec
 
 log = logging.getLogger("air.enroot")

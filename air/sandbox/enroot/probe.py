@@ -86,7 +86,7 @@ def _gpus() -> Check:
     """The node's GPUs (nvidia-smi's; on Slurm, the job's) and whether their device nodes and the driver's files are
     there to bind (gpus.py's "devices" way: the only one on enroot)."""
     from air.sandbox import gpus
-    from air.sandbox.docker.claims import detect_gpus
+    from air.sandbox.gpus import detect_gpus
 
     found = tuple(detect_gpus())
     if not found:

@@ -1,7 +1,7 @@
 """An enroot container as `air.sandbox.interface.Sandbox`. Everything but its birth and death goes through its warden,
 as in a Docker sandbox with a daemon on this machine: the warden is the container's main process, listening on a
 socket in the sandbox's host directory (bound into the container at WARDEN_DIR), and the host proves itself with the
-secret it left there. So this is container.Sandbox with the engine's calls replaced: the container's state is its
+secret it left there. So this is base_sandbox.BaseSandbox with the engine's calls replaced: the container's state is its
 launcher process's, its removal that process's end and `enroot remove` of its root."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass, field
 
 from air.errors import SandboxUnavailable
-from air.sandbox.docker.container import Sandbox, _oom_count
+from air.sandbox.base_sandbox import BaseSandbox, _oom_count
 from air.sandbox.enroot.cgroups import Limits
 from air.sandbox.enroot.gpuclaims import GpuHold
 from air.sandbox.enroot.launcher import Launcher
@@ -24,7 +24,7 @@ EXIT_PATIENCE = 10.0
 
 
 @dataclass(eq=False)
-class EnrootSandbox(Sandbox):
+class EnrootSandbox(BaseSandbox):
     launcher: Launcher | None = None
     process: asyncio.subprocess.Process | None = None
     """`enroot start` (in its user namespace), the container's main process being the warden."""

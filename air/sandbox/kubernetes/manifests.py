@@ -15,7 +15,7 @@ import datetime
 import hashlib
 import re
 
-from air.sandbox.docker.container import CELL_CAPABILITIES, ROOT_CAPABILITIES
+from air.sandbox.base_sandbox import CELL_CAPABILITIES, ROOT_CAPABILITIES
 from air.sandbox.kubernetes.config import KubernetesConfig
 from air.sandbox.layout import AGENT_HOME, AIR_DIR, SHM_MB, WARDEN_DIR
 from air.sandbox.spec import SandboxSpec
@@ -120,7 +120,7 @@ def network_policy(run: str, namespace: str, config: KubernetesConfig, owner: di
 # ----- one sandbox -------------------------------------------------------------------------------------------------
 def capabilities(cells: bool, pin_pages: bool) -> list[str]:
     """What root (the warden, the harness's programs) holds in the pod: exactly what it holds in a Docker sandbox
-    (container.py), IPC_LOCK only where it holds pages in the cache. The agent holds none: the warden empties the
+    (base_sandbox.py), IPC_LOCK only where it holds pages in the cache. The agent holds none: the warden empties the
     bounding set of every process it starts for it."""
     caps = [c for c in ROOT_CAPABILITIES if pin_pages or c != "IPC_LOCK"]
     return caps + (CELL_CAPABILITIES if cells else [])
@@ -254,7 +254,7 @@ PIN_CAPABILITIES = ["IPC_LOCK", "DAC_READ_SEARCH", "DAC_OVERRIDE"]
 
 def pin_pod(spec: SandboxSpec, config: KubernetesConfig, *, name: str, node: str, run: str, owner: dict,
             command: list[str]) -> dict:
-    """A page-cache pin on one node (pagecache.pin_command): a pod of the sandbox's image bound to its node by
+    """A page-cache pin on one node (pins.pin_command): a pod of the sandbox's image bound to its node by
     `nodeName`, holding the pages of every file of the image and of its read-only data mounts in the node's page
     cache. BestEffort (no requests or limits), so a ResourceQuota scoped `NotBestEffort` (`resource_quota`) does not
     count it among the slots; the locked pages are charged to its cgroup, never to a sandbox's. No network (the run's

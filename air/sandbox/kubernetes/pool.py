@@ -1,7 +1,7 @@
-"""`KubernetesPool`: the warm pool of docker/pool.py with pods for containers. `SandboxPool(config)` makes one
+"""`KubernetesPool`: the warm pool of base_pool.py with pods for containers. `SandboxPool(config)` makes one
 when `config.backend == "kubernetes"`, so every caller (tasks, services, the CLI, the verifiers taskset) is unchanged.
 
-What it keeps of the Docker pool (the subclass inherits it): leases and waits, idle sandboxes per key with a warm
+What it keeps of the shared pool (the subclass inherits it): leases and waits, idle sandboxes per key with a warm
 target, a health check before a lease, a reset (a new cell) on release, recycling after an infrastructure error, an
 OOM kill or `max_leases`, background work tracked by close(). What differs, and why:
 
@@ -56,8 +56,8 @@ from air.sandbox.kubernetes.sandbox import PodSandbox
 from air.sandbox.kubernetes.sweep import RunLease, sweep
 from air.sandbox.kubernetes.watch import PodState, PodWatch
 from air.sandbox.labels import owner_token
-from air.sandbox.docker.pagecache import PIN_TIMEOUT, pin_command, pin_error, pinned_report
-from air.sandbox.docker.pool import CellFailed, SandboxPool
+from air.sandbox.pins import PIN_TIMEOUT, pin_command, pin_error, pinned_report
+from air.sandbox.base_pool import CellFailed, SandboxPool
 from air.sandbox.spec import PoolConfig, SandboxSpec
 from air.sandbox.warden import warden_program
 
@@ -89,7 +89,7 @@ PIN_FIX = ('give the pool\'s pods CAP_IPC_LOCK (a Pod Security level of "privile
 
 @dataclass
 class _Pin:
-    """A page-cache pin pod on one node (pagecache.pin_command)."""
+    """A page-cache pin pod on one node (pins.pin_command)."""
 
     name: str
     spec: SandboxSpec

@@ -1,7 +1,7 @@
 """A pod as `air.sandbox.interface.Sandbox`. Everything but its birth and death goes through its warden, as in a Docker
-sandbox (the harness's programs, file copies, OOM counts, the agent's shell), so this is container.Sandbox with the
-engine's three calls replaced: no Docker daemon, the warden reached on the pod's own port (`warden_address`), the pod's
-state from the run's watch, its removal one DELETE (its Secret goes with it, by ownerReference)."""
+sandbox (the harness's programs, file copies, OOM counts, the agent's shell), so this is base_sandbox.py's BaseSandbox
+with the engine's calls replaced: no Docker daemon, the warden reached on the pod's own port (`warden_address`), the
+pod's state from the run's watch, its removal one DELETE (its Secret goes with it, by ownerReference)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import asyncio
 from dataclasses import dataclass
 
 from air.errors import SandboxUnavailable
-from air.sandbox.docker.container import Sandbox
+from air.sandbox.base_sandbox import BaseSandbox
 from air.sandbox.kubernetes.watch import PodState
 
 
 @dataclass(eq=False)
-class PodSandbox(Sandbox):
+class PodSandbox(BaseSandbox):
     warden_address: tuple[str, int] | None = None
     """The pod's IP and the warden's port: warden_link.py speaks the secret-first handshake there."""
     pod_uid: str = ""

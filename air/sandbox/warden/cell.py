@@ -89,7 +89,7 @@ CAP = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETU
        "IPC_LOCK": 14, "SYS_CHROOT": 18, "SYS_ADMIN": 21, "MKNOD": 27}
 HARNESS_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL", "SETPCAP", "IPC_LOCK",
                         "SYS_ADMIN", "NET_ADMIN", "SYS_CHROOT", "MKNOD")
-"""What Docker leaves a sandbox's root (container.py: ROOT_CAPABILITIES and CELL_CAPABILITIES): in a user namespace
+"""What Docker leaves a sandbox's root (base_sandbox.py: ROOT_CAPABILITIES and CELL_CAPABILITIES): in a user namespace
 (enroot), where root holds every capability of the namespace, the warden's bounding set at its start, so that the
 harness's commands hold no more than on Docker."""
 ROOT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL")
