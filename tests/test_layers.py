@@ -14,7 +14,7 @@ others sits below them all, in air/tasks/scoring_cell.py.
 
 Inside the sandbox layer each backend (each engine `PoolConfig.backend` names: docker, kubernetes, enroot) is a
 package of its own, air/sandbox/<backend>/, over the parts every backend shares at the top of air/sandbox (the
-interface, the warden and its link, the base sandbox and pool, claims of GPUs, the spec): no backend imports another,
+interface, the warden and its link, the base sandbox and pool, GPUs, the spec): no backend imports another,
 and the shared parts import no backend (but the package's door, `air.sandbox`, and SHARED_DOORS).
 """
 
