@@ -248,3 +248,25 @@ async def test_a_released_gpu_sandbox_stays_warm_for_its_grace_then_gives_its_gp
         assert [c for c in list_air_containers(docker_client, run=run_id) if c.task == "gpu-warm"] == []
         claims = docker_client.api.containers(all=True, filters={"label": [f"air.run={run_id}", "air.role=claim"]})
         assert not [c for c in claims if "gpu" in c["Names"][0]]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("keep", [{"reuse_gpu_sandboxes": True}, {"gpu_warm_grace": 30}], ids=["reuse", "grace"])
+async def test_a_gpu_lease_taken_while_its_last_sandbox_resets_gets_that_sandbox(images, run_id, keep):
+    """Found on an H100 (tests/test_gpu_node.py's CUDA daemon): a lease right after the release of the node's only
+    GPU sandbox made a new sandbox, which waited for the GPU the resetting one held, and failed at lease_timeout.
+    It now waits the reset's milliseconds and gets the same container in a new cell (a process the agent left
+    behind, as the daemon there, gone with the old cell)."""
+    from air.sandbox import PoolConfig, SandboxPool
+
+    spec = SandboxSpec(image="air/base:latest", task="gpu-again", resources=Resources(gpus=1, memory_mb=256))
+    config = PoolConfig(run_id=run_id, gpu_ids=["0"], request_gpu_devices=False, lease_timeout=60, **keep)
+    async with SandboxPool(config) as pool:
+        sleepers = "cat /proc/[0-9]*/comm 2>/dev/null | grep -cx sleep; ls /tmp/mine >/dev/null 2>&1; echo $?"
+        async with pool.lease(spec) as first:
+            await first.session.run("setsid nohup sleep 3600 >/dev/null 2>&1 & touch /tmp/mine", timeout=30)
+            assert (await first.session.run(sleepers, timeout=30)).stdout.split() == ["1", "0"]  # the control
+        async with pool.lease(spec) as second:  # no `settled` between: the reset is under way
+            assert second.container_id == first.container_id
+            assert pool.stats.leases == 2
+            assert (await second.session.run(sleepers, timeout=30)).stdout.split() == ["0", "2"]
