@@ -16,6 +16,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -299,6 +300,38 @@ def test_an_episode_runs_through_srun_on_a_slurm_node():
         pytest.skip("no Slurm here: `scripts/slurm-local.sh deps up` starts a one-node cluster (root), and "
                     "`scripts/slurm-local.sh env` names its SLURM_CONF")
     _episode(via=("srun", "--ntasks=1", "--cpus-per-task=2"))
+
+
+def _slurm_gpus() -> int:
+    if shutil.which("srun") is None or not (os.environ.get("SLURM_CONF") or os.path.exists("/etc/slurm/slurm.conf")):
+        return 0
+    shown = subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True, timeout=30).stdout
+    return max((int(g.split(":")[-1].split("(")[0]) for g in shown.split(",") if g.startswith("gpu:")), default=0)
+
+
+def test_two_slurm_jobs_on_one_node_are_handed_out_their_own_gpus(tmp_path):
+    """Slurm's --gres=gpu:1 gives each job one GPU and says which in CUDA_VISIBLE_DEVICES; air's allocator
+    (claims.detect_gpus, every backend's default gpu_ids) hands out only that one, so two jobs on one node never
+    both take GPU 0. Stand-ins: the one-node cluster's gres (`SLURM_LOCAL_GPUS=2 scripts/slurm-local.sh up`) and an
+    nvidia-smi listing the node's two GPUs (no driver here)."""
+    if _slurm_gpus() < 2:
+        pytest.skip("no Slurm node with 2 GPUs here: `SLURM_LOCAL_GPUS=2 scripts/slurm-local.sh deps up` (root)")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nfor i in 0 1; do echo \"$i, GPU-node-$i\"; done\n")
+    smi.chmod(0o755)
+    tmp_path.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update(PATH=f"{tmp_path}:{env['PATH']}", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    probe = ("import sys, time; from air.sandbox.claims import detect_gpus; print(detect_gpus(), flush=True); "
+             "time.sleep(float(sys.argv[1]))")
+    jobs = [subprocess.Popen(["srun", "--ntasks=1", *gres, sys.executable, "-c", probe, hold], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for gres, hold in ((["--gres=gpu:1"], "5"), (["--gres=gpu:1"], "5"), ([], "0"))]
+    seen = [job.communicate(timeout=120) for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0, 0], seen
+    first, second, control = (out.strip() for out, _ in seen)
+    assert sorted([first, second]) == ["['0']", "['1']"]  # both at once: one GPU each, not the same
+    assert control == "['0', '1']"  # the control: a job without gres is handed out every GPU the node lists
 
 
 # What differs on enroot, each named (docs/hpc.md): pages of the image in the node's page cache (no pins), the names

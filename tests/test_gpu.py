@@ -101,6 +101,30 @@ def test_the_cdi_spec_air_writes_names_each_gpu_and_shares_the_driver_read_only(
                                 "options": ["ro", "nosuid", "nodev", "bind"]}]
 
 
+@pytest.mark.parametrize(("given", "handed_out"), [
+    (None, ["0", "1", "2", "3"]),  # nothing said: every GPU the driver lists
+    ("1,3", ["1", "3"]),  # Slurm's --gres=gpu:2 on a node without ConstrainDevices: the node's numbering
+    ("GPU-c2", ["2"]),  # by UUID, as CUDA also reads it
+    ("", []), ("NoDevFiles", []),  # a job given no GPU: none (CUDA would see none either)
+])
+def test_the_gpus_handed_out_are_those_cuda_visible_devices_gives_the_process(tmp_path, monkeypatch, given,
+                                                                              handed_out):
+    """A stand-in nvidia-smi (no driver here) lists four GPUs; air hands out only those the process was given, so
+    two Slurm jobs on one node never both take GPU 0."""
+    from air.sandbox.claims import detect_gpus
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n[ \"$1\" = --query-gpu=index,uuid ] || exit 9\n"
+                   "for i in 0 1 2 3; do echo \"$i, GPU-c$i\"; done\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    if given is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", given)
+    assert detect_gpus() == handed_out
+
+
 @pytest.fixture
 def stand_in_gpus(tmp_path, monkeypatch):
     """Two GPUs' device nodes of the NVIDIA major, the shared nodes and a driver folder, in place of this machine's
