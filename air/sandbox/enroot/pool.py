@@ -46,6 +46,8 @@ from air.sandbox.enroot.sandbox import EnrootSandbox, run_launcher
 from air.sandbox.layout import AGENT_HOME, BASE_PATH, WARDEN_DIR
 from air.sandbox.pool import CellFailed, SandboxPool
 from air.sandbox.spec import PoolConfig, SandboxSpec
+from air.sandbox.warden import rootcopy
+from air.sandbox.warden.rootcopy import ROOT_COPY
 
 log = logging.getLogger("air.enroot")
 AGENT_UIDS = range(20000, 60000)
@@ -60,6 +62,28 @@ def _locked(path: Path) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
+
+
+def copies_dir() -> Path:
+    """Where this user's image roots are, on the node's shared tmpfs (each cell's root is made of one: _image_root):
+    /dev/shm, which every Linux node has as a tmpfs; refused, in one line, where it is not one."""
+    shm = Path("/dev/shm")
+    if _fstype(shm) != "tmpfs":
+        raise SandboxUnavailable(f"{shm} is not a tmpfs on this node: the enroot backend keeps its images' roots "
+                                 'there (docs/hpc.md); PoolConfig(page_cache="shared") runs without it, names looked '
+                                 "up in the image then stay cached for later rollouts")
+    return hostdir.private(shm / f"air-{os.getuid()}")
+
+
+def _fstype(path: Path) -> str | None:
+    """The filesystem type of the mount at path (the last one listed there), from /proc/self/mountinfo."""
+    found = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == str(path):
+                found = fields[fields.index("-") + 1]
+    return found
 
 
 def enroot_root() -> Path:
@@ -200,7 +224,7 @@ class EnrootPool(SandboxPool):
             raise UsageError("the enroot backend gives cells no network but `lo`: a task that asks for the network "
                              "runs on Docker")
         image, image_id = squashfs.resolve(spec.image)
-        lower = await self._image_root(spec.image, image, image_id)
+        lower, copy = await self._image_root(spec.image, image, image_id)
         name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or 'sandbox').lower())[:24]}-{uuid.uuid4().hex[:8]}"
         layers = enroot_root() / "layers" / name
         for d in (layers / "upper", layers / "work", layers / "home", Path(self._environ["ENROOT_DATA_PATH"]) / name):
@@ -217,7 +241,7 @@ class EnrootPool(SandboxPool):
             env.update(gpus.sandbox_env(env, hold.gpu_ids, "devices" if devices else None))
             if "pids" not in self.limit_parents:  # the fallback: the agent's own uid, its processes counted
                 env["AIR_AGENT_PIDS"] = str(r.pids)
-            binds = [(str(directory), WARDEN_DIR, False)] + [
+            binds = [(str(directory), WARDEN_DIR, False)] + ([(str(copy), ROOT_COPY, True)] if copy else []) + [
                 (host, inside, True) for inside, host in sorted({**spec.read_only_mounts, **driver}.items())]
             if spec.workspace_mb:  # as on Docker, whose home is then a new tmpfs: the image's home files are hidden
                 binds.append((str(layers / "home"), AGENT_HOME, False))
@@ -250,24 +274,50 @@ class EnrootPool(SandboxPool):
                              channel_hold=held, launcher=self.launcher, process=process, environ=self._environ,
                              limits=limits, remover=self._remove_root)
 
-    async def _image_root(self, ref: str, image: Path, image_id: str) -> Path:
+    async def _image_root(self, ref: str, image: Path, image_id: str) -> tuple[Path, Path | None]:
         """The image's root, unpacked once per image content and node user (`enroot create`), shared read-only by
         every sandbox of the image as the lower layer of its own overlay (the first sandbox of an image waits for
-        it; others of this user, in any process, wait on its lock)."""
+        it; others of this user, in any process, wait on its lock); and the folder every cell's root is made of
+        (warden/rootcopy.py), None with `page_cache="shared"`.
+
+        The root is on the node's shared tmpfs (COPIES), where a name looked up leaves no dentry behind (tmpfs keeps
+        no negative one and never drops a positive one): on the node's disk, the names a cell looked up stayed
+        cached for the next rollout and every other sandbox of the image (256 of 256 bits, experiments.md), and the
+        warden may not drop them (vm.drop_caches is the node's root's). Its memory is the image's size, once per
+        node user, counted where the pool runs. `page_cache="shared"` keeps the root on the node's disk (ENROOT's
+        data folder): no copy, the dentry tests' positive control."""
         name = f"air-image-{image_id.split(':')[-1][:16]}"
-        root = Path(self._environ["ENROOT_DATA_PATH"]) / name
-        done = enroot_root() / "images" / f"{name}.done"
+        if self.config.page_cache == "shared":
+            root = Path(self._environ["ENROOT_DATA_PATH"]) / name
+            return await self._unpacked(ref, image, root, enroot_root() / "images" / f"{name}.done"), None
+        copy = copies_dir() / name
+        root = copy / rootcopy.TREE
+        return await self._unpacked(ref, image, root, copy / rootcopy.DONE, empty=copy / rootcopy.EMPTY), copy
+
+    async def _unpacked(self, ref: str, image: Path, root: Path, done: Path, empty: Path | None = None) -> Path:
+        """`root` unpacked from the squashfs `image` unless `done` says it was; `done` written last (with `empty`
+        made first where given), under a lock of the user's per image."""
         if done.exists():
             return root
-        done.parent.mkdir(exist_ok=True)
-        lock = await asyncio.to_thread(_locked, done.with_suffix(".lock"))
+        locks = enroot_root() / "images"
+        locks.mkdir(exist_ok=True)
+        lock = await asyncio.to_thread(_locked, locks / f"{done.parent.name if empty else root.name}.lock")
         try:
             if not done.exists():
-                code = await run_launcher(self.launcher.create(image, name), self._environ, timeout=CREATE_TIMEOUT)
+                environ = {**self._environ, "ENROOT_DATA_PATH": str(root.parent)}
+                if empty is not None and root.parent.exists():  # a copy cut short: made again from nothing
+                    await run_launcher([*USERNS, "rm", "-rf", str(root.parent)], self._environ)
+                root.parent.mkdir(mode=0o755, exist_ok=True)
+                code = await run_launcher(self.launcher.create(image, root.name), environ, timeout=CREATE_TIMEOUT)
                 if code != 0:
-                    await run_launcher(self.launcher.remove(name), self._environ)
+                    await run_launcher(self.launcher.remove(root.name), environ)
                     raise SandboxUnavailable(f"`enroot create` of {ref} failed (exit {code}); the log says why")
-                done.touch()
+                if empty is not None:
+                    empty.mkdir(mode=0o755, exist_ok=True)
+                    done.with_suffix(".new").write_text("[]")  # the read-only data mounts the copy holds: none
+                    done.with_suffix(".new").rename(done)
+                else:
+                    done.touch()
         finally:
             os.close(lock)
         return root
