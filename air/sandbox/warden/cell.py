@@ -153,6 +153,9 @@ class Layout:
             renewed.remove("/dev")  # (a user namespace makes no node: _new_dev)
         self.carried = rootcopy.carried(self.inherited, [*self.hidden, *self.copied, *renewed]) if found else []
         """The container's mounts a cell's root carries (with what is under them)."""
+        self.keeping_names = rootcopy.keeping(self.inherited, self.carried) if found else ["/"]
+        """The directories a cell can look names up in whose filesystem keeps them (the warden's drop forgets them
+        where it may: dentries.py); none on enroot, whose copy and /srv/air are tmpfs."""
         self.left_behind = frozenset(point for point, _, _, _ in self.inherited if found and point != "/" and
                                      not any(_under(point, c) for c in self.carried))
         """The container's mounts a cell on the copy does not have (worked out once, not per cell)."""

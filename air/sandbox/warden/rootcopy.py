@@ -130,6 +130,19 @@ def carried(inherited: Iterable[Tuple[str, str, str, str]], left: Sequence[str])
     return out
 
 
+NO_NAMES_KEPT = frozenset({"tmpfs", "proc", "sysfs", "devpts", "mqueue", "cgroup", "cgroup2"})
+"""Filesystems a name looked up in leaves nothing a later lookup can time: tmpfs keeps no negative dentry and never
+drops a positive one; the others are the kernel's own views (a cell mounts its own procfs and, in a user namespace,
+sysfs)."""
+
+
+def keeping(inherited: Iterable[Tuple[str, str, str, str]], carried_points: Sequence[str]) -> List[str]:
+    """The directories a cell on the copy can look names up in whose filesystem keeps them (the node's disk, an
+    overlay): the carried mounts and those under them, but files (a bind of one has no names under it)."""
+    return [point for point, _, fstype, _ in inherited if fstype not in NO_NAMES_KEPT and
+            any(_under(point, c) for c in carried_points) and os.path.isdir(point)]
+
+
 def prepare(tree: str, points: Iterable[str], mount: Callable[..., None], check: Callable[[int, str], None]) -> None:
     """Once per sandbox, before its first cell, in a thread of the warden: a mount point in the copy for each mount
     the cells' roots carry (Docker made them in the container's own layer, which the copy has not), of the kind the
