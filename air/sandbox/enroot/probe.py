@@ -16,9 +16,6 @@ BUILD = "ENROOT_SRC=... MAKESELF_SRC=... scripts/enroot-build.sh deps build (doc
 MISSING_GUARANTEES = (
     "page cache: no pin of the image's files (a pin is a Docker container); a cell's reads can evict what the next "
     "one reads, a timing channel (SECURITY.md)",
-    "looked-up names: the kernel's dentries are not dropped between cells (vm.drop_caches is the node's root's) and "
-    "the image's root is the node's disk: names a cell looked up stay cached for later cells, a timing channel "
-    "(SECURITY.md)",
     "atimes: the container's root keeps the node's relatime (a user namespace cannot make it noatime); a cell's read "
     "can set an atime a later cell sees, once a day at most",
     "fanotify audit: `run_untrusted(watch=True)` needs CAP_SYS_ADMIN of the node, which a user namespace lacks",
