@@ -255,8 +255,10 @@ def test_air_doctor_says_what_the_node_gives():
     assert rows["network namespaces"]["ok"] and rows["network namespaces"]["detail"] == "a new one has only lo"
     assert "cgroup delegation" in rows and "not on enroot" in rows
     assert rows["GPUs"]["detail"].startswith(("none visible", "1 ", "2 ", "3 ", "4 ", "8 ")), rows["GPUs"]
+    assert rows["image roots"]["ok"] and "/dev/shm (tmpfs" in rows["image roots"]["detail"], rows["image roots"]
     listed = json.loads(result.stdout[result.stdout.index("["):])
     assert not [r for r in listed if r["name"] == "not on enroot" and "GPU" in r["detail"]]  # GPUs pass now
+    assert not [r for r in listed if r["name"] == "not on enroot" and "looked-up names" in r["detail"]]  # nor names
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -46,6 +46,7 @@ def probe(images: tuple[str, ...] = ("air/base:latest", "air/cpu:latest")) -> li
         rows.append(Check("limit missing", False, line, f"as root, once: {cgroups.delegate_command()}",
                           required=False))
     rows.append(_gpus())
+    rows.append(_image_roots())
     for line in MISSING_GUARANTEES:
         rows.append(Check("not on enroot", False, line, "docs/hpc.md", required=False))
     for ref in images:
@@ -77,6 +78,23 @@ def _netns() -> Check:
     return Check("network namespaces", ok, "a new one has only lo" if ok else
                  f"unshare --net failed: {(out.stderr or out.stdout).strip()[-200:]}",
                  "" if ok else "the node forbids network namespaces to users: cells cannot be built")
+
+
+def _image_roots() -> Check:
+    """Where the images' roots are unpacked, every cell's root made of one (pool.py): the node's /dev/shm, a tmpfs,
+    whose free memory bounds them (air/cpu's is 1.8 GB)."""
+    import os
+    from pathlib import Path
+
+    from air.sandbox.enroot.pool import _fstype
+
+    shm = Path("/dev/shm")
+    if _fstype(shm) != "tmpfs":
+        return Check("image roots", False, f"{shm} is not a tmpfs: the backend refuses to start (names looked up "
+                     "would stay cached)", 'a node with a tmpfs at /dev/shm, or PoolConfig(page_cache="shared")')
+    v = os.statvfs(shm)
+    return Check("image roots", True, f"{shm} (tmpfs, {v.f_bavail * v.f_frsize / 1e9:.1f} GB free): each image's "
+                 "root once per user, every cell's root a new overlay of it", required=False)
 
 
 def _gpus() -> Check:
