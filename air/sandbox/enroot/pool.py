@@ -5,9 +5,11 @@ Docker.
 What it keeps of the Docker pool (inherited): leases and waits, idle sandboxes per key with a warm target, a health
 check before a lease, a reset (a new cell) on release, recycling after an infrastructure error or `max_leases`.
 What differs, and why:
-- A sandbox is a container root made from the image's squashfs (air/squashfs.py: `air images export-squashfs` on a
-  machine with Docker) by `enroot create`, and a launcher process (`enroot start`) whose main process is the warden,
-  in a user namespace of the user's subordinate uids (launcher.py): the agent's uid is a host uid of its own.
+- A sandbox is an overlay over the image's root, unpacked once per node user from the image's squashfs
+  (air/squashfs.py: `air images export-squashfs` on a machine with Docker) by `enroot create` into the node's tmpfs
+  (/dev/shm: every cell's root is a new overlay of it, so no name a cell looks up stays cached: `_image_root`), and a
+  launcher process (`enroot start`) whose main process is the warden, in a user namespace of the user's subordinate
+  uids (launcher.py): the agent's uid is a host uid of its own.
 - Slots are this pool's (`max_sandboxes`): no host-wide claims (they are Docker objects); a Slurm allocation bounds
   the node's share. Agent uids are drawn from the namespace's range, distinct among this pool's live sandboxes.
 - GPUs: the pool's `gpu_ids` (nvidia-smi's without them; on Slurm, the job's), each claimed by a lock file
