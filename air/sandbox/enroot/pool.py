@@ -290,20 +290,22 @@ class EnrootPool(SandboxPool):
         data folder): no copy, the dentry tests' positive control."""
         name = f"air-image-{image_id.split(':')[-1][:16]}"
         if self.config.page_cache == "shared":
+            images = enroot_root() / "images"
+            images.mkdir(exist_ok=True)
             root = Path(self._environ["ENROOT_DATA_PATH"]) / name
-            return await self._unpacked(ref, image, root, enroot_root() / "images" / f"{name}.done"), None
-        copy = copies_dir() / name
-        root = copy / rootcopy.TREE
-        return await self._unpacked(ref, image, root, copy / rootcopy.DONE, empty=copy / rootcopy.EMPTY), copy
+            return await self._unpacked(ref, image, root, images / f"{name}.done", images / f"{name}.lock"), None
+        copies = copies_dir()  # the lock beside the copy: every pool of the user, whatever its AIR_RUNTIME_DIR
+        copy = copies / name
+        return await self._unpacked(ref, image, copy / rootcopy.TREE, copy / rootcopy.DONE, copies / f"{name}.lock",
+                                    empty=copy / rootcopy.EMPTY), copy
 
-    async def _unpacked(self, ref: str, image: Path, root: Path, done: Path, empty: Path | None = None) -> Path:
+    async def _unpacked(self, ref: str, image: Path, root: Path, done: Path, lock_file: Path,
+                        empty: Path | None = None) -> Path:
         """`root` unpacked from the squashfs `image` unless `done` says it was; `done` written last (with `empty`
-        made first where given), under a lock of the user's per image."""
+        made first where given), holding `lock_file`."""
         if done.exists():
             return root
-        locks = enroot_root() / "images"
-        locks.mkdir(exist_ok=True)
-        lock = await asyncio.to_thread(_locked, locks / f"{done.parent.name if empty else root.name}.lock")
+        lock = await asyncio.to_thread(_locked, lock_file)
         try:
             if not done.exists():
                 environ = {**self._environ, "ENROOT_DATA_PATH": str(root.parent)}
