@@ -165,6 +165,43 @@ def test_gpu_claims_on_a_node_hold_each_gpu_once_share_apart_and_come_back_from_
     assert locks.try_take(2).gpu_ids == ("0", "1")
 
 
+def test_an_images_root_on_the_nodes_tmpfs_is_swept_only_once_no_pool_uses_or_makes_it(tmp_path):
+    """copies.py: a root whose USE file a pool holds shared (using it), or whose maker holds it (a pool looking for
+    it), is spared; the others are handed to the sweep, each with its USE file held exclusively, so no pool takes
+    the root while it is removed; a killed holder lets go at once."""
+    import fcntl
+    import signal
+
+    from air.sandbox.enroot import copies
+
+    for name in ("air-image-a", "air-image-b", "air-image-c", "not-an-image"):
+        (tmp_path / name).mkdir()
+    used = copies.locked(tmp_path / ("air-image-a" + copies.USE), fcntl.LOCK_SH)
+    child = subprocess.Popen([shutil.which("python3"), "-c", "import fcntl, sys, time; "
+                              "sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
+                              "from air.sandbox.enroot import copies; "
+                              "copies.locked(Path(sys.argv[2]), fcntl.LOCK_SH); print('held', flush=True); "
+                              "time.sleep(600)", str(ROOT), str(tmp_path / ("air-image-b" + copies.USE))],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        found = copies.unused(tmp_path)
+        assert [p.name for p, _ in found] == ["air-image-c"]
+        probe = os.open(tmp_path / ("air-image-c" + copies.USE), os.O_RDWR)
+        with pytest.raises(BlockingIOError):  # held for the sweep: a pool waits until the root is gone
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        os.close(probe)
+        for _, fd in found:
+            os.close(fd)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    found = copies.unused(tmp_path)
+    assert [p.name for p, _ in found] == ["air-image-b", "air-image-c"]  # the killed holder's too
+    for fd in [used, *(fd for _, fd in found)]:
+        os.close(fd)
+
+
 def test_a_gpu_task_asking_more_than_the_nodes_gpus_is_one_line(tmp_path, monkeypatch):
     import asyncio
 

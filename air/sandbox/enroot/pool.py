@@ -41,7 +41,7 @@ from air.errors import InfraError, PoolExhausted, SandboxUnavailable, UsageError
 from air.sandbox import gpus, hostdir
 from air.sandbox.claims import detect_gpus
 from air.sandbox.container import _channel_dir
-from air.sandbox.enroot import cgroups, leftovers
+from air.sandbox.enroot import cgroups, copies, leftovers
 from air.sandbox.enroot.gpuclaims import GpuHold, GpuLocks
 from air.sandbox.enroot.launcher import USERNS, Enroot, Launcher, Userns
 from air.sandbox.enroot.sandbox import EnrootSandbox, run_launcher
@@ -59,35 +59,6 @@ CREATE_TIMEOUT = 300.0
 """Seconds `enroot create` may take (it unpacks the squashfs: seconds for air/cpu on a quiet node)."""
 
 
-def _locked(path: Path) -> int:
-    """An fd holding an exclusive lock on path (blocks until it is free)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
-
-
-def copies_dir() -> Path:
-    """Where this user's image roots are, on the node's shared tmpfs (each cell's root is made of one: _image_root):
-    /dev/shm, which every Linux node has as a tmpfs; refused, in one line, where it is not one."""
-    shm = Path("/dev/shm")
-    if _fstype(shm) != "tmpfs":
-        raise SandboxUnavailable(f"{shm} is not a tmpfs on this node: the enroot backend keeps its images' roots "
-                                 'there (docs/hpc.md); PoolConfig(page_cache="shared") runs without it, names looked '
-                                 "up in the image then stay cached for later rollouts")
-    return hostdir.private(shm / f"air-{os.getuid()}")
-
-
-def _fstype(path: Path) -> str | None:
-    """The filesystem type of the mount at path (the last one listed there), from /proc/self/mountinfo."""
-    found = None
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4] == str(path):
-                found = fields[fields.index("-") + 1]
-    return found
-
-
 def enroot_root() -> Path:
     """This user's enroot folders: beside the sandboxes' host directories (air's runtime folder)."""
     return hostdir.private(hostdir.runtime_dir() / "enroot")
@@ -99,6 +70,8 @@ class EnrootPool(SandboxPool):
         self.launcher: Launcher = Enroot(enroot_root())
         self.limit_parents = cgroups.delegated()
         self._environ: dict[str, str] = {}
+        self._copies_used: dict[str, int] = {}
+        """The images' roots on the node's tmpfs this pool uses: each name's USE file, held shared (copies.py)."""
         ids = self.config.gpu_ids if self.config.gpu_ids is not None else detect_gpus()
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate GPU ids in {list(ids)}")
@@ -142,6 +115,11 @@ class EnrootPool(SandboxPool):
         self._idle.clear()
         if self.left_behind:
             log.warning("%d enroot container(s) left for the next pool's sweep", len(self.left_behind))
+        used, self._copies_used = self._copies_used, {}
+        for fd in used.values():
+            os.close(fd)
+        if used and not self.left_behind:  # the images' roots no other pool uses: their memory given back
+            await sweep_copies(self._environ)
         atexit.unregister(self._atexit_backstop)
         return self.left_behind
 
@@ -294,10 +272,13 @@ class EnrootPool(SandboxPool):
             images.mkdir(exist_ok=True)
             root = Path(self._environ["ENROOT_DATA_PATH"]) / name
             return await self._unpacked(ref, image, root, images / f"{name}.done", images / f"{name}.lock"), None
-        copies = copies_dir()  # the lock beside the copy: every pool of the user, whatever its AIR_RUNTIME_DIR
-        copy = copies / name
-        return await self._unpacked(ref, image, copy / rootcopy.TREE, copy / rootcopy.DONE, copies / f"{name}.lock",
-                                    empty=copy / rootcopy.EMPTY), copy
+        under = copies.directory()  # the locks beside the copy: every pool of the user, whatever its AIR_RUNTIME_DIR
+        if name not in self._copies_used:  # held until close: no sweep removes it meanwhile
+            self._copies_used[name] = await asyncio.to_thread(copies.locked, under / (name + copies.USE),
+                                                              fcntl.LOCK_SH)
+        copy = under / name
+        return await self._unpacked(ref, image, copy / rootcopy.TREE, copy / rootcopy.DONE,
+                                    under / (name + copies.MAKE), empty=copy / rootcopy.EMPTY), copy
 
     async def _unpacked(self, ref: str, image: Path, root: Path, done: Path, lock_file: Path,
                         empty: Path | None = None) -> Path:
@@ -305,7 +286,7 @@ class EnrootPool(SandboxPool):
         made first where given), holding `lock_file`."""
         if done.exists():
             return root
-        lock = await asyncio.to_thread(_locked, lock_file)
+        lock = await asyncio.to_thread(copies.locked, lock_file)
         try:
             if not done.exists():
                 environ = {**self._environ, "ENROOT_DATA_PATH": str(root.parent)}
@@ -353,6 +334,24 @@ async def sweep(launcher: Launcher, environ: dict[str, str], parents: dict[str, 
         if (everything or not left.alive) and await leftovers.remove(launcher, environ, left,
                                                                       enroot_root() / "layers"):
             gone.append(left.name)
+    await sweep_copies(environ)
+    return gone
+
+
+async def sweep_copies(environ: dict[str, str]) -> list[str]:
+    """Remove this user's images' roots on the node's tmpfs that no pool uses (copies.py); their names."""
+    under = copies.present()
+    if under is None:
+        return []
+    gone = []
+    for root, fd in await asyncio.to_thread(copies.unused, under):
+        try:
+            if await run_launcher([*USERNS, "rm", "-rf", str(root)], environ) == 0:
+                gone.append(root.name)
+        finally:
+            os.close(fd)
+    if gone:
+        log.info("removed %d image root(s) no pool uses from %s: %s", len(gone), under, ", ".join(gone))
     return gone
 
 

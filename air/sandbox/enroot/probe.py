@@ -86,10 +86,10 @@ def _image_roots() -> Check:
     import os
     from pathlib import Path
 
-    from air.sandbox.enroot.pool import _fstype
+    from air.sandbox.enroot.copies import fstype
 
     shm = Path("/dev/shm")
-    if _fstype(shm) != "tmpfs":
+    if fstype(shm) != "tmpfs":
         return Check("image roots", False, f"{shm} is not a tmpfs: the backend refuses to start (names looked up "
                      "would stay cached)", 'a node with a tmpfs at /dev/shm, or PoolConfig(page_cache="shared")')
     v = os.statvfs(shm)
