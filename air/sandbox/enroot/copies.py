@@ -1,11 +1,13 @@
 """The images' roots on the node's tmpfs (/dev/shm/air-<uid>/air-image-<content id>), where every cell's root is made
 of one (pool.py `_image_root`, warden/rootcopy.py): where they lie, who uses them, and their removal once no pool does.
 
-Each is the image's size in memory, so none outlives its use: a pool holds a shared lock on an image's USE file from
-before it looks for the root until it closes (a process killed lets go with it), and a sweep (a pool's close, a
-pool's start, `air containers clean`) removes every root whose USE file it can lock exclusively, at once. Making a
-root takes another, exclusive lock (MAKE), so two pools never unpack the same image together. The lock files stay
-(empty): one removed while another process waits on it would let two hold "the" lock.
+Each is the image's size in memory. A root is kept for the next pool (unpacking air/cpu again takes about 5 s, and
+a never-used sandbox made from a new root differs from one made before in every inode number and ctime), until
+`air containers clean` (examples/slurm/episode.sbatch runs it when the job ends) removes every root no pool uses: a
+pool holds a shared lock on an image's USE file from before it looks for the root until it closes (a process killed
+lets go with it), and the sweep removes each root whose USE file it can lock exclusively. Making a root takes another,
+exclusive lock (MAKE), so two pools never unpack the same image together. The lock files stay (empty): one removed
+while another process waits on it would let two hold "the" lock.
 """
 
 from __future__ import annotations

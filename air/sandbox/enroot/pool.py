@@ -116,10 +116,8 @@ class EnrootPool(SandboxPool):
         if self.left_behind:
             log.warning("%d enroot container(s) left for the next pool's sweep", len(self.left_behind))
         used, self._copies_used = self._copies_used, {}
-        for fd in used.values():
+        for fd in used.values():  # kept for the next pool (`air containers clean` frees those none uses)
             os.close(fd)
-        if used and not self.left_behind:  # the images' roots no other pool uses: their memory given back
-            await sweep_copies(self._environ)
         atexit.unregister(self._atexit_backstop)
         return self.left_behind
 
@@ -334,7 +332,6 @@ async def sweep(launcher: Launcher, environ: dict[str, str], parents: dict[str, 
         if (everything or not left.alive) and await leftovers.remove(launcher, environ, left,
                                                                       enroot_root() / "layers"):
             gone.append(left.name)
-    await sweep_copies(environ)
     return gone
 
 
