@@ -37,11 +37,12 @@ import concurrent.futures
 import os
 import socket
 import stat
+import threading
 from typing import Dict, List, Optional, Tuple
 
 from air.sandbox.warden import mountapi, snapshot
-from air.sandbox.warden.cell import (CLONE_NEWNS, LIBC, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, Layout, Middle, _check,
-                                     mount)
+from air.sandbox.warden.cell import (CLONE_FS, CLONE_NEWNS, LIBC, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, Layout,
+                                     Middle, _check, _overlay, mount)
 from air.sandbox.warden.restore import DIR_FLAGS
 
 HOME, WORK = "home", "work"
@@ -79,12 +80,38 @@ def probe(layout: Layout, maps: mountapi.Maps) -> str:
             finally:
                 os.close(root)
             mountapi.seal(tree)
-            os.close(_layer(tree, maps)[0])
+            layer, top = _layer(tree, maps)
+            try:
+                _home_over(layout, layer, top)
+            finally:
+                os.close(layer)
         finally:
             os.close(tree)
     except (OSError, Unshared) as exc:
         return str(exc)
     return ""
+
+
+def _home_over(layout: Layout, layer: int, top: os.stat_result) -> None:
+    """The home's overlay over the idmapped `layer` as a branch's cell mounts it (cell._overlay), in a thread's own
+    mount namespace (gone with the thread). A kernel may idmap the layer and still refuse the overlay over it: in a
+    user namespace (enroot, whose /srv/air is a tmpfs, which takes an idmap) the overlay is refused (EPERM)."""
+    failed: List[BaseException] = []
+
+    def run() -> None:
+        try:
+            _check(LIBC.unshare(CLONE_FS | CLONE_NEWNS), "unshare")
+            mount(None, "/", None, MS_REC | MS_PRIVATE)
+            _overlay(layout, layout.home, 1 << 20, top, (top.st_uid, top.st_gid), Middle(layer, top, 0),
+                     layout.pristine_home)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, name="air-lower-probe")
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
 
 
 # ----- the maker ------------------------------------------------------------------------------------------------------

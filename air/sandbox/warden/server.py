@@ -454,8 +454,16 @@ class Warden:
                 except OSError:
                     pass
             self._home_from_pristine()
-        return p.Ready(cells=self.cells, why_not=why_not or "", names_kept=self.forgetter.why_not if self.cells else "",
+        return p.Ready(cells=self.cells, why_not=why_not or "", names_kept=self._names_kept(),
                        lowers=self.lowers)
+
+    def _names_kept(self) -> str:
+        """Why the names a cell looks up may outlive it ("" where they cannot): the drop's reason (dentries.py),
+        where some directory a cell reaches keeps names (enroot: none, every cell's root a tmpfs copy of the image
+        and /srv/air a tmpfs, so its drop, which the node's root alone may do, is not needed there)."""
+        if not self.cells or not self.forgetter.why_not or not self.layout.keeping_names:
+            return ""
+        return "%s; names kept under %s" % (self.forgetter.why_not, ", ".join(self.layout.keeping_names[:4]))
 
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
         if self.cell_lost:
