@@ -59,27 +59,29 @@ class Restored:
 
 
 async def restore_all(sandboxes: Sequence[Sandbox], snap: ShellSnapshot, timeout: float = 120, *,
-                      share_from: int = SHARE_FROM) -> Restored:
+                      share_from: int = SHARE_FROM, profile: bool = False) -> Restored:
     """Restore the snapshot into every (fresh) sandbox, sharing its home where every branch can and there are at
     least `share_from` (the first sandbox makes the tree: release it last). SnapshotError when the snapshot is
-    refused."""
+    refused. `profile`: each reply's spans say where its warden's time went (bench/bench_fork.py --profile)."""
     with stage_files(snap) as staged:
         why = why_not_shared(sandboxes, share_from)
         if why:
-            replies = await _all(sb.session.restore(snap, timeout, staged=staged) for sb in sandboxes)
+            replies = await _all(sb.session.restore(snap, timeout, staged=staged, profile=profile) for sb in sandboxes)
             return Restored(_say(why) if _enough(sandboxes, share_from) else why, replies)
         after = _after_shared(snap.files)
         with contextlib.ExitStack() as held:
             try:
                 handoffs = [held.enter_context(_Handoff(sb)) for sb in sandboxes]
             except OSError as exc:  # a socket path too long for AF_UNIX (a deep AIR_RUNTIME_DIR)
-                replies = await _all(sb.session.restore(snap, timeout, staged=staged) for sb in sandboxes)
+                replies = await _all(sb.session.restore(snap, timeout, staged=staged, profile=profile)
+                                     for sb in sandboxes)
                 return Restored(_say(f"cannot listen in a sandbox's host directory: {exc}"), replies)
             rest = held.enter_context(stage_files(ShellSnapshot(files=after, cwd=b"", env={}))) \
                 if after is not None else None
             # Every branch's request goes out with the maker's: each waits, mapped and connected, for the tree.
             restoring = [asyncio.create_task(sb.session.restore(
-                snap, timeout, staged=staged, rest=rest, lower=f"{'use' if i else 'make'}:{handoff.inside}"))
+                snap, timeout, staged=staged, rest=rest, lower=f"{'use' if i else 'make'}:{handoff.inside}",
+                profile=profile))
                 for i, (sb, handoff) in enumerate(zip(sandboxes, handoffs))]
             tree, why = await handoffs[0].receive(restoring[0])
             try:

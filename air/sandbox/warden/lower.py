@@ -34,12 +34,14 @@ root-owned directory of the home whose contents the agent changed) is not shared
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import os
 import socket
 import stat
+import threading
 from typing import Dict, List, Optional, Tuple
 
-from air.sandbox.warden import mountapi, snapshot
+from air.sandbox.warden import mountapi, snapshot, spans
 from air.sandbox.warden.cell import (CLONE_NEWNS, LIBC, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, Layout, Middle, _check,
                                      mount)
 from air.sandbox.warden.restore import DIR_FLAGS
@@ -91,30 +93,16 @@ def probe(layout: Layout, maps: mountapi.Maps) -> str:
 def make(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int]) -> int:
     """The tree of the snapshot `data` (a tar, as restore takes it): an fd of its detached, sealed tmpfs, each shared
     place in its directory (SHARED), its files the canonical agent's; quota: each place's bytes. snapshot.Refused for
-    a refused snapshot; Unshared where it cannot be shared. The caller forks outside any cell's pid namespace
-    (cell.outside)."""
+    a refused snapshot; Unshared where it cannot be shared. Unpacked by a thread of the warden in a mount namespace
+    of its own (a fork of the warden, where no thread can start: the fork and the child's copy-on-write faults took
+    several of the fork's milliseconds, experiments.md, issue 74). The caller calls outside any cell's pid namespace
+    (cell.outside: a thread or child can be born only there)."""
     tree = mountapi.detached_tmpfs(sum(quota[place] for place in SHARED))
     try:
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            os.close(r)
-            answer, code = b"", 0
-            try:
-                _unpack(layout, maps, data, quota, tree)
-            except snapshot.Refused as exc:
-                answer, code = b"R" + str(exc).encode("utf-8", "surrogateescape"), 1
-            except Unshared as exc:
-                answer, code = b"U" + str(exc).encode(), 1
-            except BaseException as exc:  # noqa: BLE001 - reported, then the fork copies
-                answer, code = ("E%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), 1
-            finally:
-                os.write(w, answer[:1800])
-                os._exit(code)
-        os.close(w)
-        with os.fdopen(r, "rb") as said:
-            answer = said.read(2000)
-        os.waitpid(pid, 0)
+        answer = _in_thread(layout, maps, data, quota, tree)
+        if answer is None:
+            answer = _in_child(layout, maps, data, quota, tree)
+        spans.mark("shared: the maker unpacked the tree")
         if answer[:1] == b"R":
             raise snapshot.Refused(answer[1:].decode("utf-8", "surrogateescape"))
         if answer:
@@ -127,10 +115,61 @@ def make(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int]) -> in
         raise
 
 
+def _unpacked(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tree: int) -> bytes:
+    """_unpack's outcome as the maker's answer: b"" done, b"R..." refused, b"U..." unshared, b"E..." failed."""
+    try:
+        _unpack(layout, maps, data, quota, tree)
+    except snapshot.Refused as exc:
+        return b"R" + str(exc).encode("utf-8", "surrogateescape")
+    except Unshared as exc:
+        return b"U" + str(exc).encode()
+    except BaseException as exc:  # noqa: BLE001 - reported, then the fork copies
+        return ("E%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace")
+    return b""
+
+
+def _in_thread(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tree: int) -> Optional[bytes]:
+    """The unpack by a thread, whose mount namespace (unshare: its own, as a child's) goes when it ends; None where
+    no thread can start. No finalizer runs meanwhile (the garbage collector off, as in a cell's builder)."""
+    outcome: List[bytes] = []
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        thread = threading.Thread(target=lambda: outcome.append(_unpacked(layout, maps, data, quota, tree)),
+                                  name="air-tree")
+        try:
+            thread.start()
+        except RuntimeError:
+            return None
+        thread.join()
+    finally:
+        if collecting:
+            gc.enable()
+    return outcome[0] if outcome else b"Ethe maker's thread ended without an answer"
+
+
+def _in_child(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tree: int) -> bytes:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(r)
+        answer = b"E"
+        try:
+            answer = _unpacked(layout, maps, data, quota, tree)
+        finally:
+            os.write(w, answer[:1800])
+            os._exit(1 if answer else 0)
+    os.close(w)
+    with os.fdopen(r, "rb") as said:
+        answer = said.read(2000)
+    os.waitpid(pid, 0)
+    return answer[:1800]
+
+
 def _unpack(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tree: int) -> None:
-    """In the maker's child: the tree attached in a mount namespace of the child's own, the snapshot's home restored
-    into an overlay of it over the pristine home (shown as the canonical uid's), exactly as into a fresh cell's home,
-    and its temp dirs into directories of their own (root's, as a fresh cell's are)."""
+    """In the maker's thread (or child): the tree attached in a mount namespace of its own, the snapshot's home
+    restored into an overlay of it over the pristine home (shown as the canonical uid's), exactly as into a fresh
+    cell's home, and its temp dirs into directories of their own (root's, as a fresh cell's are)."""
     _check(LIBC.unshare(CLONE_NEWNS), "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     scratch = layout.scratch  # root's alone (0700), and free in the warden's namespace: cells mount theirs inside
