@@ -170,14 +170,17 @@ def _unpack(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tr
     """In the maker's thread (or child): the tree attached in a mount namespace of its own, the snapshot's home
     restored into an overlay of it over the pristine home (shown as the canonical uid's), exactly as into a fresh
     cell's home, and its temp dirs into directories of their own (root's, as a fresh cell's are)."""
+    spans.mark("maker: its thread started")
     _check(LIBC.unshare(CLONE_NEWNS), "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
+    spans.mark("maker: a mount namespace of its own")
     scratch = layout.scratch  # root's alone (0700), and free in the warden's namespace: cells mount theirs inside
     for fd, target in ((mountapi.clone(tree), scratch), (_canonical_pristine(layout, maps), layout.pristine_home)):
         try:
             mountapi.attach(fd, target)
         finally:
             os.close(fd)
+    spans.mark("maker: the tree and the canonical pristine home attached")
     upper, work = scratch + "/" + HOME, scratch + "/" + WORK
     top = os.lstat(layout.pristine_home)
     os.mkdir(upper, 0o700)
@@ -191,6 +194,7 @@ def _unpack(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tr
     for d in temps:
         os.mkdir(d, 0o1777)
     fds = [os.open(d, DIR_FLAGS) for d in [layout.home] + temps]
+    spans.mark("maker: the overlay mounted")
     try:
         places = snapshot.PLACES
         # The fork's critical path (every branch waits for it): large files are copied by two threads (a write
@@ -207,10 +211,12 @@ def _unpack(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tr
             raise Unshared("the snapshot's %s holds %s of uid %d, which a branch cannot be shown as its own (only "
                            "the agent's files are mapped)" % ("/" + place, snapshot._shown(foreign[0]) or "/",
                                                               foreign[1]))
+    spans.mark("maker: the tree checked for others' files")
     v = os.statvfs(scratch)  # before the usage file's own page
     temp_used = [_bytes(d) for d in temps]
     with open(scratch + "/" + USED, "w") as f:
         f.write("".join("%d\n" % n for n in [(v.f_blocks - v.f_bfree) * v.f_frsize - sum(temp_used), *temp_used]))
+    spans.mark("maker: its usage written")
 
 
 def _bytes(top: str) -> int:
