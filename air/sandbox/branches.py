@@ -22,12 +22,14 @@ import os
 import secrets
 import socket
 import tarfile
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from air.sandbox.interface import Sandbox
 from air.sandbox.layout import WARDEN_DIR
-from air.sandbox.session import ShellSnapshot, stage_files
+from air.sandbox.session import ShellSnapshot, StagedFiles, stage_files
 from air.sandbox.warden.snapshot import SHARED_PLACES
 
 log = logging.getLogger("air.fork")
@@ -61,14 +63,22 @@ class Restored:
 async def restore_all(sandboxes: Sequence[Sandbox], snap: ShellSnapshot, timeout: float = 120, *,
                       share_from: int = SHARE_FROM, profile: bool = False) -> Restored:
     """Restore the snapshot into every (fresh) sandbox, sharing its home where every branch can and there are at
-    least `share_from` (the first sandbox makes the tree: release it last). SnapshotError when the snapshot is
-    refused. `profile`: each reply's spans say where its warden's time went (bench/bench_fork.py --profile)."""
+    least `share_from` (the first sandbox makes the tree: release it last). A staged snapshot forked before shares
+    from one branch on, and keeps the tree its first such fork makes for every later one (_Kept: a branch then costs
+    a new cell over it, no copy; that fork's maker is retired at release). SnapshotError when the snapshot is
+    refused. `profile`: each reply's spans say where its warden's time went (bench/profile_fork.py)."""
     with stage_files(snap) as staged:
-        why = why_not_shared(sandboxes, share_from)
+        kept = _Kept.of(snap.staged)
+        key = _key(sandboxes)
+        tree_kept = kept.trees.get(key) if kept is not None and key is not None else None
+        again = kept is not None and (kept.forks > 0 or tree_kept is not None)
+        if kept is not None:
+            kept.forks += 1
+        few = "" if again else _too_few(sandboxes, share_from)
+        why = few or _why_not_able(sandboxes)
         if why:
             replies = await _all(sb.session.restore(snap, timeout, staged=staged, profile=profile) for sb in sandboxes)
-            return Restored(_say(why) if _enough(sandboxes, share_from) else why, replies)
-        after = _after_shared(snap.files)
+            return Restored(why if few else _say(why), replies)
         with contextlib.ExitStack() as held:
             try:
                 handoffs = [held.enter_context(_Handoff(sb)) for sb in sandboxes]
@@ -76,21 +86,28 @@ async def restore_all(sandboxes: Sequence[Sandbox], snap: ShellSnapshot, timeout
                 replies = await _all(sb.session.restore(snap, timeout, staged=staged, profile=profile)
                                      for sb in sandboxes)
                 return Restored(_say(f"cannot listen in a sandbox's host directory: {exc}"), replies)
-            rest = held.enter_context(stage_files(ShellSnapshot(files=after, cwd=b"", env={}))) \
-                if after is not None else None
+            rest = kept.rest(snap.files) if kept is not None else _staged_rest(held, snap.files)
             # Every branch's request goes out with the maker's: each waits, mapped and connected, for the tree.
             restoring = [asyncio.create_task(sb.session.restore(
-                snap, timeout, staged=staged, rest=rest, lower=f"{'use' if i else 'make'}:{handoff.inside}",
-                profile=profile))
+                snap, timeout, staged=staged, rest=rest,
+                lower=f"{'use' if i or tree_kept is not None else 'make'}:{handoff.inside}", profile=profile))
                 for i, (sb, handoff) in enumerate(zip(sandboxes, handoffs))]
-            tree, why = await handoffs[0].receive(restoring[0])
+            if tree_kept is None:
+                made, why = await handoffs[0].receive(restoring[0])
+                tree, takers = made, list(zip(handoffs[1:], restoring[1:]))
+            else:  # the snapshot's own tree: every branch takes it, none makes one
+                made, tree, takers = None, tree_kept, list(zip(handoffs, restoring))
             try:
-                for handoff, task in zip(handoffs[1:], restoring[1:]):
+                for handoff, task in takers:
                     await handoff.give(tree, why, task)
                 replies = await _all(restoring)
+                if made is not None and again and key not in kept.trees and replies[0].shared:
+                    kept.trees[key], made = made, None
+                    sandboxes[0].mark_broken("its memory holds a snapshot's shared tree, kept for the snapshot's "
+                                             "later forks")
             finally:
-                if tree is not None:
-                    os.close(tree)
+                if made is not None:
+                    os.close(made)
     copied = [r.copied for r in replies if not r.shared]
     if len(copied) == len(replies):
         return Restored(_say(why or copied[0] or "the maker handed over no tree"), replies)
@@ -98,10 +115,79 @@ async def restore_all(sandboxes: Sequence[Sandbox], snap: ShellSnapshot, timeout
     return Restored(how, replies)
 
 
+class _Kept:
+    """What the forks of one staged snapshot (StagedFiles, which lives as long as the snapshot) leave for its next:
+    how many there were, and the shared tree the first one that shared after another made (a descriptor, by the
+    branches' key: _key), closed when the snapshot goes.
+
+    Kept from a snapshot's second fork on: a snapshot forked once (the usual rollout) costs no more than before, one
+    forked again likely is again (a GRPO group per step, `air replay --from-turn` several times). The tree's pages
+    are charged to its maker's memory cgroup, which must not be another lease's: that maker is marked broken (never
+    leased again; the pool removes it at release and starts another), and the pages stay charged to its ended
+    cgroup, outside every sandbox's limit, as the staged file is outside them, until the snapshot goes."""
+
+    _of: "weakref.WeakKeyDictionary[object, _Kept]" = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        self.forks = 0
+        self.trees: dict[tuple, int] = {}
+        self._rest: list = []
+        """[the staged tar of the places after the shared ones (StagedFiles), or None where there is none]"""
+
+    def rest(self, files: bytes) -> Path | None:
+        """The snapshot's places after the shared ones, staged once for all its forks (_after_shared)."""
+        if not self._rest:
+            after = _after_shared(files)
+            self._rest.append(StagedFiles(after) if after is not None else None)
+        return self._rest[0].path if self._rest[0] is not None else None
+
+    @classmethod
+    def of(cls, staged) -> _Kept | None:
+        """The record of a staged snapshot's forks (None without staging: nothing lives as long as the snapshot)."""
+        if staged is None:
+            return None
+        kept = cls._of.get(staged)
+        if kept is None:
+            kept = cls._of[staged] = cls()
+            weakref.finalize(staged, kept.close)
+        return kept
+
+    def close(self) -> None:
+        trees, self.trees = self.trees, {}
+        for fd in trees.values():
+            os.close(fd)
+        for staged in self._rest:
+            if staged is not None:
+                staged.close()
+
+
+def _staged_rest(held: contextlib.ExitStack, files: bytes) -> Path | None:
+    """The places after the shared ones, staged for this fork alone (a snapshot not staged: nothing keeps them)."""
+    after = _after_shared(files)
+    return held.enter_context(stage_files(ShellSnapshot(files=after, cwd=b"", env={}))) if after is not None else None
+
+
+def _key(sandboxes: Sequence[Sandbox]) -> tuple | None:
+    """What a kept tree must have been made for to serve these branches (the tree is the difference from the maker's
+    pristine home, its size the maker's quotas): their image, staged task and spec, one for all; None where they
+    differ."""
+    keys = {(sb.image_id, sb.staged, getattr(getattr(sb, "spec", None), "key", None)) for sb in sandboxes}
+    return keys.pop() if len(keys) == 1 else None
+
+
 def why_not_shared(sandboxes: Sequence[Sandbox], share_from: int = SHARE_FROM) -> str:
     """"" when these sandboxes can share one tree, else why not."""
-    if not _enough(sandboxes, share_from):
-        return f"{len(sandboxes)} branch{'es' if len(sandboxes) > 1 else ''}: copies are made at once, a tree first"
+    return _too_few(sandboxes, share_from) or _why_not_able(sandboxes)
+
+
+def _too_few(sandboxes: Sequence[Sandbox], share_from: int) -> str:
+    if _enough(sandboxes, share_from):
+        return ""
+    return f"{len(sandboxes)} branch{'es' if len(sandboxes) > 1 else ''}: copies are made at once, a tree first"
+
+
+def _why_not_able(sandboxes: Sequence[Sandbox]) -> str:
+    """"" when every one of these sandboxes can take one tree, else why not."""
     for sb in sandboxes:
         ready = getattr(sb.session, "ready", None)
         if getattr(sb, "channel", None) is None:
