@@ -901,11 +901,12 @@ class Warden:
         home and temp dirs are a fork's shared tree (lower.py): the cell's remade over it, and /dev/shm copied."""
         c = self.config
         started = time.monotonic()
-        if self.job is not None or self.shell is not None or procs.agent_pids(c.uid):
-            raise RuntimeError("restore needs a fresh cell: reset first")
         self.tree_ms = 0.0
         taken: Dict[str, float] = {}
         with spans.recording(request.profile, taken):
+            if self.job is not None or self.shell is not None or procs.agent_pids(c.uid):
+                raise RuntimeError("restore needs a fresh cell: reset first")
+            spans.mark("a fresh cell (no agent process)")
             return self._restore(request, started, taken)
 
     def _restore(self, request: p.Restore, started: float, taken: Dict[str, float]) -> p.Restored:
