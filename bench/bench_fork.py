@@ -7,8 +7,10 @@ For each home size (MB of incompressible files the agent wrote in its workspace)
 - snapshot: capture (the warden reads the agent's places), its staging on the host (once per snapshot, on its first
   restore: every fork of it links that file), the sealed file's save and load, its size;
 - fork to N branches: N warm sandboxes leased from the pool and the snapshot restored into each, as fork() does
-  (air/sandbox/branches.py: from 2 branches on the home is unpacked once and shared, each branch a new cell over it;
-  one branch copies); the restore alone and lease + restore, in total and per branch; what a branch holds in memory
+  (air/sandbox/branches.py: from 3 branches on the home is unpacked once and shared, each branch a new cell over it;
+  fewer copy; and a snapshot forked again keeps its tree for every later fork, from one branch on: every row here
+  follows a first, warm-up fork of the snapshot, so its reps are on the kept tree, the first of them making it);
+  the restore alone and lease + restore, in total and per branch; what a branch holds in memory
   (its own layer: the home's tmpfs usage) and the shared tree (once per fork); the same N restored by copy instead,
   through the staged file (as before the shared home) and through the warden's stream (a remote daemon);
 - `docker commit` + `docker run` of the same state: a plain container whose writable layer holds the same files,
