@@ -7,12 +7,12 @@ time and in memory. Here one sandbox of the fork, the *maker*, unpacks the home 
 (the *tree*) and hands its descriptor to the host, which hands it to every branch (the maker's own included):
 
 - The tree is made by `snapshot.restore` itself (the one checker of a snapshot, which is agent-controlled data), run
-  into an overlay of the tree over the maker's pristine home, in a child of the warden with a mount namespace of its
-  own. So the tree holds what the parent's writable layer held: what differs from the pristine home, and whiteouts
-  for what the agent removed; nothing but the snapshot and the pristine home ever goes in (no hidden data). Its files
-  are the canonical agent's (snapshot.CANONICAL_UID, as in the snapshot: the pristine home is seen through an
-  idmapped mount as that uid's while the tree is made). Then its filesystem is made read-only (`mountapi.seal`): no
-  mount of it, now or cloned later, can write.
+  into an overlay of the tree over the maker's pristine home, by a thread (or a child) of the warden in a mount
+  namespace of its own. So the tree holds what the parent's writable layer held: what differs from the pristine
+  home, and whiteouts for what the agent removed; nothing but the snapshot and the pristine home ever goes in (no
+  hidden data). Its files are the canonical agent's (snapshot.CANONICAL_UID, as in the snapshot: the pristine home
+  is seen through an idmapped mount as that uid's while the tree is made). Then its filesystem is made read-only
+  (`mountapi.seal`): no mount of it, now or cloned later, can write.
 - Each branch clones the tree's mount, maps the canonical uid to its own agent uid (an idmapped mount, through a user
   namespace each warden makes once) and builds its cell with that as the home's middle layer (cell.py): its own new
   tmpfs over the snapshot's home over its own pristine home. What a branch writes copies up into its own layer;
@@ -20,8 +20,10 @@ time and in memory. Here one sandbox of the fork, the *maker*, unpacks the home 
   parent (the agent's files above the pristine ones), so a branch's files show the devices and link counts its
   parent's did.
 - The tree lives while a mount or a descriptor holds it: the branches' overlays, and the host's descriptor until
-  every branch has its clone. When the last branch's cell ends the kernel frees it; if the host dies, the wardens end
-  their cells and containers with its channel (container.py), and the tree goes with the last of them. Its pages are
+  every branch has its clone (or, where the host keeps it for the snapshot's later forks, until the snapshot goes:
+  air/sandbox/branches.py, _Kept). When the last branch's cell ends the kernel frees it; if the host dies, the
+  wardens end their cells and containers with its channel (container.py), and the tree goes with the last of them.
+  Its pages are
   charged to the maker's memory cgroup: the host releases the maker last (air/sandbox/shared.py), and each branch's
   writable layer is the home's quota less the tree's size, so the maker never holds more than a home's worth.
 
@@ -94,9 +96,9 @@ def make(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int]) -> in
     """The tree of the snapshot `data` (a tar, as restore takes it): an fd of its detached, sealed tmpfs, each shared
     place in its directory (SHARED), its files the canonical agent's; quota: each place's bytes. snapshot.Refused for
     a refused snapshot; Unshared where it cannot be shared. Unpacked by a thread of the warden in a mount namespace
-    of its own (a fork of the warden, where no thread can start: the fork and the child's copy-on-write faults took
-    several of the fork's milliseconds, experiments.md, issue 74). The caller calls outside any cell's pid namespace
-    (cell.outside: a thread or child can be born only there)."""
+    of its own (a fork of the warden where no thread can start: the fork alone took 1.0 ms of a 20 MB tree's 12,
+    experiments.md, issue 74b). The caller calls outside any cell's pid namespace (cell.outside: a thread or a child
+    can be born only there)."""
     tree = mountapi.detached_tmpfs(sum(quota[place] for place in SHARED))
     try:
         answer = _in_thread(layout, maps, data, quota, tree)
