@@ -86,10 +86,10 @@ async def restore_all(sandboxes: Sequence[Sandbox], snap: ShellSnapshot, timeout
                 replies = await _all(sb.session.restore(snap, timeout, staged=staged, profile=profile)
                                      for sb in sandboxes)
                 return Restored(_say(f"cannot listen in a sandbox's host directory: {exc}"), replies)
-            rest = kept.rest(snap.files) if kept is not None else _staged_rest(held, snap.files)
+            rest, from_tree = kept.rest(snap.files) if kept is not None else _staged_rest(held, snap.files)
             # Every branch's request goes out with the maker's: each waits, mapped and connected, for the tree.
             restoring = [asyncio.create_task(sb.session.restore(
-                snap, timeout, staged=staged, rest=rest,
+                snap, timeout, staged=staged, rest=rest, from_tree=from_tree,
                 lower=f"{'use' if i or tree_kept is not None else 'make'}:{handoff.inside}", profile=profile))
                 for i, (sb, handoff) in enumerate(zip(sandboxes, handoffs))]
             if tree_kept is None:
@@ -134,12 +134,13 @@ class _Kept:
         self._rest: list = []
         """[the staged tar of the places after the shared ones (StagedFiles), or None where there is none]"""
 
-    def rest(self, files: bytes) -> Path | None:
-        """The snapshot's places after the shared ones, staged once for all its forks (_after_shared)."""
+    def rest(self, files: bytes) -> tuple[Path | None, list[str]]:
+        """_from_tree's, its tar staged once for all the snapshot's forks."""
         if not self._rest:
-            after = _after_shared(files)
-            self._rest.append(StagedFiles(after) if after is not None else None)
-        return self._rest[0].path if self._rest[0] is not None else None
+            after, from_tree = _from_tree(files)
+            self._rest.append((StagedFiles(after) if after is not None else None, from_tree))
+        staged, from_tree = self._rest[0]
+        return (staged.path if staged is not None else None), from_tree
 
     @classmethod
     def of(cls, staged) -> _Kept | None:
@@ -156,15 +157,17 @@ class _Kept:
         trees, self.trees = self.trees, {}
         for fd in trees.values():
             os.close(fd)
-        for staged in self._rest:
+        for staged, _ in self._rest:
             if staged is not None:
                 staged.close()
 
 
-def _staged_rest(held: contextlib.ExitStack, files: bytes) -> Path | None:
-    """The places after the shared ones, staged for this fork alone (a snapshot not staged: nothing keeps them)."""
-    after = _after_shared(files)
-    return held.enter_context(stage_files(ShellSnapshot(files=after, cwd=b"", env={}))) if after is not None else None
+def _staged_rest(held: contextlib.ExitStack, files: bytes) -> tuple[Path | None, list[str]]:
+    """_from_tree's, its tar staged for this fork alone (a snapshot not staged: nothing keeps it)."""
+    after, from_tree = _from_tree(files)
+    staged = held.enter_context(stage_files(ShellSnapshot(files=after, cwd=b"", env={}))) if after is not None \
+        else None
+    return staged, from_tree
 
 
 def _key(sandboxes: Sequence[Sandbox]) -> tuple | None:
@@ -219,6 +222,33 @@ def _after_shared(files: bytes) -> bytes | memoryview | None:
     except Exception:  # noqa: BLE001 - the agent's archive, unreadable here: each branch reads the whole of it
         return None
     return bytes(2 * tarfile.BLOCKSIZE)  # the shared places alone: an empty tar
+
+
+def _from_tree(files: bytes) -> tuple[bytes | memoryview | None, list[str]]:
+    """(rest, from_tree): the places a branch takes from the tree, the home and each temp dir the snapshot holds
+    anything in (one it holds empty is restored as a copy would: a fresh tmpfs given the snapshot's root, which is one
+    mount fewer than an overlay over an empty directory), and the tar a branch reads for the others: _after_shared's
+    where every temp dir is taken, else the members after the home's. (None, []) where the archive cannot be read
+    here: a branch then reads the whole of it, and takes every shared place from the tree."""
+    home, temps = SHARED_PLACES[0], SHARED_PLACES[1:]
+    held: set[str] = set()  # the temp dirs holding anything below their root
+    after_home = None
+    try:
+        with tarfile.open(fileobj=io.BytesIO(files), mode="r:") as tar:
+            for member in tar:
+                place = next((p for p in SHARED_PLACES if member.name == p or member.name.startswith(p + "/")), None)
+                if place != home and after_home is None:
+                    after_home = member.offset
+                if place is None:
+                    break
+                if place in temps and member.name != place:
+                    held.add(place)
+    except Exception:  # noqa: BLE001 - the agent's archive, unreadable here: each branch reads the whole of it
+        return None, []
+    if held == set(temps):
+        return _after_shared(files), list(SHARED_PLACES)
+    rest = memoryview(files)[after_home:] if after_home is not None else bytes(2 * tarfile.BLOCKSIZE)
+    return rest, [home, *(p for p in temps if p in held)]
 
 
 async def _all(calls) -> list:

@@ -923,6 +923,9 @@ class Warden:
         try:
             if request.lower:
                 middles, copied = self._shared_tree(request.lower, source, quota)
+                for place in [place for place in middles if request.from_tree and place not in request.from_tree
+                              and place != snapshot.PLACES[0]]:
+                    os.close(middles.pop(place).fd)  # the snapshot holds it empty: restored as a copy would
                 spans.mark("shared: its middle layers cloned")
                 if middles:
                     tree_bytes = sum(m.used for m in middles.values())
@@ -932,7 +935,7 @@ class Warden:
             fds = fds or self._places()
             spans.mark("the places opened (a child in the cell)")
             if shared:  # the other places: from the tar of their members alone, where the host gave one
-                snapshot.restore(fds, c.uid, source if rest is None else rest, quota, skip=tuple(lower.SHARED))
+                snapshot.restore(fds, c.uid, source if rest is None else rest, quota, skip=tuple(middles))
             else:
                 snapshot.restore(fds, c.uid, source, quota)
             spans.mark("unpacked")
