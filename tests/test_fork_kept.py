@@ -1,6 +1,7 @@
-"""A snapshot forked again keeps its shared tree for its later forks (air/sandbox/branches.py, _Kept; issue 74): a
-branch of a later fork is a new cell over the very tree an earlier fork's branches had under them. What an agent of
-one fork does to that tree must reach no branch of another."""
+"""A fork's branches since issue 74 (air/sandbox/branches.py). A snapshot forked again keeps its shared tree for its
+later forks (_Kept): a branch of a later fork is a new cell over the very tree an earlier fork's branches had under
+them, and what an agent of one fork does to that tree must reach no branch of another. A temp dir the snapshot holds
+empty is not taken from the tree (_from_tree): a fresh tmpfs given the snapshot's root."""
 
 from __future__ import annotations
 
@@ -52,3 +53,26 @@ async def test_a_branch_cannot_change_the_tree_a_later_fork_of_its_snapshot_gets
     async with fork(env, snap, 1) as (after,):  # and once it is gone
         assert after.shared and not after.sandbox.broken
         assert (await after.sandbox.session.run(at(LOOK))).stdout.split("\n")[:8] == TREE
+
+
+LOOK_TMP = ("stat -c '%a %U %y' /tmp /var/tmp && "
+            "awk '$5 == \"/tmp\" || $5 == \"/var/tmp\" {print $5, $9}' /proc/self/mountinfo")
+"""The temp dirs' roots (mode, owner, mtime to the nanosecond: a fresh cell's are its build's) and mounts' kinds."""
+
+
+async def test_a_temp_dir_the_snapshot_holds_empty_is_a_fresh_tmpfs_with_the_snapshots_root(pool):
+    """A branch on a shared home takes from the tree only the temp dirs the snapshot holds anything in: one it holds
+    empty is a plain tmpfs, as in every other cell, given the snapshot's root (its mode, owner and times: here /tmp's
+    mtime, moved by a file made and removed in it, and /var/tmp's as it was); the other, holding a file, is an overlay
+    over the tree's copy (the control)."""
+    env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+    async with env.lease() as sandbox:
+        parent, messages, snap = await _snapshot_after(env, sandbox, [_bash(
+            "echo a > ~/a && touch /tmp/t && rm /tmp/t && echo v > /var/tmp/v")])
+        seen = (await sandbox.session.run(LOOK_TMP)).stdout.split("\n")
+    assert seen[2:4] == ["/tmp tmpfs", "/var/tmp tmpfs"], seen
+    async with fork(env, snap, 3) as branches:
+        assert all(b.shared for b in branches)
+        for branch in branches:
+            got = (await branch.sandbox.session.run(LOOK_TMP)).stdout.split("\n")
+            assert got[:2] == seen[:2] and got[2:4] == ["/tmp tmpfs", "/var/tmp overlay"], (got, seen)
