@@ -9,7 +9,8 @@ host directory (which only that sandbox's warden reaches), SCM_RIGHTS. Elsewhere
 (said once in the log), every branch copies the files, as a single restore does.
 
 The tree's pages are charged to the maker's memory cgroup while any branch holds it: a caller releases the maker
-(the first sandbox) last, once the others' resets are done (air/episode/fork.py does).
+(the first sandbox) last, once the others' resets are done (air/episode/fork.py does). A snapshot forked again keeps
+its tree for its later forks (_Kept: their branches make none, and none copies), and that maker is retired.
 """
 
 from __future__ import annotations
