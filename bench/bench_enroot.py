@@ -1,7 +1,9 @@
 """The enroot backend against Docker's on this machine, in one run: a sandbox's start (a lease of a new one: its root
 made, its warden's hello and first cell), a reset (a new cell), and a command's round trip (`true` through the
 agent's shell), each backend from its own pool; and, for enroot, a plain `enroot start` of the image per command (what
-running each command as its own enroot container would cost).
+running each command as its own enroot container would cost), the same start and reset with the image's root on the
+node's disk (`page_cache="shared"`: no tmpfs copy, the names looked up kept) against the default (its root on the
+node's /dev/shm, each cell's root a new overlay of it), and the unpacking of the image (`enroot create`) into each.
 
     python bench/bench_enroot.py [--image air/base:latest] [--cold 2] [--resets 5] [--commands 30] [--json out.json]
     AIR_BENCH_ENROOT_USER=airuser AIR_BENCH_ENROOT_PYTHON=/path/to/python python bench/bench_enroot.py   (as root)
@@ -27,19 +29,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 
-async def measure(backend: str, image: str, cold: int, resets: int, commands: int) -> dict:
+async def measure(backend: str, image: str, cold: int, resets: int, commands: int, page_cache: str = "pinned") -> dict:
     from air.sandbox import PoolConfig, SandboxPool, SandboxSpec
 
     spec = SandboxSpec(image=image, task="bench")
     out: dict = {"start": [], "reset": [], "true": []}
-    async with SandboxPool(PoolConfig(backend=backend, max_leases=1)) as pool:
+    async with SandboxPool(PoolConfig(backend=backend, max_leases=1, page_cache=page_cache)) as pool:
         for _ in range(cold):
             t = time.perf_counter()
             sandbox = await pool.acquire(spec)
             out["start"].append(time.perf_counter() - t)
             pool.release(sandbox)
             await pool.settled(sandbox)
-    async with SandboxPool(PoolConfig(backend=backend)) as pool:
+    async with SandboxPool(PoolConfig(backend=backend, page_cache=page_cache)) as pool:
         async with pool.lease(spec) as sandbox:
             for _ in range(resets):
                 t = time.perf_counter()
@@ -75,6 +77,31 @@ def plain_enroot(image: str, commands: int) -> list[float]:
         subprocess.run(enroot.remove("air-bench-plain"), env=env, capture_output=True)
 
 
+def unpack(image: str, runs: int = 2) -> dict:
+    """`enroot create` of the image into a new folder on the node's tmpfs (/dev/shm) and on its disk (/var/tmp), each
+    removed after: what a pool's first sandbox of an image waits for, with and without the copy."""
+    import tempfile
+
+    from air import squashfs
+    from air.sandbox.enroot.launcher import USERNS, Enroot
+    from air.sandbox.enroot.pool import enroot_root
+
+    enroot = Enroot(enroot_root())
+    path, _ = squashfs.resolve(image)
+    out: dict = {"unpack to tmpfs": [], "unpack to disk": []}
+    for _ in range(runs):
+        for what, under in (("unpack to tmpfs", "/dev/shm"), ("unpack to disk", "/var/tmp")):
+            data = tempfile.mkdtemp(prefix="air-bench-unpack-", dir=under)
+            env = {**os.environ, **enroot.environ(), "ENROOT_DATA_PATH": data}
+            try:
+                t = time.perf_counter()
+                subprocess.run(enroot.create(path, "root"), env=env, check=True, capture_output=True)
+                out[what].append(time.perf_counter() - t)
+            finally:
+                subprocess.run([*USERNS, "rm", "-rf", data], capture_output=True)
+    return out
+
+
 def enroot_part(args: argparse.Namespace) -> dict:
     argv = [str(Path(__file__).resolve()), "--only-enroot", "--image", args.image, "--cold", str(args.cold),
             "--resets", str(args.resets), "--commands", str(args.commands)]
@@ -105,6 +132,9 @@ def main() -> None:
     if args.only_enroot:
         result = asyncio.run(measure("enroot", args.image, args.cold, args.resets, args.commands))
         result["plain enroot start"] = plain_enroot(args.image, max(3, args.commands // 5))
+        shared = asyncio.run(measure("enroot", args.image, args.cold, args.resets, 0, page_cache="shared"))
+        result["start, root on disk"], result["reset, root on disk"] = shared["start"], shared["reset"]
+        result.update(unpack(args.image))
         print(json.dumps(result))
         return
     docker = asyncio.run(measure("docker", args.image, args.cold, args.resets, args.commands))
@@ -118,6 +148,12 @@ def main() -> None:
     p = statistics.median(enroot["plain enroot start"])
     rows["plain enroot start"] = {"enroot": p, "per command over enroot's true": p / rows["true"]["enroot"]}
     print(f"{'plain enroot start':22} {'':>10} {p * 1000:8.1f}ms {p / rows['true']['enroot']:6.0f}x enroot's true")
+    for what, over in (("start, root on disk", "start"), ("reset, root on disk", "reset"),
+                       ("unpack to tmpfs", None), ("unpack to disk", None)):
+        m = statistics.median(enroot[what])
+        rows[what] = {"enroot": m}
+        ratio = f"{rows[over]['enroot'] / m:6.2f}x: the copy's over this" if over else ""
+        print(f"{what:22} {'':>10} {m * 1000:8.1f}ms {ratio}")
     if args.json:
         args.json.write_text(json.dumps({"medians": rows, "docker": docker, "enroot": enroot}, indent=1))
 

@@ -1,13 +1,16 @@
 """What forking a live sandbox costs (issue #48), against the two ways there were before, in one run.
 
     python bench/bench_fork.py [--homes 20 200] [--branches 1 2 4 8] [--reps 3] [--json]
+    python bench/bench_fork.py --against DIR [--rounds 3] ...   (the fork alone, this tree and DIR's in turn)
 
 For each home size (MB of incompressible files the agent wrote in its workspace):
 - snapshot: capture (the warden reads the agent's places), its staging on the host (once per snapshot, on its first
   restore: every fork of it links that file), the sealed file's save and load, its size;
 - fork to N branches: N warm sandboxes leased from the pool and the snapshot restored into each, as fork() does
-  (air/sandbox/branches.py: from 2 branches on the home is unpacked once and shared, each branch a new cell over it;
-  one branch copies); the restore alone and lease + restore, in total and per branch; what a branch holds in memory
+  (air/sandbox/branches.py: from 3 branches on the home is unpacked once and shared, each branch a new cell over it;
+  fewer copy; and a snapshot forked again keeps its tree for every later fork, from one branch on: every row here
+  follows a first, warm-up fork of the snapshot, so its reps are on the kept tree, the first of them making it);
+  the restore alone and lease + restore, in total and per branch; what a branch holds in memory
   (its own layer: the home's tmpfs usage) and the shared tree (once per fork); the same N restored by copy instead,
   through the staged file (as before the shared home) and through the warden's stream (a remote daemon);
 - `docker commit` + `docker run` of the same state: a plain container whose writable layer holds the same files,
@@ -15,6 +18,11 @@ For each home size (MB of incompressible files the agent wrote in its workspace)
 - re-running the prefix: prisoners-dilemma's 4-turn prefix of its scripted story (look, validate, rewrite,
   validate) in a fresh lease, its env seconds (the model's time not counted, so the ratio is a floor).
 Ratios are printed side by side from the same run.
+
+--quick: the fork's lease + restore alone (no prefix re-run, no commit + run, no copied or streamed restores).
+--against DIR (another tree of air, e.g. a `git archive` of main): the quick measurement run by DIR's air and by this
+tree's, each in a subprocess, --rounds times in alternation, so a shared machine's load falls on both alike; printed
+per home and N: each side's median over rounds of restore and lease + restore per branch, and DIR's over this tree's.
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -64,7 +75,7 @@ async def snapshot_of(pool: SandboxPool, home_mb: int):
         return snap, time.perf_counter() - started
 
 
-async def fork_once(pool: SandboxPool, env: TaskEnvironment, snap, n: int) -> dict:
+async def fork_once(pool: SandboxPool, env: TaskEnvironment, snap, n: int, quick: bool = False) -> dict:
     """Lease n staged sandboxes (warm), restore the snapshot into each as fork() does; then the same by copy (the
     staged file, the stream): seconds of each part, and what a branch holds."""
     leased = time.perf_counter()
@@ -75,6 +86,12 @@ async def fork_once(pool: SandboxPool, env: TaskEnvironment, snap, n: int) -> di
     how = await restore_all(sandboxes, shell)
     done = time.perf_counter()
     own = await _home_used(sandboxes[-1])  # a branch's own layer (the last: not the maker, from 2 on)
+    if quick:
+        for cm in reversed(stack):
+            await cm.__aexit__(None, None, None)
+        await pool.wait_idle()
+        return {"lease_s": restored - leased, "restore_s": done - restored, "shared": how.shared, "how": how.how,
+                "tree_bytes": how.tree_bytes, "home_used_bytes": own}
     for sb in sandboxes:
         await sb.session.reset()
     copied = time.perf_counter()  # every branch copies, from the staged file (before the shared home)
@@ -138,11 +155,12 @@ async def prefix_rerun(pool: SandboxPool) -> dict:
         return {"lease_s": leased - started, "env_s": episode.env_seconds, "total_s": time.perf_counter() - started}
 
 
-async def main(homes: list[int], ns: list[int], reps: int) -> dict:
+async def main(homes: list[int], ns: list[int], reps: int, quick: bool = False) -> dict:
     out: dict = {"homes": {}}
     async with SandboxPool(PoolConfig(max_sandboxes=max(ns) + 2, gpu_ids=[], lease_timeout=600)) as pool:
-        prefix = [await prefix_rerun(pool) for _ in range(reps)]
-        out["prefix"] = {k: statistics.median(p[k] for p in prefix) for k in prefix[0]}
+        if not quick:
+            prefix = [await prefix_rerun(pool) for _ in range(reps)]
+            out["prefix"] = {k: statistics.median(p[k] for p in prefix) for k in prefix[0]}
         env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
         for home_mb in homes:
             row: dict = {}
@@ -159,12 +177,16 @@ async def main(homes: list[int], ns: list[int], reps: int) -> dict:
                 t2 = time.perf_counter()
             row["snapshot"] = {"capture_s": capture_s, "stage_s": stage_s, "save_s": t1 - t0, "load_s": t2 - t1,
                                "file_bytes": size}
-            await fork_once(pool, env, snap, max(ns))  # warm: max(ns) staged sandboxes idle in the pool
+            await fork_once(pool, env, snap, max(ns), quick)  # warm: max(ns) staged sandboxes idle in the pool
             row["fork"] = {}
             for n in ns:
-                runs = [await fork_once(pool, env, snap, n) for _ in range(reps)]
+                runs = [await fork_once(pool, env, snap, n, quick) for _ in range(reps)]
                 med = {k: statistics.median(r[k] for r in runs) if isinstance(runs[0][k], (int, float))
                        and not isinstance(runs[0][k], bool) else runs[0][k] for k in runs[0]}
+                if quick:
+                    row["fork"][n] = {**med, "restore_per_branch_ms": 1000 * med["restore_s"] / n,
+                                      "lease_and_restore_per_branch_ms": 1000 * (med["lease_s"] + med["restore_s"]) / n}
+                    continue
                 commit = commit_and_run(home_mb, n)
                 row["fork"][n] = {
                     **med, "restore_per_branch_ms": 1000 * med["restore_s"] / n,
@@ -202,13 +224,59 @@ def _print(result: dict) -> None:
                   f"{f['x_vs_prefix_env_only']:>12.1f}x")
 
 
+def run_tree(tree: Path, args: argparse.Namespace) -> dict:
+    """The quick measurement by another tree's air (its warden's bundle is that tree's too), in a subprocess."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, __file__, "--quick", "--json", "--reps", str(args.reps), "--homes",
+                          *map(str, args.homes), "--branches", *map(str, args.branches)],
+                         env=env, capture_output=True, text=True, check=True, cwd=tree)
+    return json.loads(out.stdout)
+
+
+def alternate(args: argparse.Namespace) -> dict:
+    """--rounds of DIR's and this tree's quick measurement in turn: per home and N, each side's median over rounds."""
+    here = Path(__file__).resolve().parent.parent
+    rounds: dict = {"this": [], "against": []}
+    for _ in range(args.rounds):
+        rounds["against"].append(run_tree(args.against.resolve(), args))
+        rounds["this"].append(run_tree(here, args))
+    keys = ("restore_per_branch_ms", "lease_and_restore_per_branch_ms")
+    return {side: {home: {n: {**{k: statistics.median(r["homes"][home]["fork"][n][k] for r in runs) for k in keys},
+                              "rounds": [r["homes"][home]["fork"][n]["lease_and_restore_per_branch_ms"]
+                                         for r in runs], "how": runs[0]["homes"][home]["fork"][n]["how"]}
+                          for n in runs[0]["homes"][home]["fork"]} for home in runs[0]["homes"]}
+            for side, runs in rounds.items()} | {"against_tree": str(args.against)}
+
+
+def _print_alternation(result: dict) -> None:
+    print(f"against {result['against_tree']}: medians over rounds, per branch (ratio: theirs / this tree's)")
+    for home, by_n in result["this"].items():
+        for n, mine in by_n.items():
+            theirs = result["against"][home][n]
+            print(f"home {home:>4} MB N={n:>2} ({'shared' if mine['how'] == 'shared' else 'copied'}): restore "
+                  f"{mine['restore_per_branch_ms']:6.2f} ms vs {theirs['restore_per_branch_ms']:6.2f} "
+                  f"({theirs['restore_per_branch_ms'] / mine['restore_per_branch_ms']:.2f}x); lease + restore "
+                  f"{mine['lease_and_restore_per_branch_ms']:6.2f} vs {theirs['lease_and_restore_per_branch_ms']:6.2f} "
+                  f"({theirs['lease_and_restore_per_branch_ms'] / mine['lease_and_restore_per_branch_ms']:.2f}x)")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--homes", nargs="*", type=int, default=[20, 200])
     parser.add_argument("--branches", nargs="*", type=int, default=[1, 2, 4, 8])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="the fork's lease + restore alone")
+    parser.add_argument("--against", type=Path, help="another tree of air, measured in alternation with this one")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    if args.against is not None:
+        alternation = alternate(args)
+        print(json.dumps(alternation, indent=2)) if args.json else _print_alternation(alternation)
+        sys.exit(0)
+    if args.quick:
+        print(json.dumps(asyncio.run(main(args.homes, args.branches, args.reps, quick=True))))
+        sys.exit(0)
     result = asyncio.run(main(args.homes, args.branches, args.reps))
     print(json.dumps(result) if args.json else "", end="")
     if not args.json:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU node check: air on a bare GPU node (no Docker, no NVIDIA toolkit, no network), end to end, in at most six
+# The GPU node check: air on a bare GPU node (no Docker, no NVIDIA toolkit, no network), end to end, in at most nine
 # minutes. Two halves:
 #   scripts/gpu-node-check.sh --stage   here, on a machine with the set-up's Docker engine and PyPI: the daemon's
 #                                       binaries (xz) and the Python 3.12 wheels air needs beyond what the node has,
@@ -163,11 +163,22 @@ for row in json.load(sys.stdin):
         print(row.get('name'), '|', row.get('ok'), '|', row.get('detail'), '|', row.get('fix', ''))"
 
 stage "the GPU-marked tests"
-timeout 170 "$PY" -m pytest -q -n0 -s -m gpu -p no:cacheprovider tests/test_gpu_node.py 2>&1 | tee "$OUT/tests.log" \
+timeout 330 "$PY" -m pytest -q -n0 -s -m gpu -p no:cacheprovider tests/test_gpu_node.py 2>&1 | tee "$OUT/tests.log" \
   | grep -E "GPU-CHECK|passed|failed|Error|error|assert"
 
 stage "one scripted episode of the GPU task"
-timeout 130 "$PY" -m air.cli.main run --task gpu-cnn-speedrun 2>&1 | tee "$OUT/episode.log" | tail -40
+timeout 150 "$PY" -m air.cli.main run --task gpu-cnn-speedrun 2>&1 | tee "$OUT/episode.log" | tail -40
+
+stage "what an enroot run would find here (facts only: air's enroot backend is not run on this node)"
+for p in enroot mksquashfs unsquashfs newuidmap newgidmap; do printf '%s: %s\n' "$p" "$(command -v "$p" || echo absent)"; done
+for f in /proc/sys/user/max_user_namespaces /proc/sys/kernel/unprivileged_userns_clone \
+  /proc/sys/kernel/apparmor_restrict_unprivileged_userns; do
+  [ -e "$f" ] && echo "$f = $(cat "$f")"
+done
+if id nobody >/dev/null 2>&1 && command -v setpriv >/dev/null; then
+  echo "an ordinary user's user namespace: $(timeout 10 setpriv --reuid=65534 --regid=65534 --clear-groups \
+    unshare --user --map-root-user --net --pid --fork --mount sh -c 'id -u; ls /sys/class/net | tr "\n" " "' 2>&1 | tr '\n' ' ')"
+fi
 
 stage "summary"
 grep -h "GPU-CHECK" "$OUT/tests.log" | sed 's/^.*GPU-CHECK /- /'

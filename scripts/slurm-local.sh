@@ -11,12 +11,15 @@
 # Everything lives under $SLURM_LOCAL_DIR (default /var/lib/air-slurm-local, readable by every user: its slurm.conf).
 # Loopback only: the node's address and the controller's are 127.0.0.1. The simplest plugins that run in a container
 # without systemd: processes tracked by parentage (proctrack/linuxproc), no task plugin, no accounting; a job's
-# limits are then air's own (cgroups the node delegates to the user; docs/hpc.md).
+# limits are then air's own (cgroups the node delegates to the user; docs/hpc.md). SLURM_LOCAL_GPUS=N (at `up`)
+# gives the node N stand-in GPUs (character devices of the NVIDIA major that nothing can open) as Slurm gres, so
+# `srun --gres=gpu:1` hands a job one and sets its CUDA_VISIBLE_DEVICES as on a GPU node.
 set -euo pipefail
 
 W=${SLURM_LOCAL_DIR:-/var/lib/air-slurm-local}
 CONF=$W/slurm.conf
 NODE=$(hostname -s)
+GPUS=${SLURM_LOCAL_GPUS:-0}
 
 say() { echo "slurm-local: $*" >&2; }
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
@@ -35,6 +38,8 @@ config() {
   local cpus mem
   cpus=$(nproc)
   mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 - 1024 ))
+  local gres=""
+  [ "$GPUS" -gt 0 ] && gres=" Gres=gpu:$GPUS"
   cat >"$CONF" <<EOF
 ClusterName=airlocal
 SlurmctldHost=$NODE(127.0.0.1)
@@ -55,10 +60,20 @@ SlurmctldPidFile=$W/slurmctld.pid
 SlurmdPidFile=$W/slurmd.pid
 SlurmctldLogFile=$W/log/slurmctld.log
 SlurmdLogFile=$W/log/slurmd.log
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
+GresTypes=gpu
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN$gres
 PartitionName=air Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
   chmod 644 "$CONF"
+  # Stand-in GPUs: character devices of the NVIDIA major at minors no driver uses, so that Slurm's gres/gpu plugin
+  # hands jobs GPUs (and sets CUDA_VISIBLE_DEVICES) on a machine without one; nothing can open them.
+  : >"$W/gres.conf"
+  local i
+  for ((i = 0; i < GPUS; i++)); do
+    [ -e "$W/dev/gpu$i" ] || { mkdir -p "$W/dev" && mknod "$W/dev/gpu$i" c 195 $((200 + i)); }
+    echo "Name=gpu File=$W/dev/gpu$i" >>"$W/gres.conf"
+  done
+  chmod 644 "$W/gres.conf"
 }
 
 up() {

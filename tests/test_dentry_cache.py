@@ -25,7 +25,6 @@ import tempfile
 import pytest
 
 from air.sandbox import PoolConfig, SandboxPool
-from conftest import ENROOT
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 from dentry_channel import BITS, CHANCE_BOUND, CONTROL_FLOOR, agreement, command, key, message, recovered
@@ -36,13 +35,6 @@ CONCURRENT_FLOOR = 200
 """What the control between two sandboxes at once must recover: it read 226-240 of 256 before the copy."""
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.heavy]
-OPEN_ON_ENROOT = pytest.mark.xfail(ENROOT, strict=False, reason=(
-    "AIR_TEST_BACKEND=enroot: looked-up names stay cached (no tmpfs copy of the image, and the warden may not drop "
-    "the kernel's dentries): the channel is open there, docs/hpc.md; its cause is pinned by tests/test_enroot.py"))
-# heavy: timing channels read 256 bits each, several minutes in all, and their positive controls need the cores to
-# themselves (under CI's two-at-a-time lane a control read 156 of 256): bench/heavy_tests.sh runs them, on a quiet
-# machine. CI keeps the fingerprint's dentry probe (tests/test_fresh_cells.py).
-
 
 def assert_chance(sent: str, got: str, where: str) -> None:
     agreed = agreement(sent, got)
@@ -86,7 +78,6 @@ async def agent_runs(sandbox, script: str) -> str:
     return r.stdout
 
 
-@OPEN_ON_ENROOT
 @pytest.mark.parametrize("isolation", ["cells", "containers"])
 async def test_a_lease_cannot_reach_the_next_lease_through_dentries(images, run_id, isolation):
     """The agent of one lease writes; the agent of the next lease of the same task reads (the same container's next
@@ -106,7 +97,27 @@ async def test_a_lease_cannot_reach_the_next_lease_through_dentries(images, run_
     assert_chance(sent, got, f"lease to lease ({isolation})")
 
 
-@OPEN_ON_ENROOT
+async def test_a_lease_cannot_reach_the_next_lease_through_the_homes_dentries(images, run_id):
+    """The same through the agent's home: each cell's home is an overlay of its own over the sandbox's pristine home
+    (warden/cell.py), where a missing name's lookup reaches. On enroot the pristine home lay on the node's disk under
+    the sandbox's overlay, and the next lease read 244-248 of 256 bits; it is a tmpfs of the sandbox's own now
+    (enroot/launcher.py). On Docker the warden's drop of the host's dentries at a cell's end closes it. The control:
+    writer and reader in one cell, in the same directory."""
+    sent, k, top = message(5), key(), CONTROL_TOP["cells"]
+    control, control_script = control_command()
+    config = PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=300)
+    async with SandboxPool(config) as pool:
+        env = TaskEnvironment(load_task("prisoners-dilemma"), pool)
+        async with env.lease() as writer:
+            assert_control(control, await agent_runs(writer, control_script), "lease, the home")
+            assert "wrote" in await agent_runs(writer, command("write", k, sent, top))
+        await pool.wait_idle()
+        async with env.lease() as reader:
+            assert reader.container_id == writer.container_id, "the same sandbox's next cell"
+            got = recovered(await agent_runs(reader, command("read", k, str(BITS), top)))
+    assert_chance(sent, got, "lease to lease, the home")
+
+
 @pytest.mark.parametrize("isolation", ["cells", "containers"])
 @pytest.mark.parametrize("reader", ["a later evaluation", "the agent"])
 async def test_an_evaluation_cannot_reach_through_dentries(images, run_id, tmp_path, monkeypatch, isolation, reader):
@@ -130,7 +141,6 @@ async def test_an_evaluation_cannot_reach_through_dentries(images, run_id, tmp_p
     assert_chance(sent, got, f"evaluation to {reader} ({isolation})")
 
 
-@OPEN_ON_ENROOT
 @pytest.mark.parametrize("page_cache", ["pinned", "shared"])
 async def test_two_sandboxes_at_once_share_no_dentries(images, run_id, page_cache):
     """The agent of one sandbox writes while the agent of another sandbox of the image, leased at the same time,
@@ -154,7 +164,6 @@ async def test_two_sandboxes_at_once_share_no_dentries(images, run_id, page_cach
         assert agreed <= CHANCE_BOUND, f"the reader recovered {agreed} of {BITS} bits (chance: {BITS // 2})"
 
 
-@OPEN_ON_ENROOT
 async def test_a_sandbox_fusion_request_cannot_reach_the_next_request_through_dentries(images, run_id):
     """verl's code under test in request A writes; request B, served next by the same sandbox, reads."""
     from air.services.sandbox_fusion.config import SandboxFusionConfig

@@ -16,6 +16,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -165,6 +166,43 @@ def test_gpu_claims_on_a_node_hold_each_gpu_once_share_apart_and_come_back_from_
     assert locks.try_take(2).gpu_ids == ("0", "1")
 
 
+def test_an_images_root_on_the_nodes_tmpfs_is_swept_only_once_no_pool_uses_or_makes_it(tmp_path):
+    """copies.py: a root whose USE file a pool holds shared (using it), or whose maker holds it (a pool looking for
+    it), is spared; the others are handed to the sweep, each with its USE file held exclusively, so no pool takes
+    the root while it is removed; a killed holder lets go at once."""
+    import fcntl
+    import signal
+
+    from air.sandbox.enroot import copies
+
+    for name in ("air-image-a", "air-image-b", "air-image-c", "not-an-image"):
+        (tmp_path / name).mkdir()
+    used = copies.locked(tmp_path / ("air-image-a" + copies.USE), fcntl.LOCK_SH)
+    child = subprocess.Popen([shutil.which("python3"), "-c", "import fcntl, sys, time; "
+                              "sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
+                              "from air.sandbox.enroot import copies; "
+                              "copies.locked(Path(sys.argv[2]), fcntl.LOCK_SH); print('held', flush=True); "
+                              "time.sleep(600)", str(ROOT), str(tmp_path / ("air-image-b" + copies.USE))],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        found = copies.unused(tmp_path)
+        assert [p.name for p, _ in found] == ["air-image-c"]
+        probe = os.open(tmp_path / ("air-image-c" + copies.USE), os.O_RDWR)
+        with pytest.raises(BlockingIOError):  # held for the sweep: a pool waits until the root is gone
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        os.close(probe)
+        for _, fd in found:
+            os.close(fd)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    found = copies.unused(tmp_path)
+    assert [p.name for p, _ in found] == ["air-image-b", "air-image-c"]  # the killed holder's too
+    for fd in [used, *(fd for _, fd in found)]:
+        os.close(fd)
+
+
 def test_a_gpu_task_asking_more_than_the_nodes_gpus_is_one_line(tmp_path, monkeypatch):
     import asyncio
 
@@ -255,8 +293,10 @@ def test_air_doctor_says_what_the_node_gives():
     assert rows["network namespaces"]["ok"] and rows["network namespaces"]["detail"] == "a new one has only lo"
     assert "cgroup delegation" in rows and "not on enroot" in rows
     assert rows["GPUs"]["detail"].startswith(("none visible", "1 ", "2 ", "3 ", "4 ", "8 ")), rows["GPUs"]
+    assert rows["image roots"]["ok"] and "/dev/shm (tmpfs" in rows["image roots"]["detail"], rows["image roots"]
     listed = json.loads(result.stdout[result.stdout.index("["):])
     assert not [r for r in listed if r["name"] == "not on enroot" and "GPU" in r["detail"]]  # GPUs pass now
+    assert not [r for r in listed if r["name"] == "not on enroot" and "looked-up names" in r["detail"]]  # nor names
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -301,20 +341,46 @@ def test_an_episode_runs_through_srun_on_a_slurm_node():
     _episode(via=("srun", "--ntasks=1", "--cpus-per-task=2"))
 
 
-# What differs on enroot, each named (docs/hpc.md): pages of the image in the node's page cache (no pins), the names
-# looked up in the image's root (the kernel's dentries, not dropped), the node's disk space under the root, the files
-# enroot itself writes when it starts a container (its lock, wtmp), and the node user's inotify instances, which the
-# kernel counts for all of the user's sandboxes together.
+def _slurm_gpus() -> int:
+    if shutil.which("srun") is None or not (os.environ.get("SLURM_CONF") or os.path.exists("/etc/slurm/slurm.conf")):
+        return 0
+    shown = subprocess.run(["sinfo", "-h", "-o", "%G"], capture_output=True, text=True, timeout=30).stdout
+    return max((int(g.split(":")[-1].split("(")[0]) for g in shown.split(",") if g.startswith("gpu:")), default=0)
+
+
+def test_two_slurm_jobs_on_one_node_are_handed_out_their_own_gpus(tmp_path):
+    """Slurm's --gres=gpu:1 gives each job one GPU and says which in CUDA_VISIBLE_DEVICES; air's allocator
+    (gpus.detect_gpus, every backend's default gpu_ids) hands out only that one, so two jobs on one node never
+    both take GPU 0. Stand-ins: the one-node cluster's gres (`SLURM_LOCAL_GPUS=2 scripts/slurm-local.sh up`) and an
+    nvidia-smi listing the node's two GPUs (no driver here)."""
+    if _slurm_gpus() < 2:
+        pytest.skip("no Slurm node with 2 GPUs here: `SLURM_LOCAL_GPUS=2 scripts/slurm-local.sh deps up` (root)")
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nfor i in 0 1; do echo \"$i, GPU-node-$i\"; done\n")
+    smi.chmod(0o755)
+    tmp_path.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update(PATH=f"{tmp_path}:{env['PATH']}", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    probe = ("import sys, time; from air.sandbox.gpus import detect_gpus; print(detect_gpus(), flush=True); "
+             "time.sleep(float(sys.argv[1]))")
+    jobs = [subprocess.Popen(["srun", "--ntasks=1", *gres, sys.executable, "-c", probe, hold], env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for gres, hold in ((["--gres=gpu:1"], "5"), (["--gres=gpu:1"], "5"), ([], "0"))]
+    seen = [job.communicate(timeout=120) for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0, 0], seen
+    first, second, control = (out.strip() for out, _ in seen)
+    assert sorted([first, second]) == ["['0']", "['1']"]  # both at once: one GPU each, not the same
+    assert control == "['0', '1']"  # the control: a job without gres is handed out every GPU the node lists
+
+
+# What differs on enroot, each named (docs/hpc.md): pages of the image in the node's page cache (no pins), the node's
+# disk space under the root, the files enroot itself writes when it starts a container (its lock, wtmp), and the node
+# user's inotify instances, which the kernel counts for all of the user's sandboxes together.
 NO_PINS = r"page_cache:"
 NODE_DISK = r"df:/\.lock"
 MADE_BY_ENROOT = (r"(files|mounts|df):/(\.lock|srv|var|var/log|var/log/wtmp)(#\d)?:(atime|mtime|ctime|ino|super)"
                   r"|mounts:/home/agent#1:root")  # the home: the sandbox's own empty folder (Docker's: a new tmpfs)
 SHARED_INOTIFY = "limits_in_use:inotify_instances_left"
-NAMES_KEPT = r"dentries:/usr/lib:"
-"""The names a cell looked up stay cached: the warden may not drop the kernel's dentries (vm.drop_caches is the node's
-root's), and the image's root is the node's disk, under an overlay of the sandbox's own (no tmpfs copy)."""
-
-
 @pytest.mark.enroot
 @pytest.mark.slow
 def test_a_rollout_leaves_a_later_lease_nothing_but_the_named_differences():
@@ -326,11 +392,13 @@ def test_a_rollout_leaves_a_later_lease_nothing_but_the_named_differences():
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert "planted" in seen["planted"] and "holder has" in seen["planted"], seen["planted"]
     assert seen["same"] and seen["controls"] == ["cached"] * 3
-    assert "vm.drop_caches" in seen["names_kept"], seen["names_kept"]  # the cause of NAMES_KEPT, as the warden says
-    unnamed = [d for d in seen["next_lease"] if not re.match(f"{NO_PINS}|{NODE_DISK}|{NAMES_KEPT}", d)]
+    # The warden may not drop the kernel's dentries (vm.drop_caches is the node's root's), and needs not: every
+    # directory a cell looks names up in keeps none (the image's root and /srv/air are tmpfs: enroot/pool.py).
+    assert seen["names_kept"] == "", seen["names_kept"]
+    unnamed = [d for d in seen["next_lease"] if not re.match(f"{NO_PINS}|{NODE_DISK}", d)]
     assert not unnamed, unnamed  # the same sandbox at its next lease: new in everything but the page cache
     unnamed = [d for d in seen["never_used"]
-               if not re.match(f"{NO_PINS}|{NODE_DISK}|{MADE_BY_ENROOT}|{SHARED_INOTIFY}|{NAMES_KEPT}", d)]
+               if not re.match(f"{NO_PINS}|{NODE_DISK}|{MADE_BY_ENROOT}|{SHARED_INOTIFY}", d)]
     assert not unnamed, unnamed
     # Pinned, not fixed: the attacker's inotify instances (held by a process that outlived its lease until the reset)
     # were the never-used sandbox's too: the node user's limit is shared by every sandbox of the user.

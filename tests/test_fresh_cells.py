@@ -179,8 +179,8 @@ HOST_GLOBAL = [
     r"net:/proc/self/net/(softnet_stat|stat/.*)",
 ]
 if ENROOT:  # what differs on enroot, each named in docs/hpc.md and pinned in tests/test_enroot.py:
-    # no page-cache pins, and looked-up names stay cached (`air doctor` names both);
-    HOST_GLOBAL += [r"page_cache:.*", r"dentries:/usr/lib"]  # whole keys (fullmatch): a page_cache key names its file
+    # no page-cache pins (`air doctor` names it); looked-up names are not kept there either (enroot/pool.py);
+    HOST_GLOBAL += [r"page_cache:.*"]  # whole keys (fullmatch): a page_cache key names its file
     # the files enroot writes when it starts a container (its lock, wtmp), the sandbox's own folder bound at the home;
     CONTAINER_CLOCKS += [r"(files|mounts):/(\.lock|srv|var|var/log|var/log/wtmp)(#\d)?:(atime|mtime|ctime|ino|super)",
                          r"mounts:/home/agent#1:root"]

@@ -101,6 +101,30 @@ def test_the_cdi_spec_air_writes_names_each_gpu_and_shares_the_driver_read_only(
                                 "options": ["ro", "nosuid", "nodev", "bind"]}]
 
 
+@pytest.mark.parametrize(("given", "handed_out"), [
+    (None, ["0", "1", "2", "3"]),  # nothing said: every GPU the driver lists
+    ("1,3", ["1", "3"]),  # Slurm's --gres=gpu:2 on a node without ConstrainDevices: the node's numbering
+    ("GPU-c2", ["2"]),  # by UUID, as CUDA also reads it
+    ("", []), ("NoDevFiles", []),  # a job given no GPU: none (CUDA would see none either)
+])
+def test_the_gpus_handed_out_are_those_cuda_visible_devices_gives_the_process(tmp_path, monkeypatch, given,
+                                                                              handed_out):
+    """A stand-in nvidia-smi (no driver here) lists four GPUs; air hands out only those the process was given, so
+    two Slurm jobs on one node never both take GPU 0."""
+    from air.sandbox.gpus import detect_gpus
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n[ \"$1\" = --query-gpu=index,uuid ] || exit 9\n"
+                   "for i in 0 1 2 3; do echo \"$i, GPU-c$i\"; done\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    if given is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", given)
+    assert detect_gpus() == handed_out
+
+
 @pytest.fixture
 def stand_in_gpus(tmp_path, monkeypatch):
     """Two GPUs' device nodes of the NVIDIA major, the shared nodes and a driver folder, in place of this machine's
@@ -248,3 +272,25 @@ async def test_a_released_gpu_sandbox_stays_warm_for_its_grace_then_gives_its_gp
         assert [c for c in list_air_containers(docker_client, run=run_id) if c.task == "gpu-warm"] == []
         claims = docker_client.api.containers(all=True, filters={"label": [f"air.run={run_id}", "air.role=claim"]})
         assert not [c for c in claims if "gpu" in c["Names"][0]]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("keep", [{"reuse_gpu_sandboxes": True}, {"gpu_warm_grace": 30}], ids=["reuse", "grace"])
+async def test_a_gpu_lease_taken_while_its_last_sandbox_resets_gets_that_sandbox(images, run_id, keep):
+    """Found on an H100 (tests/test_gpu_node.py's CUDA daemon): a lease right after the release of the node's only
+    GPU sandbox made a new sandbox, which waited for the GPU the resetting one held, and failed at lease_timeout.
+    It now waits the reset's milliseconds and gets the same container in a new cell (a process the agent left
+    behind, as the daemon there, gone with the old cell)."""
+    from air.sandbox import PoolConfig, SandboxPool
+
+    spec = SandboxSpec(image="air/base:latest", task="gpu-again", resources=Resources(gpus=1, memory_mb=256))
+    config = PoolConfig(run_id=run_id, gpu_ids=["0"], request_gpu_devices=False, lease_timeout=60, **keep)
+    async with SandboxPool(config) as pool:
+        sleepers = "cat /proc/[0-9]*/comm 2>/dev/null | grep -cx sleep; ls /tmp/mine >/dev/null 2>&1; echo $?"
+        async with pool.lease(spec) as first:
+            await first.session.run("setsid nohup sleep 3600 >/dev/null 2>&1 & touch /tmp/mine", timeout=30)
+            assert (await first.session.run(sleepers, timeout=30)).stdout.split() == ["1", "0"]  # the control
+        async with pool.lease(spec) as second:  # no `settled` between: the reset is under way
+            assert second.container_id == first.container_id
+            assert pool.stats.leases == 2
+            assert (await second.session.run(sleepers, timeout=30)).stdout.split() == ["0", "2"]

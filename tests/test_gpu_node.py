@@ -7,6 +7,7 @@ its node (the device cgroup), where the GPU's own sandbox opens it (the positive
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import statistics
 import subprocess
@@ -141,7 +142,7 @@ async def test_a_cuda_process_left_running_ends_with_its_cell_and_the_next_cell_
         for _ in range(100):
             if _used_mib(index) - before < 512:
                 break
-            time.sleep(0.2)
+            await asyncio.sleep(0.2)  # the pool's reset of the released sandbox runs meanwhile
         after = _used_mib(index)
         async with pool.lease(GPU_SPEC) as again:
             free = (await again.session.run(
@@ -196,5 +197,5 @@ async def test_a_gpu_leases_new_cell_against_a_new_gpu_container(node, run_id):
                 await pool.settled(sb)
             timings[name] = statistics.median(took)
     base = timings["new container"]
-    say("lease medians: " + ", ".join(f"{k} {v * 1000:.0f} ms ({base / v:.1f}x faster than a new container)"
+    say("lease medians: " + ", ".join(f"{k} {v * 1000:.2f} ms ({base / v:.1f}x faster than a new container)"
                                       for k, v in timings.items()))

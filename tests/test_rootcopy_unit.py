@@ -65,3 +65,25 @@ def test_a_cells_root_carries_the_containers_mounts_but_the_hidden_and_the_copie
     carried = rootcopy.carried(inherited, ["/run/air-warden", "/run/air-root", "/data/set"])
     assert carried == ["/proc", "/dev", "/sys", "/etc/hosts", "/srv/air",
                        "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/home/agent"]
+
+
+def test_a_copy_with_an_empty_folder_is_mounted_anew_in_each_cell(tmp_path):
+    """enroot's copy (the node's tmpfs, bound: enroot/pool.py) has EMPTY beside its tree: each cell's root is then a
+    new overlay of it, not a bind. Docker's (the pin's volume) has none."""
+    (tmp_path / rootcopy.TREE).mkdir()
+    (tmp_path / rootcopy.DONE).write_text("[]")
+    assert rootcopy.find(str(tmp_path)) == (str(tmp_path / rootcopy.TREE), [])
+    assert rootcopy.fresh(str(tmp_path)) is False
+    (tmp_path / rootcopy.EMPTY).mkdir()
+    assert rootcopy.fresh(str(tmp_path)) is True
+
+
+def test_names_are_kept_only_under_carried_folders_of_filesystems_that_keep_them():
+    """The warden's `names_kept`: the folders a cell on the copy reaches whose filesystem keeps looked-up names (the
+    node's disk, an overlay): not tmpfs nor the kernel's views, nor a bound file, nor what is not carried."""
+    inherited = [("/", "ro", "overlay", "/"), ("/proc", "rw", "proc", "/"), ("/dev", "rw", "tmpfs", "/"),
+                 ("/srv/air", "rw", "tmpfs", "/"), ("/etc", "ro", "ext4", "/etc"), ("/etc/hostname", "ro", "ext4", "/"),
+                 ("/usr", "ro", "ext4", "/usr"), ("/run/air-root", "ro", "tmpfs", "/")]
+    carried = ["/proc", "/dev", "/srv/air", "/etc", "/etc/hostname"]
+    assert rootcopy.keeping(inherited, carried) == ["/etc"]
+    assert rootcopy.keeping(inherited, ["/proc", "/dev", "/srv/air"]) == []

@@ -120,13 +120,14 @@ def _enroot_clean(everything: bool, as_json: bool) -> None:
     import asyncio
 
     from air.sandbox.enroot import leftovers
-    from air.sandbox.enroot.pool import housekeeping, sweep
+    from air.sandbox.enroot.pool import housekeeping, sweep, sweep_copies
 
     launcher, environ = housekeeping()
     removed = asyncio.run(sweep(launcher, environ, everything=everything))
+    freed = asyncio.run(sweep_copies(environ))  # the images' roots on /dev/shm no pool uses: the node's memory
     left = leftovers.find(launcher)
     if as_json:
-        print_json({"removed": removed, "kept": len(left)})
+        print_json({"removed": removed, "kept": len(left), "image_roots_removed": freed})
     else:
         out.print(f"removed {len(removed)} enroot sandbox(es) (roots, host directories, cgroup folders); {len(left)} "
-                  f"left (live runs)")
+                  f"left (live runs); {len(freed)} image root(s) no run uses freed from /dev/shm")

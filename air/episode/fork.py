@@ -23,8 +23,9 @@ async def fork(task_env, snap: Snapshot, n: int, *, config=None, writers=None,
                meta: dict[str, Any] | None = None, share_from: int = SHARE_FROM) -> AsyncIterator[list]:
     """n branches of the snapshot, each a new sandbox (a new cell, with its own GPUs where the task has them, leased
     as any rollout's) with the snapshot's files and shell, and an Episode continuing at turn snap.turn + 1 from its
-    rewards. The branches share the snapshot's home where they can and are at least `share_from`
-    (air/sandbox/branches.py: unpacked once, each branch's home a new layer over it), else each copies it. Yields
+    rewards. The branches share the snapshot's home where they can and are at least `share_from`, or the snapshot
+    was forked before (air/sandbox/branches.py: unpacked once, each branch's home a new layer over it; kept for the
+    snapshot's later forks), else each copies it. Yields
     [Branch]; every sandbox goes back to the pool (reset) on leaving: the first (the shared home's maker, whose
     memory holds it) last, once the others' cells have ended."""
     check_task(snap, task_env.spec)

@@ -261,10 +261,13 @@ class SandboxPool:
                 if idle:
                     self._idle.move_to_end(spec.key)
                     return idle.popleft()
-                if len(self._live) + self._reserved < self.config.max_sandboxes:
+                # A GPU sandbox of the key on its way back to idle: wait the milliseconds of its reset, for a new
+                # sandbox would wait for the GPUs it holds (on a node's last GPU, until the deadline)
+                awaited = reuse_idle and bool(spec.resources.gpus) and self._resetting(spec.key)
+                if not awaited and len(self._live) + self._reserved < self.config.max_sandboxes:
                     self._reserved += 1
                     return None
-                victim = self._evictable(spec.key)
+                victim = None if awaited else self._evictable(spec.key)
                 if victim is not None:
                     self._spawn(self._remove(victim))
                     continue
@@ -276,6 +279,14 @@ class SandboxPool:
                     raise PoolExhausted(
                         f"no sandbox free within {self.config.lease_timeout:g}s: {len(self._live)} live of "
                         f"max_sandboxes={self.config.max_sandboxes}, all leased") from None
+
+    def _resetting(self, key: str) -> bool:
+        """A released sandbox of `key` is being reset and goes back to idle afterwards (a GPU sandbox kept warm):
+        until then it holds its GPUs (caller holds the condition; its removal or return to idle notifies)."""
+        if not (self.config.reuse_gpu_sandboxes or self.config.gpu_warm_grace):
+            return False
+        return any(sandbox.spec.key == key and sandbox in self._live and sandbox not in self._borrowers
+                   and not task.done() for sandbox, task in self._settling.items())
 
     def _evictable(self, key: str) -> BaseSandbox | None:
         """The least recently used idle sandbox of another key (caller holds the condition)."""

@@ -72,15 +72,25 @@ class HostGpus:
 
 
 def detect_gpus() -> list[str]:
-    """GPU indices nvidia-smi reports on the host; empty without a GPU or driver."""
+    """The GPU indices this process may hand out: nvidia-smi's, narrowed to those `CUDA_VISIBLE_DEVICES` names
+    where it is set (by index or UUID, as CUDA reads it). Slurm's `--gres=gpu:N` sets it to the job's GPUs, in the
+    numbering nvidia-smi shows the job (the node's without `ConstrainDevices`, the job's own with it): without it,
+    every job sharing a node would hand out GPU 0. Empty without a GPU or driver, or where it names none."""
     if shutil.which("nvidia-smi") is None:
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True,
                              text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+    if out.returncode != 0:
+        return []
+    rows = [[v.strip() for v in line.split(",")] for line in out.stdout.splitlines() if line.strip()]
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if given is None:
+        return [row[0] for row in rows]
+    named = {g.strip() for g in given.split(",") if g.strip()}
+    return [row[0] for row in rows if named.intersection(row)]
 
 
 def read_host(gpu_ids: tuple[str, ...] | None = None) -> HostGpus:

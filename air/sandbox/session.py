@@ -309,13 +309,15 @@ class Session:
         return env
 
     async def restore(self, snap: ShellSnapshot, timeout: float = 120, *, staged: Path | None = None,
-                      lower: str = "", rest: Path | None = None) -> p.Restored:
+                      lower: str = "", rest: Path | None = None, from_tree: list[str] | None = None,
+                      profile: bool = False) -> p.Restored:
         """Make this (fresh, just reset) sandbox's places the snapshot's files; its next shell starts in the
         snapshot's cwd with its exports (this sandbox's own GPUs win). SnapshotError when the snapshot is refused
         (the sandbox is then half written: release it, its reset makes it new). `staged` (stage_files): the files
         as one host file, linked into the sandbox's host directory where it has one (a local daemon), not sent.
-        `lower`: a fork's shared home (air/sandbox/branches.py), `rest` a staged tar of the other places alone; the
-        reply says whether the home was shared."""
+        `lower`: a fork's shared home (air/sandbox/branches.py), `rest` a staged tar of the other places alone,
+        `from_tree` the places taken from the tree (None: every one); the reply says whether the home was shared.
+        `profile`: the reply's spans say where the warden's time went."""
         env = {**snap.env, **gpu_env(self.sandbox, snap.env)}
         linked = self._linked(staged or (snap.staged.path if snap.staged is not None else None))
         rest_linked = self._linked(rest) if linked is not None and lower else None
@@ -324,8 +326,9 @@ class Session:
                                 f"{self._stream_limit() >> 20} MB that travel on this sandbox's warden channel (no "
                                 "host directory: a remote daemon, Kubernetes)")
         request = p.Restore(tar=b"", cwd=snap.cwd, env=env, path=f"{WARDEN_DIR}/{linked.name}", lower=lower,
-                            rest=f"{WARDEN_DIR}/{rest_linked.name}" if rest_linked else "") \
-            if linked else p.Restore(tar=snap.files, cwd=snap.cwd, env=env)
+                            rest=f"{WARDEN_DIR}/{rest_linked.name}" if rest_linked else "",
+                            from_tree=list(from_tree or ()) if rest_linked else [], profile=profile) \
+            if linked else p.Restore(tar=snap.files, cwd=snap.cwd, env=env, profile=profile)
         async with self._lock:
             link = await self._warden()
             try:

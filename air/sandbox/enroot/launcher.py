@@ -149,13 +149,18 @@ class Enroot:
         if layers is not None:
             # The overlay on the container's (empty) root folder, then enroot in that namespace. The root is
             # read-only, as a Docker sandbox's (enroot remounts it so without --rw), but for air's own folder
-            # (Docker's volume there): a bind of the overlay's own, which enroot's remount of the root leaves
-            # writable.
-            root = self.root / "data" / name
+            # (Docker's volume there): a new tmpfs of the sandbox's own, bound, which enroot's remount of the root
+            # leaves writable. A tmpfs, not the overlay's folder: the pristine home lies there, under every cell's
+            # home, and a name looked up in it would stay cached for the next rollout (the node's disk and the
+            # overlay keep negative dentries, tmpfs none: 248 of 256 bits lease to lease through the home before).
+            # (It is mounted beside the layers, not on the root's folder, where enroot's own bind of the root would
+            # hide it.)
+            root, air = self.root / "data" / name, Path(layers[1]).parent / "air"
             out = [*USERNS[:-1], "--mount", "--", "sh", "-c", 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,'
-                   f'workdir=$3,userxattr" "$4" && mkdir -p "$4{AIR_DIR}" && shift 4 && exec "$@"', "air-overlay",
-                   *layers, str(root), "enroot", "start"]
-            binds = [(f"{root}{AIR_DIR}", AIR_DIR, False), *binds]
+                   f'workdir=$3,userxattr" "$4" && mkdir -p "$4{AIR_DIR}" "$5" && mount -t tmpfs -o '
+                   'mode=755,nosuid,nodev air "$5" && shift 5 && exec "$@"', "air-overlay",
+                   *layers, str(root), str(air), "enroot", "start"]
+            binds = [(str(air), AIR_DIR, False), *binds]
         for source, target, read_only in binds:
             kind = "file" if os.path.isfile(source) else "dir"  # a driver's library is bound alone (gpus.py)
             out += ["--mount", f"{source}:{target}:x-create={kind},bind,{'ro' if read_only else 'rw'},nosuid,nodev"]

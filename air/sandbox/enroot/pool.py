@@ -5,9 +5,11 @@ Docker.
 What it keeps of the shared pool (inherited): leases and waits, idle sandboxes per key with a warm target, a health
 check before a lease, a reset (a new cell) on release, recycling after an infrastructure error or `max_leases`.
 What differs, and why:
-- A sandbox is a container root made from the image's squashfs (air/squashfs.py: `air images export-squashfs` on a
-  machine with Docker) by `enroot create`, and a launcher process (`enroot start`) whose main process is the warden,
-  in a user namespace of the user's subordinate uids (launcher.py): the agent's uid is a host uid of its own.
+- A sandbox is an overlay over the image's root, unpacked once per node user from the image's squashfs
+  (air/squashfs.py: `air images export-squashfs` on a machine with Docker) by `enroot create` into the node's tmpfs
+  (/dev/shm: every cell's root is a new overlay of it, so no name a cell looks up stays cached: `_image_root`), and a
+  launcher process (`enroot start`) whose main process is the warden, in a user namespace of the user's subordinate
+  uids (launcher.py): the agent's uid is a host uid of its own.
 - Slots are this pool's (`max_sandboxes`): no host-wide claims (they are Docker objects); a Slurm allocation bounds
   the node's share. Agent uids are drawn from the namespace's range, distinct among this pool's live sandboxes.
 - GPUs: the pool's `gpu_ids` (nvidia-smi's without them; on Slurm, the job's), each claimed by a lock file
@@ -39,13 +41,15 @@ from air.errors import InfraError, PoolExhausted, SandboxUnavailable, UsageError
 from air.sandbox import gpus, hostdir
 from air.sandbox.gpus import detect_gpus
 from air.sandbox.base_sandbox import _channel_dir
-from air.sandbox.enroot import cgroups, leftovers
+from air.sandbox.enroot import cgroups, copies, leftovers
 from air.sandbox.enroot.gpuclaims import GpuHold, GpuLocks
 from air.sandbox.enroot.launcher import USERNS, Enroot, Launcher, Userns
 from air.sandbox.enroot.sandbox import EnrootSandbox, run_launcher
 from air.sandbox.layout import AGENT_HOME, BASE_PATH, WARDEN_DIR
 from air.sandbox.base_pool import CellFailed, SandboxPool
 from air.sandbox.spec import PoolConfig, SandboxSpec
+from air.sandbox.warden import rootcopy
+from air.sandbox.warden.rootcopy import ROOT_COPY
 
 log = logging.getLogger("air.enroot")
 AGENT_UIDS = range(20000, 60000)
@@ -53,13 +57,6 @@ AGENT_UIDS = range(20000, 60000)
 under the 65536 that launcher.UID_SPAN_MIN asks, above the images' own users."""
 CREATE_TIMEOUT = 300.0
 """Seconds `enroot create` may take (it unpacks the squashfs: seconds for air/cpu on a quiet node)."""
-
-
-def _locked(path: Path) -> int:
-    """An fd holding an exclusive lock on path (blocks until it is free)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
 
 
 def enroot_root() -> Path:
@@ -73,6 +70,8 @@ class EnrootPool(SandboxPool):
         self.launcher: Launcher = Enroot(enroot_root())
         self.limit_parents = cgroups.delegated()
         self._environ: dict[str, str] = {}
+        self._copies_used: dict[str, int] = {}
+        """The images' roots on the node's tmpfs this pool uses: each name's USE file, held shared (copies.py)."""
         ids = self.config.gpu_ids if self.config.gpu_ids is not None else detect_gpus()
         if len(set(ids)) != len(ids):
             raise ValueError(f"duplicate GPU ids in {list(ids)}")
@@ -116,6 +115,9 @@ class EnrootPool(SandboxPool):
         self._idle.clear()
         if self.left_behind:
             log.warning("%d enroot container(s) left for the next pool's sweep", len(self.left_behind))
+        used, self._copies_used = self._copies_used, {}
+        for fd in used.values():  # kept for the next pool (`air containers clean` frees those none uses)
+            os.close(fd)
         atexit.unregister(self._atexit_backstop)
         return self.left_behind
 
@@ -200,7 +202,7 @@ class EnrootPool(SandboxPool):
             raise UsageError("the enroot backend gives cells no network but `lo`: a task that asks for the network "
                              "runs on Docker")
         image, image_id = squashfs.resolve(spec.image)
-        lower = await self._image_root(spec.image, image, image_id)
+        lower, copy = await self._image_root(spec.image, image, image_id)
         name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or 'sandbox').lower())[:24]}-{uuid.uuid4().hex[:8]}"
         layers = enroot_root() / "layers" / name
         for d in (layers / "upper", layers / "work", layers / "home", Path(self._environ["ENROOT_DATA_PATH"]) / name):
@@ -217,7 +219,7 @@ class EnrootPool(SandboxPool):
             env.update(gpus.sandbox_env(env, hold.gpu_ids, "devices" if devices else None))
             if "pids" not in self.limit_parents:  # the fallback: the agent's own uid, its processes counted
                 env["AIR_AGENT_PIDS"] = str(r.pids)
-            binds = [(str(directory), WARDEN_DIR, False)] + [
+            binds = [(str(directory), WARDEN_DIR, False)] + ([(str(copy), ROOT_COPY, True)] if copy else []) + [
                 (host, inside, True) for inside, host in sorted({**spec.read_only_mounts, **driver}.items())]
             if spec.workspace_mb:  # as on Docker, whose home is then a new tmpfs: the image's home files are hidden
                 binds.append((str(layers / "home"), AGENT_HOME, False))
@@ -250,24 +252,55 @@ class EnrootPool(SandboxPool):
                              channel_hold=held, launcher=self.launcher, process=process, environ=self._environ,
                              limits=limits, remover=self._remove_root)
 
-    async def _image_root(self, ref: str, image: Path, image_id: str) -> Path:
+    async def _image_root(self, ref: str, image: Path, image_id: str) -> tuple[Path, Path | None]:
         """The image's root, unpacked once per image content and node user (`enroot create`), shared read-only by
         every sandbox of the image as the lower layer of its own overlay (the first sandbox of an image waits for
-        it; others of this user, in any process, wait on its lock)."""
+        it; others of this user, in any process, wait on its lock); and the folder every cell's root is made of
+        (warden/rootcopy.py), None with `page_cache="shared"`.
+
+        The root is on the node's shared tmpfs (COPIES), where a name looked up leaves no dentry behind (tmpfs keeps
+        no negative one and never drops a positive one): on the node's disk, the names a cell looked up stayed
+        cached for the next rollout and every other sandbox of the image (256 of 256 bits, experiments.md), and the
+        warden may not drop them (vm.drop_caches is the node's root's). Its memory is the image's size, once per
+        node user, counted where the pool runs. `page_cache="shared"` keeps the root on the node's disk (ENROOT's
+        data folder): no copy, the dentry tests' positive control."""
         name = f"air-image-{image_id.split(':')[-1][:16]}"
-        root = Path(self._environ["ENROOT_DATA_PATH"]) / name
-        done = enroot_root() / "images" / f"{name}.done"
+        if self.config.page_cache == "shared":
+            images = enroot_root() / "images"
+            images.mkdir(exist_ok=True)
+            root = Path(self._environ["ENROOT_DATA_PATH"]) / name
+            return await self._unpacked(ref, image, root, images / f"{name}.done", images / f"{name}.lock"), None
+        under = copies.directory()  # the locks beside the copy: every pool of the user, whatever its AIR_RUNTIME_DIR
+        if name not in self._copies_used:  # held until close: no sweep removes it meanwhile
+            self._copies_used[name] = await asyncio.to_thread(copies.locked, under / (name + copies.USE),
+                                                              fcntl.LOCK_SH)
+        copy = under / name
+        return await self._unpacked(ref, image, copy / rootcopy.TREE, copy / rootcopy.DONE,
+                                    under / (name + copies.MAKE), empty=copy / rootcopy.EMPTY), copy
+
+    async def _unpacked(self, ref: str, image: Path, root: Path, done: Path, lock_file: Path,
+                        empty: Path | None = None) -> Path:
+        """`root` unpacked from the squashfs `image` unless `done` says it was; `done` written last (with `empty`
+        made first where given), holding `lock_file`."""
         if done.exists():
             return root
-        done.parent.mkdir(exist_ok=True)
-        lock = await asyncio.to_thread(_locked, done.with_suffix(".lock"))
+        lock = await asyncio.to_thread(copies.locked, lock_file)
         try:
             if not done.exists():
-                code = await run_launcher(self.launcher.create(image, name), self._environ, timeout=CREATE_TIMEOUT)
+                environ = {**self._environ, "ENROOT_DATA_PATH": str(root.parent)}
+                if empty is not None and root.parent.exists():  # a copy cut short: made again from nothing
+                    await run_launcher([*USERNS, "rm", "-rf", str(root.parent)], self._environ)
+                root.parent.mkdir(mode=0o755, exist_ok=True)
+                code = await run_launcher(self.launcher.create(image, root.name), environ, timeout=CREATE_TIMEOUT)
                 if code != 0:
-                    await run_launcher(self.launcher.remove(name), self._environ)
+                    await run_launcher(self.launcher.remove(root.name), environ)
                     raise SandboxUnavailable(f"`enroot create` of {ref} failed (exit {code}); the log says why")
-                done.touch()
+                if empty is not None:
+                    empty.mkdir(mode=0o755, exist_ok=True)
+                    done.with_suffix(".new").write_text("[]")  # the read-only data mounts the copy holds: none
+                    done.with_suffix(".new").rename(done)
+                else:
+                    done.touch()
         finally:
             os.close(lock)
         return root
@@ -299,6 +332,23 @@ async def sweep(launcher: Launcher, environ: dict[str, str], parents: dict[str, 
         if (everything or not left.alive) and await leftovers.remove(launcher, environ, left,
                                                                       enroot_root() / "layers"):
             gone.append(left.name)
+    return gone
+
+
+async def sweep_copies(environ: dict[str, str]) -> list[str]:
+    """Remove this user's images' roots on the node's tmpfs that no pool uses (copies.py); their names."""
+    under = copies.present()
+    if under is None:
+        return []
+    gone = []
+    for root, fd in await asyncio.to_thread(copies.unused, under):
+        try:
+            if await run_launcher([*USERNS, "rm", "-rf", str(root)], environ) == 0:
+                gone.append(root.name)
+        finally:
+            os.close(fd)
+    if gone:
+        log.info("removed %d image root(s) no pool uses from %s: %s", len(gone), under, ", ".join(gone))
     return gone
 
 

@@ -16,9 +16,6 @@ BUILD = "ENROOT_SRC=... MAKESELF_SRC=... scripts/enroot-build.sh deps build (doc
 MISSING_GUARANTEES = (
     "page cache: no pin of the image's files (a pin is a Docker container); a cell's reads can evict what the next "
     "one reads, a timing channel (SECURITY.md)",
-    "looked-up names: the kernel's dentries are not dropped between cells (vm.drop_caches is the node's root's) and "
-    "the image's root is the node's disk: names a cell looked up stay cached for later cells, a timing channel "
-    "(SECURITY.md)",
     "atimes: the container's root keeps the node's relatime (a user namespace cannot make it noatime); a cell's read "
     "can set an atime a later cell sees, once a day at most",
     "fanotify audit: `run_untrusted(watch=True)` needs CAP_SYS_ADMIN of the node, which a user namespace lacks",
@@ -49,6 +46,7 @@ def probe(images: tuple[str, ...] = ("air/base:latest", "air/cpu:latest")) -> li
         rows.append(Check("limit missing", False, line, f"as root, once: {cgroups.delegate_command()}",
                           required=False))
     rows.append(_gpus())
+    rows.append(_image_roots())
     for line in MISSING_GUARANTEES:
         rows.append(Check("not on enroot", False, line, "docs/hpc.md", required=False))
     for ref in images:
@@ -80,6 +78,23 @@ def _netns() -> Check:
     return Check("network namespaces", ok, "a new one has only lo" if ok else
                  f"unshare --net failed: {(out.stderr or out.stdout).strip()[-200:]}",
                  "" if ok else "the node forbids network namespaces to users: cells cannot be built")
+
+
+def _image_roots() -> Check:
+    """Where the images' roots are unpacked, every cell's root made of one (pool.py): the node's /dev/shm, a tmpfs,
+    whose free memory bounds them (air/cpu's is 1.8 GB)."""
+    import os
+    from pathlib import Path
+
+    from air.sandbox.enroot.copies import fstype
+
+    shm = Path("/dev/shm")
+    if fstype(shm) != "tmpfs":
+        return Check("image roots", False, f"{shm} is not a tmpfs: the backend refuses to start (names looked up "
+                     "would stay cached)", 'a node with a tmpfs at /dev/shm, or PoolConfig(page_cache="shared")')
+    v = os.statvfs(shm)
+    return Check("image roots", True, f"{shm} (tmpfs, {v.f_bavail * v.f_frsize / 1e9:.1f} GB free): each image's "
+                 "root once per user, every cell's root a new overlay of it", required=False)
 
 
 def _gpus() -> Check:

@@ -146,9 +146,16 @@ class Layout:
         """The image's tmpfs copy every cell's root is (rootcopy.py); None: the container's root."""
         self.copied = found[1] if found else []
         """The data mounts the copy holds."""
+        self.root_fresh = bool(found) and rootcopy.fresh()
+        """Each cell's root a new overlay of the copy, not a bind (the node's tmpfs on enroot: rootcopy.py)."""
         renewed = ["/dev", "/tmp", "/var/tmp", home]  # every cell mounts its own there (not /proc: read first)
+        if USERNS_FALLBACKS:  # the container's /dev carried below the cell's: its nodes are bound from there
+            renewed.remove("/dev")  # (a user namespace makes no node: _new_dev)
         self.carried = rootcopy.carried(self.inherited, [*self.hidden, *self.copied, *renewed]) if found else []
         """The container's mounts a cell's root carries (with what is under them)."""
+        self.keeping_names = rootcopy.keeping(self.inherited, self.carried) if found else ["/"]
+        """The directories a cell can look names up in whose filesystem keeps them (the warden's drop forgets them
+        where it may: dentries.py); none on enroot, whose copy and /srv/air are tmpfs."""
         self.left_behind = frozenset(point for point, _, _, _ in self.inherited if found and point != "/" and
                                      not any(_under(point, c) for c in self.carried))
         """The container's mounts a cell on the copy does not have (worked out once, not per cell)."""
@@ -219,7 +226,8 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
         netlink.configure(netlink.CELL_IFNAME, *layout.cell_net)
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     if layout.root_copy:  # the image's tmpfs copy as the root, the container's mounts carried onto it
-        rootcopy.enter(layout.root_copy, layout.carried, layout.hidden + layout.copied, mount, _check)
+        rootcopy.enter(layout.root_copy, layout.carried, layout.hidden + layout.copied, mount, _check,
+                       layout.root_fresh)
     mark("build: root copy")
     inherited = layout.inherited
     renewed = ("/proc", "/dev", "/tmp", "/var/tmp", layout.home)

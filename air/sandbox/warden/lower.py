@@ -7,12 +7,12 @@ time and in memory. Here one sandbox of the fork, the *maker*, unpacks the home 
 (the *tree*) and hands its descriptor to the host, which hands it to every branch (the maker's own included):
 
 - The tree is made by `snapshot.restore` itself (the one checker of a snapshot, which is agent-controlled data), run
-  into an overlay of the tree over the maker's pristine home, in a child of the warden with a mount namespace of its
-  own. So the tree holds what the parent's writable layer held: what differs from the pristine home, and whiteouts
-  for what the agent removed; nothing but the snapshot and the pristine home ever goes in (no hidden data). Its files
-  are the canonical agent's (snapshot.CANONICAL_UID, as in the snapshot: the pristine home is seen through an
-  idmapped mount as that uid's while the tree is made). Then its filesystem is made read-only (`mountapi.seal`): no
-  mount of it, now or cloned later, can write.
+  into an overlay of the tree over the maker's pristine home, by a thread (or a child) of the warden in a mount
+  namespace of its own. So the tree holds what the parent's writable layer held: what differs from the pristine
+  home, and whiteouts for what the agent removed; nothing but the snapshot and the pristine home ever goes in (no
+  hidden data). Its files are the canonical agent's (snapshot.CANONICAL_UID, as in the snapshot: the pristine home
+  is seen through an idmapped mount as that uid's while the tree is made). Then its filesystem is made read-only
+  (`mountapi.seal`): no mount of it, now or cloned later, can write.
 - Each branch clones the tree's mount, maps the canonical uid to its own agent uid (an idmapped mount, through a user
   namespace each warden makes once) and builds its cell with that as the home's middle layer (cell.py): its own new
   tmpfs over the snapshot's home over its own pristine home. What a branch writes copies up into its own layer;
@@ -20,8 +20,10 @@ time and in memory. Here one sandbox of the fork, the *maker*, unpacks the home 
   parent (the agent's files above the pristine ones), so a branch's files show the devices and link counts its
   parent's did.
 - The tree lives while a mount or a descriptor holds it: the branches' overlays, and the host's descriptor until
-  every branch has its clone. When the last branch's cell ends the kernel frees it; if the host dies, the wardens end
-  their cells and containers with its channel (container.py), and the tree goes with the last of them. Its pages are
+  every branch has its clone (or, where the host keeps it for the snapshot's later forks, until the snapshot goes:
+  air/sandbox/branches.py, _Kept). When the last branch's cell ends the kernel frees it; if the host dies, the
+  wardens end their cells and containers with its channel (container.py), and the tree goes with the last of them.
+  Its pages are
   charged to the maker's memory cgroup: the host releases the maker last (air/sandbox/shared.py), and each branch's
   writable layer is the home's quota less the tree's size, so the maker never holds more than a home's worth.
 
@@ -34,14 +36,16 @@ root-owned directory of the home whose contents the agent changed) is not shared
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import os
 import socket
 import stat
+import threading
 from typing import Dict, List, Optional, Tuple
 
-from air.sandbox.warden import mountapi, snapshot
-from air.sandbox.warden.cell import (CLONE_NEWNS, LIBC, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, Layout, Middle, _check,
-                                     mount)
+from air.sandbox.warden import mountapi, snapshot, spans
+from air.sandbox.warden.cell import (CLONE_FS, CLONE_NEWNS, LIBC, MS_NODEV, MS_NOSUID, MS_PRIVATE, MS_REC, Layout,
+                                     Middle, _check, _overlay, mount)
 from air.sandbox.warden.restore import DIR_FLAGS
 
 HOME, WORK = "home", "work"
@@ -79,7 +83,11 @@ def probe(layout: Layout, maps: mountapi.Maps) -> str:
             finally:
                 os.close(root)
             mountapi.seal(tree)
-            os.close(_layer(tree, maps)[0])
+            layer, top = _layer(tree, maps)
+            try:
+                _home_over(layout, layer, top)
+            finally:
+                os.close(layer)
         finally:
             os.close(tree)
     except (OSError, Unshared) as exc:
@@ -87,34 +95,42 @@ def probe(layout: Layout, maps: mountapi.Maps) -> str:
     return ""
 
 
+def _home_over(layout: Layout, layer: int, top: os.stat_result) -> None:
+    """The home's overlay over the idmapped `layer` as a branch's cell mounts it (cell._overlay), in a thread's own
+    mount namespace (gone with the thread). A kernel may idmap the layer and still refuse the overlay over it: in a
+    user namespace (enroot, whose /srv/air is a tmpfs, which takes an idmap) the overlay is refused (EPERM)."""
+    failed: List[BaseException] = []
+
+    def run() -> None:
+        try:
+            _check(LIBC.unshare(CLONE_FS | CLONE_NEWNS), "unshare")
+            mount(None, "/", None, MS_REC | MS_PRIVATE)
+            _overlay(layout, layout.home, 1 << 20, top, (top.st_uid, top.st_gid), Middle(layer, top, 0),
+                     layout.pristine_home)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, name="air-lower-probe")
+    worker.start()
+    worker.join()
+    if failed:
+        raise failed[0]
+
+
 # ----- the maker ------------------------------------------------------------------------------------------------------
 def make(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int]) -> int:
     """The tree of the snapshot `data` (a tar, as restore takes it): an fd of its detached, sealed tmpfs, each shared
     place in its directory (SHARED), its files the canonical agent's; quota: each place's bytes. snapshot.Refused for
-    a refused snapshot; Unshared where it cannot be shared. The caller forks outside any cell's pid namespace
-    (cell.outside)."""
+    a refused snapshot; Unshared where it cannot be shared. Unpacked by a thread of the warden in a mount namespace
+    of its own (a fork of the warden where no thread can start: the fork alone took 1.0 ms of a 20 MB tree's 12,
+    experiments.md, issue 74b). The caller calls outside any cell's pid namespace (cell.outside: a thread or a child
+    can be born only there)."""
     tree = mountapi.detached_tmpfs(sum(quota[place] for place in SHARED))
     try:
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            os.close(r)
-            answer, code = b"", 0
-            try:
-                _unpack(layout, maps, data, quota, tree)
-            except snapshot.Refused as exc:
-                answer, code = b"R" + str(exc).encode("utf-8", "surrogateescape"), 1
-            except Unshared as exc:
-                answer, code = b"U" + str(exc).encode(), 1
-            except BaseException as exc:  # noqa: BLE001 - reported, then the fork copies
-                answer, code = ("E%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace"), 1
-            finally:
-                os.write(w, answer[:1800])
-                os._exit(code)
-        os.close(w)
-        with os.fdopen(r, "rb") as said:
-            answer = said.read(2000)
-        os.waitpid(pid, 0)
+        answer = _in_thread(layout, maps, data, quota, tree)
+        if answer is None:
+            answer = _in_child(layout, maps, data, quota, tree)
+        spans.mark("shared: the maker unpacked the tree")
         if answer[:1] == b"R":
             raise snapshot.Refused(answer[1:].decode("utf-8", "surrogateescape"))
         if answer:
@@ -127,18 +143,72 @@ def make(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int]) -> in
         raise
 
 
+def _unpacked(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tree: int) -> bytes:
+    """_unpack's outcome as the maker's answer: b"" done, b"R..." refused, b"U..." unshared, b"E..." failed."""
+    try:
+        _unpack(layout, maps, data, quota, tree)
+    except snapshot.Refused as exc:
+        return b"R" + str(exc).encode("utf-8", "surrogateescape")
+    except Unshared as exc:
+        return b"U" + str(exc).encode()
+    except BaseException as exc:  # noqa: BLE001 - reported, then the fork copies
+        return ("E%s: %s" % (type(exc).__name__, exc)).encode("utf-8", "replace")
+    return b""
+
+
+def _in_thread(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tree: int) -> Optional[bytes]:
+    """The unpack by a thread, whose mount namespace (unshare: its own, as a child's) goes when it ends; None where
+    no thread can start. No finalizer runs meanwhile (the garbage collector off, as in a cell's builder)."""
+    outcome: List[bytes] = []
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        thread = threading.Thread(target=lambda: outcome.append(_unpacked(layout, maps, data, quota, tree)),
+                                  name="air-tree")
+        try:
+            thread.start()
+        except RuntimeError:
+            return None
+        thread.join()
+    finally:
+        if collecting:
+            gc.enable()
+    return outcome[0] if outcome else b"Ethe maker's thread ended without an answer"
+
+
+def _in_child(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tree: int) -> bytes:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(r)
+        answer = b"E"
+        try:
+            answer = _unpacked(layout, maps, data, quota, tree)
+        finally:
+            os.write(w, answer[:1800])
+            os._exit(1 if answer else 0)
+    os.close(w)
+    with os.fdopen(r, "rb") as said:
+        answer = said.read(2000)
+    os.waitpid(pid, 0)
+    return answer[:1800]
+
+
 def _unpack(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tree: int) -> None:
-    """In the maker's child: the tree attached in a mount namespace of the child's own, the snapshot's home restored
-    into an overlay of it over the pristine home (shown as the canonical uid's), exactly as into a fresh cell's home,
-    and its temp dirs into directories of their own (root's, as a fresh cell's are)."""
+    """In the maker's thread (or child): the tree attached in a mount namespace of its own, the snapshot's home
+    restored into an overlay of it over the pristine home (shown as the canonical uid's), exactly as into a fresh
+    cell's home, and its temp dirs into directories of their own (root's, as a fresh cell's are)."""
+    spans.mark("maker: its thread started")
     _check(LIBC.unshare(CLONE_NEWNS), "unshare")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
+    spans.mark("maker: a mount namespace of its own")
     scratch = layout.scratch  # root's alone (0700), and free in the warden's namespace: cells mount theirs inside
     for fd, target in ((mountapi.clone(tree), scratch), (_canonical_pristine(layout, maps), layout.pristine_home)):
         try:
             mountapi.attach(fd, target)
         finally:
             os.close(fd)
+    spans.mark("maker: the tree and the canonical pristine home attached")
     upper, work = scratch + "/" + HOME, scratch + "/" + WORK
     top = os.lstat(layout.pristine_home)
     os.mkdir(upper, 0o700)
@@ -152,6 +222,7 @@ def _unpack(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tr
     for d in temps:
         os.mkdir(d, 0o1777)
     fds = [os.open(d, DIR_FLAGS) for d in [layout.home] + temps]
+    spans.mark("maker: the overlay mounted")
     try:
         places = snapshot.PLACES
         # The fork's critical path (every branch waits for it): large files are copied by two threads (a write
@@ -168,10 +239,12 @@ def _unpack(layout: Layout, maps: mountapi.Maps, data, quota: Dict[str, int], tr
             raise Unshared("the snapshot's %s holds %s of uid %d, which a branch cannot be shown as its own (only "
                            "the agent's files are mapped)" % ("/" + place, snapshot._shown(foreign[0]) or "/",
                                                               foreign[1]))
+    spans.mark("maker: the tree checked for others' files")
     v = os.statvfs(scratch)  # before the usage file's own page
     temp_used = [_bytes(d) for d in temps]
     with open(scratch + "/" + USED, "w") as f:
         f.write("".join("%d\n" % n for n in [(v.f_blocks - v.f_bfree) * v.f_frsize - sum(temp_used), *temp_used]))
+    spans.mark("maker: its usage written")
 
 
 def _bytes(top: str) -> int:

@@ -389,6 +389,8 @@ class Restored(Message):
     """The maker: milliseconds it took to make the tree."""
     ms: float = 0.0
     """Milliseconds the whole restore took in the warden."""
+    spans: Dict[str, float] = field(default_factory=dict)
+    """With Restore.profile: where the restore's milliseconds went, by part (warden/spans.py)."""
 
 
 @dataclass(frozen=True)
@@ -410,6 +412,12 @@ class Restore(Request):
     rest: str = ""
     """With `lower`: a file of the warden's own directory holding the tar's members after the home's (the other
     places' alone), which a branch on a shared home reads instead of the whole tar; the warden removes it."""
+    from_tree: List[str] = field(default_factory=list)
+    """With `lower`: the places this branch takes from the tree (empty: every one it holds); the others are restored
+    from the tar (`rest` holds their members), as a copy would: a temp dir the snapshot holds empty is a fresh tmpfs
+    given the snapshot's root, not an overlay over an empty directory."""
+    profile: bool = False
+    """Time the restore's parts (Restored.spans); off, the warden records nothing."""
 
 
 REQUESTS = {cls.op: cls for cls in (Hello, Ping, StartShell, Run, Interrupt, Exec, Reset, Pack, Unpack, Keep, Oom,

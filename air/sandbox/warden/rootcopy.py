@@ -15,6 +15,13 @@ read-only, at ROOT_COPY, which no cell has, and each cell's root is a bind of th
 mounts (/srv/air, Docker's /etc files, a GPU's driver files, /sys) carried onto it (`enter`). What a cell reads of
 the image never reaches the host's filesystem, and the only other directories a cell can look names up in are its
 sandbox's own (/srv/air), whose names the warden still forgets between cells (dentries.py).
+
+On enroot (a user namespace, no Docker volume) the copy is the image's root unpacked once per node user into the
+node's shared tmpfs (/dev/shm; enroot/pool.py), bound read-only at ROOT_COPY, with an EMPTY directory beside it. A
+mount made from the node's keeps the flags the node gave it (the kernel locks its atime mode, nosuid, nodev in a user
+namespace), so a bind of it could not be the cell's root as the cell's remounts want it: there each cell's root is a
+new read-only overlay of the copy instead (`enter(fresh=True)`), a superblock of the cell's own, whose dentries go
+with the cell; the copy below it, tmpfs, keeps none of the names looked up through it.
 """
 
 from __future__ import annotations
@@ -36,7 +43,13 @@ TREE = "root"
 """The copied image, under ROOT_COPY: every cell's root."""
 DONE = "copied"
 """Written last, under ROOT_COPY: the read-only data mounts the copy holds (JSON). Without it there is no copy."""
-MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x2000, 0x4000, 0x40000
+EMPTY = "empty"
+"""An empty directory under ROOT_COPY, where the copy is the node's tmpfs (enroot): the second lower layer of each
+cell's overlay (an overlay without an upper layer needs two), and the sign that each cell mounts one."""
+MS_RDONLY, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 1, 0x20, 0x1000, 0x2000, 0x4000, 0x40000
+_KEPT = ((os.ST_NOSUID, 0x2), (os.ST_NODEV, 0x4), (os.ST_NOEXEC, 0x8), (os.ST_NOATIME, 0x400),
+         (os.ST_NODIRATIME, 0x800), (os.ST_RELATIME, 0x200000))
+"""statvfs's flags and the MS_ flag of each: what a remount keeps (a user namespace may not change them)."""
 MNT_DETACH = 2
 CLONE_FS, CLONE_NEWNS = 0x200, 0x20000
 
@@ -96,6 +109,11 @@ def find(under: str = ROOT_COPY) -> Optional[Tuple[str, List[str]]]:
     return (tree, [str(d) for d in data]) if os.path.isdir(tree) else None
 
 
+def fresh(under: str = ROOT_COPY) -> bool:
+    """Whether each cell's root is a new overlay of the copy (EMPTY is there: enroot), not a bind of it."""
+    return os.path.isdir(os.path.join(under, EMPTY))
+
+
 def carried(inherited: Iterable[Tuple[str, str, str, str]], left: Sequence[str]) -> List[str]:
     """The container's mounts a cell's root gets, in order: every one not under another (those come with it), but
     the root, and what is `left` (the copy itself, the warden's directory, data the copy holds) with what is under
@@ -112,6 +130,19 @@ def carried(inherited: Iterable[Tuple[str, str, str, str]], left: Sequence[str])
     return out
 
 
+NO_NAMES_KEPT = frozenset({"tmpfs", "proc", "sysfs", "devpts", "mqueue", "cgroup", "cgroup2"})
+"""Filesystems a name looked up in leaves nothing a later lookup can time: tmpfs keeps no negative dentry and never
+drops a positive one; the others are the kernel's own views (a cell mounts its own procfs and, in a user namespace,
+sysfs)."""
+
+
+def keeping(inherited: Iterable[Tuple[str, str, str, str]], carried_points: Sequence[str]) -> List[str]:
+    """The directories a cell on the copy can look names up in whose filesystem keeps them (the node's disk, an
+    overlay): the carried mounts and those under them, but files (a bind of one has no names under it)."""
+    return [point for point, _, fstype, _ in inherited if fstype not in NO_NAMES_KEPT and
+            any(_under(point, c) for c in carried_points) and os.path.isdir(point)]
+
+
 def prepare(tree: str, points: Iterable[str], mount: Callable[..., None], check: Callable[[int, str], None]) -> None:
     """Once per sandbox, before its first cell, in a thread of the warden: a mount point in the copy for each mount
     the cells' roots carry (Docker made them in the container's own layer, which the copy has not), of the kind the
@@ -126,7 +157,8 @@ def prepare(tree: str, points: Iterable[str], mount: Callable[..., None], check:
         try:
             check(LIBC.unshare(CLONE_FS | CLONE_NEWNS), "unshare")
             mount(None, "/", None, MS_REC | MS_PRIVATE)
-            mount(None, ROOT_COPY, None, MS_REMOUNT | MS_BIND)  # writable here alone
+            # writable here alone, its other flags kept (on enroot the node's tmpfs: locked in a user namespace)
+            mount(None, ROOT_COPY, None, MS_REMOUNT | MS_BIND | kept_flags(ROOT_COPY))
             for point in missing:
                 target = tree + point
                 os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
@@ -147,16 +179,27 @@ def prepare(tree: str, points: Iterable[str], mount: Callable[..., None], check:
         raise failed[0]
 
 
+def kept_flags(path: str) -> int:
+    """The MS_ flags of the mount at path that a remount of it keeps: nosuid, nodev, noexec and its atime mode."""
+    flags = os.statvfs(path).f_flag
+    return sum(ms for st, ms in _KEPT if flags & st)
+
+
 def enter(tree: str, points: Sequence[str], hidden: Sequence[str], mount: Callable[..., None],
-          check: Callable[[int, str], None]) -> None:
+          check: Callable[[int, str], None], fresh: bool = False) -> None:
     """In a cell being built (a mount namespace of its own, every mount private): the copy becomes the root, the
     container's mounts `points` carried onto it (recursively, their flags kept), as switch_root does: the copy moved
     onto "/" and the caller chroot'ed into it (pivot_root is not in Docker's seccomp profile). Every process that
     joins the namespace later gets the copy as its root too (setns takes the topmost mount at "/"). The container's
     mounts are detached first (the carried ones, `hidden` ones, the data the copy holds), so nothing of them is left
     under the old root but the copy's own volume, which no path in the cell reaches and /proc/*/mountinfo (which
-    shows what lies under a process's root) does not list."""
-    mount(tree, tree, None, MS_BIND)  # a mount of its own, to move
+    shows what lies under a process's root) does not list. `fresh`: the copy's root mount is a new read-only overlay
+    of it (and EMPTY) instead of a bind: a superblock of this cell's own, whose flags are the cell's to set."""
+    if fresh:
+        empty = os.path.join(os.path.dirname(tree), EMPTY)
+        mount("overlay", tree, "overlay", MS_RDONLY, "lowerdir=%s:%s" % (tree, empty))
+    else:
+        mount(tree, tree, None, MS_BIND)  # a mount of its own, to move
     for point in points:
         mount(point, tree + point, None, MS_BIND | MS_REC)
     for point in [*points, *hidden]:

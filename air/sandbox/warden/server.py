@@ -454,8 +454,16 @@ class Warden:
                 except OSError:
                     pass
             self._home_from_pristine()
-        return p.Ready(cells=self.cells, why_not=why_not or "", names_kept=self.forgetter.why_not if self.cells else "",
+        return p.Ready(cells=self.cells, why_not=why_not or "", names_kept=self._names_kept(),
                        lowers=self.lowers)
+
+    def _names_kept(self) -> str:
+        """Why the names a cell looks up may outlive it ("" where they cannot): the drop's reason (dentries.py),
+        where some directory a cell reaches keeps names (enroot: none, every cell's root a tmpfs copy of the image
+        and /srv/air a tmpfs, so its drop, which the node's root alone may do, is not needed there)."""
+        if not self.cells or not self.forgetter.why_not or not self.layout.keeping_names:
+            return ""
+        return "%s; names kept under %s" % (self.forgetter.why_not, ", ".join(self.layout.keeping_names[:4]))
 
     def op_ping(self, ident: int, request: p.Ping) -> p.ShellState:
         if self.cell_lost:
@@ -875,9 +883,10 @@ class Warden:
                           skipped="\n".join(skipped).encode("utf-8", "surrogateescape"))
 
     def _places(self, prepare=None) -> list:
-        """Descriptors of the cell's places, opened by a child born outside the cell's pid namespace (it joins only
-        its mounts): no pid of the cell's is used, so the agent's next pids are what they would have been.
-        `prepare`: what that child does in the cell first (a branch's home remade, `_places_over`)."""
+        """Descriptors of the cell's places, opened by a thread of the warden that joins the cell's namespaces (or,
+        where none can, a child born outside the cell's pid namespace): no pid of the cell's is used, so the agent's
+        next pids are what they would have been. `prepare`: what that thread or child does in the cell first (a
+        branch's home remade, `_places_over`)."""
         cell = self.cell
         if cell is None:
             return snapshot.open_places(None)
@@ -887,8 +896,9 @@ class Warden:
             if prepare is not None:
                 prepare()
 
-        with outside(cell):
-            return snapshot.open_places(enter)
+        with outside(cell):  # (a thread can be started only there too: CLONE_THREAD wants the warden's own)
+            fds = snapshot.open_places_in_thread(cell.enter_thread, prepare)  # no fork of the warden, where it can
+            return fds if fds is not None else snapshot.open_places(enter)
 
     def _own_file(self, path: str) -> bool:
         """A path in the warden's own host directory (a mount no cell has), where the host hands files over."""
@@ -899,27 +909,44 @@ class Warden:
         home and temp dirs are a fork's shared tree (lower.py): the cell's remade over it, and /dev/shm copied."""
         c = self.config
         started = time.monotonic()
-        if self.job is not None or self.shell is not None or procs.agent_pids(c.uid):
-            raise RuntimeError("restore needs a fresh cell: reset first")
         self.tree_ms = 0.0
-        # Populated where the warden itself reads all of it: a maker's child (a fork) would fault its pages anew.
-        source = self._mapped(request.path, populate=not request.lower) if request.path else request.tar
+        taken: Dict[str, float] = {}
+        with spans.recording(request.profile, taken):
+            if self.job is not None or self.shell is not None or procs.agent_pids(c.uid):
+                raise RuntimeError("restore needs a fresh cell: reset first")
+            spans.mark("a fresh cell (no agent process)")
+            return self._restore(request, started, taken)
+
+    def _restore(self, request: p.Restore, started: float, taken: Dict[str, float]) -> p.Restored:
+        c = self.config
+        # Populated where the warden itself reads all of it (a copy, or a maker's thread): a branch on a shared home
+        # reads the headers alone (from `rest`), and a maker's child (a fork) would fault its pages anew.
+        source = self._mapped(request.path, populate=not request.lower.startswith("use:")) \
+            if request.path else request.tar
         rest = self._mapped(request.rest, populate=True) if request.rest else None
+        spans.mark("the staged file mapped")
         quota = dict(zip(snapshot.PLACES, (c.home_mb << 20, c.tmp_mb << 20, c.tmp_mb << 20, c.shm_mb << 20)))
         fds: list = []
         copied, tree_bytes = "", 0
         try:
             if request.lower:
                 middles, copied = self._shared_tree(request.lower, source, quota)
+                for place in [place for place in middles if request.from_tree and place not in request.from_tree
+                              and place != snapshot.PLACES[0]]:
+                    os.close(middles.pop(place).fd)  # the snapshot holds it empty: restored as a copy would
+                spans.mark("shared: its middle layers cloned")
                 if middles:
                     tree_bytes = sum(m.used for m in middles.values())
                     fds, copied = self._places_over(middles)
+                spans.mark("shared: the places remade over the tree")
             shared = bool(fds)
             fds = fds or self._places()
+            spans.mark("the places opened (a child in the cell)")
             if shared:  # the other places: from the tar of their members alone, where the host gave one
-                snapshot.restore(fds, c.uid, source if rest is None else rest, quota, skip=tuple(lower.SHARED))
+                snapshot.restore(fds, c.uid, source if rest is None else rest, quota, skip=tuple(middles))
             else:
                 snapshot.restore(fds, c.uid, source, quota)
+            spans.mark("unpacked")
         except snapshot.Refused as exc:
             return p.Restored(problem=str(exc).encode("utf-8", "surrogateescape") or b"refused")
         finally:
@@ -932,10 +959,12 @@ class Warden:
             for fd in fds:
                 if fd is not None:
                     os.close(fd)
+            spans.mark("unmapped, closed")
         self.env, self.cwd = dict(request.env), request.cwd
+        taken.update(spans.take() if request.profile else {})
         return p.Restored(problem=b"", shared=shared, copied=copied.encode("utf-8", "surrogateescape"),
                           tree_bytes=tree_bytes if shared else 0, tree_ms=self.tree_ms,
-                          ms=(time.monotonic() - started) * 1000)
+                          ms=(time.monotonic() - started) * 1000, spans=taken)
 
     def _mapped(self, path: str, populate: bool):
         """A file the host linked into the warden's own directory: mapped, then gone (b"" when empty). Mapped in one
@@ -970,6 +999,7 @@ class Warden:
                         made = time.monotonic()
                         tree = lower.make(self.layout, self.maps, source, quota)
                         self.tree_ms = (time.monotonic() - made) * 1000
+                        spans.mark("shared: the tree made (the maker)")
                     except (lower.Unshared, OSError) as exc:
                         lower.send(path, None, str(exc))
                         raise
@@ -978,10 +1008,12 @@ class Warden:
                         raise
                     try:
                         lower.send(path, tree)
+                        spans.mark("shared: the tree handed to the host")
                         return lower.middles(tree, self.maps), ""
                     finally:
                         os.close(tree)
                 tree = lower.receive(path)
+                spans.mark("shared: the tree waited for (a branch)")
                 try:
                     return lower.middles(tree, self.maps), ""
                 finally:
