@@ -13,8 +13,8 @@ from air.episode.fork import fork
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 
-pytestmark = [pytest.mark.docker, pytest.mark.skipif(ENROOT, reason=NOT_ON_ENROOT + "every branch of a fork copies "
-                                                     "there (the overlay over an idmapped layer is refused: docs/hpc.md)")]
+COPIES = NOT_ON_ENROOT + "every branch of a fork copies there (the overlay over an idmapped layer is refused: docs/hpc.md)"
+pytestmark = [pytest.mark.docker, pytest.mark.skipif(ENROOT, reason=COPIES)]
 
 BIG = "head -c 16777216 /dev/urandom > ~/big"
 TREE = ["w.txt 644 1", "ro.txt 444 1", "h.txt 644 1", "1700000000", "w", "k", "x", "1"]
