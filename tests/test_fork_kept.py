@@ -13,7 +13,7 @@ from air.episode.fork import fork
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 
-COPIES = NOT_ON_ENROOT + "every branch of a fork copies there (the overlay over an idmapped layer is refused: docs/hpc.md)"
+COPIES = NOT_ON_ENROOT + "every branch of a fork copies there (an overlay over an idmapped layer is refused)"
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(ENROOT, reason=COPIES)]
 
 BIG = "head -c 16777216 /dev/urandom > ~/big"
