@@ -282,6 +282,44 @@ def test_unpack_refuses_names_outside_its_directory(tmp_path, name):
         unpack(str(tmp_path), _tar((name, b"x")), as_root=False)
 
 
+def _tree(root: Path) -> list:
+    return sorted((str(p.relative_to(root)), p.is_dir(), p.stat().st_mode, p.stat().st_uid, p.stat().st_mtime_ns,
+                   None if p.is_dir() else p.read_bytes()) for p in root.rglob("*"))
+
+
+def test_a_plain_tar_is_read_without_tarfile_and_lands_as_tarfile_lays_it_down(tmp_path, monkeypatch):
+    """Issue 74: a SandboxFusion request's files (container.make_tar: directories, files, float times in pax headers)
+    are read without tarfile's machinery, and the tree is the one tarfile's extraction leaves: names, contents,
+    modes, owners and times; over what stood there too. Anything else is tarfile's, as before."""
+    from air.sandbox.container import make_tar
+    from air.sandbox.warden import files
+
+    data = make_tar({"sf/r1/main.py": b"print(1)\n", "sf/r1/in/data.txt": b"x" * 1000, "sf/r1/empty": b""},
+                    owner=os.getuid(), mode=0o640, dir_mode=0o750)
+    assert [(m.parts, m.is_dir) for m in files.plain_members(data)] == [
+        (["sf"], True), (["sf", "r1"], True), (["sf", "r1", "in"], True), (["sf", "r1", "main.py"], False),
+        (["sf", "r1", "in", "data.txt"], False), (["sf", "r1", "empty"], False)]
+    trees = []
+    for way in ("plain", "tarfile"):
+        if way == "tarfile":
+            monkeypatch.setattr(files, "plain_members", lambda data: None)
+        dest = tmp_path / way
+        (dest / "sf" / "r1" / "main.py").mkdir(parents=True)  # a directory where a file goes
+        unpack(str(dest), data, as_root=os.geteuid() == 0)
+        trees.append(_tree(dest))
+    assert trees[0] == trees[1] and len(trees[0]) == 6
+    monkeypatch.undo()
+    assert files.plain_members(_tar(("f", b"1"), ("d", None))) is not None
+    long_name = "d/" + "n" * 120
+    bad = bytearray(_tar(("f", b"1")))
+    bad[0] ^= 1  # its checksum no longer matches
+    for other in (_tar(("link", "target")), _tar((long_name, b"1")), _tar(("é", b"1")), bytes(bad), b"",
+                  _tar(("./f", b"1")), _tar(("../f", b"1")), _tar(("/f", b"1"))):
+        assert files.plain_members(other) is None
+    unpack(str(tmp_path / "long"), _tar((long_name, b"1")), as_root=False)  # tarfile's, as before
+    assert (tmp_path / "long" / long_name).read_bytes() == b"1"
+
+
 def test_pack_walks_a_deep_tree_without_recursion(tmp_path):
     path = tmp_path / "sub"
     path.mkdir()
