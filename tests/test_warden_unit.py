@@ -320,6 +320,23 @@ def test_a_plain_tar_is_read_without_tarfile_and_lands_as_tarfile_lays_it_down(t
     assert (tmp_path / "long" / long_name).read_bytes() == b"1"
 
 
+def test_the_sandbox_fusion_servers_own_tar_is_make_tars_archive(tmp_path):
+    """Issue 74: the server writes a request's tar without tarfile (plain_tar): tarfile reads it as make_tar's
+    archive, member for member (the time aside: each takes its own now), and the warden reads it as a plain one."""
+    from air.sandbox.container import make_tar
+    from air.sandbox.warden import files
+    from air.services.sandbox_fusion.files import plain_tar
+
+    content = {"sf/r1/main.py": b"print(1)\n", "sf/r1/in/data.bin": bytes(range(256)) * 5, "sf/r1/empty": b""}
+    ours, theirs = (tarfile.open(fileobj=io.BytesIO(data)).getmembers()
+                    for data in (plain_tar(content, owner=1234), make_tar(content, owner=1234)))
+    fields = ("name", "type", "mode", "uid", "gid", "size", "uname", "gname", "linkname", "devmajor", "devminor")
+    assert [[getattr(m, f) for f in fields] for m in ours] == [[getattr(m, f) for f in fields] for m in theirs]
+    assert all(isinstance(m.mtime, float) and abs(m.mtime - n.mtime) < 60 for m, n in zip(ours, theirs))
+    assert len(files.plain_members(plain_tar(content, owner=1234))) == 6  # sf, sf/r1, sf/r1/in and the files
+    assert plain_tar({"d/" + "n" * 120: b"1"}, owner=1) is None and plain_tar({"é": b"1"}, owner=1) is None
+
+
 def test_pack_walks_a_deep_tree_without_recursion(tmp_path):
     path = tmp_path / "sub"
     path.mkdir()
