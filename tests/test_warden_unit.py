@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -335,6 +336,47 @@ def test_the_sandbox_fusion_servers_own_tar_is_make_tars_archive(tmp_path):
     assert all(isinstance(m.mtime, float) and abs(m.mtime - n.mtime) < 60 for m, n in zip(ours, theirs))
     assert len(files.plain_members(plain_tar(content, owner=1234))) == 6  # sf, sf/r1, sf/r1/in and the files
     assert plain_tar({"d/" + "n" * 120: b"1"}, owner=1) is None and plain_tar({"é": b"1"}, owner=1) is None
+
+
+# ----- the cell's init -------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not (shutil.which("as") and shutil.which("objcopy")), reason="no GNU as and objcopy here")
+def test_the_cells_init_is_its_documented_source_assembled(tmp_path):
+    """cellinit.py's bytes are what GNU as makes of the source its docstring shows."""
+    from air.sandbox.warden import cellinit
+
+    source = cellinit.__doc__.split("the bytes below are its output:")[1].split("Other machines")[0]
+    (tmp_path / "init.s").write_text(".intel_syntax noprefix\n.globl _start\n"
+                                     + "\n".join(line[4:] for line in source.splitlines()) + "\n")
+    subprocess.run(["as", "--64", "-o", "init.o", "init.s"], cwd=tmp_path, check=True)
+    subprocess.run(["objcopy", "-O", "binary", "-j", ".text", "init.o", "init.bin"], cwd=tmp_path, check=True)
+    assert (tmp_path / "init.bin").read_bytes() == cellinit.X86_64
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64" or os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="runs the x86-64 init as pid 1 of a new pid namespace (root)")
+def test_the_cells_init_says_ready_with_a_stopped_pid_2_and_ignores_the_shells_signals(tmp_path):
+    """What cell.INIT_SCRIPT's shell did, as pid 1 of a pid namespace: `ready` once its stopped child is there, the
+    trap's signals ignored (SigIgn as the shell's: 0x7a07), its own name; SIGKILL from outside ends it."""
+    from air.sandbox.warden import cellinit
+
+    init = tmp_path / "init"
+    init.write_bytes(cellinit.program())
+    init.chmod(0o755)
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "setsid", str(init)], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 1
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{children[0]}/status").read_text().splitlines())
+        assert status["Name"] == "air-cell-init" and int(status["SigIgn"], 16) == 0x7A07
+        assert status["NSpid"].split()[-1] == "1"
+        stopped = Path(f"/proc/{children[0]}/task/{children[0]}/children").read_text().split()
+        assert len(stopped) == 1 and "T (stopped)" in Path(f"/proc/{stopped[0]}/status").read_text()
+        os.kill(int(children[0]), 9)
+        proc.wait(10)  # unshare returns once its child, the init, is gone
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 def test_pack_walks_a_deep_tree_without_recursion(tmp_path):

@@ -1,10 +1,11 @@
-"""A cell's init as a program of its own (issue 74): 297 bytes of x86-64 machine code in a minimal static ELF, run
+r"""A cell's init as a program of its own (issue 74): 330 bytes of x86-64 machine code in a minimal static ELF, run
 from a memfd, instead of a shell. Runs in the warden (stdlib only).
 
 A cell's init (cell._build_in_thread) is pid 1 of the cell's pid namespace. The shell that was it (cell.INIT_SCRIPT)
 cost about a millisecond of CPU a cell, most of it the dynamic loading and start of /bin/sh and the fork of its
 subshell. This program does what that script does, with system calls alone:
-- closes every descriptor but 0, 1 and 2 (close_range: the memfd it was run from);
+- closes every descriptor but 0, 1 and 2 (close_range: the memfd it was run from), and names itself air-cell-init
+  (its comm would be the memfd's descriptor number, the last part of the path it was run by);
 - ignores HUP, INT, QUIT, TERM, USR1, USR2, PIPE and ALRM (the script's trap; signals from inside the cell reach no
   pid 1 anyway unless it handles them), SIGCHLD at its default;
 - forks a child that stops itself (kill(0, SIGSTOP): its process group, which pid 1 ignores), so that the cell's
@@ -15,6 +16,7 @@ subshell. This program does what that script does, with system calls alone:
 The source, assembled with GNU as (`as init.s && objcopy -O binary -j .text`); the bytes below are its output:
 
     _start:  mov eax, 436 ; mov edi, 3 ; mov esi, -1 ; xor edx, edx ; syscall          # close_range(3, ~0, 0)
+             mov eax, 157 ; mov edi, 15 ; lea rsi, [rip + name] ; syscall               # prctl(PR_SET_NAME, name)
              sub rsp, 32 ; mov qword ptr [rsp], 1 ; xor eax, eax                        # struct sigaction: SIG_IGN
              mov [rsp+8], rax ; mov [rsp+16], rax ; mov [rsp+24], rax
              lea rbx, [rip + sigs]
@@ -39,6 +41,7 @@ The source, assembled with GNU as (`as init.s && objcopy -O binary -j .text`); t
     sigs:    .byte 1, 2, 3, 15, 10, 12, 13, 14, 0
     ready:   .ascii "ready\n"
     devnull: .asciz "/dev/null"
+    name:    .asciz "air-cell-init"
 
 Other machines keep the shell (program returns None there).
 """
@@ -53,15 +56,15 @@ import struct
 from typing import Optional
 
 X86_64 = binascii.unhexlify(
-    "b8b4010000bf03000000beffffffff31d20f054883ec2048c704240100000031c0488944240848894424104889442418488d1dd9000000"
-    "0fb63b85ff7417b80d0000004889e631d241ba080000000f0548ffc3ebe248c7042400000000b80d000000bf110000004889e631d241"
-    "ba080000000f05e870000000b801000000bf01000000488d358f000000ba060000000f05b802000000488d3d82000000be0100000031"
-    "d20f054989c5b8210000004c89efbe010000000f05b8030000004c89ef0f05b83d00000048c7c7ffffffff31f631d24531d20f054883"
-    "f8f674054c39e075e0e802000000ebd9b8390000000f054885c07517b83e00000031ffbe130000000f05b83c00000031ff0f054989c4"
-    "c30102030f0a0c0d0e0072656164790a2f6465762f6e756c6c00")
+    "b8b4010000bf03000000beffffffff31d20f05b89d000000bf0f000000488d35180100000f054883ec2048c704240100000031c0488944"
+    "240848894424104889442418488d1dd90000000fb63b85ff7417b80d0000004889e631d241ba080000000f0548ffc3ebe248c704240000"
+    "0000b80d000000bf110000004889e631d241ba080000000f05e870000000b801000000bf01000000488d358f000000ba060000000f05b8"
+    "02000000488d3d82000000be0100000031d20f054989c5b8210000004c89efbe010000000f05b8030000004c89ef0f05b83d00000048c7"
+    "c7ffffffff31f631d24531d20f054883f8f674054c39e075e0e802000000ebd9b8390000000f054885c07517b83e00000031ffbe130000"
+    "000f05b83c00000031ff0f054989c4c30102030f0a0c0d0e0072656164790a2f6465762f6e756c6c006169722d63656c6c2d696e697400")
 BASE = 0x400000
 NAME = "air-cell-init"
-"""Its name (argv[0], and the memfd's: /proc/1/exe of a cell reads /memfd:air-cell-init (deleted))."""
+"""Its name: argv[0], its comm (PR_SET_NAME) and the memfd's (/proc/1/exe, which only root of the cell reads)."""
 
 
 def elf(code: bytes, machine: int) -> bytes:
