@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import sys
 import tarfile
 from pathlib import Path
@@ -371,7 +372,12 @@ def test_the_cells_init_says_ready_with_a_stopped_pid_2_and_ignores_the_shells_s
         assert status["Name"] == "air-cell-init" and int(status["SigIgn"], 16) == 0x7A07
         assert status["NSpid"].split()[-1] == "1"
         stopped = Path(f"/proc/{children[0]}/task/{children[0]}/children").read_text().split()
-        assert len(stopped) == 1 and "T (stopped)" in Path(f"/proc/{stopped[0]}/status").read_text()
+        assert len(stopped) == 1
+        for _ in range(200):  # it stops itself after the fork, as the shell's subshell did: maybe after `ready`
+            if "T (stopped)" in Path(f"/proc/{stopped[0]}/status").read_text():
+                break
+            time.sleep(0.05)
+        assert "T (stopped)" in Path(f"/proc/{stopped[0]}/status").read_text()
         os.kill(int(children[0]), 9)
         proc.wait(10)  # unshare returns once its child, the init, is gone
     finally:
