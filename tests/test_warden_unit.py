@@ -7,7 +7,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
+import time
 import sys
 import tarfile
 from pathlib import Path
@@ -280,6 +282,107 @@ def test_a_plain_tar_is_read_as_one_and_compressed_ones_still_unpack(tmp_path, m
 def test_unpack_refuses_names_outside_its_directory(tmp_path, name):
     with pytest.raises(Refused):
         unpack(str(tmp_path), _tar((name, b"x")), as_root=False)
+
+
+def _tree(root: Path) -> list:
+    return sorted((str(p.relative_to(root)), p.is_dir(), p.stat().st_mode, p.stat().st_uid, p.stat().st_mtime_ns,
+                   None if p.is_dir() else p.read_bytes()) for p in root.rglob("*"))
+
+
+def test_a_plain_tar_is_read_without_tarfile_and_lands_as_tarfile_lays_it_down(tmp_path, monkeypatch):
+    """Issue 74: a SandboxFusion request's files (container.make_tar: directories, files, float times in pax headers)
+    are read without tarfile's machinery, and the tree is the one tarfile's extraction leaves: names, contents,
+    modes, owners and times; over what stood there too. Anything else is tarfile's, as before."""
+    from air.sandbox.container import make_tar
+    from air.sandbox.warden import files
+
+    data = make_tar({"sf/r1/main.py": b"print(1)\n", "sf/r1/in/data.txt": b"x" * 1000, "sf/r1/empty": b""},
+                    owner=os.getuid(), mode=0o640, dir_mode=0o750)
+    assert [(m.parts, m.is_dir) for m in files.plain_members(data)] == [
+        (["sf"], True), (["sf", "r1"], True), (["sf", "r1", "in"], True), (["sf", "r1", "main.py"], False),
+        (["sf", "r1", "in", "data.txt"], False), (["sf", "r1", "empty"], False)]
+    trees = []
+    for way in ("plain", "tarfile"):
+        if way == "tarfile":
+            monkeypatch.setattr(files, "plain_members", lambda data: None)
+        dest = tmp_path / way
+        (dest / "sf" / "r1" / "main.py").mkdir(parents=True)  # a directory where a file goes
+        unpack(str(dest), data, as_root=os.geteuid() == 0)
+        trees.append(_tree(dest))
+    assert trees[0] == trees[1] and len(trees[0]) == 6
+    monkeypatch.undo()
+    assert files.plain_members(_tar(("f", b"1"), ("d", None))) is not None
+    long_name = "d/" + "n" * 120
+    bad = bytearray(_tar(("f", b"1")))
+    bad[0] ^= 1  # its checksum no longer matches
+    for other in (_tar(("link", "target")), _tar((long_name, b"1")), _tar(("é", b"1")), bytes(bad), b"",
+                  _tar(("./f", b"1")), _tar(("../f", b"1")), _tar(("/f", b"1"))):
+        assert files.plain_members(other) is None
+    unpack(str(tmp_path / "long"), _tar((long_name, b"1")), as_root=False)  # tarfile's, as before
+    assert (tmp_path / "long" / long_name).read_bytes() == b"1"
+
+
+def test_the_sandbox_fusion_servers_own_tar_is_make_tars_archive(tmp_path):
+    """Issue 74: the server writes a request's tar without tarfile (plain_tar): tarfile reads it as make_tar's
+    archive, member for member (the time aside: each takes its own now), and the warden reads it as a plain one."""
+    from air.sandbox.container import make_tar
+    from air.sandbox.warden import files
+    from air.services.sandbox_fusion.files import plain_tar
+
+    content = {"sf/r1/main.py": b"print(1)\n", "sf/r1/in/data.bin": bytes(range(256)) * 5, "sf/r1/empty": b""}
+    ours, theirs = (tarfile.open(fileobj=io.BytesIO(data)).getmembers()
+                    for data in (plain_tar(content, owner=1234), make_tar(content, owner=1234)))
+    fields = ("name", "type", "mode", "uid", "gid", "size", "uname", "gname", "linkname", "devmajor", "devminor")
+    assert [[getattr(m, f) for f in fields] for m in ours] == [[getattr(m, f) for f in fields] for m in theirs]
+    assert all(isinstance(m.mtime, float) and abs(m.mtime - n.mtime) < 60 for m, n in zip(ours, theirs))
+    assert len(files.plain_members(plain_tar(content, owner=1234))) == 6  # sf, sf/r1, sf/r1/in and the files
+    assert plain_tar({"d/" + "n" * 120: b"1"}, owner=1) is None and plain_tar({"é": b"1"}, owner=1) is None
+
+
+# ----- the cell's init -------------------------------------------------------------------------------------------
+@pytest.mark.skipif(not (shutil.which("as") and shutil.which("objcopy")), reason="no GNU as and objcopy here")
+def test_the_cells_init_is_its_documented_source_assembled(tmp_path):
+    """cellinit.py's bytes are what GNU as makes of the source its docstring shows."""
+    from air.sandbox.warden import cellinit
+
+    source = cellinit.__doc__.split("the bytes below are its output:")[1].split("Other machines")[0]
+    (tmp_path / "init.s").write_text(".intel_syntax noprefix\n.globl _start\n"
+                                     + "\n".join(line[4:] for line in source.splitlines()) + "\n")
+    subprocess.run(["as", "--64", "-o", "init.o", "init.s"], cwd=tmp_path, check=True)
+    subprocess.run(["objcopy", "-O", "binary", "-j", ".text", "init.o", "init.bin"], cwd=tmp_path, check=True)
+    assert (tmp_path / "init.bin").read_bytes() == cellinit.X86_64
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64" or os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="runs the x86-64 init as pid 1 of a new pid namespace (root)")
+def test_the_cells_init_says_ready_with_a_stopped_pid_2_and_ignores_the_shells_signals(tmp_path):
+    """What cell.INIT_SCRIPT's shell did, as pid 1 of a pid namespace: `ready` once its stopped child is there, the
+    trap's signals ignored (SigIgn as the shell's: 0x7a07), its own name; SIGKILL from outside ends it."""
+    from air.sandbox.warden import cellinit
+
+    init = tmp_path / "init"
+    init.write_bytes(cellinit.program())
+    init.chmod(0o755)
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "setsid", str(init)], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 1
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{children[0]}/status").read_text().splitlines())
+        assert status["Name"] == "air-cell-init" and int(status["SigIgn"], 16) == 0x7A07
+        assert status["NSpid"].split()[-1] == "1"
+        stopped = Path(f"/proc/{children[0]}/task/{children[0]}/children").read_text().split()
+        assert len(stopped) == 1
+        for _ in range(200):  # it stops itself after the fork, as the shell's subshell did: maybe after `ready`
+            if "T (stopped)" in Path(f"/proc/{stopped[0]}/status").read_text():
+                break
+            time.sleep(0.05)
+        assert "T (stopped)" in Path(f"/proc/{stopped[0]}/status").read_text()
+        os.kill(int(children[0]), 9)
+        proc.wait(10)  # unshare returns once its child, the init, is gone
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 def test_pack_walks_a_deep_tree_without_recursion(tmp_path):

@@ -13,6 +13,7 @@ end is air/sandbox/warden_link.py.
 | syscalls.py | sandbox | the syscall numbers of the cells' seccomp filter, per architecture |
 | seccomp.py | sandbox | that filter: an allowlist compiled to BPF, installed before every exec in a cell |
 | hostview.py | sandbox | what a cell shows of the host's kernel-wide counters: their files, every counter at 0 |
+| cellinit.py | sandbox | a cell's init: a few system calls in a tiny static program of its own (x86-64), not a shell |
 | cell.py | sandbox | cells: building one (namespaces, mounts, loopback), entering it, ending it; confining a process |
 | netlink.py | sandbox | a cell's own interface on its sandbox's private network (a macvlan made into it) |
 | dentries.py | sandbox | the names a cell looked up (the kernel's dentries) forgotten when it ends |
@@ -71,6 +72,7 @@ MODULES = (  # in import order
     ("air.sandbox.warden.mountapi", _HERE / "mountapi.py"),
     ("air.sandbox.warden.rootcopy", _HERE / "rootcopy.py"),
     ("air.sandbox.warden.netlink", _HERE / "netlink.py"),
+    ("air.sandbox.warden.cellinit", _HERE / "cellinit.py"),
     ("air.sandbox.warden.cell", _HERE / "cell.py"),
     ("air.sandbox.warden.atimes", _HERE / "atimes.py"),
     ("air.sandbox.warden.dentries", _HERE / "dentries.py"),
@@ -111,7 +113,7 @@ def _load(name, source):
 ZYGOTE_MODULES = tuple(module for module in MODULES if module[0] in {
     "air.sandbox.warden.spans", "air.sandbox.warden.syscalls", "air.sandbox.warden.seccomp",
     "air.sandbox.warden.hostview", "air.sandbox.warden.mountapi", "air.sandbox.warden.rootcopy",
-    "air.sandbox.warden.netlink", "air.sandbox.warden.cell",
+    "air.sandbox.warden.netlink", "air.sandbox.warden.cellinit", "air.sandbox.warden.cell",
     "air.sandbox.warden.procs", "air.sandbox.warden.restore", "air.sandbox.warden.files", "air.sandbox.warden.zygote"})
 """A warm interpreter's program (zygote.py): what it needs to confine its children and lay down their files."""
 _ZYGOTE = "sys.modules['air.sandbox.warden.zygote']"

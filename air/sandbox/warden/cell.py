@@ -56,7 +56,7 @@ import subprocess
 import threading
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from air.sandbox.warden import hostview, mountapi, netlink, rootcopy, seccomp
+from air.sandbox.warden import cellinit, hostview, mountapi, netlink, rootcopy, seccomp
 from air.sandbox.warden.spans import mark
 from air.sandbox.warden.syscalls import NUMBERS
 
@@ -362,10 +362,11 @@ def _pad(upper: str, size: int, lowers: Tuple[str, ...]) -> None:
 INIT_SHELL = "/bin/sh"
 INIT_SCRIPT = ("trap '' HUP INT QUIT TERM USR1 USR2 PIPE ALRM; (kill -STOP 0) & echo ready; exec >/dev/null; "
                "while :; do wait; (kill -STOP 0) & done")
-"""The cell's init when a thread builds the cell: a shell that waits for a subshell of its own that stopped itself
-(no exec: a fork of the shell), and while it waits reaps every child that ends (orphans come to pid 1); signals from
-inside the cell cannot reach a pid 1 that ignores them (nor stop it). It says `ready` once the subshell is pid 2: the
-cell's first process is then always pid 3, as in every other cell."""
+"""The cell's init when a thread builds the cell, where the warden has none of its own (cellinit.py, which does the
+same: x86-64): a shell that waits for a subshell of its own that stopped itself (no exec: a fork of the shell), and
+while it waits reaps every child that ends (orphans come to pid 1); signals from inside the cell cannot reach a pid 1
+that ignores them (nor stop it). It says `ready` once the subshell is pid 2: the cell's first process is then always
+pid 3, as in every other cell."""
 PROC_OPTIONS = "pidns=/proc/self/fd/%d"
 
 
@@ -404,8 +405,13 @@ def _build_in_thread(layout: Layout) -> Tuple[int, List[int]]:
         # thread keeps its effective ones for the mounts still to come, and ends with the build).
         _drop_bounding(())
         _set_inheritable_none()
-        init = subprocess.Popen([INIT_SHELL, "-c", INIT_SCRIPT], executable=INIT_SHELL, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True,
+        # The init: the warden's own (cellinit.py, run from its memfd through the container's /proc, still this
+        # thread's), else the shell.
+        own = cellinit.memfd()
+        argv, executable, passed = (([cellinit.NAME], "/proc/self/fd/%d" % own, (own,)) if own is not None
+                                    else ([INIT_SHELL, "-c", INIT_SCRIPT], INIT_SHELL, ()))
+        init = subprocess.Popen(argv, executable=executable, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, close_fds=True, pass_fds=passed,
                                 env={"PATH": "/usr/bin:/bin"}, cwd="/", start_new_session=True,
                                 restore_signals=True)
         init.returncode = 0  # the warden reaps it itself: subprocess must never do it
@@ -414,7 +420,7 @@ def _build_in_thread(layout: Layout) -> Tuple[int, List[int]]:
             said = init.stdout.readline() if select.select([init.stdout], [], [], BUILD_TIMEOUT)[0] else b""
         if said != b"ready\n":
             raise CellError("the cell's init did not start: %r" % said[:200])
-        mark("build: init (a vfork'd shell)")
+        mark("build: init (vfork'd)")
         started["pid"] = os.open("/proc/thread-self/ns/pid_for_children", os.O_RDONLY | os.O_CLOEXEC)
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, PROC_OPTIONS % started["pid"])
         # A kernel that took the option and ignored it would show the container's processes: the cell's pid 1 must
@@ -731,6 +737,11 @@ def prepare_confinement() -> None:
         _filter()
     except (KeyError, ValueError):  # an architecture without a table: confine says so, in the child that needs it
         pass
+    # ctypes finds a C function, and makes an array type, the first time it is named: done here once, not in each
+    # child (a warm interpreter's children each spent about 0.2 ms on capset's alone, issue 74).
+    for name in ("prctl", "capset", "setns", "syscall"):
+        getattr(LIBC, name)
+    _CapData * 2  # noqa: B018 - the array type, made and cached by ctypes
 
 
 def confine(uid: int) -> None:

@@ -172,8 +172,11 @@ def become_program(*, uid: int, cwd, fds: Dict[int, int], cwd_fallbacks: Sequenc
     os.setsid()
     if uid or cell is not None:  # what runs in a cell (root's evaluation too) goes first under memory or CPU
         # pressure: never the warden, whose loss would leave the rollout unscored
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write(str(AGENT_OOM_SCORE_ADJ))
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)  # not open(): a text file's machinery
+        try:                                                                  # is a tenth of a forked program's start
+            os.write(fd, b"%d" % AGENT_OOM_SCORE_ADJ)
+        finally:
+            os.close(fd)
         os.setpriority(os.PRIO_PROCESS, 0, AGENT_NICE)
     if default_signals:
         for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):

@@ -38,6 +38,9 @@ What still tells a program it was forked (none of it carries anything from one r
 
 from __future__ import annotations
 
+import _io
+import array
+import atexit
 import ctypes
 import gc
 import json
@@ -63,6 +66,7 @@ request."""
 GIVE_UP_AFTER = 3
 """Zygotes of one key that failed before the warden stops starting them (its programs then start cold)."""
 CODE_FD, SOCKET_FD, FILES_FD = 3, 4, 4
+FD_BYTES = array.array("i").itemsize
 BOOT = ("import sys;_air=(set(sys.modules),list(sys.meta_path),set(sys.path_importer_cache));"
         "exec(compile(open(3,'rb').read(),'<air-zygote>','exec'))")
 """The zygote's program (`python3 -c BOOT`): first what a new interpreter holds at its first line, before anything
@@ -218,13 +222,14 @@ def serve(fd: int, fresh: tuple) -> Tuple[List[str], tuple]:
     sock.send(b"ready")
     while True:
         try:
-            message, fds, _, _ = socket.recv_fds(sock, 1 << 16, len(NAMESPACES) + 5)
+            message, fds = _recv_fds(sock, 1 << 16, len(NAMESPACES) + 5)
         except OSError:
             os._exit(1)
         if not message:
             os._exit(0)  # the warden closed its end
         try:
             request = json.loads(message)
+            as_fresh(fresh)
             _check(LIBC.setns(fds[0], CLONE_NEWPID), "setns pid")
             # CLONE_PARENT: the warden's child, not ours. The raw system call (there is no other way to pass the
             # flag): this process is single-threaded and holds no lock another thread could have left taken.
@@ -247,6 +252,17 @@ def serve(fd: int, fresh: tuple) -> Tuple[List[str], tuple]:
         sock.send(b"pid %d" % pid)
 
 
+def _recv_fds(sock: socket.socket, size: int, most: int) -> Tuple[bytes, List[int]]:
+    """socket.recv_fds, but for its `import array` at each call, which would put array back in sys.modules once
+    as_fresh took it out (imported here instead, and held by this module)."""
+    message, ancillary, _, _ = sock.recvmsg(size, socket.CMSG_LEN(most * FD_BYTES))
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % FD_BYTES])
+    return message, list(fds)
+
+
 def _enter(request: dict, fds: List[int]) -> None:
     """In the child, before its script: what a forked child of the warden does before its exec."""
     try:
@@ -267,17 +283,31 @@ def _enter(request: dict, fds: List[int]) -> None:
         procs.cannot_start(request["argv"][0], exc)
 
 
+_HELD: Dict[str, object] = {}
+"""The zygote's own modules, out of sys.modules (as_fresh): held here, so that none is freed while its functions run
+(the first of a name: one imported again is a copy no function of the zygote's holds)."""
+
+
+def as_fresh(fresh: tuple) -> None:
+    """sys.modules, sys.meta_path and the path importer cache as a new interpreter has them at its first line
+    (`fresh`): what the zygote imported since is taken out. In the zygote before each fork, so that its children do
+    not each write to every module's page the fork shares with it (about half a millisecond of a request's CPU), and
+    again in the child before its script (run): a module imported on the way there goes too."""
+    modules, meta_path, importers = fresh
+    for name in [name for name in sys.modules if name not in modules]:
+        _HELD.setdefault(name, sys.modules.pop(name))
+    if sys.meta_path != meta_path:
+        sys.meta_path[:] = meta_path
+    for entry in [entry for entry in sys.path_importer_cache if entry not in importers]:
+        del sys.path_importer_cache[entry]
+
+
 def run(argv: List[str], fresh: tuple) -> None:
     """In the child: the interpreter as a new `python3 SCRIPT` has it at the script's first line, then the script,
     run as the interpreter runs a file. Never returns (_end)."""
     interpreter, script = argv
-    modules, meta_path, importers = fresh
     path = os.path.abspath(script)
-    for name in [name for name in sys.modules if name not in modules]:
-        del sys.modules[name]
-    sys.meta_path[:] = meta_path
-    for entry in [entry for entry in sys.path_importer_cache if entry not in importers]:
-        del sys.path_importer_cache[entry]
+    as_fresh(fresh)
     sys.path_importer_cache[path] = None  # the interpreter asks whether the script is a zip or a directory
     if "PWD" in os.environ:  # as the shell steps before the interpreter export it, for the program's own cwd
         os.environ["PWD"] = os.getcwd()
@@ -329,15 +359,13 @@ def _end(status: int) -> None:
             threading._shutdown()
         except BaseException:  # noqa: BLE001
             pass
-    import atexit  # the interpreter's own callbacks (a built-in module: one registry however often imported)
-
-    atexit._run_exitfuncs()
-    import io
-
+    atexit._run_exitfuncs()  # the interpreter's own callbacks (a built-in module: one registry however often imported)
     standard = (sys.stdout, sys.stderr)
     # The program's own files (the zygote's objects are frozen, out of this list), then the original streams in
     # case the program replaced them, then the streams: a failed flush of stdout is the interpreter's status 120.
-    opened = [obj for obj in gc.get_objects() if isinstance(obj, io.IOBase) and obj not in standard]
+    # Instances of the io classes' C base, whose finalizer flushes them at an interpreter's exit (io.IOBase, an ABC,
+    # costs a call of its own per object, and a class only registered with it has no such finalizer).
+    opened = [obj for obj in gc.get_objects() if isinstance(obj, _io._IOBase) and obj not in standard]
     for stream in opened + [sys.__stderr__, sys.__stdout__]:
         try:
             if stream is not None and stream not in standard and not stream.closed:
