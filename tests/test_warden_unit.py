@@ -293,7 +293,7 @@ def test_a_plain_tar_is_read_without_tarfile_and_lands_as_tarfile_lays_it_down(t
     """Issue 74: a SandboxFusion request's files (container.make_tar: directories, files, float times in pax headers)
     are read without tarfile's machinery, and the tree is the one tarfile's extraction leaves: names, contents,
     modes, owners and times; over what stood there too. Anything else is tarfile's, as before."""
-    from air.sandbox.container import make_tar
+    from air.sandbox.base_sandbox import make_tar
     from air.sandbox.warden import files
 
     data = make_tar({"sf/r1/main.py": b"print(1)\n", "sf/r1/in/data.txt": b"x" * 1000, "sf/r1/empty": b""},
@@ -325,7 +325,7 @@ def test_a_plain_tar_is_read_without_tarfile_and_lands_as_tarfile_lays_it_down(t
 def test_the_sandbox_fusion_servers_own_tar_is_make_tars_archive(tmp_path):
     """Issue 74: the server writes a request's tar without tarfile (plain_tar): tarfile reads it as make_tar's
     archive, member for member (the time aside: each takes its own now), and the warden reads it as a plain one."""
-    from air.sandbox.container import make_tar
+    from air.sandbox.base_sandbox import make_tar
     from air.sandbox.warden import files
     from air.services.sandbox_fusion.files import plain_tar
 
