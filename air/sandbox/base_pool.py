@@ -156,6 +156,16 @@ class SandboxPool:
         if warm_specs:
             progress.stage(f"sandbox pool: warm in {asyncio.get_running_loop().time() - began:.1f} s")
 
+    async def _remove_each(self, deadline: float, doomed: list[BaseSandbox]) -> list[str]:
+        """The second half of a close whose backend removes each sandbox on its own (Docker, enroot), by the
+        deadline: the names it did not remove, kept in `left_behind` for the next sweep."""
+        loop = asyncio.get_running_loop()
+        removed = await asyncio.gather(*(self._remove(sb, patience=max(0.1, deadline - loop.time()))
+                                         for sb in doomed), return_exceptions=True)
+        self.left_behind = [sb.name for sb, gone in zip(doomed, removed) if gone is not True]
+        self._idle.clear()
+        return self.left_behind
+
     async def _end_wardens(self, timeout: float | None) -> tuple[float, list[BaseSandbox]]:
         """The first half of every backend's close: no more work starts, background work gets until the deadline,
         and every live sandbox's warden is told to end it (it then stops, whatever the engine does). The deadline

@@ -198,10 +198,7 @@ class DockerPool(SandboxPool):
             return self.left_behind
         loop = asyncio.get_running_loop()
         deadline, doomed = await self._end_wardens(timeout)
-        removed = await asyncio.gather(*(self._remove(sb, patience=max(0.1, deadline - loop.time()))
-                                         for sb in doomed), return_exceptions=True)
-        self.left_behind = [sb.name for sb, gone in zip(doomed, removed) if gone is not True]
-        self._idle.clear()
+        await self._remove_each(deadline, doomed)
         for timer in list(self._spare_timers):
             timer.cancel()
         spare, self._spare = self._spare, []

@@ -107,12 +107,7 @@ class EnrootPool(SandboxPool):
     async def close(self, timeout: float | None = None) -> list[str]:
         if self._closed:
             return self.left_behind
-        loop = asyncio.get_running_loop()
-        deadline, doomed = await self._end_wardens(timeout)
-        removed = await asyncio.gather(*(self._remove(sb, patience=max(0.1, deadline - loop.time()))
-                                         for sb in doomed), return_exceptions=True)
-        self.left_behind = [sb.name for sb, gone in zip(doomed, removed) if gone is not True]
-        self._idle.clear()
+        await self._remove_each(*await self._end_wardens(timeout))
         if self.left_behind:
             log.warning("%d enroot container(s) left for the next pool's sweep", len(self.left_behind))
         used, self._copies_used = self._copies_used, {}
