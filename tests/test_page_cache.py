@@ -157,7 +157,7 @@ async def test_a_host_pin_killed_after_it_held_is_replaced_and_one_that_fails_is
     finally:
         await first.close()
 
-    monkeypatch.setattr(pagecache, "_PROGRAM", "print('air-pin-error a provoked failure', flush=True); exit(2)")
+    monkeypatch.setattr(pagecache, "PROGRAM", "print('air-pin-error a provoked failure', flush=True); exit(2)")
     third = PageCachePins(Docker(docker_client), run="test-pin-killed")
     try:
         with pytest.raises(InfraError, match="pin of air/base:latest failed: a provoked failure"):
