@@ -125,6 +125,12 @@ class SandboxPool:
         (`_reserved`, which this gives back); with `lent_gpus`, the lender's GPUs instead of its own."""
         raise NotImplementedError
 
+    async def _unreserve(self) -> None:
+        """Give back the slot a creation held (`_reserved`), however `_create` ended, and wake the leases waiting."""
+        async with self._changed:
+            self._reserved -= 1
+            self._changed.notify_all()
+
     async def _let_go(self, sandbox: BaseSandbox, patience: float | None, spare: bool) -> None:
         """What the backend held for a sandbox just removed (claims), given back (`_remove`); nothing here."""
 

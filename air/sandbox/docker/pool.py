@@ -323,9 +323,7 @@ class DockerPool(SandboxPool):
                     raise
             raise AssertionError("unreachable")
         finally:
-            async with self._changed:
-                self._reserved -= 1
-                self._changed.notify_all()
+            await self._unreserve()
 
     async def _claim(self, spec: SandboxSpec, deadline: float) -> tuple[_Host, Grant]:
         """A host-wide grant (slot and GPUs) on the least loaded host that has one free."""

@@ -145,9 +145,7 @@ class EnrootPool(SandboxPool):
                     await self._remove(sandbox)
                 raise
         finally:
-            async with self._changed:
-                self._reserved -= 1
-                self._changed.notify_all()
+            await self._unreserve()
 
     async def _take_gpus(self, spec: SandboxSpec) -> GpuHold:
         """The spec's GPUs, claimed (waiting, bounded by lease_timeout, while another sandbox holds them)."""

@@ -272,9 +272,7 @@ class KubernetesPool(SandboxPool):
                     raise
             raise AssertionError("unreachable")
         finally:
-            async with self._changed:
-                self._reserved -= 1
-                self._changed.notify_all()
+            await self._unreserve()
 
     async def _refill(self, spec: SandboxSpec) -> None:
         refilling = _REFILLING.set(True)  # the refill's own task (spawned): no lease's
