@@ -20,6 +20,9 @@ W=${SLURM_LOCAL_DIR:-/var/lib/air-slurm-local}
 CONF=$W/slurm.conf
 NODE=$(hostname -s)
 GPUS=${SLURM_LOCAL_GPUS:-0}
+case $GPUS in
+  ''|*[!0-9]*) echo "slurm-local: SLURM_LOCAL_GPUS must be a number of stand-in GPUs, not '$GPUS'" >&2; exit 2;;
+esac
 
 say() { echo "slurm-local: $*" >&2; }
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
