@@ -91,15 +91,16 @@ LOCK_AND_READ = ("python3 -c \"import fcntl, os\nos.sched_setaffinity(0, {max(os
 """The line number of the reader's own lock, taken on the last CPU: the kernel keeps a list of locks per CPU, each
 new one at its head, and numbers them CPU by CPU, so it is 1 + every lock held on the other CPUs' lists."""
 HOLD_LOCKS = ("python3 -c \"import fcntl, os, time\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
-              "fs = [open('/tmp/l%d' % i, 'w') for i in range(20)]\n"
+              "fs = [open('/tmp/l%d' % i, 'w') for i in range(100)]\n"
               "[fcntl.flock(f, fcntl.LOCK_EX) for f in fs]\ntime.sleep(30)\" >/dev/null 2>&1 &")
-"""The writer: 20 locks taken on the first CPU."""
+"""The writer: 100 locks taken on the first CPU (other processes' locks come and go meanwhile: a CI run's
+neighbours moved the line by 2 the other way)."""
 
 
 async def test_the_hosts_lock_table_is_not_counted_in_a_cell(pool, base_spec):
     """Issue #75: /proc/locks numbers its lines over every lock of the host, so a cell's own lock on line N says N-1
     are held elsewhere, which another sandbox moves by taking locks. A cell reads it empty; the harness of the same
-    sandbox (the positive control) sees its own lock's line move by the writer's 20 locks, none of which it can see."""
+    sandbox (the positive control) sees its own lock's line move by the writer's 100 locks, none of which it can see."""
     async with pool.lease(base_spec) as writer, pool.lease(base_spec) as reader:
         cell_before = (await reader.session.run(LOCK_AND_READ, timeout=60, merge_stderr=True)).stdout.strip()
         host_before = int((await reader.session.harness(["sh", "-c", LOCK_AND_READ])).stdout)
@@ -107,5 +108,5 @@ async def test_the_hosts_lock_table_is_not_counted_in_a_cell(pool, base_spec):
         await writer.session.run("sleep 3", timeout=60)
         host_after = int((await reader.session.harness(["sh", "-c", LOCK_AND_READ])).stdout)
         cell_after = (await reader.session.run(LOCK_AND_READ, timeout=60, merge_stderr=True)).stdout.strip()
-    assert host_after >= host_before + 20, (host_before, host_after)
+    assert host_after >= host_before + 50, (host_before, host_after)
     assert cell_before == cell_after == "0", (cell_before, cell_after)
