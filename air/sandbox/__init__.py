@@ -48,7 +48,8 @@ _LAZY = {
     # helpers of the layers above
     "make_tar": "base_sandbox", "gpu_env": "base_sandbox", "container_kwargs": "docker.container",
     "connect": "docker.docker_api", "Docker": "docker.docker_api",
-    "list_air_containers": "labels", "remove_containers": "labels", "make_labels": "labels", "GPUS": "labels",
+    "list_air_containers": "docker.listing", "remove_containers": "docker.listing",
+    "make_labels": "labels", "GPUS": "labels",
     "sweep_dead_runs": "docker.cleanup", "sweep_stale_claims": "docker.cleanup",
     "truncate_text": "output",
 }
@@ -87,6 +88,7 @@ if TYPE_CHECKING:  # for type checkers and editors: the same names, eagerly
         Sandbox,
         Shell,
     )
-    from air.sandbox.labels import GPUS, list_air_containers, make_labels, remove_containers
+    from air.sandbox.docker.listing import list_air_containers, remove_containers
+    from air.sandbox.labels import GPUS, make_labels
     from air.sandbox.output import truncate_text
     from air.sandbox.spec import DockerHost, PoolConfig, Resources, SandboxSpec

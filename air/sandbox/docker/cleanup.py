@@ -17,10 +17,9 @@ from air.sandbox.labels import (
     ROLE,
     RUN,
     SANDBOX,
-    list_air_containers,
     owner_alive,
-    remove_containers,
 )
+from air.sandbox.docker.listing import list_air_containers, remove_containers
 
 PIN_ROLE = "pagecache"
 """The role label of page-cache pins and of their copies' volumes (air/sandbox/docker/pagecache.py)."""

@@ -44,7 +44,8 @@ from air.errors import InfraError, SandboxUnavailable
 from air.sandbox import hostdir
 from air.sandbox.docker.cleanup import PIN_ROLE
 from air.sandbox.docker.docker_api import Docker, conflict, is_local
-from air.sandbox.labels import make_labels, remove_containers
+from air.sandbox.docker.listing import remove_containers
+from air.sandbox.labels import make_labels
 from air.sandbox.pins import PIN_TIMEOUT, PROGRAM, SKIP, pinned_report, problem_in
 from air.sandbox.spec import SandboxSpec
 from air.sandbox.warden.locks import hold, lock_held

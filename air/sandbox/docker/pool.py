@@ -41,10 +41,9 @@ from air.sandbox.labels import (
     KEPT_PREFIX,
     SANDBOX,
     SLOT,
-    list_air_containers,
     owner_token,
-    remove_containers,
 )
+from air.sandbox.docker.listing import list_air_containers, remove_containers
 from air.sandbox.docker.pagecache import PIN, PageCachePins
 from air.sandbox.spec import DockerHost, PoolConfig
 
