@@ -59,7 +59,8 @@ def pack(root: str, paths: List[str], out: BinaryIO) -> int:
 def unpack(dest: str, data: bytes, as_root: bool) -> None:
     """Extract the tar under dest (made if missing); Refused for names outside it, OSError when a place cannot be
     written. Directories get their final mode after their contents, as tarfile's extractall does."""
-    os.makedirs(dest, exist_ok=True)
+    if not os.path.isdir(dest):  # makedirs does nothing else for a directory, but at the cost of its FileExistsError
+        os.makedirs(dest, exist_ok=True)
     plain = plain_members(data)
     if plain is not None:
         _unpack_plain(dest, plain, as_root)

@@ -52,7 +52,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from air.sandbox.warden import files, procs, seccomp
-from air.sandbox.warden.cell import CLONE_NEWPID, LIBC, Cell, _check, prepare_confinement
+from air.sandbox.warden.cell import CLONE_NEWPID, LIBC, Cell, _check, empty_bounding_set, prepare_confinement
 from air.sandbox.warden.syscalls import NUMBERS
 
 CLONE_PARENT = 0x00008000
@@ -213,11 +213,15 @@ def serve(fd: int, fresh: tuple) -> Tuple[List[str], tuple]:
     """The zygote's loop: a child per request. Returns only in a child, ready to run its script: (argv, fresh)."""
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # and, had the warden gone before, its socket's end
     prepare_confinement()
+    # Its children are all the agent's (the warden asks for none as root): they inherit an empty bounding set. The
+    # zygote itself never execs, so the set (what an exec could gain) is nothing it needs.
+    empty_bounding_set()
     clone = NUMBERS[seccomp.machine()]["clone"]
     sock = socket.socket(fileno=fd)
     # Every object so far is the zygote's: its children's collections never walk them (a walk writes to each one's
     # page, which the fork would then copy), nor does _end's search for the program's open files.
     gc.collect()
+    _trim_heap()
     gc.freeze()
     sock.send(b"ready")
     while True:
@@ -229,6 +233,8 @@ def serve(fd: int, fresh: tuple) -> Tuple[List[str], tuple]:
             os._exit(0)  # the warden closed its end
         try:
             request = json.loads(message)
+            if not isinstance(request["uid"], int) or request["uid"] <= 0:
+                raise ValueError("a warm program runs as the agent, never as root (uid %r)" % (request["uid"],))
             as_fresh(fresh)
             _check(LIBC.setns(fds[0], CLONE_NEWPID), "setns pid")
             # CLONE_PARENT: the warden's child, not ours. The raw system call (there is no other way to pass the
@@ -250,6 +256,16 @@ def serve(fd: int, fresh: tuple) -> Tuple[List[str], tuple]:
         for received in fds:
             os.close(received)
         sock.send(b"pid %d" % pid)
+
+
+def _trim_heap() -> None:
+    """Give the C library's free heap back to the kernel (compiling the zygote's modules left about 2 MB of it): every
+    fork copies the page table of what the zygote holds, and every child's exit tears its copy down (issue 74). A C
+    library without malloc_trim (musl) keeps it."""
+    try:
+        LIBC.malloc_trim(0)
+    except AttributeError:
+        pass
 
 
 def _recv_fds(sock: socket.socket, size: int, most: int) -> Tuple[bytes, List[int]]:
