@@ -136,10 +136,12 @@ class Zygote:
         return reply[len(prefix):]
 
     def start_program(self, cell: Cell, *, uid: int, cwd: str, argv: Sequence[str], streams: Sequence[int],
-                      files_dest: str = "") -> int:
+                      files_dest: str = "", files_plain: bool = False) -> int:
         """Start `argv` (interpreter, script) as uid in the cell; its pid (the warden's child). streams: stdin,
-        stdout, stderr, then, with files, the problem pipe and the files' memfd (procs.become_program's fds)."""
-        header = json.dumps({"uid": uid, "cwd": cwd, "argv": list(argv), "files_dest": files_dest}).encode()
+        stdout, stderr, then, with files, the problem pipe and the files' memfd (procs.become_program's fds), which
+        holds a tar or, files_plain, its members as files.plain_data writes them."""
+        header = json.dumps({"uid": uid, "cwd": cwd, "argv": list(argv), "files_dest": files_dest,
+                             "files_plain": files_plain}).encode()
         try:
             socket.send_fds(self.sock, [header], [cell.ns_fds[name] for name in NAMESPACES] + list(streams))
         except OSError as exc:
@@ -169,7 +171,7 @@ class Zygotes:
         """A zygote failed after it was asked for a program (ZygoteLost): the cell's end reaps what it started."""
 
     def start_program(self, cell: Cell, warm: Sequence[str], env: Dict[str, str], *, uid: int, cwd: str,
-                      streams: Sequence[int], files_dest: str = "") -> Optional[int]:
+                      streams: Sequence[int], files_dest: str = "", files_plain: bool = False) -> Optional[int]:
         """The program `warm` (prefix, interpreter, script) started by its zygote: its pid, or None when there is
         no zygote for it (the caller then starts it cold)."""
         prefix, interpreter, script = warm
@@ -181,7 +183,7 @@ class Zygotes:
             if zygote is None:
                 zygote = self.running[key] = Zygote.start(prefix, interpreter, env)
             return zygote.start_program(cell, uid=uid, cwd=cwd, argv=(interpreter, script), streams=streams,
-                                        files_dest=files_dest)
+                                        files_dest=files_dest, files_plain=files_plain)
         except (ZygoteError, OSError) as exc:
             self.lost = self.lost or isinstance(exc, ZygoteLost)
             self.failures[key] = self.failures.get(key, 0) + 1
@@ -287,9 +289,11 @@ def _enter(request: dict, fds: List[int]) -> None:
         prepare = None
         if len(streams) == FILES_FD + 1:
             def prepare() -> None:
-                with open(FILES_FD, "rb") as tar:  # closed before the script runs
-                    data = tar.read()
-                files.lay_down(request["files_dest"], data, False)
+                data = _read_all(FILES_FD)  # and closed: before the script runs
+                if request.get("files_plain"):
+                    files.lay_down(request["files_dest"], b"", False, files.from_plain_data(data))
+                else:
+                    files.lay_down(request["files_dest"], data, False)
         procs.become_program(uid=request["uid"], cwd=request["cwd"], fds=dict(enumerate(streams)), cell=cell,
                              prepare=prepare, default_signals=False)
         # Its change of uid made the kernel mark it not dumpable (an exec would have undone that): a new
@@ -297,6 +301,20 @@ def _enter(request: dict, fds: List[int]) -> None:
         _check(LIBC.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
     except BaseException as exc:  # noqa: BLE001 - reported as a forked child's failure
         procs.cannot_start(request["argv"][0], exc)
+
+
+def _read_all(fd: int) -> bytes:
+    """What fd holds from where it is, then closed; a memfd's or the script's bytes, without the io stack's objects
+    (a forked child's every new kind of object costs it pages to copy)."""
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 _HELD: Dict[str, object] = {}
@@ -336,8 +354,7 @@ def run(argv: List[str], fresh: tuple) -> None:
     main.__file__, main.__cached__ = path, None
     sys.modules["__main__"] = main
     try:
-        with open(path, "rb") as f:
-            source = f.read()
+        source = _read_all(os.open(path, os.O_RDONLY | os.O_CLOEXEC))  # as open(path, "rb") and its read
     except OSError as exc:
         sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (interpreter, path, exc.errno, exc.strerror))
         _end(2)
