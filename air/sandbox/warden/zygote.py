@@ -237,12 +237,7 @@ def serve(fd: int, fresh: tuple) -> Tuple[List[str], tuple]:
             request = json.loads(message)
             if not isinstance(request["uid"], int) or request["uid"] <= 0:
                 raise ValueError("a warm program runs as the agent, never as root (uid %r)" % (request["uid"],))
-            # Nothing the loop runs imports anything: after the first time there is nothing to take out, and
-            # walking every module's name again cost the zygote about 25 copy-on-write faults a request. (The
-            # child's own as_fresh, in run, is what makes its interpreter fresh.)
-            if len(sys.modules) != len(fresh[0]) or len(sys.path_importer_cache) != len(fresh[2]) \
-                    or sys.meta_path != fresh[1]:
-                as_fresh(fresh)
+            as_fresh(fresh)
             _check(LIBC.setns(fds[0], CLONE_NEWPID), "setns pid")
             # CLONE_PARENT: the warden's child, not ours. The raw system call (there is no other way to pass the
             # flag): this process is single-threaded and holds no lock another thread could have left taken.
@@ -333,6 +328,12 @@ def as_fresh(fresh: tuple) -> None:
     not each write to every module's page the fork shares with it (about half a millisecond of a request's CPU), and
     again in the child before its script (run): a module imported on the way there goes too."""
     modules, meta_path, importers = fresh
+    if len(sys.modules) == len(modules) and len(sys.path_importer_cache) == len(importers) and \
+            sys.meta_path == meta_path:
+        # As fresh already: what an earlier call left, since when nothing the zygote or the child ran imported or
+        # took out anything (only its own code runs until the script). Walking every module's name again would
+        # write to each one's page: about 25 copy-on-write faults a request in the zygote, as many in the child.
+        return
     for name in [name for name in sys.modules if name not in modules]:
         _HELD.setdefault(name, sys.modules.pop(name))
     if sys.meta_path != meta_path:
