@@ -17,17 +17,18 @@ only where there are cells, with the environment the harness gives the program (
 
 Per program, the warden sends the cell's namespaces, the program's stdin, stdout and stderr pipes and, when the
 request has files, the problem pipe and a memfd of the files (a plain tar's members as the warden read them,
-files.plain_data, else the tar): never the code, stdin or files' bytes. The zygote
-reads none of them, so nothing of one request is in the memory the next one's fork copies (only the paths of
-earlier requests' directories, in cells that no longer exist). It makes its next child's pid namespace the cell's
-and clones with CLONE_PARENT: the program is the warden's own child, born in the cell, waited for, timed out and
-killed as every other (server.Program). The child does what a forked child does before exec
-(procs.become_program): joins the cell's other namespaces, keeps its streams only, confines itself, lays down its
-files as the agent. Its bounding set is already empty: the zygote emptied its own once (it never execs, and the
-warden asks it only for the agent's programs, never root's), and a fork inherits it. Then, where it would exec, it makes the interpreter what a new `python3 SCRIPT` is at its first
-line (run): sys.argv, sys.orig_argv, sys.path[0], a new __main__, and sys.modules, sys.meta_path and the path
-importer cache as they were before this module was loaded. The script is compiled and run as the interpreter runs a
-file: an uncaught exception is printed by sys.excepthook without the zygote's frames (status 1); SystemExit as ever.
+files.plain_data, else the tar): never the code, stdin or files' bytes. The zygote reads none of them, so
+nothing of one request is in the memory the next one's fork copies (only the paths of earlier requests'
+directories, in cells that no longer exist). It makes its next child's pid namespace the cell's and clones with
+CLONE_PARENT: the program is the warden's own child, born in the cell, waited for, timed out and killed as every
+other (server.Program). The child does what a forked child does before exec (procs.become_program): joins the cell's
+other namespaces, keeps its streams only, confines itself, lays down its files as the agent. Its bounding set is
+already empty: the zygote emptied its own once (it never execs, and the warden asks it only for the agent's
+programs, never root's), and a fork inherits it. Then, where it would exec, it makes the interpreter what a new
+`python3 SCRIPT` is at its first line (run): sys.argv, sys.orig_argv, sys.path[0], a new __main__, and sys.modules,
+sys.meta_path and the path importer cache as they were before this module was loaded. The script is compiled and
+run as the interpreter runs a file: an uncaught exception is printed by sys.excepthook without the zygote's frames
+(status 1); SystemExit as ever.
 
 What still tells a program it was forked (none of it carries anything from one request to another):
 - the str and bytes hash secret is its zygote's, the same for every program of one sandbox until the sandbox is
