@@ -427,20 +427,24 @@ REPLIES = {cls.op: cls for cls in (Failed, Done, Ready, ShellState, Ran, Exited,
 
 
 # ----- frames -----------------------------------------------------------------------------------------------------
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""json.dumps(..., separators=(",", ":")) without making its encoder anew for every frame."""
+
+
 def encode(ident: int, message: Message) -> bytes:
     """One frame. AgentText fields are given as bytes by the warden (it never decodes the agent's bytes)."""
     header: dict = {"op": message.op, "id": ident}
     parts: List[Tuple[str, int]] = []
     blobs: List[bytes] = []
-    for f in fields(message):
-        value = getattr(message, f.name)
+    for name, _, _, _ in _spec(type(message))[1]:
+        value = getattr(message, name)
         if isinstance(value, (bytes, bytearray, memoryview)):
-            parts.append((f.name, len(value)))
+            parts.append((name, len(value)))
             blobs.append(bytes(value))
         else:
-            header[f.name] = value
+            header[name] = value
     header["parts"] = parts
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = _ENCODER.encode(header).encode()
     body = b"".join(blobs)
     return _HEAD.pack(len(head), len(body)) + head + body
 
@@ -488,15 +492,16 @@ def decode(head: bytes, body: bytes, kinds: Dict[str, type]) -> Tuple[int, Messa
         offset += size
     if offset != len(body):
         raise ProtocolError("%s: %d bytes outside its parts" % (op, len(body) - offset))
-    hints = _hints(cls)
-    unknown = set(header) - set(hints)
-    if unknown:
-        raise ProtocolError("%s: unknown fields %s" % (op, sorted(unknown)))
+    names, order = _spec(cls)
+    if not names.issuperset(header):
+        raise ProtocolError("%s: unknown fields %s" % (op, sorted(set(header) - names)))
     values = {}
-    for f in fields(cls):
-        if f.name not in header:
-            raise ProtocolError("%s: %s is missing" % (op, f.name))
-        values[f.name] = _conform(header[f.name], hints[f.name], "%s.%s" % (op, f.name), f.metadata)
+    for name, tp, meta, exact in order:
+        if name not in header:
+            raise ProtocolError("%s: %s is missing" % (op, name))
+        value = header[name]
+        values[name] = value if exact is not None and exact(value) else \
+            _conform(value, tp, "%s.%s" % (op, name), meta)
     return ident, cls(**values)
 
 
@@ -507,6 +512,44 @@ def _hints(cls: type) -> dict:
     if cls not in _HINTS:
         _HINTS[cls] = {k: v for k, v in typing.get_type_hints(cls).items() if k not in ("op", "Reply")}
     return _HINTS[cls]
+
+
+_SPECS: Dict[type, tuple] = {}
+
+
+def _spec(cls: type) -> tuple:
+    """A message class's field names (a frozenset) and, in order, each field's (name, type, metadata, exact): worked
+    out once per class, not for every frame (dataclasses.fields and the per-field checks were most of a frame's cost,
+    on both ends: issue 74)."""
+    spec = _SPECS.get(cls)
+    if spec is None:
+        hints = _hints(cls)
+        spec = _SPECS[cls] = (frozenset(hints), tuple((f.name, hints[f.name], f.metadata, _exact(hints[f.name]))
+                                                      for f in fields(cls)))
+    return spec
+
+
+def _exact(tp) -> Optional[typing.Callable[[object], bool]]:
+    """A test that is true only of a value that _conform(value, tp) returns unchanged (nothing converted, nothing to
+    refuse), for the types JSON gives exactly; None where every value goes through _conform (AgentText, which it
+    converts, and any other type). Where the test is false, _conform decides, and says what is wrong."""
+    if tp is AgentText:
+        return None
+    if tp in (str, int, float, bool, bytes):
+        return lambda value: type(value) is tp
+    origin, args = getattr(tp, "__origin__", None), getattr(tp, "__args__", ())
+    if origin is typing.Union and len(args) == 2 and type(None) in args:
+        inner = _exact(next(a for a in args if a is not type(None)))
+        return None if inner is None else lambda value: value is None or inner(value)
+    if origin is list:
+        item = _exact(args[0])
+        return None if item is None else lambda value: type(value) is list and all(map(item, value))
+    if origin is dict:
+        key, item = _exact(args[0]), _exact(args[1])
+        if key is None or item is None:
+            return None
+        return lambda value: type(value) is dict and all(map(key, value)) and all(map(item, value.values()))
+    return None
 
 
 def _conform(value, tp, where: str, meta):

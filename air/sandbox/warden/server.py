@@ -124,16 +124,18 @@ class Program:
 
     def _start_warm(self, request: p.Exec, env: Dict[str, str], fds: Dict[int, int]) -> Optional[int]:
         """The program started by a warm interpreter (zygote.py): its pid, or None (it then starts cold)."""
-        extra, problem = [], None
-        if request.files:  # laid down by the program's own process, as by a forked child's
+        extra, problem, plain = [], None, None
+        if request.files:  # laid down by the program's own process, as by a forked child's; a plain tar read here
+            plain = files.plain_members(request.files)
             problem, w = os.pipe()
-            extra = [w, zygote.memfd_of(request.files, "air-files")]
+            extra = [w, zygote.memfd_of(request.files if plain is None else files.plain_data(plain), "air-files")]
         cell = self.warden.cell
         try:
             with outside(cell):  # a zygote the request starts is born in the warden's own pid namespace
                 pid = self.warden.zygotes.start_program(
                     cell, request.warm, env, uid=self.uid, cwd=request.cwd or "/",
-                    streams=[fds[0], fds[1], fds[2]] + extra, files_dest=request.files_dest)
+                    streams=[fds[0], fds[1], fds[2]] + extra, files_dest=request.files_dest,
+                    files_plain=plain is not None)
         finally:
             for fd in extra:
                 os.close(fd)

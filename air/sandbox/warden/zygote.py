@@ -16,16 +16,19 @@ no agent process can write those. Agents run only in cells, where the image is r
 only where there are cells, with the environment the harness gives the program (never one the agent chose).
 
 Per program, the warden sends the cell's namespaces, the program's stdin, stdout and stderr pipes and, when the
-request has files, the problem pipe and a memfd of the files: never the code, stdin or files' bytes. The zygote
-reads none of them, so nothing of one request is in the memory the next one's fork copies (only the paths of
-earlier requests' directories, in cells that no longer exist). It makes its next child's pid namespace the cell's
-and clones with CLONE_PARENT: the program is the warden's own child, born in the cell, waited for, timed out and
-killed as every other (server.Program). The child does what a forked child does before exec
-(procs.become_program): joins the cell's other namespaces, keeps its streams only, confines itself, lays down its
-files as the agent. Then, where it would exec, it makes the interpreter what a new `python3 SCRIPT` is at its first
-line (run): sys.argv, sys.orig_argv, sys.path[0], a new __main__, and sys.modules, sys.meta_path and the path
-importer cache as they were before this module was loaded. The script is compiled and run as the interpreter runs a
-file: an uncaught exception is printed by sys.excepthook without the zygote's frames (status 1); SystemExit as ever.
+request has files, the problem pipe and a memfd of the files (a plain tar's members as the warden read them,
+files.plain_data, else the tar): never the code, stdin or files' bytes. The zygote reads none of them, so
+nothing of one request is in the memory the next one's fork copies (only the paths of earlier requests'
+directories, in cells that no longer exist). It makes its next child's pid namespace the cell's and clones with
+CLONE_PARENT: the program is the warden's own child, born in the cell, waited for, timed out and killed as every
+other (server.Program). The child does what a forked child does before exec (procs.become_program): joins the cell's
+other namespaces, keeps its streams only, confines itself, lays down its files as the agent. Its bounding set is
+already empty: the zygote emptied its own once (it never execs, and the warden asks it only for the agent's
+programs, never root's), and a fork inherits it. Then, where it would exec, it makes the interpreter what a new
+`python3 SCRIPT` is at its first line (run): sys.argv, sys.orig_argv, sys.path[0], a new __main__, and sys.modules,
+sys.meta_path and the path importer cache as they were before this module was loaded. The script is compiled and
+run as the interpreter runs a file: an uncaught exception is printed by sys.excepthook without the zygote's frames
+(status 1); SystemExit as ever.
 
 What still tells a program it was forked (none of it carries anything from one request to another):
 - the str and bytes hash secret is its zygote's, the same for every program of one sandbox until the sandbox is
@@ -52,7 +55,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from air.sandbox.warden import files, procs, seccomp
-from air.sandbox.warden.cell import CLONE_NEWPID, LIBC, Cell, _check, prepare_confinement
+from air.sandbox.warden.cell import CLONE_NEWPID, LIBC, Cell, _check, empty_bounding_set, prepare_confinement
 from air.sandbox.warden.syscalls import NUMBERS
 
 CLONE_PARENT = 0x00008000
@@ -136,10 +139,12 @@ class Zygote:
         return reply[len(prefix):]
 
     def start_program(self, cell: Cell, *, uid: int, cwd: str, argv: Sequence[str], streams: Sequence[int],
-                      files_dest: str = "") -> int:
+                      files_dest: str = "", files_plain: bool = False) -> int:
         """Start `argv` (interpreter, script) as uid in the cell; its pid (the warden's child). streams: stdin,
-        stdout, stderr, then, with files, the problem pipe and the files' memfd (procs.become_program's fds)."""
-        header = json.dumps({"uid": uid, "cwd": cwd, "argv": list(argv), "files_dest": files_dest}).encode()
+        stdout, stderr, then, with files, the problem pipe and the files' memfd (procs.become_program's fds), which
+        holds a tar or, files_plain, its members as files.plain_data writes them."""
+        header = json.dumps({"uid": uid, "cwd": cwd, "argv": list(argv), "files_dest": files_dest,
+                             "files_plain": files_plain}).encode()
         try:
             socket.send_fds(self.sock, [header], [cell.ns_fds[name] for name in NAMESPACES] + list(streams))
         except OSError as exc:
@@ -169,7 +174,7 @@ class Zygotes:
         """A zygote failed after it was asked for a program (ZygoteLost): the cell's end reaps what it started."""
 
     def start_program(self, cell: Cell, warm: Sequence[str], env: Dict[str, str], *, uid: int, cwd: str,
-                      streams: Sequence[int], files_dest: str = "") -> Optional[int]:
+                      streams: Sequence[int], files_dest: str = "", files_plain: bool = False) -> Optional[int]:
         """The program `warm` (prefix, interpreter, script) started by its zygote: its pid, or None when there is
         no zygote for it (the caller then starts it cold)."""
         prefix, interpreter, script = warm
@@ -181,7 +186,7 @@ class Zygotes:
             if zygote is None:
                 zygote = self.running[key] = Zygote.start(prefix, interpreter, env)
             return zygote.start_program(cell, uid=uid, cwd=cwd, argv=(interpreter, script), streams=streams,
-                                        files_dest=files_dest)
+                                        files_dest=files_dest, files_plain=files_plain)
         except (ZygoteError, OSError) as exc:
             self.lost = self.lost or isinstance(exc, ZygoteLost)
             self.failures[key] = self.failures.get(key, 0) + 1
@@ -213,11 +218,15 @@ def serve(fd: int, fresh: tuple) -> Tuple[List[str], tuple]:
     """The zygote's loop: a child per request. Returns only in a child, ready to run its script: (argv, fresh)."""
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # and, had the warden gone before, its socket's end
     prepare_confinement()
+    # Its children are all the agent's (the warden asks for none as root): they inherit an empty bounding set. The
+    # zygote itself never execs, so the set (what an exec could gain) is nothing it needs.
+    empty_bounding_set()
     clone = NUMBERS[seccomp.machine()]["clone"]
     sock = socket.socket(fileno=fd)
     # Every object so far is the zygote's: its children's collections never walk them (a walk writes to each one's
     # page, which the fork would then copy), nor does _end's search for the program's open files.
     gc.collect()
+    _trim_heap()
     gc.freeze()
     sock.send(b"ready")
     while True:
@@ -229,6 +238,8 @@ def serve(fd: int, fresh: tuple) -> Tuple[List[str], tuple]:
             os._exit(0)  # the warden closed its end
         try:
             request = json.loads(message)
+            if not isinstance(request["uid"], int) or request["uid"] <= 0:
+                raise ValueError("a warm program runs as the agent, never as root (uid %r)" % (request["uid"],))
             as_fresh(fresh)
             _check(LIBC.setns(fds[0], CLONE_NEWPID), "setns pid")
             # CLONE_PARENT: the warden's child, not ours. The raw system call (there is no other way to pass the
@@ -252,6 +263,16 @@ def serve(fd: int, fresh: tuple) -> Tuple[List[str], tuple]:
         sock.send(b"pid %d" % pid)
 
 
+def _trim_heap() -> None:
+    """Give the C library's free heap back to the kernel (compiling the zygote's modules left about 2 MB of it): every
+    fork copies the page table of what the zygote holds, and every child's exit tears its copy down (issue 74). A C
+    library without malloc_trim (musl) keeps it."""
+    try:
+        LIBC.malloc_trim(0)
+    except AttributeError:
+        pass
+
+
 def _recv_fds(sock: socket.socket, size: int, most: int) -> Tuple[bytes, List[int]]:
     """socket.recv_fds, but for its `import array` at each call, which would put array back in sys.modules once
     as_fresh took it out (imported here instead, and held by this module)."""
@@ -271,9 +292,11 @@ def _enter(request: dict, fds: List[int]) -> None:
         prepare = None
         if len(streams) == FILES_FD + 1:
             def prepare() -> None:
-                with open(FILES_FD, "rb") as tar:  # closed before the script runs
-                    data = tar.read()
-                files.lay_down(request["files_dest"], data, False)
+                data = _read_all(FILES_FD)  # and closed: before the script runs
+                if request.get("files_plain"):
+                    files.lay_down(request["files_dest"], b"", False, files.from_plain_data(data))
+                else:
+                    files.lay_down(request["files_dest"], data, False)
         procs.become_program(uid=request["uid"], cwd=request["cwd"], fds=dict(enumerate(streams)), cell=cell,
                              prepare=prepare, default_signals=False)
         # Its change of uid made the kernel mark it not dumpable (an exec would have undone that): a new
@@ -281,6 +304,20 @@ def _enter(request: dict, fds: List[int]) -> None:
         _check(LIBC.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), "PR_SET_DUMPABLE")
     except BaseException as exc:  # noqa: BLE001 - reported as a forked child's failure
         procs.cannot_start(request["argv"][0], exc)
+
+
+def _read_all(fd: int) -> bytes:
+    """What fd holds from where it is, then closed; a memfd's or the script's bytes, without the io stack's objects
+    (a forked child's every new kind of object costs it pages to copy)."""
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 _HELD: Dict[str, object] = {}
@@ -294,6 +331,12 @@ def as_fresh(fresh: tuple) -> None:
     not each write to every module's page the fork shares with it (about half a millisecond of a request's CPU), and
     again in the child before its script (run): a module imported on the way there goes too."""
     modules, meta_path, importers = fresh
+    if len(sys.modules) == len(modules) and len(sys.path_importer_cache) == len(importers) and \
+            sys.meta_path == meta_path:
+        # As fresh already: what an earlier call left, since when nothing the zygote or the child ran imported or
+        # took out anything (only its own code runs until the script). Walking every module's name again would
+        # write to each one's page: about 25 copy-on-write faults a request in the zygote, as many in the child.
+        return
     for name in [name for name in sys.modules if name not in modules]:
         _HELD.setdefault(name, sys.modules.pop(name))
     if sys.meta_path != meta_path:
@@ -320,8 +363,7 @@ def run(argv: List[str], fresh: tuple) -> None:
     main.__file__, main.__cached__ = path, None
     sys.modules["__main__"] = main
     try:
-        with open(path, "rb") as f:
-            source = f.read()
+        source = _read_all(os.open(path, os.O_RDONLY | os.O_CLOEXEC))  # as open(path, "rb") and its read
     except OSError as exc:
         sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (interpreter, path, exc.errno, exc.strerror))
         _end(2)
