@@ -54,6 +54,7 @@ import gc
 import queue
 import select
 import subprocess
+import sys
 import threading
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -179,6 +180,13 @@ class Layout:
         the mounts under it (locked together)."""
         self.thread_builds = False
         """A thread of the warden builds each cell (Cell.build): set once the kernel is known to allow it."""
+        self.out = os.path.join(os.path.dirname(scratch), "out")
+        """/srv/air/out: made new in the warden's namespace for each cell (server.Warden.renew_out)."""
+        self.template: Optional[int] = None
+        """The template's mount namespace (_make_template), made at the first thread build; None: none (yet)."""
+        self.templated = not USERNS_FALLBACKS
+        """Whether cells are built from a template (a user namespace's copies of the node's mounts are locked:
+        there each cell makes its root itself, as before)."""
 
     def prepare_hostview(self) -> None:
         """Once, in the warden, before the first cell: the host's counters as copies (hostview.py)."""
@@ -236,30 +244,37 @@ TEMP_OWNER = 0
 """/tmp's and /var/tmp's owner in every cell (root's, 1777): the tree shows them as no one's (root is not mapped)."""
 
 
-def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> None:
-    """Make the namespaces and the mounts: in the cell's init, once it is pid 1 of its new pid namespace (a fork of
-    the warden), or in a thread of the warden (_build_in_thread), whose mount_proc starts the init first."""
-    route = netlink.route_socket() if layout.cell_net else None  # the container's namespace's, made before unshare
-    mark("build: start")
-    _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-    mark("build: namespaces")
-    if route is not None:
-        with route:
-            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                netlink.macvlan_into(route, layout.parent, fd)
-            finally:
-                os.close(fd)
-        netlink.configure(netlink.CELL_IFNAME, *layout.cell_net)
+RENEWED_PLACES = ("/proc", "/dev", "/tmp", "/var/tmp")
+"""Where every cell mounts its own (and the home)."""
+
+
+def _root(layout: Layout) -> None:
+    """The cell's root, in its new mount namespace: the image's copy with the container's mounts carried onto it,
+    every inherited mount read-only (but air's own directory) and noatime, the agent's /etc files. Nothing of it
+    depends on the cell: made once per sandbox in a template (_make_template) that every cell's mount namespace is a
+    copy of, or (a user namespace; the fork builder) in each cell."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     if layout.root_copy:  # the image's tmpfs copy as the root, the container's mounts carried onto it
         rootcopy.enter(layout.root_copy, layout.carried, layout.hidden + layout.copied, mount, _check,
                        layout.root_fresh, layout.carry_binds)
     mark("build: root copy")
-    inherited = layout.inherited
-    renewed = ("/proc", "/dev", "/tmp", "/var/tmp", layout.home)
-    # Inherited mounts: read-only (but air's own directory) and noatime, their other flags kept.
-    for point, options, _, _ in inherited:
+    _remount_inherited(layout)
+    mark("build: inherited mounts read-only")
+    for name, text in (("passwd", layout.passwd), ("group", layout.group), ("hosts", layout.hosts)):
+        if text is None or os.path.realpath("/etc/" + name) == os.path.realpath(text):
+            continue  # air's images link them there already: a mount would only add a mount point
+        mount(text, "/etc/" + name, None, MS_BIND)
+        mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
+    mark("build: /etc files")
+
+
+def _remount_inherited(layout: Layout, only: Optional[str] = None) -> None:
+    """Inherited mounts (`only` that one): read-only (but air's own directory) and noatime, their other flags kept;
+    the hidden ones detached."""
+    renewed = (*RENEWED_PLACES, layout.home)
+    for point, options, _, _ in layout.inherited:
+        if only is not None and point != only:
+            continue
         if point in layout.left_behind:
             continue  # not carried: hidden, or data the copy holds
         if any(_under(point, h) for h in layout.hidden):
@@ -281,7 +296,57 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
             # gave it (the kernel locks it): read-only all the same, with that mode (relatime: a read may still set
             # an atime that a later cell sees, once a day at most; atimes.settle read each directory already).
             mount(None, point, None, (flags & ~MS_NOATIME) | _atime_mode(options))
-    mark("build: inherited mounts read-only")
+
+
+def _make_template(layout: Layout) -> int:
+    """Once per sandbox, in a thread of its own: a mount namespace holding what every cell's mounts start from
+    (_root), without /srv/air/out, which each cell gets as the warden has it then (_Builder). Returns it (an open
+    descriptor: nothing else holds it, no process is in it). Its mounts are private: nothing mounted in a cell's
+    copy reaches it or another copy, and no cell process can enter it (setns needs the descriptor)."""
+    got: dict = {}
+
+    def work() -> None:
+        try:
+            _check(LIBC.unshare(CLONE_FS | CLONE_NEWNS), "unshare")
+            _root(layout)
+            for source, target in layout.hostview_binds:  # the host view's and cgroup limits' binds but /proc's
+                if not target.startswith("/proc/"):  # (each cell mounts its own /proc)
+                    mount(source, target, None, MS_BIND)
+            if os.path.ismount(layout.out):
+                _detach(layout.out)
+            got["fd"] = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            got["error"] = exc
+    thread = threading.Thread(target=work, name="air-cell-template")
+    thread.start()
+    thread.join()
+    if "error" in got:
+        raise got["error"]
+    return got["fd"]
+
+
+def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None, out: Optional[int] = None) -> None:
+    """Make the namespaces and the mounts: in the cell's init, once it is pid 1 of its new pid namespace (a fork of
+    the warden), or in a thread of the warden (_build_in_thread), whose mount_proc starts the init first. `out`: the
+    thread is in the template's mount namespace (_Builder), and this the warden's /srv/air/out (a detached clone)."""
+    route = netlink.route_socket() if layout.cell_net else None  # the container's namespace's, made before unshare
+    mark("build: start")
+    _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    mark("build: namespaces")
+    if out is not None:  # a copy of the template's mounts (_Builder): the warden's /srv/air/out of now moved in
+        mountapi.attach(out, layout.out)
+        _remount_inherited(layout, layout.out)
+    if route is not None:
+        with route:
+            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                netlink.macvlan_into(route, layout.parent, fd)
+            finally:
+                os.close(fd)
+        netlink.configure(netlink.CELL_IFNAME, *layout.cell_net)
+    if out is None:
+        _root(layout)
+    inherited = layout.inherited
 
     if USERNS_FALLBACKS:
         _own_sysfs()
@@ -300,17 +365,12 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
     mark("build: ipc limits")
     _masks(inherited, layout.empty)
     mark("build: /proc masks")
-    if layout.hostview_binds:  # with the cgroup limits (Layout._fill_shared)
-        hostview.install(layout.hostview_binds, layout.hostview_root, mount, _detach)
+    if layout.hostview_binds:  # with the cgroup limits (Layout._fill_shared); those outside /proc made in the template
+        hostview.install([b for b in layout.hostview_binds if out is None or b[1].startswith("/proc/")],
+                         layout.hostview_root, mount, _detach)
     else:
         _cgroup_limits(layout.cgroup)
     mark("build: host view, cgroup limits")
-    for name, text in (("passwd", layout.passwd), ("group", layout.group), ("hosts", layout.hosts)):
-        if text is None or os.path.realpath("/etc/" + name) == os.path.realpath(text):
-            continue  # air's images link them there already: a mount would only add a mount point
-        mount(text, "/etc/" + name, None, MS_BIND)
-        mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
-    mark("build: /etc files")
     _mount_home(layout, None)  # the last mount: a branch's replaces it in place (places_over), the table's order kept
     mark("build: home overlay")
     _loopback_up()
@@ -415,7 +475,7 @@ def proc_takes_pidns(under: str) -> bool:
     return True
 
 
-def _build_in_thread(layout: Layout, own_fs: bool = False) -> Tuple[int, List[int]]:
+def _build_in_thread(layout: Layout, own_fs: bool = False, out: Optional[int] = None) -> Tuple[int, List[int]]:
     """In a new thread of the warden (Cell.build): the cell's namespaces are this thread's own (a thread's are its
     own in Linux), built as the forked init built them, but for its init: a shell started with vfork into a new pid
     namespace, whose /proc this thread mounts (pidns=). No fork of the warden, which copied every page either side
@@ -434,7 +494,8 @@ def _build_in_thread(layout: Layout, own_fs: bool = False) -> Tuple[int, List[in
         _drop_bounding(())
         _set_inheritable_none()
         # The init: the warden's own (cellinit.py, run from its memfd through the container's /proc, still this
-        # thread's), else the shell.
+        # thread's), else the shell. (Not posix_spawn, 0.05 ms less: glibc's leaves its two internal signals ignored
+        # in the program, which the cell's pid 1 would show in its SigIgn, unlike the shell it stands for.)
         own = cellinit.memfd()
         argv, executable, passed = (([cellinit.NAME], "/proc/self/fd/%d" % own, (own,)) if own is not None
                                     else ([INIT_SHELL, "-c", INIT_SCRIPT], INIT_SHELL, ()))
@@ -459,7 +520,7 @@ def _build_in_thread(layout: Layout, own_fs: bool = False) -> Tuple[int, List[in
     try:
         if not own_fs:
             _check(LIBC.unshare(CLONE_FS), "unshare CLONE_FS")  # this thread's own root and cwd: the mounts move them
-        _build(layout, mount_proc)
+        _build(layout, mount_proc, out)
         return started["init"], [started["pid"], *started["fds"]]
     except BaseException:
         for fd in started["fds"] + ([started["pid"]] if "pid" in started else []):
@@ -506,10 +567,17 @@ class _Builder:
             while True:
                 layout = self.asked.get()
                 outcome: dict = {}
+                out: Optional[int] = None
                 try:
-                    outcome["cell"] = _build_in_thread(layout, own_fs=True)
+                    if layout.template is not None:  # the warden's /srv/air/out of now, then the template's copy
+                        out = mountapi.clone(mountapi.AT_FDCWD, layout.out)
+                        _check(LIBC.setns(layout.template, CLONE_NEWNS), "setns template")
+                    outcome["cell"] = _build_in_thread(layout, own_fs=True, out=out)
                 except BaseException as exc:  # noqa: BLE001 - the build fails with it
                     outcome["error"] = "%s: %s" % (type(exc).__name__, exc)
+                finally:
+                    if out is not None:
+                        os.close(out)  # moved into the cell: nothing of it goes with this
                 try:
                     for fd, flag in home:
                         _check(LIBC.setns(fd, flag), "setns")
@@ -556,8 +624,11 @@ def _limit_ipc(shm_mb: int) -> None:
                         ("kernel/shm_rmid_forced", 1), ("kernel/msgmni", 16), ("kernel/msgmnb", 16384),
                         ("fs/mqueue/queues_max", 16), ("fs/mqueue/msg_max", 10),
                         ("fs/mqueue/msgsize_max", 8192)):
-        with open("/proc/sys/" + name, "w") as f:
-            f.write(str(value))
+        fd = os.open("/proc/sys/" + name, os.O_WRONLY | os.O_CLOEXEC)  # (no text file object: 9 a cell)
+        try:
+            os.write(fd, b"%d" % value)
+        finally:
+            os.close(fd)
 
 
 def fresh_tmpfs(path: str, size_mb: int, mounted: bool) -> None:
@@ -966,6 +1037,12 @@ class Cell:
         collecting = gc.isenabled()
         gc.disable()  # no finalizer runs in the builder, which acts as root in the cell's namespaces
         try:
+            if layout.templated and layout.template is None:
+                try:
+                    layout.template = _make_template(layout)
+                except OSError as exc:  # each cell makes its root itself, as before
+                    layout.templated = False
+                    sys.stderr.write("air warden: no template for the cells' mounts: %s\n" % exc)
             outcome = _builder().build(layout)
         finally:
             if collecting:
