@@ -33,7 +33,12 @@ branch, the snapshot's files).
 The warden builds the next cell ahead, while the current one runs and nothing waits on it (server.Warden.make_spare:
 issue 74), so that a reset only kills the last cell and swaps the next in; what it carries from the warden's
 namespace must not have changed since (staging under the pristine home, a new /srv/air/out): where it has, the reset
-builds another (server.Warden.op_reset, settle). A build can be timed part by part (spans.py).
+builds another (server.Warden.op_reset, settle). A build can be timed part by part (spans.py). What does not
+depend on the cell is made once per sandbox (issue 74: each mount is paid for at a cell's build and again at its end):
+the root with the container's mounts carried read-only, the /etc files and the host view's binds outside /proc in a
+template mount namespace that each cell's is a copy of (_make_template; /srv/air/out, new for each cell, moved in),
+the cgroup limits and /proc's empty masks as binds of the host view's read-only tmpfs (Layout._fill_shared); one
+thread builds every cell (_Builder).
 
 Programs that run as root in a cell (an evaluation reading hidden data) keep only the capabilities air's scoring
 needs (ROOT_CAPABILITIES) and the same seccomp filter: they cannot leave the cell either.
