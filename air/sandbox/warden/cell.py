@@ -203,7 +203,6 @@ class Layout:
         self.thread_builds = (os.environ.get("AIR_CELL_BUILDER") != "fork" and os.access(INIT_SHELL, os.X_OK)
                               and proc_takes_pidns(self.scratch))
 
-
     def _fill_shared(self, root: str) -> List[Tuple[str, str]]:
         """What every cell binds from the host view's tmpfs (before it is made read-only): an empty directory
         (Layout.empty), and the container's cgroup limits (_write_cgroup) as one bind over /sys/fs/cgroup instead
@@ -549,13 +548,15 @@ class _Builder:
     def __init__(self) -> None:
         self.asked: "queue.SimpleQueue[Layout]" = queue.SimpleQueue()
         self.told: "queue.SimpleQueue[dict]" = queue.SimpleQueue()
+        self.one_at_a_time = threading.Lock()  # an answer is the asker's (the warden builds from one thread anyway)
         self.thread = threading.Thread(target=self._serve, name="air-cell", daemon=True)  # born in the warden's
         self.thread.start()  # namespaces (Cell.build's _children_in(None) first): its home
 
     def build(self, layout: Layout) -> dict:
         """{"cell": (init, fds)} or {"error": why}; {"gone": True} also where the builder ended after it."""
-        self.asked.put(layout)
-        return self.told.get()
+        with self.one_at_a_time:
+            self.asked.put(layout)
+            return self.told.get()
 
     def _serve(self) -> None:
         home: List[Tuple[int, int]] = []
