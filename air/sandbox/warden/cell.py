@@ -685,16 +685,20 @@ def _new_dev(layout: Layout) -> None:
     """A new /dev with the container's device nodes (whose times the agent can set: they must be the cell's own),
     directories and links, and new devpts, shm and mqueue mounts."""
     old = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the container's, for nodes it cannot make
+    # Each entry made with its mode as it is (umask 0: the builder's own, its filesystem context is its own, or the
+    # forked init's), and root's already (the builder's): a chmod and a chown only where those do not make it so.
+    umask = os.umask(0)
     try:
         mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
         for rel, mode, rdev, uid, gid, target in layout.devices:
             path = "/dev/" + rel
             if target:
                 os.symlink(target, path)
-                os.chown(path, uid, gid, follow_symlinks=False)
+                if uid or gid:
+                    os.chown(path, uid, gid, follow_symlinks=False)
                 continue
             if stat.S_ISDIR(mode):
-                os.mkdir(path)
+                os.mkdir(path, stat.S_IMODE(mode))
             else:
                 try:
                     os.mknod(path, mode, rdev)
@@ -703,9 +707,12 @@ def _new_dev(layout: Layout) -> None:
                         raise
                     _bind_device(old, rel, path)
                     continue
-            os.chown(path, uid, gid)
-            os.chmod(path, stat.S_IMODE(mode))
+            if uid or gid or os.getuid() or os.getgid():
+                os.chown(path, uid, gid)
+            if stat.S_IMODE(mode) & 0o7000:  # set-id and sticky bits: mkdir and mknod may leave them out
+                os.chmod(path, stat.S_IMODE(mode))
     finally:
+        os.umask(umask)
         os.close(old)
     for d in DEV_MOUNTS:
         os.mkdir("/dev/" + d, 0o755)
