@@ -33,7 +33,12 @@ branch, the snapshot's files).
 The warden builds the next cell ahead, while the current one runs and nothing waits on it (server.Warden.make_spare:
 issue 74), so that a reset only kills the last cell and swaps the next in; what it carries from the warden's
 namespace must not have changed since (staging under the pristine home, a new /srv/air/out): where it has, the reset
-builds another (server.Warden.op_reset, settle). A build can be timed part by part (spans.py).
+builds another (server.Warden.op_reset, settle). A build can be timed part by part (spans.py). What does not
+depend on the cell is made once per sandbox (issue 74: each mount is paid for at a cell's build and again at its end):
+the root with the container's mounts carried read-only, the /etc files and the host view's binds outside /proc in a
+template mount namespace that each cell's is a copy of (_make_template; /srv/air/out, new for each cell, moved in),
+the cgroup limits and /proc's empty masks as binds of the host view's read-only tmpfs (Layout._fill_shared); one
+thread builds every cell (_Builder).
 
 Programs that run as root in a cell (an evaluation reading hidden data) keep only the capabilities air's scoring
 needs (ROOT_CAPABILITIES) and the same seccomp filter: they cannot leave the cell either.
@@ -51,8 +56,10 @@ import stat
 import struct
 import fcntl
 import gc
+import queue
 import select
 import subprocess
+import sys
 import threading
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -164,8 +171,27 @@ class Layout:
         self.hostview = hostview.snapshot(_memory_limit(self.cgroup))
         self.hostview_root = os.path.join(os.path.dirname(scratch), "hostview")
         self.hostview_binds: List[Tuple[str, str]] = []
+        self.empty: Optional[str] = None
+        """An empty, read-only directory of the host view's tmpfs: what a cell binds over a part of /proc that the
+        container's runtime masks with a tmpfs of nothing (a bind is a mount; a tmpfs, a superblock made and torn
+        down with every cell)."""
+        dropped = [] if USERNS_FALLBACKS else [
+            point for point, _, _, _ in self.inherited if point.startswith("/proc/") or
+            self.cgroup is not None and _under(point, CGROUP)]
+        self.carry_binds = rootcopy.plan(self.carried, [m[0] for m in self.inherited], dropped)
+        """How a cell's root carries the container's mounts (rootcopy.plan): without those the cell makes anew over
+        them (/proc's masks on its own /proc; its own cgroup limits), each a mount paid for at every build and again
+        at every end, hidden all its life. In a user namespace all are carried: there the kernel binds a mount with
+        the mounts under it (locked together)."""
         self.thread_builds = False
         """A thread of the warden builds each cell (Cell.build): set once the kernel is known to allow it."""
+        self.out = os.path.join(os.path.dirname(scratch), "out")
+        """/srv/air/out: made new in the warden's namespace for each cell (server.Warden.renew_out)."""
+        self.template: Optional[int] = None
+        """The template's mount namespace (_make_template), made at the first thread build; None: none (yet)."""
+        self.templated = not USERNS_FALLBACKS
+        """Whether cells are built from a template (a user namespace's copies of the node's mounts are locked:
+        there each cell makes its root itself, as before)."""
 
     def prepare_hostview(self) -> None:
         """Once, in the warden, before the first cell: the host's counters as copies (hostview.py)."""
@@ -173,9 +199,22 @@ class Layout:
             rootcopy.prepare(self.root_copy, self.carried, mount, _check)
         if not self.hostview_binds:
             os.makedirs(self.hostview_root, 0o700, exist_ok=True)
-            self.hostview_binds = hostview.prepare(self.hostview, self.hostview_root, mount)
+            self.hostview_binds = hostview.prepare(self.hostview, self.hostview_root, mount, self._fill_shared)
         self.thread_builds = (os.environ.get("AIR_CELL_BUILDER") != "fork" and os.access(INIT_SHELL, os.X_OK)
                               and proc_takes_pidns(self.scratch))
+
+    def _fill_shared(self, root: str) -> List[Tuple[str, str]]:
+        """What every cell binds from the host view's tmpfs (before it is made read-only): an empty directory
+        (Layout.empty), and the container's cgroup limits (_write_cgroup) as one bind over /sys/fs/cgroup instead
+        of a tmpfs of the cell's own written file by file (0.2 ms a cell, and a superblock to tear down)."""
+        self.empty = os.path.join(root, "empty")
+        os.mkdir(self.empty, 0o555)
+        if self.cgroup is None:
+            return []
+        tree = os.path.join(root, "cgroup")
+        os.mkdir(tree, 0o755)
+        _write_cgroup(self.cgroup, tree)
+        return [(tree, CGROUP)]
 
 
 def _mountinfo() -> List[Tuple[str, str, str, str]]:
@@ -209,30 +248,37 @@ TEMP_OWNER = 0
 """/tmp's and /var/tmp's owner in every cell (root's, 1777): the tree shows them as no one's (root is not mapped)."""
 
 
-def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> None:
-    """Make the namespaces and the mounts: in the cell's init, once it is pid 1 of its new pid namespace (a fork of
-    the warden), or in a thread of the warden (_build_in_thread), whose mount_proc starts the init first."""
-    route = netlink.route_socket() if layout.cell_net else None  # the container's namespace's, made before unshare
-    mark("build: start")
-    _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-    mark("build: namespaces")
-    if route is not None:
-        with route:
-            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                netlink.macvlan_into(route, layout.parent, fd)
-            finally:
-                os.close(fd)
-        netlink.configure(netlink.CELL_IFNAME, *layout.cell_net)
+RENEWED_PLACES = ("/proc", "/dev", "/tmp", "/var/tmp")
+"""Where every cell mounts its own (and the home)."""
+
+
+def _root(layout: Layout) -> None:
+    """The cell's root, in its new mount namespace: the image's copy with the container's mounts carried onto it,
+    every inherited mount read-only (but air's own directory) and noatime, the agent's /etc files. Nothing of it
+    depends on the cell: made once per sandbox in a template (_make_template) that every cell's mount namespace is a
+    copy of, or (a user namespace; the fork builder) in each cell."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     if layout.root_copy:  # the image's tmpfs copy as the root, the container's mounts carried onto it
         rootcopy.enter(layout.root_copy, layout.carried, layout.hidden + layout.copied, mount, _check,
-                       layout.root_fresh)
+                       layout.root_fresh, layout.carry_binds)
     mark("build: root copy")
-    inherited = layout.inherited
-    renewed = ("/proc", "/dev", "/tmp", "/var/tmp", layout.home)
-    # Inherited mounts: read-only (but air's own directory) and noatime, their other flags kept.
-    for point, options, _, _ in inherited:
+    _remount_inherited(layout)
+    mark("build: inherited mounts read-only")
+    for name, text in (("passwd", layout.passwd), ("group", layout.group), ("hosts", layout.hosts)):
+        if text is None or os.path.realpath("/etc/" + name) == os.path.realpath(text):
+            continue  # air's images link them there already: a mount would only add a mount point
+        mount(text, "/etc/" + name, None, MS_BIND)
+        mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
+    mark("build: /etc files")
+
+
+def _remount_inherited(layout: Layout, only: Optional[str] = None) -> None:
+    """Inherited mounts (`only` that one): read-only (but air's own directory) and noatime, their other flags kept;
+    the hidden ones detached."""
+    renewed = (*RENEWED_PLACES, layout.home)
+    for point, options, _, _ in layout.inherited:
+        if only is not None and point != only:
+            continue
         if point in layout.left_behind:
             continue  # not carried: hidden, or data the copy holds
         if any(_under(point, h) for h in layout.hidden):
@@ -254,7 +300,57 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
             # gave it (the kernel locks it): read-only all the same, with that mode (relatime: a read may still set
             # an atime that a later cell sees, once a day at most; atimes.settle read each directory already).
             mount(None, point, None, (flags & ~MS_NOATIME) | _atime_mode(options))
-    mark("build: inherited mounts read-only")
+
+
+def _make_template(layout: Layout) -> int:
+    """Once per sandbox, in a thread of its own: a mount namespace holding what every cell's mounts start from
+    (_root), without /srv/air/out, which each cell gets as the warden has it then (_Builder). Returns it (an open
+    descriptor: nothing else holds it, no process is in it). Its mounts are private: nothing mounted in a cell's
+    copy reaches it or another copy, and no cell process can enter it (setns needs the descriptor)."""
+    got: dict = {}
+
+    def work() -> None:
+        try:
+            _check(LIBC.unshare(CLONE_FS | CLONE_NEWNS), "unshare")
+            _root(layout)
+            for source, target in layout.hostview_binds:  # the host view's and cgroup limits' binds but /proc's
+                if not target.startswith("/proc/"):  # (each cell mounts its own /proc)
+                    mount(source, target, None, MS_BIND)
+            if os.path.ismount(layout.out):
+                _detach(layout.out)
+            got["fd"] = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            got["error"] = exc
+    thread = threading.Thread(target=work, name="air-cell-template")
+    thread.start()
+    thread.join()
+    if "error" in got:
+        raise got["error"]
+    return got["fd"]
+
+
+def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None, out: Optional[int] = None) -> None:
+    """Make the namespaces and the mounts: in the cell's init, once it is pid 1 of its new pid namespace (a fork of
+    the warden), or in a thread of the warden (_build_in_thread), whose mount_proc starts the init first. `out`: the
+    thread is in the template's mount namespace (_Builder), and this the warden's /srv/air/out (a detached clone)."""
+    route = netlink.route_socket() if layout.cell_net else None  # the container's namespace's, made before unshare
+    mark("build: start")
+    _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    mark("build: namespaces")
+    if out is not None:  # a copy of the template's mounts (_Builder): the warden's /srv/air/out of now moved in
+        mountapi.attach(out, layout.out)
+        _remount_inherited(layout, layout.out)
+    if route is not None:
+        with route:
+            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                netlink.macvlan_into(route, layout.parent, fd)
+            finally:
+                os.close(fd)
+        netlink.configure(netlink.CELL_IFNAME, *layout.cell_net)
+    if out is None:
+        _root(layout)
+    inherited = layout.inherited
 
     if USERNS_FALLBACKS:
         _own_sysfs()
@@ -271,19 +367,14 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None) -> N
     mark("build: /proc")
     _limit_ipc(layout.shm_mb)  # before the masks make /proc/sys read-only
     mark("build: ipc limits")
-    _masks(inherited)
+    _masks(inherited, layout.empty)
     mark("build: /proc masks")
-    if layout.hostview_binds:
-        hostview.install(layout.hostview_binds, layout.hostview_root, mount, _detach)
-    mark("build: host view")
-    _cgroup_limits(layout.cgroup)
-    mark("build: cgroup limits")
-    for name, text in (("passwd", layout.passwd), ("group", layout.group), ("hosts", layout.hosts)):
-        if text is None or os.path.realpath("/etc/" + name) == os.path.realpath(text):
-            continue  # air's images link them there already: a mount would only add a mount point
-        mount(text, "/etc/" + name, None, MS_BIND)
-        mount(None, "/etc/" + name, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOATIME)
-    mark("build: /etc files")
+    if layout.hostview_binds:  # with the cgroup limits (Layout._fill_shared); those outside /proc made in the template
+        hostview.install([b for b in layout.hostview_binds if out is None or b[1].startswith("/proc/")],
+                         layout.hostview_root, mount, _detach)
+    else:
+        _cgroup_limits(layout.cgroup)
+    mark("build: host view, cgroup limits")
     _mount_home(layout, None)  # the last mount: a branch's replaces it in place (places_over), the table's order kept
     mark("build: home overlay")
     _loopback_up()
@@ -388,12 +479,13 @@ def proc_takes_pidns(under: str) -> bool:
     return True
 
 
-def _build_in_thread(layout: Layout) -> Tuple[int, List[int]]:
+def _build_in_thread(layout: Layout, own_fs: bool = False, out: Optional[int] = None) -> Tuple[int, List[int]]:
     """In a new thread of the warden (Cell.build): the cell's namespaces are this thread's own (a thread's are its
     own in Linux), built as the forked init built them, but for its init: a shell started with vfork into a new pid
     namespace, whose /proc this thread mounts (pidns=). No fork of the warden, which copied every page either side
     wrote (about 4 ms of CPU a cell, issue 49.9). Returns the init's pid and the namespaces' descriptors in NAMES'
-    order; nothing of the cell is left if the build fails."""
+    order; nothing of the cell is left if the build fails. `own_fs`: the thread has its own root and cwd already
+    (_Builder's)."""
     started: dict = {"fds": []}
 
     def mount_proc() -> None:
@@ -406,7 +498,8 @@ def _build_in_thread(layout: Layout) -> Tuple[int, List[int]]:
         _drop_bounding(())
         _set_inheritable_none()
         # The init: the warden's own (cellinit.py, run from its memfd through the container's /proc, still this
-        # thread's), else the shell.
+        # thread's), else the shell. (Not posix_spawn, 0.05 ms less: glibc's leaves its two internal signals ignored
+        # in the program, which the cell's pid 1 would show in its SigIgn, unlike the shell it stands for.)
         own = cellinit.memfd()
         argv, executable, passed = (([cellinit.NAME], "/proc/self/fd/%d" % own, (own,)) if own is not None
                                     else ([INIT_SHELL, "-c", INIT_SCRIPT], INIT_SHELL, ()))
@@ -429,8 +522,9 @@ def _build_in_thread(layout: Layout) -> Tuple[int, List[int]]:
             raise CellError("the cell's /proc shows another pid namespace than the cell's")
 
     try:
-        _check(LIBC.unshare(CLONE_FS), "unshare CLONE_FS")  # this thread's own root and cwd: the mounts move them
-        _build(layout, mount_proc)
+        if not own_fs:
+            _check(LIBC.unshare(CLONE_FS), "unshare CLONE_FS")  # this thread's own root and cwd: the mounts move them
+        _build(layout, mount_proc, out)
         return started["init"], [started["pid"], *started["fds"]]
     except BaseException:
         for fd in started["fds"] + ([started["pid"]] if "pid" in started else []):
@@ -438,6 +532,81 @@ def _build_in_thread(layout: Layout) -> Tuple[int, List[int]]:
         if "init" in started:
             _end(started["init"])
         raise
+
+
+class _Builder:
+    """The one thread of the warden that builds every cell (_build_in_thread), instead of a new thread per cell (its
+    start and end were 0.25 ms of every cell's CPU, issue 74). After each build it goes back into the warden's own
+    namespaces (setns: mount, which also gives it the warden's root and cwd again, network, IPC, UTS, and the pid
+    namespace its children are born in), so that every cell is built from the warden's namespaces as a new thread's
+    would be; where it cannot, it ends, and the next build starts another. What a build leaves it: an empty bounding
+    set and no inheritable capability, which every build sets anyway."""
+
+    HOME = (("mnt", CLONE_NEWNS), ("net", CLONE_NEWNET), ("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS),
+            ("pid", CLONE_NEWPID))
+
+    def __init__(self) -> None:
+        self.asked: "queue.SimpleQueue[Layout]" = queue.SimpleQueue()
+        self.told: "queue.SimpleQueue[dict]" = queue.SimpleQueue()
+        self.one_at_a_time = threading.Lock()  # an answer is the asker's (the warden builds from one thread anyway)
+        self.thread = threading.Thread(target=self._serve, name="air-cell", daemon=True)  # born in the warden's
+        self.thread.start()  # namespaces (Cell.build's _children_in(None) first): its home
+
+    def build(self, layout: Layout) -> dict:
+        """{"cell": (init, fds)} or {"error": why}; {"gone": True} also where the builder ended after it."""
+        with self.one_at_a_time:
+            self.asked.put(layout)
+            return self.told.get()
+
+    def _serve(self) -> None:
+        home: List[Tuple[int, int]] = []
+        try:
+            _check(LIBC.unshare(CLONE_FS), "unshare CLONE_FS")  # its own root and cwd: the mounts move them
+            home = [(os.open("/proc/thread-self/ns/" + ("pid_for_children" if name == "pid" else name),
+                             os.O_RDONLY | os.O_CLOEXEC), flag) for name, flag in self.HOME]
+        except OSError as exc:
+            for fd, _ in home:
+                os.close(fd)
+            self.told.put({"error": "the cells' builder could not start: %s" % exc, "gone": True})
+            return
+        try:
+            while True:
+                layout = self.asked.get()
+                outcome: dict = {}
+                out: Optional[int] = None
+                try:
+                    if layout.template is not None:  # the warden's /srv/air/out of now, then the template's copy
+                        out = mountapi.clone(mountapi.AT_FDCWD, layout.out)
+                        _check(LIBC.setns(layout.template, CLONE_NEWNS), "setns template")
+                    outcome["cell"] = _build_in_thread(layout, own_fs=True, out=out)
+                except BaseException as exc:  # noqa: BLE001 - the build fails with it
+                    outcome["error"] = "%s: %s" % (type(exc).__name__, exc)
+                finally:
+                    if out is not None:
+                        os.close(out)  # moved into the cell: nothing of it goes with this
+                try:
+                    for fd, flag in home:
+                        _check(LIBC.setns(fd, flag), "setns")
+                except OSError:
+                    outcome["gone"] = True  # still in the cell's namespaces: it ends (and them with it)
+                self.told.put(outcome)
+                if outcome.get("gone"):
+                    return
+        finally:
+            for fd, _ in home:
+                os.close(fd)
+
+
+_BUILDER: Optional[_Builder] = None
+_BUILDER_PID = 0
+
+
+def _builder() -> _Builder:
+    """The warden's builder (a forked child of the warden has none: it starts its own)."""
+    global _BUILDER, _BUILDER_PID
+    if _BUILDER is None or _BUILDER_PID != os.getpid() or not _BUILDER.thread.is_alive():
+        _BUILDER, _BUILDER_PID = _Builder(), os.getpid()
+    return _BUILDER
 
 
 def _set_inheritable_none() -> None:
@@ -461,8 +630,11 @@ def _limit_ipc(shm_mb: int) -> None:
                         ("kernel/shm_rmid_forced", 1), ("kernel/msgmni", 16), ("kernel/msgmnb", 16384),
                         ("fs/mqueue/queues_max", 16), ("fs/mqueue/msg_max", 10),
                         ("fs/mqueue/msgsize_max", 8192)):
-        with open("/proc/sys/" + name, "w") as f:
-            f.write(str(value))
+        fd = os.open("/proc/sys/" + name, os.O_WRONLY | os.O_CLOEXEC)  # (no text file object: 9 a cell)
+        try:
+            os.write(fd, b"%d" % value)
+        finally:
+            os.close(fd)
 
 
 def fresh_tmpfs(path: str, size_mb: int, mounted: bool) -> None:
@@ -513,16 +685,20 @@ def _new_dev(layout: Layout) -> None:
     """A new /dev with the container's device nodes (whose times the agent can set: they must be the cell's own),
     directories and links, and new devpts, shm and mqueue mounts."""
     old = os.open("/dev", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # the container's, for nodes it cannot make
+    # Each entry made with its mode as it is (umask 0: the builder's own, its filesystem context is its own, or the
+    # forked init's), and root's already (the builder's): a chmod and a chown only where those do not make it so.
+    umask = os.umask(0)
     try:
         mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "size=64k,mode=755")
         for rel, mode, rdev, uid, gid, target in layout.devices:
             path = "/dev/" + rel
             if target:
                 os.symlink(target, path)
-                os.chown(path, uid, gid, follow_symlinks=False)
+                if uid or gid:
+                    os.chown(path, uid, gid, follow_symlinks=False)
                 continue
             if stat.S_ISDIR(mode):
-                os.mkdir(path)
+                os.mkdir(path, stat.S_IMODE(mode))
             else:
                 try:
                     os.mknod(path, mode, rdev)
@@ -531,9 +707,12 @@ def _new_dev(layout: Layout) -> None:
                         raise
                     _bind_device(old, rel, path)
                     continue
-            os.chown(path, uid, gid)
-            os.chmod(path, stat.S_IMODE(mode))
+            if uid or gid or os.getuid() or os.getgid():
+                os.chown(path, uid, gid)
+            if stat.S_IMODE(mode) & 0o7000:  # set-id and sticky bits: mkdir and mknod may leave them out
+                os.chmod(path, stat.S_IMODE(mode))
     finally:
+        os.umask(umask)
         os.close(old)
     for d in DEV_MOUNTS:
         os.mkdir("/dev/" + d, 0o755)
@@ -566,8 +745,9 @@ def _own_sysfs() -> None:
             mount("tmpfs", point, "tmpfs", MS_RDONLY, "size=0")
 
 
-def _masks(inherited: List[Tuple[str, str, str, str]]) -> None:
-    """The container runtime's masks of /proc (read-only parts, files and directories hidden), on the new /proc."""
+def _masks(inherited: List[Tuple[str, str, str, str]], empty: Optional[str] = None) -> None:
+    """The container runtime's masks of /proc (read-only parts, files and directories hidden), on the new /proc; a
+    hidden directory as a bind of `empty` (read-only) where there is one, else a read-only tmpfs of nothing."""
     for point, _, fstype, root in inherited:
         if not point.startswith("/proc/") or not os.path.lexists(point):
             continue
@@ -576,6 +756,8 @@ def _masks(inherited: List[Tuple[str, str, str, str]]) -> None:
             mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
         elif root == "/null":
             mount("/dev/null", point, None, MS_BIND)
+        elif empty is not None:
+            mount(empty, point, None, MS_BIND)
         else:
             mount("tmpfs", point, "tmpfs", MS_RDONLY, "size=0")
 
@@ -622,6 +804,12 @@ def _cgroup_limits(entries: Optional[Dict[str, object]], top: str = CGROUP) -> N
     if entries is None:
         return
     mount("cgroup-limits", top, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=755")
+    _write_cgroup(entries, top)
+    mount(None, top, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _write_cgroup(entries: Dict[str, object], top: str) -> None:
+    """The snapshot's directories, links and limit files (read-only) under top."""
     for rel, what in entries.items():
         path = os.path.join(top, rel)
         if what is None:
@@ -632,7 +820,6 @@ def _cgroup_limits(entries: Optional[Dict[str, object]], top: str = CGROUP) -> N
             with open(path, "wb") as f:
                 f.write(what)
             os.chmod(path, 0o444)
-    mount(None, top, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
 def _read(path: str) -> Optional[bytes]:
@@ -893,24 +1080,20 @@ class Cell:
 
     @classmethod
     def _built_by_thread(cls, layout: Layout) -> "Cell":
-        outcome: dict = {}
-
-        def work() -> None:
-            try:
-                outcome["cell"] = _build_in_thread(layout)
-            except BaseException as exc:  # noqa: BLE001 - the build fails with it
-                outcome["error"] = "%s: %s" % (type(exc).__name__, exc)
-
         collecting = gc.isenabled()
         gc.disable()  # no finalizer runs in the builder, which acts as root in the cell's namespaces
         try:
-            thread = threading.Thread(target=work, name="air-cell")  # born here: the warden's children are
-            thread.start()
-            thread.join()
+            if layout.templated and layout.template is None:
+                try:
+                    layout.template = _make_template(layout)
+                except OSError as exc:  # each cell makes its root itself, as before
+                    layout.templated = False
+                    sys.stderr.write("air warden: no template for the cells' mounts: %s\n" % exc)
+            outcome = _builder().build(layout)
         finally:
             if collecting:
                 gc.enable()
-        mark("build: thread's end")
+        mark("build: builder's answer")
         if "cell" not in outcome:
             raise CellError("the cell could not be built: " + outcome.get("error", "the builder ended"))
         init, fds = outcome["cell"]

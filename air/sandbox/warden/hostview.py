@@ -162,9 +162,10 @@ def snapshot(memory_limit: Optional[int]) -> HostView:
     return HostView(entries)
 
 
-def prepare(view: HostView, root: str, mount) -> List[Tuple[str, str]]:
+def prepare(view: HostView, root: str, mount, fill=None) -> List[Tuple[str, str]]:
     """In the warden, once: the copies in a small tmpfs at `root`, read-only once written (its superblock: every bind
-    of it is too); the binds a cell makes of them, (source, target)."""
+    of it is too); the binds a cell makes of them, (source, target). `fill(root)`, if given, writes more of what
+    every cell binds (cell.py's cgroup limits) before the tmpfs is made read-only, and returns those binds."""
     ms_rdonly, ms_nosuid, ms_nodev, ms_noexec, ms_remount = 0x1, 0x2, 0x4, 0x8, 0x20
     flags = ms_nosuid | ms_nodev | ms_noexec
     mount("air-hostview", root, "tmpfs", flags, "size=16m,mode=700")
@@ -184,6 +185,8 @@ def prepare(view: HostView, root: str, mount) -> List[Tuple[str, str]]:
                 else:
                     _write(path, entry)
         binds.append((source, target))
+    if fill is not None:
+        binds.extend(fill(root))
     mount(None, root, None, ms_remount | ms_rdonly | flags)
     return binds
 

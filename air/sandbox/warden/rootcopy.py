@@ -186,7 +186,8 @@ def kept_flags(path: str) -> int:
 
 
 def enter(tree: str, points: Sequence[str], hidden: Sequence[str], mount: Callable[..., None],
-          check: Callable[[int, str], None], fresh: bool = False) -> None:
+          check: Callable[[int, str], None], fresh: bool = False,
+          binds: Optional[Sequence[Tuple[str, bool]]] = None) -> None:
     """In a cell being built (a mount namespace of its own, every mount private): the copy becomes the root, the
     container's mounts `points` carried onto it (recursively, their flags kept), as switch_root does: the copy moved
     onto "/" and the caller chroot'ed into it (pivot_root is not in Docker's seccomp profile). Every process that
@@ -194,14 +195,27 @@ def enter(tree: str, points: Sequence[str], hidden: Sequence[str], mount: Callab
     mounts are detached first (the carried ones, `hidden` ones, the data the copy holds), so nothing of them is left
     under the old root but the copy's own volume, which no path in the cell reaches and /proc/*/mountinfo (which
     shows what lies under a process's root) does not list. `fresh`: the copy's root mount is a new read-only overlay
-    of it (and EMPTY) instead of a bind: a superblock of this cell's own, whose flags are the cell's to set."""
+    of it (and EMPTY) instead of a bind: a superblock of this cell's own, whose flags are the cell's to set.
+    `binds`: how `points` are carried (`plan`); None: each with everything under it."""
     if fresh:
         empty = os.path.join(os.path.dirname(tree), EMPTY)
         mount("overlay", tree, "overlay", MS_RDONLY, "lowerdir=%s:%s" % (tree, empty))
     else:
         mount(tree, tree, None, MS_BIND)  # a mount of its own, to move
-    for point in points:
-        mount(point, tree + point, None, MS_BIND | MS_REC)
+    covered = ""  # a point bound with everything under it after all (see below): its plan's other steps skipped
+    for point, recursive in binds if binds is not None else [(p, True) for p in points]:
+        if covered and _under(point, covered):
+            continue
+        if recursive:
+            mount(point, tree + point, None, MS_BIND | MS_REC)
+            continue
+        try:
+            mount(point, tree + point, None, MS_BIND)
+        except OSError as exc:  # EINVAL: in a user namespace, a mount is bound with the mounts locked under it
+            if exc.errno != errno.EINVAL:
+                raise
+            mount(point, tree + point, None, MS_BIND | MS_REC)
+            covered = point
     for point in [*points, *hidden]:
         if not _under(tree, point) and LIBC.umount2(point.encode(), MNT_DETACH) != 0:
             if ctypes.get_errno() != errno.EINVAL:  # EINVAL: not a mount (went with one above it)
@@ -210,6 +224,28 @@ def enter(tree: str, points: Sequence[str], hidden: Sequence[str], mount: Callab
     mount(tree, "/", None, MS_MOVE)
     check(LIBC.chroot(b"."), "chroot")
     os.chdir("/")
+
+
+def plan(points: Sequence[str], below: Sequence[str], dropped: Sequence[str]) -> List[Tuple[str, bool]]:
+    """Once per sandbox: the binds that carry the container's mounts `points` onto a cell's root with what is under
+    them (`below`: every mount point of the container, mountinfo's order), but the `dropped` mounts and what is under
+    those, as (point, recursive): a recursive bind where nothing under a point is dropped, else the point alone and
+    then, the same way, each of the mounts right under it."""
+    out: List[Tuple[str, bool]] = []
+
+    def carry(point: str) -> None:
+        inner = [q for q in dict.fromkeys(below) if q != point and _under(q, point)]
+        if not any(_under(q, d) for q in inner for d in dropped):
+            out.append((point, True))
+            return
+        out.append((point, False))
+        for q in inner:
+            if not any(_under(q, d) for d in dropped) and not any(o != q and _under(q, o) for o in inner):
+                carry(q)  # (a mount under another of `inner` comes with that one)
+
+    for point in points:
+        carry(point)
+    return out
 
 
 def _under(path: str, top: str) -> bool:
