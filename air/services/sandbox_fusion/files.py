@@ -53,7 +53,7 @@ class RequestFiles:
 
     def tar(self) -> bytes:
         """The request's directory, to extract in the agent's home: every entry the agent's."""
-        root = posixpath.relpath(self.directory, AGENT_HOME)
+        root = f"sf/{self.request_id}"  # the directory, relative to the home
         files = {f"{root}/{rel}": content for rel, content in self.files.items()}
         return plain_tar(files, owner=AGENT_UID) or make_tar(files, owner=AGENT_UID)
 
