@@ -11,8 +11,9 @@ default), kubernetes/pool.py `KubernetesPool`, enroot/pool.py `EnrootPool`, each
 its engine's sandboxes (`_create`, `_remove`'s `_let_go`, `start`, `close`). What they share, here:
 
 - Sandboxes are interchangeable per `spec.key` (image, task, resources, network). A lease takes an idle one
-  (after a sub-millisecond health check of its shell) or creates one, within `max_sandboxes`; when the pool is
-  full, an idle sandbox of another key is evicted, else the lease waits up to `lease_timeout`.
+  (after a sub-millisecond health check of its shell, unless its reset answered within FRESH) or creates one, within
+  `max_sandboxes`; when the pool is full, an idle sandbox of another key is evicted, else the lease waits up to
+  `lease_timeout` (a sandbox back idle wakes one waiting lease of its key: keyed_condition.py).
 - Release hands the sandbox to a background reset (session.reset, done by the sandbox's root warden: the lease's
   cell ends, with every process, socket, IPC object, temp file and change to the home in it, and a new cell is
   built; the next command starts a fresh shell) and back to the idle set. After an infrastructure error, an OOM

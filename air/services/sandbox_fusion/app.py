@@ -67,7 +67,7 @@ def serve(config: SandboxFusionConfig, log_level: str = "info",
     from air.services.running import run_app
 
     app = create_app(config)
-    # uvloop where it is installed (a dependency but on Windows): about 5-10% of the server's CPU per request less
+    # uvloop where it is installed (a dependency but on Windows): about 5% of the server's CPU per request less
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     run_app(app, config.host, config.port, log_level, on_listening=on_ready, on_stop=app.state.service.stop,
             loop=loop)
