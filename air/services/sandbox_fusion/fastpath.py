@@ -57,14 +57,14 @@ class FastPathApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         model, handler = route
-        received, body = [], b""
+        received = []
         while True:
             message = await receive()
             received.append(message)
             if message["type"] != "http.request":  # the client went away: as FastAPI handles it
                 break
-            body += message.get("body", b"")
             if not message.get("more_body", False):
+                body = b"".join(m.get("body", b"") for m in received)  # once: a big body comes in many pieces
                 request = _parse(scope, body, model)
                 if request is not None:
                     await _answer(handler, request, send)
