@@ -470,6 +470,44 @@ def test_ctrl_c_that_meets_a_reply_still_cancels_the_caller():
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("demux", [False, True], ids=["its socket", "docker exec's attach stream"])
+def test_replies_are_handed_over_however_the_stream_cuts_them(demux):
+    """The link decodes replies where their bytes arrive (warden_link._Channel): frames cut anywhere, two in one
+    read, and on a `docker exec`'s stream Docker's 8-byte headers (stdout's kept, stderr's logged) in between."""
+    import asyncio
+    import random
+    from types import SimpleNamespace
+
+    from air.sandbox.warden_link import _Channel, WardenLink
+
+    replies = [p.ShellState(alive=True), p.Done(), p.Failed(error="x" * 3000), p.ShellState(alive=False)]
+    stream = b""
+    for ident, reply in enumerate(replies, 1):
+        frame = p.encode(ident, reply)
+        if demux:  # the frame in two stdout chunks, a line of stderr between them
+            half = len(frame) // 2
+            for kind, chunk in ((1, frame[:half]), (2, b"a warning\n"), (1, frame[half:])):
+                stream += bytes([kind, 0, 0, 0]) + len(chunk).to_bytes(4, "big") + chunk
+        else:
+            stream += frame
+
+    async def scenario(cuts: list[int]) -> list:
+        link = WardenLink(SimpleNamespace(short_id="test", name="test", channel=None))
+        futures = {ident: asyncio.get_running_loop().create_future() for ident in range(1, len(replies) + 1)}
+        link._waiting.update(futures)
+        channel = _Channel(link, demux=demux)
+        at = 0
+        for cut in [*cuts, len(stream)]:
+            channel.data_received(stream[at:cut])
+            at = cut
+        assert link._stderr == (b"a warning\n" * len(replies) if demux else b"")
+        return [f.result() for f in futures.values()]
+
+    rng = random.Random(74)
+    for cuts in ([], list(range(1, len(stream))), *(sorted(rng.sample(range(1, len(stream)), 5)) for _ in range(20))):
+        assert asyncio.run(scenario(cuts)) == replies
+
+
 def test_air_never_uses_asyncio_wait_for():
     """asyncio.wait_for swallows a cancellation that meets its awaitable's completion on Python 3.11 (and leaks
     an acquired semaphore slot that way): air uses `async with asyncio.timeout(...)`, which does not."""

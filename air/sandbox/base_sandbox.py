@@ -80,6 +80,8 @@ class BaseSandbox:
     leases: int = 0
     broken: str | None = None
     """Why this sandbox must not be reused (infrastructure error, OOM); None while healthy."""
+    reset_at: float | None = None
+    """When (the loop's time) its warden last answered a reset that put it back idle; None once leased."""
     image_id: str = ""
     """The image's content id (sha256:...), recorded in trajectories so a replay can tell images apart."""
     staged: str | None = None

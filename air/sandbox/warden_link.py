@@ -72,8 +72,7 @@ class WardenLink:
         self.sandbox = sandbox
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task | None = None
+        self._writer: _Channel | None = None
         self._sock_holder: object | None = None
         self._stderr = b""
         self._broken: str | None = None
@@ -86,18 +85,14 @@ class WardenLink:
         the Docker daemon carries nothing. Elsewhere the warden is a `docker exec` and speaks on its stream."""
         link = cls(sandbox)
         if _address(sandbox):  # a pod's own port: the same secret-first handshake over TCP
-            reader, link._writer = await link._connect_tcp(_address(sandbox), timeout)
+            link._writer = await link._connect_tcp(_address(sandbox), timeout)
             link._writer.write(sandbox.channel_secret)
-            demux = False
         elif sandbox.channel is not None:
-            reader, link._writer = await link._connect(sandbox.channel, timeout)
+            link._writer = await link._connect(sandbox.channel, timeout)
             link._writer.write(sandbox.channel_secret)
-            demux = False
         else:
-            reader, link._writer = await link._exec(sandbox)
+            link._writer = await link._exec(sandbox)
             link._writer.write(b"%010d" % len(warden_program()) + warden_program())
-            demux = True
-        link._reader_task = asyncio.create_task(link._read_loop(reader, demux), name=f"air-warden-{sandbox.name}")
         try:
             ready = await link.call(hello(sandbox), wait=timeout)
         except BaseException:
@@ -107,8 +102,7 @@ class WardenLink:
             sandbox.release_channel_hold()
         return link, ready
 
-    async def _connect(self, directory: Path, timeout: float
-                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(self, directory: Path, timeout: float) -> _Channel:
         """Connect to the warden's socket in the sandbox's host directory, once the warden has made it."""
         path = directory / "warden.sock"
         loop = asyncio.get_running_loop()
@@ -116,7 +110,7 @@ class WardenLink:
         next_look = loop.time() + 0.5
         while True:
             try:
-                return await asyncio.open_unix_connection(str(path), limit=1 << 22)
+                return (await loop.create_unix_connection(lambda: _Channel(self), str(path)))[1]
             except (FileNotFoundError, ConnectionRefusedError):
                 pass
             if loop.time() > deadline:
@@ -143,21 +137,21 @@ class WardenLink:
             return True
         return True
 
-    async def _connect_tcp(self, address: tuple[str, int], timeout: float
-                           ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect_tcp(self, address: tuple[str, int], timeout: float) -> _Channel:
         """Connect to the warden on its pod's port, once it listens (the pod is running, so it soon does)."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         while True:
             try:
-                async with asyncio.timeout(max(0.1, deadline - asyncio.get_running_loop().time())):
-                    return await asyncio.open_connection(*address, limit=1 << 22)
+                async with asyncio.timeout(max(0.1, deadline - loop.time())):
+                    return (await loop.create_connection(lambda: _Channel(self), *address))[1]
             except (ConnectionRefusedError, OSError, asyncio.TimeoutError) as exc:
                 if asyncio.get_running_loop().time() > deadline:
                     raise WardenGone(f"the warden of {self.sandbox.short_id} did not listen on {address[0]}:"
                                      f"{address[1]} within {timeout:g}s: {exc}") from None
             await asyncio.sleep(0.02)
 
-    async def _exec(self, sandbox: BaseSandbox) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _exec(self, sandbox: BaseSandbox) -> _Channel:
         docker = sandbox.docker
         exec_id = (await docker.call(
             docker.api.exec_create, sandbox.container_id, ["python3", "-I", "-S", "-c", _BOOT], stdin=True,
@@ -167,7 +161,7 @@ class WardenLink:
         raw = getattr(sock, "_sock", sock)  # the SDK's SocketIO wrapper; asyncio wants the socket itself
         raw.setblocking(False)
         self._sock_holder = sock
-        return await asyncio.open_connection(sock=raw, limit=1 << 22)
+        return (await asyncio.get_running_loop().create_connection(lambda: _Channel(self, demux=True), sock=raw))[1]
 
     @property
     def alive(self) -> bool:
@@ -204,15 +198,13 @@ class WardenLink:
 
     async def close(self, broken: str | None = None) -> None:
         self._broken = self._broken or broken
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            await asyncio.gather(self._reader_task, return_exceptions=True)
-            self._reader_task = None
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        channel, self._writer = self._writer, None
         self._sock_holder = None
-        self._fail_waiting()
+        if channel is None:
+            self._fail_waiting()
+            return
+        channel.close()
+        self._lost(channel.demux)  # at once, with what the warden's log says, as its stream's end will again
 
     def _fail_waiting(self) -> None:
         self.closed.set()
@@ -222,36 +214,91 @@ class WardenLink:
             if not future.done():
                 future.set_exception(WardenGone(f"the warden of {self.sandbox.short_id} {why}"))
 
-    async def _read_loop(self, reader: asyncio.StreamReader, demux: bool) -> None:
-        frames = p.FrameReader()
+    def _deliver(self, ident: int, reply: p.Message) -> None:
+        future = self._waiting.get(ident)
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    def _lost(self, demux: bool) -> None:
+        """The stream ended (the warden exited, the link was closed or broke the protocol)."""
+        if not demux and self.sandbox.channel is not None:
+            self._stderr = _tail(self.sandbox.channel / "warden.log").encode()
+        self._fail_waiting()
+
+
+class _Channel(asyncio.Protocol):
+    """The host's end of the warden's stream: each reply decoded and handed to its caller where its bytes arrive,
+    with no reader task between (a turn of the event loop and a StreamReader fewer per reply: issue 74); the link
+    writes through it, waiting (`drain`) while the transport's buffer is full."""
+
+    def __init__(self, link: WardenLink, demux: bool = False):
+        self.link, self.demux = link, demux
+        """demux: Docker's attach stream (a `docker exec`): 8-byte headers (stream, length), then that many bytes."""
+        self.frames = p.FrameReader()
+        self.transport: asyncio.Transport | None = None
+        self._attached = bytearray()
+        self._paused = False
+        self._resumed: asyncio.Future | None = None
+        self._lost = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.demux:
+            data = self._stdout(data)
         try:
-            while True:
-                if demux:  # Docker's attach stream: 8-byte headers (stream, length), then that many bytes
-                    header = await reader.readexactly(8)
-                    data = await reader.readexactly(int.from_bytes(header[4:8], "big"))
-                    if header[0] == STDERR:
-                        self._stderr = (self._stderr + data)[-4096:]
-                        log.warning("warden of %s: %s", self.sandbox.short_id, data.decode(errors="replace").strip())
-                        continue
-                    if header[0] != STDOUT:
-                        continue
-                else:
-                    data = await reader.read(1 << 20)
-                    if not data:
-                        break
-                for head, body in frames.feed(data):
-                    ident, reply = p.decode(head, body, p.REPLIES)
-                    future = self._waiting.get(ident)
-                    if future is not None and not future.done():
-                        future.set_result(reply)
+            for head, body in self.frames.feed(data):
+                self.link._deliver(*p.decode(head, body, p.REPLIES))
         except p.ProtocolError as exc:
-            self._broken = f"broke the protocol: {exc}"
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
-        finally:
-            if not demux and self.sandbox.channel is not None:
-                self._stderr = _tail(self.sandbox.channel / "warden.log").encode()
-            self._fail_waiting()
+            self.link._broken = f"broke the protocol: {exc}"
+            self.transport.close()
+
+    def _stdout(self, data: bytes) -> bytes:
+        """The warden's stdout out of the attach stream; its stderr is logged (and kept for what the link says)."""
+        self._attached += data
+        out = []
+        while len(self._attached) >= 8:
+            end = 8 + int.from_bytes(self._attached[4:8], "big")
+            if len(self._attached) < end:
+                break
+            stream, chunk = self._attached[0], bytes(self._attached[8:end])
+            del self._attached[:end]
+            if stream == STDOUT:
+                out.append(chunk)
+            elif stream == STDERR:
+                self.link._stderr = (self.link._stderr + chunk)[-4096:]
+                log.warning("warden of %s: %s", self.link.sandbox.short_id, chunk.decode(errors="replace").strip())
+        return b"".join(out)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        if self._resumed is not None and not self._resumed.done():
+            self._resumed.set_result(None)
+        self.link._lost(self.demux)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        if self._resumed is not None and not self._resumed.done():
+            self._resumed.set_result(None)
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Return once the transport takes more (at once unless its buffer is full); ConnectionResetError once the
+        stream is gone."""
+        if self._paused and not self._lost:
+            self._resumed = asyncio.get_running_loop().create_future()
+            await self._resumed
+        if self._lost:
+            raise ConnectionResetError("the warden's stream is closed")
+
+    def close(self) -> None:
+        self.transport.close()
 
 
 def _tail(path: Path, limit: int = 1000) -> str:

@@ -93,12 +93,13 @@ class InFlight:
 
 
 def run_app(app: Any, host: str, port: int, log_level: str, *, on_listening: Callable[[], None] | None = None,
-            on_stop: Callable[[], Awaitable[None]] | None = None, **options: Any) -> None:
+            on_stop: Callable[[], Awaitable[None]] | None = None, loop: str = "asyncio", **options: Any) -> None:
     """Serve `app` until a signal asks to stop, then: await `on_stop` (the service ends its work in flight, whose
     requests answer while their connections are open), shut down gracefully (up to 30 s for requests still in
     flight) and re-raise the signal. `on_listening` (the service's ready line) is called once the port accepts
     connections: uvicorn runs the app's lifespan, which starts the service, before it binds, and a client that
-    connected on a line said then was refused (it happened in CI, on a busy machine)."""
+    connected on a line said then was refused (it happened in CI, on a busy machine). `loop`: uvicorn's loop
+    ("asyncio", or "uvloop" for a service that measured it worth it)."""
     import uvicorn
 
     from air.errors import Stopped
@@ -122,8 +123,8 @@ def run_app(app: Any, host: str, port: int, log_level: str, *, on_listening: Cal
 
     Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                           timeout_graceful_shutdown=30,
-                          # asyncio's own loop, whatever else is installed (uvicorn's "auto" takes uvloop when it is
-                          # there): the loop every test runs on; uvloop measured no CPU less per served step.
-                          loop="asyncio", **options)).run()
+                          # asyncio's own loop unless asked, whatever else is installed (uvicorn's "auto" takes uvloop
+                          # when it is there): uvloop measured no CPU less per served AgentGym step.
+                          loop=loop, **options)).run()
     if stopped_by:  # uvicorn re-raised it, but an ignored SIGINT (a background job's) does nothing
         raise Stopped(stopped_by[0])

@@ -206,7 +206,11 @@ class Sandbox(BaseSandbox):
             self._oom_file = await self._host_oom_file() or ""
         if self._oom_file:
             try:
-                return _oom_count(Path(self._oom_file).read_text())
+                fd = os.open(self._oom_file, os.O_RDONLY)  # a few lines: one read (no file object, no pathlib)
+                try:
+                    return _oom_count(os.read(fd, 1 << 16).decode())
+                finally:
+                    os.close(fd)
             except OSError:  # the container (and its cgroup) went away: ask Docker, which will say so
                 pass
         return await self.session.oom_kills()

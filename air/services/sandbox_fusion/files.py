@@ -53,23 +53,24 @@ class RequestFiles:
 
     def tar(self) -> bytes:
         """The request's directory, to extract in the agent's home: every entry the agent's."""
-        root = posixpath.relpath(self.directory, AGENT_HOME)
+        root = f"sf/{self.request_id}"  # the directory, relative to the home
         files = {f"{root}/{rel}": content for rel, content in self.files.items()}
         return plain_tar(files, owner=AGENT_UID) or make_tar(files, owner=AGENT_UID)
 
 
-_NUMBERS = ((100, 8, 0), (108, 8, 0), (116, 8, 0), (124, 12, 0), (136, 12, 0), (329, 8, 0), (337, 8, 0))
-
-
 def _header(name: bytes, kind: bytes, mode: int, owner: int, size: int, mtime: int) -> bytes:
-    """One POSIX ustar header, as tarfile writes it (empty user and group names, devices 0)."""
+    """One POSIX ustar header, as tarfile writes it (empty user and group names, devices 0): the numbers in octal,
+    zero-padded, each field's last byte NUL; the checksum over the block with its own field as spaces."""
     block = bytearray(512)
     block[:len(name)] = name
-    for (at, width, _), value in zip(_NUMBERS, (mode, owner, owner, size, mtime, 0, 0)):
-        block[at:at + width] = b"%0*o\0" % (width - 1, value)
+    block[100:108] = b"%07o\0" % mode
+    block[108:116] = block[116:124] = b"%07o\0" % owner  # uid, gid
+    block[124:136] = b"%011o\0" % size
+    block[136:148] = b"%011o\0" % mtime
+    block[148:156] = b" " * 8
     block[156:157] = kind
     block[257:265] = b"ustar\x0000"
-    block[148:156] = b" " * 8
+    block[329:337] = block[337:345] = b"0000000\0"  # device major, minor
     block[148:156] = b"%06o\0 " % sum(block)
     return bytes(block)
 

@@ -199,7 +199,10 @@ class SandboxFusionService:
         """await work(sandbox) within a slot and a leased sandbox; a busy server or an infrastructure fault is
         `answer(status=SandboxError, message=...)`."""
         try:
-            async with asyncio.timeout(self.config.queue_timeout):
+            if self._slots.locked():  # else a slot is taken at once, and no timer is set for it
+                async with asyncio.timeout(self.config.queue_timeout):
+                    await self._slots.acquire()
+            else:
                 await self._slots.acquire()
         except TimeoutError:
             return answer(status=RunStatus.SandboxError,
