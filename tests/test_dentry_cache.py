@@ -31,8 +31,12 @@ from dentry_channel import BITS, CHANCE_BOUND, CONTROL_FLOOR, agreement, command
 
 from probe_task import capture_reports, evaluated, make_probe_task
 
-CONCURRENT_FLOOR = 200
-"""What the control between two sandboxes at once must recover: it read 226-240 of 256 before the copy."""
+CONCURRENT_FLOOR = 184
+"""What the control between two sandboxes at once must recover, in its best of CONCURRENT_TRIES: 16 bits (two
+standard deviations of chance's 8) above CHANCE_BOUND, so the control and the guarantee can never both pass on one
+reading. It read 226-240 of 256 before the copy; since, 150-224 (sessions 66-67: the host's other cells forget names
+host-wide while it reads, so one reading alone is not the probe's worth)."""
+CONCURRENT_TRIES = 3
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.heavy]
 
@@ -150,18 +154,24 @@ async def test_two_sandboxes_at_once_share_no_dentries(images, run_id, page_cach
     sent, k = message(4), key()
     spec = load_task("prisoners-dilemma")
     config = PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=300, page_cache=page_cache)
+    readings = []
     async with SandboxPool(config) as pool:
         env = TaskEnvironment(spec, pool)
-        async with env.lease() as writer, env.lease() as reader:
-            assert writer.container_id != reader.container_id
-            assert "wrote" in await agent_runs(writer, command("write", k, sent))
-            got = recovered(await agent_runs(reader, command("read", k, str(BITS))))
-    agreed = agreement(sent, got)
-    print(f"two sandboxes at once ({page_cache}): {agreed} of {BITS} bits")
+        # the guarantee: one reading; the control: up to CONCURRENT_TRIES, each with new names and another message
+        for _ in range(CONCURRENT_TRIES if page_cache == "shared" else 1):
+            async with env.lease() as writer, env.lease() as reader:
+                assert writer.container_id != reader.container_id
+                assert "wrote" in await agent_runs(writer, command("write", k, sent))
+                got = recovered(await agent_runs(reader, command("read", k, str(BITS))))
+            readings.append(agreement(sent, got))
+            print(f"two sandboxes at once ({page_cache}): {readings[-1]} of {BITS} bits")
+            if readings[-1] >= CONCURRENT_FLOOR:
+                break
+            sent, k = message(4 + len(readings)), key()
     if page_cache == "shared":
-        assert agreed >= CONCURRENT_FLOOR, f"the control (no copy) recovered only {agreed} of {BITS} bits"
+        assert max(readings) >= CONCURRENT_FLOOR, f"the control (no copy) recovered only {readings} of {BITS} bits"
     else:
-        assert agreed <= CHANCE_BOUND, f"the reader recovered {agreed} of {BITS} bits (chance: {BITS // 2})"
+        assert readings[0] <= CHANCE_BOUND, f"the reader recovered {readings[0]} of {BITS} bits (chance: {BITS // 2})"
 
 
 async def test_a_sandbox_fusion_request_cannot_reach_the_next_request_through_dentries(images, run_id):
