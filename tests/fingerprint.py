@@ -267,11 +267,13 @@ def looks_cached(names, kind, top=DENTRY_TOP, looked_up=False):  # first lookups
     if median(uncached) - median(cached) < median(uncached) / 4:  # a directory that caches no lookup (the image's
         return "uncached"  # tmpfs copy): every name is as new as the fresh ones, whatever the noise says
     return "cached" if median(first) < (median(uncached) + median(cached)) / 2 else "uncached"
-CONTROL_TOP = os.path.expanduser("~")  # the home: an overlay whose own dentries live as long as the cell
-def control():  # names just looked up must look cached: up to twenty tries, new names each (a busy machine's noise
-    # hid them in CI, and so did another test's cells, whose every end forgets names host-wide: three tries all
-    # missed once beside a SandboxFusion suite), where the planted names can be judged only once
-    for attempt in range(20):
+import pwd
+CONTROL_TOP = pwd.getpwuid(os.getuid()).pw_dir  # the user's home (not $HOME: an evaluation's is its tmpfs work dir,
+# which keeps no negative dentry): an overlay whose own dentries live as long as the cell
+def control():  # names just looked up must look cached: up to five tries, new names each (a busy machine's noise can
+    # hide them), where the planted names can be judged only once; no more, as noise alone can read "cached" on a
+    # directory that keeps nothing (an evaluation's tmpfs $HOME did, until the control moved to the home)
+    for attempt in range(5):
         names = ["%s/airfp-control-%s-%d-%d" % (CONTROL_TOP, token, attempt, i) for i in range(64)]
         if looks_cached(names, "control%d" % attempt, CONTROL_TOP, looked_up=True) == "cached":
             return "cached"

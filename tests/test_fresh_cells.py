@@ -268,6 +268,8 @@ async def test_an_evaluation_leaves_nothing_a_later_evaluation_can_observe(image
         env = TaskEnvironment(probe_task, pool)
         async with env.lease() as sandbox:
             reference = (await evaluated(env, sandbox, probe, reports))["fingerprint"]
+    for fp in (before, reference, after):  # the dentry probe's positive control, in the home (the evaluation's $HOME,
+        assert fp["dentries"]["control"] == "cached", fp["dentries"]  # its tmpfs work dir, keeps no negative dentry)
     assert_same(before, after, CELL_CLOCKS + HOST_GLOBAL + STAGED_PER_EVALUATION,
                 "the scoring sandbox before the attack and at the next evaluation")
     assert_same(reference, after, CELL_CLOCKS + CONTAINER_CLOCKS + HOST_GLOBAL + STAGED_PER_EVALUATION,

@@ -289,6 +289,8 @@ async def test_a_gpu_lease_taken_while_its_last_sandbox_resets_gets_that_sandbox
         sleepers = "cat /proc/[0-9]*/comm 2>/dev/null | grep -cx sleep; ls /tmp/mine >/dev/null 2>&1; echo $?"
         async with pool.lease(spec) as first:
             await first.session.run("setsid nohup sleep 3600 >/dev/null 2>&1 & touch /tmp/mine", timeout=30)
+            # setsid forks before nohup execs sleep: wait for the name (CI's busy machine counted before it once)
+            await first.session.run("until grep -qx sleep /proc/[0-9]*/comm 2>/dev/null; do :; done", timeout=30)
             assert (await first.session.run(sleepers, timeout=30)).stdout.split() == ["1", "0"]  # the control
         async with pool.lease(spec) as second:  # no `settled` between: the reset is under way
             assert second.container_id == first.container_id
