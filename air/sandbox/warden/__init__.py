@@ -129,7 +129,7 @@ PIN_MODULES = (("air.sandbox.warden.locks", _HERE / "locks.py"), ("air.sandbox.w
 def warden_program(precompiled: bool = False) -> bytes:
     """The warden's bundle (read once per process), carrying its zygotes' program; `precompiled` for one written to
     a file on this machine (see `bundle`)."""
-    zygote = bundle(f"{_ZYGOTE}.run(*{_ZYGOTE}.serve(4, _air))", ZYGOTE_MODULES)
+    zygote = bundle(f"{_ZYGOTE}.run(*{_ZYGOTE}.serve(4, _air))", ZYGOTE_MODULES, precompiled=precompiled)
     return bundle(f"{_ZYGOTE}.PROGRAM = {zygote!r}\nsys.modules['air.sandbox.warden.server'].main()",
                   precompiled=precompiled)
 
