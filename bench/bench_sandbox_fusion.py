@@ -296,7 +296,10 @@ async def main(args: argparse.Namespace) -> dict:
     clients: list[aiohttp.ClientSession] = []
 
     def client_of(url: str) -> aiohttp.ClientSession:
-        clients.append(aiohttp.ClientSession(base_url=url, connector=aiohttp.TCPConnector(limit=top),
+        # Idle connections dropped after 2 s: the servers (uvicorn) close theirs after 5, and a request written on
+        # one as it closes fails (the other sides' phases leave them idle longer than that).
+        connector = aiohttp.TCPConnector(limit=top, keepalive_timeout=2)
+        clients.append(aiohttp.ClientSession(base_url=url, connector=connector,
                                              timeout=aiohttp.ClientTimeout(total=300)))
         return clients[-1]
 
