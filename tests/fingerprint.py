@@ -36,7 +36,7 @@ from collections.abc import Iterable
 PROBE = r'''
 DENTRY_TOP = "/usr/lib"
 DENTRY_NAMES = ["%s/air-fingerprint-dentry-%d" % (DENTRY_TOP, i) for i in range(64)]  # what PLANT looks up
-import array, ctypes, errno, fcntl, hashlib, json, os, resource, stat, sys
+import array, ctypes, errno, fcntl, hashlib, json, os, pwd, resource, stat, sys
 AGENT = os.getuid()
 devs, mount_ids = {}, {}
 def dev(d, name=None):  # a device is named by the first mount that has it, else by order of first appearance
@@ -272,9 +272,10 @@ def looks_cached(names, kind, top=DENTRY_TOP, looked_up=False):  # first lookups
     if median(uncached) - median(cached) < median(uncached) / 4:  # a directory that caches no lookup (the image's
         return "uncached"  # tmpfs copy): every name is as new as the fresh ones, whatever the noise says
     return "cached" if median(first) < (median(uncached) + median(cached)) / 2 else "uncached"
-import pwd
-CONTROL_TOP = pwd.getpwuid(os.getuid()).pw_dir  # the user's home (not $HOME: an evaluation's is its tmpfs work dir,
-# which keeps no negative dentry): an overlay whose own dentries live as long as the cell
+try:  # the user's home (not $HOME: an evaluation's is its tmpfs work dir, which keeps no negative dentry): an
+    CONTROL_TOP = pwd.getpwuid(os.getuid()).pw_dir  # overlay whose own dentries live as long as the cell
+except KeyError:  # a uid the image does not name (enroot's node user)
+    CONTROL_TOP = os.path.expanduser("~")
 def control():  # names just looked up must look cached: up to five tries, new names each (a busy machine's noise can
     # hide them), where the planted names can be judged only once; no more, as noise alone can read "cached" on a
     # directory that keeps nothing (an evaluation's tmpfs $HOME did, until the control moved to the home)
