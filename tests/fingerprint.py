@@ -256,7 +256,8 @@ def median(xs):
     return sorted(xs)[len(xs) // 2]
 token = os.urandom(6).hex()
 def fstype(path):  # the filesystem of the mount on top at path's mount point
-    return [m["fstype"] for m in mounts if m["point"] == mount_of(path)][-1]
+    point = mount_of(path)
+    return [m["fstype"] for m in mounts if m["point"] == point][-1]
 def looks_cached(names, kind, top=DENTRY_TOP, looked_up=False):  # first lookups of `names` against fresh names'
     if fstype(top) == "tmpfs":  # keeps no negative dentry (its d_delete drops each at once): timing it reads noise
         return "none kept (tmpfs)"  # as often as not, and a cell's root copy is one (warden/rootcopy.py)
@@ -269,8 +270,8 @@ def looks_cached(names, kind, top=DENTRY_TOP, looked_up=False):  # first lookups
     first = [lookup_ns(p) for p in names]
     uncached = [lookup_ns(p) for p in fresh]
     cached = [lookup_ns(p) for p in fresh]
-    if median(uncached) - median(cached) < median(uncached) / 4:  # a directory that caches no lookup (the image's
-        return "uncached"  # tmpfs copy): every name is as new as the fresh ones, whatever the noise says
+    if median(uncached) - median(cached) < median(uncached) / 4:  # a directory that caches no lookup (another
+        return "uncached"  # filesystem than tmpfs): every name is as new as the fresh ones, whatever the noise says
     return "cached" if median(first) < (median(uncached) + median(cached)) / 2 else "uncached"
 try:  # the user's home (not $HOME: an evaluation's is its tmpfs work dir, which keeps no negative dentry): an
     CONTROL_TOP = pwd.getpwuid(os.getuid()).pw_dir  # overlay whose own dentries live as long as the cell

@@ -200,6 +200,13 @@ async def fingerprint_of_first_command(sandbox) -> dict:
     return read_fingerprint(await sandbox.session.pack(["fp.json"], root="/tmp"))
 
 
+def assert_dentry_control(*fingerprints: dict) -> None:
+    """The dentry probe's positive control in each: it sees dentries, here, now (in the user's home; an evaluation's
+    $HOME, its tmpfs work dir, keeps no negative dentry)."""
+    for fp in fingerprints:
+        assert fp["dentries"]["control"] == "cached", fp["dentries"]
+
+
 def assert_same(a: dict, b: dict, allowed: list[str], what: str) -> None:
     diff = differences(a, b, allowed)
     assert not diff, f"{what}: {len(diff)} fields differ:\n" + "\n".join(diff[:80])
@@ -224,8 +231,7 @@ async def test_a_rollout_leaves_nothing_the_next_lease_can_observe(images):
             again = one if one.container_id == container else other
             assert again.container_id == container
             after = await fingerprint_of_first_command(again)
-    for fp in (before, reference, after):  # the dentry probe's positive control: it sees dentries, here, now
-        assert fp["dentries"]["control"] == "cached", fp["dentries"]
+    assert_dentry_control(before, reference, after)
     assert_same(before, after, CELL_CLOCKS + HOST_GLOBAL, "the same sandbox before the attack and at its next lease")
     assert_same(reference, after, CELL_CLOCKS + CONTAINER_CLOCKS + HOST_GLOBAL + SHARED_WHILE_RUNNING,
                 "a never-used sandbox and the attacked one at its next lease")
@@ -268,8 +274,7 @@ async def test_an_evaluation_leaves_nothing_a_later_evaluation_can_observe(image
         env = TaskEnvironment(probe_task, pool)
         async with env.lease() as sandbox:
             reference = (await evaluated(env, sandbox, probe, reports))["fingerprint"]
-    for fp in (before, reference, after):  # the dentry probe's positive control, in the home (the evaluation's $HOME,
-        assert fp["dentries"]["control"] == "cached", fp["dentries"]  # its tmpfs work dir, keeps no negative dentry)
+    assert_dentry_control(before, reference, after)
     assert_same(before, after, CELL_CLOCKS + HOST_GLOBAL + STAGED_PER_EVALUATION,
                 "the scoring sandbox before the attack and at the next evaluation")
     assert_same(reference, after, CELL_CLOCKS + CONTAINER_CLOCKS + HOST_GLOBAL + STAGED_PER_EVALUATION,
