@@ -25,6 +25,9 @@ import tempfile
 import pytest
 
 from air.sandbox import PoolConfig, SandboxPool
+from air.services.sandbox_fusion.config import SandboxFusionConfig
+from air.services.sandbox_fusion.schema import RunCodeRequest
+from air.services.sandbox_fusion.service import AIR_DIR_MB, SandboxFusionService
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 from dentry_channel import BITS, CHANCE_BOUND, CONTROL_FLOOR, agreement, command, key, message, recovered
@@ -174,25 +177,61 @@ async def test_two_sandboxes_at_once_share_no_dentries(images, run_id, page_cach
         assert readings[0] <= CHANCE_BOUND, f"the reader recovered {readings[0]} of {BITS} bits (chance: {BITS // 2})"
 
 
-async def test_a_sandbox_fusion_request_cannot_reach_the_next_request_through_dentries(images, run_id):
-    """verl's code under test in request A writes; request B, served next by the same sandbox, reads."""
-    from air.services.sandbox_fusion.config import SandboxFusionConfig
-    from air.services.sandbox_fusion.schema import RunCodeRequest
-    from air.services.sandbox_fusion.service import SandboxFusionService
+def sandbox_fusion(run_id: str, air_dir_mb: int | None = AIR_DIR_MB) -> SandboxFusionService:
+    """A SandboxFusion server of one sandbox; air_dir_mb None: its /srv/air on disk, as a task's sandbox has it."""
+    service = SandboxFusionService(SandboxFusionConfig(concurrency=1, pool_size=1, run_id=run_id))
+    service.spec = service.spec.model_copy(update={"air_dir_mb": air_dir_mb})
+    return service
 
+
+@pytest.mark.parametrize("top", ["/usr/lib", "/home/agent", "/srv/air"])
+async def test_a_sandbox_fusion_request_cannot_reach_the_next_request_through_dentries(images, run_id, top):
+    """verl's code under test in request A writes; request B, served next by the same sandbox, reads: in the image's
+    directories (the cell's root, a tmpfs copy), in the home (an overlay over the pristine home, which lies in
+    /srv/air) and in /srv/air itself. The server's sandboxes have /srv/air in memory, so no directory a request
+    reaches keeps a name and the warden drops none (SandboxSpec.air_dir_mb): nothing is left to forget."""
     sent, k = message(3), key()
     control, control_script = control_command()
-    service = SandboxFusionService(SandboxFusionConfig(concurrency=1, pool_size=1, run_id=run_id))
+    service = sandbox_fusion(run_id)
     await service.start()
     try:
         a = await service.run_code(RunCodeRequest(language="bash", code=control_script + "\n" +
-                                                  command("write", k, sent), run_timeout=60))
+                                                  command("write", k, sent, top), run_timeout=60))
         assert "wrote" in (a.run_result.stdout or ""), a
         assert_control(control, a.run_result.stdout, "a SandboxFusion request")
-        b = await service.run_code(RunCodeRequest(language="bash", code=command("read", k, str(BITS)),
+        b = await service.run_code(RunCodeRequest(language="bash", code=command("read", k, str(BITS), top),
                                                   run_timeout=60))
         assert b.run_result.return_code == 0, b
         assert service.pool.stats.created == 1, "one sandbox served both requests"
     finally:
         await service.close()
-    assert_chance(sent, recovered(b.run_result.stdout), "SandboxFusion request to request")
+    assert_chance(sent, recovered(b.run_result.stdout), f"SandboxFusion request to request, {top}")
+
+
+@pytest.mark.parametrize("air_dir_mb", [AIR_DIR_MB, None], ids=["in memory", "on disk"])
+async def test_a_sandbox_fusion_server_leaves_the_hosts_names_cached(images, run_id, air_dir_mb):
+    """A drop of the kernel's dentries is host-wide: every other process's cached names and inodes go with it. A
+    SandboxFusion server's sandboxes have /srv/air in memory, so their wardens drop none, and names the host looked
+    up before two requests are still cached after them (the best of CONCURRENT_TRIES: other tests' cells may drop
+    meanwhile). The control: the same server with /srv/air on disk, whose warden drops after each request."""
+    readings = []
+    service = sandbox_fusion(run_id, air_dir_mb)
+    await service.start()
+    try:
+        with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
+            for _ in range(CONCURRENT_TRIES if air_dir_mb else 1):
+                sent, k = message(11), key()
+                subprocess.run(command("write", k, sent, d), shell=True, check=True, capture_output=True)
+                for _ in range(2):  # the first request's cell has ended, and been forgotten, before the second runs
+                    r = await service.run_code(RunCodeRequest(language="python", code="print(1)", run_timeout=60))
+                    assert r.run_result.stdout == "1\n", r
+                out = subprocess.run(command("read", k, str(BITS), d), shell=True, check=True, capture_output=True,
+                                     text=True).stdout
+                readings.append(agreement(sent, recovered(out)))
+    finally:
+        await service.close()
+    print(f"the host's names after two requests, /srv/air {'in memory' if air_dir_mb else 'on disk'}: {readings}")
+    if air_dir_mb:
+        assert max(readings) >= CONTROL_FLOOR, f"the host's names were forgotten: {readings} of {BITS} bits"
+    else:
+        assert readings[0] <= CHANCE_BOUND, f"the control: the warden's drop left {readings[0]} of {BITS} bits"

@@ -24,6 +24,8 @@ TASK = SandboxSpec(image="air/cpu:latest", task="mlgym:tasks/prisonersDilemma.ya
 GPU_TASK = SandboxSpec(image="air/gpu:latest", task="gpu", resources=Resources(gpus=2), workspace_mb=None,
                        read_only_mounts={"/srv/air/data/cifar": "/var/lib/air/data/cifar"})
 
+AIR_IN_MEMORY = SandboxSpec(image="air/cpu:latest", task="sandbox-fusion", air_dir_mb=64)
+
 
 def pod(spec: SandboxSpec = TASK, config: KubernetesConfig | None = None, **options) -> dict:
     args = dict(name="air-t-0123456789", run=RUN, token="tok", owner=OWNER, owner_token="host:123:456",
@@ -46,6 +48,7 @@ def every_manifest() -> dict[str, dict]:
         "pod with cells": pod(),
         "pod without cells, shared page cache": pod(cells=False, pin_pages=False),
         "pod with GPUs, a disk home, data, unconfined AppArmor": pod(GPU_TASK, apparmor="unconfined"),
+        "pod with air's directory in memory": pod(AIR_IN_MEMORY),
         "pod with everything the cluster config sets": pod(config=full, apparmor="air-sandbox"),
         "pod secret": m.pod_secret("air-t-0123456789", "air", RUN, b"s" * 32, OWNER),
         **{f"setup {o['kind']}": o for o in m.cluster_setup("air", slots=256, sa_namespace="trainer")},

@@ -99,17 +99,25 @@ class SandboxSpec(BaseModel):
     """The quota of the agent's home (the agent gets ENOSPC past it). The home then lives in memory (tmpfs), and
     the container's memory limit grows by the quota: a full disk never takes the processes' memory. None: an
     unbounded disk-backed volume (Docker's local volumes have no quota; a rollout can fill the host's disk)."""
+    air_dir_mb: int | None = Field(None, ge=16)
+    """air's own directory (/srv/air: the pristine home, scoring inputs, tests) in memory, a tmpfs of this size, and
+    the memory limit grows by it; None: a disk-backed volume, as a task's staged files and a fork's snapshots may be
+    large. In memory, no directory a cell reaches keeps a looked-up name where the container mounts nothing else
+    that does, so the warden needs no host-wide drop of the kernel's dentries after each cell (warden/dentries.py):
+    about 1 ms of CPU a SandboxFusion request, and every other process's cached names and inodes (issue 74)."""
 
     @property
     def memory_limit_mb(self) -> int:
         """The cgroup's limit: processes' memory plus every in-memory filesystem at its full size plus room for
         the warden, so that filling the filesystems can never wedge the sandbox (tmpfs pages cannot be freed by
         killing a process; only a reset frees them)."""
-        return (self.resources.memory_mb + (self.workspace_mb or 0) + 2 * self.tmp_mb + SHM_MB + OUT_MB + WARDEN_MB)
+        return (self.resources.memory_mb + (self.workspace_mb or 0) + (self.air_dir_mb or 0) + 2 * self.tmp_mb +
+                SHM_MB + OUT_MB + WARDEN_MB)
 
     @property
     def key(self) -> str:
         mounts = f"|ro={sorted(self.read_only_mounts.items())}" if self.read_only_mounts else ""
+        mounts += f"|air={self.air_dir_mb}" if self.air_dir_mb else ""
         # Hashed: a service's environment may hold a host's secret, filled in when the spec was made (hostenv).
         services = "|svc=" + hashlib.sha256(json.dumps([[s.model_dump_json() for s in self.services], sorted(
             self.waits.items())]).encode()).hexdigest()[:16] if self.services else ""

@@ -289,7 +289,7 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
     if spec.read_only_root:
         kwargs["read_only"] = True
         # Anonymous volumes (removed with the container): disk-backed, so a checkpoint does not eat memory.
-        volumes = (AIR_DIR,) if spec.workspace_mb else (AGENT_HOME, AIR_DIR)
+        volumes = (() if spec.air_dir_mb else (AIR_DIR,)) + (() if spec.workspace_mb else (AGENT_HOME,))
         kwargs["mounts"] = [docker.types.Mount(target=path, source=None, type="volume") for path in volumes]
         # `exec`: Docker mounts a tmpfs noexec unless told otherwise, and programs compiled in the home or a temp
         # dir (C++, Rust, Go's test binaries) must run. noexec is no boundary against the agent anyway: it runs
@@ -299,6 +299,8 @@ def container_kwargs(spec: SandboxSpec, *, run: str | None, role: str, gpu_ids: 
         if spec.workspace_mb:
             kwargs["tmpfs"][AGENT_HOME] = (f"rw,exec,nosuid,nodev,size={spec.workspace_mb}m,uid={agent_uid},"
                                            f"gid={agent_uid},mode=755")
+    if spec.air_dir_mb:  # a cell's lookups there leave no dentry (tmpfs), so the warden drops none (dentries.py)
+        kwargs.setdefault("tmpfs", {})[AIR_DIR] = f"rw,exec,nosuid,nodev,size={spec.air_dir_mb}m,mode=755"
     # Read-only binds (air's data store): the agent can read them, nobody in the sandbox can write them.
     kwargs.setdefault("mounts", []).extend(
         docker.types.Mount(target=target, source=source, type="bind", read_only=True)

@@ -167,9 +167,9 @@ def _mem_dir(name: str, path: str, mb: int) -> tuple[dict, dict]:
 
 def pod_volumes(spec: SandboxSpec, config: KubernetesConfig, *, config_map: str, secret: str
                 ) -> tuple[list[dict], list[dict]]:
-    """Volumes and their mounts: the same places as a Docker sandbox's (air's own directory on disk, the home and
-    temp dirs in memory at their quotas), the warden's program (ConfigMap) and secret (Secret) under its own
-    in-memory directory, which cells detach (Hello.hidden), and air's data store read-only."""
+    """Volumes and their mounts: the same places as a Docker sandbox's (air's own directory on disk, or in memory
+    with air_dir_mb; the home and temp dirs in memory at their quotas), the warden's program (ConfigMap) and secret
+    (Secret) under its own in-memory directory, which cells detach (Hello.hidden), and air's data store read-only."""
     volumes, mounts = [], []
 
     def add(pair: tuple[dict, dict]) -> None:
@@ -181,8 +181,11 @@ def pod_volumes(spec: SandboxSpec, config: KubernetesConfig, *, config_map: str,
          {"name": "air-program", "mountPath": PROGRAM_DIR, "readOnly": True}))
     add(({"name": "air-secret", "secret": {"secretName": secret, "defaultMode": 0o400}},
          {"name": "air-secret", "mountPath": SECRET_DIR, "readOnly": True}))
-    add(({"name": "air-dir", "emptyDir": {"sizeLimit": f"{spec.resources.disk_mb or config.ephemeral_storage_mb}Mi"}},
-         {"name": "air-dir", "mountPath": AIR_DIR}))
+    if spec.air_dir_mb:
+        add(_mem_dir("air-dir", AIR_DIR, spec.air_dir_mb))
+    else:
+        disk = f"{spec.resources.disk_mb or config.ephemeral_storage_mb}Mi"
+        add(({"name": "air-dir", "emptyDir": {"sizeLimit": disk}}, {"name": "air-dir", "mountPath": AIR_DIR}))
     if spec.workspace_mb:
         add(_mem_dir("air-home", AGENT_HOME, spec.workspace_mb))
     else:

@@ -11,6 +11,11 @@ the host (vm.drop_caches = 2): the names that cell looked up are forgotten every
 sandbox) finds every name it looks up for the first time equally uncached. Pages stay: the image's are held by the
 page-cache pin and the sandbox's own by the warden (pages.py), and their files, held open, keep their dentries.
 
+Where no directory a cell reaches keeps a name (the cell's root the image's tmpfs copy, /srv/air a tmpfs:
+SandboxSpec.air_dir_mb, and no other mount of the container that keeps names carried into cells), there is nothing
+to forget: the warden closes its handle (`close`) and drops nothing. A drop is host-wide: it costs about a millisecond
+of CPU a cell, on a host with many sandboxes, and every other process's cached names and inodes (issue 74).
+
 Docker mounts /proc/sys read-only; the warden mounts a procfs of its own once, opens drop_caches for writing and
 detaches that mount before any cell exists: the descriptor stays the warden's alone (close-on-exec).
 """
@@ -52,6 +57,13 @@ class Forgetter:
                 detach(where)
         finally:
             os.rmdir(where)
+
+    def close(self, why: str) -> None:
+        """No drop from now on: `why` (nothing a cell reaches keeps a name)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self.why_not = why
 
     def forget(self) -> bool:
         """Every unused dentry and inode of the host dropped; False when the warden has no handle."""

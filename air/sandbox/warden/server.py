@@ -421,6 +421,8 @@ class Warden:
                              home_mb=c.home_mb, tmp_mb=c.tmp_mb, shm_mb=c.shm_mb, passwd=c.air + "/etc/passwd",
                              group=c.air + "/etc/group", writable=[c.air + "/out"], hidden=c.hidden,
                              cell_net=netlink.split(c.cell_net), hosts=c.air + "/etc/hosts" if c.hosts else None)
+        if not self.layout.keeping_names:
+            self.forgetter.close("no directory a cell reaches keeps a name")
         self.renew_out()
         self.own_mounts = _own_mounts(self.layout.inherited, c)
         self.hold_own_files()

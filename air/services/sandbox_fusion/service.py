@@ -53,6 +53,8 @@ from air.services.sandbox_fusion.schema import (
     RunStatus,
 )
 
+AIR_DIR_MB = 64
+"""The size of a sandbox's /srv/air, in memory: the warden's files and the image's home, copied (a few MB)."""
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 """A UTF-16 half alone: JSON's `\\ud800` escape decodes to one, and no UTF-8 text holds it."""
 log = logging.getLogger("air.services.sandbox_fusion")
@@ -99,7 +101,10 @@ class SandboxFusionService:
 
     def __init__(self, config: SandboxFusionConfig | None = None, pool=None):
         self.config = config or SandboxFusionConfig()
-        self.spec = SandboxSpec(image=self.config.image, task="sandbox-fusion", network=False,
+        # /srv/air in memory: a request's files and programs live in its cell's home, so air's own directory holds
+        # only the warden's few files, and where nothing a cell reaches keeps a name, no host-wide drop of the
+        # kernel's dentries follows each request (SandboxSpec.air_dir_mb).
+        self.spec = SandboxSpec(image=self.config.image, task="sandbox-fusion", network=False, air_dir_mb=AIR_DIR_MB,
                                 resources=Resources(cpus=self.config.cpus, memory_mb=self.config.memory_mb,
                                                     pids=self.config.pids))
         self.pool = pool
