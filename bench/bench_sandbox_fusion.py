@@ -23,10 +23,11 @@ time. `--programs same` sends one program, as verl does for a program's test cas
 Each concurrency level runs every side twice in alternation (halves of --requests each), so a shared machine's
 changing load falls on all of them alike. CPU per request is the CPU time of the side's own processes over its
 phases divided by its requests (/proc and cgroup counters): the side's server process tree (for the subprocess
-side: this process's reaped children, i.e. the programs), the sandboxes (air's containers, cgroup cpuacct),
-Docker (dockerd, containerd, and the shims with the runc calls they reaped) and this process (the client). A column
-says "n/a" where its counters cannot: a container or shim that went away between a phase's samples took its CPU with
-it (under runsc every sandbox is used once and removed), or a container has no cgroup v1 cpuacct counter.
+side: this process's reaped children, i.e. the programs), the sandboxes (every container's: cgroup v1 cpuacct's
+docker/ parent, which keeps a removed container's, so a sandbox replaced after its max_leases within a phase
+counts, and its successor's start), Docker (dockerd, containerd, and the shims with the runc calls they reaped)
+and this process (the client). A column says "n/a" where its counters cannot: a shim that went away between a
+phase's samples took its CPU with it, or there is no cgroup v1 cpuacct counter.
 "machine" is the machine's busy time (/proc/stat) per request, which on a shared host includes others' work.
 "srv core" is the server's CPU per wall second: near 1.0, its single event loop is the limit.
 
@@ -110,6 +111,9 @@ class Counted(NamedTuple):
     readable: bool = True
 
 
+DOCKER_CGROUP = Path("/sys/fs/cgroup/cpuacct/docker")
+
+
 def docker_cpu(procs: list[tuple[int, int, str]]) -> Counted:
     """dockerd and containerd (with what they reaped), and each shim alone (its runc calls, not the container's
     processes, which the cgroups count)."""
@@ -122,25 +126,21 @@ def docker_cpu(procs: list[tuple[int, int, str]]) -> Counted:
 
 
 def containers_cpu(run_ids: list[str]) -> Counted:
-    """CPU of these runs' live containers (cgroup v1 cpuacct under docker/<id>); not readable where a container has
-    no such counter (cgroup v2, a runtime that accounts elsewhere)."""
-    total, members, readable = 0, set(), True
-    for run_id in run_ids:
-        ids = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter", f"label=air.run={run_id}"],
-                             capture_output=True, text=True, check=False).stdout.split()
-        for cid in ids:
-            members.add(cid)
-            try:
-                total += int(Path(f"/sys/fs/cgroup/cpuacct/docker/{cid}/cpuacct.usage").read_text())
-            except (OSError, ValueError):
-                readable = False
-    return Counted(total / 1e9, frozenset(members), readable)
+    """CPU of every Docker container, for a side that has any (cgroup v1: cpuacct's docker/ parent, which keeps what
+    its removed containers spent, so a sandbox replaced within a phase counts, and its successor's start): a phase
+    runs one side alone, the other sides' sandboxes idle. Not readable where there is no such counter (cgroup v2, a
+    runtime that accounts elsewhere)."""
+    if not run_ids:
+        return Counted(0.0, frozenset())
+    try:
+        return Counted(int((DOCKER_CGROUP / "cpuacct.usage").read_text()) / 1e9, frozenset())
+    except (OSError, ValueError):
+        return Counted(0.0, frozenset(), readable=False)
 
 
 def spent(before: Counted, after: Counted) -> float:
     """CPU seconds between two samples; NaN ("n/a") where a counter could not be read or one went away between
-    them. Under runsc every sandbox is used once and removed (its CPU leaves with it, and the difference came out
-    negative); this reads no counter of gVisor's own."""
+    them (a shim that ended)."""
     if not (before.readable and after.readable) or not before.members <= after.members:
         return math.nan
     return after.seconds - before.seconds
