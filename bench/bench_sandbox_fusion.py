@@ -125,12 +125,12 @@ def docker_cpu(procs: list[tuple[int, int, str]]) -> Counted:
     return Counted(total, frozenset(members))
 
 
-def containers_cpu(run_ids: list[str]) -> Counted:
+def containers_cpu(has_containers: bool) -> Counted:
     """CPU of every Docker container, for a side that has any (cgroup v1: cpuacct's docker/ parent, which keeps what
     its removed containers spent, so a sandbox replaced within a phase counts, and its successor's start): a phase
     runs one side alone, the other sides' sandboxes idle. Not readable where there is no such counter (cgroup v2, a
     runtime that accounts elsewhere)."""
-    if not run_ids:
+    if not has_containers:
         return Counted(0.0, frozenset())
     try:
         return Counted(int((DOCKER_CGROUP / "cpuacct.usage").read_text()) / 1e9, frozenset())
@@ -182,7 +182,7 @@ class Meter:
             server = sum(proc_cpu(p) for p in tree(self.server_pid, procs))
         else:
             server = 0.0
-        return {"machine": machine_busy(), "server": server, "sandboxes": containers_cpu(self.run_ids),
+        return {"machine": machine_busy(), "server": server, "sandboxes": containers_cpu(bool(self.run_ids)),
                 "docker": docker_cpu(procs), "client": proc_cpu(os.getpid(), reaped=False),
                 "wall": time.perf_counter()}
 

@@ -291,7 +291,7 @@ class SandboxPool:
                     # The one settled last: its warden, zygote and their pages are still warm in the CPU's caches
                     # (at one request at a time, 8.6-8.7 ms of CPU a SandboxFusion request against 9.8-10.9 taking
                     # the longest idle, experiments.md, session 69), and the key's others stay idle, the least
-                    # recently used first out (_evictable). Recycling is as frequent either way (max_leases apart).
+                    # recently used first out (_evictable). Recycling comes as often: every max_leases leases.
                     return idle.pop()
                 # A GPU sandbox of the key on its way back to idle: wait the milliseconds of its reset, for a new
                 # sandbox would wait for the GPUs it holds (on a node's last GPU, until the deadline)
