@@ -25,6 +25,7 @@ import tempfile
 import pytest
 
 from air.sandbox import PoolConfig, SandboxPool
+from air.sandbox.layout import AGENT_HOME, AIR_DIR
 from air.services.sandbox_fusion.config import SandboxFusionConfig
 from air.services.sandbox_fusion.schema import RunCodeRequest
 from air.services.sandbox_fusion.service import AIR_DIR_MB, SandboxFusionService
@@ -69,13 +70,17 @@ def control_command(isolation: str = "cells") -> tuple[str, str]:
     return sent, command("write", k, sent, top) + "\n" + command("read", k, str(BITS), top)
 
 
+def host_runs(script: str) -> str:
+    """The probe's writer or reader run on the host itself; its output."""
+    return subprocess.run(script, shell=True, check=True, capture_output=True, text=True).stdout
+
+
 def test_the_probe_reads_a_host_directory():
     """The positive control of them all, on the host itself: writer and reader in a host directory."""
     sent, k = message(7), key()
     with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
-        subprocess.run(command("write", k, sent, d), shell=True, check=True, capture_output=True)
-        out = subprocess.run(command("read", k, str(BITS), d), shell=True, check=True, capture_output=True,
-                             text=True).stdout
+        host_runs(command("write", k, sent, d))
+        out = host_runs(command("read", k, str(BITS), d))
     assert agreement(sent, recovered(out)) >= CONTROL_FLOOR, out
 
 
@@ -184,7 +189,7 @@ def sandbox_fusion(run_id: str, air_dir_mb: int | None = AIR_DIR_MB) -> SandboxF
     return service
 
 
-@pytest.mark.parametrize("top", ["/usr/lib", "/home/agent", "/srv/air"])
+@pytest.mark.parametrize("top", ["/usr/lib", AGENT_HOME, AIR_DIR])
 async def test_a_sandbox_fusion_request_cannot_reach_the_next_request_through_dentries(images, run_id, top):
     """verl's code under test in request A writes; request B, served next by the same sandbox, reads: in the image's
     directories (the cell's root, a tmpfs copy), in the home (an overlay over the pristine home, which lies in
@@ -221,13 +226,11 @@ async def test_a_sandbox_fusion_server_leaves_the_hosts_names_cached(images, run
         with tempfile.TemporaryDirectory(dir="/var/tmp") as d:
             for _ in range(CONCURRENT_TRIES if air_dir_mb else 1):
                 sent, k = message(11), key()
-                subprocess.run(command("write", k, sent, d), shell=True, check=True, capture_output=True)
+                host_runs(command("write", k, sent, d))
                 for _ in range(2):  # the first request's cell has ended, and been forgotten, before the second runs
                     r = await service.run_code(RunCodeRequest(language="python", code="print(1)", run_timeout=60))
                     assert r.run_result.stdout == "1\n", r
-                out = subprocess.run(command("read", k, str(BITS), d), shell=True, check=True, capture_output=True,
-                                     text=True).stdout
-                readings.append(agreement(sent, recovered(out)))
+                readings.append(agreement(sent, recovered(host_runs(command("read", k, str(BITS), d)))))
     finally:
         await service.close()
     print(f"the host's names after two requests, /srv/air {'in memory' if air_dir_mb else 'on disk'}: {readings}")
