@@ -11,7 +11,9 @@
 # ENROOT_SRC: a tree (a checkout or `git archive`) of github.com/NVIDIA/enroot at 8ea147d (v4.1.2).
 # MAKESELF_SRC: a tree of github.com/megastep/makeself, enroot's deps/makeself submodule.
 # ENROOT_BUILD_DIR (default ~/.cache/air-enroot): where the copy is built and installed (prefix/), never the
-# work tree; prefix/VERSION says what was built, from which commit, and when.
+# work tree; prefix/VERSION says what was built, from which commit, and when. It must be new, empty or one this
+# script made (its marker .air-made-by says so): only then are its src/ and prefix/ replaced. Sources inside it (or
+# it inside them) are refused before anything is deleted.
 #
 # The recipe (../shared/reference/reach.md, "enroot builds here"): glibc, not enroot's vendored musl
 # (FORCE_GLIBC=y); the kernel headers from /usr/include for the absent deps/linux-headers submodule; Debian's libbsd
@@ -23,6 +25,8 @@ WANT_VERSION=4.1.2
 DEPS=(build-essential libbsd-dev libcap-dev jq parallel squashfs-tools zstd pigz curl uidmap)
 
 say() { echo "enroot-build: $*" >&2; }
+# shellcheck source=owned.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/owned.sh"
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 deps() {
@@ -41,6 +45,9 @@ check_sources() {
     say "ENROOT_SRC=$enroot is not enroot's tree (no Makefile and enroot.in)"; exit 2
   fi
   [ -f "$makeself/makeself.sh" ] || { say "MAKESELF_SRC=$makeself is not makeself's tree (no makeself.sh)"; exit 2; }
+  apart ENROOT_SRC "$enroot" ENROOT_BUILD_DIR "$W"  # the build replaces its src/ and prefix/: never a source tree
+  apart MAKESELF_SRC "$makeself" ENROOT_BUILD_DIR "$W"
+  claimable "$W" enroot-build.sh
   local version
   version=$(sed -n 's/^VERSION *:= *//p' "$enroot/Makefile")
   [ "$version" = "$WANT_VERSION" ] || say "ENROOT_SRC is version ${version:-unknown}, not $WANT_VERSION: building it anyway"
@@ -53,16 +60,17 @@ check_sources() {
 
 build() {
   check_sources
+  claim "$W" enroot-build.sh  # a folder of the user's is refused here, before anything in it is deleted
   local tree=$W/src prefix=$W/prefix t0
   t0=$(date +%s.%N)
-  rm -rf "$tree" && mkdir -p "$tree"
+  wipe "$W" enroot-build.sh "$tree" && mkdir -p "$tree"
   cp -a "$ENROOT_SRC/." "$tree/"
-  rm -rf "$tree/deps/makeself" && cp -a "$MAKESELF_SRC/." "$tree/deps/makeself/"
+  wipe "$W" enroot-build.sh "$tree/deps/makeself" && cp -a "$MAKESELF_SRC/." "$tree/deps/makeself/"
   # deps/linux-headers is a submodule of kernel headers: the system's serve, and its stamp says they are in place.
   mkdir -p "$tree/deps/dist/linux" "$tree/deps/linux-headers"
   ln -sfn /usr/include "$tree/deps/dist/linux/include"
   touch "$tree/deps/linux-headers/.stamp"
-  rm -rf "$prefix"
+  wipe "$W" enroot-build.sh "$prefix"
   make -C "$tree" -s FORCE_GLIBC=y LDLIBS="-l:libbsd.a -l:libbsd.so.0" prefix="$prefix" install >"$W/build.log" 2>&1 \
     || { tail -20 "$W/build.log" >&2; say "make failed (log: $W/build.log)"; exit 1; }
   local version commit
@@ -74,7 +82,8 @@ build() {
   say "built: $prefix/bin/enroot (scripts/enroot-build.sh env prints its PATH)"
 }
 
-env_() { [ -x "$W/prefix/bin/enroot" ] || { say "not built yet: run build"; exit 1; }; echo "export PATH=$W/prefix/bin:\$PATH"; }
+# shellcheck disable=SC2016 # "$PATH" is the reader's, expanded where the line is run
+env_() { [ -x "$W/prefix/bin/enroot" ] || { say "not built yet: run build"; exit 1; }; printf 'export PATH=%q:"$PATH"\n' "$W/prefix/bin"; }
 
 version() { [ -f "$W/prefix/VERSION" ] || { say "not built yet: run build"; exit 1; }; cat "$W/prefix/VERSION"; }
 
@@ -86,7 +95,6 @@ for s in "$@"; do  # every argument first: a typo runs nothing
     *) say "unknown step: $s (deps build env version; --help)"; exit 2;;
   esac
 done
-mkdir -p "$W"
 for s in "$@"; do
   case $s in
     deps) deps;; build) build;; env) env_;; version) version;;

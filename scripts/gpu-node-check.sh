@@ -99,7 +99,13 @@ if ! "$PY" -c "import docker; docker.from_env().ping()" 2>/dev/null; then
 fi
 "$PY" -c "import docker; i = docker.from_env().info(); print('dockerd', i['ServerVersion'], 'CDI', i.get('CDISpecDirs'), \
 'runtimes', sorted(i['Runtimes']))" || { tail -20 "$OUT/dockerd.log"; exit 1; }
-$keep || trap 'kill "$(cat "$T/dockerd.pid" 2>/dev/null)" 2>/dev/null' EXIT
+our_dockerd() {  # the pid in $T/dockerd.pid, when it is a dockerd started with that pid file (a stale file's pid,
+  local pid     # since reused by another process, is not ours to end)
+  pid=$(cat "$T/dockerd.pid" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] \
+    && tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF "$T/dockerd.pid" \
+    && [ "$(basename "$(head -z -n 1 "/proc/$pid/cmdline" | tr -d '\0')")" = dockerd ] && echo "$pid"
+}
+$keep || trap 'pid=$(our_dockerd) && kill "$pid" 2>/dev/null' EXIT
 
 stage "air/gpu, offline, from the node's root and its torch venv"
 if ! "$PY" -c "import docker; docker.from_env().images.get('air/gpu:latest')" 2>/dev/null; then

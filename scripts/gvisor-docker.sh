@@ -4,7 +4,7 @@
 # bookworm), then the runtime `runsc` in /etc/docker/daemon.json (merged, never replacing it), which a running daemon
 # takes on SIGHUP without stopping a container.
 #   scripts/gvisor-docker.sh          install and register
-#   scripts/gvisor-docker.sh --check  say whether the daemon has it; exit 1 if not
+#   scripts/gvisor-docker.sh --check  say whether the daemon has it; exit 1 if not, 3 if no daemon answers
 # The runtime's arguments: --network=none (air's sandboxes have none; runsc 20240729 also takes a container's new
 # network namespace for the host's on Linux >= 6.11 and refuses to start), --host-uds=create (the warden listens on a
 # socket in its host directory, which the host connects to; nothing in the sandbox may connect to a host socket).
@@ -12,7 +12,7 @@ set -euo pipefail
 
 say() { echo "gvisor-docker: $*" >&2; }
 
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
 check=""
 for arg in "$@"; do
@@ -26,6 +26,8 @@ done
 has_runtime() { docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc"'; }
 
 if [ -n "$check" ]; then
+  # a daemon that does not answer has no runtimes to list: said as such, not as a daemon without runsc
+  docker info >/dev/null 2>&1 || { say "no Docker daemon answers (scripts/ensure-docker.sh starts one)"; exit 3; }
   if has_runtime; then say "the Docker daemon has the runtime runsc"; exit 0; fi
   say "the Docker daemon has no runtime runsc (run scripts/gvisor-docker.sh as root)"
   exit 1
@@ -61,7 +63,10 @@ python3 "$(dirname "$0")/daemon_json.py" >/dev/null \
   "{\"runtimes\": {\"runsc\": {\"path\": \"$runsc_path\", \"runtimeArgs\": [\"--network=none\", \"--host-uds=create\"]}}}" || exit 1
 
 if ! has_runtime; then
-  pid=$(pgrep -xo dockerd || true)
+  # the daemon that reads /etc/docker/daemon.json: the one whose pid file is Docker's default, else the oldest dockerd
+  pid=$(cat /var/run/docker.pid 2>/dev/null || true)
+  if ! [[ $pid =~ ^[0-9]+$ ]] || [ "$(basename "$(head -z -n 1 "/proc/$pid/cmdline" 2>/dev/null | tr -d '\0')")" != dockerd ]
+  then pid=$(pgrep -xo dockerd || true); fi
   [ -n "$pid" ] || { say "no dockerd process here to reload (a daemon elsewhere?): restart it yourself"; exit 1; }
   kill -HUP "$pid"
   for _ in $(seq 1 20); do has_runtime && break; sleep 0.5; done

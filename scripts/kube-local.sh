@@ -14,7 +14,10 @@
 # Every step named is checked before the first runs (a typo in the last is said before the first builds).
 #
 # Everything lives under $KUBE_LOCAL_DIR (default ~/.cache/air-kube-local): the source, the Go build cache and the
-# binaries are kept across `clean` (a second `up` starts in seconds); the cluster's state (run/) is not.
+# binaries are kept across `clean` (a second `up` starts in seconds); the cluster's state (run/) is not. The folder
+# must be new, empty or one this script made (its marker .air-made-by says so): `stop` and `clean` touch nothing in
+# another. `stop` ends only the processes it started (each pid file holds the pid, its start time and its program:
+# a stale one naming another process is passed over) and the shims of its own containerd's socket.
 # Loopback only: etcd, the API server, the kubelet and containerd's stream server listen on 127.0.0.1; the pods sit
 # on a bridge of their own (kubelocalbr0, 10.244.77.0/24) with no masquerade. Docker's daemon and its containerd are
 # never touched: a containerd of our own (own config, root, state, socket) runs the pods, with runc, and with gVisor
@@ -39,9 +42,14 @@ CTR=(ctr --address "$R/containerd/containerd.sock" --namespace k8s.io)
 KC=(kubectl --kubeconfig "$P/admin.kubeconfig")
 
 say() { echo "kube-local: $*" >&2; }
-timed() {  # STEP NAME: run it, append its wall time
-  local name=$1 t0 t1; shift; t0=$(date +%s.%N); "$@"; t1=$(date +%s.%N)
-  printf '%s %-10s %7.1f s\n' "$(date -u +%FT%TZ)" "$name" "$(echo "$t1 - $t0" | bc)" | tee -a "$W/timings.txt" >&2
+# shellcheck source=owned.sh source-path=SCRIPTDIR
+. "$(dirname "${BASH_SOURCE[0]}")/owned.sh"
+ME=kube-local.sh
+timed() {  # STEP NAME: run it, append its wall time (in $KUBE_LOCAL_DIR only when the folder is ours)
+  local name=$1 t0 t1 line; shift; t0=$(date +%s.%N); "$@"; t1=$(date +%s.%N)
+  line=$(printf '%s %-10s %7.1f s' "$(date -u +%FT%TZ)" "$name" "$(echo "$t1 - $t0" | bc)")
+  echo "$line" >&2
+  if owned "$W" $ME; then echo "$line" >>"$W/timings.txt"; fi
 }
 until_ok() {  # WHAT SECONDS CMD...: poll once a second; give up at once if the component died
   local what=$1 n=$2; shift 2
@@ -52,24 +60,25 @@ until_ok() {  # WHAT SECONDS CMD...: poll once a second; give up at once if the 
   done
   say "gave up waiting for $what after ${n} s (logs: $LOGS)"; return 1
 }
-spawn() {  # NAME CMD...: in the background, its pid in $R/NAME.pid (unless it runs already: start again resumes)
-  local name=$1; shift
+spawn() {  # NAME CMD...: in the background, its pid, start time and program in $R/NAME.pid (unless it runs
+  local name=$1; shift  # already: start again resumes)
   alive "$name" && return
   (cd "$R" && exec "$@") >"$LOGS/$name.log" 2>&1 &
-  echo $! >"$R/$name.pid"
+  remember "$R/$name.pid" $! "${1##*/}"
 }
-program() {  # PID: the name of the program it runs (its argv[0] without the folder), empty when it is gone
-  local argv0
-  argv0=$(head -z -n 1 "/proc/$1/cmdline" 2>/dev/null | tr -d '\0') || true
-  echo "${argv0##*/}"
+alive() {  # NAME: the process spawn recorded for it still runs (the same pid, start time and program)
+  recorded "$R/$1.pid" >/dev/null
 }
-alive() {  # NAME: the pid recorded for it runs, and runs that program (a pid reused by another is not ours)
+shim() {  # PIDFILE: the pid our containerd recorded there for a shim, when it runs a containerd shim given OUR
+  # containerd's socket (a shim of another containerd, or any other process, is not ours to end)
   local pid
-  [ -f "$R/$1.pid" ] && pid=$(cat "$R/$1.pid") && [ -n "$pid" ] && [ "$(program "$pid")" = "$1" ]
+  pid=$(cat "$1" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] && case $(program "$pid") in containerd-shim*) ;; *) false;; esac \
+    && tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qxF "$R/containerd/containerd.sock" && echo "$pid"
 }
-ours() {  # PIDFILE PREFIX: the pid a component of ours recorded there, when its program's name starts with PREFIX
-  local pid
-  pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && case $(program "$pid") in "$2"*) echo "$pid";; *) false;; esac
+mine() {  # STEP: $KUBE_LOCAL_DIR is ours (or holds no cluster); else one line and exit 2, before anything is touched
+  [ -d "$R" ] || return 0
+  owned "$W" $ME || { say "$W was not made by $ME (no .air-made-by of its own there): nothing of it is $1's to" \
+                          "touch"; exit 2; }
 }
 need() {  # PROGRAM...: each on PATH, else one line naming it and the step that installs it
   local c
@@ -161,7 +170,7 @@ gvisor() {  # gVisor's own containerd shim and a runsc that runs in a pod's netw
      golang-github-docker-go-units-dev golang-github-hashicorp-go-multierror-dev golang-github-hashicorp-errwrap-dev
      golang-github-moby-sys-dev golang-github-opencontainers-go-digest-dev golang-github-opencontainers-image-spec-dev
      golang-github-pkg-errors-dev golang-google-genproto-dev golang-google-grpc-dev golang-github-sirupsen-logrus-dev"
-  rm -rf "$GV/debs" "$GV/deps" "$GV/gopath"; mkdir -p "$GV/debs" "$GV/bin"
+  wipe "$W" $ME "$GV/debs" "$GV/deps" "$GV/gopath"; mkdir -p "$GV/debs" "$GV/bin"
   # shellcheck disable=SC2046,SC2086
   (cd "$GV/debs" && apt-get -o APT::Sandbox::User=root download $(printf '%s/trixie ' $t) $(printf '%s/bookworm ' $b) >/dev/null)
   for d in "$GV"/debs/*.deb; do dpkg -x "$d" "$GV/deps"; done
@@ -405,8 +414,8 @@ EOF
 }
 
 status() {
-  local n; for n in containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet; do
-    if alive $n; then echo "$n: running (pid $(cat "$R/$n.pid"))"; else echo "$n: not running"; fi; done
+  local n pid; for n in containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+    if pid=$(recorded "$R/$n.pid"); then echo "$n: running (pid $pid)"; else echo "$n: not running"; fi; done
   if alive kube-apiserver; then "${KC[@]}" get nodes,pods -A -o wide || true; fi
 }
 
@@ -418,39 +427,45 @@ smoke() {  # one pod of air's base image, an exec into it, deleted
   "${KC[@]}" -n default delete pod kube-local-smoke --now
 }
 
-env_() { printf 'export KUBECONFIG=%q\n' "$P/admin.kubeconfig"; }  # quoted: a path with a space stays one word
+env_() {  # quoted: a path with a space stays one word
+  [ -f "$P/admin.kubeconfig" ] || { say "no cluster set up in $W (no $P/admin.kubeconfig): scripts/kube-local.sh up"
+                                    exit 1; }
+  printf 'export KUBECONFIG=%q\n' "$P/admin.kubeconfig"
+}
 
 stop() {  # by pid only; the pods first, so that the kubelet takes their sandboxes down
   [ -d "$R" ] || { say "no cluster in $R: nothing to stop"; return 0; }
+  mine stop
   if alive kube-apiserver && alive kubelet; then
     "${KC[@]}" delete pods --all -A --now --wait=false >/dev/null 2>&1 || true
     for _ in $(seq 30); do [ -z "$("${CTR[@]}" tasks ls -q 2>/dev/null)" ] && break; sleep 1; done
   fi
-  local n
+  local n pid
   for n in kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do
-    if alive $n; then kill "$(cat "$R/$n.pid")" || true; fi; rm -f "$R/$n.pid"; done
+    if pid=$(recorded "$R/$n.pid"); then kill "$pid" || true; fi; rm -f "$R/$n.pid"; done
   if alive containerd; then  # whatever the kubelet left, through OUR containerd's socket
     local t c
     for t in $("${CTR[@]}" tasks ls -q 2>/dev/null); do "${CTR[@]}" tasks kill -s KILL "$t" 2>/dev/null || true; done
     sleep 2
     for t in $("${CTR[@]}" tasks ls -q 2>/dev/null); do "${CTR[@]}" tasks delete -f "$t" >/dev/null 2>&1 || true; done
     for c in $("${CTR[@]}" containers ls -q 2>/dev/null); do "${CTR[@]}" containers delete "$c" >/dev/null 2>&1 || true; done
-    kill "$(cat "$R/containerd.pid")" || true
+    if pid=$(recorded "$R/containerd.pid"); then kill "$pid" || true; fi
     for _ in $(seq 20); do alive containerd || break; sleep 0.5; done
   fi
   rm -f "$R/containerd.pid"
   # shims whose containerd is gone: only those whose pid our containerd recorded (shim.pid in its state), never a
   # process found by its command line (a `tail -f` of our logs is not ours to end)
-  local f pid
+  local f
   for f in "$R"/containerd/state/io.containerd.runtime.v2.task/*/*/shim.pid; do
     [ -f "$f" ] || continue
-    pid=$(ours "$f" containerd-shim) && { kill -9 "$pid" 2>/dev/null || true; }
+    pid=$(shim "$f") && { kill -9 "$pid" 2>/dev/null || true; }
   done
   say "stopped"
 }
 
 clean() {  # after stop: this cluster's mounts, network namespaces, bridge, cgroups and state; the build stays
   [ -d "$R" ] || { say "no cluster in $R: nothing to clean"; return 0; }
+  mine clean
   alive kube-apiserver && { say "running: stop first"; return 1; }
   { grep -o " $R/[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   local ns
@@ -463,8 +478,11 @@ clean() {  # after stop: this cluster's mounts, network namespaces, bridge, cgro
   local h
   for h in /sys/fs/cgroup/*/kubelocal; do [ -d "$h" ] && find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null; done || true
   for h in /var/log/containers/*; do [ -L "$h" ] && readlink "$h" | grep -q "^$R/" && rm -f "$h"; done 2>/dev/null || true
-  if [ -f "$R/host-paths" ]; then while read -r h; do rm -rf "$h"; done <"$R/host-paths"; fi
-  rm -rf "$R"
+  if [ -f "$R/host-paths" ]; then  # only the kubelet's own folders, and only those that were not there before start
+    while read -r h; do case $h in /var/lib/kubelet|/var/log/pods|/var/log/containers) rm -rf "$h";; esac
+    done <"$R/host-paths"
+  fi
+  wipe "$W" $ME "$R"
   say "cleaned"
 }
 
@@ -481,7 +499,9 @@ main() {
     esac
   done
   [ $# -gt 0 ] || set -- status
-  mkdir -p "$W"
+  for s in "$@"; do  # a step that writes there takes the folder first (new, empty or ours); the others write nothing
+    case $s in env|status|stop|clean|down) ;; *) claim "$W" $ME;; esac
+  done
   for s in "$@"; do
     case $s in
       up) for t in deps src build gvisor pki start images air-setup; do timed "$t" "$(fn "$t")"; done;;

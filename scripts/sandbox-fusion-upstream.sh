@@ -6,7 +6,9 @@
 #   scripts/sandbox-fusion-upstream.sh serve [PORT]    its server on 127.0.0.1:PORT (8080), in the foreground
 #
 # SANDBOX_FUSION_SRC: a tree (a checkout or `git archive`) of github.com/bytedance/SandboxFusion at 469de08.
-# SANDBOX_FUSION_DIR (default ~/.cache/air/sandbox-fusion): where it is set up, never the work tree.
+# SANDBOX_FUSION_DIR (default ~/.cache/air/sandbox-fusion): where it is set up, never the work tree: a new or empty
+# folder, or one this script made (its marker .air-made-by says so), apart from SANDBOX_FUSION_SRC (one inside the
+# other is refused before anything is deleted); `prepare` replaces only its src/.
 #
 # What `prepare` makes there, as upstream's Dockerfile would but without conda: src/ (the copy), a conda-like root
 # (condabin/, envs/sandbox for the server with its pyproject's server dependencies, envs/sandbox-runtime a plain
@@ -24,15 +26,20 @@ SERVER_DEPS=("pydantic>=2.4.0,<2.7.0" "fastapi>=0.103.1,<0.104" "uvicorn[standar
   "databases[aiosqlite]>=0.9,<0.10" "transformers>=4.44.0,<5" "pyyaml")
 
 say() { echo "sandbox-fusion-upstream: $*" >&2; }
+# shellcheck source=owned.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/owned.sh"
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
 
 prepare() {
   local src=${SANDBOX_FUSION_SRC:-}
   [ -n "$src" ] || { say "set SANDBOX_FUSION_SRC to a tree of github.com/bytedance/SandboxFusion (469de08)"; exit 2; }
   [ -f "$src/sandbox/server/server.py" ] || { say "SANDBOX_FUSION_SRC=$src is not SandboxFusion's tree"; exit 2; }
+  apart SANDBOX_FUSION_SRC "$src" SANDBOX_FUSION_DIR "$W"
+  claimable "$W" sandbox-fusion-upstream.sh
   command -v python3.11 >/dev/null || { say "upstream needs Python 3.11 (python3.11 is not on PATH)"; exit 2; }
+  claim "$W" sandbox-fusion-upstream.sh
   mkdir -p "$W/condabin" "$W/envs" "$W/bin" "$W/home"
-  rm -rf "$W/src" && cp -a "$src" "$W/src"
+  wipe "$W" sandbox-fusion-upstream.sh "$W/src" && cp -a "$src" "$W/src"
   mkdir -p "$W/src/docs/build"  # the server mounts its built docs as static files at start; the API needs none
   [ -x "$W/envs/sandbox/bin/python" ] || python3.11 -m venv "$W/envs/sandbox"
   [ -x "$W/envs/sandbox-runtime/bin/python" ] || python3.11 -m venv "$W/envs/sandbox-runtime"

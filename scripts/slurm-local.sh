@@ -5,10 +5,14 @@
 #   scripts/slurm-local.sh deps       Debian's slurm-wlm and munge
 #   scripts/slurm-local.sh up         its configuration, then munged, slurmctld and slurmd started; waits for the node
 #   scripts/slurm-local.sh env        prints `export SLURM_CONF=...` for srun, sbatch and sinfo (any user)
-#   scripts/slurm-local.sh status     the daemons and `sinfo`
+#   scripts/slurm-local.sh status     the daemons and `sinfo` (exit 1, at once, when nothing is set up or running)
 #   scripts/slurm-local.sh down       the daemons stopped, the cluster's state removed (the configuration stays)
 #
-# Everything lives under $SLURM_LOCAL_DIR (default /var/lib/air-slurm-local, readable by every user: its slurm.conf).
+# Everything lives under $SLURM_LOCAL_DIR (default /var/lib/air-slurm-local, readable by every user: its slurm.conf;
+# an absolute path without spaces), which `up` makes or takes only when it is new or empty (its marker .air-made-by
+# says so after): `down` deletes its state/ and spool/ only under that marker, and ends only the daemons whose pid
+# file names a slurmctld or slurmd started with this cluster's SLURM_CONF (a stale pid file's pid, since reused by
+# another process, is left alone).
 # Loopback only: the node's address and the controller's are 127.0.0.1. The simplest plugins that run in a container
 # without systemd: processes tracked by parentage (proctrack/linuxproc), no task plugin, no accounting; a job's
 # limits are then air's own (cgroups the node delegates to the user; docs/hpc.md). SLURM_LOCAL_GPUS=N (at `up`)
@@ -20,13 +24,33 @@ W=${SLURM_LOCAL_DIR:-/var/lib/air-slurm-local}
 CONF=$W/slurm.conf
 NODE=$(hostname -s)
 GPUS=${SLURM_LOCAL_GPUS:-0}
-case $GPUS in
-  ''|*[!0-9]*) echo "slurm-local: SLURM_LOCAL_GPUS must be a number of stand-in GPUs, not '$GPUS'" >&2; exit 2;;
-esac
 
 say() { echo "slurm-local: $*" >&2; }
+# shellcheck source=owned.sh source-path=SCRIPTDIR
+. "$(dirname "$0")/owned.sh"
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; }
-alive() { [ -f "$W/$1.pid" ] && kill -0 "$(cat "$W/$1.pid")" 2>/dev/null; }
+daemon() {  # NAME: the pid of this cluster's NAME (slurmctld, slurmd), from the pid file the daemon wrote, when that
+  # process runs NAME with this cluster's SLURM_CONF (its environment is read where it can be: always as root, who
+  # alone may end it); fails otherwise
+  local pid
+  pid=$(cat "$W/$1.pid" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] && [ "$(program "$pid")" = "$1" ] || return 1
+  if [ -r "/proc/$pid/environ" ]; then
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF" || return 1
+  fi
+  echo "$pid"
+}
+alive() { daemon "$1" >/dev/null; }
+check_variables() {  # before any step runs
+  case $GPUS in
+    ''|*[!0-9]*) say "SLURM_LOCAL_GPUS must be a number of stand-in GPUs, not '$GPUS'"; exit 2;;
+  esac
+  case $W in
+    *[[:space:]\'\"\\]*) say "SLURM_LOCAL_DIR must be a path without spaces or quotes (slurm.conf holds it), not '$W'"
+                        exit 2;;
+    /?*) ;;
+    *) say "SLURM_LOCAL_DIR must be an absolute path (slurm.conf holds it), not '$W'"; exit 2;;
+  esac
+}
 root() { [ "$(id -u)" -eq 0 ] || { say "$1 needs root"; exit 1; }; }
 
 deps() {
@@ -36,6 +60,7 @@ deps() {
 }
 
 config() {
+  claim "$W" slurm-local.sh  # a folder of the user's is refused, before anything is written there
   mkdir -p "$W/state" "$W/spool" "$W/log"
   chmod 755 "$W"
   local cpus mem
@@ -98,22 +123,30 @@ up() {
 }
 
 status() {
-  local d
-  for d in slurmctld slurmd; do if alive "$d"; then say "$d running ($(cat "$W/$d.pid"))"; else say "$d stopped"; fi; done
-  SLURM_CONF=$CONF sinfo
+  [ -f "$CONF" ] || { say "nothing set up in $W (scripts/slurm-local.sh up)"; exit 1; }
+  local d pid
+  for d in slurmctld slurmd; do
+    if pid=$(daemon "$d"); then say "$d running ($pid)"; else say "$d stopped"; fi
+  done
+  # sinfo waits a minute for a controller that is not there: asked only of one that runs
+  alive slurmctld || { say "no controller: nothing to ask sinfo (scripts/slurm-local.sh up)"; exit 1; }
+  SLURM_CONF=$CONF timeout 30 sinfo
 }
 
-env_() { [ -f "$CONF" ] || { say "not set up: scripts/slurm-local.sh up"; exit 1; }; echo "export SLURM_CONF=$CONF"; }
+env_() { [ -f "$CONF" ] || { say "not set up: scripts/slurm-local.sh up"; exit 1; }; printf 'export SLURM_CONF=%q\n' "$CONF"; }
 
 down() {
   root down
-  local d
+  [ -e "$W" ] || { say "nothing set up in $W: nothing to stop"; return 0; }
+  owned "$W" slurm-local.sh || { say "$W was not set up by slurm-local.sh (no .air-made-by of its own): nothing" \
+                                     "stopped or removed"; exit 2; }
+  local d pid
   for d in slurmd slurmctld; do
-    if alive "$d"; then kill "$(cat "$W/$d.pid")"; fi
+    if pid=$(daemon "$d"); then kill "$pid"; fi
     for _ in $(seq 20); do alive "$d" || break; sleep 0.5; done
     rm -f "$W/$d.pid"
   done
-  rm -rf "$W/state" "$W/spool"
+  wipe "$W" slurm-local.sh "$W/state" "$W/spool"
   say "stopped (munged, shared with other users of munge, is left running)"
 }
 
@@ -125,6 +158,7 @@ for s in "$@"; do  # every argument first: a typo runs nothing
     *) say "unknown step: $s (deps up env status down; --help)"; exit 2;;
   esac
 done
+check_variables
 for s in "$@"; do
   case $s in
     deps) deps;; up) up;; env) env_;; status) status;; down) down;;

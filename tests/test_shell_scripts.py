@@ -137,6 +137,8 @@ def test_kube_local_checks_every_step_before_running_the_first(tmp_path):
 
 def test_kube_local_env_quotes_a_path_with_a_space(tmp_path):
     home = tmp_path / "a folder"
+    (home / "run" / "pki").mkdir(parents=True)
+    (home / "run" / "pki" / "admin.kubeconfig").write_text("")  # env names only a file there is (issue 87)
     line = _kube_local("env", home=home).stdout
     got = subprocess.run(["bash", "-c", line + '\nprintf %s "$KUBECONFIG"'], capture_output=True, text=True).stdout
     assert got == f"{home}/run/pki/admin.kubeconfig"
@@ -154,6 +156,7 @@ def test_kube_local_stop_clean_down_with_no_cluster_end_nothing_of_anothers(tmp_
     tails = [_tail(tmp_path / "kubeXlocal" / "run" / "logs" / "kubelet.log")]
     if state == "stale run folder":
         tails.append(_tail(home / "run" / "logs" / "kubelet.log"))
+        (home / ".air-made-by").write_text("kube-local.sh\n")  # the folder is the script's (its marker)
         (home / "run" / "kubelet.pid").write_text(f"{tails[-1].pid}\n")  # a pid since reused by another program
     try:
         for step in ("stop", "clean", "down"):
@@ -200,8 +203,8 @@ def test_kube_local_clean_removes_the_kubelets_iptables_chains_and_only_those(tm
     # and OUTPUT; its canaries in every table) go, with every jump to them.
     run = tmp_path / "kube" / "run"
     script = f"""
-source {KUBE_LOCAL}
-R={run}; mkdir -p "$R"
+KUBE_LOCAL_DIR={run.parent} source {KUBE_LOCAL}
+claim "$W" kube-local.sh; mkdir -p "$R"
 iptables -N KUBE-ELSEWHERE; iptables -A FORWARD -j KUBE-ELSEWHERE
 kube_chains >"$R/host-chains"
 iptables -N KUBE-FIREWALL
@@ -252,4 +255,4 @@ def test_daemon_json_refuses_a_file_that_is_not_json_in_one_line_and_leaves_it(t
     result = _daemon_json(tmp_path, '{"live-restore": true}')
     assert result.returncode == 1 and len(result.stderr.splitlines()) == 1 and result.stdout == ""
     assert path.read_text() == "{not json"
-    assert _daemon_json(tmp_path, "[1]").returncode == 1  # settings that are no object: refused too
+    assert _daemon_json(tmp_path, "[1]").returncode == 2  # settings that are no object: refused too (bad input)
