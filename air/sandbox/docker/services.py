@@ -9,6 +9,11 @@ The network (`create_network`): a Docker bridge network per sandbox,
 - with no address of the host's on its bridge (`inhibit_ipv4`): on a plain internal network the bridge holds the
   gateway's address, and every container on it reaches whatever on the host listens on all addresses there
   (measured: docs/harbor.md, "Tasks with services");
+- no IPv6 (issue 84): the network is made without it (`enable_ipv6` false, in the API's field and in the option
+  Docker 27 reads), and where air runs as root beside the daemon it turns IPv6 off on the bridge itself before any
+  container joins (`bridge_ipv6_off`), so the bridge never takes the link-local address a bridge gets when it comes
+  up; that address answered a cell through the host's listeners on [::]. The cells' own interfaces have IPv6 off
+  too (warden/cell.py: _ipv6_off), which alone closes it where the harness may not write the host's sysctls;
 - a small subnet (SUBNET_SIZE) drawn from SUBNETS: Docker's own pools give every network a /16 and run out after about
   thirty; without an address on the bridge the host has no route to it either, so the range collides with nothing.
 Names resolve through Docker's embedded DNS (127.0.0.11 in each container on a user network): each service under its
@@ -25,9 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import json
 import logging
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -103,8 +110,41 @@ def network_kwargs(name: str, labels: dict[str, str], subnet: ipaddress.IPv4Netw
     subnet = subnet or random.choice(list(SUBNETS.subnets(new_prefix=SUBNET_SIZE)))
     extra = {PLAN_LABEL: json.dumps({"prefix": plan.prefix, "addresses": plan.addresses})} if plan else {}
     return dict(name=name, driver="bridge", internal=True, labels={**labels, ROLE: NETWORK_ROLE, **extra},
-                options={"com.docker.network.bridge.inhibit_ipv4": "true"}, check_duplicate=True,
+                options={"com.docker.network.bridge.inhibit_ipv4": "true",
+                         "com.docker.network.enable_ipv6": "false"}, enable_ipv6=False, check_duplicate=True,
                 ipam=docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=str(subnet))]))
+
+
+IPV6_CONF = "/proc/sys/net/ipv6/conf/"
+_unwritable_said = False
+
+
+def bridge_of(network_id: str) -> str:
+    """The host's bridge interface of a Docker bridge network (Docker names it so unless told otherwise)."""
+    return "br-" + network_id[:12]
+
+
+def bridge_ipv6_off(network_id: str) -> bool:
+    """Turn IPv6 off on the network's bridge on this host (before any container joins, so it never takes a
+    link-local address); False where this process may not (not root, or the daemon's network namespace is not this
+    one: a remote daemon), said once: the cells' own IPv6 is off all the same (warden/cell.py: _ipv6_off)."""
+    global _unwritable_said
+    path = IPV6_CONF + bridge_of(network_id) + "/disable_ipv6"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT and not os.path.exists(IPV6_CONF):
+            return True  # a host without IPv6
+        if not _unwritable_said:
+            _unwritable_said = True
+            log.info("cannot turn IPv6 off on the services' bridge %s (%s): the cells' own interfaces have it off "
+                     "(SECURITY.md)", bridge_of(network_id), exc.strerror)
+        return False
+    try:
+        os.write(fd, b"1")
+    finally:
+        os.close(fd)
+    return True
 
 
 async def create_network(docker_: Docker, name: str, labels: dict[str, str], services: list[str],
@@ -117,8 +157,9 @@ async def create_network(docker_: Docker, name: str, labels: dict[str, str], ser
         subnet = random.choice(list(SUBNETS.subnets(new_prefix=SUBNET_SIZE)))
         plan = Plan.of(subnet, services)
         try:
-            await docker_.call(docker_.client.networks.create, **network_kwargs(name, labels, subnet, plan),
-                               timeout=30)
+            network = await docker_.call(docker_.client.networks.create,
+                                         **network_kwargs(name, labels, subnet, plan), timeout=30)
+            bridge_ipv6_off(network.id)
             return plan
         except InfraError as exc:
             if "overlap" not in str(exc).lower() or attempt == attempts - 1:
@@ -389,4 +430,4 @@ class Services:
         await remove_network(self.docker, self.network)
 
 
-__all__ = ["Services", "create_network", "remove_network", "service_kwargs", "start_order"]
+__all__ = ["Services", "bridge_ipv6_off", "create_network", "remove_network", "service_kwargs", "start_order"]

@@ -19,7 +19,8 @@ A cell is a process, its *init*, in new pid, network, IPC, UTS and mount namespa
 - /etc/passwd and /etc/group name the sandbox's own agent uid;
 - the network is loopback only, up; in a sandbox with services (a Harbor compose task), also a macvlan of the
   container's interface on the sandbox's private network, with the cell's address and the services' names in its
-  /etc/hosts (netlink.py, air/sandbox/docker/services.py, docs/harbor.md).
+  /etc/hosts (netlink.py, air/sandbox/docker/services.py, docs/harbor.md); IPv6 is off on every interface but the
+  loopback, before any comes up (_ipv6_off: no link-local address, no route to the host's).
 Every agent process (the shell, programs, file copies as the agent) is a child of the warden that joined the cell's
 namespaces before it dropped to the agent's uid (or, for a program, a child a thread of the warden started with vfork
 once the thread itself had joined and dropped: threadspawn.py): no capability (an empty bounding set), no_new_privs
@@ -344,10 +345,9 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None, out:
         with route:
             fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
             try:
-                netlink.macvlan_into(route, layout.parent, fd)
+                netlink.macvlan_into(route, layout.parent, fd)  # made down: it comes up below, IPv6 off first
             finally:
                 os.close(fd)
-        netlink.configure(netlink.CELL_IFNAME, *layout.cell_net)
     if out is None:
         _root(layout)
     inherited = layout.inherited
@@ -367,6 +367,10 @@ def _build(layout: Layout, mount_proc: Optional[Callable[[], None]] = None, out:
     mark("build: /proc")
     _limit_ipc(layout.shm_mb)  # before the masks make /proc/sys read-only
     mark("build: ipc limits")
+    _ipv6_off(bool(layout.cell_net))  # before any interface of the cell is up; /proc/sys is this namespace's now
+    if layout.cell_net:
+        netlink.configure(netlink.CELL_IFNAME, *layout.cell_net)
+    mark("build: network")
     _masks(inherited, layout.empty)
     mark("build: /proc masks")
     if layout.hostview_binds:  # with the cgroup limits (Layout._fill_shared); those outside /proc made in the template
@@ -635,6 +639,33 @@ def _limit_ipc(shm_mb: int) -> None:
             os.write(fd, b"%d" % value)
         finally:
             os.close(fd)
+
+
+IPV6_CONF = "/proc/sys/net/ipv6/conf/"
+
+
+def _ipv6_off(linked: bool) -> None:
+    """No IPv6 on any interface of the cell's network namespace but its loopback (issue 84). A new namespace leaves
+    IPv6 on, so the macvlan of a sandbox with services would get a link-local address as it came up, and with it a
+    route to every link-local address on the private network's bridge, the host's own among them: a listener of the
+    host's on [::] answered the agent (found by a datagram to ff02::1) and a task's test. Written in this namespace's
+    /proc/sys (a fresh procfs, before the masks make it read-only) before the interface is up: `default` for any
+    interface made later, `all` for those there now, then the loopback's back on (::1 is the cell's own; nothing
+    leaves it). Nothing in a cell may write it back: /proc/sys is read-only there and no process of it holds
+    CAP_NET_ADMIN. `linked` (the cell has the macvlan): the interface must read disabled, else the build fails."""
+    for name, value in (("default", b"1"), ("all", b"1"), ("lo", b"0")):
+        try:
+            fd = os.open(IPV6_CONF + name + "/disable_ipv6", os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # a kernel without IPv6 (ipv6.disable=1, or a runtime's kernel that has none)
+            if linked and os.path.exists("/proc/net/if_inet6"):
+                raise CellError("IPv6 cannot be turned off in the cell: no %s%s" % (IPV6_CONF, name)) from None
+            return
+        try:
+            os.write(fd, value)
+        finally:
+            os.close(fd)
+    if linked and _read(IPV6_CONF + netlink.CELL_IFNAME + "/disable_ipv6") != b"1\n":
+        raise CellError("IPv6 is still on on the cell's interface")
 
 
 def fresh_tmpfs(path: str, size_mb: int, mounted: bool) -> None:
