@@ -191,3 +191,83 @@ async def test_a_score_a_service_holds_is_forged_through_the_service_and_blamed_
     rows = await audited("rows", pool, COMPOSE / "harbor-compose")
     assert rows.do_nothing == 0.0 and not rows.paid, [(r.name, r.status) for r in rows.results]
     assert "forge-service" in {r.name for r in rows.results}
+
+
+@pytest.mark.docker
+def test_a_task_whose_image_does_not_build_is_a_row_of_the_table_and_the_rest_are_audited(images, tmp_path):
+    """Issue 87: one task's image that failed to build ended the whole audit (exit 3, no table, the other tasks'
+    verdicts lost); and the per-hack progress counted against the catalogue's hacks alone ("hack 2/1"), not the ones
+    the watch adds. Now that task's row says "not audited", why is said once on stderr and in the details, the rest
+    are audited (and their verdicts kept), and the count is of the hacks played. Exit 1: a hack paid."""
+    import os
+    import shutil
+
+    root = tmp_path / "tasks"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "harbor-watched" / "runs-script", root / "runs-script")
+    shutil.copytree(Path(__file__).parent / "fixtures" / "harbor" / "hello-pass", root / "bad-image")
+    (root / "bad-image" / "environment" / "Dockerfile").write_text("FROM air/base:latest\nRUN exit 7\n")
+    env = {**os.environ, "AIR_CACHE_DIR": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "air.cli.main", "tasks", "audit", "harbor:bad-image", "harbor:runs-script",
+            "--harbor-root", str(root), "--hack", "trivial-outputs"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 1, (result.stdout[-3000:], result.stderr[-3000:])
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("│")}
+    assert "not audited" in rows["bad-image"] and "paid" in rows["runs-script"], result.stdout
+    assert "bad-image: not audited: its image did not build: " in result.stdout
+    assert "1 task(s) audited with 1 hacks" in result.stdout and "1 not audited" in result.stdout
+    said = [line for line in result.stderr.splitlines() if "not audited" in line]
+    assert len(said) == 1 and "`RUN exit 7` failed" in said[0] and "Traceback" not in result.stderr, said
+    counts = [line.split("hack ")[1].split()[0] for line in result.stdout.splitlines() if ": hack " in line]
+    assert counts and counts[-1].split("/")[0] == counts[-1].split("/")[1], counts
+    assert all(int(a) <= int(b) for a, b in (c.split("/") for c in counts)), counts
+    # The JSON says the same; without a paying hack (the catalogue's hack alone, unwatched) the exit is 3.
+    result = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=900, env=env)
+    audits = {a["task"]: a for a in json.loads(result.stdout)}
+    assert audits["bad-image"]["not_audited"].startswith("its image did not build") and not audits["bad-image"][
+        "results"]
+    assert audits["runs-script"]["not_audited"] == "" and audits["runs-script"]["results"]
+
+
+def test_not_built_is_exit_3_once_the_table_is_printed(monkeypatch, tmp_path, capsys):
+    """In process, the sandboxes and the hacks' play stood in for: the first task's build fails (ImageError), the
+    second is audited; the table holds both; exit 3 (an image), since no hack paid."""
+    import air.audit.runner as runner
+    import air.cli.images as images
+    import air.sandbox as sandbox
+    from air.audit.runner import HackResult, TaskAudit
+    from air.cli.app import run_cli
+    from air.cli.main import app
+    from air.errors import ImageError
+
+    class Pool:
+        def __init__(self, config):
+            pass
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+    async def audit_task(spec, pool, hacks, on_hack=None, **kw):
+        result = HackResult(name="forge-result", family="forge-result", status="held")
+        on_hack(result, 1)
+        return TaskAudit(task=spec.id, contract="c", metric="m", direction="higher", do_nothing=0.0,
+                         do_nothing_status="ok", baseline=None, reference=None, seconds=1.0, results=[result])
+
+    def build(specs):
+        if specs[0].id == "prisoners-dilemma":
+            raise ImageError("harbor:x: step 2/2 `RUN false` failed")
+
+    monkeypatch.setattr(sandbox, "SandboxPool", Pool)
+    monkeypatch.setattr(runner, "audit_task", audit_task)
+    monkeypatch.setattr(images, "build_task_images", build)
+    monkeypatch.setenv("AIR_CACHE_DIR", str(tmp_path / "cache"))
+    code = run_cli(app, ["tasks", "audit", "prisoners-dilemma", "regression-rmse", "--hack", "forge-result"])
+    captured = capsys.readouterr()
+    assert code == 3, captured
+    assert "prisoners-dilemma: not audited: its image did not build: harbor:x" in captured.err, captured.err
+    rows = [line for line in captured.out.splitlines() if line.startswith("│")]
+    assert any("prisoners-dilemma" in r and "not audited" in r for r in rows), captured.out
+    assert any("regression-rmse" in r and "held" in r for r in rows), captured.out
+    assert "1 task(s) audited" in captured.out and "regression-rmse: hack 1/1 forge-result" in captured.out

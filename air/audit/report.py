@@ -31,6 +31,9 @@ def table(audits: list[TaskAudit]) -> Table:
     for family in FAMILIES:
         grid.add_column(family)
     for audit in audits:
+        if audit.not_audited:  # its image did not build: its row says so, and the others are audited
+            grid.add_row(escape(audit.task), "[red]not audited[/]", *(["[dim]-[/]"] * len(FAMILIES)))
+            continue
         cells = [f"[{_COLOUR[s]}]{escape(text)}[/]" for s, text in (_cell(audit, f) for f in FAMILIES)]
         grid.add_row(escape(audit.task) + (" [yellow](weak)[/]" if audit.weak else ""),
                      escape(_score(audit.do_nothing, audit.do_nothing_status)), *cells)
@@ -41,6 +44,8 @@ def details(audits: list[TaskAudit]) -> list[str]:
     """Lines (rich markup) for each hack that paid and each weak task."""
     lines = []
     for audit in audits:
+        if audit.not_audited:
+            lines.append(f"[red]{escape(audit.task)}: not audited[/]: {escape(audit.not_audited)}")
         for why in audit.weak:
             lines.append(f"[yellow]{escape(audit.task)}: weak: {escape(why)}[/]")
         for result in audit.results:  # a race held: the plays that say so
@@ -73,6 +78,10 @@ def html(audits: list[TaskAudit]) -> str:
     head = "".join(f"<th>{esc(f)}</th>" for f in FAMILIES)
     rows = []
     for audit in audits:
+        if audit.not_audited:
+            dashes = '<td class="meta">-</td>' * len(FAMILIES)
+            rows.append(f'<tr><td>{esc(audit.task)}</td><td class="bad">not audited</td>{dashes}</tr>')
+            continue
         cells = "".join(f'<td class="{"bad" if s == "paid" else "meta" if s == "n/a" else ""}">{esc(text)}</td>'
                         for s, text in (_cell(audit, f) for f in FAMILIES))
         weak = ' <span class="bad">(weak)</span>' if audit.weak else ""
@@ -80,6 +89,8 @@ def html(audits: list[TaskAudit]) -> str:
                     f"</td>{cells}</tr>")
     notes = []
     for audit in audits:
+        if audit.not_audited:
+            notes.append(f'<li class="bad">{esc(audit.task)}: not audited: {esc(audit.not_audited)}</li>')
         for why in audit.weak:
             notes.append(f'<li class="bad">{esc(audit.task)}: weak: {esc(why)}</li>')
         if audit.unfollowed:

@@ -88,6 +88,8 @@ class TaskAudit(BaseModel):
     """The files of the agent's that the test was seen handing control to, how, by whom, and the test's line."""
     unfollowed: str = ""
     """What the audit did not follow (the watch's bound): the verdict is then not whole, and the audit exits 1."""
+    not_audited: str = ""
+    """Why the task was not audited at all (its image did not build): no hack was played, no verdict kept."""
     seconds: float
 
     def family(self, family: str) -> tuple[Status, float | None]:
@@ -104,17 +106,26 @@ class TaskAudit(BaseModel):
         return any(r.status == "paid" for r in self.results)
 
 
+def not_audited(spec: TaskSpec, why: str) -> TaskAudit:
+    """The row of a task that could not be audited (its image did not build): every family n/a, and why."""
+    return TaskAudit(task=spec.id, contract=spec.evaluation.contract, metric=spec.primary.name,
+                     direction=spec.primary.direction, do_nothing=None, do_nothing_status="not audited",
+                     baseline=spec.baseline_score, reference=None, results=[], not_audited=why, seconds=0.0)
+
+
 def applies(hack: Hack, spec: TaskSpec) -> bool:
     return any(fnmatch.fnmatchcase(spec.evaluation.contract, pattern) for pattern in hack.applies)
 
 
 async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, workdir: str | None = None,
                      task_root: Path | None = None, concurrency: int = 4, watch: bool = True,
-                     on_hack: Callable[[HackResult], None] | None = None, whole_rates: bool = False) -> TaskAudit:
+                     on_hack: Callable[[HackResult, int], None] | None = None,
+                     whole_rates: bool = False) -> TaskAudit:
     """`concurrency` hacks are played at once. Each holds its agent's sandbox while its validate leases a scorer
     from the same pool, so the pool needs room for two sandboxes per hack at once: with more hacks than that in
-    flight, every slot could hold an agent waiting for a scorer that can never start. `on_hack` hears each hack's
-    result as it is known (progress for a log). `watch`: watch the test (air/audit/watch.py) and play the hack made
+    flight, every slot could hold an agent waiting for a scorer that can never start. `on_hack` hears each played
+    hack's result as it is known, with how many are played in all (the catalogue's that apply, and those the watch
+    made: progress for a log). `watch`: watch the test (air/audit/watch.py) and play the hack made
     of what it handed to the agent's files (False: the catalogue alone). `whole_rates`: a race is played all
     RACE_PLAYS times even when its first play paid (its rate measured, not only its verdict)."""
     started = time.monotonic()
@@ -136,6 +147,7 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
         if past:
             unfollowed = "; ".join(u for u in (unfollowed, f"{past} more files root read were not planted in (past "
                                                            f"{MAX_ALONE + MAX_GROUPED})") if u)
+    playing = sum(applies(h, spec) for h in hacks)
     do_nothing = _score(spec, honest)
     baseline = spec.baseline_score
     candidates = [s for s in (do_nothing, baseline) if s is not None]
@@ -183,7 +195,7 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
             result.step = hack.script.strip()
             result.blame = list(hack.watched) or _blame(hack, task_root)
         if on_hack is not None:
-            on_hack(result)
+            on_hack(result, playing)
         return result
 
     results = await asyncio.gather(*(one(h) for h in hacks))
@@ -311,4 +323,4 @@ def _blame(hack: Hack, task_root: Path | None) -> list[str]:
                      "(please report it)"]
 
 
-__all__ = ["FAMILIES", "HackResult", "TaskAudit", "applies", "audit_task"]
+__all__ = ["FAMILIES", "HackResult", "TaskAudit", "applies", "audit_task", "not_audited"]

@@ -424,14 +424,15 @@ def tasks_audit(
     the test's line, and a payload planted in exactly those files (watched-hand-offs) says whether they pay.
 
     Exit code 0 when no hack paid, 1 when any did or the watch could not follow a test whole (a CI job can gate a
-    dataset on it); with --all, 2 when no hack paid but a task did not load (it is said, and the rest are audited).
+    dataset on it); 3 when no hack paid but a task's image did not build (its row says so, and the rest are
+    audited); with --all, 2 when no hack paid but a task did not load (it is said, and the rest are audited).
     Example:
     air tasks audit --all; air tasks audit harbor:my-task --harbor-root ~/datasets/tb2 --html audit.html
     """
     from air.audit.hacks import load_hacks
     from air.audit.report import details, html, table
-    from air.audit.runner import audit_task
-    from air.errors import UsageError
+    from air.audit.runner import audit_task, not_audited
+    from air.errors import ImageError, TaskError, UsageError
     from air.sandbox import PoolConfig, SandboxPool
     from air.tasks.harbor.loader import image_workdir
     from air.tasks.registry import bundled_ids, gpus_here, load_all, why_not_here
@@ -498,14 +499,20 @@ def tasks_audit(
         async with SandboxPool(config) as pool:
             say = _plain(as_json)
             for spec in specs:
-                await asyncio.to_thread(build_task_images, [spec])  # its build's progress, as eval's
+                try:
+                    await asyncio.to_thread(build_task_images, [spec])  # its build's progress, as eval's
+                except (ImageError, TaskError) as exc:  # its row says so; the other tasks are audited (exit 3)
+                    found.append(not_audited(spec, f"its image did not build: {exc}"))
+                    console.print(f"air: {escape(spec.id)}: not audited: its image did not build: {escape(str(exc))}",
+                                  soft_wrap=True)
+                    continue
                 root = _task_root(spec)
                 played = [0]
 
-                def heard(result, spec=spec, played=played) -> None:  # a line per finished hack, for a log
-                    played[0] += 1
+                def heard(result, playing, spec=spec, played=played) -> None:  # a line per finished hack, for a log
+                    played[0] += 1  # of the hacks played: those of the catalogue that apply, and the watch's own
                     if say is not None:
-                        say(f"{spec.id}: hack {played[0]}/{len(hacks)} {result.name} ({result.family}): "
+                        say(f"{spec.id}: hack {played[0]}/{playing} {result.name} ({result.family}): "
                             f"{result.status}")
 
                 with _CheckProgress(f"{spec.id}: {len(hacks)} hacks", say) as progress:
@@ -520,6 +527,8 @@ def tasks_audit(
     from air.tasks.audit_record import keep_audit
 
     for spec, audit in zip(specs, audits):  # for air eval, the taskset, the served protocols and `air tasks list`
+        if audit.not_audited:  # no verdict: nothing was played
+            continue
         paid = [r.name for r in audit.results if r.status == "paid"]
         if paid or not only:  # "held" is a verdict on the whole catalogue, never on the hacks one asked for
             keep_audit(spec, paid)
@@ -530,9 +539,11 @@ def tasks_audit(
         for line in details(audits):
             out.print(line, soft_wrap=True)
         paid = sum(a.paid for a in audits)
-        out.print(f"{len(audits)} task(s) audited with {len(hacks)} hacks: {paid} with a hack that paid, "
+        unbuilt = sum(bool(a.not_audited) for a in audits)
+        out.print(f"{len(audits) - unbuilt} task(s) audited with {len(hacks)} hacks: {paid} with a hack that paid, "
                   f"{sum(bool(a.weak) for a in audits)} weak, {sum(bool(a.unfollowed) for a in audits)} not "
-                  "followed whole")
+                  "followed whole" + (f"; {unbuilt} not audited (the image did not build)" if unbuilt else ""),
+                  soft_wrap=True)
     if html_out is not None:  # after the table: a full disk then costs the page, never the audit's results
         from air.files import write_atomically
 
@@ -542,6 +553,11 @@ def tasks_audit(
     if broken:
         console.print(f"air: {broken} task(s) of --all did not load (said above); the rest were audited",
                       soft_wrap=True)
+    if unbuilt := sum(bool(a.not_audited) for a in audits):  # an image: infrastructure, as a build's own failure
+        console.print(f"air: {unbuilt} task(s) not audited: the image did not build (said above); "
+                      f"{len(audits) - unbuilt} audited", soft_wrap=True)
+        raise typer.Exit(3)
+    if broken:
         raise typer.Exit(2)
 
 
