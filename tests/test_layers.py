@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [  # (module prefix, layer); the longest matching prefix wins
     ("air.errors", 0), ("air.paths", 0), ("air.validation", 0), ("air.display", 0), ("air", 0),
-    ("air.sandbox", 1), ("air.images", 1), ("air.policies", 1),
+    ("air.sandbox", 1), ("air.images", 1), ("air.policies", 1), ("air.model", 1),
     ("air.tasks", 2),
     ("air.episode", 3),
     ("air.services", 4), ("air.audit", 4), ("air.export", 4), ("air.report", 4), ("air_mlgym", 4),

@@ -186,9 +186,14 @@ ModelTimeout = Annotated[float, typer.Option(
                                      "last, retries of a busy endpoint included; past it the rollout fails as "
                                      "infrastructure.")]
 MODEL_TIMEOUT = 600.0
+MaxTokens = Annotated[int, typer.Option(
+    "--max-tokens", min=1, help="Tokens each reply of the model at --base-url may take (its max_tokens): a small "
+                                "model on a CPU writes about ten a second.")]
+MAX_TOKENS = 2048
 
 
-def make_policy(base_url: str | None, model: str | None, timeout: float = MODEL_TIMEOUT):
+def make_policy(base_url: str | None, model: str | None, timeout: float = MODEL_TIMEOUT,
+                max_tokens: int = MAX_TOKENS):
     """The policy the flags name, and what runs record about it (`policy` in start records and summaries):
     {"kind": "scripted"} without --base-url, else {"kind": "openai-compatible", "model", "base_url"}. A
     --base-url that is given but empty or not an http(s) URL (an unset shell variable) is bad input, never a
@@ -217,8 +222,8 @@ def make_policy(base_url: str | None, model: str | None, timeout: float = MODEL_
         model = served[0]
 
     # The record is printed and written (summary.json, every start record): the URL without its secrets.
-    return OpenAIPolicy(url, model, timeout=timeout), {"kind": "openai-compatible", "model": model,
-                                                       "base_url": redact_url(url)}
+    policy = OpenAIPolicy(url, model, timeout=timeout, max_tokens=max_tokens)
+    return policy, {"kind": "openai-compatible", "model": model, "base_url": redact_url(url)}
 
 
 def policy_label(record: dict[str, str]) -> str:

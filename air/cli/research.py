@@ -16,6 +16,7 @@ from rich.table import Table
 
 from air import display
 from air.cli.app import (
+    MAX_TOKENS,
     MODEL_TIMEOUT,
     PATH,
     ActionFormatOption,
@@ -25,6 +26,7 @@ from air.cli.app import (
     HarborRoot,
     MlgymRoot,
     Model,
+    MaxTokens,
     ModelTimeout,
     Offline,
     Quiet,
@@ -107,6 +109,7 @@ def eval_(
     base_url: BaseUrl = None,
     model: Model = None,
     model_timeout: ModelTimeout = MODEL_TIMEOUT,
+    max_tokens: MaxTokens = MAX_TOKENS,
     max_turns: Annotated[int | None, typer.Option(min=1, help="Turn limit per episode (default 30; with --from, "
                                                   "the snapshot's).")] = None,
     command_timeout: Annotated[float | None, typer.Option(min=0.1, help="Cap on each command's timeout, "
@@ -186,7 +189,7 @@ def eval_(
     else:
         config = config_of(EpisodeConfig, {"max_turns": max_turns or 30, "command_timeout": command_timeout,
                                             "action_format": action_format})
-    policy, played_by = make_policy(base_url, model, model_timeout)
+    policy, played_by = make_policy(base_url, model, model_timeout, max_tokens)
     if out_dir is not None:  # the command's own mistake (exit 2) before the host's state (images: exit 3)
         from air.episode.batch import check_run_dir
 

@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from air import display
 from air.cli.app import (
+    MAX_TOKENS,
     MODEL_TIMEOUT,
     PATH,
     ActionFormatOption,
@@ -19,6 +20,7 @@ from air.cli.app import (
     HarborRoot,
     MlgymRoot,
     Model,
+    MaxTokens,
     ModelTimeout,
     Offline,
     Quiet,
@@ -42,6 +44,7 @@ def run(
     base_url: BaseUrl = None,
     model: Model = None,
     model_timeout: ModelTimeout = MODEL_TIMEOUT,
+    max_tokens: MaxTokens = MAX_TOKENS,
     max_turns: Annotated[int, typer.Option(min=1, help="Turn limit of the episode.")] = 30,
     runs_dir: Annotated[Path, typer.Option("--out", **PATH, help="Where the trajectory is written.")] = Path("runs"),
     mlgym_root: MlgymRoot = None,
@@ -91,7 +94,7 @@ def run(
 
         check_snapshottable(spec)
     config = config_of(EpisodeConfig, {"max_turns": max_turns, "action_format": action_format})
-    policy, played_by = make_policy(base_url, model, model_timeout)
+    policy, played_by = make_policy(base_url, model, model_timeout, max_tokens)
     check_folder(runs_dir)
     policy = WatchedPolicy(policy)
     if base_url is not None and console.is_terminal and not console.is_dumb_terminal:

