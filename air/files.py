@@ -12,7 +12,8 @@ import os
 import re
 import shutil
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from air.errors import UsageError
@@ -154,6 +155,42 @@ def check_output(path: Path, inputs: Iterable[Path] = (), folders: Iterable[Path
     return target
 
 
+@contextmanager
+def output_folder(path: Path, flag: str = "--out") -> Iterator[Path]:
+    """The output folder `path`, made (with its parents) and written to once before the work: /proc, a read-only
+    file system or a folder air may not write is one line of bad input (exit 2), a full disk one of a full disk
+    (exit 3), never a bug. A folder it made is removed again at the end if nothing was written into it."""
+    made = not os.path.lexists(path)
+    probe = path / f".air-probe.{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+    except OSError as exc:
+        if made:
+            with _quietly():
+                path.rmdir()
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            exc.filename = str(path)  # a full disk: the host's failure (air.failures), naming the user's path
+            raise
+        raise UsageError(f"{flag} {path} cannot be written: {exc.strerror or exc}; name a folder air can write"
+                         ) from None
+    try:
+        yield path
+    finally:
+        if made:
+            with _quietly():
+                path.rmdir()  # only while empty: what the command wrote stays
+
+
+@contextmanager
+def _quietly() -> Iterator[None]:
+    try:
+        yield
+    except OSError:
+        pass
+
+
 def check_folder(path: Path) -> None:
     """Raise what making the folder `path` would raise (a file in its place, or on its way), without making it:
     a command that writes there at its end fails before it starts anything, and leaves no empty folder."""
@@ -216,4 +253,4 @@ def write_folder_atomically(path: Path, files: dict[str, str]) -> None:
 
 
 __all__ = ["check_folder", "check_output", "free_name", "guard_output", "input_files", "kind", "made_by_air",
-           "output_file", "read_bounded", "write_atomically", "write_folder_atomically"]
+           "output_file", "output_folder", "read_bounded", "write_atomically", "write_folder_atomically"]

@@ -97,7 +97,9 @@ class Rollout:
         self.reporter.rollout_line(self, f"turn {turn}: {action}, reward {display.reward(reward)}", "turns")
 
     def validated(self, turn: int, status: str, score: float | None, normalized: float | None,
-                  reward: float, draw: str | None = None) -> None:
+                  reward: float, draw: str | None = None, kind: str = "validate") -> None:
+        """An evaluation's result; `kind` is what asked for it: validate, submit, or the final evaluation that
+        scores a rollout ended by a limit."""
         if self.over:
             return
         if self.spans is not None:
@@ -108,7 +110,7 @@ class Rollout:
         said = (f"score {display.score(score)}" + (f" ({normalized:+.4f} against the baseline)"
                                                       if normalized is not None else "")
                 if status == "ok" else f"evaluation {status}")
-        self.reporter.rollout_line(self, f"turn {turn}: validate, {said}, reward {display.reward(reward)}",
+        self.reporter.rollout_line(self, f"turn {turn}: {kind}, {said}, reward {display.reward(reward)}",
                                    "rollouts")
 
     def ended(self, ended_by: str | None, turns: int, total_reward: float) -> None:

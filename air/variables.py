@@ -151,9 +151,9 @@ def _path(text: str) -> str:
     return text
 
 
-def _folder(text: str) -> str:
-    """A folder air makes and writes: one that is, or whose nearest existing parent is, a folder air may write
-    (checked without making anything; where it is made, a failure still names the variable)."""
+def _place(text: str) -> tuple[str, str]:
+    """(the path, its nearest existing part) when the path is a folder or can be made one (that part is a folder);
+    _Bad otherwise."""
     path = os.path.abspath(os.path.expanduser(_path(text)))
     probe = path
     while not os.path.lexists(probe):
@@ -161,6 +161,20 @@ def _folder(text: str) -> str:
     if not os.path.isdir(probe):
         raise _Bad(f"is not a folder ({probe} is a file)" if probe == path else f"cannot be made ({probe} is not a "
                    "folder)")
+    return path, probe
+
+
+def _folder_to_read(text: str) -> str:
+    """A folder air reads (and one command makes): a file there, or on its way, is refused; whether it can be
+    written is said where it is written."""
+    _place(text)
+    return text
+
+
+def _folder(text: str) -> str:
+    """A folder air makes and writes: one that is, or whose nearest existing parent is, a folder air may write
+    (checked without making anything; where it is made, a failure still names the variable)."""
+    path, probe = _place(text)
     if not os.access(probe, os.W_OK | os.X_OK):
         raise _Bad(f"cannot be written ({probe} is not writable)" if probe == path else
                    f"cannot be made ({probe} is not writable)")
@@ -206,7 +220,7 @@ def _table() -> dict[str, Variable]:
         Variable("AIR_RUNTIME_DIR", _folder, None, "a folder air can write",
                  "sandboxes' host directories (the wardens' sockets)",
                  default_text="`/run/air` as root, else `$XDG_RUNTIME_DIR/air`, else `/tmp/air-UID`"),
-        Variable("AIR_SQUASHFS_DIR", _path, None, "an existing folder",
+        Variable("AIR_SQUASHFS_DIR", _folder_to_read, None, "a folder (`air images export-squashfs` makes it)",
                  "the enroot backend's images: squashfs files `air images export-squashfs` made (docs/hpc.md)",
                  default_text="`/var/cache/air/squashfs`"),
         Variable("AIR_TASKS_DIR", _path, None, "an existing folder", "the bundled tasks' folder",

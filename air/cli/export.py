@@ -108,9 +108,14 @@ def mlgym_results(
 
     Example: air export mlgym-results runs/ outputs/evals --out trajectories/air --model qwen3-4b
     """
+    from air.errors import UsageError
     from air.export.mlgym_results import export_mlgym_results
+    from air.files import output_folder
 
-    result = export_mlgym_results(inputs, out_dir, model=model, pattern=pattern)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"{out_dir}: not a directory")
+    with output_folder(out_dir):
+        result = export_mlgym_results(inputs, out_dir, model=model, pattern=pattern)
     for warning in result.warnings[:MAX_WARNINGS_SHOWN]:
         console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
     summary = {"runs": len(result.runs), "already_exported": len(result.existing), "skipped": result.skipped,
@@ -143,8 +148,10 @@ def atif(
     Example: air export atif runs/eval-20261121-101500 --out atif/
     """
     from air.export.atif import export
+    from air.files import output_folder
 
-    written = export(inputs, fresh_folder(out_dir), _warner())
+    with output_folder(fresh_folder(out_dir)):  # /proc or a read-only file system: one line, before the reading
+        written = export(inputs, out_dir, _warner())
     if as_json:
         print(json.dumps({"files": [str(p) for p in written]}, indent=2))
     else:
@@ -201,7 +208,10 @@ def harbor(
                          "environment/docker-compose.yaml and services with it); air export harbor writes air's own "
                          "and MLGym tasks")
     specs = load_all(tasks, mlgym_root, draw="reference")
-    written = export_harbor(specs, out_dir)
+    from air.files import output_folder
+
+    with output_folder(out_dir):
+        written = export_harbor(specs, out_dir)
     if as_json:
         print(json.dumps({"tasks": [str(p) for p in written]}, indent=2))
     else:

@@ -280,7 +280,8 @@ class Episode:
         outcome = await self.task_env.evaluate(self.sandbox)
         reward = self._score(outcome)
         self.progress.validated(self.turns, outcome.status, outcome.metrics.get(self.spec.primary.name),
-                                self.tracker.last_normalized if outcome.ok else None, reward, outcome.draw)
+                                self.tracker.last_normalized if outcome.ok else None, reward, outcome.draw,
+                                kind="submit" if isinstance(action, Submit) else "validate")
         happened = self._evaluation(outcome).model_dump(exclude_unset=True)
         if isinstance(action, Submit):
             self._end("submitted")
@@ -377,7 +378,8 @@ class Episode:
         self.final_status = outcome.status
         reward = self._score(outcome)
         self.progress.validated(self.turns, outcome.status, outcome.metrics.get(self.spec.primary.name),
-                                self.tracker.last_normalized if outcome.ok else None, reward, outcome.draw)
+                                self.tracker.last_normalized if outcome.ok else None, reward, outcome.draw,
+                                kind="final evaluation")
         text = f"Episode over ({reason.replace('_', ' ')} reached); your current submission was evaluated:\n" \
                f"{validation_text(self.spec, outcome)}"
         return text, reward, self._evaluation(outcome)

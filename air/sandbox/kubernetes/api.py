@@ -172,6 +172,12 @@ class KubeApi:
         where = "PoolConfig.kubernetes.kubeconfig" if self.config.kubeconfig else "KUBECONFIG"
         if chosen:
             _check_kubeconfig(chosen, where)
+        elif not _in_cluster() and not os.path.exists(home := os.path.expanduser("~/.kube/config")):
+            # Nothing to load: said as missing (the client would print "Config not found" on stdout, then call
+            # the absent file an invalid one)
+            raise ApiUnavailable(0, "NoConfig", f"no cluster to talk to (no kubeconfig: KUBECONFIG is unset and "
+                                 f"{home} does not exist, and this is not a pod); set KUBECONFIG or "
+                                 "PoolConfig.kubernetes.kubeconfig")
         try:
             if self.config.kubeconfig or not _in_cluster():
                 # $KUBECONFIG read now: the client reads it once, when first imported (a single file; a list of
