@@ -25,6 +25,9 @@ for arg in "$@"; do  # it takes no arguments: a typo is said before anything is 
     *) say "unknown option $arg (it takes none; --help says what it does)"; exit 2 ;;
   esac
 done
+if ! [[ $TIMEOUT =~ ^[0-9]{1,5}$ ]] || [ "$TIMEOUT" -lt 1 ]; then
+  say "AIR_DOCKERD_TIMEOUT must be a number of seconds (1 or more), not '$TIMEOUT'"; exit 2
+fi
 
 # Called on its own, the log is this script's (rewritten per run); under setup.sh, setup's log, appended to.
 setup_log() {

@@ -52,7 +52,9 @@ prepare() {
 
 serve() {
   local port=${1:-8080}
-  [[ $port =~ ^[0-9]+$ ]] || { say "PORT must be a number, not $port"; exit 2; }
+  if ! [[ $port =~ ^[0-9]{1,5}$ ]] || [ "$port" -lt 1 ] || [ "$port" -gt 65535 ]; then
+    say "PORT must be a number from 1 to 65535, not $port"; exit 2
+  fi
   [ -x "$W/envs/sandbox/bin/uvicorn" ] || { say "nothing prepared in $W: run \`$0 prepare\` first"; exit 2; }
   cd "$W/src"
   HOME=$W/home SANDBOX_CONFIG=local exec "$W/envs/sandbox/bin/uvicorn" sandbox.server.server:app \

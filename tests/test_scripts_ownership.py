@@ -420,3 +420,17 @@ def test_daemon_json_on_a_read_only_file_system_says_so_in_one_line(tmp_path):
     assert result.returncode == 1 and "cannot be written: Read-only file system" in result.stderr, result
     assert len(result.stderr.splitlines()) == 1 and path.read_text() == '{"a": 1}'
     assert _leftovers(tmp_path, "daemon.json") == []
+
+
+# ----- inputs checked first -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, env, says", [
+    (["sandbox-fusion-upstream.sh", "serve", "99999"], {}, "PORT must be a number from 1 to 65535"),
+    (["sandbox-fusion-upstream.sh", "serve", "0"], {}, "PORT must be a number from 1 to 65535"),
+    (["ensure-docker.sh"], {"AIR_DOCKERD_TIMEOUT": "abc"}, "AIR_DOCKERD_TIMEOUT must be a number"),
+    (["slurm-local.sh", "status"], {"SLURM_LOCAL_GPUS": "two"}, "SLURM_LOCAL_GPUS must be a number"),
+], ids=["port 99999", "port 0", "dockerd timeout", "slurm gpus"])
+def test_a_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, argv, env, says):
+    result = subprocess.run([str(SCRIPTS / argv[0]), *argv[1:]], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "SANDBOX_FUSION_DIR": str(tmp_path / "sf"), **env}, cwd=tmp_path)
+    assert result.returncode == 2 and says in result.stderr and len(result.stderr.splitlines()) == 1, result
+    assert result.stdout == "" and not (tmp_path / "sf").exists()
