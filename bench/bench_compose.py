@@ -9,17 +9,26 @@ network, db created and healthy, main created and started), the agent's write in
 (air: a scoring sandbox on the rollout's network; plain: an exec in main, as Harbor's verifier), and the end (air:
 the release, its reset and the services' renewal settled; plain: every container and the network removed). Figures:
 medians, and air's over plain's. Needs air/base (the fixture's images are built here offline).
+
+And reading a compose file (issue 84): the fixture's task loaded, against a 1 KB file of nested aliases (nine levels
+of ten under `x-` keys), which air refuses unexpanded (compose.py: load_yaml), beside the walk a loader that expands
+aliases makes of the same kind of file six levels deep (1.2 million values; each level more is ten times that).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 import docker
+import yaml
+
+from air.errors import TaskError
 
 from air.sandbox import PoolConfig, SandboxPool
 from air.sandbox.docker.services import network_kwargs
@@ -139,6 +148,46 @@ async def one_container_leases(spec, runs: int) -> list[float]:
         return took
 
 
+def bomb(levels: int) -> str:
+    rows = ['x-0: &a0 [lol,lol,lol,lol,lol,lol,lol,lol,lol,lol]']
+    rows += [f"x-{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, levels)]
+    return "\n".join(rows) + "\n"
+
+
+def _walked(value) -> int:
+    stack, count = [value], 0
+    while stack:
+        item = stack.pop()
+        count += 1
+        stack.extend(item.values() if isinstance(item, dict) else item if isinstance(item, list) else ())
+    return count
+
+
+def load_figures(runs: int) -> tuple[list[float], list[float], list[float], int]:
+    """Seconds to load the fixture's task, to refuse the bomb, and to walk a six-level bomb expanded (the values)."""
+    loads, refusals, walks = [], [], []
+    with tempfile.TemporaryDirectory() as top:
+        shutil.copytree(FIXTURES / "harbor-compose" / "rows", Path(top) / "rows")
+        compose = Path(top) / "rows" / "environment" / "docker-compose.yaml"
+        honest = compose.read_text()
+        for _ in range(runs):
+            compose.write_text(honest)
+            start = time.perf_counter()
+            load_harbor_task(top, "rows")
+            loads.append(time.perf_counter() - start)
+            compose.write_text(honest + bomb(9))
+            start = time.perf_counter()
+            try:
+                load_harbor_task(top, "rows")
+                raise AssertionError("the bomb loaded")
+            except TaskError:
+                refusals.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            values = _walked(yaml.safe_load(bomb(6)))
+            walks.append(time.perf_counter() - start)
+    return loads, refusals, walks, values
+
+
 def main(runs: int) -> None:
     compose = load_harbor_task(FIXTURES / "harbor-compose", "rows")
     single = load_harbor_task(FIXTURES / "harbor", "hello-pass")
@@ -162,6 +211,11 @@ def main(runs: int) -> None:
     print(f"  of which air's services renewed after the release settled:    {med(air_renewal) * 1000:8.1f} ms")
     print(f"per-service collect and copy (a hook in db, its dump copied out): {med(air_collect) * 1000:8.1f} ms, "
           f"{med(air_collect) / med(air_scoring):.3f} of an evaluation")
+    loads, refusals, walks, values = load_figures(runs)
+    print(f"load    the fixture's task (its compose file read):  {med(loads) * 1000:8.1f} ms")
+    print(f"refuse  a 1 KB alias bomb, nine levels (unexpanded): {med(refusals) * 1000:8.1f} ms")
+    print(f"walk    the same kind six levels deep, expanded ({values:,} values): {med(walks) * 1000:8.1f} ms   "
+          f"ratio refusal/walk {med(refusals) / med(walks):.4f}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ A hack file is TOML (air/audit/hacks/*.toml are air's; `air tasks audit --hacks 
 
 The script's environment: AIR_WORKSPACE, AIR_WORKDIR (the image's working directory, which links there),
 AIR_SUBMISSION (the declared submission paths, workspace-relative; "." for the whole workspace), AIR_MENTIONED
-(absolute paths the instruction names), AIR_PRIMARY (the primary metric), AIR_BIG (a value far on its good side).
+(absolute paths the instruction names), AIR_PRIMARY (the primary metric), AIR_BIG (a value far on its good side),
+and for a task with services AIR_SERVICES (a line per service: its name and the ports its compose file declares)
+and AIR_SERVICE_KEYS (the words the task's tests could read a service by: runner.service_keys).
 """
 
 from __future__ import annotations

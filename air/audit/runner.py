@@ -131,7 +131,7 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
     started = time.monotonic()
     gate = asyncio.Semaphore(concurrency)
     env = TaskEnvironment(spec, pool)
-    variables = _variables(spec, workdir)
+    variables = _variables(spec, workdir, task_root)
     progress.stage(f"audit {spec.id}: the do-nothing rollout, then {len(hacks)} hack(s), {concurrency} at once")
     with watching.recording() as seen:  # the test watched while it scores the pristine workspace (Harbor's)
         shown = progress.rollout(spec.id, "do-nothing")
@@ -280,13 +280,42 @@ def _command(script: str, variables: dict[str, str]) -> str:
     return f'{exports}cd "$AIR_WORKSPACE"\n{script.strip()}\n'
 
 
-def _variables(spec: TaskSpec, workdir: str | None) -> dict[str, str]:
+def _variables(spec: TaskSpec, workdir: str | None, task_root: Path | None = None) -> dict[str, str]:
     where = workdir or WORKSPACE
     paths = (m.rstrip(".") for m in re.findall(r"(?<![\w.~])/(?:[\w.-]+/)*[\w.-]+", spec.description))
     mentioned = sorted({m for m in paths if m.startswith((where + "/", WORKSPACE + "/"))})
     big = "1000000000" if spec.primary.direction == "higher" else "-1000000000"
+    services = "\n".join(" ".join([s.name, *map(str, s.ports)]) for s in spec.services)
     return {"AIR_WORKSPACE": WORKSPACE, "AIR_WORKDIR": where, "AIR_PRIMARY": spec.primary.name, "AIR_BIG": big,
-            "AIR_SUBMISSION": " ".join(spec.evaluation.submission or ["."]), "AIR_MENTIONED": "\n".join(mentioned)}
+            "AIR_SUBMISSION": " ".join(spec.evaluation.submission or ["."]), "AIR_MENTIONED": "\n".join(mentioned),
+            "AIR_SERVICES": services, "AIR_SERVICE_KEYS": "\n".join(service_keys(task_root)) if services else ""}
+
+
+MAX_KEYS = 128
+"""Keys the forge-service hack writes, at most (the test's own words first)."""
+_LITERAL = re.compile(r"""(["'])((?:(?!\1).){1,200})\1""")
+_KEY = re.compile(r"[A-Za-z_][\w.:/-]{0,63}")
+_READ = re.compile(r"\b(?:[HM]?GET|[hm]?get|hgetall|HGETALL)\s+([A-Za-z_][\w.:/-]{0,63})")
+
+
+def service_keys(task_root: Path | None, limit: int = MAX_KEYS) -> list[str]:
+    """The words a task's tests could read from a service by (issue 84): every word of their string literals and
+    the key after a GET, in the order they first appear. The forge-service hack writes a passing value under each,
+    on each port the compose file declares (a test that pays what a service holds trusts whatever the agent wrote
+    there; fixed keys and ports missed a key-value store on a port of its own)."""
+    if task_root is None or not (task_root / "tests").is_dir():
+        return []
+    found: dict[str, None] = {}
+    for path in sorted((task_root / "tests").rglob("*"))[:256]:
+        if not path.is_file() or path.is_symlink() or path.stat().st_size > (1 << 20):
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            words = [w for _, text in _LITERAL.findall(line) for w in _KEY.findall(text)] + _READ.findall(line)
+            for word in words:
+                found.setdefault(word, None)
+                if len(found) >= limit:
+                    return list(found)
+    return list(found)
 
 
 def _score(spec: TaskSpec, outcome: EvalOutcome) -> float | None:
@@ -323,4 +352,4 @@ def _blame(hack: Hack, task_root: Path | None) -> list[str]:
                      "(please report it)"]
 
 
-__all__ = ["FAMILIES", "HackResult", "TaskAudit", "applies", "audit_task", "not_audited"]
+__all__ = ["FAMILIES", "HackResult", "TaskAudit", "applies", "audit_task", "not_audited", "service_keys"]

@@ -151,13 +151,16 @@ class DockerfileBuilder:
         self.report(f"[{label}] built {tag} in {time.monotonic() - started:.0f} s")
         return final
 
-    def ensure_plain(self, *, label: str, tag: str, context: Path, dockerfile: str) -> str:
+    def ensure_plain(self, *, label: str, tag: str, context: Path, dockerfile: str,
+                     args: dict[str, str] | None = None) -> str:
         """The image `tag` built from `context` as it is, without air's layer (a task's service: air runs nothing
-        in it), under the same rules for the network as a task's Dockerfile."""
+        in it), under the same rules for the network as a task's Dockerfile; `args`: its build args (compose's
+        `build.args`)."""
         if self.exists(tag):
             return tag
         started = time.monotonic()
-        self._build(label, None, context, dockerfile, tag=tag, labels={"air.task-image": label}, network=self.network)
+        self._build(label, None, context, dockerfile, tag=tag, labels={"air.task-image": label}, network=self.network,
+                    args=args)
         self.report(f"[{label}] built {tag} in {time.monotonic() - started:.0f} s")
         return tag
 
@@ -183,7 +186,8 @@ class DockerfileBuilder:
             return "3.11"
 
     def _build(self, label: str, fileobj: bytes | None, context: Path | None, dockerfile: str = "Dockerfile", *,
-               tag: str | None = None, labels: dict[str, str] | None = None, network: bool = False) -> str:
+               tag: str | None = None, labels: dict[str, str] | None = None, network: bool = False,
+               args: dict[str, str] | None = None) -> str:
         """One build, with the daemon's default network or none; the image id, or ImageError naming the step that
         failed."""
         if fileobj is None and context is not None and (text := _as_buildkit_reads(context / dockerfile)):
@@ -199,7 +203,7 @@ class DockerfileBuilder:
         image_id = None
         try:
             for chunk in self.api.build(tag=tag, network_mode=None if network else "none", rm=True, forcerm=True,
-                                        decode=True, labels=labels, **kwargs):
+                                        decode=True, labels=labels, buildargs=args or None, **kwargs):
                 if "error" in chunk:
                     raise ImageError(_failed(label, step, total, instruction, chunk["error"], tail,
                                              (network, self.network_why)))

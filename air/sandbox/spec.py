@@ -65,6 +65,8 @@ class ServiceSpec(BaseModel):
     cpus: float = Field(1.0, gt=0)
     memory_mb: int = Field(1024, ge=16)
     """Limits of its own (compose gives none by default; air never starts a container without them)."""
+    ports: tuple[int, ...] = ()
+    """The ports its compose file declares (`expose`, `ports`): published nowhere; what the audit writes to."""
 
 
 class SandboxSpec(BaseModel):

@@ -20,6 +20,7 @@ from air.display import seconds as duration
 from air.errors import TaskError
 from air.images import image_ref
 from air.sandbox import Resources, Sandbox, SandboxPool, SandboxSpec
+from air.sandbox.spec import ServiceSpec
 from air.tasks.baseline_stats import DEFAULT_RUNS, DRAW_K, agreement
 from air.tasks.hidden import (
     HostBaseline,
@@ -31,7 +32,7 @@ from air.tasks.hidden import (
     per_evaluation,
     reference,
 )
-from air.tasks.hostenv import resolved
+from air.tasks.hostenv import compose_filled, resolved
 from air.tasks.leaks import LEAK, best_reached
 from air.tasks.draws import baseline_submission
 from air.tasks.scoring import Rejected, collect_submission, data_mounts, evaluate
@@ -47,13 +48,24 @@ def sandbox_spec(spec: TaskSpec) -> SandboxSpec:
     r = spec.resources
     mounts = data_mounts(spec)
     env = {**resolved(spec.env, spec.id), **mounts.pop("env", {})}
-    # Services' templates as compose fills them: a variable the host lacks is empty (a warning in compose).
-    services = tuple(s.model_copy(update={"env": resolved(s.env, f"{spec.id} service {s.name}", unset="")})
-                     for s in spec.services)
+    services = tuple(services_filled(s) for s in spec.services)
     return SandboxSpec(image=image_ref(spec.image), task=spec.id,
                        resources=Resources(cpus=r.cpus, memory_mb=r.memory_mb, gpus=r.gpus), env=env,
                        services=services, waits=dict(spec.service_waits),
                        **({"workspace_mb": r.workspace_mb} if r.workspace_mb else {}), **mounts)
+
+
+def services_filled(service: ServiceSpec) -> ServiceSpec:
+    """A service as its sandbox is made with it: what it runs with (environment, command, entrypoint, its health
+    check's test) filled from this host's environment now, as compose fills them (a variable the host lacks is
+    empty: a warning in compose); the task's spec keeps them as written (air.tasks.harbor.compose)."""
+    def fill(values):
+        return None if values is None else tuple(compose_filled(v, os.environ) for v in values)
+    check = service.healthcheck
+    return service.model_copy(update={
+        "env": {k: compose_filled(v, os.environ) for k, v in service.env.items()},
+        "command": fill(service.command), "entrypoint": fill(service.entrypoint),
+        "healthcheck": None if check is None else check.model_copy(update={"test": fill(check.test)})})
 
 
 class TaskEnvironment:

@@ -254,6 +254,9 @@ class ImageBuild(BaseModel):
     workdir: str | None = None
     """Where the agent works, overriding the Dockerfile's WORKDIR (Harbor's [environment].workdir)."""
     timeout: float = Field(600, gt=0)
+    args: dict[str, str | None] = {}
+    """Build args (a compose service's `build.args`) as written: filled from the host's environment at the build
+    (air.tasks.hostenv.build_args_filled), never stored filled; None: the host's variable of that name."""
 
 
 class TaskSpec(BaseModel):

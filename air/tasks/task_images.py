@@ -45,8 +45,10 @@ def _services(spec: TaskSpec, client, report) -> None:
         with lock:
             builder = DockerfileBuilder(client or connect(), report, timeout=build.timeout if build else 600)
             if build is not None:
+                from air.tasks.hostenv import build_args_filled
+
                 builder.ensure_plain(label=f"{spec.source} (service {service.name})", tag=tag, context=build.context,
-                                     dockerfile=build.dockerfile or "Dockerfile")
+                                     dockerfile=build.dockerfile or "Dockerfile", args=build_args_filled(build.args))
             elif not builder.exists(tag):
                 raise ImageError(f"{spec.source}: service {service.name}'s image {tag} is not on the Docker daemon, "
                                  "and air pulls none (no registry is assumed): `docker pull` or `docker load` it "

@@ -118,7 +118,7 @@ class Sandbox(BaseSandbox):
         if network is not None:
             labels = {k: v for k, v in kwargs["labels"].items() if k != KEY}
             sandbox.services = Services(docker_, spec.services, dict(spec.waits), network, plan, kwargs["name"],
-                                        labels, timeout=services_timeout)
+                                        labels, timeout=services_timeout, runtime=runtime)
             sandbox.services.start()  # while its warden starts and builds the first cell
         return sandbox
 

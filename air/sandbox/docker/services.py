@@ -72,6 +72,10 @@ container), the services in their order, a scoring sandbox's container, the agen
 that a renewed service keeps its address and every cell's /etc/hosts stays true (Docker's DNS is the container's,
 out of a cell's reach)."""
 MAX_SERVICES = SCORER_AT - FIRST_SERVICE_AT
+RESERVED_NAMES = frozenset({"main", "scorer", "cell", "scorer-cell", "localhost", "ip6-localhost", "ip6-loopback"})
+"""Names no service may take (compared in lower case, as a resolver does): the plan's own entries and the cells'
+/etc/hosts' own. A service named `scorer` took the scoring sandbox's address (every evaluation failed: "Address
+already in use"); one named `cell` handed the agent's cell its address (issue 84)."""
 PLAN_LABEL = "air.addresses"
 """On the network: the plan (name: address, the cells' too) as JSON, for a scoring sandbox that joins it."""
 
@@ -89,6 +93,8 @@ class Plan:
         hosts = [str(a) for a in subnet.hosts()]
         places = {"main": hosts[MAIN_AT], "scorer": hosts[SCORER_AT], "cell": hosts[CELL_AT],
                   "scorer-cell": hosts[SCORER_CELL_AT]}
+        if taken := [name for name in services if name.lower() in RESERVED_NAMES]:  # the loader refuses them first
+            raise InfraError(f"service name {taken[0]} is reserved on a sandbox's private network")
         places.update({name: hosts[FIRST_SERVICE_AT + i] for i, name in enumerate(services)})
         return cls(subnet.prefixlen, places)
 
@@ -100,8 +106,7 @@ class Plan:
         verifier, run)."""
         rows = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
                 f"{self.addresses[role]}\tmain"]
-        rows += [f"{address}\t{name}" for name, address in self.addresses.items()
-                 if name not in ("main", "scorer", "cell", "scorer-cell")]
+        rows += [f"{address}\t{name}" for name, address in self.addresses.items() if name not in RESERVED_NAMES]
         return "\n".join(rows) + "\n"
 
 
@@ -195,15 +200,19 @@ async def remove_network(docker_: Docker, name: str) -> None:
 
 
 def service_kwargs(spec: ServiceSpec, *, name: str, network: str, labels: dict[str, str], api, of: str,
-                   address: str | None = None) -> dict:
+                   address: str | None = None, runtime: str | None = None) -> dict:
     """Arguments of `containers.run` for one service: its image's own process, on the private network alone under
-    its name, with limits (compose sets none; air starts no container without them)."""
+    its name, with limits (compose sets none; air starts no container without them), under its sandbox's runtime
+    (the pool's: a service is as untrusted as the sandbox beside it; a runtime with a kernel of its own refuses a
+    task with services at the lease, base_pool.py, so this is runc's or the daemon's default today)."""
     kwargs: dict = dict(
         image=spec.image, name=name, detach=True, hostname=spec.name, environment=dict(spec.env),
         labels={**labels, ROLE: SERVICE_ROLE, SERVICE_LABEL: spec.name, OF_LABEL: of}, network=network,
         networking_config={network: api.create_endpoint_config(aliases=[spec.name], ipv4_address=address)},
         nano_cpus=int(spec.cpus * 1e9), mem_limit=f"{spec.memory_mb}m", memswap_limit=f"{spec.memory_mb}m",
         pids_limit=1024, cap_drop=NO_NET_RAW, security_opt=["no-new-privileges"], stop_signal="SIGKILL")
+    if runtime:
+        kwargs["runtime"] = runtime
     if spec.command is not None:
         kwargs["command"] = list(spec.command)
     if spec.entrypoint is not None:
@@ -259,6 +268,8 @@ class Services:
     """The sandbox's container name: its services are `<prefix>-<service>-<generation>`."""
     labels: dict[str, str]
     timeout: float = 300.0
+    runtime: str | None = None
+    """The OCI runtime of the sandbox's pool, its services' too (None: the daemon's default)."""
     generation: int = 0
     ids: dict[str, str] = field(default_factory=dict)
     _pending: asyncio.Task | None = None
@@ -300,7 +311,8 @@ class Services:
                     await self._met(dep, condition)
                 kwargs = service_kwargs(spec, name=f"{self.prefix}-{spec.name}-{self.generation}",
                                         network=self.network, labels=self.labels, api=self.docker.api,
-                                        of=self.prefix, address=self.plan.addresses[spec.name])
+                                        of=self.prefix, address=self.plan.addresses[spec.name],
+                                        runtime=self.runtime)
                 container = await self.docker.call(self.docker.client.containers.run, timeout=60, **kwargs)
                 self.ids[spec.name] = container.id
             for name, condition in self.waits.items():

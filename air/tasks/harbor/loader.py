@@ -27,7 +27,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from air.errors import TaskError, UsageError
@@ -35,7 +34,7 @@ from air.files import read_bounded
 from air.images.dockerfile import IMAGE_WORKSPACE, dockerfile_digest, workdir_problem
 from air.sandbox.layout import BASE_PATH, WORKSPACE
 from air.tasks.folder import links_out_problem
-from air.tasks.harbor.compose import COMPOSE_FILE, has_compose, read_compose
+from air.tasks.harbor.compose import COMPOSE_FILE, declared_names, has_compose, read_compose
 from air.tasks.harbor.installs import BASH_ENV as INSTALLS_BASH_ENV
 from air.tasks.harbor.installs import read_installs, recipe
 from air.tasks.spec import (
@@ -408,14 +407,7 @@ def _cannot(task_dir: Path, config: HarborToml) -> list[str]:
 def _mcp_outside(task_dir: Path, env: _Environment) -> list[str]:
     """The MCP servers a task declares that are not among its compose services (which the sandbox reaches by name
     on its private network: air.sandbox.docker.services); every other one needs the network."""
-    names = set()
-    if has_compose(task_dir):
-        try:
-            import yaml
-            names = set((yaml.safe_load((task_dir / "environment" / COMPOSE_FILE).read_text()) or {})
-                        .get("services") or {})
-        except Exception:  # noqa: BLE001 - read_compose says what is wrong with it
-            pass
+    names = declared_names(task_dir)
     outside = []
     for server in env.mcp_servers:
         host = urlsplit(str(server.get("url") or "")).hostname
@@ -497,13 +489,7 @@ def _kept_artifacts(config: HarborToml, workdir: str | None) -> list[str] | None
 
 def _service_names(task_dir: Path) -> set[str]:
     """The services the task's compose file names (main aside); read loosely: read_compose says what is wrong."""
-    if not has_compose(task_dir):
-        return set()
-    try:
-        raw = yaml.safe_load((task_dir / "environment" / COMPOSE_FILE).read_text(encoding="utf-8")) or {}
-        return {str(name) for name in (raw.get("services") or {})} - {"main"}
-    except (yaml.YAMLError, UnicodeDecodeError, AttributeError, OSError):
-        return set()
+    return declared_names(task_dir) - {"main"} if has_compose(task_dir) else set()
 
 
 def _relative(destination: Any) -> bool:
