@@ -30,9 +30,6 @@ import json
 import os
 import re
 import shlex
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -48,9 +45,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>"
                  "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}<|end|>{% endgeneration %}"
                  "{% else %}{{ m['content'] }}<|end|>{% endif %}{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-FIRST_RESET_S = 900
-"""How long the first reset may take: OpenEnv's client waits 60 s by default, and the first reset of a busy host
-leases a sandbox (and may measure the task's baseline)."""
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling air_openenv.py, however it is loaded
+from air_openenv import FIRST_RESET_S, start_server, stop_server  # noqa: E402
 
 
 # ----- what the model can say, from the task ----------------------------------------------------------------
@@ -251,27 +247,6 @@ def air_return(completions, air_return, air_episode, log_extra, **_):
 
 
 # ----- the run ----------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(task: str, out: Path, max_turns: int, tools: bool = False) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = open(out / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "air.cli.serve", "openenv", "--port", str(port), "--task", task,
-                             "--max-turns", str(max_turns), "--trajectory-dir", str(out / "trajectories"),
-                             *(["--action-format", "tools"] if tools else []),
-                             "--json", "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while '"service": "openenv"' not in (out / "server.log").read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"air serve openenv did not start: {(out / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.2)
-    return proc, f"http://127.0.0.1:{port}"
-
-
 def prepare(url: str, task: str, seed: int = 0, tools: bool = False):
     """The task's actions, the tokenizer and the warmed-up tiny model, built from what the server says of the
     task's first episode."""
@@ -325,21 +300,6 @@ def step_table(log_history: list[dict], said: list[dict]) -> list[dict]:
             for entry, replies in zip(logged, said)]
 
 
-def stop_server(server: subprocess.Popen, grace: float = 300) -> None:
-    """Stop `air serve openenv` as a user would (Ctrl-C: it ends its sessions and removes its containers), then
-    SIGTERM and SIGKILL if a slow host keeps it past `grace` seconds; never an exception at the end of a run."""
-    for sig, wait in ((signal.SIGINT, grace), (signal.SIGTERM, 60), (signal.SIGKILL, 30)):
-        if server.poll() is not None:
-            return
-        server.send_signal(sig)
-        try:
-            server.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            print(f"air serve openenv still running {wait:.0f} s after {sig.name}", file=sys.stderr)
-    print("air serve openenv did not stop: `air containers clean` removes what it left", file=sys.stderr)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="prisoners-dilemma")
@@ -353,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     args.out.mkdir(parents=True, exist_ok=True)
-    server, url = start_server(args.task, args.out, args.max_turns, args.tools)
+    server, url = start_server(args.task, args.out, args.max_turns, ["--action-format", "tools"] if args.tools else [])
     said: list[dict] = []
     started = time.monotonic()
     try:

@@ -111,6 +111,21 @@ def test_failed_validation_before_any_score() -> None:
     assert tracker.on_validation(1.5) == pytest.approx(0.5)
 
 
+def test_format_errors_cost_nothing_unless_a_penalty_is_set() -> None:
+    """By default a reply with no action pays 0 (the task's score alone is the reward); with a penalty it pays
+    -penalty, counts in the return, clipped like every step, and leaves the score history alone."""
+    free = RewardTracker(RewardConfig(), baseline=1.0, direction="higher")
+    assert free.on_format_error() == 0.0 and free.total_reward == 0.0
+    tracker = RewardTracker(RewardConfig(format_error_penalty=0.05), baseline=1.0, direction="higher")
+    assert [tracker.on_format_error(), tracker.on_validation(1.2), tracker.on_format_error()] == \
+        pytest.approx([-0.05, 0.2, -0.05])
+    assert tracker.total_reward == pytest.approx(0.1) and tracker.history == (1.2,)
+    clipped = RewardTracker(RewardConfig(format_error_penalty=5.0, clip=1.0), baseline=1.0, direction="higher")
+    assert clipped.on_format_error() == -1.0
+    with pytest.raises(ValidationError):
+        RewardConfig(format_error_penalty=-0.1)
+
+
 @pytest.mark.parametrize(
     ("baseline", "direction", "scale", "scores"),
     [

@@ -272,7 +272,7 @@ class Episode:
         """Run one action, whatever format it came in: (observation, reward, what it did for the record)."""
         if isinstance(action, FormatError):
             self.format_errors += 1
-            return action.message, 0.0, {}
+            return action.message, self.tracker.on_format_error(), {}
         if isinstance(action, Command):
             observation, run = await self._run_command(action.text, action.timeout)
             return observation, 0.0, run.model_dump()

@@ -43,7 +43,10 @@ scores keep the telescoping identity exact to float precision, and ten times
 the baseline's magnitude is far beyond any real improvement. None disables it.
 
 A failed validation pays ``-failed_validation_penalty`` and leaves the score
-history unchanged. ``clip`` bounds every step reward, penalties included, to
+history unchanged; a malformed reply (a format error) pays ``-format_error_penalty``,
+0 by default: the task's score is air's reward, and a trainer that wants to pay
+for the form of the replies too (a small model that rarely writes an action at
+all, whose groups would otherwise all score alike) says so. ``clip`` bounds every step reward, penalties included, to
 [-clip, clip]; it breaks the telescoping identity, which is its purpose.
 """
 
@@ -63,6 +66,7 @@ class RewardConfig(BaseModel):
 
     mode: Literal["delta", "best"] = "delta"
     failed_validation_penalty: float = Field(default=0.1, ge=0)
+    format_error_penalty: float = Field(default=0.0, ge=0)
     clip: float | None = Field(default=None, gt=0)
     scale_floor: float = Field(default=1e-2, gt=0)
     score_bound: float | None = Field(default=10.0, gt=0)
@@ -166,6 +170,10 @@ class RewardTracker:
     def on_failed_validation(self) -> float:
         """Return the (negative) reward for a validation that produced no score."""
         return self._pay(-self._config.failed_validation_penalty)
+
+    def on_format_error(self) -> float:
+        """Return the (negative, or 0 by default) reward for a reply that held no action."""
+        return self._pay(-self._config.format_error_penalty)
 
     def _pay(self, reward: float) -> float:
         clip = self._config.clip

@@ -50,6 +50,8 @@ class EpisodeSettings(BaseModel):
     """delta (improvements; the return telescopes) or best (new bests only)."""
     failed_validation_penalty: float = same_as(RewardConfig, "failed_validation_penalty")
     """What a validation that produced no score costs."""
+    format_error_penalty: float = same_as(RewardConfig, "format_error_penalty")
+    """What a reply that held no action (a format error) costs: 0 by default, the task's score alone is paid."""
     reward_clip: float | None = same_as(RewardConfig, "clip")
     """Bound on every step reward (none by default)."""
     score_bound: float | None = same_as(RewardConfig, "score_bound")
@@ -66,7 +68,8 @@ class EpisodeSettings(BaseModel):
             command_timeout=self.command_timeout, observation_chars=self.observation_chars,
             action_format=self.action_format,
             reward=RewardConfig(mode=self.reward_mode, failed_validation_penalty=self.failed_validation_penalty,
-                                clip=self.reward_clip, score_bound=self.score_bound))
+                                format_error_penalty=self.format_error_penalty, clip=self.reward_clip,
+                                score_bound=self.score_bound))
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ class Engine:
         for one token in the context window (checked by the caller, who can say so to its client)."""
         torch = self.torch
         rows: list[_Row] = []
+        starts: list[list[int]] = []
         owners: list[int] = []
         for index, (prompt, p, count) in enumerate(zip(prompts, params, n)):
             for k in range(count):
@@ -92,9 +93,10 @@ class Engine:
                 generator.manual_seed((p.seed + k) % (1 << 63) if p.seed is not None
                                       else int.from_bytes(os.urandom(8), "little") >> 1)
                 rows.append(_Row(Sample(), p, generator, min(p.max_tokens, self.context - len(prompt))))
+                starts.append(prompt)
                 owners.append(index)
         with torch.inference_mode():
-            self._run(prompts, owners, rows)
+            self._run(starts, rows)
         for row in rows:
             self._finish_text(row)
         out: list[list[Sample]] = [[] for _ in prompts]
@@ -102,25 +104,33 @@ class Engine:
             out[owner].append(row.sample)
         return out
 
-    def _run(self, prompts: list[list[int]], owners: list[int], rows: list[_Row]) -> None:
+    def _run(self, prompts: list[list[int]], rows: list[_Row]) -> None:
+        """Prefill every row's prompt, then decode until every row has ended. What all prompts begin with (a
+        group's task prompt, a conversation's turns so far shared by a request's samples) is prefilled once and
+        its cache repeated; each row's rest follows, left-padded after it."""
         torch = self.torch
         from transformers import DynamicCache
 
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):  # left padding: every prompt ends at the same column
-            ids[i, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
+        shared = _common_prefix(prompts)
+        shared = min(shared, min(len(p) for p in prompts) - 1)  # every row keeps a token: its logits start it
         cache = DynamicCache()
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        # Each sample's row: its prompt's logits and cache, repeated for a request's n samples.
-        select = torch.tensor(owners, device=self.device)
-        logits = out.logits[:, -1, :].float()[select]
-        cache.batch_select_indices(select)
-        mask = mask[select]
+        if shared > 0:
+            head = torch.tensor([prompts[0][:shared]], dtype=torch.long, device=self.device)
+            self.model(input_ids=head, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.batch_select_indices(torch.zeros(len(rows), dtype=torch.long, device=self.device))
+        tails = [p[shared:] for p in prompts]
+        width = max(len(t) for t in tails)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        tail_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, tail in enumerate(tails):  # left padding: every row's prompt ends at the same column
+            ids[i, width - len(tail):] = torch.tensor(tail, dtype=torch.long)
+            tail_mask[i, width - len(tail):] = 1
+        ids, tail_mask = ids.to(self.device), tail_mask.to(self.device)
+        mask = torch.cat([tail_mask.new_ones((len(rows), shared)), tail_mask], dim=1)
+        positions = shared + (tail_mask.cumsum(1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :].float()
         live = list(range(len(rows)))
         while live:
             chosen = [self._pick(rows[r], logits[i]) for i, r in enumerate(live)]
@@ -210,6 +220,15 @@ class Engine:
             logits = self.model(input_ids=tensor).logits[0].float()
             logprobs = torch.log_softmax(logits[:-1], dim=-1).gather(1, tensor[0, 1:].unsqueeze(1)).squeeze(1)
         return [None, *(float(v) for v in logprobs)]
+
+
+def _common_prefix(prompts: list[list[int]]) -> int:
+    """How many tokens every prompt begins with."""
+    first = prompts[0]
+    length = min(len(p) for p in prompts)
+    for other in prompts[1:]:
+        length = next((i for i in range(length) if other[i] != first[i]), length)
+    return length
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> tuple[int, str] | None:

