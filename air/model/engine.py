@@ -37,6 +37,8 @@ class SamplingParams:
     """How many of the most likely tokens to report at each position (0: only the sampled one's)."""
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    """Whether the text leaves special tokens out (the token ids never do)."""
 
 
 @dataclass
@@ -188,7 +190,7 @@ class Engine:
             sample.finish_reason = "stop"
             return True
         if p.stop:
-            text = self._text(sample.token_ids)
+            text = self._text(sample.token_ids, p.skip_special_tokens)
             cut = _first_stop(text, p.stop)
             if cut is not None:
                 sample.finish_reason, sample.stop_reason = "stop", cut[1]
@@ -206,10 +208,10 @@ class Engine:
         ids = sample.token_ids
         if sample.finish_reason == "stop" and ids and (ids[-1] in self.eos_ids or ids[-1] in row.params.stop_token_ids):
             ids = ids[:-1]  # the end-of-sequence token is not part of the text
-        sample.text = self._text(ids)
+        sample.text = self._text(ids, row.params.skip_special_tokens)
 
-    def _text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+    def _text(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def prompt_logprobs(self, ids: list[int]) -> list[float | None]:
         """The logprob of each token of `ids` given those before it (None for the first), under the raw model:

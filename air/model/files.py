@@ -104,7 +104,7 @@ def converted(gguf: Path) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except (OSError, ValueError, RuntimeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a damaged or foreign file fails its parser in any way it likes
         raise UsageError(f"cannot read the GGUF file {gguf}: {_first_line(exc)}") from None
     # Dequantised, the weights are plain tensors: what marks them as GGUF's only stops them being saved.
     model.hf_quantizer = None

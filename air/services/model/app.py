@@ -19,7 +19,14 @@ from air.model.batcher import Batcher
 from air.model.engine import Engine, Sample
 from air.model.files import LoadedModel
 from air.services.model.config import ModelServerConfig
-from air.services.model.schema import ChatRequest, CompletionRequest, Refused, Sampling, one_line_error
+from air.services.model.schema import (
+    ChatRequest,
+    CompletionRequest,
+    GenerateRequest,
+    Refused,
+    Sampling,
+    one_line_error,
+)
 
 
 class ModelService:
@@ -68,10 +75,8 @@ class ModelService:
         request = CompletionRequest.model_validate(body)
         self._check_common(request)
         tokenizer = self.loaded.tokenizer
-        prompt = request.prompt if isinstance(request.prompt, list) else \
+        prompt = self._in_vocabulary(request.prompt, "the prompt") if isinstance(request.prompt, list) else \
             tokenizer(request.prompt, add_special_tokens=False)["input_ids"]
-        if any(not 0 <= t < len(tokenizer) for t in prompt):
-            raise Refused(f"the prompt holds a token id outside this model's vocabulary (0..{len(tokenizer) - 1})")
         samples = await self._sample(prompt, request, request.logprobs or 0)
         choices = []
         for index, sample in enumerate(samples):
@@ -84,6 +89,41 @@ class ModelService:
                 choice["token_ids"] = sample.token_ids
             choices.append(choice)
         return self._answer("text_completion", "cmpl", choices, prompt, samples)
+
+    async def generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's token-in/token-out route: the prompt's token ids in, each choice's token ids and logprobs out, the
+        tokens named `token_id:<id>` (what prime-rl's server returns there, and what `renderers` checks)."""
+        request = GenerateRequest.model_validate(body)
+        sampling = request.sampling_params.model_copy(update={"model": request.model})
+        self._check_common(sampling)
+        prompt = self._in_vocabulary(request.token_ids, "token_ids")
+        samples = await self._sample(prompt, sampling, sampling.logprobs or 0)
+
+        def entry(token_id: int, logprob: float) -> dict[str, Any]:
+            return {"token": f"token_id:{token_id}", "logprob": logprob}
+
+        choices = []
+        for index, sample in enumerate(samples):
+            tops = sample.top_logprobs or [[] for _ in sample.token_ids]
+            logprobs = {"content": [{**entry(t, lp), "top_logprobs": [entry(i, v) for i, v in top]}
+                                    for t, lp, top in zip(sample.token_ids, sample.logprobs, tops)]}
+            choices.append({"index": index, "token_ids": sample.token_ids,
+                            "logprobs": logprobs if sampling.logprobs is not None else None,
+                            "finish_reason": sample.finish_reason})
+        prompt_logprobs = None
+        if sampling.prompt_logprobs is not None:
+            scored = await self.batcher.between_batches(lambda: self.engine.prompt_logprobs(prompt))
+            prompt_logprobs = [None if lp is None else {str(t): {"logprob": lp, "rank": None,
+                                                                 "decoded_token": self._token(t)}}
+                               for t, lp in zip(prompt, scored)]
+        return {"request_id": request.request_id or f"gen-{uuid.uuid4().hex}", "choices": choices,
+                "prompt_logprobs": prompt_logprobs}
+
+    def _in_vocabulary(self, ids: list[int], what: str) -> list[int]:
+        size = len(self.loaded.tokenizer)
+        if any(not 0 <= t < size for t in ids):
+            raise Refused(f"{what} holds a token id outside this model's vocabulary (0..{size - 1})")
+        return ids
 
     def _check_common(self, request: Sampling) -> None:
         if request.model != self.loaded.name:
@@ -209,6 +249,10 @@ def build_app(service: ModelService) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         return await answered(request, service.completion)
+
+    @app.post("/inference/v1/generate")
+    async def generate(request: Request):
+        return await answered(request, service.generate)
 
     @app.post("/pause")
     async def pause() -> dict:

@@ -62,7 +62,6 @@ class Sampling(BaseModel):
                        "frequency_penalty": (self.frequency_penalty, 0.0),
                        "repetition_penalty": (self.repetition_penalty, 1.0), "min_p": (self.min_p, 0.0),
                        "min_tokens": (self.min_tokens, 0), "logit_bias": (self.logit_bias or None, None),
-                       "skip_special_tokens": (self.skip_special_tokens, True),
                        "include_stop_str_in_output": (self.include_stop_str_in_output, False)}
         for name, (value, default) in unsupported.items():
             if value != default:
@@ -82,7 +81,8 @@ class Sampling(BaseModel):
         return SamplingParams(max_tokens=asked or room, temperature=1.0 if self.temperature is None else
                               self.temperature, top_p=self.top_p or 1.0, top_k=max(self.top_k or 0, 0),
                               seed=self.seed, stop=tuple(s for s in stops if s), top_logprobs=top_logprobs,
-                              stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos)
+                              stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+                              skip_special_tokens=self.skip_special_tokens)
 
 
 class Message(BaseModel):
@@ -143,6 +143,41 @@ class CompletionRequest(Sampling):
     def _completion_only_what_is_honoured(self):
         if self.echo or self.suffix:
             raise ValueError("echo and suffix are not supported by this server")
+        return self
+
+
+class GenerateSampling(Sampling):
+    """vLLM's SamplingParams as its token-in/token-out route takes them (`sampling_params`): the model is named by
+    the request, logprobs count alternatives as in completions."""
+
+    model: str | None = None
+    logprobs: int | None = Field(None, ge=0, le=20)
+    prompt_logprobs: int | None = Field(None, ge=0, le=1)
+    """The logprob of each prompt token given those before it (only the token's own: at most 1)."""
+    detokenize: bool = True
+    spaces_between_special_tokens: bool = True
+
+
+class GenerateRequest(BaseModel):
+    """vLLM's `/inference/v1/generate` (prime-rl's route for token-in/token-out generation, which verifiers'
+    train client posts through `renderers`): the prompt as token ids, the sampling as vLLM's SamplingParams."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    token_ids: list[int] = Field(min_length=1)
+    sampling_params: GenerateSampling = GenerateSampling()
+    request_id: str | None = None
+    cache_salt: str | None = None
+    priority: int | None = None
+    stream: bool = False
+    features: None = None
+    """Multimodal inputs: none for this text model."""
+
+    @model_validator(mode="after")
+    def _no_stream(self):
+        if self.stream:
+            raise ValueError("stream=True is not supported by this server")
         return self
 
 
