@@ -48,6 +48,7 @@ needs (ROOT_CAPABILITIES) and the same seccomp filter: they cannot leave the cel
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import os
 import resource
@@ -652,16 +653,22 @@ def _ipv6_off(linked: bool) -> None:
     /proc/sys (a fresh procfs, before the masks make it read-only) before the interface is up: `default` for any
     interface made later, `all` for those there now, then the loopback's back on (::1 is the cell's own; nothing
     leaves it). Nothing in a cell may write it back: /proc/sys is read-only there and no process of it holds
-    CAP_NET_ADMIN. `linked` (the cell has the macvlan): the interface must read disabled, else the build fails."""
+    CAP_NET_ADMIN. `linked` (the cell has the macvlan): the interface must read disabled, else the build fails; a
+    cell without one (its loopback alone, which reaches nothing) is built even where the sysctl cannot be written."""
     for name, value in (("default", b"1"), ("all", b"1"), ("lo", b"0")):
         try:
             fd = os.open(IPV6_CONF + name + "/disable_ipv6", os.O_WRONLY | os.O_CLOEXEC)
-        except FileNotFoundError:  # a kernel without IPv6 (ipv6.disable=1, or a runtime's kernel that has none)
-            if linked and os.path.exists("/proc/net/if_inet6"):
-                raise CellError("IPv6 cannot be turned off in the cell: no %s%s" % (IPV6_CONF, name)) from None
-            return
+        except OSError as exc:  # ENOENT: a kernel without IPv6 (ipv6.disable=1, or a runtime's that has none)
+            if linked and (exc.errno != errno.ENOENT or os.path.exists("/proc/net/if_inet6")):
+                raise CellError("IPv6 cannot be turned off in the cell: %s%s: %s"
+                                % (IPV6_CONF, name, exc.strerror)) from None
+            return  # a cell without an interface but its loopback has no IPv6 route out of it either way
         try:
             os.write(fd, value)
+        except OSError as exc:
+            if linked:
+                raise CellError("IPv6 cannot be turned off in the cell: %s" % exc.strerror) from None
+            return
         finally:
             os.close(fd)
     if linked and _read(IPV6_CONF + netlink.CELL_IFNAME + "/disable_ipv6") != b"1\n":
