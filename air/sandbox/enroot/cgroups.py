@@ -29,11 +29,14 @@ def _user() -> str:
 
 
 def delegated(root: Path = ROOT) -> dict[str, Path]:
-    """The controllers whose folder root gave this user (cgroup v1), by name: the folder, writable by the user."""
+    """The controllers whose folder root gave this user (cgroup v1), by name: the folder, the user's own."""
     out = {}
     for controller in CONTROLLERS:
         folder = root / controller / f"air-{_user()}"
-        if folder.is_dir() and os.access(folder, os.W_OK) and os.access(folder / "cgroup.procs", os.W_OK):
+        # The user's own (root chowned it): a folder another user holds would hold the sandboxes' processes where
+        # that user can move them or change their limits.
+        if (folder.is_dir() and not folder.is_symlink() and folder.stat().st_uid == os.getuid()
+                and os.access(folder, os.W_OK) and os.access(folder / "cgroup.procs", os.W_OK)):
             out[controller] = folder
     return out
 

@@ -17,8 +17,8 @@ import logging
 import os
 from pathlib import Path
 
+from air import places
 from air.errors import SandboxUnavailable
-from air.sandbox import hostdir
 
 log = logging.getLogger("air.enroot")
 SHM = Path("/dev/shm")
@@ -45,7 +45,7 @@ def directory() -> Path:
         raise SandboxUnavailable(f"{SHM} is not a tmpfs on this node: the enroot backend keeps its images' roots "
                                  'there (docs/hpc.md); PoolConfig(page_cache="shared") runs without it, names looked '
                                  "up in the image then stay cached for later rollouts")
-    return hostdir.private(SHM / f"air-{os.getuid()}")
+    return places.private(SHM / f"air-{os.getuid()}")
 
 
 def locked(path: Path, how: int = fcntl.LOCK_EX) -> int:
@@ -77,6 +77,5 @@ def unused(under: Path) -> list[tuple[Path, int]]:
 
 
 def present() -> Path | None:
-    """This user's folder of roots where it exists (a sweep makes nothing)."""
-    path = SHM / f"air-{os.getuid()}"
-    return path if path.is_dir() else None
+    """This user's folder of roots where it exists (a sweep makes nothing): never another user's."""
+    return places.present(SHM / f"air-{os.getuid()}")
