@@ -76,16 +76,41 @@ class Rollout:
     def name(self) -> str:
         return f"{self.task} {self.label}".strip()
 
-    def doing(self, what: Doing, detail: str = "") -> None:
-        if self.over or (what == "model" == self.doing_now):  # still the same wait (an episode adopting it)
-            return
+    stage_turn: int = 0
+    """The turn the current stage belongs to: a model's wait, the turn its reply will be; a command or an
+    evaluation, the turn it runs in."""
+
+    def doing(self, what: Doing, detail: str = "", turn: int | None = None) -> None:
+        """What it waits on from now: a new stage (its own span), its wait's timer started again. `turn`: the turn
+        it belongs to (default: a model's wait, the turn after the last one done; else the last one done)."""
+        if turn is None:
+            turn = self.turn + 1 if what == "model" else self.turn
+        if self.over or (what == "model" == self.doing_now and turn == self.stage_turn):
+            return  # still the same wait (an episode adopting the rollout its driver started)
+        self.stage_turn = turn
         if self.spans is not None:
-            self.spans.stage(what, detail, self.turn)
+            self.spans.stage(what, detail, turn)
         reporter = self.reporter
         now = reporter.clock() if reporter is not None else 0.0
         if reporter is not None and what == "model" and self.doing_now == "sandbox" and self.turn == 0:
             reporter.rollout_line(self, f"sandbox ready in {display.seconds_fine(now - self.started)}", "rollouts")
         self.doing_now, self.detail, self.since, self.stalled_said = what, " ".join(detail.split())[:80], now, False
+
+    def command_done(self, exit_code: int | None, timed_out: bool, oom_killed: bool, output: str) -> None:
+        """A command's end (for its span: the exit code, and what it printed)."""
+        if self.spans is not None and not self.over:
+            self.spans.command_done(exit_code, timed_out, oom_killed, output)
+
+    def replied(self, message: dict) -> None:
+        """The model's reply as the episode got it (for the chat span, where air did not ask the model itself)."""
+        if self.spans is not None and not self.over:
+            self.spans.replied(message)
+
+    def prompted(self, messages: list[dict]) -> None:
+        """The messages that answer the last reply: the next chat span's input where air does not ask the model
+        itself (whoever does sends the whole conversation: RolloutSpans.chat_request)."""
+        if self.spans is not None and not self.over:
+            self.spans.chat_request(messages, whole=False)
 
     def stepped(self, turn: int, action: str, reward: float, total_reward: float) -> None:
         """A turn done (level `turns` says each)."""
@@ -97,13 +122,13 @@ class Rollout:
         self.reporter.rollout_line(self, f"turn {turn}: {action}, reward {display.reward(reward)}", "turns")
 
     def validated(self, turn: int, status: str, score: float | None, normalized: float | None,
-                  reward: float, draw: str | None = None, kind: str = "validate") -> None:
+                  reward: float, draw: str | None = None, kind: str = "validate", message: str | None = None) -> None:
         """An evaluation's result; `kind` is what asked for it: validate, submit, or the final evaluation that
-        scores a rollout ended by a limit."""
+        scores a rollout ended by a limit; `message`: why an evaluation that is not ok is not."""
         if self.over:
             return
         if self.spans is not None:
-            self.spans.validated(status, score, normalized, reward, draw)
+            self.spans.validated(status, score, normalized, reward, draw, message)
         self.turn, self.score = turn, score if score is not None else self.score
         if self.reporter is None:
             return
@@ -145,10 +170,10 @@ class Rollout:
                                          f"{' '.join(error.split())[:200]}", "rollouts")
         self.reporter.forget(self)
 
-    def episode(self, episode_id: str) -> None:
-        """The episode that plays it (its trajectory's id), for its spans."""
+    def episode(self, episode_id: str, prompt: str | None = None) -> None:
+        """The episode that plays it (its trajectory's id) and its task prompt, for its spans."""
         if self.spans is not None:
-            self.spans.episode(episode_id)
+            self.spans.episode(episode_id, prompt)
 
     def waiting_text(self, now: float) -> str:
         what = WAITS_ON[self.doing_now] + (f" `{self.detail}`" if self.doing_now == "command" and self.detail else "")
@@ -316,15 +341,23 @@ def rollout(task: str, label: str = "", *, carrier: dict[str, str] | None = None
     r = reporter()
     handle = r.start(task, label) if r is not None else Rollout(None, task, label, 0.0)
     handle.doing_now = stage
+    handle.stage_turn = 1 if stage == "model" else 0
     handle.spans = tracing.rollout_spans(task, label, carrier, model)
     if handle.spans is not None:
-        handle.spans.stage(handle.doing_now, "", 0)
+        handle.spans.stage(handle.doing_now, "", handle.stage_turn)
     _current.set(handle)
     return handle
 
 
 def current() -> Rollout | None:
     return _current.get()
+
+
+def spans() -> tracing.RolloutSpans | None:
+    """The current rollout's spans, where tracing is on (a policy asking the model puts its request, answer and
+    trace context on the turn's chat span)."""
+    handle = _current.get()
+    return handle.spans if handle is not None and not handle.over else None
 
 
 def adopt(task: str, label: str) -> Rollout:
@@ -337,5 +370,5 @@ def adopt(task: str, label: str) -> Rollout:
     return handle
 
 
-__all__ = ["LEVELS", "Reporter", "Rollout", "adopt", "current", "install", "reporter", "rollout", "stage",
+__all__ = ["LEVELS", "Reporter", "Rollout", "adopt", "current", "install", "reporter", "rollout", "spans", "stage",
            "stderr_line", "timestamp"]

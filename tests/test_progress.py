@@ -67,6 +67,28 @@ def test_each_event_is_one_timestamped_line_in_order():
     assert r.running() == []
 
 
+def test_each_turn_s_model_wait_starts_its_own_timer_even_after_a_format_error():
+    """Issue 87: a model answering prose every 12 s (each reply a format error: no command, no evaluation between
+    two waits for the model) was STALLED at 30/40/50 s while its turns advanced. The control: the same rollout whose
+    model does not answer for 31 s is STALLED."""
+    r, lines, clock = reporter(heartbeat=10, stall=30)
+    a = r.start("prisoners-dilemma", "#0")
+    a.doing("model")
+    for turn in range(1, 9):
+        for _ in range(12):
+            clock.now += 1
+            r.beat()
+        a.stepped(turn, "format_error", 0.0, 0.0)
+        a.doing("model")
+    assert not any("STALLED" in line for line in lines), lines
+    beats = [LINE.match(line).group(2) for line in lines if "running," in line]
+    waits = [int(re.search(r"waiting for the model for (\d+)s", b).group(1)) for b in beats]
+    assert beats and max(waits) <= 12, beats  # each turn's wait, never the rollout's since its last command
+    clock.now += 31
+    (stalled,) = r.beat()
+    assert stalled.startswith("rollout prisoners-dilemma #0: STALLED, turn 8, waiting for the model for 31s")
+
+
 def test_the_heartbeat_names_stage_turn_and_elapsed_and_says_stalled_with_what_it_waits_on():
     r, lines, clock = reporter(heartbeat=30, stall=120)
     a = r.start("tabular-classification", "#1")

@@ -43,6 +43,7 @@ from air.episode.records import (
     Summary,
 )
 from air.episode.tool_calls import NO_CALL, parse_call
+from air.policies import ModelAnswer
 from air.episode.rewards import RewardTracker
 from air.episode.snapshot import EpisodeState, Snapshot
 from air.errors import SnapshotError
@@ -129,7 +130,7 @@ class Episode:
         # What a log shows of it (air.progress): the driver's rollout when one was started for it before the lease.
         index = (meta or {}).get("rollout")
         self.progress = progress.adopt(self.spec.id, f"#{index}" if isinstance(index, int) else self.id)
-        self.progress.episode(self.id)
+        self.progress.episode(self.id, self.prompt)
         self.progress.doing("model")
 
     def _config_record(self) -> dict[str, Any]:
@@ -178,6 +179,8 @@ class Episode:
         episode.started = time.monotonic() - s.seconds
         episode.tracker.resume(s.scores, s.score_baselines, s.paid)
         episode.resumed_from = snap
+        episode.progress.turn = s.turn  # its first wait is for turn s.turn + 1 (its chat span says so)
+        episode.progress.doing("model")
         return episode
 
     # ----- prompts ----------------------------------------------------------------------------------------------
@@ -195,13 +198,16 @@ class Episode:
         return task_prompt(self.spec, self.config)
 
     # ----- stepping ---------------------------------------------------------------------------------------------
-    async def step(self, reply: str | Reply, *, model_retries: int = 0) -> StepResult:
+    async def step(self, reply: str | Reply, *, model_retries: int = 0,
+                   answer: ModelAnswer | None = None) -> StepResult:
         """Apply one model reply; returns what answers it (or the final observation). `model_retries`: how often
-        the driver had to ask the model's endpoint again for this reply (recorded when not 0)."""
+        the driver had to ask the model's endpoint again for this reply (recorded when not 0); `answer`: what the
+        endpoint said beside the reply (token usage, logprobs, reasoning), recorded on the step as it came."""
         if self.done:
             raise RuntimeError("the episode is over")
         self.turns += 1
         reply = _cleaned(reply)  # whichever driver brought it: a lone surrogate could be neither run nor recorded
+        self.progress.replied(reply.message() if isinstance(reply, Reply) else {"role": "assistant", "content": reply})
         started = time.monotonic()
         if self.action_format == "tools" and isinstance(reply, Reply) and reply.tool_calls:
             observation, reward, fields, answers = await self._calls(reply)
@@ -233,16 +239,19 @@ class Episode:
         self.env_seconds += seconds
         self.step_rewards.append(reward)
         retried = {"model_retries": model_retries} if model_retries else {}
+        if answer is not None:
+            retried |= answer.recorded()
         kinds = [c.action.kind if c.action else "not_run" for c in fields.get("tool_calls", ())]
         self.progress.stepped(self.turns, "+".join(kinds) or fields["action"]["kind"], reward, self.total_reward)
         self._record_step(StepRecord(turn=self.turns, reply=reply_text(reply), **fields, seconds=round(seconds, 4),
                                      observation=observation, reward=reward, done=self.done,
                                      total_reward=self.total_reward, **retried))
+        answers = answers or [{"role": "user", "content": observation}]
         if not self.done:
             self.progress.doing("model")
+            self.progress.prompted(answers)
         return StepResult(observation, reward, self.done,
-                          {"action": fields["action"]["kind"], **({"calls": kinds} if kinds else {})},
-                          answers or [{"role": "user", "content": observation}])
+                          {"action": fields["action"]["kind"], **({"calls": kinds} if kinds else {})}, answers)
 
     async def _calls(self, reply: Reply) -> tuple[str, float, dict[str, Any], list[dict[str, Any]]]:
         """Run a reply's tool calls in order, each one action; those after the one that ended the episode do
@@ -276,12 +285,12 @@ class Episode:
         if isinstance(action, Command):
             observation, run = await self._run_command(action.text, action.timeout)
             return observation, 0.0, run.model_dump()
-        self.progress.doing("scoring")
+        self.progress.doing("scoring", turn=self.turns)
         outcome = await self.task_env.evaluate(self.sandbox)
         reward = self._score(outcome)
         self.progress.validated(self.turns, outcome.status, outcome.metrics.get(self.spec.primary.name),
                                 self.tracker.last_normalized if outcome.ok else None, reward, outcome.draw,
-                                kind="submit" if isinstance(action, Submit) else "validate")
+                                kind="submit" if isinstance(action, Submit) else "validate", message=outcome.message)
         happened = self._evaluation(outcome).model_dump(exclude_unset=True)
         if isinstance(action, Submit):
             self._end("submitted")
@@ -298,7 +307,7 @@ class Episode:
         left = max(self.config.max_seconds - (time.monotonic() - self.started), MIN_COMMAND_SECONDS)
         by_episode = left < timeout  # the episode's time limit comes first: the command gets what is left of it
         timeout = min(timeout, left)
-        self.progress.doing("command", text)
+        self.progress.doing("command", text, turn=self.turns)
         result = await self.sandbox.session.run(text, timeout=timeout, merge_stderr=True)
         output = truncate_text(result.stdout, self.config.observation_chars)
         notes = []
@@ -315,6 +324,7 @@ class Episode:
         if result.exit_code is not None:
             notes.append(f"[exit code {result.exit_code}]")
         observation = (output.rstrip("\n") + "\n" if output.strip() else "") + " ".join(notes)
+        self.progress.command_done(result.exit_code, result.timed_out, result.oom_killed, observation)
         return observation, CommandRun(
             exit_code=result.exit_code, timed_out=result.timed_out, oom_killed=result.oom_killed,
             shell_restarted=result.shell_restarted, output_bytes_dropped=result.dropped_bytes,
@@ -373,13 +383,13 @@ class Episode:
     async def _final_evaluation(self, reason: EndReason) -> tuple[str, float, Evaluation]:
         """MLGym's autosubmission: the episode ended on a limit, so score what is there."""
         self._end(reason)
-        self.progress.doing("scoring")
+        self.progress.doing("scoring", turn=self.turns)
         outcome = await self.task_env.evaluate(self.sandbox)
         self.final_status = outcome.status
         reward = self._score(outcome)
         self.progress.validated(self.turns, outcome.status, outcome.metrics.get(self.spec.primary.name),
                                 self.tracker.last_normalized if outcome.ok else None, reward, outcome.draw,
-                                kind="final evaluation")
+                                kind="final evaluation", message=outcome.message)
         text = f"Episode over ({reason.replace('_', ' ')} reached); your current submission was evaluated:\n" \
                f"{validation_text(self.spec, outcome)}"
         return text, reward, self._evaluation(outcome)

@@ -10,7 +10,8 @@ A trajectory file holds one episode as JSON lines:
   `parent` and keeps the conversation it continued (`prefix`);
 - `step`, one per turn: the reply, the parsed action, what it did (a command's exit code, flags and timings,
   or an evaluation's status, metrics and score), the automatic final evaluation when the step reached a limit,
-  the observation, the reward and the return so far. In the tools format a reply that called tools has the
+  the observation, the reward and the return so far; what the endpoint said beside the reply where air asked it
+  (`usage`, `logprobs`, `reasoning`). In the tools format a reply that called tools has the
   action `tool_calls` and one entry per call in `tool_calls` (its id, name and arguments as the model wrote
   them, the parsed action, what it did, its result and its reward). A step whose reply is None is a driver
   ending the episode early (Episode.finish): it holds only that final evaluation and repeats the last turn's
@@ -30,6 +31,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
+from air.policies import TokenLogprob, Usage
 from air.tasks.hidden import RewardBaseline
 from air.tasks.spec import Metric
 
@@ -217,11 +219,22 @@ class StepRecord(CommandRun, Evaluation, Record):
     total_reward: float | None = None
     model_retries: int | None = None
     """How often the model's endpoint was asked again for the reply (busy, a dropped connection); absent: never."""
+    usage: Usage | None = None
+    """The reply's tokens as the endpoint counted them (prompt, completion, cached, reasoning); absent where it
+    counted none, or where a trainer asked the model rather than air."""
+    logprobs: list[TokenLogprob] | None = None
+    """The reply's tokens with their log probabilities, where the endpoint sent them (a request with logprobs)."""
+    reasoning: str | None = None
+    """The model's reasoning beside its reply, where the endpoint sent it apart (`reasoning_content`)."""
 
     def dump(self) -> dict[str, Any]:
         data = super().dump()
         if self.tool_calls is not None:
             data["tool_calls"] = [call.dump() for call in self.tool_calls]
+        if self.usage is not None:  # the counts the endpoint gave, none made up
+            data["usage"] = self.usage.model_dump(exclude_none=True)
+        if self.logprobs is not None:
+            data["logprobs"] = [t.model_dump(exclude_none=True) for t in self.logprobs]
         return data
 
     @property

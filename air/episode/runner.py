@@ -13,7 +13,7 @@ from air.episode.loop import Episode, EpisodeConfig, StepResult
 from air.episode.snapshot import Snapshot, SnapshotPlan
 from air.episode.trajectory import TrajectoryWriter
 from air.failures import translate
-from air.policies import Message, Policy, retries_noted
+from air.policies import Message, Policy, answers_noted, retries_noted
 from air.tasks.environment import TaskEnvironment
 
 OnStep = Callable[[Episode, "str | Reply", StepResult], None]
@@ -45,9 +45,9 @@ async def run_episode(task_env: TaskEnvironment, policy: Policy, config: Episode
                             {"role": "user", "content": episode.prompt}]
             tools = episode.tools  # offered on every request in the tools format, None in the text format
             while True:
-                with retries_noted() as retried:
+                with retries_noted() as retried, answers_noted() as answered:
                     reply = await (policy.reply(messages, tools) if tools else policy.reply(messages))
-                step = await episode.step(reply, model_retries=len(retried))
+                step = await episode.step(reply, model_retries=len(retried), answer=answered[-1] if answered else None)
                 if on_step is not None:
                     on_step(episode, reply, step)
                 # The text format's history holds text only: an assistant message with tool calls must be answered

@@ -16,13 +16,18 @@ One ATIF file per rollout, built from air's own trajectory records (air/episode/
 
 A branch names its parent: `session_id` is its root episode's (ATIF's run-scoped id, shared by a trajectory and
 its continuations), `trajectory_id` its own episode id, and `extra.air.parent` the parent's episode and turn.
-air's records hold no token counts, ids or logprobs: steps carry no `metrics` (never made-up ones).
+A step's `metrics` are what the model's endpoint said where air asked it (the trajectory's `usage` and
+`logprobs`: prompt, completion and cached tokens, each token's logprob, the token ids where the endpoint gave its
+tokens as `token_id:N`, the tokens themselves and the reasoning tokens in `metrics.extra`), and its
+`reasoning_content` the reasoning it sent apart; the totals are in `final_metrics`. A step without them carries
+none (never made-up ones): a trainer's rollouts, or an endpoint that counts nothing.
 
 Only air's own files: a vf-eval traces.jsonl is skipped with a warning (vf-eval's own tools read those)."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -126,7 +131,8 @@ def _step(step_id: int, step: StepRecord, model: str | None) -> dict[str, Any]:
                 "message": "final evaluation (the driver ended the episode)",
                 "observation": {"results": [{"content": step.observation}]}, "extra": {"air": _air_step(step)}}
     out: dict[str, Any] = {"step_id": step_id, "timestamp": _when(step.time), "source": "agent",
-                           "model_name": model, "message": step.reply, "llm_call_count": 1}
+                           "model_name": model, "message": step.reply, "llm_call_count": 1,
+                           "reasoning_content": step.reasoning or None, "metrics": _metrics(step)}
     if step.tool_calls:
         out["tool_calls"] = [{"tool_call_id": c.id, "function_name": c.name, "arguments": _arguments(c.arguments),
                               **({"extra": {"air": {"action": c.action.kind}}} if c.action else {})}
@@ -140,6 +146,46 @@ def _step(step_id: int, step: StepRecord, model: str | None) -> dict[str, Any]:
         out["observation"] = {"results": [{"content": step.observation}]}
     out["extra"] = {"air": _air_step(step)}
     return {k: v for k, v in out.items() if v is not None}
+
+
+_TOKEN_ID = re.compile(r"^token_id:(\d+)$")
+
+
+def _metrics(step: StepRecord) -> dict[str, Any] | None:
+    """ATIF's step metrics from what the endpoint said (StepRecord.usage, .logprobs); None where it said nothing."""
+    metrics: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    if step.usage is not None:
+        usage = step.usage
+        metrics |= {k: v for k, v in (("prompt_tokens", usage.prompt_tokens),
+                                      ("completion_tokens", usage.completion_tokens),
+                                      ("cached_tokens", usage.cached_tokens)) if v is not None}
+        extra |= {k: v for k, v in (("total_tokens", usage.total_tokens),
+                                    ("reasoning_tokens", usage.reasoning_tokens)) if v is not None}
+    if step.logprobs:
+        metrics["logprobs"] = [t.logprob for t in step.logprobs]
+        ids = [_TOKEN_ID.match(t.token) for t in step.logprobs]
+        if all(ids):  # vLLM's return_tokens_as_token_ids: the ids themselves, aligned with the logprobs
+            metrics["completion_token_ids"] = [int(m.group(1)) for m in ids if m]
+        else:
+            extra["tokens"] = [t.token for t in step.logprobs]
+        if any(t.top_logprobs for t in step.logprobs):
+            extra["top_logprobs"] = [t.top_logprobs or [] for t in step.logprobs]
+    if extra:
+        metrics["extra"] = extra
+    return metrics or None
+
+
+def _totals(steps: list[StepRecord]) -> dict[str, int]:
+    """final_metrics' token totals, summed over the steps whose endpoint counted them."""
+    totals: dict[str, int] = {}
+    for name, count in (("total_prompt_tokens", "prompt_tokens"), ("total_completion_tokens", "completion_tokens"),
+                        ("total_cached_tokens", "cached_tokens")):
+        counted = [getattr(s.usage, count) for s in steps if s.usage is not None and getattr(s.usage, count)
+                   is not None]
+        if counted:
+            totals[name] = sum(counted)
+    return totals
 
 
 def _prefix_steps(start: StartRecord, model: str | None) -> list[dict[str, Any]]:
@@ -215,7 +261,7 @@ def trajectory(rollout: Rollout, session: str | None = None) -> dict[str, Any]:
         agent["tool_definitions"] = start.tools
     return {"schema_version": SCHEMA, "session_id": session or root, "trajectory_id": start.episode,
             "agent": {k: v for k, v in agent.items() if v is not None}, "steps": steps, "notes": said,
-            "final_metrics": {"total_steps": len(steps),
+            "final_metrics": {"total_steps": len(steps), **_totals(rollout.steps),
                               "extra": {"air": {"turns": len(rollout.steps), "total_reward": total}}},
             "extra": {"air": {k: v for k, v in air.items() if v is not None}}}
 

@@ -14,6 +14,9 @@ vLLM and SGLang accept). Whatever the server does, a reply is bounded and every 
   parts (joined), or null (an empty reply; tool calls are read by `message_text`'s caller). Anything else is one
   line (ModelUnavailable) naming it: an HTTP status (a redirect with its Location, 401 and 403 with the key), a
   body that is not JSON or not what its Content-Encoding says, a content that is a number or an image.
+- What the endpoint says beside the reply (its usage, the reply's logprobs, its reasoning) is noted
+  (`air.policies.note_answer`) for the trajectory; where tracing is on (air/tracing.py), the request, the answer
+  and its usage go on the turn's chat span, and the request carries that span's W3C `traceparent`.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_before_delay
 
+from air import progress
 from air.actions import Reply
 from air.errors import ModelUnavailable
-from air.policies import Message, note_retry
+from air.policies import Message, ModelAnswer, note_answer, note_retry
 from air.policies.tool_reply import tool_reply
 from air.secrets import redact_url
 from air.text import loads
@@ -104,8 +108,10 @@ def _model_ids(answer: httpx.Response) -> list[str] | None:
 
 class OpenAIPolicy:
     def __init__(self, base_url: str, model: str, api_key: str | None = None, *, temperature: float = 0.7,
-                 max_tokens: int = 2048, timeout: float = 600):
+                 max_tokens: int = 2048, timeout: float = 600, logprobs: bool = False):
         self.model, self.temperature, self.max_tokens, self.timeout = model, temperature, max_tokens, timeout
+        self.logprobs = logprobs
+        """Ask for the reply's logprobs (`logprobs: true`): the trajectory keeps them (ModelAnswer)."""
         self._keyed = bool(api_key or os.environ.get(KEY_VARIABLE))
         key = api_key or os.environ.get(KEY_VARIABLE) or "EMPTY"
         # One pooled client per policy: a new connection per turn costs tens of ms (measured in the prototype).
@@ -120,6 +126,24 @@ class OpenAIPolicy:
                                 "max_tokens": self.max_tokens}
         if tools:  # the tools format: the reply's tool calls are read by tool_reply
             body["tools"] = tools
+        if self.logprobs:
+            body["logprobs"] = True
+        # The turn's chat span (where tracing is on): what is asked, what comes back, and its trace context on the
+        # request, so that the model server's own spans join the rollout's trace.
+        spans = progress.spans()
+        headers: dict[str, str] = {}
+        if spans is not None:
+            spans.chat_request(messages, {k: v for k, v in body.items() if k not in ("messages", "tools")})
+            headers = spans.headers()
+        try:
+            return await self._reply(body, headers, tools, spans)
+        except ModelUnavailable as exc:
+            if spans is not None:
+                spans.chat_failed(str(exc))
+            raise
+
+    async def _reply(self, body: dict[str, Any], headers: dict[str, str], tools: list[dict] | None,
+                     spans: Any) -> str | Reply:
         deadline = asyncio.get_running_loop().time() + self.timeout
         # Retried: a busy answer, and a request that never reached the server or lost its connection (a request
         # that did reach it has no side effect on the episode). Never a reply that did not come in time: the
@@ -130,7 +154,7 @@ class OpenAIPolicy:
         try:
             async for attempt in retrying:
                 with attempt:
-                    status, headers, answer = await self._ask(body, deadline)
+                    status, answered, answer = await self._ask(body, deadline, headers)
         except _Busy as exc:
             attempts = retrying.statistics.get("attempt_number", 1)
             why = (f"to all {attempts} attempts" if attempts >= BUSY_ATTEMPTS else
@@ -143,14 +167,16 @@ class OpenAIPolicy:
             through = f" through {proxy}" if proxy and isinstance(exc, (httpx.ConnectError, httpx.ProxyError)) else ""
             raise ModelUnavailable(f"{self._where} unreachable{through} after {attempts} attempt(s) "
                                    f"({type(exc).__name__}: {str(exc) or 'no detail'})") from exc
-        return self._read(status, headers, answer, tools=bool(tools))
+        return self._read(status, answered, answer, tools=bool(tools), spans=spans)
 
-    async def _ask(self, body: dict[str, Any], deadline: float) -> tuple[int, httpx.Headers, bytes]:
-        """One request and its whole answer, by the deadline."""
+    async def _ask(self, body: dict[str, Any], deadline: float,
+                   headers: dict[str, str] | None = None) -> tuple[int, httpx.Headers, bytes]:
+        """One request and its whole answer, by the deadline; `headers`: the trace context, where there is one."""
         started = False
         try:
             async with asyncio.timeout_at(deadline):
-                async with self._client.stream("POST", "/chat/completions", json=body) as response:
+                async with self._client.stream("POST", "/chat/completions", json=body,
+                                               headers=headers or None) as response:
                     started = True
                     answer = bytearray()
                     async for chunk in response.aiter_bytes():  # decompressed as Content-Encoding says
@@ -169,7 +195,8 @@ class OpenAIPolicy:
             raise _Busy(response.status_code, _retry_after(response.headers.get("retry-after")), _shown(answer))
         return response.status_code, response.headers, bytes(answer)
 
-    def _read(self, status: int, headers: httpx.Headers, answer: bytes, *, tools: bool = False) -> str | Reply:
+    def _read(self, status: int, headers: httpx.Headers, answer: bytes, *, tools: bool = False,
+              spans: Any = None) -> str | Reply:
         """The reply of a whole answer (its text; with `tools`, its text and calls), or ModelUnavailable naming
         what it was instead."""
         if 300 <= status < 400:
@@ -188,6 +215,10 @@ class OpenAIPolicy:
         except ValueError as exc:
             raise ModelUnavailable(f"{self._where} answered something air cannot read as a chat completion "
                                    f"({exc}): {_shown(answer, 200)}") from None
+        # Beside the reply: usage, logprobs, reasoning (the trajectory keeps them), and the turn's chat span.
+        note_answer(ModelAnswer.of(completion))
+        if spans is not None:
+            spans.chat_answer(completion)
         choice = completion["choices"][0]
         cut = choice.get("finish_reason") == "length"
         if tools:
