@@ -52,7 +52,7 @@ if ! command -v runsc >/dev/null 2>&1; then
   package=runsc
   [ -e /etc/apt/sources.list.d/air-trixie.sources ] && package=runsc/trixie
   say "installing Debian's $package (log: $AIR_SETUP_LOG)"
-  if ! apt-get install -y -q "$package" >>"$AIR_SETUP_LOG" 2>&1; then
+  if ! tried "installing $package" apt-get install -y -q "$package"; then
     logged "apt-get update" apt-get update -q
     logged "installing $package" apt-get install -y -q "$package"
   fi

@@ -59,8 +59,7 @@ if [ -n "$extra" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       say "installing Debian's $pkg ($why)"
       # Stale package lists are the usual reason an install fails: refresh them once, then retry.
-      printf '\n$ apt-get install %s %s\n' "${opts[*]}" "$pkg" >>"$AIR_SETUP_LOG"
-      if ! apt_get install "${opts[@]}" "$pkg" >>"$AIR_SETUP_LOG" 2>&1; then
+      if ! tried "installing $pkg" apt_get install "${opts[@]}" "$pkg"; then
         [ -n "$updated" ] || logged "apt-get update" apt_get update -q
         updated=1
         logged "installing $pkg" apt_get install "${opts[@]}" "$pkg"

@@ -64,7 +64,7 @@ def test_detail_lines_are_rate_limited_and_stage_lines_always_printed():
     clock, lines = FakeClock(), []
     # Interval and steps in fake seconds; the pending line's timer would fire after hundreds of real seconds,
     # so only the clock decides what is printed, never the machine's speed.
-    with PlainProgress(lines.append, interval=500, clock=clock) as progress:
+    with PlainProgress(lines.append, interval=500, clock=clock, heartbeat=1e9) as progress:
         progress.stage("[cpu] building air/cpu:x (network off)")
         for i in range(100):
             progress.detail(f"[cpu] Step {i + 1}/100")
@@ -78,7 +78,7 @@ def test_detail_lines_are_rate_limited_and_stage_lines_always_printed():
 
 def test_a_burst_of_detail_lines_prints_one_then_the_final_stage_line():
     clock, lines = FakeClock(), []
-    with PlainProgress(lines.append, interval=500, clock=clock) as progress:
+    with PlainProgress(lines.append, interval=500, clock=clock, heartbeat=1e9) as progress:
         for i in range(1000):
             progress.detail(f"[cpu] Collecting package-{i}")
         progress.stage("[cpu] building air/cpu:x (network off)")
@@ -105,13 +105,69 @@ def test_a_waiting_detail_line_is_printed_when_its_interval_is_up():
 
 def test_a_stage_line_drops_the_waiting_detail_line():
     clock, lines = FakeClock(), []
-    with PlainProgress(lines.append, interval=0.05, clock=clock) as progress:
+    with PlainProgress(lines.append, interval=0.05, clock=clock, heartbeat=1e9) as progress:
         progress.detail("[cpu] Step 1/2")
         progress.detail("[cpu] Step 2/2")  # waits: the fake clock stands still
         progress.stage("[cpu] built air/cpu:x in 1 s")
         # Its timer (0.05 s) is cancelled: it must not write "Step 2/2" after the stage line.
         time.sleep(0.3)
     assert lines == ["[cpu] Step 1/2", "[cpu] built air/cpu:x in 1 s"]
+
+
+def test_a_long_quiet_step_gets_a_heartbeat_line_naming_it():
+    """Issue 87: a first build was silent for 205 s. On the fake clock: nothing written for the heartbeat's period,
+    a line says what is still under way, for how long, and its last step; none while lines come."""
+    clock, lines = FakeClock(), []
+    with PlainProgress(lines.append, interval=5, clock=clock, heartbeat=20) as progress:
+        progress.stage("[cpu] building air/cpu:x (network off)")
+        progress.detail("[cpu] Step 4/9 : RUN pip install --no-index /wheels/*.whl")
+        clock.now = 19.0
+        assert progress.beat() is None  # not yet due
+        clock.now = 20.0
+        assert progress.beat() == ("still at it: [cpu] building air/cpu:x (network off) (20s so far; last: [cpu] "
+                                   "Step 4/9 : RUN pip install --no-index /wheels/*.whl)")
+        clock.now = 30.0
+        assert progress.beat() is None  # one per period
+        clock.now = 125.0
+        assert progress.beat().startswith("still at it: [cpu] building air/cpu:x (network off) (2m05s so far")
+        progress.stage("[cpu] built air/cpu:x in 125 s")
+        clock.now = 140.0
+        assert progress.beat() is None
+    assert len(lines) == 5
+
+
+def test_the_heartbeat_runs_by_itself_while_a_step_is_quiet():
+    lines: list[str] = []
+    with PlainProgress(lines.append, heartbeat=0.5) as progress:
+        progress.stage("[cpu] building air/cpu:x (network off)")
+        deadline = time.monotonic() + 60  # a generous bound: fails only if no beat ever comes
+        while len(lines) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert lines[0] == "[cpu] building air/cpu:x (network off)" and len(lines) >= 3
+    assert all(line.startswith("still at it: [cpu] building") for line in lines[1:]), lines
+
+
+def test_logged_says_a_line_while_a_long_step_runs(tmp_path):
+    """scripts/logged.sh (setup.sh's, ensure-docker.sh's and gvisor-docker.sh's steps): `still ...` every
+    AIR_SETUP_HEARTBEAT seconds while the step runs; none after it; the step's own output only in the log."""
+    script = tmp_path / "steps.sh"
+    script.write_text(f"""set -euo pipefail
+say() {{ echo "setup: $*" >&2; }}
+AIR_SETUP_LOG={tmp_path}/log
+. {ROOT}/scripts/logged.sh
+logged "sleeping" sh -c 'echo quiet; sleep 3.5'
+tried "failing" sh -c 'sleep 1.5; exit 3' || echo "rc=$?" >&2
+sleep 2
+say done
+""")
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "AIR_SETUP_HEARTBEAT": "1"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    sleeping = [line for line in lines if line.startswith("setup: still sleeping (")]
+    assert len(sleeping) >= 2 and "quiet" not in proc.stderr and "quiet" in (tmp_path / "log").read_text()
+    assert "rc=3" in lines and lines[-1] == "setup: done"
+    assert lines.index("rc=3") == len(lines) - 2  # nothing after the step ended, through the 2 s sleep
 
 
 # ----- the set-up scripts -----------------------------------------------------------------------------------------
