@@ -186,14 +186,16 @@ def test_an_example_takes_its_flags(part):
 # ----- run: for real ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def home(tmp_path) -> Path:
-    """A user's folder: a fake MLGym checkout at ~/MLGym, the Harbor fixture dataset at ~/datasets/my-dataset and
-    two finished episodes in runs/ (no Docker)."""
+    """A user's folder: a fake MLGym checkout at ~/MLGym, AIRS-Bench-shaped tasks at ~/airs-bench, the Harbor fixture
+    dataset at ~/datasets/my-dataset and two finished episodes in runs/ (no Docker)."""
     import shutil
 
+    from airs_bench import write_suite
     from test_cli_round_three import episodes
     from test_mlgym import write_tree
 
     write_tree(tmp_path / "MLGym")
+    write_suite(tmp_path / "airs-bench" / "airsbench" / "tasks")
     shutil.copytree(ROOT / "tests" / "fixtures" / "harbor", tmp_path / "datasets" / "my-dataset")
     episodes(tmp_path)
     return tmp_path

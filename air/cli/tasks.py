@@ -237,6 +237,8 @@ def tasks_show(task: str, mlgym_root: MlgymRoot = None, harbor_root: HarborRoot 
     plain(spec.description)
     plain(f"\nstarter:  {', '.join(e.dest for e in spec.starter) or '-'}")
     plain(f"data:     {', '.join(e.dest for e in spec.data) or '-'} (read-only, workspace/data)")
+    for missing in spec.needs.missing_data:
+        out.print(f"[red]cannot run here[/]: {escape(missing)}", soft_wrap=True)
     plain(f"secret:   {len(spec.secret)} file(s), scorer only")
     if spec.hidden:
         plain(f"hidden:   {', '.join(spec.hidden.data + spec.hidden.secret)}: "
@@ -250,9 +252,17 @@ def tasks_show(task: str, mlgym_root: MlgymRoot = None, harbor_root: HarborRoot 
           f"({spec.evaluation.contract} contract, {spec.evaluation.timeout:g} s)")
     metrics = ", ".join(f"{m.name} ({m.direction}{', primary' if m.primary else ''})" for m in spec.metrics)
     plain(f"metrics:  {metrics}")
-    plain(f"baseline: {spec.baseline.scores} ± {spec.baseline.tolerance}  command: {spec.baseline.command or '-'}"
-          + (" (the record: on the reference draw)" if spec.hidden else ""))
-    if spec.hidden:
+    anchor = spec.reward_anchor
+    if anchor is not None and not spec.baseline.scores:
+        plain("baseline: none (its suite records the state of the art instead)")
+    else:
+        plain(f"baseline: {spec.baseline.scores} ± {spec.baseline.tolerance}  command: {spec.baseline.command or '-'}"
+              + (" (the record: on the reference draw)" if spec.hidden else ""))
+    if anchor is not None:
+        plain(f"rewards:  the suite's normalised score: 0 at its worst {spec.primary.name} {anchor.worst:.6g}, 1 at "
+              f"its state of the art {anchor.sota:.6g}, log-distance to the optimum {anchor.optimal:g} "
+              f"({anchor.source})")
+    elif spec.hidden:
         plain(f"rewards:  normalised against {_say_reward_baseline(spec)}")
     plain(f"limits:   {spec.resources.cpus:g} CPU, {spec.resources.memory_mb} MB, {spec.resources.gpus} GPU; "
           f"command {spec.timeouts.command:g} s, training {spec.timeouts.training:g} s")
@@ -263,6 +273,10 @@ def _reward_baseline(spec) -> dict:
     host's draw of its hidden data, measured once (None until the first rollout or `air tasks check` has)."""
     from air.tasks.hidden import host_baseline, on_host_draw
 
+    if spec.reward_anchor is not None and not spec.baseline.scores:
+        anchor = spec.reward_anchor
+        return {"source": "state of the art", "score": None, "sota": anchor.sota, "worst": anchor.worst,
+                "optimal": anchor.optimal, "from": anchor.source}
     if spec.hidden and spec.hidden.draw == "each evaluation":
         return {"source": "each evaluation's draw", "score": spec.baseline_score, "record": spec.baseline_score}
     if not on_host_draw(spec):

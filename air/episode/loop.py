@@ -101,7 +101,7 @@ class Episode:
         self.baseline = task_env.baseline  # the record's score, or the baseline's on this host's draw
         baseline = self.baseline.score
         self.tracker = RewardTracker(self.config.reward, 0.0 if baseline is None else baseline,
-                                     self.spec.primary.direction, self.spec.reward_scale)
+                                     self.spec.primary.direction, self.spec.reward_scale, self.spec.reward_anchor)
         self.turns = 0
         self.actions = 0
         """Actions begun: one per text reply, one per tool call run. The turn limit counts these, so that a reply

@@ -32,7 +32,9 @@ def system_prompt(spec: TaskSpec, action_format: ActionFormat = "text") -> str:
 
 
 def task_prompt(spec: TaskSpec, config: EpisodeConfig) -> str:
-    baseline = ", ".join(f"{k} = {v:.6g}" for k, v in spec.baseline.scores.items())
+    baseline = "baseline: " + ", ".join(f"{k} = {v:.6g}" for k, v in spec.baseline.scores.items())
+    if spec.reward_anchor is not None and not spec.baseline.scores:  # scored against its suite's state of the art
+        baseline = f"state of the art: {spec.reward_anchor.sota:.6g}"
     return (f"{spec.description}\n\n"
-            f"Primary metric: {spec.primary.name} ({spec.primary.direction} is better); baseline: {baseline}.\n"
+            f"Primary metric: {spec.primary.name} ({spec.primary.direction} is better); {baseline}.\n"
             f"You have {config.max_turns} turns. Your workspace is the current directory.")

@@ -29,6 +29,21 @@ Modes
 without clipping or failed validations the return telescopes to n(last score):
 the agent is paid for where it ends up, and each step for its progress.
 
+State of the art
+----------------
+A task with no baseline of its own, scored against its suite's state of the
+art (AIRS-Bench: ``TaskSpec.reward_anchor``, from the suite's metadata.yaml),
+is normalised as the suite normalises it::
+
+    n(s) = (phi(s) - phi(w)) / (phi(sota) - phi(w)),   phi(s) = -log10|s - opt|
+
+with ``w`` the suite's estimated worst score, ``sota`` the state of the art and
+``opt`` the metric's optimum: the worst score is 0, the state of the art 1,
+and each step of the way is a factor of ten closer to the optimum (an MAE of
+24,183,970 worst, 5.83 state of the art: 100 is 0.81). The direction is in
+``opt``; the scale is the anchor's. ``score_bound`` clamps it as any other
+(a score at the optimum would be infinite).
+
 ``best``: reward_t = max(0, n(s_t) - best), best starting at 0, so only new
 bests over the baseline are paid and the return is max(0, n(best score)):
 exploring worse solutions is never punished.
@@ -57,7 +72,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from air.tasks.spec import Direction
+from air.tasks.spec import Direction, RewardAnchor
 
 
 class RewardConfig(BaseModel):
@@ -81,20 +96,39 @@ class Normalizer(BaseModel):
     direction: Direction
     scale: float = Field(gt=0)
     bound: float | None = Field(default=None, gt=0)
+    anchor: RewardAnchor | None = None
+    """The suite's state of the art, worst score and optimum: n is the suite's normalised score (the module's
+    docstring), and baseline, direction and scale are not used."""
 
     @classmethod
     def for_task(
         cls, baseline: float, direction: Direction, scale: float | None, scale_floor: float,
-        bound: float | None = None,
+        bound: float | None = None, anchor: RewardAnchor | None = None,
     ) -> Normalizer:
         if scale is None:
             scale = max(abs(baseline), scale_floor)
-        return cls(baseline=baseline, direction=direction, scale=scale, bound=bound)
+        return cls(baseline=baseline, direction=direction, scale=scale, bound=bound, anchor=anchor)
 
     def __call__(self, score: float) -> float:
-        sign = 1.0 if self.direction == "higher" else -1.0
-        n = sign * (score - self.baseline) / self.scale
+        if self.anchor is not None:
+            n = anchored(score, self.anchor)
+        else:
+            sign = 1.0 if self.direction == "higher" else -1.0
+            n = sign * (score - self.baseline) / self.scale
         return n if self.bound is None else min(self.bound, max(-self.bound, n))
+
+
+_NEAREST = 1e-300
+"""A score at the optimum is this far from it (phi 300), so that n stays a number before the bound clamps it."""
+
+
+def anchored(score: float, anchor: RewardAnchor) -> float:
+    """The suite's normalised score of `score`: 0 at its worst score, 1 at its state of the art."""
+    def phi(value: float) -> float:
+        return -math.log10(max(abs(value - anchor.optimal), _NEAREST))
+
+    low = phi(anchor.worst)
+    return (phi(score) - low) / (phi(anchor.sota) - low)
 
 
 class RewardTracker:
@@ -110,10 +144,11 @@ class RewardTracker:
         baseline: float,
         direction: Direction,
         scale: float | None = None,
+        anchor: RewardAnchor | None = None,
     ) -> None:
         self._config = config
         self._normalize = Normalizer.for_task(baseline, direction, scale, config.scale_floor,
-                                              config.score_bound)
+                                              config.score_bound, anchor)
         self._history: list[float] = []
         self._baselines: list[float | None] = []  # each score's own draw's baseline (None: the episode's)
         self._normalized: list[float] = []
@@ -221,6 +256,7 @@ def rescore(
     scale: float | None = None,
     draw_baselines: list[float | None] | None = None,
     prefix: list[tuple[float, float | None]] = (),
+    anchor: RewardAnchor | None = None,
 ) -> list[float]:
     """Step rewards for a recorded sequence (None = a failed validation); `draw_baselines`: each evaluation's
     own baseline, for a task drawn per evaluation; `prefix`: a branch's parent's validated scores before it (each
@@ -229,7 +265,7 @@ def rescore(
     Replays the sequence through a RewardTracker so that offline rescoring can
     never drift from the rewards paid during training.
     """
-    tracker = RewardTracker(config, baseline, direction, scale)
+    tracker = RewardTracker(config, baseline, direction, scale, anchor)
     for score, own_baseline in prefix:
         tracker.on_validation(score, own_baseline)
     own = draw_baselines or [None] * len(scores)

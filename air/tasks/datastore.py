@@ -37,6 +37,13 @@ def store_dir() -> Path:
                                                         os.path.expanduser("~/.cache")) / "air" / "data")
 
 
+def local_data_dir() -> Path:
+    """Prepared local datasets, one folder each, by the last name of the path a task's YAML gives (an AIRS-Bench
+    task's data_path, `/checkpoint/.../airs_text_only_prepared/<Task>`, is found at `<store>/local/<Task>`): air
+    never reads the path itself, which a downloaded YAML could point anywhere."""
+    return store_dir() / "local"
+
+
 def cache_folder(hub_id: str) -> str:
     """The folder `datasets` looks for: `org/CamelName` -> `org___camel_name` (its camelcase_to_snakecase)."""
     parts = hub_id.split("/")

@@ -39,6 +39,25 @@ def load_task(ref: str, mlgym_root: Path | str | None = None, gpus: int = 0, dra
     return on_gpus(_load(ref, mlgym_root, draw, harbor_root), gpus)
 
 
+def mlgym_location(name: str, root: Path | str | None) -> tuple[Path, str]:
+    """(MLGym root, the YAML's path under its configs/) of `mlgym:<name>`: `name` under the root's configs/ (the
+    root from --mlgym-root or $MLGYM_ROOT); or a YAML file's own path, absolute or from the current directory, whose
+    root is the folder holding the `configs/` it lies in (an AIRS-Bench task's folder, `<Task>/configs/tasks/
+    <Task>.yaml`, as its suite publishes it)."""
+    given = Path(name)
+    if root and not given.is_absolute() and (Path(root) / "configs" / name).is_file():
+        return Path(root), name
+    if given.suffix in (".yaml", ".yml") and given.is_file():
+        path = given.resolve()
+        configs = next((folder for folder in path.parents if folder.name == "configs"), None)
+        if configs is not None:
+            return configs.parent, str(path.relative_to(configs))
+    if not root:
+        raise UsageError(f"mlgym:{name}: an MLGym task needs the MLGym checkout (--mlgym-root or $MLGYM_ROOT), "
+                         "or the path of a task YAML inside a configs/ folder")
+    return Path(root), name
+
+
 def check_name(ref: str) -> None:
     """UsageError when a part of `ref` is longer than a file name may be: every task id names a file or folder, and
     the file system's own refusal (ENAMETOOLONG) would come from wherever it is first used."""
@@ -51,10 +70,8 @@ def check_name(ref: str) -> None:
 def _load(ref: str, mlgym_root: Path | str | None, draw: Draw | None, harbor_root: Path | str | None) -> TaskSpec:
     check_name(ref)
     if ref.startswith(MLGYM_PREFIX):
-        root = mlgym_root or os.environ.get("MLGYM_ROOT")
-        if not root:
-            raise UsageError(f"{ref}: an MLGym task needs the MLGym checkout (--mlgym-root or $MLGYM_ROOT)")
-        return load_mlgym_task(Path(root), ref.removeprefix(MLGYM_PREFIX))
+        root, name = mlgym_location(ref.removeprefix(MLGYM_PREFIX), mlgym_root or os.environ.get("MLGYM_ROOT"))
+        return load_mlgym_task(root, name)
     if ref.startswith(HARBOR_PREFIX):
         from air.tasks.harbor.loader import load_harbor_task
 
@@ -75,7 +92,10 @@ def gpus_here() -> int:
 
 def why_not_here(spec: TaskSpec, gpus: int | None = None) -> str | None:
     """The one reason `spec` cannot run on this host (`gpus`: its GPUs, default nvidia-smi's count), or None. A task
-    that asks for GPUs (a bundled GPU task, or an MLGym task scored on CUDA) needs them: air never runs it without."""
+    that asks for GPUs (a bundled GPU task, or an MLGym task scored on CUDA) needs them: air never runs it without.
+    A task whose local data is not on this host (`needs.missing_data`) says which and how to prepare it."""
+    if spec.needs.missing_data:
+        return spec.needs.missing_data[0]
     need = max(spec.resources.gpus, 1 if spec.needs.gpu_evaluation else 0)
     if not need:
         return None

@@ -26,7 +26,7 @@ Contract = Literal["air", "mlgym-csv", "mlgym-model", "mlgym-lm", "mlgym-python"
 _LATER_FIELDS = {"action_format": "text", "build": None, "image_workspace": None, "env": {}, "verifier_image": None,
                  "verifier_build": None, "verifier_installs": False,
                  "verifier_collect": [], "verifier_artifacts": None, "services": [], "service_builds": {},
-                 "service_waits": {}, "service_collect": [], "service_artifacts": []}
+                 "service_waits": {}, "service_collect": [], "service_artifacts": [], "reward_anchor": None}
 """TaskSpec's fields that joined after task hashes were recorded (trajectories, host baselines), with defaults."""
 
 
@@ -74,6 +74,12 @@ class Evaluation(BaseModel):
     """Artefacts copied out of the workspace for scoring (relative paths inside it; files or directories)."""
     timeout: float = Field(300, gt=0, strict=True)  # strict: `true` is no number of seconds
     max_submission_mb: int = Field(512, gt=0)
+    submission_flag: str | None = Field(None, pattern=r"^--[A-Za-z][A-Za-z0-9_-]*$")
+    """mlgym-csv: the option that names the submission to the evaluation; None is MLGym's `--submission_file`
+    (AIRS-Bench's evaluate.py declares `--submission-file`, and argparse takes no other spelling)."""
+    metrics_output: Literal["last-json"] | None = None
+    """mlgym-csv: None is MLGym's reading (stdout is one JSON object); last-json: the evaluation prints its progress
+    and then its metrics as the last JSON object of its output (AIRS-Bench's `json.dumps(result, indent=2)`)."""
     agent_module: str | None = None
     """MLGym tasks whose evaluation imports the agent's code (e.g. `strategy`): the evaluator runs as root and that
     module becomes a proxy to the agent's code in an unprivileged process (air_eval_kit.UntrustedModule)."""
@@ -107,6 +113,33 @@ class Baseline(BaseModel):
     """False: the task ships nothing that produces its baseline (MLGym's titanic): its scores are a record that
     cannot be reproduced, and the check only exercises the evaluation on `baseline_files` (a reference
     submission) when the task has one."""
+
+
+class RewardAnchor(BaseModel):
+    """A task with no baseline of its own, scored against its suite's state of the art (AIRS-Bench's
+    metadata.yaml): rewards are the suite's normalised score (air.episode.rewards), 0 at the suite's worst score and
+    1 at the state of the art, on a log scale of the distance to the metric's optimum."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    sota: float
+    """The state of the art (the published score the suite records)."""
+    worst: float
+    """The suite's estimated worst score: normalised 0."""
+    optimal: float
+    """The metric's best possible value (accuracy 1, an error 0)."""
+    source: str = ""
+    """Where the numbers are from (the metadata file, the paper)."""
+
+    @model_validator(mode="after")
+    def _apart(self) -> RewardAnchor:
+        if len({self.sota, self.worst, self.optimal}) != 3:
+            raise ValueError(f"the state of the art ({self.sota:g}), the worst score ({self.worst:g}) and the "
+                             f"optimum ({self.optimal:g}) must differ, or no score lies between them")
+        if abs(self.sota - self.optimal) >= abs(self.worst - self.optimal):
+            raise ValueError(f"the state of the art ({self.sota:g}) must be nearer the optimum ({self.optimal:g}) "
+                             f"than the worst score ({self.worst:g})")
+        return self
 
 
 class ServiceCollect(BaseModel):
@@ -196,6 +229,9 @@ class TaskNeeds(BaseModel):
     datasets: list[str] = []
     """Hugging Face dataset ids the task's code loads with `datasets.load_dataset`: served read-only from air's
     local data store (`air data add ID --from DIR`), since containers have no network."""
+    missing_data: list[str] = []
+    """A local dataset not on this host, one line each saying which and how to prepare it (an AIRS-Bench task's
+    data_path names its authors' cluster): the task loads, and cannot run here until it is prepared."""
     notes: list[str] = []
     """What else it needs that air cannot provide offline (model weights, packages no recipe has)."""
     training: TrainingNeeds | None = None
@@ -287,6 +323,8 @@ class TaskSpec(BaseModel):
     needs: TaskNeeds = TaskNeeds()
     reward_scale: float | None = Field(None, gt=0)
     """Normalisation scale for rewards when |baseline| is a poor yardstick (see air.episode.rewards)."""
+    reward_anchor: RewardAnchor | None = None
+    """No baseline: rewards are the suite's normalised score against its state of the art (RewardAnchor)."""
     hidden: HiddenSplit | None = None
     action_format: ActionFormat = "text"
     """How the model acts on this task unless a run says otherwise (air/actions.py): text or tools."""
@@ -345,8 +383,9 @@ class TaskSpec(BaseModel):
         """The fields added after hashes were first recorded, where they hold their defaults."""
         later: dict = {name: True for name, default in _LATER_FIELDS.items() if getattr(self, name) == default}
         nested = {(part, name) for part, name in (("timeouts", "episode"), ("resources", "workspace_mb"),
-                                                  ("evaluation", "env"))
-                  if getattr(getattr(self, part), name) in (None, {})}
+                                                  ("evaluation", "env"), ("evaluation", "submission_flag"),
+                                                  ("evaluation", "metrics_output"), ("needs", "missing_data"))
+                  if getattr(getattr(self, part), name) in (None, {}, [])}
         for part, name in nested:
             later.setdefault(part, {})[name] = True
         return later

@@ -9,6 +9,7 @@ the evaluator runs as root on a root-owned, read-only workspace; otherwise as th
 from __future__ import annotations
 
 import io
+import json
 import shlex
 import tarfile
 
@@ -52,7 +53,7 @@ def _command(spec: TaskSpec, model_config: str | None) -> str:
     entry = f"{WORKSPACE}/{spec.evaluation.entry}"
     contract = spec.evaluation.contract
     if contract == "mlgym-csv":
-        return f"python {entry} --submission_file {WORKSPACE}/submission.csv"
+        return f"python {entry} {spec.evaluation.submission_flag or '--submission_file'} {WORKSPACE}/submission.csv"
     if contract == "mlgym-model":
         return f"python {entry} --config_fname {shlex.quote(model_config or '')}"
     if contract == "mlgym-lm" and spec.resources.gpus:
@@ -130,13 +131,32 @@ async def run_mlgym(scorer: Sandbox, spec: TaskSpec, artefacts: bytes, baseline:
         return broken(spec, result)
     # MLGym's own reading: CSV and Python tasks print exactly one JSON object (anything else printed, e.g. by
     # the agent's imported code, makes it unreadable); model and LM tasks print it on the first `{` line.
-    if ev.contract in ("mlgym-csv", "mlgym-python"):
+    if ev.metrics_output == "last-json":
+        raw = last_json(result.stdout)
+    elif ev.contract in ("mlgym-csv", "mlgym-python"):
         raw = result.stdout.strip()
     else:
         raw = next((line for line in result.stdout.splitlines() if line.strip().startswith("{")), "")
     if not raw:
         return EvalOutcome(status="malformed_metrics", message="The evaluation printed no metrics.")
     return metrics_outcome(spec, raw)
+
+
+def last_json(stdout: str) -> str:
+    """The last JSON object of an evaluation's output that runs to its end (AIRS-Bench's evaluate.py prints its
+    progress, then `json.dumps(result, indent=2)`): the text from the last line that opens one, "" where none does.
+    Only a CSV task's evaluation reads so (its own code runs, the agent's does not), so what it printed last is its
+    result."""
+    lines = stdout.rstrip().splitlines(keepends=True)
+    for start in range(len(lines) - 1, -1, -1):
+        if lines[start].lstrip().startswith("{"):
+            text = "".join(lines[start:]).strip()
+            try:
+                json.loads(text)
+            except ValueError:
+                continue
+            return text
+    return ""
 
 
 def _owned_by_agent(artefacts: bytes, uid: int) -> bytes:

@@ -158,7 +158,8 @@ def survey_task(root: Path, config: str, host: HostFacts) -> SurveyRow:
     if missing:
         needs.append(f"modules {', '.join(missing)} (not in image {spec.image})")
 
-    blockers = []
+    blockers = list(spec.needs.missing_data)  # a local dataset not on this host (an AIRS-Bench task's): said first
+    needs += [f"its prepared data ({len(spec.needs.missing_data)} dataset(s))"] if spec.needs.missing_data else []
     if provided is None:
         blockers.append(f"no image recipe named {spec.image!r}")
     elif missing:
