@@ -181,6 +181,12 @@ def _folder(text: str) -> str:
     return text
 
 
+def _patience(text: str) -> str | float:
+    if text.strip() == "auto":
+        return "auto"
+    return _float(1.0, 100.0)(text)
+
+
 def _table() -> dict[str, Variable]:
     rows = [
         Variable("AIR_BACKEND", _choice("docker", "kubernetes", "enroot"), "docker",
@@ -242,6 +248,16 @@ def _table() -> dict[str, Variable]:
         Variable("AIR_PROGRESS_STALL", _float(0.1, 86400.0), 120.0, "0.1 to 86400 (seconds)",
                  "a rollout waiting this long on one thing (the model, a command, scoring, a sandbox) is said "
                  "STALLED, with what it waits on"),
+        Variable("AIR_PATIENCE", _patience, "auto", "`auto`, or 1 to 100",
+                 "how many times its limits the host waits for a sandbox's warden (its start, a reset, the answer to "
+                 "a command past the command's own timeout); `auto`: the node's load per CPU, 1 to 10 (docs/hpc.md)"),
+        Variable("AIR_IMAGE_ROOTS_GB", _float(0.5, 4096.0), None, "0.5 to 4096 (GB)",
+                 "the enroot backend's unpacked images in /dev/shm, this user's on this node, at most: the least "
+                 "recently used no pool uses are removed first (docs/hpc.md)",
+                 default_text="a quarter of /dev/shm's size"),
+        Variable("AIR_IMAGE_ROOTS_HOURS", _float(0.0, 8760.0), 24.0, "0 to 8760 (hours)",
+                 "an unpacked image in /dev/shm that no pool of this user used for this long is removed when the "
+                 "next pool starts (docs/hpc.md)"),
         Variable("AIR_OFFLINE", _text, None, "any text; unset, empty, 0, false or no is off",
                  "build task Dockerfiles without the network (`--offline`)",
                  default_text="unset: with the network where the host has a default route"),

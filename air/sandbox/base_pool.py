@@ -38,13 +38,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from air import progress
+from air import patience, progress
 from air.errors import InfraError, PoolExhausted, SandboxUnavailable, TaskError
 from air.sandbox.base_sandbox import BaseSandbox
 from air.sandbox.dentries import forget_names
 from air.sandbox.keyed_condition import KeyedCondition
 from air.sandbox.labels import new_run_id
 from air.sandbox.session import Session
+from air.sandbox.warden_link import WardenSilent
 from air.sandbox.spec import PoolConfig, SandboxSpec
 
 log = logging.getLogger("air.pool")
@@ -62,6 +63,18 @@ CELL_ATTEMPTS = 3
 
 class CellFailed(SandboxUnavailable):
     """A sandbox could not build its cell where cells work (the host's failure, never the agent's)."""
+
+
+SILENT_STARTS = 2
+"""Starts of a new sandbox whose warden stayed silent (a loaded node) a lease tries before it says so."""
+
+
+def _chain(exc: BaseException | None):
+    for _ in range(20):  # an exception and what it was raised from
+        if exc is None:
+            return
+        yield exc
+        exc = exc.__cause__ or exc.__context__
 
 
 @dataclass
@@ -249,9 +262,15 @@ class SandboxPool:
         lent = tuple(getattr(gpus_of, "gpu_ids", ()) or ()) if spec.resources.gpus else ()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.lease_timeout
+        silent = 0
         if lent:  # a new sandbox with the lender's GPUs (see lease): only its slot is claimed
-            await self._take_idle_or_reserve(spec, deadline, reuse_idle=False)
-            sandbox = await self._create(spec, lent_gpus=lent)
+            while True:
+                await self._take_idle_or_reserve(spec, deadline, reuse_idle=False)
+                try:
+                    sandbox = await self._create(spec, lent_gpus=lent)
+                    break
+                except InfraError as exc:
+                    silent = self._silent_start(spec, exc, silent)
             self._borrowers.add(sandbox)
             sandbox.leases += 1
             self.stats.leases += 1
@@ -262,7 +281,11 @@ class SandboxPool:
         while True:
             sandbox = await self._take_idle_or_reserve(spec, deadline, key=key)
             if sandbox is None:  # a slot is reserved for us: create
-                sandbox = await self._create(spec)
+                try:
+                    sandbox = await self._create(spec)
+                except InfraError as exc:
+                    silent = self._silent_start(spec, exc, silent)
+                    continue
                 await self._services_ready(sandbox, new=True)
             elif not await self._healthy(sandbox) or not await self._services_ready(sandbox):
                 self.stats.health_failures += 1
@@ -274,6 +297,18 @@ class SandboxPool:
             if self._short(key):  # keep the key's warm target while this one is out
                 self._spawn(self._refill(spec))
             return sandbox
+
+    def _silent_start(self, spec: SandboxSpec, exc: InfraError, silent: int) -> int:
+        """A new sandbox whose warden said nothing within its (stretched) limit: on a loaded node, tried again
+        (SILENT_STARTS times in all); then one line saying the node is overloaded. Any other failure is raised."""
+        if not any(isinstance(e, WardenSilent) for e in _chain(exc)):
+            raise exc
+        silent += 1
+        what = f"a new sandbox of {spec.task or spec.image}"
+        if silent >= SILENT_STARTS:
+            raise SandboxUnavailable(patience.overloaded(f"{what} did not start, {silent} times ({exc})")) from exc
+        log.warning("%s did not start in time (%s; %s): trying again", what, exc, patience.state())
+        return silent
 
     async def _take_idle_or_reserve(self, spec: SandboxSpec, deadline: float, reuse_idle: bool = True,
                                     key: str | None = None) -> BaseSandbox | None:

@@ -15,6 +15,7 @@ import itertools
 import logging
 from pathlib import Path
 
+from air import patience
 from air.errors import InfraError, SandboxUnavailable
 from air.sandbox.base_sandbox import BaseSandbox
 from air.sandbox.layout import (
@@ -67,6 +68,20 @@ class WardenGone(SandboxUnavailable):
     """The warden's exec ended, stopped answering or broke the protocol: the sandbox cannot be trusted any more."""
 
 
+class WardenSilent(WardenGone):
+    """The warden said nothing within its limit (stretched by air/patience.py): on a loaded node, a start that may
+    succeed when tried again (base_pool.acquire does, once), not a broken sandbox of the agent's making."""
+
+
+STRETCHED = 60.0
+"""The first seconds of every wait for the warden that AIR_PATIENCE stretches (air/patience.py): a reset's 30 s whole, a
+command's 30 s past its own timeout and 30 s of that timeout, never the rest of a long command's timeout."""
+
+
+def stretched(wait: float) -> float:
+    return wait + (patience.factor() - 1) * min(wait, STRETCHED)
+
+
 class WardenLink:
     def __init__(self, sandbox: BaseSandbox):
         self.sandbox = sandbox
@@ -82,8 +97,10 @@ class WardenLink:
     async def open(cls, sandbox: BaseSandbox, timeout: float = 60) -> tuple[WardenLink, p.Ready]:
         """The link, and what the warden said it set up (whether it builds cells, and if not why not). A sandbox with
         a host directory (a daemon on this machine) has its warden as its main process, reached on its socket there:
-        the Docker daemon carries nothing. Elsewhere the warden is a `docker exec` and speaks on its stream."""
-        link = cls(sandbox)
+        the Docker daemon carries nothing. Elsewhere the warden is a `docker exec` and speaks on its stream.
+        `timeout` as it holds on this node (air/patience.py)."""
+        link, limit = cls(sandbox), timeout
+        timeout = patience.seconds(limit)
         if _address(sandbox):  # a pod's own port: the same secret-first handshake over TCP
             link._writer = await link._connect_tcp(_address(sandbox), timeout)
             link._writer.write(sandbox.channel_secret)
@@ -94,7 +111,7 @@ class WardenLink:
             link._writer = await link._exec(sandbox)
             link._writer.write(b"%010d" % len(warden_program()) + warden_program())
         try:
-            ready = await link.call(hello(sandbox), wait=timeout)
+            ready = await link.call(hello(sandbox), wait=limit)  # stretched there
         except BaseException:
             await link.close()
             raise
@@ -115,7 +132,8 @@ class WardenLink:
                 pass
             if loop.time() > deadline:
                 why = _tail(directory / "warden.log") or "its log is empty"
-                raise WardenGone(f"the warden of {self.sandbox.short_id} did not listen within {timeout:g}s: {why}")
+                raise WardenSilent(f"the warden of {self.sandbox.short_id} did not listen within {timeout:g}s: "
+                                   f"{why}")
             if loop.time() > next_look:  # a warden that could not start ends its container (auto_remove): say so now
                 next_look = loop.time() + 0.5
                 if not await self._container_exists():
@@ -178,12 +196,13 @@ class WardenLink:
         try:
             self._writer.write(p.encode(ident, request))
             await self._writer.drain()
+            wait = stretched(wait)
             async with asyncio.timeout(wait):
                 reply = await future
         except asyncio.TimeoutError:
             await self.close()
-            raise WardenGone(f"the warden of {self.sandbox.short_id} did not answer {request.op!r} within "
-                             f"{wait:g}s") from None
+            raise WardenSilent(f"the warden of {self.sandbox.short_id} did not answer {request.op!r} within "
+                               f"{wait:g}s") from None
         except (ConnectionError, OSError) as exc:
             await self.close()
             raise WardenGone(f"the warden of {self.sandbox.short_id} is unreachable: {exc}") from None
