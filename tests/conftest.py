@@ -173,13 +173,22 @@ def enroot_sandboxes() -> set[str]:
     return {n for n in Enroot(enroot_root()).names() if not n.startswith("air-image-")}
 
 
+def enroot_leaks(run: str, before: set[str]) -> list[str]:
+    """The enroot container roots of run `run` (the run id its pool wrote beside each), and any new since `before`
+    that names no run: never another run's of the same user (issue 85: a second run of the user's, a suite or an
+    `air eval` beside the test, counted as the test's leak)."""
+    from air.sandbox.enroot.leftovers import run_of
+
+    return sorted(n for n in enroot_sandboxes() if run_of(n) == run or (run_of(n) is None and n not in before))
+
+
 async def closed_leaving_nothing(p, client, before: set[str] | None = None) -> None:
     """Close a pool; afterwards not one container of its run may remain (on enroot, where `client` is None: no
-    container root the test added)."""
+    container root of the pool's run, nor a new one of no run)."""
     await p.close()
     if ENROOT:
-        left = enroot_sandboxes() - (before or set())
-        assert not left and not p.left_behind, f"enroot containers leaked by the test: {sorted(left)}"
+        left = enroot_leaks(p.run_id, before or set())
+        assert not left and not p.left_behind, f"enroot containers leaked by the test: {left}"
         return
     from air.sandbox import list_air_containers
 
@@ -194,11 +203,11 @@ async def closed_leaving_nothing(p, client, before: set[str] | None = None) -> N
 
 @pytest.fixture
 def leftovers(request, run_id):
-    """What the test's run left behind, when called: Docker's containers of run_id, or on enroot the container roots
-    added since the test began."""
+    """What the test's run left behind, when called: Docker's containers of run_id, or on enroot run_id's container
+    roots (and new ones that name no run)."""
     if ENROOT:
         before = enroot_sandboxes()
-        return lambda: sorted(enroot_sandboxes() - before)
+        return lambda: enroot_leaks(run_id, before)
     from air.sandbox import list_air_containers
 
     client = request.getfixturevalue("docker_client")

@@ -93,8 +93,8 @@ def _no_run_on_enroot(run: str | None) -> None:
     if run:
         from air.errors import UsageError
 
-        raise UsageError("enroot sandboxes carry no run id: `air containers ls` shows whether each one's run lives, "
-                         "and `air containers clean` removes those of dead runs")
+        raise UsageError("--run is Docker's: on enroot `air containers ls` shows each sandbox's run and whether it "
+                         "lives, and `air containers clean` removes those of dead runs")
 
 
 def _enroot_ls(as_json: bool) -> None:
@@ -105,13 +105,14 @@ def _enroot_ls(as_json: bool) -> None:
     launcher, _ = housekeeping()
     rows = leftovers.find(launcher)
     if as_json:
-        print_json([{"name": r.name, "task": r.task, "alive": r.alive, "root": r.root,
+        print_json([{"name": r.name, "task": r.task, "run": r.run, "alive": r.alive, "root": r.root,
                      "directory": str(r.directory) if r.directory else None, "cgroups": [str(c) for c in r.cgroups]}
                     for r in rows])
         return
-    table = Table("name", "task", "owner", "root", "host directory", "cgroups")
+    table = Table("name", "task", "run", "owner", "root", "host directory", "cgroups")
     for r in rows:
-        table.add_row(r.name, r.task, "[green]alive[/]" if r.alive else "[red]dead[/]", "yes" if r.root else "",
+        table.add_row(r.name, r.task, r.run or "", "[green]alive[/]" if r.alive else "[red]dead[/]",
+                      "yes" if r.root else "",
                       str(r.directory or ""), ", ".join(c.parent.parent.name for c in r.cgroups))
     show_table(table)
 

@@ -30,6 +30,10 @@ IMAGE_PREFIX = "air-image-"
 """An image's unpacked root (a cache shared by the user's sandboxes of that image), never a sandbox."""
 
 
+RUN = "run"
+"""In a sandbox's layers folder: its pool's run id (PoolConfig.run_id), written before its root is made."""
+
+
 @dataclass
 class Leftover:
     name: str
@@ -38,6 +42,8 @@ class Leftover:
     """Whether its container root is there."""
     directory: Path | None
     cgroups: list[Path] = field(default_factory=list)
+    run: str | None = None
+    """Its pool's run id (None: a sandbox made before air wrote one, or whose layers are gone)."""
 
     @property
     def task(self) -> str:
@@ -92,8 +98,20 @@ def find(launcher: Launcher, parents: dict[str, Path] | None = None) -> list[Lef
                 if e.is_dir() and e.name.startswith(PREFIX):
                     folders.setdefault(e.name, []).append(Path(e.path))
     return [Leftover(name, _alive(sandboxes / name), name in roots,
-                     sandboxes / name if name in directories else None, folders.get(name, []))
+                     sandboxes / name if name in directories else None, folders.get(name, []), run_of(name))
             for name in sorted(roots | directories | set(folders))]
+
+
+def layers() -> Path:
+    """The sandboxes' layers folders (enroot/pool.py's enroot_root()/layers), not made."""
+    return hostdir.runtime_dir() / "enroot" / "layers"
+
+
+def run_of(name: str) -> str | None:
+    try:
+        return (layers() / name / RUN).read_text().strip() or None
+    except OSError:
+        return None
 
 
 async def remove(launcher: Launcher, environ: dict[str, str], leftover: Leftover, layers: Path) -> bool:

@@ -102,6 +102,7 @@ class EnrootPool(SandboxPool):
             swept = await self._sweep()
             if swept:
                 log.warning("removed %d enroot container(s) left by dead runs", len(swept))
+        await trim_copies(self._environ)  # unpacked images none used for long, or past the cap (copies.surplus)
         await self._serve(warm_specs)
 
     async def close(self, timeout: float | None = None) -> list[str]:
@@ -112,6 +113,8 @@ class EnrootPool(SandboxPool):
             log.warning("%d enroot container(s) left for the next pool's sweep", len(self.left_behind))
         used, self._copies_used = self._copies_used, {}
         for fd in used.values():  # kept for the next pool (`air containers clean` frees those none uses)
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # its last use: the cap and the expiry remove the least recently used first
             os.close(fd)
         atexit.unregister(self._atexit_backstop)
         return self.left_behind
@@ -198,8 +201,11 @@ class EnrootPool(SandboxPool):
         lower, copy = await self._image_root(spec.image, image, image_id)
         name = f"air-{re.sub(r'[^a-z0-9-]', '-', (spec.task or 'sandbox').lower())[:24]}-{uuid.uuid4().hex[:8]}"
         layers = enroot_root() / "layers" / name
-        for d in (layers / "upper", layers / "work", layers / "home", Path(self._environ["ENROOT_DATA_PATH"]) / name):
+        for d in (layers / "upper", layers / "work", layers / "home"):
             d.mkdir(parents=True, mode=0o755)
+        # Whose it is (the suites' leak check and `air containers ls`), before its root exists and gone after it.
+        (layers / leftovers.RUN).write_text(self.run_id + "\n")
+        (Path(self._environ["ENROOT_DATA_PATH"]) / name).mkdir(mode=0o755)
         directory, secret, held = _channel_dir(name)
         limits = cgroups.Limits()
         try:
@@ -267,9 +273,15 @@ class EnrootPool(SandboxPool):
         if name not in self._copies_used:  # held until close: no sweep removes it meanwhile
             self._copies_used[name] = await asyncio.to_thread(copies.locked, under / (name + copies.USE),
                                                               fcntl.LOCK_SH)
+            with contextlib.suppress(OSError):
+                os.utime(self._copies_used[name])
         copy = under / name
-        return await self._unpacked(ref, image, copy / rootcopy.TREE, copy / rootcopy.DONE,
-                                    under / (name + copies.MAKE), empty=copy / rootcopy.EMPTY), copy
+        root = await self._unpacked(ref, image, copy / rootcopy.TREE, copy / rootcopy.DONE,
+                                    under / (name + copies.MAKE), empty=copy / rootcopy.EMPTY)
+        if not (under / (name + copies.SIZE)).exists():  # a new root (or one made before sizes): measured, the cap
+            (under / (name + copies.SIZE)).write_text(f"{await _du(copy, self._environ)}\n")
+            await trim_copies(self._environ)
+        return root, copy
 
     async def _unpacked(self, ref: str, image: Path, root: Path, done: Path, lock_file: Path,
                         empty: Path | None = None) -> Path:
@@ -302,8 +314,8 @@ class EnrootPool(SandboxPool):
         """A sandbox's root folder (its overlay's mount point) and its layers, removed in the user namespace (their
         files belong to its uids). True when both went."""
         layers = enroot_root() / "layers" / name
-        gone = await run_launcher([*USERNS, "rm", "-rf", str(layers)], self._environ) == 0
-        return await run_launcher(self.launcher.remove(name), self._environ) == 0 and gone
+        gone = await run_launcher(self.launcher.remove(name), self._environ) == 0  # the root first: its run's name
+        return await run_launcher([*USERNS, "rm", "-rf", str(layers)], self._environ) == 0 and gone  # goes last
 
     def _agent_uid_here(self) -> int:
         taken = {sb.agent_uid for sb in self._live}
@@ -337,12 +349,48 @@ async def sweep_copies(environ: dict[str, str]) -> list[str]:
     for root, fd in await asyncio.to_thread(copies.unused, under):
         try:
             if await run_launcher([*USERNS, "rm", "-rf", str(root)], environ) == 0:
+                (under / (root.name + copies.SIZE)).unlink(missing_ok=True)
                 gone.append(root.name)
         finally:
             os.close(fd)
     if gone:
         log.info("removed %d image root(s) no pool uses from %s: %s", len(gone), under, ", ".join(gone))
     return gone
+
+
+async def trim_copies(environ: dict[str, str]) -> list[str]:
+    """Remove this user's unpacked images that no pool used for AIR_IMAGE_ROOTS_HOURS, then the least recently used
+    while they take more than AIR_IMAGE_ROOTS_GB (none a pool uses: copies.surplus); their names."""
+    import time
+
+    under = copies.present()
+    if under is None:
+        return []
+    gone = []
+    for root, fd in await asyncio.to_thread(copies.surplus, under, now=time.time()):
+        try:
+            if await run_launcher([*USERNS, "rm", "-rf", str(root)], environ) == 0:
+                (under / (root.name + copies.SIZE)).unlink(missing_ok=True)
+                gone.append(root.name)
+        finally:
+            os.close(fd)
+    if gone:
+        log.warning("removed %d unpacked image(s) from %s: unused for %g h or past the cap of %.1f GB "
+                    "(AIR_IMAGE_ROOTS_HOURS, AIR_IMAGE_ROOTS_GB): %s", len(gone), under, copies.expiry() / 3600,
+                    copies.cap() / 1e9, ", ".join(gone))
+    return gone
+
+
+async def _du(path: Path, environ: dict[str, str]) -> int:
+    """A tree's bytes, counted in the user namespace (its files belong to the user's subordinate uids); 0 unknown."""
+    process = await asyncio.create_subprocess_exec(*USERNS, "du", "-sxb", str(path), env={**os.environ, **environ},
+                                                   stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                                                   stderr=asyncio.subprocess.DEVNULL)
+    out, _ = await process.communicate()
+    try:
+        return int(out.split()[0]) if process.returncode == 0 else 0
+    except (IndexError, ValueError):
+        return 0
 
 
 def housekeeping() -> tuple[Launcher, dict[str, str]]:

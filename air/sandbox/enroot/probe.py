@@ -92,9 +92,12 @@ def _image_roots() -> Check:
     if fstype(shm) != "tmpfs":
         return Check("image roots", False, f"{shm} is not a tmpfs: the backend refuses to start (names looked up "
                      "would stay cached)", 'a node with a tmpfs at /dev/shm, or PoolConfig(page_cache="shared")')
+    from air.sandbox.enroot import copies
+
     v = os.statvfs(shm)
+    roots = copies.survey(copies.present())
     return Check("image roots", True, f"{shm} (tmpfs, {v.f_bavail * v.f_frsize / 1e9:.1f} GB free): each image's "
-                 "root once per user, every cell's root a new overlay of it", required=False)
+                 f"root once per user, every cell's root a new overlay of it; {roots.line()}", required=False)
 
 
 def _gpus() -> Check:
