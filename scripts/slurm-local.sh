@@ -4,6 +4,8 @@
 #
 #   scripts/slurm-local.sh deps       Debian's slurm-wlm and munge
 #   scripts/slurm-local.sh up         its configuration, then munged, slurmctld and slurmd started; waits for the node
+#                                     (a configuration that changed, SLURM_LOCAL_GPUS, restarts running daemons;
+#                                     refused, exit 1, while jobs run)
 #   scripts/slurm-local.sh env        prints `export SLURM_CONF=...` for srun, sbatch and sinfo (any user)
 #   scripts/slurm-local.sh status     the daemons and `sinfo` (exit 1, at once, when nothing is set up or running)
 #   scripts/slurm-local.sh down       the daemons stopped, the cluster's state removed (the configuration stays)
@@ -104,10 +106,41 @@ EOF
   chmod 644 "$W/gres.conf"
 }
 
+stop_daemons() {  # this cluster's slurmd and slurmctld ended (by their pid files' checked pids), state kept
+  local d pid
+  for d in slurmd slurmctld; do
+    if pid=$(daemon "$d"); then kill "$pid"; fi
+    for _ in $(seq 20); do alive "$d" || break; sleep 0.5; done
+    rm -f "$W/$d.pid"
+  done
+}
+
 up() {
   root up
   command -v slurmctld >/dev/null || { say "slurm-wlm is missing: scripts/slurm-local.sh deps"; exit 1; }
+  local before=""
+  if [ -f "$CONF" ]; then
+    before=$(cat "$CONF" "$W/gres.conf" 2>/dev/null)
+    cp -p "$CONF" "$CONF.before"
+    [ ! -f "$W/gres.conf" ] || cp -p "$W/gres.conf" "$W/gres.conf.before"
+  fi
   config
+  # Running daemons read their configuration when they started: a new one (SLURM_LOCAL_GPUS changed) needs them
+  # started again, which ends every job; with jobs running that is refused.
+  if [ -n "$before" ] && [ "$before" != "$(cat "$CONF" "$W/gres.conf")" ] && { alive slurmctld || alive slurmd; }; then
+    local jobs
+    jobs=$(SLURM_CONF=$CONF timeout 30 squeue -h -o %i 2>/dev/null | wc -l)
+    if [ "$jobs" -gt 0 ]; then
+      mv "$CONF.before" "$CONF"  # the configuration the daemons run with stays what the folder says
+      [ ! -f "$W/gres.conf.before" ] || mv "$W/gres.conf.before" "$W/gres.conf"
+      say "the configuration changed (SLURM_LOCAL_GPUS=$GPUS) but $jobs job(s) run: the daemons were not restarted" \
+          "(scripts/slurm-local.sh down, then up, once they end)"
+      exit 1
+    fi
+    say "the configuration changed (SLURM_LOCAL_GPUS=$GPUS): restarting slurmctld and slurmd"
+    stop_daemons
+  fi
+  rm -f "$CONF.before" "$W/gres.conf.before"
   if ! pgrep -x munged >/dev/null; then
     [ -f /etc/munge/munge.key ] || { mungekey --create 2>/dev/null || create-munge-key; }
     mkdir -p /run/munge && chown munge: /run/munge
@@ -140,12 +173,7 @@ down() {
   [ -e "$W" ] || { say "nothing set up in $W: nothing to stop"; return 0; }
   owned "$W" slurm-local.sh || { say "$W was not set up by slurm-local.sh (no .air-made-by of its own): nothing" \
                                      "stopped or removed"; exit 2; }
-  local d pid
-  for d in slurmd slurmctld; do
-    if pid=$(daemon "$d"); then kill "$pid"; fi
-    for _ in $(seq 20); do alive "$d" || break; sleep 0.5; done
-    rm -f "$W/$d.pid"
-  done
+  stop_daemons
   wipe "$W" slurm-local.sh "$W/state" "$W/spool"
   say "stopped (munged, shared with other users of munge, is left running)"
 }

@@ -434,6 +434,62 @@ def test_two_slurm_jobs_on_one_node_are_handed_out_their_own_gpus(tmp_path):
     assert control == "['0', '1']"  # the control: a job without gres is handed out every GPU the node lists
 
 
+def test_slurm_local_up_with_a_new_gpu_count_restarts_the_daemons_or_refuses_while_jobs_run():
+    """`SLURM_LOCAL_GPUS=N scripts/slurm-local.sh up` on a running cluster: the daemons read their configuration when
+    they started, so a new count left `Gres=(null)` with exit 0 (issue 85). Now a changed configuration restarts them
+    (the node shows the new count), and with a job running it is refused (exit 1), the count unchanged. The cluster
+    is the lane's own (SLURM_CONF), put back as it was."""
+    import re
+
+    conf = os.environ.get("SLURM_CONF")
+    if os.geteuid() != 0 or not conf or shutil.which("scontrol") is None:
+        pytest.skip("no one-node cluster of scripts/slurm-local.sh here (SLURM_CONF), or not root: "
+                    "`scripts/slurm-local.sh deps up` (root) starts one")
+    folder = Path(conf).parent
+    if not (folder / ".air-made-by").is_file():
+        pytest.skip(f"{conf} is not a cluster of scripts/slurm-local.sh")
+    was = int((re.search(r"Gres=gpu:(\d+)", Path(conf).read_text()) or ["", "0"])[1])
+
+    def up(gpus: int) -> subprocess.CompletedProcess:
+        return subprocess.run([str(ROOT / "scripts" / "slurm-local.sh"), "up"], capture_output=True, text=True,
+                              timeout=180, env={**os.environ, "SLURM_LOCAL_DIR": str(folder),
+                                                "SLURM_LOCAL_GPUS": str(gpus)})
+
+    def gres() -> str:
+        shown = subprocess.run(["scontrol", "show", "node"], capture_output=True, text=True, timeout=30).stdout
+        return re.search(r"Gres=(\S+)", shown)[1]
+
+    job = None
+    try:
+        changed = up(was + 1)
+        assert changed.returncode == 0 and "restarting slurmctld and slurmd" in changed.stderr, changed.stderr
+        assert gres() == f"gpu:{was + 1}"
+        job = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 300"], capture_output=True, text=True,
+                             timeout=60, cwd="/tmp").stdout.strip()
+        for _ in range(60):
+            if subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True,
+                              timeout=30).stdout.strip() == "RUNNING":
+                break
+            import time
+
+            time.sleep(1)
+        refused = up(was)
+        assert refused.returncode == 1 and "job(s) run: the daemons were not restarted" in refused.stderr
+        assert refused.stderr.count("\n") == 1 and gres() == f"gpu:{was + 1}"  # unchanged, said in one line
+    finally:
+        if job:
+            subprocess.run(["scancel", job], capture_output=True, timeout=60)
+            for _ in range(30):
+                if not subprocess.run(["squeue", "-h"], capture_output=True, text=True, timeout=30).stdout.strip():
+                    break
+                import time
+
+                time.sleep(1)
+        back = up(was)
+        assert back.returncode == 0, back.stderr
+    assert gres() == (f"gpu:{was}" if was else "(null)")
+
+
 # What differs on enroot, each named (docs/hpc.md): pages of the image in the node's page cache (no pins), the node's
 # disk space under the root, the files enroot itself writes when it starts a container (its lock, wtmp), and the node
 # user's inotify instances, which the kernel counts for all of the user's sandboxes together.
