@@ -190,16 +190,17 @@ class TaskEnv:  # the task's real spec; each evaluation scores 1.5
     async def evaluate(self, sandbox):
         return EvalOutcome(status="ok", metrics={self.spec.primary.name: 1.5}, submission="/s.csv", duration=0.01)
 
-async def main(base, out, rollouts):
+async def main(base, out, rollouts, model="double-1", max_tokens="2048", turns="12"):
     for i in range(rollouts):
-        policy = OpenAIPolicy(base, "double-1", logprobs=True, timeout=60)
-        await run_episode(TaskEnv("regression-rmse"), policy, EpisodeConfig(max_turns=12, max_format_errors=12),
+        policy = OpenAIPolicy(base, model, logprobs=True, timeout=600, max_tokens=int(max_tokens))
+        await run_episode(TaskEnv("regression-rmse"), policy,
+                          EpisodeConfig(max_turns=int(turns), max_format_errors=int(turns)),
                           trajectory=Path(out) / f"rollout-{i:03d}.jsonl", meta={"rollout": i,
-                          "policy": {"kind": "openai", "model": "double-1"}})
+                          "policy": {"kind": "openai", "model": model}})
         await policy.aclose()
 
-asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), *sys.argv[4:]))
 tracing.flush()
 print("played", flush=True)
 """
-"""The rollout program: `python -c EPISODE BASE_URL OUT_DIR ROLLOUTS`."""
+"""The rollout program: `python -c EPISODE BASE_URL OUT_DIR ROLLOUTS [MODEL MAX_TOKENS TURNS]`."""

