@@ -1,7 +1,8 @@
 #!/bin/bash
 # enroot-build.sh: NVIDIA's enroot (the rootless container runtime of Slurm clusters) built on this machine from
-# copies of its public source trees, for air's enroot backend (docs/hpc.md). Not part of CI: CI has no copy of the
-# sources (neither PyPI nor Debian ships enroot), so the enroot tests skip there and say so.
+# copies of its public source trees, for air's enroot backend (docs/hpc.md). Neither PyPI nor Debian ships enroot:
+# CI builds it from the archives in ../shared/vendor (.ci/node-lanes); a machine without them skips the enroot tests
+# and says so.
 #
 #   ENROOT_SRC=/path/to/enroot MAKESELF_SRC=/path/to/makeself scripts/enroot-build.sh build
 #   scripts/enroot-build.sh deps       Debian's packages enroot builds and runs with (root)
@@ -10,8 +11,9 @@
 #
 # ENROOT_SRC: a tree (a checkout or `git archive`) of github.com/NVIDIA/enroot at 8ea147d (v4.1.2).
 # MAKESELF_SRC: a tree of github.com/megastep/makeself, enroot's deps/makeself submodule.
-# ENROOT_BUILD_DIR (default ~/.cache/air-enroot): where the copy is built and installed (prefix/), never the
-# work tree; prefix/VERSION says what was built, from which commit, and when. It must be new, empty or one this
+# ENROOT_BUILD_DIR (default /opt/air-enroot as root, where every user of the node can run it; else
+# ~/.cache/air-enroot, the user's own): where the copy is built and installed (prefix/, readable by every user), never
+# the work tree; prefix/VERSION says what was built, from which commit, and when. It must be new, empty or one this
 # script made (its marker .air-made-by says so): only then are its src/ and prefix/ replaced. Sources inside it (or
 # it inside them) are refused before anything is deleted.
 #
@@ -20,7 +22,11 @@
 # linked statically for strlcat, which the vendored one lacks on glibc 2.36.
 set -euo pipefail
 
-W=${ENROOT_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/air-enroot}
+if [ "$(id -u)" -eq 0 ]; then
+  W=${ENROOT_BUILD_DIR:-/opt/air-enroot}  # root builds for the node's users: not under root's own home (0700)
+else
+  W=${ENROOT_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/air-enroot}
+fi
 WANT_VERSION=4.1.2
 DEPS=(build-essential libbsd-dev libcap-dev jq parallel squashfs-tools zstd pigz curl uidmap)
 
@@ -73,6 +79,7 @@ build() {
   wipe "$W" enroot-build.sh "$prefix"
   make -C "$tree" -s FORCE_GLIBC=y LDLIBS="-l:libbsd.a -l:libbsd.so.0" prefix="$prefix" install >"$W/build.log" 2>&1 \
     || { tail -20 "$W/build.log" >&2; say "make failed (log: $W/build.log)"; exit 1; }
+  chmod -R a+rX "$prefix"  # every user of the node runs it (a umask of 077 would keep it root's)
   local version commit
   version=$("$prefix/bin/enroot" version)
   commit=$(git -C "$ENROOT_SRC" rev-parse --short HEAD 2>/dev/null || echo "a tree without git")
@@ -80,6 +87,15 @@ build() {
     "$(date -u +%FT%TZ)" "$(awk "BEGIN { print $(date +%s.%N) - $t0 }")" >"$prefix/VERSION"
   cat "$prefix/VERSION" >&2
   say "built: $prefix/bin/enroot (scripts/enroot-build.sh env prints its PATH)"
+  local d=$prefix
+  while [ "$d" != / ]; do  # a folder on the way that others cannot enter keeps it from them (root's home: 0700)
+    if [ $((8#$(stat -c %a "$d") & 1)) -eq 0 ]; then
+      say "other users cannot reach it: $d is $(stat -c %a "$d"); build into a folder they can enter" \
+          "(ENROOT_BUILD_DIR=/opt/air-enroot, the default as root)"
+      break
+    fi
+    d=$(dirname "$d")
+  done
 }
 
 # shellcheck disable=SC2016 # "$PATH" is the reader's, expanded where the line is run

@@ -42,8 +42,11 @@ RULES: list[tuple[str, str, str]] = [
     (r"^scripts/enroot-build\.sh deps$", NOT_RUN, "installs Debian packages as root (scripts/enroot-build.sh --help is "
                                                   "checked by tests/test_shell_scripts.py's shellcheck)"),
     (r"^ENROOT_SRC=\S+ MAKESELF_SRC=\S+ scripts/enroot-build\.sh build$", NOT_RUN,
-     "needs copies of enroot's and makeself's sources, which CI cannot have (docs/hpc.md)"),
-    (r"^eval \"\$\(scripts/enroot-build\.sh env\)\"$", NOT_RUN, "names the enroot the build above made"),
+     "needs copies of enroot's and makeself's sources: .ci/node-lanes builds it from ../shared/vendor's (docs/hpc.md)"),
+    (r"^scripts/enroot-build\.sh env > /etc/profile\.d/air-enroot\.sh$", NOT_RUN,
+     "writes /etc/profile.d as root (tried on a new machine: experiments.md, session 70)"),
+    (r"^(python3 -m venv ~/air-venv|~/air-venv/bin/pip install /opt/air|export PATH=~/air-venv/bin:\$PATH)$", NOT_RUN,
+     "a user's own install of air on a node, tried as a second user (experiments.md, session 70)"),
     (r"^AIR_TEST_BACKEND=enroot python3 -m pytest\b", NOT_RUN, "the suite's enroot lane, as the backend's non-root "
                                                                "user (docs/hpc.md; its counts: experiments.md)"),
     (r"^AIR_BACKEND=enroot air (doctor|run)\b", NOT_RUN, "needs enroot, subordinate uids and squashfs images: "
