@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling air_openenv.py, however it is loaded
+import air.model  # noqa: E402,F401 - before torch: its OpenMP threads wait without spinning (air/model/__init__.py)
 from air_openenv import FIRST_RESET_S, start_server, stop_server  # noqa: E402
 
 

@@ -69,6 +69,7 @@ def returns_recorded(out: Path, row: dict) -> list[float]:
     return recorded
 
 
+@pytest.mark.timeout(3600)  # four short runs of a real model on the CPU: minutes, more on a loaded machine
 def test_a_smoke_run_resumes_and_its_control_starts_alike(tmp_path, images):
     trained = tmp_path / "trained"
     run(trained, "--steps", "2", "--save-every", "1")

@@ -120,6 +120,25 @@ def test_gpu_node_check_keeps_an_earlier_check_log(tmp_path):
     shutil.rmtree("/tmp/air-gpu", ignore_errors=True)
 
 
+def test_gpu_real_model_on_a_host_without_its_stage_or_a_gpu_says_so_in_one_line(tmp_path):
+    """The real model's GPU run (scripts/gpu-real-model.sh): with nothing staged it names --stage; staged but on a
+    host with no GPU it names --dry-run; either way one line, exit 2, nothing made."""
+    script = ROOT / "scripts" / "gpu-real-model.sh"
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    if not (ROOT / ".gpu-node" / "real-model").exists():
+        result = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        assert result.returncode == 2 and "--stage first" in result.stderr, result
+    elif NO_GPU:
+        result = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+        assert result.returncode == 2 and "no GPU" in result.stderr and "--dry-run" in result.stderr, result
+    else:
+        pytest.skip("staged on a GPU host: the run would start")
+    assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "out").exists()
+    bad = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={**env, "STEPS": "ten"})
+    assert bad.returncode == 2 and "STEPS=ten" in bad.stderr and len(bad.stderr.splitlines()) == 1
+
+
 # ----- kube-local.sh without a cluster --------------------------------------------------------------------------------
 KUBE_LOCAL = ROOT / "scripts" / "kube-local.sh"
 
