@@ -379,9 +379,10 @@ def _setup(chosen: Settings):
     sdk_log.setLevel(logging.DEBUG if verbose else logging.WARNING)
     sdk_log.propagate = False  # Python's last-resort handler would print them raw
 
-    attributes: dict[str, Any] = {"service.name": os.environ.get("OTEL_SERVICE_NAME") or "air",
-                                  "service.version": __version__}
     given = _pairs("", os.environ.get("OTEL_RESOURCE_ATTRIBUTES") or "", []) or {}
+    # OTEL_SERVICE_NAME first, then OTEL_RESOURCE_ATTRIBUTES' service.name, as the specification orders them.
+    attributes: dict[str, Any] = {"service.name": (os.environ.get("OTEL_SERVICE_NAME") or "").strip()
+                                  or given.get("service.name") or "air", "service.version": __version__}
     if "openinference.project.name" not in given:  # Phoenix's project: the service's name unless one is given
         attributes["openinference.project.name"] = attributes["service.name"]
     global _provider

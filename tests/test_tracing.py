@@ -603,3 +603,19 @@ def test_a_real_model_s_usage_and_logprobs_reach_the_trajectory_its_atif_and_the
     assert [_attrs(c)["gen_ai.usage.output_tokens"] for c in chats] == [s["usage"]["completion_tokens"]
                                                                        for s in steps]
     assert all(_attrs(c)["gen_ai.response.model"] == "SmolLM2-135M-Instruct" for c in chats)
+
+
+def test_the_resource_takes_the_service_name_and_attributes_as_the_specification_orders_them():
+    with OtlpReceiver() as receiver:
+        given = _run({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+                      "OTEL_RESOURCE_ATTRIBUTES": "service.name=trainer,openinference.project.name=exp1,team=rl"})
+        (resource,) = {json.dumps(r, sort_keys=True) for r in receiver.resources()}
+        receiver.bodies.clear()
+        named = _run({"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_SERVICE_NAME": "air-eval",
+                      "OTEL_RESOURCE_ATTRIBUTES": "service.name=trainer"})
+        (second,) = {json.dumps(r, sort_keys=True) for r in receiver.resources()}
+    assert given.returncode == 0 and named.returncode == 0, given.stderr + named.stderr
+    resource, second = json.loads(resource), json.loads(second)
+    assert (resource["service.name"], resource["openinference.project.name"], resource["team"]) == (
+        "trainer", "exp1", "rl")
+    assert (second["service.name"], second["openinference.project.name"]) == ("air-eval", "air-eval")
