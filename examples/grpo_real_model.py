@@ -18,8 +18,8 @@ validations and best score, the actions it took, the tokens it wrote, and where 
 air, the optimizer). `--lr 0` is the control: the same seeds, the same first samples, weights that never move (its
 groups are played without TRL's optimizer step, which at lr 0 changes nothing).
 
-Resumable: a checkpoint every `--save-every` steps (the model, the optimizer, TRL's own state); the same command
-again continues from the last one, and the steps after it are played again, with the seeds they had.
+Resumable: a checkpoint every `--save-every` steps (the model, the optimizer, TRL's own state; the last two kept); the
+same command again continues from the last one, and the steps after it are played again, with the seeds they had.
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ def trainer_for(url: str, settings: Settings, out: Path, model, tokenizer, recor
                       per_device_train_batch_size=settings.group, num_generations=settings.group,
                       gradient_accumulation_steps=1, learning_rate=settings.lr, beta=0.0,
                       temperature=settings.temperature, gradient_checkpointing=False, logging_steps=1,
-                      report_to="none", save_strategy="steps", save_steps=settings.save_every, save_total_limit=1,
+                      report_to="none", save_strategy="steps", save_steps=settings.save_every, save_total_limit=2,
                       use_cpu=str(next(model.parameters()).device) == "cpu", seed=settings.seed, disable_tqdm=True,
                       dataloader_num_workers=0, bf16=False)
     return grpo_trainer()(model=model, reward_funcs=air_return, args=args, processing_class=tokenizer,
