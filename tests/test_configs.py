@@ -16,6 +16,11 @@ with 3 characters per token for text and 10 tokens of chat-template framing per 
 prompt also holds the tools' schemas), so a source switched to it still fits. For tool calls, vLLM's parser is
 set for the model family (as prime-rl's own table names it) and every renderer validates as the released
 `renderers` package's config (the type prime-rl's configs use).
+
+An orchestrator config alone (configs/mlgym/orchestrator_local.toml: prime-rl's orchestrator on a CPU with a local
+model, its env server started by hand) gets the same env, group, budget and renderer checks, and its header's env
+server command must give the taskset the file sets. prime-rl's own parser reads it in
+tests/test_prime_rl_orchestrator.py, where scripts/prime-rl-orchestrator.sh prepared prime-rl.
 """
 
 from __future__ import annotations
@@ -58,10 +63,12 @@ def _kind(data: dict) -> str:
         return "env-server"
     if "env" in data:
         return "vf-eval"
-    raise AssertionError("neither a prime-rl rl/sft/env-server config nor a vf-eval config")
+    if "train" in data and "model" in data:  # prime-rl's OrchestratorConfig alone (`orchestrator @ file`)
+        return "orchestrator"
+    raise AssertionError("neither a prime-rl rl/sft/env-server/orchestrator config nor a vf-eval config")
 
 
-KINDS = ("rl", "sft", "env-server", "vf-eval")
+KINDS = ("rl", "sft", "env-server", "vf-eval", "orchestrator")
 ALL = sorted(CONFIGS.rglob("*.toml"))
 BY_KIND = {kind: [p for p in ALL if _kind(_load(p)) == kind] for kind in KINDS}
 
@@ -70,12 +77,24 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(CONFIGS))
 
 
+def _orchestrator(data: dict) -> dict:
+    """The orchestrator's table: an rl config's [orchestrator], or an orchestrator config whole."""
+    if "orchestrator" in data:
+        return data["orchestrator"]
+    return data if _kind(data) == "orchestrator" else {}
+
+
+ORCHESTRATING = ("rl", "orchestrator")
+"""The kinds whose orchestrator runs training sources (the rl launcher's, or the orchestrator alone)."""
+
+
 def _sources(data: dict) -> list[tuple[str, dict]]:
     """(label, source table) of every env source: prime-rl train/eval sources, SFT online-eval sources."""
-    orchestrator = data.get("orchestrator", {})
+    orchestrator = _orchestrator(data)
     found = [(f"train[{i}]", s) for i, s in enumerate(orchestrator.get("train", {}).get("source", []))]
     found += [(f"eval[{i}]", s) for i, s in enumerate((orchestrator.get("eval") or {}).get("source", []))]
-    found += [(f"sft-eval[{i}]", s) for i, s in enumerate((data.get("eval") or {}).get("source", []))]
+    if _kind(data) != "orchestrator":  # an orchestrator config's own eval is its [eval], found above
+        found += [(f"sft-eval[{i}]", s) for i, s in enumerate((data.get("eval") or {}).get("source", []))]
     return found
 
 
@@ -394,9 +413,9 @@ def test_evals_in_prime_rls_environment_use_the_v1_cli():
             assert not re.search(r"uv run( --no-sync)? vf-eval", line), f"{doc.name}: {line}"
 
 
-@pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)
+@pytest.mark.parametrize("path", BY_KIND["rl"] + BY_KIND["orchestrator"], ids=_rel)
 def test_batches_hold_whole_groups(path):
-    orchestrator = _load(path)["orchestrator"]
+    orchestrator = _orchestrator(_load(path))
     group_size = orchestrator.get("group_size", 1)
     assert group_size > 1, "group_size 1 gives every rollout zero advantage"
     assert orchestrator["batch_size"] % group_size == 0
@@ -408,9 +427,9 @@ def test_batches_hold_whole_groups(path):
 
 def _budget_cases():
     cases = []
-    for path in BY_KIND["rl"]:
+    for path in BY_KIND["rl"] + BY_KIND["orchestrator"]:
         data = _load(path)
-        orchestrator = data["orchestrator"]
+        orchestrator = _orchestrator(data)
         for label, source in _sources(data):
             split = "eval" if label.startswith("eval") else "train"
             shared = (orchestrator.get(split) or {}).get("sampling", {})
@@ -480,7 +499,7 @@ def test_vllm_parses_the_model_familys_tool_calls(path):
 
 def _renderer_tables() -> list[tuple[Path, dict]]:
     found = []
-    for path in BY_KIND["rl"] + BY_KIND["sft"]:
+    for path in BY_KIND["rl"] + BY_KIND["sft"] + BY_KIND["orchestrator"]:
         data = _load(path)
         found.append((path, data["orchestrator"]["renderer"] if "orchestrator" in data else data["renderer"]))
     return found
@@ -496,14 +515,37 @@ def test_the_renderer_validates_and_reads_tool_calls(path, table):
 
     config = TypeAdapter(RendererConfig).validate_python(table)
     assert config.name != "auto"
-    if isinstance(config, DefaultRendererConfig):
+    if isinstance(config, DefaultRendererConfig) and _kind(_load(path)) == "orchestrator":
+        # The local model's chat template renders no tools (`air serve model` refuses them): text episodes only.
+        for label, source in _sources(_load(path)):
+            ts = vf.resolve_env_config(copy.deepcopy(source["env"])).taskset
+            formats = {ts.action_format or load_task(ref, ts.mlgym_root).action_format for ref in ts.tasks}
+            assert formats == {"text"}, f"{_rel(path)} {label}: {formats}"
+    elif isinstance(config, DefaultRendererConfig):
         assert config.tool_parser, f"{_rel(path)}: set the default renderer's tool_parser"
 
 
-@pytest.mark.parametrize("path", BY_KIND["rl"], ids=_rel)
+@pytest.mark.parametrize("path", BY_KIND["rl"] + BY_KIND["orchestrator"], ids=_rel)
 def test_renderer_is_explicit(path):
     """Explicit, so a fine-tuned checkpoint (not in renderers' model map) still validates under prime-rl."""
-    assert _load(path)["orchestrator"]["renderer"]["name"] != "auto"
+    assert _orchestrator(_load(path))["renderer"]["name"] != "auto"
+
+
+@pytest.mark.parametrize("path", BY_KIND["orchestrator"], ids=_rel)
+def test_an_orchestrator_configs_env_server_command_gives_its_taskset(path):
+    """An orchestrator config alone drives an env server started by hand (its header's `air_mlgym.serve`
+    command), which runs the episodes with its own options while the orchestrator renders the prompts from the
+    config's copy: the command gives every taskset option the file sets, with the same value."""
+    import shlex
+
+    (line,) = [c for c in _commands(path.read_text()) if "air_mlgym.serve" in c]
+    words = shlex.split(line.replace("#", " "))
+    given = {w.removeprefix("--env.taskset.").replace("-", "_"): json.loads(v)
+             for w, v in zip(words, words[1:]) if w.startswith("--env.taskset.")}
+    ((_, source),) = _sources(_load(path))
+    expected = {k: v for k, v in source["env"]["taskset"].items() if k != "id"}
+    assert given == expected
+    assert _address(source) in words  # where the orchestrator finds it
 
 
 def test_sft_config_trains_what_rl_trains_on_whole_episodes():
@@ -535,7 +577,7 @@ def test_eval_config_covers_the_rl_eval_tasks():
 
 
 def test_prime_rl_configs_name_one_checked_commit():
-    prime_rl_configs = BY_KIND["rl"] + BY_KIND["sft"] + BY_KIND["env-server"]
+    prime_rl_configs = BY_KIND["rl"] + BY_KIND["sft"] + BY_KIND["env-server"] + BY_KIND["orchestrator"]
     commits = {p: set(COMMIT.findall(p.read_text())) for p in prime_rl_configs}
     assert all(len(found) == 1 for found in commits.values()), {_rel(p): c for p, c in commits.items()}
     assert len(set.union(*commits.values())) == 1
