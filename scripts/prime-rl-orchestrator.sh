@@ -243,7 +243,12 @@ import sys
 from prime_rl.configs.orchestrator import OrchestratorConfig
 from prime_rl.utils.config import cli
 
-config = cli(OrchestratorConfig, args=["@", *sys.argv[1:]])
+try:
+    config = cli(OrchestratorConfig, args=["@", *sys.argv[1:]])
+except Exception as exc:  # noqa: BLE001 - prime-pydantic-config's ConfigFileError, pydantic's ValidationError
+    said = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    print(f"prime-rl-orchestrator: {sys.argv[1]} is not a valid OrchestratorConfig: {said}", file=sys.stderr)
+    sys.exit(2)
 sources = ", ".join(f"{s.name} (group {s.group_size})" for s in config.train.source)
 print(f"{sys.argv[1]}: a valid OrchestratorConfig: model {config.model.name} at {config.model.client.base_url}, "
       f"{config.max_steps} steps of {config.batch_size} rollouts, sources {sources}, "
