@@ -4,13 +4,14 @@ Harbor tasks. Made from PyPI by the tests themselves, once, and kept in air's ca
 Why separate environments: `harbor` needs Python >= 3.12, and air's environment is the one verifiers 0.4.0 and
 prime-rl run in (3.11 here); and verifiers 0.4.0's own `harbor` extra pins `harbor==0.24.0`, so the two upstream
 judges cannot share one environment either:
-- `harbor-0.25.0`: harbor 0.25.0 (its loader; its runner for the trial on air's environment), and air's runtime
-  dependencies, so that Harbor's runner imports air (from the checkout, on PYTHONPATH) as the environment.
+- `harbor-0.25.0` and `harbor-0.26.0`: that harbor (its loader; its runner for the trial on air's environment), and
+  air's runtime dependencies, so that Harbor's runner imports air (from the checkout, on PYTHONPATH) as the
+  environment. `HARBORS` names both: the tests that judge air's environment and tasks run on each.
 - `verifiers-harbor-0.4.0`: `verifiers[harbor]==0.4.0`, which brings harbor 0.24.0, exactly as verifiers declares.
 
-harbor 0.25.0 asks for `certifi>=2026.10.19`. Where the index this machine reaches holds only older certifi
-releases (a CA bundle, which no harbor module imports), it is installed `--no-deps` beside its other requirements
-as declared and the newest certifi there is: `installed_with` says so, and the tests print it.
+harbor 0.25.0 and 0.26.0 ask for `certifi>=2026.10.19`. Where the index this machine reaches holds only older
+certifi releases (a CA bundle, which no harbor module imports), it is installed `--no-deps` beside its other
+requirements as declared and the newest certifi there is: `installed_with` says so, and the tests print it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import pytest
 from air import paths
 
 ROOT = paths.cache_dir() / "harbor-venvs"
+HARBORS = ["harbor-0.25.0", "harbor-0.26.0"]
+"""The harbor releases air's environment class and task loading are checked with."""
 RECIPE = 2
 """Changes whenever what goes into the environments does: a kept one of another recipe is made anew."""
 
@@ -69,17 +72,18 @@ def venv(name: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run([python, "-m", "venv", str(target)], check=True)
     how = "as declared"
-    if name == "harbor-0.25.0":
-        proc = _pip(target, "harbor==0.25.0")
+    if name in HARBORS:
+        version = name.removeprefix("harbor-")
+        proc = _pip(target, f"harbor=={version}")
         if proc.returncode != 0 and "certifi" in proc.stderr and not _unreachable(proc):
-            how = _without_certifi_floor(target)
+            how = _without_certifi_floor(target, version)
         elif proc.returncode != 0:
             _give_up(target, proc)
     else:
         proc = _pip(target, "verifiers[harbor]==0.4.0")
         if proc.returncode != 0:
             _give_up(target, proc)
-    if name == "harbor-0.25.0":  # what air itself imports at run time (not verifiers: air's core never imports it)
+    if name in HARBORS:  # what air itself imports at run time (not verifiers: air's core never imports it)
         proc = _pip(target, *AIR_RUNTIME)
         if proc.returncode != 0:
             _give_up(target, proc)
@@ -97,13 +101,13 @@ def installed_with(target: Path) -> str:
     return json.loads((target / "air-installed.json").read_text())["installed_with"]
 
 
-def _without_certifi_floor(target: Path) -> str:
+def _without_certifi_floor(target: Path, version: str) -> str:
     wheels = target / "wheel"
     subprocess.run([str(target / "bin" / "python"), "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels),
-                    "harbor==0.25.0"], check=True, capture_output=True)
-    wheel = next(wheels.glob("harbor-0.25.0-*.whl"))
+                    f"harbor=={version}"], check=True, capture_output=True)
+    wheel = next(wheels.glob(f"harbor-{version}-*.whl"))
     with zipfile.ZipFile(wheel) as z:
-        metadata = z.read("harbor-0.25.0.dist-info/METADATA").decode()
+        metadata = z.read(f"harbor-{version}.dist-info/METADATA").decode()
     requirements = [line.removeprefix("Requires-Dist: ") for line in metadata.splitlines()
                     if line.startswith("Requires-Dist: ") and "extra ==" not in line]
     requirements = ["certifi" if r.startswith("certifi") else r for r in requirements]
@@ -112,7 +116,7 @@ def _without_certifi_floor(target: Path) -> str:
         if proc.returncode != 0:
             _give_up(target, proc)
     return ("--no-deps with its other requirements as declared: this index's newest certifi is older than the "
-            "2026.10.19 harbor 0.25.0 asks for")
+            f"2026.10.19 harbor {version} asks for")
 
 
 def _give_up(target: Path, proc: subprocess.CompletedProcess) -> None:

@@ -1,6 +1,7 @@
-"""`air export harbor`, judged by upstream: Harbor 0.25.0's own task loader reads every exported bundled task,
-verifiers 0.4.0's Harbor taskset (with the harbor 0.24.0 its extra pins) loads them, and air reads them back
-(`--harbor-root`) and scores the exported tests exactly as it scores the task itself."""
+"""`air export harbor`, judged by upstream: Harbor 0.25.0's and 0.26.0's own task loaders read every exported bundled
+task, verifiers 0.4.0's Harbor taskset (with the harbor 0.24.0 its extra pins) loads them, and air reads them back
+(`--harbor-root`) and scores the exported tests exactly as it scores the task itself; and the other way, what each
+harbor's `harbor init --task` writes, in both verifier modes, air loads."""
 
 from __future__ import annotations
 
@@ -55,9 +56,10 @@ def image_of(task: str) -> str:
     return f"air/{load_task(task, draw='reference').image}:latest"
 
 
-def test_harbors_own_loader_reads_every_exported_bundled_task(exported):
-    venv = harbor_venvs.venv("harbor-0.25.0")
-    print(f"harbor 0.25.0 installed {harbor_venvs.installed_with(venv)}")
+@pytest.mark.parametrize("harbor", harbor_venvs.HARBORS)
+def test_harbors_own_loader_reads_every_exported_bundled_task(harbor, exported):
+    venv = harbor_venvs.venv(harbor)
+    print(f"{harbor} installed {harbor_venvs.installed_with(venv)}")
     proc = harbor_venvs.run(venv, HARBOR_LOADS, str(exported))
     assert proc.returncode == 0, proc.stderr[-3000:]
     tasks = json.loads(proc.stdout)
@@ -66,6 +68,28 @@ def test_harbors_own_loader_reads_every_exported_bundled_task(exported):
         assert task["name"] == f"air/{name}" and task["image"] == image_of(name)
         assert task["workdir"] == "/home/agent/workspace" and task["network"] == "no-network"
         assert task["test"].endswith(f"{name}/tests/test.sh") and task["solve"].endswith(f"{name}/solution/solve.sh")
+
+
+@pytest.mark.parametrize("harbor", harbor_venvs.HARBORS)
+def test_air_loads_the_tasks_each_harbor_init_writes(harbor, tmp_path):
+    """`harbor init --task` of each release, shared and separate verifier (0.26 writes schema 1.4, `artifacts = []`,
+    `environment_mode`): air loads both, in the mode Harbor resolves, and says what it cannot give them (the network
+    their template asks for)."""
+    venv = harbor_venvs.venv(harbor)
+    for mode in ("shared", "separate"):
+        proc = subprocess.run([str(venv / "bin" / "harbor"), "init", "--task", f"air/init-{mode}", "--verifier-mode",
+                               mode, "-o", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "HARBOR_TELEMETRY": "0"})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    listed = subprocess.run([sys.executable, "-m", "air.cli.main", "tasks", "list", "--harbor-root", str(tmp_path),
+                             "--json"], capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert sorted(rows) == ["init-separate", "init-shared"], rows
+    for mode in ("shared", "separate"):
+        row = rows[f"init-{mode}"]
+        assert row["loads"] and row["verifier"] == mode, row
+        assert any("asks for the network" in note for note in row["notes"]), row
 
 
 VERIFIERS_LOADS = """

@@ -1,9 +1,10 @@
 """air as a Harbor environment: `harbor run -p TASK -a AGENT --env air.services.harbor.environment:AirEnvironment`.
 
-Harbor's runner (harbor 0.25) drives environment backends through `harbor.environments.base.BaseEnvironment`; this
-one is air's pool: the task folder is read by air's own Harbor loader (air.tasks.harbor.loader), its image built offline
-by air's builder with air's layer, and a trial is one lease of a warm sandbox (a new cell: namespaces, home, temp
-dirs), with the task's limits, its exclusive GPUs, and no network whatever the task asks (air gives none).
+Harbor's runner (harbor 0.25 and 0.26, `harbor run` and `harbor serve`'s jobs) drives environment backends through
+`harbor.environments.base.BaseEnvironment`; this one is air's pool: the task folder is read by air's own Harbor
+loader (air.tasks.harbor.loader), its image built offline by air's builder with air's layer, and a trial is one lease
+of a warm sandbox (a new cell: namespaces, home, temp dirs), with the task's limits, its exclusive GPUs, and no network
+whatever the task asks (air gives none).
 
 How Harbor's calls map:
 - `exec(command, user=...)`: bash in the lease's cell, as the warden's child. Root (Harbor's harness steps: chmod,
@@ -69,6 +70,19 @@ class AirEnvironment(BaseEnvironment):
     @property
     def capabilities(self) -> EnvironmentCapabilities:
         return EnvironmentCapabilities(gpus=True, disable_internet=True, docker_compose=True)
+
+    @classmethod
+    def preflight(cls, kwargs: dict | None = None) -> None:
+        """Before any trial is queued: harbor 0.26 passes the job's environment options (`--ek`, by keyword
+        `kwargs`), 0.25 none. air's environment takes none but Harbor's own `auto_mounting` (false: air binds nothing
+        of the host into a sandbox), so an option it would otherwise ignore, a typo's among them, is refused here,
+        naming it, before anything starts."""
+        given = dict(kwargs or {})
+        unknown = sorted(k for k in given if k not in ("auto_mounting", "suppress_override_warnings"))
+        if unknown:
+            raise ValueError(f"the air environment takes no options: {', '.join(map(repr, unknown))}")
+        if given.get("auto_mounting") not in (None, False):
+            raise ValueError("the air environment mounts nothing of the host (auto_mounting must be false)")
 
     @property
     def _uses_compose(self) -> bool:
