@@ -385,6 +385,18 @@ def test_env_servers_are_sized_for_air_pools(path):
             f"{label}: serve.max_concurrent must be at most max_sandboxes / 2"
 
 
+@pytest.mark.parametrize("path", BY_KIND["orchestrator"], ids=_rel)
+def test_an_orchestrator_configs_env_server_has_room_for_its_rollouts(path):
+    """An env server started by hand for an orchestrator config serves up to max_inflight rollouts at once, each
+    needing its sandbox and, to be scored, a second: with fewer, every final evaluation waits out the lease timeout
+    (seen: four rollouts in four sandboxes, each scorer waiting, the run stalled)."""
+    data = _load(path)
+    inflight = data["concurrency"]["max_inflight"]
+    for label, source in _sources(data):
+        env = vf.resolve_env_config(copy.deepcopy(source["env"]))
+        assert 2 * inflight <= env.taskset.max_sandboxes, f"{label}: max_sandboxes < 2 x max_inflight ({inflight})"
+
+
 def _commands(text: str) -> list[str]:
     """Shell commands of a README or a TOML header, continuation lines (also commented ones) joined."""
     return re.sub(r"\\\n[#\s]*", " ", text).splitlines()
