@@ -356,8 +356,8 @@ def _as_run(part: str, home: Path, model_port: int | None) -> tuple[str, Path]:
 
 
 def _environment(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("KUBECONFIG", "KUBERNETES_SERVICE", "OTEL_", "AIR_BACKEND"))}
+    env = {k: v for k, v in os.environ.items()  # CI unset, as tests/test_vf_eval.py runs vf-eval
+           if not k.startswith(("KUBECONFIG", "KUBERNETES_SERVICE", "OTEL_", "AIR_BACKEND")) and k != "CI"}
     return {**env, "HOME": str(home), "AIR_HIDDEN_DRAW": "reference", "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
 
 
@@ -409,6 +409,12 @@ def test_an_example_runs_as_written(part, home):
             _stop(server)
     assert proc.returncode == 0, f"`{part}` exited {proc.returncode}: {proc.stderr[-3000:]}"
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    if part.startswith("vf-eval "):  # vf-eval exits 0 whatever its rollouts did: its traces say
+        import json
+
+        traces = [t for f in home.rglob("traces.jsonl") for line in f.read_text().splitlines()
+                  for t in json.loads(line)["traces"]]
+        assert traces and all(t["ok"] and t["info"]["ended_by"] == "submitted" for t in traces), traces[:1]
 
 
 @pytest.mark.parametrize("part", parts_of(PREREQ))

@@ -358,6 +358,9 @@ def test_usage_logprobs_and_reasoning_are_kept_in_the_trajectory_and_its_atif(tm
     assert agent[0].metrics.extra["tokens"] == REPLIES[0].split(" ") and agent[2].reasoning_content == "thinking 2"
     assert trajectory.final_metrics.total_prompt_tokens == 510
     assert trajectory.final_metrics.total_completion_tokens == sum(len(r.split(" ")) for r in REPLIES)
+    from test_atif import _harbor_accepts
+
+    _harbor_accepts([written])  # and Harbor's own models (0.25.0, in a Python 3.12 environment of its own)
 
 
 def test_a_model_that_answers_prose_every_few_seconds_is_never_stalled_and_one_that_stops_is(tmp_path):
