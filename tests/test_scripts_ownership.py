@@ -434,3 +434,141 @@ def test_a_bad_input_is_one_line_and_exit_2_before_any_work(tmp_path, argv, env,
                             env={**os.environ, "SANDBOX_FUSION_DIR": str(tmp_path / "sf"), **env}, cwd=tmp_path)
     assert result.returncode == 2 and says in result.stderr and len(result.stderr.splitlines()) == 1, result
     assert result.stdout == "" and not (tmp_path / "sf").exists()
+
+
+# ----- prime-rl-orchestrator.sh ---------------------------------------------------------------------------------------
+PRIME_RL = SCRIPTS / "prime-rl-orchestrator.sh"
+PRIME_RL_TREES = {
+    "PRIME_RL_SRC": {"src/prime_rl/orchestrator/orchestrator.py": "# prime-rl\n",
+                     "packages/prime-rl-configs/pyproject.toml": "[project]\n"},
+    "VERIFIERS_SRC": {"verifiers/v1/__init__.py": "# verifiers\n", "pyproject.toml": "[project]\n"},
+    "TORCHTITAN_SRC": {"torchtitan/__init__.py": "# torchtitan\n", "pyproject.toml": "[project]\n",
+                       "assets/version.txt": "0.2\n", "README.md": "titan\n", "LICENSE": "bsd\n"},
+}
+FAKE_PYTHON = """#!/bin/bash
+# A python3.11 for prepare without a network: a version, venvs of itself (and an `orchestrator`), pip a no-op.
+case "$1" in
+  -c) echo 3.11 ;;
+  -m) if [ "$2" = venv ]; then mkdir -p "$3/bin"; cp "$0" "$3/bin/python"
+        printf '#!/bin/sh\\nexit 0\\n' >"$3/bin/orchestrator"; chmod +x "$3/bin/orchestrator"; fi ;;
+  -) cat >/dev/null ;;
+  --version) echo "Python 3.11.0 (a stand-in)" ;;
+esac
+"""
+
+
+def _prime_rl(tmp_path: Path, *argv: str, home: Path, sources: dict[str, Path] | None = None,
+              python: str | None = None) -> subprocess.CompletedProcess:
+    fake = tmp_path / "bin" / "python3.11"
+    if not fake.exists():
+        fake.parent.mkdir(parents=True, exist_ok=True)
+        fake.write_text(FAKE_PYTHON)
+        fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in PRIME_RL_TREES}
+    env |= {"PRIME_RL_ORCHESTRATOR_DIR": str(home), "PRIME_RL_PYTHON": python or str(fake),
+            **{k: str(v) for k, v in (sources or {}).items()}}
+    return subprocess.run([str(PRIME_RL), *argv], capture_output=True, text=True, timeout=120, env=env)
+
+
+def _prime_rl_sources(tmp_path: Path) -> dict[str, Path]:
+    found = {}
+    for var, files in PRIME_RL_TREES.items():
+        found[var] = tmp_path / "sources" / var.lower()
+        _tree(found[var], files)
+    return found
+
+
+def test_prime_rl_orchestrator_names_every_missing_source_in_one_line_and_makes_nothing(tmp_path):
+    home = tmp_path / "home"
+    result = _prime_rl(tmp_path, "prepare", home=home)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result
+    assert all(var in result.stderr for var in PRIME_RL_TREES) and "missing:" in result.stderr
+    sources = _prime_rl_sources(tmp_path)
+    (sources["TORCHTITAN_SRC"] / "LICENSE").unlink()
+    git = tmp_path / "not-verifiers"
+    subprocess.run(["git", "init", "-q", str(git)], check=True)
+    subprocess.run(["git", "-C", str(git), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "other"], check=True)
+    result = _prime_rl(tmp_path, "prepare", home=home, sources={**sources, "VERIFIERS_SRC": git},
+                       python="no-such-python3.11")
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result
+    said = result.stderr
+    assert "PRIME_RL_SRC" not in said and "without commit a60a606" in said and "no LICENSE" in said
+    assert "no such interpreter" in said
+    assert not home.exists()
+
+
+@pytest.mark.parametrize("where", ["sources inside", "a user's folder"])
+def test_prime_rl_orchestrator_prepare_never_deletes_a_users_folder(tmp_path, where):
+    home = tmp_path / "home"
+    theirs = _tree(home, {"notes.txt": "the user's", "src/prime-rl/keep.py": "the user's"})
+    sources = _prime_rl_sources(tmp_path)
+    if where == "sources inside":
+        sources["PRIME_RL_SRC"] = home / "src" / "prime-rl"
+        _tree(sources["PRIME_RL_SRC"], PRIME_RL_TREES["PRIME_RL_SRC"])
+    result = _prime_rl(tmp_path, "prepare", home=home, sources=sources)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result
+    assert ("lies inside" if where == "sources inside" else "did not make") in result.stderr, result.stderr
+    assert _intact(home, theirs) and not (home / ".air-made-by").exists()
+
+
+def test_prime_rl_orchestrator_prepare_replaces_its_copies_and_makes_stubs_that_refuse_use(tmp_path):
+    """The control: in a folder of its own (its marker), a second prepare replaces src/ and stubs/ (a stale file in
+    each is gone); the stubs are named as stubs, their objects raise when used, other names are absent."""
+    home = tmp_path / "it's $HOME"
+    sources = _prime_rl_sources(tmp_path)
+    result = _prime_rl(tmp_path, "env", home=home)
+    assert result.returncode == 1 and "nothing prepared" in result.stderr and result.stdout == "", result
+    assert not home.exists()
+    assert _prime_rl(tmp_path, "prepare", home=home, sources=sources).returncode == 0
+    assert (home / ".air-made-by").read_text() == "prime-rl-orchestrator.sh\n"
+    (home / "src" / "prime-rl" / "stale").write_text("from the first prepare")
+    (home / "stubs" / "stale.py").write_text("from the first prepare")
+    result = _prime_rl(tmp_path, "prepare", home=home, sources=sources)
+    assert result.returncode == 0, result
+    assert not (home / "src" / "prime-rl" / "stale").exists() and not (home / "stubs" / "stale.py").exists()
+    assert _intact(home / "src" / "prime-rl", PRIME_RL_TREES["PRIME_RL_SRC"])
+    assert _intact(home / "src" / "torchtitan", PRIME_RL_TREES["TORCHTITAN_SRC"])
+    assert "CPU STUBS" in (home / "stubs" / "README.md").read_text()
+    probe = """
+import vllm, ring_flash_attn
+from vllm.distributed.utils import StatelessProcessGroup
+from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+from ring_flash_attn import update_ring_flash_attn_params
+for use in (StatelessProcessGroup, PyNcclCommunicator, update_ring_flash_attn_params):
+    try:
+        use()
+    except RuntimeError as exc:
+        assert "CPU stub" in str(exc), exc
+    else:
+        raise AssertionError(f"{use} did not refuse")
+for module, name in ((vllm, "LLM"), (ring_flash_attn, "llama3_flash_attn_varlen_func")):
+    try:
+        getattr(module, name)
+    except AttributeError as exc:
+        assert "not in air's CPU stub" in str(exc)
+    else:
+        raise AssertionError(name)
+assert vllm.AIR_CPU_STUB and ring_flash_attn.AIR_CPU_STUB
+"""
+    checked = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": str(home / "stubs")})
+    assert checked.returncode == 0, checked.stderr
+    line = _prime_rl(tmp_path, "env", home=home).stdout
+    got = subprocess.run(["bash", "-c", f'{line}\nprintf %s "$PRIME_RL_ORCHESTRATOR_DIR"'], capture_output=True,
+                         text=True).stdout
+    assert got == str(home), (line, got)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["run", "../bin/sh"], "a program's name, not a path"),
+    (["run"], "run takes a program"),
+    (["validate"], "validate takes an orchestrator config file"),
+    (["validate", "/no/such.toml"], "no such file"),
+    (["prepare", "now"], "prepare takes no argument"),
+])
+def test_prime_rl_orchestrator_refuses_bad_input_in_one_line_before_any_work(tmp_path, argv, says):
+    home = tmp_path / "home"
+    result = _prime_rl(tmp_path, *argv, home=home)
+    assert result.returncode == 2 and result.stdout == "" and len(result.stderr.splitlines()) == 1, result
+    assert says in result.stderr and not home.exists()
