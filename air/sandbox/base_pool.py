@@ -13,7 +13,8 @@ its engine's sandboxes (`_create`, `_remove`'s `_let_go`, `start`, `close`). Wha
 - Sandboxes are interchangeable per `spec.key` (image, task, resources, network). A lease takes an idle one
   (after a sub-millisecond health check of its shell, unless its reset answered within FRESH) or creates one, within
   `max_sandboxes`; when the pool is full, an idle sandbox of another key is evicted, else the lease waits up to
-  `lease_timeout` (a sandbox back idle wakes one waiting lease of its key: keyed_condition.py).
+  `lease_timeout` (a sandbox back idle wakes one waiting lease of its key: keyed_condition.py). At most
+  `max_starting` sandboxes start at once, when set (`_start`): the others wait their turn, first come first served.
 - Release hands the sandbox to a background reset (session.reset, done by the sandbox's root warden: the lease's
   cell ends, with every process, socket, IPC object, temp file and change to the home in it, and a new cell is
   built; the next command starts a fresh shell) and back to the idle set. After an infrastructure error, an OOM
@@ -85,6 +86,8 @@ class PoolStats:
     resets: int = 0
     recycled: int = 0
     health_failures: int = 0
+    most_starting: int = 0
+    """The most new sandboxes that were starting at once (PoolConfig.max_starting caps it)."""
 
 
 class Place(Protocol):
@@ -115,8 +118,12 @@ class SandboxPool:
         self._live: set[BaseSandbox] = set()
         self._borrowers: set[BaseSandbox] = set()  # sandboxes whose GPUs another sandbox holds (lease's gpus_of)
         self._reserved = 0  # slots held by creations in flight
+        self._starting = 0  # creations past their turn (`_start`), at most max_starting
+        self._turns = asyncio.Semaphore(self.config.max_starting) if self.config.max_starting else None
         self._warm_target: dict[str, int] = {}
         self._warming: Counter[str] = Counter()
+        self._out: Counter[str] = Counter()  # leases of each key out now (a lender's borrowers not counted)
+        self._most_out: Counter[str] = Counter()  # and the most at once so far
         self._changed = KeyedCondition()
         """Guards the pool's sets; notified when they change: a sandbox back idle wakes one lease of its key."""
         self._background: set[asyncio.Task] = set()
@@ -145,6 +152,29 @@ class SandboxPool:
         """A sandbox whose first cell is built (`_first_reset`, `_learn_cells`), in the slot the caller reserved
         (`_reserved`, which this gives back); with `lent_gpus`, the lender's GPUs instead of its own."""
         raise NotImplementedError
+
+    async def _start(self, spec: SandboxSpec, deadline: float, lent_gpus: tuple[str, ...] = ()) -> BaseSandbox:
+        """`_create` in the slot the caller reserved, once a start turn is free (PoolConfig.max_starting: first come
+        first served); a lease that gets none by `deadline` is PoolExhausted, its slot given back."""
+        if self._turns is not None:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._turns.acquire()
+            except BaseException as exc:
+                await self._unreserve()
+                if isinstance(exc, TimeoutError):
+                    raise PoolExhausted(
+                        f"no turn to start a sandbox within {self.config.lease_timeout:g}s: {self._starting} "
+                        f"starting of max_starting={self.config.max_starting}") from None
+                raise
+        self._starting += 1
+        self.stats.most_starting = max(self.stats.most_starting, self._starting)
+        try:
+            return await self._create(spec, lent_gpus=lent_gpus)
+        finally:
+            self._starting -= 1
+            if self._turns is not None:
+                self._turns.release()
 
     async def _unreserve(self) -> None:
         """Give back the slot a creation held (`_reserved`), however `_create` ended, and wake the leases waiting."""
@@ -267,7 +297,7 @@ class SandboxPool:
             while True:
                 await self._take_idle_or_reserve(spec, deadline, reuse_idle=False)
                 try:
-                    sandbox = await self._create(spec, lent_gpus=lent)
+                    sandbox = await self._start(spec, deadline, lent_gpus=lent)
                     break
                 except InfraError as exc:
                     silent = self._silent_start(spec, exc, silent)
@@ -282,7 +312,7 @@ class SandboxPool:
             sandbox = await self._take_idle_or_reserve(spec, deadline, key=key)
             if sandbox is None:  # a slot is reserved for us: create
                 try:
-                    sandbox = await self._create(spec)
+                    sandbox = await self._start(spec, deadline)
                 except InfraError as exc:
                     silent = self._silent_start(spec, exc, silent)
                     continue
@@ -294,6 +324,8 @@ class SandboxPool:
             sandbox.leases += 1
             sandbox.reset_at = None
             self.stats.leases += 1
+            self._out[key] += 1
+            self._most_out[key] = max(self._most_out[key], self._out[key])
             if self._short(key):  # keep the key's warm target while this one is out
                 self._spawn(self._refill(spec))
             return sandbox
@@ -440,6 +472,8 @@ class SandboxPool:
 
     def release(self, sandbox: BaseSandbox) -> None:
         """Give a leased sandbox back; reset or removal happens in the background."""
+        if sandbox not in self._borrowers and self._out[sandbox.spec.key] > 0:
+            self._out[sandbox.spec.key] -= 1
         self._settling[sandbox] = self._spawn(self._recycle(sandbox))
 
     async def settled(self, sandbox: BaseSandbox) -> None:
@@ -479,9 +513,13 @@ class SandboxPool:
             await self._remove(sandbox, spare=True)
             if not sandbox.session.cells:  # no warden of its own dropped what it looked up: the host does
                 await asyncio.to_thread(forget_names)
-            if not sandbox.session.cells:  # without cells, the next lease of the key waits in a container started now
+            if not sandbox.session.cells:
+                # Without cells (gVisor, a host that forbids them) every lease is a new sandbox: the key keeps as many
+                # made ahead as it had out at once (a group's next rollouts come together), so that a lease takes one
+                # ready, in what a new cell costs, not what a new sandbox does (issue 86; `PoolConfig.warm` at least)
                 key = sandbox.spec.key
-                self._warm_target[key] = max(self._warm_target.get(key, 0), 1)
+                ahead = 1 if sandbox.gpu_ids else self._most_out[key]
+                self._warm_target[key] = max(self._warm_target.get(key, 0), 1, ahead)
             if not sandbox.gpu_ids or self.config.reuse_gpu_sandboxes:
                 self._spawn(self._refill(sandbox.spec))
             return
@@ -525,7 +563,7 @@ class SandboxPool:
             self._reserved += 1
             self._warming[key] += 1
         try:
-            sandbox = await self._create(spec)
+            sandbox = await self._start(spec, asyncio.get_running_loop().time() + self.config.lease_timeout)
         except Exception as exc:  # noqa: BLE001 - a failed refill must not kill the pool; leases will retry
             log.warning("refill of %s failed: %s", spec.task or spec.image, exc)
             return

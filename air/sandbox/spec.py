@@ -161,6 +161,12 @@ class PoolConfig(BaseModel):
     """Idle sandboxes kept ready per key once a key has been used (or pre-warmed at start)."""
     max_sandboxes: int = Field(32, ge=1)
     """Live containers of this pool at most (idle, leased and being reset), across keys and hosts."""
+    max_starting: int | None = Field(None, ge=1)
+    """New sandboxes this pool starts at once at most (each made, started, its warden up and its first cell built);
+    a lease past it waits its turn, first come first served, within `lease_timeout`. None: as many as
+    `max_sandboxes` lets. A start costs the host about 0.3 s of CPU, so a burst of hundreds on a few cores, all at
+    once, has every warden wait its share of the whole burst, past its patience (AIR_PATIENCE): capped, each start
+    takes its own time and the burst ends no later (bench/bench_burst.py; docs/measured.md)."""
     host_budget: int | None = Field(128, ge=1)
     """Containers at most on each Docker host, counted across every air process that uses it (env-server
     workers, `air eval`, services) by host-wide claims; None = no host-wide cap."""
