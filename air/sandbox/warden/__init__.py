@@ -67,6 +67,7 @@ MODULES = (  # in import order
     ("air.sandbox.warden.spans", _HERE / "spans.py"),
     ("air.sandbox.warden.syscalls", _HERE / "syscalls.py"),
     ("air.sandbox.warden.seccomp", _HERE / "seccomp.py"),
+    ("air.sandbox.warden.sysinfo", _HERE / "sysinfo.py"),
     ("air.sandbox.warden.hostview", _HERE / "hostview.py"),
     ("air.sandbox.warden.locks", _HERE / "locks.py"),
     ("air.sandbox.warden.mountapi", _HERE / "mountapi.py"),
@@ -112,9 +113,10 @@ def _load(name, source):
 
 ZYGOTE_MODULES = tuple(module for module in MODULES if module[0] in {
     "air.sandbox.warden.spans", "air.sandbox.warden.syscalls", "air.sandbox.warden.seccomp",
-    "air.sandbox.warden.hostview", "air.sandbox.warden.mountapi", "air.sandbox.warden.rootcopy",
-    "air.sandbox.warden.netlink", "air.sandbox.warden.cellinit", "air.sandbox.warden.cell",
-    "air.sandbox.warden.procs", "air.sandbox.warden.restore", "air.sandbox.warden.files", "air.sandbox.warden.zygote"})
+    "air.sandbox.warden.sysinfo", "air.sandbox.warden.hostview", "air.sandbox.warden.mountapi",
+    "air.sandbox.warden.rootcopy", "air.sandbox.warden.netlink", "air.sandbox.warden.cellinit",
+    "air.sandbox.warden.cell", "air.sandbox.warden.procs", "air.sandbox.warden.restore", "air.sandbox.warden.files",
+    "air.sandbox.warden.zygote"})
 """A warm interpreter's program (zygote.py): what it needs to confine its children and lay down their files."""
 _ZYGOTE = "sys.modules['air.sandbox.warden.zygote']"
 

@@ -65,7 +65,7 @@ import sys
 import threading
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from air.sandbox.warden import cellinit, hostview, mountapi, netlink, rootcopy, seccomp
+from air.sandbox.warden import cellinit, hostview, mountapi, netlink, rootcopy, seccomp, sysinfo
 from air.sandbox.warden.spans import mark
 from air.sandbox.warden.syscalls import NUMBERS
 
@@ -959,9 +959,13 @@ def become(uid: int) -> None:
     os.setresuid(uid, uid, uid)
 
 
-@functools.lru_cache(maxsize=None)
 def _filter() -> bytes:
-    return seccomp.compile_filter(seccomp.machine())
+    return _filter_of(sysinfo.answered())
+
+
+@functools.lru_cache(maxsize=None)
+def _filter_of(sysinfo_answered: bool) -> bytes:
+    return seccomp.compile_filter(seccomp.machine(), sysinfo_answered=sysinfo_answered)
 
 
 def become_thread(uid: int) -> None:

@@ -16,7 +16,10 @@ cell has no disk to write and every page it can read is pinned, and the filter r
 a read that reaches the host's disk from any other sandbox would show there (issue #75).
 
 Left as they are, and measured in SECURITY.md: what says how busy the host's CPUs are (/proc/uptime's idle time,
-cpuidle, cpufreq and per-interrupt statistics), which a program learns anyway by timing its own loops; sysinfo(2).
+cpuidle, cpufreq and per-interrupt statistics), which a program learns anyway by timing its own loops; /proc/net's
+sockstat, sockstat6 and protocols, whose socket counts and memory are the host's (TCP's alloc, orphan and mem, UDP's
+mem) though the files are each network namespace's: /proc/net is /proc/self/net, a directory of every process's own,
+so no bind covers it (SECURITY.md). sysinfo(2), the system call, is answered from this view (sysinfo.py).
 
 The copies are made once, in a small read-only tmpfs of the warden's; a cell binds them over the real files (about
 20 binds) and then loses the tmpfs from its own mounts.
@@ -31,12 +34,15 @@ from typing import Dict, List, Optional, Tuple, Union
 
 PROC_FILES = ("stat", "meminfo", "vmstat", "loadavg", "buddyinfo", "zoneinfo", "diskstats", "interrupts", "softirqs",
               "schedstat", "swaps", "sys/kernel/pty/nr")
-UNREAD = ("/proc/pagetypeinfo", "/proc/locks")
+UNREAD = ("/proc/pagetypeinfo", "/proc/locks", "/proc/key-users")
 """Files shown empty, never read. Reading /proc/pagetypeinfo walks every page block of the host's memory with the
 zone's lock held (65 ms of every warden's start on a 24 GB host, and more with more memory, while the host's
 allocations wait: experiments.md, session 60); it is root's alone, and no program of a task reads it. /proc/locks
 lists only the locks of processes a cell can see, but numbers its lines over every lock of the host: a cell's own lock
-on line 8 says 7 others are held, which another sandbox moves by taking locks (issue #75); only `lslocks` reads it."""
+on line 8 says 7 others are held, which another sandbox moves by taking locks (issue #75); only `lslocks` reads it.
+/proc/key-users lists every user of the host that holds keys, with live counts of its keys and their bytes (issue 86):
+root's move with every container the host starts (runc gives each a session keyring); no program of a task reads
+it, and a cell can make no key (the filter refuses the keyring calls)."""
 TREES = ("/proc/sys/fs", "/proc/pressure", "/sys/devices/system/node", "/sys/devices/virtual/bdi",
          "/sys/kernel/mm/ksm", "/sys/kernel/mm/transparent_hugepage", "/sys/kernel/mm/hugepages")
 """Directories shown as copies (settings as they are, counters zeroed: COUNTER). The whole transparent-huge-page

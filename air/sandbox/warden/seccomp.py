@@ -8,7 +8,8 @@ checks: `clone` without any namespace flag, `socket` of any family but AF_VSOCK,
 values Docker allows; `preadv2` may not ask RWF_NOWAIT; host-wide tables stay out of reach (issue #75: socket and
 namespace cookies, the socket-diagnostics netlink, O_DIRECT reads past the pinned page cache: COOKIE_SOCKOPTS,
 NETLINK_SOCK_DIAG, O_DIRECT); `fadvise64` and `madvise` answer 0 and do nothing when asked to
-evict or age pages (EVICTING_FADVICE, EVICTING_MADVICE). Everything else (namespaces: unshare, setns, clone with
+evict or age pages (EVICTING_FADVICE, EVICTING_MADVICE); `sysinfo` passes only where the warden answers it from the
+cell's view (sysinfo.py), else fails with ENOSYS (SYSINFO). Everything else (namespaces: unshare, setns, clone with
 CLONE_NEW*; mounts, old and new API; bpf, perf_event_open, keyrings, io_uring, ptrace's cousins that need
 capabilities...) fails with
 EPERM; `clone3` fails with ENOSYS so that the C library falls back to `clone`, whose flags the filter can read; a
@@ -103,6 +104,14 @@ how code writes into the cache that every container of an image reads (issue #38
 nothing: advice is advice, which the kernel is free to ignore."""
 EVICTING_MADVICE = (20, 21)
 """MADV_COLD and MADV_PAGEOUT: the same through a mapping (age or reclaim its pages). Answered 0, done nothing."""
+SYSINFO = "sysinfo"
+"""sysinfo(2) tells the host's live load, thread count and free memory (issue 86: the thread count carried 5 bit/s
+between two sandboxes at once). Where the warden answers it from the cell's view (sysinfo.py) the call passes here
+and the warden's own filter sends it there; elsewhere it fails with ENOSYS, and what then breaks is glibc's
+sysconf(_SC_PHYS_PAGES) and _SC_AVPHYS_PAGES (Python's os.sysconf, GNU sort's default buffer, glibc's qsort before
+2.37), which read the struct without looking at the result: they size by whatever the caller's stack held; busybox's
+`free` and `uptime` call it too; /proc/meminfo, /proc/loadavg and /proc/uptime, which most programs read, are
+unaffected."""
 PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 """PER_LINUX, and with UNAME26 / PER_LINUX32 (what Docker allows), and the query."""
 
@@ -148,14 +157,17 @@ class _Program:
         return bytes(out)
 
 
-def compile_filter(arch: str) -> bytes:
-    """The filter for one architecture, as the bytes of a struct sock_filter array."""
+def compile_filter(arch: str, sysinfo_answered: bool = False) -> bytes:
+    """The filter for one architecture, as the bytes of a struct sock_filter array. `sysinfo_answered`: the warden's
+    own filter sends sysinfo to its answerer (sysinfo.py), so this one lets it through; else it is refused (SYSINFO)."""
     numbers = NUMBERS[arch]
     special = {numbers["clone"]: "clone", numbers["socket"]: "socket", numbers["personality"]: "personality",
                numbers["preadv2"]: "preadv2", numbers["clone3"]: "enosys", numbers["fadvise64"]: "fadvise",
                numbers["madvise"]: "madvise", numbers["pidfd_open"]: "enosys", numbers["getsockopt"]: "sockopt",
                numbers["setsockopt"]: "sockopt", numbers["fcntl"]: "fcntl", numbers["openat"]: "openat",
                numbers["openat2"]: "enosys"}
+    if not sysinfo_answered:
+        special[numbers["sysinfo"]] = "enosys"
     if "open" in numbers:  # aarch64 has only openat
         special[numbers["open"]] = "open"
     allowed = {numbers[name] for name in ALLOWED if name in numbers}

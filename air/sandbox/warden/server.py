@@ -24,7 +24,7 @@ from typing import Callable, Dict, Optional, Tuple, Union
 
 from air.sandbox.output import CappedBuffer
 from air.sandbox.warden import (atimes, files, locks, lower, mountapi, netlink, procs, protocol as p, snapshot,
-                                spans, threadspawn, watch, zygote)
+                                spans, sysinfo, threadspawn, watch, zygote)
 from air.sandbox.warden.cell import (LIBC, Cell, CellError, Layout, Middle, _check, _children_in, _detach, become,
                                      fresh_tmpfs, harness_bounding_set, mount, outside, places_over,
                                      prepare_confinement, supported)
@@ -1371,6 +1371,8 @@ def main() -> None:
         wait_on_port(int(sys.argv[2][4:]), sys.argv[3], float(sys.argv[4]))
     elif sys.argv[1:2] == ["--listen"]:  # --listen DIR [--host-lock-unseen]
         wait_for_host(sys.argv[2], host_lock_seen="--host-lock-unseen" not in sys.argv[3:])
+    # sysinfo of every process it starts answered from the cells' view: before any thread or child of its own
+    sysinfo.start()
     # Where it is stuck, for a person at 2 a.m.: `kill -USR2` (root) writes its stack to its log (warden.log).
     faulthandler.register(signal.SIGUSR2, all_threads=True)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)

@@ -54,7 +54,7 @@ import socket
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from air.sandbox.warden import files, procs, seccomp
+from air.sandbox.warden import files, procs, seccomp, sysinfo
 from air.sandbox.warden.cell import CLONE_NEWPID, LIBC, Cell, _check, empty_bounding_set, prepare_confinement
 from air.sandbox.warden.syscalls import NUMBERS
 
@@ -75,6 +75,8 @@ BOOT = ("import sys;_air=(set(sys.modules),list(sys.meta_path),set(sys.path_impo
 """The zygote's program (`python3 -c BOOT`): first what a new interpreter holds at its first line, before anything
 is imported; then the program on fd 3 (zygote_program), whose last line serves."""
 NAMESPACES = ("pid", "mnt", "net", "ipc", "uts")
+ANSWERED = "sysinfo-answered"
+"""The zygote's argument when the warden's filter, which it inherits, sends sysinfo to the warden's answerer."""
 PROGRAM: bytes = b""
 """The zygote's program (the warden's bundle sets it: air/sandbox/warden/__init__.py)."""
 
@@ -106,8 +108,10 @@ class Zygote:
         r_err, w_err = os.pipe()
         fds = {0: r_in, 1: w_out, 2: w_err, CODE_FD: code, SOCKET_FD: theirs.fileno()}
         try:
-            pid = procs.spawn(["/bin/sh", "-c", prefix + 'exec "$@"', "sh", interpreter, "-c", BOOT], uid=0,
-                              cwd="/", env=env, fds=fds, confined=False)
+            # The warden's word on sysinfo (sysinfo.py), which the zygote's children's filter follows: its argument
+            answered = [ANSWERED] if sysinfo.answered() else []
+            pid = procs.spawn(["/bin/sh", "-c", prefix + 'exec "$@"', "sh", interpreter, "-c", BOOT, *answered],
+                              uid=0, cwd="/", env=env, fds=fds, confined=False)
         finally:
             for fd in (r_in, w_in, r_out, w_out, w_err, code):
                 os.close(fd)
@@ -217,6 +221,8 @@ def memfd_of(data: bytes, name: str) -> int:
 def serve(fd: int, fresh: tuple) -> Tuple[List[str], tuple]:
     """The zygote's loop: a child per request. Returns only in a child, ready to run its script: (argv, fresh)."""
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # and, had the warden gone before, its socket's end
+    if sys.argv[1:2] == [ANSWERED]:  # inherited from the warden, with its filter (sysinfo.py)
+        sysinfo.mark_answered()
     prepare_confinement()
     # Its children are all the agent's (the warden asks for none as root): they inherit an empty bounding set. The
     # zygote itself never execs, so the set (what an exec could gain) is nothing it needs.
