@@ -304,6 +304,8 @@ MEASURED_SECONDS = {
     # With harbor-cookbook's recipes (HARBOR_COOKBOOK: CI's node lanes unpack them; issue 85), one worker, a busy
     # machine, session 70: their recipe tests were skips before.
     "test_harbor_environment.py": 318, "test_harbor_cookbook.py": 221,
+    # A real model on the CPU (issue 82; one worker, load 9-12, session 70): its training smoke and its endpoint.
+    "test_real_model_training.py": 154, "test_model_server.py": 44,
 }
 
 
