@@ -301,3 +301,28 @@ async def test_one_task_plays_end_to_end_on_a_stand_in_dataset(suite, standin, p
 
     idle = await run_episode(env, story("ls data"), EpisodeConfig())
     assert not [s for s in idle["step_scores"] if s is not None] and idle["total_reward"] <= 0, idle
+
+
+def test_a_wildcard_behind_mlgym_names_every_task_yaml_it_matches(tmp_path, monkeypatch):
+    """docs/tasks.md's `air tasks check mlgym:airs-bench/airsbench/tasks/mlgym/*/configs/tasks/*.yaml`: a shell
+    cannot expand the pattern behind `mlgym:` (it did nothing, and air said the task needs an MLGym checkout), so air
+    expands it (registry.expanded): from the current directory, or under --mlgym-root's configs/; a pattern matching
+    nothing is one line."""
+    from air.errors import UsageError
+    from air.tasks.registry import expanded, load_all
+
+    from airs_bench import write_suite
+
+    write_suite(tmp_path / "airs-bench" / "airsbench" / "tasks")
+    monkeypatch.chdir(tmp_path)
+    pattern = "mlgym:airs-bench/airsbench/tasks/mlgym/*/configs/tasks/*.yaml"
+    refs = expanded([pattern, "prisoners-dilemma"])
+    assert len(refs) == 3 and refs[-1] == "prisoners-dilemma" and all(r.startswith("mlgym:airs-bench/") for r in
+                                                                        refs[:2])
+    assert sorted(spec.id for spec in load_all([pattern])) == sorted(
+        load_task(ref).id for ref in refs[:2])
+    root = tmp_path / "airs-bench" / "airsbench" / "tasks" / "mlgym" / refs[0].split("/")[4]
+    assert expanded(["mlgym:tasks/*.yaml"], root) == [f"mlgym:tasks/{Path(refs[0]).name}"]  # under the root's configs/
+    with pytest.raises(UsageError, match=r"^mlgym:nowhere/\*\.yaml matches no task YAML \(from "):
+        expanded(["mlgym:nowhere/*.yaml"])
+    assert expanded(["mlgym:tasks/titanic.yaml"]) == ["mlgym:tasks/titanic.yaml"]  # no wildcard: as it was

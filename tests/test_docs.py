@@ -285,8 +285,8 @@ def test_an_example_takes_its_flags(part):
 @pytest.fixture
 def home(tmp_path) -> Path:
     """A user's folder: a fake MLGym checkout at ~/MLGym, AIRS-Bench-shaped tasks at ~/airs-bench, the Harbor fixture
-    dataset at ~/datasets/my-dataset and two finished episodes in runs/, also as the run
-    runs/eval-20261121-101500/ and the outputs/evals/ the examples name (no Docker)."""
+    dataset at ~/datasets/my-dataset (with the tasks `hello` and `world` the pages name) and two finished episodes in
+    runs/, also as the run runs/eval-20261121-101500/ and the outputs/evals/ the examples name (no Docker)."""
     import shutil
 
     from airs_bench import write_suite
@@ -296,6 +296,9 @@ def home(tmp_path) -> Path:
     write_tree(tmp_path / "MLGym")
     write_suite(tmp_path / "airs-bench" / "airsbench" / "tasks")
     shutil.copytree(ROOT / "tests" / "fixtures" / "harbor", tmp_path / "datasets" / "my-dataset")
+    for name in ("hello", "world"):  # the tasks docs/harbor.md's eval names: the fixture's passing one, twice
+        shutil.copytree(ROOT / "tests" / "fixtures" / "harbor" / "hello-pass",
+                        tmp_path / "datasets" / "my-dataset" / name)
     runs = episodes(tmp_path)
     (tmp_path / "runs" / "eval-20261121-101500" / "regression-rmse").mkdir(parents=True)
     (tmp_path / "outputs" / "evals").mkdir(parents=True)

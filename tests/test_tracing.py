@@ -7,6 +7,7 @@ SDK imported). With Docker: `air eval` sending to a real collector, Arize Phoeni
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -145,9 +146,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.docker
-@pytest.mark.slow
-def test_eval_spans_read_back_from_phoenix_parent_and_child_with_rewards(tmp_path):
+@contextlib.contextmanager
+def _phoenix_server(tmp_path: Path):
+    """Arize Phoenix serving on loopback (its own environment, _phoenix); yields its base URL."""
     import httpx
 
     python = _phoenix()
@@ -169,6 +170,56 @@ def test_eval_spans_read_back_from_phoenix_parent_and_child_with_rewards(tmp_pat
                 time.sleep(1)
         else:
             raise AssertionError((tmp_path / "phoenix.log").read_text()[-2000:])
+        yield base
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def _phoenix_spans(base: str, roots: int) -> list[dict]:
+    """The project `air`'s spans, once `roots` rollouts' spans are in (the project is the service's name:
+    openinference.project.name on the resource, not Phoenix's default)."""
+    import httpx
+
+    spans: list[dict] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len([s for s in spans if s["name"] == "invoke_agent air"]) < roots:
+        answer = httpx.get(f"{base}/v1/projects/air/spans", params={"limit": 1000}, timeout=10)
+        assert answer.status_code == 200, answer.text[:500]
+        spans = answer.json()["data"]
+        time.sleep(1)
+    return spans
+
+
+@pytest.mark.slow
+def test_phoenix_shows_messages_tokens_and_exit_codes_grouped_by_run(tmp_path):
+    """Issue 87's done-when, against a real collector without Docker: two rollouts played through air's runner
+    and OpenAI policy (the model and the sandbox's shell are doubles), read back through Phoenix's REST API."""
+    with _phoenix_server(tmp_path) as base, ModelDouble(REPLIES * 2) as model:
+        (tmp_path / "run").mkdir()
+        proc = _run({"OTEL_EXPORTER_OTLP_ENDPOINT": base, "OPENAI_API_KEY": KEY}, EPISODE, model.url,
+                    str(tmp_path / "run"), "2")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        spans = _phoenix_spans(base, 2)
+    roots = [s for s in spans if s["name"] == "invoke_agent air"]
+    assert len(roots) == 2 and len({r["context"]["trace_id"] for r in roots}) == 2
+    assert len({r["attributes"]["session.id"] for r in roots}) == 1 and all(r["span_kind"] == "AGENT" for r in roots)
+    chats = [s for s in spans if s["name"] == "chat double-1"]
+    assert len(chats) == 10 and all(c["span_kind"] == "LLM" for c in chats)
+    for chat in chats:
+        a = chat["attributes"]
+        assert a["llm.token_count.prompt"] >= 100 and a["llm.token_count.completion"] >= 1
+        assert a["llm.input_messages.0.message.role"] == "system" and a["llm.output_messages.0.message.content"]
+    tools = [s for s in spans if s["name"] == "execute_tool bash"]
+    assert sorted((s["attributes"]["process.exit.code"], s["status_code"], s["status_message"]) for s in tools) == \
+        [(0, "UNSET", ""), (0, "UNSET", ""), (1, "ERROR", "exit code 1"), (1, "ERROR", "exit code 1")]
+    assert KEY not in json.dumps(spans)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_eval_spans_read_back_from_phoenix_parent_and_child_with_rewards(tmp_path):
+    with _phoenix_server(tmp_path) as base:
         # The model: the scripted server (a test double) over HTTP, so that air asks it as it asks a real endpoint
         # (messages, usage and trace context on the chat spans).
         port_file = tmp_path / "model-port"
@@ -189,14 +240,7 @@ def test_eval_spans_read_back_from_phoenix_parent_and_child_with_rewards(tmp_pat
             model.terminate()
             model.wait(timeout=30)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        spans: list[dict] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len([s for s in spans if s["name"] == "invoke_agent air"]) < 2:
-            # The project is the service's name (openinference.project.name on the resource), not Phoenix's default.
-            answer = httpx.get(f"{base}/v1/projects/air/spans", params={"limit": 1000}, timeout=10)
-            assert answer.status_code == 200, answer.text[:500]
-            spans = answer.json()["data"]
-            time.sleep(1)
+        spans = _phoenix_spans(base, 2)
         roots = [s for s in spans if s["name"] == "invoke_agent air"]
         assert len(roots) == 2, [s["name"] for s in spans]
         assert len({r["context"]["trace_id"] for r in roots}) == 2  # one trace per rollout...
@@ -215,14 +259,12 @@ def test_eval_spans_read_back_from_phoenix_parent_and_child_with_rewards(tmp_pat
                 a = chat["attributes"]
                 assert json.loads(a["gen_ai.input.messages"])[0]["role"] == "system"
                 assert a["llm.token_count.completion"] > 0 and a["gen_ai.usage.input_tokens"] >= 1
-                assert a["output.value"] and a["openinference.span.kind"] == "LLM"
+                assert a["output.value"] and chat["span_kind"] == "LLM"  # Phoenix reads openinference.span.kind
             tools = [s for s in children if s["name"] == "execute_tool bash"]
-            assert tools and all("process.exit.code" in s["attributes"] for s in tools)
+            assert tools and all("process.exit.code" in s["attributes"] and s["span_kind"] == "TOOL" for s in tools)
+            assert all((s["status_code"] == "ERROR") == (s["attributes"]["process.exit.code"] != 0) for s in tools)
             scored = [s for s in children if s["name"] == "air.evaluate"]
             assert scored and all("air.reward" in s["attributes"] for s in scored)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
 
 
 SERVED = """

@@ -139,11 +139,37 @@ def require_known(ref: str) -> None:
                          "mlgym:tasks/<name>.yaml; Harbor tasks: harbor:<task folder>)")
 
 
+def expanded(refs: list[str], mlgym_root: Path | str | None = None) -> list[str]:
+    """`refs` with each `mlgym:PATTERN` that holds a wildcard (`*`, `?`, `[`) replaced by the task YAMLs it matches,
+    in order: under the MLGym root's configs/ where one is given and it matches there, else from the current
+    directory (a shell cannot expand it behind the `mlgym:` prefix: `air tasks check mlgym:airs-bench/airsbench/
+    tasks/mlgym/*/configs/tasks/*.yaml` checks every AIRS-Bench task). UsageError, in one line, for a pattern that
+    matches no YAML."""
+    import glob
+
+    out: list[str] = []
+    for ref in refs:
+        pattern = ref.removeprefix(MLGYM_PREFIX)
+        if not ref.startswith(MLGYM_PREFIX) or not glob.has_magic(pattern):
+            out.append(ref)
+            continue
+        root = mlgym_root or os.environ.get("MLGYM_ROOT")
+        configs = Path(root).expanduser() / "configs" if root and not Path(pattern).is_absolute() else None
+        found = sorted(str(Path(p).relative_to(configs)) for p in glob.glob(str(configs / pattern))
+                       if p.endswith((".yaml", ".yml"))) if configs is not None else []
+        found = found or sorted(p for p in glob.glob(os.path.expanduser(pattern)) if p.endswith((".yaml", ".yml")))
+        if not found:
+            where = f" (under {configs} or from {Path.cwd()})" if configs is not None else f" (from {Path.cwd()})"
+            raise UsageError(f"{shortened(ref)} matches no task YAML{where}")
+        out += [MLGYM_PREFIX + p for p in found]
+    return out
+
+
 def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None, gpus: int = 0,
              draw: Draw | None = None, *, harbor_root: Path | str | None = None) -> list[TaskSpec]:
     """The tasks of one run. Their ids must differ (two MLGym YAMLs may declare one `id`): a run's trajectories,
     results and summary are kept by task id, so two tasks of one id would write over each other."""
-    refs = refs or bundled_ids()
+    refs = expanded(refs, mlgym_root) if refs else bundled_ids()
     specs = [load_task(ref, mlgym_root, gpus, draw, harbor_root=harbor_root) for ref in refs]
     first: dict[str, str] = {}
     for ref, spec in zip(refs, specs):
@@ -154,5 +180,5 @@ def load_all(refs: list[str] | None = None, mlgym_root: Path | str | None = None
     return specs
 
 
-__all__ = ["HARBOR_PREFIX", "MLGYM_PREFIX", "load_task", "load_all", "bundled_ids", "check_name", "require_known",
-           "bundled_here", "gpus_here", "require_here", "why_not_here"]
+__all__ = ["HARBOR_PREFIX", "MLGYM_PREFIX", "load_task", "load_all", "bundled_ids", "check_name", "expanded",
+           "require_known", "bundled_here", "gpus_here", "require_here", "why_not_here"]
