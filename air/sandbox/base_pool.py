@@ -35,7 +35,7 @@ import signal
 import threading
 import weakref
 from collections import Counter, OrderedDict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -122,6 +122,7 @@ class SandboxPool:
         self._turns = asyncio.Semaphore(self.config.max_starting) if self.config.max_starting else None
         self._warm_target: dict[str, int] = {}
         self._warming: Counter[str] = Counter()
+        self._ahead: dict[str, Callable[[BaseSandbox], Awaitable[None]]] = {}  # prepare_ahead's, by key
         self._out: Counter[str] = Counter()  # leases of each key out now (a lender's borrowers not counted)
         self._most_out: Counter[str] = Counter()  # and the most at once so far
         self._changed = KeyedCondition()
@@ -470,6 +471,14 @@ class SandboxPool:
         log.warning("%s %s cannot give sandboxes cells (%s): each sandbox is used once instead "
                     "(slower; `air doctor` says more)", self.host_word, host.name, why)
 
+    def prepare_ahead(self, spec: SandboxSpec, prepare: Callable[[BaseSandbox], Awaitable[None]]) -> None:
+        """What every sandbox of `spec`'s key that the pool makes ahead of a lease (a refill) gets before it waits
+        idle: what the lease's holder would do first (a task's staging and, where each lease is a new sandbox, its
+        shell started: air.tasks.environment). Under gVisor, where every lease is a new sandbox, a lease then takes one
+        with nothing left to do but its commands (issue 86); one that finds none ready makes one, and its holder
+        does it as before."""
+        self._ahead[spec.key] = prepare
+
     def release(self, sandbox: BaseSandbox) -> None:
         """Give a leased sandbox back; reset or removal happens in the background."""
         if sandbox not in self._borrowers and self._out[sandbox.spec.key] > 0:
@@ -562,10 +571,16 @@ class SandboxPool:
                 return
             self._reserved += 1
             self._warming[key] += 1
+        sandbox = None
         try:
             sandbox = await self._start(spec, asyncio.get_running_loop().time() + self.config.lease_timeout)
+            if key in self._ahead:  # what its lease would do first, done now (prepare_ahead)
+                await self._ahead[key](sandbox)
         except Exception as exc:  # noqa: BLE001 - a failed refill must not kill the pool; leases will retry
             log.warning("refill of %s failed: %s", spec.task or spec.image, exc)
+            if sandbox is not None:
+                with contextlib.suppress(Exception):
+                    await self._remove(sandbox)
             return
         finally:
             self._warming[key] -= 1

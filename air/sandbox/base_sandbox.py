@@ -92,6 +92,9 @@ class BaseSandbox:
     """Whether this sandbox was made to build cells (its warden says whether it does: `Session.cells`)."""
     pin_pages: bool = True
     """Whether its warden holds the sandbox's own files in the page cache (the pool's `page_cache`)."""
+    own_kernel: bool = False
+    """Whether it runs on a kernel of its own (gVisor's runsc, a RuntimeClass): its warden says so to its cells'
+    filter (sysinfo.py)."""
     channel: Path | None = None
     """The sandbox's host directory, where its warden (the container's main process) listens for the host: the
     engine carries nothing (a Docker daemon on this machine, enroot). None: the warden is reached otherwise (a

@@ -56,7 +56,8 @@ def hello(sandbox: BaseSandbox) -> p.Hello:
                    cells=sandbox.cells, home_mb=spec.workspace_mb or 2048, tmp_mb=spec.tmp_mb, shm_mb=SHM_MB,
                    pin_pages=sandbox.pin_pages, pinned_elsewhere=sorted(spec.read_only_mounts),
                    hidden=[WARDEN_DIR] if sandbox.channel is not None or _address(sandbox) else [],
-                   cell_net=getattr(sandbox, "cell_net", ""), hosts=getattr(sandbox, "cell_hosts", ""))
+                   cell_net=getattr(sandbox, "cell_net", ""), hosts=getattr(sandbox, "cell_hosts", ""),
+                   own_kernel=getattr(sandbox, "own_kernel", False))
 
 
 def _address(sandbox: BaseSandbox) -> tuple[str, int] | None:

@@ -111,9 +111,20 @@ class TaskEnvironment:
     async def _staged(self) -> AsyncIterator[Sandbox]:
         await ensure_task_image(self.spec, backend=getattr(getattr(self.pool, "config", None), "backend", "docker"))
         await ensure_drawn(self.spec, self.pool)
-        async with self.pool.lease(sandbox_spec(self.spec)) as sandbox:
-            await stage(sandbox, self.spec)
+        spec = sandbox_spec(self.spec)
+        if hasattr(self.pool, "prepare_ahead"):
+            self.pool.prepare_ahead(spec, self._made_ahead)
+        async with self.pool.lease(spec) as sandbox:
+            await stage(sandbox, self.spec)  # nothing to do in one made ahead
             yield sandbox
+
+    async def _made_ahead(self, sandbox: Sandbox) -> None:
+        """A sandbox the pool makes ahead of a lease (SandboxPool.prepare_ahead): staged; where each lease is a new
+        sandbox (no cells: gVisor), its shell started too, which under gVisor costs a first command about 130 ms
+        (experiments.md, session 70, issue 86)."""
+        await stage(sandbox, self.spec)
+        if not sandbox.session.cells:
+            await sandbox.session.start()
 
     async def evaluate(self, sandbox: Sandbox) -> EvalOutcome:
         await ensure_drawn(self.spec, self.pool)

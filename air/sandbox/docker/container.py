@@ -114,7 +114,7 @@ class Sandbox(BaseSandbox):
         sandbox = cls(docker_, spec, container.id, kwargs["name"], gpu_ids, gpu_way=way,
                       image_id=container.attrs.get("Image", ""),
                       agent_uid=agent_uid, cells=cells, pin_pages=pin_pages, channel=directory, channel_secret=secret,
-                      channel_hold=held, cell_net=cell_net, cell_hosts=cell_hosts)
+                      channel_hold=held, cell_net=cell_net, cell_hosts=cell_hosts, own_kernel=own_kernel(runtime))
         if network is not None:
             labels = {k: v for k, v in kwargs["labels"].items() if k != KEY}
             sandbox.services = Services(docker_, spec.services, dict(spec.waits), network, plan, kwargs["name"],

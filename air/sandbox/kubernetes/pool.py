@@ -304,6 +304,7 @@ class KubernetesPool(SandboxPool):
         sandbox = PodSandbox(None, spec, created["metadata"]["uid"], name,
                              tuple(str(i) for i in range(spec.resources.gpus)), image_id=spec.image, agent_uid=uid,
                              cells=cells, pin_pages=pin_pages, channel_secret=secret,
+                             own_kernel=self.kube.runtime_class is not None,
                              pod_uid=created["metadata"]["uid"], namespace=self.kube.namespace,
                              remover=self._delete_pod)
         self._pods[name] = sandbox
@@ -394,6 +395,7 @@ class KubernetesPool(SandboxPool):
                              tuple(str(i) for i in range(spec.resources.gpus)), image_id=spec.image, agent_uid=uid,
                              cells=self._wants_cells(self.cluster), pin_pages=self.config.page_cache == "pinned",
                              channel_secret=secret, claim=name, namespace=self.kube.namespace,
+                             own_kernel=self.kube.runtime_class is not None,
                              remover=self._delete_pod)
         try:
             state, pod = await self.watch.wait("", max(0.0, min(self.kube.ready_timeout, deadline - loop.time())),

@@ -133,6 +133,9 @@ class Hello(Request):
     """A sandbox with services: every cell's address on its private network, as CIDR (cell.Layout.cell_net)."""
     hosts: str = ""
     """With `cell_net`: the /etc/hosts of every cell (the services' names and addresses)."""
+    own_kernel: bool = False
+    """The sandbox runs on a kernel of its own (gVisor): its sysinfo(2) tells nothing of the host's, and passes where
+    the warden has no answerer (sysinfo.py)."""
 
 
 @dataclass(frozen=True)

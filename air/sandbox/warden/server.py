@@ -380,6 +380,8 @@ class Warden:
     # ----- ops --------------------------------------------------------------------------------------------------
     def op_hello(self, ident: int, hello: p.Hello) -> p.Ready:
         self.config = c = hello
+        if c.own_kernel:  # gVisor's sysinfo is its own kernel's: no answerer needed (sysinfo.py)
+            sysinfo.kernel_of_its_own()
         if not _mapped(c.uid):
             raise RuntimeError("the agent uid %d does not exist in this container's user namespace (rootless Docker "
                                "maps only the first 65536 uids): set PoolConfig.agent_uid_base (AIR_AGENT_UID_BASE), "

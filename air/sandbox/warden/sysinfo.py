@@ -21,8 +21,9 @@ The harness's own processes (root in the container's pid namespace, outside any 
 (SECCOMP_USER_NOTIF_FLAG_CONTINUE). The answerer runs SCHED_IDLE, like the cells' processes: a cell that calls
 sysinfo in a loop spends idle time, not the warden's. A caller whose memory the answerer cannot write (a process that
 made itself undumpable) gets EFAULT. If the answerer is gone, the kernel fails every sysinfo of the filter with ENOSYS;
-where the filter cannot be installed at all (a kernel before 5.0, gVisor, which has a kernel of the sandbox's own
-anyway), the cells' filter refuses sysinfo with ENOSYS (seccomp.compile_filter).
+where the filter cannot be installed at all, the cells' filter refuses sysinfo with ENOSYS (seccomp.compile_filter),
+unless the host says the sandbox runs on a kernel of its own (gVisor has no user notifications, and its sysinfo
+tells nothing of the host's: kernel_of_its_own).
 """
 
 from __future__ import annotations
@@ -66,6 +67,13 @@ def answered() -> bool:
 
 def mark_answered() -> None:
     """In a process the warden started (a zygote), which inherited its filter: sysinfo is answered here too."""
+    global _ANSWERED
+    _ANSWERED = True
+
+
+def kernel_of_its_own() -> None:
+    """The sandbox runs on a kernel of its own (Hello.own_kernel: gVisor, which has no user notifications): its
+    sysinfo answers from that kernel's own view, so the cells' filter lets it through where no answerer does."""
     global _ANSWERED
     _ANSWERED = True
 
@@ -262,4 +270,4 @@ def _respond(listener: int, ident: int, error: int, flags: int) -> None:
                                                                                  0), 24))
 
 
-__all__ = ["answered", "listener_filter", "mark_answered", "start", "view"]
+__all__ = ["answered", "kernel_of_its_own", "listener_filter", "mark_answered", "start", "view"]
