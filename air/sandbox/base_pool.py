@@ -402,6 +402,8 @@ class SandboxPool:
         if (sandbox.reset_at is not None and sandbox.session.alive
                 and asyncio.get_running_loop().time() - sandbox.reset_at < FRESH):
             return True  # its reset's reply was the check (FRESH)
+        if sandbox.leases == 0 and sandbox.reset_at is not None and sandbox.session.alive:
+            return True  # made ahead and never leased: nothing of an agent ever ran there (a round trip under gVisor)
         try:
             return await sandbox.session.ping(timeout=10)
         except InfraError:
