@@ -90,15 +90,23 @@ async def test_a_plugin_left_in_the_working_directory_is_not_loaded_by_the_tests
 
 async def test_a_test_that_names_the_workspace_as_a_module_path_gets_the_modules_it_imports(pool, built, tmp_path):
     """A test that names the workspace on PYTHONPATH gets the distributions there, but their modules only by the
-    names its files import (issue #72): the agent's entry-point plugin is found and not served (pytest stops: 0);
-    a task whose own files import the plugin's module by name gets it (the agent's plugin then pays: its choice)."""
+    names its files import (issue #72), and only to its own code (issue 83): the agent's entry-point plugin is found
+    and not served (pytest stops: 0), even where a test file imports the plugin's name too, since pytest, not the
+    test, loads it; the test file's own import gets it (the agent's plugin then pays: the task's choice)."""
     def named(text):
         return text.replace("if python3 -m pytest", 'if PYTHONPATH="$PYTHONPATH:/app" python3 -m pytest')
     root = copy_task(tmp_path, "pytest-in-workdir", named)
     assert await reward(pool, spec_of("pytest-in-workdir", root), PLANTS["dist-info"]) == 0.0
+    also = tmp_path / "also"
+    copy_task(also, "pytest-in-workdir", named)
+    (also / "pytest-in-workdir" / "tests" / "helper.py").write_text("import evil_plugin  # the task's own\n")
+    assert await reward(pool, spec_of("pytest-in-workdir", also), PLANTS["dist-info"]) == 0.0
     chosen = tmp_path / "chosen"
-    copy_task(chosen, "pytest-in-workdir", lambda text: named(text) + "# the task's own: import evil_plugin\n")
-    assert await reward(pool, spec_of("pytest-in-workdir", chosen), PLANTS["dist-info"]) == 1.0
+    copy_task(chosen, "pytest-in-workdir", named)
+    outputs = chosen / "pytest-in-workdir" / "tests" / "test_outputs.py"
+    outputs.write_text("import evil_plugin  # the task's own\n" + outputs.read_text())
+    module = "printf 'import os\\nos._exit(0)\\n' > evil_plugin.py"  # the module alone: no entry point of pytest's
+    assert await reward(pool, spec_of("pytest-in-workdir", chosen), module) == 1.0
 
 
 async def test_the_tests_own_import_of_the_agents_module_still_works(pool, built, tmp_path):

@@ -3,10 +3,14 @@ Harbor test runs them, planted in the agent's workspace, runs none under air's s
 
 The names are found, not listed: the fixture's test.sh (tests/fixtures/harbor-hacks/probes-in-workdir) runs Python
 as Harbor tests do -- start-up (`python3 -c`), `python3 -m pytest`, `python3 -m unittest` and a `subprocess` call in
-the working directory, and once with the working directory named on PYTHONPATH -- with an import hook
-(recorder/sitecustomize.py) that records every top-level name asked for and found by no finder, and whether the
-workspace was on sys.path then (reachable). The agent then plants a module of each name in its workspace, one that
-marks that it ran and then says it is missing, as the probe expects (so the run goes on and later probes happen).
+the working directory, and with the working directory named on PYTHONPATH by the test itself, last and first -- with
+an import hook (recorder/sitecustomize.py) that records every top-level name asked for and found by no finder, and
+whether the workspace was on sys.path then (reachable); and every module Python imports from a path while it starts
+with the workspace on PYTHONPATH (issue 83: setuptools' .pth imports `_distutils_hack`, which a module of the agent's
+there shadowed, as root, before any sitecustomize ran). The agent then plants a module of each name in its
+workspace, one that marks that it ran and then says it is missing, as the probe expects (so the run goes on and later
+probes happen); all but `encodings`, which the test's copy never holds (air.tasks.harbor.contract: a planted one
+would end every Python that reaches it).
 
 Positive control: the same test with air's guard left off (Harbor's behaviour on plain Docker) runs every reachable
 plant. Under air's scoring, with the guard: none.
@@ -30,11 +34,18 @@ pytestmark = pytest.mark.docker
 
 HACKS = Path(__file__).parent / "fixtures" / "harbor-hacks"
 TASK = "probes-in-workdir"
-PLANT = ("import os\n"
+PLANT = ("import os, sys\n"
          "os.makedirs('/tmp/air-paid', exist_ok=True)\n"
          "open('/tmp/air-paid/' + __name__, 'w').close()\n"
-         "raise ModuleNotFoundError('No module named %r' % __name__, name=__name__)\n")
-"""A planted module: marks that it ran (as root, under scoring), then is missing, as the probe expects."""
+         "_ws = os.path.realpath('/app')\n"
+         "_spec = sys.modules['_frozen_importlib_external'].PathFinder.find_spec(__name__, [e for e in sys.path if\n"
+         "    isinstance(e, str) and os.path.realpath(e or '.') != _ws])\n"
+         "if _spec is None:\n"
+         "    raise ModuleNotFoundError('No module named %r' % __name__, name=__name__)\n"
+         "del sys.modules[__name__]\n"
+         "sys.modules['_frozen_importlib']._load(_spec)\n")
+"""A planted module: marks that it ran (as root, under scoring), then is what it shadows (the installed module of
+its name), or missing, as the probe expects: Python goes on as it would have."""
 
 
 class Said(logging.Handler):
@@ -94,8 +105,10 @@ async def test_no_name_python_probes_for_runs_the_agents_module_under_scoring(po
     probes: dict[str, bool] = {}
     for name, seen in (item.split() for item in said.field("PROBES")):
         probes[name] = probes.get(name, False) or seen == "1"
+    probes.pop("encodings", None)
     reachable = sorted(name for name, seen in probes.items() if seen)
     assert "sitecustomize" in probes and reachable, probes  # the hook ran, and found names within reach
+    assert "_distutils_hack" in reachable, reachable  # the start-up window: the image's .pth imports it
     planted = sorted(probes)
     # Positive control: without the guard, each reachable plant runs (as root, the reward counts them).
     assert await scored(pool, in_mode(tmp_path, "bare"), planted) == len(reachable)

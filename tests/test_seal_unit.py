@@ -178,8 +178,33 @@ def test_a_test_that_collects_the_workspaces_own_tests_still_runs_them(workspace
 def test_the_names_the_tests_import_are_read_from_python_and_shell_alike():
     from air.tasks.harbor.imports import imported
 
-    text = ("from solution.core import f\nimport helpers as h, mylib.sub\nimport json, msvcrt\n"
-            "python3 -m mysolution --fast\nPYTHONPATH=/app python3 -X dev -m runner\n"
-            "m = importlib.import_module('plugin_a'); __import__(\"plugin_b\")\nfrom . import local\n"
-            "grep -m 1 pattern file\n")
-    assert imported([text]) == {"solution", "helpers", "mylib", "mysolution", "runner", "plugin_a", "plugin_b"}
+    python = ("from solution.core import f\nimport helpers as h, mylib.sub\nimport json, msvcrt\n"
+              "m = importlib.import_module('plugin_a'); __import__(\"plugin_b\")\nfrom . import local\n"
+              "subprocess.run(['python3', '-m', 'listed'])\nos.system('python3 -m spoken')\n")
+    shell = ("python3 -m mysolution --fast\nPYTHONPATH=/app python3 -X dev -m runner\ngrep -m 1 pattern file\n"
+             "python3 -c 'from inline import x; import json'\npython3 - <<'EOF'\nimport heredoc_mod\nEOF\n"
+             "echo 'import not_python_here'\n")
+    assert imported([("tests/test_x.py", python), ("tests/test.sh", shell)]) == {
+        "solution", "helpers", "mylib", "mysolution", "runner", "plugin_a", "plugin_b", "listed", "spoken", "inline",
+        "heredoc_mod"}
+
+
+OTHER_LANGUAGES = {  # issue 83: each file's own import lines are not Python module names
+    "tests/Check.java": "import org.junit.Test;\nimport static org.junit.Assert.assertEquals;\n",
+    "tests/check.js": "import fs from 'fs';\nimport { x } from './solution.js';\nconst y = require('yaml');\n",
+    "tests/main_test.go": 'package main\nimport (\n  "testing"\n  "os"\n)\n',
+    "tests/check.rb": "require 'json'\nimport_module 'x'\n",
+    "tests/check.ts": "import * as solution from '../app/solution';\n",
+    "tests/README.md": "Run `import solution` by hand.\n",
+}
+
+
+def test_other_languages_import_lines_are_not_python_module_names():
+    """A Java test's `import org.junit.Test;` once made `org` a name the guard served, and `copy` imports `org` at
+    start-up (issue 83). Read in their own languages, these files import no Python name; a Python command line in
+    one still counts. Positive control: the same lines in a Python file are read (they are its imports)."""
+    from air.tasks.harbor.imports import imported, imported_by
+
+    assert imported(OTHER_LANGUAGES.items()) == set()
+    assert imported_by("tests/run.js", "execSync('python3 -m graderpkg');") == {"graderpkg"}
+    assert imported_by("tests/check.py", "import org.junit\nfrom fs import x\n") == {"org", "fs"}

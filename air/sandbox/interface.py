@@ -141,9 +141,11 @@ class Shell(Protocol):
                             env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
                             reap: bool = True, files: tuple[str, bytes] | None = None,
                             end_cell: bool = False, warm: tuple[str, str, str] | None = None,
-                            watch: bool = False) -> ExecResult:
-        """A program as the warden's own child: an exit status no process can forge. `files` (dest, tar): laid down
-        by the program's process just before it starts (ArchiveUnwritable, and nothing run, if they cannot be).
+                            watch: bool = False, whole_env: bool = False) -> ExecResult:
+        """A program as the warden's own child: an exit status no process can forge. `env` is laid over the
+        sandbox's pristine environment, or (whole_env) is the program's whole environment. `files` (dest, tar):
+        laid down by the program's process just before it starts (ArchiveUnwritable, and nothing run, if they
+        cannot be).
         end_cell: once it exits, the whole cell ends (root's daemons too) before this returns; then only a reset.
         warm (shell steps, interpreter, script): argv is `STEPS exec INTERPRETER SCRIPT` of a python3, which a warm
         interpreter may run instead, a fork of one started through the same steps (warden/zygote.py). watch: the

@@ -187,7 +187,7 @@ class Session:
                             env: dict[str, str] | None = None, timeout: float = 60, user: str = AGENT_USER,
                             reap: bool = True, files: tuple[str, bytes] | None = None,
                             end_cell: bool = False, warm: tuple[str, str, str] | None = None,
-                            watch: bool = False) -> ExecResult:
+                            watch: bool = False, whole_env: bool = False) -> ExecResult:
         """Run argv as the warden's own child: the exit status is the kernel's (no process can forge it). With
         reap, every agent process is killed when it exits (its daemons, a fork bomb's remains). `files`, (dest,
         tar): extracted under dest by the program's own process just before it starts, as `unpack` would (with its
@@ -195,13 +195,14 @@ class Session:
         whole cell ends once it exits, root's processes included, before this returns: an evaluation's last step,
         whose results nothing can change any more; nothing more runs until the sandbox is reset. warm (shell steps,
         interpreter, script): argv is `STEPS exec INTERPRETER SCRIPT` of a python3, which a fork of a warm one started
-        through the same steps may run instead (warden/zygote.py)."""
+        through the same steps may run instead (warden/zygote.py). whole_env: `env` is the program's whole
+        environment, not laid over the pristine one (a Harbor test's, sealed: air.tasks.harbor.envseal)."""
         data = stdin.encode("utf-8", "surrogateescape") if isinstance(stdin, str) else stdin
         dest, tar = files or ("", b"")
+        program_env = dict(env or {}) if whole_env else {**self.pristine_env(), **(env or {})}
         async with self._lock:
             link = await self._warden()
-            exited = await link.call(p.Exec(argv=list(argv), stdin=data, cwd=cwd, env={**self.pristine_env(),
-                                                                                       **(env or {})},
+            exited = await link.call(p.Exec(argv=list(argv), stdin=data, cwd=cwd, env=program_env,
                                             timeout=timeout, limit=self.output_limit, as_root=user == "root",
                                             reap=reap, files=tar, files_dest=dest, end_cell=end_cell,
                                             warm=list(warm or ()), watch=watch),

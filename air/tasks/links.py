@@ -127,7 +127,8 @@ async def refused_in_cell(scorer: Sandbox, names: list[str], refused_roots: tupl
         return []
     data = b"\0".join(n.encode("utf-8", "surrogateescape") for n in names)
     result = await scorer.session.run_untrusted(["python3", "-I", "-S", "-c", CHECK, WORKSPACE, *refused_roots],
-                                                stdin=data, user="root", cwd="/", env=env, timeout=120)
+                                                stdin=data, user="root", cwd="/", env=env, timeout=120,
+                                                whole_env=True)  # `env` alone: none of the task's (LD_PRELOAD...)
     if result.exit_code != 0:  # whatever made it fail is in the copy: none of its links is vouched for
         return names
     return [names[int(line)] for line in result.stdout.split() if line.isdigit() and int(line) < len(names)]

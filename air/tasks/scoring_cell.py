@@ -93,13 +93,15 @@ def saw_hidden(spec: TaskSpec) -> bool:
 
 
 async def evaluate_in_cell(scorer: Sandbox, argv: list[str], *, user: str, cwd: str, env: dict[str, str],
-                           timeout: float, last: bool = False, watch: bool = False):
+                           timeout: float, last: bool = False, watch: bool = False, whole_env: bool = False):
     """Run an evaluation (or a step of one) in the scorer's cell, as the warden's child; the agent's uid is given
     to the evaluation kit, which runs the submission's code under it. The `last` step ends the whole cell as it
     exits: its results are read once nothing it started (a daemon of the submission's, as root) runs any more.
-    `watch`: the result's `watched` says what it did with the home's files (air.tasks.watching)."""
+    `watch`: the result's `watched` says what it did with the home's files (air.tasks.watching). `whole_env`: `env`
+    is the step's whole environment (with the agent's uid), not laid over the scorer's pristine one."""
     return await scorer.session.run_untrusted(argv, user=user, cwd=cwd, timeout=timeout, end_cell=last,
-                                              env={**env, "AIR_AGENT_UID": str(scorer.agent_uid)}, watch=watch)
+                                              env={**env, "AIR_AGENT_UID": str(scorer.agent_uid)}, watch=watch,
+                                              whole_env=whole_env)
 
 
 def broken(spec: TaskSpec, result) -> EvalOutcome:

@@ -28,7 +28,7 @@ import shlex
 import tarfile
 
 from air.images.dockerfile import HARBOR_DIR
-from air.sandbox import WORKSPACE, Sandbox
+from air.sandbox import BASE_PATH, WORKSPACE, Sandbox
 from air.tasks.spec import TaskSpec
 
 log = logging.getLogger("air.scoring")
@@ -68,7 +68,7 @@ async def keep_artifacts(scorer: Sandbox, spec: TaskSpec) -> None:
                      f"&& cp -a --no-dereference {source} {dest}; fi")
     steps.append(f"rm -rf {copy}")
     result = await scorer.session.run_untrusted(["bash", "-c", " && ".join(steps)], user="root", cwd="/",
-                                                timeout=300)
+                                                env={"PATH": BASE_PATH}, timeout=300, whole_env=True)
     if result.exit_code != 0:
         log.warning("task %s: the separate verifier's workspace could not be laid out: %s", spec.id,
                     (result.stderr or result.stdout).strip()[-400:])

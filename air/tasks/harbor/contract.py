@@ -15,12 +15,17 @@ count, as in Harbor; a test that writes no reward, or one that is not a regular 
 submission's failure, never infrastructure.
 
 What the agent wrote reaches the test only where the test looks for it (sealed()):
-- the image's PATH and PYTHONPATH entries inside the working directory (a venv at /app/.venv, a common pattern)
-  are the image's own, not the agent's copy, unless a file of tests/ names them; relative entries are dropped;
+- every variable of the test's environment is judged by where its paths lead (air.tasks.harbor.envseal): a place
+  inside the working directory that the image's environment names (a venv at /app/.venv on PATH, a Perl library
+  path, BASH_ENV, LD_PRELOAD, ...) is the image's own, not the agent's copy, unless a file of tests/ names it; a
+  variable naming the workspace itself refuses the run in one line (PYTHONPATH's go to the guard); relative and
+  empty entries of PATH and PYTHONPATH, and empty ones of other path lists, are dropped;
 - the working directory the interpreter itself puts first on sys.path (`python -m pytest` in it) is taken off at
   the first import, and the modules the interpreter has installed come before any file of the workspace; a module
-  of the workspace is found only under a name the task's tests import (air.tasks.harbor.imports), never under one
-  the interpreter or a library probes for: a guard on PYTHONPATH (GUARD, air/tasks/harbor/guard.py);
+  of the workspace is found only under a name the task's tests import (air.tasks.harbor.imports), and only by the
+  tests' own code, never by the interpreter or the standard library, nor while Python starts: a guard on
+  PYTHONPATH (GUARD, air/tasks/harbor/guard.py), whose `encodings` runs before anything else is imported (the
+  agent's own `encodings` module is never in the test's copy);
 - the test's HOME is a fresh directory of root's, made once the collect commands (the agent's) ran;
 - every link of the copy is judged in the cell by where it finally leads (air.tasks.links);
 - /tests is root's alone (0700), so a test can run its submission as $AIR_AGENT_UID without showing it the tests.
@@ -36,17 +41,19 @@ import io
 import json
 import logging
 import math
+import re
 import tarfile
 
-import posixpath
 import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
+from air.errors import TaskError
 from air.images.dockerfile import HARBOR_DIR
 from air.sandbox import BASE_PATH, OUT_DIR, WORKSPACE, ArchiveTooLarge, ArchiveUnwritable, Sandbox, make_tar
-from air.tasks.harbor.loader import PRIMARY
+from air.tasks.harbor.loader import PRIMARY, image_workdir
 from air.tasks.harbor.collect import from_services, run_collect
+from air.tasks.harbor.envseal import EnvRefused, candidates, seal
 from air.tasks.harbor.imports import imported
 from air.tasks import watching
 from air.tasks.links import WRITABLE_ROOTS, refused_in_cell, shown
@@ -70,8 +77,10 @@ MAX_METRICS = 64
 
 
 async def _as_root(scorer: Sandbox, argv: list[str], cwd: str, timeout: float):
-    """A program in the scorer's cell as root, the warden's child (as every evaluation's step is)."""
-    return await evaluate_in_cell(scorer, argv, user="root", cwd=cwd, env={}, timeout=timeout)
+    """A program of air's in the scorer's cell as root, the warden's child (as every evaluation's step is), with
+    air's PATH alone: none of the task's environment (a BASH_ENV, an LD_PRELOAD) reaches air's own steps."""
+    return await evaluate_in_cell(scorer, argv, user="root", cwd=cwd, env={"PATH": BASE_PATH}, timeout=timeout,
+                                  whole_env=True)
 
 
 def harbor_dirs_sh(agent_uid: int | None = None) -> str:
@@ -92,9 +101,13 @@ async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes, baseline
     # The tests are root's alone: a test that runs the submission as the agent's uid ($AIR_AGENT_UID) hides its
     # expected outputs from it (docs/audit.md, "Running a submission without trusting it").
     await scorer.harness_sh(f"chmod 700 {HARBOR_DIR}/tests")
-    await scorer.put_archive(GUARD, make_tar({"sitecustomize.py": guard_module(imported([_text_of(spec)]))},
+    try:
+        env, kept, named = await sealed(scorer, spec)
+    except EnvRefused as refused:
+        raise TaskError(f"{spec.source}: {refused}") from None
+    guard = guard_module(imported(_files_of(spec)), named)
+    await scorer.put_archive(GUARD, make_tar({"sitecustomize.py": guard, "encodings/__init__.py": guard},
                                              mode=0o444))
-    env, kept = await sealed(scorer, spec)
     # The agent's copy replaces the image's workspace (what it deleted is gone, as in Harbor's container), but for
     # the image's own tools that PATH finds there (`kept`).
     keep = " ".join(f"! -name {shlex.quote(name)}" for name in sorted(kept))
@@ -113,8 +126,8 @@ async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes, baseline
         await scorer.session.unpack(f"{LOGS}/artifacts", from_services, user="root")
     await _root_home(scorer)
     result = await evaluate_in_cell(scorer, ["bash", "/tests/test.sh"], user="root", cwd=WORKSPACE,
-                                    env={**env, **ROOT_ENV}, timeout=spec.evaluation.timeout, last=True,
-                                    watch=watching.wanted())
+                                    env=env, timeout=spec.evaluation.timeout, last=True,
+                                    watch=watching.wanted(), whole_env=True)
     watching.heard(result.watched)  # air tasks audit's watch (air.tasks.watching)
     said.debug("task %s: tests/test.sh exited with code %s: %s", spec.id, result.exit_code,
                (result.stdout + result.stderr).strip()[-4000:])
@@ -131,31 +144,36 @@ async def run_harbor(scorer: Sandbox, spec: TaskSpec, artefacts: bytes, baseline
     return EvalOutcome(status="ok", metrics=metrics)
 
 
-async def sealed(scorer: Sandbox, spec: TaskSpec) -> tuple[dict[str, str], set[str]]:
-    """The test's PATH and PYTHONPATH, and the workspace's top-level names that stay the image's: those holding a
-    PATH or PYTHONPATH entry of the image's (a venv in the working directory) that no file of tests/ names."""
-    env = scorer.session.pristine_env()
-    entries = {var: [e for e in env.get(var, "").split(":") if e.startswith("/")] for var in ("PATH", "PYTHONPATH")}
-    every = entries["PATH"] + entries["PYTHONPATH"]
-    kept: set[str] = set()
-    if every:
-        found = await _as_root(scorer, ["sh", "-c", 'for e in "$@"; do readlink -m -- "$e"; done', "sh", *every],
-                               "/", 60)
-        tests_text = _text_of(spec)
-        for entry, real in zip(every, found.stdout.splitlines()):
-            if not real.startswith(WORKSPACE + "/"):
-                continue
-            named = (entry.rstrip("/"), posixpath.dirname(entry.rstrip("/")) if entry.rstrip("/").endswith("/bin")
-                     else entry)
-            if not any(name in tests_text for name in named):
-                kept.add(real[len(WORKSPACE) + 1:].split("/")[0])
-    python_path = ":".join([GUARD, *entries["PYTHONPATH"]])
-    return {"PATH": ":".join(entries["PATH"]), "PYTHONPATH": python_path}, kept
+async def sealed(scorer: Sandbox, spec: TaskSpec) -> tuple[dict[str, str], set[str], list[str]]:
+    """The test's whole environment, sealed (air.tasks.harbor.envseal: every variable's paths judged by where they
+    lead in this cell), the workspace's top-level names that stay the image's (a place inside the workspace that the
+    environment names and no file of tests/ does), and PYTHONPATH's workspace entries, which the guard adds once
+    Python has started. EnvRefused where a variable names the workspace itself."""
+    env = {**scorer.session.pristine_env(), **ROOT_ENV}
+    found = candidates(env, WORKSPACE)
+    real: dict[str, str] = {}
+    paths = sorted({place.path for place in found})
+    if paths:
+        resolved = await scorer.session.run_untrusted(
+            ["sh", "-c", "xargs -0 readlink -m --"], stdin=b"\0".join(p.encode() for p in paths), user="root",
+            cwd="/", env={"PATH": BASE_PATH}, timeout=60, whole_env=True)
+        lines = resolved.stdout.splitlines()
+        if resolved.exit_code == 0 and len(lines) == len(paths):
+            real = dict(zip(paths, lines))
+        else:  # never judged in part: an environment air cannot resolve is not scored
+            raise EnvRefused(f"its environment's paths could not be resolved in the scoring cell "
+                             f"(readlink exit {resolved.exit_code})")
+    done = seal(env, real, workspace=WORKSPACE, workdir=image_workdir(spec), tests_text=_text_of(spec))
+    for name, var in sorted(done.why.items()):
+        log.debug("task %s: %s names %s/%s: the image's own in the test's copy", spec.id, var, WORKSPACE, name)
+    rest = done.env.get("PYTHONPATH", "")
+    done.env["PYTHONPATH"] = ":".join([GUARD, *([rest] if rest else [])])
+    return done.env, done.kept, done.named
 
 
-def _text_of(spec: TaskSpec, limit: int = 4 << 20) -> str:
-    """The text of the task's tests/ (its files' first `limit` bytes in all): where a test names a path."""
-    parts: list[str] = []
+def _files_of(spec: TaskSpec, limit: int = 4 << 20) -> list[tuple[str, str]]:
+    """The task's tests/ files, (name, text), their first `limit` bytes in all: what a test names and imports."""
+    parts: list[tuple[str, str]] = []
     for entry in spec.evaluation_files:
         files = [entry.source] if entry.source.is_file() else sorted(entry.source.rglob("*"))
         for path in files:
@@ -163,14 +181,30 @@ def _text_of(spec: TaskSpec, limit: int = 4 << 20) -> str:
                 with open(path, "rb") as f:
                     data = f.read(limit)
                 limit -= len(data)
-                parts.append(data.decode("utf-8", "replace"))
-    return "\n".join(parts)
+                parts.append((str(path.relative_to(entry.source.parent)), data.decode("utf-8", "replace")))
+    return parts
+
+
+def _text_of(spec: TaskSpec) -> str:
+    """The text of the task's tests/: where a test names a path."""
+    return "\n".join(text for _, text in _files_of(spec))
+
+
+EARLY_MODULE = re.compile(r"^(?:\./)?encodings(?:\.[^/]*|/__init__\.[^/]*)?$")
+"""The agent's own `encodings` module (encodings.py, encodings.*.so, encodings/__init__.*): never in the test's
+copy, so that the guard's `encodings` is the first a Python imports, whatever the test puts on PYTHONPATH."""
+
+
+def _dropped(name: str, kept: set[str]) -> bool:
+    """Whether a member of the agent's copy stays out of the test's: under a top-level name kept as the image's,
+    or the agent's `encodings` module (a folder of that name without __init__ is data, and stays)."""
+    return name.split("/")[0] in kept or (EARLY_MODULE.match(name) is not None and name.rstrip("/") != "encodings")
 
 
 def _links_of(artefacts: bytes, kept: set[str]) -> list[str]:
     """The workspace-relative names of the copy's links (the agent's; not the image's kept ones)."""
     with tarfile.open(fileobj=io.BytesIO(artefacts)) as tar:
-        return [m.name for m in tar if m.issym() and m.name.split("/")[0] not in kept]
+        return [m.name for m in tar if m.issym() and not _dropped(m.name, kept)]
 
 
 async def _root_home(scorer: Sandbox) -> None:
@@ -180,20 +214,22 @@ async def _root_home(scorer: Sandbox) -> None:
     script = (f"find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -maxdepth 1 -user {scorer.agent_uid} "
               f"-exec rm -rf {{}} + ; rm -rf {TEST_HOME} && mkdir -m 700 {TEST_HOME}")
     await scorer.session.run_untrusted(["sh", "-c", script], user="root", cwd="/", env={"PATH": BASE_PATH},
-                                       timeout=60)
+                                       timeout=60, whole_env=True)
 
 
 def _without(artefacts: bytes, kept: set[str]) -> bytes:
-    """The agent's copy without the workspace's top-level names in `kept`."""
-    return retarred(artefacts, lambda member: member.name.split("/")[0] not in kept) if kept else artefacts
+    """The agent's copy without the workspace's top-level names in `kept`, and without its `encodings` module."""
+    return retarred(artefacts, lambda member: not _dropped(member.name, kept))
 
 
-def guard_module(served: Iterable[str] = ()) -> bytes:
-    """The text of air.tasks.harbor.guard, air's sitecustomize for the test's Python, with air's workspace in it and
-    `served`, the top-level names under which it may serve a module of the workspace (air.tasks.harbor.imports)."""
+def guard_module(served: Iterable[str] = (), named: Iterable[str] = ()) -> bytes:
+    """The text of air.tasks.harbor.guard, air's sitecustomize (and early `encodings`) for the test's Python, with
+    air's workspace in it, `served`, the top-level names under which it may serve a module of the workspace
+    (air.tasks.harbor.imports), and `named`, the workspace entries of the image's PYTHONPATH it adds to sys.path."""
     text = (Path(__file__).parent / "guard.py").read_text()
     lines = {'WORKSPACE = "/home/agent/workspace"': f"WORKSPACE = {WORKSPACE!r}",
-             "SERVED = frozenset()": f"SERVED = frozenset({tuple(sorted(set(served)))!r})"}
+             "SERVED = frozenset()": f"SERVED = frozenset({tuple(sorted(set(served)))!r})",
+             "NAMED = ()": f"NAMED = {tuple(named)!r}"}
     for line, value in lines.items():
         if line not in text:
             raise RuntimeError(f"air/tasks/harbor/guard.py no longer holds `{line}` where air writes its value")

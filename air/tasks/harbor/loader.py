@@ -35,6 +35,7 @@ from air.images.dockerfile import IMAGE_WORKSPACE, dockerfile_digest, workdir_pr
 from air.sandbox.layout import BASE_PATH, WORKSPACE
 from air.tasks.folder import links_out_problem
 from air.tasks.harbor.compose import COMPOSE_FILE, declared_names, has_compose, read_compose
+from air.tasks.harbor.envseal import literal_refusal
 from air.tasks.harbor.installs import BASH_ENV as INSTALLS_BASH_ENV
 from air.tasks.harbor.installs import read_installs, recipe
 from air.tasks.spec import (
@@ -299,6 +300,9 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
     elif installs.any:
         notes.append(f"its test installs at verify time ({_said_installs(installs)}) in its verifier's own image, "
                      "which has no network when it scores: they must be in that image")
+    task_env = {**static_env, **(compose.main_env if compose else {}), **env.env}
+    if problem := literal_refusal({**task_env, **verifier_env}, workspace=WORKSPACE, workdir=workdir):
+        raise TaskError(f"harbor:{name}: air cannot run it: {problem}")  # its every run would be refused
     agent_timeout = config.agent.timeout_sec
     try:
         spec = TaskSpec(
@@ -314,7 +318,7 @@ def _load(root: Path, name: str) -> tuple[TaskSpec, list[str]]:
                              for c in config.verifier.collect if c.get("service") not in (None, "main")],
             service_artifacts=_service_artifacts(config),
             verifier_installs=verifier_build is not None and verifier_build.base == image,
-            env={**static_env, **(compose.main_env if compose else {}), **env.env},
+            env=task_env,
             services=compose.services if compose else [], service_builds=compose.builds if compose else {},
             service_waits=compose.waits if compose else {},
             evaluation_files=_tests(task_dir),
