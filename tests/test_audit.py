@@ -141,7 +141,9 @@ async def test_a_test_that_runs_the_submission_is_paid_by_its_plants_and_blamed_
     same hand-off (the test's python3 runs solve.py as root) and its own hack pays, blamed on the same line."""
     audit = await audited("runs-program", pool)
     paid = [r for r in audit.results if r.status == "paid"]
-    assert [r.name for r in paid] == ["submission-plants", "watched-hand-offs"], [(r.name, r.score) for r in paid]
+    # named-in-tests too (issue 83): the program the test runs, planted whatever the oracle wrote
+    assert [r.name for r in paid] == ["submission-plants", "watched-hand-offs", "named-in-tests"], \
+        [(r.name, r.score) for r in paid]
     for result in paid:
         assert any(b.startswith("tests/test.sh:4:") and "python3 solve.py" in b for b in result.blame), result.blame
     assert audit.hand_offs == ["solve.py (ran): " + paid[1].blame[0]], audit.hand_offs

@@ -73,8 +73,10 @@ async def test_the_warden_sees_who_executes_sources_imports_and_reads_the_worksp
     assert ("open", "data.csv", 0, "cat data.csv") in got and ("open", "data.csv", agent, "cat data.csv") in got, got
     assert any(r.path.endswith("/env.sh") and r.argv[:2] == ["bash", "-c"] and r.uid == 0 for r in records[True])
     found, data = hand_offs(records[True], None)
-    assert {(h.file, h.how) for h in found} == {("run.sh", "executed"), ("env.sh", "sourced"),
-                                                ("mod.py", "imported")}, found
+    cache = {(h.file, h.how) for h in found if h.lang == "pyc"}  # the cache python3 wrote, and would load next time
+    assert {(h.file, h.how) for h in found} - cache == {("run.sh", "executed"), ("env.sh", "sourced"),
+                                                        ("mod.py", "imported")}, found
+    assert all(f.startswith("__pycache__/mod.") for f, _ in cache), cache
     assert data == ["data.csv"]
 
 
@@ -82,7 +84,7 @@ async def test_the_warden_sees_who_executes_sources_imports_and_reads_the_worksp
 @pytest.mark.parametrize("name", list(BLIND))
 async def test_a_test_shape_no_hack_names_is_watched_blamed_and_paid(name, pool, images):
     audit = await audited(name, WATCHED, pool, ["submission-plants"])
-    status = {r.name: r.status for r in audit.results}
+    status = {r.name: r.status for r in audit.results if r.name in ("submission-plants", NAME)}
     assert audit.do_nothing == 0.0
     assert status == {"submission-plants": "held", NAME: "paid"}, (status, audit.watch)
     file, how, line = BLIND[name]
@@ -118,14 +120,16 @@ def test_only_code_handed_to_root_is_a_hand_off(tmp_path):
         rec("out.csv", ["python3", "/tests/grade.py"]),                      # data a root interpreter reads
         rec("output.txt", ["cmp", "-s", "/app/output.txt", "/tests/x"]),     # data a tool reads
         rec("solve.py", ["python3", "solve.py"], uid=1879048198),            # the agent's uid runs it: not root's
-        rec("__pycache__/m.cpython-311.pyc", ["python3", "-m", "pytest"]),   # Python's own cache
+        rec("__pycache__/m.cpython-311.pyc", ["python3", "-m", "pytest"]),   # a compiled module (issue 83)
         rec("Makefile", ["make", "-C", "/app"]),                             # make loads the agent's Makefile
         rec("bin/tool", ["bash", "/tests/test.sh"], how="exec"),             # the kernel runs it
         rec("bin/tool", ["bash", "/tests/test.sh"]),                         # ... and opens it for the exec
         rec("lib/helper.rb", ["ruby", "/tests/t.rb"]),                       # a library of its language
     ]
     found, data = hand_offs(records, None)
-    assert [(h.file, h.how, h.lang) for h in found] == [("Makefile", "loaded as its Makefile", "make"),
+    assert [(h.file, h.how, h.lang) for h in found] == [("__pycache__/m.cpython-311.pyc",
+                                                         "loaded as a compiled module", "pyc"),
+                                                        ("Makefile", "loaded as its Makefile", "make"),
                                                         ("bin/tool", "executed", "exec"),
                                                         ("lib/helper.rb", "loaded", "ruby")]
     assert data == ["out.csv", "output.txt"]
@@ -137,6 +141,9 @@ def test_only_code_handed_to_root_is_a_hand_off(tmp_path):
     assert (tmp_path / "bin" / "tool").read_text() == f"#!/bin/sh\nexec sh {pay}\n"
     assert (tmp_path / "lib" / "helper.rb").read_text() == f"system('sh', '{pay}')\n"
     assert "reward.json" in (tmp_path / ".air-watch-pay.sh").read_text()
+    # The compiled module: a cache Python loads with no look at its source (hash-based, unchecked), whose code pays.
+    cache = (tmp_path / "__pycache__" / "m.cpython-311.pyc").read_bytes()
+    assert cache[4:8] == (1).to_bytes(4, "little") and b".air-watch-pay.sh" in cache
 
 
 @pytest.mark.docker
@@ -307,8 +314,8 @@ async def test_a_file_a_loader_or_a_compiler_runs_is_proved_in_the_scoring_cell(
         assert unsafe in text
         (root / name / where).write_text(text.replace(unsafe, safe))
     audit = await audited(name, root, pool, [])
-    status = {r.name: r.status for r in audit.results}
     hack = f"{NAME}-read-1"
+    status = {r.name: r.status for r in audit.results if r.name.startswith(NAME)}  # issue 83's hacks: their tests
     # the oracle's own file pays the test's 1 (a twin that held is not merely broken), doing nothing 0
     assert audit.do_nothing == 0.0 and "the oracle earned reward 1" in audit.watch, (audit.do_nothing, audit.watch)
     assert "1 more read by root" in audit.watch, audit.watch  # the file, and the proof planted in it played

