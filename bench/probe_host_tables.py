@@ -9,6 +9,11 @@ by chance. "at once": writer and reader leased at the same time; "lease to lease
 reader's begins (under runc the same warm sandbox, a new cell; under runsc a new sandbox). The host reader reads the
 same table from this process (outside any sandbox): whether the writer's acts reach the host's kernel at all. A reader
 that cannot read the table says why (refused).
+
+Issue 86's tables: sockstat's UDP memory (1.6 MB of datagrams held unread for a 1), sysinfo(2)'s thread count (200
+threads held), /proc/key-users (20 keys taken on the host, by this process: no sandbox can take one), and a pipe's
+inode number read and moved on the first CPU the process may use (the counter is handed out in per-CPU batches of
+1,024; 2,000 pipes a 1).
 """
 
 from __future__ import annotations
@@ -25,6 +30,16 @@ SPEC = SandboxSpec(image="air/base:latest", task="probe-tables", resources=Resou
 PORT = 40123
 _LISTEN = ("import socket; srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
            f"srv.bind(('127.0.0.1', {PORT})); srv.listen(64)")
+_SYSINFO = ("import ctypes, struct\nb = ctypes.create_string_buffer(112)\n"
+            "rc = ctypes.CDLL(None, use_errno=True).sysinfo(b)\n"
+            "v = struct.unpack('<q3Q6QHH4x2QI4x', b.raw) if rc == 0 else None\n"
+            "if v is None:\n    print('refused', ctypes.get_errno()); raise SystemExit\n")
+"""A reader of sysinfo(2): `v` its fields (uptime, loads[3], memory[6], procs, ...)."""
+_CPU0 = "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+"""On the first CPU the process may use: the inode counter is handed out in per-CPU batches."""
+HOST = "host: "
+"""A writer run on the host by this process, not in a sandbox: what no sandbox can move (keys: every container's
+seccomp profile refuses the keyring calls), but the host's processes do."""
 TABLES = {
     "tcp port table": (
         f"python3 -c \"{_LISTEN}\nc = socket.socket(); c.connect(('127.0.0.1', {PORT})); print(c.getsockname()[1])\"",
@@ -47,6 +62,29 @@ TABLES = {
         "rm -f /tmp/held; python3 -c \"import socket, time\nss = [socket.socket() for _ in range(300)]\n"
         "open('/tmp/held', 'w').close(); time.sleep(3)\" >/dev/null 2>&1 & "
         "while [ ! -e /tmp/held ]; do sleep 0.05; done"),
+    "sockstat UDP mem": (
+        "awk '$1 == \"UDP:\" {print $5}' /proc/net/sockstat",
+        "rm -f /tmp/held; python3 -c \"import socket, time\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "rs = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(20)]\n"
+        "[r.bind(('127.0.0.1', 0)) for r in rs]\n"
+        "[s.sendto(b'x' * 1000, r.getsockname()) for r in rs for _ in range(80)]\n"
+        "open('/tmp/held', 'w').close(); time.sleep(3)\" >/dev/null 2>&1 & "
+        "while [ ! -e /tmp/held ]; do sleep 0.05; done"),
+    "sysinfo procs": (
+        f"python3 -c \"{_SYSINFO}print(v[10])\"",
+        "rm -f /tmp/held; python3 -c \"import threading, time\ne = threading.Event()\n"
+        "ts = [threading.Thread(target=e.wait) for _ in range(200)]\n[t.start() for t in ts]\n"
+        "open('/tmp/held', 'w').close(); time.sleep(3); e.set()\" >/dev/null 2>&1 & "
+        "while [ ! -e /tmp/held ]; do sleep 0.05; done"),
+    "key-users": (
+        "awk '{split($3, a, \"/\"); s += a[1]} END {print s + 0}' /proc/key-users",
+        HOST + "python3 -c \"import ctypes, os, time\nlibc = ctypes.CDLL(None)\nlibc.syscall(250, 1, None)\n"
+        "[libc.syscall(248, b'user', b'k%d' % i, b'x', 1, ctypes.c_int(-3)) for i in range(20)]\n"
+        "r, w = os.pipe()\nif os.fork():\n    os.read(r, 1); raise SystemExit\n"
+        "os.write(w, b'.'); time.sleep(3)\""),
+    "pipe inode": (
+        f"python3 -c \"import os\n{_CPU0}print(os.fstat(os.pipe()[0]).st_ino)\"",
+        f"python3 -c \"import os\n{_CPU0}for _ in range(2000):\n    r, w = os.pipe(); os.close(r); os.close(w)\""),
     "inotify rename cookie": (
         "python3 -c \"import ctypes, os, struct, tempfile\nlibc = ctypes.CDLL(None, use_errno=True)\n"
         "d = tempfile.mkdtemp(); fd = libc.inotify_init1(0); libc.inotify_add_watch(fd, d.encode(), 0xc0)\n"
@@ -78,6 +116,14 @@ def host_read(read: str) -> int | None:
     return number(subprocess.run(["sh", "-c", read], capture_output=True, text=True, timeout=60).stdout)
 
 
+async def run_writer(box, write: str) -> None:
+    """The writer's act: in the sandbox's cell, or on the host (HOST)."""
+    if write.startswith(HOST):
+        await asyncio.to_thread(subprocess.run, ["sh", "-c", write[len(HOST):]], timeout=120)
+    else:
+        await box.session.run(write, timeout=120)
+
+
 async def probe(pool: SandboxPool, read: str, write: str, message: list[int], at_once: bool,
                 wrap: int | None = None) -> dict:
     agent, host = [], []
@@ -100,7 +146,7 @@ async def probe(pool: SandboxPool, read: str, write: str, message: list[int], at
             for bit in message:
                 a, h = await agent_read(reader), host_read(read)
                 if bit:
-                    await writer.session.run(write, timeout=120)
+                    await run_writer(writer, write)
                 b, k = await agent_read(reader), host_read(read)
                 agent.append(step(a, b))
                 host.append(step(h, k))
@@ -111,7 +157,7 @@ async def probe(pool: SandboxPool, read: str, write: str, message: list[int], at
             h = host_read(read)
             if bit:
                 async with pool.lease(SPEC) as writer:
-                    await writer.session.run(write, timeout=120)
+                    await run_writer(writer, write)
             async with pool.lease(SPEC) as reader:
                 now = await agent_read(reader)
             k = host_read(read)
@@ -120,7 +166,10 @@ async def probe(pool: SandboxPool, read: str, write: str, message: list[int], at
             last = now
     if refused:
         return {"agent": refused, "host": decode(host, message)}
-    return {"agent": decode(agent, message), "host": decode(host, message)}
+    # The agent's steps of the 0s: what moves the table between the writer's acts (the noise a writer must beat)
+    return {"agent": decode(agent, message), "host": decode(host, message),
+            "agent steps of 0s": sorted(s for s, bit in zip(agent, message) if not bit),
+            "agent steps of 1s": sorted(s for s, bit in zip(agent, message) if bit)}
 
 
 async def main(bits: int, runtimes: list[str], tables: list[str]) -> dict:

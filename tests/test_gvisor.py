@@ -72,12 +72,18 @@ async def test_a_sandbox_under_runsc_runs_on_a_kernel_of_its_own(pool, runsc_poo
     async with runsc_pool.lease(base_spec) as box:
         release = (await box.session.run("uname -r", timeout=60)).stdout.strip()
         links = (await box.session.run("cat /proc/net/dev", timeout=60)).stdout
+        # sysinfo is gVisor's own answer there (no answerer: issue 86), not refused: glibc sizes by it
+        pages = (await box.session.run("python3 -c \"import os; print(os.sysconf('SC_PHYS_PAGES'))\"",
+                                       timeout=60)).stdout.strip()
+        memory = (await box.session.run("awk '/^MemTotal:/ {printf \"%d\", $2 * 1024}' /proc/meminfo",
+                                        timeout=60)).stdout.strip()
         assert not box.session.cells  # no cells under this gVisor: the sandbox is used once
     async with pool.lease(base_spec) as box:
         host_release = (await box.session.run("uname -r", timeout=60)).stdout.strip()
     assert host_release == os.uname().release
     assert release and release != host_release, release
     assert [line.split(":")[0].strip() for line in links.splitlines()[2:]] == ["lo"], links
+    assert 0 < int(pages) * os.sysconf("SC_PAGE_SIZE") <= 2 * int(memory), (pages, memory)
 
 
 async def test_the_port_table_carries_a_message_between_runc_cells_and_nothing_under_runsc(pool, runsc_pool,

@@ -2,11 +2,15 @@
 under /sys/kernel/mm/transparent_hugepage/hugepages-*/stats. One sandbox's agent faults huge pages for a 1; another
 sandbox's agent, at the same time, reads the counters in its cell (the warden's copy: chance), and the harness of the
 same sandbox reads the real files (the positive control: the message, exactly). (The pidfd's inode number, the other
-counter of that issue a system call hands out, is refused by the cell's filter: tests/test_cells_unit.py.)"""
+counter of that issue a system call hands out, is refused by the cell's filter: tests/test_cells_unit.py.) And issue
+86's: sysinfo(2), answered from the cell's view, and /proc/key-users, shown empty."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -110,3 +114,91 @@ async def test_the_hosts_lock_table_is_not_counted_in_a_cell(pool, base_spec):
         cell_after = (await reader.session.run(LOCK_AND_READ, timeout=60, merge_stderr=True)).stdout.strip()
     assert host_after >= host_before + 50, (host_before, host_after)
     assert cell_before == cell_after == "0", (cell_before, cell_after)
+
+
+SYSINFO = ("python3 -c \"import ctypes, struct\nb = ctypes.create_string_buffer(112)\n"
+           "rc = ctypes.CDLL(None, use_errno=True).sysinfo(b)\nv = struct.unpack('<q3Q6QHH4x2QI4x', b.raw)\n"
+           "print(rc, v[1], v[2], v[3], v[4], v[5], v[10])\"")
+"""sysinfo(2) as a program reads it: its status, the three load averages, total and free memory, the thread count."""
+THREADS = ("rm -f /tmp/held; python3 -c \"import threading, time\ne = threading.Event()\n"
+           "ts = [threading.Thread(target=e.wait) for _ in range(200)]\n[t.start() for t in ts]\n"
+           "open('/tmp/held', 'w').close(); time.sleep(2); e.set()\" >/dev/null 2>&1 & "
+           "while [ ! -e /tmp/held ]; do sleep 0.05; done")
+"""A 1: 200 threads held for two seconds (the host's thread count is live; the sandbox's pids limit is 256)."""
+
+
+async def test_sysinfo_in_a_cell_is_the_cells_view_and_carries_nothing_between_sandboxes(pool, base_spec):
+    """Issue 86: sysinfo(2) told a cell the host's live load and thread count while its /proc/loadavg read 0. One
+    sandbox's agent starts 200 threads for a 1; another's, at the same time, reads sysinfo in its cell: the warden's
+    answerer gives it the cell's view (loads 0, no threads, memory the sandbox's limit), the same every time. The
+    positive control: the harness of the reader's sandbox (root, outside any cell) reads the kernel's thread count,
+    which carries the message."""
+    message = [1] * (BITS // 2) + [0] * (BITS // 2)
+    random.Random(86).shuffle(message)
+    in_cell, on_host = [], []
+    async with pool.lease(base_spec) as writer, pool.lease(base_spec) as reader:
+        for bit in message:
+            cell_before = (await reader.session.run(SYSINFO, timeout=30)).stdout.split()
+            host_before = int((await reader.session.harness(["sh", "-c", SYSINFO])).stdout.split()[-1])
+            if bit:
+                done = await writer.session.run(THREADS, timeout=60, merge_stderr=True)
+                assert done.exit_code == 0, done.stdout
+            cell_after = (await reader.session.run(SYSINFO, timeout=30)).stdout.split()
+            host_after = int((await reader.session.harness(["sh", "-c", SYSINFO])).stdout.split()[-1])
+            in_cell.append((cell_before, cell_after))
+            on_host.append(host_after - host_before)
+            await writer.session.run("sleep 2.5", timeout=60)  # the threads gone before the next bit
+        meminfo = (await reader.session.run("awk '/^MemTotal:/ {print $2}' /proc/meminfo", timeout=30)).stdout
+    memory = str(int(meminfo) * 1024)  # the sandbox's limit, as the cell's copy of /proc/meminfo says (hostview.py)
+    view = ["0", "0", "0", "0", memory, memory, "0"]
+    assert all(before == after == view for before, after in in_cell), (in_cell, memory)
+    ones = set(sorted(range(BITS), key=on_host.__getitem__, reverse=True)[:BITS // 2])
+    host_agree = sum((i in ones) == bool(bit) for i, bit in enumerate(message))
+    if host_agree < BITS - 4:  # the control: the kernel's count carries it, unless the host's own threads drown it
+        pytest.skip(f"the host's thread count did not carry the writer's threads here ({host_agree}/{BITS}, steps "
+                    f"{on_host}): too busy a host for the control")
+
+
+KEY_USERS = "awk '{split($3, a, \"/\"); s += a[1]} END {print NR, s + 0}' /proc/key-users"
+"""Lines of /proc/key-users and the keys they count."""
+HOLD_KEYS = ("import ctypes, os, sys, time\nlibc = ctypes.CDLL(None)\nlibc.syscall(250, 1, None)\n"
+             "[libc.syscall(248, b'user', b'k%d' % i, b'x', 1, ctypes.c_int(-3)) for i in range(20)]\n"
+             "print('held', flush=True)\nsys.stdin.read()")
+"""On the host: a new session keyring with 20 keys in it (x86-64's keyctl and add_key), held until stdin closes."""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the host's writer uses x86-64's syscall numbers")
+async def test_the_hosts_key_users_are_not_listed_in_a_cell(pool, base_spec):
+    """Issue 86: /proc/key-users lists every user of the host holding keys, with live counts (root's move with every
+    container the host starts). A cell reads it empty; the harness of the same sandbox (the positive control) reads
+    the host's, which moves by the 20 keys this process (on the host) takes while it reads."""
+    async with pool.lease(base_spec) as box:
+        cell_before = (await box.session.run(KEY_USERS, timeout=30)).stdout.split()
+        host_before = (await box.session.harness(["sh", "-c", KEY_USERS])).stdout.split()
+        holder = subprocess.Popen([sys.executable, "-c", HOLD_KEYS], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            cell_after = (await box.session.run(KEY_USERS, timeout=30)).stdout.split()
+            host_after = (await box.session.harness(["sh", "-c", KEY_USERS])).stdout.split()
+        finally:
+            holder.stdin.close()
+            holder.wait(timeout=30)
+    assert int(host_before[0]) > 0 and int(host_after[1]) >= int(host_before[1]) + 20, (host_before, host_after)
+    assert cell_before == cell_after == ["0", "0"], (cell_before, cell_after)
+
+
+async def test_a_warm_interpreters_programs_read_sysinfo_as_the_cells_others_do(pool, base_spec):
+    """A SandboxFusion program forked from a warm interpreter (warden/zygote.py, which inherits the warden's filter
+    and is told the answerer is there) reads the cell's view as a cold one does; a zygote that compiled its
+    children's filter without that word would refuse them the call (ENOSYS): the status says which."""
+    script = SYSINFO.split('"', 1)[1].rsplit('"', 1)[0]
+    async with pool.lease(base_spec) as box:
+        wrote = await box.session.run(f"cat > /home/agent/si.py <<'EOF'\n{script}\nEOF", timeout=30)
+        assert wrote.exit_code == 0
+        cold = await box.session.run_untrusted(["/bin/sh", "-c", "exec python3 si.py"], cwd="/home/agent")
+        warm = [await box.session.run_untrusted(["/bin/sh", "-c", "exec python3 si.py"], cwd="/home/agent",
+                                                warm=("", "python3", "si.py")) for _ in range(2)]
+    assert cold.exit_code == 0 and cold.stdout.split()[:5] == ["0", "0", "0", "0", cold.stdout.split()[4]], cold
+    assert any(w.warm for w in warm), [w.warm for w in warm]
+    assert all(w.stdout == cold.stdout for w in warm), (cold.stdout, [w.stdout for w in warm])
