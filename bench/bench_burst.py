@@ -202,14 +202,22 @@ def leaked(pool: SandboxPool) -> int:
     return len(list_air_containers(connect(), run=pool.run_id))
 
 
-def pool_config(size: int, max_starting: int | None, **extra) -> PoolConfig:
-    # Room for every rollout's sandbox and its scorer; no host budget: this measures the pool, not the cap.
-    return PoolConfig(max_sandboxes=2 * size + 4, host_budget=None, gpu_ids=[], lease_timeout=3600,
+def room(size: int) -> int:
+    """The pool's max_sandboxes for a burst of `size`: every rollout's sandbox, and a scorer for each up to 128
+    (at 512, 1,024 sandboxes of about 27 MB would not fit this 24 GB machine; past 128 evaluations at once, an
+    evaluation waits for a scorer another one released, a new cell in milliseconds)."""
+    return size + min(size, 128) + 4
+
+
+def pool_config(size: int, max_starting: int | None, max_sandboxes: int | None = None, **extra) -> PoolConfig:
+    # No host budget: this measures the pool, not the host-wide cap.
+    return PoolConfig(max_sandboxes=max_sandboxes or room(size), host_budget=None, gpu_ids=[], lease_timeout=3600,
                       max_starting=max_starting, **extra)
 
 
-async def cold_and_warm(task: str, size: int, max_starting: int | None) -> list[dict]:
-    pool = SandboxPool(pool_config(size, max_starting))
+async def cold_and_warm(task: str, size: int, max_starting: int | None, max_sandboxes: int | None = None
+                        ) -> list[dict]:
+    pool = SandboxPool(pool_config(size, max_starting, max_sandboxes))
     await pool.start()
     try:
         cold = await burst(pool, task, size, "cold")
@@ -218,7 +226,8 @@ async def cold_and_warm(task: str, size: int, max_starting: int | None) -> list[
         await pool.close()
     rows = [cold.row(), warm.row()]
     for row in rows:
-        row.update(max_starting=max_starting, most_starting=pool.stats.most_starting)
+        row.update(max_starting=max_starting, most_starting=pool.stats.most_starting,
+                   max_sandboxes=pool.config.max_sandboxes)
     rows[-1]["leaked"] = leaked(pool)
     return rows
 
@@ -463,8 +472,9 @@ class SlowDisk:
                     f.write_text(f"{self.device} 0")
 
 
-async def fault(kind: str, task: str, size: int, max_starting: int | None, after: float, floor_gb: float) -> dict:
-    pool = SandboxPool(pool_config(size, max_starting, daemon_patience=180))
+async def fault(kind: str, task: str, size: int, max_starting: int | None, after: float, floor_gb: float,
+                max_sandboxes: int | None = None) -> dict:
+    pool = SandboxPool(pool_config(size, max_starting, max_sandboxes, daemon_patience=180))
     await pool.start()
     note: dict = {"fault": kind}
     done = threading.Event()
@@ -520,7 +530,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 512])
     parser.add_argument("--task", default="prisoners-dilemma")
-    parser.add_argument("--max-starting", type=int, default=None)
+    parser.add_argument("--max-starting", type=int, default=None, help="PoolConfig.max_starting (default: none)")
+    parser.add_argument("--max-sandboxes", type=int, default=None,
+                        help="PoolConfig.max_sandboxes (default: the burst's size + min(size, 128) + 4)")
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--sandboxes", type=int, default=16)
     parser.add_argument("--max-live", action="store_true")
@@ -538,11 +550,11 @@ if __name__ == "__main__":
     elif args.fault:
         for size in args.sizes:
             print(json.dumps(asyncio.run(fault(args.fault, args.task, size, args.max_starting, args.after,
-                                               args.floor_gb))), flush=True)
+                                               args.floor_gb, args.max_sandboxes))), flush=True)
     else:
         rows = []
         for size in args.sizes:
-            for row in asyncio.run(cold_and_warm(args.task, size, args.max_starting)):
+            for row in asyncio.run(cold_and_warm(args.task, size, args.max_starting, args.max_sandboxes)):
                 print(json.dumps(row), flush=True)
                 rows.append(row)
         print()
