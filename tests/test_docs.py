@@ -118,15 +118,15 @@ RULES: list[tuple[str, str, str]] = [
     (r"^AIR_DOCKER_RUNTIME=runsc air run ", SLOW, "a rollout under gVisor (scripts/gvisor-docker.sh gave the daemon "
                                                   "runsc)"),
     (r"^python -m air\.policies\.scripted_server --port \d+ &$", RUN, "a server: started, seen listening, stopped"),
-    (r"^python examples/plot_trl_grpo\.py ", RUN, "draws the committed results"),
+    (r"^python examples/plot_(trl_grpo|learning)\.py ", RUN, "draws the committed results"),
     (r"^python examples/grpo_real_model\.py .*--out runs/learning/\$task", NOT_RUN, "the loop above"),
     (r"^python examples/grpo_real_model\.py", HELP, "trains a real model for an hour with Docker "
                                                     "(tests/test_real_model_training.py runs a smoke of it)"),
     (r"^for seed in 0 1 2; do for task in ", NOT_RUN, "twelve real-model runs, hours of CPU: examples/results/learning "
                                                       "holds their records"),
     (r"^for seed in ", NOT_RUN, "six 40-step trainings, about an hour of CPU: examples/results/ holds their records"),
-    (r"^(python examples/trl_grpo_cpu\.py .*--out runs/seeds|done; done$|done; done; done$)", NOT_RUN,
-     "the loop above"),
+    (r"^(python examples/trl_grpo_cpu\.py .*--out runs/seeds|echo --twin runs/learning/|done; done$|done; done; done$)",
+     NOT_RUN, "the loop above"),
     (r"^python examples/trl_grpo_cpu\.py", HELP, "trains for minutes with Docker (tests/test_trl_grpo.py runs it)"),
     (r"^python examples/fork_grpo\.py", HELP, "forks rollouts with Docker (tests/test_fork.py runs it)"),
     (r"^scripts/gvisor-docker\.sh$", NOT_RUN, "installs runsc and gives it to dockerd, as root; "
