@@ -328,7 +328,8 @@ def control(url: str, settings: Settings, model, tokenizer, record: Record, twin
     of being played again."""
     if twin is not None and not record.recorded():
         twin_settings = json.loads((twin / "steps.jsonl").read_text().splitlines()[0])["settings"]
-        if {**twin_settings, "lr": 0.0} != {**record.settings, "lr": 0.0}:
+        unsampled = {"lr": 0.0, "save_every": 0}  # what the samples do not depend on
+        if {**twin_settings, **unsampled} != {**record.settings, **unsampled}:
             raise SystemExit(f"--twin {twin} is a run of other settings: its steps are not this control's")
         for row in shared_steps(twin):
             for episode in row["episodes"]:

@@ -89,7 +89,7 @@ def test_python_paths_go_to_the_guard_and_empty_entries_are_dropped():
     assert done.env["LD_LIBRARY_PATH"] == "/usr/local/cuda/lib64"  # its empty entry was the working directory
     assert done.kept == {".venv", "src", *STARTUP_KEPT}, done.kept  # LANG, numbers, HOME, the URL name nothing
     assert done.env["R_PROFILE_USER"] == done.env["R_ENVIRON_USER"] == "/dev/null"  # R's start-up files
-    assert sealed({}, tests_text="load('.RData')").kept == set()
+    assert sealed({}, tests_text="load('.RData'); read('package.json')").kept == set()
     assert places("X", "-O2 -g --no-warnings", W) == []
 
 

@@ -10,10 +10,11 @@ directory under strace (the host's, carried in the task's tests/), which records
 executed, stat'ed or probed, found or not); the places that lead into the workspace are the enumeration.
 
 Under air every one of them is under a name the seal keeps the image's (no file of the agent's by that name is in the
-test's copy): the env-named folder and R's .RData; R's .Rprofile and .Renviron are not even looked up (the test's
-environment names an empty file for each). Positive control: the environment as the image gives it (the seal off):
-the same interpreters look up the agent's places, through BASH_ENV, LD_PRELOAD, LD_LIBRARY_PATH and the rest, and
-R's start-up files in the working directory. Python's probed and start-up module names are test_seal_probes.py's.
+test's copy): the env-named folder, R's .RData and Node's package.json; R's .Rprofile and .Renviron are not even
+looked up (the test's environment names an empty file for each). Positive control: the environment as the image
+gives it (the seal off): the same interpreters look up the agent's places, through BASH_ENV, LD_PRELOAD,
+LD_LIBRARY_PATH and the rest, and R's start-up files in the working directory. Python's probed and start-up module
+names are test_seal_probes.py's.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ for start in {starts}; do
   ran="$ran ${{argv[0]}}"
   timeout 60 "${{trace[@]}}" -o /tmp/air-trace "${{argv[@]}}" > /dev/null 2>&1 < /dev/null
   cat /tmp/air-trace >> /tmp/air-traces
-done
+done 2> /dev/null  # the loader's complaint about each sealed LD_PRELOAD would push SEEN out of the output's tail
 env -i /usr/bin/python3 -I -S /tests/trace/summary.py /tmp/air-traces "$ran"
 echo 1 > /logs/verifier/reward.txt
 """)
@@ -177,7 +178,7 @@ async def test_nothing_an_interpreter_reads_while_it_starts_is_the_agents(image,
     assert {"sh", "bash", "python3", "perl"} <= set(ran), ran
     kept = {m.group(1) for line in heard.lines if (m := re.search(r"/home/agent/workspace/(\S+): the image's own",
                                                                    line))}
-    assert kept == {".air-env", ".RData"}, kept
+    assert kept == {".air-env", ".RData", "package.json"}, kept
     # Under air: every place of the workspace an interpreter read while it started is one the image keeps.
     assert {key.split("/")[0] for key in read} <= kept, read
     # Positive control: the image's environment as it is (the seal off, no start-up file named).

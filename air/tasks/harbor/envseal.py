@@ -44,10 +44,11 @@ STARTUP = {"R_PROFILE_USER": "/dev/null", "R_ENVIRON_USER": "/dev/null"}
 R's .Rprofile (code) and .Renviron (variables). Where the task's environment names none, the test's names an empty
 one (found by tests/test_seal_startup.py's enumeration; every other interpreter of air's images reads nothing there
 while it starts)."""
-STARTUP_KEPT = (".RData",)
+STARTUP_KEPT = (".RData", "package.json")
 """Start-up files read from the working directory that no variable turns off: R (`R -e`, `R -f`; Rscript does not)
-restores .RData and runs the .First() it may hold. It stays the image's (no file of the agent's by that name in the
-test's copy), unless a file of tests/ names it."""
+restores .RData and runs the .First() it may hold; Node (18, air/toolchain's: `node -e`) reads package.json there,
+its package's scope (`type`, `imports`), and npm's scripts are that file's. Each stays the image's (no file of the
+agent's by that name in the test's copy), unless a file of tests/ names it."""
 MAX_PLACES = 20_000
 """Paths judged at most: an environment holding more is refused, never judged in part."""
 
