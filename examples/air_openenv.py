@@ -3,6 +3,7 @@ as a trainer would run it), and stopped as a user would stop it. Shared by trl_g
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import socket
 import subprocess
@@ -22,6 +23,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_PRCTL = ctypes.CDLL(None).prctl if sys.platform == "linux" else None
+"""Found before any fork: the child of a threaded trainer calls it and nothing else."""
+
+
+def _stopped_with_parent() -> None:
+    """In the server, before it runs: Ctrl-C's signal when the example dies, however it dies (the OOM killer's
+    SIGKILL left a training run's server, and its sandboxes, running for 26 minutes: session 71). Linux only."""
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGINT))  # PR_SET_PDEATHSIG
+
+
 def start_server(task: str, out: Path, max_turns: int, options: Sequence[str] = ()) -> tuple[subprocess.Popen, str]:
     """`air serve openenv --task TASK` writing its trajectories under `out`/trajectories, with more `options`
     (flags of `air serve openenv`); its URL once it answers."""
@@ -29,7 +41,8 @@ def start_server(task: str, out: Path, max_turns: int, options: Sequence[str] = 
     log = open(out / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "air.cli.serve", "openenv", "--port", str(port), "--task", task,
                              "--max-turns", str(max_turns), "--trajectory-dir", str(out / "trajectories"),
-                             *options, "--json", "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
+                             *options, "--json", "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=_stopped_with_parent)
     deadline = time.monotonic() + 300
     while '"service": "openenv"' not in (out / "server.log").read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
