@@ -95,8 +95,8 @@ def rollouts_a_minute(base_url: str | None, rollouts: int, out: Path) -> float:
 
 
 def step_shares(folder: Path) -> dict[str, float] | None:
-    rows = [json.loads(line) for f in sorted(folder.rglob("steps.jsonl"))
-            for line in f.read_text().splitlines()[1:]]
+    records = [f for f in sorted(folder.rglob("*.jsonl")) if f.read_text().startswith('{"settings"')]
+    rows = [json.loads(line) for f in records for line in f.read_text().splitlines()[1:]]  # steps.jsonl, or copies
     trained = [r for r in rows if r.get("loss") is not None]
     if not trained:
         return None
