@@ -95,8 +95,11 @@ def rollouts_a_minute(base_url: str | None, rollouts: int, out: Path) -> float:
 
 
 def step_shares(folder: Path) -> dict[str, float] | None:
-    records = [f for f in sorted(folder.rglob("*.jsonl")) if f.read_text().startswith('{"settings"')]
-    rows = [json.loads(line) for f in records for line in f.read_text().splitlines()[1:]]  # steps.jsonl, or copies
+    rows = []
+    for path in sorted(folder.rglob("*.jsonl")):  # steps.jsonl, or its copies; each file read once
+        lines = path.read_text().splitlines()
+        if lines and lines[0].startswith('{"settings"'):  # a run's record, not an episode's trajectory
+            rows += [json.loads(line) for line in lines[1:]]
     trained = [r for r in rows if r.get("loss") is not None]
     if not trained:
         return None
