@@ -190,5 +190,7 @@ async def test_nothing_an_interpreter_reads_while_it_starts_is_the_agents(image,
     assert {"BASH_ENV", "LD_PRELOAD", "LD_LIBRARY_PATH"} <= set(found), raw
     if "Rscript" in ran:
         assert {".Rprofile", ".Renviron"} <= set(raw), raw
+    if "node" in ran:  # what STARTUP_KEPT keeps: node -e reads the working directory's package.json
+        assert "package.json" in raw, raw
     print(f"{image}: ran {' '.join(ran)}; under air read {read}, looked up {looked}; unsealed, the variables whose "
           f"places were read: {' '.join(found)}; other places read: {sorted(k for k in raw if '/' not in k)}")
