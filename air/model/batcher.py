@@ -84,15 +84,18 @@ class Batcher:
         return item.done
 
     def _take(self) -> list[_Job] | _Chore | None:
-        """The next thing to run: a chore alone (it may run while paused: it is how new weights arrive), or the
-        jobs at the head of the queue, up to max_sequences samples (a bigger one alone)."""
+        """The next thing to run: the first chore queued, alone, ahead of any job (it may run while paused: it is
+        how new weights arrive, and a job queued before it must not hold it until a resume that waits on it), or
+        the jobs at the head of the queue, up to max_sequences samples (a bigger one alone)."""
         with self._cond:
             while True:
                 if self._closed:
                     return None
-                if self._queue and isinstance(self._queue[0], _Chore):
+                chore = next((item for item in self._queue if isinstance(item, _Chore)), None)
+                if chore is not None:
+                    self._queue.remove(chore)
                     self._busy = True
-                    return self._queue.popleft()
+                    return chore
                 if self._queue and not self._paused:
                     break
                 self._cond.wait()
