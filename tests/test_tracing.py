@@ -182,11 +182,13 @@ def _phoenix_spans(base: str, roots: int) -> list[dict]:
     import httpx
 
     spans: list[dict] = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # Phoenix stores what it receives in the background: slow on a busy machine
     while time.monotonic() < deadline and len([s for s in spans if s["name"] == "invoke_agent air"]) < roots:
         answer = httpx.get(f"{base}/v1/projects/air/spans", params={"limit": 1000}, timeout=10)
-        assert answer.status_code == 200, answer.text[:500]
-        spans = answer.json()["data"]
+        # 404 until Phoenix has stored the first span: the project is made by it (CI met that once).
+        assert answer.status_code in (200, 404), answer.text[:500]
+        if answer.status_code == 200:
+            spans = answer.json()["data"]
         time.sleep(1)
     return spans
 
