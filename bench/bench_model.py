@@ -1,12 +1,14 @@
 """What a real model costs through air: the local endpoint's tokens a second against transformers' own `generate`,
 rollouts a minute with the model against the scripted policy, and where a training step's time goes. One run.
 
-    python bench/bench_model.py [--concurrency 1 4 8] [--tokens 64] [--rollouts 4] [--steps runs/learning]
+    python bench/bench_model.py [--concurrency 1 4 8] [--tokens 64] [--rollouts 4 (0: none)] [--steps runs/learning]
 
 1. Tokens a second: `air serve model` (a subprocess) answering C chat completions at once (each `--tokens` tokens,
    end of sequence ignored, so every request writes the same number), against the baseline measured in the same run:
    transformers' `model.generate` in this process on the same prompt, C sequences in one call. Both sample at
    temperature 1 on the same prompt; the endpoint's wall time includes HTTP and its JSON (token ids and logprobs).
+   A second server with `--gather-ms 0` shows what the wait before a batch buys (without it, C requests sent at
+   once run as the first alone and the rest after it).
 2. Rollouts a minute: `air eval regression-rmse -n R -c R` (3 turns, 96 tokens a reply) played by the endpoint's
    model, against the same command played by air's scripted policy (which answers at once): the model's share of a
    rollout.
@@ -40,9 +42,9 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def start_server(log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-c", "from air.cli.main import main; main()", "serve", "model",
-                             "--port", "0", "--json", "--log-level", "warning"], stdout=open(log, "w"),
+                             "--port", "0", "--json", "--log-level", "warning", *flags], stdout=open(log, "w"),
                             stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -111,7 +113,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rollouts", type=int, default=4)
+    parser.add_argument("--rollouts", type=int, default=4, help="0: skip the rollouts part")
     parser.add_argument("--steps", type=Path, default=ROOT / "runs" / "learning")
     args = parser.parse_args()
     from air.model import files
@@ -119,22 +121,29 @@ def main() -> None:
     loaded = files.load()
     work = Path(tempfile.mkdtemp(prefix="bench-model-"))
     server, base_url = start_server(work / "server.log")
+    ungathered, ungathered_url = start_server(work / "server-gather-0.log", "--gather-ms", "0")
     try:
         print(f"tokens a second (each request {args.tokens} tokens; load {load()})")
-        print(f"{'at once':>8} {'air serve model':>16} {'transformers generate':>22} {'ratio':>6}")
+        print(f"{'at once':>8} {'air serve model':>16} {'--gather-ms 0':>14} {'transformers generate':>22} "
+              f"{'ratio':>6}")
         for c in args.concurrency:
-            asyncio.run(served_rate(base_url, loaded.name, c, 8))  # untimed: the first batch warms up
-            ours = asyncio.run(served_rate(base_url, loaded.name, c, args.tokens))
+            rates = []
+            for url in (base_url, ungathered_url):
+                asyncio.run(served_rate(url, loaded.name, c, 8))  # untimed: the first batch warms up
+                rates.append(asyncio.run(served_rate(url, loaded.name, c, args.tokens)))
             theirs = generate_rate(loaded, c, args.tokens)
-            print(f"{c:>8} {ours:>16.1f} {theirs:>22.1f} {ours / theirs:>6.2f}")
-        print(f"\nrollouts a minute (regression-rmse, 3 turns, {args.rollouts} at once; load {load()})")
-        with_model = rollouts_a_minute(base_url, args.rollouts, work / "model-runs")
-        scripted = rollouts_a_minute(None, args.rollouts, work / "scripted-runs")
-        print(f"  SmolLM2-135M through air serve model: {with_model:.2f}   scripted policy: {scripted:.1f}   "
-              f"the model's share of a rollout: {1 - with_model / scripted:.0%}")
+            print(f"{c:>8} {rates[0]:>16.1f} {rates[1]:>14.1f} {theirs:>22.1f} {rates[0] / theirs:>6.2f}")
+        ungathered.terminate()
+        if args.rollouts:
+            print(f"\nrollouts a minute (regression-rmse, 3 turns, {args.rollouts} at once; load {load()})")
+            with_model = rollouts_a_minute(base_url, args.rollouts, work / "model-runs")
+            scripted = rollouts_a_minute(None, args.rollouts, work / "scripted-runs")
+            print(f"  SmolLM2-135M through air serve model: {with_model:.2f}   scripted policy: {scripted:.1f}   "
+                  f"the model's share of a rollout: {1 - with_model / scripted:.0%}")
     finally:
-        server.terminate()
-        server.wait(60)
+        for proc in (server, ungathered):
+            proc.terminate()
+            proc.wait(60)
     shares = step_shares(args.steps)
     if shares:
         print(f"\na training step (mean of {shares['steps']} trained steps under {args.steps}): {shares['step']:.1f} s:"

@@ -50,6 +50,32 @@ async def test_requests_that_wait_share_the_next_batch():
     assert engine.batches == [[1], [2, 3, 4, 5], [6]]  # four at most a batch (max_sequences), in arrival order
 
 
+async def _sent_apart(batcher: Batcher, gap: float) -> None:
+    """Four requests sent one after another, `gap` seconds apart (what a client's four tasks do, spread by the event
+    loop and the HTTP server)."""
+    pending = []
+    for i in range(4):
+        pending.append(asyncio.ensure_future(batcher.generate([1] * (i + 1), P)))
+        await asyncio.sleep(gap)
+    await asyncio.gather(*pending)
+    batcher.close()
+
+
+@pytest.mark.parametrize(("gather", "batches"), [(5.0, [[1, 2, 3, 4]]),  # the wait: one batch for all four
+                                                 (0.0, None)])             # control: without it, the first alone
+async def test_requests_sent_together_share_one_batch(gather, batches):
+    """Requests that arrive a moment apart at an idle model run as one batch (the bench's 4 at once ran at half
+    generate's rate: the first alone, then the other three). The wait ends once the queue fills a batch, so a long
+    `gather` costs nothing here."""
+    engine = RecordingEngine()
+    batcher = Batcher(engine, max_sequences=4, gather=gather)
+    await _sent_apart(batcher, 0.05)
+    if batches is None:
+        assert engine.batches[0] == [1] and len(engine.batches) >= 2
+    else:
+        assert engine.batches == batches
+
+
 async def test_a_chore_runs_between_batches_even_when_paused():
     """New weights arrive while sampling is paused (prime-rl's pause, update_weights, resume): the chore runs, no
     batch starts until resume."""

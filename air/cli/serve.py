@@ -210,6 +210,7 @@ def _services() -> typer.Typer:
         device: str = option_of(MS, "device"),
         dtype: str = option_of(MS, "dtype"),
         max_batch: int = option_of(MS, "max_batch"),
+        gather_ms: float = option_of(MS, "gather_ms"),
         max_n: int = option_of(MS, "max_n"),
         max_body_bytes: int = option_of(MS, "max_body_bytes"),
         token: str | None = option_of(MS, "token", envvar="AIR_MODEL_TOKEN", show_envvar=True),

@@ -35,7 +35,7 @@ class ModelService:
     def __init__(self, config: ModelServerConfig, loaded: LoadedModel):
         self.config, self.loaded = config, loaded
         self.engine = Engine(loaded.model, loaded.tokenizer, loaded.context)
-        self.batcher = Batcher(self.engine, config.max_batch)
+        self.batcher = Batcher(self.engine, config.max_batch, gather=config.gather_ms / 1000)
         self.weights_version = 0
         """How many weight updates the model has taken (0: the file's own weights)."""
         self.tools = "tools" in (loaded.tokenizer.chat_template or "")

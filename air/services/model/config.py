@@ -26,6 +26,10 @@ class ModelServerConfig(BaseModel):
     """The weights' type in memory."""
     max_batch: int = Field(16, ge=1, le=256)
     """Sequences sampled together in one batch (a request's n samples count each)."""
+    gather_ms: float = Field(20, ge=0, le=10_000)
+    """How long the model waits, before a batch starts, for more requests to share it (0: not at all). Requests sent
+    together (a group's samples, a trainer's rollouts in flight) then run as one batch instead of the first alone
+    and the rest after it."""
     max_n: int = Field(16, ge=1, le=256)
     """The most samples one request may ask for (`n`)."""
     max_body_bytes: int = Field(8 << 20, ge=1024)
