@@ -4,10 +4,10 @@
 
 One row of panels per task: the mean return per step, the format errors per episode, the validations per episode
 (validate, submit and the final evaluation at the turn limit, failed ones included) and the share of episodes
-that scored (a validation that produced a score), each smoothed over 5 steps; trained runs in colour, their lr-0
-controls (same seeds) in gray. The table compares each trained run with its control over the second half of the
-steps, episode by episode (one-sided Mann-Whitney U on the episodes' returns: the trained run's are higher).
-"""
+that scored (a validation that produced a score), each smoothed over 5 steps; trained runs solid, their lr-0
+controls (same seeds) dashed in the seed's colour. The table compares each trained run with its control over the
+second half of the steps, episode by episode (one-sided Mann-Whitney U on the episodes' returns: the trained run's
+are higher), and, where a task has more than one seed, every seed's episodes pooled."""
 
 from __future__ import annotations
 
@@ -51,18 +51,24 @@ def table(runs: dict[tuple[str, int, bool], list[dict]], steps: int) -> list[str
     half = steps // 2 + 1
     lines = [f"| task | seed | trained: mean return, steps {half}-{steps} | control | format errors / episode, "
              "trained / control | p (one-sided) |", "| --- | --- | --- | --- | --- | --- |"]
+    pairs = defaultdict(list)  # task: (trained, control) row lists, a pair a seed
     for (task, seed, trained), rows in sorted(runs.items()):
         control = runs.get((task, seed, False))
-        if not trained or control is None:
-            continue
-        ours, theirs = episodes(rows, half), episodes(control, half)
-        if not ours or not theirs:
-            continue
-        errors = [statistics.mean(per_step([r for r in x if r["step"] >= half])["format_errors"])
-                  for x in (rows, control)]
-        p = mannwhitneyu(ours, theirs, alternative="greater").pvalue if set(ours) | set(theirs) != {ours[0]} else 1.0
-        lines.append(f"| {task} | {seed} | {statistics.mean(ours):+.4f} | {statistics.mean(theirs):+.4f} | "
-                     f"{errors[0]:.2f} / {errors[1]:.2f} | {p:.3g} |")
+        if trained and control is not None and episodes(rows, half) and episodes(control, half):
+            pairs[task].append((seed, rows, control))
+    for task, seeds in pairs.items():
+        rows_of = [(str(seed), [(rows, control)]) for seed, rows, control in seeds]
+        if len(seeds) > 1:
+            rows_of.append((f"{len(seeds)} pooled", [(rows, control) for _, rows, control in seeds]))
+        for label, both in rows_of:
+            ours = [r for rows, _ in both for r in episodes(rows, half)]
+            theirs = [r for _, control in both for r in episodes(control, half)]
+            errors = [statistics.mean(e for x in xs for e in
+                                      per_step([r for r in x if r["step"] >= half])["format_errors"])
+                      for xs in ([rows for rows, _ in both], [control for _, control in both])]
+            p = mannwhitneyu(ours, theirs, alternative="greater").pvalue if len(set(ours) | set(theirs)) > 1 else 1.0
+            lines.append(f"| {task} | {label} | {statistics.mean(ours):+.4f} | {statistics.mean(theirs):+.4f} | "
+                         f"{errors[0]:.2f} / {errors[1]:.2f} | {p:.3g} |")
     return lines
 
 
@@ -91,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
             series = per_step(rows)
             x = [r["step"] for r in rows]
             for ax, (key, label) in zip(row_axes, PANELS):
-                ax.plot(x, smooth(series[key]), color=f"C{seed}" if trained else "0.6",
+                ax.plot(x, smooth(series[key]), color=f"C{seed}", alpha=1.0 if trained else 0.6,
                         linestyle="-" if trained else "--", label=f"seed {seed}{'' if trained else ', lr 0'}")
                 ax.set_title(f"{task}: {label}", fontsize=9)
                 ax.set_xlabel("step")
