@@ -12,6 +12,7 @@ which is why it was missed."""
 from __future__ import annotations
 
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -48,8 +49,17 @@ def _played_on_plain_docker(docker_client, spec, script: str, variables: dict[st
                                             labels={"air.role": "test-control"})
     store = None
     try:
-        store = docker_client.containers.run(spec.services[0].image, detach=True, network=network.name,
-                                             labels={"air.role": "test-control"}, name=f"{tag}-cache-{id(script)}")
+        check = spec.services[0].healthcheck
+        store = docker_client.containers.run(
+            spec.services[0].image, detach=True, network=network.name, labels={"air.role": "test-control"},
+            name=f"{tag}-cache-{id(script)}",
+            healthcheck={"test": list(check.test), "interval": int(check.interval * 1e9),
+                         "timeout": int(check.timeout * 1e9), "retries": check.retries})
+        deadline = time.monotonic() + 300  # main starts once the store is healthy, as compose's depends_on says
+        while (health := docker_client.api.inspect_container(store.id)["State"].get("Health", {})
+               .get("Status")) != "healthy":
+            assert health != "unhealthy" and time.monotonic() < deadline, f"the store never became healthy: {health}"
+            time.sleep(0.5)
         store.reload()
         address = store.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
         with tempfile.TemporaryDirectory() as logs:
