@@ -17,6 +17,7 @@ import pytest
 
 from air.sandbox.warden import seccomp
 from air.sandbox.warden.syscalls import NUMBERS
+from forked import in_a_child
 
 libc = ctypes.CDLL(None, use_errno=True)
 HEADER = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h")
@@ -44,22 +45,10 @@ def test_no_namespace_mount_keyring_bpf_or_io_uring_call_is_allowed():
 
 def _in_a_filtered_child(probe) -> dict:
     """Run probe() in a forked child under the filter; what it returned."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            seccomp.install(seccomp.compile_filter("x86_64"), libc)
-            os.write(w, repr(probe()).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    out = b""
-    while chunk := os.read(r, 1 << 16):
-        out += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    return eval(out)  # noqa: S307 - our own repr of a dict of names
+    def filtered() -> dict:
+        seccomp.install(seccomp.compile_filter("x86_64"), libc)
+        return probe()
+    return in_a_child(filtered)
 
 
 @native

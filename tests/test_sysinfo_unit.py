@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from air.sandbox.warden import seccomp, sysinfo
+from forked import in_a_child
 
 libc = ctypes.CDLL(None, use_errno=True)
 pytestmark = pytest.mark.skipif(seccomp.machine() is None or os.geteuid() != 0,
@@ -53,27 +54,7 @@ def _as_nobody() -> dict:
 
 def _in_a_child(work, before=None) -> dict:
     """work() in a forked child (the filter stays there), its result; `before` runs first, in the child."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            out = {"started": before() if before else None}
-            out.update(work())
-            os.write(w, json.dumps(out).encode())
-        except BaseException as exc:  # noqa: BLE001 - said to the parent
-            os.write(w, json.dumps({"error": repr(exc)}).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    data = b""
-    while chunk := os.read(r, 1 << 16):
-        data += chunk
-    os.close(r)
-    os.waitpid(pid, 0)
-    out = json.loads(data)
-    assert "error" not in out, out["error"]
-    return out
+    return in_a_child(lambda: {"started": before() if before else None, **work()})
 
 
 def test_a_cells_sysinfo_reads_the_cells_view_and_the_harness_the_kernels():
