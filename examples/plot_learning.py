@@ -59,7 +59,7 @@ def table(runs: dict[tuple[str, int, bool], list[dict]], steps: int) -> list[str
     for task, seeds in pairs.items():
         rows_of = [(str(seed), [(rows, control)]) for seed, rows, control in seeds]
         if len(seeds) > 1:
-            rows_of.append((f"{len(seeds)} pooled", [(rows, control) for _, rows, control in seeds]))
+            rows_of.append((f"{len(seeds)} seeds pooled", [(rows, control) for _, rows, control in seeds]))
         for label, both in rows_of:
             ours = [r for rows, _ in both for r in episodes(rows, half)]
             theirs = [r for _, control in both for r in episodes(control, half)]
