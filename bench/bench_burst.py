@@ -1,7 +1,7 @@
 """Bursts: hundreds of rollouts started at once against one pool on this machine, memory per live sandbox, and
 failures under a burst (issue 89).
 
-    python bench/bench_burst.py [--sizes 64 256 512] [--max-starting 8] [--task prisoners-dilemma]
+    python bench/bench_burst.py [--sizes 64 256 512] [--max-starting 8] [--task battle-of-sexes]
     python bench/bench_burst.py --memory [--sandboxes 16]      # memory per live sandbox, idle and leased
     python bench/bench_burst.py --max-live [--limit 2000] [--floor-gb 2]   # the most live sandboxes this host holds
     python bench/bench_burst.py --fault daemon-restart|memory|slow-disk [--sizes 64]
@@ -529,7 +529,11 @@ def machine() -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 512])
-    parser.add_argument("--task", default="prisoners-dilemma")
+    # battle-of-sexes: its starter strategy scores, so the generic story (ls, validate, submit) runs whole, and its
+    # evaluation is among the bundled tasks' cheapest (2.9 s a do-nothing rollout in the audit). regression-rmse's
+    # story validates before a submission exists (a failed evaluation the judge must count); prisoners-dilemma's
+    # evaluations kept 64 rollouts' cold phase past 15 min on 2 cores (experiments.md, sessions 71-72).
+    parser.add_argument("--task", default="battle-of-sexes")
     parser.add_argument("--max-starting", type=int, default=None, help="PoolConfig.max_starting (default: none)")
     parser.add_argument("--max-sandboxes", type=int, default=None,
                         help="PoolConfig.max_sandboxes (default: the burst's size + min(size, 128) + 4)")
