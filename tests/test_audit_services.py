@@ -20,6 +20,7 @@ import pytest
 
 from air.audit.hacks import BUNDLED, load_hacks
 from air.audit.runner import _command, _variables, audit_task, service_keys
+from air.sandbox.docker.services import docker_healthcheck
 from air.tasks.harbor.loader import image_workdir, load_harbor_task
 from air.tasks.task_images import build_task_image
 
@@ -49,12 +50,9 @@ def _played_on_plain_docker(docker_client, spec, script: str, variables: dict[st
                                             labels={"air.role": "test-control"})
     store = None
     try:
-        check = spec.services[0].healthcheck
         store = docker_client.containers.run(
             spec.services[0].image, detach=True, network=network.name, labels={"air.role": "test-control"},
-            name=f"{tag}-cache-{id(script)}",
-            healthcheck={"test": list(check.test), "interval": int(check.interval * 1e9),
-                         "timeout": int(check.timeout * 1e9), "retries": check.retries})
+            name=f"{tag}-cache-{id(script)}", healthcheck=docker_healthcheck(spec.services[0].healthcheck))
         deadline = time.monotonic() + 300  # main starts once the store is healthy, as compose's depends_on says
         while (health := docker_client.api.inspect_container(store.id)["State"].get("Health", {})
                .get("Status")) != "healthy":

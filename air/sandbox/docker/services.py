@@ -44,7 +44,7 @@ import docker.types
 from air.errors import InfraError, SandboxUnavailable
 from air.sandbox.docker.docker_api import Docker, conflict
 from air.sandbox.labels import ROLE
-from air.sandbox.spec import Condition, ServiceSpec
+from air.sandbox.spec import Condition, Healthcheck, ServiceSpec
 
 log = logging.getLogger("air.services")
 
@@ -221,14 +221,18 @@ def service_kwargs(spec: ServiceSpec, *, name: str, network: str, labels: dict[s
         kwargs["working_dir"] = spec.working_dir
     if spec.user:
         kwargs["user"] = spec.user
-    if (check := spec.healthcheck) is not None and check.test == ("NONE",):
-        kwargs["healthcheck"] = {"test": ["NONE"]}
-    elif check is not None:
-        ns = 1_000_000_000
-        kwargs["healthcheck"] = dict(test=list(check.test), interval=int(check.interval * ns),
-                                     timeout=int(check.timeout * ns), retries=check.retries,
-                                     start_period=int(check.start_period * ns))
+    if spec.healthcheck is not None:
+        kwargs["healthcheck"] = docker_healthcheck(spec.healthcheck)
     return kwargs
+
+
+def docker_healthcheck(check: Healthcheck) -> dict:
+    """A service's health check as `containers.run` takes it (durations in nanoseconds; NONE turns the image's off)."""
+    if check.test == ("NONE",):
+        return {"test": ["NONE"]}
+    ns = 1_000_000_000
+    return dict(test=list(check.test), interval=int(check.interval * ns), timeout=int(check.timeout * ns),
+                retries=check.retries, start_period=int(check.start_period * ns))
 
 
 def _retrieved(task: asyncio.Task) -> None:
