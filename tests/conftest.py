@@ -306,6 +306,11 @@ MEASURED_SECONDS = {
     "test_harbor_environment.py": 318, "test_harbor_cookbook.py": 221,
     # A real model on the CPU (issue 82; one worker, load 9-12, session 70): its training smoke and its endpoint.
     "test_real_model_training.py": 154, "test_model_server.py": 44,
+    # The Docker lane as CI runs it, the Docker-free lane beside, 2026-11-28 (session 73; junit): files that had no
+    # entry. prime-rl's orchestrator runs where ~/.cache/air/prime-rl holds its sources, as CI's machine did for
+    # stop 90; unlisted, its eight tests started among the last files, a tail of minutes on one worker.
+    "test_docs.py": 530, "test_prime_rl_orchestrator.py": 380, "test_fork.py": 224, "test_audit.py": 210,
+    "test_audit_watch.py": 173,
 }
 
 
