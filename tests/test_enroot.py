@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from host_dev import dev_held
 
 ROOT = Path(__file__).resolve().parents[1]
 PIDS, MEMORY_MB = 64, 256
@@ -563,22 +564,23 @@ def node_stand_in_gpus():
     import stat
 
     made, driver = [], Path(tempfile.mkdtemp(prefix="air-enroot-driver-"))
-    try:
-        for name, minor in STAND_INS:
-            os.mknod(f"/dev/{name}", stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, minor))
-            made.append(Path("/dev", name))
-            made[-1].chmod(0o666)  # as the driver makes them (mknod's mode is under the umask)
-        (driver / "lib64").mkdir()
-        (driver / "bin").mkdir()
-        (driver / "lib64" / "libcuda.so.1").write_text("stand-in driver\n")
-        (driver / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho \"GPU $NVIDIA_VISIBLE_DEVICES: stand-in\"\n")
-        for path in (driver, driver / "lib64", driver / "bin", driver / "bin" / "nvidia-smi"):
-            path.chmod(0o755)
-        yield driver
-    finally:
-        for path in made:
-            path.unlink(missing_ok=True)
-        shutil.rmtree(driver, ignore_errors=True)
+    with dev_held():  # no test that reads this host's own /dev runs while they are there (tests/host_dev.py)
+        try:
+            for name, minor in STAND_INS:
+                os.mknod(f"/dev/{name}", stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, minor))
+                made.append(Path("/dev", name))
+                made[-1].chmod(0o666)  # as the driver makes them (mknod's mode is under the umask)
+            (driver / "lib64").mkdir()
+            (driver / "bin").mkdir()
+            (driver / "lib64" / "libcuda.so.1").write_text("stand-in driver\n")
+            (driver / "bin" / "nvidia-smi").write_text("#!/bin/sh\necho \"GPU $NVIDIA_VISIBLE_DEVICES: stand-in\"\n")
+            for path in (driver, driver / "lib64", driver / "bin", driver / "bin" / "nvidia-smi"):
+                path.chmod(0o755)
+            yield driver
+        finally:
+            for path in made:
+                path.unlink(missing_ok=True)
+            shutil.rmtree(driver, ignore_errors=True)
 
 
 @pytest.mark.enroot

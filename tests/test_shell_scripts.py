@@ -5,6 +5,7 @@ Shell kept in Python strings is out of shellcheck's reach; that is why scripts a
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from host_dev import dev_held
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p for folder in ("air", "scripts") for p in (ROOT / folder).rglob("*.sh"))
@@ -87,14 +89,48 @@ def test_every_shell_script_refuses_an_unknown_option_in_one_line_before_any_wor
 
 # ----- gpu-node-check.sh on a host with no GPU ----------------------------------------------------------------------
 GPU_CHECK = ROOT / "scripts" / "gpu-node-check.sh"
-NO_GPU = shutil.which("nvidia-smi") is None and not Path("/dev/nvidia0").exists()
 
 
-@pytest.mark.skipif(not NO_GPU, reason="this host has a GPU: the check would run")
+def _gpu_here() -> bool:
+    """As the GPU scripts judge it; read with /dev held (tests/host_dev.py), as test_enroot's stand-ins come and go."""
+    return bool(shutil.which("nvidia-smi")) or any(Path("/dev", n).exists() for n in ("nvidia0", "nvidiactl"))
+
+
+def _free(folder: Path) -> bool:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_dev_held_keeps_the_enroot_stand_ins_and_a_reader_of_dev_apart(tmp_path):
+    """The hold as the two lanes use it on /dev, from two processes, on a folder of its own (/dev's hold may be taken
+    by CI's enroot lane right now): free before (the probe can see it free), taken while a holder lives, free once it
+    has ended."""
+    assert _free(tmp_path)
+    hold = ("import sys\nfrom host_dev import dev_held\n"
+            "with dev_held(sys.argv[1]):\n print('held', flush=True)\n sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(tmp_path)], cwd=ROOT / "tests", text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert not _free(tmp_path)
+    finally:
+        holder.communicate("", timeout=30)
+    assert _free(tmp_path)
+
+
 def test_gpu_node_check_on_a_cpu_host_says_there_is_no_gpu_and_leaves_nothing(tmp_path):
     before = set(os.listdir("/tmp"))
-    result = subprocess.run([str(GPU_CHECK)], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "OUT": str(tmp_path / "out")}, cwd=tmp_path)
+    with dev_held():  # not while test_enroot's stand-in GPU nodes are in /dev (CI runs its lane beside this one)
+        if _gpu_here():
+            pytest.skip("this host has a GPU: the check would run")
+        result = subprocess.run([str(GPU_CHECK)], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "OUT": str(tmp_path / "out")}, cwd=tmp_path)
     assert result.returncode == 2, result
     assert result.stderr.splitlines() == [result.stderr.strip()] and "no GPU" in result.stderr, result.stderr
     assert not (tmp_path / "out").exists() and "air-gpu" not in set(os.listdir("/tmp")) - before
@@ -125,14 +161,15 @@ def test_gpu_real_model_on_a_host_without_its_stage_or_a_gpu_says_so_in_one_line
     host with no GPU it names --dry-run; either way one line, exit 2, nothing made."""
     script = ROOT / "scripts" / "gpu-real-model.sh"
     env = {**os.environ, "OUT": str(tmp_path / "out")}
-    if not (ROOT / ".gpu-node" / "real-model").exists():
+    with dev_held():
+        staged = (ROOT / ".gpu-node" / "real-model").exists()
+        if staged and _gpu_here():
+            pytest.skip("staged on a GPU host: the run would start")
         result = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    if not staged:
         assert result.returncode == 2 and "--stage first" in result.stderr, result
-    elif NO_GPU:
-        result = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
-        assert result.returncode == 2 and "no GPU" in result.stderr and "--dry-run" in result.stderr, result
     else:
-        pytest.skip("staged on a GPU host: the run would start")
+        assert result.returncode == 2 and "no GPU" in result.stderr and "--dry-run" in result.stderr, result
     assert len(result.stderr.splitlines()) == 1 and not (tmp_path / "out").exists()
     bad = subprocess.run([str(script)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env={**env, "STEPS": "ten"})
