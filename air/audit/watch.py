@@ -403,8 +403,9 @@ def planting(found: list[HandOff], data: list[str], workspace: str = WORKSPACE,
     lines = [f"cat > {PAY} <<'AIR_WATCH_EOF'\n{script}AIR_WATCH_EOF", f"chmod 755 {PAY}",
              "plant() {  # FILE LINE: LINE first (after a #! line), or the whole file when it is new",
              '  mkdir -p "$(dirname "$1")" && touch "$1" && chmod u+w "$1" && [ -f "$1" ] || return 0',
+             '  t=$(mktemp) || return 0',  # a name of its own: a fixed one is another's file on a host it runs on
              '  { if head -c 2 "$1" | grep -q "#!"; then head -n 1 "$1"; printf "%s\\n" "$2"; tail -n +2 "$1";',
-             '    else printf "%s\\n" "$2"; cat "$1"; fi; } > /tmp/air-planted && cat /tmp/air-planted > "$1"', "}",
+             '    else printf "%s\\n" "$2"; cat "$1"; fi; } > "$t" && cat "$t" > "$1"; rm -f "$t"', "}",
              _PLANT_PY, _PLANT_PYC]
     for h in found:
         f = shlex.quote(h.file)
