@@ -290,10 +290,10 @@ def kubernetes_config(kubeconfig: str, **pool: object):
 # ----- the order test files start in ------------------------------------------------------------------------------
 MEASURED_SECONDS = {
     # A file's time in the Docker lane of `.ci/run` (its junit report: two workers on the 2-core machine,
-    # 2026-11-24; experiments.md). pytest-xdist hands whole files to the two workers as they free up, by default
-    # the files with the most tests first, which put the few-test, minutes-long files last: one worker then ran
-    # them alone while the other idled. Longest first instead (`--no-loadscope-reorder` keeps this order), so the
-    # run ends on short files. Files not listed follow, most tests first, as before.
+    # 2026-11-24; experiments.md). pytest-xdist hands whole files to the workers (three since session 74) as they
+    # free up, by default the files with the most tests first, which put the few-test, minutes-long files last: one
+    # worker then ran them alone while the others idled. Longest first instead (`--no-loadscope-reorder` keeps this
+    # order), so the run ends on short files. Files not listed follow, most tests first, as before.
     "test_vf_eval.py": 219, "test_sandbox.py": 209, "test_env_server.py": 203, "test_cli_failures.py": 167,
     "test_soak_host.py": 140, "test_trl_grpo.py": 95, "test_sandbox_fusion_languages.py": 90, "test_agentgym.py": 90,
     "test_honest_tasks.py": 89, "test_fresh_cells.py": 80, "test_adversarial.py": 71, "test_openenv.py": 70,
