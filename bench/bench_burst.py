@@ -23,14 +23,16 @@ first command) p50 and p99, and how every rollout ended, each counted once:
 (reset: a new cell, no shell), and each state measured: the container's cgroup (its processes, its tmpfs files,
 kernel memory), the PSS of its processes (the warden and what it runs: shared pages split among all who map them),
 the containerd shim that runs it, air's own process and dockerd's growth, and the host's MemAvailable drop, per
-sandbox; and how many would fit in 24 GB at that cost. --max-live: idle sandboxes created until the host's
+sandbox; and how many would fit in 24 GB at that cost. --max-live: sandboxes leased (16 at a time) and held until the host's
 MemAvailable falls under --floor-gb (or --limit, or a start fails): the most live sandboxes measured.
 
 --fault: one burst (cold) with a fault in its middle, then every rollout judged as above and what the pool left
 counted: daemon-restart (dockerd SIGTERMed and started again, as bench/fault_daemon_restart.py; needs root and a
 daemon this machine runs), memory (a process holds host memory until MemAvailable is under --floor-gb, through the
 burst), slow-disk (the block device of Docker's data root throttled to 1 MB/s and 20 IO/s for every cgroup, root's
-included, through the burst; needs cgroup v1's blkio). Each restores what it changed.
+included, through the burst; needs cgroup v1's blkio). Each restores what it changed, on SIGTERM and Ctrl-C too (a
+`timeout` around a fault run once left the host's disk throttled); the memory holder dies with the bench even on
+SIGKILL, the throttle does not: `python bench/bench_burst.py --fault slow-disk --undo` lifts it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -377,7 +380,7 @@ async def memory(task: str, n: int, max_starting: int | None) -> dict:
 
 
 async def max_live(task: str, limit: int, floor_gb: float, max_starting: int | None) -> dict:
-    """Idle sandboxes of the task made until MemAvailable < floor, `limit`, or a failure."""
+    """Sandboxes of the task leased 16 at a time and held until MemAvailable < floor, `limit`, or a failure."""
     spec = load_task(task)
     pool = SandboxPool(PoolConfig(max_sandboxes=limit + 4, host_budget=None, gpu_ids=[], lease_timeout=3600,
                                   max_starting=max_starting or 8))
@@ -388,6 +391,7 @@ async def max_live(task: str, limit: int, floor_gb: float, max_starting: int | N
     before = host_state()
     began = time.perf_counter()
     made, why = 0, f"the limit ({limit})"
+    held = contextlib.AsyncExitStack()  # every lease held to the end: a released one would be leased again
     try:
         while made < limit:
             step = min(16, limit - made)
@@ -395,9 +399,8 @@ async def max_live(task: str, limit: int, floor_gb: float, max_starting: int | N
                 why = f"MemAvailable under {floor_gb:g} GB"
                 break
             try:
-                async with contextlib.AsyncExitStack() as stack:
-                    for _ in range(step):
-                        await stack.enter_async_context(env.lease())
+                for _ in range(step):
+                    await held.enter_async_context(env.lease())
             except AirError as exc:
                 why = f"a start failed: {type(exc).__name__}: {str(exc)[:200]}"
                 break
@@ -412,6 +415,7 @@ async def max_live(task: str, limit: int, floor_gb: float, max_starting: int | N
                "per_sandbox": per_sandbox(ids, before, after, max(1, live)),
                "available_gb_left": round(after["available"] / (1 << 30), 2)}
     finally:
+        await held.aclose()
         await pool.close()
     out["leaked"] = leaked(pool)
     return out
@@ -429,7 +433,8 @@ class MemoryHog:
     """A child process that holds anonymous memory until MemAvailable is under `floor` bytes, then keeps it."""
 
     def __init__(self, floor: int):
-        code = ("import mmap,sys,time\nfloor=int(sys.argv[1])\nheld=[]\n"
+        # dies with the bench, however the bench ends (PR_SET_PDEATHSIG: SIGKILL when its parent goes)
+        code = ("import ctypes,mmap,sys,time\nctypes.CDLL(None).prctl(1,9)\nfloor=int(sys.argv[1])\nheld=[]\n"
                 "def avail():\n for l in open('/proc/meminfo'):\n  if l.startswith('MemAvailable'): "
                 "return int(l.split()[1])*1024\n"
                 "while avail()>floor+(256<<20):\n m=mmap.mmap(-1,128<<20)\n m.write(b'x'*(128<<20))\n held.append(m)\n"
@@ -450,26 +455,44 @@ class SlowDisk:
              "blkio.throttle.read_iops_device": 20, "blkio.throttle.write_iops_device": 20}
 
     def __init__(self, path: str = "/var/lib/docker"):
+        self.device = self.device_of(path)
+        self.files = [f for f in Path("/sys/fs/cgroup/blkio").rglob("blkio.throttle.*_device")
+                      if f.name in self.RATES]
+        if not self.files:
+            raise SystemExit("slow-disk needs cgroup v1's blkio controller")
+        self.before: dict[Path, str] = {}  # a throttle the device had already (someone's): put back as it was
+        for f in self.files:
+            with contextlib.suppress(OSError):
+                had = [line.split()[1] for line in f.read_text().splitlines() if line.split()[:1] == [self.device]]
+                f.write_text(f"{self.device} {self.RATES[f.name]}")
+                self.before[f] = had[0] if had else "0"
+
+    @staticmethod
+    def device_of(path: str) -> str:
         st = os.stat(path)
         major, minor = os.major(st.st_dev), os.minor(st.st_dev)
         # a partition is throttled through its disk (blkio names whole devices)
         sysfs = Path(f"/sys/dev/block/{major}:{minor}")
         if (sysfs / "partition").exists():
             major, minor = map(int, (sysfs.resolve().parent / "dev").read_text().split(":"))
-        self.device = f"{major}:{minor}"
-        self.files = [f for f in Path("/sys/fs/cgroup/blkio").rglob("blkio.throttle.*_device")
-                      if f.name in self.RATES]
-        if not self.files:
-            raise SystemExit("slow-disk needs cgroup v1's blkio controller")
-        for f in self.files:
-            with contextlib.suppress(OSError):
-                f.write_text(f"{self.device} {self.RATES[f.name]}")
+        return f"{major}:{minor}"
 
     def stop(self) -> None:
+        self.undo(self.device, self.before)
+
+    @classmethod
+    def undo(cls, device: str, before: dict[Path, str] | None = None) -> int:
+        """This bench's throttles of `device` lifted, each to what it was `before` (else none): only a line at
+        exactly this bench's rate (a throttle someone set since stays); how many."""
+        lifted = 0
         for f in Path("/sys/fs/cgroup/blkio").rglob("blkio.throttle.*_device"):
-            if f.name in self.RATES:
-                with contextlib.suppress(OSError):
-                    f.write_text(f"{self.device} 0")
+            if f.name not in cls.RATES:
+                continue
+            with contextlib.suppress(OSError):
+                if f"{device} {cls.RATES[f.name]}" in f.read_text().splitlines():
+                    f.write_text(f"{device} {(before or {}).get(f, '0')}")
+                    lifted += 1
+        return lifted
 
 
 async def fault(kind: str, task: str, size: int, max_starting: int | None, after: float, floor_gb: float,
@@ -544,7 +567,14 @@ if __name__ == "__main__":
     parser.add_argument("--floor-gb", type=float, default=2.0)
     parser.add_argument("--fault", choices=["daemon-restart", "memory", "slow-disk"])
     parser.add_argument("--after", type=float, default=10.0, help="seconds into the burst the daemon restarts")
+    parser.add_argument("--undo", action="store_true", help="with --fault slow-disk: lift a throttle left behind")
     args = parser.parse_args()
+    # SIGTERM (`timeout`, kill) as Ctrl-C: the run is cancelled and every fault's `finally` puts the host back
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if args.undo:
+        device = SlowDisk.device_of("/var/lib/docker")
+        print(f"lifted {SlowDisk.undo(device)} throttle(s) of {device} at this bench's rates")
+        sys.exit(0)
     os.environ.setdefault("AIR_PROGRESS", "off")  # hundreds of rollouts' lines: the table says what they did
     print(f"# {machine()}", flush=True)
     if args.memory:
