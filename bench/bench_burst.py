@@ -23,8 +23,8 @@ first command) p50 and p99, and how every rollout ended, each counted once:
 (reset: a new cell, no shell), and each state measured: the container's cgroup (its processes, its tmpfs files,
 kernel memory), the PSS of its processes (the warden and what it runs: shared pages split among all who map them),
 the containerd shim that runs it, air's own process and dockerd's growth, and the host's MemAvailable drop, per
-sandbox; and how many would fit in 24 GB at that cost. --max-live: sandboxes leased (16 at a time) and held until the host's
-MemAvailable falls under --floor-gb (or --limit, or a start fails): the most live sandboxes measured.
+sandbox; and how many would fit in 24 GB at that cost. --max-live: sandboxes leased (16 at a time) and held until
+the host's MemAvailable falls under --floor-gb (or --limit, or a start fails): the most live sandboxes measured.
 
 --fault: one burst (cold) with a fault in its middle, then every rollout judged as above and what the pool left
 counted: daemon-restart (dockerd SIGTERMed and started again, as bench/fault_daemon_restart.py; needs root and a
@@ -577,22 +577,25 @@ if __name__ == "__main__":
         sys.exit(0)
     os.environ.setdefault("AIR_PROGRESS", "off")  # hundreds of rollouts' lines: the table says what they did
     print(f"# {machine()}", flush=True)
-    if args.memory:
-        print(json.dumps(asyncio.run(memory(args.task, args.sandboxes, args.max_starting)), indent=2))
-    elif args.max_live:
-        print(json.dumps(asyncio.run(max_live(args.task, args.limit, args.floor_gb, args.max_starting)), indent=2))
-    elif args.fault:
-        for size in args.sizes:
-            print(json.dumps(asyncio.run(fault(args.fault, args.task, size, args.max_starting, args.after,
-                                               args.floor_gb, args.max_sandboxes))), flush=True)
-    else:
-        rows = []
-        for size in args.sizes:
-            for row in asyncio.run(cold_and_warm(args.task, size, args.max_starting, args.max_sandboxes)):
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-        print()
-        print(table(rows))
-        print(f"infrastructure failures: {sum(r['infrastructure'] for r in rows)}, false scores: "
-              f"{sum(r['false_score'] for r in rows)}, errors: {sum(r['error'] for r in rows)}, leaked: "
-              f"{sum(r.get('leaked', 0) for r in rows)}")
+    try:
+        if args.memory:
+            print(json.dumps(asyncio.run(memory(args.task, args.sandboxes, args.max_starting)), indent=2))
+        elif args.max_live:
+            print(json.dumps(asyncio.run(max_live(args.task, args.limit, args.floor_gb, args.max_starting)), indent=2))
+        elif args.fault:
+            for size in args.sizes:
+                print(json.dumps(asyncio.run(fault(args.fault, args.task, size, args.max_starting, args.after,
+                                                   args.floor_gb, args.max_sandboxes))), flush=True)
+        else:
+            rows = []
+            for size in args.sizes:
+                for row in asyncio.run(cold_and_warm(args.task, size, args.max_starting, args.max_sandboxes)):
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+            print()
+            print(table(rows))
+            print(f"infrastructure failures: {sum(r['infrastructure'] for r in rows)}, false scores: "
+                  f"{sum(r['false_score'] for r in rows)}, errors: {sum(r['error'] for r in rows)}, leaked: "
+                  f"{sum(r.get('leaked', 0) for r in rows)}")
+    except KeyboardInterrupt:
+        sys.exit("bench_burst: interrupted; what its fault changed on the host is put back")
