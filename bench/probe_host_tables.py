@@ -61,7 +61,7 @@ TABLES = {
         "awk '$1 == \"TCP:\" {print $9}' /proc/net/sockstat",
         "rm -f /tmp/held; python3 -c \"import socket, time\nss = [socket.socket() for _ in range(300)]\n"
         "open('/tmp/held', 'w').close(); time.sleep(3)\" >/dev/null 2>&1 & "
-        "while [ ! -e /tmp/held ]; do sleep 0.05; done"),
+        "for _ in $(seq 200); do [ -e /tmp/held ] && break; sleep 0.05; done"),
     "sockstat UDP mem": (
         "awk '$1 == \"UDP:\" {print $5}' /proc/net/sockstat",
         "rm -f /tmp/held; python3 -c \"import socket, time\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
@@ -69,13 +69,13 @@ TABLES = {
         "[r.bind(('127.0.0.1', 0)) for r in rs]\n"
         "[s.sendto(b'x' * 1000, r.getsockname()) for r in rs for _ in range(80)]\n"
         "open('/tmp/held', 'w').close(); time.sleep(3)\" >/dev/null 2>&1 & "
-        "while [ ! -e /tmp/held ]; do sleep 0.05; done"),
+        "for _ in $(seq 200); do [ -e /tmp/held ] && break; sleep 0.05; done"),
     "sysinfo procs": (
         f"python3 -c \"{_SYSINFO}print(v[10])\"",
         "rm -f /tmp/held; python3 -c \"import threading, time\ne = threading.Event()\n"
         "ts = [threading.Thread(target=e.wait) for _ in range(200)]\n[t.start() for t in ts]\n"
         "open('/tmp/held', 'w').close(); time.sleep(3); e.set()\" >/dev/null 2>&1 & "
-        "while [ ! -e /tmp/held ]; do sleep 0.05; done"),
+        "for _ in $(seq 200); do [ -e /tmp/held ] && break; sleep 0.05; done"),
     "key-users": (
         "awk '{split($3, a, \"/\"); s += a[1]} END {print s + 0}' /proc/key-users",
         HOST + "python3 -c \"import ctypes, os, time\nlibc = ctypes.CDLL(None)\nlibc.syscall(250, 1, None)\n"
