@@ -37,6 +37,8 @@ _SYSINFO = ("import ctypes, struct\nb = ctypes.create_string_buffer(112)\n"
 """A reader of sysinfo(2): `v` its fields (uptime, loads[3], memory[6], procs, ...)."""
 _CPU0 = "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
 """On the first CPU the process may use: the inode counter is handed out in per-CPU batches."""
+_HELD = "for _ in $(seq 200); do [ -e /tmp/held ] && break; sleep 0.05; done"
+"""A writer's wait until its holder says it holds (/tmp/held), 10 s at most: a holder that failed reads as a 0."""
 HOST = "host: "
 """A writer run on the host by this process, not in a sandbox: what no sandbox can move (keys: every container's
 seccomp profile refuses the keyring calls), but the host's processes do."""
@@ -61,7 +63,7 @@ TABLES = {
         "awk '$1 == \"TCP:\" {print $9}' /proc/net/sockstat",
         "rm -f /tmp/held; python3 -c \"import socket, time\nss = [socket.socket() for _ in range(300)]\n"
         "open('/tmp/held', 'w').close(); time.sleep(3)\" >/dev/null 2>&1 & "
-        "for _ in $(seq 200); do [ -e /tmp/held ] && break; sleep 0.05; done"),
+        + _HELD),
     "sockstat UDP mem": (
         "awk '$1 == \"UDP:\" {print $5}' /proc/net/sockstat",
         "rm -f /tmp/held; python3 -c \"import socket, time\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
@@ -69,13 +71,13 @@ TABLES = {
         "[r.bind(('127.0.0.1', 0)) for r in rs]\n"
         "[s.sendto(b'x' * 1000, r.getsockname()) for r in rs for _ in range(80)]\n"
         "open('/tmp/held', 'w').close(); time.sleep(3)\" >/dev/null 2>&1 & "
-        "for _ in $(seq 200); do [ -e /tmp/held ] && break; sleep 0.05; done"),
+        + _HELD),
     "sysinfo procs": (
         f"python3 -c \"{_SYSINFO}print(v[10])\"",
         "rm -f /tmp/held; python3 -c \"import threading, time\ne = threading.Event()\n"
         "ts = [threading.Thread(target=e.wait) for _ in range(200)]\n[t.start() for t in ts]\n"
         "open('/tmp/held', 'w').close(); time.sleep(3); e.set()\" >/dev/null 2>&1 & "
-        "for _ in $(seq 200); do [ -e /tmp/held ] && break; sleep 0.05; done"),
+        + _HELD),
     "key-users": (
         "awk '{split($3, a, \"/\"); s += a[1]} END {print s + 0}' /proc/key-users",
         HOST + "python3 -c \"import ctypes, os, time\nlibc = ctypes.CDLL(None)\nlibc.syscall(250, 1, None)\n"
