@@ -3,12 +3,14 @@ malformed model replies in bulk. Each ends in a clear outcome; nothing is scored
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import docker.errors
 import pytest
 
 from air.sandbox import Resources, SandboxSpec
@@ -40,6 +42,30 @@ def test_sigkilled_air_process_leaves_at_most_claims_that_clean_removes(images, 
                            text=True, timeout=120)
     assert clean.returncode == 0, clean.stderr
     assert docker_client.containers.list(all=True, filters=label, ignore_removed=True) == []
+
+
+def test_clean_removes_the_image_copies_nothing_uses_and_no_volume_that_is_not_airs(images, docker_client):
+    """An image's tmpfs copy (a page-cache pin's, 0.2-3.9 GB) that no container uses holds memory while mounted: a
+    daemon stopped while its pins ran left thirteen so (11 GB), and copies an older air made without labels were
+    never swept at all. `air containers clean` removes both kinds; volumes of the same name that are no tmpfs, and
+    tmpfs volumes of other names, are not air's and stay."""
+    tmpfs = {"type": "tmpfs", "device": "tmpfs", "o": "mode=0755"}
+    token = os.urandom(6).hex()
+    labelled = docker_client.volumes.create(f"air-pagecache-{token[:11]}a", driver_opts=tmpfs,
+                                            labels={"air.role": "pagecache"})
+    unlabelled = docker_client.volumes.create(f"air-pagecache-{token[:11]}b", driver_opts=tmpfs)
+    on_disk = docker_client.volumes.create(f"air-pagecache-{token[:11]}c")
+    other = docker_client.volumes.create(f"not-air-pagecache-{token[:11]}d", driver_opts=tmpfs)
+    try:
+        clean = subprocess.run([sys.executable, "-m", "air.cli.main", "containers", "clean", "--json"],
+                               capture_output=True, text=True, timeout=120)
+        assert clean.returncode == 0, clean.stderr
+        left = {v.name for v in docker_client.volumes.list(filters={"name": token[:11]})}
+        assert left == {on_disk.name, other.name}, (left, clean.stdout)  # a sweep elsewhere may have taken the two
+    finally:
+        for volume in (labelled, unlabelled, on_disk, other):
+            with contextlib.suppress(docker.errors.NotFound):
+                volume.remove()
 
 
 async def test_a_full_workspace_is_the_agents_problem_and_reset_recovers(pool):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 
 import docker.errors
@@ -22,6 +23,8 @@ from air.sandbox import PoolConfig, SandboxPool, SandboxSpec
 from air.sandbox.docker import pagecache
 from air.sandbox.docker.docker_api import Docker
 from air.sandbox.docker.pagecache import PageCachePins
+from air.sandbox import hostdir
+from air.sandbox.warden.locks import lock_held
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 from page_cache_channel import BITS, CHANCE_BOUND, agreement, command, message, recovered
@@ -185,3 +188,71 @@ async def test_a_host_pin_whose_maker_died_before_starting_it_is_replaced(images
     docker_client.api.remove_container(name, force=True)
     docker_client.api.create_container("air/base:latest", ["true"], name=name)  # what the dead maker left
     await a_later_process_replaces_it(docker_client, spec, name)
+
+
+def holds_of_this_process(name: str) -> int:
+    """How many of this process's holds on the host pin `name` are live (its lock files under holders/)."""
+    holders = hostdir.runtime_dir() / "pins" / name / "holders"
+    return sum(lock_held(str(f)) for f in holders.glob(f"{os.getpid()}-*.lock"))
+
+
+async def wait_for_status(docker_client, name: str, status: str, within: float = 120) -> None:
+    deadline = time.monotonic() + within
+    while docker_client.api.inspect_container(name)["State"]["Status"] != status:
+        assert time.monotonic() < deadline, f"pin {name} not {status} within {within:g}s"
+        await asyncio.sleep(0.5)
+
+
+async def test_an_idle_pin_closes_before_its_grace_when_a_new_pin_lacks_memory_and_a_held_one_never(
+        images, docker_client, tmp_path):
+    """CI's OOM kill of stop 92: thirteen idle copies of task images (11 GB) stayed for their 120 s grace. A process
+    about to pin an image, with less than the image and `headroom` of the machine's memory available, asks the
+    host's idle pins to close now. Control: with memory to spare (headroom 0) the idle pin stays; a pin that a
+    process still holds stays either way."""
+    for x in "abc":
+        (tmp_path / x).mkdir()
+    a, b, c = (pin_spec(tmp_path / x, f"pin-reclaim-{x}") for x in "abc")
+    names: list[str] = []
+    idle = PageCachePins(Docker(docker_client), run="test-pin-reclaim", grace=600)
+    held = PageCachePins(Docker(docker_client), run="test-pin-reclaim", grace=600, headroom=0.0)
+    short = PageCachePins(Docker(docker_client), run="test-pin-reclaim", grace=600, headroom=1.0)
+    try:
+        name_a = await idle.ensure(a)
+        names.append(name_a)
+        idle.release(name_a)
+        assert holds_of_this_process(name_a) == 0
+        name_b = await held.ensure(b)  # memory to spare: nothing is asked to close
+        names.append(name_b)
+        await asyncio.sleep(5)  # five of the pins' polls
+        assert docker_client.api.inspect_container(name_a)["State"]["Status"] == "running", "closed without an ask"
+        names.append(await short.ensure(c))  # short of memory: the idle pin goes long before its 600 s grace,
+        await wait_for_status(docker_client, name_a, "exited")  # and the held one stays
+        assert holds_of_this_process(name_b) == 1
+        assert docker_client.api.inspect_container(name_b)["State"]["Status"] == "running"
+        assert await idle.ensure(a) == name_a  # and the next process that needs it gets a new one
+        assert docker_client.api.inspect_container(name_a)["State"]["Status"] == "running"
+    finally:
+        for pins in (idle, held, short):
+            await pins.close()
+        for name in names:
+            with contextlib.suppress(docker.errors.NotFound):
+                docker_client.api.remove_container(name, force=True)
+
+
+async def test_a_pool_lets_go_of_a_pin_when_its_last_sandbox_of_the_image_goes(pool, tmp_path):
+    """A pool held every pin it ever used until it closed: a run over fifty task images held fifty copies. Now the
+    hold goes with the pool's last sandbox of the image (the pin stays its grace for the next one), and comes back
+    with the next sandbox. The control: while the sandbox lives, the hold is there."""
+    spec = pin_spec(tmp_path, "pin-uses")
+    async with pool.lease(spec) as sandbox:
+        name = next(row["name"] for row in await pool.page_cache_pins())
+        assert holds_of_this_process(name) == 1
+        sandbox.mark_broken("removed on release, so its pin's use is given back")
+    deadline = time.monotonic() + 120
+    while pool.live:
+        assert time.monotonic() < deadline, "the broken sandbox was never removed"
+        await asyncio.sleep(0.2)
+    assert holds_of_this_process(name) == 0
+    async with pool.lease(spec) as sandbox:
+        assert holds_of_this_process(name) == 1
+        assert (await sandbox.session.run("true", timeout=60)).exit_code == 0

@@ -64,22 +64,26 @@ def containers_clean(
         _enroot_clean(all_, as_json)
         return
     from air.sandbox import connect, list_air_containers, remove_containers, sweep_stale_claims
-    from air.sandbox.docker.cleanup import sweep_dead_networks
+    from air.sandbox.docker.cleanup import sweep_dead_networks, sweep_unused_copies
 
     client = connect()
     rows = list_air_containers(client, run=run)
-    doomed = [r.id for r in rows if all_ or (not r.claim and (run or (not r.alive_owner and (kept or not r.kept))))]
+    # A running host pin is no run's: live processes of any run may rely on it, and it exits once none does.
+    doomed = [r.id for r in rows if all_ or (not r.claim and not (r.host_pin and r.status not in ("exited", "dead"))
+                                             and (run or (not r.alive_owner and (kept or not r.kept))))]
     removed = remove_containers(client, doomed)
     if run or all_:  # the claims of what went are stale now, whoever made them
         removed += remove_containers(client, [r.id for r in rows if r.claim and r.id not in removed])
     removed += sweep_stale_claims(client)
     removed += sweep_dead_networks(client, run=run, everything=all_)  # services' private networks (docs/harbor.md)
+    copies = sweep_unused_copies(client)  # images' tmpfs copies nothing uses (a daemon stopped while pins ran)
     left = [r for r in list_air_containers(client) if not r.claim]
     if as_json:
-        print_json({"removed": removed, "kept": len(left)})
+        print_json({"removed": removed, "copies": copies, "kept": len(left)})
     else:
-        out.print(f"removed {len(removed)} container(s) and claim(s); {len(left)} container(s) left (live runs"
-                  f"{'' if kept or all_ else ', kept ones'})")
+        out.print(f"removed {len(removed)} container(s) and claim(s)" +
+                  (f" and {len(copies)} unused image copies" if copies else "") +
+                  f"; {len(left)} container(s) left (live runs{'' if kept or all_ else ', kept ones'})")
 
 
 # ----- the enroot backend (AIR_BACKEND=enroot): this user's sandboxes on this node -----------------------------------

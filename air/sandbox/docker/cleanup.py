@@ -6,6 +6,7 @@ purpose (`air debug --keep`) stay until asked for."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import docker
@@ -23,6 +24,9 @@ from air.sandbox.docker.listing import list_air_containers, remove_containers
 
 PIN_ROLE = "pagecache"
 """The role label of page-cache pins and of their copies' volumes (air/sandbox/docker/pagecache.py)."""
+PIN_PREFIX = "air-pagecache-"
+"""The start of every pin's name, and of its copy's volume (pagecache.py)."""
+_PIN_NAME = re.compile(PIN_PREFIX + r"[0-9a-f]{12}(-[A-Za-z0-9_.-]+)?")
 
 log = logging.getLogger("air.cleanup")
 
@@ -78,10 +82,13 @@ def sweep_dead_networks(client: docker.DockerClient, run: str | None = None, eve
 
 def sweep_unused_copies(client: docker.DockerClient) -> list[str]:
     """Remove the tmpfs volumes of images' copies (warden/rootcopy.py) that no container uses: the daemon has
-    unmounted them, so they hold nothing; a pin makes its volume again (with the same options) when it is needed."""
+    unmounted them, so they hold nothing, or it never did and they hold the copy (a daemon stopped while pins ran:
+    removing the volume unmounts it); a pin makes its volume again (with the same options) when it is needed.
+    Besides those labelled as air's, the tmpfs volumes of air's own name that an older air made without labels."""
     removed = []
     try:
-        unused = client.volumes.list(filters={"label": f"{ROLE}={PIN_ROLE}", "dangling": True})
+        unused = [v for v in client.volumes.list(filters={"dangling": True, "name": PIN_PREFIX})
+                  if _a_copy(v.attrs)]
     except docker.errors.APIError as exc:
         log.warning("could not list the images' copies: %s", exc)
         return removed
@@ -94,6 +101,14 @@ def sweep_unused_copies(client: docker.DockerClient) -> list[str]:
             continue
         removed.append(volume.name)
     return removed
+
+
+def _a_copy(volume: dict) -> bool:
+    """Is this volume an image's copy that air made? Labelled so, or (made unlabelled before the labels travelled
+    with the pin's mount) of a pin's name and a tmpfs."""
+    if (volume.get("Labels") or {}).get(ROLE) == PIN_ROLE:
+        return True
+    return bool(_PIN_NAME.fullmatch(volume.get("Name", ""))) and (volume.get("Options") or {}).get("type") == "tmpfs"
 
 
 def sweep_stale_claims(client: docker.DockerClient, grace: float = HOLDER_GRACE) -> list[str]:

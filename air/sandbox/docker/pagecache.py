@@ -21,7 +21,11 @@ when no container uses it, and the next pin copies again.
 
 Pinning costs the image's size in locked memory once per host (air/cpu: 1.6 GB in 50,000 files) and a few seconds
 the first time (reading the image from disk); `PoolConfig.page_cache = "shared"` turns it off, and the channel
-with it (`air doctor` says which).
+with it (`air doctor` says which). What bounds that memory: a pool holds a pin only while a sandbox of its own relies
+on it (a run over fifty task images holds the pins of the images it runs now, not of all fifty), and a process about
+to pin an image with less than the image and HEADROOM of the machine's memory available first asks the host's idle
+pins (within their grace, held by nobody) to close now (CI's OOM kill of stop 92: thirteen copies of task images,
+11 GB, most of them idle).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ import docker.types
 
 from air.errors import InfraError, SandboxUnavailable
 from air.sandbox import hostdir
-from air.sandbox.docker.cleanup import PIN_ROLE
+from air.sandbox.docker.cleanup import PIN_PREFIX, PIN_ROLE
 from air.sandbox.docker.docker_api import Docker, conflict, is_local
 from air.sandbox.docker.listing import remove_containers
 from air.sandbox.labels import make_labels
@@ -59,12 +63,15 @@ PIN = "air.pin"
 """Label of a pin (its name) and of every sandbox that relies on it."""
 SCOPE = "air.pin-scope"
 """`host`: shared by every air process on the host, exits when unused; `run`: one pool's, removed with it."""
-PREFIX = "air-pagecache-"
+PREFIX = PIN_PREFIX
 COPY_VOLUME = {"type": "tmpfs", "device": "tmpfs", "o": "mode=0755,huge=within_size"}
 """The image's copy (warden/rootcopy.py): a tmpfs, its files in huge pages where they fill them (the interpreter's
 text and libraries: fewer page faults and TLB misses for every program a cell starts)."""
 GRACE = 120.0
 """Seconds a host pin outlives its last holder: the next `air run` or test finds it still pinned."""
+HEADROOM = 0.25
+"""The fraction of the machine's memory a new pin leaves available beside the image's size; with less, the host's
+idle pins are asked to close first (`reclaim_idle`)."""
 UNSTARTED = 30.0
 """Seconds a host pin may stay created and not started before it is taken for a leftover: its maker starts it a
 moment after creating it, unless it died in between (Ctrl-C, a daemon restart)."""
@@ -77,6 +84,9 @@ class _Pin:
     copy: bool = False
     """Whether it copies the image into a tmpfs volume of its name, for sandboxes with cells (rootcopy.py)."""
     ready: bool = False
+    uses: int = 0
+    """The sandboxes of this pool that rely on it (`ensure` takes one, `release` gives it back); a host pin's hold is
+    let go at none."""
     holder_fd: int | None = None
     container_id: str | None = None
     tether: object | None = None
@@ -87,25 +97,27 @@ class _Pin:
 class PageCachePins:
     """The pins one pool relies on, on one Docker host."""
 
-    def __init__(self, docker_: Docker, *, run: str, grace: float = GRACE):
-        self.docker, self.run, self.grace = docker_, run, grace
+    def __init__(self, docker_: Docker, *, run: str, grace: float = GRACE, headroom: float = HEADROOM):
+        self.docker, self.run, self.grace, self.headroom = docker_, run, grace, headroom
         self._local: bool | None = None
         self._pins: dict[str, _Pin] = {}
         self._locks: dict[str, asyncio.Lock] = {}
-        self._image_ids: dict[str, str] = {}
+        self._images: dict[str, tuple[str, int]] = {}
 
     # ----- what a sandbox needs --------------------------------------------------------------------------------
     async def ensure(self, spec: SandboxSpec, timeout: float = PIN_TIMEOUT, *, copy: bool = False) -> str:
         """The name of a pin of spec's image and data mounts that is holding their pages, made if needed; waits
         until it holds them. With `copy` (sandboxes that build cells), the pin first copies them into a tmpfs volume
-        of the same name, which each such sandbox mounts at ROOT_COPY (rootcopy.py), and holds the copy. InfraError
-        (the host's failure, never the agent's) when it cannot be made."""
-        image_id = await self._image_id(spec.image)
+        of the same name, which each such sandbox mounts at ROOT_COPY (rootcopy.py), and holds the copy. Each call
+        that returns takes one use of the pin, given back with `release`. InfraError (the host's failure, never the
+        agent's) when it cannot be made."""
+        image_id, _ = await self._image(spec.image)
         key = json.dumps([image_id, sorted(spec.read_only_mounts.items()), os.geteuid()] + (["copy"] if copy else []))
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             pin = self._pins.get(key)
             if pin is not None and pin.ready:
+                pin.uses += 1
                 return pin.name
             if self._local is None:
                 self._local = await self.docker.call(is_local, self.docker, timeout=30, idempotent=True)
@@ -120,17 +132,34 @@ class PageCachePins:
                     self._local = False
                     self._release(pin)
                     self._pins.pop(key, None)
+                except BaseException:  # not ready, so no sandbox relies on it: nothing holds it for this process
+                    self._release(pin)
+                    raise
             if not self._local:
                 pin = self._pins.setdefault(key, _Pin(f"{PREFIX}{digest}-{self.run}"[:63], "run", copy))
                 await self._ensure_run_pin(pin, image_id, spec, timeout)
             pin.ready = True
+            pin.uses += 1
             return pin.name
 
-    async def _image_id(self, image: str) -> str:
-        if image not in self._image_ids:
+    def release(self, name: str) -> None:
+        """One use of the pin `name` given back (its sandbox is gone). At none, this process lets go of a host pin:
+        it stays for its grace, for whoever needs it next, and closes unless someone does. (A pool's own pins, with a
+        daemon elsewhere, stay until `close`.)"""
+        pin = next((p for p in self._pins.values() if p.name == name), None)
+        if pin is None or pin.uses == 0:
+            return
+        pin.uses -= 1
+        if pin.uses == 0 and pin.scope == "host":
+            self._release(pin)
+            pin.ready = False  # the next `ensure` holds it again, and makes a new one if it closed meanwhile
+
+    async def _image(self, image: str) -> tuple[str, int]:
+        """The image's id and size in bytes."""
+        if image not in self._images:
             info = await self.docker.call(self.docker.api.inspect_image, image, idempotent=True)
-            self._image_ids[image] = info["Id"]
-        return self._image_ids[image]
+            self._images[image] = info["Id"], int(info.get("Size") or 0)
+        return self._images[image]
 
     # ----- a pin every air process on this machine shares ---------------------------------------------------------
     async def _ensure_host_pin(self, pin: _Pin, image_id: str, spec: SandboxSpec, timeout: float) -> None:
@@ -154,6 +183,7 @@ class PageCachePins:
                 if state == "created" and time.monotonic() - unstarted_since > UNSTARTED:
                     await self._remove(pin.name)  # its maker died between create and start (Ctrl-C, a restart)
                 elif state == "missing":
+                    reclaim_idle(directory, (await self._image(spec.image))[1], self.headroom)
                     await self._start_host_pin(pin, image_id, spec, directory)
                     started = True
                 elif state in ("exited", "dead"):
@@ -176,7 +206,7 @@ class PageCachePins:
         container of a name, whoever asks)."""
         token = secrets.token_hex(16)
         (directory / f"token-{token}").write_text(token)  # only a daemon that sees this machine's files finds it
-        for stale in ("error", "ready", "closing"):
+        for stale in ("error", "ready", "closing", "reclaim"):
             with contextlib.suppress(FileNotFoundError):
                 (directory / stale).unlink()
         config = {"roots": self._roots(spec), "skip": list(SKIP), "host_dir": HOST_DIR, "token": token,
@@ -223,8 +253,9 @@ class PageCachePins:
         caps = ["IPC_LOCK", "DAC_READ_SEARCH", "DAC_OVERRIDE"]
         if pin.copy:  # the copy keeps owners, modes (setuid bits), file capabilities and device nodes as they are
             await self._volume(pin, spec)
-            # The options again: a volume swept between its making and this mount is made as a tmpfs all the same.
-            mounts = mounts + [docker.types.Mount(target=ROOT_COPY, source=pin.name, type="volume",
+            # The options and labels again: a volume swept between its making and this mount is made as a labelled
+            # tmpfs all the same (unlabelled, the sweep never found it: 8 such volumes here, 2 of them mounted).
+            mounts = mounts + [docker.types.Mount(target=ROOT_COPY, source=pin.name, type="volume", labels=labels,
                                                   driver_config=docker.types.DriverConfig("local", COPY_VOLUME))]
             config = {**config, "copy_to": ROOT_COPY, "data": sorted(spec.read_only_mounts)}
             caps += ["CHOWN", "FOWNER", "FSETID", "SETFCAP", "MKNOD"]
@@ -313,6 +344,39 @@ class PageCachePins:
             with contextlib.suppress(OSError):
                 pin.tether.close()
             pin.tether = None
+
+
+def reclaim_idle(new: Path, size: int, headroom: float) -> list[str]:
+    """Before the pin whose host directory is `new` starts (it will hold about `size` bytes): with less than that and
+    `headroom` of the machine's memory available, ask every idle pin of this user on this machine (alive, and held
+    by no process) to close now rather than after its grace (warden/pinner.py). Returns the names asked. A pin that
+    gets a holder before it reads the ask stays."""
+    total, available = _memory()
+    if available is None or available - size >= headroom * total:
+        return []
+    asked = []
+    for directory in new.parent.iterdir():
+        holders = directory / "holders"
+        if directory == new or not lock_held(str(directory / "alive.lock")) or not (directory / "ready").exists():
+            continue
+        with contextlib.suppress(OSError):
+            if not any(lock_held(str(h)) for h in holders.iterdir()):
+                (directory / "reclaim").touch()
+                asked.append(directory.name)
+    if asked:
+        log.info("%.1f GB of memory available, %.1f GB to pin: %d idle page-cache pin(s) asked to close now (%s)",
+                 available / 1e9, size / 1e9, len(asked), ", ".join(asked))
+    return asked
+
+
+def _memory() -> tuple[int, int | None]:
+    """This machine's memory and what of it is available, in bytes (None where /proc/meminfo does not say)."""
+    fields = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            fields[name] = int(value.split()[0]) * 1024
+    return fields.get("MemTotal", 0), fields.get("MemAvailable")
 
 
 _FIX = ("give the daemon's containers CAP_IPC_LOCK (rootless Docker cannot), or set PoolConfig.page_cache = "

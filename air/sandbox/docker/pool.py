@@ -96,6 +96,7 @@ class DockerPool(SandboxPool):
         if docker is not None:  # a caller's own client for the (first) host
             self._attach(self._hosts[0], docker)
         self._held: dict[Sandbox, tuple[_Host, Grant]] = {}  # each sandbox's host and host-wide claims
+        self._pinned: dict[Sandbox, str] = {}  # each sandbox's page-cache pin, whose use it gives back as it goes
         self._holders: set[str] = set()  # every sandbox token this pool claimed for: what close() may remove
         self._kept: set[str] = set()  # ... but not those of sandboxes handed over for good (forget)
         self._spare: list[tuple[_Host, Grant]] = []
@@ -283,9 +284,10 @@ class DockerPool(SandboxPool):
                         cells = self._wants_cells(host)
                         # Cells' roots on the image's tmpfs copy (rootcopy.py), where nothing is written over it.
                         copy = pinned and cells and spec.read_only_root
+                        pin = None
                         try:
                             if pinned:  # before anything runs there: the image's pages held, for every sandbox
-                                labels[PIN] = await host.pins.ensure(spec, copy=copy)
+                                pin = labels[PIN] = await host.pins.ensure(spec, copy=copy)
                             if host.local is None:
                                 host.local = await host.docker.call(is_local, host.docker, timeout=30,
                                                                     idempotent=True)
@@ -300,11 +302,17 @@ class DockerPool(SandboxPool):
                         except DockerUnavailable as exc:  # the daemon went away (or stalled) since the claim: it
                             self._mark_down(host, exc)  # is waited for, within daemon_patience (_claim)
                             await self._give_back(host, grant)
+                            if pin:
+                                host.pins.release(pin)
                             continue
                         except BaseException:
                             await self._give_back(host, grant)
+                            if pin:
+                                host.pins.release(pin)
                             raise
                         self._held[sandbox] = (host, grant)
+                        if pin:
+                            self._pinned[sandbox] = pin
                         break
                     self.stats.created += 1
                     self._live.add(sandbox)
@@ -435,6 +443,7 @@ class DockerPool(SandboxPool):
         removes it. It is renamed `air-kept-...`, keeps its claims (its GPUs stay its own), and sweeps leave it
         alone until `air containers clean --kept`."""
         self._live.discard(sandbox)
+        self._pinned.pop(sandbox, None)  # its pin's use stays taken while the pool lives, as its claims stay
         held = self._held.pop(sandbox, None)
         if held is not None:
             self._kept.add(held[1].holder)
@@ -445,6 +454,9 @@ class DockerPool(SandboxPool):
         """Its claims given back; with `spare`, a claim of a slot alone is kept a while for the sandbox that replaces
         this one (SPARE_CLAIM)."""
         held = self._held.pop(sandbox, None)
+        pin = self._pinned.pop(sandbox, None)
+        if held is not None and pin is not None:  # the last of the pool's sandboxes of its image lets go of its pin
+            held[0].pins.release(pin)
         if held is not None and spare and not held[1].gpu_ids and not self._closed:
             self._spare.append(held)
             timer = asyncio.ensure_future(self._expire_spare(held))  # not background work: close cancels it

@@ -8,7 +8,9 @@ and its data into a tmpfs volume every such sandbox mounts (rootcopy.py: each ce
 - with a host directory (a daemon on this machine): it holds `alive.lock` for as long as it lives and writes `ready`;
   every air process that relies on it holds a lock file under `holders/`. Once no holder has been alive for `grace`
   seconds it closes: `ready` becomes `closing`, the holders are looked at once more (one that came meanwhile keeps it
-  open), and it exits. An air process that finds `closing` waits for the exit and starts a new pin.
+  open), and it exits. An air process that finds `closing` waits for the exit and starts a new pin. An idle pin
+  closes before its grace is over when an air process about to pin another image, short of memory, leaves a
+  `reclaim` file in its directory (docker/pagecache.py); a holder that comes first wins, and the file goes.
 - without (a daemon elsewhere): it prints one line, `air-pinned ...`, and holds until its container is removed.
 """
 
@@ -38,11 +40,15 @@ def _holders(directory: str) -> int:
         if lock_held(path):
             alive += 1
         else:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            _unlink(path)
     return alive
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _write(path: str, text: str) -> None:
@@ -65,11 +71,8 @@ def main(config: dict) -> None:
             print("air-pin-error this container does not see the host directory it was given", flush=True)
             sys.exit(3)
         hold(os.path.join(host, "alive.lock"))  # held until this process ends
-        for stale in ("ready", "closing"):  # a pin before this one's words
-            try:
-                os.unlink(os.path.join(host, stale))
-            except OSError:
-                pass
+        for stale in ("ready", "closing", "reclaim"):  # a pin before this one's words
+            _unlink(os.path.join(host, stale))
     started = time.monotonic()
     copy_to = config.get("copy_to")
     try:
@@ -95,15 +98,17 @@ def main(config: dict) -> None:
             sys.exit(0)
         while True:
             time.sleep(3600)
-    ready, closing, holders = (os.path.join(host, name) for name in ("ready", "closing", "holders"))
+    ready, closing, holders, reclaim = (os.path.join(host, name) for name in ("ready", "closing", "holders",
+                                                                              "reclaim"))
     _write(ready, json.dumps(report))
     idle_since = time.monotonic()
     while True:
         time.sleep(config.get("poll", 1.0))
         if _holders(holders):
             idle_since = time.monotonic()
+            _unlink(reclaim)  # an ask meant for an idle pin, and this one is in use again
             continue
-        if time.monotonic() - idle_since < config["grace"]:
+        if time.monotonic() - idle_since < config["grace"] and not os.path.exists(reclaim):
             continue
         os.rename(ready, closing)
         if _holders(holders):  # one came while we were deciding: stay
