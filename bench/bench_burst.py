@@ -60,6 +60,7 @@ from air.episode.runner import run_episode
 from air.errors import AirError, InfraError
 from air.policies.scripted import GENERIC, ScriptedPolicy
 from air.sandbox import PoolConfig, SandboxPool, connect, list_air_containers
+from air.sandbox.docker.pagecache import meminfo
 from air.tasks.environment import TaskEnvironment
 from air.tasks.registry import load_task
 
@@ -238,14 +239,6 @@ async def cold_and_warm(task: str, size: int, max_starting: int | None, max_sand
 
 
 # ----- memory --------------------------------------------------------------------------------------------------
-def meminfo() -> dict[str, int]:
-    out = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        name, value = line.split(":", 1)
-        out[name] = int(value.split()[0]) * 1024
-    return out
-
-
 def smaps(pid: int) -> dict[str, int]:
     """A process's /proc/PID/smaps_rollup in bytes (Rss, Pss, Private_*...); {} when it is gone."""
     try:

@@ -63,7 +63,6 @@ PIN = "air.pin"
 """Label of a pin (its name) and of every sandbox that relies on it."""
 SCOPE = "air.pin-scope"
 """`host`: shared by every air process on the host, exits when unused; `run`: one pool's, removed with it."""
-PREFIX = PIN_PREFIX
 COPY_VOLUME = {"type": "tmpfs", "device": "tmpfs", "o": "mode=0755,huge=within_size"}
 """The image's copy (warden/rootcopy.py): a tmpfs, its files in huge pages where they fill them (the interpreter's
 text and libraries: fewer page faults and TLB misses for every program a cell starts)."""
@@ -123,7 +122,7 @@ class PageCachePins:
                 self._local = await self.docker.call(is_local, self.docker, timeout=30, idempotent=True)
             digest = hashlib.sha256(key.encode()).hexdigest()[:12]
             if self._local:
-                pin = self._pins.setdefault(key, _Pin(PREFIX + digest, "host", copy))
+                pin = self._pins.setdefault(key, _Pin(PIN_PREFIX + digest, "host", copy))
                 try:
                     await self._ensure_host_pin(pin, image_id, spec, timeout)
                 except _NotLocal:
@@ -136,7 +135,7 @@ class PageCachePins:
                     self._release(pin)
                     raise
             if not self._local:
-                pin = self._pins.setdefault(key, _Pin(f"{PREFIX}{digest}-{self.run}"[:63], "run", copy))
+                pin = self._pins.setdefault(key, _Pin(f"{PIN_PREFIX}{digest}-{self.run}"[:63], "run", copy))
                 await self._ensure_run_pin(pin, image_id, spec, timeout)
             pin.ready = True
             pin.uses += 1
@@ -351,9 +350,10 @@ def reclaim_idle(new: Path, size: int, headroom: float) -> list[str]:
     `headroom` of the machine's memory available, ask every idle pin of this user on this machine (alive, and held
     by no process) to close now rather than after its grace (warden/pinner.py). Returns the names asked. A pin that
     gets a holder before it reads the ask stays."""
-    total, available = _memory()
-    if available is None or available - size >= headroom * total:
+    memory = meminfo()
+    if "MemAvailable" not in memory or memory["MemAvailable"] - size >= headroom * memory.get("MemTotal", 0):
         return []
+    available = memory["MemAvailable"]
     asked = []
     for directory in new.parent.iterdir():
         holders = directory / "holders"
@@ -369,14 +369,14 @@ def reclaim_idle(new: Path, size: int, headroom: float) -> list[str]:
     return asked
 
 
-def _memory() -> tuple[int, int | None]:
-    """This machine's memory and what of it is available, in bytes (None where /proc/meminfo does not say)."""
+def meminfo() -> dict[str, int]:
+    """This machine's /proc/meminfo in bytes (MemTotal, MemAvailable, Shmem...); {} where it cannot be read."""
     fields = {}
     with contextlib.suppress(OSError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             name, _, value = line.partition(":")
             fields[name] = int(value.split()[0]) * 1024
-    return fields.get("MemTotal", 0), fields.get("MemAvailable")
+    return fields
 
 
 _FIX = ("give the daemon's containers CAP_IPC_LOCK (rootless Docker cannot), or set PoolConfig.page_cache = "
