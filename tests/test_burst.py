@@ -22,9 +22,17 @@ spec.loader.exec_module(bench)
 class _Sandbox(types.SimpleNamespace):
     __hash__ = object.__hash__
 
+    def mark_broken(self, why: str) -> None:
+        self.broken = why
 
-def _pool(max_starting: int | None, seconds: float = 0.05, lease_timeout: float = 600):
-    """A pool whose starts take `seconds` and note how many run at once (no engine)."""
+
+async def _removed(*patience: float) -> bool:
+    return True
+
+
+def _pool(max_starting: int | None, seconds: float = 0.05, lease_timeout: float = 600, **config):
+    """A pool whose starts take `seconds` and note how many run at once (no engine); a sandbox released broken is
+    removed at once."""
     from air.sandbox.base_pool import SandboxPool
     from air.sandbox.spec import PoolConfig
 
@@ -32,20 +40,23 @@ def _pool(max_starting: int | None, seconds: float = 0.05, lease_timeout: float 
         now = most = 0
         order: list[int] = []
 
-        async def _create(self, spec, lent_gpus=()):
+        async def _create(self, spec, lent_gpus=(), nested=False):
             try:
                 self.now += 1
                 self.most = max(self.most, self.now)
                 await asyncio.sleep(seconds)
-                sandbox = _Sandbox(spec=spec, leases=0, reset_at=None, gpu_ids=(), services=None)
+                sandbox = _Sandbox(spec=spec, leases=0, reset_at=None, gpu_ids=(), services=None, broken=None,
+                                   short_id="stand-in", session=types.SimpleNamespace(cells=True, alive=True),
+                                   remove=_removed)
                 self._live.add(sandbox)
+                self.most_live = max(getattr(self, "most_live", 0), len(self._live))
                 return sandbox
             finally:
                 self.now -= 1
                 await self._unreserve()
 
-    pool = Slow(PoolConfig(backend="docker", gpu_ids=[], max_sandboxes=64, max_starting=max_starting,
-                           lease_timeout=lease_timeout))
+    pool = Slow(PoolConfig(backend="docker", gpu_ids=[], max_starting=max_starting, lease_timeout=lease_timeout,
+                           **{"max_sandboxes": 64, **config}))
     pool._started = True
     return pool
 
@@ -100,6 +111,56 @@ def test_a_lease_without_a_turn_by_its_deadline_is_one_line_and_gives_its_slot_b
 
     asyncio.run(cancelled())
     assert waiting._reserved == 0 and waiting._starting == 0 and waiting.live == 1
+
+
+def _rollouts_with_scorers(pool, n: int) -> list:
+    """`n` rollouts at once, each leasing its scorer while it holds its own sandbox, as `evaluate` does."""
+    from air.sandbox import SandboxSpec
+
+    async def rollout(i: int) -> str:
+        async with pool.lease(SandboxSpec(image="air/base:latest", task="t")) as sandbox:
+            sandbox.broken = "removed on release, not reset (no engine)"
+            await asyncio.sleep(0.05)  # its commands
+            async with pool.lease(SandboxSpec(image="air/base:latest", task="t.scoring"), gpus_of=sandbox) as scorer:
+                scorer.broken = "a scorer is used once"
+        return "scored"
+
+    async def burst():
+        return await asyncio.gather(*(rollout(i) for i in range(n)), return_exceptions=True)
+
+    return asyncio.run(burst())
+
+
+def test_rollouts_that_fill_the_pool_leave_their_scorers_a_slot():
+    """Eight rollouts at once in a pool of four: a rollout's own lease never takes the slot kept for scoring, so
+    each rollout's scorer gets one and all eight are scored, four sandboxes live at most. The control, no slot
+    kept: four rollouts take every slot and wait for scorers that none of them leaves room for, until each lease
+    fails (the 512-at-400 burst's deadlock)."""
+    kept = _pool(None, seconds=0.01, lease_timeout=5, max_sandboxes=4)
+    assert _rollouts_with_scorers(kept, 8) == ["scored"] * 8
+    assert kept.most_live <= 4 and kept._reserved == 0 and kept.live == 0
+
+    full = _pool(None, seconds=0.01, lease_timeout=0.5, max_sandboxes=4, scoring_room=False)
+    ended = _rollouts_with_scorers(full, 8)
+    assert all(isinstance(e, PoolExhausted) for e in ended), ended
+    assert "max_sandboxes=4, all leased" in str(ended[0])
+
+
+def test_the_slots_kept_for_scoring_are_an_eighth_at_least_one_and_said_when_a_lease_waits_out():
+    from air.sandbox import SandboxSpec
+    from air.sandbox.spec import scoring_room
+
+    assert [scoring_room(n) for n in (1, 2, 8, 15, 16, 128)] == [0, 1, 1, 1, 2, 16]
+    assert scoring_room(None) == 0 and scoring_room(128, keep=False) == 0
+    pool = _pool(None, seconds=0.01, lease_timeout=0.3, max_sandboxes=2)
+
+    async def two():
+        return await asyncio.gather(*(pool.acquire(SandboxSpec(image="air/base:latest", task=f"t{i}"))
+                                      for i in range(2)), return_exceptions=True)
+
+    first, second = asyncio.run(two())
+    assert first.leases == 1 and isinstance(second, PoolExhausted)
+    assert str(second) == "no sandbox free within 0.3s: 1 live of max_sandboxes=2, 1 kept for scoring, all leased"
 
 
 def test_the_judge_calls_a_summary_scored_only_where_the_honest_story_ran_whole():
@@ -184,3 +245,67 @@ def test_the_judge_sees_a_false_score_where_an_evaluation_fails(images, tmp_path
     pool, result = asyncio.run(run())
     assert result.counts == {"false score": 2}, [r.detail for r in result.rollouts]
     assert bench.leaked(pool) == 0
+
+
+def test_a_rollouts_host_claim_leaves_the_budgets_last_slots_to_scorers():
+    """Host-wide claims (every air process on a daemon): a claim that keeps `kept` slots never takes one of the
+    budget's last `kept`, however often it is tried; a nested one (kept 0) takes those too. Slots stand in for the
+    daemon's claim containers here: that they are exclusive is tests/test_host_budget.py's."""
+    from air.sandbox.docker.claims import HostClaims
+
+    class Taken(HostClaims):
+        held: set[str] = set()
+
+        async def _claim(self, suffix, grant, image, *, kind, gpu=""):
+            if suffix in self.held:
+                return False
+            self.held.add(suffix)
+            return True
+
+    async def run():
+        claims = Taken(None, budget=4)
+        rollouts = [(await claims.try_acquire(f"r{i}", "air/base:latest", kept=1)) for i in range(4)]
+        scorer = await claims.try_acquire("s", "air/base:latest", kept=0)
+        return rollouts, scorer
+
+    rollouts, scorer = asyncio.run(run())
+    assert sorted(g.slot for g in rollouts[:3]) == [0, 1, 2] and rollouts[3] is None  # slot 3 is the scorers'
+    assert scorer.slot == 3  # the control: the same budget's last slot is there, for a nested claim
+
+
+@pytest.mark.docker
+def test_a_daemon_that_fails_every_creation_ends_the_lease_within_its_patience(images, monkeypatch):
+    """A daemon that answers claims but fails every creation (a stalled disk: bench_burst --fault slow-disk): the
+    lease is an infrastructure failure once `daemon_patience` has passed since the first failure, in one line, and
+    nothing is left behind. The control: with patience to spare, the same lease is still trying (a daemon's restart
+    is waited for), so the bound is the patience, not the first failure."""
+    from air.errors import DockerUnavailable
+    from air.sandbox import PoolConfig, SandboxPool, SandboxSpec
+    from air.sandbox.docker.container import Sandbox
+
+    tries = []
+
+    async def stalled(*args, **kwargs):
+        tries.append(1)
+        raise DockerUnavailable("stand-in: the daemon did not answer within 60s")
+
+    monkeypatch.setattr(Sandbox, "create", stalled)
+
+    async def lease(patience: float):
+        config = PoolConfig(gpu_ids=[], host_budget=None, daemon_patience=patience, host_retry=0.2,
+                            lease_timeout=600, page_cache="shared")
+        async with SandboxPool(config) as pool:
+            try:
+                async with asyncio.timeout(8):
+                    await pool.acquire(SandboxSpec(image="air/base:latest", task="stalled"))
+            finally:
+                assert pool.live == 0 and pool._reserved == 0
+
+    with pytest.raises(DockerUnavailable) as failed:
+        asyncio.run(lease(1.0))
+    assert "Docker failed every try to create a sandbox for" in str(failed.value) and "\n" not in str(failed.value)
+    assert "daemon_patience 1s" in str(failed.value) and len(tries) >= 2
+    tries.clear()
+    with pytest.raises(TimeoutError):  # the control: still retrying after 8 s
+        asyncio.run(lease(600.0))
+    assert len(tries) >= 5

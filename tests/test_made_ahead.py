@@ -30,7 +30,7 @@ def _pool(monkeypatch, cells: bool):
     class Engineless(SandboxPool):
         created = 0
 
-        async def _create(self, spec, lent_gpus=()):
+        async def _create(self, spec, lent_gpus=(), nested=False):
             try:
                 await asyncio.sleep(0.01)
                 self.created += 1

@@ -69,7 +69,7 @@ class _Pool:
         class Flaky(SandboxPool):
             tries = 0
 
-            async def _create(self, spec, lent_gpus=()):
+            async def _create(self, spec, lent_gpus=(), nested=False):
                 try:
                     self.tries += 1
                     if self.tries <= silent:
@@ -115,7 +115,7 @@ def test_any_other_failure_of_a_start_is_not_tried_again(load):
     class Broken(SandboxPool):
         tries = 0
 
-        async def _create(self, spec, lent_gpus=()):
+        async def _create(self, spec, lent_gpus=(), nested=False):
             try:
                 self.tries += 1
                 raise SandboxUnavailable("the image has no python3")

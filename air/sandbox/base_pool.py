@@ -47,7 +47,7 @@ from air.sandbox.keyed_condition import KeyedCondition
 from air.sandbox.labels import new_run_id
 from air.sandbox.session import Session
 from air.sandbox.warden_link import WardenSilent
-from air.sandbox.spec import PoolConfig, SandboxSpec
+from air.sandbox.spec import PoolConfig, SandboxSpec, scoring_room
 
 log = logging.getLogger("air.pool")
 INTERRUPTED_CLOSE = 8.0
@@ -120,6 +120,8 @@ class SandboxPool:
         self._reserved = 0  # slots held by creations in flight
         self._starting = 0  # creations past their turn (`_start`), at most max_starting
         self._turns = asyncio.Semaphore(self.config.max_starting) if self.config.max_starting else None
+        self._room = scoring_room(self.config.max_sandboxes, self.config.scoring_room)
+        """Slots only nested leases (a rollout's scorer) take: the rollouts holding every slot would wait forever."""
         self._warm_target: dict[str, int] = {}
         self._warming: Counter[str] = Counter()
         self._ahead: dict[str, Callable[[BaseSandbox], Awaitable[None]]] = {}  # prepare_ahead's, by key
@@ -149,12 +151,14 @@ class SandboxPool:
         those left for the next sweep (`left_behind`)."""
         raise NotImplementedError
 
-    async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> BaseSandbox:
+    async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = (), nested: bool = False) -> BaseSandbox:
         """A sandbox whose first cell is built (`_first_reset`, `_learn_cells`), in the slot the caller reserved
-        (`_reserved`, which this gives back); with `lent_gpus`, the lender's GPUs instead of its own."""
+        (`_reserved`, which this gives back); with `lent_gpus`, the lender's GPUs instead of its own; `nested`: for
+        a lease made inside another (it may take the scoring room of a host-wide budget too)."""
         raise NotImplementedError
 
-    async def _start(self, spec: SandboxSpec, deadline: float, lent_gpus: tuple[str, ...] = ()) -> BaseSandbox:
+    async def _start(self, spec: SandboxSpec, deadline: float, lent_gpus: tuple[str, ...] = (),
+                     nested: bool = False) -> BaseSandbox:
         """`_create` in the slot the caller reserved, once a start turn is free (PoolConfig.max_starting: first come
         first served); a lease that gets none by `deadline` is PoolExhausted, its slot given back."""
         if self._turns is not None:
@@ -171,7 +175,7 @@ class SandboxPool:
         self._starting += 1
         self.stats.most_starting = max(self.stats.most_starting, self._starting)
         try:
-            return await self._create(spec, lent_gpus=lent_gpus)
+            return await self._create(spec, lent_gpus=lent_gpus, nested=nested)
         finally:
             self._starting -= 1
             if self._turns is not None:
@@ -268,7 +272,8 @@ class SandboxPool:
     async def lease(self, spec: SandboxSpec, gpus_of: BaseSandbox | None = None) -> AsyncIterator[BaseSandbox]:
         """A sandbox for `spec`. `gpus_of`: a sandbox the caller holds leased whose GPUs this one borrows for the
         lease (a scoring sandbox gets its rollout's GPUs): it claims a slot but no GPU, is always new, and is
-        removed on release, so the GPUs never outlive the lender's lease in another sandbox."""
+        removed on release, so the GPUs never outlive the lender's lease in another sandbox. A lease with
+        `gpus_of`, GPUs or none, is nested: it may take the slots other leases leave it (PoolConfig.scoring_room)."""
         sandbox = await self.acquire(spec, gpus_of=gpus_of)
         try:
             yield sandbox
@@ -291,14 +296,15 @@ class SandboxPool:
         if not self._started:
             raise RuntimeError("SandboxPool.start() was not awaited")
         lent = tuple(getattr(gpus_of, "gpu_ids", ()) or ()) if spec.resources.gpus else ()
+        nested = gpus_of is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.lease_timeout
         silent = 0
         if lent:  # a new sandbox with the lender's GPUs (see lease): only its slot is claimed
             while True:
-                await self._take_idle_or_reserve(spec, deadline, reuse_idle=False)
+                await self._take_idle_or_reserve(spec, deadline, reuse_idle=False, nested=True)
                 try:
-                    sandbox = await self._start(spec, deadline, lent_gpus=lent)
+                    sandbox = await self._start(spec, deadline, lent_gpus=lent, nested=True)
                     break
                 except InfraError as exc:
                     silent = self._silent_start(spec, exc, silent)
@@ -310,10 +316,10 @@ class SandboxPool:
         key = spec.key
         self._warm_target.setdefault(key, 0 if spec.join else self.config.warm)
         while True:
-            sandbox = await self._take_idle_or_reserve(spec, deadline, key=key)
+            sandbox = await self._take_idle_or_reserve(spec, deadline, key=key, nested=nested)
             if sandbox is None:  # a slot is reserved for us: create
                 try:
-                    sandbox = await self._start(spec, deadline)
+                    sandbox = await self._start(spec, deadline, nested=nested)
                 except InfraError as exc:
                     silent = self._silent_start(spec, exc, silent)
                     continue
@@ -344,11 +350,14 @@ class SandboxPool:
         return silent
 
     async def _take_idle_or_reserve(self, spec: SandboxSpec, deadline: float, reuse_idle: bool = True,
-                                    key: str | None = None) -> BaseSandbox | None:
+                                    key: str | None = None, nested: bool = False) -> BaseSandbox | None:
         """An idle sandbox of `spec` (unless not `reuse_idle`), else None with a slot reserved for the caller to
-        create one in; waits, evicting other keys' idle sandboxes, until `deadline`. `key`: spec.key, if known."""
+        create one in; waits, evicting other keys' idle sandboxes, until `deadline`. `key`: spec.key, if known.
+        Only a `nested` lease reserves the last `_room` slots: so the sandboxes made for other leases (and for the
+        warm target) never number more than the rest, and a rollout's scorer always has a slot, or one coming."""
         loop = asyncio.get_running_loop()
         key = key or spec.key
+        cap = self.config.max_sandboxes - (0 if nested else self._room)
         async with self._changed:
             while True:
                 if self._closed:
@@ -364,7 +373,7 @@ class SandboxPool:
                 # A GPU sandbox of the key on its way back to idle: wait the milliseconds of its reset, for a new
                 # sandbox would wait for the GPUs it holds (on a node's last GPU, until the deadline)
                 awaited = reuse_idle and bool(spec.resources.gpus) and self._resetting(key)
-                if not awaited and len(self._live) + self._reserved < self.config.max_sandboxes:
+                if not awaited and len(self._live) + self._reserved < cap:
                     self._reserved += 1
                     return None
                 victim = None if awaited else self._evictable(key)
@@ -377,9 +386,10 @@ class SandboxPool:
                         # for a sandbox of the key back idle (one lease is woken for each), or any change
                         await self._changed.wait(key if reuse_idle else None)
                 except asyncio.TimeoutError:
+                    kept = f", {self._room} kept for scoring" if self._room and not nested else ""
                     raise PoolExhausted(
                         f"no sandbox free within {self.config.lease_timeout:g}s: {len(self._live)} live of "
-                        f"max_sandboxes={self.config.max_sandboxes}, all leased") from None
+                        f"max_sandboxes={self.config.max_sandboxes}{kept}, all leased") from None
 
     def _resetting(self, key: str) -> bool:
         """A released sandbox of `key` is being reset and goes back to idle afterwards (a GPU sandbox kept warm):
@@ -558,12 +568,13 @@ class SandboxPool:
         await self._remove(sandbox)
 
     def _short(self, key: str) -> bool:
-        """Has the key fewer sandboxes ready (or warming) than its warm target, with room for one more? A lease asks
-        before it spawns a refill, which asks again under the lock (no task for a pool that is full, the common
-        case: each cost the lease about 5% of the server's CPU)."""
+        """Has the key fewer sandboxes ready (or warming) than its warm target, with room for one more (past the
+        scoring room: a refill is no nested lease)? A lease asks before it spawns a refill, which asks again under
+        the lock (no task for a pool that is full, the common case: each cost the lease about 5% of the server's
+        CPU)."""
         ready = len(self._idle.get(key, ())) + self._warming[key]
         return not (self._closed or ready >= self._warm_target.get(key, 0)
-                    or len(self._live) + self._reserved >= self.config.max_sandboxes)
+                    or len(self._live) + self._reserved >= self.config.max_sandboxes - self._room)
 
     async def _refill(self, spec: SandboxSpec) -> None:
         """Create one idle sandbox if the key has fewer ready (or warming) than its warm target."""

@@ -161,6 +161,12 @@ class PoolConfig(BaseModel):
     """Idle sandboxes kept ready per key once a key has been used (or pre-warmed at start)."""
     max_sandboxes: int = Field(32, ge=1)
     """Live containers of this pool at most (idle, leased and being reset), across keys and hosts."""
+    scoring_room: bool = True
+    """Keep an eighth of `max_sandboxes` (at least one, in a pool of two or more), and of each Docker host's
+    `host_budget`, for sandboxes leased inside another lease (an evaluation's scoring sandbox: `lease(gpus_of=...)`):
+    other leases never take those slots. Without it, rollouts that hold every slot wait for scorers no slot is left
+    for, until `lease_timeout` fails them all (bench/bench_burst.py, 512 rollouts at 400). Off for a pool whose leases
+    never nest (a SandboxFusion server's)."""
     max_starting: int | None = Field(None, ge=1)
     """New sandboxes this pool starts at once at most (each made, started, its warden up and its first cell built);
     a lease past it waits its turn, first come first served, within `lease_timeout`. None: as many as
@@ -261,3 +267,8 @@ class PoolConfig(BaseModel):
             raise ValueError('isolation="containers" is for Docker hosts that forbid cells: every enroot sandbox has '
                              "cells (its user namespace gives the warden what they need; docs/hpc.md)")
         return self
+
+
+def scoring_room(cap: int | None, keep: bool = True) -> int:
+    """The slots of `cap` that only leases made inside another lease may take (PoolConfig.scoring_room)."""
+    return max(1, cap // 8) if keep and cap and cap >= 2 else 0

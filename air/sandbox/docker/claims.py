@@ -56,15 +56,17 @@ class HostClaims:
 
     # ----- taking -----------------------------------------------------------------------------------------------
     async def try_acquire(self, holder: str, image: str, gpus: int = 0, share: bool = False,
-                          task: str = "") -> Grant | None:
+                          task: str = "", kept: int = 0) -> Grant | None:
         """Claim a slot (with a budget) and `gpus` GPUs for `holder` now, or None (holding nothing) if the host
-        has none free. `task` only labels the claims, for people reading `air containers ls --claims`."""
+        has none free. `task` only labels the claims, for people reading `air containers ls --claims`. `kept`: the
+        budget's last slots, left for others (a rollout's own sandbox leaves them to scorers)."""
         if gpus > len(self.gpu_ids):
             return None
         grant = Grant(holder, task)
         try:
             if self.budget:
-                for n in random.sample(range(self.budget), self.budget):  # spread racers over the slots
+                usable = self.budget - kept
+                for n in random.sample(range(usable), usable):  # spread racers over the slots
                     if await self._claim(f"slot-{n}", grant, image, kind="slot"):
                         grant.slot = n
                         grant.names.append(f"{PREFIX}slot-{n}")

@@ -33,6 +33,7 @@ from air.sandbox.docker.cleanup import sweep_dead_runs
 from air.sandbox.docker.container import Sandbox, SandboxSpec, sweep_channel_dirs
 from air.sandbox.session import sweep_staged
 from air.sandbox.docker.docker_api import Docker, docker_host, is_local
+from air.sandbox.spec import scoring_room
 from air.sandbox import gpus
 from air.sandbox.gpus import GpuAccess
 from air.sandbox.labels import (
@@ -263,12 +264,16 @@ class DockerPool(SandboxPool):
         worker.join(INTERRUPTED_CLOSE)
 
     # ----- leasing ----------------------------------------------------------------------------------------------
-    async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> Sandbox:
+    async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = (), nested: bool = False) -> Sandbox:
         """Create a sandbox in a slot already reserved by the caller: claim a slot of a host's budget and its GPUs
         (waiting, bounded, while every host is full), then create it there. A sandbox whose first cell cannot be
-        built where cells work is the host's failure: it is removed and another one made (CELL_ATTEMPTS in all)."""
+        built where cells work is the host's failure: it is removed and another one made (CELL_ATTEMPTS in all).
+        A daemon that fails the creation is left out a while and the creation tried again, on any host, for
+        `daemon_patience` from the first failure: a daemon that answers claims but fails every creation (a
+        stalled disk) ends the lease as an infrastructure failure, never holds it without end."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.lease_timeout
+        failing_since: float | None = None
         claim_spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpus": 0})}) \
             if lent_gpus else spec
         try:
@@ -276,7 +281,7 @@ class DockerPool(SandboxPool):
                 sandbox: Sandbox | None = None
                 try:
                     while True:
-                        host, grant = await self._claim(claim_spec, deadline)
+                        host, grant = await self._claim(claim_spec, deadline, nested=nested)
                         labels = _grant_labels(grant)
                         pinned = self.config.page_cache == "pinned"
                         if lent_gpus:  # shown like its own, held by the lender's claims
@@ -304,6 +309,11 @@ class DockerPool(SandboxPool):
                             await self._give_back(host, grant)
                             if pin:
                                 host.pins.release(pin)
+                            failing_since = failing_since or loop.time()
+                            if (failed_for := loop.time() - failing_since) > self.config.daemon_patience:
+                                raise DockerUnavailable(
+                                    f"Docker failed every try to create a sandbox for {failed_for:.0f}s "
+                                    f"(daemon_patience {self.config.daemon_patience:g}s): {exc}") from exc
                             continue
                         except BaseException:
                             await self._give_back(host, grant)
@@ -332,8 +342,9 @@ class DockerPool(SandboxPool):
         finally:
             await self._unreserve()
 
-    async def _claim(self, spec: SandboxSpec, deadline: float) -> tuple[_Host, Grant]:
-        """A host-wide grant (slot and GPUs) on the least loaded host that has one free."""
+    async def _claim(self, spec: SandboxSpec, deadline: float, nested: bool = False) -> tuple[_Host, Grant]:
+        """A host-wide grant (slot and GPUs) on the least loaded host that has one free; only a `nested` lease takes
+        the slots of a host's budget kept for scoring (PoolConfig.scoring_room)."""
         loop = asyncio.get_running_loop()
         gpus, share = spec.resources.gpus, spec.resources.share_gpus
         spare = self._take_spare(gpus)
@@ -358,7 +369,9 @@ class DockerPool(SandboxPool):
                 if gpus > len(host.claims.gpu_ids):
                     continue
                 try:
-                    grant = await host.claims.try_acquire(holder, spec.image, gpus, share, task=spec.task)
+                    grant = await host.claims.try_acquire(holder, spec.image, gpus, share, task=spec.task,
+                                                          kept=0 if nested else scoring_room(
+                                                              host.claims.budget, self.config.scoring_room))
                 except DockerUnavailable as exc:
                     self._mark_down(host, exc)
                     continue

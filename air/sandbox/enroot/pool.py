@@ -130,7 +130,7 @@ class EnrootPool(SandboxPool):
         return await sweep(self.launcher, self._environ, self.limit_parents)
 
     # ----- one sandbox ------------------------------------------------------------------------------------------
-    async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> EnrootSandbox:
+    async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = (), nested: bool = False) -> EnrootSandbox:
         """A ready sandbox in the slot the caller reserved: its root, its launcher, its warden's first cell."""
         try:
             sandbox = None

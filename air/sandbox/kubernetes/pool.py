@@ -235,7 +235,7 @@ class KubernetesPool(SandboxPool):
             asyncio.run(end_run())
 
     # ----- one pod -----------------------------------------------------------------------------------------------
-    async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = ()) -> PodSandbox:
+    async def _create(self, spec: SandboxSpec, lent_gpus: tuple[str, ...] = (), nested: bool = False) -> PodSandbox:
         """A ready sandbox in the slot the caller reserved: a pod, its Secret, its warden's first cell. A pod the
         cluster takes away before it serves, or whose cell cannot be built where cells work, is replaced
         (`pod_attempts` pods in all). Borrowed GPUs (`lent_gpus`) cannot move between pods: the pod asks for its own."""

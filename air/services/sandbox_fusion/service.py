@@ -128,7 +128,7 @@ class SandboxFusionService:
             n = self.config.sandboxes
             self.pool = SandboxPool(PoolConfig(warm=n, max_sandboxes=n, max_leases=self.config.max_leases,
                                                lease_timeout=self.config.queue_timeout, gpu_ids=[],
-                                               run_id=self.config.run_id))
+                                               run_id=self.config.run_id, scoring_room=False))  # never nested
         try:
             await self.pool.start(warm_specs=[self.spec] if self._own_pool else [])
             await self._probe_languages()
