@@ -309,3 +309,11 @@ def test_a_daemon_that_fails_every_creation_ends_the_lease_within_its_patience(i
     with pytest.raises(TimeoutError):  # the control: still retrying after 8 s
         asyncio.run(lease(600.0))
     assert len(tries) >= 5
+
+
+def test_a_close_waits_longer_for_a_bigger_pool():
+    """624 sandboxes took a daemon on two cores about two minutes to remove: a flat 60 s left most for the sweep."""
+    pool = _pool(None, close_timeout=60)
+    assert pool.close_wait() == 60
+    pool._live.update(_Sandbox() for _ in range(624))
+    assert pool.close_wait() == 60 + 0.25 * 624

@@ -53,6 +53,9 @@ log = logging.getLogger("air.pool")
 INTERRUPTED_CLOSE = 8.0
 """Seconds an interrupted pool's close gives the daemon to remove its sandboxes (their wardens have ended them) and
 what calls in flight made: the command ends within 10 s of Ctrl-C, SIGTERM or SIGHUP, whatever the daemon does."""
+CLOSE_PER_SANDBOX = 0.25
+"""Seconds a normal close adds to `close_timeout` for each live sandbox: a daemon on two cores removed 624 in about
+two minutes (0.19 s each, bench/bench_burst.py --max-live), past a flat 60 s."""
 FRESH = 1.0
 """Seconds after a sandbox's reset answered within which a lease takes it without a health check of its own: the
 reset's reply was one (the warden answered, the new cell is built), nothing of an agent has run there since, and a
@@ -228,13 +231,17 @@ class SandboxPool:
         self._idle.clear()
         return self.left_behind
 
+    def close_wait(self) -> float:
+        """How long a normal close waits: `close_timeout`, and CLOSE_PER_SANDBOX more for each live sandbox."""
+        return self.config.close_timeout + CLOSE_PER_SANDBOX * len(self._live)
+
     async def _end_wardens(self, timeout: float | None) -> tuple[float, list[BaseSandbox]]:
         """The first half of every backend's close: no more work starts, background work gets until the deadline,
         and every live sandbox's warden is told to end it (it then stops, whatever the engine does). The deadline
         (the loop's time) and the sandboxes that were live."""
         self._closed = True
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self.config.close_timeout if timeout is None else timeout)
+        deadline = loop.time() + (self.close_wait() if timeout is None else timeout)
         async with self._changed:
             self._changed.notify_all()
         with contextlib.suppress(asyncio.TimeoutError):

@@ -188,8 +188,9 @@ class PoolConfig(BaseModel):
     """Seconds a sandbox's services may take to be ready (started, healthy as their checks say)."""
     close_timeout: float = Field(60, gt=0)
     """How long closing the pool waits for the Docker daemon to remove its sandboxes (their wardens have ended them
-    by then: with a daemon on this machine they are stopped); the rest is left for the next sweep, and said so.
-    An interrupted pool (Ctrl-C, SIGTERM) waits 8 s."""
+    by then: with a daemon on this machine they are stopped), and 0.25 s more for each live sandbox (a daemon on
+    two cores removes about five a second); the rest is left for the next sweep, and said so. An interrupted pool
+    (Ctrl-C, SIGTERM) waits 8 s."""
     isolation: Literal["auto", "cells", "containers"] = "auto"
     """How each lease starts fresh. "cells": every lease (evaluation, served request) in a new cell of a warm
     container: new namespaces, home, temp dirs and /dev, built in milliseconds (warden/cell.py). "containers": a

@@ -204,15 +204,18 @@ class PageCachePins:
         """Create and start the host's pin, unless another process just did (the daemon refuses a second
         container of a name, whoever asks)."""
         token = secrets.token_hex(16)
-        (directory / f"token-{token}").write_text(token)  # only a daemon that sees this machine's files finds it
+        mark = directory / f"token-{token}"
+        mark.write_text(token)  # only a daemon that sees this machine's files finds it (the pin removes it)
         for stale in ("error", "ready", "closing", "reclaim"):
             with contextlib.suppress(FileNotFoundError):
                 (directory / stale).unlink()
         config = {"roots": self._roots(spec), "skip": list(SKIP), "host_dir": HOST_DIR, "token": token,
                   "grace": self.grace}
         mount = docker.types.Mount(target=HOST_DIR, source=str(directory), type="bind", read_only=False)
-        with contextlib.suppress(_Exists):
+        try:
             await self._create(pin, image_id, spec, config, [mount])
+        except _Exists:  # another process's pin is the one: this token is nobody's
+            mark.unlink(missing_ok=True)
 
     # ----- a pin of this pool's own ---------------------------------------------------------------------------------
     async def _ensure_run_pin(self, pin: _Pin, image_id: str, spec: SandboxSpec, timeout: float) -> None:

@@ -198,6 +198,7 @@ class DockerPool(SandboxPool):
         if self._closed:
             return self.left_behind
         loop = asyncio.get_running_loop()
+        waited = self.close_wait() if timeout is None else timeout
         deadline, doomed = await self._end_wardens(timeout)
         await self._remove_each(deadline, doomed)
         for timer in list(self._spare_timers):
@@ -212,8 +213,7 @@ class DockerPool(SandboxPool):
                                      return_exceptions=True)
         if self.left_behind:
             log.warning("%d sandbox(es) left for the next sweep (`air containers clean` removes them): the Docker "
-                        "daemon did not remove them within %.0f s", len(self.left_behind),
-                        self.config.close_timeout if timeout is None else timeout)
+                        "daemon did not remove them within %.0f s", len(self.left_behind), waited)
         atexit.unregister(self._atexit_backstop)
         return self.left_behind
 
