@@ -52,6 +52,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,19 +222,25 @@ def pool_config(size: int, max_starting: int | None, max_sandboxes: int | None =
                       max_starting=max_starting, **extra)
 
 
-async def cold_and_warm(task: str, size: int, max_starting: int | None, max_sandboxes: int | None = None
-                        ) -> list[dict]:
+async def cold_and_warm(task: str, size: int, max_starting: int | None, max_sandboxes: int | None = None,
+                        say: Callable[[dict], None] = lambda row: None) -> list[dict]:
+    """The cold phase, then the warm one, in one pool; `say` gets each phase's row as it ends (a run stopped in the
+    warm phase has told its cold one)."""
     pool = SandboxPool(pool_config(size, max_starting, max_sandboxes))
     await pool.start()
+    rows = []
+
+    def ended(result: Burst) -> None:
+        rows.append(result.row())
+        rows[-1].update(max_starting=max_starting, most_starting=pool.stats.most_starting,
+                        max_sandboxes=pool.config.max_sandboxes)
+        say(rows[-1])
+
     try:
-        cold = await burst(pool, task, size, "cold")
-        warm = await burst(pool, task, size, "warm")
+        ended(await burst(pool, task, size, "cold"))
+        ended(await burst(pool, task, size, "warm"))
     finally:
         await pool.close()
-    rows = [cold.row(), warm.row()]
-    for row in rows:
-        row.update(max_starting=max_starting, most_starting=pool.stats.most_starting,
-                   max_sandboxes=pool.config.max_sandboxes)
     rows[-1]["leaked"] = leaked(pool)
     return rows
 
@@ -586,9 +593,10 @@ if __name__ == "__main__":
         else:
             rows = []
             for size in args.sizes:
-                for row in asyncio.run(cold_and_warm(args.task, size, args.max_starting, args.max_sandboxes)):
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+                done = asyncio.run(cold_and_warm(args.task, size, args.max_starting, args.max_sandboxes,
+                                                 say=lambda row: print(json.dumps(row), flush=True)))
+                print(json.dumps({"size": size, "leaked": done[-1]["leaked"]}), flush=True)
+                rows += done
             print()
             print(table(rows))
             print(f"infrastructure failures: {sum(r['infrastructure'] for r in rows)}, false scores: "
