@@ -39,6 +39,13 @@ _CPU0 = "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
 """On the first CPU the process may use: the inode counter is handed out in per-CPU batches."""
 _HELD = "for _ in $(seq 200); do [ -e /tmp/held ] && break; sleep 0.05; done"
 """A writer's wait until its holder says it holds (/tmp/held), 10 s at most: a holder that failed reads as a 0."""
+_HOLD = ("open('/tmp/held', 'w').close()\nfor _ in range(600):\n    if os.path.exists('/tmp/release'): break\n"
+         "    time.sleep(0.05)\nos.unlink('/tmp/held')")
+"""A holder's hold: until the probe has read (/tmp/release, RELEASE), 30 s at most. A fixed hold (it was 3 s)
+outlived the next bits' reads: its end read as a fall, and 200 threads held twice passed the sandbox's 256 pids,
+so the next 1's writer failed (the host control read chance, 8 of 16)."""
+RELEASE = "touch /tmp/release; for _ in $(seq 200); do [ -e /tmp/held ] || break; sleep 0.05; done; rm -f /tmp/release"
+"""The writer's hold ended once both reads are taken, and waited for (10 s at most)."""
 HOST = "host: "
 """A writer run on the host by this process, not in a sandbox: what no sandbox can move (keys: every container's
 seccomp profile refuses the keyring calls), but the host's processes do."""
@@ -61,22 +68,24 @@ TABLES = {
         "for i in 1 2 3 4 5; do dd if=/etc/hosts of=/dev/null iflag=direct bs=4096 count=1 2>/dev/null; done; true"),
     "sockstat TCP alloc": (
         "awk '$1 == \"TCP:\" {print $9}' /proc/net/sockstat",
-        "rm -f /tmp/held; python3 -c \"import socket, time\nss = [socket.socket() for _ in range(300)]\n"
-        "open('/tmp/held', 'w').close(); time.sleep(3)\" >/dev/null 2>&1 & "
+        "rm -f /tmp/held /tmp/release; python3 -c \"import os, socket, time\n"
+        "ss = [socket.socket() for _ in range(300)]\n"
+        f"{_HOLD}\" >/dev/null 2>&1 & "
         + _HELD),
     "sockstat UDP mem": (
         "awk '$1 == \"UDP:\" {print $5}' /proc/net/sockstat",
-        "rm -f /tmp/held; python3 -c \"import socket, time\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        "rm -f /tmp/held /tmp/release; python3 -c \"import os, socket, time\n"
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
         "rs = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(20)]\n"
         "[r.bind(('127.0.0.1', 0)) for r in rs]\n"
         "[s.sendto(b'x' * 1000, r.getsockname()) for r in rs for _ in range(80)]\n"
-        "open('/tmp/held', 'w').close(); time.sleep(3)\" >/dev/null 2>&1 & "
+        f"{_HOLD}\" >/dev/null 2>&1 & "
         + _HELD),
     "sysinfo procs": (
         f"python3 -c \"{_SYSINFO}print(v[10])\"",
-        "rm -f /tmp/held; python3 -c \"import threading, time\ne = threading.Event()\n"
+        "rm -f /tmp/held /tmp/release; python3 -c \"import os, threading, time\ne = threading.Event()\n"
         "ts = [threading.Thread(target=e.wait) for _ in range(200)]\n[t.start() for t in ts]\n"
-        "open('/tmp/held', 'w').close(); time.sleep(3); e.set()\" >/dev/null 2>&1 & "
+        f"{_HOLD}\ne.set()\" >/dev/null 2>&1 & "
         + _HELD),
     "key-users": (
         "awk '{split($3, a, \"/\"); s += a[1]} END {print s + 0}' /proc/key-users",
@@ -152,6 +161,8 @@ async def probe(pool: SandboxPool, read: str, write: str, message: list[int], at
                 b, k = await agent_read(reader), host_read(read)
                 agent.append(step(a, b))
                 host.append(step(h, k))
+                if bit and _HELD in write:
+                    await writer.session.run(RELEASE, timeout=60)
     else:
         async with pool.lease(SPEC) as box:
             last = await agent_read(box)

@@ -290,6 +290,7 @@ def test_a_daemon_that_fails_every_creation_ends_the_lease_within_its_patience(i
         raise DockerUnavailable("stand-in: the daemon did not answer within 60s")
 
     monkeypatch.setattr(Sandbox, "create", stalled)
+    monkeypatch.setenv("AIR_PATIENCE", "1")  # not stretched by this machine's load (air.patience)
 
     async def lease(patience: float):
         config = PoolConfig(gpu_ids=[], host_budget=None, daemon_patience=patience, host_retry=0.2,

@@ -26,6 +26,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 
+from air import patience
 from air.errors import DockerUnavailable, InfraError, PoolExhausted, SandboxUnavailable, UsageError
 from air.sandbox.base_pool import CELL_ATTEMPTS, INTERRUPTED_CLOSE, CellFailed, SandboxPool
 from air.sandbox.docker.claims import Grant, HostClaims
@@ -269,8 +270,9 @@ class DockerPool(SandboxPool):
         (waiting, bounded, while every host is full), then create it there. A sandbox whose first cell cannot be
         built where cells work is the host's failure: it is removed and another one made (CELL_ATTEMPTS in all).
         A daemon that fails the creation is left out a while and the creation tried again, on any host, for
-        `daemon_patience` from the first failure: a daemon that answers claims but fails every creation (a
-        stalled disk) ends the lease as an infrastructure failure, never holds it without end."""
+        `daemon_patience` (stretched by the node's load, air.patience) from the first failure: a daemon that answers
+        claims but fails every creation (a stalled disk) ends the lease as an infrastructure failure, never holds it
+        without end."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.lease_timeout
         failing_since: float | None = None
@@ -310,10 +312,14 @@ class DockerPool(SandboxPool):
                             if pin:
                                 host.pins.release(pin)
                             failing_since = failing_since or loop.time()
-                            if (failed_for := loop.time() - failing_since) > self.config.daemon_patience:
+                            # stretched on a loaded node (air.patience): a daemon that is slow, not stalled, at a
+                            # load of 100+ on two cores failed 23 of 512 creations at a flat 90 s
+                            if (failed_for := loop.time() - failing_since) > patience.seconds(
+                                    self.config.daemon_patience):
                                 raise DockerUnavailable(
                                     f"Docker failed every try to create a sandbox for {failed_for:.0f}s "
-                                    f"(daemon_patience {self.config.daemon_patience:g}s): {exc}") from exc
+                                    f"(daemon_patience {self.config.daemon_patience:g}s; {patience.state()}): "
+                                    f"{exc}") from exc
                             continue
                         except BaseException:
                             await self._give_back(host, grant)
