@@ -122,6 +122,9 @@ class Burst:
         failures = Counter(r.detail.split(":")[0] for r in self.rollouts if r.ended != "scored")
         if failures:
             row["failures"] = dict(failures)
+            # each kind's first words in full: a count alone (272 TaskErrors in 512's warm phase) says not why
+            row["first_of_each"] = {kind: next(r.detail for r in self.rollouts if r.ended != "scored"
+                                               and r.detail.split(":")[0] == kind) for kind in failures}
         return row
 
 
