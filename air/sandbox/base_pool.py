@@ -364,7 +364,7 @@ class SandboxPool:
         warm target) never number more than the rest, and a rollout's scorer always has a slot, or one coming."""
         loop = asyncio.get_running_loop()
         key = key or spec.key
-        cap = self.config.max_sandboxes - (0 if nested else self._room)
+        cap = self._cap(nested)
         async with self._changed:
             while True:
                 if self._closed:
@@ -397,6 +397,10 @@ class SandboxPool:
                     raise PoolExhausted(
                         f"no sandbox free within {self.config.lease_timeout:g}s: {len(self._live)} live of "
                         f"max_sandboxes={self.config.max_sandboxes}{kept}, all leased") from None
+
+    def _cap(self, nested: bool) -> int:
+        """The slots a lease may fill: every one for a nested lease, all but the scoring room for any other."""
+        return self.config.max_sandboxes - (0 if nested else self._room)
 
     def _resetting(self, key: str) -> bool:
         """A released sandbox of `key` is being reset and goes back to idle afterwards (a GPU sandbox kept warm):
@@ -581,7 +585,7 @@ class SandboxPool:
         CPU)."""
         ready = len(self._idle.get(key, ())) + self._warming[key]
         return not (self._closed or ready >= self._warm_target.get(key, 0)
-                    or len(self._live) + self._reserved >= self.config.max_sandboxes - self._room)
+                    or len(self._live) + self._reserved >= self._cap(nested=False))
 
     async def _refill(self, spec: SandboxSpec) -> None:
         """Create one idle sandbox if the key has fewer ready (or warming) than its warm target."""
