@@ -100,7 +100,23 @@ $cdi && settings='{"live-restore": true, "features": {"cdi": true}}'
 python3 "$(dirname "$0")/daemon_json.py" "$settings" >/dev/null \
   || say "could not set live-restore in /etc/docker/daemon.json; sandboxes end when dockerd restarts"
 
+# A daemon that did not stop cleanly (a killed session, a machine snapshot taken while it ran) leaves its pid files,
+# and on a machine started afresh their pids may belong to other processes by now. dockerd then refuses to start
+# ("process with PID N is still running"), and takes a containerd.pid naming a live process for its containerd,
+# whose socket never answers. A file naming a process that is not the daemon it was written by is stale: removed.
+# One naming that daemon is kept, and never a process is signalled.
+drop_stale_pidfile() {  # drop_stale_pidfile FILE NAME
+  local file=$1 name=$2 pid
+  [ -f "$file" ] || return 0
+  pid=$(tr -dc 0-9 <"$file" 2>/dev/null || true)
+  if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$name" ]; then return 0; fi
+  say "removing $file, left by a $name that is gone (pid ${pid:-none} is not a $name now)"
+  rm -f "$file"
+}
+
 if ! pgrep -x dockerd >/dev/null 2>&1; then
+  drop_stale_pidfile /var/run/docker.pid dockerd
+  drop_stale_pidfile /var/run/docker/containerd/containerd.pid containerd
   say "starting dockerd (log: $DOCKERD_LOG)"
   mkdir -p "$(dirname "$DOCKERD_LOG")"
   setsid dockerd >"$DOCKERD_LOG" 2>&1 </dev/null &

@@ -281,6 +281,80 @@ echo AFTER; iptables-save; ip6tables-save
     assert "removed the kubelet's iptables chains" in result.stderr
 
 
+# ----- ensure-docker.sh: a daemon's stale pid files (the CI machine of stop 92) ---------------------------------------
+def _unshare_pid_and_mount() -> bool:
+    return os.geteuid() == 0 and shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "-m", "-p", "-f", "--mount-proc", "true"], capture_output=True).returncode == 0
+
+
+FAKE_ENGINE = {
+    # docker: answers once "dockerd" has started.
+    "docker": '[ "$1" = version ] && echo 26.1.5; [ -e "$STATE/up" ]',
+    # dockerd: refuses as the real one does (moby's pidfile.Write, libcontainerd's getContainerdPid), else "starts".
+    "dockerd": """alive() { pid=$(cat "$1" 2>/dev/null) && [ -n "$pid" ] && [ -d "/proc/$pid" ]; }
+if alive /var/run/docker.pid; then
+  echo "failed to start daemon, ensure docker is not running or delete /var/run/docker.pid: process with PID $pid \
+is still running"
+  exit 1
+fi
+echo $$ >/var/run/docker.pid
+if alive /var/run/docker/containerd/containerd.pid && [ "$(cat "/proc/$pid/comm")" != containerd ]; then
+  echo "libcontainerd: containerd is still running (pid $pid); timeout waiting for containerd to start"; exit 1
+fi
+touch "$STATE/up"  # started
+""",
+    "dpkg-query": "echo 26.1.5+dfsg1-9",  # Debian 13's engine: nothing to install
+    "python3": "exit 0",  # daemon_json.py: the host's /etc/docker is not this test's to write
+}
+
+
+def _ensure_docker_in_a_fresh_namespace(tmp_path: Path, containerd_pid: str) -> subprocess.CompletedProcess:
+    """ensure-docker.sh in a PID and mount namespace of its own (its own /proc and an empty /run, so the host's
+    daemon is neither seen nor touched), where a dockerd that was killed left /var/run/docker.pid naming a pid
+    that a `sleep` holds now, and containerd.pid naming `containerd_pid` ("other": another sleep; "containerd":
+    a live process called containerd)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name, body in FAKE_ENGINE.items():
+        (bin_ / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    shutil.copy(shutil.which("sleep"), bin_ / "containerd")
+    script = f"""set -e
+mount -t tmpfs air-test /run && mkdir -p /run/docker/containerd
+sleep 600 & echo $! >/var/run/docker.pid
+{"sleep 600" if containerd_pid == "other" else "containerd 600"} & echo $! >/var/run/docker/containerd/containerd.pid
+cp /var/run/docker/containerd/containerd.pid "$STATE/containerd.pid.before"
+rc=0; bash {ROOT / "scripts/ensure-docker.sh"} || rc=$?
+cat /var/run/docker.pid >"$STATE/docker.pid" 2>/dev/null || true
+cat /var/run/docker/containerd/containerd.pid >"$STATE/containerd.pid" 2>/dev/null || true
+exit $rc
+"""
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "STATE": str(tmp_path),
+           "AIR_DOCKERD_TIMEOUT": "60", "AIR_DOCKERD_LOG": str(tmp_path / "dockerd.log"),
+           "AIR_SETUP_LOG": str(tmp_path / "setup.log")}
+    return subprocess.run(["unshare", "-m", "-p", "-f", "--mount-proc", "--propagation", "private",
+                           "bash", "-c", script], capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.skipif(not _unshare_pid_and_mount(), reason="needs root and `unshare -m -p` (a PID and mount namespace "
+                                                         "of its own, so that the host's daemon is never touched)")
+@pytest.mark.parametrize("containerd_pid", ["other", "containerd"])
+def test_ensure_docker_starts_past_pid_files_that_name_other_processes_now(tmp_path, containerd_pid):
+    result = _ensure_docker_in_a_fresh_namespace(tmp_path, containerd_pid)
+    log = (tmp_path / "dockerd.log").read_text() if (tmp_path / "dockerd.log").exists() else ""
+    assert result.returncode == 0, result.stderr + log
+    assert "removing /var/run/docker.pid, left by a dockerd that is gone" in result.stderr
+    # The new daemon wrote its own pid; the sleep that held the old one was not signalled (it is alive till the
+    # namespace ends, which `unshare -f` does when the script exits).
+    assert (tmp_path / "docker.pid").read_text().strip().isdigit()
+    before = (tmp_path / "containerd.pid.before").read_text()
+    if containerd_pid == "other":
+        assert "removing /var/run/docker/containerd/containerd.pid" in result.stderr
+        assert not (tmp_path / "containerd.pid").read_text()
+    else:  # a live containerd (live-restore kept it): its pid file is its own, and kept
+        assert "containerd.pid" not in result.stderr and (tmp_path / "containerd.pid").read_text() == before
+
+
 # ----- daemon_json.py: the one merge into Docker's daemon.json that ensure-docker.sh and gvisor-docker.sh share ------
 def _daemon_json(tmp_path, settings: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "scripts/daemon_json.py"), settings,
