@@ -17,7 +17,8 @@ first command) p50 and p99, and how every rollout ended, each counted once:
 - false score: the rollout returned a summary, yet an evaluation or its first command failed (the scripted story
   is honest: such a score is the host's failure dressed as the agent's, a false 0). Must be 0 in every run;
 - error: anything else (a bug in air).
-`--max-starting` is PoolConfig.max_starting (new sandboxes starting at once); without it, none.
+`--max-starting` is PoolConfig.max_starting (new sandboxes starting at once); without it, none. `--max-scoring` is
+PoolConfig.max_scoring (evaluations at once): by default this machine's CPUs.
 
 --memory: N sandboxes of the task leased (staged, a first command run: the agent's shell is up), then released
 (reset: a new cell, no shell), and each state measured: the container's cgroup (its processes, its tmpfs files,
@@ -226,17 +227,19 @@ def pool_config(size: int, max_starting: int | None, max_sandboxes: int | None =
 
 
 async def cold_and_warm(task: str, size: int, max_starting: int | None, max_sandboxes: int | None = None,
-                        say: Callable[[dict], None] = lambda row: None) -> list[dict]:
+                        say: Callable[[dict], None] = lambda row: None, max_scoring: int | str | None = "cpus",
+                        ) -> list[dict]:
     """The cold phase, then the warm one, in one pool; `say` gets each phase's row as it ends (a run stopped in the
     warm phase has told its cold one)."""
-    pool = SandboxPool(pool_config(size, max_starting, max_sandboxes))
+    pool = SandboxPool(pool_config(size, max_starting, max_sandboxes, max_scoring=max_scoring))
     await pool.start()
     rows = []
 
     def ended(result: Burst) -> None:
         rows.append(result.row())
         rows[-1].update(max_starting=max_starting, most_starting=pool.stats.most_starting,
-                        max_sandboxes=pool.config.max_sandboxes)
+                        max_sandboxes=pool.config.max_sandboxes, max_scoring=pool.config.scoring_turns(),
+                        most_scoring=pool.stats.most_scoring)
         say(rows[-1])
 
     try:
@@ -567,6 +570,8 @@ if __name__ == "__main__":
     parser.add_argument("--max-starting", type=int, default=None, help="PoolConfig.max_starting (default: none)")
     parser.add_argument("--max-sandboxes", type=int, default=None,
                         help="PoolConfig.max_sandboxes (default: the burst's size + min(size, 128) + 4)")
+    parser.add_argument("--max-scoring", type=lambda v: None if v == "none" else v if v == "cpus" else int(v),
+                        default="cpus", help="PoolConfig.max_scoring: a number, cpus (the default) or none")
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--sandboxes", type=int, default=16)
     parser.add_argument("--max-live", action="store_true")
@@ -597,7 +602,8 @@ if __name__ == "__main__":
             rows = []
             for size in args.sizes:
                 done = asyncio.run(cold_and_warm(args.task, size, args.max_starting, args.max_sandboxes,
-                                                 say=lambda row: print(json.dumps(row), flush=True)))
+                                                 say=lambda row: print(json.dumps(row), flush=True),
+                                                 max_scoring=args.max_scoring))
                 print(json.dumps({"size": size, "leaked": done[-1]["leaked"]}), flush=True)
                 rows += done
             print()

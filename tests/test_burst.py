@@ -113,8 +113,9 @@ def test_a_lease_without_a_turn_by_its_deadline_is_one_line_and_gives_its_slot_b
     assert waiting._reserved == 0 and waiting._starting == 0 and waiting.live == 1
 
 
-def _rollouts_with_scorers(pool, n: int) -> list:
-    """`n` rollouts at once, each leasing its scorer while it holds its own sandbox, as `evaluate` does."""
+def _rollouts_with_scorers(pool, n: int, scoring: float = 0.0) -> list:
+    """`n` rollouts at once, each leasing its scorer while it holds its own sandbox, as `evaluate` does, and
+    holding it `scoring` seconds (its evaluation)."""
     from air.sandbox import SandboxSpec
 
     async def rollout(i: int) -> str:
@@ -123,6 +124,7 @@ def _rollouts_with_scorers(pool, n: int) -> list:
             await asyncio.sleep(0.05)  # its commands
             async with pool.lease(SandboxSpec(image="air/base:latest", task="t.scoring"), gpus_of=sandbox) as scorer:
                 scorer.broken = "a scorer is used once"
+                await asyncio.sleep(scoring)
         return "scored"
 
     async def burst():
@@ -140,10 +142,42 @@ def test_rollouts_that_fill_the_pool_leave_their_scorers_a_slot():
     assert _rollouts_with_scorers(kept, 8) == ["scored"] * 8
     assert kept.most_live <= 4 and kept._reserved == 0 and kept.live == 0
 
-    full = _pool(None, seconds=0.01, lease_timeout=0.5, max_sandboxes=4, scoring_room=False)
+    full = _pool(None, seconds=0.01, lease_timeout=0.5, max_sandboxes=4, scoring_room=False, max_scoring=None)
     ended = _rollouts_with_scorers(full, 8)
     assert all(isinstance(e, PoolExhausted) for e in ended), ended
     assert "max_sandboxes=4, all leased" in str(ended[0])
+
+
+def test_max_scoring_lets_that_many_evaluations_run_at_once_and_the_rest_wait_their_turn():
+    """Eight rollouts evaluating at once, each evaluation 0.2 s, two turns: two scorers at once at most, and all
+    eight scored, although the last waited about 0.8 s for its turn, past a lease_timeout of 0.5 s (the turn is
+    waited for with the scorer leased: its wait is no lease's). The control, no cap: all eight at once."""
+    capped = _pool(None, seconds=0.01, lease_timeout=0.5, max_scoring=2)
+    assert _rollouts_with_scorers(capped, 8, scoring=0.2) == ["scored"] * 8
+    assert capped.stats.most_scoring == 2 and capped._scoring_now == 0 and capped.live == 0
+    free = _pool(None, seconds=0.01, lease_timeout=0.5, max_scoring=None)
+    assert _rollouts_with_scorers(free, 8, scoring=0.2) == ["scored"] * 8
+    assert free.stats.most_scoring == 8
+
+
+def test_max_scoring_cpus_is_this_machines_cpus_where_the_scorers_run_on_it(monkeypatch):
+    import os
+
+    from pydantic import ValidationError
+
+    from air.sandbox.spec import DockerHost, PoolConfig
+
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    assert PoolConfig(backend="docker").scoring_turns() == cpus
+    assert PoolConfig(backend="enroot").scoring_turns() == cpus
+    assert PoolConfig(backend="kubernetes").scoring_turns() is None  # pods run on the cluster's nodes
+    assert PoolConfig(backend="docker", hosts=[DockerHost(url="tcp://gpu-7:2376")]).scoring_turns() is None
+    assert PoolConfig(max_scoring=3).scoring_turns() == 3 and PoolConfig(max_scoring=None).scoring_turns() is None
+    monkeypatch.setenv("DOCKER_HOST", "tcp://gpu-7:2376")
+    assert PoolConfig(backend="docker").scoring_turns() is None
+    with pytest.raises(ValidationError):
+        PoolConfig(max_scoring=0)
 
 
 def test_the_slots_kept_for_scoring_are_an_eighth_at_least_one_and_said_when_a_lease_waits_out():

@@ -199,3 +199,27 @@ async def test_a_validate_of_the_baseline_pays_exactly_zero_and_says_on_which_dr
     assert records[0]["reward_baseline"]["source"] == "each evaluation's draw", records[0]
     steps = [r for r in records if r.get("eval_status") == "ok"]
     assert len({s["draw"] for s in steps}) == 2 and all(s["draw_baseline"] == s["score"] for s in steps), steps
+
+
+@pytest.mark.docker
+async def test_a_baseline_past_its_timeout_on_a_draw_is_the_nodes_failure_never_the_tasks(images, run_id,
+                                                                                           monkeypatch):
+    """The baseline, scored first on each evaluation's draw, passed `air tasks check`: one that runs past the
+    evaluation's timeout there met a node too busy to run it (512 rollouts validating at once on two cores: 272 such,
+    once raised as the task's error), an infrastructure failure the rollout is not scored for. The control: the same
+    evaluation with the task's own timeout scores."""
+    from air.errors import InfraError, SandboxUnavailable
+
+    monkeypatch.setenv("AIR_RESULT_CLOCK", "1")
+    monkeypatch.setenv("AIR_HIDDEN_DRAW", "host")
+    spec = load_task("prisoners-dilemma")
+    hurried = spec.model_copy(update={"evaluation": spec.evaluation.model_copy(update={"timeout": 0.001})})
+    config = PoolConfig(run_id=run_id, max_sandboxes=4, gpu_ids=[], lease_timeout=600)
+    async with SandboxPool(config) as pool:
+        async with TaskEnvironment(spec, pool).lease() as sandbox:
+            with pytest.raises(SandboxUnavailable) as raised:
+                await TaskEnvironment(hurried, pool).evaluate(sandbox)
+            control = await TaskEnvironment(spec, pool).evaluate(sandbox)
+    assert isinstance(raised.value, InfraError) and "\n" not in str(raised.value)
+    assert "node overloaded" in str(raised.value) and "baseline's evaluation ran past its 0.001 s" in str(raised.value)
+    assert control.ok, control

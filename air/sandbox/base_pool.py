@@ -91,6 +91,8 @@ class PoolStats:
     health_failures: int = 0
     most_starting: int = 0
     """The most new sandboxes that were starting at once (PoolConfig.max_starting caps it)."""
+    most_scoring: int = 0
+    """The most nested leases (evaluations) held at once (PoolConfig.max_scoring caps it)."""
 
 
 class Place(Protocol):
@@ -123,6 +125,9 @@ class SandboxPool:
         self._reserved = 0  # slots held by creations in flight
         self._starting = 0  # creations past their turn (`_start`), at most max_starting
         self._turns = asyncio.Semaphore(self.config.max_starting) if self.config.max_starting else None
+        turns = self.config.scoring_turns()
+        self._scoring = asyncio.Semaphore(turns) if turns else None  # evaluations' turns (PoolConfig.max_scoring)
+        self._scoring_now = 0
         self._room = scoring_room(self.config.max_sandboxes, self.config.scoring_room)
         """Slots only nested leases (a rollout's scorer) take: the rollouts holding every slot would wait forever."""
         self._warm_target: dict[str, int] = {}
@@ -280,15 +285,32 @@ class SandboxPool:
         """A sandbox for `spec`. `gpus_of`: a sandbox the caller holds leased whose GPUs this one borrows for the
         lease (a scoring sandbox gets its rollout's GPUs): it claims a slot but no GPU, is always new, and is
         removed on release, so the GPUs never outlive the lender's lease in another sandbox. A lease with
-        `gpus_of`, GPUs or none, is nested: it may take the slots other leases leave it (PoolConfig.scoring_room)."""
+        `gpus_of`, GPUs or none, is nested: it may take the slots other leases leave it (PoolConfig.scoring_room),
+        and handed over once one of `max_scoring` turns is free."""
         sandbox = await self.acquire(spec, gpus_of=gpus_of)
         try:
-            yield sandbox
+            async with self._scoring_turn(gpus_of is not None):
+                yield sandbox
         except InfraError as exc:
             sandbox.mark_broken(f"infrastructure error during lease: {exc}")
             raise
         finally:
             self.release(sandbox)
+
+    @contextlib.asynccontextmanager
+    async def _scoring_turn(self, nested: bool) -> AsyncIterator[None]:
+        """A nested lease's turn (PoolConfig.max_scoring), from its sandbox's coming to its release: the next
+        scorer is made while an evaluation runs, and the evaluations alone are capped. Others, no turn."""
+        if not nested:
+            yield
+            return
+        async with self._scoring or contextlib.nullcontext():
+            self._scoring_now += 1
+            self.stats.most_scoring = max(self.stats.most_scoring, self._scoring_now)
+            try:
+                yield
+            finally:
+                self._scoring_now -= 1
 
     SERVICES: str | None = None
     """Why this backend cannot give a sandbox services (services.py); None: it can."""

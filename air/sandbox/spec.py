@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
+import os
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -167,6 +168,14 @@ class PoolConfig(BaseModel):
     other leases never take those slots. Without it, rollouts that hold every slot wait for scorers no slot is left
     for, until `lease_timeout` fails them all (bench/bench_burst.py, 512 rollouts at 400). Off for a pool whose leases
     never nest (a SandboxFusion server's)."""
+    max_scoring: Annotated[int, Field(ge=1)] | Literal["cpus"] | None = "cpus"
+    """Leases made inside another lease (a rollout's evaluations: their scoring sandboxes, `lease(gpus_of=...)`)
+    in use at once at most; the others wait their turn with their sandbox made, first come first served, so the
+    wait counts against neither `lease_timeout` nor the evaluation's own timeout. "cpus": the CPUs of this machine
+    where scorers run on it (the local Docker daemon, enroot), else no cap; None: no cap. An evaluation runs the
+    task's code under a wall-clock timeout, and its task counts a timeout as the submission's: 512 rollouts
+    validating at once on two cores gave each evaluation a few hundredths of a core, and 368 ran past their
+    timeout, 96 scored as the agent's and 272 as the baseline's (bench/bench_burst.py, sessions 76 and 77)."""
     max_starting: int | None = Field(None, ge=1)
     """New sandboxes this pool starts at once at most (each made, started, its warden up and its first cell built);
     a lease past it waits its turn, first come first served, within `lease_timeout`. None: as many as
@@ -259,6 +268,16 @@ class PoolConfig(BaseModel):
     """How long creating a sandbox waits for unreachable Docker daemons (a restart) before failing."""
     host_retry: float = Field(10, gt=0)
     """Seconds a daemon that failed is left out of placement before it is tried again."""
+
+    def scoring_turns(self) -> int | None:
+        """`max_scoring` as a number of evaluations, or None for no cap."""
+        if self.max_scoring != "cpus":
+            return self.max_scoring
+        local = self.backend == "enroot" or (self.backend == "docker" and not self.hosts and os.environ.get(
+            "DOCKER_HOST", "unix://").startswith("unix://"))
+        if not local:
+            return None
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     @model_validator(mode="after")
     def _hosts_are_dockers(self) -> PoolConfig:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import io
 import tarfile
 
-from air.errors import TaskError
+from air import patience
+from air.errors import SandboxUnavailable, TaskError
 from air.sandbox import Sandbox
 from air.tasks import draws
 from air.tasks.scoring_cell import (
@@ -60,6 +61,9 @@ async def run_air(scorer: Sandbox, spec: TaskSpec, artefacts: bytes, baseline: b
         return await _score(scorer, spec, artefacts, env)
     # The baseline first, on the same draw in the same cell: nothing the submission's code leaves can touch it.
     base = await _score(scorer, spec, baseline, env, last=False)
+    if base.status == "timeout":  # the baseline passed `air tasks check`: too slow here is the node's doing
+        raise SandboxUnavailable(patience.overloaded(f"task {spec.id}: its baseline's evaluation ran past its "
+                                                     f"{spec.evaluation.timeout:g} s on an evaluation's draw"))
     if not base.ok:
         raise TaskError(f"task {spec.id}: its baseline failed on an evaluation's draw ({base.status}: "
                         f"{base.message[:300]}), so the submission's reward cannot be normalised")
