@@ -30,6 +30,12 @@ async def _removed(*patience: float) -> bool:
     return True
 
 
+def _stand_in(spec) -> _Sandbox:
+    """A sandbox of no engine: removed at once."""
+    return _Sandbox(spec=spec, leases=0, reset_at=None, gpu_ids=(), services=None, broken=None, short_id="stand-in",
+                    session=types.SimpleNamespace(cells=True, alive=True), remove=_removed)
+
+
 def _pool(max_starting: int | None, seconds: float = 0.05, lease_timeout: float = 600, **config):
     """A pool whose starts take `seconds` and note how many run at once (no engine); a sandbox released broken is
     removed at once."""
@@ -45,9 +51,7 @@ def _pool(max_starting: int | None, seconds: float = 0.05, lease_timeout: float 
                 self.now += 1
                 self.most = max(self.most, self.now)
                 await asyncio.sleep(seconds)
-                sandbox = _Sandbox(spec=spec, leases=0, reset_at=None, gpu_ids=(), services=None, broken=None,
-                                   short_id="stand-in", session=types.SimpleNamespace(cells=True, alive=True),
-                                   remove=_removed)
+                sandbox = _stand_in(spec)
                 self._live.add(sandbox)
                 self.most_live = max(getattr(self, "most_live", 0), len(self._live))
                 return sandbox
@@ -178,6 +182,23 @@ def test_max_scoring_cpus_is_this_machines_cpus_where_the_scorers_run_on_it(monk
     assert PoolConfig(backend="docker").scoring_turns() is None
     with pytest.raises(ValidationError):
         PoolConfig(max_scoring=0)
+
+
+def test_a_lease_in_a_full_pool_evicts_one_idle_sandbox_of_another_key_not_every_one():
+    """A pool of 4 full of idle sandboxes of key a; a lease of key b takes one's slot: one removed, three kept.
+    Before, the lease went on evicting while its victim still counted live, and removed all four (warm at 512, the
+    scorers' leases evicted the idle agents' sandboxes the next rollouts wanted)."""
+    from collections import deque
+
+    from air.sandbox import SandboxSpec
+
+    pool = _pool(None, seconds=0.01, max_sandboxes=4, scoring_room=False)
+    a = SandboxSpec(image="air/base:latest", task="a")
+    idle = [_stand_in(a) for _ in range(4)]
+    pool._live.update(idle)
+    pool._idle[a.key] = deque(idle)
+    taken = asyncio.run(pool.acquire(SandboxSpec(image="air/base:latest", task="b")))
+    assert taken.spec.task == "b" and pool.stats.removed == 1 and len(pool._idle[a.key]) == 3 and pool.live == 4
 
 
 def test_the_slots_kept_for_scoring_are_an_eighth_at_least_one_and_said_when_a_lease_waits_out():

@@ -407,8 +407,10 @@ class SandboxPool:
                     return None
                 victim = None if awaited else self._evictable(key)
                 if victim is not None:
+                    # Its slot comes free when its removal ends (which notifies): evicting on at once, while it
+                    # still counts live, took every idle sandbox of the other keys for this one lease (a scorer's
+                    # lease in a full pool emptied the idle agents' sandboxes the next rollouts wanted).
                     self._spawn(self._remove(victim))
-                    continue
                 remaining = deadline - loop.time()
                 try:
                     async with asyncio.timeout(max(remaining, 0)):
