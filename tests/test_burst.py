@@ -153,15 +153,38 @@ def test_rollouts_that_fill_the_pool_leave_their_scorers_a_slot():
 
 
 def test_max_scoring_lets_that_many_evaluations_run_at_once_and_the_rest_wait_their_turn():
-    """Eight rollouts evaluating at once, each evaluation 0.2 s, two turns: two scorers at once at most, and all
-    eight scored, although the last waited about 0.8 s for its turn, past a lease_timeout of 0.5 s (the turn is
-    waited for with the scorer leased: its wait is no lease's). The control, no cap: all eight at once."""
+    """Eight rollouts evaluating at once, each evaluation 0.2 s, two turns: two evaluations at once at most, four
+    scorers made or in use, and all eight scored, although the last waited about 0.8 s for its turn, past a
+    lease_timeout of 0.5 s (its wait is no lease's). The control, no cap: all eight at once."""
     capped = _pool(None, seconds=0.01, lease_timeout=0.5, max_scoring=2)
+    scorers = _count_scorers(capped)
     assert _rollouts_with_scorers(capped, 8, scoring=0.2) == ["scored"] * 8
     assert capped.stats.most_scoring == 2 and capped._scoring_now == 0 and capped.live == 0
+    assert scorers["most"] == 4  # each turn's next scorer made while it runs, and no more
     free = _pool(None, seconds=0.01, lease_timeout=0.5, max_scoring=None)
+    scorers = _count_scorers(free)
     assert _rollouts_with_scorers(free, 8, scoring=0.2) == ["scored"] * 8
-    assert free.stats.most_scoring == 8
+    assert free.stats.most_scoring == 8 and scorers["most"] == 8
+
+
+def _count_scorers(pool) -> dict:
+    """The most scoring sandboxes the pool's leases held at once, made or in use (its acquire, counted)."""
+    acquire, release, counts = pool.acquire, pool.release, {"now": 0, "most": 0}
+
+    async def counted(spec, gpus_of=None):
+        sandbox = await acquire(spec, gpus_of=gpus_of)
+        if gpus_of is not None:
+            counts["now"] += 1
+            counts["most"] = max(counts["most"], counts["now"])
+        return sandbox
+
+    def released(sandbox) -> None:
+        if sandbox.spec.task.endswith(".scoring"):
+            counts["now"] -= 1
+        release(sandbox)
+
+    pool.acquire, pool.release = counted, released
+    return counts
 
 
 def test_max_scoring_cpus_is_this_machines_cpus_where_the_scorers_run_on_it(monkeypatch):

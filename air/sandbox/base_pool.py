@@ -127,6 +127,10 @@ class SandboxPool:
         self._turns = asyncio.Semaphore(self.config.max_starting) if self.config.max_starting else None
         turns = self.config.scoring_turns()
         self._scoring = asyncio.Semaphore(turns) if turns else None  # evaluations' turns (PoolConfig.max_scoring)
+        self._scorers = asyncio.Semaphore(2 * turns) if turns else None
+        """Nested leases made or in use: twice the turns, so that each turn's next scorer is made while its evaluation
+        runs, and no more (a scorer made for every evaluation waiting its turn filled a pool of 388 at 256 rollouts,
+        and evicted the agents' idle sandboxes the next rollouts wanted)."""
         self._scoring_now = 0
         self._room = scoring_room(self.config.max_sandboxes, self.config.scoring_room)
         """Slots only nested leases (a rollout's scorer) take: the rollouts holding every slot would wait forever."""
@@ -287,15 +291,17 @@ class SandboxPool:
         removed on release, so the GPUs never outlive the lender's lease in another sandbox. A lease with
         `gpus_of`, GPUs or none, is nested: it may take the slots other leases leave it (PoolConfig.scoring_room),
         and handed over once one of `max_scoring` turns is free."""
-        sandbox = await self.acquire(spec, gpus_of=gpus_of)
-        try:
-            async with self._scoring_turn(gpus_of is not None):
-                yield sandbox
-        except InfraError as exc:
-            sandbox.mark_broken(f"infrastructure error during lease: {exc}")
-            raise
-        finally:
-            self.release(sandbox)
+        nested = gpus_of is not None
+        async with (self._scorers if nested and self._scorers else contextlib.nullcontext()):
+            sandbox = await self.acquire(spec, gpus_of=gpus_of)
+            try:
+                async with self._scoring_turn(nested):
+                    yield sandbox
+            except InfraError as exc:
+                sandbox.mark_broken(f"infrastructure error during lease: {exc}")
+                raise
+            finally:
+                self.release(sandbox)
 
     @contextlib.asynccontextmanager
     async def _scoring_turn(self, nested: bool) -> AsyncIterator[None]:
