@@ -172,9 +172,9 @@ class PoolConfig(BaseModel):
     """Leases made inside another lease (a rollout's evaluations: their scoring sandboxes, `lease(gpus_of=...)`)
     in use at once at most; the others wait their turn, first come first served, the next of each turn with its
     sandbox made (twice the turns made or in use, no more), so the wait counts against neither `lease_timeout` nor
-    the evaluation's own timeout. "cpus": the CPUs of this machine
-    where scorers run on it (the local Docker daemon, enroot), else no cap; None: no cap. An evaluation runs the
-    task's code under a wall-clock timeout, and its task counts a timeout as the submission's: 512 rollouts
+    the evaluation's own timeout. "cpus": the CPUs of this machine where scorers run on it (the local Docker
+    daemon, enroot), else no cap; None: no cap. An evaluation runs the task's code under a wall-clock timeout, and
+    its task counts a timeout as the submission's: 512 rollouts
     validating at once on two cores gave each evaluation a few hundredths of a core, and 368 ran past their
     timeout, 96 scored as the agent's and 272 as the baseline's (bench/bench_burst.py, sessions 76 and 77)."""
     max_starting: int | None = Field(None, ge=1)
