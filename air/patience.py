@@ -8,6 +8,12 @@ run again (issue 85).
 load average over its CPUs (the last minute's), from 1 (idle or less) to AUTO_MOST. Never the agent's own timeouts:
 a command still ends at its timeout, and what it did is its result; only the host's wait for the warden's word
 stretches.
+
+Only the load that waits for a CPU stretches. Linux's load average counts the tasks blocked on a disk as well, and a
+disk that has slowed to a crawl raises it as much as a CPU-starved node does (load 21-31 on two cores, issue 89) while
+nothing the host waits for will come sooner for waiting longer: a stalled daemon would then hold each lease up to
+tenfold its bound before the failure is said. So the load average is scaled by the share of the node's tasks that are
+runnable now, not blocked on I/O (/proc/stat's procs_running against procs_blocked).
 """
 
 from __future__ import annotations
@@ -19,12 +25,29 @@ from air import variables
 
 AUTO_MOST = 10.0
 """`auto` stretches the limits at most tenfold (a reset's 30 s to 300 s)."""
+PROC_STAT = "/proc/stat"
 _read: tuple[float, float] = (-1e9, 1.0)
 """(when, the load per CPU then): read at most once a second."""
 
 
+def runnable_share(path: str = PROC_STAT) -> float:
+    """The share of the node's active tasks that are runnable (on a CPU or waiting for one) rather than blocked on
+    I/O, now: procs_running / (procs_running + procs_blocked); 1 where /proc/stat cannot tell."""
+    counts = {}
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_"):
+                    name, value = line.split()
+                    counts[name] = int(value)
+    except (OSError, ValueError):
+        return 1.0
+    running, blocked = counts.get(b"procs_running", 1), counts.get(b"procs_blocked", 0)
+    return running / (running + blocked) if running + blocked > 0 else 1.0
+
+
 def load_per_cpu() -> float:
-    """The node's load average over the last minute, per CPU of the node (the load counts every process on it)."""
+    """The node's load average over the last minute that waits for a CPU (runnable_share), per CPU of the node."""
     global _read
     now = time.monotonic()
     if now - _read[0] > 1.0:
@@ -32,7 +55,7 @@ def load_per_cpu() -> float:
             load = os.getloadavg()[0]
         except OSError:
             load = 0.0
-        _read = (now, load / (os.cpu_count() or 1))
+        _read = (now, load * runnable_share(PROC_STAT) / (os.cpu_count() or 1))
     return _read[1]
 
 
@@ -52,6 +75,9 @@ def state() -> str:
     """The node's load and what it does to the limits, for a line."""
     try:
         load = f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        share = runnable_share(PROC_STAT)
+        if share < 1.0:
+            load += f", {share:.0%} of it runnable"
     except OSError:
         load = "load unknown"
     return f"{load}, limits x{factor():.3g} (AIR_PATIENCE={variables.raw('AIR_PATIENCE') or 'auto'})"

@@ -15,12 +15,16 @@ from air.errors import SandboxUnavailable, UsageError
 
 
 @pytest.fixture
-def load(monkeypatch):
-    """Set the node's load average (the last minute's) as the tests want it."""
+def load(monkeypatch, tmp_path):
+    """Set the node's load average (the last minute's), and how many of its tasks are runnable and blocked on I/O
+    now (/proc/stat's counts), as the tests want them."""
     monkeypatch.delenv("AIR_PATIENCE", raising=False)
     monkeypatch.setattr(patience, "_read", (-1e9, 1.0))
 
-    def at(value: float) -> None:
+    def at(value: float, running: int = 1, blocked: int = 0) -> None:
+        stat = tmp_path / "stat"
+        stat.write_text(f"cpu  1 2 3 4\nctxt 99\nprocs_running {running}\nprocs_blocked {blocked}\n")
+        monkeypatch.setattr(patience, "PROC_STAT", str(stat))
         monkeypatch.setattr(os, "getloadavg", lambda: (value, value, value))
         monkeypatch.setattr(os, "cpu_count", lambda: 2)
         monkeypatch.setattr(patience, "_read", (-1e9, 1.0))
@@ -39,6 +43,20 @@ def test_the_limits_follow_the_load_per_cpu_from_1_to_10(load):
     load(500.0)
     assert patience.factor() == patience.AUTO_MOST
     assert "node overloaded (load 500.0 on 2 CPUs, limits x10 (AIR_PATIENCE=auto))" in patience.overloaded("x")
+
+
+def test_a_load_of_tasks_blocked_on_a_disk_does_not_stretch_the_limits(load):
+    """Issue 89: a disk slowed to 10 MB/s put two cores at load 21-31, nearly all of it tasks blocked on I/O, and the
+    full tenfold stretch let a stalled daemon hold each lease 900 s before its failure was said. Only the runnable
+    share of the load stretches."""
+    load(28.0, running=2, blocked=26)  # the slow disk: 2 of 28 runnable
+    assert patience.factor() == 1.0
+    assert "load 28.0 on 2 CPUs, 7% of it runnable, limits x1" in patience.state()
+    load(28.0, running=14, blocked=14)  # half and half: 14 per 2 CPUs that wait for a CPU
+    assert patience.factor() == 7.0
+    load(28.0, running=28, blocked=0)  # CPU-starved: the whole load
+    assert patience.factor() == patience.AUTO_MOST
+    assert "runnable" not in patience.state()
 
 
 def test_air_patience_sets_the_factor_whatever_the_load(load, monkeypatch):
