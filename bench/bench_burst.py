@@ -239,7 +239,7 @@ async def cold_and_warm(task: str, size: int, max_starting: int | None, max_sand
         rows.append(result.row())
         rows[-1].update(max_starting=max_starting, most_starting=pool.stats.most_starting,
                         max_sandboxes=pool.config.max_sandboxes, max_scoring=pool.config.scoring_turns(),
-                        most_scoring=pool.stats.most_scoring)
+                        most_scoring=pool.stats.most_scoring, most_scorers=pool.stats.most_scorers)
         say(rows[-1])
 
     try:

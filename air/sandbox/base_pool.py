@@ -93,6 +93,8 @@ class PoolStats:
     """The most new sandboxes that were starting at once (PoolConfig.max_starting caps it)."""
     most_scoring: int = 0
     """The most nested leases (evaluations) held at once (PoolConfig.max_scoring caps it)."""
+    most_scorers: int = 0
+    """The most nested leases in the pool at once, their sandboxes being made or in use (twice max_scoring caps it)."""
 
 
 class Place(Protocol):
@@ -131,7 +133,7 @@ class SandboxPool:
         """Nested leases made or in use: twice the turns, so that each turn's next scorer is made while its evaluation
         runs, and no more (a scorer made for every evaluation waiting its turn filled a pool of 388 at 256 rollouts,
         and evicted the agents' idle sandboxes the next rollouts wanted)."""
-        self._scoring_now = 0
+        self._scoring_now = self._scorers_now = 0
         self._room = scoring_room(self.config.max_sandboxes, self.config.scoring_room)
         """Slots only nested leases (a rollout's scorer) take: the rollouts holding every slot would wait forever."""
         self._warm_target: dict[str, int] = {}
@@ -292,7 +294,7 @@ class SandboxPool:
         `gpus_of`, GPUs or none, is nested: it may take the slots other leases leave it (PoolConfig.scoring_room),
         and handed over once one of `max_scoring` turns is free."""
         nested = gpus_of is not None
-        async with (self._scorers if nested and self._scorers else contextlib.nullcontext()):
+        async with self._scorer(nested):
             sandbox = await self.acquire(spec, gpus_of=gpus_of)
             try:
                 async with self._scoring_turn(nested):
@@ -302,6 +304,21 @@ class SandboxPool:
                 raise
             finally:
                 self.release(sandbox)
+
+    @contextlib.asynccontextmanager
+    async def _scorer(self, nested: bool) -> AsyncIterator[None]:
+        """A nested lease's place among the scorers made or in use (twice its turns), for the whole lease. Others,
+        none."""
+        if not nested:
+            yield
+            return
+        async with self._scorers or contextlib.nullcontext():
+            self._scorers_now += 1
+            self.stats.most_scorers = max(self.stats.most_scorers, self._scorers_now)
+            try:
+                yield
+            finally:
+                self._scorers_now -= 1
 
     @contextlib.asynccontextmanager
     async def _scoring_turn(self, nested: bool) -> AsyncIterator[None]:
