@@ -9,11 +9,13 @@ load average over its CPUs (the last minute's), from 1 (idle or less) to AUTO_MO
 a command still ends at its timeout, and what it did is its result; only the host's wait for the warden's word
 stretches.
 
-Only the load that waits for a CPU stretches. Linux's load average counts the tasks blocked on a disk as well, and a
-disk that has slowed to a crawl raises it as much as a CPU-starved node does (load 21-31 on two cores, issue 89) while
-nothing the host waits for will come sooner for waiting longer: a stalled daemon would then hold each lease up to
-tenfold its bound before the failure is said. So the load average is scaled by the share of the node's tasks that are
-runnable now, not blocked on I/O (/proc/stat's procs_running against procs_blocked).
+The load of tasks waiting on a disk counts less. Linux's load average counts the tasks blocked on a disk as well as
+those waiting for a CPU, and a disk slowed to a crawl raised it as high as a CPU-starved node does (load 18-31 on two
+cores, issue 89): a daemon that cannot write would then hold each lease up to tenfold its bound before the failure
+is said. So the load average is scaled by the share of the node's active tasks that are runnable now rather than in
+I/O wait (/proc/stat's procs_running against procs_blocked). The share is partial: procs_blocked counts the tasks in
+I/O wait alone, not those blocked behind them on a lock, so that slow disk still stretched the limits x1 to x3.8
+(the load alone: x9 to x10).
 """
 
 from __future__ import annotations
