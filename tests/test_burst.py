@@ -224,6 +224,38 @@ def test_a_lease_in_a_full_pool_evicts_one_idle_sandbox_of_another_key_not_every
     assert taken.spec.task == "b" and pool.stats.removed == 1 and len(pool._idle[a.key]) == 3 and pool.live == 4
 
 
+def test_a_lease_evicts_only_where_that_makes_room_for_it():
+    """512 rollouts in a pool of 512 held the 448 slots rollouts may fill (the rest kept for scoring), and a rollout
+    waiting for one evicted each scorer the moment it went idle, though that gave it no slot: each evaluation then
+    made a new scorer, 1,061 sandboxes for 512 rollouts. Now a lease evicts only as many of the other keys' idle
+    sandboxes as it is short of slots, and only where that many are there.
+    - 7 agents leased and an idle scorer in a pool of 8 (rollouts may fill 7): removing the scorer leaves 7, so the
+      waiting rollout evicts nothing and waits out its lease_timeout, the scorer kept. Without the rule, it is
+      evicted all the same.
+    - 6 agents leased and 2 idle scorers: removing both leaves 6, so both go and the rollout gets the seventh slot."""
+    from collections import deque
+
+    from air.sandbox import SandboxSpec
+
+    agent, scorer = SandboxSpec(image="air/base:latest", task="a"), SandboxSpec(image="air/base:latest", task="s")
+
+    def pool_with(leased: int, idle_scorers: int):
+        pool = _pool(None, seconds=0.01, max_sandboxes=8, lease_timeout=0.3)
+        assert pool._room == 1
+        idle = [_stand_in(scorer) for _ in range(idle_scorers)]
+        pool._live.update([_stand_in(agent) for _ in range(leased)] + idle)
+        pool._idle[scorer.key] = deque(idle)
+        return pool
+
+    full = pool_with(7, 1)
+    with pytest.raises(PoolExhausted):
+        asyncio.run(full.acquire(agent))
+    assert full.stats.removed == 0 and len(full._idle[scorer.key]) == 1 and full.live == 8
+    short = pool_with(6, 2)
+    taken = asyncio.run(short.acquire(agent))
+    assert taken.spec.task == "a" and short.stats.removed == 2 and not short._idle[scorer.key] and short.live == 7
+
+
 def test_the_slots_kept_for_scoring_are_an_eighth_at_least_one_and_said_when_a_lease_waits_out():
     from air.sandbox import SandboxSpec
     from air.sandbox.spec import scoring_room

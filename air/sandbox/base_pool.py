@@ -125,6 +125,7 @@ class SandboxPool:
         self._live: set[BaseSandbox] = set()
         self._borrowers: set[BaseSandbox] = set()  # sandboxes whose GPUs another sandbox holds (lease's gpus_of)
         self._reserved = 0  # slots held by creations in flight
+        self._evicting: set[BaseSandbox] = set()  # idle sandboxes being removed to free a waiting lease's slot
         self._starting = 0  # creations past their turn (`_start`), at most max_starting
         self._turns = asyncio.Semaphore(self.config.max_starting) if self.config.max_starting else None
         turns = self.config.scoring_turns()
@@ -428,11 +429,18 @@ class SandboxPool:
                 if not awaited and len(self._live) + self._reserved < cap:
                     self._reserved += 1
                     return None
-                victim = None if awaited else self._evictable(key)
+                # Evict only where that makes room: as many of the other keys' idle sandboxes as the slots this
+                # lease is short of, counting the removals under way, are there to evict. Rollouts holding every
+                # slot but the scoring room, with a scorer or two beside them, evicted each scorer the moment it
+                # went idle, and each evaluation then made a new one (1,061 sandboxes for 512 rollouts).
+                short = len(self._live) + self._reserved - len(self._evicting) - cap + 1
+                evict = not awaited and 0 < short <= sum(len(q) for k, q in self._idle.items() if k != key)
+                victim = self._evictable(key) if evict else None
                 if victim is not None:
                     # Its slot comes free when its removal ends (which notifies): evicting on at once, while it
                     # still counts live, took every idle sandbox of the other keys for this one lease (a scorer's
                     # lease in a full pool emptied the idle agents' sandboxes the next rollouts wanted).
+                    self._evicting.add(victim)
                     self._spawn(self._remove(victim))
                 remaining = deadline - loop.time()
                 try:
@@ -674,6 +682,7 @@ class SandboxPool:
                 self._live.discard(sandbox)
                 self.stats.removed += 1
             self._borrowers.discard(sandbox)
+            self._evicting.discard(sandbox)
             await self._let_go(sandbox, patience, spare)
             async with self._changed:
                 self._changed.notify_all()
