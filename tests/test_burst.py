@@ -159,7 +159,7 @@ def test_max_scoring_lets_that_many_evaluations_run_at_once_and_the_rest_wait_th
     capped = _pool(None, seconds=0.01, lease_timeout=0.5, max_scoring=2)
     scorers = _count_scorers(capped)
     assert _rollouts_with_scorers(capped, 8, scoring=0.2) == ["scored"] * 8
-    assert capped.stats.most_scoring == 2 and capped._scoring_now == 0 and capped.live == 0
+    assert capped.stats.most_scoring == 2 and capped._scoring.now == 0 and capped.live == 0
     assert scorers["most"] == 4 == capped.stats.most_scorers  # each turn's next scorer made while it runs, no more
     free = _pool(None, seconds=0.01, lease_timeout=0.5, max_scoring=None)
     scorers = _count_scorers(free)

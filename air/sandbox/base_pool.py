@@ -97,6 +97,28 @@ class PoolStats:
     """The most nested leases in the pool at once, their sandboxes being made or in use (twice max_scoring caps it)."""
 
 
+class Gate:
+    """At most `size` holders at once (None: no bound), counted now and at their most."""
+
+    def __init__(self, size: int | None):
+        self._semaphore = asyncio.Semaphore(size) if size else None
+        self.now = self.most = 0
+
+    @contextlib.asynccontextmanager
+    async def held(self, counted: bool = True) -> AsyncIterator[None]:
+        """A place while the block runs; not `counted`: none (a lease that is not nested passes freely)."""
+        if not counted:
+            yield
+            return
+        async with self._semaphore or contextlib.nullcontext():
+            self.now += 1
+            self.most = max(self.most, self.now)
+            try:
+                yield
+            finally:
+                self.now -= 1
+
+
 class Place(Protocol):
     """Where a pool's sandboxes run, as the pool learns it (a Docker host, a cluster): whether its sandboxes build
     cells, and what was said of it once."""
@@ -129,12 +151,11 @@ class SandboxPool:
         self._starting = 0  # creations past their turn (`_start`), at most max_starting
         self._turns = asyncio.Semaphore(self.config.max_starting) if self.config.max_starting else None
         turns = self.config.scoring_turns()
-        self._scoring = asyncio.Semaphore(turns) if turns else None  # evaluations' turns (PoolConfig.max_scoring)
-        self._scorers = asyncio.Semaphore(2 * turns) if turns else None
+        self._scoring = Gate(turns)  # evaluations' turns (PoolConfig.max_scoring)
+        self._scorers = Gate(2 * turns if turns else None)
         """Nested leases made or in use: twice the turns, so that each turn's next scorer is made while its evaluation
         runs, and no more (a scorer made for every evaluation waiting its turn filled a pool of 388 at 256 rollouts,
         and evicted the agents' idle sandboxes the next rollouts wanted)."""
-        self._scoring_now = self._scorers_now = 0
         self._room = scoring_room(self.config.max_sandboxes, self.config.scoring_room)
         """Slots only nested leases (a rollout's scorer) take: the rollouts holding every slot would wait forever."""
         self._warm_target: dict[str, int] = {}
@@ -295,46 +316,20 @@ class SandboxPool:
         `gpus_of`, GPUs or none, is nested: it may take the slots other leases leave it (PoolConfig.scoring_room),
         and handed over once one of `max_scoring` turns is free."""
         nested = gpus_of is not None
-        async with self._scorer(nested):
+        async with self._scorers.held(nested):
+            self.stats.most_scorers = self._scorers.most
             sandbox = await self.acquire(spec, gpus_of=gpus_of)
             try:
-                async with self._scoring_turn(nested):
+                # The turn from the sandbox's coming to its release: the next scorer is made while an evaluation
+                # runs, and the evaluations alone are capped
+                async with self._scoring.held(nested):
+                    self.stats.most_scoring = self._scoring.most
                     yield sandbox
             except InfraError as exc:
                 sandbox.mark_broken(f"infrastructure error during lease: {exc}")
                 raise
             finally:
                 self.release(sandbox)
-
-    @contextlib.asynccontextmanager
-    async def _scorer(self, nested: bool) -> AsyncIterator[None]:
-        """A nested lease's place among the scorers made or in use (twice its turns), for the whole lease. Others,
-        none."""
-        if not nested:
-            yield
-            return
-        async with self._scorers or contextlib.nullcontext():
-            self._scorers_now += 1
-            self.stats.most_scorers = max(self.stats.most_scorers, self._scorers_now)
-            try:
-                yield
-            finally:
-                self._scorers_now -= 1
-
-    @contextlib.asynccontextmanager
-    async def _scoring_turn(self, nested: bool) -> AsyncIterator[None]:
-        """A nested lease's turn (PoolConfig.max_scoring), from its sandbox's coming to its release: the next
-        scorer is made while an evaluation runs, and the evaluations alone are capped. Others, no turn."""
-        if not nested:
-            yield
-            return
-        async with self._scoring or contextlib.nullcontext():
-            self._scoring_now += 1
-            self.stats.most_scoring = max(self.stats.most_scoring, self._scoring_now)
-            try:
-                yield
-            finally:
-                self._scoring_now -= 1
 
     SERVICES: str | None = None
     """Why this backend cannot give a sandbox services (services.py); None: it can."""
