@@ -536,13 +536,14 @@ def _silent_listener() -> socket.socket:
 @pytest.mark.parametrize("away", ["refused", "hanging"])
 def test_a_collector_that_is_away_delays_the_exit_at_most_two_seconds_and_says_one_air_line(away):
     """Issue 87: an unreachable collector delayed the exit up to 30 s and printed the SDK's raw lines. The control:
-    the same process waiting as the SDK's own exit hook did (EXIT_WAIT lifted) takes the export timeout."""
+    the same process waiting as the SDK's own exit hook did (EXIT_WAIT lifted) takes the export timeout, 20 s, so
+    the bound on air's wait can leave a busy machine's interpreter exit 8 s and still tell the two apart."""
     listener = _silent_listener()
     port = listener.getsockname()[1]
     if away == "refused":
         listener.close()
     try:
-        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_TIMEOUT": "8000",
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_EXPORTER_OTLP_TIMEOUT": "20000",
                "AIR_PROGRESS": "off"}
         proc = _run(env, TIMED)
         ended = time.time()
@@ -552,15 +553,13 @@ def test_a_collector_that_is_away_delays_the_exit_at_most_two_seconds_and_says_o
         listener.close()
     assert proc.returncode == 0, proc.stderr
     waited = ended - float(proc.stdout.split()[0])
-    assert waited < 2.0 + 2.5, waited  # EXIT_WAIT, and a busy machine's interpreter exit
+    assert waited < 2.0 + 8.0, waited  # EXIT_WAIT, and a busy machine's interpreter exit (4.6 s seen in CI)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("air: warning: the OpenTelemetry collector at "
                                                    f"http://127.0.0.1:{port} did not take spans"), proc.stderr
     control_waited = control_ended - float(control.stdout.split()[0])
-    if away == "hanging":  # the export's timeout, 8 s, waited out
-        assert control_waited > 7.0, control_waited
-    else:  # refused: the SDK's retries with their backoff, a few seconds
-        assert control_waited > waited, (control_waited, waited)
+    # hanging: the export's timeout, 20 s, waited out; refused: the SDK's retries, backing off 1+2+4+8 s
+    assert control_waited > 14.0, control_waited
 
 
 # ----- redaction and bounds ---------------------------------------------------------------------------------
