@@ -22,14 +22,33 @@ from __future__ import annotations
 
 import os
 import time
+from typing import NamedTuple
 
 from air import variables
 
 AUTO_MOST = 10.0
 """`auto` stretches the limits at most tenfold (a reset's 30 s to 300 s)."""
 PROC_STAT = "/proc/stat"
-_read: tuple[float, float] = (-1e9, 1.0)
-"""(when, the load per CPU then): read at most once a second."""
+
+
+class Reading(NamedTuple):
+    """The node as read at `when`: its load average over the last minute (None where the kernel would not say), the
+    share of its active tasks that is runnable, and its CPUs. One reading serves both the factor and the line that
+    names it, so the line says what the limits were stretched by."""
+
+    when: float
+    load: float | None
+    share: float
+    cpus: int
+
+    @property
+    def per_cpu(self) -> float:
+        """The load that waits for a CPU, per CPU."""
+        return (self.load or 0.0) * self.share / self.cpus
+
+
+_read = Reading(-1e9, None, 1.0, 1)
+"""The last reading: taken at most once a second."""
 
 
 def runnable_share(path: str = PROC_STAT) -> float:
@@ -48,17 +67,22 @@ def runnable_share(path: str = PROC_STAT) -> float:
     return running / (running + blocked) if running + blocked > 0 else 1.0
 
 
-def load_per_cpu() -> float:
-    """The node's load average over the last minute that waits for a CPU (runnable_share), per CPU of the node."""
+def reading() -> Reading:
+    """The node's load, read again where the last reading is over a second old."""
     global _read
     now = time.monotonic()
-    if now - _read[0] > 1.0:
+    if now - _read.when > 1.0:
         try:
             load = os.getloadavg()[0]
         except OSError:
-            load = 0.0
-        _read = (now, load * runnable_share(PROC_STAT) / (os.cpu_count() or 1))
-    return _read[1]
+            load = None
+        _read = Reading(now, load, runnable_share(PROC_STAT), os.cpu_count() or 1)
+    return _read
+
+
+def load_per_cpu() -> float:
+    """The node's load average over the last minute that waits for a CPU (runnable_share), per CPU of the node."""
+    return reading().per_cpu
 
 
 def factor() -> float:
@@ -75,13 +99,13 @@ def seconds(limit: float) -> float:
 
 def state() -> str:
     """The node's load and what it does to the limits, for a line."""
-    try:
-        load = f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
-        share = runnable_share(PROC_STAT)
-        if share < 1.0:
-            load += f", {share:.0%} of it runnable"
-    except OSError:
+    node = reading()
+    if node.load is None:
         load = "load unknown"
+    else:
+        load = f"load {node.load:.1f} on {node.cpus} CPUs"
+        if node.share < 1.0:
+            load += f", {node.share:.0%} of it runnable"
     return f"{load}, limits x{factor():.3g} (AIR_PATIENCE={variables.raw('AIR_PATIENCE') or 'auto'})"
 
 

@@ -19,7 +19,7 @@ def load(monkeypatch, tmp_path):
     """Set the node's load average (the last minute's), and how many of its tasks are runnable and blocked on I/O
     now (/proc/stat's counts), as the tests want them."""
     monkeypatch.delenv("AIR_PATIENCE", raising=False)
-    monkeypatch.setattr(patience, "_read", (-1e9, 1.0))
+    monkeypatch.setattr(patience, "_read", patience.Reading(-1e9, None, 1.0, 1))
 
     def at(value: float, running: int = 1, blocked: int = 0) -> None:
         stat = tmp_path / "stat"
@@ -27,7 +27,7 @@ def load(monkeypatch, tmp_path):
         monkeypatch.setattr(patience, "PROC_STAT", str(stat))
         monkeypatch.setattr(os, "getloadavg", lambda: (value, value, value))
         monkeypatch.setattr(os, "cpu_count", lambda: 2)
-        monkeypatch.setattr(patience, "_read", (-1e9, 1.0))
+        monkeypatch.setattr(patience, "_read", patience.Reading(-1e9, None, 1.0, 1))
     return at
 
 
@@ -45,7 +45,7 @@ def test_the_limits_follow_the_load_per_cpu_from_1_to_10(load):
     assert "node overloaded (load 500.0 on 2 CPUs, limits x10 (AIR_PATIENCE=auto))" in patience.overloaded("x")
 
 
-def test_a_load_of_tasks_blocked_on_a_disk_does_not_stretch_the_limits(load):
+def test_a_load_of_tasks_blocked_on_a_disk_does_not_stretch_the_limits(load, tmp_path):
     """Issue 89: a disk slowed to 10 MB/s put two cores at load 21-31, nearly all of it tasks blocked on I/O, and the
     full tenfold stretch let a stalled daemon hold each lease 900 s before its failure was said. Only the runnable
     share of the load stretches."""
@@ -54,6 +54,8 @@ def test_a_load_of_tasks_blocked_on_a_disk_does_not_stretch_the_limits(load):
     assert "load 28.0 on 2 CPUs, 7% of it runnable, limits x1" in patience.state()
     load(28.0, running=14, blocked=14)  # half and half: 14 per 2 CPUs that wait for a CPU
     assert patience.factor() == 7.0
+    (tmp_path / "stat").write_text("procs_running 1\nprocs_blocked 27\n")  # a moment later, within the reading
+    assert "load 28.0 on 2 CPUs, 50% of it runnable, limits x7" in patience.state()  # what the factor was read from
     load(28.0, running=28, blocked=0)  # CPU-starved: the whole load
     assert patience.factor() == patience.AUTO_MOST
     assert "runnable" not in patience.state()
