@@ -100,7 +100,7 @@ def test_a_lease_without_a_turn_by_its_deadline_is_one_line_and_gives_its_slot_b
     assert first.leases == 1  # the first start took its second; the second waited for a turn past its deadline
     assert isinstance(second, PoolExhausted) and "\n" not in str(second)
     assert str(second) == "no turn to start a sandbox within 0.3s: 1 starting of max_starting=1"
-    assert pool._reserved == 0 and pool._starting == 0 and pool.live == 1
+    assert pool._reserved == 0 and pool._starting.now == 0 and pool.live == 1
 
     waiting = _pool(1, seconds=1.0)
 
@@ -114,7 +114,7 @@ def test_a_lease_without_a_turn_by_its_deadline_is_one_line_and_gives_its_slot_b
             await second
 
     asyncio.run(cancelled())
-    assert waiting._reserved == 0 and waiting._starting == 0 and waiting.live == 1
+    assert waiting._reserved == 0 and waiting._starting.now == 0 and waiting.live == 1
 
 
 def _rollouts_with_scorers(pool, n: int, scoring: float = 0.0) -> list:

@@ -97,6 +97,10 @@ class PoolStats:
     """The most nested leases in the pool at once, their sandboxes being made or in use (twice max_scoring caps it)."""
 
 
+class NoTurn(Exception):
+    """No place in a Gate came free by the deadline."""
+
+
 class Gate:
     """At most `size` holders at once (None: no bound), counted now and at their most."""
 
@@ -105,18 +109,26 @@ class Gate:
         self.now = self.most = 0
 
     @contextlib.asynccontextmanager
-    async def held(self, counted: bool = True) -> AsyncIterator[None]:
-        """A place while the block runs; not `counted`: none (a lease that is not nested passes freely)."""
+    async def held(self, counted: bool = True, deadline: float | None = None) -> AsyncIterator[None]:
+        """A place while the block runs, waited for until `deadline` (the loop's clock; then NoTurn); not
+        `counted`: none (a lease that is not nested passes freely)."""
         if not counted:
             yield
             return
-        async with self._semaphore or contextlib.nullcontext():
-            self.now += 1
-            self.most = max(self.most, self.now)
+        if self._semaphore is not None:
             try:
-                yield
-            finally:
-                self.now -= 1
+                async with asyncio.timeout_at(deadline):
+                    await self._semaphore.acquire()
+            except TimeoutError:
+                raise NoTurn from None
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            yield
+        finally:
+            self.now -= 1
+            if self._semaphore is not None:
+                self._semaphore.release()
 
 
 class Place(Protocol):
@@ -148,8 +160,7 @@ class SandboxPool:
         self._borrowers: set[BaseSandbox] = set()  # sandboxes whose GPUs another sandbox holds (lease's gpus_of)
         self._reserved = 0  # slots held by creations in flight
         self._evicting: set[BaseSandbox] = set()  # idle sandboxes being removed to free a waiting lease's slot
-        self._starting = 0  # creations past their turn (`_start`), at most max_starting
-        self._turns = asyncio.Semaphore(self.config.max_starting) if self.config.max_starting else None
+        self._starting = Gate(self.config.max_starting)  # creations past their turn (`_start`)
         turns = self.config.scoring_turns()
         self._scoring = Gate(turns)  # evaluations' turns (PoolConfig.max_scoring)
         self._scorers = Gate(2 * turns if turns else None)
@@ -197,25 +208,21 @@ class SandboxPool:
                      nested: bool = False) -> BaseSandbox:
         """`_create` in the slot the caller reserved, once a start turn is free (PoolConfig.max_starting: first come
         first served); a lease that gets none by `deadline` is PoolExhausted, its slot given back."""
-        if self._turns is not None:
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await self._turns.acquire()
-            except BaseException as exc:
-                await self._unreserve()
-                if isinstance(exc, TimeoutError):
-                    raise PoolExhausted(
-                        f"no turn to start a sandbox within {self.config.lease_timeout:g}s: {self._starting} "
-                        f"starting of max_starting={self.config.max_starting}") from None
-                raise
-        self._starting += 1
-        self.stats.most_starting = max(self.stats.most_starting, self._starting)
+        started = False
         try:
-            return await self._create(spec, lent_gpus=lent_gpus, nested=nested)
-        finally:
-            self._starting -= 1
-            if self._turns is not None:
-                self._turns.release()
+            async with self._starting.held(deadline=deadline):
+                started = True
+                self.stats.most_starting = self._starting.most
+                return await self._create(spec, lent_gpus=lent_gpus, nested=nested)
+        except BaseException as exc:
+            if started:  # _create gave the slot back
+                raise
+            await self._unreserve()
+            if isinstance(exc, NoTurn):
+                raise PoolExhausted(
+                    f"no turn to start a sandbox within {self.config.lease_timeout:g}s: {self._starting.now} "
+                    f"starting of max_starting={self.config.max_starting}") from None
+            raise
 
     async def _unreserve(self) -> None:
         """Give back the slot a creation held (`_reserved`), however `_create` ended, and wake the leases waiting."""
