@@ -9,8 +9,9 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import sys
+import time
+import types
 import tarfile
 from pathlib import Path
 
@@ -144,6 +145,37 @@ def test_garbled_reports_are_read_strictly(warden, record, rc):
     warden.shell_record(b"I" + warden.job.probe)
     [(_, ran)] = warden.replies
     assert ran.exit_code == rc and ran.cwd == record[5:].partition(b" ")[2]
+
+
+@pytest.mark.parametrize("left", [2, 100])
+def test_a_killed_command_ends_only_once_its_processes_are_gone(warden, monkeypatch, left):
+    """A command's timeout kills its processes (procs.kill_marked); one that did not stop within the kill's own
+    deadline (SCHED_IDLE on a loaded node) is left for the next pass. Its shell, interrupted, came back first, and
+    the command ended with the process alive (`sleep 30x` seen after the timeout, on a busy machine). Now the command
+    ends once a pass finds none left, or at its kill grace where one never stops (without that, both cases end at
+    the shell's return: tried)."""
+    from air.sandbox.warden import procs, server
+
+    passes = []
+    monkeypatch.setattr(procs, "kill_marked", lambda uid, marker, deadline=0.2, spare=(): (
+        passes.append(marker), len(passes) > left)[1])
+    warden.config = types.SimpleNamespace(uid=AGENT)
+    warden.shell.pid, warden.shell.interrupt = 4242, lambda: None
+    command = warden.job
+    warden.shell_record(b"S5")
+    command.deadline = time.monotonic() - 1
+    warden.expire()  # the timeout: the first pass leaves one
+    assert command.timed_out and len(passes) == 1
+    warden.shell_record(b"R5 130 /home/agent/workspace")
+    warden.shell_record(b"I" + command.probe)  # the shell is back
+    assert not warden.replies and warden.job is command and len(passes) == 2  # still one left
+    if left == 100:  # one that never stops: the command ends at its grace, the shell kept
+        command.kill_deadline = time.monotonic() - 1
+    warden.expire()
+    [(ident, ran)] = warden.replies
+    assert ident == 7 and ran.timed_out and ran.exit_code == 130 and not ran.restarted and warden.job is None
+    assert len(passes) == (3 if left == 2 else 2) and set(passes) == {command.marker}
+    assert server.KILL_GRACE > server.REKILL_EVERY
 
 
 def test_records_of_no_pending_command_finish_nothing(warden):

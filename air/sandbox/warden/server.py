@@ -1075,8 +1075,12 @@ class Warden:
             if command.probe is None:
                 self.shell.send(command.probe_line())
         elif command.probe is not None and command.report is not None and record == b"I" + command.probe:
-            rc, self.cwd = command.report
-            self.finish_command(command, rc, restarted=False)
+            command.back = True
+            if command.kill_deadline is None or procs.kill_marked(self.config.uid, command.marker,
+                                                                  spare=(self.shell.pid,)):
+                self.finish_reported(command)
+            # else: a killed command's shell came back before every one of its processes was gone (one that did not
+            # stop within kill_marked's deadline, on a loaded node): expire() kills again and then finishes it
 
     def shell_gone(self) -> None:
         command = self.job if isinstance(self.job, Command) else None
@@ -1100,11 +1104,21 @@ class Warden:
         elif time.monotonic() < job.kill_deadline:
             # Kill again: a process forked but not yet exec'd when we looked carried the shell's environment, not
             # the command's marker; by now it has exec'd (and the shell waits for it before its trap runs).
-            procs.kill_marked(self.config.uid, job.marker, spare=(self.shell.pid,))
-            job.rekill_at = time.monotonic() + REKILL_EVERY
+            gone = procs.kill_marked(self.config.uid, job.marker, spare=(self.shell.pid,))
+            if gone and job.back:
+                self.finish_reported(job)
+            else:
+                job.rekill_at = time.monotonic() + REKILL_EVERY
+        elif job.back:  # what is left would not stop in the grace (in the kernel's uninterruptible wait): as it is
+            self.finish_reported(job)
         else:  # the shell itself does not come back (stopped, or wedged in a builtin): replace it
             self.shell.kill()
             self.finish_command(job, None, restarted=True)
+
+    def finish_reported(self, command: Command) -> None:
+        """The command ended as its shell reported: its status and the shell's directory."""
+        rc, self.cwd = command.report
+        self.finish_command(command, rc, restarted=False)
 
     def finish_command(self, command: Command, rc: Optional[int], restarted: bool) -> None:
         self.shell.drain()

@@ -69,6 +69,7 @@ class Command:
         self.rekill_at = float("inf")
         self.report: Optional[Tuple[Optional[int], bytes]] = None  # (rc, cwd) of the last R record
         self.probe: Optional[bytes] = None  # the idle probe's nonce, once sent
+        self.back = False  # the shell answered the probe: the command ended (a killed one, once its processes have)
 
     def next_deadline(self) -> float:
         return self.deadline if self.kill_deadline is None else min(self.kill_deadline, self.rekill_at)
