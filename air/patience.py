@@ -43,7 +43,7 @@ class Reading(NamedTuple):
 
     @property
     def per_cpu(self) -> float:
-        """The load that waits for a CPU, per CPU."""
+        """The load average that waits for a CPU (runnable_share), per CPU of the node."""
         return (self.load or 0.0) * self.share / self.cpus
 
 
@@ -80,16 +80,11 @@ def reading() -> Reading:
     return _read
 
 
-def load_per_cpu() -> float:
-    """The node's load average over the last minute that waits for a CPU (runnable_share), per CPU of the node."""
-    return reading().per_cpu
-
-
 def factor() -> float:
     chosen = variables.value("AIR_PATIENCE")
     if chosen != "auto":
         return float(chosen)
-    return min(AUTO_MOST, max(1.0, load_per_cpu()))
+    return min(AUTO_MOST, max(1.0, reading().per_cpu))
 
 
 def seconds(limit: float) -> float:
