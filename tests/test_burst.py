@@ -239,19 +239,19 @@ def test_a_lease_evicts_only_where_that_makes_room_for_it():
 
     agent, scorer = SandboxSpec(image="air/base:latest", task="a"), SandboxSpec(image="air/base:latest", task="s")
 
-    def pool_with(leased: int, idle_scorers: int):
-        pool = _pool(None, seconds=0.01, max_sandboxes=8, lease_timeout=0.3)
+    def pool_with(leased: int, idle_scorers: int, lease_timeout: float):
+        pool = _pool(None, seconds=0.01, max_sandboxes=8, lease_timeout=lease_timeout)
         assert pool._room == 1
         idle = [_stand_in(scorer) for _ in range(idle_scorers)]
         pool._live.update([_stand_in(agent) for _ in range(leased)] + idle)
         pool._idle[scorer.key] = deque(idle)
         return pool
 
-    full = pool_with(7, 1)
+    full = pool_with(7, 1, lease_timeout=0.3)  # waits it out
     with pytest.raises(PoolExhausted):
         asyncio.run(full.acquire(agent))
     assert full.stats.removed == 0 and len(full._idle[scorer.key]) == 1 and full.live == 8
-    short = pool_with(6, 2)
+    short = pool_with(6, 2, lease_timeout=60)  # a slot at once: no deadline a busy CI lane could miss
     taken = asyncio.run(short.acquire(agent))
     assert taken.spec.task == "a" and short.stats.removed == 2 and not short._idle[scorer.key] and short.live == 7
 
