@@ -164,7 +164,9 @@ async def test_the_quota_is_the_slots_a_lease_waits_for_one_and_says_so_when_non
     api = await api_of(fake)
     await api.create("resourcequotas", m.resource_quota("air", pods=1))
     await api.close()
-    async with pool_of(fake, lease_timeout=3) as pool:
+    # 10 s: after the second's 1 s of waiting, the slot its pod needs is freed by a deletion the cluster watches;
+    # a busy CI lane (nice 10) is left time for that, and the third lease waits it out
+    async with pool_of(fake, lease_timeout=10) as pool:
         first = await pool.acquire(SPEC)
         waiting = asyncio.create_task(pool.acquire(SandboxSpec(image="air/base:latest", task="second")))
         await asyncio.sleep(1)
