@@ -80,11 +80,12 @@ def reading() -> Reading:
     return _read
 
 
-def factor() -> float:
+def factor(node: Reading | None = None) -> float:
+    """What the limits are multiplied by now; `auto` from `node` (default: the cached reading)."""
     chosen = variables.value("AIR_PATIENCE")
     if chosen != "auto":
         return float(chosen)
-    return min(AUTO_MOST, max(1.0, reading().per_cpu))
+    return min(AUTO_MOST, max(1.0, (node or reading()).per_cpu))
 
 
 def seconds(limit: float) -> float:
@@ -101,7 +102,7 @@ def state() -> str:
         load = f"load {node.load:.1f} on {node.cpus} CPUs"
         if node.share < 1.0:
             load += f", {node.share:.0%} of it runnable"
-    return f"{load}, limits x{factor():.3g} (AIR_PATIENCE={variables.raw('AIR_PATIENCE') or 'auto'})"
+    return f"{load}, limits x{factor(node):.3g} (AIR_PATIENCE={variables.raw('AIR_PATIENCE') or 'auto'})"
 
 
 def overloaded(what: str) -> str:
